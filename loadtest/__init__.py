@@ -1,0 +1,1 @@
+"""Benchmarks and load tests that print figures; they are not tests."""

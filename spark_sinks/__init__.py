@@ -1,0 +1,1 @@
+"""PySpark side of TideMQ: a streaming data source over store queues and sinks for results."""

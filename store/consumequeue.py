@@ -1,0 +1,222 @@
+"""Consume-queue index in RocksDB (WAL off: the commitlog is the log).
+
+Key spaces of the index database:
+
+    b"q" + qid u32 + offset u64   -> position u64, size u32, tag_hash i64, store_ts i64
+    b"n" + queue name (UTF-8)     -> qid u32, next_offset u64, last_position u64
+    b"\\x00checkpoint"            -> dispatched position u64, next qid u32
+
+Queue ids are compact integers handed out on first write (light queues: no
+registration), so entry keys stay 13 bytes whatever the queue name. The name row
+doubles as the queue's metadata and is rewritten in the same WriteBatch as the
+entries it describes, together with the checkpoint; RocksDB applies a batch
+atomically and, with one column family and no WAL, flushes whole batches, so after a
+crash the checkpoint names exactly the commitlog position up to which entries exist.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+ENTRY_PREFIX = b"q"
+NAME_PREFIX = b"n"
+CHECKPOINT_KEY = b"\x00checkpoint"
+
+ENTRY_KEY = struct.Struct(">cIQ")
+ENTRY_VALUE = struct.Struct(">QIqq")
+QUEUE_ROW = struct.Struct(">IQQ")
+CHECKPOINT = struct.Struct(">QI")
+_QID = struct.Struct(">I")
+
+MAX_QUEUE_NAME_BYTES = 4096
+
+
+def entry_key(qid: int, offset: int) -> bytes:
+    return ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset)
+
+
+def queue_prefix(qid: int) -> bytes:
+    return ENTRY_PREFIX + _QID.pack(qid)
+
+
+class QueueState:
+    """What the store keeps in memory about one queue while it is hot."""
+
+    __slots__ = ("qid", "name", "next_offset", "last_position")
+
+    def __init__(self, qid: int, name: str, next_offset: int, last_position: int) -> None:
+        self.qid = qid
+        self.name = name
+        self.next_offset = next_offset  # offsets below this are dispatched (visible)
+        self.last_position = last_position  # commitlog position of the newest entry
+
+    def row_key(self) -> bytes:
+        return NAME_PREFIX + self.name.encode()
+
+
+class ConsumeQueueIndex:
+    def __init__(self, path: Path, *, cache_entries: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_max_background_jobs(2)
+        opts.set_write_buffer_size(64 << 20)
+        self._db = Rdict(str(path), opts)
+        wo = WriteOptions()
+        wo.disable_wal = True
+        self._db.set_write_options(wo)
+        self._cache: dict[str, QueueState] = {}
+        self._cache_entries = max(16, cache_entries)
+        raw = self._db.get(CHECKPOINT_KEY)
+        self.dispatched_position, self._next_qid = CHECKPOINT.unpack(raw) if raw else (0, 1)
+
+    @property
+    def db(self) -> Rdict:
+        return self._db
+
+    # -- queue table ---------------------------------------------------------------------
+    def lookup(self, name: str) -> QueueState | None:
+        state = self._cache.get(name)
+        if state is None:
+            raw = self._db.get(NAME_PREFIX + name.encode())
+            if raw is None:
+                return None
+            qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
+            state = QueueState(qid, name, next_offset, last_position)
+            self._cache[name] = state
+        return state
+
+    def lookup_or_create(self, name: str) -> QueueState:
+        state = self.lookup(name)
+        if state is None:
+            state = QueueState(self._next_qid, name, 0, 0)
+            self._next_qid += 1
+            self._cache[name] = state
+        return state
+
+    def trim_cache(self) -> None:
+        """Keep the hot-queue cache bounded: drop the oldest-loaded tenth when it is full.
+
+        Only called between dispatches, when every cached state is also in the database.
+        """
+        if len(self._cache) > self._cache_entries:
+            drop = len(self._cache) - self._cache_entries + self._cache_entries // 10
+            for name in [n for n, _ in zip(self._cache, range(drop))]:
+                del self._cache[name]
+
+    @property
+    def cached_queues(self) -> int:
+        return len(self._cache)
+
+    def iter_queues(self) -> Iterator[QueueState]:
+        """Every queue in the table (from the database, not the cache)."""
+        for key, raw in self._db.items(from_key=NAME_PREFIX):
+            if not key.startswith(NAME_PREFIX):
+                break
+            name = key[1:].decode()
+            cached = self._cache.get(name)
+            if cached is None:
+                qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
+                cached = QueueState(qid, name, next_offset, last_position)
+            yield cached
+
+    # -- writing ---------------------------------------------------------------------------
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def commit(self, batch: WriteBatch, dispatched_position: int) -> None:
+        """Write a batch of entries with the checkpoint that covers them, atomically."""
+        batch.put(CHECKPOINT_KEY, CHECKPOINT.pack(dispatched_position, self._next_qid))
+        self._db.write(batch)
+        self.dispatched_position = dispatched_position
+
+    def flush(self) -> None:
+        """Persist the memtable so recovery restarts from the newest checkpoint."""
+        self._db.flush(True)
+
+    # -- reading ---------------------------------------------------------------------------
+    def entries(self, qid: int, offset: int, count: int) -> list[bytes | None]:
+        keys = [ENTRY_KEY.pack(ENTRY_PREFIX, qid, o) for o in range(offset, offset + count)]
+        return self._db[keys]
+
+    def entry(self, qid: int, offset: int) -> tuple[int, int, int, int] | None:
+        raw = self._db.get(ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset))
+        return ENTRY_VALUE.unpack(raw) if raw is not None else None
+
+    def first_offset(self, qid: int) -> int | None:
+        """Offset of the first entry still in the index for the queue (may be stale)."""
+        prefix = queue_prefix(qid)
+        it = self._db.iter()
+        it.seek(prefix)
+        if it.valid():
+            key = it.key()
+            if key.startswith(prefix):
+                return ENTRY_KEY.unpack(key)[2]
+        return None
+
+    def first_offset_at_or_after_position(self, qid: int, lo: int, hi: int, position: int) -> int:
+        """Binary search [lo, hi) for the first offset whose entry points at or after ``position``."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry(qid, mid)
+            if e is None or e[0] < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def first_offset_at_or_after_time(self, qid: int, lo: int, hi: int, timestamp: int) -> int:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry(qid, mid)
+            if e is None or e[3] < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- cutting -----------------------------------------------------------------------------
+    def delete_below(self, qid: int, offset: int) -> None:
+        """Remove the queue's entries below ``offset`` (retention) with one range delete."""
+        self._db.delete_range(entry_key(qid, 0), entry_key(qid, offset))
+
+    def truncate_beyond(self, position: int) -> int:
+        """Remove every entry pointing at or past ``position`` (the commitlog was cut there).
+
+        Needed only when the index got ahead of the durable commitlog (a repair, or an OS
+        crash in async flush mode). Walks the queue table; returns entries removed.
+        """
+        removed = 0
+        changed: list[QueueState] = []
+        for state in list(self.iter_queues()):
+            if state.last_position < position or state.next_offset == 0:
+                continue
+            offset = state.next_offset
+            last_position = 0
+            while offset > 0:
+                e = self.entry(state.qid, offset - 1)
+                if e is None:
+                    break
+                if e[0] < position:
+                    last_position = e[0]
+                    break
+                offset -= 1
+            removed += state.next_offset - offset
+            self._db.delete_range(entry_key(state.qid, offset), entry_key(state.qid, state.next_offset))
+            state.next_offset = offset
+            state.last_position = last_position
+            changed.append(state)
+        batch = self.new_batch()
+        for state in changed:
+            batch.put(state.row_key(), QUEUE_ROW.pack(state.qid, state.next_offset, state.last_position))
+            self._cache[state.name] = state
+        self.commit(batch, min(self.dispatched_position, position))
+        return removed
+
+    def close(self) -> None:
+        self._db.close()
+

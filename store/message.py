@@ -1,0 +1,92 @@
+"""The store's public records: what a producer hands in, what a put returns, what a read returns."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .record import decode_properties, decode_queues
+
+TAGS_PROPERTY = "TAGS"  # RocketMQ's property name; the tag hash of an entry is computed from it
+
+
+def tag_hash(tags: str | None) -> int:
+    """Java's ``String.hashCode`` of the tags, as RocketMQ keeps it in consume-queue entries."""
+    if not tags:
+        return 0
+    h = 0
+    raw = tags.encode("utf-16-be")
+    for i in range(0, len(raw), 2):
+        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to store. ``tags`` only feeds the tag hash of its consume-queue entries."""
+
+    topic: str
+    body: bytes
+    properties: Mapping[str, str] | None = None
+    key: str | None = None
+    tags: str | None = None
+    born_timestamp: int | None = None  # ms; the store's clock when None
+
+
+@dataclass(slots=True, frozen=True)
+class PutResult:
+    msg_id: str
+    position: int  # commitlog position of the record
+    size: int  # record size in bytes
+    store_timestamp: int
+    queue_offsets: dict[str, int]  # queue name -> offset given to the message in that queue
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A message read back from the store, with its place in the queue it was read from."""
+
+    msg_id: str
+    position: int
+    size: int
+    topic: str
+    key: str
+    body: bytes
+    born_timestamp: int
+    store_timestamp: int
+    raw_properties: bytes
+    raw_queues: bytes
+    queue_count: int
+    queue: str = ""
+    queue_offset: int = -1
+    tag_hash: int = 0
+    _properties: dict[str, str] | None = field(default=None, repr=False)
+
+    @property
+    def properties(self) -> dict[str, str]:
+        if self._properties is None:
+            self._properties = decode_properties(self.raw_properties)
+        return self._properties
+
+    @property
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (queue, offset) the message was indexed into."""
+        return decode_queues(self.raw_queues, self.queue_count)
+
+
+class GetStatus(enum.Enum):
+    FOUND = "found"
+    NO_NEW_MESSAGE = "no_new_message"  # offset == max offset: nothing yet
+    OFFSET_OVERFLOW = "offset_overflow"  # offset > max offset
+    OFFSET_TOO_SMALL = "offset_too_small"  # below the minimum: retention removed it
+    NO_SUCH_QUEUE = "no_such_queue"
+
+
+@dataclass(slots=True)
+class GetResult:
+    status: GetStatus
+    messages: list[StoredMessage]
+    next_offset: int  # where the reader should continue
+    min_offset: int
+    max_offset: int

@@ -1,0 +1,92 @@
+"""Small durable tables beside the index: consumer offsets and named KV tables.
+
+They live in their own RocksDB with its WAL on (unlike the index, nothing else can
+rebuild them): a write survives a process crash at once, and a machine crash too when
+the store runs in ``sync`` flush mode.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Iterator
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+OFFSET_PREFIX = b"o"
+TABLE_PREFIX = b"t"
+SEP = b"\x00"
+_U64 = struct.Struct(">Q")
+
+
+class MetaStore:
+    def __init__(self, path: Path, *, sync: bool) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._db = Rdict(str(path), opts)
+        wo = WriteOptions()
+        wo.sync = sync
+        self._db.set_write_options(wo)
+
+    def table(self, name: str) -> "KvTable":
+        if not name or "\x00" in name:
+            raise ValueError("table names are non-empty and have no NUL")
+        return KvTable(self._db, TABLE_PREFIX + name.encode() + SEP)
+
+    # -- consumer offsets -----------------------------------------------------------------
+    @staticmethod
+    def _offset_key(consumer: str, queue: str) -> bytes:
+        return OFFSET_PREFIX + consumer.encode() + SEP + queue.encode()
+
+    def load_offset(self, consumer: str, queue: str) -> int | None:
+        raw = self._db.get(self._offset_key(consumer, queue))
+        return _U64.unpack(raw)[0] if raw is not None else None
+
+    def save_offsets(self, offsets: dict[tuple[str, str], int]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for (consumer, queue), offset in offsets.items():
+            batch.put(self._offset_key(consumer, queue), _U64.pack(offset))
+        self._db.write(batch)
+
+    def delete_offsets(self, consumer: str) -> None:
+        prefix = OFFSET_PREFIX + consumer.encode() + SEP
+        self._db.delete_range(prefix, prefix[:-1] + b"\x01")
+
+    def iter_offsets(self, consumer: str) -> Iterator[tuple[str, int]]:
+        prefix = OFFSET_PREFIX + consumer.encode() + SEP
+        for key, raw in self._db.items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            yield key[len(prefix) :].decode(), _U64.unpack(raw)[0]
+
+    def flush(self) -> None:
+        self._db.flush(True)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class KvTable:
+    """A named durable map of str -> bytes (retained messages, sessions, metadata)."""
+
+    def __init__(self, db: Rdict, prefix: bytes) -> None:
+        self._db = db
+        self._prefix = prefix
+
+    def get(self, key: str) -> bytes | None:
+        return self._db.get(self._prefix + key.encode())
+
+    def put(self, key: str, value: bytes) -> None:
+        self._db.put(self._prefix + key.encode(), bytes(value))
+
+    def delete(self, key: str) -> None:
+        self._db.delete(self._prefix + key.encode())
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        start = self._prefix + prefix.encode()
+        cut = len(self._prefix)
+        for key, value in self._db.items(from_key=start):
+            if not key.startswith(start):
+                break
+            yield key[cut:].decode(), value

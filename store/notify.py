@@ -1,0 +1,80 @@
+"""Notify: tells interested parties "queue X now ends at offset N" after each dispatch.
+
+Events for the same queue coalesce while a subscriber is busy, so a slow subscriber
+costs one dict entry per queue, never a backlog of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+
+class NotifySubscription:
+    """An async iterator of coalesced ``(queue, max_offset)`` events."""
+
+    def __init__(self, hub: "NotifyHub") -> None:
+        self._hub = hub
+        self._pending: dict[str, int] = {}
+        self._ready: list[tuple[str, int]] = []
+        self._wakeup = asyncio.Event()
+        self._closed = False
+
+    def _publish(self, events: dict[str, int]) -> None:
+        pending = self._pending
+        for queue, offset in events.items():
+            if pending.get(queue, -1) < offset:
+                pending[queue] = offset
+        self._wakeup.set()
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, int]]:
+        return self
+
+    async def __anext__(self) -> tuple[str, int]:
+        while not self._ready:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._pending:
+                self._ready = list(self._pending.items())
+                self._ready.reverse()
+                self._pending = {}
+                break
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self._ready.pop()
+
+    def drain(self) -> dict[str, int]:
+        """Take every pending event at once (for consumers that batch)."""
+        events = dict(reversed(self._ready))
+        for queue, offset in self._pending.items():
+            events[queue] = max(offset, events.get(queue, -1))
+        self._ready = []
+        self._pending = {}
+        return events
+
+    def close(self) -> None:
+        self._closed = True
+        self._hub._subscriptions.discard(self)
+        self._wakeup.set()
+
+
+class NotifyHub:
+    def __init__(self) -> None:
+        self._subscriptions: set[NotifySubscription] = set()
+
+    def subscribe(self) -> NotifySubscription:
+        sub = NotifySubscription(self)
+        self._subscriptions.add(sub)
+        return sub
+
+    @property
+    def active(self) -> bool:
+        return bool(self._subscriptions)
+
+    def publish(self, events: dict[str, int]) -> None:
+        for sub in self._subscriptions:
+            sub._publish(events)
+
+    def close(self) -> None:
+        for sub in list(self._subscriptions):
+            sub.close()

@@ -1,0 +1,36 @@
+"""Tuning of the store; the gateway's configuration fills this in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+FlushMode = Literal["sync", "async"]
+
+
+@dataclass(slots=True)
+class StoreOptions:
+    data_dir: Path
+    segment_size: int = 1 << 30
+    flush: FlushMode = "async"
+    flush_interval: float = 0.2  # seconds between fdatasyncs in async mode
+    checkpoint_interval: float = 5.0  # consumer offsets
+    index_flush_interval: float = 60.0  # bounds the re-dispatch work of a crash recovery
+    max_message_size: int = 4 << 20
+    queue_cache_entries: int = 262_144  # hot queue states kept in memory
+    retention_hours: float = 72.0  # 0 = keep by age forever
+    retention_bytes: int = 0  # 0 = no size limit
+    retention_check_interval: float = 60.0
+    identity_host: str = "127.0.0.1"  # encoded in message ids (RocketMQ offsetMsgId)
+    identity_port: int = 10911
+    repair: bool = False
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.flush not in ("sync", "async"):
+            raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
+        if self.segment_size < 4096:
+            raise ValueError("segment_size must be at least 4096 bytes")
+        if self.max_message_size > self.segment_size:
+            self.max_message_size = self.segment_size

@@ -1,0 +1,509 @@
+"""MessageStore: the unified store's public API (put, get, offsets, notify, KV tables).
+
+Writes go through one committer task (group commit): every ``put`` waiting when the
+committer wakes is encoded, appended to the commitlog in one write, made durable per
+the flush mode (one fdatasync for the whole group in ``sync`` mode), indexed in one
+RocksDB WriteBatch, and only then acknowledged and announced on notify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from zlib import crc32
+from typing import Iterable, Sequence
+
+from .commitlog import CommitLog
+from .consumequeue import ENTRY_VALUE, MAX_QUEUE_NAME_BYTES, ConsumeQueueIndex, QueueState
+from .dispatcher import DispatchItem, Dispatcher
+from .errors import (
+    InvalidMessageError,
+    MessageTooLargeError,
+    RecordCorruptError,
+    StoreClosedError,
+    StoreError,
+    StoreWriteError,
+)
+from .lock import DirectoryLock
+from .message import TAGS_PROPERTY, GetResult, GetStatus, Message, PutResult, StoredMessage, tag_hash
+from .meta import KvTable, MetaStore
+from .msgid import decode_msg_id, encode_msg_id, make_store_identity
+from .notify import NotifyHub, NotifySubscription
+from .options import StoreOptions
+from .record import HEADER_SIZE, MAGIC, PREFIX, REST, RecordView, encode_properties, encode_queues
+from .recovery import RecoveryReport, recover
+from .retention import RetentionPolicy
+
+log = logging.getLogger("tidemq.store")
+
+_QUEUE_OVERHEAD = 2 + 8  # per target queue in a record: name length + offset
+_READ_AHEAD = 4096
+
+
+class _Prepared:
+    """A message encoded as far as it can be before the committer gives it queue offsets."""
+
+    __slots__ = ("topic", "key", "props", "body", "born", "tag_hash", "queues", "queue_names", "size")
+
+    def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
+        if not queues:
+            raise InvalidMessageError("a message needs at least one target queue")
+        if len(queues) > 0xFFFF:
+            raise InvalidMessageError("too many target queues for one message")
+        if not isinstance(message.body, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError("message body must be bytes")
+        props = message.properties
+        if message.tags:
+            props = {**(props or {}), TAGS_PROPERTY: message.tags}
+        self.topic = message.topic.encode()
+        self.key = (message.key or "").encode()
+        self.props = encode_properties(props)
+        self.body = bytes(message.body)
+        self.born = message.born_timestamp if message.born_timestamp is not None else _now_ms()
+        self.tag_hash = tag_hash(message.tags)
+        self.queues = list(queues)
+        names = []
+        qbytes = 0
+        for q in self.queues:
+            b = q.encode()
+            if not b or len(b) > MAX_QUEUE_NAME_BYTES:
+                raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+            names.append(b)
+            qbytes += len(b) + _QUEUE_OVERHEAD
+        self.queue_names = names
+        self.size = HEADER_SIZE + len(self.topic) + len(self.key) + len(self.props) + qbytes + len(self.body)
+        if len(self.topic) > 0xFFFF or len(self.key) > 0xFFFF:
+            raise InvalidMessageError("topic and key are at most 65535 bytes")
+        if self.size > max_size:
+            raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
+
+
+class MessageStore:
+    """Open with ``await MessageStore.open(options)``; close with ``await store.close()``."""
+
+    def __init__(self, options: StoreOptions) -> None:
+        self.options = options
+        self._lock = DirectoryLock(options.data_dir)
+        self._identity = make_store_identity(options.identity_host, options.identity_port)
+        self.notify = NotifyHub()
+        self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
+        self._wakeup = asyncio.Event()
+        self._closing = False
+        self._closed = False
+        self._write_failure: StoreError | None = None
+        self._dirty_offsets: dict[tuple[str, str], int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.recovery: RecoveryReport | None = None
+        self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, options: StoreOptions) -> "MessageStore":
+        store = cls(options)
+        store._open_files()
+        return store
+
+    def _open_files(self) -> None:
+        opts = self.options
+        opts.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self.commitlog = CommitLog(opts.data_dir / "commitlog", opts.segment_size)
+            self.index = ConsumeQueueIndex(opts.data_dir / "index", cache_entries=opts.queue_cache_entries)
+            self.meta = MetaStore(opts.data_dir / "meta", sync=opts.flush == "sync")
+            self.dispatcher = Dispatcher(self.index, self.notify)
+            started = time.monotonic()
+            self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)
+            if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
+                self.commitlog.flush()
+                self.index.flush()
+            log.info(
+                "store opened data_dir=%s end_position=%d redispatched=%d seconds=%.2f",
+                opts.data_dir, self.commitlog.end_position, self.recovery.records_redispatched,
+                time.monotonic() - started,
+            )
+        except BaseException:
+            self._close_files()
+            raise
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._run_committer(), name="store-committer"))
+        if opts.flush == "async":
+            self._tasks.append(loop.create_task(self._every(opts.flush_interval, self._flush_commitlog)))
+        self._tasks.append(loop.create_task(self._every(opts.checkpoint_interval, self._checkpoint_offsets)))
+        self._tasks.append(loop.create_task(self._every(opts.index_flush_interval, self._flush_index)))
+        if self.retention.enabled:
+            self._tasks.append(loop.create_task(self._every(opts.retention_check_interval, self.apply_retention)))
+
+    def _close_files(self) -> None:
+        for name in ("meta", "index", "commitlog"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
+        self._lock.release()
+
+    async def close(self) -> None:
+        """Stop accepting puts, finish the pending ones, flush, checkpoint and close."""
+        if self._closed:
+            return
+        self._closing = True
+        self._wakeup.set()
+        committer, periodic = self._tasks[0], self._tasks[1:]
+        for task in periodic:
+            task.cancel()
+        await asyncio.gather(*periodic, return_exceptions=True)
+        await committer
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.commitlog.flush)
+            await loop.run_in_executor(None, self.index.flush)
+            self._checkpoint_offsets_now()
+            self.meta.flush()
+        finally:
+            self.notify.close()
+            self._close_files()
+            self._closed = True
+            log.info("store closed data_dir=%s", self.options.data_dir)
+
+    async def _every(self, interval: float, job) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("store maintenance job failed job=%s", getattr(job, "__name__", job))
+
+    # -- writing -----------------------------------------------------------------------------
+    async def put(self, message: Message, queues: Sequence[str]) -> PutResult:
+        """Store one message, indexed into every queue in ``queues``; durable when it returns."""
+        return (await self._submit([_Prepared(message, queues, self.options.max_message_size)]))[0]
+
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+        limit = self.options.max_message_size
+        prepared = [_Prepared(m, q, limit) for m, q in items]
+        if not prepared:
+            return []
+        return await self._submit(prepared)
+
+    def _submit(self, prepared: list[_Prepared]) -> asyncio.Future[list[PutResult]]:
+        if self._closing:
+            raise StoreClosedError("the store is closing")
+        if self._write_failure is not None:
+            raise StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
+        fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+        self._pending.append((prepared, fut))
+        self._wakeup.set()
+        return fut
+
+    async def _run_committer(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch, self._pending = self._pending, []
+            try:
+                await self._commit(batch)
+            except Exception as exc:  # never let one bad batch stop the committer
+                log.exception("commit failed")
+                _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
+
+    async def _commit(self, batch: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]]) -> None:
+        store_ts = _now_ms()
+        lookup = self.index.lookup_or_create
+        assigned: dict[QueueState, int] = {}
+        records: list[bytes] = []
+        placed: list[tuple[_Prepared, list[tuple[QueueState, int]], list[int]]] = []
+        rest_pack = REST.pack
+        prefix_pack = PREFIX.pack
+        for prepared, _ in batch:
+            for p in prepared:
+                targets = []
+                offsets = []
+                for name in p.queues:
+                    state = lookup(name)
+                    offset = assigned.get(state)
+                    if offset is None:
+                        offset = state.next_offset
+                    assigned[state] = offset + 1
+                    targets.append((state, offset))
+                    offsets.append(offset)
+                rest = b"".join(
+                    (
+                        rest_pack(0, p.born, store_ts, len(offsets), len(p.topic), len(p.key), len(p.props), len(p.body)),
+                        p.topic,
+                        p.key,
+                        p.props,
+                        encode_queues(p.queue_names, offsets),
+                        p.body,
+                    )
+                )
+                records.append(prefix_pack(p.size, MAGIC, crc32(rest)) + rest)
+                placed.append((p, targets, offsets))
+
+        positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
+        if self.options.flush == "sync":
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
+            except StoreWriteError:
+                self.commitlog.truncate(positions[0])
+                raise
+        items = [
+            DispatchItem(pos, p.size, p.tag_hash, store_ts, targets)
+            for pos, (p, targets, _) in zip(positions, placed)
+        ]
+        try:
+            self.dispatcher.dispatch(items, self.commitlog.end_position)
+        except Exception as exc:
+            # The records are in the commitlog; a restart re-dispatches them. Until then the
+            # index cannot advance in order, so refuse further writes rather than reorder.
+            self._write_failure = StoreWriteError(f"index write failed: {exc}")
+            log.error("index write failed; refusing writes until restart error=%s", exc)
+            raise self._write_failure from exc
+
+        identity = self._identity
+        i = 0
+        for prepared, fut in batch:
+            results = []
+            for p in prepared:
+                pos = positions[i]
+                results.append(
+                    PutResult(
+                        encode_msg_id(identity, pos), pos, p.size, store_ts, dict(zip(p.queues, placed[i][2]))
+                    )
+                )
+                i += 1
+            if not fut.done():
+                fut.set_result(results)
+
+    async def _flush_commitlog(self) -> None:
+        if self.commitlog.end_position > self.commitlog.flushed_position:
+            await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
+
+    async def _flush_index(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.commitlog.flush)
+        await loop.run_in_executor(None, self.index.flush)
+
+    # -- reading -----------------------------------------------------------------------------
+    async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
+        """Read up to ``max_messages`` (at least one, at most ``max_bytes`` after the first)."""
+        return self.get_now(queue, offset, max_messages, max_bytes)
+
+    def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
+        state = self.index.lookup(queue)
+        if state is None:
+            return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
+        qid = state.qid
+        max_offset = state.next_offset
+        if offset >= max_offset or offset < 0:
+            if offset < 0:
+                low = self._min_offset(state)
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
+            status = GetStatus.NO_NEW_MESSAGE if offset == max_offset else GetStatus.OFFSET_OVERFLOW
+            return GetResult(status, [], max_offset, self._min_offset(state), max_offset)
+        count = min(max_messages, max_offset - offset)
+        raws = self.index.entries(qid, offset, count)
+        min_position = self.commitlog.min_position
+        unpack = ENTRY_VALUE.unpack
+        entries = []
+        for raw in raws:
+            if raw is None:
+                break
+            entry = unpack(raw)
+            if entry[0] < min_position:
+                break
+            entries.append(entry)
+        if not entries:
+            low = self._min_offset(state)
+            if offset < low:
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
+            return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, max_offset)
+        messages = self._read_entries(queue, offset, entries, max_bytes)
+        return GetResult(GetStatus.FOUND, messages, offset + len(messages), -1, max_offset)
+
+    def _read_entries(
+        self, queue: str, offset: int, entries: list[tuple[int, int, int, int]], max_bytes: int
+    ) -> list[StoredMessage]:
+        # Coalesce entries that sit back to back in the commitlog into one pread.
+        spans: list[tuple[int, int, int]] = []  # (position, end, entry count)
+        total = 0
+        for position, size, _, _ in entries:
+            if spans and total + size > max_bytes:
+                break
+            total += size
+            if spans and spans[-1][1] == position:
+                start, _, n = spans[-1]
+                spans[-1] = (start, position + size, n + 1)
+            else:
+                spans.append((position, position + size, 1))
+        identity = self._identity
+        messages: list[StoredMessage] = []
+        i = 0
+        for start, end, n in spans:
+            buf = self.commitlog.read(start, end - start)
+            at = 0
+            for _ in range(n):
+                position, size, tag, _ = entries[i]
+                try:
+                    view = RecordView(buf, at)
+                except (RecordCorruptError, IndexError, ValueError) as exc:
+                    raise RecordCorruptError(
+                        f"record at commitlog position {position} of queue {queue} offset {offset + i}: {exc}"
+                    ) from None
+                messages.append(_stored(view, identity, position, queue, offset + i, tag))
+                at += size
+                i += 1
+        return messages
+
+    async def get_by_id(self, msg_id: str) -> StoredMessage | None:
+        """The message a message id names, or None (unknown, or removed by retention)."""
+        try:
+            _, _, position = decode_msg_id(msg_id)
+        except ValueError:
+            return None
+        return self.read_at(position)
+
+    def read_at(self, position: int) -> StoredMessage | None:
+        if position < self.commitlog.min_position or position >= self.commitlog.end_position:
+            return None
+        buf = self.commitlog.read(position, _READ_AHEAD)
+        if len(buf) < HEADER_SIZE:
+            return None
+        size = int.from_bytes(buf[:4], "big")
+        if size > len(buf):
+            buf = self.commitlog.read(position, size)
+        try:
+            view = RecordView(buf, 0)
+        except (RecordCorruptError, IndexError, ValueError):
+            return None
+        return _stored(view, self._identity, position, "", -1, 0)
+
+    async def max_offset(self, queue: str) -> int:
+        state = self.index.lookup(queue)
+        return state.next_offset if state is not None else 0
+
+    async def min_offset(self, queue: str) -> int:
+        state = self.index.lookup(queue)
+        return self._min_offset(state) if state is not None else 0
+
+    def _min_offset(self, state: QueueState) -> int:
+        first = self.index.first_offset(state.qid)
+        if first is None:
+            return state.next_offset
+        entry = self.index.entry(state.qid, first)
+        if entry is not None and entry[0] >= self.commitlog.min_position:
+            return first
+        return self.index.first_offset_at_or_after_position(
+            state.qid, first, state.next_offset, self.commitlog.min_position
+        )
+
+    async def offset_for_timestamp(self, queue: str, timestamp_ms: int) -> int:
+        """The first offset whose message was stored at or after ``timestamp_ms`` (max offset if none)."""
+        state = self.index.lookup(queue)
+        if state is None:
+            return 0
+        low = self._min_offset(state)
+        return self.index.first_offset_at_or_after_time(state.qid, low, state.next_offset, timestamp_ms)
+
+    def subscribe_notify(self) -> NotifySubscription:
+        """Coalesced ``(queue, max_offset)`` events, after each dispatch."""
+        return self.notify.subscribe()
+
+    # -- consumer offsets and tables ----------------------------------------------------------
+    async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:
+        """Remember a consumer's position; persisted by the periodic checkpoint and on close."""
+        self._dirty_offsets[(consumer, queue)] = offset
+
+    async def get_offset(self, consumer: str, queue: str) -> int | None:
+        offset = self._dirty_offsets.get((consumer, queue))
+        if offset is None:
+            offset = self.meta.load_offset(consumer, queue)
+        return offset
+
+    async def _checkpoint_offsets(self) -> None:
+        self._checkpoint_offsets_now()
+
+    def _checkpoint_offsets_now(self) -> None:
+        if self._dirty_offsets:
+            dirty, self._dirty_offsets = self._dirty_offsets, {}
+            try:
+                self.meta.save_offsets(dirty)
+            except Exception:
+                dirty.update(self._dirty_offsets)
+                self._dirty_offsets = dirty
+                raise
+
+    def table(self, name: str) -> KvTable:
+        """A durable str -> bytes table (retained messages, sessions, metadata)."""
+        return self.meta.table(name)
+
+    # -- retention -----------------------------------------------------------------------------
+    async def apply_retention(self) -> int:
+        """Delete whole segments by age/size, then drop index entries below the new minimum."""
+        doomed = self.retention.segments_to_delete(self.commitlog.segments(), time.time())
+        if not doomed:
+            return 0
+        freed = sum(self.commitlog.delete_segment(seg.start) for seg in doomed)
+        log.info(
+            "retention deleted segments=%d bytes=%d min_position=%d",
+            len(doomed), freed, self.commitlog.min_position,
+        )
+        await self._clean_index_below(self.commitlog.min_position)
+        return len(doomed)
+
+    async def _clean_index_below(self, min_position: int) -> None:
+        for n, state in enumerate(list(self.index.iter_queues())):
+            first = self.index.first_offset(state.qid)
+            if first is None:
+                continue
+            entry = self.index.entry(state.qid, first)
+            if entry is not None and entry[0] >= min_position:
+                continue
+            keep = self.index.first_offset_at_or_after_position(state.qid, first, state.next_offset, min_position)
+            self.index.delete_below(state.qid, keep)
+            if n % 1024 == 1023:
+                await asyncio.sleep(0)
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def end_position(self) -> int:
+        return self.commitlog.end_position
+
+    @property
+    def min_position(self) -> int:
+        return self.commitlog.min_position
+
+
+def _stored(view: RecordView, identity: bytes, position: int, queue: str, offset: int, tag: int) -> StoredMessage:
+    return StoredMessage(
+        encode_msg_id(identity, position),
+        position,
+        view.size,
+        view.topic,
+        view.key,
+        view.body,
+        view.born_ts,
+        view.store_ts,
+        view.raw_properties,
+        view.raw_queues,
+        view.queue_count,
+        queue,
+        offset,
+        tag,
+    )
+
+
+def _fail(batch, exc: BaseException) -> None:
+    for _, fut in batch:
+        if not fut.done():
+            fut.set_exception(exc)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
