@@ -1,0 +1,3 @@
+"""The TideMQ gateway: configuration, CLI, and the asyncio servers of each protocol."""
+
+__version__ = "0.1.0"

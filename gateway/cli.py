@@ -1,0 +1,85 @@
+"""``tidemq`` command line: ``tidemq serve [flags]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Sequence
+
+from store import StoreCorruptError, StoreLockedError, StoreError
+
+from . import __version__
+from .config import ConfigError, load_config
+from .logs import setup_logging
+
+log = logging.getLogger("tidemq.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemq", description="TideMQ edge-to-cloud messaging gateway")
+    parser.add_argument("--version", action="version", version=f"tidemq {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the gateway (embedded store, all listeners)")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
+    for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
+        serve.add_argument(
+            f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
+        )
+    serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
+    serve.add_argument("--flush", choices=("sync", "async"), help="acknowledge after fdatasync, or after write")
+    serve.add_argument("--segment-size", type=int, metavar="BYTES", help="commitlog segment size")
+    serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    serve.add_argument(
+        "--repair",
+        action="store_true",
+        default=None,
+        help="truncate a commitlog damaged in the middle at the damage (drops what follows)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    overrides = {
+        "data_dir": args.data_dir,
+        "mqtt_bind": args.mqtt_bind,
+        "amqp_bind": args.amqp_bind,
+        "remoting_bind": args.remoting_bind,
+        "metrics_bind": args.metrics_bind,
+        "flush": args.flush,
+        "segment_size": args.segment_size,
+        "log_level": args.log_level,
+        "repair": args.repair,
+    }
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"tidemq: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    from .server import serve
+
+    try:
+        asyncio.run(serve(config))
+    except StoreCorruptError as exc:
+        print(f"tidemq: {exc}", file=sys.stderr)
+        return 3
+    except StoreLockedError as exc:
+        print(f"tidemq: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"tidemq: store error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"tidemq: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,181 @@
+"""One typed configuration object, loaded from defaults < TOML file < TIDEMQ_* environment < CLI flags.
+
+The TOML file uses the field names below, either flat (``mqtt_bind = "..."``) or in a
+table whose name is the first word (``[mqtt] bind = "..."``, ``[store] segment_size = ...``).
+A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that listener off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from store import StoreOptions
+
+ENV_PREFIX = "TIDEMQ_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message says which and why."""
+
+
+@dataclass(slots=True)
+class Config:
+    data_dir: Path = Path("./data")
+    mqtt_bind: str = "127.0.0.1:1883"
+    amqp_bind: str = "127.0.0.1:5672"
+    remoting_bind: str = "127.0.0.1:9876"
+    metrics_bind: str = ""
+    flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms
+    flush_interval_ms: int = 200
+    checkpoint_interval_s: float = 5.0
+    index_flush_interval_s: float = 60.0
+    segment_size: int = 1 << 30
+    max_message_size: int = 4 << 20
+    queue_cache_entries: int = 262_144
+    retention_hours: float = 72.0
+    retention_bytes: int = 0
+    store_host: str = "127.0.0.1"  # IPv4 encoded in message ids
+    store_port: int = 10911
+    repair: bool = False
+    log_level: str = "INFO"
+    shutdown_timeout_s: float = 10.0
+    source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
+
+    def store_options(self) -> StoreOptions:
+        try:
+            return StoreOptions(
+                data_dir=self.data_dir,
+                segment_size=self.segment_size,
+                flush=self.flush,  # type: ignore[arg-type]
+                flush_interval=self.flush_interval_ms / 1000.0,
+                checkpoint_interval=self.checkpoint_interval_s,
+                index_flush_interval=self.index_flush_interval_s,
+                max_message_size=self.max_message_size,
+                queue_cache_entries=self.queue_cache_entries,
+                retention_hours=self.retention_hours,
+                retention_bytes=self.retention_bytes,
+                identity_host=self.store_host,
+                identity_port=self.store_port,
+                repair=self.repair,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _fields() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "source"}
+
+
+def _convert(name: str, kind: type, value: Any, origin: str) -> Any:
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError("not an integer")
+            return int(value)
+        if kind is float:
+            return float(value)
+        if kind is Path:
+            return Path(value)
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {type(value).__name__}")
+        return value
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{origin}: bad value for {name}: {exc}") from None
+
+
+def _flatten(table: Mapping[str, Any], path: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            for sub, subvalue in value.items():
+                if isinstance(subvalue, dict):
+                    raise ConfigError(f"{path}: [{key}.{sub}] nests too deep")
+                out[f"{key}_{sub}"] = subvalue
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration; ``overrides`` are CLI flags (None values are ignored)."""
+    kinds = _fields()
+    cfg = Config()
+    env = os.environ if env is None else env
+    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+        config_file = env[ENV_PREFIX + "CONFIG"]
+
+    def apply(values: Mapping[str, Any], origin: str) -> None:
+        for name, raw in values.items():
+            if name not in kinds:
+                raise ConfigError(f"{origin}: unknown setting {name!r}")
+            setattr(cfg, name, _convert(name, kinds[name], raw, origin))
+            cfg.source[name] = origin
+
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            with path.open("rb") as fh:
+                data = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        apply(_flatten(data, str(path)), str(path))
+    from_env = {
+        key[len(ENV_PREFIX) :].lower(): value
+        for key, value in env.items()
+        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG"
+    }
+    apply(from_env, "environment")
+    apply({k: v for k, v in (overrides or {}).items() if v is not None}, "command line")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.flush not in ("sync", "async"):
+        raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}")
+    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind"):
+        parse_bind(getattr(cfg, name), name)
+    if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}")
+    cfg.store_options()
+
+
+def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:
+    """``HOST:PORT`` -> (host, port); empty -> None (listener off)."""
+    bind = bind.strip()
+    if not bind:
+        return None
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{name}: expected HOST:PORT, got {bind!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{name}: port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{name}: port {number} out of range")
+    return host, number

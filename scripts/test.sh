@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine, then runs the whole suite.
+# Exit status is pytest's own (5, "no tests collected", counts as a failure too).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test]"
+
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "scripts/test.sh: pytest collected no tests; that is a failure" >&2
+fi
+exit "$status"

@@ -1,0 +1,35 @@
+"""Shared fixtures: a real store in a temporary data dir, opened and closed per test."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from store import MessageStore, StoreOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+async def open_store(data_dir: Path):
+    """Open stores on ``data_dir`` (options may override); every one still open is closed at the end."""
+    opened: list[MessageStore] = []
+
+    async def _open(**options) -> MessageStore:
+        options.setdefault("data_dir", data_dir)
+        store = await MessageStore.open(StoreOptions(**options))
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        await store.close()
