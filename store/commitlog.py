@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import MessageTooLargeError, StoreWriteError
+from .errors import MessageTooLargeError, StoreError, StoreWriteError
 
 log = logging.getLogger("tidemq.store.commitlog")
 
 SEGMENT_NAME_DIGITS = 20
+LAYOUT_FILE = "SEGMENT_SIZE"
 
 
 @dataclass(slots=True)
@@ -36,17 +37,16 @@ class Segment:
 class CommitLog:
     def __init__(self, directory: Path, segment_size: int) -> None:
         self.directory = directory
-        self.segment_size = segment_size
         directory.mkdir(parents=True, exist_ok=True)
+        self.segment_size = segment_size = _fixed_segment_size(directory, segment_size)
         self._segments: dict[int, Segment] = {}
         self._order: list[int] = []
         for path in sorted(directory.iterdir()):
             if path.name.isdigit() and len(path.name) == SEGMENT_NAME_DIGITS:
                 start = int(path.name)
                 if start % segment_size:
-                    raise ValueError(
-                        f"segment {path} does not start at a multiple of segment_size={segment_size}; "
-                        "was the store created with another segment size?"
+                    raise StoreError(
+                        f"segment {path} does not start at a multiple of the segment size {segment_size}"
                     )
                 self._add_segment(start, path)
         if not self._order:
@@ -243,3 +243,26 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fixed_segment_size(directory: Path, wanted: int) -> int:
+    """The segment size is fixed when the log is created; later configuration cannot change it."""
+    path = directory / LAYOUT_FILE
+    try:
+        stored = int(path.read_text().strip())
+    except FileNotFoundError:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{wanted}\n")
+        with tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+        _fsync_dir(directory)
+        return wanted
+    except ValueError:
+        raise StoreError(f"{path} is damaged: it must hold the segment size in bytes") from None
+    if stored != wanted:
+        log.warning(
+            "segment size is fixed at creation; ignoring the configured one configured=%d in_use=%d",
+            wanted, stored,
+        )
+    return stored

@@ -149,6 +149,8 @@ class RecordView:
     )
 
     def __init__(self, buf: bytes | memoryview, pos: int = 0, *, verify: bool = True) -> None:
+        if len(buf) - pos < HEADER_SIZE:
+            raise RecordCorruptError("incomplete record header")
         total, magic, crc, flags, born, store, nq, lt, lk, lp, lb = HEADER.unpack_from(buf, pos)
         if magic != MAGIC:
             raise RecordCorruptError(f"bad magic {magic:#x}")

@@ -1,0 +1,131 @@
+"""The ``tidemq`` command: configuration precedence, serve/shutdown, refusals with clear messages."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_config_precedence_file_then_env_then_flags(tmp_path):
+    toml = tmp_path / "tidemq.toml"
+    toml.write_text('data_dir = "/from/file"\nflush = "sync"\n[mqtt]\nbind = "0.0.0.0:1884"\n[store]\nport = 7000\n')
+    cfg = load_config(toml, env={"TIDEMQ_FLUSH": "async", "TIDEMQ_AMQP_BIND": ""}, overrides={"data_dir": "/flag"})
+    assert str(cfg.data_dir) == "/flag" and cfg.source["data_dir"] == "command line"
+    assert cfg.flush == "async" and cfg.source["flush"] == "environment"
+    assert cfg.mqtt_bind == "0.0.0.0:1884" and cfg.store_port == 7000
+    assert cfg.amqp_bind == ""  # empty bind: listener off
+    assert cfg.remoting_bind == "127.0.0.1:9876"
+
+
+def test_config_defaults_and_errors(tmp_path):
+    cfg = load_config(env={})
+    assert (str(cfg.data_dir), cfg.mqtt_bind, cfg.amqp_bind, cfg.remoting_bind) == (
+        "data", "127.0.0.1:1883", "127.0.0.1:5672", "127.0.0.1:9876",
+    )
+    with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
+        load_config(env={"TIDEMQ_BOGUS": "1"})
+    with pytest.raises(ConfigError, match="segment_size"):
+        load_config(env={"TIDEMQ_SEGMENT_SIZE": "big"})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        load_config(env={}, overrides={"mqtt_bind": "1883"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("flush = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
+
+
+def tidemq(*args: str, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen, pattern: str, timeout: float = 30) -> list[str]:
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line matching {pattern!r}; got: {''.join(lines)}")
+
+
+def serve_args(data_dir: Path) -> list[str]:
+    return ["serve", "--data-dir", str(data_dir), "--mqtt-bind", "127.0.0.1:0",
+            "--amqp-bind", "127.0.0.1:0", "--remoting-bind", ""]
+
+
+def test_serve_binds_listeners_and_shuts_down_cleanly_on_sigterm(tmp_path):
+    proc = tidemq(*serve_args(tmp_path / "data"))
+    try:
+        lines = wait_for_line(proc, "gateway ready")
+        text = "".join(lines)
+        assert 'msg="listener off" protocol=remoting' in text
+        port = int(re.search(r"protocol=mqtt address=127\.0\.0\.1:(\d+)", text).group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # the placeholder closes the connection
+        # a second gateway on the same data dir is refused with a clear message
+        second = tidemq(*serve_args(tmp_path / "data"))
+        _, err = second.communicate(timeout=30)
+        assert second.returncode == 2 and "in use by another process" in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert 'msg="store closed"' in err and 'msg="gateway stopped"' in err
+    assert all(re.match(r"ts=\S+ level=\w+ logger=\S+ msg=\"", line) for line in err.splitlines() if line)
+
+
+def test_serve_refuses_a_corrupt_store_until_repair(tmp_path):
+    data = tmp_path / "data"
+    proc = tidemq(*serve_args(data))
+    wait_for_line(proc, "gateway ready")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    # write two records through the store library, then damage the first
+    code = (
+        "import asyncio\nfrom store import MessageStore, StoreOptions, Message\n"
+        "async def m():\n"
+        f"    s = await MessageStore.open(StoreOptions({str(data)!r}))\n"
+        "    await s.put_batch([(Message('t', b'a' * 50), ['q']), (Message('t', b'b' * 50), ['q'])])\n"
+        "    await s.close()\n"
+        "asyncio.run(m())\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    segment = data / "commitlog" / f"{0:020d}"
+    raw = bytearray(segment.read_bytes())
+    raw[60] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+
+    refused = tidemq(*serve_args(data))
+    _, err = refused.communicate(timeout=30)
+    assert refused.returncode == 3
+    assert "commitlog corrupt" in err and str(segment) in err and "--repair" in err
+
+    repaired = tidemq(*serve_args(data), "--repair")
+    lines = wait_for_line(repaired, "gateway ready")
+    assert any("commitlog repaired" in line and "bytes_dropped=" in line for line in lines)
+    repaired.send_signal(signal.SIGTERM)
+    repaired.communicate(timeout=30)
+    assert repaired.returncode == 0
