@@ -7,19 +7,13 @@ only after it is written do readers see the new offsets and does notify fire.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, QUEUE_ROW, ConsumeQueueIndex, QueueState
 from .notify import NotifyHub
 
 
-@dataclass(slots=True)
-class DispatchItem:
-    position: int
-    size: int
-    tag_hash: int
-    store_timestamp: int
-    targets: list[tuple[QueueState, int]]  # (queue, offset given to the record in it)
+# (commitlog position, record size, tag hash, store timestamp, [(queue, offset in it)]):
+# a plain tuple, built once per message on the hot path.
+DispatchItem = tuple[int, int, int, int, list[tuple[QueueState, int]]]
 
 
 class Dispatcher:
@@ -34,10 +28,9 @@ class Dispatcher:
         pack_key = ENTRY_KEY.pack
         pack_value = ENTRY_VALUE.pack
         newest: dict[QueueState, tuple[int, int]] = {}
-        for item in items:
-            value = pack_value(item.position, item.size, item.tag_hash, item.store_timestamp)
-            position = item.position
-            for state, offset in item.targets:
+        for position, size, tag, store_ts, targets in items:
+            value = pack_value(position, size, tag, store_ts)
+            for state, offset in targets:
                 put(pack_key(ENTRY_PREFIX, state.qid, offset), value)
                 newest[state] = (offset, position)
         for state, (offset, position) in newest.items():

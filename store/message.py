@@ -34,7 +34,7 @@ class Message:
     born_timestamp: int | None = None  # ms; the store's clock when None
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class PutResult:
     msg_id: str
     position: int  # commitlog position of the record

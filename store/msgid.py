@@ -18,7 +18,12 @@ def make_store_identity(host: str, port: int) -> bytes:
 
 
 def encode_msg_id(identity: bytes, position: int) -> str:
-    return (identity + position.to_bytes(8, "big")).hex().upper()
+    return f"{identity.hex().upper()}{position:016X}"
+
+
+def msg_id_prefix(identity: bytes) -> str:
+    """The constant first half of every id of one store: ``prefix + f"{position:016X}"``."""
+    return identity.hex().upper()
 
 
 def decode_msg_id(msg_id: str) -> tuple[str, int, int]:

@@ -23,6 +23,7 @@ queues:     repeated (u16 name_len, name, u64 queue_offset): the queues the mess
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from typing import Mapping, Sequence
@@ -34,7 +35,8 @@ MAGIC_BYTES = MAGIC.to_bytes(4, "big")
 HEADER = struct.Struct(">IIIIqqHHHII")
 HEADER_SIZE = HEADER.size  # 46
 PREFIX = struct.Struct(">III")  # total_size, magic, crc
-REST = struct.Struct(">IqqHHHII")
+TIMES = struct.Struct(">Iqq")  # flags, born_ts, store_ts
+LENGTHS = struct.Struct(">HHHII")  # queue_count, topic_len, key_len, props_len, body_len
 CRC_START = 12
 
 _U16 = struct.Struct(">H")
@@ -80,13 +82,9 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     return props
 
 
-def encode_queues(queues: Sequence[bytes], offsets: Sequence[int]) -> bytes:
-    parts = []
-    for name, offset in zip(queues, offsets):
-        parts.append(_U16.pack(len(name)))
-        parts.append(name)
-        parts.append(_QUEUE_TAIL.pack(offset))
-    return b"".join(parts)
+def queue_slots(queues: Sequence[bytes]) -> list[bytes]:
+    """The fixed head (length + name) of each queue slot; the offset follows when it is known."""
+    return [_U16.pack(len(name)) + name for name in queues]
 
 
 def decode_queues(raw: bytes | memoryview, count: int) -> list[tuple[str, int]]:
@@ -103,33 +101,47 @@ def decode_queues(raw: bytes | memoryview, count: int) -> list[tuple[str, int]]:
     return out
 
 
+def encode_static(topic: bytes, key: bytes, properties: bytes, queue_count: int, body_len: int) -> bytes:
+    """The record's field lengths, topic, key and properties: all that is fixed before the
+    store gives the message its queue offsets and store time."""
+    if len(topic) > MAX_U16 or len(key) > MAX_U16 or queue_count > MAX_U16:
+        raise InvalidMessageError("topic, key or queue list too long for a record")
+    return LENGTHS.pack(queue_count, len(topic), len(key), len(properties), body_len) + topic + key + properties
+
+
+def assemble(
+    size: int, static: bytes, slots: Sequence[bytes], offsets: Sequence[int], body: bytes,
+    born_ts: int, store_ts: int, flags: int = 0,
+) -> bytes:
+    """Frame a record from :func:`encode_static` output, queue slots and offsets (hot path)."""
+    if len(slots) == 1:
+        queues = slots[0] + _QUEUE_TAIL.pack(offsets[0])
+    else:
+        queues = b"".join([slot + _QUEUE_TAIL.pack(o) for slot, o in zip(slots, offsets)])
+    rest = b"".join((TIMES.pack(flags, born_ts, store_ts), static, queues, body))
+    return PREFIX.pack(size, MAGIC, zlib.crc32(rest)) + rest
+
+
+def record_size(static: bytes, slots: Sequence[bytes], body_len: int) -> int:
+    return PREFIX.size + TIMES.size + len(static) + sum(len(s) for s in slots) + 8 * len(slots) + body_len
+
+
 def encode_record(
     *,
     topic: bytes,
     key: bytes,
     properties: bytes,
-    queues: bytes,
-    queue_count: int,
+    queues: Sequence[bytes],
+    offsets: Sequence[int],
     body: bytes,
     born_ts: int,
     store_ts: int,
     flags: int = 0,
 ) -> bytes:
-    """Frame one record; ``queues`` is the output of :func:`encode_queues`."""
-    if len(topic) > MAX_U16 or len(key) > MAX_U16 or queue_count > MAX_U16:
-        raise InvalidMessageError("topic, key or queue list too long for a record")
-    total = HEADER_SIZE + len(topic) + len(key) + len(properties) + len(queues) + len(body)
-    rest = b"".join(
-        (
-            REST.pack(flags, born_ts, store_ts, queue_count, len(topic), len(key), len(properties), len(body)),
-            topic,
-            key,
-            properties,
-            queues,
-            body,
-        )
-    )
-    return PREFIX.pack(total, MAGIC, zlib.crc32(rest)) + rest
+    """Frame one record in one call (tests, tools); the store uses the split form above."""
+    static = encode_static(topic, key, properties, len(queues), len(body))
+    slots = queue_slots(queues)
+    return assemble(record_size(static, slots, len(body)), static, slots, offsets, body, born_ts, store_ts, flags)
 
 
 class RecordView:
@@ -148,7 +160,7 @@ class RecordView:
         "body",
     )
 
-    def __init__(self, buf: bytes | memoryview, pos: int = 0, *, verify: bool = True) -> None:
+    def __init__(self, buf: bytes | mmap.mmap, pos: int = 0, *, verify: bool = True) -> None:
         if len(buf) - pos < HEADER_SIZE:
             raise RecordCorruptError("incomplete record header")
         total, magic, crc, flags, born, store, nq, lt, lk, lp, lb = HEADER.unpack_from(buf, pos)
@@ -168,19 +180,19 @@ class RecordView:
         self.store_ts = store
         self.queue_count = nq
         try:
-            self.topic = bytes(buf[i : i + lt]).decode()
+            self.topic = buf[i : i + lt].decode()
             i += lt
-            self.key = bytes(buf[i : i + lk]).decode()
+            self.key = buf[i : i + lk].decode() if lk else ""
         except UnicodeDecodeError:
             raise RecordCorruptError("topic or key is not UTF-8") from None
         i += lk
-        self.raw_properties = bytes(buf[i : i + lp])
+        self.raw_properties = buf[i : i + lp]
         i += lp
         qlen = end - lb - i
         if qlen < 0:
             raise RecordCorruptError("field lengths exceed the record size")
-        self.raw_queues = bytes(buf[i : i + qlen])
-        self.body = bytes(buf[end - lb : end])
+        self.raw_queues = buf[i : i + qlen]
+        self.body = buf[end - lb : end]
 
     def queues(self) -> list[tuple[str, int]]:
         try:

@@ -114,7 +114,7 @@ def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) ->
         state = index.lookup_or_create(name)
         targets.append((state, offset))
     tags = view_tags(view)
-    return DispatchItem(position, view.size, tag_hash(tags), view.store_ts, targets)
+    return (position, view.size, tag_hash(tags), view.store_ts, targets)
 
 
 def view_tags(view: RecordView) -> str | None:

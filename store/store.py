@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from zlib import crc32
 from typing import Iterable, Sequence
 
 from .commitlog import CommitLog
 from .consumequeue import ENTRY_VALUE, MAX_QUEUE_NAME_BYTES, ConsumeQueueIndex, QueueState
-from .dispatcher import DispatchItem, Dispatcher
+from .dispatcher import Dispatcher
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -28,53 +27,50 @@ from .errors import (
 from .lock import DirectoryLock
 from .message import TAGS_PROPERTY, GetResult, GetStatus, Message, PutResult, StoredMessage, tag_hash
 from .meta import KvTable, MetaStore
-from .msgid import decode_msg_id, encode_msg_id, make_store_identity
+from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
 from .options import StoreOptions
-from .record import HEADER_SIZE, MAGIC, PREFIX, REST, RecordView, encode_properties, encode_queues
+from .record import HEADER_SIZE, RecordView, assemble, encode_properties, encode_static, queue_slots, record_size
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy
 
 log = logging.getLogger("tidemq.store")
 
-_QUEUE_OVERHEAD = 2 + 8  # per target queue in a record: name length + offset
 _READ_AHEAD = 4096
 
 
 class _Prepared:
     """A message encoded as far as it can be before the committer gives it queue offsets."""
 
-    __slots__ = ("topic", "key", "props", "body", "born", "tag_hash", "queues", "queue_names", "size")
+    __slots__ = ("static", "slots", "body", "born", "tag_hash", "queues", "size")
 
     def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
         if not queues:
             raise InvalidMessageError("a message needs at least one target queue")
-        if len(queues) > 0xFFFF:
-            raise InvalidMessageError("too many target queues for one message")
-        if not isinstance(message.body, (bytes, bytearray, memoryview)):
-            raise InvalidMessageError("message body must be bytes")
+        body = message.body
+        if type(body) is not bytes:
+            if not isinstance(body, (bytearray, memoryview)):
+                raise InvalidMessageError("message body must be bytes")
+            body = bytes(body)
         props = message.properties
         if message.tags:
             props = {**(props or {}), TAGS_PROPERTY: message.tags}
-        self.topic = message.topic.encode()
-        self.key = (message.key or "").encode()
-        self.props = encode_properties(props)
-        self.body = bytes(message.body)
-        self.born = message.born_timestamp if message.born_timestamp is not None else _now_ms()
-        self.tag_hash = tag_hash(message.tags)
-        self.queues = list(queues)
-        names = []
-        qbytes = 0
-        for q in self.queues:
-            b = q.encode()
-            if not b or len(b) > MAX_QUEUE_NAME_BYTES:
+            self.tag_hash = tag_hash(message.tags)
+        else:
+            self.tag_hash = 0
+        names = [q.encode() for q in queues]
+        for name in names:
+            if not name or len(name) > MAX_QUEUE_NAME_BYTES:
                 raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-            names.append(b)
-            qbytes += len(b) + _QUEUE_OVERHEAD
-        self.queue_names = names
-        self.size = HEADER_SIZE + len(self.topic) + len(self.key) + len(self.props) + qbytes + len(self.body)
-        if len(self.topic) > 0xFFFF or len(self.key) > 0xFFFF:
-            raise InvalidMessageError("topic and key are at most 65535 bytes")
+        self.static = encode_static(
+            message.topic.encode(), message.key.encode() if message.key else b"",
+            encode_properties(props) if props else b"", len(names), len(body),
+        )
+        self.slots = queue_slots(names)
+        self.body = body
+        self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
+        self.queues = queues
+        self.size = record_size(self.static, self.slots, len(body))
         if self.size > max_size:
             raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
 
@@ -86,6 +82,7 @@ class MessageStore:
         self.options = options
         self._lock = DirectoryLock(options.data_dir)
         self._identity = make_store_identity(options.identity_host, options.identity_port)
+        self._id_prefix = msg_id_prefix(self._identity)
         self.notify = NotifyHub()
         self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
         self._wakeup = asyncio.Event()
@@ -218,8 +215,6 @@ class MessageStore:
         assigned: dict[QueueState, int] = {}
         records: list[bytes] = []
         placed: list[tuple[_Prepared, list[tuple[QueueState, int]], list[int]]] = []
-        rest_pack = REST.pack
-        prefix_pack = PREFIX.pack
         for prepared, _ in batch:
             for p in prepared:
                 targets = []
@@ -232,17 +227,7 @@ class MessageStore:
                     assigned[state] = offset + 1
                     targets.append((state, offset))
                     offsets.append(offset)
-                rest = b"".join(
-                    (
-                        rest_pack(0, p.born, store_ts, len(offsets), len(p.topic), len(p.key), len(p.props), len(p.body)),
-                        p.topic,
-                        p.key,
-                        p.props,
-                        encode_queues(p.queue_names, offsets),
-                        p.body,
-                    )
-                )
-                records.append(prefix_pack(p.size, MAGIC, crc32(rest)) + rest)
+                records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts))
                 placed.append((p, targets, offsets))
 
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
@@ -253,8 +238,7 @@ class MessageStore:
                 self.commitlog.truncate(positions[0])
                 raise
         items = [
-            DispatchItem(pos, p.size, p.tag_hash, store_ts, targets)
-            for pos, (p, targets, _) in zip(positions, placed)
+            (pos, p.size, p.tag_hash, store_ts, targets) for pos, (p, targets, _) in zip(positions, placed)
         ]
         try:
             self.dispatcher.dispatch(items, self.commitlog.end_position)
@@ -265,15 +249,18 @@ class MessageStore:
             log.error("index write failed; refusing writes until restart error=%s", exc)
             raise self._write_failure from exc
 
-        identity = self._identity
+        id_prefix = self._id_prefix
         i = 0
         for prepared, fut in batch:
             results = []
             for p in prepared:
                 pos = positions[i]
+                offsets = placed[i][2]
+                queues = p.queues
                 results.append(
                     PutResult(
-                        encode_msg_id(identity, pos), pos, p.size, store_ts, dict(zip(p.queues, placed[i][2]))
+                        f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
+                        {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets)),
                     )
                 )
                 i += 1
@@ -341,7 +328,7 @@ class MessageStore:
                 spans[-1] = (start, position + size, n + 1)
             else:
                 spans.append((position, position + size, 1))
-        identity = self._identity
+        id_prefix = self._id_prefix
         messages: list[StoredMessage] = []
         i = 0
         for start, end, n in spans:
@@ -355,7 +342,7 @@ class MessageStore:
                     raise RecordCorruptError(
                         f"record at commitlog position {position} of queue {queue} offset {offset + i}: {exc}"
                     ) from None
-                messages.append(_stored(view, identity, position, queue, offset + i, tag))
+                messages.append(_stored(view, id_prefix, position, queue, offset + i, tag))
                 at += size
                 i += 1
         return messages
@@ -381,7 +368,7 @@ class MessageStore:
             view = RecordView(buf, 0)
         except (RecordCorruptError, IndexError, ValueError):
             return None
-        return _stored(view, self._identity, position, "", -1, 0)
+        return _stored(view, self._id_prefix, position, "", -1, 0)
 
     async def max_offset(self, queue: str) -> int:
         state = self.index.lookup(queue)
@@ -479,9 +466,9 @@ class MessageStore:
         return self.commitlog.min_position
 
 
-def _stored(view: RecordView, identity: bytes, position: int, queue: str, offset: int, tag: int) -> StoredMessage:
+def _stored(view: RecordView, id_prefix: str, position: int, queue: str, offset: int, tag: int) -> StoredMessage:
     return StoredMessage(
-        encode_msg_id(identity, position),
+        f"{id_prefix}{position:016X}",
         position,
         view.size,
         view.topic,

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store.errors import RecordCorruptError
-from store.record import RecordView, encode_properties, encode_queues, encode_record
+from store.record import RecordView, encode_properties, encode_record
 
 text = st.text(max_size=40)
 queue_names = st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=5)
@@ -21,7 +21,7 @@ def test_record_round_trip(topic, key, props, queues, body, born, store):
     offsets = list(range(7, 7 + len(names)))
     raw = encode_record(
         topic=topic.encode(), key=key.encode(), properties=encode_properties(props),
-        queues=encode_queues(names, offsets), queue_count=len(names), body=body, born_ts=born, store_ts=store,
+        queues=names, offsets=offsets, body=body, born_ts=born, store_ts=store,
     )
     view = RecordView(b"junk" + raw + b"tail", 4)
     assert view.size == len(raw)
@@ -41,7 +41,7 @@ def test_random_bytes_raise_only_record_corrupt(data):
 @given(st.data())
 def test_any_single_flipped_byte_is_detected(data):
     raw = bytearray(encode_record(
-        topic=b"t/x", key=b"k", properties=b"", queues=encode_queues([b"q"], [3]), queue_count=1,
+        topic=b"t/x", key=b"k", properties=b"", queues=[b"q"], offsets=[3],
         body=b"payload-bytes", born_ts=1, store_ts=2,
     ))
     i = data.draw(st.integers(0, len(raw) - 1))
