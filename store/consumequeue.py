@@ -90,6 +90,11 @@ class ConsumeQueueIndex:
             self._cache[name] = state
         return state
 
+    @property
+    def cached_state(self):
+        """``dict.get`` of the hot-queue cache: the committer's fast path before :meth:`lookup`."""
+        return self._cache.get
+
     def lookup_or_create(self, name: str) -> QueueState:
         state = self.lookup(name)
         if state is None:

@@ -37,6 +37,8 @@ HEADER_SIZE = HEADER.size  # 46
 PREFIX = struct.Struct(">III")  # total_size, magic, crc
 TIMES = struct.Struct(">Iqq")  # flags, born_ts, store_ts
 LENGTHS = struct.Struct(">HHHII")  # queue_count, topic_len, key_len, props_len, body_len
+FIXED_SIZE = PREFIX.size + TIMES.size  # record bytes besides encode_static(), queue slots and body
+QUEUE_SLOT_OVERHEAD = 2 + 8  # name length and offset around each queue name
 CRC_START = 12
 
 _U16 = struct.Struct(">H")
@@ -84,6 +86,8 @@ def decode_properties(raw: bytes) -> dict[str, str]:
 
 def queue_slots(queues: Sequence[bytes]) -> list[bytes]:
     """The fixed head (length + name) of each queue slot; the offset follows when it is known."""
+    if len(queues) == 1:
+        return [len(queues[0]).to_bytes(2, "big") + queues[0]]
     return [_U16.pack(len(name)) + name for name in queues]
 
 
@@ -123,7 +127,7 @@ def assemble(
 
 
 def record_size(static: bytes, slots: Sequence[bytes], body_len: int) -> int:
-    return PREFIX.size + TIMES.size + len(static) + sum(len(s) for s in slots) + 8 * len(slots) + body_len
+    return FIXED_SIZE + len(static) + sum(len(s) for s in slots) + 8 * len(slots) + body_len
 
 
 def encode_record(

@@ -30,7 +30,16 @@ from .meta import KvTable, MetaStore
 from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
 from .options import StoreOptions
-from .record import HEADER_SIZE, RecordView, assemble, encode_properties, encode_static, queue_slots, record_size
+from .record import (
+    FIXED_SIZE,
+    HEADER_SIZE,
+    QUEUE_SLOT_OVERHEAD,
+    RecordView,
+    assemble,
+    encode_properties,
+    encode_static,
+    queue_slots,
+)
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy
 
@@ -59,10 +68,12 @@ class _Prepared:
         else:
             self.tag_hash = 0
         names = [q.encode() for q in queues]
+        slots_len = 0
         for name in names:
             if not name or len(name) > MAX_QUEUE_NAME_BYTES:
                 raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-        self.static = encode_static(
+            slots_len += len(name) + QUEUE_SLOT_OVERHEAD
+        self.static = static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"",
             encode_properties(props) if props else b"", len(names), len(body),
         )
@@ -70,7 +81,7 @@ class _Prepared:
         self.body = body
         self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
         self.queues = queues
-        self.size = record_size(self.static, self.slots, len(body))
+        self.size = FIXED_SIZE + len(static) + slots_len + len(body)
         if self.size > max_size:
             raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
 
@@ -211,6 +222,7 @@ class MessageStore:
 
     async def _commit(self, batch: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]]) -> None:
         store_ts = _now_ms()
+        cached = self.index.cached_state
         lookup = self.index.lookup_or_create
         assigned: dict[QueueState, int] = {}
         records: list[bytes] = []
@@ -220,7 +232,7 @@ class MessageStore:
                 targets = []
                 offsets = []
                 for name in p.queues:
-                    state = lookup(name)
+                    state = cached(name) or lookup(name)
                     offset = assigned.get(state)
                     if offset is None:
                         offset = state.next_offset
