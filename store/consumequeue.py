@@ -44,18 +44,23 @@ def queue_prefix(qid: int) -> bytes:
 
 
 class QueueState:
-    """What the store keeps in memory about one queue while it is hot."""
+    """A read-side view of one queue: its compact id and the offset the next message gets."""
 
-    __slots__ = ("qid", "name", "next_offset", "last_position")
+    __slots__ = ("qid", "name", "next_offset")
 
-    def __init__(self, qid: int, name: str, next_offset: int, last_position: int) -> None:
+    def __init__(self, qid: int, name: str, next_offset: int) -> None:
         self.qid = qid
         self.name = name
         self.next_offset = next_offset  # offsets below this are dispatched (visible)
-        self.last_position = last_position  # commitlog position of the newest entry
 
-    def row_key(self) -> bytes:
-        return NAME_PREFIX + self.name.encode()
+
+def pack_state(qid: int, next_offset: int) -> int:
+    """Hot-queue cache value. A plain int, so a cache of a million queues holds no object
+    the garbage collector must walk (a QueueState per queue made full collections crawl)."""
+    return next_offset << 32 | qid
+
+
+QID_MASK = 0xFFFF_FFFF
 
 
 class ConsumeQueueIndex:
@@ -69,7 +74,8 @@ class ConsumeQueueIndex:
         wo = WriteOptions()
         wo.disable_wal = True
         self._db.set_write_options(wo)
-        self._cache: dict[str, QueueState] = {}
+        # name -> pack_state(qid, next_offset); the dispatcher and committer use it directly.
+        self.cache: dict[str, int] = {}
         self._cache_entries = max(16, cache_entries)
         raw = self._db.get(CHECKPOINT_KEY)
         self.dispatched_position, self._next_qid = CHECKPOINT.unpack(raw) if raw else (0, 1)
@@ -79,55 +85,59 @@ class ConsumeQueueIndex:
         return self._db
 
     # -- queue table ---------------------------------------------------------------------
-    def lookup(self, name: str) -> QueueState | None:
-        state = self._cache.get(name)
-        if state is None:
+    def _load(self, name: str) -> int | None:
+        packed = self.cache.get(name)
+        if packed is None:
             raw = self._db.get(NAME_PREFIX + name.encode())
             if raw is None:
                 return None
-            qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
-            state = QueueState(qid, name, next_offset, last_position)
-            self._cache[name] = state
-        return state
+            qid, next_offset, _ = QUEUE_ROW.unpack(raw)
+            packed = self.cache[name] = pack_state(qid, next_offset)
+        return packed
 
-    @property
-    def cached_state(self):
-        """``dict.get`` of the hot-queue cache: the committer's fast path before :meth:`lookup`."""
-        return self._cache.get
+    def lookup(self, name: str) -> QueueState | None:
+        packed = self._load(name)
+        if packed is None:
+            return None
+        return QueueState(packed & QID_MASK, name, packed >> 32)
 
-    def lookup_or_create(self, name: str) -> QueueState:
-        state = self.lookup(name)
-        if state is None:
-            state = QueueState(self._next_qid, name, 0, 0)
+    def resolve(self, name: str) -> int:
+        """pack_state() of the queue, created (light queue: no registration) if it is new.
+
+        A new queue's row reaches the database with its first dispatch.
+        """
+        packed = self._load(name)
+        if packed is None:
+            packed = self.cache[name] = pack_state(self._next_qid, 0)
             self._next_qid += 1
-            self._cache[name] = state
-        return state
+        return packed
 
     def trim_cache(self) -> None:
         """Keep the hot-queue cache bounded: drop the oldest-loaded tenth when it is full.
 
         Only called between dispatches, when every cached state is also in the database.
         """
-        if len(self._cache) > self._cache_entries:
-            drop = len(self._cache) - self._cache_entries + self._cache_entries // 10
-            for name in [n for n, _ in zip(self._cache, range(drop))]:
-                del self._cache[name]
+        cache = self.cache
+        if len(cache) > self._cache_entries:
+            drop = len(cache) - self._cache_entries + self._cache_entries // 10
+            for name in [n for n, _ in zip(cache, range(drop))]:
+                del cache[name]
 
     @property
     def cached_queues(self) -> int:
-        return len(self._cache)
+        return len(self.cache)
 
-    def iter_queues(self) -> Iterator[QueueState]:
-        """Every queue in the table (from the database, not the cache)."""
+    def iter_queues(self) -> Iterator[tuple[QueueState, int]]:
+        """Every queue in the table with the position of its newest entry (database rows)."""
         for key, raw in self._db.items(from_key=NAME_PREFIX):
             if not key.startswith(NAME_PREFIX):
                 break
+            qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
             name = key[1:].decode()
-            cached = self._cache.get(name)
-            if cached is None:
-                qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
-                cached = QueueState(qid, name, next_offset, last_position)
-            yield cached
+            cached = self.cache.get(name)
+            if cached is not None:
+                next_offset = cached >> 32
+            yield QueueState(qid, name, next_offset), last_position
 
     # -- writing ---------------------------------------------------------------------------
     def new_batch(self) -> WriteBatch:
@@ -196,9 +206,9 @@ class ConsumeQueueIndex:
         crash in async flush mode). Walks the queue table; returns entries removed.
         """
         removed = 0
-        changed: list[QueueState] = []
-        for state in list(self.iter_queues()):
-            if state.last_position < position or state.next_offset == 0:
+        batch = self.new_batch()
+        for state, last_position in list(self.iter_queues()):
+            if last_position < position or state.next_offset == 0:
                 continue
             offset = state.next_offset
             last_position = 0
@@ -212,13 +222,8 @@ class ConsumeQueueIndex:
                 offset -= 1
             removed += state.next_offset - offset
             self._db.delete_range(entry_key(state.qid, offset), entry_key(state.qid, state.next_offset))
-            state.next_offset = offset
-            state.last_position = last_position
-            changed.append(state)
-        batch = self.new_batch()
-        for state in changed:
-            batch.put(state.row_key(), QUEUE_ROW.pack(state.qid, state.next_offset, state.last_position))
-            self._cache[state.name] = state
+            batch.put(NAME_PREFIX + state.name.encode(), QUEUE_ROW.pack(state.qid, offset, last_position))
+            self.cache[state.name] = pack_state(state.qid, offset)
         self.commit(batch, min(self.dispatched_position, position))
         return removed
 

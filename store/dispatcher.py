@@ -7,13 +7,13 @@ only after it is written do readers see the new offsets and does notify fire.
 
 from __future__ import annotations
 
-from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, QUEUE_ROW, ConsumeQueueIndex, QueueState
+from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, NAME_PREFIX, QUEUE_ROW, ConsumeQueueIndex
 from .notify import NotifyHub
 
 
-# (commitlog position, record size, tag hash, store timestamp, [(queue, offset in it)]):
+# (commitlog position, record size, tag hash, store timestamp, [(queue, qid, offset in it)]):
 # a plain tuple, built once per message on the hot path.
-DispatchItem = tuple[int, int, int, int, list[tuple[QueueState, int]]]
+DispatchItem = tuple[int, int, int, int, list[tuple[str, int, int]]]
 
 
 class Dispatcher:
@@ -27,20 +27,19 @@ class Dispatcher:
         put = batch.put
         pack_key = ENTRY_KEY.pack
         pack_value = ENTRY_VALUE.pack
-        newest: dict[QueueState, tuple[int, int]] = {}
+        pack_row = QUEUE_ROW.pack
+        newest: dict[str, tuple[int, int, int]] = {}
         for position, size, tag, store_ts, targets in items:
             value = pack_value(position, size, tag, store_ts)
-            for state, offset in targets:
-                put(pack_key(ENTRY_PREFIX, state.qid, offset), value)
-                newest[state] = (offset, position)
-        for state, (offset, position) in newest.items():
-            next_offset = max(state.next_offset, offset + 1)
-            put(state.row_key(), QUEUE_ROW.pack(state.qid, next_offset, position))
-            newest[state] = (next_offset, position)
+            for name, qid, offset in targets:
+                put(pack_key(ENTRY_PREFIX, qid, offset), value)
+                newest[name] = (qid, offset, position)
+        for name, (qid, offset, position) in newest.items():
+            put(NAME_PREFIX + name.encode(), pack_row(qid, offset + 1, position))
         self._index.commit(batch, end_position)
-        for state, (next_offset, position) in newest.items():
-            state.next_offset = next_offset
-            state.last_position = position
+        cache = self._index.cache
+        for name, (qid, offset, _) in newest.items():
+            cache[name] = (offset + 1) << 32 | qid  # pack_state, inlined on the hot path
         self._index.trim_cache()
         if self._notify.active:
-            self._notify.publish({state.name: next_offset for state, (next_offset, _) in newest.items()})
+            self._notify.publish({name: offset + 1 for name, (_, offset, _) in newest.items()})

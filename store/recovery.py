@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .commitlog import CommitLog, Segment
-from .consumequeue import ConsumeQueueIndex
+from .consumequeue import QID_MASK, ConsumeQueueIndex
 from .dispatcher import DispatchItem, Dispatcher
 from .errors import RecordCorruptError, StoreCorruptError
 from .message import TAGS_PROPERTY, tag_hash
@@ -111,8 +111,7 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
 def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
     targets = []
     for name, offset in view.queues():
-        state = index.lookup_or_create(name)
-        targets.append((state, offset))
+        targets.append((name, index.resolve(name) & QID_MASK, offset))
     tags = view_tags(view)
     return (position, view.size, tag_hash(tags), view.store_ts, targets)
 

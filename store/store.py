@@ -14,7 +14,7 @@ import time
 from typing import Iterable, Sequence
 
 from .commitlog import CommitLog
-from .consumequeue import ENTRY_VALUE, MAX_QUEUE_NAME_BYTES, ConsumeQueueIndex, QueueState
+from .consumequeue import ENTRY_VALUE, MAX_QUEUE_NAME_BYTES, QID_MASK, ConsumeQueueIndex, QueueState
 from .dispatcher import Dispatcher
 from .errors import (
     InvalidMessageError,
@@ -222,22 +222,20 @@ class MessageStore:
 
     async def _commit(self, batch: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]]) -> None:
         store_ts = _now_ms()
-        cached = self.index.cached_state
-        lookup = self.index.lookup_or_create
-        assigned: dict[QueueState, int] = {}
+        cache_get = self.index.cache.get
+        resolve = self.index.resolve
+        assigned: dict[str, int] = {}  # queue -> pack_state() for the next message in this batch
         records: list[bytes] = []
-        placed: list[tuple[_Prepared, list[tuple[QueueState, int]], list[int]]] = []
+        placed: list[tuple[_Prepared, list[tuple[str, int, int]], list[int]]] = []
         for prepared, _ in batch:
             for p in prepared:
                 targets = []
                 offsets = []
                 for name in p.queues:
-                    state = cached(name) or lookup(name)
-                    offset = assigned.get(state)
-                    if offset is None:
-                        offset = state.next_offset
-                    assigned[state] = offset + 1
-                    targets.append((state, offset))
+                    packed = assigned.get(name) or cache_get(name) or resolve(name)
+                    assigned[name] = packed + (1 << 32)
+                    offset = packed >> 32
+                    targets.append((name, packed & QID_MASK, offset))
                     offsets.append(offset)
                 records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts))
                 placed.append((p, targets, offsets))
@@ -456,7 +454,7 @@ class MessageStore:
         return len(doomed)
 
     async def _clean_index_below(self, min_position: int) -> None:
-        for n, state in enumerate(list(self.index.iter_queues())):
+        for n, (state, _) in enumerate(list(self.index.iter_queues())):
             first = self.index.first_offset(state.qid)
             if first is None:
                 continue
