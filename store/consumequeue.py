@@ -181,20 +181,18 @@ class ConsumeQueueIndex:
 
     def first_offset_at_or_after_position(self, qid: int, lo: int, hi: int, position: int) -> int:
         """Binary search [lo, hi) for the first offset whose entry points at or after ``position``."""
-        while lo < hi:
-            mid = (lo + hi) // 2
-            e = self.entry(qid, mid)
-            if e is None or e[0] < position:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return self._bisect(qid, lo, hi, 0, position)
 
     def first_offset_at_or_after_time(self, qid: int, lo: int, hi: int, timestamp: int) -> int:
+        """Binary search [lo, hi) for the first offset stored at or after ``timestamp`` (ms)."""
+        return self._bisect(qid, lo, hi, 3, timestamp)
+
+    def _bisect(self, qid: int, lo: int, hi: int, field: int, value: int) -> int:
+        # Both position and store time grow with the offset inside one queue.
         while lo < hi:
             mid = (lo + hi) // 2
             e = self.entry(qid, mid)
-            if e is None or e[3] < timestamp:
+            if e is None or e[field] < value:
                 lo = mid + 1
             else:
                 hi = mid
