@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TIDEMQ_EXTRAS=test . scripts/venv.sh
+VENV_EXTRAS=test . scripts/venv.sh
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
