@@ -76,6 +76,9 @@ class ConsumeQueueIndex:
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
         opts.set_block_based_table_factory(table)
+        # ... and the same for rows still in the memtable (whole-key bloom over it).
+        opts.set_memtable_whole_key_filtering(True)
+        opts.set_memtable_prefix_bloom_ratio(0.02)
         self._db = Rdict(str(path), opts)
         wo = WriteOptions()
         wo.disable_wal = True

@@ -321,7 +321,7 @@ class MessageStore:
                 return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, max_offset)
         messages = self._read_entries(queue, offset, entries, max_bytes)
-        return GetResult(GetStatus.FOUND, messages, offset + len(messages), -1, max_offset)
+        return GetResult(GetStatus.FOUND, messages, offset + len(messages), self._min_offset(state), max_offset)
 
     def _read_entries(
         self, queue: str, offset: int, entries: list[tuple[int, int, int, int]], max_bytes: int
