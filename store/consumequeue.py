@@ -214,7 +214,7 @@ class ConsumeQueueIndex:
         """
         removed = 0
         batch = self.new_batch()
-        for state, last_position in list(self.iter_queues()):
+        for state, last_position in self.iter_queues():
             if last_position < position or state.next_offset == 0:
                 continue
             offset = state.next_offset

@@ -454,7 +454,7 @@ class MessageStore:
         return len(doomed)
 
     async def _clean_index_below(self, min_position: int) -> None:
-        for n, (state, _) in enumerate(list(self.index.iter_queues())):
+        for n, (state, _) in enumerate(self.index.iter_queues()):
             first = self.index.first_offset(state.qid)
             if first is None:
                 continue
