@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tidemq: store error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"tidemq: {exc.strerror or exc}", file=sys.stderr)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"tidemq: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
