@@ -185,3 +185,22 @@ async def test_full_disk_fails_the_put_and_loses_nothing_acknowledged(open_store
     assert store.recovery.torn_bytes_dropped == 0
     got = await store.get("q", 0, 1000)
     assert [m.msg_id for m in got.messages] == [r.msg_id for r in acked] + [small.msg_id]
+
+
+async def test_index_ahead_of_a_shorter_commitlog_is_cut_back(open_store, data_dir):
+    """An OS crash in async mode can lose commitlog pages the index already points at."""
+    store = await open_store(flush="async")
+    results = await store.put_batch([(Message("t", f"m{i}".encode()), ["q", f"q{i % 3}"]) for i in range(30)])
+    await store.close()  # the index (and its checkpoint) now cover all 30 records
+    segment = data_dir / "commitlog" / f"{0:020d}"
+    with segment.open("r+b") as fh:  # the last 10 records never reached the disk
+        fh.truncate(results[20].position)
+
+    store = await open_store(flush="async")
+    assert store.recovery.index_entries_removed == 20  # 10 in "q", 10 across q0..q2
+    assert await store.max_offset("q") == 20
+    assert sum([await store.max_offset(f"q{i}") for i in range(3)]) == 20
+    res = await store.put(Message("t", b"again"), ["q"])
+    assert res.queue_offsets == {"q": 20} and res.position == results[20].position
+    got = await store.get("q", 19, 5)
+    assert [m.body for m in got.messages] == [b"m19", b"again"]
