@@ -84,7 +84,7 @@ async def get_case(data_dir: Path, queues: int, messages: int) -> str:
     rng = random.Random(7)
     store = await MessageStore.open(StoreOptions(data_dir=data_dir))
     body = os.urandom(64)
-    for start in range(0, messages, BATCH):
+    for _ in range(0, messages, BATCH):
         await store.put_batch([(Message("bench", body), [names[rng.randrange(queues)]]) for _ in range(BATCH)])
     read = 0
     started = time.perf_counter()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 from dataclasses import dataclass
 from typing import Iterator
 
