@@ -7,7 +7,7 @@ Every case runs in a fresh child process on a fresh temporary data dir, so ``rss
 
     store_put msg_bytes=64 queues=1000 flush=async writers=1 msgs_per_s=... rss_mb=...
     store_get queues=1000 msgs_per_s=...
-    store_recover messages=1000000 seconds=...
+    store_recover messages=1000000 seconds=... redispatched=...   (crash, then again with the index deleted)
 
 ``writers=1`` is one coroutine calling ``put_batch`` with 1,000 messages a call;
 ``writers=N>1`` is N coroutines each awaiting single ``put`` calls. Targets of each put
@@ -150,7 +150,8 @@ def plan(quick: bool) -> list[list[str]]:
                 cases.append(["put", str(size), str(queues), flush, str(writers), str(count), str(limit)])
     for queues in (1, 1000):
         cases.append(["get", str(queues), str(100_000 if quick else 300_000)])
-    cases.append(["recover", str(100_000 if quick else 1_000_000)])
+    cases.append(["recover", str(100_000 if quick else 1_000_000), "crash"])
+    cases.append(["recover", str(100_000 if quick else 1_000_000), "index-lost"])
     return cases
 
 
@@ -168,7 +169,7 @@ def run_case(case: list[str]) -> None:
         elif kind == "get":
             line = asyncio.run(get_case(tmp / "data", int(args[0]), int(args[1])))
         elif kind == "recover":
-            messages = int(args[0])
+            messages, how = int(args[0]), args[1]
             data = tmp / "data"
             writer = subprocess.run(
                 [sys.executable, "-m", "loadtest.bench_store", "--case", "crash-writer", str(data), str(messages)],
@@ -176,6 +177,8 @@ def run_case(case: list[str]) -> None:
             )
             if writer.returncode != 0:
                 raise SystemExit(f"crash writer failed:\n{writer.stderr}")
+            if how == "index-lost":  # the whole index is rebuilt from the commitlog
+                shutil.rmtree(data / "index")
             line = asyncio.run(recover_case(data, messages))
         else:
             raise SystemExit(f"unknown case {kind}")
