@@ -1,0 +1,84 @@
+"""MQTT topic names and topic filters: validation, matching and shared-subscription parsing.
+
+The one place in TideMQ that knows MQTT's topic rules (OASIS MQTT 5.0 section 4.7, the same
+in 3.1.1 section 4.7): levels split on ``/``, ``+`` matches one level, ``#`` the rest, and
+filters starting with a wildcard never match topics starting with ``$``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+MAX_TOPIC_BYTES = 65_535
+SHARE_PREFIX = "$share/"
+
+
+class TopicError(ValueError):
+    """A topic name or filter that breaks the MQTT rules."""
+
+
+def _check_string(text: str, what: str) -> None:
+    if not text:
+        raise TopicError(f"{what} must be at least one character")
+    if "\x00" in text:
+        raise TopicError(f"{what} must not contain U+0000")
+    if len(text) > MAX_TOPIC_BYTES // 4 and len(text.encode()) > MAX_TOPIC_BYTES:
+        raise TopicError(f"{what} is longer than {MAX_TOPIC_BYTES} bytes")
+
+
+def validate_topic_name(topic: str) -> None:
+    """A topic a PUBLISH may carry: no wildcards."""
+    _check_string(topic, "a topic name")
+    if "+" in topic or "#" in topic:
+        raise TopicError(f"a topic name must not contain wildcards: {topic!r}")
+
+
+def validate_topic_filter(topic_filter: str) -> None:
+    """A filter a SUBSCRIBE may carry, without a ``$share/`` prefix (see parse_shared)."""
+    _check_string(topic_filter, "a topic filter")
+    levels = topic_filter.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            raise TopicError(f"'#' must be a whole level and the last one: {topic_filter!r}")
+        if "+" in level and level != "+":
+            raise TopicError(f"'+' must be a whole level: {topic_filter!r}")
+
+
+def is_wildcard(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+class SharedFilter(NamedTuple):
+    group: str | None  # None: not a shared subscription
+    topic_filter: str
+
+
+def parse_shared(text: str) -> SharedFilter:
+    """Split ``$share/{group}/{filter}``; validates the group and the filter."""
+    if not text.startswith(SHARE_PREFIX):
+        validate_topic_filter(text)
+        return SharedFilter(None, text)
+    group, sep, topic_filter = text[len(SHARE_PREFIX):].partition("/")
+    if not group or not sep or "+" in group or "#" in group:
+        raise TopicError(f"a shared subscription is $share/{{group}}/{{filter}}: {text!r}")
+    validate_topic_filter(topic_filter)
+    return SharedFilter(group, topic_filter)
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether a (validated) filter matches a (validated) topic name."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    if not is_wildcard(topic_filter):
+        return topic_filter == topic
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    for i, level in enumerate(f_levels):
+        if level == "#":
+            return True  # also matches the parent level: "a/#" matches "a"
+        if i >= len(t_levels):
+            return False
+        if level != "+" and level != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
