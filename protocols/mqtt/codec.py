@@ -1,0 +1,469 @@
+"""Bytes <-> packets for MQTT 3.1, 3.1.1 and 5.0 (sans-IO).
+
+``encode(packet, version)`` gives a packet's bytes; ``PacketReader`` is fed bytes as they
+arrive and yields whole packets, enforcing the maximum packet size before buffering a body.
+Everything malformed raises an ``MQTTError`` subclass, never anything else.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable, Iterator
+
+from . import properties as P
+from .errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolViolation, UnsupportedProtocolVersion
+from .packets import (
+    MQTT_3_1, MQTT_3_1_1, MQTT_5, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, PingReq,
+    PingResp, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, UnsubAck,
+    Unsubscribe, Will,
+)
+from .properties import (
+    MAX_VARINT, Properties, decode_binary, decode_properties, decode_string, decode_u16, decode_varint,
+    encode_binary, encode_property_block, encode_string, encode_varint,
+)
+from .reason_codes import CONNACK_V3_FOR, ConnackCodeV3, ReasonCode
+
+_U16 = struct.Struct(">H")
+PROTOCOL_NAMES = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
+# Fixed-header flag bits each packet type must carry (section 2.1.3); PUBLISH's are its own.
+_FIXED_FLAGS = {t: 0 for t in PacketType} | {
+    PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketType.UNSUBSCRIBE: 0b0010}
+_ACK_CLASSES = {PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec,
+                PacketType.PUBREL: PubRel, PacketType.PUBCOMP: PubComp}
+
+
+def fixed_header(first_byte: int, remaining: int) -> bytes:
+    if remaining > MAX_VARINT:
+        raise ValueError(f"packet body of {remaining} bytes exceeds MQTT's limit")
+    return bytes((first_byte,)) + encode_varint(remaining)
+
+
+# -- encoding --------------------------------------------------------------------------------
+def encode(packet: Packet, version: int = MQTT_3_1_1) -> bytes:
+    """The wire bytes of ``packet`` in protocol ``version`` (properties dropped below 5.0)."""
+    kind = packet.packet_type
+    flags, body = _ENCODERS[kind](packet, version)
+    return fixed_header((kind << 4) | flags, len(body)) + body
+
+
+def _props(props: Properties, version: int) -> bytes:
+    return encode_property_block(props) if version == MQTT_5 else b""
+
+
+def _encode_connect(p: Connect, _: int) -> tuple[int, bytes]:
+    version = p.version
+    flags = 0x02 if p.clean_start else 0
+    if p.will is not None:
+        flags |= 0x04 | (p.will.qos << 3) | (0x20 if p.will.retain else 0)
+    if p.username is not None:
+        flags |= 0x80
+    if p.password is not None:
+        flags |= 0x40
+    out = bytearray(encode_string(PROTOCOL_NAMES[version]))
+    out += bytes((version, flags)) + _U16.pack(p.keep_alive) + _props(p.properties, version)
+    out += encode_string(p.client_id)
+    if p.will is not None:
+        if version == MQTT_5:
+            out += encode_property_block(p.will.properties)
+        out += encode_string(p.will.topic) + encode_binary(p.will.payload)
+    if p.username is not None:
+        out += encode_string(p.username)
+    if p.password is not None:
+        out += encode_binary(p.password)
+    return 0, bytes(out)
+
+
+def _encode_connack(p: ConnAck, version: int) -> tuple[int, bytes]:
+    code = p.reason_code if version == MQTT_5 else CONNACK_V3_FOR.get(p.reason_code, ConnackCodeV3.SERVER_UNAVAILABLE)
+    return 0, bytes((1 if p.session_present else 0, code)) + _props(p.properties, version)
+
+
+def _encode_publish(p: Publish, version: int) -> tuple[int, bytes]:
+    flags = (p.qos << 1) | (0x08 if p.dup else 0) | (0x01 if p.retain else 0)
+    head = encode_string(p.topic)
+    if p.qos:
+        if not p.packet_id:
+            raise ValueError("a QoS 1/2 PUBLISH needs a packet id")
+        head += _U16.pack(p.packet_id)
+    return flags, head + _props(p.properties, version) + p.payload
+
+
+def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> tuple[int, bytes]:
+    body = _U16.pack(p.packet_id)
+    if version == MQTT_5:
+        props = P.encode_properties(p.properties)
+        if props:
+            body += bytes((p.reason_code,)) + encode_varint(len(props)) + props
+        elif p.reason_code:
+            body += bytes((p.reason_code,))
+    return _FIXED_FLAGS[p.packet_type], body
+
+
+def _encode_subscribe(p: Subscribe, version: int) -> tuple[int, bytes]:
+    out = bytearray(_U16.pack(p.packet_id)) + _props(p.properties, version)
+    for s in p.subscriptions:
+        options = s.qos
+        if version == MQTT_5:
+            options |= (s.no_local << 2) | (s.retain_as_published << 3) | (s.retain_handling << 4)
+        out += encode_string(s.topic_filter) + bytes((options,))
+    return 0b0010, bytes(out)
+
+
+def _encode_suback(p: SubAck, version: int) -> tuple[int, bytes]:
+    return 0, _U16.pack(p.packet_id) + _props(p.properties, version) + bytes(p.reason_codes)
+
+
+def _encode_unsubscribe(p: Unsubscribe, version: int) -> tuple[int, bytes]:
+    out = bytearray(_U16.pack(p.packet_id)) + _props(p.properties, version)
+    for f in p.topic_filters:
+        out += encode_string(f)
+    return 0b0010, bytes(out)
+
+
+def _encode_unsuback(p: UnsubAck, version: int) -> tuple[int, bytes]:
+    if version != MQTT_5:
+        return 0, _U16.pack(p.packet_id)
+    return 0, _U16.pack(p.packet_id) + _props(p.properties, version) + bytes(p.reason_codes)
+
+
+def _encode_empty(_: PingReq | PingResp, __: int) -> tuple[int, bytes]:
+    return 0, b""
+
+
+def _encode_reason_and_props(p: Disconnect | Auth, version: int) -> tuple[int, bytes]:
+    if version != MQTT_5:
+        return 0, b""
+    props = P.encode_properties(p.properties)
+    if props:
+        return 0, bytes((p.reason_code,)) + encode_varint(len(props)) + props
+    return 0, bytes((p.reason_code,)) if p.reason_code else b""
+
+
+_ENCODERS: dict[PacketType, Callable[..., tuple[int, bytes]]] = {
+    PacketType.CONNECT: _encode_connect,
+    PacketType.CONNACK: _encode_connack,
+    PacketType.PUBLISH: _encode_publish,
+    PacketType.PUBACK: _encode_ack,
+    PacketType.PUBREC: _encode_ack,
+    PacketType.PUBREL: _encode_ack,
+    PacketType.PUBCOMP: _encode_ack,
+    PacketType.SUBSCRIBE: _encode_subscribe,
+    PacketType.SUBACK: _encode_suback,
+    PacketType.UNSUBSCRIBE: _encode_unsubscribe,
+    PacketType.UNSUBACK: _encode_unsuback,
+    PacketType.PINGREQ: _encode_empty,
+    PacketType.PINGRESP: _encode_empty,
+    PacketType.DISCONNECT: _encode_reason_and_props,
+    PacketType.AUTH: _encode_reason_and_props,
+}
+
+
+# -- decoding --------------------------------------------------------------------------------
+def decode(first_byte: int, body: bytes | memoryview, version: int) -> Packet:
+    """One packet from its first byte and its body (the bytes after the remaining length)."""
+    kind_value = first_byte >> 4
+    if kind_value == 0:
+        raise MalformedPacket("packet type 0 is reserved")
+    kind = PacketType(kind_value)
+    flags = first_byte & 0x0F
+    if kind == PacketType.AUTH and version != MQTT_5:
+        raise MalformedPacket("AUTH exists only in MQTT 5.0")
+    if kind != PacketType.PUBLISH and flags != _FIXED_FLAGS[kind]:
+        raise MalformedPacket(f"invalid fixed header flags 0x{flags:X} for {kind.name}")
+    try:
+        return _DECODERS[kind](flags, body, version)
+    except MQTTError:
+        raise
+    except (IndexError, struct.error, ValueError) as exc:  # a bound the decoder did not check
+        raise MalformedPacket(f"malformed {kind.name}: {exc}") from None
+
+
+def _expect_end(pos: int, body: bytes | memoryview, kind: str) -> None:
+    if pos != len(body):
+        raise MalformedPacket(f"{len(body) - pos} unexpected bytes at the end of {kind}")
+
+
+def _decode_connect(_: int, body: bytes | memoryview, __: int) -> Connect:
+    name, pos = decode_string(body, 0)
+    if pos >= len(body):
+        raise MalformedPacket("CONNECT without a protocol level")
+    level = body[pos]
+    if (name, level) not in (("MQTT", MQTT_3_1_1), ("MQTT", MQTT_5), ("MQIsdp", MQTT_3_1)):
+        if name not in ("MQTT", "MQIsdp"):
+            raise MalformedPacket(f"unknown protocol name {name!r}")
+        raise UnsupportedProtocolVersion(f"protocol {name!r} level {level} is not supported")
+    version = level
+    if pos + 4 > len(body):
+        raise MalformedPacket("truncated CONNECT header")
+    flags = body[pos + 1]
+    keep_alive = (body[pos + 2] << 8) | body[pos + 3]
+    pos += 4
+    if flags & 0x01:
+        raise MalformedPacket("the reserved CONNECT flag is set")
+    will_flag = bool(flags & 0x04)
+    will_qos = (flags >> 3) & 0x03
+    will_retain = bool(flags & 0x20)
+    if will_qos == 3:
+        raise MalformedPacket("will QoS 3")
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("will QoS/retain set without the will flag")
+    has_user, has_password = bool(flags & 0x80), bool(flags & 0x40)
+    if has_password and not has_user and version != MQTT_5:
+        raise MalformedPacket("password flag without user name flag")
+    props = Properties()
+    if version == MQTT_5:
+        props, pos = decode_properties(body, pos, P.CONNECT)
+    client_id, pos = decode_string(body, pos)
+    will = None
+    if will_flag:
+        will_props = Properties()
+        if version == MQTT_5:
+            will_props, pos = decode_properties(body, pos, P.WILL)
+        will_topic, pos = decode_string(body, pos)
+        will_payload, pos = decode_binary(body, pos)
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = password = None
+    if has_user:
+        username, pos = decode_string(body, pos)
+    if has_password:
+        password, pos = decode_binary(body, pos)
+    _expect_end(pos, body, "CONNECT")
+    if props.authentication_data is not None and props.authentication_method is None:
+        raise ProtocolViolation("authentication data without an authentication method")
+    return Connect(client_id, version, bool(flags & 0x02), keep_alive, username, password, will, props)
+
+
+def _decode_connack(_: int, body: bytes | memoryview, version: int) -> ConnAck:
+    if len(body) < 2:
+        raise MalformedPacket("truncated CONNACK")
+    if body[0] & 0xFE:
+        raise MalformedPacket("reserved CONNACK acknowledge flags are set")
+    props, pos = Properties(), 2
+    if version == MQTT_5:
+        props, pos = decode_properties(body, 2, P.CONNACK)
+    _expect_end(pos, body, "CONNACK")
+    code = body[1]
+    if version != MQTT_5:  # map 3.1.1 return codes onto the 5.0 reason codes we use inside
+        code = next((rc for rc, v3 in CONNACK_V3_FOR.items() if v3 == code), ReasonCode.UNSPECIFIED_ERROR)
+    return ConnAck(bool(body[0] & 1), code, props)
+
+
+def _decode_publish(flags: int, body: bytes | memoryview, version: int) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and qos == 0:
+        raise MalformedPacket("DUP set on a QoS 0 PUBLISH")
+    topic, pos = decode_string(body, 0)
+    packet_id = None
+    if qos:
+        packet_id, pos = decode_u16(body, pos)
+        if packet_id == 0:
+            raise MalformedPacket("packet id 0")
+    props = Properties()
+    if version == MQTT_5:
+        props, pos = decode_properties(body, pos, P.PUBLISH)
+    if pos > len(body):
+        raise MalformedPacket("truncated PUBLISH")
+    return Publish(topic, bytes(body[pos:]), qos, bool(flags & 0x01), dup, packet_id, props)
+
+
+def _decode_ack(kind: PacketType) -> Callable[[int, bytes | memoryview, int], Packet]:
+    cls = _ACK_CLASSES[kind]
+
+    def decode_ack(_: int, body: bytes | memoryview, version: int) -> Packet:
+        packet_id, pos = decode_u16(body, 0)
+        if packet_id == 0:
+            raise MalformedPacket("packet id 0")
+        code, props = 0, Properties()
+        if version == MQTT_5 and len(body) > 2:
+            code = body[2]
+            pos = 3
+            if len(body) > 3:
+                props, pos = decode_properties(body, 3, kind.name.lower())
+        _expect_end(pos, body, kind.name)
+        return cls(packet_id, code, props)
+
+    return decode_ack
+
+
+def _decode_subscribe(_: int, body: bytes | memoryview, version: int) -> Subscribe:
+    packet_id, pos = decode_u16(body, 0)
+    if packet_id == 0:
+        raise MalformedPacket("packet id 0")
+    props = Properties()
+    if version == MQTT_5:
+        props, pos = decode_properties(body, pos, P.SUBSCRIBE)
+        if len(props.subscription_identifiers) > 1:
+            raise ProtocolViolation("more than one subscription identifier")
+    subscriptions = []
+    while pos < len(body):
+        topic_filter, pos = decode_string(body, pos)
+        if pos >= len(body):
+            raise MalformedPacket("subscription without options")
+        options = body[pos]
+        pos += 1
+        qos = options & 0x03
+        if qos == 3:
+            raise MalformedPacket("requested QoS 3")
+        if version == MQTT_5:
+            if options & 0xC0:
+                raise MalformedPacket("reserved subscription option bits are set")
+            retain_handling = (options >> 4) & 0x03
+            if retain_handling == 3:
+                raise ProtocolViolation("retain handling 3")
+            subscriptions.append(Subscription(topic_filter, qos, bool(options & 0x04), bool(options & 0x08),
+                                              retain_handling))
+        else:
+            if options & 0xFC:
+                raise MalformedPacket("reserved subscription option bits are set")
+            subscriptions.append(Subscription(topic_filter, qos))
+    if not subscriptions:
+        raise ProtocolViolation("SUBSCRIBE with no topic filter")
+    return Subscribe(packet_id, subscriptions, props)
+
+
+def _decode_suback(_: int, body: bytes | memoryview, version: int) -> SubAck:
+    packet_id, pos = decode_u16(body, 0)
+    props = Properties()
+    if version == MQTT_5:
+        props, pos = decode_properties(body, pos, P.SUBACK)
+    return SubAck(packet_id, list(body[pos:]), props)
+
+
+def _decode_unsubscribe(_: int, body: bytes | memoryview, version: int) -> Unsubscribe:
+    packet_id, pos = decode_u16(body, 0)
+    if packet_id == 0:
+        raise MalformedPacket("packet id 0")
+    props = Properties()
+    if version == MQTT_5:
+        props, pos = decode_properties(body, pos, P.UNSUBSCRIBE)
+    filters = []
+    while pos < len(body):
+        topic_filter, pos = decode_string(body, pos)
+        filters.append(topic_filter)
+    if not filters:
+        raise ProtocolViolation("UNSUBSCRIBE with no topic filter")
+    return Unsubscribe(packet_id, filters, props)
+
+
+def _decode_unsuback(_: int, body: bytes | memoryview, version: int) -> UnsubAck:
+    packet_id, pos = decode_u16(body, 0)
+    if version != MQTT_5:
+        _expect_end(pos, body, "UNSUBACK")
+        return UnsubAck(packet_id)
+    props, pos = decode_properties(body, pos, P.UNSUBACK)
+    return UnsubAck(packet_id, list(body[pos:]), props)
+
+
+def _decode_empty(kind: PacketType) -> Callable[[int, bytes | memoryview, int], Packet]:
+    cls = PingReq if kind == PacketType.PINGREQ else PingResp
+
+    def decode_empty(_: int, body: bytes | memoryview, version: int) -> Packet:
+        _expect_end(0, body, kind.name)
+        return cls()
+
+    return decode_empty
+
+
+def _decode_reason_and_props(kind: PacketType) -> Callable[[int, bytes | memoryview, int], Packet]:
+    cls = Disconnect if kind == PacketType.DISCONNECT else Auth
+    prop_kind = kind.name.lower()
+
+    def decode_reason(_: int, body: bytes | memoryview, version: int) -> Packet:
+        if version != MQTT_5:
+            _expect_end(0, body, kind.name)
+            return cls()
+        code, props, pos = 0, Properties(), 0
+        if len(body) >= 1:
+            code, pos = body[0], 1
+        if len(body) >= 2:
+            props, pos = decode_properties(body, 1, prop_kind)
+        _expect_end(pos, body, kind.name)
+        return cls(code, props)
+
+    return decode_reason
+
+
+_DECODERS: dict[PacketType, Callable[[int, bytes | memoryview, int], Packet]] = {
+    PacketType.CONNECT: _decode_connect,
+    PacketType.CONNACK: _decode_connack,
+    PacketType.PUBLISH: _decode_publish,
+    PacketType.PUBACK: _decode_ack(PacketType.PUBACK),
+    PacketType.PUBREC: _decode_ack(PacketType.PUBREC),
+    PacketType.PUBREL: _decode_ack(PacketType.PUBREL),
+    PacketType.PUBCOMP: _decode_ack(PacketType.PUBCOMP),
+    PacketType.SUBSCRIBE: _decode_subscribe,
+    PacketType.SUBACK: _decode_suback,
+    PacketType.UNSUBSCRIBE: _decode_unsubscribe,
+    PacketType.UNSUBACK: _decode_unsuback,
+    PacketType.PINGREQ: _decode_empty(PacketType.PINGREQ),
+    PacketType.PINGRESP: _decode_empty(PacketType.PINGRESP),
+    PacketType.DISCONNECT: _decode_reason_and_props(PacketType.DISCONNECT),
+    PacketType.AUTH: _decode_reason_and_props(PacketType.AUTH),
+}
+
+
+class PacketReader:
+    """Incremental framing: ``feed(data)`` then iterate ``packets()``.
+
+    ``version`` starts unknown (None) and is set by the first CONNECT (server side) or
+    given by the caller (client side). ``max_packet_size`` bounds a whole packet (fixed
+    header included), checked from the fixed header before the body is buffered.
+    """
+
+    def __init__(self, max_packet_size: int = MAX_VARINT + 5, version: int | None = None) -> None:
+        self._buffer = bytearray()
+        self.max_packet_size = max_packet_size
+        self.version = version
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def packets(self) -> Iterator[Packet]:
+        buf = self._buffer
+        pos = 0
+        try:
+            while True:
+                avail = len(buf) - pos
+                if avail < 2:
+                    return
+                first = buf[pos]
+                remaining = 0
+                shift = 0
+                i = pos + 1
+                while True:
+                    if i >= len(buf):
+                        if i - pos - 1 >= 4:
+                            raise MalformedPacket("remaining length longer than 4 bytes")
+                        return  # the length itself is incomplete
+                    byte = buf[i]
+                    i += 1
+                    remaining |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift >= 28:
+                        raise MalformedPacket("remaining length longer than 4 bytes")
+                total = i - pos + remaining
+                if total > self.max_packet_size:
+                    raise PacketTooLarge(f"packet of {total} bytes exceeds the maximum of {self.max_packet_size}")
+                if len(buf) - pos < total:
+                    return
+                body = bytes(buf[i:pos + total])
+                pos += total
+                if self.version is None:
+                    if first >> 4 != PacketType.CONNECT:
+                        raise ProtocolViolation("the first packet must be CONNECT")
+                    packet = decode(first, body, MQTT_5)  # CONNECT decoding reads its own level
+                    self.version = packet.version  # type: ignore[union-attr]
+                else:
+                    packet = decode(first, body, self.version)
+                yield packet
+        finally:
+            del buf[:pos]
