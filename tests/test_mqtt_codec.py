@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from protocols.mqtt import properties as P
 from protocols.mqtt.codec import PacketReader, encode, fixed_header
-from protocols.mqtt.errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolViolation, UnsupportedProtocolVersion
+from protocols.mqtt.errors import (
+    MalformedPacket,
+    MQTTError,
+    PacketTooLarge,
+    ProtocolViolation,
+    UnsupportedProtocolVersion,
+)
 from protocols.mqtt.packets import (
-    MQTT_3_1, MQTT_3_1_1, MQTT_5, Auth, ConnAck, Connect, Disconnect, PingReq, PingResp, PubAck, PubComp,
-    Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, UnsubAck, Unsubscribe, Will,
+    MQTT_3_1,
+    MQTT_3_1_1,
+    MQTT_5,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
 )
 from protocols.mqtt.properties import PROPERTY_TABLE, Properties
 
@@ -51,8 +76,8 @@ def props(kind: str, version: int) -> st.SearchStrategy[Properties]:
     return properties_for(kind) if version == MQTT_5 else st.just(Properties())
 
 
-def reason(version: int, codes: st.SearchStrategy[int] = st.integers(0, 255)) -> st.SearchStrategy[int]:
-    return codes if version == MQTT_5 else st.just(0)
+def reason(version: int) -> st.SearchStrategy[int]:
+    return st.integers(0, 255) if version == MQTT_5 else st.just(0)
 
 
 def packets(version: int) -> st.SearchStrategy:
@@ -225,7 +250,8 @@ def test_publish_property_rules_v5(props_block: bytes, error: type[Exception] | 
     reader = PacketReader(version=MQTT_5)
     reader.feed(fixed_header(0x30, len(body)) + body)
     if error is None:
-        assert list(reader.packets())[0].properties.payload_format_indicator == 0
+        (packet,) = list(reader.packets())
+        assert packet.properties.payload_format_indicator == 0
     else:
         with pytest.raises(error):
             list(reader.packets())

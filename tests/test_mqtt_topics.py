@@ -1,11 +1,16 @@
 """MQTT topic rules: validation, matching, shared filters, and the trie against plain matching."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocols.mqtt.topic_tree import TopicTree
 from protocols.mqtt.topics import (
-    TopicError, matches, parse_shared, validate_topic_filter, validate_topic_name,
+    TopicError,
+    matches,
+    parse_shared,
+    validate_topic_filter,
+    validate_topic_name,
 )
 
 

@@ -8,18 +8,51 @@ Everything malformed raises an ``MQTTError`` subclass, never anything else.
 from __future__ import annotations
 
 import struct
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from . import properties as P
-from .errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolViolation, UnsupportedProtocolVersion
+from .errors import (
+    MalformedPacket,
+    MQTTError,
+    PacketTooLarge,
+    ProtocolViolation,
+    UnsupportedProtocolVersion,
+)
 from .packets import (
-    MQTT_3_1, MQTT_3_1_1, MQTT_5, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, PingReq,
-    PingResp, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, UnsubAck,
-    Unsubscribe, Will,
+    MQTT_3_1,
+    MQTT_3_1_1,
+    MQTT_5,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
 )
 from .properties import (
-    MAX_VARINT, Properties, decode_binary, decode_properties, decode_string, decode_u16, decode_varint,
-    encode_binary, encode_property_block, encode_string, encode_varint,
+    MAX_VARINT,
+    Properties,
+    decode_binary,
+    decode_properties,
+    decode_string,
+    decode_u16,
+    encode_binary,
+    encode_property_block,
+    encode_string,
+    encode_varint,
 )
 from .reason_codes import CONNACK_V3_FOR, ConnackCodeV3, ReasonCode
 

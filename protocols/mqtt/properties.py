@@ -99,7 +99,7 @@ class Properties:
     def is_empty(self) -> bool:
         return not encode_properties(self)
 
-    def copy(self, **changes: Any) -> "Properties":
+    def copy(self, **changes: Any) -> Properties:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["user_properties"] = list(self.user_properties)
         values["subscription_identifiers"] = list(self.subscription_identifiers)

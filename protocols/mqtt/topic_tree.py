@@ -3,13 +3,14 @@ depth and the matching branches, not by the number of filters (Mosquitto's subs.
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
 
 class _Node(Generic[V]):
-    __slots__ = ("children", "value", "has_value")
+    __slots__ = ("children", "has_value", "value")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node[V]] = {}
