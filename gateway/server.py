@@ -7,9 +7,13 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from cache import QueueCache
 from store import MessageStore
 
 from .config import Config, parse_bind
+from .mqtt.broker import MQTTBroker
+from .mqtt.connection import MQTTConnection
+from .mqtt.settings import MQTTSettings
 from .placeholder import placeholder_handler
 
 log = logging.getLogger("tidemq.gateway")
@@ -33,6 +37,7 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store: MessageStore | None = None
+        self.mqtt: MQTTBroker | None = None
         self.listeners: list[Listener] = []
 
     async def start(self) -> None:
@@ -43,7 +48,10 @@ class Gateway:
                 if bind is None:
                     log.info("listener off protocol=%s", protocol)
                     continue
-                server = await asyncio.start_server(placeholder_handler(protocol), bind[0], bind[1])
+                if protocol == "mqtt":
+                    server = await self._start_mqtt(bind)
+                else:
+                    server = await asyncio.start_server(placeholder_handler(protocol), bind[0], bind[1])
                 listener = Listener(protocol, server)
                 self.listeners.append(listener)
                 host, port = listener.address
@@ -53,10 +61,22 @@ class Gateway:
             raise
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
 
+    async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+        assert self.store is not None
+        cfg = self.config
+        settings = MQTTSettings(allow_anonymous=getattr(cfg, "allow_anonymous", True))
+        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store))
+        await self.mqtt.start()
+        broker = self.mqtt
+        return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker), bind[0], bind[1])
+
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
         for listener in self.listeners:
             listener.server.close()
+        if self.mqtt is not None:
+            await self.mqtt.stop()  # says goodbye to clients and saves every session
+            self.mqtt = None
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()

@@ -189,11 +189,22 @@ class MessageStore:
         return (await self._submit([_Prepared(message, queues, self.options.max_message_size)]))[0]
 
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+        return await self.put_batch_nowait(items)
+
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+        """Submit messages for one group commit and return at once; the future resolves when
+        they are durable per the flush mode. Futures resolve in submission order, so a
+        gateway can acknowledge in the order its client sent (no task per message).
+
+        Raises InvalidMessageError / MessageTooLargeError before anything is submitted.
+        """
         limit = self.options.max_message_size
         prepared = [_Prepared(m, q, limit) for m, q in items]
         if not prepared:
-            return []
-        return await self._submit(prepared)
+            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        return self._submit(prepared)
 
     def _submit(self, prepared: list[_Prepared]) -> asyncio.Future[list[PutResult]]:
         if self._closing:
@@ -381,6 +392,10 @@ class MessageStore:
         return _stored(view, self._id_prefix, position, "", -1, 0)
 
     async def max_offset(self, queue: str) -> int:
+        return self.max_offset_now(queue)
+
+    def max_offset_now(self, queue: str) -> int:
+        """The offset the queue's next message will get (0 for a queue never written)."""
         state = self.index.lookup(queue)
         return state.next_offset if state is not None else 0
 

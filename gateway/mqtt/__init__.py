@@ -1,0 +1,1 @@
+"""The MQTT gateway: asyncio connections, sessions and push-pull delivery over the unified store."""

@@ -1,0 +1,287 @@
+"""The node's MQTT state: sessions by client id, live connections, wildcard queues, retained
+messages, wills, and the notify loop that wakes the connections reading a queue.
+
+Connections (connection.py) speak the protocol; this module owns what outlives them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from protocols.mqtt.packets import Publish, Will
+from protocols.mqtt.topics import matches
+from store import GetResult, MessageStore, StoredMessage
+
+from .messages import Delivery, PublishTemplate, build_template, to_store_message
+from .queues import WildcardQueues
+from .session import Session
+from .settings import MQTTSettings
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
+
+log = logging.getLogger("tidemq.mqtt")
+
+_POSITION = struct.Struct(">Q")
+SESSIONS_TABLE = "mqtt.sessions"
+RETAINED_TABLE = "mqtt.retained"
+
+
+@dataclass(slots=True)
+class MQTTStats:
+    """Counters a user would graph; also published under $SYS/broker/."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    publish_dropped: int = 0  # QoS 0 skipped for slow consumers, oversize for a client's limit
+    connections_total: int = 0
+
+
+class Reader:
+    """What a connection's delivery loop needs from the node: reads through the queue cache."""
+
+    def __init__(self, store: MessageStore, cache: object | None) -> None:
+        self._store = store
+        self._cache = cache
+
+    def read(self, queue: str, offset: int, max_messages: int) -> GetResult:
+        if self._cache is not None:
+            return self._cache.read(queue, offset, max_messages)  # type: ignore[attr-defined]
+        return self._store.get_now(queue, offset, max_messages)
+
+
+class MQTTBroker:
+    def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: object | None = None,
+                 authenticator: object | None = None, acl: object | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.cache = cache
+        self.reader = Reader(store, cache)
+        self.authenticator = authenticator
+        self.acl = acl
+        self.sessions: dict[str, Session] = {}
+        self.connections: dict[str, MQTTConnection] = {}
+        self.readers: dict[str, set[MQTTConnection]] = {}  # queue -> connections reading it
+        self.wildcards = WildcardQueues()
+        self.retained: dict[str, int] = {}  # topic -> commitlog position of the retained message
+        self.stats = MQTTStats()
+        self.started_at = time.time()
+        self._sessions_table = store.table(SESSIONS_TABLE)
+        self._retained_table = store.table(RETAINED_TABLE)
+        self._dirty: set[str] = set()
+        self._flush_scheduled = False
+        self._pending_wills: dict[str, asyncio.TimerHandle] = {}
+        self._deliveries: OrderedDict[int, Delivery] = OrderedDict()
+        self._templates: OrderedDict[tuple, PublishTemplate] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        now = time.time()
+        for client_id, raw in list(self._sessions_table.items()):
+            try:
+                session = Session.from_json(client_id, raw)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unreadable session dropped client_id=%s error=%s", client_id, exc)
+                self._sessions_table.delete(client_id)
+                continue
+            if session.disconnected_at is None:
+                session.disconnected_at = now  # it was connected when the gateway stopped
+            if session.expired(now):
+                self._sessions_table.delete(client_id)
+                continue
+            self.sessions[client_id] = session
+            for sub in session.subscriptions.values():
+                self.wildcards.add(sub.topic_filter)
+        for topic, raw in self._retained_table.items():
+            self.retained[topic] = _POSITION.unpack(raw)[0]
+        notify = self.store.subscribe_notify()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._notify_loop(notify), name="mqtt-notify"))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
+        log.info("mqtt sessions restored count=%d retained=%d", len(self.sessions), len(self.retained))
+
+    async def stop(self) -> None:
+        for conn in list(self.connections.values()):
+            conn.shutdown()
+        for handle in self._pending_wills.values():
+            handle.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        now = time.time()
+        for session in self.sessions.values():
+            if session.persistent:
+                if session.disconnected_at is None:
+                    session.disconnected_at = now
+                self._sessions_table.put(session.client_id, session.to_json())
+        self._dirty.clear()
+
+    # -- sessions ------------------------------------------------------------------------------
+    def mark_dirty(self, session: Session) -> None:
+        """Persist the session soon (once per loop iteration, however many changes)."""
+        if not session.persistent:
+            return
+        self._dirty.add(session.client_id)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_sessions)
+
+    def _flush_sessions(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for client_id in dirty:
+            session = self.sessions.get(client_id)
+            if session is not None and session.persistent:
+                self._sessions_table.put(client_id, session.to_json())
+
+    def end_session(self, session: Session) -> None:
+        """Forget a session: its subscriptions, its wildcard references, its stored state."""
+        self.sessions.pop(session.client_id, None)
+        for sub in session.subscriptions.values():
+            self.wildcards.remove(sub.topic_filter)
+        session.subscriptions.clear()
+        self._sessions_table.delete(session.client_id)
+        self._dirty.discard(session.client_id)
+        handle = self._pending_wills.pop(session.client_id, None)
+        if handle is not None:  # the session ends before the will delay: publish it now
+            handle.cancel()
+            if session.will is not None:
+                self.publish_will(session.client_id, session.will)
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.expiry_check_interval_s)
+            now = time.time()
+            for session in [s for s in self.sessions.values() if s.expired(now)]:
+                if session.client_id not in self.connections:
+                    log.info("session expired client_id=%s", session.client_id)
+                    self.end_session(session)
+
+    # -- wills ---------------------------------------------------------------------------------
+    def schedule_will(self, session: Session, will: Will, delay: int) -> None:
+        if delay <= 0:
+            self.publish_will(session.client_id, will)
+            return
+        session.will = will
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._pending_wills.pop(session.client_id, None)
+            session.will = None
+            self.publish_will(session.client_id, will)
+
+        self._pending_wills[session.client_id] = loop.call_later(delay, fire)
+
+    def cancel_will(self, client_id: str) -> None:
+        handle = self._pending_wills.pop(client_id, None)
+        if handle is not None:
+            handle.cancel()
+        session = self.sessions.get(client_id)
+        if session is not None:
+            session.will = None
+
+    def publish_will(self, client_id: str, will: Will) -> None:
+        publish = Publish(will.topic, will.payload, will.qos, will.retain, properties=will.properties.copy(
+            will_delay_interval=None))
+        if self.acl is not None and not self.acl.allows_publish(None, client_id, will.topic):  # type: ignore[attr-defined]
+            log.info("will not published: not authorized client_id=%s topic=%s", client_id, will.topic)
+            return
+        fut = self.store.put_batch_nowait([(to_store_message(publish, client_id, will.topic),
+                                            self.wildcards.queues_for(will.topic))])
+        if will.retain:
+            fut.add_done_callback(lambda f: self.record_retained([(will.topic, bool(will.payload))], f))
+
+    # -- retained messages ---------------------------------------------------------------------
+    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> None:
+        """Done-callback of a put: remember (or clear, for an empty payload) the retained
+        messages among the stored ones; ``entries`` lines up with the put's messages."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        for entry, result in zip(entries, fut.result()):
+            if entry is not None:
+                topic, keep = entry
+                self.set_retained(topic, result.position if keep else None)
+
+    def set_retained(self, topic: str, position: int | None) -> None:
+        if position is None:
+            if self.retained.pop(topic, None) is not None:
+                self._retained_table.delete(topic)
+        else:
+            self.retained[topic] = position
+            self._retained_table.put(topic, _POSITION.pack(position))
+
+    def retained_matching(self, topic_filter: str) -> list[StoredMessage]:
+        found = []
+        for topic in [t for t in self.retained if matches(topic_filter, t)]:
+            message = self.store.read_at(self.retained[topic])
+            if message is None:  # removed by retention: the retained message is gone too
+                self.set_retained(topic, None)
+                continue
+            found.append(message)
+        return found
+
+    # -- delivery helpers shared by all connections -------------------------------------------
+    def delivery(self, message: StoredMessage) -> Delivery:
+        """Decoded MQTT view of a stored message, computed once per message for all readers."""
+        cached = self._deliveries.get(message.position)
+        if cached is None:
+            cached = self._deliveries[message.position] = Delivery.of(message)
+            if len(self._deliveries) > self.settings.template_cache_entries:
+                self._deliveries.popitem(last=False)
+        return cached
+
+    def template(self, message: StoredMessage, topic: str, qos: int, retain: bool, version: int,
+                 props_key: tuple, make_props: Callable[[], object]) -> PublishTemplate:
+        """The outgoing PUBLISH bytes for one variant, encoded once and reused by every subscriber."""
+        key = (message.position, topic, qos, retain, version, props_key)
+        cached = self._templates.get(key)
+        if cached is None:
+            cached = self._templates[key] = build_template(
+                topic, message.body, qos, retain, version, make_props())  # type: ignore[arg-type]
+            if len(self._templates) > self.settings.template_cache_entries:
+                self._templates.popitem(last=False)
+        return cached
+
+    # -- readers and notify --------------------------------------------------------------------
+    def add_reader(self, queue: str, conn: MQTTConnection) -> None:
+        self.readers.setdefault(queue, set()).add(conn)
+
+    def remove_reader(self, queue: str, conn: MQTTConnection) -> None:
+        readers = self.readers.get(queue)
+        if readers is not None:
+            readers.discard(conn)
+            if not readers:
+                del self.readers[queue]
+                if self.cache is not None:
+                    self.cache.drop(queue)  # type: ignore[attr-defined]
+
+    async def _notify_loop(self, notify) -> None:
+        try:
+            async for queue, max_offset in notify:
+                self._on_notify(queue, max_offset)
+                for q, off in notify.drain().items():
+                    self._on_notify(q, off)
+        finally:
+            notify.close()
+
+    def _on_notify(self, queue: str, max_offset: int) -> None:
+        readers = self.readers.get(queue)
+        if not readers:
+            return
+        if self.cache is not None:
+            self.cache.on_notify(queue, max_offset)  # type: ignore[attr-defined]
+        for conn in readers:
+            conn.schedule_pump()

@@ -1,0 +1,56 @@
+"""Which store queues an MQTT message goes to, and which queue a subscription reads.
+
+Read amplification: every concrete topic is its own queue (``t:{topic}``). Write
+amplification only for wildcards: each wildcard filter with at least one subscriber has a
+queue (``w:{filter}``) and a publish is also indexed into every matching one, found through a
+topic-filter trie. Subscribing to a concrete topic reads its topic queue directly.
+"""
+
+from __future__ import annotations
+
+from protocols.mqtt.topic_tree import TopicTree
+from protocols.mqtt.topics import is_wildcard
+
+TOPIC_QUEUE_PREFIX = "t:"
+WILDCARD_QUEUE_PREFIX = "w:"
+
+
+def topic_queue(topic: str) -> str:
+    return TOPIC_QUEUE_PREFIX + topic
+
+
+def queue_for_filter(topic_filter: str) -> str:
+    """The queue a subscription to ``topic_filter`` reads."""
+    if is_wildcard(topic_filter):
+        return WILDCARD_QUEUE_PREFIX + topic_filter
+    return TOPIC_QUEUE_PREFIX + topic_filter
+
+
+class WildcardQueues:
+    """The wildcard filters that currently have subscribers (online or in persistent sessions),
+    reference-counted; ``queues_for(topic)`` is the publish path's list of target queues."""
+
+    def __init__(self) -> None:
+        self._tree: TopicTree[int] = TopicTree()
+
+    def __len__(self) -> int:
+        return len(self._tree)
+
+    def add(self, topic_filter: str) -> None:
+        if is_wildcard(topic_filter):
+            self._tree[topic_filter] = (self._tree.get(topic_filter) or 0) + 1
+
+    def remove(self, topic_filter: str) -> None:
+        if not is_wildcard(topic_filter):
+            return
+        count = self._tree.get(topic_filter) or 0
+        if count <= 1:
+            self._tree.pop(topic_filter)
+        else:
+            self._tree[topic_filter] = count - 1
+
+    def queues_for(self, topic: str) -> list[str]:
+        queues = [TOPIC_QUEUE_PREFIX + topic]
+        for topic_filter, _ in self._tree.match(topic):
+            queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
+        return queues

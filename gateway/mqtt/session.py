@@ -1,0 +1,132 @@
+"""MQTT session state: subscriptions, per-queue read cursors, inflight deliveries and QoS 2
+state; persisted as one JSON document per client in the store's ``mqtt.sessions`` table.
+
+A subscription reads one queue (see queues.py). For each queue the session keeps a cursor
+(the next offset to pull) and the offsets sent but not yet acknowledged; the committed offset
+-- where a restart resumes -- is the oldest unacknowledged one, or the cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocols.mqtt.packets import Subscription, Will
+
+NEVER_EXPIRES = 0xFFFF_FFFF
+
+
+@dataclass(slots=True)
+class SubscriptionState:
+    options: Subscription
+    queue: str
+    share_group: str | None = None
+    identifier: int | None = None
+
+    @property
+    def topic_filter(self) -> str:
+        return self.options.topic_filter
+
+
+@dataclass(slots=True)
+class QueueCursor:
+    """How far a session has read one queue."""
+
+    queue: str
+    next_offset: int
+    unacked: OrderedDict[int, int] = field(default_factory=OrderedDict)  # offset -> packet id
+
+    @property
+    def committed(self) -> int:
+        for offset in self.unacked:  # the oldest (offsets are added in increasing order)
+            return min(offset, self.next_offset)
+        return self.next_offset
+
+
+@dataclass(slots=True)
+class Inflight:
+    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP."""
+
+    packet_id: int
+    queue: str
+    offset: int
+    qos: int
+    position: int  # commitlog position of the message (to resend it)
+    released: bool = False  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+
+
+@dataclass(slots=True)
+class Session:
+    client_id: str
+    version: int
+    expiry_interval: int = 0  # seconds after disconnect; NEVER_EXPIRES for 3.1.1 persistent
+    subscriptions: dict[str, SubscriptionState] = field(default_factory=dict)  # by filter text
+    cursors: dict[str, QueueCursor] = field(default_factory=dict)  # by queue
+    inflight: OrderedDict[int, Inflight] = field(default_factory=OrderedDict)  # by packet id
+    awaiting_release: set[int] = field(default_factory=set)  # inbound QoS 2 ids before PUBREL
+    disconnected_at: float | None = None
+    will: Will | None = None
+    next_packet_id: int = 1
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry_interval > 0
+
+    def expired(self, now: float | None = None) -> bool:
+        if self.disconnected_at is None or self.expiry_interval == NEVER_EXPIRES:
+            return False
+        return (now if now is not None else time.time()) >= self.disconnected_at + self.expiry_interval
+
+    def allocate_packet_id(self) -> int | None:
+        """A free packet id, or None when all 65,535 are in use."""
+        for _ in range(65_535):
+            pid = self.next_packet_id
+            self.next_packet_id = pid % 65_535 + 1
+            if pid not in self.inflight:
+                return pid
+        return None
+
+    def queues_read(self) -> set[str]:
+        return {s.queue for s in self.subscriptions.values() if s.share_group is None}
+
+    # -- persistence ---------------------------------------------------------------------------
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            "v": self.version,
+            "exp": self.expiry_interval,
+            "at": self.disconnected_at,
+            "subs": [
+                [s.options.topic_filter, s.options.qos, s.options.no_local, s.options.retain_as_published,
+                 s.options.retain_handling, s.share_group, s.identifier, s.queue]
+                for s in self.subscriptions.values()
+            ],
+            "off": {q: c.committed for q, c in self.cursors.items()},
+            "q2out": [[i.packet_id, i.queue, i.offset, i.position, i.released]
+                      for i in self.inflight.values() if i.qos == 2],
+            "q2in": sorted(self.awaiting_release),
+            "pid": self.next_packet_id,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, client_id: str, raw: bytes) -> Session:
+        doc = json.loads(raw)
+        session = cls(client_id, doc["v"], doc["exp"], disconnected_at=doc.get("at"))
+        for f, qos, nl, rap, rh, group, ident, queue in doc["subs"]:
+            key = f if group is None else f"$share/{group}/{f}"
+            session.subscriptions[key] = SubscriptionState(Subscription(f, qos, nl, rap, rh), queue, group, ident)
+        for queue, offset in doc["off"].items():
+            session.cursors[queue] = QueueCursor(queue, offset)
+        for pid, queue, offset, position, released in doc.get("q2out", []):
+            session.inflight[pid] = Inflight(pid, queue, offset, 2, position, released)
+            cursor = session.cursors.get(queue)
+            if cursor is not None and offset >= cursor.next_offset:
+                # the pull starts again at the committed offset and skips these: they are
+                # resent from the inflight table (PUBLISH with DUP, or PUBREL)
+                cursor.unacked[offset] = pid
+        session.awaiting_release = set(doc.get("q2in", []))
+        session.next_packet_id = doc.get("pid", 1)
+        return session

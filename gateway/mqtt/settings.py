@@ -1,0 +1,21 @@
+"""Tunables of the MQTT gateway (filled from the gateway's Config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class MQTTSettings:
+    receive_maximum: int = 1024  # inbound QoS 1/2 publishes a client may have unacknowledged
+    max_inflight: int = 128  # outbound window for clients that announce no Receive Maximum (3.1.1)
+    max_packet_size: int = 1 << 20  # bytes, whole packet; larger inbound packets are refused
+    topic_alias_maximum: int = 64  # inbound topic aliases a 5.0 client may use
+    max_queued_messages: int = 1000  # QoS 0 backlog per subscription before messages are dropped
+    max_keepalive: int = 0  # 0: accept what the client asks; else the Server Keep Alive cap
+    connect_timeout_s: float = 10.0
+    allow_anonymous: bool = True
+    expiry_check_interval_s: float = 30.0
+    template_cache_entries: int = 8192
+    write_buffer_high: int = 1 << 20  # stop pulling for a client above this many unsent bytes
+    sys_interval_s: float = 10.0  # $SYS/broker/... publishing period; 0 turns it off
