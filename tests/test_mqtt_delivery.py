@@ -1,0 +1,168 @@
+"""MQTT publish/subscribe through real clients (paho-mqtt 3.1.1 and 5.0, raw sockets):
+QoS 0/1/2, order, overlapping subscriptions, wildcard queues, inflight window, QoS 2 state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocols.mqtt.packets import (
+    MQTT_3_1_1, MQTT_5, ConnAck, Connect, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe,
+    Subscription,
+)
+from protocols.mqtt.properties import Properties
+
+from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+async def test_publish_subscribe_in_order(data_dir: Path, version: int, qos: int) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        sub = PahoClient(port, "sub", version=version)
+        pub = PahoClient(port, "pub", version=version)
+        await sub.connect()
+        await pub.connect()
+        assert list(await sub.subscribe("dev/+/temp", qos)) in ([qos], [paho_code(qos)])
+        for i in range(50):
+            await pub.publish(f"dev/d{i % 2}/temp", f"m{i}", qos)
+        got = await sub.receive(50)
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(50)]
+        assert {m.qos for m in got} == {qos}
+        assert [m.topic for m in got[:2]] == ["dev/d0/temp", "dev/d1/temp"]
+        await sub.nothing_more(0.3)
+        await sub.disconnect()
+        await pub.disconnect()
+
+
+def paho_code(qos: int):
+    from paho.mqtt.reasoncodes import ReasonCode
+    from paho.mqtt.packettypes import PacketTypes
+    return ReasonCode(PacketTypes.SUBACK, identifier=qos)
+
+
+async def test_granted_qos_caps_delivery_and_overlaps_deliver_once(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        sub = PahoClient(port, "sub")
+        pub = PahoClient(port, "pub")
+        await sub.connect()
+        await pub.connect()
+        await sub.subscribe([("a/b", 0), ("a/+", 1), ("a/#", 0)])
+        await pub.publish("a/b", "x", 2)  # matches all three: once, at the highest granted QoS (1)
+        await pub.publish("a/c", "y", 2)  # a/+ and a/#: once at QoS 1
+        await pub.publish("a/c/d", "z", 2)  # a/# only: QoS 0
+        got = await sub.receive(3)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("a/b", b"x", 1), ("a/c", b"y", 1), ("a/c/d", b"z", 0)]
+        await sub.nothing_more()
+        await sub.disconnect()
+        await pub.disconnect()
+
+
+async def test_messages_to_topics_without_subscribers_are_stored(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        pub = PahoClient(mqtt_port(gw), "pub")
+        await pub.connect()
+        for i in range(3):
+            await pub.publish("nobody/listens", f"v{i}", 1)
+        result = gw.store.get_now("t:nobody/listens", 0, 10)
+        assert [m.body for m in result.messages] == [b"v0", b"v1", b"v2"]
+        assert result.messages[0].properties["mqtt.qos"] == "1"
+        await pub.disconnect()
+
+
+async def test_wildcard_queue_is_written_only_while_subscribed(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        await pub.publish("s/1", "before", 1)
+        sub = PahoClient(port, "sub")
+        await sub.connect()
+        await sub.subscribe("s/+", 1)
+        await pub.publish("s/1", "during", 1)
+        assert [m.payload for m in await sub.receive(1)] == [b"during"]
+        assert [m.body for m in gw.store.get_now("w:s/+", 0, 10).messages] == [b"during"]
+        await sub.disconnect()  # clean session: the wildcard queue loses its last subscriber
+        await pub.publish("s/1", "after", 1)
+        assert [m.body for m in gw.store.get_now("w:s/+", 0, 10).messages] == [b"during"]
+        assert [m.body for m in gw.store.get_now("t:s/1", 0, 10).messages] == [b"before", b"during", b"after"]
+        await pub.disconnect()
+
+
+async def test_receive_maximum_bounds_the_inflight_window(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        sub, ack = await RawClient.connected(port, Connect("sub", MQTT_5, properties=Properties(receive_maximum=2)))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        sub.send(Subscribe(1, [Subscription("w/#", 1)]))
+        assert isinstance(await sub.recv(), SubAck)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        for i in range(5):
+            await pub.publish("w/x", f"{i}", 1)
+        first = [await sub.recv(), await sub.recv()]
+        assert [p.payload for p in first] == [b"0", b"1"]
+        with pytest.raises(TimeoutError):
+            await sub.recv(timeout=0.4)  # the window is full
+        sub.send(PubAck(first[0].packet_id))
+        third = await sub.recv()
+        assert third.payload == b"2"
+        with pytest.raises(TimeoutError):
+            await sub.recv(timeout=0.3)
+        await sub.close()
+        await pub.disconnect()
+
+
+async def test_qos2_outbound_exactly_once_across_reconnect(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        connect = Connect("q2", MQTT_5, clean_start=False, properties=Properties(session_expiry_interval=300))
+        sub, _ = await RawClient.connected(port, connect)
+        sub.send(Subscribe(1, [Subscription("q/2", 2)]))
+        await sub.recv()
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        await pub.publish("q/2", "once", 2)
+        first = await sub.recv()
+        assert isinstance(first, Publish) and first.qos == 2 and not first.dup
+        await sub.close()  # no PUBREC: the message is still inflight
+        sub, ack = await RawClient.connected(port, connect)
+        assert ack.session_present
+        again = await sub.recv()
+        assert (again.packet_id, again.dup, again.payload) == (first.packet_id, True, b"once")
+        sub.send(PubRec(again.packet_id))
+        rel = await sub.recv()
+        assert isinstance(rel, PubRel) and rel.packet_id == first.packet_id
+        await sub.close()  # PUBREC sent, no PUBCOMP: next time only the PUBREL comes back
+        sub, _ = await RawClient.connected(port, connect)
+        rel = await sub.recv()
+        assert isinstance(rel, PubRel) and rel.packet_id == first.packet_id
+        sub.send(PubComp(rel.packet_id))
+        with pytest.raises(TimeoutError):
+            await sub.recv(timeout=0.5)
+        await sub.close()
+        await pub.disconnect()
+
+
+async def test_qos2_inbound_resend_is_stored_once(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        connect = Connect("p2", MQTT_5, clean_start=False, properties=Properties(session_expiry_interval=300))
+        pub, _ = await RawClient.connected(port, connect)
+        pub.send(Publish("in/2", b"one", 2, packet_id=7))
+        rec = await pub.recv()
+        assert isinstance(rec, PubRec) and rec.packet_id == 7
+        await pub.close()  # no PUBREL: the client will resend the PUBLISH with DUP
+        pub, _ = await RawClient.connected(port, connect)
+        pub.send(Publish("in/2", b"one", 2, dup=True, packet_id=7))
+        assert isinstance(await pub.recv(), PubRec)
+        pub.send(PubRel(7))
+        comp = await pub.recv()
+        assert isinstance(comp, PubComp) and comp.reason_code == 0
+        pub.send(PubRel(7))  # unknown now
+        assert (await pub.recv()).reason_code == 0x92
+        assert [m.body for m in gw.store.get_now("t:in/2", 0, 10).messages] == [b"one"]
+        await pub.close()
