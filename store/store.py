@@ -429,13 +429,19 @@ class MessageStore:
     # -- consumer offsets and tables ----------------------------------------------------------
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:
         """Remember a consumer's position; persisted by the periodic checkpoint and on close."""
+        self.commit_offset_now(consumer, queue, offset)
+
+    def commit_offset_now(self, consumer: str, queue: str, offset: int) -> None:
         self._dirty_offsets[(consumer, queue)] = offset
 
-    async def get_offset(self, consumer: str, queue: str) -> int | None:
+    def get_offset_now(self, consumer: str, queue: str) -> int | None:
         offset = self._dirty_offsets.get((consumer, queue))
         if offset is None:
             offset = self.meta.load_offset(consumer, queue)
         return offset
+
+    async def get_offset(self, consumer: str, queue: str) -> int | None:
+        return self.get_offset_now(consumer, queue)
 
     async def _checkpoint_offsets(self) -> None:
         self._checkpoint_offsets_now()

@@ -166,3 +166,37 @@ async def test_qos2_inbound_resend_is_stored_once(data_dir: Path) -> None:
         assert (await pub.recv()).reason_code == 0x92
         assert [m.body for m in gw.store.get_now("t:in/2", 0, 10).messages] == [b"one"]
         await pub.close()
+
+
+async def test_shared_subscription_spreads_and_redelivers(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        members = []
+        for name in ("m1", "m2"):
+            client, _ = await RawClient.connected(port, Connect(name, MQTT_5))
+            client.send(Subscribe(1, [Subscription("$share/workers/jobs/+", 1)]))
+            assert (await client.recv()).reason_codes == [1]
+            members.append(client)
+        plain = PahoClient(port, "plain", version=MQTT_5)
+        await plain.connect()
+        await plain.subscribe("jobs/+", 1)  # a non-shared subscriber still gets everything
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        for i in range(10):
+            await pub.publish(f"jobs/{i % 3}", f"j{i}", 1)
+        first = [await members[0].recv() for _ in range(5)]
+        second = [await members[1].recv() for _ in range(5)]
+        assert sorted(p.payload for p in first + second) == sorted(f"j{i}".encode() for i in range(10))
+        assert len(await plain.receive(10)) == 10
+        for p in second:
+            members[1].send(PubAck(p.packet_id))
+        await members[0].close()  # leaves without acknowledging its five
+        again = [await members[1].recv() for _ in range(5)]
+        assert sorted(p.payload for p in again) == sorted(p.payload for p in first)
+        for p in again:
+            members[1].send(PubAck(p.packet_id))
+        with pytest.raises(TimeoutError):
+            await members[1].recv(timeout=0.4)
+        await members[1].close()
+        await plain.disconnect()
+        await pub.disconnect()

@@ -20,9 +20,10 @@ from protocols.mqtt.topics import matches
 from store import GetResult, MessageStore, StoredMessage
 
 from .messages import Delivery, PublishTemplate, build_template, to_store_message
-from .queues import WildcardQueues
+from .queues import WildcardQueues, queue_for_filter
 from .session import Session
 from .settings import MQTTSettings
+from .shared import ShareGroup
 
 if TYPE_CHECKING:
     from .connection import MQTTConnection
@@ -70,7 +71,8 @@ class MQTTBroker:
         self.acl = acl
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, MQTTConnection] = {}
-        self.readers: dict[str, set[MQTTConnection]] = {}  # queue -> connections reading it
+        self.readers: dict[str, set[MQTTConnection | ShareGroup]] = {}  # queue -> who reads it here
+        self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.wildcards = WildcardQueues()
         self.retained: dict[str, int] = {}  # topic -> commitlog position of the retained message
         self.stats = MQTTStats()
@@ -255,11 +257,38 @@ class MQTTBroker:
                 self._templates.popitem(last=False)
         return cached
 
-    # -- readers and notify --------------------------------------------------------------------
-    def add_reader(self, queue: str, conn: MQTTConnection) -> None:
-        self.readers.setdefault(queue, set()).add(conn)
+    # -- shared subscriptions ------------------------------------------------------------------
+    def share_group(self, group: str, topic_filter: str) -> ShareGroup:
+        key = f"$share/{group}/{topic_filter}"
+        found = self.share_groups.get(key)
+        if found is None:
+            queue = queue_for_filter(topic_filter)
+            start = self.store.get_offset_now(key, queue)
+            if start is None:
+                start = self.store.max_offset_now(queue)
+            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
+        return found
 
-    def remove_reader(self, queue: str, conn: MQTTConnection) -> None:
+    def join_share(self, key: str, conn: MQTTConnection) -> None:
+        state = conn.shared_subscription(key)
+        assert state is not None and state.share_group is not None
+        group = self.share_group(state.share_group, state.topic_filter)
+        group.join(conn)
+        self.add_reader(group.queue, group)
+
+    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[StoredMessage]) -> None:
+        group = self.share_groups.get(key)
+        if group is None:
+            return
+        group.leave(conn, unacked)
+        if not group.members:
+            self.remove_reader(group.queue, group)
+
+    # -- readers and notify --------------------------------------------------------------------
+    def add_reader(self, queue: str, reader: MQTTConnection | ShareGroup) -> None:
+        self.readers.setdefault(queue, set()).add(reader)
+
+    def remove_reader(self, queue: str, conn: MQTTConnection | ShareGroup) -> None:
         readers = self.readers.get(queue)
         if readers is not None:
             readers.discard(conn)

@@ -297,9 +297,12 @@ class MQTTConnection(asyncio.Protocol):
             self._timer = None
         if self.keep_alive:
             self._timer = asyncio.get_running_loop().call_later(self.keep_alive * 1.5, self._check_alive)
+        self.send_packet(ConnAck(session_present, ReasonCode.SUCCESS, connack_props))
         for queue in session.queues_read():
             broker.add_reader(queue, self)
-        self.send_packet(ConnAck(session_present, ReasonCode.SUCCESS, connack_props))
+        for key, state in session.subscriptions.items():
+            if state.share_group is not None:
+                broker.join_share(key, self)
         broker.mark_dirty(session)
         log.debug("client connected client_id=%s peer=%s version=%d", client_id, self.peer, self.version)
         return True
@@ -461,9 +464,14 @@ class MQTTConnection(asyncio.Protocol):
         inflight = session.inflight.pop(packet_id, None)
         if inflight is None:
             return None
-        cursor = session.cursors.get(inflight.queue)
-        if cursor is not None:
-            cursor.unacked.pop(inflight.offset, None)
+        if inflight.share is not None:
+            group = self.broker.share_groups.get(inflight.share)
+            if group is not None:
+                group.acked(inflight.offset)
+        else:
+            cursor = session.cursors.get(inflight.queue)
+            if cursor is not None:
+                cursor.unacked.pop(inflight.offset, None)
         self.broker.mark_dirty(session)
         self.schedule_pump()
         return inflight
@@ -533,24 +541,25 @@ class MQTTConnection(asyncio.Protocol):
             if not self._allowed(topic_filter, write=False):
                 codes.append(ReasonCode.NOT_AUTHORIZED if self.version == MQTT_5 else SUBACK_FAILURE_V3)
                 continue
-            if group is not None:
-                codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if self.version == MQTT_5
-                             else SUBACK_FAILURE_V3)
-                continue
+            key = request.topic_filter  # "$share/g/f" stays distinct from a plain "f"
             request.topic_filter = topic_filter
             queue = queue_for_filter(topic_filter)
-            existing = session.subscriptions.get(request.topic_filter)
+            existing = session.subscriptions.get(key)
             state = SubscriptionState(request, queue, group, identifier)
-            session.subscriptions[request.topic_filter] = state
+            session.subscriptions[key] = state
             if existing is None:
                 broker.wildcards.add(topic_filter)
-                if queue not in session.cursors:
-                    session.cursors[queue] = QueueCursor(queue, broker.store.max_offset_now(queue))
-                broker.add_reader(queue, self)
+                if group is not None:
+                    broker.join_share(key, self)
+                else:
+                    if queue not in session.cursors:
+                        session.cursors[queue] = QueueCursor(queue, broker.store.max_offset_now(queue))
+                    broker.add_reader(queue, self)
             codes.append(request.qos)
             rh = request.retain_handling
-            if rh == RetainHandling.SEND_ON_SUBSCRIBE or (rh == RetainHandling.SEND_IF_NEW_SUBSCRIPTION
-                                                         and existing is None):
+            # retained messages are not sent for shared subscriptions (MQTT 5.0 section 4.8.2)
+            if group is None and (rh == RetainHandling.SEND_ON_SUBSCRIBE
+                                  or (rh == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and existing is None)):
                 retained_to_send.append((state, broker.retained_matching(topic_filter)))
         self.send_packet(SubAck(packet.packet_id, codes))
         for state, messages in retained_to_send:
@@ -569,9 +578,8 @@ class MQTTConnection(asyncio.Protocol):
                 return
             self.session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)  # type: ignore[union-attr]
         sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, retain=True):
-            if packet_id is not None:
-                self.session.inflight.pop(packet_id, None)  # type: ignore[union-attr]
+        if not self._send_message(message, qos, sub_ids, packet_id, retain=True) and packet_id is not None:
+            self.session.inflight.pop(packet_id, None)  # type: ignore[union-attr]
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
@@ -584,6 +592,9 @@ class MQTTConnection(asyncio.Protocol):
                 continue
             codes.append(ReasonCode.SUCCESS)
             self.broker.wildcards.remove(state.topic_filter)
+            if state.share_group is not None:
+                self.broker.leave_share(topic_filter, self, self._take_shared_inflight(topic_filter))
+                continue
             if state.queue not in session.queues_read():
                 cursor = session.cursors.pop(state.queue, None)
                 self.broker.remove_reader(state.queue, self)
@@ -616,6 +627,9 @@ class MQTTConnection(asyncio.Protocol):
         del broker.connections[self.client_id]
         for queue in session.queues_read():
             broker.remove_reader(queue, self)
+        for key, state in list(session.subscriptions.items()):
+            if state.share_group is not None:
+                broker.leave_share(key, self, self._take_shared_inflight(key, session))
         session.disconnected_at = time.time()
         will, self.will = self.will, None
         if session.expiry_interval == 0:
@@ -628,6 +642,50 @@ class MQTTConnection(asyncio.Protocol):
                 broker.publish_will(self.client_id, will)
             else:
                 broker.schedule_will(session, will, min(delay, session.expiry_interval))
+
+    # -- shared subscriptions (shared.py chooses the member) -------------------------------------
+    def shared_subscription(self, key: str) -> SubscriptionState | None:
+        return self.session.subscriptions.get(key) if self.session is not None else None
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._writing_paused
+
+    def has_window(self) -> bool:
+        return self.session is not None and self.send_quota - len(self.session.inflight) > 0
+
+    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
+                       remaining: int | None) -> bool:
+        session = self.session
+        assert session is not None
+        packet_id = None
+        if qos:
+            packet_id = session.allocate_packet_id()
+            if packet_id is None:
+                return False
+        sub_ids = (state.identifier,) if state.identifier else ()
+        if not self._send_message(message, qos, sub_ids, packet_id, remaining=remaining):
+            return False
+        if packet_id is not None:
+            session.inflight[packet_id] = Inflight(packet_id, message.queue, message.queue_offset, qos,
+                                                   message.position, share=key)
+        return True
+
+    def _take_shared_inflight(self, key: str, session: Session | None = None) -> list[StoredMessage]:
+        """Remove this session's unacknowledged deliveries for a shared subscription and return
+        the messages, for the group to give to another member (a QoS 2 message whose PUBREC
+        came is the member's already and stays)."""
+        session = session or self.session
+        assert session is not None
+        taken = []
+        for pid, inflight in list(session.inflight.items()):
+            if inflight.share == key and not inflight.released:
+                del session.inflight[pid]
+                message = self.broker.store.read_at(inflight.position)
+                if message is not None:
+                    message.queue, message.queue_offset = inflight.queue, inflight.offset
+                    taken.append(message)
+        return taken
 
     # -- delivery (push side of push-pull) -----------------------------------------------------
     def schedule_pump(self) -> None:

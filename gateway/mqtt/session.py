@@ -56,6 +56,7 @@ class Inflight:
     qos: int
     position: int  # commitlog position of the message (to resend it)
     released: bool = False  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+    share: str | None = None  # the shared subscription ("$share/g/f") it was delivered for
 
 
 @dataclass(slots=True)
@@ -105,7 +106,7 @@ class Session:
             ],
             "off": {q: c.committed for q, c in self.cursors.items()},
             "q2out": [[i.packet_id, i.queue, i.offset, i.position, i.released]
-                      for i in self.inflight.values() if i.qos == 2],
+                      for i in self.inflight.values() if i.qos == 2 and i.share is None],
             "q2in": sorted(self.awaiting_release),
             "pid": self.next_packet_id,
         }
