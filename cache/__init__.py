@@ -1,1 +1,19 @@
 """Per-queue in-memory window of recent messages shared by all sessions of a node (high fan-out reads)."""
+
+from .queue_cache import (
+    MESSAGE_OVERHEAD,
+    WINDOW_OVERHEAD,
+    CacheStats,
+    MessageSource,
+    QueueCache,
+    message_cost,
+)
+
+__all__ = [
+    "MESSAGE_OVERHEAD",
+    "WINDOW_OVERHEAD",
+    "CacheStats",
+    "MessageSource",
+    "QueueCache",
+    "message_cost",
+]

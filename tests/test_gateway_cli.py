@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, load_config
+from protocols.mqtt.codec import encode
+from protocols.mqtt.packets import MQTT_3_1_1, ConnAck, Connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +85,8 @@ def test_serve_binds_listeners_and_shuts_down_cleanly_on_sigterm(tmp_path):
         port = int(re.search(r"protocol=mqtt address=127\.0\.0\.1:(\d+)", text).group(1))
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.settimeout(5)
-            assert sock.recv(1) == b""  # the placeholder closes the connection
+            sock.sendall(encode(Connect("cli-test"), MQTT_3_1_1))
+            assert sock.recv(4) == encode(ConnAck(), MQTT_3_1_1)  # the MQTT gateway answers
         # a second gateway on the same data dir is refused with a clear message
         second = tidemq(*serve_args(tmp_path / "data"))
         _, err = second.communicate(timeout=30)

@@ -91,7 +91,9 @@ async def test_session_expiry_interval(data_dir: Path) -> None:
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
         gw.mqtt.settings.expiry_check_interval_s = 0.2
-        gw.mqtt._tasks[-1].cancel()  # restart the sweeper with the short interval
+        for task in gw.mqtt._tasks:  # restart the sweeper with the short interval
+            if task.get_name() == "mqtt-expiry":
+                task.cancel()
         gw.mqtt._tasks.append(asyncio.get_running_loop().create_task(gw.mqtt._expiry_loop()))
         sub = PahoClient(port, "short", version=MQTT_5, clean=False, session_expiry=1)
         await sub.connect()
@@ -235,3 +237,33 @@ async def test_publish_from_a_raw_client_reaches_paho(data_dir: Path) -> None:
         assert [m.payload for m in await sub.receive(1)] == [b"hi"]
         await raw.close()
         await sub.disconnect()
+
+
+async def test_sys_topics(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watcher = PahoClient(port, "watcher")
+        await watcher.connect()
+        await watcher.subscribe("$SYS/broker/#", 0)
+        everything = PahoClient(port, "everything")
+        await everything.connect()
+        await everything.subscribe("#", 0)  # '#' must not match $SYS topics
+        from gateway.mqtt.sys_topics import publish_sys_topics
+
+        for task in gw.mqtt._tasks:
+            if task.get_name() == "mqtt-sys":
+                task.cancel()
+        gw.mqtt.settings.sys_interval_s = 0.2
+        gw.mqtt._tasks.append(asyncio.get_running_loop().create_task(publish_sys_topics(gw.mqtt)))
+        await asyncio.sleep(0.6)
+        got = {}
+        while not watcher.messages.empty():  # the newest value of each topic
+            message = watcher.messages.get_nowait()
+            got[message.topic] = message.payload
+        assert got["$SYS/broker/clients/connected"] == b"2"
+        assert got["$SYS/broker/subscriptions/count"] == b"2"
+        assert got["$SYS/broker/uptime"].endswith(b" seconds")
+        assert int(got["$SYS/broker/bytes/received"]) > 0
+        await everything.nothing_more(0.2)
+        await watcher.disconnect()
+        await everything.disconnect()

@@ -24,6 +24,7 @@ from .queues import WildcardQueues, queue_for_filter
 from .session import Session
 from .settings import MQTTSettings
 from .shared import ShareGroup
+from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
     from .connection import MQTTConnection
@@ -109,6 +110,8 @@ class MQTTBroker:
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(self._notify_loop(notify), name="mqtt-notify"))
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
+        if self.settings.sys_interval_s > 0:
+            self._tasks.append(asyncio.get_running_loop().create_task(publish_sys_topics(self), name="mqtt-sys"))
         log.info("mqtt sessions restored count=%d retained=%d", len(self.sessions), len(self.retained))
 
     async def stop(self) -> None:
@@ -196,15 +199,25 @@ class MQTTBroker:
             session.will = None
 
     def publish_will(self, client_id: str, will: Will) -> None:
-        publish = Publish(will.topic, will.payload, will.qos, will.retain, properties=will.properties.copy(
-            will_delay_interval=None))
         if self.acl is not None and not self.acl.allows_publish(None, client_id, will.topic):  # type: ignore[attr-defined]
             log.info("will not published: not authorized client_id=%s topic=%s", client_id, will.topic)
             return
-        fut = self.store.put_batch_nowait([(to_store_message(publish, client_id, will.topic),
-                                            self.wildcards.queues_for(will.topic))])
-        if will.retain:
-            fut.add_done_callback(lambda f: self.record_retained([(will.topic, bool(will.payload))], f))
+        publish = Publish(will.topic, will.payload, will.qos, will.retain,
+                          properties=will.properties.copy(will_delay_interval=None))
+        self._put([(publish, client_id)])
+
+    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None:
+        """Messages the broker itself publishes ($SYS statistics)."""
+        self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
+
+    def _put(self, publishes: list[tuple[Publish, str]]) -> None:
+        items = [(to_store_message(p, client_id, p.topic), self.wildcards.queues_for(p.topic))
+                 for p, client_id in publishes]
+        fut = self.store.put_batch_nowait(items)
+        if any(p.retain for p, _ in publishes):
+            entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
+            fut.add_done_callback(lambda f: self.record_retained(entries, f))
+        fut.add_done_callback(_log_failure)
 
     # -- retained messages ---------------------------------------------------------------------
     def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> None:
@@ -314,3 +327,8 @@ class MQTTBroker:
             self.cache.on_notify(queue, max_offset)  # type: ignore[attr-defined]
         for conn in readers:
             conn.schedule_pump()
+
+
+def _log_failure(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("broker publish not stored error=%s", fut.exception())

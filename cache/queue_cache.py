@@ -1,0 +1,324 @@
+"""QueueCache: a window of each queue's recent messages, shared by every reader on this node.
+
+A thousand subscribers of one hot queue cost one store read per batch, not a thousand: the
+first reader to reach a window's end reads the store once and appends; the rest read memory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+from store import GetResult, GetStatus, StoredMessage
+
+# Memory a cached message costs beyond its variable fields (body, raw properties, topic,
+# raw queue list): the StoredMessage object, its msg id string, the ints and the headers of
+# the bytes/str objects it holds, and its list slot. Measured at ~550 bytes on CPython 3.11.
+MESSAGE_OVERHEAD = 560
+# Memory a queue's window costs with no message in it: its record, list, dict entry.
+WINDOW_OVERHEAD = 1024
+
+_COMPACT_AT = 64  # dropped head slots tolerated before the list is compacted
+
+
+class MessageSource(Protocol):
+    """What the cache needs from the store: ``store.MessageStore`` is one."""
+
+    def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult: ...
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters (hits/misses count messages served; store_reads counts ``get_now`` calls) and gauges."""
+
+    hits: int = 0
+    misses: int = 0
+    store_reads: int = 0
+    messages_from_store: int = 0
+    evictions: int = 0  # whole windows evicted to stay within max_bytes
+    bytes: int = 0  # gauge: accounted memory of every window
+    queues: int = 0  # gauge: windows held
+
+    @property
+    def hit_ratio(self) -> float:
+        served = self.hits + self.misses
+        return self.hits / served if served else 0.0
+
+
+def message_cost(message: StoredMessage) -> int:
+    """Bytes a cached message is accounted for against ``max_bytes``."""
+    return (
+        len(message.body) + len(message.raw_properties) + len(message.topic) + len(message.raw_queues)
+        + MESSAGE_OVERHEAD
+    )
+
+
+class _Window:
+    """Messages [start, end) of one queue, plus what the cache last learned about the queue."""
+
+    __slots__ = ("bytes", "head", "max_offset", "messages", "min_offset", "notified", "start")
+
+    def __init__(self) -> None:
+        self.messages: list[StoredMessage] = []
+        self.head = 0  # messages[head:] are live; the head is compacted away in bulk
+        self.start = -1  # offset of messages[head]; -1 until a read places the window
+        self.bytes = WINDOW_OVERHEAD
+        self.min_offset = 0  # as of the last store read
+        self.max_offset = 0  # highest max offset a store read or a notify reported
+        # Set by on_notify: from then on the notify handler reports every growth of the queue,
+        # so "max_offset <= end" means nothing new for certain (a pending notify will say so).
+        self.notified = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.messages) - self.head
+
+    @property
+    def empty(self) -> bool:
+        return self.head == len(self.messages)
+
+
+class QueueCache:
+    """Serves ``(queue, offset)`` reads from per-queue windows, reading the store only for what it lacks.
+
+    Bounded per queue by ``window_messages`` (oldest dropped first) and in total by ``max_bytes``
+    (whole windows evicted, least recently read first). Synchronous on purpose: a read never
+    awaits, so concurrent reader tasks cannot interleave inside it. Messages are shared between
+    readers and must be treated as read-only.
+    """
+
+    def __init__(self, store: MessageSource, max_bytes: int = 64 << 20, window_messages: int = 4096) -> None:
+        if max_bytes < 0 or window_messages < 1:
+            raise ValueError("max_bytes must be >= 0 and window_messages >= 1")
+        self._store = store
+        self.max_bytes = max_bytes
+        self.window_messages = window_messages
+        self._windows: OrderedDict[str, _Window] = OrderedDict()  # least recently read first
+        self.stats = CacheStats()
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
+        """Read like ``MessageStore.get_now``: up to ``max_messages``, at least one, then within ``max_bytes``.
+
+        Statuses mean what the store's mean; NO_NEW_MESSAGE, OFFSET_TOO_SMALL, OFFSET_OVERFLOW and
+        NO_SUCH_QUEUE are the store's own results. A FOUND batch is cut short of the caller's limits
+        only when the cache knows the queue ends there. ``min_offset``/``max_offset`` of a result
+        served from memory are as of the last store read or notify.
+        """
+        window = self._windows.get(queue)
+        if max_messages < 1:
+            return self._bypass(queue, window, offset, max_messages, max_bytes)
+        if window is None or window.start < 0 or (offset > window.end and window.empty):
+            return self._fill(queue, window, offset, max_messages, max_bytes)
+        if offset < window.start or offset > window.end:
+            # A lagging (or skipping) reader: served from the store, never cached, so that one slow
+            # client does not pull the window off the tail that every other subscriber reads.
+            return self._bypass(queue, window, offset, max_messages, max_bytes)
+        return self._serve(queue, window, offset, max_messages, max_bytes)
+
+    def _serve(self, queue: str, window: _Window, offset: int, max_messages: int, max_bytes: int) -> GetResult:
+        self._windows.move_to_end(queue)
+        messages = window.messages
+        first = window.head + offset - window.start
+        stop = min(len(messages), first + max_messages)
+        total = 0
+        i = first
+        while i < stop:
+            size = messages[i].size
+            if i > first and total + size > max_bytes:
+                break
+            total += size
+            i += 1
+        served = messages[first:i]
+        stats = self.stats
+        if i < len(messages) or len(served) == max_messages or (window.notified and window.max_offset <= window.end):
+            # the caller's limits were reached, or the queue certainly ends at the window's end
+            stats.hits += len(served)
+            if served:
+                return GetResult(GetStatus.FOUND, served, i - first + offset, window.min_offset,
+                                 max(window.max_offset, window.end))
+            return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, window.min_offset, offset)
+
+        # The window ran out and the store may have more: read it once from the window's end.
+        end = window.end
+        result = self._store_read(queue, end, max_messages, max_bytes)
+        status = result.status
+        if status is GetStatus.FOUND or status is GetStatus.NO_NEW_MESSAGE:
+            fetched = result.messages
+            self._append(window, fetched)
+            if self._learn(queue, window, result):
+                self._bound(queue, window)
+            kept = self._windows.get(queue) is window
+            if result.min_offset > offset:
+                # Retention removed what this reader asked for since the window got it: the store's answer.
+                return self._bypass(queue, window if kept else None, offset, max_messages, max_bytes)
+            count = len(served)
+            taken = 0
+            for message in fetched:
+                if count + taken == max_messages or (count + taken and total + message.size > max_bytes):
+                    break
+                total += message.size
+                taken += 1
+            stats.hits += count
+            stats.misses += taken
+            if not count + taken:
+                return result  # NO_NEW_MESSAGE at the window's end: the store's own answer
+            return GetResult(GetStatus.FOUND, served + fetched[:taken], offset + count + taken,
+                             result.min_offset, result.max_offset)
+        # TOO_SMALL from the end: retention removed the whole window, and this reader's offset too
+        # (the store's answer does not depend on the offset). OVERFLOW from the end, or no queue:
+        # the queue was removed (and maybe re-created) under the window.
+        self._remove(queue)
+        if status is GetStatus.OFFSET_OVERFLOW and offset != end:
+            return self._bypass(queue, None, offset, max_messages, max_bytes)
+        return result
+
+    def _fill(self, queue: str, window: _Window | None, offset: int, max_messages: int, max_bytes: int) -> GetResult:
+        """Nothing cached for the queue (or an empty window behind the reader): read and place the window."""
+        result = self._store_read(queue, offset, max_messages, max_bytes)
+        status = result.status
+        if status is GetStatus.NO_SUCH_QUEUE:
+            if window is not None:
+                self._remove(queue)
+            return result
+        self.stats.misses += len(result.messages)
+        # Place the window where the reader is when the store gave messages from there, or
+        # when the reader is at the queue's end (a window to wait at for new messages).
+        if status is GetStatus.FOUND or status is GetStatus.NO_NEW_MESSAGE and offset == result.max_offset:
+            if window is None:
+                window = self._windows[queue] = _Window()
+                self.stats.queues += 1
+                self.stats.bytes += WINDOW_OVERHEAD
+            else:
+                self._windows.move_to_end(queue)
+                self._reset(window)
+            window.start = offset
+            self._append(window, result.messages)
+            if self._learn(queue, window, result):
+                self._bound(queue, window)
+        elif window is not None:
+            self._learn(queue, window, result)
+        return result
+
+    def _bypass(self, queue: str, window: _Window | None, offset: int, max_messages: int, max_bytes: int) -> GetResult:
+        """A store read that leaves the window as it is, but for what it teaches (retention, max)."""
+        result = self._store_read(queue, offset, max_messages, max_bytes)
+        self.stats.misses += len(result.messages)
+        if window is not None:
+            if result.status is GetStatus.NO_SUCH_QUEUE:
+                self._remove(queue)
+            else:
+                self._learn(queue, window, result)
+        return result
+
+    def _store_read(self, queue: str, offset: int, max_messages: int, max_bytes: int) -> GetResult:
+        result = self._store.get_now(queue, offset, max_messages, max_bytes)
+        self.stats.store_reads += 1
+        self.stats.messages_from_store += len(result.messages)
+        return result
+
+    # -- notify and removal ----------------------------------------------------------------------
+    def on_notify(self, queue: str, max_offset: int) -> None:
+        """Record that ``queue`` now ends at ``max_offset``; reads the store later, lazily, if at all.
+
+        Contract: once called for a queue, the notify handler calls it for every later notify
+        event of that queue (before waking the queue's readers) until ``drop(queue)``; the cache
+        then answers "nothing new" at the known end without a store read.
+        """
+        window = self._windows.get(queue)
+        if window is None:
+            # A queue nobody here has read yet: a bare record of the notify, put where eviction
+            # looks first, so that notify broadcasts for queues without local readers cannot push
+            # out windows that are being read.
+            window = self._windows[queue] = _Window()
+            self._windows.move_to_end(queue, last=False)
+            self.stats.queues += 1
+            self.stats.bytes += WINDOW_OVERHEAD
+            self._bound(None, None)
+        window.max_offset = max(window.max_offset, max_offset)
+        window.notified = True
+
+    def drop(self, queue: str) -> None:
+        """Forget a queue (removed, or no local subscriber left)."""
+        self._remove(queue)
+
+    def clear(self) -> None:
+        """Forget every queue; the counters keep counting."""
+        self._windows.clear()
+        self.stats.bytes = 0
+        self.stats.queues = 0
+
+    def window(self, queue: str) -> tuple[int, int] | None:
+        """The offsets [start, end) cached for ``queue``; None when no read has placed a window."""
+        window = self._windows.get(queue)
+        if window is None or window.start < 0:
+            return None
+        return window.start, window.end
+
+    # -- window upkeep ---------------------------------------------------------------------------
+    def _append(self, window: _Window, messages: list[StoredMessage]) -> None:
+        added = 0
+        for message in messages:
+            added += message_cost(message)
+        window.messages.extend(messages)
+        window.bytes += added
+        self.stats.bytes += added
+
+    def _learn(self, queue: str, window: _Window, result: GetResult) -> bool:
+        """Take in a store result's bounds (a higher max; a minimum retention raised); False if the window went."""
+        window.max_offset = max(window.max_offset, result.max_offset)
+        low = result.min_offset
+        window.min_offset = low
+        if window.start >= 0 and low > window.start:
+            if low >= window.end:
+                self._remove(queue)  # retention removed everything the window held
+                return False
+            self._drop_head(window, low - window.start)
+        return True
+
+    def _bound(self, queue: str | None, window: _Window | None) -> None:
+        """Apply the per-queue bound to ``window``, then the byte bound to the whole cache."""
+        if window is not None:
+            excess = len(window.messages) - window.head - self.window_messages
+            if excess > 0:
+                self._drop_head(window, excess)
+        stats = self.stats
+        windows = self._windows
+        while stats.bytes > self.max_bytes and windows:
+            oldest = next(iter(windows))
+            if oldest == queue and window is not None and not window.empty:
+                # Only the window being read is left and it alone is too big: keep its newest part.
+                self._drop_head(window, 1)
+                continue
+            self._remove(oldest)
+            stats.evictions += 1
+
+    def _drop_head(self, window: _Window, count: int) -> None:
+        messages = window.messages
+        head = window.head
+        freed = 0
+        for i in range(head, head + count):
+            freed += message_cost(messages[i])
+        head += count
+        if head >= _COMPACT_AT and head * 2 >= len(messages):
+            del messages[:head]
+            head = 0
+        window.head = head
+        window.start += count
+        window.bytes -= freed
+        self.stats.bytes -= freed
+
+    def _reset(self, window: _Window) -> None:
+        freed = window.bytes - WINDOW_OVERHEAD
+        window.messages = []
+        window.head = 0
+        window.bytes = WINDOW_OVERHEAD
+        self.stats.bytes -= freed
+
+    def _remove(self, queue: str) -> None:
+        window = self._windows.pop(queue, None)
+        if window is None:
+            return
+        self.stats.bytes -= window.bytes
+        self.stats.queues -= 1
