@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import queue
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -75,8 +76,8 @@ class PahoClient:
             self.client.username_pw_set(username, password)
 
     async def connect(self) -> tuple:
-        from paho.mqtt.properties import Properties as PahoProps
         from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties as PahoProps
 
         props = None
         kwargs: dict[str, Any] = {}
@@ -144,12 +145,12 @@ class RawClient:
         self.pending: list[Packet] = []
 
     @classmethod
-    async def open(cls, port: int, version: int = MQTT_5) -> "RawClient":
+    async def open(cls, port: int, version: int = MQTT_5) -> RawClient:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer, version)
 
     @classmethod
-    async def connected(cls, port: int, connect: Connect) -> tuple["RawClient", Packet]:
+    async def connected(cls, port: int, connect: Connect) -> tuple[RawClient, Packet]:
         client = await cls.open(port, connect.version)
         client.send(connect)
         return client, await client.recv()

@@ -9,7 +9,17 @@ import pytest
 
 from protocols.mqtt.codec import encode, fixed_header
 from protocols.mqtt.packets import (
-    MQTT_3_1_1, MQTT_5, ConnAck, Connect, Disconnect, PingReq, PingResp, PubAck, Publish, SubAck, Subscribe,
+    MQTT_3_1_1,
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
     Subscription,
 )
 from protocols.mqtt.properties import Properties

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 from protocols.mqtt.packets import (
-    MQTT_3_1_1, MQTT_5, ConnAck, Connect, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe,
+    MQTT_3_1_1,
+    MQTT_5,
+    ConnAck,
+    Connect,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
     Subscription,
 )
 from protocols.mqtt.properties import Properties
@@ -38,8 +48,8 @@ async def test_publish_subscribe_in_order(data_dir: Path, version: int, qos: int
 
 
 def paho_code(qos: int):
-    from paho.mqtt.reasoncodes import ReasonCode
     from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
     return ReasonCode(PacketTypes.SUBACK, identifier=qos)
 
 

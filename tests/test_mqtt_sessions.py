@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from protocols.mqtt.packets import MQTT_3_1_1, MQTT_5, Connect, Disconnect, PingReq, PingResp, Publish, Will
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    Publish,
+    Will,
+)
 from protocols.mqtt.properties import Properties
 
 from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway

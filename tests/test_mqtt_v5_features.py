@@ -6,7 +6,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from protocols.mqtt.packets import MQTT_3_1_1, MQTT_5, Connect, PubAck, Publish, Subscribe, Subscription
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    Connect,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+)
 from protocols.mqtt.properties import Properties
 
 from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway

@@ -1,0 +1,99 @@
+"""Crash safety through a real gateway process: QoS 1 publishes acknowledged in sync flush mode
+are all delivered after ``kill -9`` and a restart, to a persistent session that was offline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from .mqtt_support import PahoClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gateway(data_dir: Path, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir), "--mqtt-bind", f"127.0.0.1:{port}",
+         "--amqp-bind", "", "--remoting-bind", "", "--flush", "sync"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "gateway ready" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("gateway did not start")
+
+
+@pytest.mark.slow
+async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    port = free_port()
+    proc = start_gateway(data_dir, port)
+    try:
+        sub = PahoClient(port, "offline-device", clean=False)
+        await sub.connect()
+        await sub.subscribe("telemetry/#", 1)
+        await sub.disconnect()
+
+        acked_mids: list[int] = []  # list.append is atomic: no lock shared with paho's thread
+        pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="producer")
+        pub.max_inflight_messages_set(64)
+        sent: dict[int, int] = {}
+        pub.on_publish = lambda client, userdata, mid, reason_code, properties: acked_mids.append(mid)
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        for i in range(1500):
+            sent[pub.publish(f"telemetry/{i % 7}", f"{i}", 1).mid] = i
+            if i % 100 == 0:
+                await asyncio.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-load: many publishes still in flight
+        proc.wait(10)
+        await asyncio.to_thread(pub.loop_stop)
+        acknowledged = {sent[mid] for mid in list(acked_mids)}
+        assert 100 < len(acknowledged), "the crash came too early to prove anything"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    proc = start_gateway(data_dir, port)
+    try:
+        sub = PahoClient(port, "offline-device", clean=False)
+        flags, _, _ = await sub.connect()
+        assert flags.session_present
+        got: set[int] = set()
+        deadline = time.monotonic() + 20
+        while not acknowledged <= got and time.monotonic() < deadline:
+            try:
+                for message in await sub.receive(1, timeout=1.0):
+                    got.add(int(message.payload))
+            except AssertionError:
+                continue
+        missing = acknowledged - got
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
+        await sub.disconnect()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
