@@ -117,7 +117,7 @@ async def test_invalid_subscription_filters_get_failure_codes(data_dir: Path) ->
 async def test_client_id_rules(data_dir: Path) -> None:
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
-        v3, ack = await RawClient.connected(port, Connect("", MQTT_3_1_1, clean_start=False))
+        _, ack = await RawClient.connected(port, Connect("", MQTT_3_1_1, clean_start=False))
         assert ack.reason_code == 0x85  # 3.1.1 return code 2: identifier rejected
         v5, ack = await RawClient.connected(port, Connect("", MQTT_5))
         assert ack.reason_code == 0 and ack.properties.assigned_client_identifier.startswith("tidemq-")

@@ -37,7 +37,7 @@ async def test_persistent_session_gets_what_was_published_while_offline(data_dir
         for i in range(10):
             await pub.publish(f"cmd/dev1/{i}", f"c{i}", 1)
         sub = PahoClient(port, "dev1", version=version, clean=False, session_expiry=600)
-        flags, rc, _ = await sub.connect()
+        flags, _, _ = await sub.connect()
         assert flags.session_present
         got = await sub.receive(10)
         assert [m.payload for m in got] == [f"c{i}".encode() for i in range(10)]
