@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
+    serve.add_argument("--mqtts-bind", metavar="HOST:PORT", help="MQTT over TLS listener (empty = off)")
+    serve.add_argument("--ws-bind", metavar="HOST:PORT", help="MQTT over WebSocket listener (empty = off)")
+    serve.add_argument("--tls-cert", metavar="FILE", help="TLS certificate chain (PEM) for --mqtts-bind")
+    serve.add_argument("--tls-key", metavar="FILE", help="TLS private key (PEM) for --mqtts-bind")
     serve.add_argument("--flush", choices=("sync", "async"), help="acknowledge after fdatasync, or after write")
     serve.add_argument("--segment-size", type=int, metavar="BYTES", help="commitlog segment size")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -53,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "amqp_bind": args.amqp_bind,
         "remoting_bind": args.remoting_bind,
         "metrics_bind": args.metrics_bind,
+        "mqtts_bind": args.mqtts_bind,
+        "ws_bind": args.ws_bind,
+        "tls_cert_file": args.tls_cert,
+        "tls_key_file": args.tls_key,
         "flush": args.flush,
         "segment_size": args.segment_size,
         "log_level": args.log_level,

@@ -45,6 +45,19 @@ class Config:
     repair: bool = False
     log_level: str = "INFO"
     shutdown_timeout_s: float = 10.0
+    # MQTT: more listeners (empty = off) and limits ([mqtt] section in TOML)
+    mqtts_bind: str = ""  # MQTT over TLS; needs tls_cert_file and tls_key_file
+    ws_bind: str = ""  # MQTT over WebSocket (subprotocol "mqtt"), path /mqtt
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    mqtt_receive_maximum: int = 1024
+    mqtt_max_inflight: int = 128
+    mqtt_max_packet_size: int = 1 << 20
+    mqtt_topic_alias_maximum: int = 64
+    mqtt_max_queued_messages: int = 1000
+    mqtt_max_keepalive: int = 0
+    mqtt_sys_interval_s: float = 10.0
+    queue_cache_bytes: int = 64 << 20
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def store_options(self) -> StoreOptions:
@@ -155,8 +168,14 @@ def load_config(
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}")
-    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind"):
+    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
         parse_bind(getattr(cfg, name), name)
+    if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
+        raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file")
+    if not 1 <= cfg.mqtt_receive_maximum <= 65_535 or not 1 <= cfg.mqtt_max_inflight <= 65_535:
+        raise ConfigError("mqtt_receive_maximum and mqtt_max_inflight are 1..65535")
+    if not 64 <= cfg.mqtt_max_packet_size <= 268_435_460:
+        raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}")
     cfg.store_options()

@@ -12,7 +12,7 @@ from store import MessageStore
 
 from .config import Config, parse_bind
 from .mqtt.broker import MQTTBroker
-from .mqtt.connection import MQTTConnection
+from .mqtt import listeners
 from .mqtt.settings import MQTTSettings
 from .placeholder import placeholder_handler
 
@@ -62,13 +62,33 @@ class Gateway:
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
 
     async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+        """The MQTT broker and its plain listener; TLS and WebSocket listeners when configured."""
         assert self.store is not None
         cfg = self.config
-        settings = MQTTSettings(allow_anonymous=getattr(cfg, "allow_anonymous", True))
-        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store))
+        settings = MQTTSettings(
+            receive_maximum=cfg.mqtt_receive_maximum,
+            max_inflight=cfg.mqtt_max_inflight,
+            max_packet_size=cfg.mqtt_max_packet_size,
+            topic_alias_maximum=cfg.mqtt_topic_alias_maximum,
+            max_queued_messages=cfg.mqtt_max_queued_messages,
+            max_keepalive=cfg.mqtt_max_keepalive,
+            sys_interval_s=cfg.mqtt_sys_interval_s,
+            allow_anonymous=getattr(cfg, "allow_anonymous", True),
+        )
+        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store, cfg.queue_cache_bytes))
         await self.mqtt.start()
-        broker = self.mqtt
-        return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker), bind[0], bind[1])
+        for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
+            extra = parse_bind(extra_bind, f"{name}_bind")
+            if extra is None:
+                continue
+            if name == "mqtts":
+                server = await listeners.start_tcp(
+                    self.mqtt, extra[0], extra[1], listeners.tls_context(cfg.tls_cert_file, cfg.tls_key_file))
+            else:
+                server = await listeners.start_websocket(self.mqtt, extra[0], extra[1])
+            self.listeners.append(Listener(name, server))  # type: ignore[arg-type]
+            log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
+        return await listeners.start_tcp(self.mqtt, bind[0], bind[1])
 
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
