@@ -210,3 +210,55 @@ async def test_shared_subscription_spreads_and_redelivers(data_dir: Path) -> Non
         await members[1].close()
         await plain.disconnect()
         await pub.disconnect()
+
+
+async def test_fan_out_reads_the_store_once_per_batch_not_per_subscriber(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        subscribers = []
+        for i in range(200):
+            client, _ = await RawClient.connected(port, Connect(f"fan{i}", MQTT_3_1_1))
+            client.send(Subscribe(1, [Subscription("hot/topic", 0)]))
+            await client.recv()
+            subscribers.append(client)
+        stats = gw.mqtt.cache.stats
+        reads_before = stats.store_reads
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        for i in range(20):
+            await pub.publish("hot/topic", f"{i}", 1)
+        for client in subscribers:
+            got = [await client.recv() for _ in range(20)]
+            assert [p.payload for p in got] == [f"{i}".encode() for i in range(20)]
+        # each notify batch costs one store read shared by all 200 subscribers
+        assert stats.store_reads - reads_before <= 20
+        assert stats.hits >= 199 * 20
+        for client in subscribers:
+            await client.close()
+        await pub.disconnect()
+
+
+async def test_slow_qos0_subscriber_is_bounded_and_others_unaffected(data_dir: Path) -> None:
+    async with running_gateway(data_dir, mqtt_max_queued_messages=100) as gw:
+        port = mqtt_port(gw)
+        slow, _ = await RawClient.connected(port, Connect("slow", MQTT_3_1_1))
+        slow.send(Subscribe(1, [Subscription("flood", 0)]))
+        await slow.recv()
+        slow.writer.transport.pause_reading()  # never reads: its socket buffers fill up
+        fast = PahoClient(port, "fast")
+        await fast.connect()
+        await fast.subscribe("flood", 1)
+        pub, _ = await RawClient.connected(port, Connect("pub", MQTT_3_1_1))
+        payload = b"x" * 4096
+        for i in range(3000):
+            pub.send(Publish("flood", payload, 0))
+            if i % 200 == 0:
+                await pub.writer.drain()
+        await pub.writer.drain()
+        assert len(await fast.receive(3000, timeout=30)) == 3000
+        conn = gw.mqtt.connections["slow"]
+        assert conn.transport.get_write_buffer_size() <= 2 << 20  # bounded, not 12 MB
+        assert gw.mqtt.stats.publish_dropped > 0
+        await fast.disconnect()
+        await slow.close()
+        await pub.close()

@@ -704,8 +704,11 @@ class MQTTConnection(asyncio.Protocol):
             cursor = session.cursors.get(queue)
             if cursor is None:
                 continue
+            needs_quota = self._queue_needs_quota(queue)
+            if not needs_quota:
+                self._drop_qos0_backlog(cursor)
             while not self._writing_paused:
-                if self.send_quota - len(session.inflight) <= 0 and self._queue_needs_quota(queue):
+                if needs_quota and self.send_quota - len(session.inflight) <= 0:
                     break
                 result = read(queue, cursor.next_offset, _PULL_BATCH)
                 if result.status != GetStatus.FOUND:
@@ -719,6 +722,16 @@ class MQTTConnection(asyncio.Protocol):
                 if not self._deliver_batch(cursor, result.messages):
                     break
         self.flush()
+
+    def _drop_qos0_backlog(self, cursor: QueueCursor) -> None:
+        """A QoS 0 reader that fell more than max_queued_messages behind skips ahead (counted
+        as dropped), as brokers drop QoS 0 for slow consumers; QoS 1/2 stays in the store."""
+        behind = self.broker.store.max_offset_now(cursor.queue) - cursor.next_offset
+        excess = behind - self.settings.max_queued_messages
+        if excess > 0:
+            cursor.next_offset += excess
+            self.broker.stats.publish_dropped += excess
+            log.info("qos 0 backlog dropped client_id=%s queue=%s count=%d", self.client_id, cursor.queue, excess)
 
     def _queue_needs_quota(self, queue: str) -> bool:
         session = self.session
