@@ -190,3 +190,14 @@ async def test_v311_subscriber_gets_v5_messages_without_properties(data_dir: Pat
         assert (got.topic, got.payload, got.qos) == ("mix/1", b"v", 1)
         await sub.close()
         await pub.close()
+
+
+async def test_connack_limits_and_response_information(data_dir: Path) -> None:
+    async with running_gateway(data_dir, mqtt_max_keepalive=30) as gw:
+        client, ack = await RawClient.connected(mqtt_port(gw), Connect(
+            "asker", MQTT_5, keep_alive=600, properties=Properties(request_response_information=1)))
+        p = ack.properties
+        assert p.response_information == "response/asker"
+        assert p.server_keep_alive == 30  # capped
+        assert (p.receive_maximum, p.maximum_packet_size) == (1024, 1 << 20)
+        await client.close()

@@ -288,6 +288,9 @@ class MQTTConnection(asyncio.Protocol):
             connack_props.topic_alias_maximum = self.settings.topic_alias_maximum
             if assigned is not None:
                 connack_props.assigned_client_identifier = assigned
+            if props.request_response_information == 1:
+                # the basis of response topics this client may use (MQTT 5.0 section 4.10)
+                connack_props.response_information = f"response/{client_id}"
             cap = self.settings.max_keepalive
             if cap and (self.keep_alive == 0 or self.keep_alive > cap):
                 self.keep_alive = cap
