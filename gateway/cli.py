@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from store import StoreCorruptError, StoreLockedError, StoreError
+from store import StoreCorruptError, StoreError, StoreLockedError
 
 from . import __version__
 from .config import ConfigError, load_config

@@ -11,8 +11,8 @@ from cache import QueueCache
 from store import MessageStore
 
 from .config import Config, parse_bind
-from .mqtt.broker import MQTTBroker
 from .mqtt import listeners
+from .mqtt.broker import MQTTBroker
 from .mqtt.settings import MQTTSettings
 from .placeholder import placeholder_handler
 
@@ -103,7 +103,7 @@ class Gateway:
         if self.store is not None:
             try:
                 await asyncio.wait_for(self.store.close(), self.config.shutdown_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.error("store did not close in time timeout_s=%s", self.config.shutdown_timeout_s)
             self.store = None
         log.info("gateway stopped")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .record import decode_properties, decode_queues
 
@@ -32,6 +32,9 @@ class Message:
     key: str | None = None
     tags: str | None = None
     born_timestamp: int | None = None  # ms; the store's clock when None
+    # ``properties`` already encoded (store.encode_properties), for a gateway that sends the
+    # same set with many messages; used instead of ``properties`` when given.
+    encoded_properties: bytes | None = None
 
 
 @dataclass(slots=True)

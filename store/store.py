@@ -62,8 +62,14 @@ class _Prepared:
                 raise InvalidMessageError("message body must be bytes")
             body = bytes(body)
         props = message.properties
+        encoded = message.encoded_properties
+        if encoded is not None:
+            props = None
         if message.tags:
-            props = {**(props or {}), TAGS_PROPERTY: message.tags}
+            if encoded is not None:  # an encoding is a run of pairs: the tags pair can follow
+                encoded += encode_properties({TAGS_PROPERTY: message.tags})
+            else:
+                props = {**(props or {}), TAGS_PROPERTY: message.tags}
             self.tag_hash = tag_hash(message.tags)
         else:
             self.tag_hash = 0
@@ -75,7 +81,7 @@ class _Prepared:
             slots_len += len(name) + QUEUE_SLOT_OVERHEAD
         self.static = static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"",
-            encode_properties(props) if props else b"", len(names), len(body),
+            encoded if encoded is not None else encode_properties(props) if props else b"", len(names), len(body),
         )
         self.slots = queue_slots(names)
         self.body = body

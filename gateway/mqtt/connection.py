@@ -42,7 +42,7 @@ from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
 from protocols.mqtt.topics import TopicError, matches, parse_shared, validate_topic_name
 from store import GetStatus, StoredMessage, StoreError
 
-from .messages import to_store_message
+from .messages import StoreMessageFactory
 from .queues import queue_for_filter
 from .session import NEVER_EXPIRES, Inflight, QueueCursor, Session, SubscriptionState
 
@@ -250,6 +250,7 @@ class MQTTConnection(asyncio.Protocol):
             self.close()
             return False
         self.client_id = client_id
+        self._messages = StoreMessageFactory(client_id)
         self.username = packet.username
         # takeover: the newest connection wins
         old = broker.connections.get(client_id)
@@ -404,8 +405,8 @@ class MQTTConnection(asyncio.Protocol):
     def _submit_publishes(self, batch: list[tuple[Publish, str]]) -> None:
         broker = self.broker
         queues_for = broker.wildcards.queues_for
-        client_id = self.client_id
-        items = [(to_store_message(p, client_id, topic), queues_for(topic)) for p, topic in batch]
+        make = self._messages.message
+        items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
         try:
             fut = broker.store.put_batch_nowait(items)
         except StoreError as exc:
@@ -761,7 +762,7 @@ class MQTTConnection(asyncio.Protocol):
             # overlapping subscriptions: the message is delivered once, from the queue of the
             # matching subscription with the highest QoS (ties: the smallest queue name); the
             # other queues skip it, so no per-session set of seen message ids is needed
-            primary = max(matched, key=lambda s: (s.options.qos, _neg(s.queue)))
+            primary = matched[0] if len(matched) == 1 else max(matched, key=lambda s: (s.options.qos, _neg(s.queue)))
             if primary.queue != queue:
                 cursor.next_offset = offset + 1
                 continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from protocols.mqtt.codec import fixed_header
 from protocols.mqtt.packets import MQTT_5, Publish
 from protocols.mqtt.properties import (
+    EMPTY_PROPERTIES,
     Properties,
     decode_properties,
     encode_properties,
@@ -24,6 +25,7 @@ from protocols.mqtt.properties import (
     encode_varint,
 )
 from store import Message, StoredMessage
+from store import encode_properties as encode_store_properties
 
 QOS = "mqtt.qos"
 RETAIN = "mqtt.retain"
@@ -31,17 +33,40 @@ CLIENT_ID = "mqtt.cid"
 PROPS = "mqtt.props"
 
 
-def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
+class StoreMessageFactory:
+    """PUBLISH -> store Message for one publisher; the common case (no 5.0 properties) reuses
+    the store-encoded property set per (QoS, retain) instead of encoding it per message."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self._encoded: dict[tuple[int, bool], bytes] = {}
+
+    def message(self, publish: Publish, topic: str) -> Message:
+        p = publish.properties
+        if p is EMPTY_PROPERTIES:
+            key = (publish.qos, publish.retain)
+            encoded = self._encoded.get(key)
+            if encoded is None:
+                encoded = self._encoded[key] = encode_store_properties(_store_properties(publish, self.client_id))
+            return Message(topic, publish.payload, encoded_properties=encoded)
+        props = _store_properties(publish, self.client_id)
+        if p.topic_alias is not None or p.subscription_identifiers:
+            p = p.copy(topic_alias=None, subscription_identifiers=[])
+        block = encode_properties(p)
+        if block:
+            props[PROPS] = base64.b64encode(block).decode()
+        return Message(topic, publish.payload, props)
+
+
+def _store_properties(publish: Publish, client_id: str) -> dict[str, str]:
     props = {QOS: "012"[publish.qos], CLIENT_ID: client_id}
     if publish.retain:
         props[RETAIN] = "1"
-    p = publish.properties
-    if p.topic_alias is not None or p.subscription_identifiers:
-        p = p.copy(topic_alias=None, subscription_identifiers=[])
-    block = encode_properties(p)
-    if block:
-        props[PROPS] = base64.b64encode(block).decode()
-    return Message(topic, publish.payload, props)
+    return props
+
+
+def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
+    return StoreMessageFactory(client_id).message(publish, topic)
 
 
 @dataclass(slots=True)

@@ -43,6 +43,7 @@ from .packets import (
     Will,
 )
 from .properties import (
+    EMPTY_PROPERTIES,
     MAX_VARINT,
     Properties,
     decode_binary,
@@ -61,6 +62,7 @@ PROTOCOL_NAMES = {MQTT_3_1: "MQIsdp", MQTT_3_1_1: "MQTT", MQTT_5: "MQTT"}
 # Fixed-header flag bits each packet type must carry (section 2.1.3); PUBLISH's are its own.
 _FIXED_FLAGS = {t: 0 for t in PacketType} | {
     PacketType.PUBREL: 0b0010, PacketType.SUBSCRIBE: 0b0010, PacketType.UNSUBSCRIBE: 0b0010}
+_TYPES = (None, *PacketType)  # PacketType by value, without an enum call per packet
 _ACK_CLASSES = {PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec,
                 PacketType.PUBREL: PubRel, PacketType.PUBCOMP: PubComp}
 
@@ -197,7 +199,7 @@ def decode(first_byte: int, body: bytes | memoryview, version: int) -> Packet:
     kind_value = first_byte >> 4
     if kind_value == 0:
         raise MalformedPacket("packet type 0 is reserved")
-    kind = PacketType(kind_value)
+    kind = _TYPES[kind_value]
     flags = first_byte & 0x0F
     if kind == PacketType.AUTH and version != MQTT_5:
         raise MalformedPacket("AUTH exists only in MQTT 5.0")
@@ -243,13 +245,13 @@ def _decode_connect(_: int, body: bytes | memoryview, __: int) -> Connect:
     has_user, has_password = bool(flags & 0x80), bool(flags & 0x40)
     if has_password and not has_user and version != MQTT_5:
         raise MalformedPacket("password flag without user name flag")
-    props = Properties()
+    props = EMPTY_PROPERTIES
     if version == MQTT_5:
         props, pos = decode_properties(body, pos, P.CONNECT)
     client_id, pos = decode_string(body, pos)
     will = None
     if will_flag:
-        will_props = Properties()
+        will_props = EMPTY_PROPERTIES
         if version == MQTT_5:
             will_props, pos = decode_properties(body, pos, P.WILL)
         will_topic, pos = decode_string(body, pos)
@@ -271,7 +273,7 @@ def _decode_connack(_: int, body: bytes | memoryview, version: int) -> ConnAck:
         raise MalformedPacket("truncated CONNACK")
     if body[0] & 0xFE:
         raise MalformedPacket("reserved CONNACK acknowledge flags are set")
-    props, pos = Properties(), 2
+    props, pos = EMPTY_PROPERTIES, 2
     if version == MQTT_5:
         props, pos = decode_properties(body, 2, P.CONNACK)
     _expect_end(pos, body, "CONNACK")
@@ -294,7 +296,7 @@ def _decode_publish(flags: int, body: bytes | memoryview, version: int) -> Publi
         packet_id, pos = decode_u16(body, pos)
         if packet_id == 0:
             raise MalformedPacket("packet id 0")
-    props = Properties()
+    props = EMPTY_PROPERTIES
     if version == MQTT_5:
         props, pos = decode_properties(body, pos, P.PUBLISH)
     if pos > len(body):
@@ -309,7 +311,7 @@ def _decode_ack(kind: PacketType) -> Callable[[int, bytes | memoryview, int], Pa
         packet_id, pos = decode_u16(body, 0)
         if packet_id == 0:
             raise MalformedPacket("packet id 0")
-        code, props = 0, Properties()
+        code, props = 0, EMPTY_PROPERTIES
         if version == MQTT_5 and len(body) > 2:
             code = body[2]
             pos = 3
@@ -325,7 +327,7 @@ def _decode_subscribe(_: int, body: bytes | memoryview, version: int) -> Subscri
     packet_id, pos = decode_u16(body, 0)
     if packet_id == 0:
         raise MalformedPacket("packet id 0")
-    props = Properties()
+    props = EMPTY_PROPERTIES
     if version == MQTT_5:
         props, pos = decode_properties(body, pos, P.SUBSCRIBE)
         if len(props.subscription_identifiers) > 1:
@@ -359,7 +361,7 @@ def _decode_subscribe(_: int, body: bytes | memoryview, version: int) -> Subscri
 
 def _decode_suback(_: int, body: bytes | memoryview, version: int) -> SubAck:
     packet_id, pos = decode_u16(body, 0)
-    props = Properties()
+    props = EMPTY_PROPERTIES
     if version == MQTT_5:
         props, pos = decode_properties(body, pos, P.SUBACK)
     return SubAck(packet_id, list(body[pos:]), props)
@@ -369,7 +371,7 @@ def _decode_unsubscribe(_: int, body: bytes | memoryview, version: int) -> Unsub
     packet_id, pos = decode_u16(body, 0)
     if packet_id == 0:
         raise MalformedPacket("packet id 0")
-    props = Properties()
+    props = EMPTY_PROPERTIES
     if version == MQTT_5:
         props, pos = decode_properties(body, pos, P.UNSUBSCRIBE)
     filters = []
@@ -408,7 +410,7 @@ def _decode_reason_and_props(kind: PacketType) -> Callable[[int, bytes | memoryv
         if version != MQTT_5:
             _expect_end(0, body, kind.name)
             return cls()
-        code, props, pos = 0, Properties(), 0
+        code, props, pos = 0, EMPTY_PROPERTIES, 0
         if len(body) >= 1:
             code, pos = body[0], 1
         if len(body) >= 2:

@@ -107,6 +107,30 @@ class Properties:
         return Properties(**values)
 
 
+class _EmptyProperties(Properties):
+    """The shared value of every decoded packet that carries no properties (most packets, and
+    all of MQTT 3.1.1): one object instead of one allocation per packet. Read-only."""
+
+    __slots__ = ()
+    _sealed = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if type(self)._sealed:
+            raise AttributeError("EMPTY_PROPERTIES is shared and read-only; use .copy()")
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Properties):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Properties))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+EMPTY_PROPERTIES: Properties = _EmptyProperties()
+_EmptyProperties._sealed = True
+
+
 # -- primitive encoders (section 1.5) ---------------------------------------------------------
 def encode_varint(value: int) -> bytes:
     if not 0 <= value <= MAX_VARINT:
@@ -137,7 +161,7 @@ def encode_binary(data: bytes) -> bytes:
 
 def encode_properties(props: Properties | None) -> bytes:
     """The property block without its length prefix (b"" when there is nothing to send)."""
-    if props is None:
+    if props is None or props is EMPTY_PROPERTIES:
         return b""
     out = bytearray()
     for name, (ident, wire) in _ID_OF.items():
@@ -217,6 +241,8 @@ def decode_string(buf: bytes | memoryview, pos: int) -> tuple[str, int]:
 def decode_properties(buf: bytes | memoryview, pos: int, kind: str) -> tuple[Properties, int]:
     """Read a property block (with its length) that packet ``kind`` may carry."""
     length, pos = decode_varint(buf, pos)
+    if length == 0:
+        return EMPTY_PROPERTIES, pos
     end = pos + length
     if end > len(buf):
         raise MalformedPacket("property length beyond the packet")
