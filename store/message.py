@@ -35,6 +35,7 @@ class Message:
     # ``properties`` already encoded (store.encode_properties), for a gateway that sends the
     # same set with many messages; used instead of ``properties`` when given.
     encoded_properties: bytes | None = None
+    flag: int = 0  # u32 the store keeps for the application (RocketMQ's Message.flag)
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class StoredMessage:
     queue: str = ""
     queue_offset: int = -1
     tag_hash: int = 0
+    flag: int = 0
     _properties: dict[str, str] | None = field(default=None, repr=False)
 
     @property

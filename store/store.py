@@ -51,7 +51,7 @@ _READ_AHEAD = 4096
 class _Prepared:
     """A message encoded as far as it can be before the committer gives it queue offsets."""
 
-    __slots__ = ("static", "slots", "body", "born", "tag_hash", "queues", "size")
+    __slots__ = ("static", "slots", "body", "born", "tag_hash", "queues", "size", "flag")
 
     def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
         if not queues:
@@ -86,6 +86,9 @@ class _Prepared:
         self.slots = queue_slots(names)
         self.body = body
         self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
+        if not 0 <= message.flag <= 0xFFFF_FFFF:
+            raise InvalidMessageError("message flag must fit in 32 bits")
+        self.flag = message.flag
         self.queues = queues
         self.size = FIXED_SIZE + len(static) + slots_len + len(body)
         if self.size > max_size:
@@ -254,7 +257,7 @@ class MessageStore:
                     offset = packed >> 32
                     targets.append((name, packed & QID_MASK, offset))
                     offsets.append(offset)
-                records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts))
+                records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts, p.flag))
                 placed.append((p, targets, offsets))
 
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
@@ -519,6 +522,7 @@ def _stored(view: RecordView, id_prefix: str, position: int, queue: str, offset:
         queue,
         offset,
         tag,
+        view.flags,
     )
 
 

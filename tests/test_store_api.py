@@ -216,3 +216,17 @@ async def test_second_writer_on_same_data_dir_is_refused(open_store, data_dir):
     await open_store()
     with pytest.raises(StoreLockedError, match="in use by another process"):
         await open_store()
+
+
+async def test_flag_and_pre_encoded_properties_round_trip(open_store) -> None:
+    from store import encode_properties
+
+    store = await open_store()
+    encoded = encode_properties({"a": "1", "b": "2"})
+    await store.put(Message("t", b"x", encoded_properties=encoded, tags="red", flag=0x1_0203), ["q"])
+    await store.put(Message("t", b"y", {"c": "3"}, flag=0xFFFF_FFFF), ["q"])
+    first, second = (await store.get("q", 0, 2)).messages
+    assert (first.flag, first.properties) == (0x1_0203, {"a": "1", "b": "2", "TAGS": "red"})
+    assert (second.flag, second.properties) == (0xFFFF_FFFF, {"c": "3"})
+    with pytest.raises(InvalidMessageError):
+        await store.put(Message("t", b"z", flag=1 << 32), ["q"])

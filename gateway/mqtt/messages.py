@@ -1,11 +1,12 @@
-"""MQTT PUBLISH <-> store message: which properties travel with a stored message, and the
-outgoing PUBLISH bytes, encoded once per variant and shared by every subscriber.
+"""MQTT PUBLISH <-> store message: what travels with a stored message, and the outgoing
+PUBLISH bytes, encoded once per variant and shared by every subscriber.
 
-Store properties written by MQTT (readable by the other protocols):
-``mqtt.qos`` (publish QoS), ``mqtt.retain`` ("1" when published with RETAIN), ``mqtt.cid``
-(publisher's client id, for No Local), ``mqtt.props`` (the MQTT 5.0 property block of the
-PUBLISH, base64, without Topic Alias and Subscription Identifiers). A message from another
-protocol has none of them: it is delivered at the subscription's QoS with no properties.
+A message published over MQTT carries, in the store's per-message ``flag``:
+``MQTT_FLAG`` (0x100) | QoS (bits 0-1) | ``RETAIN_FLAG`` (0x04) | ``PROPS_FLAG`` (0x08, it has
+5.0 properties); and in its store properties ``mqtt.cid`` (the publisher's client id, for No
+Local) and, with PROPS_FLAG, ``mqtt.props`` (the MQTT 5.0 property block of the PUBLISH,
+base64, without Topic Alias and Subscription Identifiers). A message from another protocol has
+no MQTT_FLAG: it is delivered at the subscription's QoS with no properties.
 """
 
 from __future__ import annotations
@@ -27,42 +28,32 @@ from protocols.mqtt.properties import (
 from store import Message, StoredMessage
 from store import encode_properties as encode_store_properties
 
-QOS = "mqtt.qos"
-RETAIN = "mqtt.retain"
 CLIENT_ID = "mqtt.cid"
 PROPS = "mqtt.props"
+MQTT_FLAG = 0x100
+RETAIN_FLAG = 0x04
+PROPS_FLAG = 0x08
 
 
 class StoreMessageFactory:
     """PUBLISH -> store Message for one publisher; the common case (no 5.0 properties) reuses
-    the store-encoded property set per (QoS, retain) instead of encoding it per message."""
+    the store-encoded property set instead of encoding it per message."""
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
-        self._encoded: dict[tuple[int, bool], bytes] = {}
+        self._encoded = encode_store_properties({CLIENT_ID: client_id})
 
     def message(self, publish: Publish, topic: str) -> Message:
+        flag = MQTT_FLAG | publish.qos | (RETAIN_FLAG if publish.retain else 0)
         p = publish.properties
-        if p is EMPTY_PROPERTIES:
-            key = (publish.qos, publish.retain)
-            encoded = self._encoded.get(key)
-            if encoded is None:
-                encoded = self._encoded[key] = encode_store_properties(_store_properties(publish, self.client_id))
-            return Message(topic, publish.payload, encoded_properties=encoded)
-        props = _store_properties(publish, self.client_id)
-        if p.topic_alias is not None or p.subscription_identifiers:
-            p = p.copy(topic_alias=None, subscription_identifiers=[])
-        block = encode_properties(p)
-        if block:
-            props[PROPS] = base64.b64encode(block).decode()
-        return Message(topic, publish.payload, props)
-
-
-def _store_properties(publish: Publish, client_id: str) -> dict[str, str]:
-    props = {QOS: "012"[publish.qos], CLIENT_ID: client_id}
-    if publish.retain:
-        props[RETAIN] = "1"
-    return props
+        if p is not EMPTY_PROPERTIES:
+            if p.topic_alias is not None or p.subscription_identifiers:
+                p = p.copy(topic_alias=None, subscription_identifiers=[])
+            block = encode_properties(p)
+            if block:
+                props = {CLIENT_ID: self.client_id, PROPS: base64.b64encode(block).decode()}
+                return Message(topic, publish.payload, props, flag=flag | PROPS_FLAG)
+        return Message(topic, publish.payload, encoded_properties=self._encoded, flag=flag)
 
 
 def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
@@ -75,23 +66,30 @@ class Delivery:
 
     qos: int  # the QoS it was published with (2 for messages from other protocols)
     retain: bool
-    publisher: str
     props: Properties | None
     expires_at: float | None  # wall clock seconds, from Message Expiry Interval
+    _message: StoredMessage
 
     @classmethod
     def of(cls, message: StoredMessage) -> Delivery:
-        sp = message.properties
+        flag = message.flag
+        if not flag & MQTT_FLAG:
+            return cls(2, False, None, None, message)
         props = None
         expires_at = None
-        raw = sp.get(PROPS)
-        if raw:
-            block = base64.b64decode(raw)
-            props, _ = decode_properties(encode_varint(len(block)) + block, 0, "publish")
-            if props.message_expiry_interval is not None:
-                expires_at = message.store_timestamp / 1000 + props.message_expiry_interval
-        qos = sp.get(QOS)
-        return cls(int(qos) if qos else 2, sp.get(RETAIN) == "1", sp.get(CLIENT_ID, ""), props, expires_at)
+        if flag & PROPS_FLAG:
+            raw = message.properties.get(PROPS)
+            if raw:
+                block = base64.b64decode(raw)
+                props, _ = decode_properties(encode_varint(len(block)) + block, 0, "publish")
+                if props.message_expiry_interval is not None:
+                    expires_at = message.store_timestamp / 1000 + props.message_expiry_interval
+        return cls(flag & 3, bool(flag & RETAIN_FLAG), props, expires_at, message)
+
+    @property
+    def publisher(self) -> str:
+        """The publishing client id (read only for No Local subscriptions)."""
+        return self._message.properties.get(CLIENT_ID, "")
 
     def remaining_expiry(self, now: float | None = None) -> int | None:
         """Seconds left (None: never expires; <= 0: expired, not to be delivered)."""
