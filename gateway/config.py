@@ -46,13 +46,14 @@ class Config:
     repair: bool = False
     log_level: str = "INFO"
     shutdown_timeout_s: float = 10.0
+    event_loop: str = "auto"  # auto (uvloop when installed), uvloop, asyncio
     # MQTT: more listeners (empty = off) and limits ([mqtt] section in TOML)
     mqtts_bind: str = ""  # MQTT over TLS; needs tls_cert_file and tls_key_file
     ws_bind: str = ""  # MQTT over WebSocket (subprotocol "mqtt"), path /mqtt
     tls_cert_file: str = ""
     tls_key_file: str = ""
     mqtt_receive_maximum: int = 1024
-    mqtt_max_inflight: int = 128
+    mqtt_max_inflight: int = 1024
     mqtt_max_packet_size: int = 1 << 20
     mqtt_topic_alias_maximum: int = 64
     mqtt_max_queued_messages: int = 1000
@@ -177,6 +178,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_receive_maximum and mqtt_max_inflight are 1..65535")
     if not 64 <= cfg.mqtt_max_packet_size <= 268_435_460:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
+    if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}")
     cfg.store_options()

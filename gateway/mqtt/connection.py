@@ -83,6 +83,8 @@ class MQTTConnection(asyncio.Protocol):
         self._aliases_out: dict[str, int] = {}
         self._aliases_in: dict[int, str] = {}
         self._inbound_unacked = 0  # QoS 1/2 publishes not yet acknowledged to the client
+        self._pending_puts = 0  # publishes handed to the store, not yet stored
+        self._reading_paused = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -413,12 +415,22 @@ class MQTTConnection(asyncio.Protocol):
         except StoreError as exc:
             self._publishes_failed(batch, exc)
             return
+        # back-pressure: a publisher with many puts still on their way to the store stops
+        # being read until they are stored, so ingest cannot starve delivery or grow memory
+        self._pending_puts += len(batch)
+        if self._pending_puts > self.settings.max_pending_puts and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
         if any(p.retain for p, _ in batch):
             retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in batch]
             fut.add_done_callback(lambda f: broker.record_retained(retained, f))
         fut.add_done_callback(lambda f: self._publishes_stored(batch, f))
 
     def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future) -> None:
+        self._pending_puts -= len(batch)
+        if self._reading_paused and self._pending_puts <= self.settings.max_pending_puts // 2 and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
         if fut.cancelled() or fut.exception() is not None:
             self._publishes_failed(batch, fut.exception() if not fut.cancelled() else None)
             return

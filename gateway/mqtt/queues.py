@@ -30,15 +30,22 @@ class WildcardQueues:
     """The wildcard filters that currently have subscribers (online or in persistent sessions),
     reference-counted; ``queues_for(topic)`` is the publish path's list of target queues."""
 
-    def __init__(self) -> None:
+    def __init__(self, memo_entries: int = 65_536) -> None:
         self._tree: TopicTree[int] = TopicTree()
+        # topic -> its target queues; devices publish to the same topics over and over, so
+        # the trie walk is remembered until the set of wildcard filters changes
+        self._memo: dict[str, list[str]] = {}
+        self._memo_entries = memo_entries
 
     def __len__(self) -> int:
         return len(self._tree)
 
     def add(self, topic_filter: str) -> None:
         if is_wildcard(topic_filter):
-            self._tree[topic_filter] = (self._tree.get(topic_filter) or 0) + 1
+            count = self._tree.get(topic_filter) or 0
+            self._tree[topic_filter] = count + 1
+            if not count:
+                self._memo.clear()
 
     def remove(self, topic_filter: str) -> None:
         if not is_wildcard(topic_filter):
@@ -46,11 +53,18 @@ class WildcardQueues:
         count = self._tree.get(topic_filter) or 0
         if count <= 1:
             self._tree.pop(topic_filter)
+            self._memo.clear()
         else:
             self._tree[topic_filter] = count - 1
 
     def queues_for(self, topic: str) -> list[str]:
-        queues = [TOPIC_QUEUE_PREFIX + topic]
-        for topic_filter, _ in self._tree.match(topic):
-            queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
+        """The queues a message to ``topic`` is indexed into (the caller must not modify it)."""
+        queues = self._memo.get(topic)
+        if queues is None:
+            queues = [TOPIC_QUEUE_PREFIX + topic]
+            for topic_filter, _ in self._tree.match(topic):
+                queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
+            if len(self._memo) >= self._memo_entries:
+                self._memo.clear()
+            self._memo[topic] = queues
         return queues
