@@ -490,8 +490,15 @@ class PacketReader:
                     raise PacketTooLarge(f"packet of {total} bytes exceeds the maximum of {self.max_packet_size}")
                 if len(buf) - pos < total:
                     return
-                body = bytes(buf[i:pos + total])
-                pos += total
+                end = pos + total
+                if self.version is not None:
+                    fast = _fast_decode(first, buf, i, end, self.version)
+                    if fast is not None:
+                        pos = end
+                        yield fast
+                        continue
+                body = bytes(buf[i:end])
+                pos = end
                 if self.version is None:
                     if first >> 4 != PacketType.CONNECT:
                         raise ProtocolViolation("the first packet must be CONNECT")
@@ -502,3 +509,43 @@ class PacketReader:
                 yield packet
         finally:
             del buf[:pos]
+
+
+def _fast_decode(first: int, buf: bytearray, start: int, end: int, version: int) -> Packet | None:
+    """The two packets of the message hot path (a valid PUBLISH without 5.0 properties, a plain
+    PUBACK) straight from the buffer; None sends everything else, including anything odd, to
+    the full decoder, which raises the right error."""
+    if first == 0x40:
+        if end - start == 2:
+            packet_id = (buf[start] << 8) | buf[start + 1]
+            if packet_id:
+                return PubAck(packet_id)
+        return None
+    if first >> 4 != PacketType.PUBLISH or end - start < 2:
+        return None
+    qos = (first >> 1) & 0x03
+    if qos == 3 or (qos == 0 and first & 0x08):
+        return None
+    pos = start + 2 + ((buf[start] << 8) | buf[start + 1])
+    if pos > end:
+        return None
+    try:
+        topic = buf[start + 2:pos].decode()
+    except UnicodeDecodeError:
+        return None
+    if "\x00" in topic:
+        return None
+    packet_id = None
+    if qos:
+        if pos + 2 > end:
+            return None
+        packet_id = (buf[pos] << 8) | buf[pos + 1]
+        if not packet_id:
+            return None
+        pos += 2
+    if version == MQTT_5:
+        if pos >= end or buf[pos] != 0:  # properties present: the full decoder checks them
+            return None
+        pos += 1
+    return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id,
+                   EMPTY_PROPERTIES)

@@ -1,0 +1,843 @@
+"""MQTT benchmark: the same scenarios and load generator against TideMQ, Mosquitto and amqtt.
+
+    python -m loadtest.bench_mqtt [--quick] [--brokers tidemq,mosquitto,amqtt]
+                                  [--scenarios fanin,latency,fanout,idle] [--out FILE]
+
+Each scenario gets a fresh broker on a free 127.0.0.1 port (TideMQ with persistence on,
+``--flush async``; Mosquitto with ``persistence false``; amqtt in its own process), stopped
+at its end. The load generator runs in separate processes on raw sockets with packets
+pre-encoded by ``protocols.mqtt`` (see ``loadtest.mqtt_wire``). The scenarios:
+
+- fanin: 8 publishers (topics bench/fanin/N, 2 processes) -> 1 subscriber of bench/fanin/+,
+  64-byte payloads, at QoS 0 and 1, for 10 s. At QoS 1 each publisher keeps 1,000 PUBLISHes
+  unacknowledged; at QoS 0 it stays at most 1,000 ahead of what the subscriber received.
+- latency: 1 publisher -> 1 subscriber at a paced 1,000 messages/s, QoS 1, for 10 s.
+- fanout: 1 publisher -> 1,000 subscribers of one topic at QoS 1, up to 2,000 messages in
+  15 s, the publisher at most 20,000 deliveries ahead of the subscribers.
+- idle: 10,000 connections (CONNECT, CONNACK, keep alive 600) left open; broker RSS growth.
+
+``--quick`` runs 2-3 s each, 100 fan-out subscribers and 1,000 idle connections (its lines
+say ``quick=1``). Rates are counted from the first send to the last receive; latencies from
+the send time in each payload (CLOCK_MONOTONIC) to the read. One line per scenario:
+
+    mqtt broker=B scenario=fanin qos=Q publishers=8 msgs_per_s=... expected=... received=... lost=... p50_ms=... p99_ms=...
+    mqtt broker=B scenario=latency qos=1 rate=1000 ... p50_ms=... p99_ms=...
+    mqtt broker=B scenario=fanout qos=1 subscribers=1000 deliveries_per_s=... expected=... received=...
+    mqtt broker=B scenario=idle connections=10000 connect_s=... rss_kib_per_conn=...
+    mqtt broker=B scenario=... error="..."          (the broker or the scenario failed; the run goes on)
+
+Every line gives ``gen_cpu_pct`` (all load generator processes), ``broker_cpu_pct`` and
+``other_cpu_pct`` (the rest of the machine: other jobs disturb the figures when it is high),
+sampled with psutil from the first send to the last receive; 100 is one core. ``expected``
+counts what the broker took (PUBACKed at QoS 1, written at QoS 0) times the subscribers;
+``received`` counts distinct messages (``dup`` the duplicates); ``lost`` is their difference at
+QoS 1. ``drain`` says how the subscribers stopped: ``complete`` (all expected arrived),
+``idle`` (nothing arrived for 2 s: what is missing was dropped) or ``timeout`` (the drain
+timeout, 10 s after the last send, ran out while messages were still arriving: what is
+missing had not arrived yet, a broker that acknowledges faster than it delivers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import multiprocessing as mp
+import os
+import queue
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadtest.mqtt_wire import (
+    HOST,
+    PublishBatch,
+    Publisher,
+    Subscriber,
+    open_sessions,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKERS = ("tidemq", "mosquitto", "amqtt")
+SCENARIOS = ("fanin", "latency", "fanout", "idle")
+KEEP_ALIVE = 600  # no PINGREQs in the load: the longest scenario is far shorter
+# Per client, so that Mosquitto does not drop QoS 1 on purpose. Everything else is its default
+# (max_inflight_messages 20, Nagle on): measured here, that gives twice the QoS 1 fan-in rate
+# of max_inflight_messages 1000 with set_tcp_nodelay.
+MOSQUITTO_QUEUE = 10_000_000
+FANIN_WINDOW = 1000  # per publisher: unacknowledged at QoS 1, not yet received at QoS 0
+FANOUT_AHEAD_DELIVERIES = 20_000  # fan-out publisher stays this many deliveries ahead of the subscribers
+# Fan-out subscribers read every 20 ms: each read of a connection answers with one PUBACK
+# segment, so reading 1,000 connections every 1 ms costs the generator more than the broker
+# (measured: 31k deliveries/s at 1 ms and 4 processes, 68k at 20 ms and one process a core).
+FANOUT_POLL_S = 0.02
+FANOUT_PROCS = min(4, max(2, os.cpu_count() or 2))
+IDLE_FOR_S = 2.0  # subscribers stop once the publishers are done and nothing came for this long
+LATENCY_SAMPLES = 200_000  # per subscriber process, taken evenly over the run
+BROKER_START_S = 20.0
+SLACK_S = 30.0  # on top of a phase's own bound before the coordinator gives up on a worker
+WORKER_WAIT_S = 600.0  # the longest a worker waits for a signal from the coordinator
+# Throughput scenarios read their sockets every POLL_S rather than on each readiness: a
+# loopback segment costs ~10 us of kernel time here, and a broker writes one PUBACK or PUBLISH
+# per segment, so waking per segment would cost the generator more than the broker. This adds
+# up to POLL_S to their latencies; the latency scenario reads on readiness.
+POLL_S = 0.001
+
+
+class ScenarioError(Exception):
+    """A scenario cannot go on: the broker refused or dropped the load, or a worker failed."""
+
+
+class BrokerUnavailable(ScenarioError):
+    """The broker is not installed, did not start listening or opened no MQTT session at all:
+    its remaining scenarios are skipped."""
+
+
+# -- what to run -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Plan:
+    quick: bool
+    fanin_publishers: int = 8
+    fanin_seconds: float = 10.0
+    latency_rate: int = 1000
+    latency_seconds: float = 10.0
+    fanout_subscribers: int = 1000
+    fanout_messages: int = 2000
+    fanout_seconds: float = 15.0
+    idle_connections: int = 10_000
+    idle_timeout_s: float = 60.0
+    drain_s: float = 10.0
+    handshake_s: float = 30.0
+
+
+FULL = Plan(quick=False)
+QUICK = replace(FULL, quick=True, fanin_seconds=2.0, latency_seconds=2.0, fanout_subscribers=100,
+                fanout_messages=1000, fanout_seconds=3.0, idle_connections=1000, idle_timeout_s=10.0,
+                drain_s=3.0, handshake_s=10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One publish/subscribe run as the worker processes see it."""
+
+    qos: int
+    topic_filter: str
+    window: int  # unacknowledged QoS 1 PUBLISHes per publisher
+    seconds: float  # how long the publishers send
+    drain_s: float  # how long after that the subscribers (and QoS 1 publishers) may wait
+    handshake_s: float
+    max_messages: int = 0  # per publisher, 0 = as many as fit in ``seconds``
+    rate: float = 0.0  # messages/s per publisher, 0 = as fast as the window allows
+    ahead: int = 0  # at most this many messages ahead of the average subscriber, 0 = no bound
+    publishers: int = 1
+    subscribers: int = 1
+    poll_s: float = POLL_S  # read every poll_s instead of on each readiness, 0 = on readiness
+
+
+# Slots of the shared array the coordinator and the workers talk through.
+EXPECTED, DRAIN_DEADLINE, PUBLISHERS_DONE, DELIVERED = 0, 1, 2, 3
+
+
+# -- brokers ---------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def mosquitto_path() -> str | None:
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None)
+
+
+AMQTT_MAIN = """
+import asyncio, logging, sys
+from amqtt.broker import Broker
+
+async def main(port):
+    broker = Broker({
+        "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}", "max_connections": 0}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+    })
+    await broker.start()
+    await asyncio.Event().wait()
+
+logging.basicConfig(level=logging.WARNING)
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+@dataclass(slots=True)
+class Broker:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, lines: int = 3, complaints_only: bool = False) -> str:
+        """The last lines of the broker's log, or of its warnings and errors only."""
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        if complaints_only:
+            text = [line for line in text if "error" in line.lower() or "warn" in line.lower()]
+        return " | ".join(line[:300] for line in text[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_broker(name: str) -> Broker:
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-{name}-"))
+    log_path = workdir / "console.log"  # stdout and stderr
+    if name == "mosquitto":
+        binary = mosquitto_path()
+        if binary is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise BrokerUnavailable("mosquitto is not installed: run scripts/bench-setup.sh "
+                                    "(apt-get install -y mosquitto)")
+        conf = workdir / "mosquitto.conf"
+        log_path = workdir / "mosquitto.log"
+        lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false",
+                 f"max_queued_messages {MOSQUITTO_QUEUE}", f"log_dest file {log_path}"]
+        if os.geteuid() == 0:  # else it drops to user mosquitto, who cannot write our private temp dir
+            lines.append("user root")
+        conf.write_text("\n".join(lines) + "\n")
+        command = [binary, "-c", str(conf)]
+    elif name == "amqtt":
+        try:
+            importlib.metadata.version("amqtt")
+        except importlib.metadata.PackageNotFoundError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise BrokerUnavailable("amqtt is not installed in this venv: .venv/bin/pip install -e '.[bench]'") from None
+        command = [sys.executable, "-c", AMQTT_MAIN, str(port)]
+    elif name == "tidemq":
+        command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
+                   "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "async"]
+    else:
+        raise ValueError(name)
+    # The fd limit main() raised is inherited: Mosquitto needs it for 10,000 idle connections.
+    with open(workdir / "console.log", "wb") as console:
+        proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
+                                stderr=subprocess.STDOUT)
+    broker = Broker(name, port, proc, workdir, log_path)
+    try:
+        wait_listening(broker)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def wait_listening(broker: Broker) -> None:
+    deadline = time.monotonic() + BROKER_START_S
+    while time.monotonic() < deadline:
+        if broker.proc.poll() is not None:
+            raise BrokerUnavailable(f"{broker.name} exited with status {broker.proc.returncode}: {broker.log_tail()}")
+        try:
+            with socket.create_connection((HOST, broker.port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BrokerUnavailable(f"{broker.name} did not listen on {HOST}:{broker.port} within {BROKER_START_S:g} s")
+
+
+def broker_versions() -> str:
+    parts = []
+    binary = mosquitto_path()
+    if binary:
+        first = subprocess.run([binary, "-h"], capture_output=True, text=True, check=False, timeout=10).stdout
+        parts.append(f"mosquitto={first.split()[2] if first.startswith('mosquitto version') else '?'}")
+    else:
+        parts.append("mosquitto=missing")
+    for package, label in (("amqtt", "amqtt"), ("tidemq", "tidemq")):
+        try:
+            parts.append(f"{label}={importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{label}=missing")
+    return " ".join(parts)
+
+
+# -- CPU accounting --------------------------------------------------------------------------------
+MACHINE = -1  # the key of the whole machine's busy CPU seconds among the sampled pids
+
+
+class CpuSampler:
+    """Samples the CPU seconds of some processes every 0.1 s, so that the share of any interval
+    (first send to last receive, known only afterwards) can be read back."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.procs = {pid: psutil.Process(pid) for pid in pids}
+        self.last: dict[int, float] = dict.fromkeys([MACHINE, *pids], 0.0)
+        self.samples: list[tuple[int, dict[int, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(5)
+            self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def _sample(self) -> None:
+        machine = psutil.cpu_times()
+        self.last[MACHINE] = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+        for pid, proc in self.procs.items():
+            try:
+                times = proc.cpu_times()
+                self.last[pid] = times.user + times.system
+            except psutil.Error:
+                pass  # gone: keep its last figure
+        self.samples.append((time.monotonic_ns(), dict(self.last)))
+
+    def percent(self, pids: list[int], start_ns: int, end_ns: int) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        before = max((s for s in self.samples if s[0] <= start_ns), default=self.samples[0], key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] >= end_ns), default=self.samples[-1], key=lambda s: s[0])
+        elapsed = (after[0] - before[0]) / 1e9
+        if elapsed <= 0:
+            return 0.0
+        return 100.0 * sum(after[1][p] - before[1][p] for p in pids) / elapsed
+
+    def shares(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> str:
+        gen = self.percent(generator, start_ns, end_ns)
+        own = self.percent([broker], start_ns, end_ns)
+        other = max(0.0, self.percent([MACHINE], start_ns, end_ns) - gen - own)
+        return f"gen_cpu_pct={gen:.0f} broker_cpu_pct={own:.0f} other_cpu_pct={other:.0f}"
+
+
+# -- worker processes ------------------------------------------------------------------------------
+class Workers:
+    """The load generator's processes (forked) and what they share with the coordinator."""
+
+    def __init__(self, subscriber_procs: int = 0) -> None:
+        self.ctx = mp.get_context("fork")
+        self.results: Any = self.ctx.Queue()
+        self.go = self.ctx.Event()
+        self.release = self.ctx.Event()
+        self.shared: Any = self.ctx.Array("q", DELIVERED + max(1, subscriber_procs), lock=False)
+        self.shared[DRAIN_DEADLINE] = 2**62
+        self.procs: list[Any] = []
+        self._stash: list[tuple[str, str, int, Any]] = []
+
+    def start(self, target: Any, *args: Any) -> None:
+        proc = self.ctx.Process(target=target, args=(self, len(self.procs), *args), daemon=True)
+        proc.start()
+        self.procs.append(proc)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def report(self, kind: str, role: str, index: int, payload: Any = None) -> None:
+        self.results.put((kind, role, index, payload))
+
+    def collect(self, role: str, count: int, kind: str, timeout_s: float) -> list[Any]:
+        """The next ``count`` messages of ``kind`` from ``role``; an error from any worker ends the scenario."""
+        deadline = time.monotonic() + timeout_s
+        got: list[Any] = []
+        while len(got) < count:
+            for item in list(self._stash):
+                if item[0] == kind and item[1] == role:
+                    self._stash.remove(item)
+                    got.append(item[3])
+            if len(got) >= count:
+                break
+            try:
+                item = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ScenarioError(f"{count - len(got)} {role} worker(s) sent no {kind} within {timeout_s:g} s") from None
+            if item[0] == "refused":
+                raise BrokerUnavailable(str(item[3]))
+            if item[0] == "error":
+                raise ScenarioError(str(item[3]))
+            self._stash.append(item)
+        return got
+
+    def close(self) -> None:
+        self.release.set()
+        self.go.set()  # a worker still waiting to start finds the release set and leaves
+        for proc in self.procs:
+            proc.join(10)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        self.results.close()
+        self.results.cancel_join_thread()
+
+
+def split(items: list[Any], parts: int) -> list[list[Any]]:
+    return [chunk for chunk in (items[i::parts] for i in range(parts)) if chunk]
+
+
+def publisher_worker(w: Workers, index: int, port: int, conns: list[tuple[str, str, int]], load: Load) -> None:
+    """Run publishers ``(client id, topic, publisher index)`` on one selector loop."""
+    sockets: list[socket.socket] = []
+    try:
+        sessions = open_sessions(port, [c[0] for c in conns], keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s)
+        sockets = sessions.sockets
+        if sessions.error:
+            kind = "error" if sockets else "refused"
+            w.report(kind, "publisher", index, f"publisher handshake: {sessions.error}")
+            return
+        capacity = max(load.window, 256)
+        pubs = [Publisher(sock, PublishBatch(topic, load.qos, number, capacity), load.window)
+                for sock, (_, topic, number) in zip(sockets, conns, strict=True)]
+        w.report("ready", "publisher", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        w.report("result", "publisher", index, pump_publishers(w, pubs, load))
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
+        w.report("error", "publisher", index, f"publisher: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def ready_events(sel: selectors.BaseSelector, timeout: float,
+                 poll_s: float) -> list[tuple[selectors.SelectorKey, int]]:
+    if poll_s and timeout > 0:
+        time.sleep(min(timeout, poll_s))
+        return sel.select(0)
+    return sel.select(timeout)
+
+
+def pump_publishers(w: Workers, pubs: list[Publisher], load: Load) -> dict[str, Any]:
+    sel = selectors.DefaultSelector()
+    for p in pubs:
+        sel.register(p.sock, selectors.EVENT_READ, p)
+    writing: set[int] = set()
+    started = time.monotonic_ns()
+    stop_sending = started + int(load.seconds * 1e9)
+    give_up = stop_sending + int(load.drain_s * 1e9)
+    per_ns = load.rate / 1e9
+    limit = load.max_messages or 2**62
+    while True:
+        now = time.monotonic_ns()
+        sending = now < stop_sending
+        timeout = 0.05
+        for p in pubs:
+            if p.pending is not None:
+                p.flush()
+            elif sending and p.sent < limit:
+                n = min(p.room(), limit - p.sent)
+                if per_ns:
+                    n = min(n, int((now - started) * per_ns) + 1 - p.sent)
+                    timeout = min(timeout, 0.0005)
+                if load.ahead:
+                    shared = w.shared
+                    # this publisher's share of what the average subscriber has received so far
+                    delivered = sum(shared[DELIVERED:]) // (load.subscribers * load.publishers)
+                    n = min(n, load.ahead - (p.sent - delivered))
+                    timeout = min(timeout, 0.001)
+                if n > 0:
+                    p.send(n, now)
+                    if p.pending is None and p.room() > 0 and not per_ns and not load.ahead:
+                        timeout = 0  # QoS 0, or a window with room: keep writing
+            fd = p.sock.fileno()
+            if (p.pending is not None) != (fd in writing):
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if p.pending is not None else 0)
+                sel.modify(p.sock, events, p)
+                writing.symmetric_difference_update((fd,))
+        done_sending = not sending or all(p.sent >= limit for p in pubs)
+        if done_sending and all(p.pending is None and (not load.qos or p.acked >= p.sent) for p in pubs):
+            break
+        if now > give_up:
+            break
+        for key, events in ready_events(sel, timeout, load.poll_s):
+            p = key.data
+            if events & selectors.EVENT_READ:
+                p.on_readable()
+            if events & selectors.EVENT_WRITE:
+                p.flush()
+    sel.close()
+    return {
+        "sent": sum(p.sent for p in pubs),
+        "acked": sum(p.acked for p in pubs),
+        "first_send_ns": min((p.first_send_ns for p in pubs if p.first_send_ns), default=0),
+        "last_send_ns": max(p.last_send_ns for p in pubs),
+    }
+
+
+def subscriber_worker(w: Workers, index: int, port: int, client_ids: list[str], load: Load) -> None:
+    sockets: list[socket.socket] = []
+    try:
+        sessions = open_sessions(port, client_ids, keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s,
+                                 subscribe=(load.topic_filter, load.qos))
+        sockets = sessions.sockets
+        if sessions.error:
+            kind = "error" if sockets else "refused"
+            w.report(kind, "subscriber", index, f"subscriber handshake: {sessions.error}")
+            return
+        subs = [Subscriber(sock) for sock in sockets]
+        w.report("ready", "subscriber", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        w.report("result", "subscriber", index, pump_subscribers(w, index, subs, load))
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
+        w.report("error", "subscriber", index, f"subscriber: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load) -> dict[str, Any]:
+    sel = selectors.DefaultSelector()
+    for s in subs:
+        sel.register(s.sock, selectors.EVENT_READ, s)
+    writing: set[Subscriber] = set()
+    shared = w.shared
+    slot = DELIVERED + index
+    idle_ns = int(IDLE_FOR_S * 1e9)
+    last_data = time.monotonic_ns()
+    hard_stop = last_data + int((load.seconds + load.drain_s + SLACK_S) * 1e9)
+    outcome = "timeout"
+    while True:
+        ready = ready_events(sel, 0.05, load.poll_s)
+        now = time.monotonic_ns()
+        got = 0
+        for key, events in ready:
+            s = key.data
+            if events & selectors.EVENT_READ:
+                got += s.on_readable(now)
+            elif s.out:
+                s.flush()
+            if bool(s.out) != (s in writing):
+                sel.modify(s.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if s.out else 0), s)
+                writing.symmetric_difference_update((s,))
+        if got:
+            last_data = now
+            shared[slot] += got
+        if shared[PUBLISHERS_DONE]:
+            expected = shared[EXPECTED]
+            if all(s.counter.unique >= expected for s in subs):
+                outcome = "complete"
+                break
+            if now - last_data > idle_ns:
+                outcome = "idle"
+                break
+            if now > shared[DRAIN_DEADLINE]:
+                break
+        if now > hard_stop:
+            break
+    sel.close()
+    latencies = array("q")
+    for s in subs:
+        latencies.extend(s.counter.latencies)
+    if len(latencies) > LATENCY_SAMPLES:
+        latencies = latencies[:: len(latencies) // LATENCY_SAMPLES + 1]
+    receiving = [s for s in subs if s.first_receive_ns]
+    return {
+        "unique": sum(s.counter.unique for s in subs),
+        "duplicates": sum(s.counter.duplicates for s in subs),
+        "first_receive_ns": min((s.first_receive_ns for s in receiving), default=0),
+        "last_receive_ns": max((s.last_receive_ns for s in receiving), default=0),
+        "latencies": latencies.tobytes(),
+        "outcome": outcome,
+    }
+
+
+def idle_worker(w: Workers, index: int, port: int, client_ids: list[str], timeout_s: float) -> None:
+    sockets: list[socket.socket] = []
+    try:
+        w.report("ready", "idle", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        started = time.monotonic_ns()
+        sessions = open_sessions(port, client_ids, keep_alive=KEEP_ALIVE, timeout_s=timeout_s)
+        sockets = sessions.sockets
+        w.report("result", "idle", index, {"opened": len(sockets), "error": sessions.error,
+                                           "start_ns": started, "end_ns": time.monotonic_ns()})
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
+        w.report("error", "idle", index, f"idle: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Outcome:
+    rate: float
+    expected: int
+    received: int
+    duplicates: int
+    p50_ms: float
+    p99_ms: float
+    cpu: str  # the CpuSampler.shares of the run
+    drain: str
+
+
+def run_flow(broker: Broker, load: Load, publishers: list[tuple[str, str, int]], pub_procs: int,
+             subscriber_ids: list[str], sub_procs: int) -> Outcome:
+    """Subscribers connect and subscribe, then publishers send; wait for the drain; sum up."""
+    sub_groups = split(subscriber_ids, sub_procs)
+    w = Workers(len(sub_groups))  # subscribers start first: worker index i counts into DELIVERED + i
+    sampler: CpuSampler | None = None
+    try:
+        for group in sub_groups:
+            w.start(subscriber_worker, broker.port, group, load)
+        w.collect("subscriber", len(sub_groups), "ready", load.handshake_s + SLACK_S)
+        pub_groups = split(publishers, pub_procs)
+        for group in pub_groups:
+            w.start(publisher_worker, broker.port, group, load)
+        w.collect("publisher", len(pub_groups), "ready", load.handshake_s + SLACK_S)
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        w.go.set()
+        pubs = w.collect("publisher", len(pub_groups), "result", load.seconds + load.drain_s + SLACK_S)
+        published = sum(r["acked"] if load.qos else r["sent"] for r in pubs)
+        w.shared[EXPECTED] = published
+        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(load.drain_s * 1e9)
+        w.shared[PUBLISHERS_DONE] = 1
+        subs = w.collect("subscriber", len(sub_groups), "result", load.drain_s + SLACK_S)
+        sampler.stop()
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        w.close()
+    first_send = min((r["first_send_ns"] for r in pubs if r["first_send_ns"]), default=0)
+    last_receive = max(r["last_receive_ns"] for r in subs)
+    received = sum(r["unique"] for r in subs)
+    if not first_send or not received:
+        raise ScenarioError(f"nothing delivered: published={published} received={received}")
+    latencies = sorted(array("q", b"".join(r["latencies"] for r in subs)))
+    elapsed = max(1, last_receive - first_send) / 1e9
+    outcomes = {r["outcome"] for r in subs}
+    drain = "timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete"
+    return Outcome(
+        rate=received / elapsed,
+        expected=published * len(subscriber_ids),
+        received=received,
+        duplicates=sum(r["duplicates"] for r in subs),
+        p50_ms=latencies[len(latencies) // 2] / 1e6,
+        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
+        cpu=sampler.shares(w.pids, broker.pid, first_send, last_receive),
+        drain=drain,
+    )
+
+
+def counts(o: Outcome, qos: int) -> str:
+    text = f"expected={o.expected} received={o.received}"
+    if qos:
+        text += f" lost={max(0, o.expected - o.received)}"
+    return text + f" dup={o.duplicates}"
+
+
+def tail(o: Outcome) -> str:
+    return f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} {o.cpu} drain={o.drain}"
+
+
+def fanin(broker: Broker, plan: Plan, qos: int) -> str:
+    n = plan.fanin_publishers
+    # QoS 0 has no PUBACK window: its counterpart is a bound on what the subscriber has not
+    # received yet, so a broker slower than the publishers is measured at its sustained rate
+    # and not on an ever-growing backlog.
+    load = Load(qos=qos, topic_filter="bench/fanin/+", window=FANIN_WINDOW, seconds=plan.fanin_seconds,
+                drain_s=plan.drain_s, handshake_s=plan.handshake_s, ahead=0 if qos else FANIN_WINDOW,
+                publishers=n)
+    pubs = [(f"bench-fanin-pub-{i}", f"bench/fanin/{i}", i) for i in range(n)]
+    o = run_flow(broker, load, pubs, pub_procs=2, subscriber_ids=["bench-fanin-sub"], sub_procs=1)
+    return (f"publishers={n} seconds={plan.fanin_seconds:g} msgs_per_s={o.rate:.0f} {counts(o, qos)} {tail(o)}")
+
+
+def latency(broker: Broker, plan: Plan) -> str:
+    load = Load(qos=1, topic_filter="bench/latency", window=1000, seconds=plan.latency_seconds,
+                drain_s=plan.drain_s, handshake_s=plan.handshake_s, rate=plan.latency_rate, poll_s=0.0)
+    o = run_flow(broker, load, [("bench-latency-pub", "bench/latency", 0)], pub_procs=1,
+                 subscriber_ids=["bench-latency-sub"], sub_procs=1)
+    return (f"rate={plan.latency_rate} seconds={plan.latency_seconds:g} msgs_per_s={o.rate:.0f} "
+            f"{counts(o, 1)} {tail(o)}")
+
+
+def fanout(broker: Broker, plan: Plan) -> str:
+    n = plan.fanout_subscribers
+    load = Load(qos=1, topic_filter="bench/fanout", window=100, seconds=plan.fanout_seconds,
+                drain_s=plan.drain_s, handshake_s=plan.handshake_s, max_messages=plan.fanout_messages,
+                ahead=max(1, FANOUT_AHEAD_DELIVERIES // n), subscribers=n, poll_s=FANOUT_POLL_S)
+    o = run_flow(broker, load, [("bench-fanout-pub", "bench/fanout", 0)], pub_procs=1,
+                 subscriber_ids=[f"bench-fanout-sub-{i}" for i in range(n)], sub_procs=FANOUT_PROCS)
+    return (f"subscribers={n} messages={o.expected // n} deliveries_per_s={o.rate:.0f} "
+            f"{counts(o, 1)} {tail(o)}")
+
+
+def idle(broker: Broker, plan: Plan) -> str:
+    n = plan.idle_connections
+    groups = split([f"bench-idle-{i}" for i in range(n)], 2)
+    w = Workers()
+    sampler: CpuSampler | None = None
+    broker_proc = psutil.Process(broker.pid)
+    try:
+        for group in groups:
+            w.start(idle_worker, broker.port, group, plan.idle_timeout_s)
+        w.collect("idle", len(groups), "ready", SLACK_S)
+        rss_before = broker_proc.memory_info().rss
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        w.go.set()
+        results = w.collect("idle", len(groups), "result", plan.idle_timeout_s + SLACK_S)
+        sampler.stop()
+        time.sleep(1.0)  # let the broker settle what it allocates after CONNACK
+        rss_after = broker_proc.memory_info().rss
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        w.close()
+    opened = sum(r["opened"] for r in results)
+    start = min(r["start_ns"] for r in results)
+    end = max(r["end_ns"] for r in results)
+    errors = [r["error"] for r in results if r["error"]]
+    if not opened:
+        raise BrokerUnavailable(errors[0] if errors else "no connection opened")
+    line = (f"connections={n} connected={opened} connect_s={(end - start) / 1e9:.2f} "
+            f"rss_kib_per_conn={(rss_after - rss_before) / 1024 / opened:.1f} "
+            f"broker_rss_mib={rss_after >> 20} {sampler.shares(w.pids, broker.pid, start, end)}")
+    if errors:
+        line += f' error="{quote(errors[0])}"'
+    return line
+
+
+def cases(scenarios: list[str]) -> list[tuple[str, int | None]]:
+    out: list[tuple[str, int | None]] = []
+    for name in scenarios:
+        if name == "fanin":
+            out += [("fanin", 0), ("fanin", 1)]
+        elif name in ("latency", "fanout"):
+            out.append((name, 1))
+        else:
+            out.append((name, None))
+    return out
+
+
+def quote(text: str) -> str:
+    return " ".join(text.replace('"', "'").split())
+
+
+def run_case(broker_name: str, scenario: str, qos: int | None, plan: Plan,
+             unavailable: dict[str, str]) -> str:
+    """One scenario on a fresh broker, as its printed line; notes a broker that serves no MQTT
+    in ``unavailable`` so that its next scenarios are skipped, not waited for."""
+    head = f"mqtt broker={broker_name} scenario={scenario}" + (f" qos={qos}" if qos is not None else "")
+    suffix = " quick=1" if plan.quick else ""
+    if broker_name in unavailable:
+        return f'{head} error="skipped: {unavailable[broker_name]}"{suffix}'
+    broker: Broker | None = None
+    try:
+        broker = start_broker(broker_name)
+        if scenario == "fanin":
+            body = fanin(broker, plan, qos or 0)
+        elif scenario == "latency":
+            body = latency(broker, plan)
+        elif scenario == "fanout":
+            body = fanout(broker, plan)
+        else:
+            body = idle(broker, plan)
+        if broker.proc.poll() is not None:
+            body += f' error="broker exited with status {broker.proc.returncode} during the scenario"'
+    except Exception as exc:  # noqa: BLE001 - one failed case must not stop the others
+        detail = str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
+        if broker is not None and broker.proc.poll() is not None:
+            detail += f" (broker exited with status {broker.proc.returncode}: {broker.log_tail()})"
+        elif broker is not None and (complaints := broker.log_tail(2, complaints_only=True)):
+            detail += f" (broker log: {complaints})"
+        body = f'error="{quote(detail)}"'
+        if isinstance(exc, BrokerUnavailable):
+            unavailable[broker_name] = quote(detail)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return f"{head} {body}{suffix}"
+
+
+def parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in items if item not in allowed]
+    if unknown or not items:
+        raise SystemExit(f"unknown {what}: {','.join(unknown) or text!r} (choose from {','.join(allowed)})")
+    return items
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="short runs, 100 fan-out subscribers, 1,000 idle connections: under 90 s for all brokers")
+    parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--out", help="also append the lines to this file")
+    args = parser.parse_args()
+    brokers = parse_list(args.brokers, BROKERS, "broker")
+    scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
+    plan = QUICK if args.quick else FULL
+    raise_fd_limit()
+    started = time.perf_counter()
+    header = (f"# bench_mqtt {broker_versions()} cores={os.cpu_count()} "
+              f"fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]} "
+              f"mosquitto_max_queued_messages={MOSQUITTO_QUEUE}" + (" quick=1" if plan.quick else ""))
+    print(header, flush=True)
+    lines = errors = 0
+    unavailable: dict[str, str] = {}
+    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
+        out.write(header + "\n")
+        for broker_name in brokers:
+            for scenario, qos in cases(scenarios):
+                line = run_case(broker_name, scenario, qos, plan, unavailable)
+                lines += 1
+                errors += ' error="' in line
+                print(line, flush=True)
+                out.write(line + "\n")
+                out.flush()
+    print(f"# {lines} lines ({errors} with errors) for {','.join(brokers)} in "
+          f"{time.perf_counter() - started:.0f} s on {os.cpu_count()} cores", flush=True)
+
+
+if __name__ == "__main__":
+    main()
