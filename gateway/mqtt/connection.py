@@ -764,14 +764,21 @@ class MQTTConnection(asyncio.Protocol):
         broker = self.broker
         queue = cursor.queue
         subs = [s for s in session.subscriptions.values() if s.share_group is None]
+        # every message of a queue matches the subscription that reads it (that is how it got
+        # there); only the session's other subscriptions need the topic matched
+        own = [s for s in subs if s.queue == queue]
+        others = [s for s in subs if s.queue != queue]
+        no_local = any(s.options.no_local for s in subs)
+        unacked = cursor.unacked
         for message in messages:
             offset = message.queue_offset
-            if offset in cursor.unacked:  # restored QoS 2 inflight, resent from the inflight table
+            if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
                 cursor.next_offset = offset + 1
                 continue
             delivery = broker.delivery(message)
-            matched = [s for s in subs if matches(s.topic_filter, message.topic)
-                       and not (s.options.no_local and delivery.publisher == self.client_id)]
+            matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own
+            if no_local and delivery.publisher == self.client_id:
+                matched = [s for s in matched if not s.options.no_local]
             if not matched:
                 cursor.next_offset = offset + 1
                 continue
