@@ -46,7 +46,7 @@ class Config:
     repair: bool = False
     log_level: str = "INFO"
     shutdown_timeout_s: float = 10.0
-    event_loop: str = "auto"  # auto (uvloop when installed), uvloop, asyncio
+    event_loop: str = "asyncio"  # asyncio, uvloop, or auto (uvloop when installed); uvloop measured no faster here (BENCHMARKS.md)
     # MQTT: more listeners (empty = off) and limits ([mqtt] section in TOML)
     mqtts_bind: str = ""  # MQTT over TLS; needs tls_cert_file and tls_key_file
     ws_bind: str = ""  # MQTT over WebSocket (subprotocol "mqtt"), path /mqtt

@@ -223,6 +223,7 @@ def start_broker(name: str) -> Broker:
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-{name}-"))
     log_path = workdir / "console.log"  # stdout and stderr
+    env = dict(os.environ)
     if name == "mosquitto":
         binary = mosquitto_path()
         if binary is None:
@@ -247,12 +248,14 @@ def start_broker(name: str) -> Broker:
     elif name == "tidemq":
         command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
                    "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "async"]
+        # the same QoS 0 queue bound Mosquitto gets (its max_queued_messages)
+        env["TIDEMQ_MQTT_MAX_QUEUED_MESSAGES"] = str(MOSQUITTO_QUEUE)
     else:
         raise ValueError(name)
     # The fd limit main() raised is inherited: Mosquitto needs it for 10,000 idle connections.
     with open(workdir / "console.log", "wb") as console:
         proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, env=env)
     broker = Broker(name, port, proc, workdir, log_path)
     try:
         wait_listening(broker)
