@@ -842,9 +842,7 @@ class MQTTConnection(asyncio.Protocol):
                                  if remaining is not None else base.message_expiry_interval, topic_alias=alias)
         else:
             props_key = ()
-
-            def make_props() -> Properties:
-                return Properties()
+            make_props = _no_props
 
         template = broker.template(message, send_topic, qos, retain, self.version, props_key, make_props)
         if self.client_max_packet and len(template.data) > self.client_max_packet:
@@ -855,6 +853,10 @@ class MQTTConnection(asyncio.Protocol):
         self.send(template.render(packet_id, dup))
         broker.stats.messages_sent += 1
         return True
+
+
+def _no_props() -> None:
+    return None  # below 5.0 a PUBLISH has no properties
 
 
 def _neg(text: str) -> tuple[int, ...]:
