@@ -7,10 +7,12 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from store import StoreCorruptError, StoreError, StoreLockedError
 
 from . import __version__
+from .auth import AclError, AuthConfigError, PasswordFile
 from .config import ConfigError, load_config
 from .logs import setup_logging
 
@@ -33,6 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ws-bind", metavar="HOST:PORT", help="MQTT over WebSocket listener (empty = off)")
     serve.add_argument("--tls-cert", metavar="FILE", help="TLS certificate chain (PEM) for --mqtts-bind")
     serve.add_argument("--tls-key", metavar="FILE", help="TLS private key (PEM) for --mqtts-bind")
+    serve.add_argument("--allow-anonymous", choices=("true", "false"), help="accept clients without credentials")
+    serve.add_argument("--password-file", metavar="FILE", help="user database (see `tidemq passwd`)")
+    serve.add_argument("--acl-file", metavar="FILE", help="access control list (Mosquitto acl_file format)")
+    passwd = sub.add_parser("passwd", help="manage a password file (as mosquitto_passwd)")
+    passwd.add_argument("-c", dest="create", action="store_true", help="create the file (overwrites it)")
+    passwd.add_argument("-b", dest="batch", action="store_true", help="take the password from the command line")
+    passwd.add_argument("-D", dest="delete", action="store_true", help="delete the user")
+    passwd.add_argument("file", metavar="FILE")
+    passwd.add_argument("username", metavar="USERNAME")
+    passwd.add_argument("password", metavar="PASSWORD", nargs="?")
     serve.add_argument("--flush", choices=("sync", "async"), help="acknowledge after fdatasync, or after write")
     serve.add_argument("--segment-size", type=int, metavar="BYTES", help="commitlog segment size")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -59,9 +71,55 @@ def event_loop_factory(choice: str):
     return uvloop.new_event_loop
 
 
+def passwd_command(args: argparse.Namespace) -> int:
+    """``tidemq passwd [-c] [-b] [-D] FILE USERNAME [PASSWORD]``, as mosquitto_passwd."""
+    import getpass
+
+    path = Path(args.file)
+    try:
+        users = PasswordFile() if args.create else PasswordFile.load(path)
+    except AuthConfigError as exc:
+        print(f"tidemq passwd: {exc} (use -c to create a new file)", file=sys.stderr)
+        return 2
+    if args.delete:
+        if not users.delete(args.username):
+            print(f"tidemq passwd: user {args.username!r} is not in {path}", file=sys.stderr)
+            return 2
+    else:
+        password = args.password
+        if args.batch:
+            if password is None:
+                print("tidemq passwd: -b needs the password on the command line", file=sys.stderr)
+                return 2
+        elif password is not None:
+            print("tidemq passwd: give the password on the command line only with -b", file=sys.stderr)
+            return 2
+        else:
+            if not sys.stdin.isatty():
+                print("tidemq passwd: no terminal to ask for the password; use -b", file=sys.stderr)
+                return 2
+            password = getpass.getpass("Password: ")
+            if password != getpass.getpass("Reenter password: "):
+                print("tidemq passwd: the passwords do not match", file=sys.stderr)
+                return 2
+        try:
+            users.set(args.username, password)
+        except ValueError as exc:
+            print(f"tidemq passwd: {exc}", file=sys.stderr)
+            return 2
+    try:
+        users.save(path)
+    except OSError as exc:
+        print(f"tidemq passwd: cannot write {path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "passwd":
+        return passwd_command(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -75,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ws_bind": args.ws_bind,
         "tls_cert_file": args.tls_cert,
         "tls_key_file": args.tls_key,
+        "allow_anonymous": args.allow_anonymous,
+        "password_file": args.password_file,
+        "acl_file": args.acl_file,
         "flush": args.flush,
         "segment_size": args.segment_size,
         "log_level": args.log_level,
@@ -94,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreCorruptError as exc:
         print(f"tidemq: {exc}", file=sys.stderr)
         return 3
+    except (AuthConfigError, AclError) as exc:
+        print(f"tidemq: configuration error: {exc}", file=sys.stderr)
+        return 2
     except StoreLockedError as exc:
         print(f"tidemq: {exc}", file=sys.stderr)
         return 2

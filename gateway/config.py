@@ -60,6 +60,10 @@ class Config:
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
     queue_cache_bytes: int = 64 << 20
+    # who may connect ([auth] section in TOML); the same for every protocol
+    allow_anonymous: bool = True
+    password_file: str = ""  # Mosquitto format; manage with `tidemq passwd`
+    acl_file: str = ""  # Mosquitto acl_file format
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def store_options(self) -> StoreOptions:

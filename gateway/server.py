@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cache import QueueCache
 from store import MessageStore
 
+from .auth import Acl, PasswordFile
 from .config import Config, parse_bind
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
@@ -73,9 +74,12 @@ class Gateway:
             max_queued_messages=cfg.mqtt_max_queued_messages,
             max_keepalive=cfg.mqtt_max_keepalive,
             sys_interval_s=cfg.mqtt_sys_interval_s,
-            allow_anonymous=getattr(cfg, "allow_anonymous", True),
+            allow_anonymous=cfg.allow_anonymous,
         )
-        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store, cfg.queue_cache_bytes))
+        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
+        acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
+        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store, cfg.queue_cache_bytes),
+                               authenticator=passwords, acl=acl)
         await self.mqtt.start()
         for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
             extra = parse_bind(extra_bind, f"{name}_bind")

@@ -199,9 +199,7 @@ class MQTTBroker:
             session.will = None
 
     def publish_will(self, client_id: str, will: Will) -> None:
-        if self.acl is not None and not self.acl.allows_publish(None, client_id, will.topic):  # type: ignore[attr-defined]
-            log.info("will not published: not authorized client_id=%s topic=%s", client_id, will.topic)
-            return
+        """Publish a will (its topic was checked against the ACL when the client connected)."""
         publish = Publish(will.topic, will.payload, will.qos, will.retain,
                           properties=will.properties.copy(will_delay_interval=None))
         self._put([(publish, client_id)])

@@ -84,6 +84,7 @@ class MQTTConnection(asyncio.Protocol):
         self._aliases_in: dict[int, str] = {}
         self._inbound_unacked = 0  # QoS 1/2 publishes not yet acknowledged to the client
         self._pending_puts = 0  # publishes handed to the store, not yet stored
+        self._read_check = None  # the ACL's per-message read check, when deny rules need it
         self._reading_paused = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -245,6 +246,16 @@ class MQTTConnection(asyncio.Protocol):
             refuse = ReasonCode.BAD_AUTHENTICATION_METHOD  # no enhanced authentication methods
         if refuse is None:
             refuse = await self._authenticate(packet, client_id)
+        if refuse is None and packet.will is not None:
+            try:
+                validate_topic_name(packet.will.topic)
+            except TopicError:
+                refuse = ReasonCode.TOPIC_NAME_INVALID
+            else:
+                acl = broker.acl
+                if packet.will.topic.startswith("$") or (acl is not None and not acl.allows_publish(  # type: ignore[attr-defined]
+                        packet.username, client_id, packet.will.topic)):
+                    refuse = ReasonCode.NOT_AUTHORIZED
         if self.closed:
             return False
         if refuse is not None:
@@ -255,6 +266,9 @@ class MQTTConnection(asyncio.Protocol):
         self.client_id = client_id
         self._messages = StoreMessageFactory(client_id)
         self.username = packet.username
+        acl = broker.acl
+        if acl is not None and acl.checks_deliveries(self.username, client_id):  # type: ignore[attr-defined]
+            self._read_check = acl.allows_read  # type: ignore[attr-defined]
         # takeover: the newest connection wins
         old = broker.connections.get(client_id)
         if old is not None and old is not self:
@@ -678,6 +692,8 @@ class MQTTConnection(asyncio.Protocol):
                        remaining: int | None) -> bool:
         session = self.session
         assert session is not None
+        if self._read_check is not None and not self._read_check(self.username, self.client_id, message.topic):
+            return False  # an ACL deny rule: this member does not get it (the group moves on)
         packet_id = None
         if qos:
             packet_id = session.allocate_packet_id()
@@ -770,10 +786,14 @@ class MQTTConnection(asyncio.Protocol):
         others = [s for s in subs if s.queue != queue]
         no_local = any(s.options.no_local for s in subs)
         unacked = cursor.unacked
+        read_check = self._read_check
         for message in messages:
             offset = message.queue_offset
             if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
                 cursor.next_offset = offset + 1
+                continue
+            if read_check is not None and not read_check(self.username, self.client_id, message.topic):
+                cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
                 continue
             delivery = broker.delivery(message)
             matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own

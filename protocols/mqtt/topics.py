@@ -82,3 +82,25 @@ def matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != t_levels[i]:
             return False
     return len(f_levels) == len(t_levels)
+
+
+def covers(outer: str, inner: str) -> bool:
+    """Whether every topic ``inner`` matches is matched by ``outer`` (both validated filters):
+    ``covers("a/#", "a/+/b")`` but not ``covers("a/+", "a/#")``."""
+    if inner.startswith("$") and outer[:1] in ("+", "#"):
+        return False
+    o_levels = outer.split("/")
+    i_levels = inner.split("/")
+    for i, level in enumerate(o_levels):
+        if level == "#":
+            return True
+        if i >= len(i_levels):
+            return False
+        inner_level = i_levels[i]
+        if inner_level == "#":
+            return False  # inner reaches any depth here, outer does not
+        if level == "+":
+            continue
+        if inner_level == "+" or inner_level != level:
+            return False
+    return len(o_levels) == len(i_levels)

@@ -1,0 +1,139 @@
+"""Access control lists in Mosquitto's ``acl_file`` format:
+
+    # comment
+    topic [read|write|readwrite|deny] <topic filter>    (before any "user" line: anonymous clients)
+    user <username>                                       (the topic lines below are that user's)
+    pattern [read|write|readwrite|deny] <topic filter>   (every client; %u = user name, %c = client id)
+
+Access defaults to readwrite. A matching ``deny`` rule wins over any allow; without a matching
+allow rule access is denied. Subscribing to a filter needs a read rule that covers the whole
+filter (rule ``a/#`` allows subscribing ``a/+/b``; rule ``a/b`` does not allow ``a/#``), and
+when the client's rules deny some reads, every delivered message is checked too.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocols.mqtt.topics import TopicError, covers, matches, validate_topic_filter
+
+
+class AclError(ValueError):
+    """An ACL file that cannot be used; the message names file and line."""
+
+
+class Access(enum.Flag):
+    READ = 1  # subscribe / receive
+    WRITE = 2  # publish
+    DENY = 4
+
+
+_ACCESS = {"read": Access.READ, "write": Access.WRITE, "readwrite": Access.READ | Access.WRITE,
+           "deny": Access.DENY}
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    access: Access
+    topic: str
+    pattern: bool = False  # %u / %c substituted per client
+
+    def topic_for(self, username: str | None, client_id: str) -> str | None:
+        if not self.pattern:
+            return self.topic
+        if "%u" in self.topic and username is None:
+            return None  # a %u pattern never applies to anonymous clients
+        return self.topic.replace("%u", username or "").replace("%c", client_id)
+
+
+@dataclass(slots=True)
+class Acl:
+    anonymous: list[Rule] = field(default_factory=list)
+    users: dict[str, list[Rule]] = field(default_factory=dict)
+    patterns: list[Rule] = field(default_factory=list)
+    allow_everything: bool = False
+
+    @classmethod
+    def allow_all(cls) -> Acl:
+        return cls(allow_everything=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Acl:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise AclError(f"cannot read ACL file {path}: {exc.strerror}") from None
+        acl = cls()
+        current = acl.anonymous
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            keyword, _, rest = line.partition(" ")
+            rest = rest.strip()
+            try:
+                if keyword == "user":
+                    if not rest:
+                        raise ValueError("user needs a name")
+                    current = acl.users.setdefault(rest, [])
+                elif keyword in ("topic", "pattern"):
+                    rule = _parse_rule(rest, keyword == "pattern")
+                    (acl.patterns if rule.pattern else current).append(rule)
+                else:
+                    raise ValueError(f"unknown keyword {keyword!r} (topic, user or pattern)")
+            except (ValueError, TopicError) as exc:
+                raise AclError(f"{path}:{number}: {exc}") from None
+        return acl
+
+    def _rules(self, username: str | None, client_id: str) -> list[tuple[Access, str]]:
+        own = self.users.get(username, []) if username is not None else self.anonymous
+        found = [(r.access, r.topic) for r in own]
+        for rule in self.patterns:
+            topic = rule.topic_for(username, client_id)
+            if topic is not None:
+                found.append((rule.access, topic))
+        return found
+
+    def _allows(self, username: str | None, client_id: str, access: Access, test) -> bool:
+        if self.allow_everything:
+            return True
+        allowed = False
+        for rule_access, rule_topic in self._rules(username, client_id):
+            if rule_access is Access.DENY:
+                if test(rule_topic, deny=True):
+                    return False
+            elif access in rule_access and test(rule_topic, deny=False):
+                allowed = True
+        return allowed
+
+    def allows_publish(self, username: str | None, client_id: str, topic: str) -> bool:
+        return self._allows(username, client_id, Access.WRITE, lambda rule, deny: matches(rule, topic))
+
+    def allows_read(self, username: str | None, client_id: str, topic: str) -> bool:
+        """Whether a message on ``topic`` may be delivered to this client."""
+        return self._allows(username, client_id, Access.READ, lambda rule, deny: matches(rule, topic))
+
+    def allows_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
+        # allowed: a read rule covers the whole filter; refused: a deny rule covers all of it
+        return self._allows(username, client_id, Access.READ, lambda rule, deny: covers(rule, topic_filter))
+
+    def checks_deliveries(self, username: str | None, client_id: str) -> bool:
+        """True when some deny rule could refuse single messages of an allowed subscription."""
+        if self.allow_everything:
+            return False
+        return any(access is Access.DENY for access, _ in self._rules(username, client_id))
+
+
+def _parse_rule(text: str, pattern: bool) -> Rule:
+    word, _, topic = text.partition(" ")
+    access = _ACCESS.get(word)
+    if access is None:
+        access, topic = Access.READ | Access.WRITE, text  # no access word: readwrite
+    topic = topic.strip()
+    if not topic:
+        raise ValueError("a rule needs a topic")
+    validate_topic_filter(topic)
+    return Rule(access, topic, pattern)
