@@ -201,3 +201,27 @@ async def test_connack_limits_and_response_information(data_dir: Path) -> None:
         assert p.server_keep_alive == 30  # capped
         assert (p.receive_maximum, p.maximum_packet_size) == (1024, 1 << 20)
         await client.close()
+
+
+async def test_retained_message_expires(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        pub, _ = await RawClient.connected(port, Connect("pub", MQTT_5))
+        pub.send(Publish("ret/short", b"old", 1, retain=True, packet_id=1,
+                         properties=Properties(message_expiry_interval=1)))
+        pub.send(Publish("ret/long", b"kept", 1, retain=True, packet_id=2,
+                         properties=Properties(message_expiry_interval=60)))
+        await pub.recv()
+        await pub.recv()
+        await asyncio.sleep(1.2)
+        sub = await subscribed(port, "sub", "ret/#")
+        got = await sub.recv()
+        assert (got.topic, got.payload, got.retain) == ("ret/long", b"kept", True)
+        assert 55 <= got.properties.message_expiry_interval <= 59
+        try:
+            extra = await sub.recv(timeout=0.3)
+        except TimeoutError:
+            extra = None
+        assert extra is None and "ret/short" not in gw.mqtt.retained
+        await sub.close()
+        await pub.close()

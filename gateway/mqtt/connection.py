@@ -604,6 +604,10 @@ class MQTTConnection(asyncio.Protocol):
 
     def _send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
         delivery = self.broker.delivery(message)
+        remaining = delivery.remaining_expiry()
+        if remaining is not None and remaining <= 0:
+            self.broker.set_retained(message.topic, None)  # an expired retained message is gone
+            return
         qos = min(state.options.qos, delivery.qos)
         packet_id = None
         if qos:
@@ -612,7 +616,8 @@ class MQTTConnection(asyncio.Protocol):
                 return
             self.session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)  # type: ignore[union-attr]
         sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, retain=True) and packet_id is not None:
+        if not self._send_message(message, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
+                and packet_id is not None:
             self.session.inflight.pop(packet_id, None)  # type: ignore[union-attr]
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
