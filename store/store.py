@@ -48,6 +48,21 @@ log = logging.getLogger("tidemq.store")
 _READ_AHEAD = 4096
 
 
+# queue list -> (queue slots, their length): gateways send the same few lists over and over
+_SLOTS: dict[tuple[str, ...], tuple[list[bytes], int]] = {}
+_SLOTS_ENTRIES = 65_536
+
+
+def _queue_slots(queues: Sequence[str]) -> tuple[list[bytes], int]:
+    names = [q.encode() for q in queues]
+    slots_len = 0
+    for name in names:
+        if not name or len(name) > MAX_QUEUE_NAME_BYTES:
+            raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        slots_len += len(name) + QUEUE_SLOT_OVERHEAD
+    return queue_slots(names), slots_len
+
+
 class _Prepared:
     """A message encoded as far as it can be before the committer gives it queue offsets."""
 
@@ -73,17 +88,17 @@ class _Prepared:
             self.tag_hash = tag_hash(message.tags)
         else:
             self.tag_hash = 0
-        names = [q.encode() for q in queues]
-        slots_len = 0
-        for name in names:
-            if not name or len(name) > MAX_QUEUE_NAME_BYTES:
-                raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-            slots_len += len(name) + QUEUE_SLOT_OVERHEAD
+        key = tuple(queues)
+        known = _SLOTS.get(key)
+        if known is None:
+            known = _SLOTS[key] = _queue_slots(queues)
+            if len(_SLOTS) > _SLOTS_ENTRIES:
+                _SLOTS.clear()
+        self.slots, slots_len = known
         self.static = static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"",
-            encoded if encoded is not None else encode_properties(props) if props else b"", len(names), len(body),
+            encoded if encoded is not None else encode_properties(props) if props else b"", len(key), len(body),
         )
-        self.slots = queue_slots(names)
         self.body = body
         self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
         if not 0 <= message.flag <= 0xFFFF_FFFF:
