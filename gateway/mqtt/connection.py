@@ -1,10 +1,6 @@
-"""One MQTT client connection: an asyncio Protocol that feeds the sans-IO codec, handles each
-packet type (as Mosquitto's handle_*.c) and runs the push side of push-pull delivery.
-
-Delivery: a notify event (or an ack that frees the window) schedules ``pump``; the pump pulls
-each queue the session reads from its cursor (through the node's queue cache), skips what the
-session must not get, and writes PUBLISH bytes encoded once per variant for all subscribers.
-"""
+"""One MQTT client connection: an asyncio Protocol that feeds the sans-IO codec and handles
+each packet type (as Mosquitto's handle_*.c): CONNECT, inbound PUBLISH, SUBSCRIBE, DISCONNECT.
+What goes out to the client (delivery, acks of it) is in outbound.py."""
 
 from __future__ import annotations
 
@@ -39,12 +35,13 @@ from protocols.mqtt.packets import (
 )
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
-from protocols.mqtt.topics import TopicError, matches, parse_shared, validate_topic_name
-from store import GetStatus, StoredMessage, StoreError
+from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
+from store import StoredMessage, StoreError
 
 from .messages import StoreMessageFactory
+from .outbound import Outbound
 from .queues import queue_for_filter
-from .session import NEVER_EXPIRES, Inflight, QueueCursor, Session, SubscriptionState
+from .session import NEVER_EXPIRES, QueueCursor, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from .broker import MQTTBroker
@@ -53,10 +50,9 @@ log = logging.getLogger("tidemq.mqtt")
 
 _PINGRESP = encode(PingResp())
 _PUBACK_HEAD = b"\x40\x02"
-_PULL_BATCH = 64
 
 
-class MQTTConnection(asyncio.Protocol):
+class MQTTConnection(Outbound, asyncio.Protocol):
     def __init__(self, broker: MQTTBroker) -> None:
         self.broker = broker
         self.settings = broker.settings
@@ -491,70 +487,6 @@ class MQTTConnection(asyncio.Protocol):
         else:
             self.send_packet(PubComp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
-    # -- acknowledgements of our PUBLISHes ------------------------------------------------------
-    def _settle(self, packet_id: int) -> Inflight | None:
-        session = self.session
-        assert session is not None
-        inflight = session.inflight.pop(packet_id, None)
-        if inflight is None:
-            return None
-        if inflight.share is not None:
-            group = self.broker.share_groups.get(inflight.share)
-            if group is not None:
-                group.acked(inflight.offset)
-        else:
-            cursor = session.cursors.get(inflight.queue)
-            if cursor is not None:
-                cursor.unacked.pop(inflight.offset, None)
-        self.broker.mark_dirty(session)
-        self.schedule_pump()
-        return inflight
-
-    def _on_puback(self, packet: PubAck) -> None:
-        inflight = self.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 1:
-            log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.client_id, packet.packet_id)
-            return
-        self._settle(packet.packet_id)
-
-    def _on_pubrec(self, packet: PubRec) -> None:
-        session = self.session
-        assert session is not None
-        inflight = session.inflight.get(packet.packet_id)
-        if inflight is None or inflight.qos != 2:
-            self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-            return
-        if packet.reason_code >= 0x80:  # the client refused it: the exchange ends here
-            self._settle(packet.packet_id)
-            return
-        inflight.released = True
-        self.broker.mark_dirty(session)
-        self.send_packet(PubRel(packet.packet_id))
-
-    def _on_pubcomp(self, packet: PubComp) -> None:
-        inflight = self.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 2:
-            return
-        self._settle(packet.packet_id)
-
-    def _resend_inflight(self) -> None:
-        """After a reconnect: unacknowledged PUBLISHes again with DUP, PUBRELs again (in order)."""
-        session = self.session
-        assert session is not None
-        store = self.broker.store
-        for inflight in list(session.inflight.values()):
-            if inflight.released:
-                self.send_packet(PubRel(inflight.packet_id))
-                continue
-            message = store.read_at(inflight.position)
-            if message is None:  # removed by retention meanwhile
-                self._settle(inflight.packet_id)
-                continue
-            message.queue, message.queue_offset = inflight.queue, inflight.offset
-            if not self._send_message(message, inflight.qos, None, inflight.packet_id, dup=True):
-                self._settle(inflight.packet_id)
-        self.flush()
-
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
@@ -601,24 +533,6 @@ class MQTTConnection(asyncio.Protocol):
                 self._send_retained(state, message)
         broker.mark_dirty(session)
         self.schedule_pump()
-
-    def _send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
-        delivery = self.broker.delivery(message)
-        remaining = delivery.remaining_expiry()
-        if remaining is not None and remaining <= 0:
-            self.broker.set_retained(message.topic, None)  # an expired retained message is gone
-            return
-        qos = min(state.options.qos, delivery.qos)
-        packet_id = None
-        if qos:
-            packet_id = self.session.allocate_packet_id()  # type: ignore[union-attr]
-            if packet_id is None:
-                return
-            self.session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)  # type: ignore[union-attr]
-        sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
-                and packet_id is not None:
-            self.session.inflight.pop(packet_id, None)  # type: ignore[union-attr]
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
@@ -681,209 +595,3 @@ class MQTTConnection(asyncio.Protocol):
                 broker.publish_will(self.client_id, will)
             else:
                 broker.schedule_will(session, will, min(delay, session.expiry_interval))
-
-    # -- shared subscriptions (shared.py chooses the member) -------------------------------------
-    def shared_subscription(self, key: str) -> SubscriptionState | None:
-        return self.session.subscriptions.get(key) if self.session is not None else None
-
-    @property
-    def writing_paused(self) -> bool:
-        return self._writing_paused
-
-    def has_window(self) -> bool:
-        return self.session is not None and self.send_quota - len(self.session.inflight) > 0
-
-    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
-                       remaining: int | None) -> bool:
-        session = self.session
-        assert session is not None
-        if self._read_check is not None and not self._read_check(self.username, self.client_id, message.topic):
-            return False  # an ACL deny rule: this member does not get it (the group moves on)
-        packet_id = None
-        if qos:
-            packet_id = session.allocate_packet_id()
-            if packet_id is None:
-                return False
-        sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, remaining=remaining):
-            return False
-        if packet_id is not None:
-            session.inflight[packet_id] = Inflight(packet_id, message.queue, message.queue_offset, qos,
-                                                   message.position, share=key)
-        return True
-
-    def _take_shared_inflight(self, key: str, session: Session | None = None) -> list[StoredMessage]:
-        """Remove this session's unacknowledged deliveries for a shared subscription and return
-        the messages, for the group to give to another member (a QoS 2 message whose PUBREC
-        came is the member's already and stays)."""
-        session = session or self.session
-        assert session is not None
-        taken = []
-        for pid, inflight in list(session.inflight.items()):
-            if inflight.share == key and not inflight.released:
-                del session.inflight[pid]
-                message = self.broker.store.read_at(inflight.position)
-                if message is not None:
-                    message.queue, message.queue_offset = inflight.queue, inflight.offset
-                    taken.append(message)
-        return taken
-
-    # -- delivery (push side of push-pull) -----------------------------------------------------
-    def schedule_pump(self) -> None:
-        if not self._pump_scheduled and not self.closed:
-            self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self.pump)
-
-    def pump(self) -> None:
-        self._pump_scheduled = False
-        session = self.session
-        if session is None or self.closed or self.connecting:
-            return
-        broker = self.broker
-        read = broker.reader.read
-        for queue in list(session.cursors):
-            cursor = session.cursors.get(queue)
-            if cursor is None:
-                continue
-            needs_quota = self._queue_needs_quota(queue)
-            if not needs_quota:
-                self._drop_qos0_backlog(cursor)
-            while not self._writing_paused:
-                if needs_quota and self.send_quota - len(session.inflight) <= 0:
-                    break
-                result = read(queue, cursor.next_offset, _PULL_BATCH)
-                if result.status != GetStatus.FOUND:
-                    if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
-                        log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.client_id, queue,
-                                 cursor.next_offset, result.next_offset)
-                        cursor.next_offset = result.next_offset
-                        broker.mark_dirty(session)
-                        continue
-                    break
-                if not self._deliver_batch(cursor, result.messages):
-                    break
-        self.flush()
-
-    def _drop_qos0_backlog(self, cursor: QueueCursor) -> None:
-        """A QoS 0 reader that fell more than max_queued_messages behind skips ahead (counted
-        as dropped), as brokers drop QoS 0 for slow consumers; QoS 1/2 stays in the store."""
-        behind = self.broker.store.max_offset_now(cursor.queue) - cursor.next_offset
-        excess = behind - self.settings.max_queued_messages
-        if excess > 0:
-            cursor.next_offset += excess
-            self.broker.stats.publish_dropped += excess
-            log.info("qos 0 backlog dropped client_id=%s queue=%s count=%d", self.client_id, cursor.queue, excess)
-
-    def _queue_needs_quota(self, queue: str) -> bool:
-        session = self.session
-        return any(s.options.qos > 0 for s in session.subscriptions.values() if s.queue == queue)  # type: ignore[union-attr]
-
-    def _deliver_batch(self, cursor: QueueCursor, messages: list[StoredMessage]) -> bool:
-        """Send what the session should get; False when the window is full (stop pulling)."""
-        session = self.session
-        assert session is not None
-        broker = self.broker
-        queue = cursor.queue
-        subs = [s for s in session.subscriptions.values() if s.share_group is None]
-        # every message of a queue matches the subscription that reads it (that is how it got
-        # there); only the session's other subscriptions need the topic matched
-        own = [s for s in subs if s.queue == queue]
-        others = [s for s in subs if s.queue != queue]
-        no_local = any(s.options.no_local for s in subs)
-        unacked = cursor.unacked
-        read_check = self._read_check
-        for message in messages:
-            offset = message.queue_offset
-            if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
-                cursor.next_offset = offset + 1
-                continue
-            if read_check is not None and not read_check(self.username, self.client_id, message.topic):
-                cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
-                continue
-            delivery = broker.delivery(message)
-            matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own
-            if no_local and delivery.publisher == self.client_id:
-                matched = [s for s in matched if not s.options.no_local]
-            if not matched:
-                cursor.next_offset = offset + 1
-                continue
-            # overlapping subscriptions: the message is delivered once, from the queue of the
-            # matching subscription with the highest QoS (ties: the smallest queue name); the
-            # other queues skip it, so no per-session set of seen message ids is needed
-            primary = matched[0] if len(matched) == 1 else max(matched, key=lambda s: (s.options.qos, _neg(s.queue)))
-            if primary.queue != queue:
-                cursor.next_offset = offset + 1
-                continue
-            qos = min(delivery.qos, primary.options.qos)
-            remaining = delivery.remaining_expiry()
-            if remaining is not None and remaining <= 0:
-                cursor.next_offset = offset + 1
-                continue
-            packet_id = None
-            if qos:
-                if self.send_quota - len(session.inflight) <= 0:
-                    return False
-                packet_id = session.allocate_packet_id()
-                if packet_id is None:
-                    return False
-            sub_ids = tuple(s.identifier for s in matched if s.identifier)
-            retain = delivery.retain and any(s.options.retain_as_published for s in matched)
-            cursor.next_offset = offset + 1
-            if not self._send_message(message, qos, sub_ids, packet_id, retain=retain, remaining=remaining):
-                continue
-            if packet_id is not None:
-                session.inflight[packet_id] = Inflight(packet_id, queue, offset, qos, message.position)
-                cursor.unacked[offset] = packet_id
-                if qos == 2:
-                    broker.mark_dirty(session)
-            if self._writing_paused:
-                return False
-        broker.mark_dirty(session)
-        return True
-
-    def _send_message(self, message: StoredMessage, qos: int, sub_ids: tuple[int, ...] | None,
-                      packet_id: int | None, *, retain: bool = False, dup: bool = False,
-                      remaining: int | None = None) -> bool:
-        """Write one PUBLISH; False if the client's Maximum Packet Size forbids it (dropped)."""
-        broker = self.broker
-        delivery = broker.delivery(message)
-        topic = message.topic
-        send_topic = topic
-        alias = None
-        if self.version == MQTT_5:
-            if remaining is None:
-                remaining = delivery.remaining_expiry()
-            if self.alias_max_out:
-                alias = self._aliases_out.get(topic)
-                if alias is not None:
-                    send_topic = ""
-                elif len(self._aliases_out) < self.alias_max_out:
-                    alias = self._aliases_out[topic] = len(self._aliases_out) + 1
-            props_key = (sub_ids or (), remaining, alias)
-
-            def make_props() -> Properties:
-                base = delivery.props or Properties()
-                return base.copy(subscription_identifiers=list(sub_ids or ()), message_expiry_interval=remaining
-                                 if remaining is not None else base.message_expiry_interval, topic_alias=alias)
-        else:
-            props_key = ()
-            make_props = _no_props
-
-        template = broker.template(message, send_topic, qos, retain, self.version, props_key, make_props)
-        if self.client_max_packet and len(template.data) > self.client_max_packet:
-            broker.stats.publish_dropped += 1
-            if alias is not None and send_topic:  # the alias was never announced
-                self._aliases_out.pop(topic, None)
-            return False
-        self.send(template.render(packet_id, dup))
-        broker.stats.messages_sent += 1
-        return True
-
-
-def _no_props() -> None:
-    return None  # below 5.0 a PUBLISH has no properties
-
-
-def _neg(text: str) -> tuple[int, ...]:
-    """Sort key that makes max() prefer the smallest string."""
-    return tuple(-ord(c) for c in text)

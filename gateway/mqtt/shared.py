@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from store import GetStatus, StoredMessage
 
+from .outbound import PULL_BATCH
 from .queues import queue_for_filter
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidemq.mqtt")
 
-_PULL_BATCH = 64
 
 
 class ShareGroup:
@@ -104,7 +104,7 @@ class ShareGroup:
         if not self.redeliver:
             read = self.broker.reader.read
             while True:
-                result = read(self.queue, self.next_offset, _PULL_BATCH)
+                result = read(self.queue, self.next_offset, PULL_BATCH)
                 if result.status != GetStatus.FOUND:
                     if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
                         self.next_offset = result.next_offset
