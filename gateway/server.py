@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from cache import QueueCache
 from store import MessageStore
 
+from .amqp.broker import AMQPBroker
+from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
 from .config import Config, parse_bind
 from .mqtt import listeners
@@ -40,6 +42,7 @@ class Gateway:
         self.config = config
         self.store: MessageStore | None = None
         self.mqtt: MQTTBroker | None = None
+        self.amqp: AMQPBroker | None = None
         self.listeners: list[Listener] = []
 
     async def start(self) -> None:
@@ -52,6 +55,8 @@ class Gateway:
                     continue
                 if protocol == "mqtt":
                     server = await self._start_mqtt(bind)
+                elif protocol == "amqp":
+                    server = await self._start_amqp(bind)
                 else:
                     server = await asyncio.start_server(placeholder_handler(protocol), bind[0], bind[1])
                 listener = Listener(protocol, server)
@@ -95,6 +100,16 @@ class Gateway:
             log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
         return await listeners.start_tcp(self.mqtt, bind[0], bind[1])
 
+    async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+        assert self.store is not None
+        cfg = self.config
+        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
+        cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
+        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous)
+        await self.amqp.start()
+        broker = self.amqp
+        return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker), bind[0], bind[1])
+
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
         for listener in self.listeners:
@@ -102,6 +117,9 @@ class Gateway:
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None
+        if self.amqp is not None:
+            await self.amqp.stop()
+            self.amqp = None
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()

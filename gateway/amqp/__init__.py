@@ -1,0 +1,1 @@
+"""The AMQP 0-9-1 gateway: exchanges, bindings and queues over the unified store."""

@@ -1,0 +1,329 @@
+"""The node's AMQP state: exchanges with their bindings, queues at run time, routing of
+publishes into the store, dead-lettering, and the notify loop that wakes queues with consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from protocols.amqp.frames import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    channel_error,
+)
+from store import Message, MessageStore, StoredMessage
+
+from .messages import DEATHS, AMQPView, to_store_message
+from .model import (
+    BUILTIN_EXCHANGES,
+    EXCHANGE_TYPES,
+    Binding,
+    Exchange,
+    QueueDefinition,
+    check_queue_arguments,
+    store_queue,
+)
+from .queues import QueueRuntime
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .connection import AMQPConnection
+
+log = logging.getLogger("tidemq.amqp")
+META_TABLE = "amqp.meta"
+
+
+class Reader:
+    def __init__(self, store: MessageStore, cache: object | None) -> None:
+        self._store = store
+        self._cache = cache
+
+    def read(self, queue: str, offset: int, max_messages: int):
+        if self._cache is not None:
+            return self._cache.read(queue, offset, max_messages)  # type: ignore[attr-defined]
+        return self._store.get_now(queue, offset, max_messages)
+
+
+class AMQPBroker:
+    def __init__(self, store: MessageStore, *, cache: object | None = None, authenticator: object | None = None,
+                 allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
+                 heartbeat: int = 60) -> None:
+        self.store = store
+        self.cache = cache
+        self.reader = Reader(store, cache)
+        self.authenticator = authenticator
+        self.allow_anonymous = allow_anonymous
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = heartbeat
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, QueueRuntime] = {}
+        self.connections: set[AMQPConnection] = set()
+        self.blocked = False
+        self._meta = store.table(META_TABLE)
+        self._views: OrderedDict[int, AMQPView] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        for name, kind in BUILTIN_EXCHANGES.items():
+            self.exchanges[name] = Exchange(name, kind, durable=True)
+        bindings = []
+        for key, raw in self._meta.items():
+            kind, _, name = key.partition(":")
+            if kind == "x":
+                doc = json.loads(raw)
+                self.exchanges[name] = Exchange(name, doc["type"], True, doc["auto_delete"], doc["internal"],
+                                                doc["arguments"])
+            elif kind == "q":
+                definition = QueueDefinition.from_json(raw)
+                self._open_queue(definition)
+            elif kind == "b":
+                bindings.append(json.loads(raw))
+        for doc in bindings:
+            exchange = self.exchanges.get(doc["exchange"])
+            if exchange is not None and doc["queue"] in self.queues:
+                exchange.bindings.append(Binding(doc["queue"], doc["routing_key"], doc["arguments"]))
+        notify = self.store.subscribe_notify()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._notify_loop(notify), name="amqp-notify"))
+        log.info("amqp state restored exchanges=%d queues=%d", len(self.exchanges), len(self.queues))
+
+    async def stop(self) -> None:
+        for conn in list(self.connections):
+            conn.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        for queue in self.queues.values():
+            queue.save()
+
+    async def _notify_loop(self, notify) -> None:
+        try:
+            async for queue_name, max_offset in notify:
+                self._on_notify(queue_name, max_offset)
+                for q, off in notify.drain().items():
+                    self._on_notify(q, off)
+        finally:
+            notify.close()
+
+    def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
+        if not store_queue_name.startswith("q:"):
+            return
+        queue = self.queues.get(store_queue_name[2:])
+        if queue is not None and queue.consumers:
+            if self.cache is not None:
+                self.cache.on_notify(store_queue_name, max_offset)  # type: ignore[attr-defined]
+            queue.schedule_pump()
+
+    def view(self, message: StoredMessage) -> AMQPView:
+        cached = self._views.get(message.position)
+        if cached is None:
+            cached = self._views[message.position] = AMQPView.of(message)
+            if len(self._views) > 8192:
+                self._views.popitem(last=False)
+        return cached
+
+    # -- exchanges -----------------------------------------------------------------------------
+    def declare_exchange(self, channel: Channel, m: commands.Exchange.Declare) -> None:
+        name = m.exchange
+        existing = self.exchanges.get(name)
+        if m.passive:
+            if existing is None:
+                raise channel_error(NOT_FOUND, f"no exchange '{name}'", channel.number, m)
+            return
+        if existing is not None:
+            if existing.type != m.exchange_type or existing.durable != m.durable:
+                raise channel_error(PRECONDITION_FAILED, f"inequivalent arg 'type' or 'durable' for exchange '{name}'",
+                                    channel.number, m)
+            return
+        if name.startswith("amq.") or not name:
+            raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' is reserved", channel.number, m)
+        if m.exchange_type not in EXCHANGE_TYPES:
+            raise channel_error(PRECONDITION_FAILED, f"unknown exchange type '{m.exchange_type}'", channel.number, m)
+        exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
+        self.exchanges[name] = exchange
+        if exchange.durable:
+            self._meta.put(f"x:{name}", exchange.definition())
+
+    def delete_exchange(self, channel: Channel, m: commands.Exchange.Delete) -> None:
+        exchange = self.exchanges.get(m.exchange)
+        if exchange is None:
+            return  # RabbitMQ: deleting a missing exchange succeeds
+        if m.exchange in BUILTIN_EXCHANGES:
+            raise channel_error(ACCESS_REFUSED, f"exchange '{m.exchange}' is built in", channel.number, m)
+        if m.if_unused and exchange.bindings:
+            raise channel_error(PRECONDITION_FAILED, f"exchange '{m.exchange}' in use", channel.number, m)
+        for binding in exchange.bindings:
+            self._meta.delete("b:" + binding.key(exchange.name))
+        del self.exchanges[m.exchange]
+        self._meta.delete(f"x:{m.exchange}")
+
+    # -- queues --------------------------------------------------------------------------------
+    def _open_queue(self, definition: QueueDefinition, owner: object | None = None) -> QueueRuntime:
+        consumer = f"amqp:{definition.name}"
+        start = self.store.get_offset_now(consumer, store_queue(definition.name))
+        if start is None:
+            start = self.store.max_offset_now(store_queue(definition.name))
+        queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner)
+        queue.save()
+        return queue
+
+    def queue_for(self, channel: Channel, name: str, method: Any) -> QueueRuntime:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise channel_error(NOT_FOUND, f"no queue '{name}'", channel.number, method)
+        if queue.owner is not None and queue.owner is not channel.connection:
+            raise channel_error(RESOURCE_LOCKED, f"queue '{name}' is exclusive to another connection",
+                                channel.number, method)
+        return queue
+
+    def declare_queue(self, channel: Channel, m: commands.Queue.Declare) -> QueueRuntime:
+        name = m.queue or f"amq.gen-{uuid.uuid4().hex[:22]}"
+        conn = channel.connection
+        existing = self.queues.get(name)
+        if m.passive:
+            if existing is None:
+                raise channel_error(NOT_FOUND, f"no queue '{name}'", channel.number, m)
+            conn.last_queue = name
+            return self.queue_for(channel, name, m)
+        arguments = dict(m.arguments or {})
+        if existing is not None:
+            self.queue_for(channel, name, m)  # exclusivity
+            d = existing.definition
+            if (d.durable, d.exclusive, d.auto_delete, d.arguments) != (m.durable, m.exclusive, m.auto_delete,
+                                                                          arguments):
+                raise channel_error(PRECONDITION_FAILED, f"inequivalent arguments for queue '{name}'",
+                                    channel.number, m)
+            conn.last_queue = name
+            return existing
+        if name.startswith("amq.") and m.queue:
+            raise channel_error(ACCESS_REFUSED, f"queue name '{name}' is reserved", channel.number, m)
+        problem = check_queue_arguments(arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
+        definition = QueueDefinition(name, m.durable, m.exclusive, m.auto_delete, arguments)
+        queue = self._open_queue(definition, conn if m.exclusive else None)
+        if definition.durable and not definition.exclusive:
+            self._meta.put(f"q:{name}", definition.to_json())
+        # every queue is bound to the default exchange by its name (implicitly: see route())
+        conn.last_queue = name
+        if m.exclusive:
+            conn.exclusive_queues.add(name)
+        return queue
+
+    def delete_queue(self, channel: Channel, m: commands.Queue.Delete) -> int:
+        name = m.queue or channel.connection.last_queue
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0  # as RabbitMQ: deleting a missing queue succeeds
+        self.queue_for(channel, name, m)
+        if m.if_unused and queue.consumers:
+            raise channel_error(PRECONDITION_FAILED, f"queue '{name}' in use", channel.number, m)
+        if m.if_empty and queue.ready_count():
+            raise channel_error(PRECONDITION_FAILED, f"queue '{name}' not empty", channel.number, m)
+        return self.remove_queue(queue)
+
+    def remove_queue(self, queue: QueueRuntime) -> int:
+        count = queue.ready_count()
+        queue.deleted = True
+        for consumer in list(queue.consumers.values()):
+            consumer.channel.consumer_cancelled(consumer)
+        self.queues.pop(queue.name, None)
+        self._meta.delete(f"q:{queue.name}")
+        for exchange in list(self.exchanges.values()):
+            kept = [b for b in exchange.bindings if b.queue != queue.name]
+            for binding in exchange.bindings:
+                if binding.queue == queue.name:
+                    self._meta.delete("b:" + binding.key(exchange.name))
+            exchange.bindings = kept
+            self._auto_delete_exchange(exchange)
+        # the store keeps the messages until retention; the queue's cursor goes to the end
+        self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
+                                     self.store.max_offset_now(queue.store_queue))
+        return count
+
+    def after_consumer_left(self, queue: QueueRuntime) -> None:
+        if queue.definition.auto_delete and not queue.consumers and not queue.deleted:
+            self.remove_queue(queue)
+
+    def _auto_delete_exchange(self, exchange: Exchange) -> None:
+        if exchange.auto_delete and not exchange.bindings and exchange.name not in BUILTIN_EXCHANGES:
+            self.exchanges.pop(exchange.name, None)
+            self._meta.delete(f"x:{exchange.name}")
+
+    # -- bindings ------------------------------------------------------------------------------
+    def bind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
+             arguments: dict[str, Any]) -> None:
+        queue = self.queue_for(channel, queue_name, None)
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
+        if exchange_name == "":
+            raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number)
+        binding = Binding(queue.name, routing_key, dict(arguments))
+        if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
+            return
+        exchange.bindings.append(binding)
+        if exchange.durable and queue.definition.durable and not queue.definition.exclusive:
+            self._meta.put("b:" + binding.key(exchange.name), json.dumps(
+                {"exchange": exchange.name, "queue": queue.name, "routing_key": routing_key,
+                 "arguments": binding.arguments}, default=str).encode())
+
+    def unbind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
+               arguments: dict[str, Any]) -> None:
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
+        self.queue_for(channel, queue_name, None)
+        key = Binding(queue_name, routing_key, dict(arguments)).key(exchange.name)
+        exchange.bindings = [b for b in exchange.bindings if b.key(exchange.name) != key]
+        self._meta.delete("b:" + key)
+        self._auto_delete_exchange(exchange)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def route(self, exchange_name: str, routing_key: str, headers: dict[str, Any] | None) -> list[QueueRuntime]:
+        if exchange_name == "":
+            queue = self.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            return []
+        return [self.queues[name] for name in sorted(exchange.route(routing_key, headers)) if name in self.queues]
+
+    def dead_letter(self, queue: QueueRuntime, message: StoredMessage, reason: str) -> None:
+        """A rejected, expired or overflowing message goes to the queue's dead-letter exchange."""
+        exchange = queue.definition.dead_letter_exchange
+        if exchange is None:
+            return
+        view = self.view(message)
+        routing_key = queue.definition.dead_letter_routing_key or view.routing_key
+        properties = commands.Basic.Properties(**{k: getattr(view.properties, k) for k in view.properties})
+        headers = dict(properties.headers or {})
+        deaths = list(headers.get("x-death") or [])
+        deaths.insert(0, {"queue": queue.name, "reason": reason, "exchange": view.exchange,
+                          "routing-keys": [view.routing_key], "count": 1})
+        headers["x-death"] = deaths
+        headers["x-first-death-reason"] = headers.get("x-first-death-reason", reason)
+        headers["x-first-death-queue"] = headers.get("x-first-death-queue", queue.name)
+        properties.headers = headers
+        properties.expiration = None  # the TTL that expired it must not expire the dead letter
+        targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        if not targets:
+            return
+        stored: Message = to_store_message(exchange, routing_key, properties, message.body)
+        stored.properties = {**(stored.properties or {}), DEATHS: reason}  # type: ignore[dict-item]
+        fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
+            "dead letter not stored queue=%s error=%s", queue.name, f.exception()))

@@ -1,0 +1,325 @@
+"""One AMQP channel: its consumers, prefetch (basic.qos), unacknowledged deliveries, publisher
+confirms and flow; and the handlers of the channel's methods (exchange.*, queue.*, basic.*,
+confirm.*). Protocol errors raise AMQPError, which the connection turns into channel.close or
+connection.close with the reply code."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from protocols.amqp.frames import (
+    COMMAND_INVALID,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    channel_error,
+    connection_error,
+    content_frames,
+    method_frame,
+)
+from store import StoredMessage
+
+from .queues import Consumer, QueueRuntime, Ready
+
+if TYPE_CHECKING:
+    from .connection import AMQPConnection
+
+log = logging.getLogger("tidemq.amqp")
+
+
+@dataclass(slots=True)
+class Unacked:
+    queue: QueueRuntime
+    message: StoredMessage
+    consumer: Consumer | None  # None for basic.get
+
+
+class Channel:
+    def __init__(self, connection: AMQPConnection, number: int) -> None:
+        self.connection = connection
+        self.broker = connection.broker
+        self.number = number
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.next_tag = 1
+        self.prefetch_count = 0  # per consumer (global=False) or per channel (global=True)
+        self.prefetch_size = 0
+        self.prefetch_global = False
+        self.confirming = False
+        self.publish_seq = 0
+        self.active = True  # channel.flow
+        self.closing = False
+        self._consumer_seq = 0
+        self._consumer_queues: dict[str, str] = {}  # consumer tag -> queue name
+        self._confirmed = 0  # highest publish sequence number confirmed
+
+    # -- delivery ------------------------------------------------------------------------------
+    def can_deliver(self, consumer: Consumer, size: int) -> bool:
+        if not self.active or self.closing or self.connection.writing_paused:
+            return False
+        if consumer.no_ack or not self.prefetch_count and not self.prefetch_size:
+            return True
+        if self.prefetch_global:
+            pending = [u for u in self.unacked.values() if u.consumer is not None]
+        else:
+            pending = [u for u in self.unacked.values() if u.consumer is consumer]
+        if self.prefetch_count and len(pending) >= self.prefetch_count:
+            return False
+        if self.prefetch_size and pending and sum(len(u.message.body) for u in pending) + size > self.prefetch_size:
+            return False
+        return True
+
+    def deliver(self, consumer: Consumer, queue: QueueRuntime, ready: Ready) -> None:
+        tag = self.next_tag
+        self.next_tag += 1
+        message = ready.message
+        view = self.broker.view(message)
+        method = commands.Basic.Deliver(consumer.tag, tag, ready.redelivered, view.exchange, view.routing_key)
+        self.connection.send(content_frames(self.number, method, view.properties, message.body,
+                                            self.connection.frame_max))
+        if consumer.no_ack:
+            queue.settle(message.queue_offset)
+        else:
+            self.unacked[tag] = Unacked(queue, message, consumer)
+
+    def send_return(self, code: int, text: str, exchange: str, routing_key: str,
+                    properties: commands.Basic.Properties, body: bytes) -> None:
+        """basic.return of an unroutable mandatory publish, with its content."""
+        method = commands.Basic.Return(code, text, exchange, routing_key)
+        self.connection.send(content_frames(self.number, method, properties, body, self.connection.frame_max))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The server cancels a consumer (its queue was deleted): tell the client."""
+        self.consumers.pop(consumer.tag, None)
+        self._consumer_queues.pop(consumer.tag, None)
+        self.reply(commands.Basic.Cancel(consumer.tag, nowait=True))
+
+    # -- closing -------------------------------------------------------------------------------
+    def release(self) -> None:
+        """The channel is going away: cancel its consumers, give back what it did not ack."""
+        self.closing = True
+        for consumer in list(self.consumers.values()):
+            self._cancel(consumer)
+        for entry in self.unacked.values():
+            entry.queue.requeue(entry.message)
+        self.unacked.clear()
+
+    def _cancel(self, consumer: Consumer) -> None:
+        self.consumers.pop(consumer.tag, None)
+        queue = self.broker.queues.get(self.broker_queue_name(consumer))
+        if queue is not None:
+            queue.remove_consumer(consumer)
+            self.broker.after_consumer_left(queue)
+
+    def broker_queue_name(self, consumer: Consumer) -> str:
+        return self._consumer_queues.get(consumer.tag, "")
+
+    # -- method dispatch -----------------------------------------------------------------------
+    def handle(self, method) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise connection_error(NOT_IMPLEMENTED, f"{method.name} is not implemented", self.number, method)
+        handler(self, method)
+
+    def reply(self, method) -> None:
+        self.connection.send(method_frame(self.number, method))
+
+    # exchange.*
+    def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        self.broker.declare_exchange(self, m)
+        if not m.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self.broker.delete_exchange(self, m)
+        if not m.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    # queue.*
+    def _queue_declare(self, m: commands.Queue.Declare) -> None:
+        queue = self.broker.declare_queue(self, m)
+        if not m.nowait:
+            self.reply(commands.Queue.DeclareOk(queue.name, queue.ready_count(), len(queue.consumers)))
+
+    def _queue_bind(self, m: commands.Queue.Bind) -> None:
+        self.broker.bind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        if not m.nowait:
+            self.reply(commands.Queue.BindOk())
+
+    def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        self.broker.unbind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        self.reply(commands.Queue.UnbindOk())
+
+    def _queue_purge(self, m: commands.Queue.Purge) -> None:
+        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        count = queue.purge()
+        if not m.nowait:
+            self.reply(commands.Queue.PurgeOk(count))
+
+    def _queue_delete(self, m: commands.Queue.Delete) -> None:
+        count = self.broker.delete_queue(self, m)
+        if not m.nowait:
+            self.reply(commands.Queue.DeleteOk(count))
+
+    # basic.*
+    def _basic_qos(self, m: commands.Basic.Qos) -> None:
+        self.prefetch_count = m.prefetch_count
+        self.prefetch_size = m.prefetch_size
+        self.prefetch_global = m.global_
+        self.reply(commands.Basic.QosOk())
+        for consumer in self.consumers.values():
+            queue = self.broker.queues.get(self.broker_queue_name(consumer))
+            if queue is not None:
+                queue.schedule_pump()
+
+    def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        if queue.owner is not None and queue.owner is not self.connection:
+            raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive to another connection",
+                                self.number, m)
+        if any(c.exclusive for c in queue.consumers.values()) or (m.exclusive and queue.consumers):
+            raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer", self.number, m)
+        tag = m.consumer_tag
+        if not tag:
+            self._consumer_seq += 1
+            tag = f"amq.ctag-{id(self):x}-{self._consumer_seq}"
+        elif tag in self.consumers:
+            raise connection_error(COMMAND_INVALID, f"consumer tag '{tag}' is already in use", self.number, m)
+        consumer = Consumer(self, tag, m.no_ack, m.exclusive)
+        self.consumers[tag] = consumer
+        self._consumer_queues[tag] = queue.name
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        queue.add_consumer(consumer)
+
+    def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.get(m.consumer_tag)
+        if consumer is not None:
+            self._cancel(consumer)
+        if not m.nowait:
+            self.reply(commands.Basic.CancelOk(m.consumer_tag))
+
+    def _basic_get(self, m: commands.Basic.Get) -> None:
+        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        ready = queue.take()
+        if ready is None:
+            self.reply(commands.Basic.GetEmpty())
+            return
+        tag = self.next_tag
+        self.next_tag += 1
+        view = self.broker.view(ready.message)
+        method = commands.Basic.GetOk(tag, ready.redelivered, view.exchange, view.routing_key, queue.ready_count())
+        self.connection.send(content_frames(self.number, method, view.properties, ready.message.body,
+                                            self.connection.frame_max))
+        if m.no_ack:
+            queue.settle(ready.message.queue_offset)
+        else:
+            self.unacked[tag] = Unacked(queue, ready.message, None)
+        queue.save()
+
+    def _tags(self, tag: int, multiple: bool, method) -> list[int]:
+        if multiple:
+            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
+        else:
+            tags = [tag] if tag in self.unacked else []
+        if not tags and not (multiple and tag == 0):
+            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {tag}", self.number, method)
+        return tags
+
+    def _basic_ack(self, m: commands.Basic.Ack) -> None:
+        touched = set()
+        for tag in self._tags(m.delivery_tag, m.multiple, m):
+            entry = self.unacked.pop(tag)
+            entry.queue.settle(entry.message.queue_offset)
+            touched.add(entry.queue)
+        for queue in touched:
+            queue.save()
+
+    def _reject(self, tags: list[int], requeue: bool) -> None:
+        touched = set()
+        for tag in tags:
+            entry = self.unacked.pop(tag)
+            if requeue:
+                entry.queue.requeue(entry.message)
+            else:
+                entry.queue.settle(entry.message.queue_offset)
+                self.broker.dead_letter(entry.queue, entry.message, "rejected")
+            touched.add(entry.queue)
+        for queue in touched:
+            queue.save()
+
+    def _basic_nack(self, m: commands.Basic.Nack) -> None:
+        self._reject(self._tags(m.delivery_tag, m.multiple, m), m.requeue)
+
+    def _basic_reject(self, m: commands.Basic.Reject) -> None:
+        self._reject(self._tags(m.delivery_tag, False, m), m.requeue)
+
+    def _basic_recover(self, m: commands.Basic.Recover) -> None:
+        self._reject(list(self.unacked), True)
+        self.reply(commands.Basic.RecoverOk())
+
+    # confirm.* and channel.flow
+    def _confirm_select(self, m: commands.Confirm.Select) -> None:
+        self.confirming = True
+        if not m.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+    def _channel_flow(self, m: commands.Channel.Flow) -> None:
+        self.active = m.active
+        self.reply(commands.Channel.FlowOk(m.active))
+        if self.active:
+            for consumer in self.consumers.values():
+                queue = self.broker.queues.get(self.broker_queue_name(consumer))
+                if queue is not None:
+                    queue.schedule_pump()
+
+    def _tx(self, m) -> None:
+        raise connection_error(NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms",
+                               self.number, m)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def next_publish_seq(self) -> int:
+        self.publish_seq += 1
+        return self.publish_seq
+
+    def confirm(self, seqs: list[int], ok: bool) -> None:
+        """basic.ack / basic.nack for published sequence numbers (multiple where contiguous)."""
+        if not seqs or self.closing:
+            return
+        if len(seqs) > 1 and seqs == list(range(seqs[0], seqs[-1] + 1)) and seqs[0] == self._confirmed + 1:
+            method = commands.Basic.Ack(seqs[-1], True) if ok else commands.Basic.Nack(seqs[-1], True, False)
+            self.reply(method)
+        else:
+            for seq in seqs:
+                self.reply(commands.Basic.Ack(seq) if ok else commands.Basic.Nack(seq, False, False))
+        self._confirmed = max(self._confirmed, seqs[-1])
+
+
+_HANDLERS = {
+    commands.Exchange.Declare: Channel._exchange_declare,
+    commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Queue.Declare: Channel._queue_declare,
+    commands.Queue.Bind: Channel._queue_bind,
+    commands.Queue.Unbind: Channel._queue_unbind,
+    commands.Queue.Purge: Channel._queue_purge,
+    commands.Queue.Delete: Channel._queue_delete,
+    commands.Basic.Qos: Channel._basic_qos,
+    commands.Basic.Consume: Channel._basic_consume,
+    commands.Basic.Cancel: Channel._basic_cancel,
+    commands.Basic.Get: Channel._basic_get,
+    commands.Basic.Ack: Channel._basic_ack,
+    commands.Basic.Nack: Channel._basic_nack,
+    commands.Basic.Reject: Channel._basic_reject,
+    commands.Basic.Recover: Channel._basic_recover,
+    commands.Confirm.Select: Channel._confirm_select,
+    commands.Channel.Flow: Channel._channel_flow,
+    commands.Tx.Select: Channel._tx,
+    commands.Tx.Commit: Channel._tx,
+    commands.Tx.Rollback: Channel._tx,
+}
+

@@ -1,0 +1,404 @@
+"""One AMQP 0-9-1 connection: an asyncio Protocol that feeds the sans-IO frame reader,
+negotiates (start/start-ok with PLAIN, tune, open), keeps heartbeats both ways, opens and
+closes channels, turns AMQPError into channel.close / connection.close with its reply code,
+and stores publishes (one group commit per read, confirms when durable)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from protocols.amqp.frames import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    HEARTBEAT_FRAME,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    PROTOCOL_HEADER,
+    REPLY_SUCCESS,
+    SYNTAX_ERROR,
+    AMQPError,
+    ContentReceived,
+    FrameReader,
+    HeartbeatReceived,
+    MethodReceived,
+    ProtocolHeaderReceived,
+    channel_error,
+    connection_error,
+    method_frame,
+)
+from store import StoreError
+
+from .channel import Channel
+from .messages import to_store_message
+
+if TYPE_CHECKING:
+    from .broker import AMQPBroker
+
+log = logging.getLogger("tidemq.amqp")
+
+SERVER_PROPERTIES = {
+    "product": "TideMQ",
+    "platform": "Python/asyncio",
+    "capabilities": {
+        "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
+        "connection.blocked": True, "per_consumer_qos": True, "authentication_failure_close": True,
+        "exchange_exchange_bindings": False,
+    },
+}
+
+
+def _ids(method) -> tuple[int, int]:
+    index = getattr(method, "index", 0) or 0
+    return index >> 16, index & 0xFFFF
+
+
+class AMQPConnection(asyncio.Protocol):
+    def __init__(self, broker: AMQPBroker) -> None:
+        self.broker = broker
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.reader = FrameReader(frame_max=broker.frame_max)
+        self.frame_max = broker.frame_max
+        self.channel_max = broker.channel_max
+        self.heartbeat = 0
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()
+        self.stage = "header"  # header -> start-ok -> tune-ok -> open -> open-done -> closing
+        self.username: str | None = None
+        self.last_queue = ""  # queue.declare's name, for methods that leave the queue empty
+        self.exclusive_queues: set[str] = set()
+        self.closed = False
+        self.writing_paused = False
+        self._out: list[bytes] = []
+        self._last_received = time.monotonic()
+        self._last_sent = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.broker.connections.add(self)
+        self._timer = asyncio.get_running_loop().call_later(10.0, self._handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        self.reader.feed(data)
+        publishes: list[ContentReceived] = []
+        try:
+            for event in self.reader.events():
+                if isinstance(event, ContentReceived):
+                    if self.stage == "open-done":
+                        publishes.append(event)
+                    continue
+                if publishes:
+                    self._store_publishes(publishes)
+                    publishes = []
+                self._event(event)
+                if self.closed:
+                    return
+        except AMQPError as exc:
+            if publishes:
+                self._store_publishes(publishes)
+            self._fail(exc)
+        else:
+            if publishes:
+                self._store_publishes(publishes)
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.release()
+        self.channels.clear()
+        for name in list(self.exclusive_queues):
+            queue = self.broker.queues.get(name)
+            if queue is not None:
+                self.broker.remove_queue(queue)
+        self.broker.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        for channel in self.channels.values():
+            for consumer in channel.consumers.values():
+                queue = self.broker.queues.get(channel.broker_queue_name(consumer))
+                if queue is not None:
+                    queue.schedule_pump()
+
+    # -- output --------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+
+    def flush(self) -> None:
+        if self._out and self.transport is not None and not self.closed:
+            self.transport.write(b"".join(self._out))
+            self._last_sent = time.monotonic()
+        self._out.clear()
+
+    def close_transport(self) -> None:
+        self.flush()
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        if self.stage == "open-done":
+            self.send(method_frame(0, commands.Connection.Close(CONNECTION_FORCED, "CONNECTION_FORCED - server shutdown")))
+        self.close_transport()
+
+    # -- errors --------------------------------------------------------------------------------
+    def _fail(self, exc: AMQPError) -> None:
+        class_id, method_id = _ids(exc.method)
+        log.info("amqp %s error peer=%s code=%d text=%r", "connection" if exc.connection else "channel",
+                 self.peer, exc.reply_code, exc.text)
+        text = f"{_reply_name(exc.reply_code)} - {exc.text}"[:255]
+        if exc.connection or exc.channel == 0:
+            if self.stage in ("header", "start-ok", "tune-ok"):
+                self.close_transport()  # before open, a failed handshake just closes
+                return
+            self.send(method_frame(0, commands.Connection.Close(exc.reply_code, text, class_id, method_id)))
+            self.stage = "closing"
+            self.flush()
+            asyncio.get_running_loop().call_later(2.0, self.close_transport)  # if no close-ok comes
+            return
+        channel = self.channels.pop(exc.channel, None)
+        if channel is not None:
+            channel.release()
+        self.reader.forget_channel(exc.channel)
+        self.closing_channels.add(exc.channel)
+        self.send(method_frame(exc.channel, commands.Channel.Close(exc.reply_code, text, class_id, method_id)))
+
+    # -- events --------------------------------------------------------------------------------
+    def _event(self, event) -> None:
+        if isinstance(event, ProtocolHeaderReceived):
+            if not event.ok:
+                self.send(PROTOCOL_HEADER)  # the version we speak, then close (spec 4.2.2)
+                self.close_transport()
+                return
+            self.send(method_frame(0, commands.Connection.Start(server_properties=SERVER_PROPERTIES,
+                                                                mechanisms="PLAIN")))
+            self.stage = "start-ok"
+            return
+        if isinstance(event, HeartbeatReceived):
+            return
+        assert isinstance(event, MethodReceived)
+        method, number = event.method, event.channel
+        if self.stage == "closing":
+            if isinstance(method, commands.Connection.CloseOk):
+                self.close_transport()
+            return  # after connection.close, everything else is discarded
+        if number == 0:
+            self._connection_method(method)
+            return
+        if self.stage != "open-done":
+            raise connection_error(COMMAND_INVALID, "channel method before connection.open", number, method)
+        if number in self.closing_channels:
+            if isinstance(method, commands.Channel.CloseOk):
+                self.closing_channels.discard(number)
+            elif isinstance(method, commands.Channel.Close):
+                self.send(method_frame(number, commands.Channel.CloseOk()))
+            return  # discarded until close-ok (spec 2.2.5)
+        if isinstance(method, commands.Channel.Open):
+            if number in self.channels:
+                raise connection_error(CHANNEL_ERROR, f"channel {number} is already open", number, method)
+            if number > self.channel_max:
+                raise connection_error(CHANNEL_ERROR, f"channel {number} above channel_max", number, method)
+            self.channels[number] = Channel(self, number)
+            self.send(method_frame(number, commands.Channel.OpenOk()))
+            return
+        channel = self.channels.get(number)
+        if channel is None:
+            raise connection_error(CHANNEL_ERROR, f"channel {number} is not open", number, method)
+        if isinstance(method, commands.Channel.Close):
+            channel.release()
+            del self.channels[number]
+            self.reader.forget_channel(number)
+            self.send(method_frame(number, commands.Channel.CloseOk()))
+            return
+        if isinstance(method, commands.Channel.CloseOk):
+            return
+        try:
+            channel.handle(method)
+        except AMQPError as exc:
+            if exc.channel == 0 and not exc.connection:
+                exc.channel = number
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), number, method) from None
+
+    def _connection_method(self, method) -> None:
+        if isinstance(method, commands.Connection.StartOk) and self.stage == "start-ok":
+            self.stage = "authenticating"
+            self.transport.pause_reading()  # type: ignore[union-attr]
+            asyncio.get_running_loop().create_task(self._authenticate(method))
+        elif isinstance(method, commands.Connection.TuneOk) and self.stage == "tune-ok":
+            if method.frame_max and method.frame_max < 4096:
+                raise connection_error(SYNTAX_ERROR, "frame_max below 4096", 0, method)
+            if method.frame_max:
+                self.frame_max = min(self.frame_max, method.frame_max)
+            if method.channel_max:
+                self.channel_max = min(self.channel_max, method.channel_max)
+            self.heartbeat = method.heartbeat
+            self.stage = "open"
+        elif isinstance(method, commands.Connection.Open) and self.stage == "open":
+            if method.virtual_host not in ("/", ""):
+                raise connection_error(NOT_ALLOWED, f"vhost '{method.virtual_host}' not found", 0, method)
+            self.stage = "open-done"
+            self.send(method_frame(0, commands.Connection.OpenOk()))
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self.heartbeat:
+                self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
+            if self.broker.blocked:
+                self.send(method_frame(0, commands.Connection.Blocked("store under pressure")))
+        elif isinstance(method, commands.Connection.Close):
+            self.send(method_frame(0, commands.Connection.CloseOk()))
+            self.close_transport()
+        elif isinstance(method, commands.Connection.CloseOk):
+            self.close_transport()
+        else:
+            raise connection_error(COMMAND_INVALID, f"unexpected {method.name} on channel 0", 0, method)
+
+    async def _authenticate(self, method: commands.Connection.StartOk) -> None:
+        ok = False
+        try:
+            ok = await self._check_credentials(method)
+        except Exception:
+            log.exception("authentication failed with an error peer=%s", self.peer)
+        if self.closed:
+            return
+        if not ok:
+            log.info("amqp login refused peer=%s user=%s", self.peer, self.username)
+            self.send(method_frame(0, commands.Connection.Close(
+                ACCESS_REFUSED, "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN", 0, 0)))
+            self.stage = "closing"
+            self.close_transport()
+            return
+        self.stage = "tune-ok"
+        self.send(method_frame(0, commands.Connection.Tune(self.channel_max, self.frame_max, self.broker.heartbeat)))
+        self.flush()
+        self.transport.resume_reading()  # type: ignore[union-attr]
+
+    async def _check_credentials(self, method: commands.Connection.StartOk) -> bool:
+        if method.mechanism != "PLAIN":
+            return False
+        response = method.response or ""
+        raw = response.encode("latin-1", "replace") if isinstance(response, str) else bytes(response)
+        parts = raw.split(b"\x00")
+        if len(parts) != 3:
+            return False
+        _, user, password = parts
+        self.username = user.decode("utf-8", "replace")
+        auth = self.broker.authenticator
+        if auth is None:
+            return self.broker.allow_anonymous
+        return await auth.verify_async(self.username, password)  # type: ignore[attr-defined]
+
+    def _handshake_timeout(self) -> None:
+        if self.stage != "open-done" and not self.closed:
+            log.info("amqp handshake timeout peer=%s stage=%s", self.peer, self.stage)
+            self.close_transport()
+
+    def _beat(self) -> None:
+        if self.closed or not self.heartbeat:
+            return
+        now = time.monotonic()
+        if now - self._last_received > 2 * self.heartbeat:
+            log.info("amqp heartbeat missed peer=%s heartbeat=%d", self.peer, self.heartbeat)
+            self.close_transport()
+            return
+        if now - self._last_sent >= self.heartbeat / 2:
+            self.send(HEARTBEAT_FRAME)
+            self.flush()
+        self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
+
+    # -- publishing ----------------------------------------------------------------------------
+    def _store_publishes(self, events: list[ContentReceived]) -> None:
+        broker = self.broker
+        items = []
+        accepted: list[tuple[Channel, int | None]] = []
+        for event in events:
+            channel = self.channels.get(event.channel)
+            if channel is None:
+                if event.channel not in self.closing_channels:
+                    self._fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
+                continue
+            m = event.method
+            exchange = broker.exchanges.get(m.exchange)
+            if exchange is None and m.exchange != "":
+                self._fail(channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m))
+                continue
+            if exchange is not None and exchange.internal:
+                self._fail(channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'",
+                                         event.channel, m))
+                continue
+            headers = event.properties.headers
+            queues = broker.route(m.exchange, m.routing_key, headers)
+            seq = channel.next_publish_seq() if channel.confirming else None
+            refused = [q for q in queues if q.definition.max_length is not None
+                       and q.definition.overflow == "reject-publish" and q.ready_count() >= q.definition.max_length]
+            if refused:
+                if seq is not None:
+                    channel.confirm([seq], ok=False)
+                continue
+            if not queues:
+                if m.mandatory:
+                    channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
+                if seq is not None:
+                    channel.confirm([seq], ok=True)
+                continue
+            items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body),
+                          [q.store_queue for q in queues]))
+            accepted.append((channel, seq))
+        if not items:
+            return
+        try:
+            fut = broker.store.put_batch_nowait(items)
+        except StoreError as exc:
+            self._publishes_done(accepted, [], exc)
+            return
+        queues_touched = {q for _, targets in items for q in targets}
+        fut.add_done_callback(lambda f: self._publishes_done(accepted, queues_touched, None if f.cancelled()
+                                                             else f.exception()))
+
+    def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues, error) -> None:
+        if error is not None:
+            log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
+        by_channel: dict[Channel, list[int]] = {}
+        for channel, seq in accepted:
+            if seq is not None:
+                by_channel.setdefault(channel, []).append(seq)
+        for channel, seqs in by_channel.items():
+            channel.confirm(seqs, ok=error is None)
+        if error is None:
+            for name in store_queues:
+                queue = self.broker.queues.get(name[2:])
+                if queue is not None and queue.definition.max_length is not None:
+                    queue.enforce_max_length()
+        self.flush()
+
+
+def _reply_name(code: int) -> str:
+    return {
+        REPLY_SUCCESS: "OK", ACCESS_REFUSED: "ACCESS_REFUSED", NOT_FOUND: "NOT_FOUND", 405: "RESOURCE_LOCKED",
+        PRECONDITION_FAILED: "PRECONDITION_FAILED", 501: "FRAME_ERROR", SYNTAX_ERROR: "SYNTAX_ERROR",
+        COMMAND_INVALID: "COMMAND_INVALID", CHANNEL_ERROR: "CHANNEL_ERROR", 505: "UNEXPECTED_FRAME",
+        NOT_ALLOWED: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
+    }.get(code, str(code))
+

@@ -1,0 +1,78 @@
+"""AMQP message <-> store message. A message published over AMQP carries the store flag
+``AMQP_FLAG`` (0x200, plus 0x01 when persistent) and the store properties ``amqp.x`` (exchange),
+``amqp.rk`` (routing key) and ``amqp.p`` (its content header, base64, as pamqp encodes it).
+Messages from MQTT are given exchange ``amq.topic`` and routing key = topic with '/' -> '.'."""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+
+from pamqp import commands
+from pamqp.header import ContentHeader
+
+from store import Message, StoredMessage
+
+AMQP_FLAG = 0x200
+PERSISTENT_FLAG = 0x01
+MQTT_FLAG = 0x100  # set by the MQTT gateway (QoS in bits 0-1)
+EXCHANGE = "amqp.x"
+ROUTING_KEY = "amqp.rk"
+HEADER = "amqp.p"
+DEATHS = "amqp.deaths"
+
+
+def mqtt_topic_to_routing_key(topic: str) -> str:
+    return topic.replace("/", ".")
+
+
+def routing_key_to_mqtt_topic(routing_key: str) -> str:
+    return routing_key.replace(".", "/")
+
+
+def to_store_message(exchange: str, routing_key: str, properties: commands.Basic.Properties, body: bytes,
+                     topic: str | None = None) -> Message:
+    header = ContentHeader(0, 0, properties).marshal()
+    flag = AMQP_FLAG | (PERSISTENT_FLAG if properties.delivery_mode == 2 else 0)
+    props = {EXCHANGE: exchange, ROUTING_KEY: routing_key, HEADER: base64.b64encode(header).decode()}
+    return Message(topic if topic is not None else routing_key, body, props, flag=flag)
+
+
+@dataclass(slots=True)
+class AMQPView:
+    """What an AMQP consumer is told about a stored message."""
+
+    exchange: str
+    routing_key: str
+    properties: commands.Basic.Properties
+
+    @classmethod
+    def of(cls, message: StoredMessage) -> AMQPView:
+        if message.flag & AMQP_FLAG:
+            sp = message.properties
+            header = ContentHeader()
+            raw = sp.get(HEADER)
+            if raw:
+                header.unmarshal(base64.b64decode(raw))
+            return cls(sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), header.properties)
+        persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
+        props = commands.Basic.Properties(delivery_mode=2 if persistent else 1,
+                                          timestamp=None)
+        return cls("amq.topic", mqtt_topic_to_routing_key(message.topic), props)
+
+    def expired(self, message: StoredMessage, queue_ttl_ms: int | None, now_ms: int | None = None) -> bool:
+        """Per-queue x-message-ttl and per-message expiration, counted from the store time."""
+        limits = []
+        if queue_ttl_ms is not None:
+            limits.append(queue_ttl_ms)
+        expiration = self.properties.expiration
+        if expiration:
+            try:
+                limits.append(int(expiration))
+            except ValueError:
+                pass
+        if not limits:
+            return False
+        now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        return now >= message.store_timestamp + min(limits)

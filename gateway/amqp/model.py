@@ -1,0 +1,148 @@
+"""Exchanges, bindings and queue definitions, and routing (which queues a publish reaches).
+
+Each AMQP queue is the store queue ``q:{name}``; a publish is one commitlog append indexed into
+every queue its exchange routes to. Definitions of durable exchanges, queues and bindings are
+kept in the store's ``amqp.meta`` table as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+STORE_QUEUE_PREFIX = "q:"
+BUILTIN_EXCHANGES = {
+    "": "direct", "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
+    "amq.headers": "headers", "amq.match": "headers",
+}
+
+
+def store_queue(name: str) -> str:
+    return STORE_QUEUE_PREFIX + name
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic-exchange matching: words split on '.', '*' is one word, '#' zero or more.
+    (MQTT's rules differ -- '#' only at the end, '$' topics -- so this is not protocols.mqtt.topics.)"""
+    return _match(pattern.split("."), 0, key.split("."), 0)
+
+
+def _match(p: list[str], i: int, k: list[str], j: int) -> bool:
+    while i < len(p):
+        word = p[i]
+        if word == "#":
+            if i == len(p) - 1:
+                return True
+            return any(_match(p, i + 1, k, jj) for jj in range(j, len(k) + 1))
+        if j >= len(k) or (word != "*" and word != k[j]):
+            return False
+        i += 1
+        j += 1
+    return j == len(k)
+
+
+def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
+    """Headers exchange: x-match all (default) or any over the binding's other arguments."""
+    headers = headers or {}
+    mode = arguments.get("x-match", "all")
+    wanted = [(k, v) for k, v in arguments.items() if not k.startswith("x-")]
+    if not wanted:
+        return mode == "all"
+    hits = [k in headers and (v is None or headers[k] == v) for k, v in wanted]
+    return any(hits) if mode == "any" else all(hits)
+
+
+@dataclass(slots=True)
+class Binding:
+    queue: str
+    routing_key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def key(self, exchange: str) -> str:
+        return "\x00".join((exchange, self.queue, self.routing_key, json.dumps(self.arguments, sort_keys=True,
+                                                                                default=str)))
+
+
+@dataclass(slots=True)
+class Exchange:
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    bindings: list[Binding] = field(default_factory=list)
+
+    def route(self, routing_key: str, headers: dict[str, Any] | None) -> set[str]:
+        """Names of the bound queues this publish reaches."""
+        if self.type == "fanout":
+            return {b.queue for b in self.bindings}
+        if self.type == "direct":
+            return {b.queue for b in self.bindings if b.routing_key == routing_key}
+        if self.type == "topic":
+            return {b.queue for b in self.bindings if topic_matches(b.routing_key, routing_key)}
+        return {b.queue for b in self.bindings if headers_match(b.arguments, headers)}
+
+    def definition(self) -> bytes:
+        return json.dumps({"type": self.type, "durable": self.durable, "auto_delete": self.auto_delete,
+                           "internal": self.internal, "arguments": self.arguments}, default=str).encode()
+
+
+@dataclass(slots=True)
+class QueueDefinition:
+    name: str
+    durable: bool = False
+    exclusive: bool = False
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), default=str).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> QueueDefinition:
+        return cls(**json.loads(raw))
+
+    # queue arguments, RabbitMQ's names and meanings
+    @property
+    def message_ttl_ms(self) -> int | None:
+        value = self.arguments.get("x-message-ttl")
+        return int(value) if value is not None else None
+
+    @property
+    def expires_ms(self) -> int | None:
+        value = self.arguments.get("x-expires")
+        return int(value) if value is not None else None
+
+    @property
+    def max_length(self) -> int | None:
+        value = self.arguments.get("x-max-length")
+        return int(value) if value is not None else None
+
+    @property
+    def overflow(self) -> str:
+        return str(self.arguments.get("x-overflow", "drop-head"))
+
+    @property
+    def dead_letter_exchange(self) -> str | None:
+        value = self.arguments.get("x-dead-letter-exchange")
+        return str(value) if value is not None else None
+
+    @property
+    def dead_letter_routing_key(self) -> str | None:
+        value = self.arguments.get("x-dead-letter-routing-key")
+        return str(value) if value is not None else None
+
+
+def check_queue_arguments(arguments: dict[str, Any]) -> str | None:
+    """A reason the arguments are invalid (406 PRECONDITION_FAILED), or None."""
+    for name in ("x-message-ttl", "x-expires", "x-max-length"):
+        if name in arguments:
+            value = arguments[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "x-expires" else 0):
+                return f"invalid arg '{name}' for queue: {value!r}"
+    if "x-overflow" in arguments and arguments["x-overflow"] not in ("drop-head", "reject-publish"):
+        return f"invalid arg 'x-overflow': {arguments['x-overflow']!r}"
+    return None

@@ -1,0 +1,192 @@
+"""One AMQP queue at run time: competing consumers over its store queue.
+
+The queue keeps a cursor (the next offset to hand out), the offsets handed out and not yet
+settled, and messages given back (nack/reject with requeue, a channel closed with unacked
+deliveries) that go out again first with ``redelivered`` set. Its committed offset -- the
+oldest message nobody has settled -- is a consumer offset in the store (``amqp:{queue}``), so a
+restart redelivers exactly what was not acknowledged (and, after a crash, what was acknowledged
+since the last offset checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from store import GetStatus, StoredMessage
+
+from .model import QueueDefinition, store_queue
+
+if TYPE_CHECKING:
+    from .broker import AMQPBroker
+    from .channel import Channel
+
+log = logging.getLogger("tidemq.amqp")
+
+PULL_BATCH = 64
+
+
+@dataclass(slots=True)
+class Consumer:
+    channel: Channel
+    tag: str
+    no_ack: bool
+    exclusive: bool
+
+
+@dataclass(slots=True)
+class Ready:
+    """A message ready for delivery, with the flag saying whether it was delivered before."""
+
+    message: StoredMessage
+    redelivered: bool
+
+
+class QueueRuntime:
+    def __init__(self, broker: AMQPBroker, definition: QueueDefinition, start_offset: int,
+                 owner: object | None = None) -> None:
+        self.broker = broker
+        self.definition = definition
+        self.name = definition.name
+        self.store_queue = store_queue(definition.name)
+        self.consumer_name = f"amqp:{definition.name}"
+        self.next_offset = start_offset
+        self.unacked: dict[int, None] = {}
+        self.redeliver: deque[StoredMessage] = deque()
+        self.consumers: OrderedDict[tuple[int, str], Consumer] = OrderedDict()
+        self.owner = owner  # the connection of an exclusive queue
+        self.last_used = time.monotonic()
+        self.deleted = False
+        self._rotation = 0
+        self._pump_scheduled = False
+        self._committed = -1
+
+    # -- offsets -------------------------------------------------------------------------------
+    @property
+    def committed(self) -> int:
+        low = self.next_offset
+        for offset in self.unacked:
+            low = min(low, offset)
+        for message in self.redeliver:
+            low = min(low, message.queue_offset)
+        return low
+
+    def save(self) -> None:
+        committed = self.committed
+        if committed != self._committed:
+            self._committed = committed
+            self.broker.store.commit_offset_now(self.consumer_name, self.store_queue, committed)
+
+    def ready_count(self) -> int:
+        return max(0, self.broker.store.max_offset_now(self.store_queue) - self.next_offset) + len(self.redeliver)
+
+    # -- consumers -----------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers[(id(consumer.channel), consumer.tag)] = consumer
+        self.last_used = time.monotonic()
+        self.schedule_pump()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        self.consumers.pop((id(consumer.channel), consumer.tag), None)
+        self.last_used = time.monotonic()
+
+    def schedule_pump(self) -> None:
+        if not self._pump_scheduled and not self.deleted:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    def _next_consumer(self, message: StoredMessage) -> Consumer | None:
+        consumers = list(self.consumers.values())
+        for i in range(len(consumers)):
+            consumer = consumers[(self._rotation + i) % len(consumers)]
+            if consumer.channel.can_deliver(consumer, len(message.body)):
+                self._rotation = (self._rotation + i + 1) % len(consumers)
+                return consumer
+        return None
+
+    def pump(self) -> None:
+        self._pump_scheduled = False
+        if self.deleted or not self.consumers:
+            return
+        touched: set[Channel] = set()
+        while True:
+            ready = self.take(peek_only=True)
+            if ready is None:
+                break
+            consumer = self._next_consumer(ready.message)
+            if consumer is None:
+                break
+            self.take()  # commit the peeked message to this delivery
+            consumer.channel.deliver(consumer, self, ready)
+            touched.add(consumer.channel)
+        for channel in touched:
+            channel.connection.flush()
+        self.save()
+
+    # -- taking messages -----------------------------------------------------------------------
+    def take(self, *, peek_only: bool = False) -> Ready | None:
+        """The next message to hand out (expired ones are dead-lettered on the way)."""
+        while True:
+            if self.redeliver:
+                message = self.redeliver[0]
+                if peek_only:
+                    return Ready(message, True)
+                self.redeliver.popleft()
+                self.unacked[message.queue_offset] = None
+                return Ready(message, True)
+            result = self.broker.reader.read(self.store_queue, self.next_offset, 1)
+            if result.status != GetStatus.FOUND:
+                if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
+                    self.next_offset = result.next_offset
+                    continue
+                return None
+            message = result.messages[0]
+            view = self.broker.view(message)
+            if view.expired(message, self.definition.message_ttl_ms):
+                self.next_offset = message.queue_offset + 1
+                self.broker.dead_letter(self, message, "expired")
+                continue
+            if peek_only:
+                return Ready(message, False)
+            self.next_offset = message.queue_offset + 1
+            self.unacked[message.queue_offset] = None
+            return Ready(message, False)
+
+    # -- settling ------------------------------------------------------------------------------
+    def settle(self, offset: int) -> None:
+        """An acknowledged (or dropped) delivery."""
+        self.unacked.pop(offset, None)
+        self.schedule_pump()
+
+    def requeue(self, message: StoredMessage) -> None:
+        """Given back: delivered again first, with ``redelivered`` set (kept in offset order)."""
+        self.unacked.pop(message.queue_offset, None)
+        items = sorted([*self.redeliver, message], key=lambda m: m.queue_offset)
+        self.redeliver = deque(items)
+        self.schedule_pump()
+
+    def purge(self) -> int:
+        count = self.ready_count()
+        self.next_offset = self.broker.store.max_offset_now(self.store_queue)
+        self.redeliver.clear()
+        self.save()
+        return count
+
+    def enforce_max_length(self) -> None:
+        """x-max-length with drop-head: the oldest ready messages go (dead-lettered if set up)."""
+        limit = self.definition.max_length
+        if limit is None or self.definition.overflow != "drop-head":
+            return
+        excess = self.ready_count() - limit
+        while excess > 0:
+            ready = self.take()
+            if ready is None:
+                break
+            self.unacked.pop(ready.message.queue_offset, None)
+            self.broker.dead_letter(self, ready.message, "maxlen")
+            excess -= 1
+        self.save()

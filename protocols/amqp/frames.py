@@ -1,0 +1,221 @@
+"""AMQP 0-9-1 framing without I/O: ``FrameReader`` is fed bytes and yields events (the protocol
+header, methods, whole messages, heartbeats); ``method_frame`` / ``content_frames`` build bytes.
+pamqp encodes and decodes the frames themselves; this module adds what it leaves to the caller:
+the frame size limit, the frame-end check, and gathering publish + header + body frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from pamqp import body as pbody
+from pamqp import commands
+from pamqp import exceptions as pexc
+from pamqp import frame as pframe
+from pamqp import header as pheader
+from pamqp import heartbeat as pheartbeat
+from pamqp.base import Frame
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
+FRAME_END = 0xCE
+FRAME_OVERHEAD = 8  # 7-byte frame header + frame-end octet
+MIN_FRAME_MAX = 4096
+_FRAME_HEAD = struct.Struct(">BHI")
+
+# reply codes (AMQP 0-9-1 section 1.1 constants)
+REPLY_SUCCESS = 200
+CONTENT_TOO_LARGE = 311
+NO_ROUTE = 312
+NO_CONSUMERS = 313
+CONNECTION_FORCED = 320
+INVALID_PATH = 402
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+RESOURCE_ERROR = 506
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+
+class AMQPError(Exception):
+    """A protocol error with its reply code. ``connection`` errors close the whole connection
+    (connection.close); the others close only the channel (channel.close)."""
+
+    def __init__(self, reply_code: int, text: str, *, connection: bool, channel: int = 0,
+                 method: Frame | None = None) -> None:
+        super().__init__(text)
+        self.reply_code = reply_code
+        self.text = text
+        self.connection = connection
+        self.channel = channel
+        self.method = method  # the method that failed (its class and method ids go in the close)
+
+
+def connection_error(code: int, text: str, channel: int = 0, method: Frame | None = None) -> AMQPError:
+    return AMQPError(code, text, connection=True, channel=channel, method=method)
+
+
+def channel_error(code: int, text: str, channel: int, method: Frame | None = None) -> AMQPError:
+    return AMQPError(code, text, connection=False, channel=channel, method=method)
+
+
+@dataclass(slots=True)
+class ProtocolHeaderReceived:
+    ok: bool  # False: not AMQP 0-9-1; answer with our header and close
+
+
+@dataclass(slots=True)
+class MethodReceived:
+    channel: int
+    method: Frame
+
+
+@dataclass(slots=True)
+class ContentReceived:
+    """A method that carries content (basic.publish from a client), with its properties and body."""
+
+    channel: int
+    method: Frame
+    properties: commands.Basic.Properties
+    body: bytes
+
+
+@dataclass(slots=True)
+class HeartbeatReceived:
+    pass
+
+
+Event = ProtocolHeaderReceived | MethodReceived | ContentReceived | HeartbeatReceived
+
+
+@dataclass(slots=True)
+class _Pending:
+    method: Frame
+    properties: commands.Basic.Properties | None = None
+    size: int = -1
+    parts: list[bytes] | None = None
+    received: int = 0
+
+
+class FrameReader:
+    """Server side: the protocol header first, then frames no larger than ``frame_max``."""
+
+    def __init__(self, frame_max: int = 131_072, max_body: int = 128 << 20) -> None:
+        self._buffer = bytearray()
+        self.frame_max = frame_max
+        self.max_body = max_body
+        self._header_seen = False
+        self._pending: dict[int, _Pending] = {}
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def events(self):
+        buf = self._buffer
+        pos = 0
+        try:
+            if not self._header_seen:
+                if len(buf) < 8:
+                    return
+                pos = 8
+                self._header_seen = True
+                ok = bytes(buf[:8]) == PROTOCOL_HEADER
+                yield ProtocolHeaderReceived(ok)
+                if not ok:
+                    return
+            while len(buf) - pos >= 7:
+                kind, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
+                total = size + FRAME_OVERHEAD
+                if total > self.frame_max:
+                    raise connection_error(FRAME_ERROR, f"frame of {total} bytes exceeds frame_max {self.frame_max}")
+                if len(buf) - pos < total:
+                    return
+                if buf[pos + total - 1] != FRAME_END:
+                    raise connection_error(FRAME_ERROR, "frame does not end with 0xCE")
+                data = bytes(buf[pos:pos + total])
+                pos += total
+                event = self._frame(kind, channel, data)
+                if event is not None:
+                    yield event
+        finally:
+            del buf[:pos]
+
+    def _frame(self, kind: int, channel: int, data: bytes) -> Event | None:
+        if kind == FRAME_HEARTBEAT:
+            if channel != 0:
+                raise connection_error(FRAME_ERROR, "heartbeat on a channel other than 0")
+            return HeartbeatReceived()
+        if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise connection_error(FRAME_ERROR, f"unknown frame type {kind}")
+        try:
+            _, _, value = pframe.unmarshal(data)
+        except pexc.UnmarshalingException as exc:
+            raise connection_error(FRAME_ERROR if "frame" in str(exc).lower() else SYNTAX_ERROR,
+                                   f"cannot decode frame: {exc}", channel) from None
+        except Exception as exc:  # pamqp raises what its decoders raise on garbage
+            raise connection_error(SYNTAX_ERROR, f"cannot decode frame: {exc!r}", channel) from None
+        pending = self._pending.get(channel)
+        if kind == FRAME_METHOD:
+            if pending is not None:
+                raise connection_error(UNEXPECTED_FRAME, "method frame in the middle of content", channel)
+            if isinstance(value, commands.Basic.Publish):
+                if channel == 0:
+                    raise connection_error(COMMAND_INVALID, "basic.publish on channel 0", channel, value)
+                self._pending[channel] = _Pending(value)
+                return None
+            return MethodReceived(channel, value)
+        if pending is None:
+            raise connection_error(UNEXPECTED_FRAME, "content frame without a content method", channel)
+        if kind == FRAME_HEADER:
+            if pending.size >= 0:
+                raise connection_error(UNEXPECTED_FRAME, "second content header", channel)
+            assert isinstance(value, pheader.ContentHeader)
+            if value.body_size > self.max_body:
+                raise connection_error(FRAME_ERROR, f"message body of {value.body_size} bytes is too large", channel)
+            pending.properties = value.properties
+            pending.size = value.body_size
+            pending.parts = []
+        else:
+            if pending.size < 0:
+                raise connection_error(UNEXPECTED_FRAME, "content body before its header", channel)
+            assert isinstance(value, pbody.ContentBody) and pending.parts is not None
+            pending.parts.append(value.value)
+            pending.received += len(value.value)
+            if pending.received > pending.size:
+                raise connection_error(FRAME_ERROR, "content body longer than its header said", channel)
+        if pending.received == pending.size:
+            del self._pending[channel]
+            body = pending.parts[0] if len(pending.parts or ()) == 1 else b"".join(pending.parts or ())
+            return ContentReceived(channel, pending.method, pending.properties, body)  # type: ignore[arg-type]
+        return None
+
+    def forget_channel(self, channel: int) -> None:
+        """Drop a half-received message of a channel being closed."""
+        self._pending.pop(channel, None)
+
+
+def method_frame(channel: int, method: Frame) -> bytes:
+    return pframe.marshal(method, channel)
+
+
+def content_frames(channel: int, method: Frame, properties: commands.Basic.Properties, body: bytes,
+                   frame_max: int) -> bytes:
+    """A content-bearing method (basic.deliver / get-ok / return) with its header and body frames."""
+    parts = [pframe.marshal(method, channel),
+             pframe.marshal(pheader.ContentHeader(0, len(body), properties), channel)]
+    step = frame_max - FRAME_OVERHEAD
+    for start in range(0, len(body), step):
+        parts.append(pframe.marshal(pbody.ContentBody(body[start:start + step]), channel))
+    return b"".join(parts)
+
+
+HEARTBEAT_FRAME = pframe.marshal(pheartbeat.Heartbeat(), 0)
