@@ -309,7 +309,7 @@ class AMQPBroker:
             return
         view = self.view(message)
         routing_key = queue.definition.dead_letter_routing_key or view.routing_key
-        properties = commands.Basic.Properties(**{k: getattr(view.properties, k) for k in view.properties})
+        properties = commands.Basic.Properties(**dict(view.properties))
         headers = dict(properties.headers or {})
         deaths = list(headers.get("x-death") or [])
         deaths.insert(0, {"queue": queue.name, "reason": reason, "exchange": view.exchange,

@@ -158,7 +158,7 @@ class AMQPConnection(asyncio.Protocol):
 
     def shutdown(self) -> None:
         if self.stage == "open-done":
-            self.send(method_frame(0, commands.Connection.Close(CONNECTION_FORCED, "CONNECTION_FORCED - server shutdown")))
+            self.send(method_frame(0, commands.Connection.Close(CONNECTION_FORCED, "CONNECTION_FORCED - server shutdown", 0, 0)))
         self.close_transport()
 
     # -- errors --------------------------------------------------------------------------------
