@@ -107,6 +107,12 @@ class Gateway:
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous)
         await self.amqp.start()
+        if self.mqtt is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
+            wildcards = self.mqtt.wildcards
+            wildcards.extra = self.amqp.amq_topic_queues
+            wildcards.invalidate()
+            self.amqp.mqtt_queues_for = wildcards.queues_for
+            self.amqp.on_topic_bindings_changed = wildcards.invalidate
         broker = self.amqp
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker), bind[0], bind[1])
 

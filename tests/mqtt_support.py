@@ -25,7 +25,8 @@ TIMEOUT = 5.0
 
 @contextlib.asynccontextmanager
 async def running_gateway(data_dir: Path, port: int = 0, **config: Any) -> AsyncIterator[Gateway]:
-    cfg = Config(data_dir=data_dir, mqtt_bind=f"127.0.0.1:{port}", amqp_bind="", remoting_bind="", **config)
+    config.setdefault("amqp_bind", "")
+    cfg = Config(data_dir=data_dir, mqtt_bind=f"127.0.0.1:{port}", remoting_bind="", **config)
     gw = Gateway(cfg)
     await gw.start()
     try:

@@ -8,6 +8,7 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -21,7 +22,12 @@ from protocols.amqp.frames import (
 )
 from store import Message, MessageStore, StoredMessage
 
-from .messages import DEATHS, AMQPView, to_store_message
+from .messages import (
+    DEATHS,
+    AMQPView,
+    mqtt_topic_to_routing_key,
+    to_store_message,
+)
 from .model import (
     BUILTIN_EXCHANGES,
     EXCHANGE_TYPES,
@@ -68,6 +74,9 @@ class AMQPBroker:
         self.queues: dict[str, QueueRuntime] = {}
         self.connections: set[AMQPConnection] = set()
         self.blocked = False
+        # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
+        self.mqtt_queues_for: Callable[[str], list[str]] | None = None
+        self.on_topic_bindings_changed: Callable[[], None] | None = None
         self._meta = store.table(META_TABLE)
         self._views: OrderedDict[int, AMQPView] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -247,7 +256,9 @@ class AMQPBroker:
             for binding in exchange.bindings:
                 if binding.queue == queue.name:
                     self._meta.delete("b:" + binding.key(exchange.name))
-            exchange.bindings = kept
+            if len(kept) != len(exchange.bindings):
+                exchange.bindings = kept
+                self._bindings_changed(exchange)
             self._auto_delete_exchange(exchange)
         # the store keeps the messages until retention; the queue's cursor goes to the end
         self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
@@ -276,6 +287,7 @@ class AMQPBroker:
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
         exchange.bindings.append(binding)
+        self._bindings_changed(exchange)
         if exchange.durable and queue.definition.durable and not queue.definition.exclusive:
             self._meta.put("b:" + binding.key(exchange.name), json.dumps(
                 {"exchange": exchange.name, "queue": queue.name, "routing_key": routing_key,
@@ -290,7 +302,17 @@ class AMQPBroker:
         key = Binding(queue_name, routing_key, dict(arguments)).key(exchange.name)
         exchange.bindings = [b for b in exchange.bindings if b.key(exchange.name) != key]
         self._meta.delete("b:" + key)
+        self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
+
+    # -- the MQTT bridge -----------------------------------------------------------------------
+    def amq_topic_queues(self, mqtt_topic: str) -> list[str]:
+        """Store queues of the AMQP queues an MQTT publish reaches through amq.topic."""
+        return [q.store_queue for q in self.route("amq.topic", mqtt_topic_to_routing_key(mqtt_topic), None)]
+
+    def _bindings_changed(self, exchange: Exchange) -> None:
+        if exchange.name == "amq.topic" and self.on_topic_bindings_changed is not None:
+            self.on_topic_bindings_changed()
 
     # -- publishing ----------------------------------------------------------------------------
     def route(self, exchange_name: str, routing_key: str, headers: dict[str, Any] | None) -> list[QueueRuntime]:

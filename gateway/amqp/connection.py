@@ -36,10 +36,11 @@ from protocols.amqp.frames import (
     connection_error,
     method_frame,
 )
+from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
 from .channel import Channel
-from .messages import to_store_message
+from .messages import routing_key_to_mqtt_topic, to_store_message
 
 if TYPE_CHECKING:
     from .broker import AMQPBroker
@@ -357,14 +358,23 @@ class AMQPConnection(asyncio.Protocol):
                 if seq is not None:
                     channel.confirm([seq], ok=False)
                 continue
-            if not queues:
+            if not queues and not (m.exchange == "amq.topic" and broker.mqtt_queues_for is not None):
                 if m.mandatory:
                     channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
                 if seq is not None:
                     channel.confirm([seq], ok=True)
                 continue
-            items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body),
-                          [q.store_queue for q in queues]))
+            targets = [q.store_queue for q in queues]
+            topic = None
+            if m.exchange == "amq.topic" and broker.mqtt_queues_for is not None:
+                topic = routing_key_to_mqtt_topic(m.routing_key)  # the MQTT bridge
+                if valid_mqtt_topic(topic):  # (its list also names the amq.topic queues: once each)
+                    targets = list(dict.fromkeys(targets + broker.mqtt_queues_for(topic)))
+                else:
+                    topic = None
+            if not targets:
+                continue
+            items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets))
             accepted.append((channel, seq))
         if not items:
             return
@@ -402,3 +412,11 @@ def _reply_name(code: int) -> str:
         NOT_ALLOWED: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
     }.get(code, str(code))
 
+
+
+def valid_mqtt_topic(topic: str) -> bool:
+    try:
+        validate_topic_name(topic)
+    except TopicError:
+        return False
+    return not topic.startswith("$")

@@ -8,6 +8,8 @@ topic-filter trie. Subscribing to a concrete topic reads its topic queue directl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from protocols.mqtt.topic_tree import TopicTree
 from protocols.mqtt.topics import is_wildcard
 
@@ -36,6 +38,12 @@ class WildcardQueues:
         # the trie walk is remembered until the set of wildcard filters changes
         self._memo: dict[str, list[str]] = {}
         self._memo_entries = memo_entries
+        # other gateways' queues that want MQTT publishes too (AMQP queues bound to amq.topic);
+        # they call invalidate() when their bindings change
+        self.extra: Callable[[str], list[str]] | None = None
+
+    def invalidate(self) -> None:
+        self._memo.clear()
 
     def __len__(self) -> int:
         return len(self._tree)
@@ -64,6 +72,8 @@ class WildcardQueues:
             queues = [TOPIC_QUEUE_PREFIX + topic]
             for topic_filter, _ in self._tree.match(topic):
                 queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
+            if self.extra is not None:
+                queues.extend(self.extra(topic))
             if len(self._memo) >= self._memo_entries:
                 self._memo.clear()
             self._memo[topic] = queues
