@@ -306,3 +306,72 @@ def test_pika_blocking_client(data_dir: Path) -> None:
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+
+
+async def raw_handshake(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    from pamqp import commands
+
+    from protocols.amqp.frames import PROTOCOL_HEADER, method_frame
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(PROTOCOL_HEADER)
+    await reader.read(4096)  # connection.start
+    writer.write(method_frame(0, commands.Connection.StartOk(response="\x00guest\x00guest")))
+    await reader.read(4096)  # connection.tune
+    writer.write(method_frame(0, commands.Connection.TuneOk(2047, 131072, 0)))
+    writer.write(method_frame(0, commands.Connection.Open("/")))
+    await reader.read(4096)  # connection.open-ok
+    return reader, writer
+
+
+async def read_frames(reader: asyncio.StreamReader) -> list:
+    from pamqp import frame
+
+    data = b""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), TIMEOUT)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    frames = []
+    while data:
+        used, _, value = frame.unmarshal(data)
+        frames.append(value)
+        data = data[used:]
+    return frames
+
+
+async def test_bad_frames_close_only_that_connection(data_dir: Path) -> None:
+    from pamqp import commands
+
+    from protocols.amqp.frames import PROTOCOL_HEADER, method_frame
+
+    async with amqp_gateway(data_dir) as (_, url):
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        bystander = await aio_pika.connect(url)
+        # a wrong protocol header: the server answers with the one it speaks and closes
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"AMQP\x01\x01\x00\x0a")
+        assert await reader.read(100) == PROTOCOL_HEADER
+        assert await reader.read(100) == b""
+        # a frame that does not end with 0xCE: connection.close 501
+        reader, writer = await raw_handshake(port)
+        writer.write(b"\x01\x00\x00\x00\x00\x00\x04\x00\x14\x00\x0a\x00")
+        closes = [f for f in await read_frames(reader) if isinstance(f, commands.Connection.Close)]
+        assert [c.reply_code for c in closes] == [501]
+        # a method on a channel that was never opened: connection.close 504
+        reader, writer = await raw_handshake(port)
+        writer.write(method_frame(5, commands.Basic.Qos(prefetch_count=1)))
+        closes = [f for f in await read_frames(reader) if isinstance(f, commands.Connection.Close)]
+        assert [c.reply_code for c in closes] == [504]
+        # garbage inside a well-framed method frame: 502 syntax error (or 501), never a crash
+        reader, writer = await raw_handshake(port)
+        writer.write(b"\x01\x00\x00\x00\x00\x00\x05\x00\x32\x00\x0a\xff\xce")
+        closes = [f for f in await read_frames(reader) if isinstance(f, commands.Connection.Close)]
+        assert len(closes) == 1 and closes[0].reply_code in (501, 502)
+        ch = await bystander.channel()  # the other connection is unaffected
+        await ch.declare_queue("ok")
+        await bystander.close()
