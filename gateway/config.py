@@ -60,6 +60,10 @@ class Config:
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
     queue_cache_bytes: int = 64 << 20
+    # resource alarm (RabbitMQ's disk alarm and flow control): publishers are blocked while the
+    # disk under data_dir has less free space than this, or the store is this many messages behind
+    disk_free_limit: int = 50_000_000
+    store_backlog_limit: int = 100_000
     # who may connect ([auth] section in TOML); the same for every protocol
     allow_anonymous: bool = True
     password_file: str = ""  # Mosquitto format; manage with `tidemq passwd`

@@ -19,6 +19,7 @@ from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.settings import MQTTSettings
 from .placeholder import placeholder_handler
+from .pressure import StorePressure
 
 log = logging.getLogger("tidemq.gateway")
 
@@ -44,9 +45,15 @@ class Gateway:
         self.mqtt: MQTTBroker | None = None
         self.amqp: AMQPBroker | None = None
         self.listeners: list[Listener] = []
+        self.pressure: StorePressure | None = None
+        self._pressure_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.store = await MessageStore.open(self.config.store_options())
+        self.pressure = StorePressure(self.store, disk_free_limit=self.config.disk_free_limit,
+                                      backlog_limit=self.config.store_backlog_limit)
+        self.pressure.check()
+        self._pressure_task = asyncio.get_running_loop().create_task(self.pressure.watch(), name="store-pressure")
         try:
             for protocol in PROTOCOLS:
                 bind = parse_bind(getattr(self.config, f"{protocol}_bind"), f"{protocol}_bind")
@@ -85,7 +92,7 @@ class Gateway:
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
         self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store, cfg.queue_cache_bytes),
-                               authenticator=passwords, acl=acl)
+                               authenticator=passwords, acl=acl, pressure=self.pressure)
         await self.mqtt.start()
         for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
             extra = parse_bind(extra_bind, f"{name}_bind")
@@ -105,7 +112,8 @@ class Gateway:
         cfg = self.config
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
-        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous)
+        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous,
+                               pressure=self.pressure)
         await self.amqp.start()
         if self.mqtt is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
             wildcards = self.mqtt.wildcards
@@ -120,6 +128,9 @@ class Gateway:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
         for listener in self.listeners:
             listener.server.close()
+        if self._pressure_task is not None:
+            self._pressure_task.cancel()
+            self._pressure_task = None
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None

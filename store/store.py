@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .commitlog import CommitLog
-from .consumequeue import ENTRY_VALUE, MAX_QUEUE_NAME_BYTES, QID_MASK, ConsumeQueueIndex, QueueState
+from .consumequeue import (
+    ENTRY_VALUE,
+    MAX_QUEUE_NAME_BYTES,
+    QID_MASK,
+    ConsumeQueueIndex,
+    QueueState,
+)
 from .dispatcher import Dispatcher
 from .errors import (
     InvalidMessageError,
@@ -25,7 +32,15 @@ from .errors import (
     StoreWriteError,
 )
 from .lock import DirectoryLock
-from .message import TAGS_PROPERTY, GetResult, GetStatus, Message, PutResult, StoredMessage, tag_hash
+from .message import (
+    TAGS_PROPERTY,
+    GetResult,
+    GetStatus,
+    Message,
+    PutResult,
+    StoredMessage,
+    tag_hash,
+)
 from .meta import KvTable, MetaStore
 from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
@@ -66,7 +81,7 @@ def _queue_slots(queues: Sequence[str]) -> tuple[list[bytes], int]:
 class _Prepared:
     """A message encoded as far as it can be before the committer gives it queue offsets."""
 
-    __slots__ = ("static", "slots", "body", "born", "tag_hash", "queues", "size", "flag")
+    __slots__ = ("body", "born", "flag", "queues", "size", "slots", "static", "tag_hash")
 
     def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
         if not queues:
@@ -120,6 +135,7 @@ class MessageStore:
         self._id_prefix = msg_id_prefix(self._identity)
         self.notify = NotifyHub()
         self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
+        self._backlog = 0  # messages submitted and not yet durable (or failed)
         self._wakeup = asyncio.Event()
         self._closing = False
         self._closed = False
@@ -131,7 +147,7 @@ class MessageStore:
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
-    async def open(cls, options: StoreOptions) -> "MessageStore":
+    async def open(cls, options: StoreOptions) -> MessageStore:
         store = cls(options)
         store._open_files()
         return store
@@ -237,6 +253,7 @@ class MessageStore:
             raise StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
         fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
         self._pending.append((prepared, fut))
+        self._backlog += len(prepared)
         self._wakeup.set()
         return fut
 
@@ -254,6 +271,17 @@ class MessageStore:
             except Exception as exc:  # never let one bad batch stop the committer
                 log.exception("commit failed")
                 _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
+            finally:
+                self._backlog -= sum(len(prepared) for prepared, _ in batch)
+
+    @property
+    def backlog(self) -> int:
+        """Messages submitted and not yet durable: how far the writer is behind its callers."""
+        return self._backlog
+
+    def disk_free_bytes(self) -> int:
+        """Free space on the file system holding the data directory."""
+        return shutil.disk_usage(self.options.data_dir).free
 
     async def _commit(self, batch: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]]) -> None:
         store_ts = _now_ms()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from .model import (
 from .queues import QueueRuntime
 
 if TYPE_CHECKING:
+    from ..pressure import StorePressure
     from .channel import Channel
     from .connection import AMQPConnection
 
@@ -61,7 +63,8 @@ class Reader:
 class AMQPBroker:
     def __init__(self, store: MessageStore, *, cache: object | None = None, authenticator: object | None = None,
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
-                 heartbeat: int = 60) -> None:
+                 heartbeat: int = 60, pressure: StorePressure | None = None,
+                 housekeeping_interval_s: float = 1.0) -> None:
         self.store = store
         self.cache = cache
         self.reader = Reader(store, cache)
@@ -73,7 +76,8 @@ class AMQPBroker:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
         self.connections: set[AMQPConnection] = set()
-        self.blocked = False
+        self.pressure = pressure
+        self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None
         self.on_topic_bindings_changed: Callable[[], None] | None = None
@@ -102,7 +106,11 @@ class AMQPBroker:
             if exchange is not None and doc["queue"] in self.queues:
                 exchange.bindings.append(Binding(doc["queue"], doc["routing_key"], doc["arguments"]))
         notify = self.store.subscribe_notify()
-        self._tasks.append(asyncio.get_running_loop().create_task(self._notify_loop(notify), name="amqp-notify"))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._notify_loop(notify), name="amqp-notify"))
+        self._tasks.append(loop.create_task(self._housekeeping(), name="amqp-housekeeping"))
+        if self.pressure is not None:
+            self.pressure.on_change(self._resource_alarm)
         log.info("amqp state restored exchanges=%d queues=%d", len(self.exchanges), len(self.queues))
 
     async def stop(self) -> None:
@@ -135,6 +143,37 @@ class AMQPBroker:
             if self.cache is not None:
                 self.cache.on_notify(store_queue_name, max_offset)  # type: ignore[attr-defined]
             queue.schedule_pump()
+
+    # -- flow control and housekeeping ---------------------------------------------------------
+    @property
+    def blocked(self) -> bool:
+        """The store's resource alarm is raised: publishing connections are blocked."""
+        return self.pressure is not None and self.pressure.raised
+
+    def _resource_alarm(self, reason: str | None) -> None:
+        for conn in list(self.connections):
+            conn.resource_alarm(reason)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(self.housekeeping_interval_s)
+            try:
+                self.sweep(time.monotonic())
+            except Exception:
+                log.exception("amqp housekeeping failed")
+
+    def sweep(self, now: float) -> None:
+        """Delete queues unused for longer than their x-expires, and expire (dead-letter) the
+        messages at the head of idle queues whose TTL ran out, as RabbitMQ does without waiting
+        for a consumer."""
+        for queue in list(self.queues.values()):
+            expires = queue.definition.expires_ms
+            if expires is not None and not queue.consumers and (now - queue.last_used) * 1000 >= expires:
+                log.info("amqp queue expired queue=%s unused_ms=%d", queue.name, int((now - queue.last_used) * 1000))
+                self.remove_queue(queue)
+                continue
+            if not queue.consumers and queue.ready_count():
+                queue.expire_head()
 
     def view(self, message: StoredMessage) -> AMQPView:
         cached = self._views.get(message.position)
@@ -206,7 +245,9 @@ class AMQPBroker:
             if existing is None:
                 raise channel_error(NOT_FOUND, f"no queue '{name}'", channel.number, m)
             conn.last_queue = name
-            return self.queue_for(channel, name, m)
+            queue = self.queue_for(channel, name, m)
+            queue.touch()
+            return queue
         arguments = dict(m.arguments or {})
         if existing is not None:
             self.queue_for(channel, name, m)  # exclusivity
@@ -216,6 +257,7 @@ class AMQPBroker:
                 raise channel_error(PRECONDITION_FAILED, f"inequivalent arguments for queue '{name}'",
                                     channel.number, m)
             conn.last_queue = name
+            existing.touch()
             return existing
         if name.startswith("amq.") and m.queue:
             raise channel_error(ACCESS_REFUSED, f"queue name '{name}' is reserved", channel.number, m)

@@ -206,6 +206,7 @@ class Channel:
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
         queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        queue.touch()
         ready = queue.take()
         if ready is None:
             self.reply(commands.Basic.GetEmpty())

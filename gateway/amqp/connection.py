@@ -6,6 +6,7 @@ and stores publishes (one group commit per read, confirms when durable)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ from protocols.amqp.frames import (
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
+from ..read_pauses import ReadPauses
 from .channel import Channel
 from .messages import routing_key_to_mqtt_topic, to_store_message
 
@@ -46,6 +48,10 @@ if TYPE_CHECKING:
     from .broker import AMQPBroker
 
 log = logging.getLogger("tidemq.amqp")
+
+# Publishes of one connection on their way to the store before it is not read from any more:
+# the store's group commit takes them all at once, so this only bounds memory per publisher.
+MAX_PENDING_PUTS = 4096
 
 SERVER_PROPERTIES = {
     "product": "TideMQ",
@@ -80,6 +86,11 @@ class AMQPConnection(asyncio.Protocol):
         self.exclusive_queues: set[str] = set()
         self.closed = False
         self.writing_paused = False
+        self.wants_blocked_notice = False  # the client announced the connection.blocked capability
+        self._held: ContentReceived | None = None  # a publish read while the resource alarm is raised
+        self.told_blocked = False
+        self.read_pauses = ReadPauses()  # "auth", "puts" (too many on their way), "alarm"
+        self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._out: list[bytes] = []
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
@@ -88,6 +99,7 @@ class AMQPConnection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.read_pauses.transport = self.transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
@@ -96,11 +108,22 @@ class AMQPConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
         self.reader.feed(data)
+        self._process()
+
+    def _process(self, held: ContentReceived | None = None) -> None:
         publishes: list[ContentReceived] = []
+        broker = self.broker
+        events = self.reader.events()
         try:
-            for event in self.reader.events():
+            for event in itertools.chain((held,), events) if held is not None else events:
                 if isinstance(event, ContentReceived):
                     if self.stage == "open-done":
+                        if broker.blocked:
+                            # the store's resource alarm: this publish and what follows it wait
+                            # (unread, in order) until it clears
+                            self._held = event
+                            self.read_pauses.pause("alarm")
+                            break
                         publishes.append(event)
                     continue
                 if publishes:
@@ -117,6 +140,23 @@ class AMQPConnection(asyncio.Protocol):
             if publishes:
                 self._store_publishes(publishes)
         self.flush()
+
+    # -- flow control --------------------------------------------------------------------------
+    def resource_alarm(self, reason: str | None) -> None:
+        """The store's alarm was raised (a reason) or cleared (None). As RabbitMQ: clients that
+        asked are told (connection.blocked / unblocked); a connection that publishes while it
+        is raised is not read from until it clears; consumers go on."""
+        if self.stage != "open-done" or self.closed:
+            return
+        if self.wants_blocked_notice and self.told_blocked != (reason is not None):
+            self.told_blocked = reason is not None
+            self.send(method_frame(0, commands.Connection.Blocked(reason[:255]) if reason
+                                   else commands.Connection.Unblocked()))
+            self.flush()
+        if reason is None and "alarm" in self.read_pauses:
+            held, self._held = self._held, None
+            self.read_pauses.resume("alarm")
+            self._process(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -245,7 +285,9 @@ class AMQPConnection(asyncio.Protocol):
     def _connection_method(self, method) -> None:
         if isinstance(method, commands.Connection.StartOk) and self.stage == "start-ok":
             self.stage = "authenticating"
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            capabilities = (method.client_properties or {}).get("capabilities") or {}
+            self.wants_blocked_notice = isinstance(capabilities, dict) and bool(capabilities.get("connection.blocked"))
+            self.read_pauses.pause("auth")
             asyncio.get_running_loop().create_task(self._authenticate(method))
         elif isinstance(method, commands.Connection.TuneOk) and self.stage == "tune-ok":
             if method.frame_max and method.frame_max < 4096:
@@ -266,8 +308,8 @@ class AMQPConnection(asyncio.Protocol):
                 self._timer = None
             if self.heartbeat:
                 self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
-            if self.broker.blocked:
-                self.send(method_frame(0, commands.Connection.Blocked("store under pressure")))
+            if self.broker.blocked and self.broker.pressure is not None:
+                self.resource_alarm(self.broker.pressure.reason)
         elif isinstance(method, commands.Connection.Close):
             self.send(method_frame(0, commands.Connection.CloseOk()))
             self.close_transport()
@@ -294,7 +336,7 @@ class AMQPConnection(asyncio.Protocol):
         self.stage = "tune-ok"
         self.send(method_frame(0, commands.Connection.Tune(self.channel_max, self.frame_max, self.broker.heartbeat)))
         self.flush()
-        self.transport.resume_reading()  # type: ignore[union-attr]
+        self.read_pauses.resume("auth")
 
     async def _check_credentials(self, method: commands.Connection.StartOk) -> bool:
         if method.mechanism != "PLAIN":
@@ -320,6 +362,8 @@ class AMQPConnection(asyncio.Protocol):
         if self.closed or not self.heartbeat:
             return
         now = time.monotonic()
+        if self.read_pauses.reasons:  # we are not reading: its heartbeats wait in the socket
+            self._last_received = now
         if now - self._last_received > 2 * self.heartbeat:
             log.info("amqp heartbeat missed peer=%s heartbeat=%d", self.peer, self.heartbeat)
             self.close_transport()
@@ -378,16 +422,22 @@ class AMQPConnection(asyncio.Protocol):
             accepted.append((channel, seq))
         if not items:
             return
+        self._pending_puts += len(accepted)
         try:
             fut = broker.store.put_batch_nowait(items)
         except StoreError as exc:
             self._publishes_done(accepted, [], exc)
             return
+        if self._pending_puts > MAX_PENDING_PUTS:
+            self.read_pauses.pause("puts")
         queues_touched = {q for _, targets in items for q in targets}
         fut.add_done_callback(lambda f: self._publishes_done(accepted, queues_touched, None if f.cancelled()
                                                              else f.exception()))
 
     def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues, error) -> None:
+        self._pending_puts -= len(accepted)
+        if self._pending_puts <= MAX_PENDING_PUTS // 2:
+            self.read_pauses.resume("puts")
         if error is not None:
             log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
         by_channel: dict[Channel, list[int]] = {}

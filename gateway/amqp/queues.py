@@ -84,15 +84,19 @@ class QueueRuntime:
     def ready_count(self) -> int:
         return max(0, self.broker.store.max_offset_now(self.store_queue) - self.next_offset) + len(self.redeliver)
 
+    def touch(self) -> None:
+        """Used now (declare, get, consume): restarts the x-expires clock."""
+        self.last_used = time.monotonic()
+
     # -- consumers -----------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers[(id(consumer.channel), consumer.tag)] = consumer
-        self.last_used = time.monotonic()
+        self.touch()
         self.schedule_pump()
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self.consumers.pop((id(consumer.channel), consumer.tag), None)
-        self.last_used = time.monotonic()
+        self.touch()
 
     def schedule_pump(self) -> None:
         if not self._pump_scheduled and not self.deleted:
@@ -155,6 +159,12 @@ class QueueRuntime:
             self.next_offset = message.queue_offset + 1
             self.unacked[message.queue_offset] = None
             return Ready(message, False)
+
+    def expire_head(self) -> None:
+        """Dead-letter the expired messages at the head (take() does it on its way)."""
+        if not self.redeliver:
+            self.take(peek_only=True)
+            self.save()
 
     # -- settling ------------------------------------------------------------------------------
     def settle(self, offset: int) -> None:

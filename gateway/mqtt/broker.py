@@ -27,6 +27,7 @@ from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
+    from ..pressure import StorePressure
     from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
@@ -63,8 +64,10 @@ class Reader:
 
 class MQTTBroker:
     def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: object | None = None,
-                 authenticator: object | None = None, acl: object | None = None) -> None:
+                 authenticator: object | None = None, acl: object | None = None,
+                 pressure: StorePressure | None = None) -> None:
         self.store = store
+        self.pressure = pressure
         self.settings = settings
         self.cache = cache
         self.reader = Reader(store, cache)
@@ -88,7 +91,13 @@ class MQTTBroker:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
+    def _resource_alarm(self, reason: str | None) -> None:
+        for conn in list(self.connections.values()):
+            conn.resource_alarm(reason)
+
     async def start(self) -> None:
+        if self.pressure is not None:
+            self.pressure.on_change(self._resource_alarm)
         now = time.time()
         for client_id, raw in list(self._sessions_table.items()):
             try:

@@ -5,6 +5,7 @@ What goes out to the client (delivery, acks of it) is in outbound.py."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import time
@@ -38,6 +39,7 @@ from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
 from store import StoredMessage, StoreError
 
+from ..read_pauses import ReadPauses
 from .messages import StoreMessageFactory
 from .outbound import Outbound
 from .queues import queue_for_filter
@@ -81,11 +83,13 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._inbound_unacked = 0  # QoS 1/2 publishes not yet acknowledged to the client
         self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
-        self._reading_paused = False
+        self.read_pauses = ReadPauses()  # "connect", "puts" (too many on their way), "alarm"
+        self._held: Publish | None = None  # a publish read while the store's resource alarm is raised
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.read_pauses.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -101,10 +105,12 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.reader.feed(data)
         self._process()
 
-    def _process(self) -> None:
+    def _process(self, held: Publish | None = None) -> None:
         batch: list = []
+        pressure = self.broker.pressure
+        packets = self.reader.packets()
         try:
-            for packet in self.reader.packets():
+            for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
                     return
                 if self.session is None:
@@ -112,10 +118,16 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                         # packets after CONNECT but before its CONNACK wait in the reader
                         raise ProtocolViolation("a packet before CONNECT completed")
                     self.connecting = True
-                    self.transport.pause_reading()  # type: ignore[union-attr]
+                    self.read_pauses.pause("connect")
                     asyncio.get_running_loop().create_task(self._connect(packet))
                     return
                 if isinstance(packet, Publish):
+                    if pressure is not None and pressure.raised:
+                        # the store's resource alarm: this publish and what follows it wait
+                        # (unread, in order) until it clears
+                        self._held = packet
+                        self.read_pauses.pause("alarm")
+                        break
                     self._on_publish(packet, batch)
                 else:
                     if batch:
@@ -136,6 +148,15 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._detach(graceful=False)
+
+    def resource_alarm(self, reason: str | None) -> None:
+        """The store's resource alarm was raised (a reason) or cleared (None). A client that
+        publishes while it is raised is not read from until it clears (MQTT has no way to tell
+        it why; its keepalive is not enforced meanwhile); subscribers go on receiving."""
+        if reason is None and "alarm" in self.read_pauses and not self.closed:
+            held, self._held = self._held, None
+            self.read_pauses.resume("alarm")
+            self._process(held)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -203,6 +224,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if self.keep_alive:
             limit = self.keep_alive * 1.5
             idle = time.monotonic() - self.last_received
+            if self.read_pauses.reasons:  # we are not reading: its packets wait in the socket
+                idle = 0.0
             if idle >= limit:
                 log.info("keep alive timeout client_id=%s keep_alive=%d", self.client_id, self.keep_alive)
                 self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
@@ -222,7 +245,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.connecting = False
         if not accepted or self.closed:
             return
-        self.transport.resume_reading()  # type: ignore[union-attr]
+        self.read_pauses.resume("connect")
         self._resend_inflight()
         self.pump()
         self._process()  # packets that arrived behind the CONNECT
@@ -428,9 +451,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         # back-pressure: a publisher with many puts still on their way to the store stops
         # being read until they are stored, so ingest cannot starve delivery or grow memory
         self._pending_puts += len(batch)
-        if self._pending_puts > self.settings.max_pending_puts and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
+        if self._pending_puts > self.settings.max_pending_puts:
+            self.read_pauses.pause("puts")
         if any(p.retain for p, _ in batch):
             retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in batch]
             fut.add_done_callback(lambda f: broker.record_retained(retained, f))
@@ -438,9 +460,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
 
     def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future) -> None:
         self._pending_puts -= len(batch)
-        if self._reading_paused and self._pending_puts <= self.settings.max_pending_puts // 2 and not self.closed:
-            self._reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+        if self._pending_puts <= self.settings.max_pending_puts // 2:
+            self.read_pauses.resume("puts")
         if fut.cancelled() or fut.exception() is not None:
             self._publishes_failed(batch, fut.exception() if not fut.cancelled() else None)
             return
