@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from cache import QueueCache
 from protocols.amqp.frames import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -49,25 +50,13 @@ log = logging.getLogger("tidemq.amqp")
 META_TABLE = "amqp.meta"
 
 
-class Reader:
-    def __init__(self, store: MessageStore, cache: object | None) -> None:
-        self._store = store
-        self._cache = cache
-
-    def read(self, queue: str, offset: int, max_messages: int):
-        if self._cache is not None:
-            return self._cache.read(queue, offset, max_messages)  # type: ignore[attr-defined]
-        return self._store.get_now(queue, offset, max_messages)
-
-
 class AMQPBroker:
-    def __init__(self, store: MessageStore, *, cache: object | None = None, authenticator: object | None = None,
+    def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: object | None = None,
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0) -> None:
         self.store = store
         self.cache = cache
-        self.reader = Reader(store, cache)
         self.authenticator = authenticator
         self.allow_anonymous = allow_anonymous
         self.frame_max = frame_max
@@ -140,8 +129,7 @@ class AMQPBroker:
             return
         queue = self.queues.get(store_queue_name[2:])
         if queue is not None and queue.consumers:
-            if self.cache is not None:
-                self.cache.on_notify(store_queue_name, max_offset)  # type: ignore[attr-defined]
+            self.cache.on_notify(store_queue_name, max_offset)
             queue.schedule_pump()
 
     # -- flow control and housekeeping ---------------------------------------------------------

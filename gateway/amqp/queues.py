@@ -142,7 +142,7 @@ class QueueRuntime:
                 self.redeliver.popleft()
                 self.unacked[message.queue_offset] = None
                 return Ready(message, True)
-            result = self.broker.reader.read(self.store_queue, self.next_offset, 1)
+            result = self.broker.cache.read(self.store_queue, self.next_offset, 1)
             if result.status != GetStatus.FOUND:
                 if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
                     self.next_offset = result.next_offset

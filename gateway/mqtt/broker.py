@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
 from protocols.mqtt.topics import matches
-from store import GetResult, MessageStore, StoredMessage
+from store import MessageStore, StoredMessage
 
 from .messages import Delivery, PublishTemplate, build_template, to_store_message
 from .queues import WildcardQueues, queue_for_filter
@@ -49,28 +50,14 @@ class MQTTStats:
     connections_total: int = 0
 
 
-class Reader:
-    """What a connection's delivery loop needs from the node: reads through the queue cache."""
-
-    def __init__(self, store: MessageStore, cache: object | None) -> None:
-        self._store = store
-        self._cache = cache
-
-    def read(self, queue: str, offset: int, max_messages: int) -> GetResult:
-        if self._cache is not None:
-            return self._cache.read(queue, offset, max_messages)  # type: ignore[attr-defined]
-        return self._store.get_now(queue, offset, max_messages)
-
-
 class MQTTBroker:
-    def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: object | None = None,
+    def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
                  pressure: StorePressure | None = None) -> None:
         self.store = store
         self.pressure = pressure
         self.settings = settings
         self.cache = cache
-        self.reader = Reader(store, cache)
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
@@ -314,8 +301,7 @@ class MQTTBroker:
             readers.discard(conn)
             if not readers:
                 del self.readers[queue]
-                if self.cache is not None:
-                    self.cache.drop(queue)  # type: ignore[attr-defined]
+                self.cache.drop(queue)
 
     async def _notify_loop(self, notify) -> None:
         try:

@@ -174,7 +174,7 @@ class Outbound:
         if session is None or self.closed or self.connecting:
             return
         broker = self.broker
-        read = broker.reader.read
+        read = broker.cache.read
         for queue in list(session.cursors):
             cursor = session.cursors.get(queue)
             if cursor is None:

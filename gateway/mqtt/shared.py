@@ -102,7 +102,7 @@ class ShareGroup:
                 break
             self.redeliver.pop(0)
         if not self.redeliver:
-            read = self.broker.reader.read
+            read = self.broker.cache.read
             while True:
                 result = read(self.queue, self.next_offset, PULL_BATCH)
                 if result.status != GetStatus.FOUND:
