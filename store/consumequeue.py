@@ -206,6 +206,12 @@ class ConsumeQueueIndex:
         """Remove the queue's entries below ``offset`` (retention) with one range delete."""
         self._db.delete_range(entry_key(qid, 0), entry_key(qid, offset))
 
+    def delete_keys(self, keys: list[bytes]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key in keys:
+            batch.delete(key)
+        self._db.write(batch)
+
     def truncate_beyond(self, position: int) -> int:
         """Remove every entry pointing at or past ``position`` (the commitlog was cut there).
 

@@ -18,6 +18,7 @@ from typing import Iterator
 from .commitlog import CommitLog, Segment
 from .consumequeue import QID_MASK, ConsumeQueueIndex
 from .dispatcher import DispatchItem, Dispatcher
+from .keyindex import key_prefixes
 from .errors import RecordCorruptError, StoreCorruptError
 from .message import TAGS_PROPERTY, tag_hash
 from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
@@ -112,7 +113,7 @@ def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) ->
     for name, offset in view.queues():
         targets.append((name, index.resolve(name) & QID_MASK, offset))
     tags = view_tags(view)
-    return (position, view.size, tag_hash(tags), view.store_ts, targets)
+    return (position, view.size, tag_hash(tags), view.store_ts, targets, key_prefixes(view.topic, view.key))
 
 
 def view_tags(view: RecordView) -> str | None:

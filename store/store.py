@@ -31,6 +31,8 @@ from .errors import (
     StoreError,
     StoreWriteError,
 )
+from .keyindex import key_prefixes
+from .keyindex import scan as scan_keys
 from .lock import DirectoryLock
 from .message import (
     TAGS_PROPERTY,
@@ -81,7 +83,7 @@ def _queue_slots(queues: Sequence[str]) -> tuple[list[bytes], int]:
 class _Prepared:
     """A message encoded as far as it can be before the committer gives it queue offsets."""
 
-    __slots__ = ("body", "born", "flag", "queues", "size", "slots", "static", "tag_hash")
+    __slots__ = ("body", "born", "flag", "index_keys", "queues", "size", "slots", "static", "tag_hash")
 
     def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
         if not queues:
@@ -119,6 +121,7 @@ class _Prepared:
         if not 0 <= message.flag <= 0xFFFF_FFFF:
             raise InvalidMessageError("message flag must fit in 32 bits")
         self.flag = message.flag
+        self.index_keys = key_prefixes(message.topic, message.key) if message.key else ()
         self.queues = queues
         self.size = FIXED_SIZE + len(static) + slots_len + len(body)
         if self.size > max_size:
@@ -311,7 +314,7 @@ class MessageStore:
                 self.commitlog.truncate(positions[0])
                 raise
         items = [
-            (pos, p.size, p.tag_hash, store_ts, targets) for pos, (p, targets, _) in zip(positions, placed)
+            (pos, p.size, p.tag_hash, store_ts, targets, p.index_keys) for pos, (p, targets, _) in zip(positions, placed)
         ]
         try:
             self.dispatcher.dispatch(items, self.commitlog.end_position)
@@ -427,6 +430,18 @@ class MessageStore:
         except ValueError:
             return None
         return self.read_at(position)
+
+    def query_by_key(self, topic: str, key: str, *, max_messages: int = 32, begin_ms: int = 0,
+                     end_ms: int = 1 << 62) -> list[StoredMessage]:
+        """Messages of ``topic`` stored with ``key`` (one of their space-separated keys) within
+        [begin_ms, end_ms], oldest first, at most ``max_messages`` (the newest ones)."""
+        positions, stale = scan_keys(self.index.db, topic, key, min_position=self.commitlog.min_position,
+                                     begin_ms=begin_ms, end_ms=end_ms, limit=max_messages)
+        if stale:
+            self.index.delete_keys(stale)
+        found = (self.read_at(position) for position in positions)
+        # (a repair that cut the commitlog can leave entries naming re-used positions: check)
+        return [m for m in found if m is not None and m.topic == topic and key in m.key.split(" ")]
 
     def read_at(self, position: int) -> StoredMessage | None:
         if position < self.commitlog.min_position or position >= self.commitlog.end_position:
