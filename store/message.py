@@ -86,6 +86,7 @@ class GetStatus(enum.Enum):
     OFFSET_OVERFLOW = "offset_overflow"  # offset > max offset
     OFFSET_TOO_SMALL = "offset_too_small"  # below the minimum: retention removed it
     NO_SUCH_QUEUE = "no_such_queue"
+    NO_MATCHED_MESSAGE = "no_matched_message"  # a filtered get scanned entries, none matched
 
 
 @dataclass(slots=True)

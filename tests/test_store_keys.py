@@ -1,4 +1,4 @@
-"""The message-key index: query by key (several space-separated keys per message), time
+"""The message-key index and tag-filtered reads: query by key (several space-separated keys per message), time
 bounds, limits, rebuilt by recovery when the index lost its unflushed writes, and entries
 that retention made stale are skipped."""
 
@@ -54,3 +54,21 @@ async def test_retention_leaves_no_stale_key_hits(open_store):
     kept = [r.msg_id for r in results if r.position >= store.min_position]
     assert 0 < len(kept) < len(results)
     assert [m.msg_id for m in found] == kept
+
+
+async def test_get_filtered_by_tag_hash_skips_other_tags_without_reading_them(open_store):
+    from store import GetStatus, tag_hash
+
+    store = await open_store()
+    tags = ["A", "B", "A", "C", "B", "A"]
+    await store.put_batch([(Message("t", f"{i}{t}".encode(), tags=t), ["q"]) for i, t in enumerate(tags)])
+    wanted = frozenset({tag_hash("A"), tag_hash("C")})
+    got = store.get_now("q", 0, 2, tag_hashes=wanted)
+    assert got.status is GetStatus.FOUND
+    assert [(m.queue_offset, m.body) for m in got.messages] == [(0, b"0A"), (2, b"2A")]
+    assert got.next_offset == 3
+    got = store.get_now("q", got.next_offset, 32, tag_hashes=wanted)
+    assert [m.body for m in got.messages] == [b"3C", b"5A"] and got.next_offset == 6
+    only_b = store.get_now("q", 5, 32, tag_hashes=frozenset({tag_hash("B")}))
+    assert only_b.status is GetStatus.NO_MATCHED_MESSAGE and only_b.next_offset == 6
+    assert store.get_now("q", 6, 32, tag_hashes=wanted).status is GetStatus.NO_NEW_MESSAGE
