@@ -60,6 +60,13 @@ class Config:
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
     queue_cache_bytes: int = 64 << 20
+    # RocketMQ remoting ([remoting] section in TOML)
+    remoting_default_queues: int = 4  # read/write queues of a topic created on first use
+    remoting_delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    remoting_max_reconsume_times: int = 16  # then %DLQ%{group}, unless the client says otherwise
+    remoting_max_frame_size: int = 16 << 20  # larger frames close the connection
+    remoting_long_poll_max_s: float = 30.0  # a held pull is answered after at most this long
+    remoting_advertise: str = ""  # HOST:PORT clients are sent to; default: the remoting bind
     # resource alarm (RabbitMQ's disk alarm and flow control): publishers are blocked while the
     # disk under data_dir has less free space than this, or the store is this many messages behind
     disk_free_limit: int = 50_000_000

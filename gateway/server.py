@@ -14,12 +14,15 @@ from store import MessageStore
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
-from .config import Config, parse_bind
+from .config import Config, ConfigError, parse_bind
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.settings import MQTTSettings
-from .placeholder import placeholder_handler
 from .pressure import StorePressure
+from .remoting.broker import RemotingBroker
+from .remoting.connection import RemotingConnection
+from .remoting.messages import Origin
+from .remoting.schedule import parse_delay_levels
 
 log = logging.getLogger("tidemq.gateway")
 
@@ -44,6 +47,7 @@ class Gateway:
         self.store: MessageStore | None = None
         self.mqtt: MQTTBroker | None = None
         self.amqp: AMQPBroker | None = None
+        self.remoting: RemotingBroker | None = None
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -65,7 +69,7 @@ class Gateway:
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
                 else:
-                    server = await asyncio.start_server(placeholder_handler(protocol), bind[0], bind[1])
+                    server = await self._start_remoting(bind)
                 listener = Listener(protocol, server)
                 self.listeners.append(listener)
                 host, port = listener.address
@@ -117,12 +121,42 @@ class Gateway:
         await self.amqp.start()
         if self.mqtt is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
             wildcards = self.mqtt.wildcards
-            wildcards.extra = self.amqp.amq_topic_queues
+            wildcards.extras.append(self.amqp.amq_topic_queues)
             wildcards.invalidate()
             self.amqp.mqtt_queues_for = wildcards.queues_for
             self.amqp.on_topic_bindings_changed = wildcards.invalidate
         broker = self.amqp
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker), bind[0], bind[1])
+
+    async def _start_remoting(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+        """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
+        assert self.store is not None
+        cfg = self.config
+        try:
+            delays = parse_delay_levels(cfg.remoting_delay_levels)
+        except ValueError as exc:
+            raise ConfigError(f"remoting_delay_levels: {exc}") from None
+        cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
+        self.remoting = RemotingBroker(
+            self.store, cache=cache, broker_addr="", origin=Origin.of(cfg.store_host, cfg.store_port),
+            default_queues=cfg.remoting_default_queues, delay_levels=delays,
+            max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
+        if self.mqtt is not None:  # a remoting topic is an MQTT first level (README)
+            wildcards = self.mqtt.wildcards
+            wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
+            wildcards.invalidate()
+            self.remoting.mqtt_queues_for = wildcards.queues_for
+            self.remoting.on_topic_created = lambda name: wildcards.invalidate()
+        await self.remoting.start()
+        broker, max_frame = self.remoting, cfg.remoting_max_frame_size
+        server = await asyncio.get_running_loop().create_server(
+            lambda: RemotingConnection(broker, max_frame_size=max_frame), bind[0], bind[1])
+        host, port = server.sockets[0].getsockname()[:2]
+        if cfg.remoting_advertise:
+            broker.broker_addr = cfg.remoting_advertise
+        else:
+            broker.broker_addr = f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}"
+        return server
 
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
@@ -137,6 +171,9 @@ class Gateway:
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None
+        if self.remoting is not None:
+            await self.remoting.stop()
+            self.remoting = None
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()

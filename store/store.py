@@ -539,6 +539,8 @@ class MessageStore:
         self.commit_offset_now(consumer, queue, offset)
 
     def commit_offset_now(self, consumer: str, queue: str, offset: int) -> None:
+        if not 0 <= offset < 1 << 63:
+            raise ValueError(f"a consumer offset is a non-negative 63-bit number, not {offset}")
         self._dirty_offsets[(consumer, queue)] = offset
 
     def get_offset_now(self, consumer: str, queue: str) -> int | None:

@@ -38,9 +38,9 @@ class WildcardQueues:
         # the trie walk is remembered until the set of wildcard filters changes
         self._memo: dict[str, list[str]] = {}
         self._memo_entries = memo_entries
-        # other gateways' queues that want MQTT publishes too (AMQP queues bound to amq.topic);
-        # they call invalidate() when their bindings change
-        self.extra: Callable[[str], list[str]] | None = None
+        # other gateways' queues that want MQTT publishes too (AMQP queues bound to amq.topic,
+        # remoting topic queues); they call invalidate() when what they want changes
+        self.extras: list[Callable[[str], list[str]]] = []
 
     def invalidate(self) -> None:
         self._memo.clear()
@@ -72,8 +72,8 @@ class WildcardQueues:
             queues = [TOPIC_QUEUE_PREFIX + topic]
             for topic_filter, _ in self._tree.match(topic):
                 queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
-            if self.extra is not None:
-                queues.extend(self.extra(topic))
+            for extra in self.extras:
+                queues.extend(extra(topic))
             if len(self._memo) >= self._memo_entries:
                 self._memo.clear()
             self._memo[topic] = queues

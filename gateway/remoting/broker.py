@@ -1,0 +1,630 @@
+"""The remoting node: name-server and broker roles over the unified store.
+
+One node answers route lookups with itself as the only broker, stores sends into its topic
+queues (``r:{topic}:{queueId}``), serves pulls from them with long polling, keeps consumer
+offsets and groups, and does retries, dead letters and delayed messages as RocketMQ does.
+Requests come from ``RemotingConnection``; each handler takes the request and returns the
+response (None for one-way requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cache import QueueCache
+from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.errors import RemotingProtocolError
+from protocols.remoting.frames import RemotingCommand, response_to
+from protocols.remoting.headers import PullMessageHeader, SendMessageHeader
+from protocols.remoting.message_codec import encode_message
+from protocols.remoting.properties import (
+    DELAY,
+    MAX_RECONSUME_TIMES,
+    ORIGIN_MESSAGE_ID,
+    REAL_QUEUE_ID,
+    REAL_TOPIC,
+    RETRY_TOPIC,
+    decode_batch_body,
+    decode_properties,
+)
+from store import GetStatus, MessageStore, StoredMessage, StoreError, tag_hash
+
+from .groups import ConsumerGroups, Subscription
+from .long_poll import PullHolds
+from .messages import Origin, to_store_message, to_wire
+from .schedule import (
+    DEFAULT_DELAY_LEVELS,
+    SCHEDULE_TOPIC,
+    ScheduleService,
+    parse_delay_levels,
+    schedule_queue,
+)
+from .topics import (
+    PERM_READ,
+    PERM_WRITE,
+    STORE_QUEUE_PREFIX,
+    TOPICS_TABLE,
+    TopicRegistry,
+    dlq_topic,
+    mqtt_topic_of,
+    retry_topic,
+    store_queue,
+)
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
+
+log = logging.getLogger("tidemq.remoting")
+
+# PullSysFlag
+FLAG_COMMIT_OFFSET = 0x1
+FLAG_SUSPEND = 0x2
+FLAG_SUBSCRIPTION = 0x4
+MAX_PULL_MESSAGES = 64
+MAX_PULL_BYTES = 4 << 20
+DEFAULT_MAX_RECONSUME_TIMES = 16
+CONSUMER_PREFIX = "rmq:"  # store consumer name of a consumer group
+
+
+class BadRequest(Exception):
+    """A request whose header cannot be used: answered with its code and remark."""
+
+    def __init__(self, remark: str, code: int = ResponseCode.SYSTEM_ERROR) -> None:
+        super().__init__(remark)
+        self.code = code
+
+
+def _int(ext: dict[str, str], name: str, default: int | None = None) -> int:
+    value = ext.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise BadRequest(f"the request header field {name} is missing")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"the request header field {name} is not a number: {value!r}") from None
+
+
+def _str(ext: dict[str, str], name: str) -> str:
+    value = ext.get(name)
+    if not value:
+        raise BadRequest(f"the request header field {name} is missing")
+    return value
+
+
+def parse_expression(expression: str | None) -> frozenset[int] | None:
+    """A TAG subscription ("*", "", "TagA || TagB") -> the tag hashes it accepts (None: all)."""
+    if not expression or expression.strip() == "*":
+        return None
+    tags = {t.strip() for t in expression.split("||") if t.strip()}
+    return frozenset(tag_hash(t) for t in tags) if tags else None
+
+
+class RemotingBroker:
+    def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str, origin: Origin,
+                 broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
+                 delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                 long_poll_max_s: float = 30.0) -> None:
+        self.store = store
+        self.cache = cache
+        self.broker_addr = broker_addr
+        self.origin = origin
+        self.broker_name = broker_name
+        self.cluster = cluster
+        self.max_reconsume_times = max_reconsume_times
+        self.long_poll_max_s = long_poll_max_s
+        self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
+        self.groups = ConsumerGroups()
+        self.groups.on_members_changed = self._members_changed
+        self.holds = PullHolds()
+        self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
+                                        self._deliver_delayed)
+        self.connections: set[RemotingConnection] = set()
+        # the MQTT side (set by the gateway when MQTT runs): queues an MQTT topic's publish goes to
+        self.mqtt_queues_for: Callable[[str], list[str]] | None = None
+        self.on_topic_created: Callable[[str], None] | None = None
+        self.topics.on_created.append(lambda name: self.on_topic_created and self.on_topic_created(name))
+        self._tasks: list[asyncio.Task[None]] = []
+        self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
+        self.handlers: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
+            RequestCode.GET_ROUTEINFO_BY_TOPIC: self.get_route_info,
+            RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.create_topic,
+            RequestCode.SEND_MESSAGE: self.send_message,
+            RequestCode.SEND_MESSAGE_V2: self.send_message,
+            RequestCode.SEND_BATCH_MESSAGE: self.send_batch,
+            RequestCode.PULL_MESSAGE: self.pull_message,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
+            RequestCode.GET_MAX_OFFSET: self.get_max_offset,
+            RequestCode.GET_MIN_OFFSET: self.get_min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self.get_earliest_store_time,
+            RequestCode.HEART_BEAT: self.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        notify = self.store.subscribe_notify()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._notify_loop(notify), name="remoting-notify"))
+        self._tasks.append(loop.create_task(self._expire_members(), name="remoting-groups"))
+        self.schedule.start()
+        log.info("remoting state restored topics=%d", len(self.topics.topics))
+
+    async def stop(self) -> None:
+        self.holds.wake_all()
+        for conn in list(self.connections):
+            conn.close()
+        await self.schedule.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _notify_loop(self, notify) -> None:
+        try:
+            async for queue_name, max_offset in notify:
+                self._on_notify(queue_name, max_offset)
+                for q, off in notify.drain().items():
+                    self._on_notify(q, off)
+        finally:
+            notify.close()
+
+    def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
+        if store_queue_name.startswith(STORE_QUEUE_PREFIX):
+            self.holds.on_notify(store_queue_name, max_offset)
+        else:
+            self.schedule.on_notify(store_queue_name)
+
+    async def _expire_members(self) -> None:
+        while True:
+            await asyncio.sleep(10.0)
+            self.groups.expire()
+            now = time.monotonic()
+            for key, (_, at) in list(self._locks.items()):
+                if now - at > 60.0:
+                    del self._locks[key]
+
+    # -- dispatch ------------------------------------------------------------------------------
+    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        handler = self.handlers.get(request.code)
+        if handler is None:
+            return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                               f"request code {request.code} is not supported by TideMQ")
+        try:
+            result = handler(conn, request)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except BadRequest as exc:
+            return response_to(request, exc.code, str(exc))
+        except RemotingProtocolError as exc:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
+        except StoreError as exc:
+            log.error("remoting store error code=%d error=%s", request.code, exc)
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
+
+    # -- name server role ----------------------------------------------------------------------
+    def route_data(self, topic: str) -> dict[str, Any]:
+        config = self.topics.ensure(topic)
+        return {
+            "orderTopicConf": None,
+            "queueDatas": [{"brokerName": self.broker_name, "readQueueNums": config.read_queues,
+                            "writeQueueNums": config.write_queues, "perm": config.perm, "topicSysFlag": 0}],
+            "brokerDatas": [{"cluster": self.cluster, "brokerName": self.broker_name,
+                             "brokerAddrs": {"0": self.broker_addr}}],
+            "filterServerTable": {},
+        }
+
+    def get_route_info(self, conn, request: RemotingCommand) -> RemotingCommand:
+        topic = _str(request.ext_fields, "topic")
+        try:
+            data = self.route_data(topic)
+        except ValueError as exc:
+            return response_to(request, ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic} ({exc})")
+        return response_to(request, ResponseCode.SUCCESS, body=json.dumps(data).encode())
+
+    def get_cluster_info(self, conn, request: RemotingCommand) -> RemotingCommand:
+        body = {
+            "brokerAddrTable": {self.broker_name: {"cluster": self.cluster, "brokerName": self.broker_name,
+                                                   "brokerAddrs": {"0": self.broker_addr}}},
+            "clusterAddrTable": {self.cluster: [self.broker_name]},
+        }
+        return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
+
+    def get_topic_list(self, conn, request: RemotingCommand) -> RemotingCommand:
+        body = {"topicList": sorted(self.topics.topics)}
+        return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
+
+    def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        topic = _str(ext, "topic")
+        try:
+            self.topics.ensure(topic, _int(ext, "writeQueueNums", 0) or _int(ext, "readQueueNums", 0))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return response_to(request, ResponseCode.SUCCESS)
+
+    # -- sending -------------------------------------------------------------------------------
+    def _writable(self, topic: str, queue_id: int, default_queues: int = 0) -> int:
+        """The queue id a send goes to (validated), creating the topic when new."""
+        try:
+            config = self.topics.ensure(topic, default_queues or None)
+        except ValueError as exc:
+            raise BadRequest(str(exc), ResponseCode.MESSAGE_ILLEGAL) from None
+        if not config.perm & PERM_WRITE:
+            raise BadRequest(f"the topic {topic} is not writable", ResponseCode.NO_PERMISSION)
+        if queue_id < 0 or queue_id >= config.write_queues:
+            queue_id = queue_id % config.write_queues if queue_id >= 0 else 0
+        return queue_id
+
+    def targets(self, topic: str, queue_id: int, properties: dict[str, str]) -> list[str]:
+        """Store queues a remoting message goes to: its topic queue and, through the MQTT
+        mapping, the MQTT topic queue (and wildcard and bridged queues) of its topic."""
+        own = store_queue(topic, queue_id)
+        targets = [own]
+        if self.mqtt_queues_for is not None:
+            mqtt_topic = mqtt_topic_of(topic, properties.get("mqttSecondTopic"))
+            if mqtt_topic is not None:
+                targets.extend(q for q in self.mqtt_queues_for(mqtt_topic) if not q.startswith(STORE_QUEUE_PREFIX))
+        return targets
+
+    def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
+        return mqtt_topic_of(topic, properties.get("mqttSecondTopic")) or topic
+
+    def _placement(self, topic: str, queue_id: int, properties: dict[str, str],
+                   reconsume_times: int, max_reconsume: int) -> tuple[str, int, dict[str, str], list[str]]:
+        """(record topic, queue id, properties, store queues) for a message about to be stored:
+        delayed ones go to their level's schedule queue, exhausted retries to the DLQ."""
+        if topic.startswith("%RETRY%") and reconsume_times > max_reconsume:
+            group = topic[len("%RETRY%"):]
+            topic, queue_id = dlq_topic(group), 0
+            self.topics.ensure(topic, 1)
+            properties = {k: v for k, v in properties.items() if k != DELAY}
+        level = _int(properties, DELAY, 0) if DELAY in properties else 0
+        if level > 0:
+            level = self.schedule.clamp(level)
+            scheduled = dict(properties)
+            scheduled[REAL_TOPIC] = topic
+            scheduled[REAL_QUEUE_ID] = str(queue_id)
+            scheduled[DELAY] = str(level)
+            return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
+        return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
+
+    async def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
+        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
+        properties = decode_properties(header.properties or "")
+        max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
+            else self.max_reconsume_times
+        record_topic, queue_id, properties, targets = self._placement(
+            header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
+        message = to_store_message(record_topic, request.body, properties, flag=header.flag, sys_flag=header.sys_flag,
+                                   born_timestamp=header.born_timestamp or int(time.time() * 1000),
+                                   born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
+        result = await self.store.put(message, targets)
+        if request.is_oneway:
+            return None
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={
+            "msgId": result.msg_id, "queueId": str(queue_id),
+            "queueOffset": str(result.queue_offsets[targets[0]]),
+        })
+
+    async def send_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
+        if header.topic.startswith("%RETRY%"):
+            raise BadRequest("batch messages cannot be sent to a retry topic", ResponseCode.MESSAGE_ILLEGAL)
+        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
+        items = decode_batch_body(request.body)
+        if not items:
+            raise BadRequest("the batch is empty", ResponseCode.MESSAGE_ILLEGAL)
+        born = header.born_timestamp or int(time.time() * 1000)
+        batch = []
+        for item in items:
+            properties = decode_properties(item.properties or "")
+            if DELAY in properties:
+                raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
+            message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
+                                       flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
+                                       born_host=conn.peer)
+            batch.append((message, self.targets(header.topic, queue_id, properties)))
+        results = await self.store.put_batch(batch)
+        if request.is_oneway:
+            return None
+        own = store_queue(header.topic, queue_id)
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={
+            "msgId": ",".join(r.msg_id for r in results), "queueId": str(queue_id),
+            "queueOffset": str(results[0].queue_offsets[own]),
+        })
+
+    async def _deliver_delayed(self, message: StoredMessage) -> None:
+        """A scheduled message whose time has come: stored again into its real queues."""
+        props = dict(message.properties)
+        topic = props.pop(REAL_TOPIC, None)
+        queue_id = int(props.pop(REAL_QUEUE_ID, "0") or 0)
+        props.pop(DELAY, None)
+        if not topic:
+            log.error("delayed message without its real topic dropped msg_id=%s", message.msg_id)
+            return
+        queue_id = self._writable(topic, queue_id)
+        internal = {k: v for k, v in props.items() if k.startswith("rmq.")}
+        user = {k: v for k, v in props.items() if not k.startswith("rmq.")}
+        stored = to_store_message(self._record_topic(topic, user), message.body, user,
+                                  flag=int(internal.get("rmq.flag", message.flag)) if "rmq.flag" in internal
+                                  else message.flag,
+                                  sys_flag=int(internal.get("rmq.sys", "0")),
+                                  born_timestamp=message.born_timestamp,
+                                  born_host=internal.get("rmq.bh", ""),
+                                  reconsume_times=int(internal.get("rmq.rc", "0")))
+        await self.store.put(stored, self.targets(topic, queue_id, user))
+
+    # -- pulling -------------------------------------------------------------------------------
+    def _readable(self, topic: str, queue_id: int) -> str:
+        config = self.topics.get(topic)
+        if config is None:
+            raise BadRequest(f"topic[{topic}] not exist, apply first please!", ResponseCode.TOPIC_NOT_EXIST)
+        if not config.perm & PERM_READ:
+            raise BadRequest(f"the topic {topic} is not readable", ResponseCode.NO_PERMISSION)
+        if queue_id < 0 or queue_id >= config.read_queues:
+            raise BadRequest(f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
+                             f"[{config.read_queues}]")
+        return store_queue(topic, queue_id)
+
+    def _read(self, queue: str, offset: int, max_messages: int, tags: frozenset[int] | None):
+        if tags is None:
+            return self.cache.read(queue, offset, max_messages, MAX_PULL_BYTES)
+        return self.store.get_now(queue, offset, max_messages, MAX_PULL_BYTES, tag_hashes=tags)
+
+    async def pull_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        header = PullMessageHeader.from_ext_fields(request.ext_fields)
+        queue = self._readable(header.topic, header.queue_id)
+        if header.sys_flag & FLAG_SUBSCRIPTION or header.subscription:
+            expression = header.subscription
+        else:
+            sub = self.groups.subscription(header.consumer_group, header.topic)
+            expression = sub.expression if sub is not None else "*"
+        if header.expression_type not in (None, "", "TAG"):
+            raise BadRequest(f"expression type {header.expression_type} is not supported (TAG only)",
+                             ResponseCode.SUBSCRIPTION_PARSE_FAILED)
+        tags = parse_expression(expression)
+        if header.sys_flag & FLAG_COMMIT_OFFSET and header.commit_offset is not None and header.commit_offset >= 0:
+            self.store.commit_offset_now(CONSUMER_PREFIX + header.consumer_group, queue, header.commit_offset)
+        max_messages = max(1, min(header.max_msg_nums or 32, MAX_PULL_MESSAGES))
+        offset = header.queue_offset
+        result = self._read(queue, offset, max_messages, tags)
+        if (result.status in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_SUCH_QUEUE)
+                and header.sys_flag & FLAG_SUSPEND and header.suspend_timeout_millis):
+            timeout = min(header.suspend_timeout_millis / 1000, self.long_poll_max_s)
+            if await self.holds.wait(queue, offset, timeout):
+                result = self._read(queue, offset, max_messages, tags)
+        return self._pull_response(request, result, offset, header.topic, header.queue_id)
+
+    def _pull_response(self, request: RemotingCommand, result, offset: int, topic: str,
+                       queue_id: int) -> RemotingCommand:
+        status = result.status
+        ext = {"suggestWhichBrokerId": "0", "minOffset": str(result.min_offset),
+               "maxOffset": str(result.max_offset)}
+        if status is GetStatus.FOUND:
+            body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in result.messages)
+            ext["nextBeginOffset"] = str(result.next_offset)
+            return response_to(request, ResponseCode.SUCCESS, ext_fields=ext, body=body)
+        if status is GetStatus.NO_MATCHED_MESSAGE:
+            ext["nextBeginOffset"] = str(result.next_offset)
+            return response_to(request, ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", ext_fields=ext)
+        if status is GetStatus.NO_SUCH_QUEUE:
+            ext.update(nextBeginOffset="0", minOffset="0", maxOffset="0")
+            return response_to(request, ResponseCode.PULL_NOT_FOUND, "no message in queue", ext_fields=ext)
+        if status is GetStatus.NO_NEW_MESSAGE:
+            ext["nextBeginOffset"] = str(offset)
+            return response_to(request, ResponseCode.PULL_NOT_FOUND, "no new message", ext_fields=ext)
+        # OFFSET_TOO_SMALL / OFFSET_OVERFLOW: the consumer is told where the queue is now
+        ext["nextBeginOffset"] = str(result.next_offset)
+        return response_to(request, ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is out of range",
+                           ext_fields=ext)
+
+    # -- offsets -------------------------------------------------------------------------------
+    def _queue_of(self, ext: dict[str, str]) -> tuple[str, str]:
+        topic = _str(ext, "topic")
+        return topic, store_queue(topic, _int(ext, "queueId"))
+
+    def query_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        group = _str(ext, "consumerGroup")
+        _, queue = self._queue_of(ext)
+        offset = self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
+        if offset is None:
+            # As RocketMQ's broker: a group new to a queue whose first message is still there
+            # starts from 0 (so messages sent before the first consumer started are consumed);
+            # otherwise the client's consumeFromWhere decides.
+            if self.store.max_offset_now(queue) == 0 or self._min_offset(queue) > 0:
+                return response_to(request, ResponseCode.QUERY_NOT_FOUND,
+                                   "Not found, maybe this group consumer boot first")
+            offset = 0
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+
+    def _min_offset(self, queue: str) -> int:
+        result = self.store.get_now(queue, -1, 1)
+        return result.min_offset
+
+    def update_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        group = _str(ext, "consumerGroup")
+        _, queue = self._queue_of(ext)
+        offset = _int(ext, "commitOffset")
+        if offset >= 0:  # clients report -1 for queues they hold no position in: nothing to keep
+            self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, offset)
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    def get_max_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+        _, queue = self._queue_of(request.ext_fields)
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(self.store.max_offset_now(queue))})
+
+    def get_min_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+        _, queue = self._queue_of(request.ext_fields)
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(self._min_offset(queue))})
+
+    async def search_offset_by_timestamp(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        _, queue = self._queue_of(ext)
+        offset = await self.store.offset_for_timestamp(queue, _int(ext, "timestamp"))
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+
+    def get_earliest_store_time(self, conn, request: RemotingCommand) -> RemotingCommand:
+        _, queue = self._queue_of(request.ext_fields)
+        first = self.store.get_now(queue, self._min_offset(queue), 1)
+        if first.status is not GetStatus.FOUND:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, "the queue has no message")
+        return response_to(request, ResponseCode.SUCCESS,
+                           ext_fields={"timestamp": str(first.messages[0].store_timestamp)})
+
+    # -- clients and groups --------------------------------------------------------------------
+    def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        try:
+            data = json.loads(request.body or b"{}")
+        except ValueError as exc:
+            raise BadRequest(f"the heartbeat body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadRequest("the heartbeat body is not a JSON object")
+        client_id = str(data.get("clientID") or "")
+        conn.client_id = client_id or conn.client_id
+        for consumer in data.get("consumerDataSet") or []:
+            group = str(consumer.get("groupName") or "")
+            if not group:
+                continue
+            subs = [Subscription(str(s.get("topic", "")), str(s.get("subString") or "*"),
+                                 str(s.get("expressionType") or "TAG"), int(s.get("subVersion") or 0))
+                    for s in consumer.get("subscriptionDataSet") or [] if s.get("topic")]
+            model = str(consumer.get("messageModel") or "CLUSTERING")
+            if model == "CLUSTERING":
+                self.topics.ensure(retry_topic(group), 1)
+            self.groups.heartbeat(group, client_id, conn, subs, model,
+                                  str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"))
+        return response_to(request, ResponseCode.SUCCESS)
+
+    def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        group = ext.get("consumerGroup")
+        if group:
+            self.groups.unregister(group, ext.get("clientID", ""))
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    def get_consumer_list(self, conn, request: RemotingCommand) -> RemotingCommand:
+        group = _str(request.ext_fields, "consumerGroup")
+        ids = self.groups.client_ids(group)
+        if not ids:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
+
+    def _members_changed(self, group: str, members) -> None:
+        for member in members:
+            member.connection.notify_consumer_ids_changed(group)
+
+    def lock_batch(self, conn, request: RemotingCommand) -> RemotingCommand:
+        try:
+            data = json.loads(request.body or b"{}")
+            group, client = str(data["consumerGroup"]), str(data["clientId"])
+            wanted = [(str(mq["topic"]), int(mq["queueId"]), mq) for mq in data.get("mqSet") or []]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadRequest(f"bad lock request body: {exc}") from None
+        now = time.monotonic()
+        locked = []
+        for topic, qid, mq in wanted:
+            holder = self._locks.get((group, topic, qid))
+            if holder is None or holder[0] == client or now - holder[1] > 60.0:
+                self._locks[(group, topic, qid)] = (client, now)
+                locked.append(mq)
+        return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": locked}).encode())
+
+    def unlock_batch(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+        try:
+            data = json.loads(request.body or b"{}")
+            group, client = str(data["consumerGroup"]), str(data["clientId"])
+            for mq in data.get("mqSet") or []:
+                key = (group, str(mq["topic"]), int(mq["queueId"]))
+                if self._locks.get(key, ("",))[0] == client:
+                    del self._locks[key]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadRequest(f"bad unlock request body: {exc}") from None
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    # -- retry and dead letters ----------------------------------------------------------------
+    async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        group = _str(ext, "group")
+        position = _int(ext, "offset")
+        delay_level = _int(ext, "delayLevel", 0)
+        max_reconsume = _int(ext, "maxReconsumeTimes", self.max_reconsume_times)
+        original = self.store.read_at(position)
+        if original is None:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
+        props = {k: v for k, v in original.properties.items() if not k.startswith("rmq.")}
+        internal = original.properties
+        reconsume = int(internal.get("rmq.rc", "0")) + 1
+        origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
+        props.setdefault(RETRY_TOPIC, origin_topic)
+        props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or original.msg_id)
+        props[MAX_RECONSUME_TIMES] = str(max_reconsume)
+        if reconsume > max_reconsume or delay_level < 0:
+            topic, queue_id = dlq_topic(group), 0
+            self.topics.ensure(topic, 1)
+            props.pop(DELAY, None)
+            targets = [store_queue(topic, queue_id)]
+            record_topic = topic
+        else:
+            topic, queue_id = retry_topic(group), 0
+            self.topics.ensure(topic, 1)
+            level = delay_level if delay_level > 0 else 3 + reconsume - 1
+            props[DELAY] = str(self.schedule.clamp(level))
+            record_topic, queue_id, props, targets = self._placement(topic, queue_id, props, 0, max_reconsume)
+        message = to_store_message(record_topic, original.body, props, flag=original.flag,
+                                   sys_flag=int(internal.get("rmq.sys", "0")),
+                                   born_timestamp=original.born_timestamp, born_host=internal.get("rmq.bh", ""),
+                                   reconsume_times=reconsume)
+        await self.store.put(message, targets)
+        return response_to(request, ResponseCode.SUCCESS)
+
+    # -- queries -------------------------------------------------------------------------------
+    def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
+        for queue, offset in message.queues:
+            if queue.startswith(STORE_QUEUE_PREFIX):
+                topic, _, qid = queue[len(STORE_QUEUE_PREFIX):].rpartition(":")
+                if topic_hint is None or topic == topic_hint:
+                    message.queue_offset = offset
+                    return to_wire(message, topic, int(qid), self.origin)
+        return to_wire(message, topic_hint or message.topic, 0, self.origin)
+
+    def query_message(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        topic, key = _str(ext, "topic"), _str(ext, "key")
+        max_num = max(1, min(_int(ext, "maxNum", 32), 64))
+        begin, end = _int(ext, "beginTimestamp", 0), _int(ext, "endTimestamp", 1 << 62)
+        found = self.store.query_by_key(self._record_topic(topic, {}), key, max_messages=max_num,
+                                        begin_ms=begin, end_ms=end)
+        if not found:
+            return response_to(request, ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
+        body = b"".join(encode_message(self._wire_of(m, topic)) for m in found)
+        return response_to(request, ResponseCode.SUCCESS, body=body, ext_fields={
+            "indexLastUpdateTimestamp": str(found[-1].store_timestamp),
+            "indexLastUpdatePhyoffset": str(found[-1].position)})
+
+    def view_message(self, conn, request: RemotingCommand) -> RemotingCommand:
+        position = _int(request.ext_fields, "offset")
+        message = self.store.read_at(position)
+        if message is None:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {position}")
+        return response_to(request, ResponseCode.SUCCESS, body=encode_message(self._wire_of(message)))

@@ -1,0 +1,126 @@
+"""Remoting messages <-> store records.
+
+A remoting send is stored as one record: topic, body, the client's properties (TAGS, KEYS,
+UNIQ_KEY, user properties...) as they came, the message's keys and UNIQ_KEY as the record key
+(so query-by-key finds both), its tag for the consume-queue tag hash, and its RocketMQ
+``flag``. What the wire format needs and the record has no field for -- sysFlag, reconsume
+times, the born host -- travels in internal properties (``rmq.*``) that pulls strip again.
+
+A record from another protocol (an MQTT publish indexed into a remoting topic queue) is
+presented with its remoting topic, ``mqttSecondTopic`` for the rest of its MQTT levels and
+``qoslevel``; other protocols' internal properties (``mqtt.*``, ``amqp.*``) are not shown.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from protocols.remoting.message_codec import WireMessage
+from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
+from store import Message, StoredMessage
+
+from .topics import SECOND_TOPIC_PROPERTY
+
+REMOTING_FLAG = 0x400  # record flag marker: a remoting message whose own flag is in FLAG_PROPERTY
+PROTOCOL_FLAG_BITS = 0xF00  # the bits of the record flag other protocols use as markers
+FLAG_PROPERTY = "rmq.flag"
+SYS_FLAG_PROPERTY = "rmq.sys"
+RECONSUME_PROPERTY = "rmq.rc"
+BORN_HOST_PROPERTY = "rmq.bh"
+QOS_PROPERTY = "qoslevel"
+INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
+MQTT_FLAG = 0x100  # gateway.mqtt.messages: the QoS is in the low two bits
+
+
+@dataclass(slots=True)
+class Origin:
+    """The storing node as pulls present it (RocketMQ's store host)."""
+
+    host: bytes  # 4-byte IPv4
+    port: int
+
+    @classmethod
+    def of(cls, host: str, port: int) -> Origin:
+        try:
+            packed = socket.inet_aton(host)
+        except OSError:
+            packed = b"\x7f\x00\x00\x01"
+        return cls(packed, port)
+
+
+def record_key(properties: dict[str, str]) -> str | None:
+    """The keys the store indexes: KEYS (space separated) and UNIQ_KEY."""
+    keys = properties.get(KEYS, "").split()
+    uniq = properties.get(UNIQ_KEY)
+    if uniq:
+        keys.append(uniq)
+    return " ".join(dict.fromkeys(keys)) or None
+
+
+def to_store_message(topic: str, body: bytes, properties: dict[str, str], *, flag: int, sys_flag: int,
+                     born_timestamp: int, born_host: str, reconsume_times: int = 0) -> Message:
+    props = dict(properties)
+    record_flag = flag & 0xFFFFFFFF
+    if record_flag & PROTOCOL_FLAG_BITS:  # would read as another protocol's marker
+        props[FLAG_PROPERTY] = str(record_flag)
+        record_flag = REMOTING_FLAG
+    if sys_flag:
+        props[SYS_FLAG_PROPERTY] = str(sys_flag)
+    if reconsume_times:
+        props[RECONSUME_PROPERTY] = str(reconsume_times)
+    props[BORN_HOST_PROPERTY] = born_host
+    return Message(topic, body, properties=props, key=record_key(properties), tags=properties.get(TAGS) or None,
+                   born_timestamp=born_timestamp, flag=record_flag)
+
+
+def user_properties(message: StoredMessage) -> dict[str, str]:
+    """The properties a remoting client sees (internal ones stripped)."""
+    return {k: v for k, v in message.properties.items() if not k.startswith(INTERNAL_PREFIXES)}
+
+
+def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin) -> WireMessage:
+    props = message.properties
+    shown = user_properties(message)
+    flag = message.flag
+    if flag & MQTT_FLAG:  # an MQTT publish: its levels after the remoting topic, and its QoS
+        rest = message.topic[len(remoting_topic):]
+        if rest:
+            shown[SECOND_TOPIC_PROPERTY] = rest
+        shown[QOS_PROPERTY] = str(flag & 3)
+        flag = 0
+    elif flag & REMOTING_FLAG or FLAG_PROPERTY in props:
+        flag = int(props.get(FLAG_PROPERTY, "0"))
+    elif flag & PROTOCOL_FLAG_BITS:
+        flag = 0  # another protocol's marker means nothing to a remoting client
+    elif message.topic != remoting_topic and message.topic.startswith(remoting_topic + "/"):
+        shown[SECOND_TOPIC_PROPERTY] = message.topic[len(remoting_topic):]
+    born_host, born_port = _host_port(props.get(BORN_HOST_PROPERTY), origin)
+    return WireMessage(
+        topic=remoting_topic,
+        body=message.body,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=message.queue_offset,
+        commit_log_offset=message.position,
+        sys_flag=int(props.get(SYS_FLAG_PROPERTY, "0")),
+        born_timestamp=message.born_timestamp,
+        born_host=born_host,
+        born_port=born_port,
+        store_timestamp=message.store_timestamp,
+        store_host=origin.host,
+        store_port=origin.port,
+        reconsume_times=int(props.get(RECONSUME_PROPERTY, "0")),
+        prepared_transaction_offset=0,
+        properties=shown,
+    )
+
+
+def _host_port(text: str | None, origin: Origin) -> tuple[bytes, int]:
+    if text:
+        host, _, port = text.rpartition(":")
+        try:
+            return socket.inet_aton(host), int(port)
+        except (OSError, ValueError):
+            pass
+    return origin.host, 0

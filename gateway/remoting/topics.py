@@ -1,0 +1,111 @@
+"""Remoting topics: their queue counts and permissions, kept in the store's ``remoting.topics``
+table, and how topic queues map onto store queues and onto MQTT topics.
+
+Each remoting topic queue is the store queue ``r:{topic}:{queueId}``. The MQTT mapping, as
+apache/rocketmq-mqtt does it: a remoting topic is an MQTT first level. An MQTT publish to
+``T/a/b`` where ``T`` is a remoting topic is also indexed into one queue of ``T`` (chosen by a
+hash of the full MQTT topic, so one MQTT topic keeps its order), and remoting consumers see the
+rest of the levels in the ``mqttSecondTopic`` property (``/a/b``). A remoting send to ``T``
+reaches MQTT subscribers of ``T`` -- or of ``T`` + its ``mqttSecondTopic`` property when set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import asdict, dataclass
+
+from store.meta import KvTable
+
+STORE_QUEUE_PREFIX = "r:"
+TOPICS_TABLE = "remoting.topics"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+# RocketMQ's TopicValidator: a topic name is at most 127 of these characters
+TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+SECOND_TOPIC_PROPERTY = "mqttSecondTopic"  # the MQTT levels after the remoting topic, with "/"
+
+
+def store_queue(topic: str, queue_id: int) -> str:
+    return f"{STORE_QUEUE_PREFIX}{topic}:{queue_id}"
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def valid_topic(name: str) -> bool:
+    return bool(TOPIC_NAME.match(name))
+
+
+@dataclass(slots=True)
+class TopicConfig:
+    name: str
+    read_queues: int
+    write_queues: int
+    perm: int = PERM_READ | PERM_WRITE
+
+    def queue_for_mqtt_topic(self, mqtt_topic: str) -> int:
+        """One MQTT topic always lands in the same queue of its remoting topic (order)."""
+        return zlib.crc32(mqtt_topic.encode()) % self.write_queues
+
+
+class TopicRegistry:
+    """Every remoting topic of the node. Topics are created on first use (send, pull, route
+    lookup) with the configured queue counts, as a broker with autoCreateTopicEnable does."""
+
+    def __init__(self, table: KvTable, *, default_queues: int) -> None:
+        self._table = table
+        self.default_queues = default_queues
+        self.topics: dict[str, TopicConfig] = {}
+        for name, raw in table.items():
+            try:
+                self.topics[name] = TopicConfig(**json.loads(raw))
+            except (ValueError, TypeError):
+                continue  # an unreadable row: the topic is created again on use
+        self.on_created: list = []  # callbacks(name) when a topic is created
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self.topics.get(name)
+
+    def ensure(self, name: str, queues: int | None = None) -> TopicConfig:
+        """The topic, created with ``queues`` (default: the configured count) when new.
+        Raises ValueError for a name RocketMQ would refuse."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if not valid_topic(name):
+            raise ValueError(f"topic name {name!r} is not valid (at most 127 of [%|a-zA-Z0-9_-])")
+        count = queues if queues and queues > 0 else self.default_queues
+        topic = self.topics[name] = TopicConfig(name, count, count)
+        self._table.put(name, json.dumps(asdict(topic)).encode())
+        for callback in self.on_created:
+            callback(name)
+        return topic
+
+    # -- the MQTT mapping ---------------------------------------------------------------------
+    def queues_for_mqtt(self, mqtt_topic: str) -> list[str]:
+        """Store queues an MQTT publish to ``mqtt_topic`` is also indexed into: one queue of
+        the remoting topic named by its first level, if there is one."""
+        first = mqtt_topic.split("/", 1)[0]
+        topic = self.topics.get(first)
+        if topic is None or not topic.perm & PERM_READ:
+            return []
+        return [store_queue(first, topic.queue_for_mqtt_topic(mqtt_topic))]
+
+
+def mqtt_topic_of(topic: str, second: str | None) -> str | None:
+    """The MQTT topic a remoting message to ``topic`` goes to (None: not an MQTT topic)."""
+    if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) or topic.startswith("%"):
+        return None
+    if second:
+        return topic + (second if second.startswith("/") else "/" + second)
+    return topic
