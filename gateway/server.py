@@ -21,7 +21,6 @@ from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
-from .remoting.messages import Origin
 from .remoting.schedule import parse_delay_levels
 
 log = logging.getLogger("tidemq.gateway")
@@ -138,8 +137,7 @@ class Gateway:
             raise ConfigError(f"remoting_delay_levels: {exc}") from None
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
         self.remoting = RemotingBroker(
-            self.store, cache=cache, broker_addr="", origin=Origin.of(cfg.store_host, cfg.store_port),
-            default_queues=cfg.remoting_default_queues, delay_levels=delays,
+            self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
         if self.mqtt is not None:  # a remoting topic is an MQTT first level (README)
             wildcards = self.mqtt.wildcards
@@ -152,10 +150,7 @@ class Gateway:
         server = await asyncio.get_running_loop().create_server(
             lambda: RemotingConnection(broker, max_frame_size=max_frame), bind[0], bind[1])
         host, port = server.sockets[0].getsockname()[:2]
-        if cfg.remoting_advertise:
-            broker.broker_addr = cfg.remoting_advertise
-        else:
-            broker.broker_addr = f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}"
+        broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
         return server
 
     async def stop(self) -> None:

@@ -6,6 +6,13 @@ cd "$(dirname "$0")/.."
 
 VENV_EXTRAS=test . scripts/venv.sh
 
+# ali-ons, the JavaScript RocketMQ client the remoting tests drive (node and npm are on the machine)
+if ! command -v npm >/dev/null 2>&1; then
+    echo "scripts/test.sh: node and npm are needed for the remoting tests (apt-get install nodejs npm)" >&2
+    exit 1
+fi
+npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
+
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then

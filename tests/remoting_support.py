@@ -36,10 +36,6 @@ async def remoting_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple
         await gw.stop()
 
 
-def node_available() -> bool:
-    return shutil.which("node") is not None and (JS_DIR / "node_modules" / "ali-ons").is_dir()
-
-
 class OnsProcess:
     """One ali-ons command in a node process; its JSON lines are read as they come."""
 
@@ -50,6 +46,8 @@ class OnsProcess:
 
     @classmethod
     async def start(cls, spec: dict[str, Any]) -> OnsProcess:
+        if shutil.which("node") is None or not (JS_DIR / "node_modules" / "ali-ons").is_dir():
+            raise AssertionError("ali-ons is not installed: scripts/test.sh runs npm ci --prefix tests/remoting_js")
         proc = await asyncio.create_subprocess_exec(
             "node", str(ONS_CLIENT), json.dumps(spec), cwd=str(JS_DIR),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -7,12 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
-from tests.remoting_support import OnsProcess, node_available, ons, remoting_gateway
-
-pytestmark = pytest.mark.skipif(not node_available(), reason="node and tests/remoting_js/node_modules "
-                                "(npm ci --prefix tests/remoting_js) are installed by scripts/test.sh")
+from tests.remoting_support import OnsProcess, ons, remoting_gateway
 
 
 def messages(events: list[dict]) -> list[dict]:

@@ -21,7 +21,7 @@ from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.headers import PullMessageHeader, SendMessageHeader
-from protocols.remoting.message_codec import encode_message
+from protocols.remoting.message_codec import encode_message, offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
     MAX_RECONSUME_TIMES,
@@ -107,14 +107,15 @@ def parse_expression(expression: str | None) -> frozenset[int] | None:
 
 
 class RemotingBroker:
-    def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str, origin: Origin,
+    def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
                  long_poll_max_s: float = 30.0) -> None:
         self.store = store
         self.cache = cache
-        self.broker_addr = broker_addr
-        self.origin = origin
+        self.broker_addr = ""
+        self.origin = Origin.of("127.0.0.1", 0)
+        self.set_address(broker_addr)
         self.broker_name = broker_name
         self.cluster = cluster
         self.max_reconsume_times = max_reconsume_times
@@ -156,6 +157,17 @@ class RemotingBroker:
             RequestCode.LOCK_BATCH_MQ: self.lock_batch,
             RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
         }
+
+    def set_address(self, addr: str) -> None:
+        """The HOST:PORT clients reach this broker at: route data names it, and pulled messages
+        carry it as their store host (clients send CONSUMER_SEND_MSG_BACK there)."""
+        host, _, port = addr.rpartition(":")
+        self.broker_addr = addr
+        self.origin = Origin.of(host, int(port))
+
+    def msg_id(self, position: int) -> str:
+        """RocketMQ's offsetMsgId of a stored message: this broker's address and its position."""
+        return offset_msg_id(self.origin.host, self.origin.port, position)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -308,6 +320,8 @@ class RemotingBroker:
 
     async def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
+        if header.batch:
+            return await self.send_batch(conn, request, header)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         properties = decode_properties(header.properties or "")
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
@@ -321,12 +335,13 @@ class RemotingBroker:
         if request.is_oneway:
             return None
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
-            "msgId": result.msg_id, "queueId": str(queue_id),
+            "msgId": self.msg_id(result.position), "queueId": str(queue_id),
             "queueOffset": str(result.queue_offsets[targets[0]]),
         })
 
-    async def send_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
-        header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
+    async def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
+                         header: SendMessageHeader | None = None) -> RemotingCommand | None:
+        header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.topic.startswith("%RETRY%"):
             raise BadRequest("batch messages cannot be sent to a retry topic", ResponseCode.MESSAGE_ILLEGAL)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
@@ -348,7 +363,7 @@ class RemotingBroker:
             return None
         own = store_queue(header.topic, queue_id)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
-            "msgId": ",".join(r.msg_id for r in results), "queueId": str(queue_id),
+            "msgId": ",".join(self.msg_id(r.position) for r in results), "queueId": str(queue_id),
             "queueOffset": str(results[0].queue_offsets[own]),
         })
 
@@ -577,7 +592,7 @@ class RemotingBroker:
         reconsume = int(internal.get("rmq.rc", "0")) + 1
         origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
         props.setdefault(RETRY_TOPIC, origin_topic)
-        props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or original.msg_id)
+        props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
         props[MAX_RECONSUME_TIMES] = str(max_reconsume)
         if reconsume > max_reconsume or delay_level < 0:
             topic, queue_id = dlq_topic(group), 0

@@ -67,7 +67,8 @@ class SendMessageHeader:
             properties=ext.get("properties", ""),
             reconsume_times=_number(ext, "reconsumeTimes"),
             max_reconsume_times=_number(ext, "maxReconsumeTimes"),
-            batch=ext.get("batch", "false") == "true" or code == RequestCode.SEND_BATCH_MESSAGE,
+            # the C++ client sends batches as SEND_MESSAGE with batch "1"; Java says "true"
+            batch=ext.get("batch", "false") in ("true", "1") or code == RequestCode.SEND_BATCH_MESSAGE,
         )
 
 
