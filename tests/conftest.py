@@ -33,3 +33,11 @@ async def open_store(data_dir: Path):
     yield _open
     for store in opened:
         await store.close()
+
+
+@pytest.fixture(scope="session")
+def rocketmq_home(tmp_path_factory: pytest.TempPathFactory):
+    """librocketmq (the C++ RocketMQ client) writes its logs under ~/logs: a temporary HOME."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(tmp_path_factory.mktemp("rocketmq-home")))
+        yield

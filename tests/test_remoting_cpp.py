@@ -6,10 +6,9 @@ filter. (Its C API has no query-by-key call; the ali-ons tests cover QUERY_MESSA
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,7 @@ from tests.remoting_support import remoting_gateway
 TIMEOUT = 20.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def client_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """librocketmq writes its logs under ~/logs: keep them in a temporary HOME."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(tmp_path_factory.mktemp("rocketmq-home")))
-        yield
+pytestmark = pytest.mark.usefixtures("rocketmq_home")
 
 
 class StatusPushConsumer(rmq.PushConsumer):

@@ -1,0 +1,150 @@
+"""The remoting listener at the frame level, over raw sockets: JSON and ROCKETMQ binary
+headers answered in kind, one-way requests never answered, unknown codes refused with
+REQUEST_CODE_NOT_SUPPORTED, a malformed or oversized frame closes only its connection, a bad
+header field gets an error response, and long polling answers when data arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from pathlib import Path
+
+from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.frames import (
+    FLAG_ONEWAY,
+    SERIALIZE_ROCKETMQ,
+    FrameReader,
+    RemotingCommand,
+    encode,
+)
+from protocols.remoting.message_codec import decode_messages
+from tests.remoting_support import remoting_gateway
+
+TIMEOUT = 5.0
+
+
+class RawRemoting:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.frames = FrameReader()
+        self.pending: list[RemotingCommand] = []
+        self._opaque = 0
+
+    @classmethod
+    async def open(cls, addr: str) -> RawRemoting:
+        host, port = addr.split(":")
+        return cls(*await asyncio.open_connection(host, int(port)))
+
+    def send(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, flag: int = 0,
+             serialize_type: int = 0) -> int:
+        self._opaque += 1
+        self.writer.write(encode(RemotingCommand(code, self._opaque, flag, ext or {}, body,
+                                                 serialize_type=serialize_type)))
+        return self._opaque
+
+    async def recv(self, timeout: float = TIMEOUT) -> RemotingCommand:
+        while not self.pending:
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not data:
+                raise ConnectionError("closed")
+            self.pending.extend(self.frames.feed(data))
+        return self.pending.pop(0)
+
+    async def call(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", **kw) -> RemotingCommand:
+        opaque = self.send(code, ext, body, **kw)
+        response = await self.recv()
+        assert response.opaque == opaque and response.is_response
+        return response
+
+    async def closed(self) -> bool:
+        try:
+            return await asyncio.wait_for(self.reader.read(65536), TIMEOUT) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def send_header(topic: str, queue_id: int = 0, **extra: str) -> dict[str, str]:
+    return {"producerGroup": "raw", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+            "queueId": str(queue_id), "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)),
+            "flag": "0", "properties": "", "reconsumeTimes": "0", **extra}
+
+
+def pull_header(topic: str, offset: int, *, suspend_ms: int = 0) -> dict[str, str]:
+    return {"consumerGroup": "raw-g", "topic": topic, "queueId": "0", "queueOffset": str(offset),
+            "maxMsgNums": "32", "sysFlag": "2" if suspend_ms else "0", "commitOffset": "0",
+            "suspendTimeoutMillis": str(suspend_ms), "subscription": "*", "subVersion": "0"}
+
+
+async def test_json_and_binary_headers_are_answered_in_kind(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir) as (_, addr):
+        client = await RawRemoting.open(addr)
+        reply = await client.call(RequestCode.SEND_MESSAGE, send_header("Raw"), b"json body")
+        assert reply.code == ResponseCode.SUCCESS and reply.serialize_type == 0
+        assert reply.ext_fields["queueOffset"] == "0"
+        reply = await client.call(RequestCode.SEND_MESSAGE, send_header("Raw"), b"binary body",
+                                  serialize_type=SERIALIZE_ROCKETMQ)
+        assert reply.code == ResponseCode.SUCCESS and reply.serialize_type == SERIALIZE_ROCKETMQ
+        pulled = await client.call(RequestCode.PULL_MESSAGE, pull_header("Raw", 0))
+        assert pulled.code == ResponseCode.SUCCESS
+        assert [m.body for m in decode_messages(pulled.body)] == [b"json body", b"binary body"]
+        assert pulled.ext_fields["nextBeginOffset"] == "2"
+        client.close()
+
+
+async def test_oneway_unknown_and_bad_requests(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir) as (gw, addr):
+        client = await RawRemoting.open(addr)
+        client.send(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "g", "topic": "Raw", "queueId": "0",
+                                                         "commitOffset": "5"}, flag=FLAG_ONEWAY)
+        unknown = await client.call(9999)  # the one-way request above got no answer: this is next
+        assert unknown.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert gw.store.get_offset_now("rmq:g", "r:Raw:0") == 5
+        bad = await client.call(RequestCode.PULL_MESSAGE, {"consumerGroup": "g", "topic": "Raw",
+                                                           "queueId": "zero", "queueOffset": "0"})
+        assert bad.code == ResponseCode.SYSTEM_ERROR and "queueId" in (bad.remark or "")
+        missing = await client.call(RequestCode.PULL_MESSAGE, pull_header("NoSuchTopic", 0))
+        assert missing.code == ResponseCode.TOPIC_NOT_EXIST
+        client.close()
+
+
+async def test_malformed_and_oversized_frames_close_only_their_connection(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir, remoting_max_frame_size=4096) as (_, addr):
+        good = await RawRemoting.open(addr)
+        bad_json = await RawRemoting.open(addr)
+        header = b"{not json"
+        bad_json.writer.write(struct.pack(">II", 4 + len(header), len(header)) + header)
+        assert await bad_json.closed()
+        too_big = await RawRemoting.open(addr)
+        too_big.writer.write(struct.pack(">I", 1 << 20) + b"\x00" * 64)
+        assert await too_big.closed()
+        short = await RawRemoting.open(addr)
+        short.writer.write(struct.pack(">II", 8, 1000) + b"abcd")  # header longer than its frame
+        assert await short.closed()
+        reply = await good.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "StillFine"})
+        assert reply.code == ResponseCode.SUCCESS
+        good.close()
+
+
+async def test_long_poll_answers_when_a_message_arrives(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir) as (_, addr):
+        consumer = await RawRemoting.open(addr)
+        producer = await RawRemoting.open(addr)
+        await producer.call(RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Poll", "readQueueNums": "1",
+                                                                  "writeQueueNums": "1"})
+        started = time.monotonic()
+        opaque = consumer.send(RequestCode.PULL_MESSAGE, pull_header("Poll", 0, suspend_ms=10_000))
+        await asyncio.sleep(0.5)
+        await producer.call(RequestCode.SEND_MESSAGE, send_header("Poll"), b"wake up")
+        reply = await consumer.recv()
+        waited = time.monotonic() - started
+        assert reply.opaque == opaque and reply.code == ResponseCode.SUCCESS
+        assert [m.body for m in decode_messages(reply.body)] == [b"wake up"]
+        assert 0.4 < waited < 3.0  # held, then answered by the notify, not by the timeout
+        empty = await consumer.call(RequestCode.PULL_MESSAGE, pull_header("Poll", 1, suspend_ms=300))
+        assert empty.code == ResponseCode.PULL_NOT_FOUND and empty.ext_fields["nextBeginOffset"] == "1"
+        consumer.close()
+        producer.close()
