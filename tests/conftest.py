@@ -6,8 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from store import MessageStore, StoreOptions
+
+# Property tests check behaviour, not speed: no per-example deadline (a loaded 2-core CI
+# machine once took 376 ms for an example, and speed is measured by the benchmarks instead).
+settings.register_profile("tidemq", deadline=None)
+settings.load_profile("tidemq")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -13,14 +13,19 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
-from protocols.remoting.headers import PullMessageHeader, SendMessageHeader
+from protocols.remoting.headers import (
+    PullMessageHeader,
+    SendMessageHeader,
+    SendMessageResponseHeader,
+)
 from protocols.remoting.message_codec import encode_message, offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
@@ -29,10 +34,18 @@ from protocols.remoting.properties import (
     REAL_QUEUE_ID,
     REAL_TOPIC,
     RETRY_TOPIC,
+    UNIQ_KEY,
     decode_batch_body,
     decode_properties,
 )
-from store import GetStatus, MessageStore, StoredMessage, StoreError, tag_hash
+from protocols.remoting.tags import subscription_codes
+from store import (
+    GetStatus,
+    MessageStore,
+    PutResult,
+    StoredMessage,
+    StoreError,
+)
 
 from .groups import ConsumerGroups, Subscription
 from .long_poll import PullHolds
@@ -71,6 +84,17 @@ DEFAULT_MAX_RECONSUME_TIMES = 16
 CONSUMER_PREFIX = "rmq:"  # store consumer name of a consumer group
 
 
+@dataclass(slots=True)
+class Pending:
+    """A reply that waits for a store write: ``respond`` turns its results into the response."""
+
+    future: asyncio.Future[list[PutResult]]
+    respond: Callable[[list[PutResult]], RemotingCommand | None]
+
+
+Reply = RemotingCommand | Pending | Coroutine[Any, Any, RemotingCommand | None] | None
+
+
 class BadRequest(Exception):
     """A request whose header cannot be used: answered with its code and remark."""
 
@@ -96,14 +120,6 @@ def _str(ext: dict[str, str], name: str) -> str:
     if not value:
         raise BadRequest(f"the request header field {name} is missing")
     return value
-
-
-def parse_expression(expression: str | None) -> frozenset[int] | None:
-    """A TAG subscription ("*", "", "TagA || TagB") -> the tag hashes it accepts (None: all)."""
-    if not expression or expression.strip() == "*":
-        return None
-    tags = {t.strip() for t in expression.split("||") if t.strip()}
-    return frozenset(tag_hash(t) for t in tags) if tags else None
 
 
 class RemotingBroker:
@@ -213,23 +229,40 @@ class RemotingBroker:
                     del self._locks[key]
 
     # -- dispatch ------------------------------------------------------------------------------
-    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+    def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+        """The reply to ``request``: a response, None (one-way), a ``Pending`` store write whose
+        completion makes the response, or a coroutine to run (a long-polled pull)."""
         handler = self.handlers.get(request.code)
         if handler is None:
             return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                f"request code {request.code} is not supported by TideMQ")
         try:
-            result = handler(conn, request)
-            if asyncio.iscoroutine(result):
-                result = await result
-            return result
-        except BadRequest as exc:
+            return handler(conn, request)
+        except Exception as exc:
+            return self.error_response(request, exc)
+
+    def error_response(self, request: RemotingCommand, exc: BaseException) -> RemotingCommand:
+        if isinstance(exc, BadRequest):
             return response_to(request, exc.code, str(exc))
-        except RemotingProtocolError as exc:
+        if isinstance(exc, RemotingProtocolError):
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
-        except StoreError as exc:
+        if isinstance(exc, StoreError):
             log.error("remoting store error code=%d error=%s", request.code, exc)
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
+        log.error("remoting request failed code=%d", request.code, exc_info=exc)
+        return response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
+
+    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        """``dispatch`` awaited to its response (for callers that do not batch)."""
+        reply = self.dispatch(conn, request)
+        try:
+            if isinstance(reply, Pending):
+                return reply.respond(await reply.future)
+            if asyncio.iscoroutine(reply):
+                return await reply
+        except Exception as exc:
+            return self.error_response(request, exc)
+        return reply  # type: ignore[return-value]
 
     # -- name server role ----------------------------------------------------------------------
     def route_data(self, topic: str) -> dict[str, Any]:
@@ -318,10 +351,10 @@ class RemotingBroker:
             return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
         return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
 
-    async def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+    def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
-            return await self.send_batch(conn, request, header)
+            return self.send_batch(conn, request, header)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         properties = decode_properties(header.properties or "")
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
@@ -331,16 +364,19 @@ class RemotingBroker:
         message = to_store_message(record_topic, request.body, properties, flag=header.flag, sys_flag=header.sys_flag,
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
-        result = await self.store.put(message, targets)
-        if request.is_oneway:
-            return None
-        return response_to(request, ResponseCode.SUCCESS, ext_fields={
-            "msgId": self.msg_id(result.position), "queueId": str(queue_id),
-            "queueOffset": str(result.queue_offsets[targets[0]]),
-        })
+        future = self.store.put_batch_nowait([(message, targets)])
+        own = targets[0]
 
-    async def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
-                         header: SendMessageHeader | None = None) -> RemotingCommand | None:
+        def respond(results: list[PutResult]) -> RemotingCommand | None:
+            if request.is_oneway:
+                return None
+            return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
+                self.msg_id(results[0].position), queue_id, results[0].queue_offsets[own],
+                transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
+        return Pending(future, respond)
+
+    def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
+                         header: SendMessageHeader | None = None) -> Reply:
         header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.topic.startswith("%RETRY%"):
             raise BadRequest("batch messages cannot be sent to a retry topic", ResponseCode.MESSAGE_ILLEGAL)
@@ -358,14 +394,15 @@ class RemotingBroker:
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)
             batch.append((message, self.targets(header.topic, queue_id, properties)))
-        results = await self.store.put_batch(batch)
-        if request.is_oneway:
-            return None
         own = store_queue(header.topic, queue_id)
-        return response_to(request, ResponseCode.SUCCESS, ext_fields={
-            "msgId": ",".join(self.msg_id(r.position) for r in results), "queueId": str(queue_id),
-            "queueOffset": str(results[0].queue_offsets[own]),
-        })
+
+        def respond(results: list[PutResult]) -> RemotingCommand | None:
+            if request.is_oneway:
+                return None
+            return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
+                ",".join(self.msg_id(r.position) for r in results), queue_id,
+                results[0].queue_offsets[own]).to_ext_fields())
+        return Pending(self.store.put_batch_nowait(batch), respond)
 
     async def _deliver_delayed(self, message: StoredMessage) -> None:
         """A scheduled message whose time has come: stored again into its real queues."""
@@ -416,7 +453,7 @@ class RemotingBroker:
         if header.expression_type not in (None, "", "TAG"):
             raise BadRequest(f"expression type {header.expression_type} is not supported (TAG only)",
                              ResponseCode.SUBSCRIPTION_PARSE_FAILED)
-        tags = parse_expression(expression)
+        tags = subscription_codes(expression)
         if header.sys_flag & FLAG_COMMIT_OFFSET and header.commit_offset is not None and header.commit_offset >= 0:
             self.store.commit_offset_now(CONSUMER_PREFIX + header.consumer_group, queue, header.commit_offset)
         max_messages = max(1, min(header.max_msg_nums or 32, MAX_PULL_MESSAGES))
@@ -529,7 +566,8 @@ class RemotingBroker:
                 self.topics.ensure(retry_topic(group), 1)
             self.groups.heartbeat(group, client_id, conn, subs, model,
                                   str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"))
-        return response_to(request, ResponseCode.SUCCESS)
+        # (Java clients read this map unchecked after a heartbeat; we do not do HeartbeatV2)
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"IS_SUPPORT_HEART_BEAT_V2": "false"})
 
     def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields

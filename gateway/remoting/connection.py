@@ -1,7 +1,9 @@
 """One remoting connection: an asyncio Protocol that feeds the sans-IO frame reader, hands
-each request to the broker (each in its own task: a held pull must not stop the sends behind
-it), writes the responses, and sends the broker's own requests to the client (one-way
-NOTIFY_CONSUMER_IDS_CHANGED). A malformed or oversized frame closes only this connection."""
+each request to the broker and writes the responses -- at once, when the store has made a
+send durable (a callback, no task), or from a task for a request that may wait (a held pull
+must not stop the sends behind it); responses ready together go out in one write. It also
+sends the broker's own requests to the client (one-way NOTIFY_CONSUMER_IDS_CHANGED). A
+malformed or oversized frame closes only this connection."""
 
 from __future__ import annotations
 
@@ -10,15 +12,16 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.codes import RequestCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import (
     FLAG_ONEWAY,
     FrameReader,
     RemotingCommand,
     encode,
-    response_to,
 )
+
+from .broker import Pending
 
 if TYPE_CHECKING:
     from .broker import RemotingBroker
@@ -37,6 +40,8 @@ class RemotingConnection(asyncio.Protocol):
         self.client_id = ""
         self.closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -52,13 +57,41 @@ class RemotingConnection(asyncio.Protocol):
             log.info("remoting bad frame, closing peer=%s error=%s", self.peer, exc)
             self.close()
             return
-        loop = asyncio.get_running_loop()
         for command in commands:
-            if command.is_response:
-                continue  # answers to our one-way notifications: none are expected
-            task = loop.create_task(self._serve(command))
+            if not command.is_response:  # (answers to our one-way notifications: none come)
+                self._dispatch(command)
+        self.flush()
+
+    def _dispatch(self, request: RemotingCommand) -> None:
+        reply = self.broker.dispatch(self, request)
+        if isinstance(reply, Pending):  # a store write: answered when it is durable, no task
+            reply.future.add_done_callback(lambda f: self._pending_done(request, reply, f))
+        elif asyncio.iscoroutine(reply):  # may wait (long polling): its own task
+            task = asyncio.get_running_loop().create_task(self._serve(request, reply))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        elif reply is not None and not request.is_oneway:
+            self.send(reply)
+
+    def _pending_done(self, request: RemotingCommand, reply: Pending, future: asyncio.Future) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        response = self.broker.error_response(request, error) if error else reply.respond(future.result())
+        if response is not None and not request.is_oneway:
+            self.send(response)
+            self.flush_soon()
+
+    async def _serve(self, request: RemotingCommand, work) -> None:
+        try:
+            response = await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            response = self.broker.error_response(request, exc)
+        if response is not None and not request.is_oneway:
+            self.send(response)
+            self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -67,25 +100,26 @@ class RemotingConnection(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
 
-    # -- requests ------------------------------------------------------------------------------
-    async def _serve(self, request: RemotingCommand) -> None:
-        try:
-            response = await self.broker.handle(self, request)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("remoting request failed code=%d peer=%s", request.code, self.peer)
-            response = response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
-        if response is not None and not request.is_oneway:
-            self.send(response)
-
+    # -- output --------------------------------------------------------------------------------
     def send(self, command: RemotingCommand) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(encode(command))
+        self._out.append(encode(command))
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.closed:
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
+
+    def flush_soon(self) -> None:
+        """One write for every response that becomes ready in this turn of the loop."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
 
     def notify_consumer_ids_changed(self, group: str) -> None:
         self.send(RemotingCommand(code=RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, opaque=next(_opaques),
                                   flag=FLAG_ONEWAY, ext_fields={"consumerGroup": group}))
+        self.flush_soon()
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -1,3 +1,5 @@
-"""RocketMQ's remoting protocol, sans-IO: frames and headers (JSON and the compact ROCKETMQ
-binary form), request/response codes, message properties, batch bodies and the stored-message
-layout that pull responses carry."""
+"""RocketMQ's remoting protocol, sans-IO: frames and headers in both serialize types (JSON and
+the compact ROCKETMQ binary form), request/response codes, typed send and pull headers,
+message properties, batch bodies, the stored-message layout pull replies carry, and tags.
+
+``frames`` is fed bytes and yields ``RemotingCommand``s; nothing here touches a socket."""

@@ -1,37 +1,62 @@
-"""The stored-message layout pull, query and view responses carry: what RocketMQ's
-MessageDecoder.decode reads, so real clients decode our messages.
+"""The stored-message layout that pull, query and view replies carry: what RocketMQ's
+MessageDecoder.decode reads, so real clients decode the messages we hand them.
 
     TOTALSIZE i32 | MAGICCODE i32 | BODYCRC i32 | QUEUEID i32 | FLAG i32 | QUEUEOFFSET i64 |
-    PHYSICALOFFSET i64 | SYSFLAG i32 | BORNTIMESTAMP i64 | BORNHOST 4+4 | STORETIMESTAMP i64 |
-    STOREHOST 4+4 | RECONSUMETIMES i32 | PREPAREDTRANSACTIONOFFSET i64 |
-    BODY i32 len + bytes | TOPIC u8 len + bytes | PROPERTIES i16 len + bytes
+    PHYSICALOFFSET i64 | SYSFLAG i32 | BORNTIMESTAMP i64 | BORNHOST ip + i32 port |
+    STORETIMESTAMP i64 | STOREHOST ip + i32 port | RECONSUMETIMES i32 |
+    PREPAREDTRANSACTIONOFFSET i64 | BODY i32 len + bytes | TOPIC i8 len + bytes |
+    PROPERTIES i16 len + bytes
 
-Hosts are IPv4 (4 bytes and an i32 port); the sysFlag bits that would announce IPv6 hosts
-are never set. Message ids are offsetMsgId: store host, port and commitlog offset in hex.
+We write magic code v1 (topic length in one signed byte, so topics of at most 127 bytes: what
+clients can read) and IPv4 hosts. Reading also takes v2 (i16 topic length) and IPv6 hosts
+(16-byte addresses, flagged in sysFlag). A message's id is its offsetMsgId: store host, port
+and commitlog offset in upper-case hex.
 """
 
 from __future__ import annotations
 
+import re
 import struct
+import zlib
 from dataclasses import dataclass, field
 
 from .errors import RemotingProtocolError
-from .properties import body_crc, decode_properties, encode_properties
+from .properties import decode_properties, encode_properties
 
-MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as an i32
+MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as an i32: v1, one-byte topic length
+MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB: two-byte topic length (brokers' long topics)
+MAX_TOPIC_BYTES = 127
+
+# MessageSysFlag bits
 COMPRESSED_FLAG = 0x1
 MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0x0
 TRANSACTION_PREPARED_TYPE = 0x4
 TRANSACTION_COMMIT_TYPE = 0x8
-TRANSACTION_ROLLBACK_TYPE = 0xC
+TRANSACTION_ROLLBACK_TYPE = 0xC  # also the mask of the two transaction bits
 BORNHOST_V6_FLAG = 0x10
-STOREHOST_V6_FLAG = 0x20
+STOREHOSTADDRESS_V6_FLAG = 0x20
+STOREHOST_V6_FLAG = STOREHOSTADDRESS_V6_FLAG
+NEED_UNWRAP_FLAG = 0x40
+INNER_BATCH_FLAG = 0x80
+COMPRESSION_TYPE_MASK = 0x700  # LZ4 0x100, ZSTD 0x200, ZLIB 0x300; no bits: zlib
 
-_FIXED = struct.Struct(">iiiiiqqiq4siq4siiqi")  # up to and including the body length
+_HEAD = struct.Struct(">iiiiiqqiq")  # totalSize .. bornTimestamp
+_TAIL = struct.Struct(">iqi")  # reconsumeTimes, preparedTransactionOffset, body length
+_V4_FIXED = struct.Struct(">iiiiiqqiq4siq4siiqi")  # all fixed fields of an IPv4 message
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_ID = struct.Struct(">iq")  # port and offset of an offsetMsgId
+_HEX = re.compile("[0-9A-Fa-f]+")
+MIN_MESSAGE_SIZE = _V4_FIXED.size + 1 + 2
 
 
 @dataclass(slots=True)
 class WireMessage:
+    """One message as a pull reply carries it. Hosts are raw address bytes (4 for IPv4)."""
+
     topic: str
     body: bytes
     queue_id: int = 0
@@ -49,74 +74,121 @@ class WireMessage:
     prepared_transaction_offset: int = 0
     properties: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def msg_id(self) -> str:
+        """The offsetMsgId clients give this message (MessageExt.getMsgId on the Java side)."""
+        return offset_msg_id(self.store_host, self.store_port, self.commit_log_offset)
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """RocketMQ's UtilAll.crc32: java.util.zip.CRC32 (= zlib's) with the sign bit cleared."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
 
 def encode_message(m: WireMessage) -> bytes:
+    """The v1 bytes of ``m``; ValueError for what RocketMQ clients could not read back."""
     topic = m.topic.encode()
     props = encode_properties(m.properties).encode()
-    if len(topic) > 255:
-        raise ValueError("a topic name is at most 255 bytes")
-    if len(props) > 32767:
-        raise ValueError("message properties exceed 32767 bytes")
-    total = _FIXED.size + len(m.body) + 1 + len(topic) + 2 + len(props)
-    return b"".join((
-        _FIXED.pack(total, MESSAGE_MAGIC_CODE, body_crc(m.body), m.queue_id, _i32(m.flag), m.queue_offset,
-                    m.commit_log_offset, m.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG), m.born_timestamp,
-                    m.born_host, m.born_port, m.store_timestamp, m.store_host, m.store_port, m.reconsume_times,
-                    m.prepared_transaction_offset, len(m.body)),
-        m.body,
-        bytes((len(topic),)), topic,
-        struct.pack(">h", len(props)), props,
-    ))
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise ValueError(f"a topic of {len(topic)} bytes does not fit the v1 message layout (max 127)")
+    if len(props) > 0x7FFF:
+        raise ValueError(f"message properties of {len(props)} bytes exceed 32767")
+    if len(m.born_host) != 4 or len(m.store_host) != 4:
+        raise ValueError("hosts must be 4-byte IPv4 addresses")
+    total = _V4_FIXED.size + len(m.body) + 1 + len(topic) + 2 + len(props)
+    try:
+        fixed = _V4_FIXED.pack(
+            total, MESSAGE_MAGIC_CODE, body_crc(m.body), m.queue_id, _i32(m.flag), m.queue_offset,
+            m.commit_log_offset, m.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG), m.born_timestamp,
+            m.born_host, m.born_port, m.store_timestamp, m.store_host, m.store_port, m.reconsume_times,
+            m.prepared_transaction_offset, len(m.body))
+    except struct.error as exc:
+        raise ValueError(f"a message field is out of range: {exc}") from None
+    return b"".join((fixed, m.body, bytes((len(topic),)), topic, _I16.pack(len(props)), props))
 
 
 def _i32(value: int) -> int:
+    """An int as Java holds it: flags are bit sets, so 0xFFFFFFFF means -1."""
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value & 0x80000000 else value
 
 
-def decode_messages(data: bytes) -> list[WireMessage]:
-    """The messages of a pull body (for tests and the gateway's own clients)."""
+def decode_messages(data: bytes | memoryview, *, check_crc: bool = False) -> list[WireMessage]:
+    """The messages of a pull (or query/view) reply body, for tests and the gateway's own
+    clients. Each message must end exactly where its TOTALSIZE says."""
+    view = memoryview(data)
     messages = []
-    at = 0
-    while at < len(data):
+    at, end = 0, len(view)
+    while at < end:
+        if at + _HEAD.size > end:
+            raise RemotingProtocolError(f"message at byte {at} is truncated")
+        (total, magic, crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag,
+         born_ts) = _HEAD.unpack_from(view, at)
+        if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+            raise RemotingProtocolError(f"message at byte {at} has magic code {magic & 0xFFFFFFFF:#x}")
+        if total < MIN_MESSAGE_SIZE or at + total > end:
+            raise RemotingProtocolError(f"message at byte {at} has total size {total} ({end - at} bytes left)")
+        m = view[at:at + total]  # every read below is bounded by this message
         try:
-            (total, magic, _crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts, born_host,
-             born_port, store_ts, store_host, store_port, reconsume, prepared, body_len) = _FIXED.unpack_from(data, at)
+            p = _HEAD.size
+            born_host, born_port, p = _host(m, p, sys_flag & BORNHOST_V6_FLAG)
+            (store_ts,) = _I64.unpack_from(m, p)
+            store_host, store_port, p = _host(m, p + 8, sys_flag & STOREHOSTADDRESS_V6_FLAG)
+            reconsume, prepared, body_len = _TAIL.unpack_from(m, p)
+            p += _TAIL.size
+            if body_len < 0 or p + body_len > total:
+                raise RemotingProtocolError(f"message at byte {at}: body length {body_len} runs past the message")
+            body = bytes(m[p:p + body_len])
+            p += body_len
+            if magic == MESSAGE_MAGIC_CODE:
+                (topic_len,) = _I8.unpack_from(m, p)  # a signed byte, as Java reads it
+                p += 1
+            else:
+                (topic_len,) = _I16.unpack_from(m, p)
+                p += 2
+            if topic_len < 0 or p + topic_len > total:
+                raise RemotingProtocolError(f"message at byte {at}: topic length {topic_len} runs past the message")
+            topic = str(m[p:p + topic_len], "utf-8", "replace")
+            p += topic_len
+            (props_len,) = _I16.unpack_from(m, p)
+            p += 2
         except struct.error:
             raise RemotingProtocolError(f"message at byte {at} is truncated") from None
-        if magic != MESSAGE_MAGIC_CODE:
-            raise RemotingProtocolError(f"message at byte {at} has magic {magic & 0xFFFFFFFF:#x}")
-        if sys_flag & (BORNHOST_V6_FLAG | STOREHOST_V6_FLAG):
-            raise RemotingProtocolError("IPv6 hosts are not supported")
-        end = at + total
-        p = at + _FIXED.size
-        if total < _FIXED.size or end > len(data) or body_len < 0 or p + body_len + 1 > end:
-            raise RemotingProtocolError(f"message at byte {at} has inconsistent lengths")
-        body = data[p:p + body_len]
-        p += body_len
-        topic_len = data[p]
-        topic = data[p + 1:p + 1 + topic_len].decode("utf-8", "replace")
-        p += 1 + topic_len
-        (props_len,) = struct.unpack_from(">h", data, p)
-        props = decode_properties(data[p + 2:p + 2 + props_len])
-        messages.append(WireMessage(topic, body, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
-                                    born_host, born_port, store_ts, store_host, store_port, reconsume, prepared,
-                                    props))
-        at = end
+        if props_len < 0 or p + props_len != total:
+            raise RemotingProtocolError(f"message at byte {at}: its fields do not add up to total size {total}")
+        if check_crc and body_crc(body) != crc:
+            raise RemotingProtocolError(f"message at byte {at}: body CRC mismatch")
+        messages.append(WireMessage(
+            topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
+            commit_log_offset=commit_log_offset, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+            born_port=born_port, store_timestamp=store_ts, store_host=store_host, store_port=store_port,
+            reconsume_times=reconsume, prepared_transaction_offset=prepared,
+            properties=decode_properties(m[p:total])))
+        at += total
     return messages
 
 
-def offset_msg_id(host: bytes, port: int, commit_log_offset: int) -> str:
-    """RocketMQ's offsetMsgId: 32 upper-case hex digits of IPv4, port and commitlog offset."""
-    return (host + struct.pack(">iq", port, commit_log_offset)).hex().upper()
+def _host(m: memoryview, p: int, v6: int) -> tuple[bytes, int, int]:
+    """An address (16 bytes if flagged IPv6, else 4), its i32 port, and the position after."""
+    size = 16 if v6 else 4
+    if p + size > len(m):
+        raise struct.error("host truncated")
+    (port,) = _I32.unpack_from(m, p + size)
+    return bytes(m[p:p + size]), port, p + size + 4
+
+
+def offset_msg_id(store_host: bytes, port: int, commit_log_offset: int) -> str:
+    """RocketMQ's offsetMsgId (MessageDecoder.createMessageId): store host address, port (i32)
+    and commitlog offset (i64) as upper-case hex: 32 digits for IPv4, 56 for IPv6."""
+    if len(store_host) not in (4, 16):
+        raise ValueError("a store host is a 4- or 16-byte address")
+    return (store_host + _ID.pack(port, commit_log_offset)).hex().upper()
 
 
 def decode_offset_msg_id(msg_id: str) -> tuple[bytes, int, int]:
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raise RemotingProtocolError(f"message id {msg_id!r} is not hex") from None
-    if len(raw) != 16:
-        raise RemotingProtocolError(f"message id {msg_id!r} is not 32 hex digits (IPv4 form)")
-    port, offset = struct.unpack(">iq", raw[4:])
-    return raw[:4], port, offset
+    """``(store host address, port, commitlog offset)`` of an offsetMsgId."""
+    if len(msg_id) not in (32, 56) or not _HEX.fullmatch(msg_id):
+        raise RemotingProtocolError(f"message id {msg_id!r} is not 32 (IPv4) or 56 (IPv6) hex digits")
+    raw = bytes.fromhex(msg_id)
+    port, offset = _ID.unpack_from(raw, len(raw) - _ID.size)
+    return raw[:len(raw) - _ID.size], port, offset

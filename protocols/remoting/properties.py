@@ -1,102 +1,140 @@
 """Message properties as RocketMQ carries them (``name \\x01 value \\x02`` pairs), the
-well-known property names (MessageConst), and the body of SEND_BATCH_MESSAGE: messages
-back to back as MessageDecoder.encodeMessage writes them."""
+well-known property names (MessageConst), and SEND_BATCH_MESSAGE bodies: messages back to back
+as MessageDecoder.encodeMessages writes them."""
 
 from __future__ import annotations
 
 import struct
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import RemotingProtocolError
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "  # between the keys of KEYS
 
+# MessageConst property names
 KEYS = "KEYS"
 TAGS = "TAGS"
-WAIT = "WAIT"
-DELAY = "DELAY"
-RETRY_TOPIC = "RETRY_TOPIC"
-REAL_TOPIC = "REAL_TOPIC"
-REAL_QUEUE_ID = "REAL_QID"
-TRANSACTION_PREPARED = "TRAN_MSG"
-PRODUCER_GROUP = "PGROUP"
-MIN_OFFSET = "MIN_OFFSET"
+WAIT = "WAIT"  # "false": the producer does not wait for the flush
+DELAY = "DELAY"  # delay level, 1-based
+RETRY_TOPIC = "RETRY_TOPIC"  # the original topic of a message in %RETRY%{group}
+REAL_TOPIC = "REAL_TOPIC"  # the topic of a delayed / half message before it was parked
+REAL_QID = "REAL_QID"
+TRAN_MSG = "TRAN_MSG"  # "true": a transaction's half message
+PGROUP = "PGROUP"  # producer group
+MIN_OFFSET = "MIN_OFFSET"  # added by the pulling client from the pull reply
 MAX_OFFSET = "MAX_OFFSET"
-ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+BUYER_ID = "BUYER_ID"
+ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # the id a retried message had
+TRANSFER_FLAG = "TRANSFER_FLAG"
+CORRECTION_FLAG = "CORRECTION_FLAG"
+MQ2_FLAG = "MQ2_FLAG"
 RECONSUME_TIME = "RECONSUME_TIME"
-UNIQ_KEY = "UNIQ_KEY"  # PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: the client-made message id
+MSG_REGION = "MSG_REGION"
+TRACE_ON = "TRACE_ON"
+UNIQ_KEY = "UNIQ_KEY"  # the client-made message id (PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+EXTEND_UNIQ_INFO = "EXTEND_UNIQ_INFO"
 MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 CONSUME_START_TIME = "CONSUME_START_TIME"
-KEY_SEPARATOR = " "
+INNER_NUM = "INNER_NUM"
+INNER_BASE = "INNER_BASE"
+TRAN_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
+TRANSACTION_ID = "__transactionId__"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+INSTANCE_ID = "INSTANCE_ID"
+CORRELATION_ID = "CORRELATION_ID"
+REPLY_TO_CLIENT = "REPLY_TO_CLIENT"
+TTL = "TTL"
+CLUSTER = "CLUSTER"
+MSG_TYPE = "MSG_TYPE"
+SHARDING_KEY = "__SHARDINGKEY"
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+BORN_HOST = "__BORNHOST"
+BORN_TIMESTAMP = "BORN_TIMESTAMP"
+CRC32 = "__CRC32#"
+DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+# the gateway's names for the same properties
+REAL_QUEUE_ID = REAL_QID
+TRANSACTION_PREPARED = TRAN_MSG
+PRODUCER_GROUP = PGROUP
 
 
-def decode_properties(raw: str | bytes) -> dict[str, str]:
-    text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else raw
+def decode_properties(raw: str | bytes | memoryview) -> dict[str, str]:
+    """Properties from their string form. A pair is split at its first ``\\x01``; pairs without
+    a name or a separator are dropped. An empty value is kept, where RocketMQ's Java reader
+    drops it (string2messageProperties), so what we write reads back whole. Bytes are UTF-8
+    with bad sequences replaced, like Java's ``new String(bytes, UTF_8)``."""
+    text = raw if isinstance(raw, str) else str(raw, "utf-8", "replace")
     props: dict[str, str] = {}
     for pair in text.split(PROPERTY_SEPARATOR):
-        if not pair:
-            continue
         name, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
-        if sep:
+        if name and sep:
             props[name] = value
     return props
 
 
 def encode_properties(props: dict[str, str]) -> str:
-    """No separator after the last pair: some clients (ali-ons) read one as an empty property."""
-    return PROPERTY_SEPARATOR.join(f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items())
+    """The string form of ``props``. RocketMQ ends every pair with ``\\x02``; we leave the last
+    one out, because ali-ons turns a trailing separator into a property with an empty name,
+    and every other reader takes both forms."""
+    for name, value in props.items():
+        if not name or NAME_VALUE_SEPARATOR in name or PROPERTY_SEPARATOR in name or PROPERTY_SEPARATOR in value:
+            raise ValueError(f"property {name!r}={value!r} cannot be written with RocketMQ's separators")
+    return PROPERTY_SEPARATOR.join([f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items()])
 
 
 # -- batch bodies --------------------------------------------------------------------------
-_BATCH_HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body length
+# totalSize, magic, bodyCRC, flag, body length: clients write 0 for magic and CRC
+_BATCH_HEAD = struct.Struct(">iiiii")
+_I16 = struct.Struct(">h")
 
 
 @dataclass(slots=True)
 class BatchItem:
+    """One message of a batch: only its flag, body and properties travel (the header has the
+    rest). ``properties`` is the raw string form; ``decode_properties`` reads it."""
+
+    flag: int
     body: bytes
     properties: str = ""
-    flag: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
-
-
-def body_crc(body: bytes) -> int:
-    """UtilAll.crc32: CRC-32 with the sign bit cleared."""
-    return zlib.crc32(body) & 0x7FFFFFFF
 
 
 def encode_batch_body(items: list[BatchItem]) -> bytes:
+    """What a producer sends as a SEND_BATCH_MESSAGE body (MessageDecoder.encodeMessages)."""
     parts = []
     for item in items:
         props = item.properties.encode()
+        if len(props) > 0x7FFF:
+            raise ValueError(f"properties of {len(props)} bytes do not fit their 16-bit length")
         total = _BATCH_HEAD.size + len(item.body) + 2 + len(props)
-        parts.append(_BATCH_HEAD.pack(total, 0, body_crc(item.body), item.flag, len(item.body)) + item.body
-                     + struct.pack(">H", len(props)) + props)
+        parts += (_BATCH_HEAD.pack(total, 0, 0, item.flag, len(item.body)), item.body, _I16.pack(len(props)), props)
     return b"".join(parts)
 
 
-def decode_batch_body(data: bytes) -> list[BatchItem]:
+def decode_batch_body(data: bytes | memoryview) -> list[BatchItem]:
+    """The messages of a batch body. Like the broker (MessageExtEncoder.encodeBatch), it reads
+    the fields in sequence and ignores totalSize, magic code and body CRC, which clients fill
+    as they please; lengths that run past the body raise ``RemotingProtocolError``."""
     items = []
-    at = 0
-    while at < len(data):
-        try:
-            total, _magic, _crc, flag, body_len = _BATCH_HEAD.unpack_from(data, at)
-        except struct.error:
-            raise RemotingProtocolError("batch body truncated in a message header") from None
-        end = at + total
+    at, end = 0, len(data)
+    while at < end:
+        if at + _BATCH_HEAD.size > end:
+            raise RemotingProtocolError(f"batch message at byte {at} is truncated in its header")
+        _total, _magic, _crc, flag, body_length = _BATCH_HEAD.unpack_from(data, at)
         body_at = at + _BATCH_HEAD.size
-        if total < _BATCH_HEAD.size + 2 or end > len(data) or body_len < 0 or body_at + body_len + 2 > end:
-            raise RemotingProtocolError(f"batch message at byte {at} has inconsistent lengths")
-        body = data[body_at:body_at + body_len]
-        (props_len,) = struct.unpack_from(">H", data, body_at + body_len)
-        props_at = body_at + body_len + 2
-        if props_at + props_len > end:
-            raise RemotingProtocolError(f"batch message at byte {at}: properties run past the message")
-        try:
-            props = data[props_at:props_at + props_len].decode()
-        except UnicodeDecodeError:
-            raise RemotingProtocolError(f"batch message at byte {at}: properties are not UTF-8") from None
-        items.append(BatchItem(body, props, flag))
-        at = end
+        props_length_at = body_at + body_length
+        if body_length < 0 or props_length_at + 2 > end:
+            raise RemotingProtocolError(f"batch message at byte {at}: body length {body_length} runs past the body")
+        (props_length,) = _I16.unpack_from(data, props_length_at)
+        props_at = props_length_at + 2
+        if props_length < 0 or props_at + props_length > end:
+            raise RemotingProtocolError(f"batch message at byte {at}: properties length {props_length} "
+                                        "runs past the body")
+        items.append(BatchItem(flag, bytes(data[body_at:props_length_at]),
+                               str(data[props_at:props_at + props_length], "utf-8", "replace")))
+        at = props_at + props_length
     return items
