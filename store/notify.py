@@ -7,7 +7,7 @@ costs one dict entry per queue, never a backlog of events.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 
 class NotifySubscription:
@@ -56,6 +56,16 @@ class NotifySubscription:
         self._closed = True
         self._hub._subscriptions.discard(self)
         self._wakeup.set()
+
+    async def feed(self, handle: Callable[[str, int], None]) -> None:
+        """Call ``handle(queue, max_offset)`` for every event until cancelled, then close."""
+        try:
+            async for queue, max_offset in self:
+                handle(queue, max_offset)
+                for q, offset in self.drain().items():
+                    handle(q, offset)
+        finally:
+            self.close()
 
 
 class NotifyHub:

@@ -96,7 +96,7 @@ class AMQPBroker:
                 exchange.bindings.append(Binding(doc["queue"], doc["routing_key"], doc["arguments"]))
         notify = self.store.subscribe_notify()
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._notify_loop(notify), name="amqp-notify"))
+        self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="amqp-notify"))
         self._tasks.append(loop.create_task(self._housekeeping(), name="amqp-housekeeping"))
         if self.pressure is not None:
             self.pressure.on_change(self._resource_alarm)
@@ -114,15 +114,6 @@ class AMQPBroker:
                 pass
         for queue in self.queues.values():
             queue.save()
-
-    async def _notify_loop(self, notify) -> None:
-        try:
-            async for queue_name, max_offset in notify:
-                self._on_notify(queue_name, max_offset)
-                for q, off in notify.drain().items():
-                    self._on_notify(q, off)
-        finally:
-            notify.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if not store_queue_name.startswith("q:"):

@@ -104,7 +104,7 @@ class MQTTBroker:
         for topic, raw in self._retained_table.items():
             self.retained[topic] = _POSITION.unpack(raw)[0]
         notify = self.store.subscribe_notify()
-        self._tasks.append(asyncio.get_running_loop().create_task(self._notify_loop(notify), name="mqtt-notify"))
+        self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
         if self.settings.sys_interval_s > 0:
             self._tasks.append(asyncio.get_running_loop().create_task(publish_sys_topics(self), name="mqtt-sys"))
@@ -303,21 +303,11 @@ class MQTTBroker:
                 del self.readers[queue]
                 self.cache.drop(queue)
 
-    async def _notify_loop(self, notify) -> None:
-        try:
-            async for queue, max_offset in notify:
-                self._on_notify(queue, max_offset)
-                for q, off in notify.drain().items():
-                    self._on_notify(q, off)
-        finally:
-            notify.close()
-
     def _on_notify(self, queue: str, max_offset: int) -> None:
         readers = self.readers.get(queue)
         if not readers:
             return
-        if self.cache is not None:
-            self.cache.on_notify(queue, max_offset)  # type: ignore[attr-defined]
+        self.cache.on_notify(queue, max_offset)
         for conn in readers:
             conn.schedule_pump()
 

@@ -189,7 +189,7 @@ class RemotingBroker:
     async def start(self) -> None:
         notify = self.store.subscribe_notify()
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._notify_loop(notify), name="remoting-notify"))
+        self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="remoting-notify"))
         self._tasks.append(loop.create_task(self._expire_members(), name="remoting-groups"))
         self.schedule.start()
         log.info("remoting state restored topics=%d", len(self.topics.topics))
@@ -203,15 +203,6 @@ class RemotingBroker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-
-    async def _notify_loop(self, notify) -> None:
-        try:
-            async for queue_name, max_offset in notify:
-                self._on_notify(queue_name, max_offset)
-                for q, off in notify.drain().items():
-                    self._on_notify(q, off)
-        finally:
-            notify.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if store_queue_name.startswith(STORE_QUEUE_PREFIX):

@@ -62,24 +62,20 @@ class ConsumerGroups:
             self._changed(group)
 
     def connection_closed(self, connection: Any) -> None:
-        for group, members in list(self.groups.items()):
-            gone = [cid for cid, m in members.items() if m.connection is connection]
-            for client_id in gone:
-                del members[client_id]
-            if not members:
-                del self.groups[group]
-            if gone:
-                self._changed(group)
+        self._drop(lambda member: member.connection is connection)
 
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self._drop(lambda member: now - member.last_heartbeat > self.expiry_s)
+
+    def _drop(self, gone: Callable[[Member], bool]) -> None:
         for group, members in list(self.groups.items()):
-            gone = [cid for cid, m in members.items() if now - m.last_heartbeat > self.expiry_s]
-            for client_id in gone:
+            leaving = [cid for cid, member in members.items() if gone(member)]
+            for client_id in leaving:
                 del members[client_id]
             if not members:
                 del self.groups[group]
-            if gone:
+            if leaving:
                 self._changed(group)
 
     def client_ids(self, group: str) -> list[str]:
