@@ -433,7 +433,9 @@ class RemotingBroker:
             return self.cache.read(queue, offset, max_messages, MAX_PULL_BYTES)
         return self.store.get_now(queue, offset, max_messages, MAX_PULL_BYTES, tag_hashes=tags)
 
-    async def pull_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+    def pull_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+        """Answered at once when there is data (or no suspend asked); else a coroutine that
+        holds the pull until the store's notify or its timeout."""
         header = PullMessageHeader.from_ext_fields(request.ext_fields)
         queue = self._readable(header.topic, header.queue_id)
         if header.sys_flag & FLAG_SUBSCRIPTION or header.subscription:
@@ -453,8 +455,13 @@ class RemotingBroker:
         if (result.status in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_SUCH_QUEUE)
                 and header.sys_flag & FLAG_SUSPEND and header.suspend_timeout_millis):
             timeout = min(header.suspend_timeout_millis / 1000, self.long_poll_max_s)
-            if await self.holds.wait(queue, offset, timeout):
-                result = self._read(queue, offset, max_messages, tags)
+            return self._held_pull(request, header, queue, offset, max_messages, tags, timeout, result)
+        return self._pull_response(request, result, offset, header.topic, header.queue_id)
+
+    async def _held_pull(self, request: RemotingCommand, header: PullMessageHeader, queue: str, offset: int,
+                         max_messages: int, tags: frozenset[int] | None, timeout: float, result) -> RemotingCommand:
+        if await self.holds.wait(queue, offset, timeout):
+            result = self._read(queue, offset, max_messages, tags)
         return self._pull_response(request, result, offset, header.topic, header.queue_id)
 
     def _pull_response(self, request: RemotingCommand, result, offset: int, topic: str,
