@@ -96,7 +96,7 @@ async def test_json_and_binary_headers_are_answered_in_kind(data_dir: Path) -> N
 
 
 async def test_oneway_unknown_and_bad_requests(data_dir: Path) -> None:
-    async with remoting_gateway(data_dir) as (gw, addr):
+    async with remoting_gateway(data_dir, max_message_size=4096) as (gw, addr):
         client = await RawRemoting.open(addr)
         client.send(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "g", "topic": "Raw", "queueId": "0",
                                                          "commitOffset": "5"}, flag=FLAG_ONEWAY)
@@ -108,6 +108,10 @@ async def test_oneway_unknown_and_bad_requests(data_dir: Path) -> None:
         assert bad.code == ResponseCode.SYSTEM_ERROR and "queueId" in (bad.remark or "")
         missing = await client.call(RequestCode.PULL_MESSAGE, pull_header("NoSuchTopic", 0))
         assert missing.code == ResponseCode.TOPIC_NOT_EXIST
+        too_big = await client.call(RequestCode.SEND_MESSAGE, send_header("Raw"), b"x" * 5000)
+        assert too_big.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds" in (too_big.remark or "")
+        bad_topic = await client.call(RequestCode.SEND_MESSAGE, send_header("no spaces allowed"), b"x")
+        assert bad_topic.code == ResponseCode.MESSAGE_ILLEGAL
         client.close()
 
 

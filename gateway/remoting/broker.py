@@ -39,13 +39,8 @@ from protocols.remoting.properties import (
     decode_properties,
 )
 from protocols.remoting.tags import subscription_codes
-from store import (
-    GetStatus,
-    MessageStore,
-    PutResult,
-    StoredMessage,
-    StoreError,
-)
+from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
+from store.errors import InvalidMessageError, MessageTooLargeError
 
 from .groups import ConsumerGroups, Subscription
 from .long_poll import PullHolds
@@ -237,6 +232,8 @@ class RemotingBroker:
             return response_to(request, exc.code, str(exc))
         if isinstance(exc, RemotingProtocolError):
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
+        if isinstance(exc, (MessageTooLargeError, InvalidMessageError)):
+            return response_to(request, ResponseCode.MESSAGE_ILLEGAL, str(exc))
         if isinstance(exc, StoreError):
             log.error("remoting store error code=%d error=%s", request.code, exc)
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"store error: {exc}")

@@ -12,13 +12,14 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-from protocols.remoting.codes import RequestCode
+from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import (
     FLAG_ONEWAY,
     FrameReader,
     RemotingCommand,
     encode,
+    response_to,
 )
 
 from .broker import Pending
@@ -63,7 +64,11 @@ class RemotingConnection(asyncio.Protocol):
         self.flush()
 
     def _dispatch(self, request: RemotingCommand) -> None:
-        reply = self.broker.dispatch(self, request)
+        try:
+            reply = self.broker.dispatch(self, request)
+        except Exception:  # a bug must not take the connection (or the loop's reader) down
+            log.exception("remoting request failed code=%d peer=%s", request.code, self.peer)
+            reply = response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
         if isinstance(reply, Pending):  # a store write: answered when it is durable, no task
             reply.future.add_done_callback(lambda f: self._pending_done(request, reply, f))
         elif asyncio.iscoroutine(reply):  # may wait (long polling): its own task
