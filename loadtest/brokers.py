@@ -1,6 +1,10 @@
-"""The brokers bench_mqtt.py measures, each started on a free loopback port and stopped by PID:
-TideMQ (``python -m gateway serve``, persistence on), Mosquitto (Debian's package, persistence
-off) and the amqtt broker (the Python peer, in its own process)."""
+"""The brokers the benchmarks measure, each started on a free loopback port and stopped by PID.
+
+bench_mqtt.py (``start_broker``): TideMQ (``python -m gateway serve``, persistence on),
+Mosquitto (Debian's package, persistence off) and the amqtt broker (the Python peer, in its own
+process). bench_amqp.py (``start_amqp_broker``): TideMQ with only its AMQP listener and
+``--flush sync``, and a private RabbitMQ node (Debian's package) with its own epmd, config, data
+and logs in a temp dir."""
 
 from __future__ import annotations
 
@@ -14,9 +18,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from loadtest.amqp_wire import AMQPClientError, Conn
 from loadtest.mqtt_wire import HOST
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,10 +82,15 @@ class Broker:
     proc: subprocess.Popen[bytes]
     workdir: Path
     log_path: Path
+    # the process whose CPU is the broker's when it is not ``proc`` (RabbitMQ: the beam.smp
+    # under the start script), and helpers stopped after it (RabbitMQ: its private epmd)
+    worker: psutil.Process | None = None
+    helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    version: str = ""
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.worker.pid if self.worker is not None else self.proc.pid
 
     def log_tail(self, lines: int = 3, complaints_only: bool = False) -> str:
         """The last lines of the broker's log, or of its warnings and errors only."""
@@ -90,14 +102,34 @@ class Broker:
             text = [line for line in text if "error" in line.lower() or "warn" in line.lower()]
         return " | ".join(line[:300] for line in text[-lines:])
 
-    def stop(self) -> None:
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        return self.worker is None or self.worker.is_running()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.worker is not None:  # psutil checks it is still the process we found, not a reused PID
+            try:
+                self.worker.wait(timeout_s)
+            except psutil.TimeoutExpired:
+                self.worker.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for helper in self.helpers:
+            if helper.poll() is None:
+                helper.terminate()
+                try:
+                    helper.wait(5)
+                except subprocess.TimeoutExpired:
+                    helper.kill()
+                    helper.wait(5)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -174,3 +206,121 @@ def broker_versions() -> str:
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{label}=missing")
     return " ".join(parts)
+
+
+# -- AMQP brokers (bench_amqp.py) ------------------------------------------------------------------
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # not /usr/sbin's wrapper: it su's to rabbitmq
+RABBITMQ_START_S = 90.0  # a node boots in ~8 s here when the machine is idle
+AMQP_START_S = 30.0
+
+
+def rabbitmq_version() -> str | None:
+    """The installed rabbitmq-server package's version, or None."""
+    if not os.access(RABBITMQ_SERVER, os.X_OK):
+        return None
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"], capture_output=True,
+                             text=True, check=False, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return out or "?"
+
+
+def epmd_path() -> str | None:
+    found = shutil.which("epmd")
+    if found:
+        return found
+    for erts in sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"), reverse=True):
+        if os.access(erts, os.X_OK):
+            return str(erts)
+    return None
+
+
+def start_amqp_broker(name: str) -> Broker:
+    """TideMQ (AMQP listener only, ``--flush sync``) or a private RabbitMQ node, on a free
+    127.0.0.1 port; returns once it completes an AMQP handshake."""
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-amqp-{name}-"))
+    log_path = workdir / "console.log"
+    env = dict(os.environ)
+    helpers: list[subprocess.Popen[bytes]] = []
+    if name == "tidemq":
+        command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
+                   "--mqtt-bind", "", "--amqp-bind", f"{HOST}:{port}", "--remoting-bind", "",
+                   "--metrics-bind", "", "--flush", "sync"]
+        deadline_s = AMQP_START_S
+    elif name == "rabbitmq":
+        epmd = epmd_path()
+        if rabbitmq_version() is None or epmd is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise BrokerUnavailable("rabbitmq-server is not installed: run scripts/bench-setup.sh "
+                                    "(apt-get install -y rabbitmq-server)")
+        epmd_port, dist_port = free_port(), free_port()
+        (workdir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = {HOST}:{port}\n"
+            "loopback_users.guest = true\n"
+            "log.console = false\n")
+        (workdir / "enabled_plugins").write_text("[].\n")  # no management plugin: only the broker
+        env.update({
+            "HOME": str(workdir),  # its .erlang.cookie goes here
+            "RABBITMQ_NODENAME": "tidemqbench@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": HOST,
+            "RABBITMQ_NODE_PORT": str(port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "ERL_EPMD_PORT": str(epmd_port),
+            "ERL_EPMD_ADDRESS": HOST,
+            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(workdir / "log"),
+            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),  # absent: /etc's is not read
+            "RABBITMQ_PID_FILE": str(workdir / "rabbitmq.pid"),
+            "RABBITMQ_PLUGINS_EXPAND_DIR": str(workdir / "plugins-expand"),
+            # Erlang distribution on loopback only
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        })
+        # Our own epmd, a child of ours on a free port, so that the node neither uses nor starts
+        # a system-wide one (erl's "epmd -daemon" finds the port taken and leaves).
+        with open(workdir / "epmd.log", "wb") as epmd_log:
+            helpers.append(subprocess.Popen([epmd, "-port", str(epmd_port), "-address", HOST], cwd=workdir,
+                                            stdin=subprocess.DEVNULL, stdout=epmd_log, stderr=subprocess.STDOUT,
+                                            env=env))
+        command = [RABBITMQ_SERVER]
+        deadline_s = RABBITMQ_START_S
+    else:
+        raise ValueError(name)
+    with open(log_path, "wb") as console:
+        proc = subprocess.Popen(command, cwd=workdir if name == "rabbitmq" else ROOT, stdin=subprocess.DEVNULL,
+                                stdout=console, stderr=subprocess.STDOUT, env=env)
+    broker = Broker(name, port, proc, workdir, log_path, helpers=helpers)
+    try:
+        deadline = time.monotonic() + deadline_s
+        last_error = "no answer"
+        while True:
+            if proc.poll() is not None:
+                raise BrokerUnavailable(f"{name} exited with status {proc.returncode}: {broker.log_tail()}")
+            if name == "rabbitmq" and broker.worker is None:
+                beams = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "beam.smp"]
+                broker.worker = beams[0] if beams else None
+            try:
+                conn = Conn(port, 5.0)
+            except (OSError, AMQPClientError) as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            else:
+                props = conn.server_properties
+                conn.close()
+                broker.version = " ".join(str(props[k]) for k in ("product", "version", "platform") if props.get(k))
+                if name == "rabbitmq":
+                    if broker.worker is None:
+                        raise BrokerUnavailable("rabbitmq answers but its beam.smp process was not found")
+                    # booted: from now on its complaints are in the node's log, not on stdout
+                    broker.log_path = workdir / "log" / "tidemqbench@localhost.log"
+                return broker
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"{name} completed no AMQP handshake on {HOST}:{port} within "
+                                        f"{deadline_s:g} s ({last_error}): {broker.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        broker.stop()
+        raise

@@ -1,0 +1,738 @@
+"""AMQP 0-9-1 benchmark: the same workload against TideMQ and RabbitMQ in one run.
+
+    bash scripts/bench-setup.sh && .venv/bin/python -m loadtest.bench_amqp --quick
+    python -m loadtest.bench_amqp [--quick] [--brokers tidemq,rabbitmq]
+                                  [--scenarios publish_confirm,publish,consume,fanout_topic] [--out FILE]
+
+Brokers (``loadtest.brokers.start_amqp_broker``), one per broker for all its scenarios, each on a
+free 127.0.0.1 port and stopped by PID at the end: TideMQ (``python -m gateway serve`` with only
+the AMQP listener, ``--flush sync``: a publish is confirmed after fdatasync) and a private
+RabbitMQ node from Debian's ``rabbitmq-server`` package (its own epmd, config, data and logs in
+a temp dir, no plugins; it fsyncs before confirming persistent messages too). Both get durable
+queues and persistent messages (delivery_mode 2); every scenario declares its own queues and
+deletes them at its end; a broker that died is started again for the next scenario. A broker
+that is not installed or does not start gets ``skipped reason=...`` lines; the other goes on.
+
+Load generator: forked processes on raw sockets (``loadtest.amqp_wire``). pamqp encodes the
+handshake and one publish (method, content header and 64-byte body frames) once; a publisher
+writes that publish N times from one pre-built buffer, and incoming frames are walked on their
+boundaries, reading only basic.ack/nack (confirms, multiple flag) and basic.deliver + header +
+body in place. Sockets are read every millisecond rather than on each readiness (as in
+bench_mqtt), so one read takes many frames and a consumer's basic.ack (multiple, per channel
+and read) covers many deliveries. The scenarios:
+
+- publish_confirm: 4 publisher connections (one process), confirm mode, each keeping up to
+  1,000 publishes unconfirmed, into one durable queue for ``seconds``; then they wait for the
+  last confirms. ``msgs_per_s`` = confirmed / (first send .. last confirm). Afterwards
+  queue.declare passive must count every confirmed message: ``lost`` = confirmed - queued.
+- publish: the same without confirms, writing as fast as the broker reads. The coordinator
+  polls the queue's message_count (queue.declare passive) every 10 ms and the publishers stay
+  at most 20,000 messages ahead of it (else loopback socket buffers, tens of MB, would hold
+  seconds of backlog); after ``seconds`` it polls until the queue holds everything sent or
+  stops growing: ``msgs_per_s`` = queued / (first send .. the poll that saw the last message),
+  ``lost`` = sent - queued.
+- consume: a durable queue pre-filled (not timed) with ``messages`` persistent messages; one
+  consumer connection, basic.qos prefetch 100, manual acks; ``msgs_per_s`` = consumed /
+  (basic.consume .. last delivery). ``lost`` = pre-filled - consumed - what the queue still
+  counts after the consumer closed.
+- fanout_topic: a durable topic exchange, 100 durable queues bound with the same pattern
+  (``bench.fanout.#``), one consumer channel each (prefetch 100, manual acks; 10 channels a
+  connection, 2 processes); one confirming publisher (window 100) sends persistent messages
+  with routing key ``bench.fanout.msg`` for ``seconds``, staying at most 300 messages ahead of
+  the average queue's consumer. ``deliveries_per_s`` = deliveries counted across the 100 queues /
+  (first send .. last delivery); ``lost`` = confirmed x 100 - deliveries. Consumers read every
+  5 ms here (100 channels share the deliveries: prefetch never binds).
+
+``drain`` says how the counting ended: ``complete`` (all expected counted), ``idle`` (nothing
+more came for 2 s: what is missing was dropped) or ``timeout`` (still arriving when the drain
+bound, 15 s, 5 s with --quick, ran out: what is missing had not arrived yet).
+
+``--quick`` sends for 3 s (consume: 30,000 messages) instead of 15 s (300,000), for both brokers
+and all scenarios in well under 90 s (35 s here); its lines say ``quick=1``. One line per (broker, scenario):
+
+    amqp broker=B scenario=publish_confirm ... msgs_per_s=... confirmed=... queued=... lost=0
+         gen_cpu=..% broker_cpu=..% other_cpu=..%              (one line)
+    amqp broker=B scenario=... error="..."             (the scenario failed; the run goes on)
+    amqp broker=B scenario=... skipped reason="..."    (the broker is missing or did not start)
+
+``gen_cpu`` is all load generator processes, ``broker_cpu`` the broker (TideMQ's Python process,
+RabbitMQ's beam.smp), ``other_cpu`` the rest of the machine (other jobs; high values disturb the
+figures; the coordinator's psutil sampling and count polls land there too), sampled with psutil
+every 0.1 s over the interval the rate is computed on; 100% is one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import selectors
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pamqp import commands
+
+from loadtest.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
+from loadtest.bench_mqtt import (
+    DELIVERED,
+    DRAIN_DEADLINE,
+    EXPECTED,
+    MACHINE,
+    PUBLISHERS_DONE,
+    SLACK_S,
+    WORKER_WAIT_S,
+    CpuSampler,
+    Workers,
+    parse_list,
+    quote,
+    ready_events,
+    split,
+)
+from loadtest.brokers import (
+    Broker,
+    BrokerUnavailable,
+    ScenarioError,
+    rabbitmq_version,
+    raise_fd_limit,
+    start_amqp_broker,
+)
+from loadtest.mqtt_wire import PAYLOAD_SIZE
+
+BROKERS = ("tidemq", "rabbitmq")
+SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic")
+BODY = bytes(i % 256 for i in range(PAYLOAD_SIZE))  # 64 bytes, as bench_mqtt's payloads
+POLL_S = 0.001  # sockets are read every POLL_S (see bench_mqtt.POLL_S)
+IDLE_FOR_S = 2.0  # consumers stop when nothing came for this long once the publishers are done
+COUNT_POLL_S = 0.01  # the coordinator's queue.declare passive polls
+FANOUT_KEY = "bench.fanout.msg"
+FANOUT_PATTERN = "bench.fanout.#"
+FANOUT_PROCS = 2
+# Fan-out consumers read every 5 ms: 100 channels share the deliveries, so a channel gets a few
+# per read and prefetch 100 never binds, while each read of a connection costs a recv and an
+# ack write; reading every 1 ms cost the generator ~9 us per delivery (RabbitMQ, 25k/s).
+FANOUT_POLL_S = 0.005
+CHANNELS_PER_CONN = 10
+# What a fresh broker always logs as a warning: not worth a log_complaints line.
+BENIGN_LOG_LINES = ("rebuilding indices from scratch",)  # RabbitMQ's first boot of a message store
+
+
+# -- what to run -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Plan:
+    quick: bool
+    seconds: float = 15.0  # publish_confirm, publish, fanout_topic: how long the publishers send
+    publishers: int = 4  # connections, publish_confirm and publish
+    publisher_procs: int = 1
+    window: int = 1000  # unconfirmed publishes per publisher (publish_confirm)
+    write_batch: int = 1000  # publishes per write (publish)
+    # publish: sent at most this many ahead of the queue's count (else socket buffers, up to
+    # tens of MB on loopback, hold seconds of backlog and "sent" says nothing of the broker)
+    publish_ahead: int = 20_000
+    consume_messages: int = 300_000
+    consume_timeout_s: float = 60.0
+    prefetch: int = 100
+    fanout_queues: int = 100
+    fanout_window: int = 100
+    fanout_ahead: int = 300  # messages ahead of the average queue's consumer at most
+    drain_s: float = 15.0
+    handshake_s: float = 30.0
+
+
+FULL = Plan(quick=False)
+QUICK = replace(FULL, quick=True, seconds=3.0, consume_messages=30_000, consume_timeout_s=15.0, drain_s=5.0,
+                handshake_s=10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PubLoad:
+    """What a publisher process does, as the worker sees it."""
+
+    exchange: str
+    routing_key: str
+    confirm: bool
+    window: int  # confirm: unconfirmed publishes per connection; else publishes per write
+    seconds: float
+    drain_s: float  # how long after ``seconds`` the last confirms may take
+    handshake_s: float
+    # The process's publishes stay at most this many ahead of what was taken (0 = no bound):
+    # the DELIVERED slots' sum / consumer_channels, i.e. the average consumer channel's
+    # deliveries (fanout_topic) or the queue's message_count polled by the coordinator (publish).
+    ahead: int = 0
+    consumer_channels: int = 1
+    poll_s: float = POLL_S
+
+
+@dataclass(frozen=True, slots=True)
+class SubLoad:
+    """What a consumer process does: one channel per queue, CHANNELS_PER_CONN to a connection."""
+
+    prefetch: int
+    consume_on_go: bool  # basic.consume when told to go (consume), or before ready (fanout_topic)
+    timeout_s: float  # the whole run's bound, on top of which SLACK_S
+    handshake_s: float
+    poll_s: float = POLL_S
+
+
+# -- worker processes ------------------------------------------------------------------------------
+def publisher_worker(w: Workers, index: int, port: int, connections: int, load: PubLoad) -> None:
+    conns: list[Conn] = []
+    try:
+        for _ in range(connections):
+            conns.append(Conn(port, load.handshake_s))
+            conns[-1].open_channel(1, confirm=load.confirm)
+        w.report("ready", "publisher", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        w.report("result", "publisher", index, pump_publishers(w, conns, load))
+        w.release.wait(WORKER_WAIT_S)  # connections stay open until the coordinator has counted
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
+        w.report("error", "publisher", index, f"publisher: {type(exc).__name__}: {exc}")
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def update_interest(sel: selectors.BaseSelector, conn: Conn, writing: set[Conn]) -> None:
+    if (conn.pending is not None) != (conn in writing):
+        sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.pending is not None else 0), conn)
+        writing.symmetric_difference_update((conn,))
+
+
+def check(conn: Conn) -> None:
+    problem = conn.unexpected()
+    if problem:
+        raise AMQPClientError(f"broker sent {problem}")
+
+
+def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, Any]:
+    frame = publish_frames(1, load.exchange, load.routing_key, BODY)
+    size = len(frame)
+    block = memoryview(frame * load.window)  # the most one write sends
+    sel = selectors.DefaultSelector()
+    for c in conns:
+        c.nonblocking()
+        sel.register(c.sock, selectors.EVENT_READ, c)
+    writing: set[Conn] = set()
+    shared = w.shared
+    started = time.monotonic_ns()
+    stop_sending = started + int(load.seconds * 1e9)
+    give_up = stop_sending + int(load.drain_s * 1e9)
+    first_send = last_send = 0
+    while True:
+        now = time.monotonic_ns()
+        sending = now < stop_sending
+        allowance = 2**62
+        if load.ahead and sending:
+            delivered = sum(shared[DELIVERED:]) // load.consumer_channels
+            allowance = load.ahead - (sum(c.sent for c in conns) - delivered)
+        for c in conns:
+            if c.pending is not None:
+                c.flush()
+            if c.pending is None and sending:
+                n = min(allowance, load.window - c.outstanding if load.confirm else load.window)
+                if n > 0:
+                    allowance -= n
+                    c.write(block[: n * size])
+                    c.sent += n
+                    first_send = first_send or now
+                    last_send = now
+            update_interest(sel, c, writing)
+        if not sending and all(c.pending is None and (not load.confirm or c.outstanding <= 0) for c in conns):
+            break
+        if now > give_up:
+            break
+        for key, events in ready_events(sel, 0.05, load.poll_s):
+            c = key.data
+            if events & selectors.EVENT_READ:
+                c.on_readable(time.monotonic_ns())
+            if events & selectors.EVENT_WRITE:
+                c.flush()
+        for c in conns:
+            check(c)
+    sel.close()
+    return {
+        "sent": sum(c.sent for c in conns),
+        "confirmed": sum(c.confirmed for c in conns),
+        "nacked": sum(c.nacked for c in conns),
+        "first_send_ns": first_send,
+        "last_send_ns": last_send,
+        "last_confirm_ns": max(c.last_confirm_ns for c in conns),
+        "blocked": next((c.blocked for c in conns if c.blocked), ""),
+    }
+
+
+def consumer_worker(w: Workers, index: int, port: int, queues: list[str], load: SubLoad) -> None:
+    conns: list[tuple[Conn, list[tuple[int, str]]]] = []
+    try:
+        for group in [queues[i:i + CHANNELS_PER_CONN] for i in range(0, len(queues), CHANNELS_PER_CONN)]:
+            conn = Conn(port, load.handshake_s)
+            channels = list(enumerate(group, 1))
+            conns.append((conn, channels))
+            for number, queue in channels:
+                conn.open_channel(number, prefetch=load.prefetch)
+                if not load.consume_on_go:
+                    conn.rpc(number, commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
+        w.report("ready", "consumer", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        w.report("result", "consumer", index, pump_consumers(w, index, conns, load))
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
+        w.report("error", "consumer", index, f"consumer: {type(exc).__name__}: {exc}")
+    finally:
+        for conn, _ in conns:
+            conn.close()
+
+
+def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[int, str]]]],
+                   load: SubLoad) -> dict[str, Any]:
+    started = time.monotonic_ns()
+    if load.consume_on_go:
+        for conn, channels in conns:
+            conn.sock.sendall(b"".join(method_frame(n, commands.Basic.Consume(queue=q)) for n, q in channels))
+    sel = selectors.DefaultSelector()
+    for conn, _ in conns:
+        conn.nonblocking()
+        sel.register(conn.sock, selectors.EVENT_READ, conn)
+    writing: set[Conn] = set()
+    shared = w.shared
+    slot = DELIVERED + index
+    channels = sum(len(ch) for _, ch in conns)
+    idle_ns = int(IDLE_FOR_S * 1e9)
+    last_data = started
+    hard_stop = started + int((load.timeout_s + SLACK_S) * 1e9)
+    delivered = 0
+    outcome = "timeout"
+    while True:
+        ready = ready_events(sel, 0.05, load.poll_s)
+        now = time.monotonic_ns()
+        got = 0
+        for key, events in ready:
+            c = key.data
+            if events & selectors.EVENT_READ:
+                got += c.on_readable(now)
+                acks = c.acks()
+                if acks:
+                    if c.pending is None:
+                        c.write(acks)
+                    else:
+                        c.pending = memoryview(bytes(c.pending) + acks)
+            if c.pending is not None:
+                c.flush()
+            update_interest(sel, c, writing)
+        for c, _ in conns:
+            check(c)
+        if got:
+            delivered += got
+            last_data = now
+            shared[slot] += got
+        if shared[PUBLISHERS_DONE]:
+            if delivered >= shared[EXPECTED] * channels:
+                outcome = "complete"
+                break
+            if now - last_data > idle_ns:
+                outcome = "idle"
+                break
+            if now > shared[DRAIN_DEADLINE]:
+                break
+        if now > hard_stop:
+            break
+    sel.close()
+    firsts = [c.first_delivery_ns for c, _ in conns if c.first_delivery_ns]
+    return {
+        "delivered": delivered,
+        "start_ns": started,
+        "first_delivery_ns": min(firsts, default=0),
+        "last_delivery_ns": max(c.last_delivery_ns for c, _ in conns),
+        "outcome": outcome,
+    }
+
+
+# -- the coordinator's side ------------------------------------------------------------------------
+def cpu_fields(sampler: CpuSampler, gen: list[int], broker: int, start_ns: int, end_ns: int) -> str:
+    gen_pct = sampler.percent(gen, start_ns, end_ns)
+    own = sampler.percent([broker], start_ns, end_ns)
+    other = max(0.0, sampler.percent([MACHINE], start_ns, end_ns) - gen_pct - own)
+    return f"gen_cpu={gen_pct:.0f}% broker_cpu={own:.0f}% other_cpu={other:.0f}%"
+
+
+def setup_conn(broker: Broker, plan: Plan) -> Conn:
+    conn = Conn(broker.port, plan.handshake_s)
+    conn.open_channel(1)
+    return conn
+
+
+def declare_queue(conn: Conn, name: str) -> None:
+    conn.rpc(1, commands.Queue.Declare(queue=name, durable=True), commands.Queue.DeclareOk)
+
+
+def delete_queues(broker: Broker, plan: Plan, names: list[str], exchange: str = "") -> None:
+    """Clean up after a scenario on a fresh connection (a failed scenario may have closed the other)."""
+    conn = setup_conn(broker, plan)
+    try:
+        for name in names:
+            conn.rpc(1, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
+        if exchange:
+            conn.rpc(1, commands.Exchange.Delete(exchange=exchange), commands.Exchange.DeleteOk)
+    finally:
+        conn.close()
+
+
+def wait_count(conn: Conn, queue: str, target: int, timeout_s: float,
+               settle_s: float = IDLE_FOR_S) -> tuple[int, int, str]:
+    """Poll the queue's message_count until it reaches ``target`` ("complete"), stops changing
+    for ``settle_s`` ("idle") or ``timeout_s`` runs out ("timeout"); returns it, when it last
+    changed (monotonic ns) and which."""
+    deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+    count = conn.message_count(1, queue)
+    changed = time.monotonic_ns()
+    while count < target:
+        now = time.monotonic_ns()
+        if now > deadline:
+            return count, changed, "timeout"
+        if now - changed > settle_s * 1e9:
+            return count, changed, "idle"
+        time.sleep(COUNT_POLL_S)
+        latest = conn.message_count(1, queue)
+        if latest != count:
+            count, changed = latest, time.monotonic_ns()
+    return count, changed, "complete"
+
+
+class CountPoller:
+    """Polls a queue's message_count (queue.declare passive on the coordinator's connection)
+    into the DELIVERED slot while the publishers run: their ``ahead`` bound."""
+
+    def __init__(self, conn: Conn, queue: str, shared: Any) -> None:
+        self.conn, self.queue, self.shared = conn, queue, shared
+        self.error: Exception | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(COUNT_POLL_S):
+                self.shared[DELIVERED] = self.conn.message_count(1, self.queue)
+        except Exception as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.conn.timeout_s + 5)
+        if self._thread.is_alive():
+            raise ScenarioError("queue.declare passive got no answer")
+        if self.error is not None:
+            raise self.error
+
+
+def run_publishers(broker: Broker, plan: Plan, load: PubLoad, poll: tuple[Conn, str] | None = None,
+                   after: Any = None) -> tuple[list[dict[str, Any]], Any, CpuSampler, list[int]]:
+    """Publisher processes against an existing queue (whose count ``poll`` feeds their
+    ``ahead`` bound); ``after(pubs)`` runs while the CPU sampler and the publishers'
+    connections are still up."""
+    groups = split(list(range(plan.publishers)), plan.publisher_procs)
+    w = Workers()
+    sampler: CpuSampler | None = None
+    poller: CountPoller | None = None
+    try:
+        for group in groups:
+            w.start(publisher_worker, broker.port, len(group), load)
+        w.collect("publisher", len(groups), "ready", load.handshake_s + SLACK_S)
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        if poll is not None:
+            poller = CountPoller(*poll, w.shared)
+        w.go.set()
+        pubs = w.collect("publisher", len(groups), "result", load.seconds + load.drain_s + SLACK_S)
+        if poller is not None:
+            poller.stop()
+            poller = None
+        extra = after(pubs) if after is not None else None
+        sampler.stop()
+    finally:
+        if poller is not None:
+            poller.stop()
+        if sampler is not None:
+            sampler.stop()
+        w.close()
+    return pubs, extra, sampler, w.pids
+
+
+def publish_confirm(broker: Broker, plan: Plan) -> str:
+    queue = "bench.publish_confirm"
+    conn = setup_conn(broker, plan)
+    try:
+        declare_queue(conn, queue)
+        load = PubLoad("", queue, confirm=True, window=plan.window, seconds=plan.seconds, drain_s=plan.drain_s,
+                       handshake_s=plan.handshake_s)
+        pubs, _, sampler, pids = run_publishers(broker, plan, load)
+        queued = conn.message_count(1, queue)
+    finally:
+        conn.close()
+    delete_queues(broker, plan, [queue])
+    sent, confirmed, nacked = (sum(r[k] for r in pubs) for k in ("sent", "confirmed", "nacked"))
+    first = min((r["first_send_ns"] for r in pubs if r["first_send_ns"]), default=0)
+    last = max(r["last_confirm_ns"] for r in pubs)
+    if not first or not confirmed:
+        raise ScenarioError(f"nothing confirmed: sent={sent} nacked={nacked}")
+    line = (f"publishers={plan.publishers} window={plan.window} seconds={plan.seconds:g} "
+            f"msgs_per_s={confirmed / max(1, last - first) * 1e9:.0f} sent={sent} confirmed={confirmed} "
+            f"nacked={nacked} unconfirmed={sent - confirmed - nacked} queued={queued} "
+            f"lost={max(0, confirmed - queued)} {cpu_fields(sampler, pids, broker.pid, first, last)}")
+    return line + blocked_note(pubs)
+
+
+def blocked_note(pubs: list[dict[str, Any]]) -> str:
+    blocked = next((r["blocked"] for r in pubs if r.get("blocked")), "")
+    return f' blocked="{quote(blocked)}"' if blocked else ""
+
+
+def publish(broker: Broker, plan: Plan) -> str:
+    queue = "bench.publish"
+    conn = setup_conn(broker, plan)
+    try:
+        declare_queue(conn, queue)
+        load = PubLoad("", queue, confirm=False, window=plan.write_batch, seconds=plan.seconds,
+                       drain_s=plan.drain_s, handshake_s=plan.handshake_s, ahead=plan.publish_ahead)
+        pubs, (queued, last, drain), sampler, pids = run_publishers(
+            broker, plan, load, poll=(conn, queue),
+            after=lambda pubs: wait_count(conn, queue, sum(r["sent"] for r in pubs), plan.drain_s))
+    finally:
+        conn.close()
+    delete_queues(broker, plan, [queue])
+    sent = sum(r["sent"] for r in pubs)
+    first = min((r["first_send_ns"] for r in pubs if r["first_send_ns"]), default=0)
+    if not first or not queued:
+        raise ScenarioError(f"nothing queued: sent={sent} queued={queued}")
+    drain_s = (last - max(r["last_send_ns"] for r in pubs)) / 1e9
+    return (f"publishers={plan.publishers} seconds={plan.seconds:g} "
+            f"msgs_per_s={queued / max(1, last - first) * 1e9:.0f} sent={sent} queued={queued} "
+            f"lost={max(0, sent - queued)} drain_s={max(0.0, drain_s):.2f} "
+            f"{cpu_fields(sampler, pids, broker.pid, first, last)} drain={drain}" + blocked_note(pubs))
+
+
+def prefill(conn: Conn, queue: str, count: int, timeout_s: float) -> int:
+    """``count`` persistent publishes without confirms, then wait until the queue counts them."""
+    frame = publish_frames(1, "", queue, BODY)
+    batch = 1000
+    chunk = frame * batch
+    for _ in range(count // batch):
+        conn.sock.sendall(chunk)
+    if count % batch:
+        conn.sock.sendall(frame * (count % batch))
+    queued, _, _ = wait_count(conn, queue, count, timeout_s, settle_s=10.0)
+    if queued < count:
+        raise ScenarioError(f"prefill: the queue counts {queued} of {count} messages after {timeout_s:g} s")
+    return queued
+
+
+def consume(broker: Broker, plan: Plan) -> str:
+    queue = "bench.consume"
+    conn = setup_conn(broker, plan)
+    w = Workers(1)
+    sampler: CpuSampler | None = None
+    try:
+        declare_queue(conn, queue)
+        t0 = time.monotonic()
+        filled = prefill(conn, queue, plan.consume_messages, plan.consume_timeout_s)
+        fill_s = time.monotonic() - t0
+        load = SubLoad(plan.prefetch, consume_on_go=True, timeout_s=plan.consume_timeout_s,
+                       handshake_s=plan.handshake_s)
+        w.start(consumer_worker, broker.port, [queue], load)
+        w.collect("consumer", 1, "ready", plan.handshake_s + SLACK_S)
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        w.shared[EXPECTED] = filled
+        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(plan.consume_timeout_s * 1e9)
+        w.shared[PUBLISHERS_DONE] = 1
+        w.go.set()
+        (sub,) = w.collect("consumer", 1, "result", plan.consume_timeout_s + SLACK_S)
+        sampler.stop()
+        pids = w.pids
+        w.close()  # the consumer's connection closes: what it did not ack goes back to the queue
+        remaining, _, _ = wait_count(conn, queue, filled - sub["delivered"], 5.0, settle_s=0.5)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        w.close()
+        conn.close()
+    delete_queues(broker, plan, [queue])
+    consumed = sub["delivered"]
+    if not consumed:
+        raise ScenarioError(f"nothing consumed of {filled} ({sub['outcome']})")
+    start, last = sub["start_ns"], sub["last_delivery_ns"]
+    return (f"prefetch={plan.prefetch} messages={filled} msgs_per_s={consumed / max(1, last - start) * 1e9:.0f} "
+            f"consumed={consumed} remaining={remaining} lost={max(0, filled - consumed - remaining)} "
+            f"prefill_s={fill_s:.1f} {cpu_fields(sampler, pids, broker.pid, start, last)} drain={sub['outcome']}")
+
+
+def fanout_topic(broker: Broker, plan: Plan) -> str:
+    exchange = "bench.fanout"
+    queues = [f"bench.fanout.q{i:03d}" for i in range(plan.fanout_queues)]
+    conn = setup_conn(broker, plan)
+    try:
+        conn.rpc(1, commands.Exchange.Declare(exchange=exchange, exchange_type="topic", durable=True),
+                 commands.Exchange.DeclareOk)
+        for queue in queues:
+            declare_queue(conn, queue)
+            conn.rpc(1, commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=FANOUT_PATTERN),
+                     commands.Queue.BindOk)
+    finally:
+        conn.close()
+    groups = split(queues, FANOUT_PROCS)
+    w = Workers(len(groups))  # consumers first: worker i counts into DELIVERED + i
+    sampler: CpuSampler | None = None
+    try:
+        sub_load = SubLoad(plan.prefetch, consume_on_go=False, timeout_s=plan.seconds + 2 * plan.drain_s,
+                           handshake_s=plan.handshake_s, poll_s=FANOUT_POLL_S)
+        for group in groups:
+            w.start(consumer_worker, broker.port, group, sub_load)
+        w.collect("consumer", len(groups), "ready", plan.handshake_s + SLACK_S)
+        pub_load = PubLoad(exchange, FANOUT_KEY, confirm=True, window=plan.fanout_window, seconds=plan.seconds,
+                           drain_s=plan.drain_s, handshake_s=plan.handshake_s, ahead=plan.fanout_ahead,
+                           consumer_channels=len(queues))
+        w.start(publisher_worker, broker.port, 1, pub_load)
+        w.collect("publisher", 1, "ready", plan.handshake_s + SLACK_S)
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        w.go.set()
+        (pub,) = w.collect("publisher", 1, "result", plan.seconds + plan.drain_s + SLACK_S)
+        w.shared[EXPECTED] = pub["confirmed"]
+        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(plan.drain_s * 1e9)
+        w.shared[PUBLISHERS_DONE] = 1
+        subs = w.collect("consumer", len(groups), "result", plan.drain_s + SLACK_S)
+        sampler.stop()
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        pids = w.pids
+        w.close()
+    delete_queues(broker, plan, queues, exchange)
+    deliveries = sum(r["delivered"] for r in subs)
+    first = pub["first_send_ns"]
+    last = max(r["last_delivery_ns"] for r in subs)
+    if not first or not deliveries:
+        raise ScenarioError(f"nothing delivered: sent={pub['sent']} confirmed={pub['confirmed']}")
+    expected = pub["confirmed"] * len(queues)
+    outcomes = {r["outcome"] for r in subs}
+    drain = "timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete"
+    elapsed = max(1, last - first) / 1e9
+    return (f"queues={len(queues)} seconds={plan.seconds:g} deliveries_per_s={deliveries / elapsed:.0f} "
+            f"published_per_s={pub['confirmed'] / elapsed:.0f} sent={pub['sent']} confirmed={pub['confirmed']} "
+            f"expected={expected} delivered={deliveries} lost={max(0, expected - deliveries)} "
+            f"{cpu_fields(sampler, pids, broker.pid, first, last)} drain={drain}" + blocked_note([pub]))
+
+
+RUNNERS = {"publish_confirm": publish_confirm, "publish": publish, "consume": consume, "fanout_topic": fanout_topic}
+
+
+# -- main ------------------------------------------------------------------------------------------
+class Run:
+    """Prints the lines (and appends them to --out) and runs one broker's scenarios."""
+
+    def __init__(self, plan: Plan, out: Any) -> None:
+        self.plan = plan
+        self.out = out
+        self.lines = self.errors = 0
+        self.log_offset = 0  # where the current broker's log was when it became ready
+
+    def emit(self, line: str) -> None:
+        print(line, flush=True)
+        self.out.write(line + "\n")
+        self.out.flush()
+
+    def broker(self, name: str, scenarios: list[str]) -> None:
+        suffix = " quick=1" if self.plan.quick else ""
+        broker: Broker | None = None
+        unavailable = ""
+        try:
+            for scenario in scenarios:
+                head = f"amqp broker={name} scenario={scenario}"
+                if not unavailable and (broker is None or not broker.alive()):
+                    if broker is not None:
+                        self.complaints(broker)
+                        broker.stop()
+                        broker = None
+                    try:
+                        started = time.monotonic()
+                        broker = start_amqp_broker(name)
+                        self.log_offset = broker.log_path.stat().st_size if broker.log_path.exists() else 0
+                        self.emit(f"# broker={name} server=\"{broker.version}\" port={broker.port} "
+                                  f"pid={broker.pid} start_s={time.monotonic() - started:.1f}")
+                    except BrokerUnavailable as exc:
+                        unavailable = quote(str(exc))
+                if unavailable:
+                    self.emit(f'{head} skipped reason="{unavailable}"{suffix}')
+                    self.lines += 1
+                    continue
+                assert broker is not None
+                try:
+                    body = RUNNERS[scenario](broker, self.plan)
+                    if not broker.alive():
+                        body += f' error="broker exited with status {broker.proc.returncode} during the scenario"'
+                except Exception as exc:  # noqa: BLE001 - one failed case must not stop the others
+                    known = isinstance(exc, (ScenarioError, AMQPClientError))
+                    detail = str(exc) if known else f"{type(exc).__name__}: {exc}"
+                    if not broker.alive():
+                        detail += f" (broker exited with status {broker.proc.returncode}: {broker.log_tail()})"
+                    elif complaints := broker.log_tail(2, complaints_only=True):
+                        detail += f" (broker log: {complaints})"
+                    body = f'error="{quote(detail)}"'
+                self.lines += 1
+                self.errors += 'error="' in body
+                self.emit(f"{head} {body}{suffix}")
+        finally:
+            if broker is not None:
+                self.complaints(broker)
+                broker.stop(timeout_s=30.0)
+
+    def complaints(self, broker: Broker) -> None:
+        """The warnings and errors the broker logged since it was ready, if any."""
+        try:
+            with open(broker.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                lines = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return
+        found = [line[:300] for line in lines if ("error" in line.lower() or "warn" in line.lower())
+                 and not any(benign in line for benign in BENIGN_LOG_LINES)]
+        if found:
+            more = f" (+{len(found) - 5} more)" if len(found) > 5 else ""
+            self.emit(f'# broker={broker.name} log_complaints="{quote(" | ".join(found[:5]))}"{more}')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="3 s per scenario and 30,000 messages to consume: under 90 s for both brokers")
+    parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--out", help="also append the lines to this file")
+    args = parser.parse_args()
+    brokers = parse_list(args.brokers, BROKERS, "broker")
+    scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
+    plan = QUICK if args.quick else FULL
+    raise_fd_limit()
+    started = time.perf_counter()
+    try:
+        import importlib.metadata
+        tidemq = importlib.metadata.version("tidemq")
+    except Exception:  # noqa: BLE001
+        tidemq = "?"
+    header = (f"# bench_amqp tidemq={tidemq} rabbitmq-server={rabbitmq_version() or 'missing'} "
+              f"cores={os.cpu_count()} fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]} "
+              f"body_bytes={len(BODY)} persistent=1 durable=1 tidemq_flush=sync" + (" quick=1" if plan.quick else ""))
+    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
+        run = Run(plan, out)
+        run.emit(header)
+        for name in brokers:
+            run.broker(name, scenarios)
+        run.emit(f"# {run.lines} lines ({run.errors} with errors) for {','.join(brokers)} in "
+                 f"{time.perf_counter() - started:.0f} s on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()
