@@ -128,6 +128,7 @@ class _Prepared:
             raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
 
 
+MIN_OFFSET_CACHE = 65_536  # queues whose first offset is remembered
 # entries a filtered get examines at most (RocketMQ scans 16,000 bytes of consume queue: 800)
 FILTER_SCAN = 800
 
@@ -148,6 +149,7 @@ class MessageStore:
         self._closed = False
         self._write_failure: StoreError | None = None
         self._dirty_offsets: dict[tuple[str, str], int] = {}
+        self._min_offsets: dict[int, tuple[int, int]] = {}  # qid -> (commitlog start, first offset)
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
@@ -511,15 +513,22 @@ class MessageStore:
         return self._min_offset(state) if state is not None else 0
 
     def _min_offset(self, state: QueueState) -> int:
+        # A queue's first offset moves only when retention cuts the commitlog: remembered per
+        # queue until the commitlog's start moves (an index seek per read cost ~5 % of a read).
+        floor = self.commitlog.min_position
+        known = self._min_offsets.get(state.qid)
+        if known is not None and known[0] == floor:
+            return known[1]
         first = self.index.first_offset(state.qid)
         if first is None:
-            return state.next_offset
+            return state.next_offset  # empty: not remembered, it moves with the next put
         entry = self.index.entry(state.qid, first)
-        if entry is not None and entry[0] >= self.commitlog.min_position:
-            return first
-        return self.index.first_offset_at_or_after_position(
-            state.qid, first, state.next_offset, self.commitlog.min_position
-        )
+        if entry is None or entry[0] < floor:
+            first = self.index.first_offset_at_or_after_position(state.qid, first, state.next_offset, floor)
+        if len(self._min_offsets) >= MIN_OFFSET_CACHE:
+            self._min_offsets.clear()
+        self._min_offsets[state.qid] = (floor, first)
+        return first
 
     async def offset_for_timestamp(self, queue: str, timestamp_ms: int) -> int:
         """The first offset whose message was stored at or after ``timestamp_ms`` (max offset if none)."""

@@ -46,6 +46,8 @@ class Channel:
         self.number = number
         self.consumers: dict[str, Consumer] = {}
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.consumer_unacked = 0  # of self.unacked, those delivered to consumers (global prefetch)
+        self.consumer_unacked_bytes = 0
         self.next_tag = 1
         self.prefetch_count = 0  # per consumer (global=False) or per channel (global=True)
         self.prefetch_size = 0
@@ -65,14 +67,12 @@ class Channel:
         if consumer.no_ack or not self.prefetch_count and not self.prefetch_size:
             return True
         if self.prefetch_global:
-            pending = [u for u in self.unacked.values() if u.consumer is not None]
+            count, pending_bytes = self.consumer_unacked, self.consumer_unacked_bytes
         else:
-            pending = [u for u in self.unacked.values() if u.consumer is consumer]
-        if self.prefetch_count and len(pending) >= self.prefetch_count:
+            count, pending_bytes = consumer.unacked, consumer.unacked_bytes
+        if self.prefetch_count and count >= self.prefetch_count:
             return False
-        if self.prefetch_size and pending and sum(len(u.message.body) for u in pending) + size > self.prefetch_size:
-            return False
-        return True
+        return not (self.prefetch_size and count and pending_bytes + size > self.prefetch_size)
 
     def deliver(self, consumer: Consumer, queue: QueueRuntime, ready: Ready) -> None:
         tag = self.next_tag
@@ -86,6 +86,22 @@ class Channel:
             queue.settle(message.queue_offset)
         else:
             self.unacked[tag] = Unacked(queue, message, consumer)
+            size = len(message.body)
+            consumer.unacked += 1
+            consumer.unacked_bytes += size
+            self.consumer_unacked += 1
+            self.consumer_unacked_bytes += size
+
+    def _pop_unacked(self, tag: int) -> Unacked:
+        entry = self.unacked.pop(tag)
+        consumer = entry.consumer
+        if consumer is not None:
+            size = len(entry.message.body)
+            consumer.unacked -= 1
+            consumer.unacked_bytes -= size
+            self.consumer_unacked -= 1
+            self.consumer_unacked_bytes -= size
+        return entry
 
     def send_return(self, code: int, text: str, exchange: str, routing_key: str,
                     properties: commands.Basic.Properties, body: bytes) -> None:
@@ -105,9 +121,9 @@ class Channel:
         self.closing = True
         for consumer in list(self.consumers.values()):
             self._cancel(consumer)
-        for entry in self.unacked.values():
+        for tag in list(self.unacked):
+            entry = self._pop_unacked(tag)
             entry.queue.requeue(entry.message)
-        self.unacked.clear()
 
     def _cancel(self, consumer: Consumer) -> None:
         self.consumers.pop(consumer.tag, None)
@@ -235,7 +251,7 @@ class Channel:
     def _basic_ack(self, m: commands.Basic.Ack) -> None:
         touched = set()
         for tag in self._tags(m.delivery_tag, m.multiple, m):
-            entry = self.unacked.pop(tag)
+            entry = self._pop_unacked(tag)
             entry.queue.settle(entry.message.queue_offset)
             touched.add(entry.queue)
         for queue in touched:
@@ -244,7 +260,7 @@ class Channel:
     def _reject(self, tags: list[int], requeue: bool) -> None:
         touched = set()
         for tag in tags:
-            entry = self.unacked.pop(tag)
+            entry = self._pop_unacked(tag)
             if requeue:
                 entry.queue.requeue(entry.message)
             else:

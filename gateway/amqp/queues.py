@@ -36,6 +36,8 @@ class Consumer:
     tag: str
     no_ack: bool
     exclusive: bool
+    unacked: int = 0  # deliveries to it not yet settled (prefetch accounting)
+    unacked_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class QueueRuntime:
         self.next_offset = start_offset
         self.unacked: dict[int, None] = {}
         self.redeliver: deque[StoredMessage] = deque()
+        self._ahead: deque[StoredMessage] = deque()  # read ahead from the store, from next_offset on
         self.consumers: OrderedDict[tuple[int, str], Consumer] = OrderedDict()
         self.owner = owner  # the connection of an exclusive queue
         self.last_used = time.monotonic()
@@ -142,20 +145,26 @@ class QueueRuntime:
                 self.redeliver.popleft()
                 self.unacked[message.queue_offset] = None
                 return Ready(message, True)
-            result = self.broker.cache.read(self.store_queue, self.next_offset, 1)
-            if result.status != GetStatus.FOUND:
-                if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
-                    self.next_offset = result.next_offset
-                    continue
-                return None
-            message = result.messages[0]
+            ahead = self._ahead
+            if not ahead or ahead[0].queue_offset != self.next_offset:
+                ahead.clear()
+                result = self.broker.cache.read(self.store_queue, self.next_offset, PULL_BATCH)
+                if result.status != GetStatus.FOUND:
+                    if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
+                        self.next_offset = result.next_offset
+                        continue
+                    return None
+                ahead.extend(result.messages)
+            message = ahead[0]
             view = self.broker.view(message)
             if view.expired(message, self.definition.message_ttl_ms):
+                ahead.popleft()
                 self.next_offset = message.queue_offset + 1
                 self.broker.dead_letter(self, message, "expired")
                 continue
             if peek_only:
                 return Ready(message, False)
+            ahead.popleft()
             self.next_offset = message.queue_offset + 1
             self.unacked[message.queue_offset] = None
             return Ready(message, False)
