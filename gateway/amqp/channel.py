@@ -19,7 +19,9 @@ from protocols.amqp.frames import (
     RESOURCE_LOCKED,
     channel_error,
     connection_error,
+    content_after_method,
     content_frames,
+    deliver_frame,
     method_frame,
 )
 from store import StoredMessage
@@ -79,9 +81,10 @@ class Channel:
         self.next_tag += 1
         message = ready.message
         view = self.broker.view(message)
-        method = commands.Basic.Deliver(consumer.tag, tag, ready.redelivered, view.exchange, view.routing_key)
-        self.connection.send(content_frames(self.number, method, view.properties, message.body,
-                                            self.connection.frame_max))
+        self.connection.send(deliver_frame(self.number, consumer.tag, tag, ready.redelivered, view.exchange,
+                                           view.routing_key))
+        self.connection.send(content_after_method(self.number, view.raw_properties, message.body,
+                                                  self.connection.frame_max))
         if consumer.no_ack:
             queue.settle(message.queue_offset)
         else:
@@ -231,8 +234,9 @@ class Channel:
         self.next_tag += 1
         view = self.broker.view(ready.message)
         method = commands.Basic.GetOk(tag, ready.redelivered, view.exchange, view.routing_key, queue.ready_count())
-        self.connection.send(content_frames(self.number, method, view.properties, ready.message.body,
-                                            self.connection.frame_max))
+        self.connection.send(method_frame(self.number, method))
+        self.connection.send(content_after_method(self.number, view.raw_properties, ready.message.body,
+                                                  self.connection.frame_max))
         if m.no_ack:
             queue.settle(ready.message.queue_offset)
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pamqp import commands
 from pamqp.header import ContentHeader
 
+from protocols.amqp.frames import decode_properties, encode_properties
 from store import Message, StoredMessage
 
 AMQP_FLAG = 0x200
@@ -21,6 +22,11 @@ EXCHANGE = "amqp.x"
 ROUTING_KEY = "amqp.rk"
 HEADER = "amqp.p"
 DEATHS = "amqp.deaths"
+CONTENT_HEADER_FIXED = 12  # class id, weight, body size: what precedes the properties
+EXPIRATION_FLAG = 0x01  # expiration is bit 8 of the (big-endian) property flags: bit 0 of their first byte
+EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
+PERSISTENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=2))
+TRANSIENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=1))
 
 
 def mqtt_topic_to_routing_key(topic: str) -> str:
@@ -41,32 +47,44 @@ def to_store_message(exchange: str, routing_key: str, properties: commands.Basic
 
 @dataclass(slots=True)
 class AMQPView:
-    """What an AMQP consumer is told about a stored message."""
+    """What an AMQP consumer is told about a stored message. The properties stay encoded (as
+    a content header carries them) until something needs them decoded: a delivery copies the
+    bytes, only dead-lettering and per-message expiry look inside."""
 
     exchange: str
     routing_key: str
-    properties: commands.Basic.Properties
+    raw_properties: bytes
+    _properties: commands.Basic.Properties | None = None
 
     @classmethod
     def of(cls, message: StoredMessage) -> AMQPView:
         if message.flag & AMQP_FLAG:
             sp = message.properties
-            header = ContentHeader()
             raw = sp.get(HEADER)
-            if raw:
-                header.unmarshal(base64.b64decode(raw))
-            return cls(sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), header.properties)
+            encoded = base64.b64decode(raw)[CONTENT_HEADER_FIXED:] if raw else EMPTY_PROPERTIES
+            return cls(sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), encoded)
         persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
-        props = commands.Basic.Properties(delivery_mode=2 if persistent else 1,
-                                          timestamp=None)
-        return cls("amq.topic", mqtt_topic_to_routing_key(message.topic), props)
+        return cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
+                   PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        if self._properties is None:
+            self._properties = decode_properties(self.raw_properties)
+        return self._properties
+
+    @property
+    def expiration(self) -> str | None:
+        if len(self.raw_properties) < 2 or not self.raw_properties[0] & EXPIRATION_FLAG:
+            return None  # the flags say it has none: no need to decode
+        return self.properties.expiration
 
     def expired(self, message: StoredMessage, queue_ttl_ms: int | None, now_ms: int | None = None) -> bool:
         """Per-queue x-message-ttl and per-message expiration, counted from the store time."""
         limits = []
         if queue_ttl_ms is not None:
             limits.append(queue_ttl_ms)
-        expiration = self.properties.expiration
+        expiration = self.expiration
         if expiration:
             try:
                 limits.append(int(expiration))

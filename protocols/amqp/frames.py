@@ -210,11 +210,56 @@ def method_frame(channel: int, method: Frame) -> bytes:
 def content_frames(channel: int, method: Frame, properties: commands.Basic.Properties, body: bytes,
                    frame_max: int) -> bytes:
     """A content-bearing method (basic.deliver / get-ok / return) with its header and body frames."""
-    parts = [pframe.marshal(method, channel),
-             pframe.marshal(pheader.ContentHeader(0, len(body), properties), channel)]
+    return pframe.marshal(method, channel) + content_after_method(channel, encode_properties(properties), body,
+                                                                    frame_max)
+
+
+# -- the delivery hot path ----------------------------------------------------------------------
+# Every message a consumer gets is basic.deliver + content header + body. pamqp's generic
+# marshalling builds objects and walks field specs for each (about a third of a delivery's
+# CPU, measured with py-spy); these three build the same bytes directly, the properties from
+# the encoded form kept since publish, so a delivery encodes nothing but its tags.
+_CONTENT_HEADER_PREFIX = struct.Struct(">BHIHHQ")  # frame type, channel, size, class, weight, body size
+_DELIVER_HEAD = struct.Struct(">BHI")
+_BASIC_DELIVER = struct.pack(">HH", 60, 60)
+_FRAME_END_BYTE = bytes((FRAME_END,))
+
+
+def encode_properties(properties: commands.Basic.Properties) -> bytes:
+    """Basic properties as a content header carries them (flags and list), for
+    ``content_after_method``; ``decode_properties`` reads them back."""
+    return pheader.ContentHeader(0, 0, properties).marshal()[12:]
+
+
+def decode_properties(raw: bytes) -> commands.Basic.Properties:
+    header = pheader.ContentHeader()
+    header.unmarshal(struct.pack(">HHQ", 60, 0, 0) + raw)
+    return header.properties
+
+
+def _shortstr(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > 255:
+        raise ValueError("a short string is at most 255 bytes")
+    return bytes((len(raw),)) + raw
+
+
+def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                  routing_key: str) -> bytes:
+    """basic.deliver, byte for byte as pamqp writes it."""
+    payload = b"".join((_BASIC_DELIVER, _shortstr(consumer_tag), struct.pack(">QB", delivery_tag, redelivered),
+                        _shortstr(exchange), _shortstr(routing_key)))
+    return _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + _FRAME_END_BYTE
+
+
+def content_after_method(channel: int, raw_properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """The content header (properties already encoded) and body frames of one message."""
+    parts = [_CONTENT_HEADER_PREFIX.pack(FRAME_HEADER, channel, 12 + len(raw_properties), 60, 0, len(body)),
+             raw_properties, _FRAME_END_BYTE]
     step = frame_max - FRAME_OVERHEAD
     for start in range(0, len(body), step):
-        parts.append(pframe.marshal(pbody.ContentBody(body[start:start + step]), channel))
+        chunk = body[start:start + step]
+        parts += (_DELIVER_HEAD.pack(FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END_BYTE)
     return b"".join(parts)
 
 
