@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.amqp")
 
 PULL_BATCH = 64
+FLUSH_EVERY = 16  # deliveries written to the socket together while a pump goes on
 
 
 @dataclass(slots=True)
@@ -120,6 +121,7 @@ class QueueRuntime:
         if self.deleted or not self.consumers:
             return
         touched: set[Channel] = set()
+        delivered = 0
         while True:
             ready = self.take(peek_only=True)
             if ready is None:
@@ -130,6 +132,11 @@ class QueueRuntime:
             self.take()  # commit the peeked message to this delivery
             consumer.channel.deliver(consumer, self, ready)
             touched.add(consumer.channel)
+            delivered += 1
+            if delivered % FLUSH_EVERY == 0:
+                # the client starts on (and acks) the first deliveries while the rest are made
+                for channel in touched:
+                    channel.connection.flush()
         for channel in touched:
             channel.connection.flush()
         self.save()
