@@ -58,3 +58,18 @@ async def test_remoting_send_reaches_mqtt_subscribers(data_dir: Path) -> None:
             await subscriber.disconnect()
         assert sorted((m.topic, m.payload) for m in got) == [
             ("Alerts", b"all clear"), ("Alerts/fire/zone1", b"fire in zone 1")]
+
+
+async def test_compressed_bodies_reach_every_protocol_inflated(data_dir: Path) -> None:
+    big = "telemetry " * 600  # 6,000 bytes: ali-ons zlib-compresses bodies from 4 KiB on
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, addr):
+        subscriber = PahoClient(mqtt_port(gw), "big-sub", version=MQTT_5)
+        await subscriber.connect()
+        await subscriber.subscribe("Bulk", qos=1)
+        await ons({"cmd": "send", "nameSrv": addr, "topic": "Bulk", "messages": [{"body": big}]})
+        events = await ons({"cmd": "consume", "nameSrv": addr, "group": "g-bulk", "topic": "Bulk", "count": 1,
+                            "timeoutMs": 15000})
+        got = await subscriber.receive(1)
+        await subscriber.disconnect()
+        assert [e["body"] for e in events if e["event"] == "message"] == [big]
+        assert got[0].payload == big.encode()

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,11 @@ from protocols.remoting.headers import (
     SendMessageHeader,
     SendMessageResponseHeader,
 )
-from protocols.remoting.message_codec import encode_message, offset_msg_id
+from protocols.remoting.message_codec import (
+    COMPRESSED_FLAG,
+    encode_message,
+    offset_msg_id,
+)
 from protocols.remoting.properties import (
     DELAY,
     MAX_RECONSUME_TIMES,
@@ -349,7 +354,8 @@ class RemotingBroker:
             else self.max_reconsume_times
         record_topic, queue_id, properties, targets = self._placement(
             header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
-        message = to_store_message(record_topic, request.body, properties, flag=header.flag, sys_flag=header.sys_flag,
+        body, sys_flag = self._plain_body(request.body, header.sys_flag)
+        message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
         future = self.store.put_batch_nowait([(message, targets)])
@@ -362,6 +368,21 @@ class RemotingBroker:
                 self.msg_id(results[0].position), queue_id, results[0].queue_offsets[own],
                 transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
         return Pending(future, respond)
+
+    def _plain_body(self, body: bytes, sys_flag: int) -> tuple[bytes, int]:
+        """A body the client compressed (sysFlag COMPRESSED, e.g. ali-ons above 4 KiB) is stored
+        inflated, the flag cleared: MQTT and AMQP readers of the same record get the payload,
+        and remoting consumers read plain bodies as well as compressed ones."""
+        if not sys_flag & COMPRESSED_FLAG:
+            return body, sys_flag
+        inflater = zlib.decompressobj()
+        try:
+            plain = inflater.decompress(body, self.store.options.max_message_size + 1)
+        except zlib.error as exc:
+            raise BadRequest(f"the compressed body does not inflate: {exc}", ResponseCode.MESSAGE_ILLEGAL) from None
+        if len(plain) > self.store.options.max_message_size or inflater.unconsumed_tail:
+            raise BadRequest("the body inflates beyond the message size limit", ResponseCode.MESSAGE_ILLEGAL)
+        return plain, sys_flag & ~COMPRESSED_FLAG
 
     def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:
