@@ -31,7 +31,6 @@ import multiprocessing as mp
 import os
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench_mqtt import CpuSampler
-from loadtest.brokers import ROOT, Broker, free_port, wait_listening
+from loadtest.brokers import Broker, free_port, launch
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import RemotingCommand, decode_frame, encode
 from protocols.remoting.properties import BatchItem, encode_batch_body
@@ -190,16 +189,7 @@ def start_tidemq() -> Broker:
     command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"), "--mqtt-bind", "",
                "--amqp-bind", "", "--remoting-bind", f"{HOST}:{port}", "--flush", "async"]
     env = {**os.environ, "TIDEMQ_REMOTING_DEFAULT_QUEUES": str(QUEUES)}
-    with open(log_path, "wb") as console:
-        proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
-                                stderr=subprocess.STDOUT, env=env)
-    broker = Broker("tidemq", port, proc, workdir, log_path)
-    try:
-        wait_listening(broker)
-    except BaseException:
-        broker.stop()
-        raise
-    return broker
+    return launch("tidemq", port, command, workdir, log_path, env)
 
 
 def fill(port: int, per_queue: int) -> None:

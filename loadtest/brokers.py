@@ -167,6 +167,11 @@ def start_broker(name: str) -> Broker:
     else:
         raise ValueError(name)
     # The fd limit main() raised is inherited: Mosquitto needs it for 10,000 idle connections.
+    return launch(name, port, command, workdir, log_path, env)
+
+
+def launch(name: str, port: int, command: list[str], workdir: Path, log_path: Path, env: dict[str, str]) -> Broker:
+    """Start ``command`` (its output to ``workdir/console.log``) and wait until ``port`` listens."""
     with open(workdir / "console.log", "wb") as console:
         proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
                                 stderr=subprocess.STDOUT, env=env)
