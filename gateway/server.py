@@ -15,6 +15,7 @@ from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
 from .config import Config, ConfigError, parse_bind
+from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.settings import MQTTSettings
@@ -50,6 +51,9 @@ class Gateway:
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
+        self.metrics: MetricsServer | None = None
+        self.metrics_address: tuple[str, int] | None = None
+        self.ready = False
 
     async def start(self) -> None:
         self.store = await MessageStore.open(self.config.store_options())
@@ -73,9 +77,15 @@ class Gateway:
                 self.listeners.append(listener)
                 host, port = listener.address
                 log.info("listener started protocol=%s address=%s:%d", protocol, host, port)
+            metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
+            if metrics_bind is not None:
+                self.metrics = MetricsServer(self)
+                self.metrics_address = await self.metrics.start(*metrics_bind)
+                log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
         except BaseException:
             await self.stop()
             raise
+        self.ready = True
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
 
     async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
@@ -153,8 +163,22 @@ class Gateway:
         broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
         return server
 
+    def not_ready(self) -> str | None:
+        """Why the gateway cannot take traffic now (None: it can): for /readyz."""
+        if self.store is None:
+            return "the store is not open"
+        if not self.ready:
+            return "starting or stopping"
+        if self.pressure is not None and self.pressure.raised:
+            return f"publishers are blocked: {self.pressure.reason}"
+        return None
+
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
+        self.ready = False
+        if self.metrics is not None:
+            await self.metrics.stop()
+            self.metrics = None
         for listener in self.listeners:
             listener.server.close()
         if self._pressure_task is not None:

@@ -121,6 +121,10 @@ class ConsumeQueueIndex:
             self._next_qid += 1
         return packed
 
+    @property
+    def queues_created(self) -> int:
+        return self._next_qid - 1
+
     def trim_cache(self) -> None:
         """Keep the hot-queue cache bounded: drop the oldest-loaded tenth when it is full.
 

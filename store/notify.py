@@ -71,6 +71,7 @@ class NotifySubscription:
 class NotifyHub:
     def __init__(self) -> None:
         self._subscriptions: set[NotifySubscription] = set()
+        self.events_published = 0  # (queue, max offset) events sent to subscribers
 
     def subscribe(self) -> NotifySubscription:
         sub = NotifySubscription(self)
@@ -82,6 +83,7 @@ class NotifyHub:
         return bool(self._subscriptions)
 
     def publish(self, events: dict[str, int]) -> None:
+        self.events_published += len(events)
         for sub in self._subscriptions:
             sub._publish(events)
 

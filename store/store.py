@@ -59,6 +59,7 @@ from .record import (
 )
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy
+from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
 
@@ -144,6 +145,9 @@ class MessageStore:
         self.notify = NotifyHub()
         self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
         self._backlog = 0  # messages submitted and not yet durable (or failed)
+        self._pending_since: list[float] = []  # perf_counter() of each entry of _pending
+        self.put_latency = LatencyHistogram()  # submit -> durable (or failed), per put call
+        self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
         self._wakeup = asyncio.Event()
         self._closing = False
         self._closed = False
@@ -262,6 +266,7 @@ class MessageStore:
             raise StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
         fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
         self._pending.append((prepared, fut))
+        self._pending_since.append(time.perf_counter())
         self._backlog += len(prepared)
         self._wakeup.set()
         return fut
@@ -275,6 +280,7 @@ class MessageStore:
                 await self._wakeup.wait()
                 continue
             batch, self._pending = self._pending, []
+            since, self._pending_since = self._pending_since, []
             try:
                 await self._commit(batch)
             except Exception as exc:  # never let one bad batch stop the committer
@@ -282,6 +288,20 @@ class MessageStore:
                 _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
             finally:
                 self._backlog -= sum(len(prepared) for prepared, _ in batch)
+                now = time.perf_counter()
+                observe = self.put_latency.observe
+                for submitted in since:
+                    observe(now - submitted)
+
+    @property
+    def queue_count(self) -> int:
+        """Queues ever created (ids are never reused)."""
+        return self.index.queues_created
+
+    @property
+    def dispatch_lag_bytes(self) -> int:
+        """Commitlog bytes written and not yet in the consume-queue index."""
+        return self.commitlog.end_position - self.index.dispatched_position
 
     @property
     def backlog(self) -> int:
@@ -370,6 +390,14 @@ class MessageStore:
         set are read (RocketMQ's consume-queue filter: the commitlog is not touched for the
         others); when a scan of up to FILTER_SCAN entries matches nothing, the status is
         NO_MATCHED_MESSAGE and ``next_offset`` moves past what was scanned."""
+        started = time.perf_counter()
+        try:
+            return self._get_now(queue, offset, max_messages, max_bytes, tag_hashes)
+        finally:
+            self.get_latency.observe(time.perf_counter() - started)
+
+    def _get_now(self, queue: str, offset: int, max_messages: int, max_bytes: int,
+                 tag_hashes: frozenset[int] | None) -> GetResult:
         state = self.index.lookup(queue)
         if state is None:
             return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)

@@ -24,6 +24,7 @@ from protocols.amqp.frames import (
 )
 from store import Message, MessageStore, StoredMessage
 
+from ..stats import ProtocolStats
 from .messages import (
     DEATHS,
     AMQPView,
@@ -66,6 +67,7 @@ class AMQPBroker:
         self.queues: dict[str, QueueRuntime] = {}
         self.connections: set[AMQPConnection] = set()
         self.pressure = pressure
+        self.stats = ProtocolStats()
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None

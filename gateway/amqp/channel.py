@@ -81,6 +81,7 @@ class Channel:
         self.next_tag += 1
         message = ready.message
         view = self.broker.view(message)
+        self.broker.stats.messages_sent += 1
         self.connection.send(deliver_frame(self.number, consumer.tag, tag, ready.redelivered, view.exchange,
                                            view.routing_key))
         self.connection.send(content_after_method(self.number, view.raw_properties, message.body,
@@ -234,6 +235,7 @@ class Channel:
         self.next_tag += 1
         view = self.broker.view(ready.message)
         method = commands.Basic.GetOk(tag, ready.redelivered, view.exchange, view.routing_key, queue.ready_count())
+        self.broker.stats.messages_sent += 1
         self.connection.send(method_frame(self.number, method))
         self.connection.send(content_after_method(self.number, view.raw_properties, ready.message.body,
                                                   self.connection.frame_max))

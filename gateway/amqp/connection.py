@@ -103,10 +103,12 @@ class AMQPConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
+        self.broker.stats.connections_total += 1
         self._timer = asyncio.get_running_loop().call_later(10.0, self._handshake_timeout)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
+        self.broker.stats.bytes_received += len(data)
         self.reader.feed(data)
         self._process()
 
@@ -188,7 +190,9 @@ class AMQPConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         if self._out and self.transport is not None and not self.closed:
-            self.transport.write(b"".join(self._out))
+            data = b"".join(self._out)
+            self.broker.stats.bytes_sent += len(data)
+            self.transport.write(data)
             self._last_sent = time.monotonic()
         self._out.clear()
 
@@ -328,6 +332,7 @@ class AMQPConnection(asyncio.Protocol):
             return
         if not ok:
             log.info("amqp login refused peer=%s user=%s", self.peer, self.username)
+            self.broker.stats.auth_failures += 1
             self.send(method_frame(0, commands.Connection.Close(
                 ACCESS_REFUSED, "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN", 0, 0)))
             self.stage = "closing"
@@ -423,6 +428,7 @@ class AMQPConnection(asyncio.Protocol):
         if not items:
             return
         self._pending_puts += len(accepted)
+        broker.stats.messages_received += len(items)
         try:
             fut = broker.store.put_batch_nowait(items)
         except StoreError as exc:

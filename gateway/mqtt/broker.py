@@ -12,7 +12,6 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cache import QueueCache
@@ -20,6 +19,7 @@ from protocols.mqtt.packets import Publish, Will
 from protocols.mqtt.topics import matches
 from store import MessageStore, StoredMessage
 
+from ..stats import ProtocolStats
 from .messages import Delivery, PublishTemplate, build_template, to_store_message
 from .queues import WildcardQueues, queue_for_filter
 from .session import Session
@@ -38,18 +38,6 @@ SESSIONS_TABLE = "mqtt.sessions"
 RETAINED_TABLE = "mqtt.retained"
 
 
-@dataclass(slots=True)
-class MQTTStats:
-    """Counters a user would graph; also published under $SYS/broker/."""
-
-    messages_received: int = 0
-    messages_sent: int = 0
-    bytes_received: int = 0
-    bytes_sent: int = 0
-    publish_dropped: int = 0  # QoS 0 skipped for slow consumers, oversize for a client's limit
-    connections_total: int = 0
-
-
 class MQTTBroker:
     def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
@@ -66,7 +54,7 @@ class MQTTBroker:
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.wildcards = WildcardQueues()
         self.retained: dict[str, int] = {}  # topic -> commitlog position of the retained message
-        self.stats = MQTTStats()
+        self.stats = ProtocolStats()
         self.started_at = time.time()
         self._sessions_table = store.table(SESSIONS_TABLE)
         self._retained_table = store.table(RETAINED_TABLE)

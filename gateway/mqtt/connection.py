@@ -350,10 +350,15 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     async def _authenticate(self, packet: Connect, client_id: str) -> ReasonCode | None:
         auth = self.broker.authenticator
         if packet.username is None and packet.password is None:
-            return None if self.settings.allow_anonymous else ReasonCode.NOT_AUTHORIZED
+            if self.settings.allow_anonymous:
+                return None
+            self.broker.stats.auth_failures += 1
+            return ReasonCode.NOT_AUTHORIZED
         if auth is None:
             return None if self.settings.allow_anonymous else ReasonCode.BAD_USER_NAME_OR_PASSWORD
         ok = await auth.verify_async(packet.username or "", packet.password or b"")  # type: ignore[attr-defined]
+        if not ok:
+            self.broker.stats.auth_failures += 1
         return None if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD
 
     # -- packet dispatch -----------------------------------------------------------------------

@@ -47,6 +47,7 @@ from protocols.remoting.tags import subscription_codes
 from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
 
+from ..stats import ProtocolStats
 from .groups import ConsumerGroups, Subscription
 from .long_poll import PullHolds
 from .messages import Origin, to_store_message, to_wire
@@ -143,6 +144,7 @@ class RemotingBroker:
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
         self.connections: set[RemotingConnection] = set()
+        self.stats = ProtocolStats()
         # the MQTT side (set by the gateway when MQTT runs): queues an MQTT topic's publish goes to
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None
         self.on_topic_created: Callable[[str], None] | None = None
@@ -359,6 +361,7 @@ class RemotingBroker:
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
         future = self.store.put_batch_nowait([(message, targets)])
+        self.stats.messages_received += 1
         own = targets[0]
 
         def respond(results: list[PutResult]) -> RemotingCommand | None:
@@ -404,6 +407,7 @@ class RemotingBroker:
                                        born_host=conn.peer)
             batch.append((message, self.targets(header.topic, queue_id, properties)))
         own = store_queue(header.topic, queue_id)
+        self.stats.messages_received += len(batch)
 
         def respond(results: list[PutResult]) -> RemotingCommand | None:
             if request.is_oneway:
@@ -488,6 +492,7 @@ class RemotingBroker:
         ext = {"suggestWhichBrokerId": "0", "minOffset": str(result.min_offset),
                "maxOffset": str(result.max_offset)}
         if status is GetStatus.FOUND:
+            self.stats.messages_sent += len(result.messages)
             body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in result.messages)
             ext["nextBeginOffset"] = str(result.next_offset)
             return response_to(request, ResponseCode.SUCCESS, ext_fields=ext, body=body)
@@ -598,6 +603,21 @@ class RemotingBroker:
         if not ids:
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
+
+    def group_lag(self, group: str) -> int:
+        """Messages of the group's subscribed topics it has not consumed (committed) yet."""
+        topics = {topic for member in self.groups.members(group) for topic in member.subscriptions}
+        lag = 0
+        for topic in topics:
+            config = self.topics.get(topic)
+            if config is None:
+                continue
+            for queue_id in range(config.read_queues):
+                queue = store_queue(topic, queue_id)
+                end = self.store.max_offset_now(queue)
+                committed = self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
+                lag += max(0, end - (committed if committed is not None else self._min_offset(queue)))
+        return lag
 
     def _members_changed(self, group: str, members) -> None:
         for member in members:

@@ -50,8 +50,10 @@ class RemotingConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else ""
         self.broker.connections.add(self)
+        self.broker.stats.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
+        self.broker.stats.bytes_received += len(data)
         try:
             commands = self.reader.feed(data)
         except RemotingProtocolError as exc:
@@ -112,7 +114,9 @@ class RemotingConnection(asyncio.Protocol):
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.closed:
-            self.transport.write(b"".join(self._out))
+            data = b"".join(self._out)
+            self.broker.stats.bytes_sent += len(data)
+            self.transport.write(data)
         self._out.clear()
 
     def flush_soon(self) -> None:

@@ -1,0 +1,180 @@
+"""The metrics listener (``--metrics-bind``): Prometheus metrics at ``/metrics``, ``/healthz``
+(the process answers) and ``/readyz`` (the store is open and every listener is up).
+
+Nothing is counted for the metrics themselves: the gateways keep plain counters
+(``ProtocolStats``), the store its latency histograms and gauges, and the collector reads them
+all when Prometheus scrapes -- so the hot paths pay nothing for a registry. Labels are bounded:
+protocols, and for queue lag the ``TOP_QUEUES`` longest queues or groups only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from store.stats import LatencyHistogram
+
+if TYPE_CHECKING:
+    from .server import Gateway
+
+log = logging.getLogger("tidemq.metrics")
+
+TOP_QUEUES = 20  # queues (AMQP) and consumer groups (remoting) with the longest backlog
+
+
+def _histogram(name: str, documentation: str, histogram: LatencyHistogram) -> HistogramMetricFamily:
+    buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=histogram.sum)
+
+
+class GatewayCollector:
+    """A prometheus-client custom collector over one running gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on each scrape only
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._protocols()
+        yield from self._store()
+        yield from self._cache()
+        yield from self._backlogs()
+
+    def _protocol_stats(self):
+        gw = self.gateway
+        for name, broker in (("mqtt", gw.mqtt), ("amqp", gw.amqp), ("remoting", gw.remoting)):
+            if broker is not None:
+                yield name, broker, broker.stats
+
+    def _protocols(self) -> Iterator[Metric]:
+        connections = GaugeMetricFamily("tidemq_connections", "Open client connections", labels=["protocol"])
+        accepted = CounterMetricFamily("tidemq_connections_accepted", "Connections accepted since start",
+                                       labels=["protocol"])
+        received = CounterMetricFamily("tidemq_messages_received", "Messages accepted from clients",
+                                       labels=["protocol"])
+        sent = CounterMetricFamily("tidemq_messages_sent", "Messages delivered to clients", labels=["protocol"])
+        bytes_in = CounterMetricFamily("tidemq_bytes_received", "Bytes read from clients", labels=["protocol"])
+        bytes_out = CounterMetricFamily("tidemq_bytes_sent", "Bytes written to clients", labels=["protocol"])
+        dropped = CounterMetricFamily("tidemq_messages_dropped",
+                                      "QoS 0 messages skipped for slow consumers or over a client's size limit",
+                                      labels=["protocol"])
+        auth = CounterMetricFamily("tidemq_auth_failures", "Logins refused", labels=["protocol"])
+        for name, broker, stats in self._protocol_stats():
+            connections.add_metric([name], len(broker.connections))
+            accepted.add_metric([name], stats.connections_total)
+            received.add_metric([name], stats.messages_received)
+            sent.add_metric([name], stats.messages_sent)
+            bytes_in.add_metric([name], stats.bytes_received)
+            bytes_out.add_metric([name], stats.bytes_sent)
+            dropped.add_metric([name], stats.publish_dropped)
+            auth.add_metric([name], stats.auth_failures)
+        yield from (connections, accepted, received, sent, bytes_in, bytes_out, dropped, auth)
+        mqtt = self.gateway.mqtt
+        if mqtt is not None:
+            yield GaugeMetricFamily("tidemq_mqtt_sessions", "MQTT sessions (connected and persistent)",
+                                    value=len(mqtt.sessions))
+
+    def _store(self) -> Iterator[Metric]:
+        store = self.gateway.store
+        if store is None:
+            return
+        yield _histogram("tidemq_store_put_latency_seconds", "Store puts, submit to durable per the flush mode",
+                         store.put_latency)
+        yield _histogram("tidemq_store_get_latency_seconds", "Store reads (index and commitlog)", store.get_latency)
+        yield GaugeMetricFamily("tidemq_commitlog_bytes", "Commitlog bytes kept (after retention)",
+                                value=store.commitlog.end_position - store.commitlog.min_position)
+        yield GaugeMetricFamily("tidemq_dispatch_lag_bytes", "Commitlog bytes not yet in the consume-queue index",
+                                value=store.dispatch_lag_bytes)
+        yield GaugeMetricFamily("tidemq_store_backlog_messages", "Messages submitted to the store, not yet durable",
+                                value=store.backlog)
+        yield GaugeMetricFamily("tidemq_queues", "Store queues created", value=store.queue_count)
+        yield CounterMetricFamily("tidemq_notify_events", "Notify events (queue has new data) sent to gateways",
+                                  value=store.notify.events_published)
+        pressure = self.gateway.pressure
+        yield GaugeMetricFamily("tidemq_resource_alarm", "1 while publishers are blocked (disk or store backlog)",
+                                value=1 if pressure is not None and pressure.raised else 0)
+
+    def _cache(self) -> Iterator[Metric]:
+        caches = {id(b.cache): b.cache for _, b, _ in self._protocol_stats() if getattr(b, "cache", None)}
+        if not caches:
+            return
+        hits = sum(c.stats.hits for c in caches.values())
+        misses = sum(c.stats.misses for c in caches.values())
+        yield CounterMetricFamily("tidemq_queue_cache_hits", "Messages served from the queue cache", value=hits)
+        yield CounterMetricFamily("tidemq_queue_cache_misses", "Messages the queue cache read from the store",
+                                  value=misses)
+        yield GaugeMetricFamily("tidemq_queue_cache_hit_ratio", "Hits / (hits + misses) since start",
+                                value=hits / (hits + misses) if hits + misses else 0.0)
+        yield GaugeMetricFamily("tidemq_queue_cache_bytes", "Memory the queue cache accounts for",
+                                value=sum(c.stats.bytes for c in caches.values()))
+
+    def _backlogs(self) -> Iterator[Metric]:
+        amqp = self.gateway.amqp
+        if amqp is not None:
+            family = GaugeMetricFamily("tidemq_amqp_queue_messages",
+                                       f"Ready messages of the {TOP_QUEUES} longest AMQP queues", labels=["queue"])
+            ready = sorted(((q.ready_count(), name) for name, q in amqp.queues.items()), reverse=True)
+            for count, name in ready[:TOP_QUEUES]:
+                family.add_metric([name], count)
+            yield family
+        remoting = self.gateway.remoting
+        store = self.gateway.store
+        if remoting is not None and store is not None:
+            family = GaugeMetricFamily("tidemq_remoting_consumer_lag",
+                                       f"Messages not yet consumed, for the {TOP_QUEUES} most behind online groups",
+                                       labels=["group"])
+            lags = []
+            for group in list(remoting.groups.groups):
+                lags.append((remoting.group_lag(group), group))
+            for lag, group in sorted(lags, reverse=True)[:TOP_QUEUES]:
+                family.add_metric([group], lag)
+            yield family
+
+
+class MetricsServer:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GatewayCollector(gateway))  # type: ignore[arg-type]
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._site: web.TCPSite | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, host, port)
+        await self._site.start()
+        server = self._site._server  # the bound address (port 0 picks one)
+        sock = server.sockets[0]  # type: ignore[union-attr]
+        return sock.getsockname()[:2]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        problem = self.gateway.not_ready()
+        if problem:
+            return web.Response(status=503, text=f"not ready: {problem}\n")
+        return web.Response(text="ready\n")
