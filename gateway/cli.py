@@ -1,4 +1,4 @@
-"""``tidemq`` command line: ``tidemq serve [flags]``."""
+"""``tidemq`` command line: ``tidemq serve [flags]``, ``tidemq passwd``, ``tidemq ctl``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from store import StoreCorruptError, StoreError, StoreLockedError
 
-from . import __version__
+from . import __version__, ctl
 from .auth import AclError, AuthConfigError, PasswordFile
 from .config import ConfigError, load_config
 from .logs import setup_logging
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
+    serve.add_argument("--admin-token", metavar="TOKEN", help="require this bearer token on /admin (tidemq ctl)")
     serve.add_argument("--mqtts-bind", metavar="HOST:PORT", help="MQTT over TLS listener (empty = off)")
     serve.add_argument("--ws-bind", metavar="HOST:PORT", help="MQTT over WebSocket listener (empty = off)")
     serve.add_argument("--tls-cert", metavar="FILE", help="TLS certificate chain (PEM) for --mqtts-bind")
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     passwd.add_argument("file", metavar="FILE")
     passwd.add_argument("username", metavar="USERNAME")
     passwd.add_argument("password", metavar="PASSWORD", nargs="?")
+    ctl.add_parser(sub)
     serve.add_argument("--flush", choices=("sync", "async"), help="acknowledge after fdatasync, or after write")
     serve.add_argument("--segment-size", type=int, metavar="BYTES", help="commitlog segment size")
     serve.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -120,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "passwd":
         return passwd_command(args)
+    if args.command == "ctl":
+        return ctl.run(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -129,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "amqp_bind": args.amqp_bind,
         "remoting_bind": args.remoting_bind,
         "metrics_bind": args.metrics_bind,
+        "admin_token": args.admin_token,
         "mqtts_bind": args.mqtts_bind,
         "ws_bind": args.ws_bind,
         "tls_cert_file": args.tls_cert,

@@ -31,7 +31,8 @@ class Config:
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"
     remoting_bind: str = "127.0.0.1:9876"
-    metrics_bind: str = ""
+    metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
+    admin_token: str = ""  # when set, /admin requests need "Authorization: Bearer <token>"
     flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms
     flush_interval_ms: int = 200
     checkpoint_interval_s: float = 5.0

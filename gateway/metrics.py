@@ -1,5 +1,6 @@
 """The metrics listener (``--metrics-bind``): Prometheus metrics at ``/metrics``, ``/healthz``
-(the process answers) and ``/readyz`` (the store is open and every listener is up).
+(the process answers), ``/readyz`` (the store is open and every listener is up) and the admin
+API of ``tidemq ctl`` under ``/admin/`` (``gateway/admin.py``).
 
 Nothing is counted for the metrics themselves: the gateways keep plain counters
 (``ProtocolStats``), the store its latency histograms and gauges, and the collector reads them
@@ -9,6 +10,7 @@ protocols, and for queue lag the ``TOP_QUEUES`` longest queues or groups only.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -23,6 +25,8 @@ from prometheus_client.core import (
 )
 
 from store.stats import LatencyHistogram
+
+from . import admin
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -148,10 +152,15 @@ class MetricsServer:
         self.gateway = gateway
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GatewayCollector(gateway))  # type: ignore[arg-type]
-        app = web.Application()
+        app = web.Application(middlewares=[self._admin_guard])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        for view in (admin.clients, admin.sessions, admin.subscriptions):
+            app.router.add_get(f"/admin/{view.__name__}", self._view(view))
+        app.router.add_get("/admin/queues", self._queues)
+        app.router.add_get("/admin/messages", self._messages)
+        app.router.add_post("/admin/kick", self._kick)
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
 
@@ -165,6 +174,48 @@ class MetricsServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+    # -- admin (tidemq ctl) ---------------------------------------------------------------------
+    @web.middleware
+    async def _admin_guard(self, request: web.Request, handler):
+        if request.path.startswith("/admin/"):
+            token = self.gateway.config.admin_token
+            if token and request.headers.get("Authorization") != f"Bearer {token}":
+                return web.json_response({"error": "a valid admin token is needed"}, status=401)
+            try:
+                return await handler(request)
+            except admin.AdminError as exc:
+                return web.json_response({"error": str(exc)}, status=exc.status)
+        return await handler(request)
+
+    def _view(self, view):
+        async def handler(request: web.Request) -> web.Response:
+            return await self._json(view(self.gateway))
+        return handler
+
+    @staticmethod
+    async def _json(data) -> web.Response:
+        return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
+
+    async def _queues(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            raise admin.AdminError(400, "limit must be a number") from None
+        return await self._json(admin.queues(self.gateway, request.query.get("prefix", ""), limit))
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        q = request.query
+        return await self._json(await admin.find_messages(self.gateway, key=q.get("key"), topic=q.get("topic"),
+                                                          msg_id=q.get("msg_id")))
+
+    async def _kick(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            protocol, client = str(body["protocol"]), str(body["client"])
+        except (ValueError, KeyError, TypeError):
+            raise admin.AdminError(400, 'send {"protocol": ..., "client": ...}') from None
+        return await self._json(admin.kick(self.gateway, protocol, client))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)

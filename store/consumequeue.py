@@ -140,10 +140,12 @@ class ConsumeQueueIndex:
     def cached_queues(self) -> int:
         return len(self.cache)
 
-    def iter_queues(self) -> Iterator[tuple[QueueState, int]]:
-        """Every queue in the table with the position of its newest entry (database rows)."""
-        for key, raw in self._db.items(from_key=NAME_PREFIX):
-            if not key.startswith(NAME_PREFIX):
+    def iter_queues(self, prefix: str = "") -> Iterator[tuple[QueueState, int]]:
+        """Every queue (whose name starts with ``prefix``) in the table, in name order, with the
+        position of its newest entry (database rows)."""
+        start = NAME_PREFIX + prefix.encode()
+        for key, raw in self._db.items(from_key=start):
+            if not key.startswith(start):
                 break
             qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
             name = key[1:].decode()

@@ -1,0 +1,143 @@
+"""The admin API behind ``tidemq ctl``, served as JSON on the metrics listener under ``/admin/``:
+clients, MQTT sessions, subscriptions of every protocol, queue statistics, kicking a client,
+and message lookup by key or message id.
+
+The views here read the gateway's state and return plain data; ``MetricsServer`` routes HTTP
+to them. When ``admin_token`` is set, every ``/admin`` request needs
+``Authorization: Bearer <token>`` (kicking a client is an action, and the listener may be
+bound beyond loopback).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from protocols.mqtt.reason_codes import ReasonCode
+from store import StoredMessage
+
+if TYPE_CHECKING:
+    from .server import Gateway
+
+MAX_ROWS = 1000
+
+
+class AdminError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def clients(gw: Gateway) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if gw.mqtt is not None:
+        for client_id, conn in gw.mqtt.connections.items():
+            rows.append({"protocol": "mqtt", "id": client_id, "peer": conn.peer, "username": conn.username,
+                         "mqtt_version": conn.version})
+    if gw.amqp is not None:
+        for conn in gw.amqp.connections:
+            rows.append({"protocol": "amqp", "id": conn.peer, "peer": conn.peer, "username": conn.username,
+                         "channels": len(conn.channels)})
+    if gw.remoting is not None:
+        for conn in gw.remoting.connections:
+            rows.append({"protocol": "remoting", "id": conn.client_id or conn.peer, "peer": conn.peer})
+    return rows[:MAX_ROWS]
+
+
+def sessions(gw: Gateway) -> list[dict[str, Any]]:
+    if gw.mqtt is None:
+        return []
+    rows = []
+    for client_id, session in list(gw.mqtt.sessions.items())[:MAX_ROWS]:
+        rows.append({"client_id": client_id, "connected": client_id in gw.mqtt.connections,
+                     "persistent": session.persistent, "expiry_interval": session.expiry_interval,
+                     "subscriptions": len(session.subscriptions), "inflight": len(session.inflight)})
+    return rows
+
+
+def subscriptions(gw: Gateway) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if gw.mqtt is not None:
+        for client_id, session in gw.mqtt.sessions.items():
+            for sub in session.subscriptions.values():
+                rows.append({"protocol": "mqtt", "client": client_id, "filter": sub.topic_filter,
+                             "qos": sub.options.qos, "queue": sub.queue, "share_group": sub.share_group})
+    if gw.amqp is not None:
+        for queue in gw.amqp.queues.values():
+            for consumer in queue.consumers.values():
+                rows.append({"protocol": "amqp", "client": consumer.channel.connection.peer,
+                             "queue": queue.name, "consumer_tag": consumer.tag, "unacked": consumer.unacked})
+    if gw.remoting is not None:
+        for group, members in gw.remoting.groups.groups.items():
+            for member in members.values():
+                for sub in member.subscriptions.values():
+                    rows.append({"protocol": "remoting", "client": member.client_id, "group": group,
+                                 "topic": sub.topic, "expression": sub.expression})
+    return rows[:MAX_ROWS]
+
+
+def queues(gw: Gateway, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+    """Store queues whose name starts with ``prefix``: offsets, and who reads them."""
+    store = gw.store
+    if store is None:
+        return []
+    readers: dict[str, int] = {}
+    if gw.mqtt is not None:
+        readers.update({queue: len(conns) for queue, conns in gw.mqtt.readers.items()})
+    if gw.amqp is not None:
+        for queue in gw.amqp.queues.values():
+            readers[queue.store_queue] = len(queue.consumers)
+    rows = []
+    for state, _ in store.index.iter_queues(prefix):
+        result = store.get_now(state.name, -1, 1)  # answers with the queue's offsets only
+        rows.append({"queue": state.name, "min_offset": result.min_offset, "max_offset": result.max_offset,
+                     "messages": result.max_offset - result.min_offset, "readers": readers.get(state.name, 0)})
+        if len(rows) >= min(limit, MAX_ROWS):
+            break
+    return rows
+
+
+def kick(gw: Gateway, protocol: str, client: str) -> dict[str, Any]:
+    """Disconnect a client: MQTT by client id (DISCONNECT 0x98 for 5.0), AMQP by peer address
+    (connection.close 320), remoting by client id or peer."""
+    if protocol == "mqtt" and gw.mqtt is not None:
+        conn = gw.mqtt.connections.get(client)
+        if conn is not None:
+            conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
+            return {"kicked": client}
+    elif protocol == "amqp" and gw.amqp is not None:
+        for amqp_conn in list(gw.amqp.connections):
+            if amqp_conn.peer == client:
+                amqp_conn.shutdown()
+                return {"kicked": client}
+    elif protocol == "remoting" and gw.remoting is not None:
+        for remoting_conn in list(gw.remoting.connections):
+            if client in (remoting_conn.client_id, remoting_conn.peer):
+                remoting_conn.close()
+                return {"kicked": client}
+    elif protocol not in ("mqtt", "amqp", "remoting"):
+        raise AdminError(400, f"unknown protocol {protocol!r}: mqtt, amqp or remoting")
+    raise AdminError(404, f"no {protocol} client {client!r} is connected")
+
+
+def message_view(message: StoredMessage) -> dict[str, Any]:
+    try:
+        body: dict[str, str] = {"body": message.body.decode()}
+    except UnicodeDecodeError:
+        body = {"body_base64": base64.b64encode(message.body).decode()}
+    return {"msg_id": message.msg_id, "position": message.position, "topic": message.topic, "key": message.key,
+            "born_timestamp": message.born_timestamp, "store_timestamp": message.store_timestamp,
+            "size": message.size, "queues": dict(message.queues), "properties": message.properties, **body}
+
+
+async def find_messages(gw: Gateway, *, key: str | None, topic: str | None, msg_id: str | None,
+                        begin_ms: int = 0, end_ms: int = 1 << 62) -> list[dict[str, Any]]:
+    store = gw.store
+    if store is None:
+        raise AdminError(503, "the store is not open")
+    if msg_id:
+        message = await store.get_by_id(msg_id)
+        return [message_view(message)] if message is not None else []
+    if not key or not topic:
+        raise AdminError(400, "give msg_id, or key and topic")
+    return [message_view(m) for m in store.query_by_key(topic, key, max_messages=64, begin_ms=begin_ms, end_ms=end_ms)]

@@ -1,0 +1,71 @@
+"""``tidemq ctl`` (a real subprocess) against a running gateway's admin API: clients,
+subscriptions, queues, query by key and by message id, kick, and the admin token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from gateway.config import Config
+from gateway.server import Gateway
+from protocols.mqtt.packets import MQTT_5
+from tests.mqtt_support import PahoClient, mqtt_port
+from tests.remoting_support import ons
+
+TOKEN = "s3cret"
+
+
+async def ctl(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "ctl", "--url", url, "--token", token, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_ctl_lists_queries_and_kicks(data_dir: Path) -> None:
+    config = Config(data_dir=data_dir, mqtt_bind="127.0.0.1:0", amqp_bind="", remoting_bind="127.0.0.1:0",
+                    metrics_bind="127.0.0.1:0", admin_token=TOKEN)
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        url = "http://%s:%d" % gw.metrics_address
+        device = PahoClient(mqtt_port(gw), "dev-1", version=MQTT_5)
+        await device.connect()
+        await device.subscribe("ctl/t", qos=1)
+        await device.publish("ctl/t", b"hello", qos=1)
+        await device.receive(1)
+        remoting = "127.0.0.1:%d" % next(l.address[1] for l in gw.listeners if l.protocol == "remoting")
+        await ons({"cmd": "send", "nameSrv": remoting, "topic": "CtlTopic",
+                   "messages": [{"body": "order body", "keys": ["order-9"]}]})
+
+        code, out, _ = await ctl(url, "--json", "clients")
+        assert code == 0 and {"protocol": "mqtt", "id": "dev-1"}.items() <= json.loads(out)[0].items()
+        code, out, _ = await ctl(url, "subscriptions")  # a table
+        assert code == 0 and "ctl/t" in out and out.splitlines()[0].split()[:2] == ["protocol", "client"]
+        code, out, _ = await ctl(url, "--json", "queues", "--prefix", "t:ctl/")
+        assert code == 0 and [(q["queue"], q["messages"], q["readers"]) for q in json.loads(out)] == [("t:ctl/t", 1, 1)]
+
+        code, out, _ = await ctl(url, "--json", "query", "--key", "order-9", "--topic", "CtlTopic")
+        found = json.loads(out)
+        assert code == 0 and [m["body"] for m in found] == ["order body"]
+        code, out, _ = await ctl(url, "--json", "query", "--msg-id", found[0]["msg_id"])
+        assert code == 0 and json.loads(out)[0]["position"] == found[0]["position"]
+
+        code, _, err = await ctl(url, "clients", token="wrong")
+        assert code == 1 and "401" in err
+        code, _, err = await ctl(url, "kick", "mqtt", "nobody")
+        assert code == 1 and "404" in err
+        code, out, _ = await ctl(url, "kick", "mqtt", "dev-1")
+        assert code == 0 and json.loads(out) == {"kicked": "dev-1"}
+        reason = await asyncio.to_thread(device.disconnects.get, True, 5)
+        assert reason == 0x98  # DISCONNECT: administrative action
+    finally:
+        await gw.stop()
+
+
+async def test_ctl_says_when_the_gateway_is_not_there() -> None:
+    code, _, err = await ctl("http://127.0.0.1:9", "clients")
+    assert code == 1 and "cannot reach" in err
