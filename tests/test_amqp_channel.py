@@ -174,3 +174,15 @@ async def test_heartbeats_both_ways(data_dir: Path) -> None:
                 closed = True
                 break
         assert closed
+
+
+async def test_message_id_is_the_key_of_an_amqp_message(data_dir: Path) -> None:
+    async with amqp_gateway(data_dir) as (gw, url):
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        await ch.declare_queue("keyed")
+        await ch.default_exchange.publish(aio_pika.Message(b"invoice", message_id="inv-42"), "keyed")
+        await get(await ch.get_queue("keyed"))
+        found = gw.store.query_by_key("keyed", "inv-42")  # stored under its routing key
+        assert [m.body for m in found] == [b"invoice"]
+        await conn.close()

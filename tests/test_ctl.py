@@ -8,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
@@ -35,7 +38,9 @@ async def test_ctl_lists_queries_and_kicks(data_dir: Path) -> None:
         device = PahoClient(mqtt_port(gw), "dev-1", version=MQTT_5)
         await device.connect()
         await device.subscribe("ctl/t", qos=1)
-        await device.publish("ctl/t", b"hello", qos=1)
+        keyed = PahoProperties(PacketTypes.PUBLISH)
+        keyed.UserProperty = ("key", "reading-7")
+        await device.publish("ctl/t", b"hello", qos=1, properties=keyed)
         await device.receive(1)
         remoting = "127.0.0.1:%d" % next(l.address[1] for l in gw.listeners if l.protocol == "remoting")
         await ons({"cmd": "send", "nameSrv": remoting, "topic": "CtlTopic",
@@ -51,6 +56,8 @@ async def test_ctl_lists_queries_and_kicks(data_dir: Path) -> None:
         code, out, _ = await ctl(url, "--json", "query", "--key", "order-9", "--topic", "CtlTopic")
         found = json.loads(out)
         assert code == 0 and [m["body"] for m in found] == ["order body"]
+        code, out, _ = await ctl(url, "--json", "query", "--key", "reading-7", "--topic", "ctl/t")
+        assert code == 0 and [m["body"] for m in json.loads(out)] == ["hello"]  # an MQTT 5 user property "key"
         code, out, _ = await ctl(url, "--json", "query", "--msg-id", found[0]["msg_id"])
         assert code == 0 and json.loads(out)[0]["position"] == found[0]["position"]
 

@@ -42,7 +42,9 @@ def to_store_message(exchange: str, routing_key: str, properties: commands.Basic
     header = ContentHeader(0, 0, properties).marshal()
     flag = AMQP_FLAG | (PERSISTENT_FLAG if properties.delivery_mode == 2 else 0)
     props = {EXCHANGE: exchange, ROUTING_KEY: routing_key, HEADER: base64.b64encode(header).decode()}
-    return Message(topic if topic is not None else routing_key, body, props, flag=flag)
+    # message_id is the message's key (tidemq ctl query --key)
+    return Message(topic if topic is not None else routing_key, body, props, key=properties.message_id or None,
+                   flag=flag)
 
 
 @dataclass(slots=True)

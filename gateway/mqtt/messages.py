@@ -35,6 +35,9 @@ RETAIN_FLAG = 0x04
 PROPS_FLAG = 0x08
 
 
+KEY_PROPERTY = "key"
+
+
 class StoreMessageFactory:
     """PUBLISH -> store Message for one publisher; the common case (no 5.0 properties) reuses
     the store-encoded property set instead of encoding it per message."""
@@ -52,7 +55,9 @@ class StoreMessageFactory:
             block = encode_properties(p)
             if block:
                 props = {CLIENT_ID: self.client_id, PROPS: base64.b64encode(block).decode()}
-                return Message(topic, publish.payload, props, flag=flag | PROPS_FLAG)
+                # a 5.0 user property "key" is the message's key (tidemq ctl query --key)
+                keys = [value for name, value in p.user_properties if name == KEY_PROPERTY]
+                return Message(topic, publish.payload, props, key=" ".join(keys) or None, flag=flag | PROPS_FLAG)
         return Message(topic, publish.payload, encoded_properties=self._encoded, flag=flag)
 
 
