@@ -106,6 +106,8 @@ class GatewayCollector:
         yield GaugeMetricFamily("tidemq_queues", "Store queues created", value=store.queue_count)
         yield CounterMetricFamily("tidemq_notify_events", "Notify events (queue has new data) sent to gateways",
                                   value=store.notify.events_published)
+        yield GaugeMetricFamily("tidemq_event_loop_lag_seconds", "How late the event loop last ran a 0.5 s timer",
+                                value=self.gateway.loop_lag_s)
         pressure = self.gateway.pressure
         yield GaugeMetricFamily("tidemq_resource_alarm", "1 while publishers are blocked (disk or store backlog)",
                                 value=1 if pressure is not None and pressure.raised else 0)

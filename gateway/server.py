@@ -52,6 +52,8 @@ class Gateway:
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
         self.metrics: MetricsServer | None = None
+        self.loop_lag_s = 0.0  # how late the event loop ran a timer, lately (metrics)
+        self._lag_task: asyncio.Task[None] | None = None
         self.metrics_address: tuple[str, int] | None = None
         self.ready = False
 
@@ -79,6 +81,7 @@ class Gateway:
                 log.info("listener started protocol=%s address=%s:%d", protocol, host, port)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
+                self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
                 self.metrics = MetricsServer(self)
                 self.metrics_address = await self.metrics.start(*metrics_bind)
                 log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
@@ -163,6 +166,14 @@ class Gateway:
         broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
         return server
 
+    async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:
+        """Event-loop lag: how much later than asked a sleep wakes up (a busy or blocked loop)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + interval_s
+            await asyncio.sleep(interval_s)
+            self.loop_lag_s = max(0.0, loop.time() - asked)
+
     def not_ready(self) -> str | None:
         """Why the gateway cannot take traffic now (None: it can): for /readyz."""
         if self.store is None:
@@ -176,6 +187,9 @@ class Gateway:
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
         self.ready = False
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            self._lag_task = None
         if self.metrics is not None:
             await self.metrics.stop()
             self.metrics = None

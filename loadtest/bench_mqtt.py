@@ -663,7 +663,14 @@ def main() -> None:
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
     parser.add_argument("--out", help="also append the lines to this file")
+    parser.add_argument("--soak-minutes", type=float, metavar="N",
+                        help="instead: a soak of N minutes against TideMQ (see loadtest/soak_mqtt.py)")
+    parser.add_argument("--soak-rate", type=float, default=2000.0, help="QoS 1 publishes per second in the soak")
     args = parser.parse_args()
+    if args.soak_minutes:
+        from loadtest import soak_mqtt
+
+        raise SystemExit(soak_mqtt.main(["--minutes", str(args.soak_minutes), "--rate", str(args.soak_rate)]))
     brokers = parse_list(args.brokers, BROKERS, "broker")
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     plan = QUICK if args.quick else FULL

@@ -1,0 +1,208 @@
+"""MQTT soak: a constant load for a bounded time, watching the gateway for leaks.
+
+    python -m loadtest.bench_mqtt --soak-minutes 10 [--soak-rate 2000]
+    python -m loadtest.soak_mqtt --minutes 10 [--rate 2000]        (the same)
+
+A fresh TideMQ (persistence on, metrics listener on) gets ``rate`` QoS 1 PUBLISHes per second
+from 4 publishers (topics soak/0..3, 64-byte payloads) and one subscriber of ``soak/+`` that
+acknowledges every delivery. Every 5 s one line reports the gateway's resident memory, open
+file descriptors, event-loop lag (its ``tidemq_event_loop_lag_seconds``) and the message
+counts:
+
+    soak t_s=... rss_mib=... fds=... loop_lag_ms=... published=... acked=... received=...
+
+At the end, the memory of the second half of the run (after warm-up) is fitted with a line: the
+run FAILS (exit status 1) when it grows by more than ``--max-growth-mib-per-min`` (default 1)
+and by more than 8 MiB in all -- a leak under a constant load -- or when messages are lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from loadtest.brokers import Broker, free_port, launch
+from protocols.mqtt.codec import PacketReader, encode
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    Connect,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+)
+
+HOST = "127.0.0.1"
+PUBLISHERS = 4
+SAMPLE_S = 5.0
+PAYLOAD = bytes(64)
+
+
+def start_gateway() -> tuple[Broker, int]:
+    port, metrics_port = free_port(), free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="tidemq-soak-"))
+    command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
+               "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "",
+               "--metrics-bind", f"{HOST}:{metrics_port}", "--flush", "async"]
+    return launch("tidemq", port, command, workdir, workdir / "console.log", dict(os.environ)), metrics_port
+
+
+class Counts:
+    published = 0
+    acked = 0
+    received = 0
+
+
+async def client(port: int, client_id: str, subscribe: str | None = None):
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(encode(Connect(client_id=client_id, keep_alive=60, clean_start=True), MQTT_3_1_1))
+    if subscribe:
+        writer.write(encode(Subscribe(1, [Subscription(subscribe, qos=1)]), MQTT_3_1_1))
+    await writer.drain()
+    return reader, writer
+
+
+async def subscriber(port: int, counts: Counts, stop: asyncio.Event) -> None:
+    reader, writer = await client(port, "soak-sub", "soak/+")
+    packets = PacketReader(version=MQTT_3_1_1)
+    while not stop.is_set():
+        try:
+            data = await asyncio.wait_for(reader.read(1 << 16), 1.0)
+        except TimeoutError:
+            continue
+        if not data:
+            raise ConnectionError("the gateway closed the subscriber")
+        packets.feed(data)
+        acks = []
+        for packet in packets.packets():
+            if isinstance(packet, Publish):
+                counts.received += 1
+                if packet.qos:
+                    acks.append(encode(PubAck(packet.packet_id), MQTT_3_1_1))
+        if acks:
+            writer.write(b"".join(acks))
+    writer.close()
+
+
+async def publisher(index: int, port: int, rate: float, counts: Counts, stop: asyncio.Event) -> None:
+    reader, writer = await client(port, f"soak-pub-{index}")
+    packets = PacketReader(version=MQTT_3_1_1)
+    topic = f"soak/{index}"
+
+    async def read_acks() -> None:
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            packets.feed(data)
+            counts.acked += sum(isinstance(p, PubAck) for p in packets.packets())
+
+    acks = asyncio.get_running_loop().create_task(read_acks())
+    packet_id = 0
+    started = time.monotonic()
+    sent = 0
+    while not stop.is_set():
+        due = int((time.monotonic() - started) * rate) - sent  # paced: the same rate all along
+        frames = []
+        for _ in range(max(0, due)):
+            packet_id = packet_id % 65535 + 1
+            frames.append(encode(Publish(topic, PAYLOAD, qos=1, packet_id=packet_id), MQTT_3_1_1))
+        if frames:
+            writer.write(b"".join(frames))
+            sent += len(frames)
+            counts.published += len(frames)
+            await writer.drain()
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(1.0)  # the last PUBACKs
+    acks.cancel()
+    writer.close()
+
+
+def loop_lag_ms(metrics_port: int) -> float:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{metrics_port}/metrics", timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("tidemq_event_loop_lag_seconds "):
+                    return float(line.split()[1]) * 1000
+    except OSError:
+        pass
+    return float("nan")
+
+
+def slope_per_minute(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB) points, in MiB per minute."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / n
+    mean_m = sum(m for _, m in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    return 60 * sum((t - mean_t) * (m - mean_m) for t, m in points) / var
+
+
+async def soak(minutes: float, rate: float, max_growth: float) -> int:
+    broker, metrics_port = start_gateway()
+    proc = psutil.Process(broker.pid)
+    counts = Counts()
+    stop = asyncio.Event()
+    samples: list[tuple[float, float]] = []
+    try:
+        tasks = [asyncio.create_task(subscriber(broker.port, counts, stop))]
+        await asyncio.sleep(0.5)  # subscribed
+        tasks += [asyncio.create_task(publisher(i, broker.port, rate / PUBLISHERS, counts, stop))
+                  for i in range(PUBLISHERS)]
+        started = time.monotonic()
+        end = started + minutes * 60
+        while time.monotonic() < end:
+            await asyncio.sleep(min(SAMPLE_S, max(0.0, end - time.monotonic())))
+            for task in tasks:
+                if task.done() and task.exception():
+                    raise task.exception()  # type: ignore[misc]
+            elapsed = time.monotonic() - started
+            rss = proc.memory_info().rss / 2**20
+            samples.append((elapsed, rss))
+            lag = await asyncio.to_thread(loop_lag_ms, metrics_port)
+            print(f"soak t_s={elapsed:.0f} rss_mib={rss:.1f} fds={proc.num_fds()} loop_lag_ms={lag:.1f} "
+                  f"published={counts.published} acked={counts.acked} received={counts.received}", flush=True)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(2.0)  # deliveries still on their way
+    finally:
+        broker.stop()
+    second_half = [(t, m) for t, m in samples if t >= samples[-1][0] / 2] if samples else []
+    growth = slope_per_minute(second_half)
+    grown = second_half[-1][1] - second_half[0][1] if second_half else 0.0
+    lost = counts.acked - counts.received
+    problems = []
+    if growth > max_growth and grown > 8:
+        problems.append(f"memory grew steadily: {growth:.2f} MiB/min, {grown:.1f} MiB in the second half")
+    if lost > 0:
+        problems.append(f"{lost} acknowledged messages not received")
+    verdict = "FAIL" if problems else "PASS"
+    print(f'soak result={verdict} minutes={minutes:g} rate={rate:g} rss_growth_mib_per_min={growth:.2f} '
+          f'published={counts.published} acked={counts.acked} received={counts.received}'
+          + (f' reason="{"; ".join(problems)}"' if problems else ""), flush=True)
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=2000.0, help="QoS 1 publishes per second, in all")
+    parser.add_argument("--max-growth-mib-per-min", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    return asyncio.run(soak(args.minutes, args.rate, args.max_growth_mib_per_min))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
