@@ -14,8 +14,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
@@ -34,29 +33,26 @@ from protocols.remoting.message_codec import (
 )
 from protocols.remoting.properties import (
     DELAY,
-    MAX_RECONSUME_TIMES,
-    ORIGIN_MESSAGE_ID,
-    REAL_QUEUE_ID,
-    REAL_TOPIC,
-    RETRY_TOPIC,
     UNIQ_KEY,
     decode_batch_body,
     decode_properties,
 )
 from protocols.remoting.tags import subscription_codes
-from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
+from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
 
 from ..stats import ProtocolStats
-from .groups import ConsumerGroups, Subscription
+from .consumers import ConsumerRequests
+from .groups import ConsumerGroups
 from .long_poll import PullHolds
 from .messages import Origin, to_store_message, to_wire
+from .queries import QueryRequests
+from .requests import CONSUMER_PREFIX, BadRequest, Pending, Reply, int_field, str_field
+from .retries import RetryRequests
 from .schedule import (
     DEFAULT_DELAY_LEVELS,
-    SCHEDULE_TOPIC,
     ScheduleService,
     parse_delay_levels,
-    schedule_queue,
 )
 from .topics import (
     PERM_READ,
@@ -64,9 +60,7 @@ from .topics import (
     STORE_QUEUE_PREFIX,
     TOPICS_TABLE,
     TopicRegistry,
-    dlq_topic,
     mqtt_topic_of,
-    retry_topic,
     store_queue,
 )
 
@@ -82,48 +76,9 @@ FLAG_SUBSCRIPTION = 0x4
 MAX_PULL_MESSAGES = 64
 MAX_PULL_BYTES = 4 << 20
 DEFAULT_MAX_RECONSUME_TIMES = 16
-CONSUMER_PREFIX = "rmq:"  # store consumer name of a consumer group
 
 
-@dataclass(slots=True)
-class Pending:
-    """A reply that waits for a store write: ``respond`` turns its results into the response."""
-
-    future: asyncio.Future[list[PutResult]]
-    respond: Callable[[list[PutResult]], RemotingCommand | None]
-
-
-Reply = RemotingCommand | Pending | Coroutine[Any, Any, RemotingCommand | None] | None
-
-
-class BadRequest(Exception):
-    """A request whose header cannot be used: answered with its code and remark."""
-
-    def __init__(self, remark: str, code: int = ResponseCode.SYSTEM_ERROR) -> None:
-        super().__init__(remark)
-        self.code = code
-
-
-def _int(ext: dict[str, str], name: str, default: int | None = None) -> int:
-    value = ext.get(name)
-    if value is None or value == "":
-        if default is None:
-            raise BadRequest(f"the request header field {name} is missing")
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise BadRequest(f"the request header field {name} is not a number: {value!r}") from None
-
-
-def _str(ext: dict[str, str], name: str) -> str:
-    value = ext.get(name)
-    if not value:
-        raise BadRequest(f"the request header field {name} is missing")
-    return value
-
-
-class RemotingBroker:
+class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
@@ -272,7 +227,7 @@ class RemotingBroker:
         }
 
     def get_route_info(self, conn, request: RemotingCommand) -> RemotingCommand:
-        topic = _str(request.ext_fields, "topic")
+        topic = str_field(request.ext_fields, "topic")
         try:
             data = self.route_data(topic)
         except ValueError as exc:
@@ -293,9 +248,9 @@ class RemotingBroker:
 
     def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
-        topic = _str(ext, "topic")
+        topic = str_field(ext, "topic")
         try:
-            self.topics.ensure(topic, _int(ext, "writeQueueNums", 0) or _int(ext, "readQueueNums", 0))
+            self.topics.ensure(topic, int_field(ext, "writeQueueNums", 0) or int_field(ext, "readQueueNums", 0))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         return response_to(request, ResponseCode.SUCCESS)
@@ -326,25 +281,6 @@ class RemotingBroker:
 
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
         return mqtt_topic_of(topic, properties.get("mqttSecondTopic")) or topic
-
-    def _placement(self, topic: str, queue_id: int, properties: dict[str, str],
-                   reconsume_times: int, max_reconsume: int) -> tuple[str, int, dict[str, str], list[str]]:
-        """(record topic, queue id, properties, store queues) for a message about to be stored:
-        delayed ones go to their level's schedule queue, exhausted retries to the DLQ."""
-        if topic.startswith("%RETRY%") and reconsume_times > max_reconsume:
-            group = topic[len("%RETRY%"):]
-            topic, queue_id = dlq_topic(group), 0
-            self.topics.ensure(topic, 1)
-            properties = {k: v for k, v in properties.items() if k != DELAY}
-        level = _int(properties, DELAY, 0) if DELAY in properties else 0
-        if level > 0:
-            level = self.schedule.clamp(level)
-            scheduled = dict(properties)
-            scheduled[REAL_TOPIC] = topic
-            scheduled[REAL_QUEUE_ID] = str(queue_id)
-            scheduled[DELAY] = str(level)
-            return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
-        return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
 
     def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
@@ -416,27 +352,6 @@ class RemotingBroker:
                 ",".join(self.msg_id(r.position) for r in results), queue_id,
                 results[0].queue_offsets[own]).to_ext_fields())
         return Pending(self.store.put_batch_nowait(batch), respond)
-
-    async def _deliver_delayed(self, message: StoredMessage) -> None:
-        """A scheduled message whose time has come: stored again into its real queues."""
-        props = dict(message.properties)
-        topic = props.pop(REAL_TOPIC, None)
-        queue_id = int(props.pop(REAL_QUEUE_ID, "0") or 0)
-        props.pop(DELAY, None)
-        if not topic:
-            log.error("delayed message without its real topic dropped msg_id=%s", message.msg_id)
-            return
-        queue_id = self._writable(topic, queue_id)
-        internal = {k: v for k, v in props.items() if k.startswith("rmq.")}
-        user = {k: v for k, v in props.items() if not k.startswith("rmq.")}
-        stored = to_store_message(self._record_topic(topic, user), message.body, user,
-                                  flag=int(internal.get("rmq.flag", message.flag)) if "rmq.flag" in internal
-                                  else message.flag,
-                                  sys_flag=int(internal.get("rmq.sys", "0")),
-                                  born_timestamp=message.born_timestamp,
-                                  born_host=internal.get("rmq.bh", ""),
-                                  reconsume_times=int(internal.get("rmq.rc", "0")))
-        await self.store.put(stored, self.targets(topic, queue_id, user))
 
     # -- pulling -------------------------------------------------------------------------------
     def _readable(self, topic: str, queue_id: int) -> str:
@@ -512,12 +427,12 @@ class RemotingBroker:
 
     # -- offsets -------------------------------------------------------------------------------
     def _queue_of(self, ext: dict[str, str]) -> tuple[str, str]:
-        topic = _str(ext, "topic")
-        return topic, store_queue(topic, _int(ext, "queueId"))
+        topic = str_field(ext, "topic")
+        return topic, store_queue(topic, int_field(ext, "queueId"))
 
     def query_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
-        group = _str(ext, "consumerGroup")
+        group = str_field(ext, "consumerGroup")
         _, queue = self._queue_of(ext)
         offset = self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
         if offset is None:
@@ -536,9 +451,9 @@ class RemotingBroker:
 
     def update_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
-        group = _str(ext, "consumerGroup")
+        group = str_field(ext, "consumerGroup")
         _, queue = self._queue_of(ext)
-        offset = _int(ext, "commitOffset")
+        offset = int_field(ext, "commitOffset")
         if offset >= 0:  # clients report -1 for queues they hold no position in: nothing to keep
             self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, offset)
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
@@ -554,7 +469,7 @@ class RemotingBroker:
     async def search_offset_by_timestamp(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         _, queue = self._queue_of(ext)
-        offset = await self.store.offset_for_timestamp(queue, _int(ext, "timestamp"))
+        offset = await self.store.offset_for_timestamp(queue, int_field(ext, "timestamp"))
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
 
     def get_earliest_store_time(self, conn, request: RemotingCommand) -> RemotingCommand:
@@ -565,155 +480,3 @@ class RemotingBroker:
         return response_to(request, ResponseCode.SUCCESS,
                            ext_fields={"timestamp": str(first.messages[0].store_timestamp)})
 
-    # -- clients and groups --------------------------------------------------------------------
-    def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
-        try:
-            data = json.loads(request.body or b"{}")
-        except ValueError as exc:
-            raise BadRequest(f"the heartbeat body is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise BadRequest("the heartbeat body is not a JSON object")
-        client_id = str(data.get("clientID") or "")
-        conn.client_id = client_id or conn.client_id
-        for consumer in data.get("consumerDataSet") or []:
-            group = str(consumer.get("groupName") or "")
-            if not group:
-                continue
-            subs = [Subscription(str(s.get("topic", "")), str(s.get("subString") or "*"),
-                                 str(s.get("expressionType") or "TAG"), int(s.get("subVersion") or 0))
-                    for s in consumer.get("subscriptionDataSet") or [] if s.get("topic")]
-            model = str(consumer.get("messageModel") or "CLUSTERING")
-            if model == "CLUSTERING":
-                self.topics.ensure(retry_topic(group), 1)
-            self.groups.heartbeat(group, client_id, conn, subs, model,
-                                  str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"))
-        # (Java clients read this map unchecked after a heartbeat; we do not do HeartbeatV2)
-        return response_to(request, ResponseCode.SUCCESS, ext_fields={"IS_SUPPORT_HEART_BEAT_V2": "false"})
-
-    def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand | None:
-        ext = request.ext_fields
-        group = ext.get("consumerGroup")
-        if group:
-            self.groups.unregister(group, ext.get("clientID", ""))
-        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
-
-    def get_consumer_list(self, conn, request: RemotingCommand) -> RemotingCommand:
-        group = _str(request.ext_fields, "consumerGroup")
-        ids = self.groups.client_ids(group)
-        if not ids:
-            return response_to(request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
-        return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
-
-    def group_lag(self, group: str) -> int:
-        """Messages of the group's subscribed topics it has not consumed (committed) yet."""
-        topics = {topic for member in self.groups.members(group) for topic in member.subscriptions}
-        lag = 0
-        for topic in topics:
-            config = self.topics.get(topic)
-            if config is None:
-                continue
-            for queue_id in range(config.read_queues):
-                queue = store_queue(topic, queue_id)
-                end = self.store.max_offset_now(queue)
-                committed = self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
-                lag += max(0, end - (committed if committed is not None else self._min_offset(queue)))
-        return lag
-
-    def _members_changed(self, group: str, members) -> None:
-        for member in members:
-            member.connection.notify_consumer_ids_changed(group)
-
-    def lock_batch(self, conn, request: RemotingCommand) -> RemotingCommand:
-        try:
-            data = json.loads(request.body or b"{}")
-            group, client = str(data["consumerGroup"]), str(data["clientId"])
-            wanted = [(str(mq["topic"]), int(mq["queueId"]), mq) for mq in data.get("mqSet") or []]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BadRequest(f"bad lock request body: {exc}") from None
-        now = time.monotonic()
-        locked = []
-        for topic, qid, mq in wanted:
-            holder = self._locks.get((group, topic, qid))
-            if holder is None or holder[0] == client or now - holder[1] > 60.0:
-                self._locks[(group, topic, qid)] = (client, now)
-                locked.append(mq)
-        return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": locked}).encode())
-
-    def unlock_batch(self, conn, request: RemotingCommand) -> RemotingCommand | None:
-        try:
-            data = json.loads(request.body or b"{}")
-            group, client = str(data["consumerGroup"]), str(data["clientId"])
-            for mq in data.get("mqSet") or []:
-                key = (group, str(mq["topic"]), int(mq["queueId"]))
-                if self._locks.get(key, ("",))[0] == client:
-                    del self._locks[key]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BadRequest(f"bad unlock request body: {exc}") from None
-        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
-
-    # -- retry and dead letters ----------------------------------------------------------------
-    async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        group = _str(ext, "group")
-        position = _int(ext, "offset")
-        delay_level = _int(ext, "delayLevel", 0)
-        max_reconsume = _int(ext, "maxReconsumeTimes", self.max_reconsume_times)
-        original = self.store.read_at(position)
-        if original is None:
-            return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
-        props = {k: v for k, v in original.properties.items() if not k.startswith("rmq.")}
-        internal = original.properties
-        reconsume = int(internal.get("rmq.rc", "0")) + 1
-        origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
-        props.setdefault(RETRY_TOPIC, origin_topic)
-        props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
-        props[MAX_RECONSUME_TIMES] = str(max_reconsume)
-        if reconsume > max_reconsume or delay_level < 0:
-            topic, queue_id = dlq_topic(group), 0
-            self.topics.ensure(topic, 1)
-            props.pop(DELAY, None)
-            targets = [store_queue(topic, queue_id)]
-            record_topic = topic
-        else:
-            topic, queue_id = retry_topic(group), 0
-            self.topics.ensure(topic, 1)
-            level = delay_level if delay_level > 0 else 3 + reconsume - 1
-            props[DELAY] = str(self.schedule.clamp(level))
-            record_topic, queue_id, props, targets = self._placement(topic, queue_id, props, 0, max_reconsume)
-        message = to_store_message(record_topic, original.body, props, flag=original.flag,
-                                   sys_flag=int(internal.get("rmq.sys", "0")),
-                                   born_timestamp=original.born_timestamp, born_host=internal.get("rmq.bh", ""),
-                                   reconsume_times=reconsume)
-        await self.store.put(message, targets)
-        return response_to(request, ResponseCode.SUCCESS)
-
-    # -- queries -------------------------------------------------------------------------------
-    def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
-        for queue, offset in message.queues:
-            if queue.startswith(STORE_QUEUE_PREFIX):
-                topic, _, qid = queue[len(STORE_QUEUE_PREFIX):].rpartition(":")
-                if topic_hint is None or topic == topic_hint:
-                    message.queue_offset = offset
-                    return to_wire(message, topic, int(qid), self.origin)
-        return to_wire(message, topic_hint or message.topic, 0, self.origin)
-
-    def query_message(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        topic, key = _str(ext, "topic"), _str(ext, "key")
-        max_num = max(1, min(_int(ext, "maxNum", 32), 64))
-        begin, end = _int(ext, "beginTimestamp", 0), _int(ext, "endTimestamp", 1 << 62)
-        found = self.store.query_by_key(self._record_topic(topic, {}), key, max_messages=max_num,
-                                        begin_ms=begin, end_ms=end)
-        if not found:
-            return response_to(request, ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
-        body = b"".join(encode_message(self._wire_of(m, topic)) for m in found)
-        return response_to(request, ResponseCode.SUCCESS, body=body, ext_fields={
-            "indexLastUpdateTimestamp": str(found[-1].store_timestamp),
-            "indexLastUpdatePhyoffset": str(found[-1].position)})
-
-    def view_message(self, conn, request: RemotingCommand) -> RemotingCommand:
-        position = _int(request.ext_fields, "offset")
-        message = self.store.read_at(position)
-        if message is None:
-            return response_to(request, ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {position}")
-        return response_to(request, ResponseCode.SUCCESS, body=encode_message(self._wire_of(message)))

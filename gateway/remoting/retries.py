@@ -1,0 +1,106 @@
+"""Retries, dead letters and delayed messages: CONSUMER_SEND_MSG_BACK into ``%RETRY%{group}``
+through a delay level, ``%DLQ%{group}`` past the consumer's max reconsume times, and where a
+message about to be stored goes (its topic queues, or a level's schedule queue). Mixed into
+``RemotingBroker``."""
+
+from __future__ import annotations
+
+import logging
+
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.frames import RemotingCommand, response_to
+from protocols.remoting.properties import (
+    DELAY,
+    MAX_RECONSUME_TIMES,
+    ORIGIN_MESSAGE_ID,
+    REAL_QUEUE_ID,
+    REAL_TOPIC,
+    RETRY_TOPIC,
+)
+from store import StoredMessage
+
+from .messages import to_store_message
+from .requests import int_field, str_field
+from .schedule import SCHEDULE_TOPIC, schedule_queue
+from .topics import dlq_topic, retry_topic, store_queue
+
+log = logging.getLogger("tidemq.remoting")
+
+
+class RetryRequests:
+    def _placement(self, topic: str, queue_id: int, properties: dict[str, str],
+                   reconsume_times: int, max_reconsume: int) -> tuple[str, int, dict[str, str], list[str]]:
+        """(record topic, queue id, properties, store queues) for a message about to be stored:
+        delayed ones go to their level's schedule queue, exhausted retries to the DLQ."""
+        if topic.startswith("%RETRY%") and reconsume_times > max_reconsume:
+            group = topic[len("%RETRY%"):]
+            topic, queue_id = dlq_topic(group), 0
+            self.topics.ensure(topic, 1)
+            properties = {k: v for k, v in properties.items() if k != DELAY}
+        level = int_field(properties, DELAY, 0) if DELAY in properties else 0
+        if level > 0:
+            level = self.schedule.clamp(level)
+            scheduled = dict(properties)
+            scheduled[REAL_TOPIC] = topic
+            scheduled[REAL_QUEUE_ID] = str(queue_id)
+            scheduled[DELAY] = str(level)
+            return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
+        return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
+
+
+    async def _deliver_delayed(self, message: StoredMessage) -> None:
+        """A scheduled message whose time has come: stored again into its real queues."""
+        props = dict(message.properties)
+        topic = props.pop(REAL_TOPIC, None)
+        queue_id = int(props.pop(REAL_QUEUE_ID, "0") or 0)
+        props.pop(DELAY, None)
+        if not topic:
+            log.error("delayed message without its real topic dropped msg_id=%s", message.msg_id)
+            return
+        queue_id = self._writable(topic, queue_id)
+        internal = {k: v for k, v in props.items() if k.startswith("rmq.")}
+        user = {k: v for k, v in props.items() if not k.startswith("rmq.")}
+        stored = to_store_message(self._record_topic(topic, user), message.body, user,
+                                  flag=int(internal.get("rmq.flag", message.flag)) if "rmq.flag" in internal
+                                  else message.flag,
+                                  sys_flag=int(internal.get("rmq.sys", "0")),
+                                  born_timestamp=message.born_timestamp,
+                                  born_host=internal.get("rmq.bh", ""),
+                                  reconsume_times=int(internal.get("rmq.rc", "0")))
+        await self.store.put(stored, self.targets(topic, queue_id, user))
+
+    async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
+        ext = request.ext_fields
+        group = str_field(ext, "group")
+        position = int_field(ext, "offset")
+        delay_level = int_field(ext, "delayLevel", 0)
+        max_reconsume = int_field(ext, "maxReconsumeTimes", self.max_reconsume_times)
+        original = self.store.read_at(position)
+        if original is None:
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
+        props = {k: v for k, v in original.properties.items() if not k.startswith("rmq.")}
+        internal = original.properties
+        reconsume = int(internal.get("rmq.rc", "0")) + 1
+        origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
+        props.setdefault(RETRY_TOPIC, origin_topic)
+        props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
+        props[MAX_RECONSUME_TIMES] = str(max_reconsume)
+        if reconsume > max_reconsume or delay_level < 0:
+            topic, queue_id = dlq_topic(group), 0
+            self.topics.ensure(topic, 1)
+            props.pop(DELAY, None)
+            targets = [store_queue(topic, queue_id)]
+            record_topic = topic
+        else:
+            topic, queue_id = retry_topic(group), 0
+            self.topics.ensure(topic, 1)
+            level = delay_level if delay_level > 0 else 3 + reconsume - 1
+            props[DELAY] = str(self.schedule.clamp(level))
+            record_topic, queue_id, props, targets = self._placement(topic, queue_id, props, 0, max_reconsume)
+        message = to_store_message(record_topic, original.body, props, flag=original.flag,
+                                   sys_flag=int(internal.get("rmq.sys", "0")),
+                                   born_timestamp=original.born_timestamp, born_host=internal.get("rmq.bh", ""),
+                                   reconsume_times=reconsume)
+        await self.store.put(message, targets)
+        return response_to(request, ResponseCode.SUCCESS)
+
