@@ -79,28 +79,40 @@ def user_properties(message: StoredMessage) -> dict[str, str]:
     return {k: v for k, v in message.properties.items() if not k.startswith(INTERNAL_PREFIXES)}
 
 
+def client_flag(message: StoredMessage) -> int:
+    """The RocketMQ ``flag`` of a stored message as clients see it: its own for a remoting
+    message, 0 for another protocol's (their record flag holds markers, not an app's flag)."""
+    flag = message.flag
+    if flag & REMOTING_FLAG or FLAG_PROPERTY in message.properties:
+        return int(message.properties.get(FLAG_PROPERTY, "0"))
+    return 0 if flag & PROTOCOL_FLAG_BITS else flag
+
+
+def restore(message: StoredMessage, topic: str, properties: dict[str, str], *,
+            reconsume_times: int | None = None) -> Message:
+    """A stored message made ready to be stored again (a retry, a due delayed message) under
+    ``topic`` with ``properties``, keeping what only the internal properties remember."""
+    internal = message.properties
+    return to_store_message(
+        topic, message.body, properties, flag=client_flag(message),
+        sys_flag=int(internal.get(SYS_FLAG_PROPERTY, "0")), born_timestamp=message.born_timestamp,
+        born_host=internal.get(BORN_HOST_PROPERTY, ""),
+        reconsume_times=int(internal.get(RECONSUME_PROPERTY, "0")) if reconsume_times is None else reconsume_times)
+
+
 def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin) -> WireMessage:
     props = message.properties
     shown = user_properties(message)
-    flag = message.flag
-    if flag & MQTT_FLAG:  # an MQTT publish: its levels after the remoting topic, and its QoS
-        rest = message.topic[len(remoting_topic):]
-        if rest:
-            shown[SECOND_TOPIC_PROPERTY] = rest
-        shown[QOS_PROPERTY] = str(flag & 3)
-        flag = 0
-    elif flag & REMOTING_FLAG or FLAG_PROPERTY in props:
-        flag = int(props.get(FLAG_PROPERTY, "0"))
-    elif flag & PROTOCOL_FLAG_BITS:
-        flag = 0  # another protocol's marker means nothing to a remoting client
-    elif message.topic != remoting_topic and message.topic.startswith(remoting_topic + "/"):
-        shown[SECOND_TOPIC_PROPERTY] = message.topic[len(remoting_topic):]
+    if message.flag & MQTT_FLAG:  # an MQTT publish: its QoS too
+        shown[QOS_PROPERTY] = str(message.flag & 3)
+    if message.topic != remoting_topic and message.topic.startswith(remoting_topic + "/"):
+        shown[SECOND_TOPIC_PROPERTY] = message.topic[len(remoting_topic):]  # the MQTT levels after it
     born_host, born_port = _host_port(props.get(BORN_HOST_PROPERTY), origin)
     return WireMessage(
         topic=remoting_topic,
         body=message.body,
         queue_id=queue_id,
-        flag=flag,
+        flag=client_flag(message),
         queue_offset=message.queue_offset,
         commit_log_offset=message.position,
         sys_flag=int(props.get(SYS_FLAG_PROPERTY, "0")),

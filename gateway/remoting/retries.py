@@ -19,7 +19,7 @@ from protocols.remoting.properties import (
 )
 from store import StoredMessage
 
-from .messages import to_store_message
+from .messages import INTERNAL_PREFIXES, RECONSUME_PROPERTY, restore, user_properties
 from .requests import int_field, str_field
 from .schedule import SCHEDULE_TOPIC, schedule_queue
 from .topics import dlq_topic, retry_topic, store_queue
@@ -47,7 +47,6 @@ class RetryRequests:
             return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
         return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
 
-
     async def _deliver_delayed(self, message: StoredMessage) -> None:
         """A scheduled message whose time has come: stored again into its real queues."""
         props = dict(message.properties)
@@ -58,16 +57,9 @@ class RetryRequests:
             log.error("delayed message without its real topic dropped msg_id=%s", message.msg_id)
             return
         queue_id = self._writable(topic, queue_id)
-        internal = {k: v for k, v in props.items() if k.startswith("rmq.")}
-        user = {k: v for k, v in props.items() if not k.startswith("rmq.")}
-        stored = to_store_message(self._record_topic(topic, user), message.body, user,
-                                  flag=int(internal.get("rmq.flag", message.flag)) if "rmq.flag" in internal
-                                  else message.flag,
-                                  sys_flag=int(internal.get("rmq.sys", "0")),
-                                  born_timestamp=message.born_timestamp,
-                                  born_host=internal.get("rmq.bh", ""),
-                                  reconsume_times=int(internal.get("rmq.rc", "0")))
-        await self.store.put(stored, self.targets(topic, queue_id, user))
+        user = {k: v for k, v in props.items() if not k.startswith(INTERNAL_PREFIXES)}
+        await self.store.put(restore(message, self._record_topic(topic, user), user),
+                             self.targets(topic, queue_id, user))
 
     async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
@@ -78,9 +70,8 @@ class RetryRequests:
         original = self.store.read_at(position)
         if original is None:
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
-        props = {k: v for k, v in original.properties.items() if not k.startswith("rmq.")}
-        internal = original.properties
-        reconsume = int(internal.get("rmq.rc", "0")) + 1
+        props = user_properties(original)
+        reconsume = int(original.properties.get(RECONSUME_PROPERTY, "0")) + 1
         origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
         props.setdefault(RETRY_TOPIC, origin_topic)
         props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
@@ -97,10 +88,6 @@ class RetryRequests:
             level = delay_level if delay_level > 0 else 3 + reconsume - 1
             props[DELAY] = str(self.schedule.clamp(level))
             record_topic, queue_id, props, targets = self._placement(topic, queue_id, props, 0, max_reconsume)
-        message = to_store_message(record_topic, original.body, props, flag=original.flag,
-                                   sys_flag=int(internal.get("rmq.sys", "0")),
-                                   born_timestamp=original.born_timestamp, born_host=internal.get("rmq.bh", ""),
-                                   reconsume_times=reconsume)
-        await self.store.put(message, targets)
+        await self.store.put(restore(original, record_topic, props, reconsume_times=reconsume), targets)
         return response_to(request, ResponseCode.SUCCESS)
 
