@@ -79,12 +79,14 @@ async def test_consumed_offsets_survive_a_restart(data_dir: Path) -> None:
 
 async def test_retry_then_dead_letter_queue(data_dir: Path) -> None:
     async with remoting_gateway(data_dir) as (gw, addr):
-        await ons({"cmd": "send", "nameSrv": addr, "topic": "Flaky", "messages": [{"body": "retry-me"}]})
+        # (flag 0x100 is one of the bits other protocols mark their records with: kept all the same)
+        await ons({"cmd": "send", "nameSrv": addr, "topic": "Flaky", "messages": [{"body": "retry-me", "flag": 256}]})
         events = await ons({"cmd": "consume", "nameSrv": addr, "group": "g-retry", "topic": "Flaky",
                             "count": 1, "retryTimes": 2, "timeoutMs": 20000})
         got = messages(events)
         assert [m["body"] for m in got] == ["retry-me"] * 3
         assert [m["reconsumeTimes"] for m in got] == [0, 1, 2]  # redelivered from %RETRY%g-retry
+        assert [m["flag"] for m in got] == [256] * 3
         # a consumer that always fails: after maxReconsumeTimes the message goes to %DLQ%
         await ons({"cmd": "send", "nameSrv": addr, "topic": "Flaky", "messages": [{"body": "poison"}]})
         await ons({"cmd": "consume", "nameSrv": addr, "group": "g-retry", "topic": "Flaky", "count": 1000,

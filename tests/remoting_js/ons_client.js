@@ -27,7 +27,7 @@ function out(obj) {
 
 function plain(msg) {
   return { msgId: msg.msgId, topic: msg.topic, tags: msg.tags, keys: msg.keys, body: msg.body.toString(),
-    queueId: msg.queueId, queueOffset: Number(msg.queueOffset), reconsumeTimes: msg.reconsumeTimes,
+    queueId: msg.queueId, queueOffset: Number(msg.queueOffset), reconsumeTimes: msg.reconsumeTimes, flag: msg.flag,
     properties: msg.properties };
 }
 
@@ -38,6 +38,7 @@ async function send() {
     const msg = new Message(spec.topic, m.tags || '', m.body);
     if (m.keys) msg.keys = m.keys;
     if (m.delayLevel) msg.delayTimeLevel = m.delayLevel;
+    if (m.flag) msg.flag = m.flag;
     if (m.properties) Object.assign(msg.properties, m.properties);
     const result = await producer.send(msg);
     out({ event: 'sent', sendStatus: result.sendStatus, msgId: result.msgId, queueId: result.messageQueue.queueId,
