@@ -29,6 +29,10 @@ class MetaStore:
         wo.sync = sync
         self._db.set_write_options(wo)
 
+    @property
+    def db(self) -> Rdict:
+        return self._db
+
     def table(self, name: str) -> "KvTable":
         if not name or "\x00" in name:
             raise ValueError("table names are non-empty and have no NUL")

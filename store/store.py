@@ -299,6 +299,18 @@ class MessageStore:
         return self.index.queues_created
 
     @property
+    def memtable_bytes(self) -> int:
+        """Memory RocksDB holds in write buffers (index and metadata): it grows until a buffer
+        is flushed, so a process's memory saw-tooths with it; bounded by their configuration."""
+        total = 0
+        for db in (self.index.db, self.meta.db):
+            try:
+                total += db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+            except Exception:  # a closed database, or no such property: nothing to count
+                pass
+        return total
+
+    @property
     def dispatch_lag_bytes(self) -> int:
         """Commitlog bytes written and not yet in the consume-queue index."""
         return self.commitlog.end_position - self.index.dispatched_position
