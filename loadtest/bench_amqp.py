@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import selectors
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -74,7 +73,15 @@ from typing import Any
 
 from pamqp import commands
 
-from loadtest.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
+from loadtest.amqp_load import (
+    BODY,
+    IDLE_FOR_S,
+    PubLoad,
+    SubLoad,
+    consumer_worker,
+    publisher_worker,
+)
+from loadtest.amqp_wire import AMQPClientError, Conn, publish_frames
 from loadtest.bench_mqtt import (
     DELIVERED,
     DRAIN_DEADLINE,
@@ -82,12 +89,10 @@ from loadtest.bench_mqtt import (
     MACHINE,
     PUBLISHERS_DONE,
     SLACK_S,
-    WORKER_WAIT_S,
     CpuSampler,
     Workers,
     parse_list,
     quote,
-    ready_events,
     split,
 )
 from loadtest.brokers import (
@@ -98,13 +103,9 @@ from loadtest.brokers import (
     raise_fd_limit,
     start_amqp_broker,
 )
-from loadtest.mqtt_wire import PAYLOAD_SIZE
 
 BROKERS = ("tidemq", "rabbitmq")
 SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic")
-BODY = bytes(i % 256 for i in range(PAYLOAD_SIZE))  # 64 bytes, as bench_mqtt's payloads
-POLL_S = 0.001  # sockets are read every POLL_S (see bench_mqtt.POLL_S)
-IDLE_FOR_S = 2.0  # consumers stop when nothing came for this long once the publishers are done
 COUNT_POLL_S = 0.01  # the coordinator's queue.declare passive polls
 FANOUT_KEY = "bench.fanout.msg"
 FANOUT_PATTERN = "bench.fanout.#"
@@ -113,7 +114,6 @@ FANOUT_PROCS = 2
 # per read and prefetch 100 never binds, while each read of a connection costs a recv and an
 # ack write; reading every 1 ms cost the generator ~9 us per delivery (RabbitMQ, 25k/s).
 FANOUT_POLL_S = 0.005
-CHANNELS_PER_CONN = 10
 # What a fresh broker always logs as a warning: not worth a log_complaints line.
 BENIGN_LOG_LINES = ("rebuilding indices from scratch",)  # RabbitMQ's first boot of a message store
 
@@ -143,211 +143,6 @@ class Plan:
 FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, seconds=3.0, consume_messages=30_000, consume_timeout_s=15.0, drain_s=5.0,
                 handshake_s=10.0)
-
-
-@dataclass(frozen=True, slots=True)
-class PubLoad:
-    """What a publisher process does, as the worker sees it."""
-
-    exchange: str
-    routing_key: str
-    confirm: bool
-    window: int  # confirm: unconfirmed publishes per connection; else publishes per write
-    seconds: float
-    drain_s: float  # how long after ``seconds`` the last confirms may take
-    handshake_s: float
-    # The process's publishes stay at most this many ahead of what was taken (0 = no bound):
-    # the DELIVERED slots' sum / consumer_channels, i.e. the average consumer channel's
-    # deliveries (fanout_topic) or the queue's message_count polled by the coordinator (publish).
-    ahead: int = 0
-    consumer_channels: int = 1
-    poll_s: float = POLL_S
-
-
-@dataclass(frozen=True, slots=True)
-class SubLoad:
-    """What a consumer process does: one channel per queue, CHANNELS_PER_CONN to a connection."""
-
-    prefetch: int
-    consume_on_go: bool  # basic.consume when told to go (consume), or before ready (fanout_topic)
-    timeout_s: float  # the whole run's bound, on top of which SLACK_S
-    handshake_s: float
-    poll_s: float = POLL_S
-
-
-# -- worker processes ------------------------------------------------------------------------------
-def publisher_worker(w: Workers, index: int, port: int, connections: int, load: PubLoad) -> None:
-    conns: list[Conn] = []
-    try:
-        for _ in range(connections):
-            conns.append(Conn(port, load.handshake_s))
-            conns[-1].open_channel(1, confirm=load.confirm)
-        w.report("ready", "publisher", index)
-        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
-            return
-        w.report("result", "publisher", index, pump_publishers(w, conns, load))
-        w.release.wait(WORKER_WAIT_S)  # connections stay open until the coordinator has counted
-    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
-        w.report("error", "publisher", index, f"publisher: {type(exc).__name__}: {exc}")
-    finally:
-        for conn in conns:
-            conn.close()
-
-
-def update_interest(sel: selectors.BaseSelector, conn: Conn, writing: set[Conn]) -> None:
-    if (conn.pending is not None) != (conn in writing):
-        sel.modify(conn.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.pending is not None else 0), conn)
-        writing.symmetric_difference_update((conn,))
-
-
-def check(conn: Conn) -> None:
-    problem = conn.unexpected()
-    if problem:
-        raise AMQPClientError(f"broker sent {problem}")
-
-
-def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, Any]:
-    frame = publish_frames(1, load.exchange, load.routing_key, BODY)
-    size = len(frame)
-    block = memoryview(frame * load.window)  # the most one write sends
-    sel = selectors.DefaultSelector()
-    for c in conns:
-        c.nonblocking()
-        sel.register(c.sock, selectors.EVENT_READ, c)
-    writing: set[Conn] = set()
-    shared = w.shared
-    started = time.monotonic_ns()
-    stop_sending = started + int(load.seconds * 1e9)
-    give_up = stop_sending + int(load.drain_s * 1e9)
-    first_send = last_send = 0
-    while True:
-        now = time.monotonic_ns()
-        sending = now < stop_sending
-        allowance = 2**62
-        if load.ahead and sending:
-            delivered = sum(shared[DELIVERED:]) // load.consumer_channels
-            allowance = load.ahead - (sum(c.sent for c in conns) - delivered)
-        for c in conns:
-            if c.pending is not None:
-                c.flush()
-            if c.pending is None and sending:
-                n = min(allowance, load.window - c.outstanding if load.confirm else load.window)
-                if n > 0:
-                    allowance -= n
-                    c.write(block[: n * size])
-                    c.sent += n
-                    first_send = first_send or now
-                    last_send = now
-            update_interest(sel, c, writing)
-        if not sending and all(c.pending is None and (not load.confirm or c.outstanding <= 0) for c in conns):
-            break
-        if now > give_up:
-            break
-        for key, events in ready_events(sel, 0.05, load.poll_s):
-            c = key.data
-            if events & selectors.EVENT_READ:
-                c.on_readable(time.monotonic_ns())
-            if events & selectors.EVENT_WRITE:
-                c.flush()
-        for c in conns:
-            check(c)
-    sel.close()
-    return {
-        "sent": sum(c.sent for c in conns),
-        "confirmed": sum(c.confirmed for c in conns),
-        "nacked": sum(c.nacked for c in conns),
-        "first_send_ns": first_send,
-        "last_send_ns": last_send,
-        "last_confirm_ns": max(c.last_confirm_ns for c in conns),
-        "blocked": next((c.blocked for c in conns if c.blocked), ""),
-    }
-
-
-def consumer_worker(w: Workers, index: int, port: int, queues: list[str], load: SubLoad) -> None:
-    conns: list[tuple[Conn, list[tuple[int, str]]]] = []
-    try:
-        for group in [queues[i:i + CHANNELS_PER_CONN] for i in range(0, len(queues), CHANNELS_PER_CONN)]:
-            conn = Conn(port, load.handshake_s)
-            channels = list(enumerate(group, 1))
-            conns.append((conn, channels))
-            for number, queue in channels:
-                conn.open_channel(number, prefetch=load.prefetch)
-                if not load.consume_on_go:
-                    conn.rpc(number, commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
-        w.report("ready", "consumer", index)
-        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
-            return
-        w.report("result", "consumer", index, pump_consumers(w, index, conns, load))
-        w.release.wait(WORKER_WAIT_S)
-    except Exception as exc:  # noqa: BLE001 - any failure becomes the scenario's error line
-        w.report("error", "consumer", index, f"consumer: {type(exc).__name__}: {exc}")
-    finally:
-        for conn, _ in conns:
-            conn.close()
-
-
-def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[int, str]]]],
-                   load: SubLoad) -> dict[str, Any]:
-    started = time.monotonic_ns()
-    if load.consume_on_go:
-        for conn, channels in conns:
-            conn.sock.sendall(b"".join(method_frame(n, commands.Basic.Consume(queue=q)) for n, q in channels))
-    sel = selectors.DefaultSelector()
-    for conn, _ in conns:
-        conn.nonblocking()
-        sel.register(conn.sock, selectors.EVENT_READ, conn)
-    writing: set[Conn] = set()
-    shared = w.shared
-    slot = DELIVERED + index
-    channels = sum(len(ch) for _, ch in conns)
-    idle_ns = int(IDLE_FOR_S * 1e9)
-    last_data = started
-    hard_stop = started + int((load.timeout_s + SLACK_S) * 1e9)
-    delivered = 0
-    outcome = "timeout"
-    while True:
-        ready = ready_events(sel, 0.05, load.poll_s)
-        now = time.monotonic_ns()
-        got = 0
-        for key, events in ready:
-            c = key.data
-            if events & selectors.EVENT_READ:
-                got += c.on_readable(now)
-                acks = c.acks()
-                if acks:
-                    if c.pending is None:
-                        c.write(acks)
-                    else:
-                        c.pending = memoryview(bytes(c.pending) + acks)
-            if c.pending is not None:
-                c.flush()
-            update_interest(sel, c, writing)
-        for c, _ in conns:
-            check(c)
-        if got:
-            delivered += got
-            last_data = now
-            shared[slot] += got
-        if shared[PUBLISHERS_DONE]:
-            if delivered >= shared[EXPECTED] * channels:
-                outcome = "complete"
-                break
-            if now - last_data > idle_ns:
-                outcome = "idle"
-                break
-            if now > shared[DRAIN_DEADLINE]:
-                break
-        if now > hard_stop:
-            break
-    sel.close()
-    firsts = [c.first_delivery_ns for c, _ in conns if c.first_delivery_ns]
-    return {
-        "delivered": delivered,
-        "start_ns": started,
-        "first_delivery_ns": min(firsts, default=0),
-        "last_delivery_ns": max(c.last_delivery_ns for c, _ in conns),
-        "outcome": outcome,
-    }
 
 
 # -- the coordinator's side ------------------------------------------------------------------------
