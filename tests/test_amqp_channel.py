@@ -186,3 +186,38 @@ async def test_message_id_is_the_key_of_an_amqp_message(data_dir: Path) -> None:
         found = gw.store.query_by_key("keyed", "inv-42")  # stored under its routing key
         assert [m.body for m in found] == [b"invoice"]
         await conn.close()
+
+
+async def test_exchange_to_exchange_bindings_route_once_and_survive_a_restart(data_dir: Path) -> None:
+    async with amqp_gateway(data_dir) as (_, url):
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        src = await ch.declare_exchange("src", aio_pika.ExchangeType.TOPIC, durable=True)
+        dst = await ch.declare_exchange("dst", aio_pika.ExchangeType.FANOUT, durable=True)
+        q = await ch.declare_queue("e2e", durable=True)
+        await q.bind(dst)
+        await dst.bind(src, "a.*")
+        await src.bind(dst, "#")  # a loop: routing still reaches each exchange once
+        await src.publish(aio_pika.Message(b"through"), "a.b")
+        await src.publish(aio_pika.Message(b"not this"), "x.y")
+        through = await get(q)
+        assert through.body == b"through"
+        await through.ack()
+        await asyncio.sleep(0.3)
+        assert await q.get(fail=False) is None  # once, and "x.y" did not pass the binding
+        await conn.close()
+    async with amqp_gateway(data_dir) as (_, url):  # durable bindings come back
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        src = await ch.get_exchange("src")
+        dst = await ch.get_exchange("dst")
+        q = await ch.get_queue("e2e")
+        await src.publish(aio_pika.Message(b"after restart"), "a.c")
+        after = await get(q)
+        assert after.body == b"after restart"
+        await after.ack()
+        await dst.unbind(src, "a.*")
+        await src.publish(aio_pika.Message(b"unbound"), "a.d")
+        await asyncio.sleep(0.3)
+        assert await q.get(fail=False) is None
+        await conn.close()

@@ -90,12 +90,17 @@ class AMQPBroker:
             elif kind == "q":
                 definition = QueueDefinition.from_json(raw)
                 self._open_queue(definition)
-            elif kind == "b":
-                bindings.append(json.loads(raw))
-        for doc in bindings:
+            elif kind in ("b", "e"):
+                bindings.append((kind, json.loads(raw)))
+        for kind, doc in bindings:
             exchange = self.exchanges.get(doc["exchange"])
-            if exchange is not None and doc["queue"] in self.queues:
-                exchange.bindings.append(Binding(doc["queue"], doc["routing_key"], doc["arguments"]))
+            if exchange is None:
+                continue
+            binding = Binding(doc["queue"], doc["routing_key"], doc["arguments"])
+            if kind == "b" and doc["queue"] in self.queues:
+                exchange.bindings.append(binding)
+            elif kind == "e" and doc["queue"] in self.exchanges:
+                exchange.exchange_bindings.append(binding)
         notify = self.store.subscribe_notify()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="amqp-notify"))
@@ -192,12 +197,20 @@ class AMQPBroker:
             return  # RabbitMQ: deleting a missing exchange succeeds
         if m.exchange in BUILTIN_EXCHANGES:
             raise channel_error(ACCESS_REFUSED, f"exchange '{m.exchange}' is built in", channel.number, m)
-        if m.if_unused and exchange.bindings:
+        if m.if_unused and (exchange.bindings or exchange.exchange_bindings):
             raise channel_error(PRECONDITION_FAILED, f"exchange '{m.exchange}' in use", channel.number, m)
         for binding in exchange.bindings:
             self._meta.delete("b:" + binding.key(exchange.name))
+        for binding in exchange.exchange_bindings:
+            self._meta.delete("e:" + binding.key(exchange.name))
         del self.exchanges[m.exchange]
         self._meta.delete(f"x:{m.exchange}")
+        for source in list(self.exchanges.values()):  # bindings to it from other exchanges go too
+            kept = [b for b in source.exchange_bindings if b.queue != m.exchange]
+            for binding in source.exchange_bindings:
+                if binding.queue == m.exchange:
+                    self._meta.delete("e:" + binding.key(source.name))
+            source.exchange_bindings = kept
 
     # -- queues --------------------------------------------------------------------------------
     def _open_queue(self, definition: QueueDefinition, owner: object | None = None) -> QueueRuntime:
@@ -293,7 +306,8 @@ class AMQPBroker:
             self.remove_queue(queue)
 
     def _auto_delete_exchange(self, exchange: Exchange) -> None:
-        if exchange.auto_delete and not exchange.bindings and exchange.name not in BUILTIN_EXCHANGES:
+        if (exchange.auto_delete and not exchange.bindings and not exchange.exchange_bindings
+                and exchange.name not in BUILTIN_EXCHANGES):
             self.exchanges.pop(exchange.name, None)
             self._meta.delete(f"x:{exchange.name}")
 
@@ -328,6 +342,37 @@ class AMQPBroker:
         self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
 
+    def bind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
+                      arguments: dict[str, Any], method: Any) -> None:
+        """exchange.bind: what ``source`` routes by this binding goes on through ``destination``."""
+        src, dst = self.exchanges.get(source), self.exchanges.get(destination)
+        if src is None or dst is None:
+            missing = source if src is None else destination
+            raise channel_error(NOT_FOUND, f"no exchange '{missing}'", channel.number, method)
+        if "" in (source, destination):
+            raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number, method)
+        binding = Binding(destination, routing_key, dict(arguments))
+        if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
+            return
+        src.exchange_bindings.append(binding)
+        self._bindings_changed(src)
+        if src.durable and dst.durable:
+            self._meta.put("e:" + binding.key(source), json.dumps(
+                {"exchange": source, "queue": destination, "routing_key": routing_key,
+                 "arguments": binding.arguments}, default=str).encode())
+
+    def unbind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
+                        arguments: dict[str, Any], method: Any) -> None:
+        src = self.exchanges.get(source)
+        if src is None or destination not in self.exchanges:
+            raise channel_error(NOT_FOUND, f"no exchange '{source if src is None else destination}'",
+                                channel.number, method)
+        key = Binding(destination, routing_key, dict(arguments)).key(source)
+        src.exchange_bindings = [b for b in src.exchange_bindings if b.key(source) != key]
+        self._meta.delete("e:" + key)
+        self._bindings_changed(src)
+        self._auto_delete_exchange(src)
+
     # -- the MQTT bridge -----------------------------------------------------------------------
     def amq_topic_queues(self, mqtt_topic: str) -> list[str]:
         """Store queues of the AMQP queues an MQTT publish reaches through amq.topic."""
@@ -345,7 +390,19 @@ class AMQPBroker:
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
             return []
-        return [self.queues[name] for name in sorted(exchange.route(routing_key, headers)) if name in self.queues]
+        names = exchange.route(routing_key, headers)
+        if exchange.exchange_bindings:  # on through bound exchanges, each once (bindings may loop)
+            seen = {exchange_name}
+            pending = list(exchange.route_exchanges(routing_key, headers))
+            while pending:
+                name = pending.pop()
+                onward = self.exchanges.get(name)
+                if name in seen or onward is None:
+                    continue
+                seen.add(name)
+                names |= onward.route(routing_key, headers)
+                pending.extend(onward.route_exchanges(routing_key, headers))
+        return [self.queues[name] for name in sorted(names) if name in self.queues]
 
     def dead_letter(self, queue: QueueRuntime, message: StoredMessage, reason: str) -> None:
         """A rejected, expired or overflowing message goes to the queue's dead-letter exchange."""

@@ -166,6 +166,16 @@ class Channel:
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue.name, queue.ready_count(), len(queue.consumers)))
 
+    def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self.broker.bind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        if not m.nowait:
+            self.reply(commands.Exchange.BindOk())
+
+    def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self.broker.unbind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        if not m.nowait:
+            self.reply(commands.Exchange.UnbindOk())
+
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         self.broker.bind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
         if not m.nowait:
@@ -326,6 +336,8 @@ class Channel:
 _HANDLERS = {
     commands.Exchange.Declare: Channel._exchange_declare,
     commands.Exchange.Delete: Channel._exchange_delete,
+    commands.Exchange.Bind: Channel._exchange_bind,
+    commands.Exchange.Unbind: Channel._exchange_unbind,
     commands.Queue.Declare: Channel._queue_declare,
     commands.Queue.Bind: Channel._queue_bind,
     commands.Queue.Unbind: Channel._queue_unbind,

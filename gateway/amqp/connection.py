@@ -59,7 +59,7 @@ SERVER_PROPERTIES = {
     "capabilities": {
         "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
         "connection.blocked": True, "per_consumer_qos": True, "authentication_failure_close": True,
-        "exchange_exchange_bindings": False,
+        "exchange_exchange_bindings": True,
     },
 }
 

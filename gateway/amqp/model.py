@@ -74,16 +74,26 @@ class Exchange:
     internal: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     bindings: list[Binding] = field(default_factory=list)
+    # exchange-to-exchange bindings (RabbitMQ's extension): ``Binding.queue`` names the
+    # destination exchange
+    exchange_bindings: list[Binding] = field(default_factory=list)
 
     def route(self, routing_key: str, headers: dict[str, Any] | None) -> set[str]:
         """Names of the bound queues this publish reaches."""
+        return self._matching(self.bindings, routing_key, headers)
+
+    def route_exchanges(self, routing_key: str, headers: dict[str, Any] | None) -> set[str]:
+        """Names of the bound exchanges this publish goes on to."""
+        return self._matching(self.exchange_bindings, routing_key, headers) if self.exchange_bindings else set()
+
+    def _matching(self, bindings: list[Binding], routing_key: str, headers: dict[str, Any] | None) -> set[str]:
         if self.type == "fanout":
-            return {b.queue for b in self.bindings}
+            return {b.queue for b in bindings}
         if self.type == "direct":
-            return {b.queue for b in self.bindings if b.routing_key == routing_key}
+            return {b.queue for b in bindings if b.routing_key == routing_key}
         if self.type == "topic":
-            return {b.queue for b in self.bindings if topic_matches(b.routing_key, routing_key)}
-        return {b.queue for b in self.bindings if headers_match(b.arguments, headers)}
+            return {b.queue for b in bindings if topic_matches(b.routing_key, routing_key)}
+        return {b.queue for b in bindings if headers_match(b.arguments, headers)}
 
     def definition(self) -> bytes:
         return json.dumps({"type": self.type, "durable": self.durable, "auto_delete": self.auto_delete,
