@@ -221,3 +221,38 @@ async def test_exchange_to_exchange_bindings_route_once_and_survive_a_restart(da
         await asyncio.sleep(0.3)
         assert await q.get(fail=False) is None
         await conn.close()
+
+
+async def test_transactions_hold_publishes_and_acks_until_commit(data_dir: Path) -> None:
+    import pika
+
+    async with amqp_gateway(data_dir) as (gw, url):
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        conn = await asyncio.to_thread(pika.BlockingConnection, pika.ConnectionParameters(
+            "127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest")))
+        try:
+            ch = await asyncio.to_thread(conn.channel)
+            await asyncio.to_thread(ch.queue_declare, "tx-q")
+            await asyncio.to_thread(ch.tx_select)
+            await asyncio.to_thread(ch.basic_publish, "", "tx-q", b"rolled back")
+            await asyncio.to_thread(ch.tx_rollback)
+            await asyncio.to_thread(ch.basic_publish, "", "tx-q", b"committed")
+            await asyncio.sleep(0.3)
+            assert gw.amqp.queues["tx-q"].ready_count() == 0  # nothing stored before the commit
+            await asyncio.to_thread(ch.tx_commit)
+            assert gw.amqp.queues["tx-q"].ready_count() == 1  # CommitOk came after the store
+            method, _, body = await asyncio.to_thread(ch.basic_get, "tx-q")
+            assert body == b"committed"
+            await asyncio.to_thread(ch.basic_ack, method.delivery_tag)
+            await asyncio.to_thread(ch.tx_rollback)  # the ack is undone: still unacknowledged
+            assert len(gw.amqp.queues["tx-q"].unacked) == 1
+            await asyncio.to_thread(ch.basic_ack, method.delivery_tag)
+            await asyncio.to_thread(ch.tx_commit)
+            assert len(gw.amqp.queues["tx-q"].unacked) == 0
+            confirm_ch = await asyncio.to_thread(conn.channel)
+            await asyncio.to_thread(confirm_ch.confirm_delivery)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                await asyncio.to_thread(confirm_ch.tx_select)  # 406: a confirm channel cannot be transactional
+            assert err.value.reply_code == 406
+        finally:
+            await asyncio.to_thread(conn.close)

@@ -14,6 +14,7 @@ from pamqp import commands
 
 from protocols.amqp.frames import (
     COMMAND_INVALID,
+    INTERNAL_ERROR,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
@@ -55,6 +56,10 @@ class Channel:
         self.prefetch_size = 0
         self.prefetch_global = False
         self.confirming = False
+        self.tx = False  # tx.select: publishes and settlements wait for tx.commit
+        self.tx_publishes: list = []
+        self.tx_settles: list[tuple[str, list[int], bool]] = []  # ("ack" | "reject", tags, requeue)
+        self._tx_tags: set[int] = set()
         self.publish_seq = 0
         self.active = True  # channel.flow
         self.closing = False
@@ -265,8 +270,13 @@ class Channel:
         return tags
 
     def _basic_ack(self, m: commands.Basic.Ack) -> None:
+        tags = self._tags(m.delivery_tag, m.multiple, m)
+        if not self._defer_settle("ack", tags, False, m):
+            self._settle(tags)
+
+    def _settle(self, tags: list[int]) -> None:
         touched = set()
-        for tag in self._tags(m.delivery_tag, m.multiple, m):
+        for tag in tags:
             entry = self._pop_unacked(tag)
             entry.queue.settle(entry.message.queue_offset)
             touched.add(entry.queue)
@@ -287,10 +297,14 @@ class Channel:
             queue.save()
 
     def _basic_nack(self, m: commands.Basic.Nack) -> None:
-        self._reject(self._tags(m.delivery_tag, m.multiple, m), m.requeue)
+        tags = self._tags(m.delivery_tag, m.multiple, m)
+        if not self._defer_settle("reject", tags, m.requeue, m):
+            self._reject(tags, m.requeue)
 
     def _basic_reject(self, m: commands.Basic.Reject) -> None:
-        self._reject(self._tags(m.delivery_tag, False, m), m.requeue)
+        tags = self._tags(m.delivery_tag, False, m)
+        if not self._defer_settle("reject", tags, m.requeue, m):
+            self._reject(tags, m.requeue)
 
     def _basic_recover(self, m: commands.Basic.Recover) -> None:
         self._reject(list(self.unacked), True)
@@ -298,6 +312,8 @@ class Channel:
 
     # confirm.* and channel.flow
     def _confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", self.number, m)
         self.confirming = True
         if not m.nowait:
             self.reply(commands.Confirm.SelectOk())
@@ -311,9 +327,51 @@ class Channel:
                 if queue is not None:
                     queue.schedule_pump()
 
-    def _tx(self, m) -> None:
-        raise connection_error(NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms",
-                               self.number, m)
+    # tx.*: publishes and acknowledgements of a transactional channel wait for tx.commit
+    def _tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirming:
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", self.number, m)
+        self.tx = True
+        self.reply(commands.Tx.SelectOk())
+
+    def _tx_commit(self, m: commands.Tx.Commit) -> None:
+        if not self.tx:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", self.number, m)
+        publishes, self.tx_publishes = self.tx_publishes, []
+        settles, self.tx_settles = self.tx_settles, []
+        self._tx_tags.clear()
+        for kind, tags, requeue in settles:
+            if kind == "ack":
+                self._settle(tags)
+            else:
+                self._reject(tags, requeue)
+
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                self.connection.fail_channel(channel_error(INTERNAL_ERROR, f"commit not stored: {error}", self.number, m))
+            else:
+                self.reply(commands.Tx.CommitOk())
+            self.connection.flush()
+        self.connection.store_publishes(publishes, in_commit=True, on_done=committed)
+
+    def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if not self.tx:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", self.number, m)
+        self.tx_publishes.clear()
+        self.tx_settles.clear()
+        self._tx_tags.clear()
+        self.reply(commands.Tx.RollbackOk())
+
+    def _defer_settle(self, kind: str, tags: list[int], requeue: bool, method) -> bool:
+        """In a transaction, remember an ack/nack/reject for tx.commit (True: deferred)."""
+        if not self.tx:
+            return False
+        if self._tx_tags.intersection(tags):
+            raise channel_error(PRECONDITION_FAILED, "delivery tag already settled in this transaction",
+                                self.number, method)
+        self._tx_tags.update(tags)
+        self.tx_settles.append((kind, tags, requeue))
+        return True
 
     # -- publishing ----------------------------------------------------------------------------
     def next_publish_seq(self) -> int:
@@ -353,8 +411,8 @@ _HANDLERS = {
     commands.Basic.Recover: Channel._basic_recover,
     commands.Confirm.Select: Channel._confirm_select,
     commands.Channel.Flow: Channel._channel_flow,
-    commands.Tx.Select: Channel._tx,
-    commands.Tx.Commit: Channel._tx,
-    commands.Tx.Rollback: Channel._tx,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
 }
 

@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pamqp import commands
@@ -129,18 +130,18 @@ class AMQPConnection(asyncio.Protocol):
                         publishes.append(event)
                     continue
                 if publishes:
-                    self._store_publishes(publishes)
+                    self.store_publishes(publishes)
                     publishes = []
                 self._event(event)
                 if self.closed:
                     return
         except AMQPError as exc:
             if publishes:
-                self._store_publishes(publishes)
+                self.store_publishes(publishes)
             self._fail(exc)
         else:
             if publishes:
-                self._store_publishes(publishes)
+                self.store_publishes(publishes)
         self.flush()
 
     # -- flow control --------------------------------------------------------------------------
@@ -207,6 +208,11 @@ class AMQPConnection(asyncio.Protocol):
         self.close_transport()
 
     # -- errors --------------------------------------------------------------------------------
+    def fail_channel(self, exc: AMQPError) -> None:
+        """A channel error found outside the frame loop (a failed tx.commit)."""
+        self._fail(exc)
+        self.flush()
+
     def _fail(self, exc: AMQPError) -> None:
         class_id, method_id = _ids(exc.method)
         log.info("amqp %s error peer=%s code=%d text=%r", "connection" if exc.connection else "channel",
@@ -379,7 +385,10 @@ class AMQPConnection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
 
     # -- publishing ----------------------------------------------------------------------------
-    def _store_publishes(self, events: list[ContentReceived]) -> None:
+    def store_publishes(self, events: list[ContentReceived], *, in_commit: bool = False,
+                        on_done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Route and store publishes in one group commit. A transactional channel's publishes
+        wait in the channel until tx.commit stores them (``in_commit``, then ``on_done``)."""
         broker = self.broker
         items = []
         accepted: list[tuple[Channel, int | None]] = []
@@ -388,6 +397,9 @@ class AMQPConnection(asyncio.Protocol):
             if channel is None:
                 if event.channel not in self.closing_channels:
                     self._fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
+                continue
+            if channel.tx and not in_commit:
+                channel.tx_publishes.append(event)
                 continue
             m = event.method
             exchange = broker.exchanges.get(m.exchange)
@@ -426,6 +438,8 @@ class AMQPConnection(asyncio.Protocol):
             items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets))
             accepted.append((channel, seq))
         if not items:
+            if on_done is not None:
+                on_done(None)
             return
         self._pending_puts += len(accepted)
         broker.stats.messages_received += len(items)
@@ -433,7 +447,11 @@ class AMQPConnection(asyncio.Protocol):
             fut = broker.store.put_batch_nowait(items)
         except StoreError as exc:
             self._publishes_done(accepted, [], exc)
+            if on_done is not None:
+                on_done(exc)
             return
+        if on_done is not None:
+            fut.add_done_callback(lambda f: on_done(StoreError("cancelled") if f.cancelled() else f.exception()))
         if self._pending_puts > MAX_PENDING_PUTS:
             self.read_pauses.pause("puts")
         queues_touched = {q for _, targets in items for q in targets}
