@@ -14,12 +14,10 @@ from pamqp import commands
 from loadtest.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
 from loadtest.bench_mqtt import (
     DELIVERED,
-    DRAIN_DEADLINE,
-    EXPECTED,
-    PUBLISHERS_DONE,
     SLACK_S,
     WORKER_WAIT_S,
     Workers,
+    drain_stop,
     ready_events,
 )
 from loadtest.mqtt_wire import PAYLOAD_SIZE
@@ -213,16 +211,9 @@ def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[in
             delivered += got
             last_data = now
             shared[slot] += got
-        if shared[PUBLISHERS_DONE]:
-            if delivered >= shared[EXPECTED] * channels:
-                outcome = "complete"
-                break
-            if now - last_data > idle_ns:
-                outcome = "idle"
-                break
-            if now > shared[DRAIN_DEADLINE]:
-                break
-        if now > hard_stop:
+        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop, lambda expected: delivered >= expected * channels)
+        if stop:
+            outcome = stop
             break
     sel.close()
     firsts = [c.first_delivery_ns for c, _ in conns if c.first_delivery_ns]

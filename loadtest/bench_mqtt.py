@@ -262,6 +262,21 @@ class Workers:
         self.results.cancel_join_thread()
 
 
+def drain_stop(shared: Any, now: int, last_data: int, idle_ns: int, hard_stop: int,
+               complete: Any) -> str | None:
+    """Whether a receiving worker stops now, and why: "complete" (``complete(expected)``: all
+    arrived), "idle" (nothing for ``idle_ns`` once the publishers are done) or "timeout" (the
+    drain deadline or the hard stop); None: it goes on."""
+    if shared[PUBLISHERS_DONE]:
+        if complete(shared[EXPECTED]):
+            return "complete"
+        if now - last_data > idle_ns:
+            return "idle"
+        if now > shared[DRAIN_DEADLINE]:
+            return "timeout"
+    return "timeout" if now > hard_stop else None
+
+
 def split(items: list[Any], parts: int) -> list[list[Any]]:
     return [chunk for chunk in (items[i::parts] for i in range(parts)) if chunk]
 
@@ -406,17 +421,10 @@ def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load)
         if got:
             last_data = now
             shared[slot] += got
-        if shared[PUBLISHERS_DONE]:
-            expected = shared[EXPECTED]
-            if all(s.counter.unique >= expected for s in subs):
-                outcome = "complete"
-                break
-            if now - last_data > idle_ns:
-                outcome = "idle"
-                break
-            if now > shared[DRAIN_DEADLINE]:
-                break
-        if now > hard_stop:
+        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop,
+                          lambda expected: all(s.counter.unique >= expected for s in subs))
+        if stop:
+            outcome = stop
             break
     sel.close()
     latencies = array("q")
