@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands
 
 from loadtest.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
-from loadtest.bench_mqtt import (
+from loadtest.harness import (
     DELIVERED,
     SLACK_S,
     WORKER_WAIT_S,

@@ -82,7 +82,15 @@ from loadtest.amqp_load import (
     publisher_worker,
 )
 from loadtest.amqp_wire import AMQPClientError, Conn, publish_frames
-from loadtest.bench_mqtt import (
+from loadtest.brokers import (
+    Broker,
+    BrokerUnavailable,
+    ScenarioError,
+    rabbitmq_version,
+    raise_fd_limit,
+    start_amqp_broker,
+)
+from loadtest.harness import (
     DELIVERED,
     DRAIN_DEADLINE,
     EXPECTED,
@@ -94,14 +102,6 @@ from loadtest.bench_mqtt import (
     parse_list,
     quote,
     split,
-)
-from loadtest.brokers import (
-    Broker,
-    BrokerUnavailable,
-    ScenarioError,
-    rabbitmq_version,
-    raise_fd_limit,
-    start_amqp_broker,
 )
 
 BROKERS = ("tidemq", "rabbitmq")

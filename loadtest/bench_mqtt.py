@@ -40,13 +40,10 @@ missing had not arrived yet, a broker that acknowledges faster than it delivers)
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import resource
 import selectors
 import socket
-import threading
 import time
 from array import array
 from dataclasses import dataclass, replace
@@ -63,6 +60,21 @@ from loadtest.brokers import (
     broker_versions,
     raise_fd_limit,
     start_broker,
+)
+from loadtest.harness import (
+    DELIVERED,
+    DRAIN_DEADLINE,
+    EXPECTED,
+    PUBLISHERS_DONE,
+    SLACK_S,
+    WORKER_WAIT_S,
+    CpuSampler,
+    Workers,
+    drain_stop,
+    parse_list,
+    quote,
+    ready_events,
+    split,
 )
 from loadtest.mqtt_wire import (
     PublishBatch,
@@ -87,8 +99,6 @@ FANOUT_POLL_S = 0.02
 FANOUT_PROCS = min(4, max(2, os.cpu_count() or 2))
 IDLE_FOR_S = 2.0  # subscribers stop once the publishers are done and nothing came for this long
 LATENCY_SAMPLES = 200_000  # per subscriber process, taken evenly over the run
-SLACK_S = 30.0  # on top of a phase's own bound before the coordinator gives up on a worker
-WORKER_WAIT_S = 600.0  # the longest a worker waits for a signal from the coordinator
 # Throughput scenarios read their sockets every POLL_S rather than on each readiness: a
 # loopback segment costs ~10 us of kernel time here, and a broker writes one PUBACK or PUBLISH
 # per segment, so waking per segment would cost the generator more than the broker. This adds
@@ -137,150 +147,6 @@ class Load:
     poll_s: float = POLL_S  # read every poll_s instead of on each readiness, 0 = on readiness
 
 
-# Slots of the shared array the coordinator and the workers talk through.
-EXPECTED, DRAIN_DEADLINE, PUBLISHERS_DONE, DELIVERED = 0, 1, 2, 3
-
-
-# -- CPU accounting --------------------------------------------------------------------------------
-MACHINE = -1  # the key of the whole machine's busy CPU seconds among the sampled pids
-
-
-class CpuSampler:
-    """Samples the CPU seconds of some processes every 0.1 s, so that the share of any interval
-    (first send to last receive, known only afterwards) can be read back."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self.procs = {pid: psutil.Process(pid) for pid in pids}
-        self.last: dict[int, float] = dict.fromkeys([MACHINE, *pids], 0.0)
-        self.samples: list[tuple[int, dict[int, float]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._sample()
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join(5)
-            self._sample()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self._sample()
-
-    def _sample(self) -> None:
-        machine = psutil.cpu_times()
-        self.last[MACHINE] = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
-        for pid, proc in self.procs.items():
-            try:
-                times = proc.cpu_times()
-                self.last[pid] = times.user + times.system
-            except psutil.Error:
-                pass  # gone: keep its last figure
-        self.samples.append((time.monotonic_ns(), dict(self.last)))
-
-    def percent(self, pids: list[int], start_ns: int, end_ns: int) -> float:
-        if len(self.samples) < 2:
-            return 0.0
-        before = max((s for s in self.samples if s[0] <= start_ns), default=self.samples[0], key=lambda s: s[0])
-        after = min((s for s in self.samples if s[0] >= end_ns), default=self.samples[-1], key=lambda s: s[0])
-        elapsed = (after[0] - before[0]) / 1e9
-        if elapsed <= 0:
-            return 0.0
-        return 100.0 * sum(after[1][p] - before[1][p] for p in pids) / elapsed
-
-    def shares(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> str:
-        gen = self.percent(generator, start_ns, end_ns)
-        own = self.percent([broker], start_ns, end_ns)
-        other = max(0.0, self.percent([MACHINE], start_ns, end_ns) - gen - own)
-        return f"gen_cpu_pct={gen:.0f} broker_cpu_pct={own:.0f} other_cpu_pct={other:.0f}"
-
-
-# -- worker processes ------------------------------------------------------------------------------
-class Workers:
-    """The load generator's processes (forked) and what they share with the coordinator."""
-
-    def __init__(self, subscriber_procs: int = 0) -> None:
-        self.ctx = mp.get_context("fork")
-        self.results: Any = self.ctx.Queue()
-        self.go = self.ctx.Event()
-        self.release = self.ctx.Event()
-        self.shared: Any = self.ctx.Array("q", DELIVERED + max(1, subscriber_procs), lock=False)
-        self.shared[DRAIN_DEADLINE] = 2**62
-        self.procs: list[Any] = []
-        self._stash: list[tuple[str, str, int, Any]] = []
-
-    def start(self, target: Any, *args: Any) -> None:
-        proc = self.ctx.Process(target=target, args=(self, len(self.procs), *args), daemon=True)
-        proc.start()
-        self.procs.append(proc)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
-    def report(self, kind: str, role: str, index: int, payload: Any = None) -> None:
-        self.results.put((kind, role, index, payload))
-
-    def collect(self, role: str, count: int, kind: str, timeout_s: float) -> list[Any]:
-        """The next ``count`` messages of ``kind`` from ``role``; an error from any worker ends the scenario."""
-        deadline = time.monotonic() + timeout_s
-        got: list[Any] = []
-        while len(got) < count:
-            for item in list(self._stash):
-                if item[0] == kind and item[1] == role:
-                    self._stash.remove(item)
-                    got.append(item[3])
-            if len(got) >= count:
-                break
-            try:
-                item = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                raise ScenarioError(f"{count - len(got)} {role} worker(s) sent no {kind} within {timeout_s:g} s") from None
-            if item[0] == "refused":
-                raise BrokerUnavailable(str(item[3]))
-            if item[0] == "error":
-                raise ScenarioError(str(item[3]))
-            self._stash.append(item)
-        return got
-
-    def close(self) -> None:
-        self.release.set()
-        self.go.set()  # a worker still waiting to start finds the release set and leaves
-        for proc in self.procs:
-            proc.join(10)
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-        self.results.close()
-        self.results.cancel_join_thread()
-
-
-def drain_stop(shared: Any, now: int, last_data: int, idle_ns: int, hard_stop: int,
-               complete: Any) -> str | None:
-    """Whether a receiving worker stops now, and why: "complete" (``complete(expected)``: all
-    arrived), "idle" (nothing for ``idle_ns`` once the publishers are done) or "timeout" (the
-    drain deadline or the hard stop); None: it goes on."""
-    if shared[PUBLISHERS_DONE]:
-        if complete(shared[EXPECTED]):
-            return "complete"
-        if now - last_data > idle_ns:
-            return "idle"
-        if now > shared[DRAIN_DEADLINE]:
-            return "timeout"
-    return "timeout" if now > hard_stop else None
-
-
-def split(items: list[Any], parts: int) -> list[list[Any]]:
-    return [chunk for chunk in (items[i::parts] for i in range(parts)) if chunk]
-
-
 def publisher_worker(w: Workers, index: int, port: int, conns: list[tuple[str, str, int]], load: Load) -> None:
     """Run publishers ``(client id, topic, publisher index)`` on one selector loop."""
     sockets: list[socket.socket] = []
@@ -304,14 +170,6 @@ def publisher_worker(w: Workers, index: int, port: int, conns: list[tuple[str, s
     finally:
         for sock in sockets:
             sock.close()
-
-
-def ready_events(sel: selectors.BaseSelector, timeout: float,
-                 poll_s: float) -> list[tuple[selectors.SelectorKey, int]]:
-    if poll_s and timeout > 0:
-        time.sleep(min(timeout, poll_s))
-        return sel.select(0)
-    return sel.select(timeout)
 
 
 def pump_publishers(w: Workers, pubs: list[Publisher], load: Load) -> dict[str, Any]:
@@ -616,10 +474,6 @@ def cases(scenarios: list[str]) -> list[tuple[str, int | None]]:
     return out
 
 
-def quote(text: str) -> str:
-    return " ".join(text.replace('"', "'").split())
-
-
 def run_case(broker_name: str, scenario: str, qos: int | None, plan: Plan,
              unavailable: dict[str, str]) -> str:
     """One scenario on a fresh broker, as its printed line; notes a broker that serves no MQTT
@@ -654,14 +508,6 @@ def run_case(broker_name: str, scenario: str, qos: int | None, plan: Plan,
         if broker is not None:
             broker.stop()
     return f"{head} {body}{suffix}"
-
-
-def parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    unknown = [item for item in items if item not in allowed]
-    if unknown or not items:
-        raise SystemExit(f"unknown {what}: {','.join(unknown) or text!r} (choose from {','.join(allowed)})")
-    return items
 
 
 def main() -> None:

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench_mqtt import CpuSampler
 from loadtest.brokers import Broker, free_port, launch
+from loadtest.harness import CpuSampler
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import RemotingCommand, decode_frame, encode
 from protocols.remoting.properties import BatchItem, encode_batch_body

@@ -1,0 +1,183 @@
+"""The benchmarks' shared harness: forked worker processes and what they share with the
+coordinator (``Workers`` and the slots of its shared array), CPU accounting of generator and
+broker processes (``CpuSampler``), when receiving workers stop (``drain_stop``), and small
+helpers. Used by bench_mqtt, bench_amqp and bench_remoting."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import selectors
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from loadtest.brokers import BrokerUnavailable, ScenarioError
+
+SLACK_S = 30.0  # on top of a phase's own bound before the coordinator gives up on a worker
+WORKER_WAIT_S = 600.0  # the longest a worker waits for a signal from the coordinator
+
+# Slots of the shared array the coordinator and the workers talk through.
+EXPECTED, DRAIN_DEADLINE, PUBLISHERS_DONE, DELIVERED = 0, 1, 2, 3
+
+
+# -- CPU accounting --------------------------------------------------------------------------------
+MACHINE = -1  # the key of the whole machine's busy CPU seconds among the sampled pids
+
+
+class CpuSampler:
+    """Samples the CPU seconds of some processes every 0.1 s, so that the share of any interval
+    (first send to last receive, known only afterwards) can be read back."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.procs = {pid: psutil.Process(pid) for pid in pids}
+        self.last: dict[int, float] = dict.fromkeys([MACHINE, *pids], 0.0)
+        self.samples: list[tuple[int, dict[int, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(5)
+            self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def _sample(self) -> None:
+        machine = psutil.cpu_times()
+        self.last[MACHINE] = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+        for pid, proc in self.procs.items():
+            try:
+                times = proc.cpu_times()
+                self.last[pid] = times.user + times.system
+            except psutil.Error:
+                pass  # gone: keep its last figure
+        self.samples.append((time.monotonic_ns(), dict(self.last)))
+
+    def percent(self, pids: list[int], start_ns: int, end_ns: int) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        before = max((s for s in self.samples if s[0] <= start_ns), default=self.samples[0], key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] >= end_ns), default=self.samples[-1], key=lambda s: s[0])
+        elapsed = (after[0] - before[0]) / 1e9
+        if elapsed <= 0:
+            return 0.0
+        return 100.0 * sum(after[1][p] - before[1][p] for p in pids) / elapsed
+
+    def shares(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> str:
+        gen = self.percent(generator, start_ns, end_ns)
+        own = self.percent([broker], start_ns, end_ns)
+        other = max(0.0, self.percent([MACHINE], start_ns, end_ns) - gen - own)
+        return f"gen_cpu_pct={gen:.0f} broker_cpu_pct={own:.0f} other_cpu_pct={other:.0f}"
+
+
+# -- worker processes ------------------------------------------------------------------------------
+class Workers:
+    """The load generator's processes (forked) and what they share with the coordinator."""
+
+    def __init__(self, subscriber_procs: int = 0) -> None:
+        self.ctx = mp.get_context("fork")
+        self.results: Any = self.ctx.Queue()
+        self.go = self.ctx.Event()
+        self.release = self.ctx.Event()
+        self.shared: Any = self.ctx.Array("q", DELIVERED + max(1, subscriber_procs), lock=False)
+        self.shared[DRAIN_DEADLINE] = 2**62
+        self.procs: list[Any] = []
+        self._stash: list[tuple[str, str, int, Any]] = []
+
+    def start(self, target: Any, *args: Any) -> None:
+        proc = self.ctx.Process(target=target, args=(self, len(self.procs), *args), daemon=True)
+        proc.start()
+        self.procs.append(proc)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def report(self, kind: str, role: str, index: int, payload: Any = None) -> None:
+        self.results.put((kind, role, index, payload))
+
+    def collect(self, role: str, count: int, kind: str, timeout_s: float) -> list[Any]:
+        """The next ``count`` messages of ``kind`` from ``role``; an error from any worker ends the scenario."""
+        deadline = time.monotonic() + timeout_s
+        got: list[Any] = []
+        while len(got) < count:
+            for item in list(self._stash):
+                if item[0] == kind and item[1] == role:
+                    self._stash.remove(item)
+                    got.append(item[3])
+            if len(got) >= count:
+                break
+            try:
+                item = self.results.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ScenarioError(f"{count - len(got)} {role} worker(s) sent no {kind} within {timeout_s:g} s") from None
+            if item[0] == "refused":
+                raise BrokerUnavailable(str(item[3]))
+            if item[0] == "error":
+                raise ScenarioError(str(item[3]))
+            self._stash.append(item)
+        return got
+
+    def close(self) -> None:
+        self.release.set()
+        self.go.set()  # a worker still waiting to start finds the release set and leaves
+        for proc in self.procs:
+            proc.join(10)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        self.results.close()
+        self.results.cancel_join_thread()
+
+
+def drain_stop(shared: Any, now: int, last_data: int, idle_ns: int, hard_stop: int,
+               complete: Any) -> str | None:
+    """Whether a receiving worker stops now, and why: "complete" (``complete(expected)``: all
+    arrived), "idle" (nothing for ``idle_ns`` once the publishers are done) or "timeout" (the
+    drain deadline or the hard stop); None: it goes on."""
+    if shared[PUBLISHERS_DONE]:
+        if complete(shared[EXPECTED]):
+            return "complete"
+        if now - last_data > idle_ns:
+            return "idle"
+        if now > shared[DRAIN_DEADLINE]:
+            return "timeout"
+    return "timeout" if now > hard_stop else None
+
+
+def split(items: list[Any], parts: int) -> list[list[Any]]:
+    return [chunk for chunk in (items[i::parts] for i in range(parts)) if chunk]
+
+
+def ready_events(sel: selectors.BaseSelector, timeout: float,
+                 poll_s: float) -> list[tuple[selectors.SelectorKey, int]]:
+    if poll_s and timeout > 0:
+        time.sleep(min(timeout, poll_s))
+        return sel.select(0)
+    return sel.select(timeout)
+
+
+def quote(text: str) -> str:
+    return " ".join(text.replace('"', "'").split())
+
+
+def parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in items if item not in allowed]
+    if unknown or not items:
+        raise SystemExit(f"unknown {what}: {','.join(unknown) or text!r} (choose from {','.join(allowed)})")
+    return items
