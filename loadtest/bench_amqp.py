@@ -92,10 +92,7 @@ from loadtest.brokers import (
 )
 from loadtest.harness import (
     DELIVERED,
-    DRAIN_DEADLINE,
-    EXPECTED,
     MACHINE,
-    PUBLISHERS_DONE,
     SLACK_S,
     CpuSampler,
     Workers,
@@ -340,9 +337,7 @@ def consume(broker: Broker, plan: Plan) -> str:
         w.collect("consumer", 1, "ready", plan.handshake_s + SLACK_S)
         sampler = CpuSampler([broker.pid, *w.pids])
         sampler.start()
-        w.shared[EXPECTED] = filled
-        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(plan.consume_timeout_s * 1e9)
-        w.shared[PUBLISHERS_DONE] = 1
+        w.publishers_done(filled, plan.consume_timeout_s)  # the queue was filled before
         w.go.set()
         (sub,) = w.collect("consumer", 1, "result", plan.consume_timeout_s + SLACK_S)
         sampler.stop()
@@ -395,9 +390,7 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
         sampler.start()
         w.go.set()
         (pub,) = w.collect("publisher", 1, "result", plan.seconds + plan.drain_s + SLACK_S)
-        w.shared[EXPECTED] = pub["confirmed"]
-        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(plan.drain_s * 1e9)
-        w.shared[PUBLISHERS_DONE] = 1
+        w.publishers_done(pub["confirmed"], plan.drain_s)
         subs = w.collect("consumer", len(groups), "result", plan.drain_s + SLACK_S)
         sampler.stop()
     finally:

@@ -63,9 +63,6 @@ from loadtest.brokers import (
 )
 from loadtest.harness import (
     DELIVERED,
-    DRAIN_DEADLINE,
-    EXPECTED,
-    PUBLISHERS_DONE,
     SLACK_S,
     WORKER_WAIT_S,
     CpuSampler,
@@ -352,9 +349,7 @@ def run_flow(broker: Broker, load: Load, publishers: list[tuple[str, str, int]],
         w.go.set()
         pubs = w.collect("publisher", len(pub_groups), "result", load.seconds + load.drain_s + SLACK_S)
         published = sum(r["acked"] if load.qos else r["sent"] for r in pubs)
-        w.shared[EXPECTED] = published
-        w.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(load.drain_s * 1e9)
-        w.shared[PUBLISHERS_DONE] = 1
+        w.publishers_done(published, load.drain_s)
         subs = w.collect("subscriber", len(sub_groups), "result", load.drain_s + SLACK_S)
         sampler.stop()
     finally:

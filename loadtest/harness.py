@@ -128,6 +128,12 @@ class Workers:
             self._stash.append(item)
         return got
 
+    def publishers_done(self, expected: int, drain_s: float) -> None:
+        """Tell the receiving workers how many messages to expect and how long they may drain."""
+        self.shared[EXPECTED] = expected
+        self.shared[DRAIN_DEADLINE] = time.monotonic_ns() + int(drain_s * 1e9)
+        self.shared[PUBLISHERS_DONE] = 1
+
     def close(self) -> None:
         self.release.set()
         self.go.set()  # a worker still waiting to start finds the release set and leaves
