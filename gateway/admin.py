@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
 
+from . import trace as message_trace
+
 if TYPE_CHECKING:
     from .server import Gateway
 
@@ -141,3 +143,17 @@ async def find_messages(gw: Gateway, *, key: str | None, topic: str | None, msg_
     if not key or not topic:
         raise AdminError(400, "give msg_id, or key and topic")
     return [message_view(m) for m in store.query_by_key(topic, key, max_messages=64, begin_ms=begin_ms, end_ms=end_ms)]
+
+
+def trace(gw: Gateway, *, msg_id: str | None, key: str | None) -> dict[str, Any]:
+    """The trace events of one message (by id) or of the messages published with a key."""
+    store = gw.store
+    if store is None:
+        raise AdminError(503, "the store is not open")
+    if msg_id:
+        events = message_trace.trace_of(store, msg_id)
+    elif key:
+        events = message_trace.traces_by_key(store, key)
+    else:
+        raise AdminError(400, "give msg_id or key")
+    return {"tracing": sorted(gw.traced_listeners), "events": events}

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
     serve.add_argument("--admin-token", metavar="TOKEN", help="require this bearer token on /admin (tidemq ctl)")
+    serve.add_argument("--trace", metavar="LISTENERS",
+                       help="trace messages of these listeners: mqtt,mqtts,ws,amqp,remoting or all")
     serve.add_argument("--mqtts-bind", metavar="HOST:PORT", help="MQTT over TLS listener (empty = off)")
     serve.add_argument("--ws-bind", metavar="HOST:PORT", help="MQTT over WebSocket listener (empty = off)")
     serve.add_argument("--tls-cert", metavar="FILE", help="TLS certificate chain (PEM) for --mqtts-bind")
@@ -134,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "remoting_bind": args.remoting_bind,
         "metrics_bind": args.metrics_bind,
         "admin_token": args.admin_token,
+        "trace": args.trace,
         "mqtts_bind": args.mqtts_bind,
         "ws_bind": args.ws_bind,
         "tls_cert_file": args.tls_cert,

@@ -18,6 +18,8 @@ from typing import Any
 
 from store import StoreOptions
 
+from .trace import parse_listeners
+
 ENV_PREFIX = "TIDEMQ_"
 
 
@@ -33,6 +35,7 @@ class Config:
     remoting_bind: str = "127.0.0.1:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # when set, /admin requests need "Authorization: Bearer <token>"
+    trace: str = ""  # listeners whose messages are traced: "mqtt,amqp", "all" (mqtt mqtts ws amqp remoting)
     flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms
     flush_interval_ms: int = 200
     checkpoint_interval_s: float = 5.0
@@ -123,6 +126,8 @@ def _convert(name: str, kind: type, value: Any, origin: str) -> Any:
             return float(value)
         if kind is Path:
             return Path(value)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return ",".join(value)  # a TOML list of names (trace = ["mqtt", "amqp"])
         if not isinstance(value, str):
             raise ValueError(f"expected a string, got {type(value).__name__}")
         return value
@@ -196,6 +201,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
+    try:
+        parse_listeners(cfg.trace)
+    except ValueError as exc:
+        raise ConfigError(f"trace: {exc}") from None
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}")
     cfg.store_options()

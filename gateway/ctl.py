@@ -1,6 +1,6 @@
 """``tidemq ctl``: the admin API of a running gateway (its ``--metrics-bind`` listener) from
 the command line -- clients, sessions, subscriptions, queues, kicking a client, and finding a
-message by key or message id. Plain HTTP with the standard library; tables or ``--json``."""
+message by key or message id, and a message's trace. Plain HTTP with the standard library; tables or ``--json``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     query.add_argument("--key")
     query.add_argument("--topic", help="the topic the key was stored under")
     query.add_argument("--msg-id")
+    trace = what.add_parser("trace", help="the trace of a message (publish, store, deliver, ack) by id or key")
+    trace.add_argument("--msg-id")
+    trace.add_argument("--key", help="a key the message was published with")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key, "topic": args.topic}
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
+        elif args.what == "trace":
+            if not args.msg_id and not args.key:
+                print("tidemq ctl trace: give --msg-id or --key", file=sys.stderr)
+                return 2
+            params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key}
+            data = _call(args, "GET", "/admin/trace?" + urllib.parse.urlencode(params))["events"]
         else:
             data = _call(args, "GET", f"/admin/{args.what}")
     except CtlError as exc:

@@ -54,6 +54,7 @@ class GatewayCollector:
         yield from self._protocols()
         yield from self._store()
         yield from self._cache()
+        yield from self._trace()
         yield from self._backlogs()
 
     def _protocol_stats(self):
@@ -128,6 +129,17 @@ class GatewayCollector:
         yield GaugeMetricFamily("tidemq_queue_cache_bytes", "Memory the queue cache accounts for",
                                 value=sum(c.stats.bytes for c in caches.values()))
 
+    def _trace(self) -> Iterator[Metric]:
+        tracer = self.gateway.tracer
+        if tracer is None:
+            return
+        yield CounterMetricFamily("tidemq_trace_events_written", "Message trace events written to the trace topic",
+                                  value=tracer.events_written)
+        yield CounterMetricFamily("tidemq_trace_events_dropped", "Message trace events dropped (writer behind)",
+                                  value=tracer.events_dropped)
+        yield GaugeMetricFamily("tidemq_trace_events_pending", "Message trace events not yet written",
+                                value=tracer.pending)
+
     def _backlogs(self) -> Iterator[Metric]:
         amqp = self.gateway.amqp
         if amqp is not None:
@@ -165,6 +177,7 @@ class MetricsServer:
         app.router.add_get("/admin/queues", self._queues)
         app.router.add_get("/admin/messages", self._messages)
         app.router.add_post("/admin/kick", self._kick)
+        app.router.add_get("/admin/trace", self._trace)
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
 
@@ -212,6 +225,10 @@ class MetricsServer:
         q = request.query
         return await self._json(await admin.find_messages(self.gateway, key=q.get("key"), topic=q.get("topic"),
                                                           msg_id=q.get("msg_id")))
+
+    async def _trace(self, request: web.Request) -> web.Response:
+        q = request.query
+        return await self._json(admin.trace(self.gateway, msg_id=q.get("msg_id"), key=q.get("key")))
 
     async def _kick(self, request: web.Request) -> web.Response:
         try:

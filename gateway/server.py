@@ -9,7 +9,7 @@ import signal
 from dataclasses import dataclass
 
 from cache import QueueCache
-from store import MessageStore
+from store import MessageStore, StoreError
 
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
@@ -23,6 +23,7 @@ from .pressure import StorePressure
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
+from .trace import Tracer, parse_listeners
 
 log = logging.getLogger("tidemq.gateway")
 
@@ -55,6 +56,8 @@ class Gateway:
         self.loop_lag_s = 0.0  # how late the event loop ran a timer, lately (metrics)
         self._lag_task: asyncio.Task[None] | None = None
         self.metrics_address: tuple[str, int] | None = None
+        self.tracer: Tracer | None = None
+        self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
 
     async def start(self) -> None:
@@ -63,6 +66,10 @@ class Gateway:
                                       backlog_limit=self.config.store_backlog_limit)
         self.pressure.check()
         self._pressure_task = asyncio.get_running_loop().create_task(self.pressure.watch(), name="store-pressure")
+        if self._traced:
+            self.tracer = Tracer(self.store)
+            self.tracer.start()
+            log.info("message trace on listeners=%s", ",".join(sorted(self._traced)))
         try:
             for protocol in PROTOCOLS:
                 bind = parse_bind(getattr(self.config, f"{protocol}_bind"), f"{protocol}_bind")
@@ -116,12 +123,20 @@ class Gateway:
                 continue
             if name == "mqtts":
                 server = await listeners.start_tcp(
-                    self.mqtt, extra[0], extra[1], listeners.tls_context(cfg.tls_cert_file, cfg.tls_key_file))
+                    self.mqtt, extra[0], extra[1], listeners.tls_context(cfg.tls_cert_file, cfg.tls_key_file),
+                    self._tracer_for("mqtts"))
             else:
-                server = await listeners.start_websocket(self.mqtt, extra[0], extra[1])
+                server = await listeners.start_websocket(self.mqtt, extra[0], extra[1], self._tracer_for("ws"))
             self.listeners.append(Listener(name, server))  # type: ignore[arg-type]
             log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
-        return await listeners.start_tcp(self.mqtt, bind[0], bind[1])
+        return await listeners.start_tcp(self.mqtt, bind[0], bind[1], tracer=self._tracer_for("mqtt"))
+
+    def _tracer_for(self, listener: str) -> Tracer | None:
+        return self.tracer if listener in self._traced else None
+
+    @property
+    def traced_listeners(self) -> frozenset[str]:
+        return self._traced
 
     async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         assert self.store is not None
@@ -137,8 +152,8 @@ class Gateway:
             wildcards.invalidate()
             self.amqp.mqtt_queues_for = wildcards.queues_for
             self.amqp.on_topic_bindings_changed = wildcards.invalidate
-        broker = self.amqp
-        return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker), bind[0], bind[1])
+        broker, tracer = self.amqp, self._tracer_for("amqp")
+        return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
 
     async def _start_remoting(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
@@ -159,9 +174,9 @@ class Gateway:
             self.remoting.mqtt_queues_for = wildcards.queues_for
             self.remoting.on_topic_created = lambda name: wildcards.invalidate()
         await self.remoting.start()
-        broker, max_frame = self.remoting, cfg.remoting_max_frame_size
+        broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(
-            lambda: RemotingConnection(broker, max_frame_size=max_frame), bind[0], bind[1])
+            lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer), bind[0], bind[1])
         host, port = server.sockets[0].getsockname()[:2]
         broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
         return server
@@ -210,6 +225,12 @@ class Gateway:
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()
+        if self.tracer is not None:
+            try:
+                await self.tracer.stop()  # the last events, before the store closes
+            except StoreError as exc:
+                log.warning("last trace events not written error=%s", exc)
+            self.tracer = None
         if self.store is not None:
             try:
                 await asyncio.wait_for(self.store.close(), self.config.shutdown_timeout_s)

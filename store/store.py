@@ -294,6 +294,11 @@ class MessageStore:
                     observe(now - submitted)
 
     @property
+    def msg_id_prefix(self) -> str:
+        """The first half of every message id of this store (``prefix + f"{position:016X}"``)."""
+        return self._id_prefix
+
+    @property
     def queue_count(self) -> int:
         """Queues ever created (ids are never reused)."""
         return self.index.queues_created

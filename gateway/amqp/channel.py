@@ -91,6 +91,10 @@ class Channel:
                                            view.routing_key))
         self.connection.send(content_after_method(self.number, view.raw_properties, message.body,
                                                   self.connection.frame_max))
+        tracer = self.connection.tracer
+        if tracer is not None:
+            tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
+                             0 if consumer.no_ack else 1)
         if consumer.no_ack:
             queue.settle(message.queue_offset)
         else:
@@ -254,6 +258,11 @@ class Channel:
         self.connection.send(method_frame(self.number, method))
         self.connection.send(content_after_method(self.number, view.raw_properties, ready.message.body,
                                                   self.connection.frame_max))
+        tracer = self.connection.tracer
+        if tracer is not None:
+            message = ready.message
+            tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
+                             0 if m.no_ack else 1)
         if m.no_ack:
             queue.settle(ready.message.queue_offset)
         else:
@@ -276,10 +285,14 @@ class Channel:
 
     def _settle(self, tags: list[int]) -> None:
         touched = set()
+        tracer = self.connection.tracer
         for tag in tags:
             entry = self._pop_unacked(tag)
-            entry.queue.settle(entry.message.queue_offset)
+            message = entry.message
+            entry.queue.settle(message.queue_offset)
             touched.add(entry.queue)
+            if tracer is not None:
+                tracer.acked("amqp", self.connection.peer, message.position, message.queue, message.queue_offset)
         for queue in touched:
             queue.save()
 

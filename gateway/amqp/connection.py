@@ -46,6 +46,7 @@ from .channel import Channel
 from .messages import routing_key_to_mqtt_topic, to_store_message
 
 if TYPE_CHECKING:
+    from ..trace import Tracer
     from .broker import AMQPBroker
 
 log = logging.getLogger("tidemq.amqp")
@@ -71,8 +72,9 @@ def _ids(method) -> tuple[int, int]:
 
 
 class AMQPConnection(asyncio.Protocol):
-    def __init__(self, broker: AMQPBroker) -> None:
+    def __init__(self, broker: AMQPBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
+        self.tracer = tracer  # this listener's message trace, when it is on
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.reader = FrameReader(frame_max=broker.frame_max)
@@ -454,6 +456,8 @@ class AMQPConnection(asyncio.Protocol):
             fut.add_done_callback(lambda f: on_done(StoreError("cancelled") if f.cancelled() else f.exception()))
         if self._pending_puts > MAX_PENDING_PUTS:
             self.read_pauses.pause("puts")
+        if self.tracer is not None:
+            self.tracer.watch_put("amqp", self.peer, items, fut)
         queues_touched = {q for _, targets in items for q in targets}
         fut.add_done_callback(lambda f: self._publishes_done(accepted, queues_touched, None if f.cancelled()
                                                              else f.exception()))

@@ -46,6 +46,7 @@ from .queues import queue_for_filter
 from .session import NEVER_EXPIRES, QueueCursor, Session, SubscriptionState
 
 if TYPE_CHECKING:
+    from ..trace import Tracer
     from .broker import MQTTBroker
 
 log = logging.getLogger("tidemq.mqtt")
@@ -55,8 +56,9 @@ _PUBACK_HEAD = b"\x40\x02"
 
 
 class MQTTConnection(Outbound, asyncio.Protocol):
-    def __init__(self, broker: MQTTBroker) -> None:
+    def __init__(self, broker: MQTTBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
+        self.tracer = tracer  # this listener's message trace, when it is on
         self.settings = broker.settings
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -462,6 +464,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in batch]
             fut.add_done_callback(lambda f: broker.record_retained(retained, f))
         fut.add_done_callback(lambda f: self._publishes_stored(batch, f))
+        if self.tracer is not None:
+            self.tracer.watch_put("mqtt", self.client_id, items, fut)
 
     def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future) -> None:
         self._pending_puts -= len(batch)

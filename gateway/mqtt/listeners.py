@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -15,11 +15,16 @@ from websockets.exceptions import ConnectionClosed
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
+if TYPE_CHECKING:
+    from ..trace import Tracer
+
 log = logging.getLogger("tidemq.mqtt")
 
 
-async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContext | None = None) -> asyncio.Server:
-    return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker), host, port, ssl=tls)
+async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContext | None = None,
+                    tracer: Tracer | None = None) -> asyncio.Server:
+    return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker, tracer), host, port,
+                                                          ssl=tls)
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
@@ -108,14 +113,14 @@ class _WebSocketTransport(asyncio.Transport):
         await self._reading.wait()
 
 
-async def start_websocket(broker: MQTTBroker, host: str, port: int) -> Server:
+async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Server:
     settings = broker.settings
 
     async def handler(ws: ServerConnection) -> None:
         if ws.subprotocol != "mqtt":
             await ws.close(1002, "the subprotocol must be mqtt")
             return
-        conn = MQTTConnection(broker)
+        conn = MQTTConnection(broker, tracer)
         transport = _WebSocketTransport(ws, conn)
         conn.connection_made(transport)
         try:

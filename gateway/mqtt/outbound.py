@@ -22,6 +22,7 @@ from store import GetStatus, StoredMessage
 from .session import Inflight, QueueCursor, Session, SubscriptionState
 
 if TYPE_CHECKING:
+    from ..trace import Tracer
     from .broker import MQTTBroker
 
 log = logging.getLogger("tidemq.mqtt")
@@ -34,6 +35,7 @@ class Outbound:
 
     broker: MQTTBroker
     session: Session | None
+    tracer: Tracer | None
     # -- acknowledgements of our PUBLISHes ------------------------------------------------------
     def _settle(self, packet_id: int) -> Inflight | None:
         session = self.session
@@ -59,6 +61,8 @@ class Outbound:
             log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.client_id, packet.packet_id)
             return
         self._settle(packet.packet_id)
+        if self.tracer is not None:
+            self.tracer.acked("mqtt", self.client_id, inflight.position, inflight.queue, inflight.offset)
 
     def _on_pubrec(self, packet: PubRec) -> None:
         session = self.session
@@ -79,6 +83,8 @@ class Outbound:
         if inflight is None or inflight.qos != 2:
             return
         self._settle(packet.packet_id)
+        if self.tracer is not None:
+            self.tracer.acked("mqtt", self.client_id, inflight.position, inflight.queue, inflight.offset)
 
     def _resend_inflight(self) -> None:
         """After a reconnect: unacknowledged PUBLISHes again with DUP, PUBRELs again (in order)."""
@@ -311,6 +317,8 @@ class Outbound:
             return False
         self.send(template.render(packet_id, dup))
         broker.stats.messages_sent += 1
+        if self.tracer is not None:
+            self.tracer.delivered("mqtt", self.client_id, message.position, message.queue, message.queue_offset, qos)
         return True
 
 

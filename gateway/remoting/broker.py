@@ -297,6 +297,8 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
         future = self.store.put_batch_nowait([(message, targets)])
+        if conn.tracer is not None:
+            conn.tracer.watch_put("remoting", conn.client_id or conn.peer, [(message, targets)], future)
         self.stats.messages_received += 1
         own = targets[0]
 
@@ -351,7 +353,10 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
                 ",".join(self.msg_id(r.position) for r in results), queue_id,
                 results[0].queue_offsets[own]).to_ext_fields())
-        return Pending(self.store.put_batch_nowait(batch), respond)
+        future = self.store.put_batch_nowait(batch)
+        if conn.tracer is not None:
+            conn.tracer.watch_put("remoting", conn.client_id or conn.peer, batch, future)
+        return Pending(future, respond)
 
     # -- pulling -------------------------------------------------------------------------------
     def _readable(self, topic: str, queue_id: int) -> str:
@@ -392,22 +397,28 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         if (result.status in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_SUCH_QUEUE)
                 and header.sys_flag & FLAG_SUSPEND and header.suspend_timeout_millis):
             timeout = min(header.suspend_timeout_millis / 1000, self.long_poll_max_s)
-            return self._held_pull(request, header, queue, offset, max_messages, tags, timeout, result)
-        return self._pull_response(request, result, offset, header.topic, header.queue_id)
+            return self._held_pull(conn, request, header, queue, offset, max_messages, tags, timeout, result)
+        return self._pull_response(conn, request, result, offset, header)
 
-    async def _held_pull(self, request: RemotingCommand, header: PullMessageHeader, queue: str, offset: int,
-                         max_messages: int, tags: frozenset[int] | None, timeout: float, result) -> RemotingCommand:
+    async def _held_pull(self, conn: RemotingConnection, request: RemotingCommand, header: PullMessageHeader,
+                         queue: str, offset: int, max_messages: int, tags: frozenset[int] | None, timeout: float,
+                         result) -> RemotingCommand:
         if await self.holds.wait(queue, offset, timeout):
             result = self._read(queue, offset, max_messages, tags)
-        return self._pull_response(request, result, offset, header.topic, header.queue_id)
+        return self._pull_response(conn, request, result, offset, header)
 
-    def _pull_response(self, request: RemotingCommand, result, offset: int, topic: str,
-                       queue_id: int) -> RemotingCommand:
+    def _pull_response(self, conn: RemotingConnection, request: RemotingCommand, result, offset: int,
+                       header: PullMessageHeader) -> RemotingCommand:
+        topic, queue_id = header.topic, header.queue_id
         status = result.status
         ext = {"suggestWhichBrokerId": "0", "minOffset": str(result.min_offset),
                "maxOffset": str(result.max_offset)}
         if status is GetStatus.FOUND:
             self.stats.messages_sent += len(result.messages)
+            if conn.tracer is not None:  # (a pull consumer acknowledges by offset: no ack events)
+                client = f"{header.consumer_group}@{conn.client_id or conn.peer}"
+                for m in result.messages:
+                    conn.tracer.delivered("remoting", client, m.position, m.queue, m.queue_offset, 1)
             body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in result.messages)
             ext["nextBeginOffset"] = str(result.next_offset)
             return response_to(request, ResponseCode.SUCCESS, ext_fields=ext, body=body)

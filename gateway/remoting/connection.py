@@ -25,6 +25,7 @@ from protocols.remoting.frames import (
 from .broker import Pending
 
 if TYPE_CHECKING:
+    from ..trace import Tracer
     from .broker import RemotingBroker
 
 log = logging.getLogger("tidemq.remoting")
@@ -33,8 +34,9 @@ _opaques = itertools.count(1)
 
 
 class RemotingConnection(asyncio.Protocol):
-    def __init__(self, broker: RemotingBroker, *, max_frame_size: int) -> None:
+    def __init__(self, broker: RemotingBroker, *, max_frame_size: int, tracer: Tracer | None = None) -> None:
         self.broker = broker
+        self.tracer = tracer  # this listener's message trace, when it is on
         self.reader = FrameReader(max_frame_size=max_frame_size)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
