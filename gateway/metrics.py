@@ -26,7 +26,7 @@ from prometheus_client.core import (
 
 from store.stats import LatencyHistogram
 
-from . import admin
+from . import admin, dashboard, data_api
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -133,11 +133,12 @@ class GatewayCollector:
         tracer = self.gateway.tracer
         if tracer is None:
             return
-        yield CounterMetricFamily("tidemq_trace_events_written", "Message trace events written to the trace topic",
-                                  value=tracer.events_written)
-        yield CounterMetricFamily("tidemq_trace_events_dropped", "Message trace events dropped (writer behind)",
-                                  value=tracer.events_dropped)
-        yield GaugeMetricFamily("tidemq_trace_events_pending", "Message trace events not yet written",
+        yield CounterMetricFamily("tidemq_trace_rows_written",
+                                  "Message trace rows written (one per publish, delivery and ack)",
+                                  value=tracer.rows_written)
+        yield CounterMetricFamily("tidemq_trace_rows_dropped", "Message trace rows dropped (the writer was behind)",
+                                  value=tracer.rows_dropped)
+        yield GaugeMetricFamily("tidemq_trace_rows_pending", "Message trace rows not yet written",
                                 value=tracer.pending)
 
     def _backlogs(self) -> Iterator[Metric]:
@@ -177,6 +178,8 @@ class MetricsServer:
         app.router.add_get("/admin/queues", self._queues)
         app.router.add_get("/admin/messages", self._messages)
         app.router.add_post("/admin/kick", self._kick)
+        data_api.add_routes(app, gateway)  # /data/: bulk reads as Arrow (gateway/data_api.py)
+        dashboard.add_routes(app, gateway)  # /dashboard and the /admin/overview it polls
         app.router.add_get("/admin/trace", self._trace)
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
@@ -195,7 +198,7 @@ class MetricsServer:
     # -- admin (tidemq ctl) ---------------------------------------------------------------------
     @web.middleware
     async def _admin_guard(self, request: web.Request, handler):
-        if request.path.startswith("/admin/"):
+        if request.path.startswith(("/admin/", "/data/")):
             token = self.gateway.config.admin_token
             if token and request.headers.get("Authorization") != f"Bearer {token}":
                 return web.json_response({"error": "a valid admin token is needed"}, status=401)

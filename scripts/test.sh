@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV_EXTRAS=test . scripts/venv.sh
+bash scripts/system-deps.sh  # chromium and chromedriver, for the dashboard test
 
 # ali-ons, the JavaScript RocketMQ client the remoting tests drive (node and npm are on the machine)
 if ! command -v npm >/dev/null 2>&1; then

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import urllib.request
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import aio_pika
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from gateway.trace import TRACE_QUEUE, parse_listeners
+from gateway.trace import TRACE_QUEUE, TRACE_TOPIC, parse_listeners, rows_of, trace_of
 from protocols.mqtt.packets import MQTT_5
+from store import Message
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .test_bridge_mqtt_amqp import amqp_url
@@ -103,8 +105,8 @@ async def test_untraced_listener_records_nothing(data_dir: Path) -> None:
         events = await trace_until(gw, "/admin/trace?key=quiet-1", {"publish"}, timeout_s=1.0)
         assert events == []  # the MQTT publish is not traced, so the key names no trace
         await gw.tracer.flush()
-        deliveries = [r for r in gw.store.get_now(TRACE_QUEUE, 0, 10).messages]
-        rows = [row for record in deliveries for row in json.loads(record.body)]
+        records = gw.store.get_now(TRACE_QUEUE, 0, 10).messages
+        rows = [row for record in records for row in rows_of(record)]
         assert [row[0] for row in rows] == ["deliver", "ack"]  # the AMQP side is
 
 
@@ -118,3 +120,29 @@ def test_trace_listener_names() -> None:
         assert "smtp" in str(exc)
     else:
         raise AssertionError("an unknown listener name was accepted")
+
+
+class _Boom:
+    def __reduce__(self):
+        return (print, ("unpickled code ran",))
+
+
+async def test_trace_reads_only_plain_data_of_the_trace_queue(data_dir: Path, capsys) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="mqtt") as gw:
+        device = PahoClient(mqtt_port(gw), "spoofer", version=MQTT_5)
+        await device.connect()
+        await device.publish("real/topic", b"x", qos=1)
+        await gw.tracer.flush()
+        (position,) = {row[1] for record in gw.store.get_now(TRACE_QUEUE, 0, 10).messages
+                       for row in rows_of(record)}
+        msg_id = f"{gw.store.msg_id_prefix}{position:016X}"
+        assert [e["type"] for e in trace_of(gw.store, msg_id)] == ["publish", "store"]
+        # a client's message on a topic named like the trace topic, keyed by that position
+        fake = pickle.dumps([("ack", position, 0.0, "mqtt", "intruder", "q", 0)])
+        await device.publish(TRACE_TOPIC, fake, qos=1, properties=keyed(str(position)))
+        # and a record of the trace queue that holds a class reference
+        await gw.store.put(Message(TRACE_TOPIC, pickle.dumps([_Boom()]), key=str(position)), [TRACE_QUEUE])
+        await device.disconnect()
+        events = trace_of(gw.store, msg_id)
+        assert [e["type"] for e in events] == ["publish", "store"]
+        assert "unpickled code ran" not in capsys.readouterr().out

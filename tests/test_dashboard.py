@@ -1,0 +1,333 @@
+"""The operator's dashboard in Debian's headless chromium (driven by selenium) against a real
+gateway: it asks for the admin token, follows live MQTT traffic (connections, message counts
+and rates, a persistent session's backlog), and looks a message up with its trace timeline --
+or says the trace is not available on a gateway without ``/admin/trace``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+from aiohttp import web
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+import gateway.dashboard
+from gateway.dashboard import quantile
+from gateway.mqtt.queues import topic_queue
+from gateway.server import Gateway
+from protocols.mqtt.packets import MQTT_5
+from store.stats import LatencyHistogram
+
+from .mqtt_support import PahoClient, mqtt_port, running_gateway
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 10.0  # the page polls every second
+TOKEN = "dash-s3cret"
+MQTT_CELL = '#protocols tr[data-protocol="mqtt"] td[data-field="{}"]'
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    """One headless chromium for the module (starting one takes about a second)."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not found: the dashboard test needs Debian's chromium and "
+                    "chromium-driver (run scripts/system-deps.sh as root)", pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM  # given, so that selenium-manager never looks for one
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1400,1100",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Page:
+    """The browser seen from an async test: selenium blocks, and the gateway serving the page
+    runs on this event loop, so every browser call goes through a thread."""
+
+    def __init__(self, driver: WebDriver, base: str) -> None:
+        self.driver = driver
+        self.base = base
+
+    async def open(self, path: str) -> str:
+        await asyncio.to_thread(self.driver.get, self.base + path)
+        return self.driver.current_url
+
+    def _text(self, css: str) -> str | None:
+        # read in one script: the page rebuilds its tables every second (no stale elements)
+        return self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css)
+
+    async def text(self, css: str) -> str | None:
+        return await asyncio.to_thread(self._text, css)
+
+    async def texts(self, css: str) -> list[str]:
+        return await asyncio.to_thread(self.driver.execute_script,
+                                       "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent);",
+                                       css)
+
+    async def until(self, css: str, check: Callable[[str], bool], what: str) -> str:
+        """Wait (bounded) until the text of ``css`` passes ``check``; that text."""
+        def condition(_driver: WebDriver) -> str | bool:
+            text = self._text(css)
+            return text if text is not None and check(text) else False
+
+        try:
+            return await asyncio.to_thread(WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1).until, condition)
+        except TimeoutException:
+            raise AssertionError(f"after {WAIT_S} s the page does not show {what}: {css} is {self._text(css)!r} "
+                                 f"(status: {self._text('#status')!r})") from None
+
+    async def until_text(self, css: str, expected: str) -> str:
+        return await self.until(css, lambda text: text == expected, repr(expected))
+
+    async def fill(self, values: dict[str, str]) -> None:
+        def _fill() -> None:
+            for css, value in values.items():
+                field = self.driver.find_element("css selector", css)
+                field.clear()
+                if value:
+                    field.send_keys(value)
+        await asyncio.to_thread(_fill)
+
+    async def click(self, css: str) -> None:
+        await asyncio.to_thread(lambda: self.driver.find_element("css selector", css).click())
+
+
+def dashboard(gw: Gateway, driver: WebDriver) -> Page:
+    assert gw.metrics_address is not None
+    host, port = gw.metrics_address
+    return Page(driver, f"http://{host}:{port}")
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", "")) if text not in ("", "–") else 0.0
+
+
+async def publish_until(client: PahoClient, topic: str, stop: asyncio.Event) -> int:
+    """Publish QoS 1 messages, paced, until ``stop``; how many."""
+    sent = 0
+    while not stop.is_set():
+        await client.publish(topic, b"reading %d" % sent, qos=1)
+        sent += 1
+        await asyncio.sleep(0.02)
+    return sent
+
+
+async def test_dashboard_follows_live_mqtt_traffic(data_dir: Path, browser: WebDriver) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", admin_token=TOKEN) as gw:
+        page = dashboard(gw, browser)
+        assert (await page.open("/")).endswith("/dashboard")  # / redirects to the page
+
+        # the API answers 401 without the token: the page asks for it
+        await page.until("#status", lambda text: "token" in text, "that a token is needed")
+        assert await asyncio.to_thread(browser.find_element("css selector", "#token-form").is_displayed)
+        await page.fill({"#token-input": TOKEN})
+        await page.click("#token-form button")
+        await page.until_text(MQTT_CELL.format("connections"), "0")
+        assert await page.text("#status") != "admin token needed"
+
+        publisher = PahoClient(mqtt_port(gw), "dash-pub")
+        await publisher.connect()
+        await page.until_text(MQTT_CELL.format("connections"), "1")
+        await page.until('#clients td[data-field="id"]', lambda text: text == "dash-pub", "the client dash-pub")
+
+        # a persistent session that goes away: what is published next is its backlog
+        reader = PahoClient(mqtt_port(gw), "dash-away", version=MQTT_5, clean=False, session_expiry=3600)
+        await reader.connect()
+        await reader.subscribe("dash/readings", qos=1)
+        await reader.disconnect()
+        await page.until_text(MQTT_CELL.format("connections"), "1")
+
+        stop = asyncio.Event()
+        publishing = asyncio.create_task(publish_until(publisher, "dash/readings", stop))
+        try:
+            await page.until(MQTT_CELL.format("messages_in_rate"), lambda text: number(text) > 0,
+                             "a rate of MQTT messages in")
+            await page.until("#store-put-rate", lambda text: number(text) > 0, "a rate of store puts")
+        finally:
+            stop.set()
+            sent = await publishing
+        assert sent > 0
+        await page.until_text(MQTT_CELL.format("messages_in"), f"{sent:,}")
+        await page.until_text(MQTT_CELL.format("messages_in_rate"), "0")  # publishing stopped
+        await page.until_text('#backlogs td[data-field="name"]', "dash-away")
+        assert await page.text('#backlogs td[data-field="kind"]') == "mqtt session"
+        assert await page.text('#backlogs td[data-field="lag"]') == f"{sent:,}"
+        assert number(await page.text("#store-queues") or "") >= 1
+        assert await page.text("#store-put-pct") != "– / –"
+        assert await page.text("#mqtt-sessions") == "2"
+
+        # the token stays for the browser tab's session: a reload goes straight to the numbers
+        await page.open("/dashboard")
+        await page.until_text(MQTT_CELL.format("messages_in"), f"{sent:,}")
+        assert not await asyncio.to_thread(browser.find_element("css selector", "#token-form").is_displayed)
+
+        await publisher.disconnect()
+        await page.until_text(MQTT_CELL.format("connections"), "0")
+
+
+MARKUP = '<img src=x onerror="document.title=\'pwned\'">'  # shown as text, never run
+
+
+def keyed(key: str) -> PahoProperties:
+    props = PahoProperties(PacketTypes.PUBLISH)
+    props.UserProperty = ("key", key)
+    return props
+
+
+async def test_dashboard_looks_up_a_message_and_its_trace(data_dir: Path, browser: WebDriver) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="mqtt") as gw:
+        device = PahoClient(mqtt_port(gw), "press-7", version=MQTT_5)
+        await device.connect()
+        await device.subscribe("plant/press7", qos=1)
+        await device.publish("plant/press7", MARKUP.encode(), qos=1, properties=keyed("batch-42"))
+        await device.receive(1)  # delivered and acknowledged: four trace events
+        await device.disconnect()
+        msg_id = gw.store.get_now(topic_queue("plant/press7"), 0, 1).messages[0].msg_id
+
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.until_text(MQTT_CELL.format("messages_in"), "1")
+        await page.until_text(MQTT_CELL.format("connections"), "0")  # its PUBACK was read before
+        assert gw.tracer is not None
+        await gw.tracer.flush()  # trace events are written in batches: write them now
+
+        await page.fill({"#trace-msg-id": msg_id})
+        await page.click("#trace-form button")
+        await page.until_text('#messages td[data-field="msg_id"]', msg_id)
+        assert await page.text('#messages td[data-field="topic"]') == "plant/press7"
+        assert await page.text('#messages td[data-field="key"]') == "batch-42"
+        assert await page.text('#messages td[data-field="body"]') == MARKUP
+        await page.until_text("#trace-status", "4 events")
+        assert await page.texts('#timeline td[data-field="type"]') == ["publish", "store", "deliver", "ack"]
+        assert set(await page.texts('#timeline td[data-field="client"]')) == {"press-7"}
+        assert await page.texts('#timeline td[data-field="msg_id"]') == [msg_id] * 4
+
+        # by key: the store needs the topic too; the trace finds it by the key alone
+        await page.fill({"#trace-msg-id": "", "#trace-key": "batch-42", "#trace-topic": "plant/press7"})
+        await page.click("#trace-form button")
+        await page.until_text("#message-status", "1 found")
+        await page.until_text("#trace-status", "4 events")
+        assert await page.texts('#messages td[data-field="msg_id"]') == [msg_id]
+
+        # the data was text all along: no element was made from it
+        assert await asyncio.to_thread(browser.execute_script,
+                                       "return document.querySelectorAll('main img').length") == 0
+        assert browser.title == "TideMQ dashboard"
+
+
+async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, browser: WebDriver,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    add_routes = gateway.dashboard.add_routes
+
+    def without_trace(app: web.Application, gw: Gateway) -> None:  # a gateway from before /admin/trace
+        @web.middleware
+        async def no_trace(request: web.Request, handler):
+            if request.path == "/admin/trace":
+                raise web.HTTPNotFound()
+            return await handler(request)
+
+        app.middlewares.append(no_trace)
+        add_routes(app, gw)
+
+    monkeypatch.setattr(gateway.dashboard, "add_routes", without_trace)
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        device = PahoClient(mqtt_port(gw), "old-1")
+        await device.connect()
+        await device.publish("old/t", b"still found", qos=1)
+        await device.disconnect()
+        msg_id = gw.store.get_now(topic_queue("old/t"), 0, 1).messages[0].msg_id
+
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.fill({"#trace-msg-id": msg_id})
+        await page.click("#trace-form button")
+        await page.until_text('#messages td[data-field="body"]', "still found")
+        await page.until("#trace-status", lambda text: text.startswith("trace not available"),
+                         '"trace not available"')
+
+
+def get_json(gw: Gateway, path: str, token: str | None = None) -> tuple[int, dict]:
+    host, port = gw.metrics_address  # type: ignore[misc]
+    request = urllib.request.Request(f"http://{host}:{port}{path}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_overview_counts_backlogs_of_amqp_queues_and_mqtt_sessions(data_dir: Path) -> None:
+    settings = {"amqp_bind": "127.0.0.1:0", "metrics_bind": "127.0.0.1:0", "admin_token": TOKEN}
+    async with running_gateway(data_dir, **settings) as gw:
+        status, body = await asyncio.to_thread(get_json, gw, "/admin/overview")
+        assert status == 401 and "token" in body["error"]
+
+        away = PahoClient(mqtt_port(gw), "away-1", version=MQTT_5, clean=False, session_expiry=3600)
+        await away.connect()
+        await away.subscribe("lag/#", qos=1)
+        await away.disconnect()
+        device = PahoClient(mqtt_port(gw), "dev-1")
+        await device.connect()
+        for i in range(4):
+            await device.publish(f"lag/{i}", b"x", qos=1)
+        amqp_port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port}/")
+        try:
+            channel = await conn.channel()
+            await channel.declare_queue("orders")
+            await channel.declare_queue("empty")
+            for _ in range(7):
+                await channel.default_exchange.publish(aio_pika.Message(b"o"), "orders")
+            status, overview = await asyncio.to_thread(get_json, gw, "/admin/overview", TOKEN)
+        finally:
+            await conn.close()
+            await device.disconnect()
+        assert status == 200
+        assert set(overview["protocols"]) == {"mqtt", "amqp"}  # remoting is off
+        assert overview["protocols"]["mqtt"]["connections"] == 1 and overview["protocols"]["amqp"]["connections"] == 1
+        assert overview["protocols"]["mqtt"]["messages_in"] == 4
+        assert overview["protocols"]["amqp"]["messages_in"] == 7
+        assert overview["protocols"]["mqtt"]["bytes_in"] > 0
+        # longest first; the empty queue is left out
+        assert overview["backlogs"] == [{"kind": "amqp queue", "name": "orders", "lag": 7},
+                                        {"kind": "mqtt session", "name": "away-1", "lag": 4}]
+        assert overview["backlogs_partial"] is False
+        store = overview["store"]
+        assert store["queues"] >= 5 and store["commitlog_bytes"] > 0 and store["put_latency"]["count"] >= 11
+        assert 0 < store["put_latency"]["p50_s"] <= store["put_latency"]["p99_s"]
+        assert overview["mqtt_sessions"] == 2 and overview["time"] > 1.7e12
+
+
+def test_quantile_interpolates_inside_the_bucket_as_prometheus_does() -> None:
+    histogram = LatencyHistogram(bounds=(0.001, 0.01, 0.1))
+    assert quantile(histogram, 0.5) is None
+    for seconds in [0.0005] * 50 + [0.005] * 40 + [0.05] * 9 + [5.0]:
+        histogram.observe(seconds)
+    assert quantile(histogram, 0.5) == pytest.approx(0.001)  # the 50th of 50 in the first bucket
+    assert quantile(histogram, 0.7) == pytest.approx(0.001 + 0.009 * 20 / 40)
+    assert quantile(histogram, 0.99) == pytest.approx(0.1)
+    assert quantile(histogram, 1.0) == pytest.approx(0.1)  # above the last bound: that bound
