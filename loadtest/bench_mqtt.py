@@ -54,6 +54,7 @@ import psutil
 
 from loadtest.brokers import (
     MOSQUITTO_QUEUE,
+    TIDEMQ_TRACED,
     Broker,
     BrokerUnavailable,
     ScenarioError,
@@ -511,6 +512,9 @@ def main() -> None:
                         help="short runs, 100 fan-out subscribers, 1,000 idle connections: under 90 s for all brokers")
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--trace", choices=("off", "on", "both"), default="off",
+                        help="message trace on TideMQ's MQTT listener; both: TideMQ without and with it, "
+                             f"side by side (broker {TIDEMQ_TRACED})")
     parser.add_argument("--out", help="also append the lines to this file")
     parser.add_argument("--soak-minutes", type=float, metavar="N",
                         help="instead: a soak of N minutes against TideMQ (see loadtest/soak_mqtt.py)")
@@ -521,6 +525,9 @@ def main() -> None:
 
         raise SystemExit(soak_mqtt.main(["--minutes", str(args.soak_minutes), "--rate", str(args.soak_rate)]))
     brokers = parse_list(args.brokers, BROKERS, "broker")
+    if args.trace != "off" and "tidemq" in brokers:
+        at = brokers.index("tidemq")
+        brokers[at:at + 1] = [TIDEMQ_TRACED] if args.trace == "on" else ["tidemq", TIDEMQ_TRACED]
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     plan = QUICK if args.quick else FULL
     raise_fd_limit()

@@ -133,6 +133,9 @@ class Broker:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+TIDEMQ_TRACED = "tidemq+trace"  # TideMQ with message trace on its MQTT listener
+
+
 def start_broker(name: str) -> Broker:
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-{name}-"))
@@ -159,9 +162,11 @@ def start_broker(name: str) -> Broker:
             shutil.rmtree(workdir, ignore_errors=True)
             raise BrokerUnavailable("amqtt is not installed in this venv: .venv/bin/pip install -e '.[bench]'") from None
         command = [sys.executable, "-c", AMQTT_MAIN, str(port)]
-    elif name == "tidemq":
+    elif name in ("tidemq", TIDEMQ_TRACED):
         command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
                    "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "async"]
+        if name == TIDEMQ_TRACED:
+            command += ["--trace", "mqtt"]
         # the same QoS 0 queue bound Mosquitto gets (its max_queued_messages)
         env["TIDEMQ_MQTT_MAX_QUEUED_MESSAGES"] = str(MOSQUITTO_QUEUE)
     else:
