@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the gateway (embedded store, all listeners)")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    serve.add_argument("--role", choices=("embedded", "store"),
+                       help="embedded (default): one node; store: also serve the store to gateway nodes "
+                            "on the remoting listener")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
     for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
         serve.add_argument(
@@ -130,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     overrides = {
+        "role": args.role,
         "data_dir": args.data_dir,
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,

@@ -29,6 +29,7 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class Config:
+    role: str = "embedded"  # embedded: everything in one process; store: also serves the store to gateway nodes
     data_dir: Path = Path("./data")
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"
@@ -201,6 +202,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
+    if cfg.role not in ("embedded", "store"):
+        raise ConfigError(f"role must be embedded or store, not {cfg.role!r}")
+    if cfg.role == "store" and not cfg.remoting_bind:
+        raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
     try:
         parse_listeners(cfg.trace)
     except ValueError as exc:

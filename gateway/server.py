@@ -14,6 +14,7 @@ from store import MessageStore, StoreError
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
+from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind
 from .metrics import MetricsServer
 from .mqtt import listeners
@@ -173,6 +174,8 @@ class Gateway:
             wildcards.invalidate()
             self.remoting.mqtt_queues_for = wildcards.queues_for
             self.remoting.on_topic_created = lambda name: wildcards.invalidate()
+        if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
+            self.remoting.handlers.update(StoreService(self.store).handlers())
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(

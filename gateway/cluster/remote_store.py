@@ -1,0 +1,171 @@
+"""RemoteStore: a gateway node's handle on the store of a store node, over the store link.
+
+The asynchronous part of ``store.MessageStore``'s API, the same names and results, so the
+gateways can run on either: puts (answered when durable on the store node), reads by queue and
+offset, reads by position, offsets, consumer offsets, KV tables, and notify events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+from protocols.cluster.store_link import (
+    StoreCode,
+    StoreLinkError,
+    decode_items,
+    decode_messages,
+    decode_offsets,
+    decode_put_results,
+    decode_result,
+    encode_names,
+    encode_put,
+    get_fields,
+)
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.frames import RemotingCommand
+from store import GetResult, Message, PutResult, StoredMessage, StoreError
+
+from .link import Link
+
+log = logging.getLogger("tidemq.cluster")
+
+
+class RemoteStoreError(StoreError):
+    """The store node refused a request or could not be reached."""
+
+
+def _check(response: RemotingCommand) -> RemotingCommand:
+    if response.code != ResponseCode.SUCCESS:
+        raise RemoteStoreError(f"store node answered {response.code}: {response.remark}")
+    return response
+
+
+class RemoteStore:
+    def __init__(self, link: Link, id_prefix: str, max_message_size: int) -> None:
+        self.link = link
+        self.msg_id_prefix = id_prefix
+        self.max_message_size = max_message_size
+        self._notify_handlers: list[Callable[[dict[str, int]], None]] = []
+        link.on_request = self._on_request
+
+    @classmethod
+    async def connect(cls, host: str, port: int, name: str = "store") -> RemoteStore:
+        link = await Link.connect(host, port, name)
+        try:
+            hello = _check(await link.call(StoreCode.HELLO))
+            return cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
+        except BaseException:
+            link.close()
+            raise
+
+    async def close(self) -> None:
+        self.link.close()
+        await self.link.closed
+
+    # -- writing ------------------------------------------------------------------------------
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+        items = list(items)
+        queues = [list(names) for _, names in items]
+        response = self.link.request(StoreCode.PUT, body=encode_put(items))
+        result: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[RemotingCommand]) -> None:
+            if result.done():
+                return
+            if f.cancelled():
+                result.cancel()
+                return
+            try:
+                reply = _check(f.result())
+                result.set_result(decode_put_results(reply.body, self.msg_id_prefix, queues))
+            except (ConnectionError, StoreError, StoreLinkError) as exc:
+                result.set_exception(exc if isinstance(exc, StoreError) else RemoteStoreError(str(exc)))
+        response.add_done_callback(done)
+        return result
+
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+        return await self.put_batch_nowait(items)
+
+    async def put(self, message: Message, queues: Sequence[str]) -> PutResult:
+        return (await self.put_batch_nowait([(message, queues)]))[0]
+
+    # -- reading ------------------------------------------------------------------------------
+    async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
+                  tag_hashes: frozenset[int] | None = None) -> GetResult:
+        reply = _check(await self._call(StoreCode.GET, get_fields(queue, offset, max_messages, max_bytes,
+                                                                   tag_hashes)))
+        return decode_result(reply.ext_fields, reply.body, self.msg_id_prefix, queue)
+
+    async def read_at(self, position: int) -> StoredMessage | None:
+        reply = _check(await self._call(StoreCode.READ_AT, {"position": str(position)}))
+        if reply.ext_fields.get("found") != "true":
+            return None
+        return decode_messages(reply.body, self.msg_id_prefix, "")[0]
+
+    async def offsets(self, queues: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """queue -> (min offset, max offset)."""
+        reply = _check(await self._call(StoreCode.OFFSETS, body=encode_names(queues)))
+        split = int(reply.ext_fields.get("split", "0"))
+        highs, lows = decode_offsets(reply.body[:split]), decode_offsets(reply.body[split:])
+        return {queue: (lows.get(queue, 0), high) for queue, high in highs.items()}
+
+    async def max_offset(self, queue: str) -> int:
+        return (await self.offsets([queue]))[queue][1]
+
+    async def min_offset(self, queue: str) -> int:
+        return (await self.offsets([queue]))[queue][0]
+
+    # -- consumer offsets and KV tables -------------------------------------------------------
+    def commit_offset_nowait(self, consumer: str, queue: str, offset: int) -> None:
+        """Sent in order with everything else on the link; not answered."""
+        self.link.oneway(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue, "offset": str(offset)})
+
+    async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:
+        _check(await self._call(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue,
+                                                          "offset": str(offset)}))
+
+    async def get_offset(self, consumer: str, queue: str) -> int | None:
+        reply = _check(await self._call(StoreCode.GET_OFFSET, {"consumer": consumer, "queue": queue}))
+        offset = int(reply.ext_fields.get("offset", "-1"))
+        return None if offset < 0 else offset
+
+    async def kv_get(self, table: str, key: str) -> bytes | None:
+        reply = _check(await self._call(StoreCode.KV_GET, {"table": table, "key": key}))
+        return reply.body if reply.ext_fields.get("found") == "true" else None
+
+    async def kv_put(self, table: str, key: str, value: bytes) -> None:
+        _check(await self._call(StoreCode.KV_PUT, {"table": table, "key": key}, value))
+
+    async def kv_delete(self, table: str, key: str) -> None:
+        _check(await self._call(StoreCode.KV_DELETE, {"table": table, "key": key}))
+
+    async def kv_items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        reply = _check(await self._call(StoreCode.KV_ITEMS, {"table": table, "prefix": prefix}))
+        return decode_items(reply.body)
+
+    # -- notify -------------------------------------------------------------------------------
+    async def subscribe_notify(self, handler: Callable[[dict[str, int]], None]) -> None:
+        """``handler({queue: max_offset, ...})`` for every notify batch of the store node."""
+        self._notify_handlers.append(handler)
+        if len(self._notify_handlers) == 1:
+            _check(await self._call(StoreCode.SUBSCRIBE_NOTIFY))
+
+    def _on_request(self, command: RemotingCommand) -> None:
+        if command.code != StoreCode.NOTIFY:
+            log.warning("unexpected request from the store node code=%d", command.code)
+            return
+        try:
+            events = decode_offsets(command.body)
+        except StoreLinkError as exc:
+            log.error("bad notify from the store node error=%s", exc)
+            return
+        for handler in self._notify_handlers:
+            handler(events)
+
+    async def _call(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
+        try:
+            return await self.link.call(code, ext_fields, body)
+        except (ConnectionError, TimeoutError) as exc:
+            raise RemoteStoreError(f"store node not reachable: {exc}") from None

@@ -1,0 +1,269 @@
+"""The store link, sans-IO: how a gateway node (``--role gateway``) uses the store of a store
+node (``--role store``) over the RocketMQ remoting protocol.
+
+Requests are ordinary remoting commands with private request codes (``StoreCode``, a range
+RocketMQ does not use), so the store node serves them on its remoting port beside RocketMQ
+clients, through the same frame codec. Small control requests carry their arguments in the
+header's ext fields; the two hot paths carry binary bodies built here:
+
+PUT request body, per message (big endian; strings UTF-8 with a u16 length, blobs u32):
+    topic, key, tags, born ms (i64, -1: the store's clock), flag (u32), properties (blob, the
+    store's encoding), queue count (u16) + queue names, body (blob)
+PUT response body, per message: position (u64), size (u32), store ms (i64), then one offset
+    (i64) per queue of the request, in its order
+GET response body, per message: position (u64), queue offset (i64), tag hash (i32), record
+    (blob: the commitlog record as stored, decoded by the client with ``store.record``)
+
+The commitlog record travels as it is stored, so the store node does no per-message encoding
+and the gateway node decodes with the store's own reader. Notify events reach a subscribed
+gateway node as one-way ``NOTIFY`` requests whose body is ``encode_offsets``.
+
+The codec uses the store's data types (messages, results, the record reader) and nothing of
+its I/O: the store knows nothing of this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Sequence
+
+from store import (
+    GetResult,
+    GetStatus,
+    Message,
+    PutResult,
+    RecordCorruptError,
+    StoredMessage,
+)
+from store import encode_properties as encode_store_properties
+from store.record import RecordView
+
+from ..remoting.errors import RemotingProtocolError
+
+
+class StoreCode(enum.IntEnum):
+    """Private request codes of the store link (RocketMQ's own stay below 1,000 and at 200,000+)."""
+
+    HELLO = 30_100  # -> store identity (id prefix), limits
+    PUT = 30_101
+    GET = 30_102
+    READ_AT = 30_103  # one message by commitlog position
+    OFFSETS = 30_104  # min and max offsets of queues
+    COMMIT_OFFSET = 30_105  # a consumer's offset of a queue (one-way)
+    GET_OFFSET = 30_106
+    KV_GET = 30_107
+    KV_PUT = 30_108  # one-way
+    KV_DELETE = 30_109  # one-way
+    KV_ITEMS = 30_110
+    SUBSCRIBE_NOTIFY = 30_111
+    NOTIFY = 30_112  # store node -> gateway node, one-way: queues with new data
+
+
+class StoreLinkError(RemotingProtocolError):
+    """A store-link body that does not decode."""
+
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_MSG_HEAD = struct.Struct(">qI")  # born, flag
+_PUT_RESULT = struct.Struct(">QIq")  # position, size, store ms
+_I64 = struct.Struct(">q")
+_GET_ENTRY = struct.Struct(">QqiI")  # position, queue offset, tag hash, record length
+
+
+def _str(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > 0xFFFF:
+        raise ValueError(f"string of {len(raw)} bytes is too long for the store link")
+    return _U16.pack(len(raw)) + raw
+
+
+def _blob(data: bytes) -> bytes:
+    return _U32.pack(len(data)) + data
+
+
+class _Reader:
+    __slots__ = ("at", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.at + n
+        if end > len(self.data):
+            raise StoreLinkError("store link body is truncated")
+        chunk = self.data[self.at:end]
+        self.at = end
+        return chunk
+
+    def unpack(self, fmt: struct.Struct) -> tuple:
+        end = self.at + fmt.size
+        if end > len(self.data):
+            raise StoreLinkError("store link body is truncated")
+        values = fmt.unpack_from(self.data, self.at)
+        self.at = end
+        return values
+
+    def str(self) -> str:
+        (n,) = self.unpack(_U16)
+        try:
+            return self.take(n).decode()
+        except UnicodeDecodeError:
+            raise StoreLinkError("store link string is not UTF-8") from None
+
+    def blob(self) -> bytes:
+        (n,) = self.unpack(_U32)
+        return self.take(n)
+
+    def done(self) -> bool:
+        return self.at >= len(self.data)
+
+
+# -- PUT ----------------------------------------------------------------------------------------
+def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
+    out = []
+    count = 0
+    for message, queues in items:
+        props = message.encoded_properties
+        if props is None:
+            props = encode_store_properties(message.properties) if message.properties else b""
+        born = message.born_timestamp if message.born_timestamp is not None else -1
+        out += [_str(message.topic), _str(message.key or ""), _str(message.tags or ""),
+                _MSG_HEAD.pack(born, message.flag), _blob(props), _U16.pack(len(queues))]
+        out += [_str(queue) for queue in queues]
+        out.append(_blob(message.body))
+        count += 1
+    return _U32.pack(count) + b"".join(out)
+
+
+def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
+    reader = _Reader(data)
+    (count,) = reader.unpack(_U32)
+    items = []
+    for _ in range(count):
+        topic, key, tags = reader.str(), reader.str(), reader.str()
+        born, flag = reader.unpack(_MSG_HEAD)
+        props = reader.blob()
+        (n,) = reader.unpack(_U16)
+        queues = [reader.str() for _ in range(n)]
+        body = reader.blob()
+        items.append((Message(topic, body, key=key or None, tags=tags or None,
+                              born_timestamp=born if born >= 0 else None, encoded_properties=props, flag=flag),
+                      queues))
+    if not reader.done():
+        raise StoreLinkError("store link PUT body has trailing bytes")
+    return items
+
+
+def encode_put_results(results: Sequence[PutResult], queues: Sequence[Sequence[str]]) -> bytes:
+    out = []
+    for result, names in zip(results, queues, strict=True):
+        out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
+        out += [_I64.pack(result.queue_offsets[name]) for name in names]
+    return b"".join(out)
+
+
+def decode_put_results(data: bytes, id_prefix: str, queues: Sequence[Sequence[str]]) -> list[PutResult]:
+    reader = _Reader(data)
+    results = []
+    for names in queues:
+        position, size, store_ms = reader.unpack(_PUT_RESULT)
+        offsets = {name: reader.unpack(_I64)[0] for name in names}
+        results.append(PutResult(f"{id_prefix}{position:016X}", position, size, store_ms, offsets))
+    if not reader.done():
+        raise StoreLinkError("store link PUT response has trailing bytes")
+    return results
+
+
+# -- GET ----------------------------------------------------------------------------------------
+def get_fields(queue: str, offset: int, max_messages: int, max_bytes: int,
+               tag_hashes: frozenset[int] | None) -> dict[str, str]:
+    fields = {"queue": queue, "offset": str(offset), "max": str(max_messages), "maxBytes": str(max_bytes)}
+    if tag_hashes is not None:
+        fields["tags"] = ",".join(map(str, sorted(tag_hashes)))
+    return fields
+
+
+def result_fields(result: GetResult) -> dict[str, str]:
+    return {"status": result.status.value, "next": str(result.next_offset), "min": str(result.min_offset),
+            "max": str(result.max_offset)}
+
+
+def encode_messages(messages: Iterable[StoredMessage], records: Iterable[bytes]) -> bytes:
+    """``records``: each message's commitlog record, as stored."""
+    out = []
+    for message, record in zip(messages, records, strict=True):
+        out.append(_GET_ENTRY.pack(message.position, message.queue_offset, message.tag_hash, len(record)))
+        out.append(record)
+    return b"".join(out)
+
+
+def decode_messages(data: bytes, id_prefix: str, queue: str) -> list[StoredMessage]:
+    reader = _Reader(data)
+    messages = []
+    while not reader.done():
+        position, offset, tag, length = reader.unpack(_GET_ENTRY)
+        start = reader.at
+        reader.take(length)
+        try:
+            view = RecordView(data, start)
+        except (RecordCorruptError, ValueError) as exc:
+            raise StoreLinkError(f"store link record at {position} does not decode: {exc}") from None
+        if view.size != length:
+            raise StoreLinkError(f"store link record at {position} is not {length} bytes long")
+        messages.append(StoredMessage(
+            f"{id_prefix}{position:016X}", position, view.size, view.topic, view.key, view.body, view.born_ts,
+            view.store_ts, view.raw_properties, view.raw_queues, view.queue_count, queue, offset, tag, view.flags))
+    return messages
+
+
+def decode_result(fields: dict[str, str], body: bytes, id_prefix: str, queue: str) -> GetResult:
+    try:
+        status = GetStatus(fields["status"])
+        next_offset, low, high = int(fields["next"]), int(fields["min"]), int(fields["max"])
+    except (KeyError, ValueError):
+        raise StoreLinkError("store link GET response lacks its status fields") from None
+    return GetResult(status, decode_messages(body, id_prefix, queue), next_offset, low, high)
+
+
+# -- offsets and notify -------------------------------------------------------------------------
+def encode_offsets(offsets: dict[str, int]) -> bytes:
+    """queue -> offset pairs (notify events, OFFSETS answers)."""
+    return b"".join(_str(queue) + _I64.pack(offset) for queue, offset in offsets.items())
+
+
+def decode_offsets(data: bytes) -> dict[str, int]:
+    reader = _Reader(data)
+    offsets = {}
+    while not reader.done():
+        queue = reader.str()
+        offsets[queue] = reader.unpack(_I64)[0]
+    return offsets
+
+
+def encode_names(names: Iterable[str]) -> bytes:
+    return b"".join(_str(name) for name in names)
+
+
+def decode_names(data: bytes) -> list[str]:
+    reader = _Reader(data)
+    names = []
+    while not reader.done():
+        names.append(reader.str())
+    return names
+
+
+def encode_items(items: Iterable[tuple[str, bytes]]) -> bytes:
+    """KV pairs (KV_ITEMS answers)."""
+    return b"".join(_str(key) + _blob(value) for key, value in items)
+
+
+def decode_items(data: bytes) -> list[tuple[str, bytes]]:
+    reader = _Reader(data)
+    items = []
+    while not reader.done():
+        key = reader.str()
+        items.append((key, reader.blob()))
+    return items

@@ -1,0 +1,117 @@
+"""The store link: a RemoteStore on a real socket against a store node (``role = "store"``),
+and the codec's handling of bad bodies. What a gateway node writes is in the store node's
+store, and what other clients write there reaches the gateway node's reads and notify."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
+from gateway.config import Config, ConfigError, load_config
+from gateway.server import Gateway
+from protocols.cluster.store_link import StoreLinkError, decode_messages, decode_put, encode_put
+from store import GetStatus, Message
+
+from .mqtt_support import PahoClient, mqtt_port
+
+
+def remoting_port(gw: Gateway) -> int:
+    return next(listener.address[1] for listener in gw.listeners if listener.protocol == "remoting")
+
+
+async def test_remote_store_puts_reads_offsets_kv_and_notify(data_dir: Path) -> None:
+    gw = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="127.0.0.1:0", amqp_bind="",
+                        remoting_bind="127.0.0.1:0"))
+    await gw.start()
+    remote = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+    try:
+        assert remote.msg_id_prefix == gw.store.msg_id_prefix
+        events: list[dict[str, int]] = []
+        await remote.subscribe_notify(events.append)
+
+        results = await remote.put_batch([
+            (Message("a/b", b"one", {"p": "1"}, key="k1"), ["t:a/b", "w:a/+"]),
+            (Message("a/b", b"two", tags="TagA"), ["t:a/b"]),
+        ])
+        assert [r.queue_offsets for r in results] == [{"t:a/b": 0, "w:a/+": 0}, {"t:a/b": 1}]
+        assert results[0].msg_id == f"{gw.store.msg_id_prefix}{results[0].position:016X}"
+        local = gw.store.get_now("t:a/b", 0, 10)  # written once, in the store node's store
+        assert [(m.body, m.key, m.msg_id) for m in local.messages] == [
+            (b"one", "k1", results[0].msg_id), (b"two", "", results[1].msg_id)]
+
+        got = await remote.get("t:a/b", 0, 10)
+        assert got.status is GetStatus.FOUND and (got.next_offset, got.min_offset, got.max_offset) == (2, 0, 2)
+        assert [(m.body, m.properties, m.queue_offset, m.msg_id) for m in got.messages] == [
+            (b"one", {"p": "1"}, 0, results[0].msg_id), (b"two", {"TAGS": "TagA"}, 1, results[1].msg_id)]
+        assert (await remote.get("t:a/b", 2)).status is GetStatus.NO_NEW_MESSAGE
+        assert (await remote.get("t:nothing", 0)).status is GetStatus.NO_SUCH_QUEUE
+        filtered = await remote.get("t:a/b", 0, 10, tag_hashes=frozenset({got.messages[1].tag_hash}))
+        assert [m.body for m in filtered.messages] == [b"two"]
+        assert (await remote.read_at(results[1].position)).body == b"two"
+        assert await remote.read_at(1 << 40) is None
+        assert await remote.offsets(["t:a/b", "w:a/+", "t:none"]) == {"t:a/b": (0, 2), "w:a/+": (0, 1),
+                                                                      "t:none": (0, 0)}
+
+        await remote.commit_offset("session-1", "t:a/b", 1)
+        assert await remote.get_offset("session-1", "t:a/b") == 1
+        assert gw.store.get_offset_now("session-1", "t:a/b") == 1
+        assert await remote.get_offset("session-1", "t:other") is None
+        await remote.kv_put("sessions", "c1", b"state")
+        await remote.kv_put("sessions", "c2", b"more")
+        assert await remote.kv_get("sessions", "c1") == b"state"
+        assert await remote.kv_items("sessions", "c") == [("c1", b"state"), ("c2", b"more")]
+        await remote.kv_delete("sessions", "c1")
+        assert await remote.kv_get("sessions", "c1") is None
+
+        # a device publishing on the store node: the gateway node hears of it and reads it
+        device = PahoClient(mqtt_port(gw), "dev")
+        await device.connect()
+        await device.publish("a/b", b"three", 1)
+        await device.disconnect()
+        for _ in range(100):
+            if any(e.get("t:a/b") == 3 for e in events):
+                break
+            await asyncio.sleep(0.02)
+        assert any(e.get("t:a/b") == 3 for e in events)
+        assert [m.body for m in (await remote.get("t:a/b", 2)).messages] == [b"three"]
+
+        with pytest.raises(RemoteStoreError):  # a queue with no name: refused, the link stays up
+            await remote.put(Message("x", b"y"), [])
+        assert (await remote.get("t:a/b", 0, 1)).messages[0].body == b"one"
+    finally:
+        await remote.close()
+        await gw.stop()
+    with pytest.raises(RemoteStoreError):
+        await remote.get("t:a/b", 0)
+
+
+def test_role_store_needs_the_remoting_listener() -> None:
+    with pytest.raises(ConfigError, match="remoting_bind"):
+        load_config(env={}, overrides={"role": "store", "remoting_bind": ""})
+    with pytest.raises(ConfigError, match="role"):
+        load_config(env={}, overrides={"role": "primary"})
+
+
+names = st.text(min_size=1, max_size=20)
+
+
+@given(st.lists(st.tuples(names, st.binary(max_size=64), st.lists(names, min_size=1, max_size=3)), max_size=5))
+def test_put_bodies_round_trip(items) -> None:
+    messages = [(Message(topic, body, {"k": "v"}, key="key", flag=7), queues) for topic, body, queues in items]
+    decoded = decode_put(encode_put(messages))
+    assert [(m.topic, m.body, m.key, m.flag, q) for m, q in decoded] == [
+        (m.topic, m.body, m.key, m.flag, list(q)) for m, q in messages]
+
+
+@given(st.binary(max_size=200))
+def test_bad_bodies_raise_only_the_codec_error(data: bytes) -> None:
+    for decode in (decode_put, lambda d: decode_messages(d, "P", "q")):
+        try:
+            decode(data)
+        except StoreLinkError:
+            pass
