@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
 from gateway.config import Config, ConfigError, load_config
 from gateway.server import Gateway
-from protocols.cluster.store_link import StoreLinkError, decode_messages, decode_put, encode_put
+from protocols.cluster.store_link import (
+    StoreLinkError,
+    decode_messages,
+    decode_put,
+    encode_put,
+)
 from store import GetStatus, Message
 
 from .mqtt_support import PahoClient, mqtt_port
