@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
-from protocols.mqtt.topics import matches
 from store import MessageStore, StoredMessage
 
 from ..stats import ProtocolStats
 from .messages import Delivery, PublishTemplate, build_template, to_store_message
 from .queues import WildcardQueues, queue_for_filter
+from .retained import RetainedIndex
 from .session import Session
 from .settings import MQTTSettings
 from .shared import ShareGroup
@@ -33,9 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidemq.mqtt")
 
-_POSITION = struct.Struct(">Q")
 SESSIONS_TABLE = "mqtt.sessions"
-RETAINED_TABLE = "mqtt.retained"
 
 
 class MQTTBroker:
@@ -53,11 +50,10 @@ class MQTTBroker:
         self.readers: dict[str, set[MQTTConnection | ShareGroup]] = {}  # queue -> who reads it here
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.wildcards = WildcardQueues()
-        self.retained: dict[str, int] = {}  # topic -> commitlog position of the retained message
+        self.retained = RetainedIndex(store)
         self.stats = ProtocolStats()
         self.started_at = time.time()
         self._sessions_table = store.table(SESSIONS_TABLE)
-        self._retained_table = store.table(RETAINED_TABLE)
         self._dirty: set[str] = set()
         self._flush_scheduled = False
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
@@ -89,8 +85,7 @@ class MQTTBroker:
             self.sessions[client_id] = session
             for sub in session.subscriptions.values():
                 self.wildcards.add(sub.topic_filter)
-        for topic, raw in self._retained_table.items():
-            self.retained[topic] = _POSITION.unpack(raw)[0]
+        self.retained.load()
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
@@ -213,22 +208,10 @@ class MQTTBroker:
                 self.set_retained(topic, result.position if keep else None)
 
     def set_retained(self, topic: str, position: int | None) -> None:
-        if position is None:
-            if self.retained.pop(topic, None) is not None:
-                self._retained_table.delete(topic)
-        else:
-            self.retained[topic] = position
-            self._retained_table.put(topic, _POSITION.pack(position))
+        self.retained.set(topic, position)
 
     def retained_matching(self, topic_filter: str) -> list[StoredMessage]:
-        found = []
-        for topic in [t for t in self.retained if matches(topic_filter, t)]:
-            message = self.store.read_at(self.retained[topic])
-            if message is None:  # removed by retention: the retained message is gone too
-                self.set_retained(topic, None)
-                continue
-            found.append(message)
-        return found
+        return self.retained.matching(topic_filter)
 
     # -- delivery helpers shared by all connections -------------------------------------------
     def delivery(self, message: StoredMessage) -> Delivery:
