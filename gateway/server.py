@@ -19,6 +19,8 @@ from .config import Config, ConfigError, parse_bind
 from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
+from .mqtt.queues import WildcardQueues
+from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
 from .remoting.broker import RemotingBroker
@@ -175,7 +177,12 @@ class Gateway:
             self.remoting.mqtt_queues_for = wildcards.queues_for
             self.remoting.on_topic_created = lambda name: wildcards.invalidate()
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
-            self.remoting.handlers.update(StoreService(self.store).handlers())
+            if self.mqtt is not None:  # one set of wildcard filters and retained messages
+                wildcards, retained = self.mqtt.wildcards, self.mqtt.retained
+            else:
+                wildcards, retained = WildcardQueues(), RetainedIndex(self.store)
+                retained.load()
+            self.remoting.handlers.update(StoreService(self.store, wildcards, retained).handlers())
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(

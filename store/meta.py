@@ -87,6 +87,9 @@ class KvTable:
     def delete(self, key: str) -> None:
         self._db.delete(self._prefix + key.encode())
 
+    def names(self, prefix: str = "") -> Iterator[str]:
+        return (key for key, _ in self.items(prefix))
+
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         start = self._prefix + prefix.encode()
         cut = len(self._prefix)

@@ -66,8 +66,6 @@ class RemoteStore:
 
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
-        items = list(items)
-        queues = [list(names) for _, names in items]
         response = self.link.request(StoreCode.PUT, body=encode_put(items))
         result: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
 
@@ -79,7 +77,7 @@ class RemoteStore:
                 return
             try:
                 reply = _check(f.result())
-                result.set_result(decode_put_results(reply.body, self.msg_id_prefix, queues))
+                result.set_result(decode_put_results(reply.body, self.msg_id_prefix))
             except (ConnectionError, StoreError, StoreLinkError) as exc:
                 result.set_exception(exc if isinstance(exc, StoreError) else RemoteStoreError(str(exc)))
         response.add_done_callback(done)

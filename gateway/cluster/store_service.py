@@ -4,7 +4,12 @@ nodes over the remoting port, beside RocketMQ clients, with the private request 
 
 Each handler answers at once from the store, except PUT (answered when the put is durable, as
 a RocketMQ send) and SUBSCRIBE_NOTIFY (the connection then receives one-way NOTIFY requests,
-coalesced per queue, for as long as it lasts).
+coalesced per queue, for as long as it lasts: a gateway node subscribes once, and the end of
+that subscription is the end of the node's link).
+
+The store node also keeps what must be one for the whole cluster for MQTT: the wildcard
+filters sessions subscribe to (so that a publish on any node is indexed into every matching
+wildcard queue: PUT expands ``WILDCARD_TARGETS``) and the retained messages.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from protocols.cluster.store_link import (
+    WILDCARD_TARGETS,
     StoreCode,
     decode_names,
     decode_put,
@@ -27,6 +33,8 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from store import MessageStore, PutResult
 
+from ..mqtt.queues import WildcardQueues
+from ..mqtt.retained import RetainedIndex
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
 
 if TYPE_CHECKING:
@@ -37,10 +45,27 @@ log = logging.getLogger("tidemq.cluster")
 MAX_GET_MESSAGES = 1024
 MAX_KV_ITEMS = 100_000
 
+FILTERS_TABLE = "cluster.filters"  # "{filter}\x00{holder}" of durable holds (persistent sessions)
+
+
 class StoreService:
-    def __init__(self, store: MessageStore) -> None:
+    """``wildcards``: the cluster's MQTT wildcard filters (shared with the store node's own MQTT
+    broker when it has one); a session of a gateway node holds each filter it subscribes to,
+    durably (persistent sessions: kept across restarts) or for as long as its node's link
+    lasts. ``retained``: the cluster's retained messages."""
+
+    def __init__(self, store: MessageStore, wildcards: WildcardQueues, retained: RetainedIndex) -> None:
         self.store = store
+        self.wildcards = wildcards
+        self.retained = retained
         self.notify_subscribers = 0
+        self._durable: set[tuple[str, str]] = set()
+        self._volatile: dict[object, set[tuple[str, str]]] = {}  # per gateway node link
+        self._filters = store.table(FILTERS_TABLE)
+        for key in self._filters.names():
+            topic_filter, _, holder = key.partition("\x00")
+            self._durable.add((topic_filter, holder))
+            wildcards.add(topic_filter)
 
     def handlers(self) -> dict[int, object]:
         return {
@@ -56,6 +81,10 @@ class StoreService:
             StoreCode.KV_DELETE: self.kv_delete,
             StoreCode.KV_ITEMS: self.kv_items,
             StoreCode.SUBSCRIBE_NOTIFY: self.subscribe_notify,
+            StoreCode.FILTER_HOLD: self.filter_hold,
+            StoreCode.FILTER_RELEASE: self.filter_release,
+            StoreCode.RETAINED_SET: self.retained_set,
+            StoreCode.RETAINED_MATCH: self.retained_match,
         }
 
     def hello(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
@@ -67,11 +96,14 @@ class StoreService:
         items = decode_put(request.body)
         if not items:
             raise BadRequest("a PUT with no message")
-        queues = [names for _, names in items]
+        for message, queues in items:
+            if WILDCARD_TARGETS in queues:
+                queues.remove(WILDCARD_TARGETS)
+                queues.extend(q for q in self.wildcards.queues_for(message.topic) if q not in queues)
         future = self.store.put_batch_nowait(items)
 
         def respond(results: list[PutResult]) -> RemotingCommand:
-            return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results, queues))
+            return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results))
         return Pending(future, respond)
 
     def get(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
@@ -140,6 +172,56 @@ class StoreService:
                 break
         return response_to(request, ResponseCode.SUCCESS, body=encode_items(items))
 
+    # -- wildcard filters and retained messages -----------------------------------------------
+    def filter_hold(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        hold = (str_field(ext, "filter"), str_field(ext, "holder"))
+        if ext.get("durable") == "true":
+            self._release_volatile(conn, hold)
+            if hold not in self._durable:
+                self._durable.add(hold)
+                self._filters.put(f"{hold[0]}\x00{hold[1]}", b"")
+                self.wildcards.add(hold[0])
+        elif hold not in self._durable:
+            holds = self._volatile.setdefault(conn, set())
+            if hold not in holds:
+                holds.add(hold)
+                self.wildcards.add(hold[0])
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    def filter_release(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        hold = (str_field(ext, "filter"), str_field(ext, "holder"))
+        if hold in self._durable:
+            self._durable.discard(hold)
+            self._filters.delete(f"{hold[0]}\x00{hold[1]}")
+            self.wildcards.remove(hold[0])
+        self._release_volatile(conn, hold)
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    def _release_volatile(self, conn: object, hold: tuple[str, str]) -> None:
+        holds = self._volatile.get(conn)
+        if holds is not None and hold in holds:
+            holds.discard(hold)
+            self.wildcards.remove(hold[0])
+
+    def link_closed(self, conn: object) -> None:
+        """A gateway node's link ended: the holds of its clean sessions end with it."""
+        for topic_filter, _ in self._volatile.pop(conn, set()):
+            self.wildcards.remove(topic_filter)
+
+    def retained_set(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        position = int_field(ext, "position")
+        self.retained.set(str_field(ext, "topic"), position if position >= 0 else None)
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    def retained_match(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        messages = self.retained.matching(str_field(request.ext_fields, "filter"))
+        return response_to(request, ResponseCode.SUCCESS,
+                           body=encode_messages(messages, self.store.raw_records(messages)))
+
+    # -- notify -------------------------------------------------------------------------------
     def subscribe_notify(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         return self._feed_notify(conn, request)
 
@@ -160,3 +242,4 @@ class StoreService:
         finally:
             subscription.close()
             self.notify_subscribers -= 1
+            self.link_closed(conn)

@@ -9,8 +9,10 @@ header's ext fields; the two hot paths carry binary bodies built here:
 PUT request body, per message (big endian; strings UTF-8 with a u16 length, blobs u32):
     topic, key, tags, born ms (i64, -1: the store's clock), flag (u32), properties (blob, the
     store's encoding), queue count (u16) + queue names, body (blob)
-PUT response body, per message: position (u64), size (u32), store ms (i64), then one offset
-    (i64) per queue of the request, in its order
+    A queue named ``WILDCARD_TARGETS`` stands for "and every wildcard queue whose filter
+    matches the topic": the store node holds the cluster's wildcard filters and expands it.
+PUT response body, per message: position (u64), size (u32), store ms (i64), queue count (u16),
+    then (queue name, offset i64) per queue the message was indexed into
 GET response body, per message: position (u64), queue offset (i64), tag hash (i32), record
     (blob: the commitlog record as stored, decoded by the client with ``store.record``)
 
@@ -58,6 +60,13 @@ class StoreCode(enum.IntEnum):
     KV_ITEMS = 30_110
     SUBSCRIBE_NOTIFY = 30_111
     NOTIFY = 30_112  # store node -> gateway node, one-way: queues with new data
+    FILTER_HOLD = 30_113  # a session subscribes to an MQTT wildcard filter (its queue gets writes)
+    FILTER_RELEASE = 30_114
+    RETAINED_SET = 30_115  # topic -> position of its retained message (-1: cleared)
+    RETAINED_MATCH = 30_116  # the retained messages of the topics a filter matches
+
+
+WILDCARD_TARGETS = "\x00wildcards"  # (no queue of any protocol has this name)
 
 
 class StoreLinkError(RemotingProtocolError):
@@ -157,23 +166,26 @@ def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
     return items
 
 
-def encode_put_results(results: Sequence[PutResult], queues: Sequence[Sequence[str]]) -> bytes:
+def encode_put_results(results: Sequence[PutResult]) -> bytes:
     out = []
-    for result, names in zip(results, queues, strict=True):
+    for result in results:
         out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
-        out += [_I64.pack(result.queue_offsets[name]) for name in names]
+        out.append(_U16.pack(len(result.queue_offsets)))
+        out += [_str(name) + _I64.pack(offset) for name, offset in result.queue_offsets.items()]
     return b"".join(out)
 
 
-def decode_put_results(data: bytes, id_prefix: str, queues: Sequence[Sequence[str]]) -> list[PutResult]:
+def decode_put_results(data: bytes, id_prefix: str) -> list[PutResult]:
     reader = _Reader(data)
     results = []
-    for names in queues:
+    while not reader.done():
         position, size, store_ms = reader.unpack(_PUT_RESULT)
-        offsets = {name: reader.unpack(_I64)[0] for name in names}
+        (n,) = reader.unpack(_U16)
+        offsets = {}
+        for _ in range(n):
+            name = reader.str()
+            offsets[name] = reader.unpack(_I64)[0]
         results.append(PutResult(f"{id_prefix}{position:016X}", position, size, store_ms, offsets))
-    if not reader.done():
-        raise StoreLinkError("store link PUT response has trailing bytes")
     return results
 
 
