@@ -25,9 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the gateway (embedded store, all listeners)")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    serve.add_argument("--role", choices=("embedded", "store"),
+    serve.add_argument("--role", choices=("embedded", "store", "gateway"),
                        help="embedded (default): one node; store: also serve the store to gateway nodes "
-                            "on the remoting listener")
+                            "on the remoting listener; gateway: MQTT over the store node's store (--store)")
+    serve.add_argument("--store", dest="store_address", metavar="HOST:PORT",
+                       help="the store node's remoting listener (role gateway)")
+    serve.add_argument("--node-id", metavar="ID", help="this gateway node's name in the cluster")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
     for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
         serve.add_argument(
@@ -134,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     overrides = {
         "role": args.role,
+        "store_address": args.store_address,
+        "node_id": args.node_id,
         "data_dir": args.data_dir,
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,

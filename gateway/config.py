@@ -29,7 +29,11 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class Config:
-    role: str = "embedded"  # embedded: everything in one process; store: also serves the store to gateway nodes
+    # embedded: everything in one process; store: also serves its store to gateway nodes;
+    # gateway: MQTT listeners over the store of the store node at store_address
+    role: str = "embedded"
+    store_address: str = ""  # HOST:PORT of the store node's remoting listener (role gateway)
+    node_id: str = ""  # this gateway node's name in the cluster (default: its MQTT address)
     data_dir: Path = Path("./data")
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"
@@ -202,8 +206,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
-    if cfg.role not in ("embedded", "store"):
-        raise ConfigError(f"role must be embedded or store, not {cfg.role!r}")
+    if cfg.role not in ("embedded", "store", "gateway"):
+        raise ConfigError(f"role must be embedded, store or gateway, not {cfg.role!r}")
+    if cfg.role == "gateway":
+        if parse_bind(cfg.store_address, "store_address") is None:
+            raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT")
+        for name in ("amqp_bind", "remoting_bind"):
+            if name in cfg.source and getattr(cfg, name):
+                raise ConfigError(f"{name}: gateway nodes serve MQTT only (AMQP and remoting: on the store node)")
+            setattr(cfg, name, "")
     if cfg.role == "store" and not cfg.remoting_bind:
         raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
     try:

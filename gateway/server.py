@@ -14,6 +14,9 @@ from store import MessageStore, StoreError
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
+from .cluster.gateway_store import GatewayStore
+from .cluster.mqtt_node import GatewayNode
+from .cluster.remote_store import RemoteStore
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind
 from .metrics import MetricsServer
@@ -60,16 +63,17 @@ class Gateway:
         self._lag_task: asyncio.Task[None] | None = None
         self.metrics_address: tuple[str, int] | None = None
         self.tracer: Tracer | None = None
+        self.gateway_store: GatewayStore | None = None  # --role gateway: the store node's store
+        self.node: GatewayNode | None = None
         self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
 
     async def start(self) -> None:
-        self.store = await MessageStore.open(self.config.store_options())
-        self.pressure = StorePressure(self.store, disk_free_limit=self.config.disk_free_limit,
-                                      backlog_limit=self.config.store_backlog_limit)
-        self.pressure.check()
-        self._pressure_task = asyncio.get_running_loop().create_task(self.pressure.watch(), name="store-pressure")
-        if self._traced:
+        if self.config.role == "gateway":
+            await self._connect_store_node()
+        else:
+            await self._open_store()
+        if self._traced and self.store is not None:
             self.tracer = Tracer(self.store)
             self.tracer.start()
             log.info("message trace on listeners=%s", ",".join(sorted(self._traced)))
@@ -101,9 +105,31 @@ class Gateway:
         self.ready = True
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
 
+    async def _open_store(self) -> None:
+        self.store = await MessageStore.open(self.config.store_options())
+        self.pressure = StorePressure(self.store, disk_free_limit=self.config.disk_free_limit,
+                                      backlog_limit=self.config.store_backlog_limit)
+        self.pressure.check()
+        self._pressure_task = asyncio.get_running_loop().create_task(self.pressure.watch(), name="store-pressure")
+
+    async def _connect_store_node(self) -> None:
+        """A gateway node: no store of its own, the store node's over the store link."""
+        address = parse_bind(self.config.store_address, "store_address")
+        assert address is not None
+        node_id = self.config.node_id or f"gateway@{self.config.mqtt_bind}"
+        try:
+            remote = await RemoteStore.connect(*address, name=node_id)
+        except OSError as exc:
+            raise ConfigError(f"cannot reach the store node at {self.config.store_address}: {exc}") from None
+        self.gateway_store = GatewayStore(remote)
+        await self.gateway_store.start()
+        self.node = GatewayNode(self.gateway_store, node_id)
+        log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
+
     async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """The MQTT broker and its plain listener; TLS and WebSocket listeners when configured."""
-        assert self.store is not None
+        store = self.store if self.store is not None else self.gateway_store
+        assert store is not None
         cfg = self.config
         settings = MQTTSettings(
             receive_maximum=cfg.mqtt_receive_maximum,
@@ -117,8 +143,8 @@ class Gateway:
         )
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
-        self.mqtt = MQTTBroker(self.store, settings, cache=QueueCache(self.store, cfg.queue_cache_bytes),
-                               authenticator=passwords, acl=acl, pressure=self.pressure)
+        self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
+                               authenticator=passwords, acl=acl, pressure=self.pressure, node=self.node)
         await self.mqtt.start()
         for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
             extra = parse_bind(extra_bind, f"{name}_bind")
@@ -201,7 +227,10 @@ class Gateway:
 
     def not_ready(self) -> str | None:
         """Why the gateway cannot take traffic now (None: it can): for /readyz."""
-        if self.store is None:
+        if self.gateway_store is not None:
+            if not self.gateway_store.remote.link.is_open:
+                return "the link to the store node is down"
+        elif self.store is None:
             return "the store is not open"
         if not self.ready:
             return "starting or stopping"
@@ -235,6 +264,9 @@ class Gateway:
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()
+        if self.gateway_store is not None:
+            await self.gateway_store.close()
+            self.gateway_store = None
         if self.tracer is not None:
             try:
                 await self.tracer.stop()  # the last events, before the store closes

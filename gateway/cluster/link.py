@@ -116,5 +116,7 @@ class Link(asyncio.Protocol):
         self._out.clear()
 
     def close(self) -> None:
+        """Close after writing what was sent (one-way requests included)."""
+        self._flush()
         if self._transport is not None:
             self._transport.close()

@@ -136,12 +136,35 @@ class RemoteStore:
     async def kv_put(self, table: str, key: str, value: bytes) -> None:
         _check(await self._call(StoreCode.KV_PUT, {"table": table, "key": key}, value))
 
+    def kv_put_nowait(self, table: str, key: str, value: bytes) -> None:
+        """Sent in order with everything else on the link; not answered."""
+        self.link.oneway(StoreCode.KV_PUT, {"table": table, "key": key}, value)
+
+    def kv_delete_nowait(self, table: str, key: str) -> None:
+        self.link.oneway(StoreCode.KV_DELETE, {"table": table, "key": key})
+
     async def kv_delete(self, table: str, key: str) -> None:
         _check(await self._call(StoreCode.KV_DELETE, {"table": table, "key": key}))
 
     async def kv_items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
         reply = _check(await self._call(StoreCode.KV_ITEMS, {"table": table, "prefix": prefix}))
         return decode_items(reply.body)
+
+    # -- MQTT wildcard filters and retained messages (kept by the store node) -----------------
+    def filter_hold(self, topic_filter: str, holder: str, durable: bool) -> None:
+        self.link.oneway(StoreCode.FILTER_HOLD, {"filter": topic_filter, "holder": holder,
+                                                 "durable": "true" if durable else "false"})
+
+    def filter_release(self, topic_filter: str, holder: str) -> None:
+        self.link.oneway(StoreCode.FILTER_RELEASE, {"filter": topic_filter, "holder": holder})
+
+    def retained_set(self, topic: str, position: int | None) -> None:
+        self.link.oneway(StoreCode.RETAINED_SET, {"topic": topic, "position": str(-1 if position is None
+                                                                                   else position)})
+
+    async def retained_match(self, topic_filter: str) -> list[StoredMessage]:
+        reply = _check(await self._call(StoreCode.RETAINED_MATCH, {"filter": topic_filter}))
+        return decode_messages(reply.body, self.msg_id_prefix, "")
 
     # -- notify -------------------------------------------------------------------------------
     async def subscribe_notify(self, handler: Callable[[dict[str, int]], None]) -> None:

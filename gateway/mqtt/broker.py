@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
+from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, StoredMessage
 
 from ..stats import ProtocolStats
@@ -27,6 +28,7 @@ from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
+    from ..cluster.mqtt_node import GatewayNode, RemoteRetained, RemoteWildcards
     from ..pressure import StorePressure
     from .connection import MQTTConnection
 
@@ -38,8 +40,9 @@ SESSIONS_TABLE = "mqtt.sessions"
 class MQTTBroker:
     def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
-                 pressure: StorePressure | None = None) -> None:
+                 pressure: StorePressure | None = None, node: GatewayNode | None = None) -> None:
         self.store = store
+        self.node = node  # a gateway node's cluster side (--role gateway); None: embedded
         self.pressure = pressure
         self.settings = settings
         self.cache = cache
@@ -49,11 +52,11 @@ class MQTTBroker:
         self.connections: dict[str, MQTTConnection] = {}
         self.readers: dict[str, set[MQTTConnection | ShareGroup]] = {}  # queue -> who reads it here
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
-        self.wildcards = WildcardQueues()
-        self.retained = RetainedIndex(store)
+        self.wildcards: WildcardQueues | RemoteWildcards = WildcardQueues() if node is None else node.wildcards
+        self.retained: RetainedIndex | RemoteRetained = RetainedIndex(store) if node is None else node.retained
         self.stats = ProtocolStats()
         self.started_at = time.time()
-        self._sessions_table = store.table(SESSIONS_TABLE)
+        self.sessions_table = store.table(SESSIONS_TABLE)
         self._dirty: set[str] = set()
         self._flush_scheduled = False
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
@@ -69,22 +72,12 @@ class MQTTBroker:
     async def start(self) -> None:
         if self.pressure is not None:
             self.pressure.on_change(self._resource_alarm)
-        now = time.time()
-        for client_id, raw in list(self._sessions_table.items()):
-            try:
-                session = Session.from_json(client_id, raw)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("unreadable session dropped client_id=%s error=%s", client_id, exc)
-                self._sessions_table.delete(client_id)
-                continue
-            if session.disconnected_at is None:
-                session.disconnected_at = now  # it was connected when the gateway stopped
-            if session.expired(now):
-                self._sessions_table.delete(client_id)
-                continue
-            self.sessions[client_id] = session
-            for sub in session.subscriptions.values():
-                self.wildcards.add(sub.topic_filter)
+        if self.node is None:  # (a gateway node loads a session when its client connects)
+            for client_id, raw in list(self.sessions_table.items()):
+                session = self.restore_session(client_id, raw)
+                if session is not None:
+                    for sub in session.subscriptions.values():
+                        self.wildcards.add(sub.topic_filter)
         self.retained.load()
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
@@ -110,10 +103,40 @@ class MQTTBroker:
             if session.persistent:
                 if session.disconnected_at is None:
                     session.disconnected_at = now
-                self._sessions_table.put(session.client_id, session.to_json())
+                self.sessions_table.put(session.client_id, session.to_json())
         self._dirty.clear()
 
     # -- sessions ------------------------------------------------------------------------------
+    def restore_session(self, client_id: str, raw: bytes) -> Session | None:
+        """A stored session back in ``sessions`` (None: unreadable or expired, and deleted)."""
+        now = time.time()
+        try:
+            session = Session.from_json(client_id, raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("unreadable session dropped client_id=%s error=%s", client_id, exc)
+            self.sessions_table.delete(client_id)
+            return None
+        if session.disconnected_at is None:
+            session.disconnected_at = now  # it was connected when its gateway stopped
+        if session.expired(now):
+            self.sessions_table.delete(client_id)
+            return None
+        self.sessions[client_id] = session
+        return session
+
+    def hold_filter(self, session: Session, topic_filter: str) -> None:
+        """``session`` subscribes to ``topic_filter``: a wildcard filter's queue gets writes."""
+        if self.node is None:
+            self.wildcards.add(topic_filter)  # type: ignore[union-attr]
+        elif is_wildcard(topic_filter):
+            self.node.hold_filter(session, topic_filter)
+
+    def release_filter(self, session: Session, topic_filter: str) -> None:
+        if self.node is None:
+            self.wildcards.remove(topic_filter)  # type: ignore[union-attr]
+        elif is_wildcard(topic_filter):
+            self.node.release_filter(session, topic_filter)
+
     def mark_dirty(self, session: Session) -> None:
         """Persist the session soon (once per loop iteration, however many changes)."""
         if not session.persistent:
@@ -129,15 +152,18 @@ class MQTTBroker:
         for client_id in dirty:
             session = self.sessions.get(client_id)
             if session is not None and session.persistent:
-                self._sessions_table.put(client_id, session.to_json())
+                self.sessions_table.put(client_id, session.to_json())
+                if self.node is not None and client_id not in self.connections \
+                        and client_id not in self._pending_wills:
+                    del self.sessions[client_id]  # stored: whichever node its client comes back to loads it
 
     def end_session(self, session: Session) -> None:
         """Forget a session: its subscriptions, its wildcard references, its stored state."""
         self.sessions.pop(session.client_id, None)
         for sub in session.subscriptions.values():
-            self.wildcards.remove(sub.topic_filter)
+            self.release_filter(session, sub.topic_filter)
         session.subscriptions.clear()
-        self._sessions_table.delete(session.client_id)
+        self.sessions_table.delete(session.client_id)
         self._dirty.discard(session.client_id)
         handle = self._pending_wills.pop(session.client_id, None)
         if handle is not None:  # the session ends before the will delay: publish it now

@@ -86,7 +86,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
         self.read_pauses = ReadPauses()  # "connect", "puts" (too many on their way), "alarm"
-        self._held: Publish | None = None  # a publish read while the store's resource alarm is raised
+        self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
+        self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -135,6 +136,16 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                     if batch:
                         self._submit_publishes(batch)
                         batch = []
+                    if isinstance(packet, Subscribe) and self.broker.node is not None:
+                        if packet is self._ready:
+                            self._ready = None
+                        else:
+                            fetching = self.broker.node.prepare_subscribe(self.session, packet)
+                            if fetching is not None:  # what it reads first comes from the store node
+                                self._held = packet
+                                self.read_pauses.pause("store")
+                                asyncio.get_running_loop().create_task(self._prepared(fetching))
+                                break
                     self._dispatch(packet)
         except MQTTError as exc:
             if batch:
@@ -144,6 +155,21 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if batch:
             self._submit_publishes(batch)
         self.flush()
+
+    async def _prepared(self, fetching) -> None:
+        """A held SUBSCRIBE goes on once what it reads is here (a gateway node's)."""
+        try:
+            await fetching
+        except StoreError as exc:  # the store node did not answer: the client retries
+            log.warning("subscribe not prepared client_id=%s error=%s", self.client_id, exc)
+            self.close()
+            return
+        if self.closed:
+            return
+        held, self._held = self._held, None
+        self._ready = held  # type: ignore[assignment]
+        self.read_pauses.resume("store")
+        self._process(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -290,6 +316,10 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         acl = broker.acl
         if acl is not None and acl.checks_deliveries(self.username, client_id):  # type: ignore[attr-defined]
             self._read_check = acl.allows_read  # type: ignore[attr-defined]
+        if broker.node is not None and client_id not in broker.connections:
+            await broker.node.load_session(broker, client_id)  # from the store node
+            if self.closed:
+                return False
         # takeover: the newest connection wins
         old = broker.connections.get(client_id)
         if old is not None and old is not self:
@@ -544,7 +574,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             state = SubscriptionState(request, queue, group, identifier)
             session.subscriptions[key] = state
             if existing is None:
-                broker.wildcards.add(topic_filter)
+                broker.hold_filter(session, topic_filter)
                 if group is not None:
                     broker.join_share(key, self)
                 else:
@@ -574,7 +604,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
                 continue
             codes.append(ReasonCode.SUCCESS)
-            self.broker.wildcards.remove(state.topic_filter)
+            self.broker.release_filter(session, state.topic_filter)
             if state.share_group is not None:
                 self.broker.leave_share(topic_filter, self, self._take_shared_inflight(topic_filter))
                 continue

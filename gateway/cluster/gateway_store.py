@@ -1,0 +1,201 @@
+"""GatewayStore: the store as a gateway node's MQTT broker sees it (``--role gateway``).
+
+The broker was written against ``store.MessageStore``, whose reads are synchronous: it pulls
+from its cursors inside one turn of the event loop. On a gateway node the store is a network
+hop away (``RemoteStore``), so the synchronous calls are answered from what this node knows,
+and a read it cannot answer yet starts a fetch and says "nothing new"; when the fetch is back,
+a local notify event for the queue wakes its readers, and their next read gets it. That is the
+push-pull model of the design: a notify, then a pull by offset.
+
+What a synchronous call needs beyond reads -- a queue's offsets before a subscription starts
+at its end, a session's state, retained messages -- the broker fetches first with the
+``ensure_*`` / ``load_*`` coroutines (the connection is not read meanwhile), and the
+synchronous call then finds it here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+
+from store import GetResult, GetStatus, Message, PutResult, StoredMessage
+from store.notify import NotifyHub, NotifySubscription
+
+from .remote_store import RemoteStore, RemoteStoreError
+
+log = logging.getLogger("tidemq.cluster")
+
+FETCHED_QUEUES = 4096  # queues whose fetched-but-unread batch is kept
+POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read_at
+
+
+class GatewayStore:
+    def __init__(self, remote: RemoteStore) -> None:
+        self.remote = remote
+        self.msg_id_prefix = remote.msg_id_prefix
+        self.notify = NotifyHub()
+        self._max: dict[str, int] = {}  # queue -> max offset, from notify events and reads
+        self._min: dict[str, int] = {}
+        self._fetched: OrderedDict[str, tuple[int, GetResult]] = OrderedDict()  # queue -> (offset, result)
+        self._fetching: set[str] = set()
+        self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
+        self._consumer_offsets: dict[tuple[str, str], int | None] = {}
+        self._tables: dict[str, RemoteTable] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.fetches = 0  # store reads this node made (metrics: store reads per published message)
+
+    async def start(self) -> None:
+        await self.remote.subscribe_notify(self._on_notify)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self.notify.close()
+        await self.remote.close()
+
+    def _on_notify(self, events: dict[str, int]) -> None:
+        known = self._max
+        for queue, offset in events.items():
+            if known.get(queue, -1) < offset:
+                known[queue] = offset
+        self.notify.publish(events)
+
+    def subscribe_notify(self) -> NotifySubscription:
+        return self.notify.subscribe()
+
+    # -- writing ------------------------------------------------------------------------------
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+        return self.remote.put_batch_nowait(items)
+
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+        return await self.remote.put_batch_nowait(items)
+
+    # -- reading ------------------------------------------------------------------------------
+    def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
+                tag_hashes: frozenset[int] | None = None) -> GetResult:
+        slot = self._fetched.get(queue)
+        if slot is not None and slot[0] == offset:
+            del self._fetched[queue]
+            result = slot[1]
+            if len(result.messages) > max_messages:  # asked for fewer this time: keep the rest
+                rest = result.messages[max_messages:]
+                self._keep(queue, rest[0].queue_offset, GetResult(
+                    GetStatus.FOUND, rest, result.next_offset, result.min_offset, result.max_offset))
+                result = GetResult(GetStatus.FOUND, result.messages[:max_messages],
+                                   result.messages[max_messages - 1].queue_offset + 1, result.min_offset,
+                                   result.max_offset)
+            return result
+        high = self._max.get(queue)
+        low = self._min.get(queue, 0)
+        if high is not None and offset == high:
+            return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, high)
+        if queue not in self._fetching:
+            self._fetching.add(queue)
+            self._spawn(self._fetch(queue, offset, max(max_messages, 64), max_bytes, tag_hashes))
+        # not here yet: "nothing new"; the fetch's notify wakes the readers
+        return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, offset if high is None else max(offset, high))
+
+    async def _fetch(self, queue: str, offset: int, max_messages: int, max_bytes: int,
+                     tag_hashes: frozenset[int] | None) -> None:
+        try:
+            result = await self.remote.get(queue, offset, max_messages, max_bytes, tag_hashes)
+        except RemoteStoreError as exc:
+            log.warning("store read failed queue=%s offset=%d error=%s", queue, offset, exc)
+            return
+        finally:
+            self._fetching.discard(queue)
+        self.fetches += 1
+        self._min[queue] = result.min_offset
+        if self._max.get(queue, -1) < result.max_offset:
+            self._max[queue] = result.max_offset
+        if result.status is not GetStatus.NO_NEW_MESSAGE or offset != result.max_offset:
+            self._keep(queue, offset, result)
+        self.notify.publish({queue: self._max.get(queue, result.max_offset)})
+
+    def _keep(self, queue: str, offset: int, result: GetResult) -> None:
+        self._fetched[queue] = (offset, result)
+        self._fetched.move_to_end(queue)
+        while len(self._fetched) > FETCHED_QUEUES:
+            self._fetched.popitem(last=False)
+
+    def max_offset_now(self, queue: str) -> int:
+        """As far as this node knows (``ensure_offsets`` first where it matters)."""
+        return self._max.get(queue, 0)
+
+    def min_offset_now(self, queue: str) -> int:
+        return self._min.get(queue, 0)
+
+    async def ensure_offsets(self, queues: Iterable[str]) -> None:
+        """Learn the offsets of the queues this node has not heard of."""
+        unknown = [q for q in queues if q not in self._max]
+        if unknown:
+            for queue, (low, high) in (await self.remote.offsets(unknown)).items():
+                self._min[queue] = low
+                self._max[queue] = max(high, self._max.get(queue, 0))
+
+    def read_at(self, position: int) -> StoredMessage | None:
+        """A message fetched by ``ensure_positions`` (None if not, or if retention removed it)."""
+        return self._positions.get(position)
+
+    async def ensure_positions(self, positions: Iterable[int]) -> None:
+        for position in positions:
+            if position not in self._positions:
+                message = await self.remote.read_at(position)
+                if message is not None:
+                    self._positions[position] = message
+                    while len(self._positions) > POSITIONS_KEPT:
+                        self._positions.popitem(last=False)
+
+    # -- consumer offsets and tables ----------------------------------------------------------
+    def get_offset_now(self, consumer: str, queue: str) -> int | None:
+        return self._consumer_offsets.get((consumer, queue))
+
+    async def ensure_consumer_offset(self, consumer: str, queue: str) -> None:
+        if (consumer, queue) not in self._consumer_offsets:
+            self._consumer_offsets[(consumer, queue)] = await self.remote.get_offset(consumer, queue)
+
+    def commit_offset_now(self, consumer: str, queue: str, offset: int) -> None:
+        self._consumer_offsets[(consumer, queue)] = offset
+        self.remote.commit_offset_nowait(consumer, queue, offset)
+
+    def table(self, name: str) -> RemoteTable:
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = RemoteTable(self.remote, name)
+        return table
+
+    def _spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class RemoteTable:
+    """A KV table of the store node: writes go out at once, in order on the link; reads are
+    of what ``load`` fetched."""
+
+    def __init__(self, remote: RemoteStore, name: str) -> None:
+        self.remote = remote
+        self.name = name
+        self._loaded: dict[str, bytes | None] = {}
+
+    async def load(self, key: str) -> bytes | None:
+        value = self._loaded[key] = await self.remote.kv_get(self.name, key)
+        return value
+
+    def get(self, key: str) -> bytes | None:
+        return self._loaded.pop(key, None)
+
+    def put(self, key: str, value: bytes) -> None:
+        self.remote.kv_put_nowait(self.name, key, value)
+
+    async def put_durably(self, key: str, value: bytes) -> None:
+        await self.remote.kv_put(self.name, key, value)
+
+    def delete(self, key: str) -> None:
+        self.remote.kv_delete_nowait(self.name, key)
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        return iter(())  # a gateway node loads sessions one by one, when their clients connect

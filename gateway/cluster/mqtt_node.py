@@ -1,0 +1,129 @@
+"""The MQTT broker of a gateway node (``--role gateway``): what differs from an embedded one.
+
+- Sessions live in the store node's KV table; a node loads one when its client connects
+  (``load_session``) and writes it back as it changes. Offline sessions cost no node anything.
+- The wildcard filters are the cluster's, kept by the store node: a subscription holds its
+  filter there (durably for a persistent session), and a publish names ``WILDCARD_TARGETS``
+  for the store node to expand, so a message published on any node reaches every wildcard
+  queue.
+- Retained messages are the store node's too; a subscription fetches the matching ones first.
+- What a SUBSCRIBE needs before it can be handled synchronously (the new queues' offsets, the
+  shared subscriptions' committed offsets, retained messages) is fetched by
+  ``prepare_subscribe`` while the connection is not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from protocols.cluster.store_link import WILDCARD_TARGETS
+from protocols.mqtt.packets import RetainHandling, Subscribe
+from protocols.mqtt.topics import TopicError, parse_shared
+from store import StoredMessage
+
+from ..mqtt.queues import TOPIC_QUEUE_PREFIX, queue_for_filter
+from ..mqtt.session import Session
+from .gateway_store import GatewayStore
+
+if TYPE_CHECKING:
+    from ..mqtt.broker import MQTTBroker
+
+
+class RemoteWildcards:
+    """The publish path's target queues on a gateway node: the topic's queue, and the wildcard
+    queues the store node finds for it."""
+
+    def __init__(self) -> None:
+        self.extras: list = []  # (other protocols' queues: not on gateway nodes)
+
+    def queues_for(self, topic: str) -> list[str]:
+        return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
+
+    def invalidate(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+class RemoteRetained:
+    """The store node's retained messages: set at once; matched by ``prefetch`` beforehand."""
+
+    def __init__(self, store: GatewayStore) -> None:
+        self.remote = store.remote
+        self._matched: dict[str, list[StoredMessage]] = {}
+
+    def load(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return len(self._matched)  # ($SYS counts what this node holds: the store node knows them all)
+
+    def __contains__(self, topic: str) -> bool:
+        return False
+
+    def set(self, topic: str, position: int | None) -> None:
+        self.remote.retained_set(topic, position)
+
+    def matching(self, topic_filter: str) -> list[StoredMessage]:
+        return self._matched.pop(topic_filter, [])
+
+    async def prefetch(self, topic_filter: str) -> None:
+        self._matched[topic_filter] = await self.remote.retained_match(topic_filter)
+
+
+class GatewayNode:
+    def __init__(self, store: GatewayStore, node_id: str) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.wildcards = RemoteWildcards()
+        self.retained = RemoteRetained(store)
+
+    # -- filters --------------------------------------------------------------------------------
+    def hold_filter(self, session: Session, topic_filter: str) -> None:
+        self.store.remote.filter_hold(topic_filter, session.client_id, session.persistent)
+
+    def release_filter(self, session: Session, topic_filter: str) -> None:
+        self.store.remote.filter_release(topic_filter, session.client_id)
+
+    # -- sessions -------------------------------------------------------------------------------
+    async def load_session(self, broker: MQTTBroker, client_id: str) -> None:
+        """Replace what this node remembers of ``client_id``'s session with the stored one
+        (another node may have had the client since), and fetch what resuming it reads."""
+        raw = await broker.sessions_table.load(client_id)
+        broker.sessions.pop(client_id, None)
+        if raw is None:
+            return
+        session = broker.restore_session(client_id, raw)
+        if session is None:
+            return
+        await self.store.ensure_positions(i.position for i in session.inflight.values())
+        await self.store.ensure_offsets(session.cursors)
+
+    def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
+        """A coroutine fetching what handling ``packet`` reads, or None when all is here."""
+        queues: list[str] = []
+        consumers: list[tuple[str, str]] = []
+        retained: list[str] = []
+        for request in packet.subscriptions:
+            try:
+                group, topic_filter = parse_shared(request.topic_filter)
+            except TopicError:
+                continue  # refused when handled
+            queue = queue_for_filter(topic_filter)
+            queues.append(queue)
+            if group is not None:
+                consumers.append((request.topic_filter, queue))
+            elif request.retain_handling != RetainHandling.DO_NOT_SEND:
+                retained.append(topic_filter)
+        if not queues:
+            return None
+        return self._fetch(queues, consumers, retained)
+
+    async def _fetch(self, queues: list[str], consumers: list[tuple[str, str]], retained: list[str]) -> None:
+        await self.store.ensure_offsets(queues)
+        for consumer, queue in consumers:
+            await self.store.ensure_consumer_offset(consumer, queue)
+        for topic_filter in retained:
+            await self.retained.prefetch(topic_filter)

@@ -1,0 +1,97 @@
+"""Gateway nodes (``role = "gateway"``) over one store node (``role = "store"``), in one process:
+paho clients on different nodes exchange messages at every QoS, through wildcard queues the
+store node expands; a persistent session moves from one node to another and resumes at its
+offsets; retained messages set on one node are sent on another."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Config
+from gateway.server import Gateway
+
+from .mqtt_support import PahoClient, mqtt_port
+from .test_store_link import remoting_port
+
+
+@asynccontextmanager
+async def cluster(data_dir: Path, gateways: int = 2) -> AsyncIterator[tuple[Gateway, list[Gateway]]]:
+    store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="",
+                           remoting_bind="127.0.0.1:0"))
+    await store.start()
+    nodes: list[Gateway] = []
+    try:
+        for i in range(gateways):
+            node = Gateway(Config(data_dir=data_dir / f"unused-{i}", role="gateway", node_id=f"g{i}",
+                                  store_address=f"127.0.0.1:{remoting_port(store)}", mqtt_bind="127.0.0.1:0",
+                                  amqp_bind="", remoting_bind=""))
+            await node.start()
+            nodes.append(node)
+        yield store, nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+        await store.stop()
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+async def test_publish_on_one_node_reaches_subscribers_on_another(data_dir: Path, qos: int) -> None:
+    async with cluster(data_dir) as (store, (a, b)):
+        subscriber = PahoClient(mqtt_port(b), "sub")
+        await subscriber.connect()
+        await subscriber.subscribe([("plant/+/temp", qos), ("plant/p1/hum", qos)])
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        for i in range(5):
+            await publisher.publish("plant/p1/temp", f"t{i}", qos)
+            await publisher.publish("plant/p1/hum", f"h{i}", qos)
+        received = await subscriber.receive(10)
+        assert [r.payload for r in received if r.topic == "plant/p1/temp"] == [f"t{i}".encode() for i in range(5)]
+        assert [r.payload for r in received if r.topic == "plant/p1/hum"] == [f"h{i}".encode() for i in range(5)]
+        assert {r.qos for r in received} == {qos}
+        await subscriber.nothing_more()
+        # written once, in the store node's store, into the topic queue and the wildcard queue
+        assert store.store.max_offset_now("t:plant/p1/temp") == 5
+        assert store.store.max_offset_now("w:plant/+/temp") == 5
+        assert a.store is None and b.store is None  # gateway nodes keep no store of their own
+        await publisher.disconnect()
+        await subscriber.disconnect()
+
+
+async def test_persistent_session_resumes_on_another_node(data_dir: Path) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        device = PahoClient(mqtt_port(a), "dev-9", clean=False)
+        await device.connect()
+        await device.subscribe("cmd/dev-9/#", qos=1)
+        await device.disconnect()
+        sender = PahoClient(mqtt_port(a), "ops")
+        await sender.connect()
+        for i in range(3):
+            await sender.publish(f"cmd/dev-9/set{i}", f"v{i}", 1)  # while the device is away
+        back = PahoClient(mqtt_port(b), "dev-9", clean=False)
+        flags, _, _ = await back.connect()
+        assert flags.session_present
+        assert [r.payload for r in await back.receive(3)] == [b"v0", b"v1", b"v2"]
+        await sender.publish("cmd/dev-9/set3", "v3", 1)  # and once it is back, on the other node
+        assert [r.payload for r in await back.receive(1)] == [b"v3"]
+        await back.nothing_more()
+        await back.disconnect()
+        await sender.disconnect()
+
+
+async def test_retained_message_set_on_one_node_is_sent_on_another(data_dir: Path) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        await publisher.publish("status/line-4", "running", 1, retain=True)
+        subscriber = PahoClient(mqtt_port(b), "late")
+        await subscriber.connect()
+        await subscriber.subscribe("status/#", qos=1)
+        [retained] = await subscriber.receive(1)
+        assert (retained.topic, retained.payload, retained.retain) == ("status/line-4", b"running", True)
+        await publisher.disconnect()
+        await subscriber.disconnect()
