@@ -68,6 +68,7 @@ class Config:
     mqtt_max_queued_messages: int = 1000
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
+    mqtt_expiry_check_interval_s: float = 30.0  # how often expired sessions of absent clients end
     queue_cache_bytes: int = 64 << 20
     # RocketMQ remoting ([remoting] section in TOML)
     remoting_default_queues: int = 4  # read/write queues of a topic created on first use
@@ -215,8 +216,12 @@ def validate(cfg: Config) -> None:
             if name in cfg.source and getattr(cfg, name):
                 raise ConfigError(f"{name}: gateway nodes serve MQTT only (AMQP and remoting: on the store node)")
             setattr(cfg, name, "")
-    if cfg.role == "store" and not cfg.remoting_bind:
-        raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
+    if cfg.role == "store":
+        if not cfg.remoting_bind:
+            raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
+        if "mqtt_bind" in cfg.source and cfg.mqtt_bind:
+            raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes")
+        cfg.mqtt_bind = ""
     try:
         parse_listeners(cfg.trace)
     except ValueError as exc:

@@ -50,6 +50,8 @@ class Listener:
 
 class Gateway:
     def __init__(self, config: Config) -> None:
+        if config.role == "store" and config.mqtt_bind:
+            raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes")
         self.config = config
         self.store: MessageStore | None = None
         self.mqtt: MQTTBroker | None = None
@@ -65,6 +67,7 @@ class Gateway:
         self.tracer: Tracer | None = None
         self.gateway_store: GatewayStore | None = None  # --role gateway: the store node's store
         self.node: GatewayNode | None = None
+        self.store_service: StoreService | None = None  # --role store
         self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
 
@@ -139,6 +142,7 @@ class Gateway:
             max_queued_messages=cfg.mqtt_max_queued_messages,
             max_keepalive=cfg.mqtt_max_keepalive,
             sys_interval_s=cfg.mqtt_sys_interval_s,
+            expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
             allow_anonymous=cfg.allow_anonymous,
         )
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
@@ -203,12 +207,11 @@ class Gateway:
             self.remoting.mqtt_queues_for = wildcards.queues_for
             self.remoting.on_topic_created = lambda name: wildcards.invalidate()
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
-            if self.mqtt is not None:  # one set of wildcard filters and retained messages
-                wildcards, retained = self.mqtt.wildcards, self.mqtt.retained
-            else:
-                wildcards, retained = WildcardQueues(), RetainedIndex(self.store)
-                retained.load()
-            self.remoting.handlers.update(StoreService(self.store, wildcards, retained).handlers())
+            retained = RetainedIndex(self.store)
+            retained.load()
+            self.store_service = StoreService(self.store, WildcardQueues(), retained)
+            self.store_service.start(cfg.mqtt_expiry_check_interval_s)
+            self.remoting.handlers.update(self.store_service.handlers())
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(
@@ -261,6 +264,9 @@ class Gateway:
         if self.remoting is not None:
             await self.remoting.stop()
             self.remoting = None
+        if self.store_service is not None:
+            await self.store_service.stop()
+            self.store_service = None
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()

@@ -5,6 +5,7 @@ offsets; retained messages set on one node are sent on another."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.server import Gateway
+from protocols.mqtt.packets import MQTT_5
 
 from .mqtt_support import PahoClient, mqtt_port
 from .test_store_link import remoting_port
@@ -95,3 +97,25 @@ async def test_retained_message_set_on_one_node_is_sent_on_another(data_dir: Pat
         assert (retained.topic, retained.payload, retained.retain) == ("status/line-4", b"running", True)
         await publisher.disconnect()
         await subscriber.disconnect()
+
+
+async def test_store_node_ends_expired_sessions_of_absent_clients(data_dir: Path) -> None:
+    async with cluster(data_dir) as (store, (a, b)):
+        device = PahoClient(mqtt_port(a), "brief", version=MQTT_5, clean=False, session_expiry=1)
+        await device.connect()
+        await device.subscribe("fleet/+/pos", qos=1)
+        await device.disconnect()
+        publisher = PahoClient(mqtt_port(b), "pub")
+        await publisher.connect()
+        await publisher.publish("fleet/t1/pos", "1", 1)
+        assert store.store.max_offset_now("w:fleet/+/pos") == 1  # the absent session's queue fills
+        service = store.store_service
+        assert service.expire_sessions(time.time()) == []  # not yet
+        assert service.expire_sessions(time.time() + 2) == ["brief"]
+        await publisher.publish("fleet/t1/pos", "2", 1)
+        assert store.store.max_offset_now("w:fleet/+/pos") == 1  # its filter is held no more
+        back = PahoClient(mqtt_port(a), "brief", version=MQTT_5, clean=False, session_expiry=60)
+        flags, _, _ = await back.connect()
+        assert not flags.session_present
+        await back.disconnect()
+        await publisher.disconnect()

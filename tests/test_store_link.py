@@ -22,16 +22,13 @@ from protocols.cluster.store_link import (
 )
 from store import GetStatus, Message
 
-from .mqtt_support import PahoClient, mqtt_port
-
 
 def remoting_port(gw: Gateway) -> int:
     return next(listener.address[1] for listener in gw.listeners if listener.protocol == "remoting")
 
 
 async def test_remote_store_puts_reads_offsets_kv_and_notify(data_dir: Path) -> None:
-    gw = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="127.0.0.1:0", amqp_bind="",
-                        remoting_bind="127.0.0.1:0"))
+    gw = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0"))
     await gw.start()
     remote = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
     try:
@@ -73,11 +70,10 @@ async def test_remote_store_puts_reads_offsets_kv_and_notify(data_dir: Path) -> 
         await remote.kv_delete("sessions", "c1")
         assert await remote.kv_get("sessions", "c1") is None
 
-        # a device publishing on the store node: the gateway node hears of it and reads it
-        device = PahoClient(mqtt_port(gw), "dev")
-        await device.connect()
-        await device.publish("a/b", b"three", 1)
-        await device.disconnect()
+        # another gateway node writes: this one hears of it and reads it
+        other = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+        await other.put(Message("a/b", b"three"), ["t:a/b"])
+        await other.close()
         for _ in range(100):
             if any(e.get("t:a/b") == 3 for e in events):
                 break

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from protocols.cluster.store_link import (
@@ -33,8 +34,10 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from store import MessageStore, PutResult
 
+from ..mqtt.broker import SESSIONS_TABLE
 from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
+from ..mqtt.session import Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
 
 if TYPE_CHECKING:
@@ -66,6 +69,48 @@ class StoreService:
             topic_filter, _, holder = key.partition("\x00")
             self._durable.add((topic_filter, holder))
             wildcards.add(topic_filter)
+
+    # -- offline MQTT sessions ----------------------------------------------------------------
+    def start(self, expiry_check_interval_s: float = 30.0) -> None:
+        self._expiry_task = asyncio.get_running_loop().create_task(
+            self._expiry_loop(expiry_check_interval_s), name="session-expiry")
+
+    async def stop(self) -> None:
+        task = getattr(self, "_expiry_task", None)
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _expiry_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.expire_sessions()
+
+    def expire_sessions(self, now: float | None = None) -> list[str]:
+        """End the stored MQTT sessions whose expiry ran out while their clients were away
+        (gateway nodes keep only their connected clients' sessions): the session and the
+        wildcard filters it held. Returns their client ids."""
+        now = time.time() if now is None else now
+        table = self.store.table(SESSIONS_TABLE)
+        ended = []
+        for client_id, raw in list(table.items()):
+            try:
+                expired = Session.from_json(client_id, raw).expired(now)
+            except (ValueError, KeyError, TypeError):
+                expired = True  # unreadable: no node can resume it
+            if expired:
+                table.delete(client_id)
+                for hold in [h for h in self._durable if h[1] == client_id]:
+                    self._durable.discard(hold)
+                    self._filters.delete(f"{hold[0]}\x00{hold[1]}")
+                    self.wildcards.remove(hold[0])
+                ended.append(client_id)
+        if ended:
+            log.info("offline sessions expired count=%d", len(ended))
+        return ended
 
     def handlers(self) -> dict[int, object]:
         return {
