@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 VENV_EXTRAS=test . scripts/venv.sh
 bash scripts/system-deps.sh  # chromium and chromedriver, for the dashboard test
 
+# Java, for the Spark source tests (pyspark runs a local Spark, a JVM; Spark 4 wants Java 17+)
+if ! command -v java >/dev/null 2>&1; then
+    echo "scripts/test.sh: Java 17 is needed for the Spark tests (apt-get install openjdk-17-jre-headless)" >&2
+    exit 1
+fi
+
 # ali-ons, the JavaScript RocketMQ client the remoting tests drive (node and npm are on the machine)
 if ! command -v npm >/dev/null 2>&1; then
     echo "scripts/test.sh: node and npm are needed for the remoting tests (apt-get install nodejs npm)" >&2

@@ -47,3 +47,13 @@ def rocketmq_home(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(tmp_path_factory.mktemp("rocketmq-home")))
         yield
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one Spark session of the run (tests/spark_support.py), started on first use."""
+    from tests.spark_support import start_spark
+
+    session = start_spark()
+    yield session
+    session.stop()

@@ -1,0 +1,173 @@
+"""The data read API: bulk reads of store queues as Apache Arrow, for the Spark source
+(``spark_sinks``) and any other Arrow reader, under ``/data/`` on the metrics listener.
+
+    GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
+    GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
+    GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
+
+Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
+with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
+(any language, ``curl``); bulk reads are analytics, not device traffic, so they share the port
+that operators already keep for tools. Enable it with ``--metrics-bind``.
+
+A read answers with up to ``max_rows`` rows from ``max(start, first readable offset)``; its
+headers say where it started and where to go on (``TideMQ-First-Offset``,
+``TideMQ-Next-Offset``) and the queue's offsets (``TideMQ-Min-Offset``, ``TideMQ-Max-Offset``).
+A first offset past ``start`` means retention removed the messages in between: the reader
+decides whether that is an error (Spark's ``failOnDataLoss``). Offsets offered (max offset) are
+those already dispatched to the index, so everything offered is readable.
+
+The event loop only looks up the queue (the index's queue cache belongs to the loop thread);
+the bulk part -- an index range scan, commitlog maps and Arrow building -- runs in a worker
+thread (``asyncio.to_thread``), one read at a time (more would only contend for the GIL; the
+others wait on the loop, not in the thread pool the store flushes from), in chunks of at most
+``MAX_ROWS`` rows, so device traffic keeps getting the loop between chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from protocols.mqtt.topics import validate_topic_filter
+from store import MessageStore
+
+from .admin import AdminError
+from .mqtt.queues import queue_for_filter
+
+if TYPE_CHECKING:
+    from store.readonly import CommitLogReader
+
+    from .server import Gateway
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+DEFAULT_ROWS = 65_536
+MAX_ROWS = 262_144
+MAX_CONCURRENT_READS = 1  # one bulk read at a time: the gateway gives analytics at most ~1 core
+MAX_QUEUES = 10_000  # per offsets or queues request
+
+
+def add_routes(app: web.Application, gateway: Gateway) -> None:
+    api = DataApi(gateway)
+    app.router.add_get("/data/queues", api.queues)
+    app.router.add_get("/data/offsets", api.offsets)
+    app.router.add_post("/data/offsets", api.offsets)
+    app.router.add_get("/data/read", api.read)
+
+
+def _int(query, name: str, default: int | None = None) -> int:
+    raw = query.get(name)
+    if raw is None:
+        if default is None:
+            raise AdminError(400, f"{name} is required")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AdminError(400, f"{name} must be a number, not {raw!r}") from None
+    if value < 0:
+        raise AdminError(400, f"{name} must not be negative")
+    return value
+
+
+class DataApi:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._reads = asyncio.Semaphore(MAX_CONCURRENT_READS)
+        self._log: CommitLogReader | None = None
+        self._log_lock = threading.Lock()  # belt and braces: the maps are not for two threads at once
+
+    def _store(self) -> MessageStore:
+        store = self.gateway.store
+        if store is None:
+            raise AdminError(503, "the store is not open")
+        if not isinstance(store, MessageStore):  # a gateway node of a cluster reads a remote store
+            raise AdminError(501, "this node does not hold the store: use the read API of the store node")
+        return store
+
+    async def _offsets(self, queue: str) -> dict[str, int] | None:
+        store = self._store()
+        state = store.index.lookup(queue)
+        if state is None:
+            return None
+        return {"min_offset": await store.min_offset(queue), "max_offset": state.next_offset}
+
+    async def queues(self, request: web.Request) -> web.Response:
+        """The queue an MQTT topic filter reads (its wildcard queue, which exists once a client has
+        subscribed to the filter, or the topic queue of a plain topic), or queues by name prefix."""
+        store = self._store()
+        topic_filter = request.query.get("topicFilter")
+        if topic_filter is not None:
+            try:
+                validate_topic_filter(topic_filter)
+            except ValueError as exc:
+                raise AdminError(400, f"bad topicFilter: {exc}") from None
+            names = [queue_for_filter(topic_filter)]
+        else:
+            limit = min(_int(request.query, "limit", 1000), MAX_QUEUES)
+            names = [state.name for state, _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
+                                                    range(limit))]
+        rows = []
+        for name in names:
+            offsets = await self._offsets(name)
+            if offsets is not None:
+                rows.append({"queue": name, **offsets})
+        return web.json_response({"queues": rows})
+
+    async def offsets(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            try:
+                names = (await request.json())["queues"]
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise TypeError
+            except (ValueError, KeyError, TypeError):
+                raise AdminError(400, 'send {"queues": ["name", ...]}') from None
+        else:
+            names = request.query.getall("queue", [])
+        if len(names) > MAX_QUEUES:
+            raise AdminError(400, f"at most {MAX_QUEUES} queues per request")
+        out: dict[str, Any] = {name: await self._offsets(name) for name in names}
+        return web.json_response({"offsets": out})
+
+    async def read(self, request: web.Request) -> web.StreamResponse:
+        try:
+            from store import columns
+            from store.readonly import CommitLogReader
+        except ImportError as exc:
+            raise AdminError(501, f"the read API needs numpy and pyarrow (pip install 'tidemq[arrow]'): {exc}") from None
+        store = self._store()
+        query = request.query
+        queue = query.get("queue")
+        if not queue:
+            raise AdminError(400, "queue is required")
+        start = _int(query, "start")
+        max_rows = min(_int(query, "max_rows", DEFAULT_ROWS), MAX_ROWS)
+        state = store.index.lookup(queue)
+        if state is None:
+            raise AdminError(404, f"no queue {queue!r} in the store")
+        low = await store.min_offset(queue)
+        high = state.next_offset
+        first, stop = columns.clamp(start, _int(query, "end", high), low, high, max_rows)
+        if self._log is None:
+            self._log = CommitLogReader(store.commitlog.directory)
+        if first < stop:
+            async with self._reads:
+                result, body = await asyncio.to_thread(self._read, store, queue, state.qid, first, stop)
+        else:  # nothing to read: before the first readable offset, or at (or past) the end
+            result, body = columns.RangeRead(first, first), columns.arrow_stream([])
+        headers = {
+            "TideMQ-First-Offset": str(result.first_offset), "TideMQ-Next-Offset": str(result.next_offset),
+            "TideMQ-Min-Offset": str(low), "TideMQ-Max-Offset": str(high),
+        }
+        return web.Response(body=memoryview(body), content_type=ARROW_STREAM, headers=headers)
+
+    def _read(self, store, queue: str, qid: int, first: int, stop: int):
+        from store import columns
+
+        assert self._log is not None
+        with self._log_lock:
+            result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop)
+        return result, columns.arrow_stream(result.batches)

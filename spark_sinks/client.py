@@ -1,0 +1,189 @@
+"""The two ways the Spark source reaches the store, behind one small interface (``StoreClient``):
+
+- ``HttpClient``: a running gateway's read API (``gateway/data_api.py``) over HTTP, standard
+  library only, one keep-alive connection. Works from any host; the gateway sees everything it
+  has indexed, so offsets are current.
+- ``DirectClient``: the data directory on this host through ``store.readonly.StoreReader`` (a
+  RocksDB secondary and read-only commitlog maps). No network hop and no load on the gateway,
+  but only for co-located executors, and it sees what the gateway's index has flushed (up to
+  ``index_flush_interval_s`` behind): offsets it offers are what it can read.
+
+Both answer a read with the same ``Fetch`` and build rows with the same code
+(``store.columns``). Spark reuses its Python workers across tasks, so ``client_for`` keeps one
+client per connection per process (opening a secondary costs a few ms and a file per SST).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from gateway.mqtt.queues import queue_for_filter
+from store import columns
+from store.readonly import StoreReader, first_readable_offset
+
+from .options import Connection
+
+TIMEOUT_S = 60.0
+
+
+class SourceError(RuntimeError):
+    """The store could not be read (unreachable gateway, refused token, bad request)."""
+
+
+@dataclass(slots=True)
+class Fetch:
+    """Rows of [first_offset, next_offset) and the queue's (min, max) offsets when read.
+    ``first_offset`` past the offset asked for: the messages in between are gone."""
+
+    first_offset: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    exists: bool = True
+
+
+class StoreClient(Protocol):
+    def queue_for_filter(self, topic_filter: str) -> str: ...
+    def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
+    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
+    def close(self) -> None: ...
+
+
+class HttpClient:
+    def __init__(self, url: str, token: str | None = None) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SourceError(f"tidemq source: address must be HOST:PORT or http(s)://HOST:PORT, not {url!r}")
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._base = parts.path.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._conn: http.client.HTTPConnection | None = None
+        self.url = url
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = kind(self._host, self._port, timeout=TIMEOUT_S)
+        return self._conn
+
+    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, http.client.HTTPResponse, bytes]:
+        headers = dict(self._headers)
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):  # a kept-alive connection the gateway closed: once more, afresh
+            conn = self._connection()
+            try:
+                conn.request(method, self._base + path, payload, headers)
+                response = conn.getresponse()
+                data = response.read()
+                return response.status, response, data
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._conn = None
+                if attempt == 2:
+                    raise SourceError(f"tidemq source: cannot reach the gateway at {self.url}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _json(self, method: str, path: str, body: Any = None) -> Any:
+        status, _, data = self._request(method, path, body)
+        if status != 200:
+            raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {_error(data)}")
+        return json.loads(data)
+
+    def queue_for_filter(self, topic_filter: str) -> str:
+        found = self._json("GET", "/data/queues?" + urllib.parse.urlencode({"topicFilter": topic_filter}))["queues"]
+        return found[0]["queue"] if found else queue_for_filter(topic_filter)
+
+    def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
+        answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
+        return {q: (o["min_offset"], o["max_offset"]) if o else None for q, o in answer.items()}
+
+    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
+        query = urllib.parse.urlencode({"queue": queue, "start": start, "end": end, "max_rows": max_rows})
+        status, response, data = self._request("GET", "/data/read?" + query)
+        if status == 404:
+            return Fetch(start, start, 0, 0, exists=False)
+        if status != 200:
+            raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {_error(data)}")
+        header = response.getheader
+        batches = list(pa.ipc.open_stream(pa.py_buffer(data))) if data else []
+        return Fetch(int(header("TideMQ-First-Offset")), int(header("TideMQ-Next-Offset")),
+                     int(header("TideMQ-Min-Offset")), int(header("TideMQ-Max-Offset")), batches)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class DirectClient:
+    def __init__(self, data_dir: str) -> None:
+        if not os.path.isdir(os.path.join(data_dir, "index")):
+            raise SourceError(f"tidemq source: {data_dir} is not a TideMQ data directory on this host "
+                              "(dataDir is for co-located executors; use address otherwise)")
+        self.reader = StoreReader(data_dir)
+
+    def queue_for_filter(self, topic_filter: str) -> str:
+        return queue_for_filter(topic_filter)
+
+    def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
+        self.reader.refresh()
+        return {q: self.reader.offsets(q) for q in queues}
+
+    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
+        reader = self.reader
+        state = reader.queue(queue)
+        if state is None or state.next_offset < end:  # planned from a newer view: catch up
+            reader.refresh()
+            state = reader.queue(queue)
+        if state is None:
+            return Fetch(start, start, 0, 0, exists=False)
+        floor = reader.commitlog.min_position
+        low = first_readable_offset(reader.index, state, floor)
+        first, stop = columns.clamp(start, end, low, state.next_offset, max_rows)
+        if first >= stop:
+            return Fetch(first, first, low, state.next_offset)
+        found = columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor)
+        return Fetch(found.first_offset, found.next_offset, low, state.next_offset, found.batches)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+_CLIENTS: dict[Connection, StoreClient] = {}
+
+
+def client_for(connection: Connection) -> StoreClient:
+    """This process's client for ``connection`` (made on first use)."""
+    client = _CLIENTS.get(connection)
+    if client is None:
+        if connection.data_dir is not None:
+            client = DirectClient(connection.data_dir)
+        else:
+            client = HttpClient(connection.url, connection.token)
+        _CLIENTS[connection] = client
+    return client
+
+
+def close_clients() -> None:
+    while _CLIENTS:
+        _, client = _CLIENTS.popitem()
+        client.close()
+
+
+def _error(data: bytes) -> str:
+    try:
+        return str(json.loads(data)["error"])
+    except (ValueError, KeyError, TypeError):
+        return data[:200].decode(errors="replace")

@@ -1,0 +1,144 @@
+"""Options of the ``tidemq`` Spark source, parsed once and checked with messages that name the
+option (Spark hands them over as a case-insensitive string map).
+
+Offsets follow the Kafka source: a queue's offsets count its messages from 0, ``earliest`` is
+the first offset still stored, ``latest`` the offset the next message will get, and JSON gives
+one offset per queue (``{"t:devices/1/telemetry": 42}``, with -2 for earliest and -1 for
+latest). Queues missing from a JSON start at earliest and end at latest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+EARLIEST = -2
+LATEST = -1
+DEFAULT_FETCH_ROWS = 65_536
+DEFAULT_MAX_RECORDS_PER_PARTITION = 262_144
+
+
+class OptionError(ValueError):
+    """An option of the tidemq source that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where to read from. Picklable: it travels to the executors inside every partition.
+
+    ``address``: a running gateway's metrics listener (``host:port`` or ``http://host:port``),
+    read through its ``/data/`` API from any host. ``data_dir``: the store's data directory on
+    this host, read directly (co-located readers only: every executor must see the directory).
+    """
+
+    address: str | None = None
+    token: str | None = None
+    data_dir: str | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.address is not None
+        return self.address if "://" in self.address else f"http://{self.address}"
+
+
+# offsets: queue -> offset, or EARLIEST / LATEST
+OffsetSpec = str | dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    connection: Connection
+    queues: tuple[str, ...] = ()
+    topic_filter: str | None = None
+    starting_offsets: OffsetSpec | None = None  # None: the mode's default (batch earliest, stream latest)
+    ending_offsets: OffsetSpec = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    fetch_rows: int = DEFAULT_FETCH_ROWS
+    max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    min_partitions: int | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        known = {"address", "token", "datadir", "queues", "topicfilter", "startingoffsets", "endingoffsets",
+                 "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition", "minpartitions"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise OptionError(f"tidemq source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        address, data_dir = opts.get("address") or None, opts.get("datadir") or None
+        if (address is None) == (data_dir is None):
+            raise OptionError("tidemq source: give exactly one of address (a gateway's --metrics-bind HOST:PORT) "
+                              "or dataDir (the store's data directory on this host)")
+        queues: tuple[str, ...] = ()
+        if opts.get("queues"):
+            queues = _queue_list(opts["queues"])
+        topic_filter = opts.get("topicfilter") or None
+        if bool(queues) == bool(topic_filter):
+            raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
+                              "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry)")
+        return cls(
+            connection=Connection(address=address, token=opts.get("token") or None, data_dir=data_dir),
+            queues=queues,
+            topic_filter=topic_filter,
+            starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,
+            ending_offsets=_offsets(opts.get("endingoffsets", "latest"), "endingOffsets"),
+            max_offsets_per_trigger=_positive(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
+            fail_on_data_loss=_bool(opts.get("failondataloss", "true"), "failOnDataLoss"),
+            fetch_rows=_positive(opts, "fetchrows", "fetchRows") or DEFAULT_FETCH_ROWS,
+            max_records_per_partition=_positive(opts, "maxrecordsperpartition", "maxRecordsPerPartition")
+            or DEFAULT_MAX_RECORDS_PER_PARTITION,
+            min_partitions=_positive(opts, "minpartitions", "minPartitions"),
+        )
+
+
+def _queue_list(raw: str) -> tuple[str, ...]:
+    raw = raw.strip()
+    if raw.startswith("["):  # JSON, for names with commas in them
+        try:
+            names = json.loads(raw)
+        except ValueError as exc:
+            raise OptionError(f"tidemq source: queues is not a JSON list: {exc}") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise OptionError("tidemq source: queues as JSON must be a list of queue names")
+    else:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+    return tuple(dict.fromkeys(names))
+
+
+def _offsets(raw: str, name: str) -> OffsetSpec:
+    text = raw.strip()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise OptionError(f"tidemq source: {name} must be earliest, latest or JSON "
+                          f"like {{\"t:a/b\": 42}}, not {raw!r}") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(q, str) and isinstance(o, int) and not isinstance(o, bool) and o >= EARLIEST
+        for q, o in value.items()
+    ):
+        raise OptionError(f"tidemq source: {name} as JSON maps queue names to offsets (-2 earliest, -1 latest)")
+    return value
+
+
+def _bool(raw: str, name: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise OptionError(f"tidemq source: {name} must be true or false, not {raw!r}")
+
+
+def _positive(opts: Mapping[str, str], key: str, name: str) -> int | None:
+    raw = opts.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"tidemq source: {name} must be a whole number, not {raw!r}") from None
+    if value < 1:
+        raise OptionError(f"tidemq source: {name} must be at least 1")
+    return value

@@ -1,0 +1,339 @@
+"""``tidemq``: a PySpark data source over TideMQ store queues, batch and Structured Streaming,
+with the Kafka source's options and semantics (``spark_sinks/options.py``).
+
+    from spark_sinks import register
+    register(spark)
+    df = (spark.readStream.format("tidemq").option("address", "gateway:9100")
+          .option("topicFilter", "devices/+/telemetry").option("maxOffsetsPerTrigger", 100000).load())
+
+Offsets are ``{queue: next offset to read}`` and live only in Spark's checkpoint (the store
+keeps nothing for the query), so a restarted query re-reads exactly the micro-batch it had
+planned and goes on from there: nothing lost, nothing twice (with an idempotent sink).
+
+Partitions: one per queue range, ranges longer than ``maxRecordsPerPartition`` (or than needed
+for ``minPartitions``) split, so executors read in parallel; ``read()`` yields Arrow record
+batches built without per-row Python work (``store/columns.py``).
+
+Data loss (retention removed offsets a query still needs, or a queue now ends before an offset
+the query has already read): with ``failOnDataLoss`` true (default) the query fails with
+``DataLossError`` naming the queue and offsets; with false, the lost offsets are skipped and a
+warning is logged (logger ``tidemq.spark``; on executors it reaches Spark's Python worker
+logs). It is checked when a batch is planned (driver) and again while reading (executors),
+since retention may run in between.
+
+Admission control uses the full ``DataSourceStreamReader``: ``getDefaultReadLimit`` answers
+``ReadMaxRows(maxOffsetsPerTrigger)`` and ``latestOffset(start, limit)`` shares that many
+offsets over the queues in proportion to their backlog, as the Kafka source does.
+``Trigger.AvailableNow`` reads up to the offsets current when the query started.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from store.columns import ARROW_SCHEMA
+
+from .client import StoreClient, client_for
+from .options import (
+    EARLIEST,
+    LATEST,
+    Connection,
+    OffsetSpec,
+    OptionError,
+    SourceOptions,
+)
+
+log = logging.getLogger("tidemq.spark")
+
+# store.columns.ARROW_SCHEMA as Spark sees it (tests check that the two agree)
+SCHEMA = StructType([
+    StructField("queue", StringType(), False),
+    StructField("offset", LongType(), False),
+    StructField("topic", StringType(), False),
+    StructField("key", StringType(), True),
+    StructField("properties", MapType(StringType(), StringType(), True), True),
+    StructField("payload", BinaryType(), False),
+    StructField("timestamp", TimestampType(), False),
+])
+
+
+class DataLossError(RuntimeError):
+    """Offsets a query needs are no longer in the store (and failOnDataLoss is true)."""
+
+
+class QueueRange(InputPartition):
+    """Offsets [start, end) of one queue, and how to read them (picklable)."""
+
+    def __init__(self, queue: str, start: int, end: int, connection: Connection, fail_on_data_loss: bool,
+                 fetch_rows: int) -> None:
+        super().__init__((queue, start, end))
+        self.queue = queue
+        self.start = start
+        self.end = end
+        self.connection = connection
+        self.fail_on_data_loss = fail_on_data_loss
+        self.fetch_rows = fetch_rows
+
+    def __repr__(self) -> str:
+        return f"QueueRange({self.queue!r}, {self.start}, {self.end})"
+
+
+def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:
+    """Offsets [start, end) of ``queue`` cannot be read: fail, or log that they are skipped."""
+    text = f"offsets {start}..{end - 1} of queue {queue!r} are lost: {why}"
+    if fail:
+        raise DataLossError(
+            f"tidemq source: {text}. The query needed them. Set failOnDataLoss=false to skip lost "
+            "messages with a warning, or start the query afresh (new checkpoint).")
+    log.warning("data loss, skipping %d messages: %s (failOnDataLoss=false)", end - start, text)
+
+
+def read_partition(part: QueueRange) -> Iterator[pa.RecordBatch]:
+    """Executor side: the rows of one queue range, in fetches of ``fetch_rows``."""
+    client = client_for(part.connection)
+    at = part.start
+    while at < part.end:
+        fetch = client.read(part.queue, at, part.end, part.fetch_rows)
+        if fetch.first_offset > at:
+            lost_to = min(fetch.first_offset, part.end)
+            data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
+                      f"retention removed them (the earliest offset still stored is {fetch.min_offset})")
+            at = lost_to
+            if not fetch.batches:
+                continue  # the whole fetch was gone: read on from the first offset still stored
+        if fetch.next_offset <= at:
+            if at < part.end:  # the queue no longer reaches the end of the range
+                why = ("the queue is gone from the store" if not fetch.exists else
+                       f"the queue now ends at offset {fetch.max_offset} (was the store replaced or cut?)")
+                data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
+            return
+        for batch in fetch.batches:
+            yield batch if batch.schema.equals(ARROW_SCHEMA) else pa.RecordBatch.from_arrays(
+                batch.columns, schema=ARROW_SCHEMA)
+        at = fetch.next_offset
+
+
+class _Planner:
+    """What the batch and the stream reader share: the client, the queues, offset resolution
+    and splitting ranges into partitions. Holds no client when pickled (Spark ships readers to
+    executors)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._queues: list[str] | None = None
+
+    @property
+    def client(self) -> StoreClient:
+        return client_for(self.options.connection)
+
+    def queues(self) -> list[str]:
+        if self._queues is None:
+            opts = self.options
+            self._queues = list(opts.queues) if opts.queues else [self.client.queue_for_filter(opts.topic_filter or "")]
+        return self._queues
+
+    def offsets(self, *, must_exist: bool = False) -> dict[str, tuple[int, int]]:
+        """(first readable, next) offset of each queue; a queue not (yet) in the store is (0, 0),
+        or an error with ``must_exist`` (a batch query of a misspelt queue should say so)."""
+        found = self.client.offsets(self.queues())
+        missing = [q for q, o in found.items() if o is None]
+        if missing and must_exist:
+            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once a client has subscribed "
+                    "to the filter, and holds what was published after that)" if self.options.topic_filter else "")
+            raise OptionError(f"tidemq source: no queue {', '.join(map(repr, missing))} in the store{hint}")
+        if missing:
+            log.info("queues not in the store (yet): %s", ", ".join(missing))
+        return {q: o if o is not None else (0, 0) for q, o in found.items()}
+
+    def resolve(self, spec: OffsetSpec, offsets: dict[str, tuple[int, int]], default: int, name: str) -> dict[str, int]:
+        if isinstance(spec, str):
+            spec = {}.fromkeys(offsets, EARLIEST if spec == "earliest" else LATEST)
+        extra = sorted(set(spec) - set(offsets))
+        if extra:
+            raise OptionError(f"tidemq source: {name} names queues the query does not read: {', '.join(extra)}")
+        out = {}
+        for queue, (low, high) in offsets.items():
+            wanted = spec.get(queue, default)
+            out[queue] = low if wanted == EARLIEST else high if wanted == LATEST else wanted
+        return out
+
+    def check_start(self, start: dict[str, int], end: dict[str, int],
+                    offsets: dict[str, tuple[int, int]]) -> dict[str, int]:
+        """Planning-time data-loss check of the ranges [start, end); returns the starts to plan
+        from (lost offsets skipped)."""
+        fail = self.options.fail_on_data_loss
+        out = dict(start)
+        for queue, at in start.items():
+            low, _ = offsets.get(queue, (0, 0))
+            stop = end.get(queue, at)
+            if at < low and at < stop:
+                data_loss(queue, at, min(low, stop), fail,
+                          f"retention removed them (the earliest offset still stored is {low})")
+                out[queue] = min(low, stop)
+        return out
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[QueueRange]:
+        opts = self.options
+        ranges = [(q, start.get(q, 0), end[q]) for q in sorted(end) if end[q] > start.get(q, 0)]
+        total = sum(e - s for _, s, e in ranges)
+        size = opts.max_records_per_partition
+        if opts.min_partitions and total:
+            size = max(1, min(size, math.ceil(total / opts.min_partitions)))
+        parts = []
+        for queue, s, e in ranges:
+            pieces = math.ceil((e - s) / size)
+            step = math.ceil((e - s) / pieces)
+            for lo in range(s, e, step):
+                parts.append(QueueRange(queue, lo, min(e, lo + step), opts.connection, opts.fail_on_data_loss,
+                                        opts.fetch_rows))
+        return parts
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options, "_queues": self._queues}
+
+    def __setstate__(self, state: dict) -> None:
+        self.options = state["options"]
+        self._queues = state["_queues"]
+
+
+class TideMQBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        if options.starting_offsets == "latest":
+            raise OptionError("tidemq source: startingOffsets=latest makes no sense for a batch query")
+        if options.ending_offsets == "earliest":
+            raise OptionError("tidemq source: endingOffsets=earliest makes no sense for a batch query")
+        if options.max_offsets_per_trigger is not None:
+            log.info("maxOffsetsPerTrigger only applies to streaming queries; ignored")
+        self.planner = _Planner(options)
+
+    def partitions(self) -> list[QueueRange]:
+        planner = self.planner
+        offsets = planner.offsets(must_exist=True)
+        start = planner.resolve(planner.options.starting_offsets or "earliest", offsets, EARLIEST, "startingOffsets")
+        end = planner.resolve(planner.options.ending_offsets, offsets, LATEST, "endingOffsets")
+        for queue, (_, high) in offsets.items():
+            if end[queue] < start[queue]:
+                raise OptionError(f"tidemq source: for queue {queue!r} endingOffsets ({end[queue]}) is before "
+                                  f"startingOffsets ({start[queue]})")
+            if end[queue] > high:
+                raise OptionError(f"tidemq source: endingOffsets for queue {queue!r} is {end[queue]}, but the "
+                                  f"queue ends at {high} (the next message will get offset {high})")
+        start = planner.check_start(start, end, offsets)
+        return planner.partitions(start, end)
+
+    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        return read_partition(partition)
+
+
+class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        if options.ending_offsets != "latest":
+            raise OptionError("tidemq source: endingOffsets is for batch queries only")
+        self.planner = _Planner(options)
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
+        self._cut: set[str] = set()  # queues found ending before the query's offset
+
+    def initialOffset(self) -> dict:
+        offsets = self.planner.offsets()
+        return self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
+                                    "startingOffsets")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.planner.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        offsets = self.planner.offsets()
+        latest = {}
+        for queue, (_, high) in offsets.items():
+            at = start.get(queue, 0)
+            if at > high and queue not in self._cut:
+                self._cut.add(queue)  # reported once; the query waits until the queue passes `at` again
+                data_loss(queue, high, at, self.planner.options.fail_on_data_loss,
+                          f"the query has read up to offset {at} but the queue now ends at {high} "
+                          "(was the store replaced or cut?)")
+            target = high if self._target is None else min(high, self._target.get(queue, high))
+            latest[queue] = max(at, target)
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit({q: start.get(q, 0) for q in latest}, latest, limit.max_rows)
+        return latest
+
+    def reportLatestOffset(self) -> dict:
+        return {queue: high for queue, (_, high) in self.planner.offsets().items()}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.reportLatestOffset()
+
+    def partitions(self, start: dict, end: dict) -> list[QueueRange]:
+        if start == end:
+            return []
+        offsets = self.planner.offsets()
+        begin = self.planner.check_start({q: start.get(q, 0) for q in end}, end, offsets)
+        return self.planner.partitions({**start, **begin}, end)
+
+    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        return read_partition(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
+        until retention, whatever a query has read."""
+
+
+def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:
+    """At most ``max_rows`` offsets past ``start`` in all, shared in proportion to each queue's
+    backlog (the remainder goes one by one to the queues with most left, in name order)."""
+    backlog = {q: latest[q] - start[q] for q in latest if latest[q] > start[q]}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    share = {q: max_rows * n // total for q, n in backlog.items()}
+    left = max_rows - sum(share.values())
+    for q in sorted(backlog, key=lambda q: (-(backlog[q] - share[q]), q)):
+        if left == 0:
+            break
+        if share[q] < backlog[q]:
+            share[q] += 1
+            left -= 1
+    return {q: start[q] + share.get(q, 0) for q in latest}
+
+
+class TideMQDataSource(DataSource):
+    """``spark.read.format("tidemq")`` / ``spark.readStream.format("tidemq")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidemq"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> TideMQBatchReader:
+        return TideMQBatchReader(SourceOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> TideMQStreamReader:
+        return TideMQStreamReader(SourceOptions.parse(self.options))

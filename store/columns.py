@@ -1,0 +1,252 @@
+"""A queue's offset range as Arrow columns: the one place that turns stored messages into rows
+for bulk readers (the gateway's read API and the co-located ``StoreReader`` both call
+``read_range``). Needs numpy and pyarrow (the ``arrow`` extra); nothing else in the store does.
+
+Rows: queue, offset, topic, key (null when the message has none), properties (a map),
+payload (binary), timestamp (the store time, UTC). Speed comes from doing no Python work per
+message: index entries come from one RocksDB range scan; record headers are copied out of the
+commitlog map by one numpy gather over a sliding-window view of it and decoded as a structured
+array; every variable-length field is cut out of the map by an Arrow *binary view* array over
+the mapped bytes, which Arrow compacts into a plain column in C++ (a Python slice per field per
+message was 4x slower). Measured: ~2 M rows/s on one core. Properties repeat (an MQTT message
+carries its publisher's client id), so each distinct property block is decoded once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from rocksdict import Rdict, ReadOptions
+
+from .commitlog import CommitLog
+from .consumequeue import ENTRY_VALUE, entry_key
+from .errors import RecordCorruptError
+from .readonly import CommitLogReader
+from .record import HEADER_SIZE, MAGIC, decode_properties
+
+ARROW_SCHEMA = pa.schema([
+    pa.field("queue", pa.string(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("key", pa.string()),
+    pa.field("properties", pa.map_(pa.string(), pa.string())),
+    pa.field("payload", pa.binary(), nullable=False),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+])
+
+ENTRY_DTYPE = np.dtype([("position", ">u8"), ("size", ">u4"), ("tag", ">i8"), ("store_ts", ">i8")])
+HEADER_DTYPE = np.dtype([
+    ("total", ">u4"), ("magic", ">u4"), ("crc", ">u4"), ("flags", ">u4"), ("born", ">i8"), ("store", ">i8"),
+    ("queue_count", ">u2"), ("topic_len", ">u2"), ("key_len", ">u2"), ("props_len", ">u4"), ("body_len", ">u4"),
+])
+assert ENTRY_DTYPE.itemsize == ENTRY_VALUE.size and HEADER_DTYPE.itemsize == HEADER_SIZE
+
+BATCH_ROWS = 32_768  # rows per RecordBatch: big enough to amortise, small enough for memory
+_MAX_VIEW_SPAN = (1 << 31) - 1  # binary-view offsets are int32
+_INLINE = np.arange(12)
+
+
+@dataclass(slots=True)
+class RangeRead:
+    """What a bulk read found: rows for offsets [first_offset, next_offset). ``first_offset`` is
+    past the offset asked for when the messages before it are gone (retention)."""
+
+    first_offset: int
+    next_offset: int
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.next_offset - self.first_offset
+
+
+def clamp(start: int, end: int, low: int, high: int, max_rows: int) -> tuple[int, int]:
+    """The offsets a read of [start, end) serves from a queue holding [low, high): it skips what
+    is gone (below ``low``), stops at ``high`` and after ``max_rows`` rows. (first, stop)."""
+    first = max(start, low)
+    return first, max(first, min(end, high, first + max_rows))
+
+
+def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.ndarray]:
+    """Index entries of offsets [start, stop) that still exist, as (first offset, ENTRY_DTYPE
+    array). Retention removes a queue's entries from the front only, so what exists is one run
+    ending at ``stop`` (the caller never asks past the queue's next offset)."""
+    if stop <= start:
+        return start, np.empty(0, ENTRY_DTYPE)
+    opts = ReadOptions()
+    opts.set_iterate_upper_bound(entry_key(qid, stop))
+    values = list(db.values(from_key=entry_key(qid, start), read_opt=opts))
+    first = stop - len(values)
+    if values and db.get(entry_key(qid, first)) is None:
+        raise RecordCorruptError(f"consume queue {qid} has a hole in offsets [{start}, {stop})")
+    return first, np.frombuffer(b"".join(values), ENTRY_DTYPE)
+
+
+def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int, stop: int,
+               min_position: int) -> RangeRead:
+    """Rows of ``queue`` (index id ``qid``) for offsets [start, stop), as many BATCH_ROWS-row
+    batches as needed. Entries whose record lies below ``min_position`` (the commitlog's
+    start) are gone: the read starts after them. ``stop`` must not pass the queue's next offset."""
+    first, entries = read_entries(db, qid, start, stop)
+    if len(entries):
+        kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
+        first += int(kept)
+        entries = entries[kept:]
+    result = RangeRead(first, stop if len(entries) else max(first, start))
+    for at in range(0, len(entries), BATCH_ROWS):
+        result.batches.extend(_batches(queue, first + at, entries[at:at + BATCH_ROWS], log))
+    return result
+
+
+def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue: str, qid: int, start: int,
+                    stop: int) -> RangeRead:
+    """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
+    from the store's commitlog (the authority), new segments from ``log.refresh()``."""
+    if log.min_position != commitlog.min_position:
+        log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
+    return read_range(db, log, queue, qid, start, stop, commitlog.min_position)
+
+
+def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> list[pa.RecordBatch]:
+    positions = entries["position"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    seg_size = log.segment_size
+    segments = positions // seg_size
+    out = []
+    # a queue's records go forward through the log: entries of one segment are one run
+    cuts = [0, *(np.flatnonzero(np.diff(segments)) + 1).tolist(), len(entries)]
+    for lo, hi in itertools.pairwise(cuts):
+        seg_start = int(segments[lo]) * seg_size
+        rel = positions[lo:hi] - seg_start
+        end = rel + sizes[lo:hi]
+        mapped = log.segment(seg_start, int(end.max()))
+        if mapped is None:
+            raise RecordCorruptError(
+                f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
+        at = lo
+        while at < hi:  # keep each span under the int32 offsets of a binary view
+            n = hi - at
+            while n > 1 and int(end[at - lo + n - 1] - rel[at - lo]) > _MAX_VIEW_SPAN:
+                n //= 2
+            out.append(_batch(queue, first_offset + at, entries[at:at + n], mapped,
+                              rel[at - lo:at - lo + n], sizes[at:at + n]))
+            at += n
+    return out
+
+
+def _batch(queue: str, first_offset: int, entries: np.ndarray, mapped, rel: np.ndarray,
+           sizes: np.ndarray) -> pa.RecordBatch:
+    n = len(entries)
+    lo = int(rel[0])
+    hi = int((rel + sizes).max())
+    block = _Block(np.frombuffer(mapped, np.uint8, hi - lo, lo))  # no copy: the map's bytes
+    starts = rel - lo
+    headers = block.windows(HEADER_SIZE)[starts].view(HEADER_DTYPE)
+    bad = (headers["magic"] != MAGIC) | (headers["total"] != sizes)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RecordCorruptError(
+            f"queue {queue} offset {first_offset + i}: no valid record at its commitlog position "
+            f"(magic {int(headers['magic'][i]):#x}, size {int(headers['total'][i])}, index says {int(sizes[i])})")
+    topic_len = headers["topic_len"].astype(np.int64)
+    key_len = headers["key_len"].astype(np.int64)
+    props_len = headers["props_len"].astype(np.int64)
+    body_len = headers["body_len"].astype(np.int64)
+    topic_at = starts + HEADER_SIZE
+    key_at = topic_at + topic_len
+    props_at = key_at + key_len
+    body_at = starts + sizes - body_len
+
+    has_key = key_len > 0
+    columns = [
+        _constant_string(queue, n),
+        pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
+        block.gather(topic_at, topic_len, pa.string_view(), pa.string()),
+        block.gather(key_at, key_len, pa.string_view(), pa.string(), None if has_key.all() else has_key),
+        _properties(block.gather(props_at, props_len, pa.binary_view(), pa.binary())),
+        block.gather(body_at, body_len, pa.binary_view(), pa.binary()),
+        pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC")),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+# An Arrow view array holds 16 bytes per value: the length, then either the value itself (up to
+# 12 bytes, zero-padded) or its first 4 bytes, a buffer index and an offset into that buffer.
+_VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
+
+
+class _Block:
+    """Mapped commitlog bytes and ways to cut fields out of them without a Python loop."""
+
+    __slots__ = ("array", "buffer")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.buffer = pa.py_buffer(array)
+
+    def windows(self, width: int) -> np.ndarray:
+        """Element i is bytes [i, i + width): indexing it with n starts copies n fields in one
+        numpy gather (a 2-D byte gather was 4x slower)."""
+        return np.ndarray((len(self.array) - width + 1,), f"V{width}", buffer=self.array, strides=(1,))
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray, view_type: pa.DataType, out_type: pa.DataType,
+               valid: np.ndarray | None = None) -> pa.Array:
+        """``lengths[i]`` bytes at ``starts[i]``, as one plain Arrow column (Arrow compacts the
+        view array in C++)."""
+        n = len(starts)
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if valid is not None else None
+        views = np.zeros(n, _VIEW)
+        views["length"] = lengths
+        far = lengths > 12
+        if far.all():
+            views["prefix"] = self.windows(4)[starts]
+            views["offset"] = starts
+        elif lengths.any():
+            rows = np.flatnonzero(far)
+            views["prefix"][rows] = self.windows(4)[starts[rows]]
+            views["offset"][rows] = starts[rows]
+            rows = np.flatnonzero(~far & (lengths > 0))  # short values go inside the view
+            data = self.array[np.minimum(starts[rows, None] + _INLINE, len(self.array) - 1)]
+            data[_INLINE >= lengths[rows, None]] = 0
+            views.view(np.uint8).reshape(n, 16)[rows, 4:16] = data
+        array = pa.Array.from_buffers(view_type, n, [validity, pa.py_buffer(views), self.buffer])
+        return array.cast(out_type)
+
+
+def _constant_string(value: str, n: int) -> pa.Array:
+    raw = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+
+
+_MAP_TYPE = pa.map_(pa.string(), pa.string())
+
+
+def _properties(blocks: pa.Array) -> pa.Array:
+    """Encoded property blocks -> a map column, decoding each distinct block once."""
+    encoded = pc.dictionary_encode(blocks)
+    offsets = [0]
+    names: list[str] = []
+    values: list[str] = []
+    for block in encoded.dictionary.to_pylist():
+        props = decode_properties(block)
+        names.extend(props)
+        values.extend(props.values())
+        offsets.append(len(names))
+    unique = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names, pa.string()),
+                                     pa.array(values, pa.string()), type=_MAP_TYPE)
+    return unique.take(encoded.indices)
+
+
+def arrow_stream(batches: list[pa.RecordBatch]) -> pa.Buffer:
+    """Batches as one Arrow IPC stream (schema first, also when there are no batches)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+

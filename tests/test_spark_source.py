@@ -1,0 +1,346 @@
+"""The ``tidemq`` Spark source: messages published over MQTT to a real gateway, read by a local
+Spark session (one for the whole run, see conftest) through the gateway's read API
+(``address``) or the data directory (``dataDir``): exact batch ranges, topicFilter, JSON
+offsets, admission control, restart from a checkpoint, and data loss after retention."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pyarrow as pa
+import pytest
+
+from spark_sinks.client import close_clients
+from spark_sinks.options import OptionError, SourceOptions
+from spark_sinks.source import (
+    SCHEMA,
+    DataLossError,
+    QueueRange,
+    rate_limit,
+    read_partition,
+)
+from store.columns import ARROW_SCHEMA
+from store.readonly import StoreReader
+from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+
+FILTER = "devices/+/telemetry"
+WILDCARD = "w:devices/+/telemetry"
+
+
+def topic(i: int) -> str:
+    return f"devices/{i % 4}/telemetry"
+
+
+def payload(i: int) -> bytes:
+    return b'{"seq": %d, "temp": %d}' % (i, 20 + i % 7)
+
+
+async def publish(gw, first: int, count: int, *, size: int = 0) -> None:
+    """Messages first..first+count-1 to devices/{i % 4}/telemetry, QoS 1 (stored when acked)."""
+    pub = PahoClient(mqtt_port(gw), f"pub-{first}")
+    await pub.connect()
+    for i in range(first, first + count):
+        await pub.publish(topic(i), payload(i) + b" " * size, qos=1)
+    await pub.disconnect()
+
+
+async def subscribe_filter(gw) -> PahoClient:
+    """A subscriber of FILTER: from now on the gateway indexes matching messages into WILDCARD."""
+    sub = PahoClient(mqtt_port(gw), "filter-sub")
+    await sub.connect()
+    await sub.subscribe(FILTER, qos=0)
+    return sub
+
+
+async def flush_index(gw) -> None:
+    """What a dataDir reader sees is what the gateway's index has flushed (it does so every
+    index_flush_interval_s): flush now instead of waiting."""
+    await asyncio.to_thread(gw.store.commitlog.flush)
+    await asyncio.to_thread(gw.store.index.flush)
+
+
+def connection(gw, mode: str) -> dict[str, str]:
+    if mode == "address":
+        return {"address": "{}:{}".format(*gw.metrics_address)}
+    return {"dataDir": str(gw.config.data_dir)}
+
+
+def spark_gateway(data_dir: Path, **config):
+    config.setdefault("metrics_bind", "127.0.0.1:0")
+    return running_gateway(data_dir, **config)
+
+
+# -- without Spark -------------------------------------------------------------------------
+
+
+def test_spark_schema_is_the_arrow_schema_rows_are_built_with() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    assert to_arrow_schema(SCHEMA, timezone="UTC").equals(ARROW_SCHEMA)
+
+
+def test_options_are_checked_with_messages_naming_them() -> None:
+    ok = SourceOptions.parse({"address": "h:1", "topicFilter": FILTER, "maxOffsetsPerTrigger": "10"})
+    assert ok.topic_filter == FILTER and ok.max_offsets_per_trigger == 10 and ok.fail_on_data_loss
+    assert SourceOptions.parse({"dataDir": "/d", "queues": '["t:a,b", "t:c"]'}).queues == ("t:a,b", "t:c")
+    assert SourceOptions.parse({"dataDir": "/d", "queues": "t:a, t:b"}).queues == ("t:a", "t:b")
+    for bad, words in [
+        ({"topicFilter": FILTER}, "exactly one of address"),
+        ({"address": "h:1", "dataDir": "/d", "queues": "q"}, "exactly one of address"),
+        ({"address": "h:1"}, "exactly one of queues"),
+        ({"address": "h:1", "queues": "q", "startingOffsets": "soon"}, "startingOffsets"),
+        ({"address": "h:1", "queues": "q", "startingOffsets": '{"q": "x"}'}, "startingOffsets"),
+        ({"address": "h:1", "queues": "q", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"address": "h:1", "queues": "q", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
+        ({"address": "h:1", "queues": "q", "subscribe": "q"}, "unknown option"),
+    ]:
+        with pytest.raises(OptionError, match=words):
+            SourceOptions.parse(bad)
+
+
+def test_rate_limit_shares_offsets_by_backlog() -> None:
+    start = {"a": 0, "b": 10, "c": 5}
+    latest = {"a": 300, "b": 110, "c": 5}
+    limited = rate_limit(start, latest, 100)
+    assert sum(limited[q] - start[q] for q in start) == 100
+    assert limited == {"a": 75, "b": 35, "c": 5}
+    assert rate_limit(start, latest, 1000) == latest
+    assert sum(v - start[q] for q, v in rate_limit(start, latest, 1).items()) == 1
+
+
+def test_the_read_api_needs_no_pyspark() -> None:
+    code = ("import sys, gateway.server, gateway.data_api, store.columns, store.readonly; "
+            "assert 'pyspark' not in sys.modules, 'pyspark imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+async def test_read_api_serves_arrow_and_respects_the_admin_token(data_dir: Path) -> None:
+    async with spark_gateway(data_dir, admin_token="s3cret") as gw:
+        await publish(gw, 0, 30)
+        base = "http://{}:{}".format(*gw.metrics_address)
+        queue = "t:devices/1/telemetry"
+        auth = {"Authorization": "Bearer s3cret"}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/data/read", params={"queue": queue, "start": 0}) as response:
+                assert response.status == 401
+            async with http.get(f"{base}/data/read", params={"queue": queue, "start": 2, "end": 6},
+                                headers=auth) as response:
+                assert response.status == 200
+                assert response.content_type == "application/vnd.apache.arrow.stream"
+                assert (response.headers["TideMQ-First-Offset"], response.headers["TideMQ-Next-Offset"]) == ("2", "6")
+                assert (response.headers["TideMQ-Min-Offset"], response.headers["TideMQ-Max-Offset"]) == ("0", "8")
+                table = pa.ipc.open_stream(await response.read()).read_all()
+            assert table.schema.equals(ARROW_SCHEMA)
+            assert table.column("offset").to_pylist() == [2, 3, 4, 5]
+            assert table.column("payload").to_pylist() == [payload(i) for i in (9, 13, 17, 21)]
+            assert table.column("topic").to_pylist() == [topic(1)] * 4
+            assert dict(table.column("properties")[0].as_py()) == {"mqtt.cid": "pub-0"}
+            async with http.post(f"{base}/data/offsets", json={"queues": [queue, "t:nope"]}, headers=auth) as response:
+                assert await response.json() == {"offsets": {queue: {"min_offset": 0, "max_offset": 8},
+                                                             "t:nope": None}}
+            async with http.get(f"{base}/data/read", params={"queue": "t:nope", "start": 0},
+                                headers=auth) as response:
+                assert response.status == 404
+
+
+async def test_store_reader_reads_while_the_gateway_writes_and_changes_nothing(data_dir: Path) -> None:
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 20)
+        await flush_index(gw)
+        def files() -> dict[Path, int]:
+            return {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
+
+        before = files()
+        with StoreReader(data_dir) as reader:  # the gateway holds the store's lock meanwhile
+            # the only write: rocksdict rewrites its one-line config with the same bytes
+            assert [p.name for p, t in files().items() if before.get(p) != t] == ["rocksdict-config.json"]
+            assert reader.offsets("t:devices/2/telemetry") == (0, 5)
+            await publish(gw, 20, 4)  # not flushed yet: the reader does not offer it
+            reader.refresh()
+            assert reader.offsets("t:devices/2/telemetry") == (0, 5)
+            await flush_index(gw)
+            reader.refresh()
+            assert reader.offsets("t:devices/2/telemetry") == (0, 6)
+        assert (data_dir / "LOCK").read_text().strip() == str(os.getpid())
+
+
+# -- through Spark ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_batch_reads_exact_ranges(spark, data_dir: Path, mode: str) -> None:
+    async with spark_gateway(data_dir) as gw:
+        sub = await subscribe_filter(gw)
+        await publish(gw, 0, 120)
+        await flush_index(gw)
+        queue = "t:devices/1/telemetry"  # messages 1, 5, 9, ...: offset k holds message 4k + 1
+
+        def read(**options):
+            reader = spark.read.format("tidemq").options(**connection(gw, mode))
+            return reader.options(**options).load()
+
+        rows = await asyncio.to_thread(lambda: read(
+            queues=queue, startingOffsets=json.dumps({queue: 5}), endingOffsets=json.dumps({queue: 17})
+        ).orderBy("offset").collect())
+        assert [r.offset for r in rows] == list(range(5, 17))
+        assert [r.payload for r in rows] == [payload(4 * k + 1) for k in range(5, 17)]
+        assert {r.queue for r in rows} == {queue} and {r.topic for r in rows} == {topic(1)}
+        assert rows[0].properties == {"mqtt.cid": "pub-0"} and rows[0].key is None
+
+        # topicFilter: every message, in the order published, through the wildcard queue;
+        # split into several partitions, read in parallel
+        df = read(topicFilter=FILTER, maxRecordsPerPartition="25")
+        assert await asyncio.to_thread(lambda: df.rdd.getNumPartitions()) == 5
+        rows = await asyncio.to_thread(lambda: df.orderBy("offset").collect())
+        assert [(r.queue, r.offset, r.topic, r.payload) for r in rows] == [
+            (WILDCARD, i, topic(i), payload(i)) for i in range(120)]
+        counts = await asyncio.to_thread(lambda: dict(read(topicFilter=FILTER).groupBy("topic").count().collect()))
+        assert counts == {topic(d): 30 for d in range(4)}
+
+        # JSON per queue, -2 = earliest; queues left out of endingOffsets end at latest
+        other = "t:devices/3/telemetry"
+        rows = await asyncio.to_thread(lambda: read(
+            queues=f"{queue},{other}", startingOffsets=json.dumps({queue: -2, other: 28}),
+            endingOffsets=json.dumps({queue: 2}),
+        ).collect())
+        assert sorted((r.queue, r.offset) for r in rows) == [(queue, 0), (queue, 1), (other, 28), (other, 29)]
+
+        with pytest.raises(Exception, match="no queue 't:devices/9/telemetry'"):
+            await asyncio.to_thread(lambda: read(queues="t:devices/9/telemetry").collect())
+        with pytest.raises(Exception, match="endingOffsets for queue"):
+            await asyncio.to_thread(lambda: read(queues=queue, endingOffsets=json.dumps({queue: 99})).collect())
+        await sub.disconnect()
+
+
+async def test_streaming_admission_control_with_max_offsets_per_trigger(spark, data_dir: Path, tmp_path) -> None:
+    async with spark_gateway(data_dir) as gw:
+        sub = await subscribe_filter(gw)
+        await publish(gw, 0, 100)
+        sizes: list[int] = []
+        offsets: list[int] = []
+
+        def each(batch, batch_id: int) -> None:
+            rows = batch.select("offset").collect()
+            sizes.append(len(rows))
+            offsets.extend(r.offset for r in rows)
+
+        def run() -> None:
+            query = (spark.readStream.format("tidemq").options(**connection(gw, "address"))
+                     .option("topicFilter", FILTER).option("startingOffsets", "earliest")
+                     .option("maxOffsetsPerTrigger", 30).load()
+                     .writeStream.foreachBatch(each).trigger(availableNow=True)
+                     .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+            query.awaitTermination(120)
+            assert not query.isActive
+
+        await asyncio.to_thread(run)
+        assert sizes == [30, 30, 30, 10]
+        assert sorted(offsets) == list(range(100))
+        await sub.disconnect()
+
+
+async def test_streaming_restart_from_checkpoint_loses_and_repeats_nothing(spark, data_dir: Path, tmp_path) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    async with spark_gateway(data_dir) as gw:
+        sub = await subscribe_filter(gw)
+        await publish(gw, 0, 150)
+        await flush_index(gw)
+
+        def start():
+            return (spark.readStream.format("tidemq").options(**connection(gw, "dataDir"))
+                    .option("topicFilter", FILTER).option("startingOffsets", "earliest")
+                    .option("maxOffsetsPerTrigger", 25).load()
+                    .select("offset", "topic", "payload")
+                    .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)))
+
+        def first_run() -> int:
+            query = start().trigger(processingTime="0 seconds").start()
+            deadline = time.monotonic() + 120
+            while len([p for p in query.recentProgress if p["numInputRows"]]) < 2:
+                assert time.monotonic() < deadline and query.isActive, query.exception()
+                time.sleep(0.05)
+            query.stop()  # mid-stream: 150 messages, 25 a batch, stopped after 2 or a few
+            return sum(p["numInputRows"] for p in query.recentProgress)
+
+        done = await asyncio.to_thread(first_run)
+        assert 50 <= done < 150
+        await publish(gw, 150, 50)
+        await flush_index(gw)
+
+        def second_run() -> list:
+            query = start().trigger(availableNow=True).start()
+            query.awaitTermination(120)
+            assert query.exception() is None
+            return spark.read.parquet(str(out)).collect()
+
+        rows = await asyncio.to_thread(second_run)
+        assert sorted(r.offset for r in rows) == list(range(200))  # each offset once
+        assert all(r.payload == payload(r.offset) and r.topic == topic(r.offset) for r in rows)
+        await sub.disconnect()
+
+
+async def _after_retention(gw) -> tuple[str, int]:
+    """60 messages of ~1 KiB to one topic in 8 KiB segments, then retention keeps ~20 KB: the
+    first offsets of the queue are gone. Returns the queue and its first offset still stored."""
+    pub = PahoClient(mqtt_port(gw), "big-pub")
+    await pub.connect()
+    for i in range(60):
+        await pub.publish("devices/0/telemetry", payload(i) + b" " * 1000, qos=1)
+    await pub.disconnect()
+    assert await gw.store.apply_retention() > 0
+    queue = "t:devices/0/telemetry"
+    low = await gw.store.min_offset(queue)
+    assert 10 < low < 55
+    await flush_index(gw)
+    return queue, low
+
+
+async def test_fail_on_data_loss_after_retention(spark, data_dir: Path) -> None:
+    async with spark_gateway(data_dir, segment_size=8192, retention_bytes=20_000, retention_hours=0) as gw:
+        queue, low = await _after_retention(gw)
+
+        def read(fail: str, mode: str):
+            return (spark.read.format("tidemq").options(**connection(gw, mode)).option("queues", queue)
+                    .option("startingOffsets", json.dumps({queue: 3})).option("failOnDataLoss", fail).load())
+
+        for mode in ("address", "dataDir"):
+            with pytest.raises(Exception) as failed:
+                await asyncio.to_thread(lambda m=mode: read("true", m).collect())
+            assert f"offsets 3..{low - 1} of queue '{queue}' are lost: retention removed them" in str(failed.value)
+            assert "failOnDataLoss=false" in str(failed.value)
+            rows = await asyncio.to_thread(lambda m=mode: read("false", m).orderBy("offset").collect())
+            assert [r.offset for r in rows] == list(range(low, 60))
+            assert [r.payload.rstrip() for r in rows] == [payload(i) for i in range(low, 60)]
+
+        # earliest is the first offset still stored: no loss to report
+        rows = await asyncio.to_thread(lambda: spark.read.format("tidemq").options(**connection(gw, "address"))
+                                       .option("queues", queue).load().count())
+        assert rows == 60 - low
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_executors_detect_data_lost_after_planning(data_dir: Path, caplog, mode: str) -> None:
+    """Retention between planning a range (driver) and reading it (executor): the executor's
+    read fails, or skips and logs, per failOnDataLoss (read_partition is what executors run)."""
+    async with spark_gateway(data_dir, segment_size=8192, retention_bytes=20_000, retention_hours=0) as gw:
+        queue, low = await _after_retention(gw)
+        conn = SourceOptions.parse({**connection(gw, mode), "queues": queue}).connection
+
+        def read(fail: bool) -> list[int]:
+            part = QueueRange(queue, 0, 60, conn, fail, fetch_rows=7)
+            return [o for batch in read_partition(part) for o in batch.column("offset").to_pylist()]
+
+        with pytest.raises(DataLossError, match=f"offsets 0..{low - 1} of queue '{queue}' are lost"):
+            await asyncio.to_thread(read, True)
+        with caplog.at_level(logging.WARNING, logger="tidemq.spark"):
+            assert await asyncio.to_thread(read, False) == list(range(low, 60))
+        assert f"skipping {low} messages" in caplog.text and "retention removed them" in caplog.text
+        close_clients()
