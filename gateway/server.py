@@ -125,7 +125,7 @@ class Gateway:
         except OSError as exc:
             raise ConfigError(f"cannot reach the store node at {self.config.store_address}: {exc}") from None
         self.gateway_store = GatewayStore(remote)
-        await self.gateway_store.start()
+        await self.gateway_store.start(node_id)
         self.node = GatewayNode(self.gateway_store, node_id)
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
 

@@ -119,3 +119,29 @@ async def test_store_node_ends_expired_sessions_of_absent_clients(data_dir: Path
         assert not flags.session_present
         await back.disconnect()
         await publisher.disconnect()
+
+
+async def test_notify_goes_only_to_nodes_that_read_the_queue(data_dir: Path) -> None:
+    async with cluster(data_dir, gateways=3) as (store, (a, b, c)):
+        reader = PahoClient(mqtt_port(b), "reader")
+        await reader.connect()
+        await reader.subscribe("only/b", 1)
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        for i in range(20):
+            await publisher.publish("only/b", str(i), 1)
+        assert len(await reader.receive(20)) == 20
+        assert b.gateway_store.notify_events >= 1
+        assert a.gateway_store.notify_events == 0 and c.gateway_store.notify_events == 0
+        stats = store.store_service.router.stats
+        assert stats.broadcast == 0 and stats.targeted >= 1
+        await reader.disconnect()  # its node reads the queue no more: no more events there
+        seen = b.gateway_store.notify_events
+        later = PahoClient(mqtt_port(c), "later")
+        await later.connect()
+        await later.subscribe("only/b", 1)
+        await publisher.publish("only/b", "after", 1)
+        assert [r.payload for r in await later.receive(1)] == [b"after"]  # routed to c by now
+        assert b.gateway_store.notify_events == seen
+        await later.disconnect()
+        await publisher.disconnect()

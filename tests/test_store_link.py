@@ -34,7 +34,8 @@ async def test_remote_store_puts_reads_offsets_kv_and_notify(data_dir: Path) -> 
     try:
         assert remote.msg_id_prefix == gw.store.msg_id_prefix
         events: list[dict[str, int]] = []
-        await remote.subscribe_notify(events.append)
+        await remote.subscribe_notify(events.append, "node-1")
+        remote.interest("t:a/b", True)  # notify events of the queues this node reads, only
 
         results = await remote.put_batch([
             (Message("a/b", b"one", {"p": "1"}, key="k1"), ["t:a/b", "w:a/+"]),
@@ -79,6 +80,7 @@ async def test_remote_store_puts_reads_offsets_kv_and_notify(data_dir: Path) -> 
                 break
             await asyncio.sleep(0.02)
         assert any(e.get("t:a/b") == 3 for e in events)
+        assert not any("w:a/+" in e for e in events)  # not read here: not routed here
         assert [m.body for m in (await remote.get("t:a/b", 2)).messages] == [b"three"]
 
         with pytest.raises(RemoteStoreError):  # a queue with no name: refused, the link stays up

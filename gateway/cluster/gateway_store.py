@@ -45,9 +45,11 @@ class GatewayStore:
         self._tables: dict[str, RemoteTable] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.fetches = 0  # store reads this node made (metrics: store reads per published message)
+        self.notify_messages = 0  # NOTIFY messages the store node sent here
+        self.notify_events = 0
 
-    async def start(self) -> None:
-        await self.remote.subscribe_notify(self._on_notify)
+    async def start(self, node_id: str) -> None:
+        await self.remote.subscribe_notify(self._on_notify, node_id)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -56,6 +58,8 @@ class GatewayStore:
         await self.remote.close()
 
     def _on_notify(self, events: dict[str, int]) -> None:
+        self.notify_messages += 1
+        self.notify_events += len(events)
         known = self._max
         for queue, offset in events.items():
             if known.get(queue, -1) < offset:

@@ -79,6 +79,25 @@ class GatewayNode:
         self.node_id = node_id
         self.wildcards = RemoteWildcards()
         self.retained = RemoteRetained(store)
+        self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
+        self._preparing: dict[int, list[str]] = {}  # id(SUBSCRIBE) -> the queues it counts as read
+
+    # -- which queues this node reads (notify routing) ------------------------------------------
+    def reading(self, queue: str) -> None:
+        """One more local reader of ``queue``; the first one tells the store node, before this
+        node asks anything else about the queue."""
+        count = self._reading.get(queue, 0)
+        self._reading[queue] = count + 1
+        if not count:
+            self.store.remote.interest(queue, True)
+
+    def not_reading(self, queue: str) -> None:
+        count = self._reading.get(queue, 0) - 1
+        if count > 0:
+            self._reading[queue] = count
+            return
+        self._reading.pop(queue, None)
+        self.store.remote.interest(queue, False)
 
     # -- filters --------------------------------------------------------------------------------
     def hold_filter(self, session: Session, topic_filter: str) -> None:
@@ -102,7 +121,9 @@ class GatewayNode:
         await self.store.ensure_offsets(session.cursors)
 
     def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
-        """A coroutine fetching what handling ``packet`` reads, or None when all is here."""
+        """A coroutine fetching what handling ``packet`` reads, or None when all is here. The
+        queues count as read from now until ``subscribed`` (the store node routes their notify
+        events here before their offsets are read)."""
         queues: list[str] = []
         consumers: list[tuple[str, str]] = []
         retained: list[str] = []
@@ -119,7 +140,15 @@ class GatewayNode:
                 retained.append(topic_filter)
         if not queues:
             return None
+        for queue in queues:
+            self.reading(queue)
+        self._preparing[id(packet)] = queues
         return self._fetch(queues, consumers, retained)
+
+    def subscribed(self, packet: Subscribe) -> None:
+        """The prepared SUBSCRIBE was handled (or its connection went): its readers count now."""
+        for queue in self._preparing.pop(id(packet), ()):
+            self.not_reading(queue)
 
     async def _fetch(self, queues: list[str], consumers: list[tuple[str, str]], retained: list[str]) -> None:
         await self.store.ensure_offsets(queues)

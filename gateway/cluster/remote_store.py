@@ -167,11 +167,17 @@ class RemoteStore:
         return decode_messages(reply.body, self.msg_id_prefix, "")
 
     # -- notify -------------------------------------------------------------------------------
-    async def subscribe_notify(self, handler: Callable[[dict[str, int]], None]) -> None:
-        """``handler({queue: max_offset, ...})`` for every notify batch of the store node."""
+    async def subscribe_notify(self, handler: Callable[[dict[str, int]], None], node_id: str = "") -> None:
+        """``handler({queue: max_offset, ...})`` for the notify batches the store node routes
+        to this node (``node_id``); see ``interest``."""
         self._notify_handlers.append(handler)
         if len(self._notify_handlers) == 1:
-            _check(await self._call(StoreCode.SUBSCRIBE_NOTIFY))
+            _check(await self._call(StoreCode.SUBSCRIBE_NOTIFY, {"nodeId": node_id} if node_id else None))
+
+    def interest(self, queue: str, reading: bool) -> None:
+        """Tell the store node this node starts (stops) reading ``queue``: sent before anything
+        else this node then asks about the queue, so no later event misses it."""
+        self.link.oneway(StoreCode.INTEREST, {"queue": queue, "reading": "true" if reading else "false"})
 
     def _on_request(self, command: RemotingCommand) -> None:
         if command.code != StoreCode.NOTIFY:

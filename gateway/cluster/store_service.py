@@ -39,6 +39,7 @@ from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
 from ..mqtt.session import Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
+from .notify_router import NotifyRouter
 
 if TYPE_CHECKING:
     from ..remoting.connection import RemotingConnection
@@ -57,11 +58,15 @@ class StoreService:
     durably (persistent sessions: kept across restarts) or for as long as its node's link
     lasts. ``retained``: the cluster's retained messages."""
 
-    def __init__(self, store: MessageStore, wildcards: WildcardQueues, retained: RetainedIndex) -> None:
+    def __init__(self, store: MessageStore, wildcards: WildcardQueues, retained: RetainedIndex,
+                 router: NotifyRouter | None = None) -> None:
         self.store = store
         self.wildcards = wildcards
         self.retained = retained
-        self.notify_subscribers = 0
+        self.router = router or NotifyRouter()
+        self._links: dict[str, RemotingConnection] = {}  # gateway node id -> its link
+        self._node_of: dict[RemotingConnection, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
         self._durable: set[tuple[str, str]] = set()
         self._volatile: dict[object, set[tuple[str, str]]] = {}  # per gateway node link
         self._filters = store.table(FILTERS_TABLE)
@@ -72,17 +77,20 @@ class StoreService:
 
     # -- offline MQTT sessions ----------------------------------------------------------------
     def start(self, expiry_check_interval_s: float = 30.0) -> None:
-        self._expiry_task = asyncio.get_running_loop().create_task(
-            self._expiry_loop(expiry_check_interval_s), name="session-expiry")
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._expiry_loop(expiry_check_interval_s), name="session-expiry"),
+                       loop.create_task(self._route_notify(), name="notify-router")]
 
     async def stop(self) -> None:
-        task = getattr(self, "_expiry_task", None)
-        if task is not None:
+        self.router.close()
+        for task in self._tasks:
             task.cancel()
+        for task in self._tasks:
             try:
                 await task
             except asyncio.CancelledError:
                 pass
+        self._tasks = []
 
     async def _expiry_loop(self, interval_s: float) -> None:
         while True:
@@ -126,6 +134,7 @@ class StoreService:
             StoreCode.KV_DELETE: self.kv_delete,
             StoreCode.KV_ITEMS: self.kv_items,
             StoreCode.SUBSCRIBE_NOTIFY: self.subscribe_notify,
+            StoreCode.INTEREST: self.interest,
             StoreCode.FILTER_HOLD: self.filter_hold,
             StoreCode.FILTER_RELEASE: self.filter_release,
             StoreCode.RETAINED_SET: self.retained_set,
@@ -271,20 +280,45 @@ class StoreService:
         return self._feed_notify(conn, request)
 
     async def _feed_notify(self, conn: RemotingConnection, request: RemotingCommand) -> None:
-        """Answer, then forward every notify event to ``conn`` until it closes."""
+        """Answer, then hold the node's place in notify routing until its link closes."""
+        node = request.ext_fields.get("nodeId") or conn.peer
         conn.send(response_to(request, ResponseCode.SUCCESS))
         conn.flush()
+        if node in self._links:
+            log.warning("a gateway node id is used twice node_id=%s peer=%s", node, conn.peer)
+        self._links[node] = conn
+        self._node_of[conn] = node
+        self.router.node_joined(node)
+        log.info("gateway node subscribed to notify node_id=%s peer=%s", node, conn.peer)
+        try:
+            await asyncio.get_running_loop().create_future()  # until the link closes (cancelled)
+        finally:
+            self._node_of.pop(conn, None)
+            if self._links.get(node) is conn:
+                del self._links[node]
+                self.router.node_left(node)
+            self.link_closed(conn)
+
+    def interest(self, conn: RemotingConnection, request: RemotingCommand) -> None:
+        """A gateway node starts (or stops) reading a queue: a routing hint, one-way."""
+        node = self._node_of.get(conn)
+        if node is None:
+            raise BadRequest("INTEREST before SUBSCRIBE_NOTIFY on this link")
+        ext = request.ext_fields
+        self.router.hint(str_field(ext, "queue"), node, ext.get("reading") == "true")
+
+    async def _route_notify(self) -> None:
+        """Every notify event of the store, to the gateway nodes that need it."""
         subscription = self.store.subscribe_notify()
-        self.notify_subscribers += 1
-        log.info("gateway node subscribed to notify peer=%s", conn.peer)
         try:
             async for queue, max_offset in subscription:
                 events = {queue: max_offset}
                 events.update(subscription.drain())
-                conn.send(RemotingCommand(StoreCode.NOTIFY, flag=FLAG_ONEWAY, body=encode_offsets(events)))
-                conn.flush()
-                await asyncio.sleep(0)  # let the other subscribers' events coalesce meanwhile
+                for node, routed in self.router.route(events).items():
+                    conn = self._links.get(node)
+                    if conn is not None:
+                        conn.send(RemotingCommand(StoreCode.NOTIFY, flag=FLAG_ONEWAY, body=encode_offsets(routed)))
+                        conn.flush()
+                await asyncio.sleep(0)  # let the next events coalesce meanwhile
         finally:
             subscription.close()
-            self.notify_subscribers -= 1
-            self.link_closed(conn)

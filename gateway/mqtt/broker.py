@@ -290,7 +290,12 @@ class MQTTBroker:
 
     # -- readers and notify --------------------------------------------------------------------
     def add_reader(self, queue: str, reader: MQTTConnection | ShareGroup) -> None:
-        self.readers.setdefault(queue, set()).add(reader)
+        readers = self.readers.get(queue)
+        if readers is None:
+            readers = self.readers[queue] = set()
+            if self.node is not None:
+                self.node.reading(queue)
+        readers.add(reader)
 
     def remove_reader(self, queue: str, conn: MQTTConnection | ShareGroup) -> None:
         readers = self.readers.get(queue)
@@ -299,6 +304,8 @@ class MQTTBroker:
             if not readers:
                 del self.readers[queue]
                 self.cache.drop(queue)
+                if self.node is not None:
+                    self.node.not_reading(queue)
 
     def _on_notify(self, queue: str, max_offset: int) -> None:
         readers = self.readers.get(queue)

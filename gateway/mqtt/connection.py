@@ -158,18 +158,24 @@ class MQTTConnection(Outbound, asyncio.Protocol):
 
     async def _prepared(self, fetching) -> None:
         """A held SUBSCRIBE goes on once what it reads is here (a gateway node's)."""
+        held, node = self._held, self.broker.node
+        assert isinstance(held, Subscribe) and node is not None
         try:
             await fetching
         except StoreError as exc:  # the store node did not answer: the client retries
             log.warning("subscribe not prepared client_id=%s error=%s", self.client_id, exc)
             self.close()
             return
-        if self.closed:
-            return
-        held, self._held = self._held, None
-        self._ready = held  # type: ignore[assignment]
+        finally:
+            if self.closed:
+                node.subscribed(held)
+        self._held = None
+        self._ready = held
         self.read_pauses.resume("store")
-        self._process(held)
+        try:
+            self._process(held)
+        finally:
+            node.subscribed(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -64,6 +64,7 @@ class StoreCode(enum.IntEnum):
     FILTER_RELEASE = 30_114
     RETAINED_SET = 30_115  # topic -> position of its retained message (-1: cleared)
     RETAINED_MATCH = 30_116  # the retained messages of the topics a filter matches
+    INTEREST = 30_117  # one-way: a gateway node starts or stops reading a queue (notify routing)
 
 
 WILDCARD_TARGETS = "\x00wildcards"  # (no queue of any protocol has this name)
