@@ -55,6 +55,7 @@ class GatewayCollector:
         yield from self._store()
         yield from self._cache()
         yield from self._trace()
+        yield from self._cluster()
         yield from self._backlogs()
 
     def _protocol_stats(self):
@@ -140,6 +141,32 @@ class GatewayCollector:
                                   value=tracer.rows_dropped)
         yield GaugeMetricFamily("tidemq_trace_rows_pending", "Message trace rows not yet written",
                                 value=tracer.pending)
+
+    def _cluster(self) -> Iterator[Metric]:
+        service = self.gateway.store_service
+        if service is not None:  # a store node: how its notify events were routed
+            stats = service.router.stats
+            yield GaugeMetricFamily("tidemq_cluster_gateway_nodes", "Gateway nodes linked to this store node",
+                                    value=len(service.router.nodes))
+            yield CounterMetricFamily("tidemq_notify_messages_sent", "NOTIFY messages sent to gateway nodes",
+                                      value=stats.messages)
+            routed = CounterMetricFamily("tidemq_notify_events_routed", "Notify events by how they were routed",
+                                         labels=["how"])
+            routed.add_metric(["targeted"], stats.targeted)
+            routed.add_metric(["broadcast"], stats.broadcast)
+            yield routed
+            fallbacks = CounterMetricFamily("tidemq_notify_broadcast_fallbacks",
+                                            "Notify events broadcast because the lookup could not say where",
+                                            labels=["reason"])
+            for reason, count in sorted(stats.fallbacks.items()):
+                fallbacks.add_metric([reason], count)
+            yield fallbacks
+        store = self.gateway.gateway_store
+        if store is not None:  # a gateway node: what its store link carried
+            yield CounterMetricFamily("tidemq_store_link_reads", "Reads of queues from the store node",
+                                      value=store.fetches)
+            yield CounterMetricFamily("tidemq_notify_events_received", "Notify events received from the store node",
+                                      value=store.notify_events)
 
     def _backlogs(self) -> Iterator[Metric]:
         amqp = self.gateway.amqp

@@ -17,20 +17,21 @@ from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 
 from .mqtt_support import PahoClient, mqtt_port
+from .test_metrics import fetch, samples, value
 from .test_store_link import remoting_port
 
 
 @asynccontextmanager
 async def cluster(data_dir: Path, gateways: int = 2) -> AsyncIterator[tuple[Gateway, list[Gateway]]]:
     store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="",
-                           remoting_bind="127.0.0.1:0"))
+                           remoting_bind="127.0.0.1:0", metrics_bind="127.0.0.1:0"))
     await store.start()
     nodes: list[Gateway] = []
     try:
         for i in range(gateways):
             node = Gateway(Config(data_dir=data_dir / f"unused-{i}", role="gateway", node_id=f"g{i}",
                                   store_address=f"127.0.0.1:{remoting_port(store)}", mqtt_bind="127.0.0.1:0",
-                                  amqp_bind="", remoting_bind=""))
+                                  amqp_bind="", remoting_bind="", metrics_bind="127.0.0.1:0"))
             await node.start()
             nodes.append(node)
         yield store, nodes
@@ -145,3 +146,11 @@ async def test_notify_goes_only_to_nodes_that_read_the_queue(data_dir: Path) -> 
         assert b.gateway_store.notify_events == seen
         await later.disconnect()
         await publisher.disconnect()
+        at_store = samples((await fetch("http://{}:{}".format(*store.metrics_address), "/metrics"))[1])
+        assert value(at_store, "tidemq_cluster_gateway_nodes") == 3
+        assert value(at_store, "tidemq_notify_events_routed_total", how="targeted") == stats.targeted
+        assert value(at_store, "tidemq_notify_messages_sent_total") == stats.messages > 0
+        at_b = samples((await fetch("http://{}:{}".format(*b.metrics_address), "/metrics"))[1])
+        assert value(at_b, "tidemq_notify_events_received_total") == seen > 0
+        assert value(at_b, "tidemq_store_link_reads_total") >= 1
+        assert value(at_b, "tidemq_messages_sent_total", protocol="mqtt") == 20
