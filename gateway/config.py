@@ -34,6 +34,7 @@ class Config:
     role: str = "embedded"
     store_address: str = ""  # HOST:PORT of the store node's remoting listener (role gateway)
     node_id: str = ""  # this gateway node's name in the cluster (default: its MQTT address)
+    notify_routing: str = "targeted"  # store node: targeted (nodes that read the queue) or broadcast
     data_dir: Path = Path("./data")
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"
@@ -209,6 +210,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
     if cfg.role not in ("embedded", "store", "gateway"):
         raise ConfigError(f"role must be embedded, store or gateway, not {cfg.role!r}")
+    if cfg.notify_routing not in ("targeted", "broadcast"):
+        raise ConfigError(f"notify_routing must be targeted or broadcast, not {cfg.notify_routing!r}")
     if cfg.role == "gateway":
         if parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT")

@@ -16,6 +16,7 @@ from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
+from .cluster.notify_router import NotifyRouter
 from .cluster.remote_store import RemoteStore
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind
@@ -209,7 +210,8 @@ class Gateway:
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()
-            self.store_service = StoreService(self.store, WildcardQueues(), retained)
+            router = NotifyRouter(broadcast=cfg.notify_routing == "broadcast")
+            self.store_service = StoreService(self.store, WildcardQueues(), retained, router)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             self.remoting.handlers.update(self.store_service.handlers())
         await self.remoting.start()

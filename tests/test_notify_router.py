@@ -45,3 +45,12 @@ async def test_without_a_lookup_hints_route_alone() -> None:
     assert router.route({"q": 2}) == {"b": {"q": 2}}
     router.hint("q", "b", False)
     assert router.route({"q": 3}) == {}
+
+
+def test_broadcast_mode_sends_everything_everywhere() -> None:
+    router = NotifyRouter(None, broadcast=True)
+    router.node_joined("a")
+    router.node_joined("b")
+    router.hint("q", "a", True)
+    assert router.route({"q": 1, "r": 2}) == {"a": {"q": 1, "r": 2}, "b": {"q": 1, "r": 2}}
+    assert router.stats.broadcast == 2

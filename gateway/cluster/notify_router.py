@@ -40,8 +40,9 @@ class RouterStats:
 
 
 class NotifyRouter:
-    def __init__(self, nodes_for: NodesFor | None = None, refresh_s: float = 1.0) -> None:
+    def __init__(self, nodes_for: NodesFor | None = None, refresh_s: float = 1.0, broadcast: bool = False) -> None:
         self.nodes_for = nodes_for
+        self.broadcast = broadcast  # every event to every node (as apache/rocketmq-mqtt does): to compare
         self.refresh_s = refresh_s
         self.nodes: set[str] = set()  # gateway nodes with a notify link
         self._hinted: dict[str, set[str]] = {}  # queue -> nodes that said they read it
@@ -91,6 +92,8 @@ class NotifyRouter:
         return out
 
     def _targets(self, queue: str, now: float) -> set[str] | frozenset[str] | None:
+        if self.broadcast:
+            return None
         hinted = self._hinted.get(queue)
         if self.nodes_for is None:
             return hinted or frozenset()
