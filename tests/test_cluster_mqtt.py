@@ -5,6 +5,7 @@ offsets; retained messages set on one node are sent on another."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -154,3 +155,26 @@ async def test_notify_goes_only_to_nodes_that_read_the_queue(data_dir: Path) -> 
         assert value(at_b, "tidemq_notify_events_received_total") == seen > 0
         assert value(at_b, "tidemq_store_link_reads_total") >= 1
         assert value(at_b, "tidemq_messages_sent_total", protocol="mqtt") == 20
+
+
+async def test_a_client_id_connecting_to_another_node_takes_the_session_over(data_dir: Path) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        first = PahoClient(mqtt_port(a), "twin", version=MQTT_5, clean=False, session_expiry=300)
+        await first.connect()
+        await first.subscribe("twin/in", qos=1)
+        sender = PahoClient(mqtt_port(b), "sender")
+        await sender.connect()
+        await sender.publish("twin/in", "before", 1)
+        assert [r.payload for r in await first.receive(1)] == [b"before"]
+        second = PahoClient(mqtt_port(b), "twin", version=MQTT_5, clean=False, session_expiry=300)
+        flags, _, _ = await second.connect()
+        assert flags.session_present  # the session as node a left it
+        reason = await asyncio.to_thread(first.disconnects.get, True, 5)
+        assert reason == 0x8E  # DISCONNECT: session taken over
+        await asyncio.to_thread(first.client.loop_stop)  # (paho would reconnect and take it back)
+        assert "twin" not in a.mqtt.connections and "twin" in b.mqtt.connections
+        await sender.publish("twin/in", "after", 1)
+        assert [r.payload for r in await second.receive(1)] == [b"after"]
+        await second.nothing_more()
+        await second.disconnect()
+        await sender.disconnect()

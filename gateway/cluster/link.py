@@ -11,7 +11,13 @@ import logging
 from collections.abc import Callable
 
 from protocols.remoting.errors import RemotingProtocolError
-from protocols.remoting.frames import FLAG_ONEWAY, FrameReader, RemotingCommand, encode
+from protocols.remoting.frames import (
+    FLAG_ONEWAY,
+    FrameReader,
+    RemotingCommand,
+    encode,
+    response_to,
+)
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -102,6 +108,11 @@ class Link(asyncio.Protocol):
         if not self.is_open:
             raise LinkClosed(f"node link {self.name} is closed")
         self._write(RemotingCommand(code, next(self._opaques), FLAG_ONEWAY, ext_fields=ext_fields or {}, body=body))
+
+    def respond(self, request: RemotingCommand, code: int, ext_fields: dict[str, str] | None = None) -> None:
+        """Answer a request the other side sent."""
+        if self.is_open:
+            self._write(response_to(request, code, ext_fields=ext_fields))
 
     def _write(self, command: RemotingCommand) -> None:
         self._out.append(encode(command))

@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from protocols.cluster.store_link import WILDCARD_TARGETS
 from protocols.mqtt.packets import RetainHandling, Subscribe
+from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared
 from store import StoredMessage
 
@@ -28,6 +30,8 @@ from .gateway_store import GatewayStore
 
 if TYPE_CHECKING:
     from ..mqtt.broker import MQTTBroker
+
+log = logging.getLogger("tidemq.cluster")
 
 
 class RemoteWildcards:
@@ -81,6 +85,28 @@ class GatewayNode:
         self.retained = RemoteRetained(store)
         self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
         self._preparing: dict[int, list[str]] = {}  # id(SUBSCRIBE) -> the queues it counts as read
+
+    def attach(self, broker: MQTTBroker) -> None:
+        self.broker = broker
+        self.store.remote.on_kick = self.kick
+
+    # -- clients: one connection per client id in the cluster -----------------------------------
+    async def claim(self, client_id: str) -> None:
+        """A client connects here: where it is connected still, it is disconnected, and its
+        session saved, before this node loads the session."""
+        await self.store.remote.takeover(client_id, "*")
+
+    def kick(self, client_id: str) -> bool:
+        """Another node has ``client_id`` now: disconnect it here (5.0: reason 0x8E) and write
+        its session at once, ahead of the answer on the store link."""
+        broker = self.broker
+        conn = broker.connections.get(client_id)
+        if conn is None:
+            return False
+        log.info("session taken over by another node client_id=%s", client_id)
+        conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "the client connected to another node")
+        broker.flush_sessions()
+        return True
 
     # -- which queues this node reads (notify routing) ------------------------------------------
     def reading(self, queue: str) -> None:

@@ -48,6 +48,8 @@ class RemoteStore:
         self.msg_id_prefix = id_prefix
         self.max_message_size = max_message_size
         self._notify_handlers: list[Callable[[dict[str, int]], None]] = []
+        # disconnect a client here and save its session (in order on the link) before the answer
+        self.on_kick: Callable[[str], bool] | None = None
         link.on_request = self._on_request
 
     @classmethod
@@ -179,7 +181,17 @@ class RemoteStore:
         else this node then asks about the queue, so no later event misses it."""
         self.link.oneway(StoreCode.INTEREST, {"queue": queue, "reading": "true" if reading else "false"})
 
+    async def takeover(self, client_id: str, node: str) -> int:
+        """Have ``client_id`` disconnected on ``node`` (``*``: on every other node) with its
+        session saved; returns on how many nodes it was."""
+        reply = _check(await self._call(StoreCode.TAKEOVER, {"clientId": client_id, "node": node}))
+        return int(reply.ext_fields.get("kicked", "0"))
+
     def _on_request(self, command: RemotingCommand) -> None:
+        if command.code == StoreCode.CLIENT_KICK:
+            kicked = self.on_kick(command.ext_fields.get("clientId", "")) if self.on_kick else False
+            self.link.respond(command, ResponseCode.SUCCESS, {"kicked": "true" if kicked else "false"})
+            return
         if command.code != StoreCode.NOTIFY:
             log.warning("unexpected request from the store node code=%d", command.code)
             return

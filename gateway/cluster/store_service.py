@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.cluster")
 
 MAX_GET_MESSAGES = 1024
+TAKEOVER_TIMEOUT_S = 5.0  # a gateway node asked to disconnect a client answers within this
 MAX_KV_ITEMS = 100_000
 
 FILTERS_TABLE = "cluster.filters"  # "{filter}\x00{holder}" of durable holds (persistent sessions)
@@ -135,6 +136,7 @@ class StoreService:
             StoreCode.KV_ITEMS: self.kv_items,
             StoreCode.SUBSCRIBE_NOTIFY: self.subscribe_notify,
             StoreCode.INTEREST: self.interest,
+            StoreCode.TAKEOVER: self.takeover,
             StoreCode.FILTER_HOLD: self.filter_hold,
             StoreCode.FILTER_RELEASE: self.filter_release,
             StoreCode.RETAINED_SET: self.retained_set,
@@ -306,6 +308,30 @@ class StoreService:
             raise BadRequest("INTEREST before SUBSCRIBE_NOTIFY on this link")
         ext = request.ext_fields
         self.router.hint(str_field(ext, "queue"), node, ext.get("reading") == "true")
+
+    def takeover(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+        return self._takeover(conn, request)
+
+    async def _takeover(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        """A client connected to the asking node: the node it was on (``node``, or ``*``: every
+        other node) disconnects it and saves its session, then the asking node is answered --
+        so it loads the session as the old node left it."""
+        ext = request.ext_fields
+        client_id, target = str_field(ext, "clientId"), str_field(ext, "node")
+        asking = self._node_of.get(conn)
+        links = [c for node, c in self._links.items() if node != asking and (target == "*" or node == target)]
+        results = await asyncio.gather(*(self._kick(c, client_id) for c in links))
+        return response_to(request, ResponseCode.SUCCESS, ext_fields={"kicked": str(sum(results)),
+                                                                      "asked": str(len(links))})
+
+    async def _kick(self, conn: RemotingConnection, client_id: str) -> bool:
+        try:
+            reply = await conn.call(StoreCode.CLIENT_KICK, {"clientId": client_id}, TAKEOVER_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as exc:  # that node is gone or stuck: it will lose the client
+            log.warning("takeover: a gateway node did not answer peer=%s client_id=%s error=%r",
+                        conn.peer, client_id, exc)
+            return False
+        return reply.ext_fields.get("kicked") == "true"
 
     async def _route_notify(self) -> None:
         """Every notify event of the store, to the gateway nodes that need it."""

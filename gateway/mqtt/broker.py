@@ -63,6 +63,8 @@ class MQTTBroker:
         self._deliveries: OrderedDict[int, Delivery] = OrderedDict()
         self._templates: OrderedDict[tuple, PublishTemplate] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
+        if node is not None:
+            node.attach(self)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _resource_alarm(self, reason: str | None) -> None:
@@ -144,9 +146,10 @@ class MQTTBroker:
         self._dirty.add(session.client_id)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_sessions)
+            asyncio.get_running_loop().call_soon(self.flush_sessions)
 
-    def _flush_sessions(self) -> None:
+    def flush_sessions(self) -> None:
+        """Write the sessions changed since the last flush."""
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
         for client_id in dirty:

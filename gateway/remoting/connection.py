@@ -45,6 +45,7 @@ class RemotingConnection(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._waiting: dict[int, asyncio.Future[RemotingCommand]] = {}  # our requests, by opaque
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -63,8 +64,12 @@ class RemotingConnection(asyncio.Protocol):
             self.close()
             return
         for command in commands:
-            if not command.is_response:  # (answers to our one-way notifications: none come)
+            if not command.is_response:
                 self._dispatch(command)
+            else:  # the answer to a request of ours (a store node asking a gateway node)
+                waiter = self._waiting.pop(command.opaque, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(command)
         self.flush()
 
     def _dispatch(self, request: RemotingCommand) -> None:
@@ -102,8 +107,25 @@ class RemotingConnection(asyncio.Protocol):
             self.send(response)
             self.flush()
 
+    async def call(self, code: int, ext_fields: dict[str, str], timeout: float) -> RemotingCommand:
+        """Send a request to the peer and wait for its answer (TimeoutError, ConnectionError)."""
+        if self.closed:
+            raise ConnectionError("the connection is closed")
+        opaque = next(_opaques)
+        waiter: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._waiting[opaque] = waiter
+        self.send(RemotingCommand(code, opaque, ext_fields=ext_fields))
+        self.flush()
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiting.pop(opaque, None)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionError("the connection closed"))
         self.broker.connections.discard(self)
         self.broker.groups.connection_closed(self)
         for task in self._tasks:

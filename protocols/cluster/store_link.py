@@ -65,6 +65,8 @@ class StoreCode(enum.IntEnum):
     RETAINED_SET = 30_115  # topic -> position of its retained message (-1: cleared)
     RETAINED_MATCH = 30_116  # the retained messages of the topics a filter matches
     INTEREST = 30_117  # one-way: a gateway node starts or stops reading a queue (notify routing)
+    TAKEOVER = 30_118  # a client connected here: disconnect it on node N (or every other node)
+    CLIENT_KICK = 30_119  # store node -> gateway node: disconnect a client, save its session, answer
 
 
 WILDCARD_TARGETS = "\x00wildcards"  # (no queue of any protocol has this name)
