@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", dest="store_address", metavar="HOST:PORT",
                        help="the store node's remoting listener (role gateway)")
     serve.add_argument("--node-id", metavar="ID", help="this gateway node's name in the cluster")
+    serve.add_argument("--cluster-token", metavar="TOKEN",
+                       help="shared secret gateway nodes present to the store node (set on both)")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
     for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
         serve.add_argument(
@@ -139,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "role": args.role,
         "store_address": args.store_address,
         "node_id": args.node_id,
+        "cluster_token": args.cluster_token,
         "data_dir": args.data_dir,
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,

@@ -35,6 +35,7 @@ class Config:
     store_address: str = ""  # HOST:PORT of the store node's remoting listener (role gateway)
     node_id: str = ""  # this gateway node's name in the cluster (default: its MQTT address)
     notify_routing: str = "targeted"  # store node: targeted (nodes that read the queue) or broadcast
+    cluster_token: str = ""  # when set, gateway nodes present it to the store node (set it on both)
     data_dir: Path = Path("./data")
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"

@@ -17,7 +17,7 @@ from .auth import Acl, PasswordFile
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
-from .cluster.remote_store import RemoteStore
+from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind
 from .metrics import MetricsServer
@@ -122,9 +122,11 @@ class Gateway:
         assert address is not None
         node_id = self.config.node_id or f"gateway@{self.config.mqtt_bind}"
         try:
-            remote = await RemoteStore.connect(*address, name=node_id)
+            remote = await RemoteStore.connect(*address, name=node_id, token=self.config.cluster_token)
         except OSError as exc:
             raise ConfigError(f"cannot reach the store node at {self.config.store_address}: {exc}") from None
+        except RemoteStoreError as exc:
+            raise ConfigError(f"the store node at {self.config.store_address} refused this node: {exc}") from None
         self.gateway_store = GatewayStore(remote)
         await self.gateway_store.start(node_id)
         self.node = GatewayNode(self.gateway_store, node_id)
@@ -211,7 +213,7 @@ class Gateway:
             retained = RetainedIndex(self.store)
             retained.load()
             router = NotifyRouter(broadcast=cfg.notify_routing == "broadcast")
-            self.store_service = StoreService(self.store, WildcardQueues(), retained, router)
+            self.store_service = StoreService(self.store, WildcardQueues(), retained, router, cfg.cluster_token)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             self.remoting.handlers.update(self.store_service.handlers())
         await self.remoting.start()

@@ -11,15 +11,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.cluster.link import Link
 from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
 from gateway.config import Config, ConfigError, load_config
 from gateway.server import Gateway
 from protocols.cluster.store_link import (
+    StoreCode,
     StoreLinkError,
     decode_messages,
     decode_put,
     encode_put,
 )
+from protocols.remoting.codes import ResponseCode
 from store import GetStatus, Message
 
 
@@ -118,3 +121,22 @@ def test_bad_bodies_raise_only_the_codec_error(data: bytes) -> None:
             decode(data)
         except StoreLinkError:
             pass
+
+
+async def test_cluster_token_keeps_strangers_off_the_store_link(data_dir: Path) -> None:
+    gw = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0",
+                        cluster_token="s3cret"))
+    await gw.start()
+    try:
+        with pytest.raises(RemoteStoreError, match="wrong cluster token"):
+            await RemoteStore.connect("127.0.0.1", remoting_port(gw), token="guess")
+        link = await Link.connect("127.0.0.1", remoting_port(gw))  # no HELLO at all
+        reply = await link.call(StoreCode.KV_GET, {"table": "mqtt.sessions", "key": "x"})
+        assert reply.code == ResponseCode.NO_PERMISSION
+        link.close()
+        trusted = await RemoteStore.connect("127.0.0.1", remoting_port(gw), token="s3cret")
+        await trusted.kv_put("t", "k", b"v")
+        assert await trusted.kv_get("t", "k") == b"v"
+        await trusted.close()
+    finally:
+        await gw.stop()

@@ -53,10 +53,10 @@ class RemoteStore:
         link.on_request = self._on_request
 
     @classmethod
-    async def connect(cls, host: str, port: int, name: str = "store") -> RemoteStore:
+    async def connect(cls, host: str, port: int, name: str = "store", token: str = "") -> RemoteStore:
         link = await Link.connect(host, port, name)
         try:
-            hello = _check(await link.call(StoreCode.HELLO))
+            hello = _check(await link.call(StoreCode.HELLO, {"token": token} if token else None))
             return cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
         except BaseException:
             link.close()

@@ -15,8 +15,10 @@ wildcard queue: PUT expands ``WILDCARD_TARGETS``) and the retained messages.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from protocols.cluster.store_link import (
@@ -60,8 +62,10 @@ class StoreService:
     lasts. ``retained``: the cluster's retained messages."""
 
     def __init__(self, store: MessageStore, wildcards: WildcardQueues, retained: RetainedIndex,
-                 router: NotifyRouter | None = None) -> None:
+                 router: NotifyRouter | None = None, token: str = "") -> None:
         self.store = store
+        self.token = token  # the cluster token gateway nodes must present ("": none asked)
+        self._trusted: weakref.WeakSet[RemotingConnection] = weakref.WeakSet()
         self.wildcards = wildcards
         self.retained = retained
         self.router = router or NotifyRouter()
@@ -122,7 +126,8 @@ class StoreService:
         return ended
 
     def handlers(self) -> dict[int, object]:
-        return {
+        """The store link's request handlers, each behind the cluster token check."""
+        handlers = {
             StoreCode.HELLO: self.hello,
             StoreCode.PUT: self.put,
             StoreCode.GET: self.get,
@@ -142,8 +147,25 @@ class StoreService:
             StoreCode.RETAINED_SET: self.retained_set,
             StoreCode.RETAINED_MATCH: self.retained_match,
         }
+        return {code: self._guarded(code, handler) for code, handler in handlers.items()}
+
+    def _guarded(self, code: int, handler):
+        """With a cluster token, a link must start with a HELLO that carries it; anything else
+        on a link that has not is refused (RocketMQ's NO_PERMISSION)."""
+        def guarded(conn: RemotingConnection, request: RemotingCommand):
+            if self.token and conn not in self._trusted and code != StoreCode.HELLO:
+                log.warning("store link request without the cluster token refused code=%d peer=%s",
+                            code, conn.peer)
+                return response_to(request, ResponseCode.NO_PERMISSION, "say HELLO with the cluster token first")
+            return handler(conn, request)
+        return guarded
 
     def hello(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
+        if self.token:
+            if not hmac.compare_digest(request.ext_fields.get("token", ""), self.token):
+                log.warning("store link HELLO with a wrong cluster token peer=%s", conn.peer)
+                return response_to(request, ResponseCode.NO_PERMISSION, "wrong cluster token")
+            self._trusted.add(conn)
         options = self.store.options
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "idPrefix": self.store.msg_id_prefix, "maxMessageSize": str(options.max_message_size)})
