@@ -15,9 +15,9 @@ import pytest
 
 from gateway.config import Config
 from gateway.server import Gateway
-from protocols.mqtt.packets import MQTT_5
+from protocols.mqtt.packets import MQTT_5, Connect, SubAck, Subscribe, Subscription
 
-from .mqtt_support import PahoClient, mqtt_port
+from .mqtt_support import PahoClient, RawClient, mqtt_port
 from .test_metrics import fetch, samples, value
 from .test_store_link import remoting_port
 
@@ -178,3 +178,29 @@ async def test_a_client_id_connecting_to_another_node_takes_the_session_over(dat
         await second.nothing_more()
         await second.disconnect()
         await sender.disconnect()
+
+
+async def test_many_subscribers_of_one_topic_cost_one_store_read_per_batch(data_dir: Path) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        subscribers = []
+        for i in range(200):
+            client, _ = await RawClient.connected(mqtt_port(b), Connect(client_id=f"s{i}", version=MQTT_5))
+            client.send(Subscribe(1, [Subscription("hot/topic", 0)]))
+            subscribers.append(client)
+        for client in subscribers:
+            assert isinstance(await client.recv(), SubAck)
+        reads_before = b.gateway_store.fetches
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        for i in range(50):
+            await publisher.publish("hot/topic", str(i), 1)
+        for client in subscribers:
+            got = [await client.recv() for _ in range(50)]
+            assert [p.payload for p in got] == [str(i).encode() for i in range(50)]
+        reads = b.gateway_store.fetches - reads_before
+        assert 1 <= reads <= 50, f"{reads} store reads for 50 messages to 200 subscribers"
+        cache = b.mqtt.cache.stats
+        assert cache.hits >= 199 * 50
+        for client in subscribers:
+            await client.close()
+        await publisher.disconnect()
