@@ -4,6 +4,7 @@
     GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
+    POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/data_publish.py)
 
 Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
 with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
@@ -36,6 +37,7 @@ from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
 from .admin import AdminError
+from .data_publish import PublishApi
 from .mqtt.queues import queue_for_filter
 
 if TYPE_CHECKING:
@@ -50,12 +52,15 @@ MAX_CONCURRENT_READS = 1  # one bulk read at a time: the gateway gives analytics
 MAX_QUEUES = 10_000  # per offsets or queues request
 
 
-def add_routes(app: web.Application, gateway: Gateway) -> None:
+def add_routes(app: web.Application, gateway: Gateway) -> PublishApi:
     api = DataApi(gateway)
     app.router.add_get("/data/queues", api.queues)
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
     app.router.add_get("/data/read", api.read)
+    publish = PublishApi(gateway)  # the write side: gateway/data_publish.py
+    app.router.add_post("/data/publish", publish.publish)
+    return publish
 
 
 def _int(query, name: str, default: int | None = None) -> int:

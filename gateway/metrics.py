@@ -205,7 +205,8 @@ class MetricsServer:
         app.router.add_get("/admin/queues", self._queues)
         app.router.add_get("/admin/messages", self._messages)
         app.router.add_post("/admin/kick", self._kick)
-        data_api.add_routes(app, gateway)  # /data/: bulk reads as Arrow (gateway/data_api.py)
+        publish = data_api.add_routes(app, gateway)  # /data/: bulk reads as Arrow, and publishing (data_api.py)
+        self.registry.register(publish.collector())  # type: ignore[arg-type]  # tidemq_data_publish_*
         dashboard.add_routes(app, gateway)  # /dashboard and the /admin/overview it polls
         app.router.add_get("/admin/trace", self._trace)
         self._runner = web.AppRunner(app, access_log=None)

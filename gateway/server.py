@@ -127,7 +127,8 @@ class Gateway:
             raise ConfigError(f"cannot reach the store node at {self.config.store_address}: {exc}") from None
         except RemoteStoreError as exc:
             raise ConfigError(f"the store node at {self.config.store_address} refused this node: {exc}") from None
-        self.gateway_store = GatewayStore(remote)
+        token = self.config.cluster_token
+        self.gateway_store = GatewayStore(remote, lambda: RemoteStore.connect(*address, name=node_id, token=token))
         await self.gateway_store.start(node_id)
         self.node = GatewayNode(self.gateway_store, node_id)
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)

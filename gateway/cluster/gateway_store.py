@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 
-from store import GetResult, GetStatus, Message, PutResult, StoredMessage
+from store import GetResult, GetStatus, Message, PutResult, StoredMessage, StoreError
 from store.notify import NotifyHub, NotifySubscription
 
 from .remote_store import RemoteStore, RemoteStoreError
@@ -32,8 +32,12 @@ POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read
 
 
 class GatewayStore:
-    def __init__(self, remote: RemoteStore) -> None:
+    def __init__(self, remote: RemoteStore, reconnect: Callable[[], Awaitable[RemoteStore]] | None = None) -> None:
         self.remote = remote
+        self._reconnect = reconnect  # a new link to the store node, when this one is lost
+        self.on_lost: Callable[[], None] | None = None  # the link went down (the node drops its clients)
+        self.node_id = ""
+        self._closing = False
         self.msg_id_prefix = remote.msg_id_prefix
         self.notify = NotifyHub()
         self._max: dict[str, int] = {}  # queue -> max offset, from notify events and reads
@@ -49,13 +53,56 @@ class GatewayStore:
         self.notify_events = 0
 
     async def start(self, node_id: str) -> None:
+        self.node_id = node_id
         await self.remote.subscribe_notify(self._on_notify, node_id)
+        if self._reconnect is not None:
+            self._spawn(self._keep_linked())
+
+    @property
+    def connected(self) -> bool:
+        return self.remote.link.is_open
 
     async def close(self) -> None:
+        self._closing = True
         for task in list(self._tasks):
             task.cancel()
         self.notify.close()
         await self.remote.close()
+
+    async def _keep_linked(self) -> None:
+        """When the link to the store node goes down: forget what was learned through it, have
+        the node drop its clients (they reconnect, through any node, to the sessions as last
+        saved), and link again, every 0.5 s at first, then up to every 5 s."""
+        assert self._reconnect is not None
+        while True:
+            await asyncio.shield(self.remote.link.closed)  # (a cancel here must not cancel the link's future)
+            if self._closing:
+                return
+            log.error("lost the link to the store node node_id=%s", self.node_id)
+            self._forget()
+            if self.on_lost is not None:
+                self.on_lost()
+            delay = 0.5
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    remote = await self._reconnect()
+                    await remote.subscribe_notify(self._on_notify, self.node_id)
+                    break
+                except (OSError, StoreError) as exc:
+                    log.warning("store node still unreachable node_id=%s error=%s", self.node_id, exc)
+                    delay = min(delay * 2, 5.0)
+            remote.on_kick = self.remote.on_kick
+            self.remote, self.msg_id_prefix = remote, remote.msg_id_prefix
+            log.info("linked to the store node again node_id=%s", self.node_id)
+
+    def _forget(self) -> None:
+        self._max.clear()
+        self._min.clear()
+        self._fetched.clear()
+        self._fetching.clear()
+        self._positions.clear()
+        self._consumer_offsets.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
         self.notify_messages += 1
@@ -167,7 +214,7 @@ class GatewayStore:
     def table(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
         if table is None:
-            table = self._tables[name] = RemoteTable(self.remote, name)
+            table = self._tables[name] = RemoteTable(self, name)
         return table
 
     def _spawn(self, work) -> None:
@@ -180,26 +227,23 @@ class RemoteTable:
     """A KV table of the store node: writes go out at once, in order on the link; reads are
     of what ``load`` fetched."""
 
-    def __init__(self, remote: RemoteStore, name: str) -> None:
-        self.remote = remote
+    def __init__(self, store: GatewayStore, name: str) -> None:
+        self.store = store
         self.name = name
         self._loaded: dict[str, bytes | None] = {}
 
     async def load(self, key: str) -> bytes | None:
-        value = self._loaded[key] = await self.remote.kv_get(self.name, key)
+        value = self._loaded[key] = await self.store.remote.kv_get(self.name, key)
         return value
 
     def get(self, key: str) -> bytes | None:
         return self._loaded.pop(key, None)
 
     def put(self, key: str, value: bytes) -> None:
-        self.remote.kv_put_nowait(self.name, key, value)
-
-    async def put_durably(self, key: str, value: bytes) -> None:
-        await self.remote.kv_put(self.name, key, value)
+        self.store.remote.kv_put_nowait(self.name, key, value)
 
     def delete(self, key: str) -> None:
-        self.remote.kv_delete_nowait(self.name, key)
+        self.store.remote.kv_delete_nowait(self.name, key)
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         return iter(())  # a gateway node loads sessions one by one, when their clients connect

@@ -55,7 +55,7 @@ class RemoteRetained:
     """The store node's retained messages: set at once; matched by ``prefetch`` beforehand."""
 
     def __init__(self, store: GatewayStore) -> None:
-        self.remote = store.remote
+        self.store = store
         self._matched: dict[str, list[StoredMessage]] = {}
 
     def load(self) -> None:
@@ -68,13 +68,13 @@ class RemoteRetained:
         return False
 
     def set(self, topic: str, position: int | None) -> None:
-        self.remote.retained_set(topic, position)
+        self.store.remote.retained_set(topic, position)
 
     def matching(self, topic_filter: str) -> list[StoredMessage]:
         return self._matched.pop(topic_filter, [])
 
     async def prefetch(self, topic_filter: str) -> None:
-        self._matched[topic_filter] = await self.remote.retained_match(topic_filter)
+        self._matched[topic_filter] = await self.store.remote.retained_match(topic_filter)
 
 
 class GatewayNode:
@@ -89,6 +89,15 @@ class GatewayNode:
     def attach(self, broker: MQTTBroker) -> None:
         self.broker = broker
         self.store.remote.on_kick = self.kick
+        self.store.on_lost = self.store_lost
+
+    def store_lost(self) -> None:
+        """No store node: every client of this node is disconnected (they reconnect, to any
+        node, once one has its store again); what this node cached is stale."""
+        broker = self.broker
+        for conn in list(broker.connections.values()):
+            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway lost its store node")
+        broker.cache.clear()
 
     # -- clients: one connection per client id in the cluster -----------------------------------
     async def claim(self, client_id: str) -> None:

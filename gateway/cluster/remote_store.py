@@ -120,7 +120,7 @@ class RemoteStore:
     # -- consumer offsets and KV tables -------------------------------------------------------
     def commit_offset_nowait(self, consumer: str, queue: str, offset: int) -> None:
         """Sent in order with everything else on the link; not answered."""
-        self.link.oneway(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue, "offset": str(offset)})
+        self._oneway(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue, "offset": str(offset)})
 
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:
         _check(await self._call(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue,
@@ -140,10 +140,10 @@ class RemoteStore:
 
     def kv_put_nowait(self, table: str, key: str, value: bytes) -> None:
         """Sent in order with everything else on the link; not answered."""
-        self.link.oneway(StoreCode.KV_PUT, {"table": table, "key": key}, value)
+        self._oneway(StoreCode.KV_PUT, {"table": table, "key": key}, value)
 
     def kv_delete_nowait(self, table: str, key: str) -> None:
-        self.link.oneway(StoreCode.KV_DELETE, {"table": table, "key": key})
+        self._oneway(StoreCode.KV_DELETE, {"table": table, "key": key})
 
     async def kv_delete(self, table: str, key: str) -> None:
         _check(await self._call(StoreCode.KV_DELETE, {"table": table, "key": key}))
@@ -154,14 +154,14 @@ class RemoteStore:
 
     # -- MQTT wildcard filters and retained messages (kept by the store node) -----------------
     def filter_hold(self, topic_filter: str, holder: str, durable: bool) -> None:
-        self.link.oneway(StoreCode.FILTER_HOLD, {"filter": topic_filter, "holder": holder,
+        self._oneway(StoreCode.FILTER_HOLD, {"filter": topic_filter, "holder": holder,
                                                  "durable": "true" if durable else "false"})
 
     def filter_release(self, topic_filter: str, holder: str) -> None:
-        self.link.oneway(StoreCode.FILTER_RELEASE, {"filter": topic_filter, "holder": holder})
+        self._oneway(StoreCode.FILTER_RELEASE, {"filter": topic_filter, "holder": holder})
 
     def retained_set(self, topic: str, position: int | None) -> None:
-        self.link.oneway(StoreCode.RETAINED_SET, {"topic": topic, "position": str(-1 if position is None
+        self._oneway(StoreCode.RETAINED_SET, {"topic": topic, "position": str(-1 if position is None
                                                                                    else position)})
 
     async def retained_match(self, topic_filter: str) -> list[StoredMessage]:
@@ -179,7 +179,7 @@ class RemoteStore:
     def interest(self, queue: str, reading: bool) -> None:
         """Tell the store node this node starts (stops) reading ``queue``: sent before anything
         else this node then asks about the queue, so no later event misses it."""
-        self.link.oneway(StoreCode.INTEREST, {"queue": queue, "reading": "true" if reading else "false"})
+        self._oneway(StoreCode.INTEREST, {"queue": queue, "reading": "true" if reading else "false"})
 
     async def takeover(self, client_id: str, node: str) -> int:
         """Have ``client_id`` disconnected on ``node`` (``*``: on every other node) with its
@@ -202,6 +202,15 @@ class RemoteStore:
             return
         for handler in self._notify_handlers:
             handler(events)
+
+    def _oneway(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> None:
+        """A one-way request; dropped, with a log line, while the link is down (what it would
+        have written -- a session's state, a filter hold -- is written again when the client
+        comes back, through whichever node)."""
+        try:
+            self.link.oneway(code, ext_fields, body)
+        except ConnectionError:
+            log.warning("store node unreachable, one-way request dropped code=%d", code)
 
     async def _call(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
         try:

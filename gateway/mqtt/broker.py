@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
 from protocols.mqtt.topics import is_wildcard
-from store import MessageStore, StoredMessage
+from store import MessageStore, PutResult, StoredMessage
 
 from ..stats import ProtocolStats
-from .messages import Delivery, PublishTemplate, build_template, to_store_message
+from .messages import Delivery, PublishTemplate, StoreMessageFactory, build_template
 from .queues import WildcardQueues, queue_for_filter
 from .retained import RetainedIndex
 from .session import Session
@@ -216,14 +216,26 @@ class MQTTBroker:
         """Messages the broker itself publishes ($SYS statistics)."""
         self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
 
-    def _put(self, publishes: list[tuple[Publish, str]]) -> None:
-        items = [(to_store_message(p, client_id, p.topic), self.wildcards.queues_for(p.topic))
-                 for p, client_id in publishes]
+    def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[list[PutResult]]:
+        """Messages published on behalf of ``client_id`` by something that is not an MQTT
+        connection (the data API's ``POST /data/publish``): stored, retained and delivered
+        exactly as if that client had published them. Resolves when they are durable."""
+        return self._put([(p, client_id) for p in publishes])
+
+    def _put(self, publishes: list[tuple[Publish, str]]) -> asyncio.Future[list[PutResult]]:
+        factories: dict[str, StoreMessageFactory] = {}
+        items = []
+        for p, client_id in publishes:
+            factory = factories.get(client_id)
+            if factory is None:
+                factory = factories[client_id] = StoreMessageFactory(client_id)
+            items.append((factory.message(p, p.topic), self.wildcards.queues_for(p.topic)))
         fut = self.store.put_batch_nowait(items)
         if any(p.retain for p, _ in publishes):
             entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
             fut.add_done_callback(lambda f: self.record_retained(entries, f))
         fut.add_done_callback(_log_failure)
+        return fut
 
     # -- retained messages ---------------------------------------------------------------------
     def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> None:

@@ -322,6 +322,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         acl = broker.acl
         if acl is not None and acl.checks_deliveries(self.username, client_id):  # type: ignore[attr-defined]
             self._read_check = acl.allows_read  # type: ignore[attr-defined]
+        if broker.node is not None and not broker.node.store.connected:
+            log.info("connection refused: no store node client_id=%s", client_id)
+            self.send_packet(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE))
+            self.close()
+            return False
         if broker.node is not None and client_id not in broker.connections:
             await broker.node.claim(client_id)  # disconnected on any other node, session saved
             await broker.node.load_session(broker, client_id)  # from the store node
