@@ -1,0 +1,670 @@
+"""Cluster benchmark: notify routing and the queue cache of gateway nodes, one store node.
+
+    python -m loadtest.bench_cluster [--quick] [--scenarios spread,fanout] [--nodes 2,4,8]
+                                     [--out FILE] [--keep-logs DIR]
+
+Each case starts a fresh cluster of real processes on 127.0.0.1 (``python -m gateway serve``:
+one ``--role store`` node, ``--flush async``, and N ``--role gateway`` nodes, each with its
+metrics listener; ``TIDEMQ_*`` variables of the caller's environment are not passed on) and
+stops every process of it by PID at its end, on errors too. The load is bench_mqtt's: raw-socket
+MQTT 3.1.1 clients in forked worker processes (``loadtest.mqtt_wire``), QoS 1, 64-byte payloads.
+
+- spread, for N in 2, 4, 8 and for each notify routing of the store node (``targeted``: only to
+  the nodes that said they read the queue -- by their hints: ``serve --role store`` has no
+  lookup yet; ``broadcast``: every event to every node, ``TIDEMQ_NOTIFY_ROUTING=broadcast``): 200 topics ``bench/spread/T``, each read by 2
+  subscribers on 2 different nodes (T mod N and another one), so a topic is read on 2 of the N
+  nodes; one publisher per topic, on node (T + N/2) mod N, each with 20 PUBLISHes
+  unacknowledged and at most 100 messages ahead of its subscribers; 10 s of publishing.
+- fanout, with the queue cache of the gateway nodes on (64 MiB) and off
+  (``TIDEMQ_QUEUE_CACHE_BYTES=0``): 2 gateway nodes, 2,000 subscribers of one topic on the
+  first, one publisher on the second, up to 2,000 messages in 15 s, at most 20,000 deliveries
+  ahead of the subscribers (bench_mqtt's fan-out, across two nodes); the subscribers may take
+  up to 120 s after the last send to drain. With the cache off, each store read serves one
+  subscriber and wakes all 2,000 (see the gateway node's ``GatewayStore.get_now``): on 2 cores
+  they drain a few hundred deliveries/s, so the publisher's bound holds it to a dozen messages
+  and the drain takes 30-50 s.
+
+``--quick``: spread with N in 2 and 4, 100 topics, 3 s; fanout with 500 subscribers and 500
+messages in 5 s, drain up to 60 s (its lines say ``quick=1``; 45 s in all on 2 cores). The full
+run took 161 s on 2 cores, a third of it the fan-out with the cache off. One line per case:
+
+    cluster scenario=spread nodes=N routing=targeted|broadcast topics=200 readers_per_topic=2 seconds=10
+        deliveries_per_s=... published=... expected=... received=... lost=... dup=...
+        notify_msgs_per_publish=... notify_events_per_publish=... broadcast_share=... p50_ms=... p99_ms=...
+        gen_cpu_pct=... nodes_cpu_pct=... store_cpu_pct=... other_cpu_pct=... drain=... node_complaints=...
+    cluster scenario=fanout subscribers=2000 cache=on|off store_reads_per_publish=... deliveries_per_s=...
+        cache_hit_ratio=... published=... expected=... received=... lost=... dup=... (then as above)
+    cluster scenario=... error="..."        (the case failed; the run goes on)
+
+What the figures are (node metrics are differences between a scrape just before the first
+send and one after the subscribers stopped):
+
+- ``published``: PUBLISHes the nodes acknowledged; ``expected`` = published x readers;
+  ``received`` counts distinct messages at the subscribers, ``dup`` duplicates,
+  ``lost`` = expected - received once the subscribers stopped. ``deliveries_per_s``: received
+  over first send to last receive. ``drain``: as in bench_mqtt (``complete``: everything
+  arrived; ``idle``: nothing for 2 s after the publishers were done: what is missing was
+  dropped; ``timeout``: still arriving at the drain timeout, 10 s after the last send, 120 s in
+  the fan-out: what is missing had not arrived yet). When something is missing, a
+  ``lost_by_node`` field names the nodes whose subscribers missed messages.
+- ``notify_msgs_per_publish``: the store node's ``tidemq_notify_messages_sent_total`` (one
+  NOTIFY per node per coalesced batch) / published. ``notify_events_per_publish``: the
+  (queue, offset) events the gateway nodes received, summed over the nodes
+  (``tidemq_notify_events_received_total``) / published: what each node had to look at.
+  ``broadcast_share``: of the events the store node routed, the share sent to every node
+  (``tidemq_notify_events_routed_total{how}``).
+- ``store_reads_per_publish``: the subscribers' node's ``tidemq_store_link_reads_total`` /
+  published; ``cache_hit_ratio``: its ``tidemq_queue_cache_hits_total`` / (hits + misses).
+- ``gen_cpu_pct``: the load generator's processes; ``nodes_cpu_pct``: all cluster processes
+  (store node included), ``store_cpu_pct``: the store node alone; ``other_cpu_pct``: the rest
+  of the machine; 100 is one core. ``node_complaints``: warning and error lines (and
+  tracebacks) the nodes logged during the case; the first of them follows as a ``#`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from array import array
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.bench_mqtt import (
+    FANOUT_AHEAD_DELIVERIES,
+    FANOUT_POLL_S,
+    IDLE_FOR_S,
+    KEEP_ALIVE,
+    LATENCY_SAMPLES,
+    Load,
+    pump_publishers,
+)
+from loadtest.brokers import (
+    ROOT,
+    Broker,
+    BrokerUnavailable,
+    ScenarioError,
+    free_port,
+    raise_fd_limit,
+)
+from loadtest.harness import (
+    DELIVERED,
+    MACHINE,
+    SLACK_S,
+    WORKER_WAIT_S,
+    CpuSampler,
+    Workers,
+    drain_stop,
+    parse_list,
+    quote,
+    ready_events,
+    split,
+)
+from loadtest.mqtt_wire import HOST, PublishBatch, Publisher, Subscriber, open_sessions
+
+SCENARIOS = ("spread", "fanout")
+NODE_START_S = 60.0  # 9 Python processes starting at once on 2 cores take a while
+SPREAD_READERS = 2  # nodes reading each topic (one subscriber on each)
+SPREAD_WINDOW = 20  # unacknowledged PUBLISHes per spread publisher
+SPREAD_AHEAD = 100  # messages a spread publisher may be ahead of its topic's average subscriber
+SPREAD_POLL_S = 0.005  # hundreds of subscriber sockets per process: read every 5 ms
+SUB_PROCS = 2
+COMPLAINT_MARKERS = ("level=warning", "level=error", "level=critical", "Traceback")
+
+
+# -- what to run -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Plan:
+    quick: bool
+    nodes: tuple[int, ...] = (2, 4, 8)
+    spread_topics: int = 200
+    spread_seconds: float = 10.0
+    fanout_subscribers: int = 2000
+    fanout_messages: int = 2000
+    fanout_seconds: float = 15.0
+    # With the cache off, 2,000 subscribers drain a dozen messages in ~50 s here (see above):
+    # the drain must outlast that for store_reads_per_publish to count every read.
+    fanout_drain_s: float = 120.0
+    drain_s: float = 10.0
+    handshake_s: float = 60.0
+
+
+FULL = Plan(quick=False)
+QUICK = replace(FULL, quick=True, nodes=(2, 4), spread_topics=100, spread_seconds=3.0, fanout_subscribers=500,
+                fanout_messages=500, fanout_seconds=5.0, fanout_drain_s=60.0, drain_s=5.0, handshake_s=30.0)
+
+
+# -- the cluster -----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Node:
+    process: Broker  # port: the remoting port (store node) or the MQTT port (gateway node)
+    metrics_port: int
+    log_offset: int = 0  # where this case's part of the console log starts
+
+    @property
+    def name(self) -> str:
+        return self.process.name
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return self.process.port
+
+
+@dataclass(slots=True)
+class Cluster:
+    store: Node
+    gateways: list[Node]
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [self.store, *self.gateways]
+
+
+def spawn(name: str, args: list[str], port: int, env_extra: dict[str, str]) -> Node:
+    """Start one node (its own temp dir for data and console log); does not wait for it."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-cluster-{name}-"))
+    metrics_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
+    env.update(env_extra)
+    command = [sys.executable, "-m", "gateway", "serve", *args, "--data-dir", str(workdir / "data"),
+               "--metrics-bind", f"{HOST}:{metrics_port}"]
+    log_path = workdir / "console.log"
+    with open(log_path, "wb") as console:
+        proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
+                                stderr=subprocess.STDOUT, env=env)
+    return Node(Broker(name, port, proc, workdir, log_path), metrics_port)
+
+
+def wait_ready(nodes: list[Node], timeout_s: float = NODE_START_S) -> None:
+    """Until every node logged "gateway ready"; a node that exits or stays silent fails the case."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(nodes)
+    while waiting:
+        for node in list(waiting):
+            if node.process.proc.poll() is not None:
+                raise BrokerUnavailable(f"node {node.name} exited with status {node.process.proc.returncode}: "
+                                        f"{node.process.log_tail()}")
+            try:
+                if "gateway ready" in node.process.log_path.read_text(errors="replace"):
+                    waiting.remove(node)
+            except OSError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise BrokerUnavailable(f"node(s) {','.join(n.name for n in waiting)} not ready within {timeout_s:g} s: "
+                                    f"{waiting[0].process.log_tail()}")
+        if waiting:
+            time.sleep(0.1)
+
+
+def start_cluster(gateways: int, routing: str = "targeted", cache: bool = True) -> Cluster:
+    store_port = free_port()
+    store = spawn("store", ["--role", "store", "--remoting-bind", f"{HOST}:{store_port}", "--amqp-bind", "",
+                            "--flush", "async"], store_port, {"TIDEMQ_NOTIFY_ROUTING": routing})
+    cluster = Cluster(store, [])
+    try:
+        wait_ready([store])
+        gateway_env = {} if cache else {"TIDEMQ_QUEUE_CACHE_BYTES": "0"}
+        for i in range(gateways):
+            port = free_port()
+            cluster.gateways.append(spawn(f"g{i}", ["--role", "gateway", "--node-id", f"g{i}", "--store",
+                                                    f"{HOST}:{store_port}", "--mqtt-bind", f"{HOST}:{port}"],
+                                          port, gateway_env))
+        wait_ready(cluster.gateways)  # started together: each imports the project in parallel
+    except BaseException:
+        stop_cluster(cluster)
+        raise
+    for node in cluster.nodes:
+        node.log_offset = node.process.log_path.stat().st_size
+    return cluster
+
+
+def stop_cluster(cluster: Cluster, keep_logs: Path | None = None, label: str = "") -> None:
+    """Gateway nodes first (SIGTERM, then SIGKILL after 10 s), then the store node; each by PID."""
+    for node in cluster.gateways:  # together: each takes a moment to close its connections
+        if node.process.proc.poll() is None:
+            node.process.proc.send_signal(signal.SIGTERM)
+    if keep_logs is not None:
+        keep_logs.mkdir(parents=True, exist_ok=True)
+    for node in [*cluster.gateways, cluster.store]:
+        if node is cluster.store and node.process.proc.poll() is None:
+            node.process.proc.send_signal(signal.SIGTERM)
+        process = node.process
+        try:
+            process.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            process.proc.kill()
+            try:
+                process.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass  # unkillable for now: its temp dir goes anyway
+        if keep_logs is not None:
+            try:
+                shutil.copyfile(process.log_path, keep_logs / f"{label}-{node.name}.log")
+            except OSError:
+                pass
+        shutil.rmtree(process.workdir, ignore_errors=True)
+
+
+def complaints(cluster: Cluster) -> list[str]:
+    """Warning and error lines (and tracebacks) the nodes logged since the case started."""
+    found = []
+    for node in cluster.nodes:
+        try:
+            with open(node.process.log_path, "rb") as log:
+                log.seek(node.log_offset)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            continue
+        found += [f"{node.name}: {line.strip()}" for line in text.splitlines()
+                  if any(marker in line for marker in COMPLAINT_MARKERS)]
+    return found
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(node: Node) -> Samples:
+    with urllib.request.urlopen(f"http://{HOST}:{node.metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+# -- worker processes ------------------------------------------------------------------------------
+# A publisher: (MQTT port, client id, topic, publisher number); the number is the topic's index.
+# A subscriber: (MQTT port, client id, topic filter, topic index, node name).
+PubSpec = tuple[int, str, str, int]
+SubSpec = tuple[int, str, str, int, str]
+
+
+def publisher_worker(w: Workers, index: int, specs: list[PubSpec], load: Load) -> None:
+    """Publishers on any nodes, driven by bench_mqtt's pump; reports what each topic got acknowledged."""
+    sockets: list[socket.socket] = []
+    try:
+        pubs: list[Publisher] = []
+        by_port: dict[int, list[PubSpec]] = defaultdict(list)
+        for spec in specs:
+            by_port[spec[0]].append(spec)
+        capacity = max(load.window, 256)
+        for port, group in by_port.items():
+            sessions = open_sessions(port, [s[1] for s in group], keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s)
+            sockets += sessions.sockets
+            if sessions.error:
+                w.report("error", "publisher", index, f"publisher handshake on port {port}: {sessions.error}")
+                return
+            pubs += [Publisher(sock, PublishBatch(topic, load.qos, number, capacity), load.window)
+                     for sock, (_, _, topic, number) in zip(sessions.sockets, group, strict=True)]
+        w.report("ready", "publisher", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        result = pump_publishers(w, pubs, load)
+        result["acked_by"] = [(p.batch.publisher, p.acked) for p in pubs]
+        w.report("result", "publisher", index, result)
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the case's error line
+        w.report("error", "publisher", index, f"publisher: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def subscriber_worker(w: Workers, index: int, specs: list[SubSpec], load: Load, acked: Any) -> None:
+    """Subscribers on any nodes, each of one topic; ``acked[topic]``: what its publisher got
+    acknowledged, filled in by the coordinator once the publishers are done."""
+    sockets: list[socket.socket] = []
+    try:
+        subs: list[tuple[Subscriber, SubSpec]] = []
+        groups: dict[tuple[int, str], list[SubSpec]] = defaultdict(list)
+        for spec in specs:
+            groups[(spec[0], spec[2])].append(spec)
+        for (port, topic_filter), group in groups.items():
+            sessions = open_sessions(port, [s[1] for s in group], keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s,
+                                     subscribe=(topic_filter, load.qos))
+            sockets += sessions.sockets
+            if sessions.error:
+                w.report("error", "subscriber", index, f"subscriber handshake on port {port}: {sessions.error}")
+                return
+            subs += [(Subscriber(sock), spec) for sock, spec in zip(sessions.sockets, group, strict=True)]
+        w.report("ready", "subscriber", index)
+        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
+            return
+        w.report("result", "subscriber", index, pump_subscribers(w, index, subs, load, acked))
+        w.release.wait(WORKER_WAIT_S)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes the case's error line
+        w.report("error", "subscriber", index, f"subscriber: {type(exc).__name__}: {exc}")
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def pump_subscribers(w: Workers, index: int, subs: list[tuple[Subscriber, SubSpec]], load: Load,
+                     acked: Any) -> dict[str, Any]:
+    """bench_mqtt's subscriber loop, but complete when each subscriber has its own topic's count."""
+    sel = selectors.DefaultSelector()
+    for s, _ in subs:
+        sel.register(s.sock, selectors.EVENT_READ, s)
+    writing: set[Subscriber] = set()
+    shared = w.shared
+    slot = DELIVERED + index
+    idle_ns = int(IDLE_FOR_S * 1e9)
+    last_data = time.monotonic_ns()
+    hard_stop = last_data + int((load.seconds + load.drain_s + SLACK_S) * 1e9)
+    outcome = "timeout"
+
+    def complete(_expected: int) -> bool:
+        return all(s.counter.unique >= acked[spec[3]] for s, spec in subs)
+
+    while True:
+        ready = ready_events(sel, 0.05, load.poll_s)
+        now = time.monotonic_ns()
+        got = 0
+        for key, events in ready:
+            s = key.data
+            if events & selectors.EVENT_READ:
+                got += s.on_readable(now)
+            elif s.out:
+                s.flush()
+            if bool(s.out) != (s in writing):
+                sel.modify(s.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if s.out else 0), s)
+                writing.symmetric_difference_update((s,))
+        if got:
+            last_data = now
+            shared[slot] += got
+        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop, complete)
+        if stop:
+            outcome = stop
+            break
+    sel.close()
+    latencies = array("q")
+    for s, _ in subs:
+        latencies.extend(s.counter.latencies)
+    if len(latencies) > LATENCY_SAMPLES:
+        latencies = latencies[:: len(latencies) // LATENCY_SAMPLES + 1]
+    receiving = [s for s, _ in subs if s.first_receive_ns]
+    short: Counter[str] = Counter()
+    for s, spec in subs:
+        short[spec[4]] += max(0, acked[spec[3]] - s.counter.unique)
+    return {
+        "unique": sum(s.counter.unique for s, _ in subs),
+        "duplicates": sum(s.counter.duplicates for s, _ in subs),
+        "first_receive_ns": min((s.first_receive_ns for s in receiving), default=0),
+        "last_receive_ns": max((s.last_receive_ns for s in receiving), default=0),
+        "latencies": latencies.tobytes(),
+        "outcome": outcome,
+        "short": dict(short),
+    }
+
+
+# -- one publish/subscribe run ---------------------------------------------------------------------
+@dataclass(slots=True)
+class Outcome:
+    published: int
+    expected: int
+    received: int
+    duplicates: int
+    rate: float  # deliveries/s
+    p50_ms: float
+    p99_ms: float
+    cpu: str
+    drain: str
+    short: dict[str, int]  # node -> messages its subscribers missed
+    before: dict[str, Samples]  # node name -> metrics before the first send
+    after: dict[str, Samples]
+
+
+def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], subs: list[SubSpec]) -> Outcome:
+    """Subscribers connect and subscribe, then publishers connect and send; wait for the drain."""
+    sub_groups = split(subs, SUB_PROCS)
+    w = Workers(len(sub_groups))  # subscribers start first: worker i counts into DELIVERED + i
+    acked = w.ctx.Array("q", topics, lock=False)  # per topic; shared with the forked subscribers
+    readers = Counter(spec[3] for spec in subs)
+    sampler: CpuSampler | None = None
+    node_pids = [n.pid for n in cluster.nodes]
+    try:
+        for group in sub_groups:
+            w.start(subscriber_worker, group, load, acked)
+        w.collect("subscriber", len(sub_groups), "ready", load.handshake_s + SLACK_S)
+        w.start(publisher_worker, pubs, load)
+        w.collect("publisher", 1, "ready", load.handshake_s + SLACK_S)
+        before = {n.name: scrape(n) for n in cluster.nodes}
+        sampler = CpuSampler([*node_pids, *w.pids])
+        sampler.start()
+        w.go.set()
+        results = w.collect("publisher", 1, "result", load.seconds + load.drain_s + SLACK_S)
+        for result in results:
+            for number, count in result["acked_by"]:
+                acked[number] += count
+        published = sum(r["acked"] for r in results)
+        w.publishers_done(sum(acked[t] * readers[t] for t in range(topics)), load.drain_s)
+        got = w.collect("subscriber", len(sub_groups), "result", load.drain_s + SLACK_S)
+        sampler.stop()
+        after = {n.name: scrape(n) for n in cluster.nodes}
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        w.close()
+    first_send = min((r["first_send_ns"] for r in results if r["first_send_ns"]), default=0)
+    last_receive = max(r["last_receive_ns"] for r in got)
+    received = sum(r["unique"] for r in got)
+    if not first_send or not received:
+        raise ScenarioError(f"nothing delivered: published={published} received={received}")
+    latencies = sorted(array("q", b"".join(r["latencies"] for r in got)))
+    elapsed = max(1, last_receive - first_send) / 1e9
+    outcomes = {r["outcome"] for r in got}
+    short: Counter[str] = Counter()
+    for r in got:
+        short.update(r["short"])
+    gen = sampler.percent(w.pids, first_send, last_receive)
+    nodes = sampler.percent(node_pids, first_send, last_receive)
+    store = sampler.percent([cluster.store.pid], first_send, last_receive)
+    other = max(0.0, sampler.percent([MACHINE], first_send, last_receive) - gen - nodes)
+    return Outcome(
+        published=published,
+        expected=sum(acked[t] * readers[t] for t in range(topics)),
+        received=received,
+        duplicates=sum(r["duplicates"] for r in got),
+        rate=received / elapsed,
+        p50_ms=latencies[len(latencies) // 2] / 1e6,
+        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
+        cpu=f"gen_cpu_pct={gen:.0f} nodes_cpu_pct={nodes:.0f} store_cpu_pct={store:.0f} other_cpu_pct={other:.0f}",
+        drain="timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete",
+        short={node: n for node, n in short.items() if n},
+        before=before,
+        after=after,
+    )
+
+
+def counts(o: Outcome) -> str:
+    text = f"published={o.published} expected={o.expected} received={o.received} " \
+           f"lost={max(0, o.expected - o.received)} dup={o.duplicates}"
+    if o.short:
+        text += " lost_by_node=" + ",".join(f"{node}:{n}" for node, n in sorted(o.short.items()))
+    return text
+
+
+def tail(o: Outcome) -> str:
+    return f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} {o.cpu} drain={o.drain}"
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+def spread(cluster: Cluster, plan: Plan) -> str:
+    n = len(cluster.gateways)
+    topics = plan.spread_topics
+    gateways = cluster.gateways
+    subs: list[SubSpec] = []
+    pubs: list[PubSpec] = []
+    for t in range(topics):
+        topic = f"bench/spread/{t}"
+        # 2 different nodes per topic, the pairs varied: t mod N and 1..N-1 further on
+        first = t % n
+        second = (first + 1 + (t // n) % (n - 1)) % n
+        for k, node in enumerate((first, second)[:SPREAD_READERS]):
+            g = gateways[node]
+            subs.append((g.port, f"bench-spread-sub-{t}-{k}", topic, t, g.name))
+        pubs.append((gateways[(t + n // 2) % n].port, f"bench-spread-pub-{t}", topic, t))
+    load = Load(qos=1, topic_filter="", window=SPREAD_WINDOW, seconds=plan.spread_seconds, drain_s=plan.drain_s,
+                handshake_s=plan.handshake_s, ahead=SPREAD_AHEAD, publishers=topics, subscribers=SPREAD_READERS,
+                poll_s=SPREAD_POLL_S)
+    o = run_flow(cluster, load, topics, pubs, subs)
+    store_before, store_after = o.before["store"], o.after["store"]
+    notify_msgs = delta(store_before, store_after, "tidemq_notify_messages_sent_total")
+    targeted = delta(store_before, store_after, "tidemq_notify_events_routed_total", how="targeted")
+    broadcast = delta(store_before, store_after, "tidemq_notify_events_routed_total", how="broadcast")
+    received_events = sum(delta(o.before[g.name], o.after[g.name], "tidemq_notify_events_received_total")
+                          for g in gateways)
+    per = max(1, o.published)
+    return (f"topics={topics} readers_per_topic={SPREAD_READERS} seconds={plan.spread_seconds:g} "
+            f"deliveries_per_s={o.rate:.0f} {counts(o)} notify_msgs_per_publish={notify_msgs / per:.3f} "
+            f"notify_events_per_publish={received_events / per:.3f} "
+            f"broadcast_share={broadcast / max(1.0, targeted + broadcast):.3f} {tail(o)}")
+
+
+def fanout(cluster: Cluster, plan: Plan) -> str:
+    n = plan.fanout_subscribers
+    reader, writer = cluster.gateways[0], cluster.gateways[1]
+    topic = "bench/cluster/fanout"
+    subs: list[SubSpec] = [(reader.port, f"bench-fanout-sub-{i}", topic, 0, reader.name) for i in range(n)]
+    pubs: list[PubSpec] = [(writer.port, "bench-fanout-pub", topic, 0)]
+    load = Load(qos=1, topic_filter="", window=100, seconds=plan.fanout_seconds, drain_s=plan.fanout_drain_s,
+                handshake_s=plan.handshake_s, max_messages=plan.fanout_messages,
+                ahead=max(1, FANOUT_AHEAD_DELIVERIES // n), publishers=1, subscribers=n, poll_s=FANOUT_POLL_S)
+    o = run_flow(cluster, load, 1, pubs, subs)
+    before, after = o.before[reader.name], o.after[reader.name]
+    reads = delta(before, after, "tidemq_store_link_reads_total")
+    hits = delta(before, after, "tidemq_queue_cache_hits_total")
+    misses = delta(before, after, "tidemq_queue_cache_misses_total")
+    return (f"store_reads_per_publish={reads / max(1, o.published):.3f} deliveries_per_s={o.rate:.0f} "
+            f"cache_hit_ratio={hits / max(1.0, hits + misses):.3f} {counts(o)} {tail(o)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    scenario: str
+    nodes: int
+    routing: str = "targeted"
+    cache: bool = True
+
+    def head(self, plan: Plan) -> str:
+        if self.scenario == "spread":
+            return f"cluster scenario=spread nodes={self.nodes} routing={self.routing}"
+        return f"cluster scenario=fanout subscribers={plan.fanout_subscribers} cache={'on' if self.cache else 'off'}"
+
+    @property
+    def label(self) -> str:
+        if self.scenario == "spread":
+            return f"spread-{self.nodes}-{self.routing}"
+        return f"fanout-cache-{'on' if self.cache else 'off'}"
+
+
+def cases(scenarios: list[str], plan: Plan) -> list[Case]:
+    out: list[Case] = []
+    if "spread" in scenarios:
+        out += [Case("spread", n, routing) for n in plan.nodes for routing in ("targeted", "broadcast")]
+    if "fanout" in scenarios:
+        out += [Case("fanout", 2, cache=cache) for cache in (True, False)]
+    return out
+
+
+def run_case(case: Case, plan: Plan, keep_logs: Path | None) -> list[str]:
+    """One case on a fresh cluster: its line, and a ``#`` line with the first node complaint."""
+    head = case.head(plan)
+    suffix = " quick=1" if plan.quick else ""
+    cluster: Cluster | None = None
+    extra: list[str] = []
+    try:
+        cluster = start_cluster(case.nodes, case.routing, case.cache)
+        body = spread(cluster, plan) if case.scenario == "spread" else fanout(cluster, plan)
+        dead = [f"{n.name}:{n.process.proc.returncode}" for n in cluster.nodes if n.process.proc.poll() is not None]
+        if dead:
+            body += f' error="node(s) exited during the case: {",".join(dead)}"'
+    except Exception as exc:  # noqa: BLE001 - one failed case must not stop the others
+        detail = str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
+        if cluster is not None:
+            dead = [f"{n.name} exited with status {n.process.proc.returncode}: {n.process.log_tail()}"
+                    for n in cluster.nodes if n.process.proc.poll() is not None]
+            detail += "".join(f" ({d})" for d in dead)
+        body = f'error="{quote(detail)}"'
+    finally:
+        if cluster is not None:
+            found = complaints(cluster)
+            body += f" node_complaints={len(found)}"
+            if found:
+                kinds = Counter(line.split(" msg=", 1)[-1][:80] for line in found)
+                extra = [f"# {case.label}: {quote(found[0])[:400]}",
+                         f"# {case.label}: complaint kinds: " + "; ".join(
+                             f"{count}x {quote(kind)}" for kind, count in kinds.most_common(4))]
+            stop_cluster(cluster, keep_logs, case.label)
+    return [f"{head} {body}{suffix}", *extra]
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so that the finally blocks stop every node
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N in 2,4, 100 topics, 3 s; 500 fan-out subscribers")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--nodes", help="gateway node counts of the spread scenario, comma-separated "
+                                        "(default 2,4,8; --quick: 2,4)")
+    parser.add_argument("--out", help="also append the lines to this file")
+    parser.add_argument("--keep-logs", type=Path, metavar="DIR", help="copy every node's console log here")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    if args.nodes:
+        try:
+            nodes = tuple(int(n) for n in args.nodes.split(",") if n.strip())
+        except ValueError:
+            raise SystemExit(f"--nodes: not a list of numbers: {args.nodes!r}") from None
+        if not nodes or min(nodes) < 2:
+            raise SystemExit("--nodes: 2 or more gateway nodes per case")
+        plan = replace(plan, nodes=nodes)
+    scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
+    signal.signal(signal.SIGTERM, _terminated)
+    raise_fd_limit()  # the generator's sockets and, inherited, the nodes': 2,000 subscribers on one node
+    started = time.perf_counter()
+    header = (f"# bench_cluster cores={os.cpu_count()} fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+              + (" quick=1" if plan.quick else ""))
+    print(header, flush=True)
+    lines = errors = 0
+    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
+        out.write(header + "\n")
+        for case in cases(scenarios, plan):
+            for line in run_case(case, plan, args.keep_logs):
+                lines += not line.startswith("#")
+                errors += ' error="' in line
+                print(line, flush=True)
+                out.write(line + "\n")
+                out.flush()
+    print(f"# {lines} lines ({errors} with errors) in {time.perf_counter() - started:.0f} s "
+          f"on {os.cpu_count()} cores", flush=True)
+
+
+if __name__ == "__main__":
+    main()
