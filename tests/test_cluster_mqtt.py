@@ -166,6 +166,7 @@ async def test_a_client_id_connecting_to_another_node_takes_the_session_over(dat
         await sender.connect()
         await sender.publish("twin/in", "before", 1)
         assert [r.payload for r in await first.receive(1)] == [b"before"]
+        first.client.reconnect_delay_set(min_delay=60, max_delay=120)  # paho must not take it back meanwhile
         second = PahoClient(mqtt_port(b), "twin", version=MQTT_5, clean=False, session_expiry=300)
         flags, _, _ = await second.connect()
         assert flags.session_present  # the session as node a left it

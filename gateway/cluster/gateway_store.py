@@ -27,7 +27,7 @@ from .remote_store import RemoteStore, RemoteStoreError
 
 log = logging.getLogger("tidemq.cluster")
 
-FETCHED_QUEUES = 4096  # queues whose fetched-but-unread batch is kept
+FETCHED_BATCHES = 4096  # fetched batches not yet taken by their reader
 POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read_at
 
 
@@ -42,8 +42,8 @@ class GatewayStore:
         self.notify = NotifyHub()
         self._max: dict[str, int] = {}  # queue -> max offset, from notify events and reads
         self._min: dict[str, int] = {}
-        self._fetched: OrderedDict[str, tuple[int, GetResult]] = OrderedDict()  # queue -> (offset, result)
-        self._fetching: set[str] = set()
+        self._fetched: OrderedDict[tuple[str, int], GetResult] = OrderedDict()  # (queue, offset) -> batch
+        self._fetching: set[tuple[str, int]] = set()
         self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
@@ -126,13 +126,12 @@ class GatewayStore:
     # -- reading ------------------------------------------------------------------------------
     def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
                 tag_hashes: frozenset[int] | None = None) -> GetResult:
-        slot = self._fetched.get(queue)
-        if slot is not None and slot[0] == offset:
-            del self._fetched[queue]
-            result = slot[1]
+        key = (queue, offset)
+        result = self._fetched.pop(key, None)
+        if result is not None:
             if len(result.messages) > max_messages:  # asked for fewer this time: keep the rest
                 rest = result.messages[max_messages:]
-                self._keep(queue, rest[0].queue_offset, GetResult(
+                self._keep((queue, rest[0].queue_offset), GetResult(
                     GetStatus.FOUND, rest, result.next_offset, result.min_offset, result.max_offset))
                 result = GetResult(GetStatus.FOUND, result.messages[:max_messages],
                                    result.messages[max_messages - 1].queue_offset + 1, result.min_offset,
@@ -142,8 +141,8 @@ class GatewayStore:
         low = self._min.get(queue, 0)
         if high is not None and offset == high:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, high)
-        if queue not in self._fetching:
-            self._fetching.add(queue)
+        if key not in self._fetching:
+            self._fetching.add(key)
             self._spawn(self._fetch(queue, offset, max(max_messages, 64), max_bytes, tag_hashes))
         # not here yet: "nothing new"; the fetch's notify wakes the readers
         return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, offset if high is None else max(offset, high))
@@ -156,19 +155,21 @@ class GatewayStore:
             log.warning("store read failed queue=%s offset=%d error=%s", queue, offset, exc)
             return
         finally:
-            self._fetching.discard(queue)
+            self._fetching.discard((queue, offset))
         self.fetches += 1
         self._min[queue] = result.min_offset
         if self._max.get(queue, -1) < result.max_offset:
             self._max[queue] = result.max_offset
         if result.status is not GetStatus.NO_NEW_MESSAGE or offset != result.max_offset:
-            self._keep(queue, offset, result)
+            self._keep((queue, offset), result)
         self.notify.publish({queue: self._max.get(queue, result.max_offset)})
 
-    def _keep(self, queue: str, offset: int, result: GetResult) -> None:
-        self._fetched[queue] = (offset, result)
-        self._fetched.move_to_end(queue)
-        while len(self._fetched) > FETCHED_QUEUES:
+    def _keep(self, key: tuple[str, int], result: GetResult) -> None:
+        """A fetched batch, until the reader at its offset takes it (readers of one queue at
+        different offsets -- sessions catching up -- each get their own)."""
+        self._fetched[key] = result
+        self._fetched.move_to_end(key)
+        while len(self._fetched) > FETCHED_BATCHES:
             self._fetched.popitem(last=False)
 
     def max_offset_now(self, queue: str) -> int:
