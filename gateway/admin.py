@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any
 
+from lookup.api import IN_DOUBT
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
 
@@ -44,6 +45,19 @@ def clients(gw: Gateway) -> list[dict[str, Any]]:
         for conn in gw.remoting.connections:
             rows.append({"protocol": "remoting", "id": conn.client_id or conn.peer, "peer": conn.peer})
     return rows[:MAX_ROWS]
+
+
+async def locate_client(gw: Gateway, client_id: str) -> list[dict[str, Any]]:
+    """Where an MQTT client is connected: this node, or (a gateway node with a lookup) the node
+    the lookup names -- "in doubt" while the lookup cannot say."""
+    here = gw.mqtt is not None and client_id in gw.mqtt.connections
+    node_id = gw.node.node_id if gw.node is not None else "this node"
+    where: str | None = node_id if here else None
+    lookup = gw.node.lookup if gw.node is not None else None
+    if lookup is not None and not here:
+        found = await lookup.where_is(client_id)
+        where = "in doubt" if found is IN_DOUBT else found  # type: ignore[assignment]
+    return [{"protocol": "mqtt", "id": client_id, "node": where or "offline", "here": here}]
 
 
 def sessions(gw: Gateway) -> list[dict[str, Any]]:

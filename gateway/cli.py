@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", dest="store_address", metavar="HOST:PORT",
                        help="the store node's remoting listener (role gateway)")
     serve.add_argument("--node-id", metavar="ID", help="this gateway node's name in the cluster")
+    serve.add_argument("--lookup", dest="lookup_backend", choices=("embedded", "redis"),
+                       help="the lookup of a gateway node: embedded (over --peers) or redis (--redis-url)")
+    serve.add_argument("--lookup-bind", metavar="HOST:PORT", help="this gateway node's embedded lookup listener")
+    serve.add_argument("--peers", metavar="ID=HOST:PORT,...",
+                       help="every gateway node's lookup address, this one included (embedded lookup)")
+    serve.add_argument("--redis-url", metavar="URL", help="Redis for the lookup (redis://host:port/db)")
     serve.add_argument("--cluster-token", metavar="TOKEN",
                        help="shared secret gateway nodes present to the store node (set on both)")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
@@ -142,6 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store_address": args.store_address,
         "node_id": args.node_id,
         "cluster_token": args.cluster_token,
+        "lookup_backend": args.lookup_backend,
+        "lookup_bind": args.lookup_bind,
+        "peers": args.peers,
+        "redis_url": args.redis_url,
         "data_dir": args.data_dir,
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,

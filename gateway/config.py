@@ -36,6 +36,15 @@ class Config:
     node_id: str = ""  # this gateway node's name in the cluster (default: its MQTT address)
     notify_routing: str = "targeted"  # store node: targeted (nodes that read the queue) or broadcast
     cluster_token: str = ""  # when set, gateway nodes present it to the store node (set it on both)
+    # the lookup (gateway nodes): client id -> node, queue -> nodes. embedded: partitioned over
+    # the gateway nodes named in peers ("g1=host:port,g2=host:port", this node included), each
+    # listening on lookup_bind; redis: at redis_url. Neither configured: no lookup (takeover asks
+    # every node; notify routes by the nodes' reading hints alone).
+    lookup_backend: str = "embedded"
+    lookup_bind: str = ""
+    peers: str = ""
+    redis_url: str = ""
+    lookup_heartbeat_s: float = 1.0  # nodes silent 5x this long are gone; answers settle in 2.5x
     data_dir: Path = Path("./data")
     mqtt_bind: str = "127.0.0.1:1883"
     amqp_bind: str = "127.0.0.1:5672"
@@ -213,6 +222,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"role must be embedded, store or gateway, not {cfg.role!r}")
     if cfg.notify_routing not in ("targeted", "broadcast"):
         raise ConfigError(f"notify_routing must be targeted or broadcast, not {cfg.notify_routing!r}")
+    if cfg.lookup_backend not in ("embedded", "redis"):
+        raise ConfigError(f"lookup_backend must be embedded or redis, not {cfg.lookup_backend!r}")
+    if cfg.lookup_backend == "embedded" and cfg.peers:
+        parse_peers(cfg.peers)
+        if parse_bind(cfg.lookup_bind, "lookup_bind") is None:
+            raise ConfigError("the embedded lookup (peers) needs lookup_bind, this node's lookup HOST:PORT")
+    if cfg.lookup_backend == "redis" and not cfg.redis_url:
+        raise ConfigError("lookup_backend redis needs redis_url (redis://host:port/db)")
     if cfg.role == "gateway":
         if parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT")
@@ -252,3 +269,17 @@ def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:
     if not 0 <= number <= 65535:
         raise ConfigError(f"{name}: port {number} out of range")
     return host, number
+
+
+def parse_peers(text: str) -> dict[str, tuple[str, int]]:
+    """``"g1=10.0.0.2:7001,g2=10.0.0.3:7001"`` -> {node id: (host, port)}."""
+    peers = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        node, sep, address = part.strip().partition("=")
+        bind = parse_bind(address, f"peers ({node})") if sep and node else None
+        if bind is None:
+            raise ConfigError(f"peers: {part.strip()!r} is not NODE=HOST:PORT")
+        peers[node] = bind
+    return peers

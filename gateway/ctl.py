@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="the gateway's admin_token, if it has one (default $TIDEMQ_ADMIN_TOKEN)")
     ctl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     what = ctl.add_subparsers(dest="what", metavar="WHAT", required=True)
-    what.add_parser("clients", help="connected clients of every protocol")
+    clients = what.add_parser("clients", help="connected clients of every protocol")
+    clients.add_argument("--id", help="where this MQTT client is connected (in a cluster: which node)")
     what.add_parser("sessions", help="MQTT sessions (connected and persistent)")
     what.add_parser("subscriptions", help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
     queues = what.add_parser("queues", help="store queues: offsets, messages, readers")
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key, "topic": args.topic}
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
+        elif args.what == "clients" and args.id:
+            data = _call(args, "GET", "/admin/clients?" + urllib.parse.urlencode({"id": args.id}))
         elif args.what == "trace":
             if not args.msg_id and not args.key:
                 print("tidemq ctl trace: give --msg-id or --key", file=sys.stderr)

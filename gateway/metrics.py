@@ -161,6 +161,24 @@ class GatewayCollector:
             for reason, count in sorted(stats.fallbacks.items()):
                 fallbacks.add_metric([reason], count)
             yield fallbacks
+        node = self.gateway.node
+        lookup = node.lookup if node is not None else self.gateway.store_lookup
+        if lookup is not None:
+            stats = lookup.stats
+            yield CounterMetricFamily("tidemq_lookup_calls", "Lookups of where a client or a queue's readers are",
+                                      value=stats.lookups)
+            doubt = CounterMetricFamily("tidemq_lookup_in_doubt",
+                                        "Lookup answers in doubt (notify broadcast, takeover asked everywhere)",
+                                        labels=["reason"])
+            for reason, count in sorted(stats.broadcast_fallbacks.items()):
+                doubt.add_metric([reason], count)
+            yield doubt
+        if node is not None:
+            takeovers = CounterMetricFamily("tidemq_takeovers", "Client takeovers sent to other gateway nodes",
+                                            labels=["how"])
+            for how, count in sorted(node.takeovers.items()):
+                takeovers.add_metric([how], count)
+            yield takeovers
         store = self.gateway.gateway_store
         if store is not None:  # a gateway node: what its store link carried
             yield CounterMetricFamily("tidemq_store_link_reads", "Reads of queues from the store node",
@@ -200,7 +218,8 @@ class MetricsServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        for view in (admin.clients, admin.sessions, admin.subscriptions):
+        app.router.add_get("/admin/clients", self._clients)
+        for view in (admin.sessions, admin.subscriptions):
             app.router.add_get(f"/admin/{view.__name__}", self._view(view))
         app.router.add_get("/admin/queues", self._queues)
         app.router.add_get("/admin/messages", self._messages)
@@ -244,6 +263,12 @@ class MetricsServer:
     @staticmethod
     async def _json(data) -> web.Response:
         return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
+
+    async def _clients(self, request: web.Request) -> web.Response:
+        client_id = request.query.get("id")
+        if client_id:
+            return await self._json(await admin.locate_client(self.gateway, client_id))
+        return await self._json(admin.clients(self.gateway))
 
     async def _queues(self, request: web.Request) -> web.Response:
         try:

@@ -9,6 +9,10 @@ import signal
 from dataclasses import dataclass
 
 from cache import QueueCache
+from lookup.api import Lookup, LookupOptions
+from lookup.embedded import EmbeddedLookup
+from lookup.redis_backend import RedisLookup
+from lookup.tcp import TcpTransport
 from store import MessageStore, StoreError
 
 from .amqp.broker import AMQPBroker
@@ -19,7 +23,7 @@ from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, parse_bind
+from .config import Config, ConfigError, parse_bind, parse_peers
 from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
@@ -69,6 +73,7 @@ class Gateway:
         self.gateway_store: GatewayStore | None = None  # --role gateway: the store node's store
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
+        self.store_lookup: Lookup | None = None  # a store node's lookup client (Redis), for notify routing
         self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
 
@@ -130,8 +135,28 @@ class Gateway:
         token = self.config.cluster_token
         self.gateway_store = GatewayStore(remote, lambda: RemoteStore.connect(*address, name=node_id, token=token))
         await self.gateway_store.start(node_id)
-        self.node = GatewayNode(self.gateway_store, node_id)
+        self.node = GatewayNode(self.gateway_store, node_id, await self._start_lookup(node_id))
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
+
+    def _lookup_options(self) -> LookupOptions:
+        beat = self.config.lookup_heartbeat_s
+        return LookupOptions(heartbeat_s=beat, node_ttl_s=5 * beat, settle_s=2.5 * beat, deadline_s=min(0.25, beat))
+
+    async def _start_lookup(self, node_id: str) -> Lookup | None:
+        cfg = self.config
+        lookup: Lookup
+        if cfg.lookup_backend == "redis" and cfg.redis_url:
+            lookup = RedisLookup(node_id, cfg.redis_url, self._lookup_options())
+        elif cfg.lookup_backend == "embedded" and cfg.peers:
+            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]
+            peers = {peer: address for peer, address in parse_peers(cfg.peers).items() if peer != node_id}
+            lookup = EmbeddedLookup(node_id, TcpTransport(node_id, host, port, peers), self._lookup_options())
+        else:
+            log.info("no lookup: takeovers go to every gateway node node_id=%s", node_id)
+            return None
+        await lookup.start()
+        log.info("lookup started backend=%s node_id=%s", cfg.lookup_backend, node_id)
+        return lookup
 
     async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """The MQTT broker and its plain listener; TLS and WebSocket listeners when configured."""
@@ -213,7 +238,11 @@ class Gateway:
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()
-            router = NotifyRouter(broadcast=cfg.notify_routing == "broadcast")
+            if cfg.lookup_backend == "redis" and cfg.redis_url:  # the lookup's answers route notify
+                self.store_lookup = RedisLookup(f"store@{bind[0]}:{bind[1]}", cfg.redis_url, self._lookup_options())
+                await self.store_lookup.start()
+            nodes_for = self.store_lookup.nodes_for if self.store_lookup is not None else None
+            router = NotifyRouter(nodes_for, broadcast=cfg.notify_routing == "broadcast")
             self.store_service = StoreService(self.store, WildcardQueues(), retained, router, cfg.cluster_token)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             self.remoting.handlers.update(self.store_service.handlers())
@@ -272,9 +301,15 @@ class Gateway:
         if self.store_service is not None:
             await self.store_service.stop()
             self.store_service = None
+        if self.store_lookup is not None:
+            await self.store_lookup.close()
+            self.store_lookup = None
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()
+        if self.node is not None:
+            await self.node.close()
+            self.node = None
         if self.gateway_store is not None:
             await self.gateway_store.close()
             self.gateway_store = None

@@ -14,10 +14,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from lookup.api import IN_DOUBT, InDoubt, Lookup
 from protocols.cluster.store_link import WILDCARD_TARGETS
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
@@ -78,9 +81,12 @@ class RemoteRetained:
 
 
 class GatewayNode:
-    def __init__(self, store: GatewayStore, node_id: str) -> None:
+    def __init__(self, store: GatewayStore, node_id: str, lookup: Lookup | None = None) -> None:
         self.store = store
         self.node_id = node_id
+        self.lookup = lookup  # client id -> node, queue -> nodes (None: takeover asks every node)
+        self.takeovers = Counter[str]()  # how takeovers were sent: targeted, everywhere (lookup in doubt)
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.wildcards = RemoteWildcards()
         self.retained = RemoteRetained(store)
         self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
@@ -102,8 +108,33 @@ class GatewayNode:
     # -- clients: one connection per client id in the cluster -----------------------------------
     async def claim(self, client_id: str) -> None:
         """A client connects here: where it is connected still, it is disconnected, and its
-        session saved, before this node loads the session."""
-        await self.store.remote.takeover(client_id, "*")
+        session saved, before this node loads the session. The lookup says where; when it is in
+        doubt (or there is none), every other node is asked."""
+        where: str | None | InDoubt = IN_DOUBT
+        if self.lookup is not None:
+            where = await self.lookup.client_online(client_id)
+        if where is IN_DOUBT:
+            self.takeovers["everywhere"] += 1
+            await self.store.remote.takeover(client_id, "*")
+        elif where is not None and where != self.node_id:
+            self.takeovers["targeted"] += 1
+            await self.store.remote.takeover(client_id, where)
+
+    def client_gone(self, client_id: str) -> None:
+        """A client of this node disconnected (its session is written): offline in the lookup."""
+        if self.lookup is not None:
+            self._spawn(self.lookup.client_offline(client_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.lookup is not None:
+            await self.lookup.close()
 
     def kick(self, client_id: str) -> bool:
         """Another node has ``client_id`` now: disconnect it here (5.0: reason 0x8E) and write
@@ -125,6 +156,8 @@ class GatewayNode:
         self._reading[queue] = count + 1
         if not count:
             self.store.remote.interest(queue, True)
+            if self.lookup is not None:
+                self._spawn(self.lookup.add_interest(queue))
 
     def not_reading(self, queue: str) -> None:
         count = self._reading.get(queue, 0) - 1
@@ -133,6 +166,8 @@ class GatewayNode:
             return
         self._reading.pop(queue, None)
         self.store.remote.interest(queue, False)
+        if self.lookup is not None:
+            self._spawn(self.lookup.remove_interest(queue))
 
     # -- filters --------------------------------------------------------------------------------
     def hold_filter(self, session: Session, topic_filter: str) -> None:

@@ -661,6 +661,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             broker.end_session(session)
         else:
             broker.mark_dirty(session)
+        if broker.node is not None:  # a gateway node: written now, then offline in the lookup
+            broker.flush_sessions()
+            broker.node.client_gone(self.client_id)
         if will is not None:
             delay = will.properties.will_delay_interval or 0 if self.version == MQTT_5 else 0
             if session.expiry_interval == 0 or delay == 0:

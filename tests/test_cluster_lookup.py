@@ -1,0 +1,128 @@
+"""Gateway nodes with a lookup: the embedded one (partitioned over the nodes, on their own
+listeners) and Redis (a real redis-server started by the test). A takeover goes to the node
+the lookup names; `tidemq ctl clients --id` says where a client is; with Redis stopped mid-run,
+delivery goes on (notify broadcast, takeovers asked everywhere), counted in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from gateway import admin
+from gateway.config import Config
+from gateway.server import Gateway
+from protocols.mqtt.packets import MQTT_5
+
+from .mqtt_support import PahoClient, mqtt_port
+from .test_ctl import ctl
+from .test_lookup_redis import RedisServer
+from .test_metrics import fetch, samples, value
+from .test_store_link import remoting_port
+
+BEAT = 0.1  # lookup heartbeat: settles in 0.25 s
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@asynccontextmanager
+async def cluster(data_dir: Path, store_extra: dict[str, Any], node_extra: list[dict[str, Any]]
+                  ) -> AsyncIterator[tuple[Gateway, list[Gateway]]]:
+    store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0",
+                           metrics_bind="127.0.0.1:0", lookup_heartbeat_s=BEAT, **store_extra))
+    await store.start()
+    nodes: list[Gateway] = []
+    try:
+        for i, extra in enumerate(node_extra):
+            node = Gateway(Config(data_dir=data_dir / f"g{i}", role="gateway", node_id=f"g{i}", mqtt_bind="127.0.0.1:0",
+                                  amqp_bind="", remoting_bind="", metrics_bind="127.0.0.1:0",
+                                  store_address=f"127.0.0.1:{remoting_port(store)}", lookup_heartbeat_s=BEAT, **extra))
+            await node.start()
+            nodes.append(node)
+        yield store, nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+        await store.stop()
+
+
+async def located(node: Gateway, client_id: str, expected: str, timeout_s: float = 5.0) -> None:
+    """Wait until ``node`` locates ``client_id`` at ``expected`` (the lookup settles)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        [row] = await admin.locate_client(node, client_id)
+        if row["node"] == expected:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{client_id} located at {row['node']}, not {expected}"
+        await asyncio.sleep(0.05)
+
+
+async def test_embedded_lookup_sends_a_takeover_only_to_the_node_that_has_the_client(data_dir: Path) -> None:
+    ports = [free_port(), free_port()]
+    peers = ",".join(f"g{i}=127.0.0.1:{port}" for i, port in enumerate(ports))
+    extra = [{"peers": peers, "lookup_bind": f"127.0.0.1:{port}"} for port in ports]
+    async with cluster(data_dir, {}, extra) as (_, (a, b)):
+        first = PahoClient(mqtt_port(a), "roamer", version=MQTT_5, clean=False, session_expiry=60)
+        await first.connect()
+        await located(b, "roamer", "g0")  # b asks the lookup, a registered it
+        url = "http://{}:{}".format(*b.metrics_address)
+        code, out, _ = await ctl(url, "clients", "--id", "roamer", token="")
+        assert code == 0 and out.split("\n")[1].split()[:3] == ["mqtt", "roamer", "g0"]
+        first.client.reconnect_delay_set(min_delay=60, max_delay=120)
+        second = PahoClient(mqtt_port(b), "roamer", version=MQTT_5, clean=False, session_expiry=60)
+        flags, _, _ = await second.connect()
+        assert flags.session_present
+        assert await asyncio.to_thread(first.disconnects.get, True, 5) == 0x8E
+        assert b.node.takeovers == {"targeted": 1}  # to g0 alone, not to every node
+        await located(a, "roamer", "g1")
+        await second.disconnect()
+        await located(a, "roamer", "offline")
+
+
+async def test_redis_lookup_stopped_mid_run_delivery_goes_on(data_dir: Path, tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path)
+    await redis.start()
+    try:
+        with_redis = {"lookup_backend": "redis", "redis_url": redis.url}
+        async with cluster(data_dir, with_redis, [with_redis, with_redis]) as (store, (a, b)):
+            reader = PahoClient(mqtt_port(b), "reader", clean=False)
+            await reader.connect()
+            await reader.subscribe("meter/+", 1)
+            publisher = PahoClient(mqtt_port(a), "meter")
+            await publisher.connect()
+            await located(a, "reader", "g1")
+            sent = 0
+            for _ in range(5):
+                await publisher.publish(f"meter/{sent}", str(sent), 1)
+                sent += 1
+            assert len(await reader.receive(5)) == 5
+            router = store.store_service.router.stats
+            await redis.stop()  # Redis goes away mid-run
+            for _ in range(15):  # over more than the router's 1 s refresh of its answers
+                await publisher.publish(f"meter/{sent}", str(sent), 1)
+                sent += 1
+                await asyncio.sleep(0.1)
+            got = [int(r.payload) for r in await reader.receive(15)]
+            assert sorted(got) == list(range(5, 20))  # nothing lost, nothing held back
+            assert router.fallbacks["lookup in doubt"] >= 1 and router.broadcast >= 1
+            metrics = samples((await fetch("http://{}:{}".format(*store.metrics_address), "/metrics"))[1])
+            assert value(metrics, "tidemq_notify_events_routed_total", how="broadcast") >= 1
+            # a takeover with the lookup down: asked of every node
+            reader.client.reconnect_delay_set(min_delay=60, max_delay=120)
+            moved = PahoClient(mqtt_port(a), "reader", clean=False)
+            flags, _, _ = await moved.connect()
+            assert flags.session_present and a.node.takeovers["everywhere"] >= 1
+            assert await asyncio.to_thread(reader.disconnects.get, True, 5) is not None
+            await publisher.publish("meter/x", "20", 1)
+            assert [r.payload for r in await moved.receive(1)] == [b"20"]
+            await moved.disconnect()
+            await publisher.disconnect()
+    finally:
+        await redis.stop()
