@@ -1,5 +1,6 @@
 """A cluster of real processes on 127.0.0.1: one store node (``--role store``) and three gateway
-nodes (``--role gateway``). Clients on different nodes exchange messages; a gateway node is
+nodes (``--role gateway``, with the embedded lookup over them). Clients on different nodes
+exchange messages at every QoS; a session moves between nodes and is taken over; a gateway node is
 killed with ``kill -9`` while clients publish, its clients reconnect to the others, and no
 acknowledged QoS 1 message is lost -- neither for a subscriber on a surviving node nor for one
 whose node died."""
@@ -71,12 +72,15 @@ def cluster(tmp_path: Path, gateways: int = 3) -> Iterator[tuple[Node, list[Node
     store = start("store", ["--role", "store", "--data-dir", str(tmp_path / "store"), "--remoting-bind",
                             f"127.0.0.1:{store_port}", "--amqp-bind", ""], store_port)
     nodes: list[Node] = []
+    lookup_ports = [free_port() for _ in range(gateways)]  # the embedded lookup, over the nodes
+    peers = ",".join(f"g{i}=127.0.0.1:{port}" for i, port in enumerate(lookup_ports))
     try:
         for i in range(gateways):
             port = free_port()
             nodes.append(start(f"g{i}", ["--role", "gateway", "--node-id", f"g{i}", "--store",
                                          f"127.0.0.1:{store_port}", "--mqtt-bind", f"127.0.0.1:{port}",
-                                         "--data-dir", str(tmp_path / f"g{i}")], port))
+                                         "--data-dir", str(tmp_path / f"g{i}"), "--peers", peers,
+                                         "--lookup-bind", f"127.0.0.1:{lookup_ports[i]}"], port))
         yield store, nodes
     finally:
         for node in nodes:
@@ -160,5 +164,14 @@ async def test_processes_exchange_messages_and_a_session_moves(tmp_path: Path) -
         flags, _, _ = await moved.connect()
         assert flags.session_present
         assert [r.payload for r in await moved.receive(1)] == [b"while away"]
-        await moved.disconnect()
+        # the same client id on another node while connected here: this connection is taken over
+        moved.client.reconnect_delay_set(min_delay=60, max_delay=120)
+        again = PahoClient(g0.port, "mover", clean=False)
+        flags, _, _ = await again.connect()
+        assert flags.session_present
+        assert await asyncio.to_thread(moved.disconnects.get, True, 10) is not None
+        await publisher.publish("a/d", "after takeover", 1)
+        assert [r.payload for r in await again.receive(1)] == [b"after takeover"]
+        await again.nothing_more()
+        await again.disconnect()
         await publisher.disconnect()
