@@ -233,10 +233,11 @@ def validate(cfg: Config) -> None:
     if cfg.role == "gateway":
         if parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT")
-        for name in ("amqp_bind", "remoting_bind"):
-            if name in cfg.source and getattr(cfg, name):
-                raise ConfigError(f"{name}: gateway nodes serve MQTT only (AMQP and remoting: on the store node)")
-            setattr(cfg, name, "")
+        if "remoting_bind" in cfg.source and cfg.remoting_bind:
+            raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes")
+        cfg.remoting_bind = ""
+        if "amqp_bind" not in cfg.source:
+            cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":
         if not cfg.remoting_bind:
             raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")

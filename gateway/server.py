@@ -21,6 +21,7 @@ from .auth import Acl, PasswordFile
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
+from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
@@ -74,6 +75,8 @@ class Gateway:
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
         self.store_lookup: Lookup | None = None  # a store node's lookup client (Redis), for notify routing
+        # a store node: the cluster's MQTT wildcard filters (its gateway nodes' sessions hold them)
+        self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
 
@@ -94,6 +97,8 @@ class Gateway:
                     continue
                 if protocol == "mqtt":
                     server = await self._start_mqtt(bind)
+                elif protocol == "amqp" and self.gateway_store is not None:
+                    server = await self._start_amqp_relay(bind)
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
                 else:
@@ -208,14 +213,30 @@ class Gateway:
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous,
                                pressure=self.pressure)
         await self.amqp.start()
-        if self.mqtt is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
-            wildcards = self.mqtt.wildcards
+        wildcards = self._mqtt_wildcards()
+        if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
             wildcards.extras.append(self.amqp.amq_topic_queues)
             wildcards.invalidate()
             self.amqp.mqtt_queues_for = wildcards.queues_for
             self.amqp.on_topic_bindings_changed = wildcards.invalidate
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
+
+    def _mqtt_wildcards(self) -> WildcardQueues | None:
+        """Where MQTT publishes find their target queues, for the other protocols to join:
+        the MQTT broker's, or on a store node the cluster's (its gateway nodes publish)."""
+        if self.mqtt is not None and isinstance(self.mqtt.wildcards, WildcardQueues):
+            return self.mqtt.wildcards
+        return self.cluster_wildcards
+
+    async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+        """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
+        assert self.gateway_store is not None
+        port = self.gateway_store.remote.amqp_port
+        if not port:
+            raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
+        host = parse_bind(self.config.store_address, "store_address")[0]  # type: ignore[index]
+        return await start_relay(bind[0], bind[1], (host, port))
 
     async def _start_remoting(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
@@ -229,8 +250,8 @@ class Gateway:
         self.remoting = RemotingBroker(
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
-        if self.mqtt is not None:  # a remoting topic is an MQTT first level (README)
-            wildcards = self.mqtt.wildcards
+        wildcards = self._mqtt_wildcards()
+        if wildcards is not None:  # a remoting topic is an MQTT first level (README)
             wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
             wildcards.invalidate()
             self.remoting.mqtt_queues_for = wildcards.queues_for
@@ -243,7 +264,9 @@ class Gateway:
                 await self.store_lookup.start()
             nodes_for = self.store_lookup.nodes_for if self.store_lookup is not None else None
             router = NotifyRouter(nodes_for, broadcast=cfg.notify_routing == "broadcast")
-            self.store_service = StoreService(self.store, WildcardQueues(), retained, router, cfg.cluster_token)
+            amqp_port = next((l.address[1] for l in self.listeners if l.protocol == "amqp"), 0)
+            self.store_service = StoreService(self.store, self.cluster_wildcards, retained, router, cfg.cluster_token,
+                                              amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             self.remoting.handlers.update(self.store_service.handlers())
         await self.remoting.start()

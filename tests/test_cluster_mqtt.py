@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from gateway.config import Config
@@ -245,6 +246,39 @@ async def test_gateway_node_survives_a_store_node_restart(data_dir: Path) -> Non
             got = [r.payload for r in await back.receive(1)]
         assert got == [b"after"]
         await back.disconnect()
+    finally:
+        await node.stop()
+        await store.stop()
+
+
+async def test_amqp_on_a_gateway_node_is_relayed_to_the_store_node(data_dir: Path) -> None:
+    store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="127.0.0.1:0",
+                           remoting_bind="127.0.0.1:0"))
+    await store.start()
+    node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="127.0.0.1:0",
+                          amqp_bind="127.0.0.1:0", remoting_bind="", store_address=f"127.0.0.1:{remoting_port(store)}"))
+    await node.start()
+    try:
+        amqp_port = next(listener.address[1] for listener in node.listeners if listener.protocol == "amqp")
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port}/")
+        channel = await conn.channel()
+        queue = await channel.declare_queue("alarms")
+        await queue.bind("amq.topic", "plant.*.alarm")
+        device = PahoClient(mqtt_port(node), "press")
+        await device.connect()
+        await device.subscribe("cmd/press", 1)
+        await device.publish("plant/p1/alarm", "too hot", 1)  # MQTT on the gateway node ...
+        async with queue.iterator() as messages:
+            async for message in messages:  # ... to an AMQP app through the gateway node's relay
+                assert (message.body, message.routing_key) == (b"too hot", "plant.p1.alarm")
+                await message.ack()
+                break
+        exchange = await channel.get_exchange("amq.topic")
+        await exchange.publish(aio_pika.Message(b"cool down"), routing_key="cmd.press")  # and back
+        assert [r.payload for r in await device.receive(1)] == [b"cool down"]
+        assert "alarms" in store.amqp.queues  # the queue lives on the store node
+        await conn.close()
+        await device.disconnect()
     finally:
         await node.stop()
         await store.stop()

@@ -48,6 +48,7 @@ class RemoteStore:
         self.msg_id_prefix = id_prefix
         self.max_message_size = max_message_size
         self._notify_handlers: list[Callable[[dict[str, int]], None]] = []
+        self.amqp_port = 0  # the store node's AMQP listener (gateway nodes relay AMQP there)
         # disconnect a client here and save its session (in order on the link) before the answer
         self.on_kick: Callable[[str], bool] | None = None
         link.on_request = self._on_request
@@ -57,7 +58,9 @@ class RemoteStore:
         link = await Link.connect(host, port, name)
         try:
             hello = _check(await link.call(StoreCode.HELLO, {"token": token} if token else None))
-            return cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
+            store = cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
+            store.amqp_port = int(hello.ext_fields.get("amqpPort") or 0)
+            return store
         except BaseException:
             link.close()
             raise

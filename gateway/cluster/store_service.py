@@ -62,8 +62,9 @@ class StoreService:
     lasts. ``retained``: the cluster's retained messages."""
 
     def __init__(self, store: MessageStore, wildcards: WildcardQueues, retained: RetainedIndex,
-                 router: NotifyRouter | None = None, token: str = "") -> None:
+                 router: NotifyRouter | None = None, token: str = "", amqp_port: int = 0) -> None:
         self.store = store
+        self.amqp_port = amqp_port  # where gateway nodes relay AMQP clients to (0: no AMQP listener)
         self.token = token  # the cluster token gateway nodes must present ("": none asked)
         self._trusted: weakref.WeakSet[RemotingConnection] = weakref.WeakSet()
         self.wildcards = wildcards
@@ -168,7 +169,8 @@ class StoreService:
             self._trusted.add(conn)
         options = self.store.options
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
-            "idPrefix": self.store.msg_id_prefix, "maxMessageSize": str(options.max_message_size)})
+            "idPrefix": self.store.msg_id_prefix, "maxMessageSize": str(options.max_message_size),
+            "amqpPort": str(self.amqp_port)})
 
     def put(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         items = decode_put(request.body)

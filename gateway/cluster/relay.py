@@ -1,0 +1,55 @@
+"""AMQP on a gateway node: each client connection relayed, byte for byte, to the store node's
+AMQP listener.
+
+An AMQP queue's consumers compete for its messages, with acknowledgements, requeues, prefetch
+and exclusive consumers kept per queue: that state must live in one place, or two nodes would
+hand the same message to two consumers. So a gateway node does not run an AMQP broker of its
+own; it accepts AMQP clients where devices and apps expect them and relays each connection to
+the store node, whose broker serves them as its own (RabbitMQ's clients behind a TCP load
+balancer see the same). What a relay adds is one copy per direction in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger("tidemq.cluster")
+
+CHUNK = 1 << 16
+
+
+async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.Server:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*target)
+        except OSError as exc:
+            log.warning("relay: store node unreachable peer=%s target=%s:%d error=%s", peer, *target, exc)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+
+    return await asyncio.start_server(serve, host, port)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until one side ends; ``drain`` holds the reader back while the writer is behind."""
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        if writer.can_write_eof():
+            try:
+                writer.write_eof()
+            except (ConnectionError, OSError):
+                writer.close()
+        else:
+            writer.close()
