@@ -27,7 +27,10 @@ remembered answer (``"duplicate": true``) and stores nothing. Requests with the 
 for each other. A crash (or a failed KV write) after the put and before the key is remembered
 stores the batch again when Spark retries: at least once, never lost. Keys are forgotten two
 batches later (a Spark query never re-runs a batch older than its last one: when batch N of a
-writer arrives, keys below N-1 go) or after ``KEY_TTL_S`` for writers that stopped.
+writer arrives, keys below N-1 go) or after ``KEY_TTL_S`` for writers that stopped. In a
+cluster, gateway nodes publish (the store node runs no MQTT: 503) and the keys live in the store
+node's table, read over the store link; a gateway node forgets the keys it stored itself only
+(no listing, no TTL sweep over the link), so keys another node or an earlier process left stay.
 
 A row that cannot be published (no topic, an invalid MQTT topic name or one starting with ``$``,
 a null payload, a payload larger than the MQTT ``max_packet_size``, a bad QoS) is left out and
@@ -72,6 +75,7 @@ MAX_ERRORS = 100  # row errors listed in an answer (all are counted)
 MAX_CONCURRENT = 4  # requests past reading their body: bounds the memory held
 KEY_TTL_S = 7 * 24 * 3600.0  # keys of writers that stopped are forgotten after this
 PRUNE_INTERVAL_S = 3600.0
+PUT_SLICE = 512  # rows handed to the store at once: their messages are built on the loop (~20 ms lag at most)
 PACKET_OVERHEAD = 16  # a PUBLISH's fixed header, topic length and packet id, roughly
 COLUMNS = ("topic", "payload", "qos", "retain", "properties", "key")
 
@@ -125,27 +129,38 @@ def decode_rows(body: bytes, content_type: str, *, qos: int, retain: bool, max_p
     for i, topic, payload, row_qos, row_retain, props, key, unreadable in zip(
             range(rows), columns["topic"], columns["payload"], columns.get("qos", n), columns.get("retain", n),
             columns.get("properties", n), columns.get("key", n), columns.get("_error", n)):
-        error = unreadable or _row_error(topic, payload, row_qos, max_packet)
+        if isinstance(payload, str):
+            payload = payload.encode()
+        error = unreadable or _row_error(topic, payload, row_qos, row_retain, max_packet)
+        if error is None:
+            pairs, error = _user_properties(props, key)
         if error is not None:
             out.reject(i, topic, error)
             continue
-        if isinstance(payload, str):
-            payload = payload.encode()
-        properties = EMPTY_PROPERTIES
-        pairs = list(props.items() if isinstance(props, dict) else props or ())
-        if key is not None:
-            pairs.append((KEY_PROPERTY, key))
-        if pairs:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
-                out.reject(i, topic, "properties must map strings to strings")
-                continue
-            properties = Properties(user_properties=pairs)
+        properties = Properties(user_properties=pairs) if pairs else EMPTY_PROPERTIES
         out.publishes.append(Publish(topic, payload, qos if row_qos is None else row_qos,
                                      retain if row_retain is None else bool(row_retain), properties=properties))
     return out
 
 
-def _row_error(topic: Any, payload: Any, qos: Any, max_packet: int) -> str | None:
+def _user_properties(props: Any, key: Any) -> tuple[list[tuple[str, str]], str | None]:
+    """A row's properties (a JSON object, or an Arrow map's pairs) and key as MQTT user properties."""
+    if props is None:
+        pairs = []
+    elif isinstance(props, dict):
+        pairs = list(props.items())
+    elif isinstance(props, list) and all(isinstance(p, tuple) and len(p) == 2 for p in props):
+        pairs = list(props)
+    else:
+        return [], "properties must map strings to strings"
+    if key is not None:
+        pairs.append((KEY_PROPERTY, key))
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+        return [], "properties and key must be strings"
+    return pairs, None
+
+
+def _row_error(topic: Any, payload: Any, qos: Any, retain: Any, max_packet: int) -> str | None:
     if not isinstance(topic, str) or not topic:
         return "no topic"
     try:
@@ -156,13 +171,15 @@ def _row_error(topic: Any, payload: Any, qos: Any, max_packet: int) -> str | Non
         return "topics starting with '$' are reserved for the broker"
     if payload is None:
         return "no payload (an empty one clears a retained message: send b'')"
-    if not isinstance(payload, (bytes, str)):
+    if not isinstance(payload, bytes):
         return "payload must be binary or a string"
     size = len(payload) + len(topic.encode()) + PACKET_OVERHEAD
     if size > max_packet:
         return f"message of about {size} bytes exceeds the gateway's maximum packet size of {max_packet}"
     if qos is not None and (not isinstance(qos, int) or isinstance(qos, bool) or qos not in (0, 1, 2)):
         return f"qos must be 0, 1 or 2, not {qos!r}"
+    if retain is not None and not isinstance(retain, bool):
+        return f"retain must be true or false, not {retain!r}"
     return None
 
 
@@ -221,19 +238,9 @@ def batch_key(query) -> str | None:
         return None
     if not writer or len(writer) > 256 or "/" in writer or "\x00" in writer:
         raise AdminError(400, "writer must be 1-256 characters without '/'")
-    numbers = []
-    for name, default in (("batch", None), ("partition", 0), ("chunk", 0)):
-        raw = query.get(name)
-        if raw is None and default is None:
-            raise AdminError(400, f"{name} is required with writer")
-        try:
-            value = default if raw is None else int(raw)
-        except ValueError:
-            raise AdminError(400, f"{name} must be a number, not {raw!r}") from None
-        if not 0 <= value < 10**18:  # type: ignore[operator]
-            raise AdminError(400, f"{name} must be 0 or more")
-        numbers.append(value)
-    batch, partition, chunk = numbers
+    if query.get("batch") is None:
+        raise AdminError(400, "batch is required with writer")
+    batch, partition, chunk = (_int(query.get(name, "0"), name) for name in ("batch", "partition", "chunk"))
     return f"{writer}/{batch:020d}/{partition:010d}/{chunk:010d}"
 
 
@@ -256,6 +263,7 @@ class PublishApi:
         self._working = asyncio.Semaphore(MAX_CONCURRENT)
         self._keys: dict[str, _KeyLock] = {}  # batch keys being published now
         self._latest: dict[str, int] = {}  # writer -> highest batch seen (keys below it - 1 pruned)
+        self._stored: dict[str, list[tuple[int, str]]] = {}  # writer -> (batch, key) stored by this process
         self._pruned_at = 0.0
 
     async def publish(self, request: web.Request) -> web.Response:
@@ -284,7 +292,7 @@ class PublishApi:
         entry.users += 1
         try:
             async with entry.lock:  # a retry of a key still being published waits for that one
-                done = table.get(key)
+                done = await _get(table, key)
                 if done is not None:
                     self.stats.duplicates += 1
                     answer = json.loads(done)
@@ -296,7 +304,7 @@ class PublishApi:
             entry.users -= 1
             if not entry.users:
                 del self._keys[key]
-        self._prune(table, writer or "", int(query["batch"]))
+        self._prune(table, writer or "", int(query["batch"]), key)
         return web.json_response({**answer, "duplicate": False, "key": key})
 
     async def _publish(self, request: web.Request, qos: int, retain: bool, client_id: str) -> dict[str, Any]:
@@ -311,13 +319,16 @@ class PublishApi:
                 except BadRequest as exc:
                     raise AdminError(400, str(exc)) from None
             del body
-            stored = 0
-            if decoded.publishes:
-                try:
-                    stored = len(await broker.publish(decoded.publishes, client_id))
-                except StoreError as exc:
-                    log.error("data publish not stored rows=%d error=%s", len(decoded.publishes), exc)
-                    raise AdminError(503, f"not stored, retry: {exc}") from None
+            publishes = decoded.publishes
+            try:
+                puts = []
+                for at in range(0, len(publishes), PUT_SLICE):  # the loop serves devices in between
+                    puts.append(broker.publish(publishes[at:at + PUT_SLICE], client_id))
+                    await asyncio.sleep(0)
+                stored = sum(len(results) for results in await asyncio.gather(*puts))
+            except StoreError as exc:
+                log.error("data publish not stored rows=%d error=%s", len(publishes), exc)
+                raise AdminError(503, f"not stored, retry: {exc}") from None
         self.stats.rows_stored += stored
         self.stats.rows_bad += decoded.bad_rows
         if decoded.bad_rows:
@@ -325,14 +336,23 @@ class PublishApi:
                      decoded.errors[0]["error"])
         return {"rows": decoded.rows, "stored": stored, "bad_rows": decoded.bad_rows, "errors": decoded.errors}
 
-    def _prune(self, table, writer: str, batch: int) -> None:
-        """Forget the keys Spark will not retry: a writer's batches below ``batch - 1``, and
-        every key older than KEY_TTL_S (checked at most once per PRUNE_INTERVAL_S)."""
+    def _prune(self, table, writer: str, batch: int, key: str) -> None:
+        """Forget the keys Spark will not retry: a writer's batches below ``batch - 1`` (those
+        this process stored, and those the table lists -- a gateway node's remote table lists
+        none), and every key older than KEY_TTL_S (checked at most once per PRUNE_INTERVAL_S)."""
+        stored = self._stored.setdefault(writer, [])
+        stored.append((batch, key))
         if batch > self._latest.get(writer, -1):
+            if len(self._latest) > 10_000:  # writers of one-off batch jobs: forget them (their keys age out)
+                self._latest.clear()
+                self._stored = {writer: stored}
             self._latest[writer] = batch
             if batch >= 2:
                 cut = f"{writer}/{batch - 1:020d}"
-                for name in [k for k, _ in _until(table.items(f"{writer}/"), cut)]:
+                doomed = {k for b, k in stored if b < batch - 1}
+                doomed.update(k for k, _ in _until(table.items(f"{writer}/"), cut))
+                stored[:] = [(b, k) for b, k in stored if b >= batch - 1]
+                for name in sorted(doomed):
                     table.delete(name)
         now = time.time()
         if now - self._pruned_at > PRUNE_INTERVAL_S:
@@ -352,6 +372,14 @@ class PublishApi:
         return PublishCollector(self.stats)
 
 
+async def _get(table, key: str) -> bytes | None:
+    """A KV value; a gateway node's table of the store node reads it over the link first."""
+    load = getattr(table, "load", None)
+    if load is not None:
+        await load(key)
+    return table.get(key)
+
+
 def _until(items: Iterator[tuple[str, bytes]], cut: str) -> Iterator[tuple[str, bytes]]:
     for name, raw in items:
         if name >= cut:
@@ -361,9 +389,12 @@ def _until(items: Iterator[tuple[str, bytes]], cut: str) -> Iterator[tuple[str, 
 
 def _int(raw: str, name: str) -> int:
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise AdminError(400, f"{name} must be a number, not {raw!r}") from None
+    if not 0 <= value < 10**18:
+        raise AdminError(400, f"{name} must be 0 or more")
+    return value
 
 
 async def _read_body(request: web.Request) -> bytes:

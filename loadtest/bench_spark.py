@@ -1,7 +1,8 @@
 """Spark source benchmark: 1,000,000 stored telemetry messages read by the ``tidemq`` source and
 aggregated by a local Spark session (local[2]).
 
-    python -m loadtest.bench_spark [--quick] [--records N] [--modes dataDir,address] [--aggs count,json] [--out FILE]
+    python -m loadtest.bench_spark [--quick] [--parts source,e2e] [--records N] [--modes dataDir,address]
+                                   [--aggs count,json] [--e2e-readings N] [--e2e-rate R] [--trigger T] [--out FILE]
 
 A gateway (metrics listener on a free 127.0.0.1 port) runs on a fresh temporary data dir; the
 messages go straight into its store with ``put_batch`` (each indexed into its device's topic
@@ -21,12 +22,28 @@ workers and the JIT, then ``--runs`` (3; ``--quick``: 1) timed runs; the line gi
 
 ``batch_s`` is the wall time of the whole job (planning, offsets, reads, aggregation, collect);
 ``records_per_s`` is records / batch_s. Spark's session start-up is not counted.
+
+End to end (``--parts e2e``): a second, fresh gateway with an MQTT listener; the example job
+``spark_sinks/jobs/telemetry_agg.py`` (both queries: Parquet aggregates and alerts, on the same
+local[2] session) runs with a 1 s processing-time trigger (``--trigger``); a paho client
+publishes ``--e2e-readings`` readings (600; ``--quick``: 100) at ``--e2e-rate`` per second
+(20), each above the threshold, and another paho client subscribed to ``alerts/#`` times each
+alert from the reading's PUBLISH call to the alert's arrival. The job is warmed up first
+(readings until one alert comes back -- the Python workers start with the first micro-batch --
+then two more triggers for the backlog of warm-up readings to drain)::
+
+    spark_e2e readings=600 p50_ms=... p99_ms=... max_ms=... trigger_s=1 rate_per_s=20 lost=0 duplicates=0
+
+With a processing-time trigger a reading waits for the next trigger (up to the interval) and
+then for its micro-batch (read, decode, publish through ``POST /data/publish``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import os
 import shutil
 import sys
@@ -42,16 +59,20 @@ PUT_BATCH = 20_000
 class GatewayThread:
     """A gateway with its own event loop in a background thread (Spark blocks the main one)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, mqtt_bind: str = "") -> None:
         from gateway.config import Config
         from gateway.server import Gateway
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.gateway = Gateway(Config(data_dir=data_dir, mqtt_bind="", amqp_bind="", remoting_bind="",
+        self.gateway = Gateway(Config(data_dir=data_dir, mqtt_bind=mqtt_bind, amqp_bind="", remoting_bind="",
                                       metrics_bind="127.0.0.1:0", retention_hours=0))
         self.call(self.gateway.start())
+
+    @property
+    def mqtt_port(self) -> int:
+        return next(listener.address[1] for listener in self.gateway.listeners if listener.protocol == "mqtt")
 
     def call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -126,41 +147,164 @@ def measure(spark, options: dict[str, str], agg: str, records: int, runs: int) -
     return best, partitions
 
 
+class Alerts:
+    """An MQTT subscriber of ``alerts/#`` that notes when each reading's alert arrives."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[int, float] = {}  # reading number -> perf_counter at arrival
+        self.duplicates = 0
+        self.warm = threading.Event()
+        self.lock = threading.Lock()
+
+    def on_message(self, client, userdata, message) -> None:
+        now = time.perf_counter()
+        temp = json.loads(message.payload)["temp"]
+        if temp < 100:  # a warm-up reading
+            self.warm.set()
+            return
+        with self.lock:
+            seq = int(temp) - 100
+            if seq in self.arrived:
+                self.duplicates += 1
+            else:
+                self.arrived[seq] = now
+
+
+def mqtt_client(port: int, client_id: str, subscribe: str | None = None, on_message=None):
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+    subscribed = threading.Event()
+    client.on_subscribe = lambda *args: subscribed.set()
+    if on_message is not None:
+        client.on_message = on_message
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    if subscribe is not None:
+        client.subscribe(subscribe, qos=1)
+        assert subscribed.wait(10), f"no SUBACK for {subscribe}"
+    return client
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def e2e(spark, tmp: Path, readings: int, rate: float, trigger: str, aggregates_trigger: str | None = None) -> str:
+    """MQTT publish -> the telemetry_agg job -> alert received over MQTT, per reading."""
+    from spark_sinks.jobs.telemetry_agg import JobConfig, start
+
+    gw = GatewayThread(tmp / "e2e-data", mqtt_bind="127.0.0.1:0")
+    clients = []
+    queries = []
+    try:
+        port = gw.mqtt_port
+        # the job reads devices/+/telemetry through its wildcard queue: hold the filter
+        clients.append(mqtt_client(port, "bench-filter", "devices/+/telemetry"))
+        alerts = Alerts()
+        clients.append(mqtt_client(port, "bench-alerts", "alerts/#", alerts.on_message))
+        pub = mqtt_client(port, "bench-devices")
+        clients.append(pub)
+        cfg = JobConfig(address="{}:{}".format(*gw.gateway.metrics_address), checkpoint=str(tmp / "e2e-ckpt"),
+                        output=str(tmp / "e2e-out"), threshold=30.0, trigger=trigger,
+                        aggregates_trigger=aggregates_trigger)
+        t = time.perf_counter()
+        queries = start(spark, cfg)
+        deadline = time.monotonic() + 120
+        while not alerts.warm.is_set():  # the first micro-batch starts the Python workers
+            assert time.monotonic() < deadline and all(q.isActive for q in queries), "the job did not warm up"
+            pub.publish("devices/warm/telemetry", json.dumps({"ts": time.time(), "temp": 50}), qos=1)
+            alerts.warm.wait(0.5)
+        time.sleep(2 * _seconds(trigger))  # two more triggers: the warm-up backlog drains
+        print(f"# e2e job started and warm in {time.perf_counter() - t:.1f} s", flush=True)
+        sent: dict[int, float] = {}
+        begin = time.perf_counter()
+        for seq in range(readings):
+            wait = begin + seq / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            body = json.dumps({"ts": time.time(), "temp": 100 + seq}).encode()
+            sent[seq] = time.perf_counter()
+            pub.publish(f"devices/d{seq % 10}/telemetry", body, qos=1)
+        deadline = time.monotonic() + 30
+        while len(alerts.arrived) < readings and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # duplicates would come with the next trigger
+        for q in queries:
+            assert q.exception() is None, q.exception()
+        latencies = [(alerts.arrived[seq] - sent[seq]) * 1000 for seq in sent if seq in alerts.arrived]
+        lost = readings - len(latencies)
+        return (f"spark_e2e readings={readings} p50_ms={percentile(latencies, 0.5):.0f} "
+                f"p99_ms={percentile(latencies, 0.99):.0f} max_ms={max(latencies):.0f} "
+                f"trigger_s={_seconds(trigger):g} rate_per_s={rate:g} lost={lost} duplicates={alerts.duplicates}"
+                + (f" aggregates_trigger_s={_seconds(aggregates_trigger):g}" if aggregates_trigger else ""))
+    finally:
+        for q in queries:
+            q.stop()
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+        gw.stop()
+
+
+def _seconds(trigger: str) -> float:
+    number, _, unit = trigger.partition(" ")
+    return float(number) * (60 if unit.startswith("minute") else 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed run per mode (well under 120 s)")
+    parser.add_argument("--quick", action="store_true", help="one timed run per mode, 100 readings end to end "
+                        "(under 120 s)")
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, help="timed runs per mode (default 3, --quick 1)")
     parser.add_argument("--modes", default="dataDir,address")
     parser.add_argument("--aggs", default="count,json", help="count: count, payload bytes and last time per "
                         "device; json: also the average temperature parsed from the JSON payloads")
+    parser.add_argument("--parts", default="source,e2e", help="source: read and aggregate stored messages; "
+                        "e2e: MQTT publish -> the telemetry_agg job -> alert over MQTT")
+    parser.add_argument("--e2e-readings", type=int, help="readings timed end to end (default 600, --quick 100)")
+    parser.add_argument("--e2e-rate", type=float, default=20.0, help="readings published per second")
+    parser.add_argument("--trigger", default="1 second", help="the job's processing-time trigger")
+    parser.add_argument("--aggregates-trigger", help="the aggregation's own trigger (default: --trigger)")
     parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     runs = args.runs or (1 if args.quick else 3)
+    parts = args.parts.split(",")
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-bench-spark-"))
-    gw = GatewayThread(tmp / "data")
     lines: list[str] = []
     try:
         t = time.perf_counter()
-        gw.call(fill(gw.gateway.store, args.records))
-        gw.call(flush(gw.gateway.store))  # what a dataDir reader sees is what the index flushed
-        print(f"# stored {args.records} messages in {time.perf_counter() - t:.1f} s", flush=True)
-        t = time.perf_counter()
         spark = start_spark()
         print(f"# spark session in {time.perf_counter() - t:.1f} s", flush=True)
-        for mode in args.modes.split(","):
-            options = ({"dataDir": str(tmp / "data")} if mode == "dataDir" else
-                       {"address": "{}:{}".format(*gw.gateway.metrics_address)})
-            for agg in args.aggs.split(","):
-                seconds, partitions = measure(spark, options, agg, args.records, runs)
-                line = (f"spark_source records={args.records} records_per_s={args.records / seconds:.0f} "
-                        f"batch_s={seconds:.2f} mode={mode} agg={agg} runs={runs} partitions={partitions}")
-                print(line, flush=True)
-                lines.append(line)
+        if "source" in parts:
+            gw = GatewayThread(tmp / "data")
+            try:
+                t = time.perf_counter()
+                gw.call(fill(gw.gateway.store, args.records))
+                gw.call(flush(gw.gateway.store))  # what a dataDir reader sees is what the index flushed
+                print(f"# stored {args.records} messages in {time.perf_counter() - t:.1f} s", flush=True)
+                for mode in args.modes.split(","):
+                    options = ({"dataDir": str(tmp / "data")} if mode == "dataDir" else
+                               {"address": "{}:{}".format(*gw.gateway.metrics_address)})
+                    for agg in args.aggs.split(","):
+                        seconds, partitions = measure(spark, options, agg, args.records, runs)
+                        line = (f"spark_source records={args.records} records_per_s={args.records / seconds:.0f} "
+                                f"batch_s={seconds:.2f} mode={mode} agg={agg} runs={runs} partitions={partitions}")
+                        print(line, flush=True)
+                        lines.append(line)
+            finally:
+                gw.stop()
+        if "e2e" in parts:
+            readings = args.e2e_readings or (100 if args.quick else 600)
+            line = e2e(spark, tmp, readings, args.e2e_rate, args.trigger, args.aggregates_trigger)
+            print(line, flush=True)
+            lines.append(line)
         spark.stop()
     finally:
-        gw.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.out:
         with open(args.out, "a") as out:

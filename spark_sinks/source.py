@@ -323,7 +323,8 @@ def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> 
 
 
 class TideMQDataSource(DataSource):
-    """``spark.read.format("tidemq")`` / ``spark.readStream.format("tidemq")``."""
+    """``spark.read.format("tidemq")`` / ``spark.readStream.format("tidemq")``, and the sink
+    ``df.write.format("tidemq")`` / ``df.writeStream.format("tidemq")`` (``spark_sinks/writer.py``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -337,3 +338,13 @@ class TideMQDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> TideMQStreamReader:
         return TideMQStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool):
+        from .writer import batch_writer
+
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from .writer import stream_writer
+
+        return stream_writer(self.options, schema)

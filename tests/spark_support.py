@@ -31,3 +31,12 @@ def start_spark():
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def activate(spark) -> None:
+    """Make ``spark`` the active session of the calling thread. PySpark looks Python data
+    sources up for writes (``df.write.format("tidemq")``, ``writeStream.format("tidemq")``) in
+    the JVM thread's active session, which a thread of ``asyncio.to_thread`` has not got."""
+    from pyspark.sql import SparkSession
+
+    SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)

@@ -1,0 +1,1 @@
+"""Example Spark jobs over TideMQ, runnable with ``spark-submit`` and ``python -m``."""
