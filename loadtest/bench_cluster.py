@@ -1,13 +1,14 @@
 """Cluster benchmark: notify routing and the queue cache of gateway nodes, one store node.
 
-    python -m loadtest.bench_cluster [--quick] [--scenarios spread,fanout] [--nodes 2,4,8]
-                                     [--out FILE] [--keep-logs DIR]
+    python -m loadtest.bench_cluster [--quick] [--scenarios spread,fanout,fanout_nodes] [--nodes 2,4,8]
+                                     [--fanout-nodes 1,2,4] [--out FILE] [--keep-logs DIR]
 
 Each case starts a fresh cluster of real processes on 127.0.0.1 (``python -m gateway serve``:
 one ``--role store`` node, ``--flush async``, and N ``--role gateway`` nodes, each with its
 metrics listener; ``TIDEMQ_*`` variables of the caller's environment are not passed on) and
 stops every process of it by PID at its end, on errors too. The load is bench_mqtt's: raw-socket
-MQTT 3.1.1 clients in forked worker processes (``loadtest.mqtt_wire``), QoS 1, 64-byte payloads.
+MQTT 3.1.1 clients in forked worker processes (``loadtest.mqtt_wire``), QoS 1 (fanout_nodes: QoS 0
+and 1), 64-byte payloads.
 
 - spread, for N in 2, 4, 8 and for each notify routing of the store node (``targeted``: only to
   the nodes that said they read the queue -- by their hints: ``serve --role store`` has no
@@ -23,10 +24,18 @@ MQTT 3.1.1 clients in forked worker processes (``loadtest.mqtt_wire``), QoS 1, 6
   subscriber and wakes all 2,000 (see the gateway node's ``GatewayStore.get_now``): on 2 cores
   they drain a few hundred deliveries/s, so the publisher's bound holds it to a dozen messages
   and the drain takes 30-50 s.
+- fanout_nodes, for N in 1, 2, 4 and QoS 0 and 1: does fan-out scale with gateway nodes? One
+  topic, 1,000 subscribers in all, spread evenly over the N nodes (subscriber i on node i mod N),
+  one publisher on the first node, unpaced for 10 s but at most 20,000 deliveries ahead of the
+  subscribers (bench_mqtt's fan-out bound, at QoS 0 too). When both N = 1 and N = 4 ran, a
+  final ``# fanout_nodes scaling qos=Q: 4 nodes / 1 node = X.XX`` line per QoS divides their
+  deliveries/s. On 2 cores the ceiling is the cores: read it with the CPU figures.
 
 ``--quick``: spread with N in 2 and 4, 100 topics, 3 s; fanout with 500 subscribers and 500
-messages in 5 s, drain up to 60 s (its lines say ``quick=1``; 45 s in all on 2 cores). The full
-run took 161 s on 2 cores, a third of it the fan-out with the cache off. One line per case:
+messages in 5 s, drain up to 60 s; fanout_nodes with N in 1 and 4, 400 subscribers, 5 s (its
+lines say ``quick=1``; 45 s in all on 2 cores without fanout_nodes, which takes 27 s). The full
+run took 161 s on 2 cores without fanout_nodes (72 s more), a third of it the fan-out with the
+cache off. One line per case:
 
     cluster scenario=spread nodes=N routing=targeted|broadcast topics=200 readers_per_topic=2 seconds=10
         deliveries_per_s=... published=... expected=... received=... lost=... dup=...
@@ -34,14 +43,19 @@ run took 161 s on 2 cores, a third of it the fan-out with the cache off. One lin
         gen_cpu_pct=... nodes_cpu_pct=... store_cpu_pct=... other_cpu_pct=... drain=... node_complaints=...
     cluster scenario=fanout subscribers=2000 cache=on|off store_reads_per_publish=... deliveries_per_s=...
         cache_hit_ratio=... published=... expected=... received=... lost=... dup=... (then as above)
+    cluster scenario=fanout_nodes nodes=N qos=Q subscribers=1000 deliveries_per_s=... published=...
+        expected=... received=... lost=... dup=... p50_ms=... p99_ms=... gen_cpu_pct=...
+        nodes_cpu_pct=... store_cpu_pct=... other_cpu_pct=... drain=... node_complaints=...
     cluster scenario=... error="..."        (the case failed; the run goes on)
 
 What the figures are (node metrics are differences between a scrape just before the first
 send and one after the subscribers stopped):
 
-- ``published``: PUBLISHes the nodes acknowledged; ``expected`` = published x readers;
+- ``published``: PUBLISHes the nodes acknowledged (QoS 0: the publisher wrote);
+  ``expected`` = published x readers;
   ``received`` counts distinct messages at the subscribers, ``dup`` duplicates,
-  ``lost`` = expected - received once the subscribers stopped. ``deliveries_per_s``: received
+  ``lost`` = expected - received once the subscribers stopped (at QoS 0: dropped, e.g. a
+  subscriber more than ``mqtt_max_queued_messages`` behind). ``deliveries_per_s``: received
   over first send to last receive. ``drain``: as in bench_mqtt (``complete``: everything
   arrived; ``idle``: nothing for 2 s after the publishers were done: what is missing was
   dropped; ``timeout``: still arriving at the drain timeout, 10 s after the last send, 120 s in
@@ -56,7 +70,8 @@ send and one after the subscribers stopped):
 - ``store_reads_per_publish``: the subscribers' node's ``tidemq_store_link_reads_total`` /
   published; ``cache_hit_ratio``: its ``tidemq_queue_cache_hits_total`` / (hits + misses).
 - ``gen_cpu_pct``: the load generator's processes; ``nodes_cpu_pct``: all cluster processes
-  (store node included), ``store_cpu_pct``: the store node alone; ``other_cpu_pct``: the rest
+  (store node included) -- in fanout_nodes the gateway nodes only, summed (so above 100 with
+  several nodes) --, ``store_cpu_pct``: the store node alone; ``other_cpu_pct``: the rest
   of the machine; 100 is one core. ``node_complaints``: warning and error lines (and
   tracebacks) the nodes logged during the case; the first of them follows as a ``#`` line.
 """
@@ -115,7 +130,7 @@ from loadtest.harness import (
 )
 from loadtest.mqtt_wire import HOST, PublishBatch, Publisher, Subscriber, open_sessions
 
-SCENARIOS = ("spread", "fanout")
+SCENARIOS = ("spread", "fanout", "fanout_nodes")
 NODE_START_S = 60.0  # 9 Python processes starting at once on 2 cores take a while
 SPREAD_READERS = 2  # nodes reading each topic (one subscriber on each)
 SPREAD_WINDOW = 20  # unacknowledged PUBLISHes per spread publisher
@@ -138,13 +153,17 @@ class Plan:
     # With the cache off, 2,000 subscribers drain a dozen messages in ~50 s here (see above):
     # the drain must outlast that for store_reads_per_publish to count every read.
     fanout_drain_s: float = 120.0
+    fanout_nodes: tuple[int, ...] = (1, 2, 4)  # gateway node counts of fanout_nodes
+    fanout_nodes_subscribers: int = 1000  # in all, spread evenly over the nodes
+    fanout_nodes_seconds: float = 10.0
     drain_s: float = 10.0
     handshake_s: float = 60.0
 
 
 FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, nodes=(2, 4), spread_topics=100, spread_seconds=3.0, fanout_subscribers=500,
-                fanout_messages=500, fanout_seconds=5.0, fanout_drain_s=60.0, drain_s=5.0, handshake_s=30.0)
+                fanout_messages=500, fanout_seconds=5.0, fanout_drain_s=60.0, fanout_nodes=(1, 4),
+                fanout_nodes_subscribers=400, fanout_nodes_seconds=5.0, drain_s=5.0, handshake_s=30.0)
 
 
 # -- the cluster -----------------------------------------------------------------------------------
@@ -324,7 +343,8 @@ def publisher_worker(w: Workers, index: int, specs: list[PubSpec], load: Load) -
         if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
             return
         result = pump_publishers(w, pubs, load)
-        result["acked_by"] = [(p.batch.publisher, p.acked) for p in pubs]
+        # what each topic's subscribers are owed: acknowledged at QoS 1, written at QoS 0
+        result["acked_by"] = [(p.batch.publisher, p.acked if load.qos else p.sent) for p in pubs]
         w.report("result", "publisher", index, result)
         w.release.wait(WORKER_WAIT_S)
     except Exception as exc:  # noqa: BLE001 - any failure becomes the case's error line
@@ -432,6 +452,7 @@ class Outcome:
     p50_ms: float
     p99_ms: float
     cpu: str
+    cpu_pct: dict[str, float]  # gen, nodes (store node included), gateways, store, other
     drain: str
     short: dict[str, int]  # node -> messages its subscribers missed
     before: dict[str, Samples]  # node name -> metrics before the first send
@@ -460,7 +481,7 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
         for result in results:
             for number, count in result["acked_by"]:
                 acked[number] += count
-        published = sum(r["acked"] for r in results)
+        published = sum(r["acked"] if load.qos else r["sent"] for r in results)
         w.publishers_done(sum(acked[t] * readers[t] for t in range(topics)), load.drain_s)
         got = w.collect("subscriber", len(sub_groups), "result", load.drain_s + SLACK_S)
         sampler.stop()
@@ -483,6 +504,7 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
     gen = sampler.percent(w.pids, first_send, last_receive)
     nodes = sampler.percent(node_pids, first_send, last_receive)
     store = sampler.percent([cluster.store.pid], first_send, last_receive)
+    gateways = sampler.percent([g.pid for g in cluster.gateways], first_send, last_receive)
     other = max(0.0, sampler.percent([MACHINE], first_send, last_receive) - gen - nodes)
     return Outcome(
         published=published,
@@ -493,6 +515,7 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
         p50_ms=latencies[len(latencies) // 2] / 1e6,
         p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
         cpu=f"gen_cpu_pct={gen:.0f} nodes_cpu_pct={nodes:.0f} store_cpu_pct={store:.0f} other_cpu_pct={other:.0f}",
+        cpu_pct={"gen": gen, "nodes": nodes, "gateways": gateways, "store": store, "other": other},
         drain="timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete",
         short={node: n for node, n in short.items() if n},
         before=before,
@@ -563,22 +586,54 @@ def fanout(cluster: Cluster, plan: Plan) -> str:
             f"cache_hit_ratio={hits / max(1.0, hits + misses):.3f} {counts(o)} {tail(o)}")
 
 
+def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, float]:
+    """One topic, its subscribers spread evenly over the gateway nodes, one publisher on the
+    first node: the line's body and its deliveries/s (for the scaling line)."""
+    n = plan.fanout_nodes_subscribers
+    gateways = cluster.gateways
+    topic = "bench/cluster/fanout_nodes"
+    subs: list[SubSpec] = []
+    for i in range(n):
+        g = gateways[i % len(gateways)]
+        subs.append((g.port, f"bench-fanout-nodes-sub-{i}", topic, 0, g.name))
+    pubs: list[PubSpec] = [(gateways[0].port, "bench-fanout-nodes-pub", topic, 0)]
+    # Unpaced, bounded as bench_mqtt's fan-out: the publisher stays at most 20,000 deliveries
+    # ahead of the subscribers, so the rate is what the cluster sustains, not a growing backlog
+    # (and a QoS 0 subscriber stays far from mqtt_max_queued_messages, past which it drops).
+    load = Load(qos=qos, topic_filter="", window=100, seconds=plan.fanout_nodes_seconds, drain_s=plan.drain_s,
+                handshake_s=plan.handshake_s, ahead=max(1, FANOUT_AHEAD_DELIVERIES // n), publishers=1,
+                subscribers=n, poll_s=FANOUT_POLL_S)
+    o = run_flow(cluster, load, 1, pubs, subs)
+    cpu = o.cpu_pct
+    # nodes_cpu_pct: the gateway nodes only here (the store node has its own figure)
+    tail_text = (f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} gen_cpu_pct={cpu['gen']:.0f} "
+                 f"nodes_cpu_pct={cpu['gateways']:.0f} store_cpu_pct={cpu['store']:.0f} "
+                 f"other_cpu_pct={cpu['other']:.0f} drain={o.drain}")
+    return f"deliveries_per_s={o.rate:.0f} {counts(o)} {tail_text}", o.rate
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     scenario: str
     nodes: int
     routing: str = "targeted"
     cache: bool = True
+    qos: int = 1
 
     def head(self, plan: Plan) -> str:
         if self.scenario == "spread":
             return f"cluster scenario=spread nodes={self.nodes} routing={self.routing}"
+        if self.scenario == "fanout_nodes":
+            return (f"cluster scenario=fanout_nodes nodes={self.nodes} qos={self.qos} "
+                    f"subscribers={plan.fanout_nodes_subscribers}")
         return f"cluster scenario=fanout subscribers={plan.fanout_subscribers} cache={'on' if self.cache else 'off'}"
 
     @property
     def label(self) -> str:
         if self.scenario == "spread":
             return f"spread-{self.nodes}-{self.routing}"
+        if self.scenario == "fanout_nodes":
+            return f"fanout-nodes-{self.nodes}-qos{self.qos}"
         return f"fanout-cache-{'on' if self.cache else 'off'}"
 
 
@@ -588,21 +643,33 @@ def cases(scenarios: list[str], plan: Plan) -> list[Case]:
         out += [Case("spread", n, routing) for n in plan.nodes for routing in ("targeted", "broadcast")]
     if "fanout" in scenarios:
         out += [Case("fanout", 2, cache=cache) for cache in (True, False)]
+    if "fanout_nodes" in scenarios:
+        out += [Case("fanout_nodes", n, qos=qos) for qos in (0, 1) for n in plan.fanout_nodes]
     return out
 
 
-def run_case(case: Case, plan: Plan, keep_logs: Path | None) -> list[str]:
-    """One case on a fresh cluster: its line, and a ``#`` line with the first node complaint."""
+def run_case(case: Case, plan: Plan, keep_logs: Path | None,
+             rates: dict[tuple[int, int], float] | None = None) -> list[str]:
+    """One case on a fresh cluster: its line, and a ``#`` line with the first node complaint.
+    A fanout_nodes case that ran without errors puts its deliveries/s in ``rates[(qos, nodes)]``."""
     head = case.head(plan)
     suffix = " quick=1" if plan.quick else ""
     cluster: Cluster | None = None
     extra: list[str] = []
     try:
         cluster = start_cluster(case.nodes, case.routing, case.cache)
-        body = spread(cluster, plan) if case.scenario == "spread" else fanout(cluster, plan)
+        rate: float | None = None
+        if case.scenario == "spread":
+            body = spread(cluster, plan)
+        elif case.scenario == "fanout_nodes":
+            body, rate = fanout_nodes(cluster, plan, case.qos)
+        else:
+            body = fanout(cluster, plan)
         dead = [f"{n.name}:{n.process.proc.returncode}" for n in cluster.nodes if n.process.proc.poll() is not None]
         if dead:
             body += f' error="node(s) exited during the case: {",".join(dead)}"'
+        elif rate is not None and rates is not None:
+            rates[(case.qos, case.nodes)] = rate
     except Exception as exc:  # noqa: BLE001 - one failed case must not stop the others
         detail = str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
         if cluster is not None:
@@ -629,10 +696,14 @@ def _terminated(signum: int, frame: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N in 2,4, 100 topics, 3 s; 500 fan-out subscribers")
+    parser.add_argument("--quick", action="store_true",
+                        help="N in 2,4, 100 topics, 3 s; 500 fan-out subscribers; "
+                             "fanout_nodes: N in 1,4, 400 subscribers, 5 s")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
     parser.add_argument("--nodes", help="gateway node counts of the spread scenario, comma-separated "
                                         "(default 2,4,8; --quick: 2,4)")
+    parser.add_argument("--fanout-nodes", help="gateway node counts of the fanout_nodes scenario, comma-separated "
+                                               "(default 1,2,4; --quick: 1,4)")
     parser.add_argument("--out", help="also append the lines to this file")
     parser.add_argument("--keep-logs", type=Path, metavar="DIR", help="copy every node's console log here")
     args = parser.parse_args()
@@ -645,6 +716,14 @@ def main() -> None:
         if not nodes or min(nodes) < 2:
             raise SystemExit("--nodes: 2 or more gateway nodes per case")
         plan = replace(plan, nodes=nodes)
+    if args.fanout_nodes:
+        try:
+            fanout_counts = tuple(int(n) for n in args.fanout_nodes.split(",") if n.strip())
+        except ValueError:
+            raise SystemExit(f"--fanout-nodes: not a list of numbers: {args.fanout_nodes!r}") from None
+        if not fanout_counts or min(fanout_counts) < 1:
+            raise SystemExit("--fanout-nodes: 1 or more gateway nodes per case")
+        plan = replace(plan, fanout_nodes=fanout_counts)
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     signal.signal(signal.SIGTERM, _terminated)
     raise_fd_limit()  # the generator's sockets and, inherited, the nodes': 2,000 subscribers on one node
@@ -653,15 +732,21 @@ def main() -> None:
               + (" quick=1" if plan.quick else ""))
     print(header, flush=True)
     lines = errors = 0
+    rates: dict[tuple[int, int], float] = {}  # fanout_nodes: (qos, nodes) -> deliveries/s
     with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
         out.write(header + "\n")
         for case in cases(scenarios, plan):
-            for line in run_case(case, plan, args.keep_logs):
+            for line in run_case(case, plan, args.keep_logs, rates):
                 lines += not line.startswith("#")
                 errors += ' error="' in line
                 print(line, flush=True)
                 out.write(line + "\n")
                 out.flush()
+        for qos in (0, 1):
+            if (qos, 1) in rates and (qos, 4) in rates:
+                line = f"# fanout_nodes scaling qos={qos}: 4 nodes / 1 node = {rates[(qos, 4)] / rates[(qos, 1)]:.2f}"
+                print(line, flush=True)
+                out.write(line + "\n")
     print(f"# {lines} lines ({errors} with errors) in {time.perf_counter() - started:.0f} s "
           f"on {os.cpu_count()} cores", flush=True)
 
