@@ -81,7 +81,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import selectors
 import shutil
 import signal
 import socket
@@ -101,12 +100,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest.bench_mqtt import (
     FANOUT_AHEAD_DELIVERIES,
     FANOUT_POLL_S,
-    IDLE_FOR_S,
     KEEP_ALIVE,
-    LATENCY_SAMPLES,
     Load,
     pump_publishers,
 )
+from loadtest.bench_mqtt import pump_subscribers as pump_received
 from loadtest.brokers import (
     ROOT,
     Broker,
@@ -116,16 +114,13 @@ from loadtest.brokers import (
     raise_fd_limit,
 )
 from loadtest.harness import (
-    DELIVERED,
     MACHINE,
     SLACK_S,
     WORKER_WAIT_S,
     CpuSampler,
     Workers,
-    drain_stop,
     parse_list,
     quote,
-    ready_events,
     split,
 )
 from loadtest.mqtt_wire import HOST, PublishBatch, Publisher, Subscriber, open_sessions
@@ -385,60 +380,18 @@ def subscriber_worker(w: Workers, index: int, specs: list[SubSpec], load: Load, 
 
 def pump_subscribers(w: Workers, index: int, subs: list[tuple[Subscriber, SubSpec]], load: Load,
                      acked: Any) -> dict[str, Any]:
-    """bench_mqtt's subscriber loop, but complete when each subscriber has its own topic's count."""
-    sel = selectors.DefaultSelector()
-    for s, _ in subs:
-        sel.register(s.sock, selectors.EVENT_READ, s)
-    writing: set[Subscriber] = set()
-    shared = w.shared
-    slot = DELIVERED + index
-    idle_ns = int(IDLE_FOR_S * 1e9)
-    last_data = time.monotonic_ns()
-    hard_stop = last_data + int((load.seconds + load.drain_s + SLACK_S) * 1e9)
-    outcome = "timeout"
+    """bench_mqtt's subscriber loop, but complete when each subscriber has its own topic's count;
+    plus what each node's subscribers are short of."""
 
     def complete(_expected: int) -> bool:
         return all(s.counter.unique >= acked[spec[3]] for s, spec in subs)
 
-    while True:
-        ready = ready_events(sel, 0.05, load.poll_s)
-        now = time.monotonic_ns()
-        got = 0
-        for key, events in ready:
-            s = key.data
-            if events & selectors.EVENT_READ:
-                got += s.on_readable(now)
-            elif s.out:
-                s.flush()
-            if bool(s.out) != (s in writing):
-                sel.modify(s.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if s.out else 0), s)
-                writing.symmetric_difference_update((s,))
-        if got:
-            last_data = now
-            shared[slot] += got
-        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop, complete)
-        if stop:
-            outcome = stop
-            break
-    sel.close()
-    latencies = array("q")
-    for s, _ in subs:
-        latencies.extend(s.counter.latencies)
-    if len(latencies) > LATENCY_SAMPLES:
-        latencies = latencies[:: len(latencies) // LATENCY_SAMPLES + 1]
-    receiving = [s for s, _ in subs if s.first_receive_ns]
+    result = pump_received(w, index, [s for s, _ in subs], load, complete)
     short: Counter[str] = Counter()
     for s, spec in subs:
         short[spec[4]] += max(0, acked[spec[3]] - s.counter.unique)
-    return {
-        "unique": sum(s.counter.unique for s, _ in subs),
-        "duplicates": sum(s.counter.duplicates for s, _ in subs),
-        "first_receive_ns": min((s.first_receive_ns for s in receiving), default=0),
-        "last_receive_ns": max((s.last_receive_ns for s in receiving), default=0),
-        "latencies": latencies.tobytes(),
-        "outcome": outcome,
-        "short": dict(short),
-    }
+    result["short"] = dict(short)
+    return result
 
 
 # -- one publish/subscribe run ---------------------------------------------------------------------

@@ -46,6 +46,7 @@ import selectors
 import socket
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -250,7 +251,13 @@ def subscriber_worker(w: Workers, index: int, port: int, client_ids: list[str], 
             sock.close()
 
 
-def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load) -> dict[str, Any]:
+def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load,
+                     complete: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """Receive until the drain ends (``drain_stop``); ``complete(expected)`` says when every
+    subscriber has what it should (default: ``expected`` each)."""
+    if complete is None:
+        def complete(expected: int) -> bool:
+            return all(s.counter.unique >= expected for s in subs)
     sel = selectors.DefaultSelector()
     for s in subs:
         sel.register(s.sock, selectors.EVENT_READ, s)
@@ -277,8 +284,7 @@ def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load)
         if got:
             last_data = now
             shared[slot] += got
-        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop,
-                          lambda expected: all(s.counter.unique >= expected for s in subs))
+        stop = drain_stop(shared, now, last_data, idle_ns, hard_stop, complete)
         if stop:
             outcome = stop
             break
