@@ -74,6 +74,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._pump_scheduled = False
+        self._window_full = False
         self._writing_paused = False
         self._out: list[bytes] = []
         # client-side limits (5.0 CONNECT properties)

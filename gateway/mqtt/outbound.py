@@ -36,6 +36,7 @@ class Outbound:
     broker: MQTTBroker
     session: Session | None
     tracer: Tracer | None
+    _window_full: bool  # the last pump stopped at the client's window (an ack then pumps again)
     # -- acknowledgements of our PUBLISHes ------------------------------------------------------
     def _settle(self, packet_id: int) -> Inflight | None:
         session = self.session
@@ -52,7 +53,10 @@ class Outbound:
             if cursor is not None:
                 cursor.unacked.pop(inflight.offset, None)
         self.broker.mark_dirty(session)
-        self.schedule_pump()
+        if self._window_full or inflight.share is not None:
+            # the window was what held deliveries back; otherwise notify drives the pump, and
+            # a pump per batch of acks would only find the cursors at their queues' ends
+            self.schedule_pump()
         return inflight
 
     def _on_puback(self, packet: PubAck) -> None:
@@ -176,6 +180,7 @@ class Outbound:
 
     def pump(self) -> None:
         self._pump_scheduled = False
+        self._window_full = False
         session = self.session
         if session is None or self.closed or self.connecting:
             return
@@ -190,6 +195,7 @@ class Outbound:
                 self._drop_qos0_backlog(cursor)
             while not self._writing_paused:
                 if needs_quota and self.send_quota - len(session.inflight) <= 0:
+                    self._window_full = True
                     break
                 result = read(queue, cursor.next_offset, PULL_BATCH)
                 if result.status != GetStatus.FOUND:
@@ -262,9 +268,11 @@ class Outbound:
             packet_id = None
             if qos:
                 if self.send_quota - len(session.inflight) <= 0:
+                    self._window_full = True
                     return False
                 packet_id = session.allocate_packet_id()
                 if packet_id is None:
+                    self._window_full = True
                     return False
             sub_ids = tuple(s.identifier for s in matched if s.identifier)
             retain = delivery.retain and any(s.options.retain_as_published for s in matched)
