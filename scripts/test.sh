@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV_EXTRAS=test . scripts/venv.sh
-bash scripts/system-deps.sh  # chromium and chromedriver (dashboard test), redis-server (lookup tests)
+bash scripts/system-deps.sh  # chromium, chromedriver (dashboard test), redis-server (lookup tests), Java (Spark)
 
 # Java, for the Spark source tests (pyspark runs a local Spark, a JVM; Spark 4 wants Java 17+)
 if ! command -v java >/dev/null 2>&1; then
