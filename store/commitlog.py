@@ -191,6 +191,25 @@ class CommitLog:
             return self._flushed
 
     # -- reading -----------------------------------------------------------------------
+    def records(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The records at (position, size) ``spans``, as stored; back-to-back ones in one read
+        (a store node sends records on to its gateway nodes as they are)."""
+        records: list[bytes] = []
+        i = 0
+        while i < len(spans):
+            start = end = spans[i][0]
+            j = i
+            while j < len(spans) and spans[j][0] == end:
+                end += spans[j][1]
+                j += 1
+            buf = self.read(start, end - start)
+            at = 0
+            for _, size in spans[i:j]:
+                records.append(buf[at:at + size])
+                at += size
+            i = j
+        return records
+
     def read(self, position: int, size: int) -> bytes:
         """Read ``size`` bytes at ``position``; short or empty at the end of a segment.
 

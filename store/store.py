@@ -530,25 +530,6 @@ class MessageStore:
         # (a repair that cut the commitlog can leave entries naming re-used positions: check)
         return [m for m in found if m is not None and m.topic == topic and key in m.key.split(" ")]
 
-    def raw_records(self, messages: Sequence[StoredMessage]) -> list[bytes]:
-        """The commitlog records of messages just read, as stored (for a store node to send on:
-        its gateway nodes decode them with the same reader); back-to-back ones in one pread."""
-        records: list[bytes] = []
-        i = 0
-        while i < len(messages):
-            start = end = messages[i].position
-            j = i
-            while j < len(messages) and messages[j].position == end:
-                end += messages[j].size
-                j += 1
-            buf = self.commitlog.read(start, end - start)
-            at = 0
-            for message in messages[i:j]:
-                records.append(buf[at:at + message.size])
-                at += message.size
-            i = j
-        return records
-
     def read_at(self, position: int) -> StoredMessage | None:
         if position < self.commitlog.min_position or position >= self.commitlog.end_position:
             return None

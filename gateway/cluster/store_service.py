@@ -34,7 +34,7 @@ from protocols.cluster.store_link import (
 )
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
-from store import MessageStore, PutResult
+from store import MessageStore, PutResult, StoredMessage
 
 from ..mqtt.broker import SESSIONS_TABLE
 from ..mqtt.queues import WildcardQueues
@@ -196,15 +196,18 @@ class StoreService:
         result = self.store.get_now(str_field(ext, "queue"), int_field(ext, "offset"),
                                     max(1, min(int_field(ext, "max"), MAX_GET_MESSAGES)),
                                     int_field(ext, "maxBytes", 4 << 20), tag_hashes)
-        body = encode_messages(result.messages, self.store.raw_records(result.messages)) if result.messages else b""
+        body = encode_messages(result.messages, self._records(result.messages)) if result.messages else b""
         return response_to(request, ResponseCode.SUCCESS, ext_fields=result_fields(result), body=body)
+
+    def _records(self, messages: list[StoredMessage]) -> list[bytes]:
+        return self.store.commitlog.records([(m.position, m.size) for m in messages])
 
     def read_at(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         message = self.store.read_at(int_field(request.ext_fields, "position"))
         if message is None:
             return response_to(request, ResponseCode.SUCCESS, ext_fields={"found": "false"})
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"found": "true"},
-                           body=encode_messages([message], self.store.raw_records([message])))
+                           body=encode_messages([message], self._records([message])))
 
     def offsets(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         """Body: queue names; answer: ``max`` in the body, ``min`` offsets in a second part."""
@@ -299,7 +302,7 @@ class StoreService:
     def retained_match(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         messages = self.retained.matching(str_field(request.ext_fields, "filter"))
         return response_to(request, ResponseCode.SUCCESS,
-                           body=encode_messages(messages, self.store.raw_records(messages)))
+                           body=encode_messages(messages, self._records(messages)))
 
     # -- notify -------------------------------------------------------------------------------
     def subscribe_notify(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
