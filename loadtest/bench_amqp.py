@@ -96,6 +96,7 @@ from loadtest.harness import (
     SLACK_S,
     CpuSampler,
     Workers,
+    drain_outcome,
     parse_list,
     quote,
     split,
@@ -405,8 +406,7 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
     if not first or not deliveries:
         raise ScenarioError(f"nothing delivered: sent={pub['sent']} confirmed={pub['confirmed']}")
     expected = pub["confirmed"] * len(queues)
-    outcomes = {r["outcome"] for r in subs}
-    drain = "timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete"
+    drain = drain_outcome({r["outcome"] for r in subs})
     elapsed = max(1, last - first) / 1e9
     return (f"queues={len(queues)} seconds={plan.seconds:g} deliveries_per_s={deliveries / elapsed:.0f} "
             f"published_per_s={pub['confirmed'] / elapsed:.0f} sent={pub['sent']} confirmed={pub['confirmed']} "

@@ -89,7 +89,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from array import array
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -119,6 +118,7 @@ from loadtest.harness import (
     WORKER_WAIT_S,
     CpuSampler,
     Workers,
+    deliveries,
     parse_list,
     quote,
     split,
@@ -443,14 +443,8 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
         if sampler is not None:
             sampler.stop()
         w.close()
-    first_send = min((r["first_send_ns"] for r in results if r["first_send_ns"]), default=0)
-    last_receive = max(r["last_receive_ns"] for r in got)
-    received = sum(r["unique"] for r in got)
-    if not first_send or not received:
-        raise ScenarioError(f"nothing delivered: published={published} received={received}")
-    latencies = sorted(array("q", b"".join(r["latencies"] for r in got)))
-    elapsed = max(1, last_receive - first_send) / 1e9
-    outcomes = {r["outcome"] for r in got}
+    d = deliveries(results, got, published)
+    first_send, last_receive = d.first_send_ns, d.last_receive_ns
     short: Counter[str] = Counter()
     for r in got:
         short.update(r["short"])
@@ -462,14 +456,14 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
     return Outcome(
         published=published,
         expected=sum(acked[t] * readers[t] for t in range(topics)),
-        received=received,
-        duplicates=sum(r["duplicates"] for r in got),
-        rate=received / elapsed,
-        p50_ms=latencies[len(latencies) // 2] / 1e6,
-        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
+        received=d.received,
+        duplicates=d.duplicates,
+        rate=d.rate,
+        p50_ms=d.p50_ms,
+        p99_ms=d.p99_ms,
         cpu=f"gen_cpu_pct={gen:.0f} nodes_cpu_pct={nodes:.0f} store_cpu_pct={store:.0f} other_cpu_pct={other:.0f}",
         cpu_pct={"gen": gen, "nodes": nodes, "gateways": gateways, "store": store, "other": other},
-        drain="timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete",
+        drain=d.drain,
         short={node: n for node, n in short.items() if n},
         before=before,
         after=after,
@@ -647,6 +641,17 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # so that the finally blocks stop every node
 
 
+def node_counts(text: str, flag: str, minimum: int) -> tuple[int, ...]:
+    """``"2,4,8"`` -> (2, 4, 8); a clear exit for anything else."""
+    try:
+        counts = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        raise SystemExit(f"{flag}: not a list of numbers: {text!r}") from None
+    if not counts or min(counts) < minimum:
+        raise SystemExit(f"{flag}: {minimum} or more gateway nodes per case")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -662,21 +667,9 @@ def main() -> None:
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     if args.nodes:
-        try:
-            nodes = tuple(int(n) for n in args.nodes.split(",") if n.strip())
-        except ValueError:
-            raise SystemExit(f"--nodes: not a list of numbers: {args.nodes!r}") from None
-        if not nodes or min(nodes) < 2:
-            raise SystemExit("--nodes: 2 or more gateway nodes per case")
-        plan = replace(plan, nodes=nodes)
+        plan = replace(plan, nodes=node_counts(args.nodes, "--nodes", 2))
     if args.fanout_nodes:
-        try:
-            fanout_counts = tuple(int(n) for n in args.fanout_nodes.split(",") if n.strip())
-        except ValueError:
-            raise SystemExit(f"--fanout-nodes: not a list of numbers: {args.fanout_nodes!r}") from None
-        if not fanout_counts or min(fanout_counts) < 1:
-            raise SystemExit("--fanout-nodes: 1 or more gateway nodes per case")
-        plan = replace(plan, fanout_nodes=fanout_counts)
+        plan = replace(plan, fanout_nodes=node_counts(args.fanout_nodes, "--fanout-nodes", 1))
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     signal.signal(signal.SIGTERM, _terminated)
     raise_fd_limit()  # the generator's sockets and, inherited, the nodes': 2,000 subscribers on one node

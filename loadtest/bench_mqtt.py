@@ -69,6 +69,7 @@ from loadtest.harness import (
     WORKER_WAIT_S,
     CpuSampler,
     Workers,
+    deliveries,
     drain_stop,
     parse_list,
     quote,
@@ -363,24 +364,16 @@ def run_flow(broker: Broker, load: Load, publishers: list[tuple[str, str, int]],
         if sampler is not None:
             sampler.stop()
         w.close()
-    first_send = min((r["first_send_ns"] for r in pubs if r["first_send_ns"]), default=0)
-    last_receive = max(r["last_receive_ns"] for r in subs)
-    received = sum(r["unique"] for r in subs)
-    if not first_send or not received:
-        raise ScenarioError(f"nothing delivered: published={published} received={received}")
-    latencies = sorted(array("q", b"".join(r["latencies"] for r in subs)))
-    elapsed = max(1, last_receive - first_send) / 1e9
-    outcomes = {r["outcome"] for r in subs}
-    drain = "timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete"
+    d = deliveries(pubs, subs, published)
     return Outcome(
-        rate=received / elapsed,
+        rate=d.rate,
         expected=published * len(subscriber_ids),
-        received=received,
-        duplicates=sum(r["duplicates"] for r in subs),
-        p50_ms=latencies[len(latencies) // 2] / 1e6,
-        p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
-        cpu=sampler.shares(w.pids, broker.pid, first_send, last_receive),
-        drain=drain,
+        received=d.received,
+        duplicates=d.duplicates,
+        p50_ms=d.p50_ms,
+        p99_ms=d.p99_ms,
+        cpu=sampler.shares(w.pids, broker.pid, d.first_send_ns, d.last_receive_ns),
+        drain=d.drain,
     )
 
 

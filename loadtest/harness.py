@@ -10,6 +10,8 @@ import queue
 import selectors
 import threading
 import time
+from array import array
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -163,6 +165,40 @@ def drain_stop(shared: Any, now: int, last_data: int, idle_ns: int, hard_stop: i
         if now > shared[DRAIN_DEADLINE]:
             return "timeout"
     return "timeout" if now > hard_stop else None
+
+
+@dataclass(frozen=True, slots=True)
+class Deliveries:
+    """What the receiving workers' results add up to, for one case."""
+
+    first_send_ns: int
+    last_receive_ns: int
+    received: int
+    duplicates: int
+    rate: float  # received per second, first send to last receive
+    p50_ms: float
+    p99_ms: float
+    drain: str
+
+
+def drain_outcome(outcomes: set[str]) -> str:
+    """The case's drain: the worst of its workers' (timeout, then idle, else complete)."""
+    return "timeout" if "timeout" in outcomes else "idle" if "idle" in outcomes else "complete"
+
+
+def deliveries(pubs: list[dict[str, Any]], subs: list[dict[str, Any]], published: int) -> Deliveries:
+    """Sum the publishers' and subscribers' results (ScenarioError when nothing arrived)."""
+    first_send = min((r["first_send_ns"] for r in pubs if r["first_send_ns"]), default=0)
+    last_receive = max(r["last_receive_ns"] for r in subs)
+    received = sum(r["unique"] for r in subs)
+    if not first_send or not received:
+        raise ScenarioError(f"nothing delivered: published={published} received={received}")
+    latencies = sorted(array("q", b"".join(r["latencies"] for r in subs)))
+    elapsed = max(1, last_receive - first_send) / 1e9
+    return Deliveries(first_send, last_receive, received, sum(r["duplicates"] for r in subs), received / elapsed,
+                      latencies[len(latencies) // 2] / 1e6,
+                      latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6,
+                      drain_outcome({r["outcome"] for r in subs}))
 
 
 def split(items: list[Any], parts: int) -> list[list[Any]]:
