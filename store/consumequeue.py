@@ -3,15 +3,23 @@
 Key spaces of the index database:
 
     b"q" + qid u32 + offset u64   -> position u64, size u32, tag_hash i64, store_ts i64
+    b"q" + qid u32 + 2**64-1      -> the queue's head: next_offset u64, last_position u64
     b"n" + queue name (UTF-8)     -> qid u32, next_offset u64, last_position u64
     b"\\x00checkpoint"            -> dispatched position u64, next qid u32
 
 Queue ids are compact integers handed out on first write (light queues: no
-registration), so entry keys stay 13 bytes whatever the queue name. The name row
-doubles as the queue's metadata and is rewritten in the same WriteBatch as the
-entries it describes, together with the checkpoint; RocksDB applies a batch
-atomically and, with one column family and no WAL, flushes whole batches, so after a
-crash the checkpoint names exactly the commitlog position up to which entries exist.
+registration), so entry keys stay 13 bytes whatever the queue name. The name row is
+written once, when the queue is created (data dirs of earlier versions also kept the
+queue's offsets in it, rewritten with every batch). Where the queue ends is its head
+key, written right after the queue's newest entry of each batch: it sorts next to that
+entry, so RocksDB's memtable inserts it for almost nothing, where a name row at a random
+place cost as much as the entry itself (measured: 1,000,000 random queues, 3.3 -> 1.9 us
+per message). Retention range-deletes entries below an offset, never the head, so a queue
+whose entries are all gone still knows its next offset.
+
+Entries, heads, new rows and the checkpoint go in ONE WriteBatch; RocksDB applies a
+batch atomically and, with one column family and no WAL, flushes whole batches, so after
+a crash the checkpoint names exactly the commitlog position up to which entries exist.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 ENTRY_KEY = struct.Struct(">cIQ")
 ENTRY_VALUE = struct.Struct(">QIqq")
 QUEUE_ROW = struct.Struct(">IQQ")
+QUEUE_HEAD = struct.Struct(">QQ")
+HEAD_OFFSET = (1 << 64) - 1  # the head key's offset field: past every real offset
 CHECKPOINT = struct.Struct(">QI")
 _QID = struct.Struct(">I")
 
@@ -39,8 +49,23 @@ def entry_key(qid: int, offset: int) -> bytes:
     return ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset)
 
 
+def head_key(qid: int) -> bytes:
+    return ENTRY_KEY.pack(ENTRY_PREFIX, qid, HEAD_OFFSET)
+
+
 def queue_prefix(qid: int) -> bytes:
     return ENTRY_PREFIX + _QID.pack(qid)
+
+
+def queue_end(db: Rdict, qid: int, row: bytes) -> tuple[int, int]:
+    """(next offset, position of the newest entry) of a queue not held in memory: its head
+    key, or for a queue last written by an earlier version, what its name row says."""
+    _, row_next, row_last = QUEUE_ROW.unpack(row)
+    raw = db.get(head_key(qid))
+    if raw is None:
+        return row_next, row_last
+    next_offset, last_position = QUEUE_HEAD.unpack(raw)
+    return (next_offset, last_position) if next_offset >= row_next else (row_next, row_last)
 
 
 class QueueState:
@@ -69,7 +94,7 @@ class ConsumeQueueIndex:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_max_background_jobs(2)
-        opts.set_write_buffer_size(64 << 20)
+        opts.set_write_buffer_size(8 << 20)
         # A put to a queue the hot cache does not hold looks its row up first; for a brand-new
         # light queue that lookup misses, and a bloom filter answers a miss without touching
         # the table files (measured: 2.5 -> 0.7 us per miss with a million queues).
@@ -85,6 +110,7 @@ class ConsumeQueueIndex:
         self._db.set_write_options(wo)
         # name -> pack_state(qid, next_offset); the dispatcher and committer use it directly.
         self.cache: dict[str, int] = {}
+        self.created: list[tuple[str, int]] = []  # (name, qid) of queues whose row is not written yet
         self._cache_entries = max(16, cache_entries)
         raw = self._db.get(CHECKPOINT_KEY)
         self.dispatched_position, self._next_qid = CHECKPOINT.unpack(raw) if raw else (0, 1)
@@ -100,8 +126,8 @@ class ConsumeQueueIndex:
             raw = self._db.get(NAME_PREFIX + name.encode())
             if raw is None:
                 return None
-            qid, next_offset, _ = QUEUE_ROW.unpack(raw)
-            packed = self.cache[name] = pack_state(qid, next_offset)
+            qid = _QID.unpack_from(raw)[0]
+            packed = self.cache[name] = pack_state(qid, queue_end(self._db, qid, raw)[0])
         return packed
 
     def lookup(self, name: str) -> QueueState | None:
@@ -113,11 +139,13 @@ class ConsumeQueueIndex:
     def resolve(self, name: str) -> int:
         """pack_state() of the queue, created (light queue: no registration) if it is new.
 
-        A new queue's row reaches the database with its first dispatch.
+        A new queue's row reaches the database with the next dispatch.
         """
         packed = self._load(name)
         if packed is None:
-            packed = self.cache[name] = pack_state(self._next_qid, 0)
+            qid = self._next_qid
+            packed = self.cache[name] = pack_state(qid, 0)
+            self.created.append((name, qid))
             self._next_qid += 1
         return packed
 
@@ -128,7 +156,8 @@ class ConsumeQueueIndex:
     def trim_cache(self) -> None:
         """Keep the hot-queue cache bounded: drop the oldest-loaded tenth when it is full.
 
-        Only called between dispatches, when every cached state is also in the database.
+        Only called between dispatches, when every cached state is also in the database
+        (queue heads and rows of created queues are written by then).
         """
         cache = self.cache
         if len(cache) > self._cache_entries:
@@ -147,8 +176,9 @@ class ConsumeQueueIndex:
         for key, raw in self._db.items(from_key=start):
             if not key.startswith(start):
                 break
-            qid, next_offset, last_position = QUEUE_ROW.unpack(raw)
+            qid = _QID.unpack_from(raw)[0]
             name = key[1:].decode()
+            next_offset, last_position = queue_end(self._db, qid, raw)
             cached = self.cache.get(name)
             if cached is not None:
                 next_offset = cached >> 32
@@ -159,7 +189,12 @@ class ConsumeQueueIndex:
         return WriteBatch(raw_mode=True)
 
     def commit(self, batch: WriteBatch, dispatched_position: int) -> None:
-        """Write a batch of entries with the checkpoint that covers them, atomically."""
+        """Write a batch of entries with the checkpoint that covers them, atomically (and the
+        rows of queues created since the last batch)."""
+        if self.created:
+            for name, qid in self.created:
+                batch.put(NAME_PREFIX + name.encode(), QUEUE_ROW.pack(qid, 0, 0))
+            self.created = []
         batch.put(CHECKPOINT_KEY, CHECKPOINT.pack(dispatched_position, self._next_qid))
         self._db.write(batch)
         self.dispatched_position = dispatched_position
@@ -185,7 +220,8 @@ class ConsumeQueueIndex:
         if it.valid():
             key = it.key()
             if key.startswith(prefix):
-                return ENTRY_KEY.unpack(key)[2]
+                offset = ENTRY_KEY.unpack(key)[2]
+                return None if offset == HEAD_OFFSET else offset
         return None
 
     def first_offset_at_or_after_position(self, qid: int, lo: int, hi: int, position: int) -> int:
@@ -241,7 +277,9 @@ class ConsumeQueueIndex:
                 offset -= 1
             removed += state.next_offset - offset
             self._db.delete_range(entry_key(state.qid, offset), entry_key(state.qid, state.next_offset))
+            # the row too: a data dir of an earlier version may hold a larger offset there
             batch.put(NAME_PREFIX + state.name.encode(), QUEUE_ROW.pack(state.qid, offset, last_position))
+            batch.put(head_key(state.qid), QUEUE_HEAD.pack(offset, last_position))
             self.cache[state.name] = pack_state(state.qid, offset)
         self.commit(batch, min(self.dispatched_position, position))
         return removed

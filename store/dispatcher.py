@@ -1,13 +1,14 @@
 """The dispatcher (RocketMQ's ReputMessageService): commitlog records -> consume-queue entries.
 
 Each batch of records becomes ONE RocksDB WriteBatch holding every entry, the message-key
-index entries, the updated queue rows and the checkpoint (the commitlog position up to which all is indexed);
-only after it is written do readers see the new offsets and does notify fire.
+index entries, the head of every queue it writes to, the rows of new queues and the
+checkpoint (the commitlog position up to which all is indexed); only after it is written
+do readers see the new offsets and does notify fire.
 """
 
 from __future__ import annotations
 
-from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, NAME_PREFIX, QUEUE_ROW, ConsumeQueueIndex
+from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, HEAD_OFFSET, QUEUE_HEAD, ConsumeQueueIndex
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
 
@@ -22,27 +23,27 @@ class Dispatcher:
         self._index = index
         self._notify = notify
 
-    def dispatch(self, items: list[DispatchItem], end_position: int) -> None:
-        """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``."""
+    def dispatch(self, items: list[DispatchItem], end_position: int, heads: dict[str, int] | None = None) -> None:
+        """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``.
+
+        ``heads``: each queue the items go to -> pack_state(qid, its next offset after them),
+        as the committer assigned them; computed here when not given (recovery)."""
+        if heads is None:
+            heads = {name: (offset + 1) << 32 | qid for *_, targets, _ in items for name, qid, offset in targets}
         batch = self._index.new_batch()
         put = batch.put
         pack_key = ENTRY_KEY.pack
         pack_value = ENTRY_VALUE.pack
-        pack_row = QUEUE_ROW.pack
-        newest: dict[str, tuple[int, int, int]] = {}
         for position, size, tag, store_ts, targets, keys in items:
             value = pack_value(position, size, tag, store_ts)
             for name, qid, offset in targets:
                 put(pack_key(ENTRY_PREFIX, qid, offset), value)
-                newest[name] = (qid, offset, position)
+                if heads[name] >> 32 == offset + 1:  # the queue's newest entry: its head follows
+                    put(pack_key(ENTRY_PREFIX, qid, HEAD_OFFSET), QUEUE_HEAD.pack(offset + 1, position))
             for prefix in keys:
                 put(*key_entry(prefix, position, store_ts))
-        for name, (qid, offset, position) in newest.items():
-            put(NAME_PREFIX + name.encode(), pack_row(qid, offset + 1, position))
         self._index.commit(batch, end_position)
-        cache = self._index.cache
-        for name, (qid, offset, _) in newest.items():
-            cache[name] = (offset + 1) << 32 | qid  # pack_state, inlined on the hot path
+        self._index.cache.update(heads)
         self._index.trim_cache()
         if self._notify.active:
-            self._notify.publish({name: offset + 1 for name, (_, offset, _) in newest.items()})
+            self._notify.publish({name: packed >> 32 for name, packed in heads.items()})

@@ -18,7 +18,7 @@ class StoreOptions:
     checkpoint_interval: float = 5.0  # consumer offsets
     index_flush_interval: float = 60.0  # bounds the re-dispatch work of a crash recovery
     max_message_size: int = 4 << 20
-    queue_cache_entries: int = 262_144  # hot queue states kept in memory
+    queue_cache_entries: int = 1_048_576  # hot queue states kept in memory
     retention_hours: float = 72.0  # 0 = keep by age forever
     retention_bytes: int = 0  # 0 = no size limit
     retention_check_interval: float = 60.0

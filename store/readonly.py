@@ -30,7 +30,7 @@ from typing import Self
 from rocksdict import AccessType, Options, Rdict
 
 from .commitlog import LAYOUT_FILE, SEGMENT_NAME_DIGITS
-from .consumequeue import NAME_PREFIX, QUEUE_ROW, ConsumeQueueIndex, QueueState
+from .consumequeue import NAME_PREFIX, QUEUE_ROW, ConsumeQueueIndex, QueueState, queue_end
 from .errors import StoreError
 
 
@@ -116,8 +116,8 @@ class SecondaryIndex(ConsumeQueueIndex):
         raw = self._db.get(NAME_PREFIX + name.encode())
         if raw is None:
             return None
-        qid, next_offset, _ = QUEUE_ROW.unpack(raw)
-        return next_offset << 32 | qid
+        qid = QUEUE_ROW.unpack(raw)[0]
+        return queue_end(self._db, qid, raw)[0] << 32 | qid
 
     def resolve(self, name: str) -> int:
         raise StoreError("a secondary index is read-only")

@@ -66,12 +66,18 @@ log = logging.getLogger("tidemq.store")
 _READ_AHEAD = 4096
 
 
-# queue list -> (queue slots, their length): gateways send the same few lists over and over
-_SLOTS: dict[tuple[str, ...], tuple[list[bytes], int]] = {}
+# queue (or queue list) -> (queue slots, their length): gateways send the same few lists over
+# and over
+_SLOTS: dict[str | tuple[str, ...], tuple[list[bytes], int]] = {}
 _SLOTS_ENTRIES = 65_536
 
 
 def _queue_slots(queues: Sequence[str]) -> tuple[list[bytes], int]:
+    if len(queues) == 1:  # most messages: one queue, often a new one among millions
+        name = queues[0].encode()
+        if not name or len(name) > MAX_QUEUE_NAME_BYTES:
+            raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        return [len(name).to_bytes(2, "big") + name], len(name) + QUEUE_SLOT_OVERHEAD
     names = [q.encode() for q in queues]
     slots_len = 0
     for name in names:
@@ -106,7 +112,7 @@ class _Prepared:
             self.tag_hash = tag_hash(message.tags)
         else:
             self.tag_hash = 0
-        key = tuple(queues)
+        key = queues[0] if len(queues) == 1 else tuple(queues)
         known = _SLOTS.get(key)
         if known is None:
             known = _SLOTS[key] = _queue_slots(queues)
@@ -115,7 +121,7 @@ class _Prepared:
         self.slots, slots_len = known
         self.static = static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"",
-            encoded if encoded is not None else encode_properties(props) if props else b"", len(key), len(body),
+            encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
         )
         self.body = body
         self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
@@ -360,7 +366,7 @@ class MessageStore:
             (pos, p.size, p.tag_hash, store_ts, targets, p.index_keys) for pos, (p, targets, _) in zip(positions, placed)
         ]
         try:
-            self.dispatcher.dispatch(items, self.commitlog.end_position)
+            self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
         except Exception as exc:
             # The records are in the commitlog; a restart re-dispatches them. Until then the
             # index cannot advance in order, so refuse further writes rather than reorder.

@@ -59,3 +59,21 @@ async def test_retention_by_age_keeps_the_active_segment(open_store, data_dir):
     got = await store.get("q", await store.min_offset("q"), 100)
     assert [m.msg_id for m in got.messages] == [r.msg_id for r in kept]
     assert (await store.get("q0", 0)).status is GetStatus.OFFSET_TOO_SMALL
+
+
+async def test_a_queue_emptied_by_retention_keeps_counting_after_a_restart(open_store):
+    options = dict(segment_size=8192, retention_bytes=20_000, retention_hours=0, queue_cache_entries=16)
+    store = await open_store(**options)
+    await store.put_batch([(Message("t", b"o" * 500), ["old"]) for _ in range(30)])
+    await fill(store, 60)
+    assert await store.apply_retention() > 0
+    assert await store.min_offset("old") == await store.max_offset("old") == 30  # every entry gone
+    await store.close()
+    store = await open_store(**options)  # its state comes from the index again, not memory
+    assert await store.max_offset("old") == 30
+    below = await store.get("old", 0, 10)
+    assert below.status is GetStatus.OFFSET_TOO_SMALL and below.next_offset == 30
+    res = await store.put(Message("t", b"again"), ["old"])
+    assert res.queue_offsets == {"old": 30}
+    got = await store.get("old", 30, 10)
+    assert [m.body for m in got.messages] == [b"again"]
