@@ -58,7 +58,7 @@ class Config:
     index_flush_interval_s: float = 60.0
     segment_size: int = 1 << 30
     max_message_size: int = 4 << 20
-    queue_cache_entries: int = 262_144
+    queue_cache_entries: int = 1_048_576
     retention_hours: float = 72.0
     retention_bytes: int = 0
     store_host: str = "127.0.0.1"  # IPv4 encoded in message ids
