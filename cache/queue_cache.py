@@ -47,9 +47,11 @@ class CacheStats:
 
 
 def message_cost(message: StoredMessage) -> int:
-    """Bytes a cached message is accounted for against ``max_bytes``."""
+    """Bytes a cached message is accounted for against ``max_bytes``: its fields, and one more
+    copy of the body for what readers keep on the object (``StoredMessage.decoded``: the MQTT
+    gateway's encoded PUBLISH)."""
     return (
-        len(message.body) + len(message.raw_properties) + len(message.topic) + len(message.raw_queues)
+        2 * len(message.body) + len(message.raw_properties) + len(message.topic) + len(message.raw_queues)
         + MESSAGE_OVERHEAD
     )
 

@@ -67,6 +67,10 @@ class StoredMessage:
     tag_hash: int = 0
     flag: int = 0
     _properties: dict[str, str] | None = field(default=None, repr=False)
+    # What a reader decoded from this object (a gateway's view of it, and the bytes it sends):
+    # kept here so that every reader sharing the object (the queue cache hands one object to
+    # all subscribers of a queue) decodes and encodes once. The store never sets or reads it.
+    decoded: object = field(default=None, repr=False, compare=False)
 
     @property
     def properties(self) -> dict[str, str]:

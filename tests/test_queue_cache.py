@@ -23,8 +23,9 @@ async def put(store, queue: str, n: int, start: int = 0, size: int = 0) -> list[
 
 
 def cost(queue: str, body: bytes) -> int:
-    """What one cached message of ``put`` is accounted for: body, topic, queue slot, overhead."""
-    return len(body) + len(f"t/{queue}") + (2 + len(queue) + 8) + MESSAGE_OVERHEAD
+    """What one cached message of ``put`` is accounted for: body (twice: readers keep their
+    encoded copy on the message), topic, queue slot, overhead."""
+    return 2 * len(body) + len(f"t/{queue}") + (2 + len(queue) + 8) + MESSAGE_OVERHEAD
 
 
 def read_to_end(cache: QueueCache, queue: str, offset: int = 0, **limits):

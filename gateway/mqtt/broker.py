@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cache import QueueCache
@@ -19,7 +17,7 @@ from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, PutResult, StoredMessage
 
 from ..stats import ProtocolStats
-from .messages import Delivery, PublishTemplate, StoreMessageFactory, build_template
+from .messages import StoreMessageFactory
 from .queues import WildcardQueues, queue_for_filter
 from .retained import RetainedIndex
 from .session import Session
@@ -60,8 +58,6 @@ class MQTTBroker:
         self._dirty: set[str] = set()
         self._flush_scheduled = False
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
-        self._deliveries: OrderedDict[int, Delivery] = OrderedDict()
-        self._templates: OrderedDict[tuple, PublishTemplate] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         if node is not None:
             node.attach(self)
@@ -253,28 +249,6 @@ class MQTTBroker:
 
     def retained_matching(self, topic_filter: str) -> list[StoredMessage]:
         return self.retained.matching(topic_filter)
-
-    # -- delivery helpers shared by all connections -------------------------------------------
-    def delivery(self, message: StoredMessage) -> Delivery:
-        """Decoded MQTT view of a stored message, computed once per message for all readers."""
-        cached = self._deliveries.get(message.position)
-        if cached is None:
-            cached = self._deliveries[message.position] = Delivery.of(message)
-            if len(self._deliveries) > self.settings.template_cache_entries:
-                self._deliveries.popitem(last=False)
-        return cached
-
-    def template(self, message: StoredMessage, topic: str, qos: int, retain: bool, version: int,
-                 props_key: tuple, make_props: Callable[[], object]) -> PublishTemplate:
-        """The outgoing PUBLISH bytes for one variant, encoded once and reused by every subscriber."""
-        key = (message.position, topic, qos, retain, version, props_key)
-        cached = self._templates.get(key)
-        if cached is None:
-            cached = self._templates[key] = build_template(
-                topic, message.body, qos, retain, version, make_props())  # type: ignore[arg-type]
-            if len(self._templates) > self.settings.template_cache_entries:
-                self._templates.popitem(last=False)
-        return cached
 
     # -- shared subscriptions ------------------------------------------------------------------
     def share_group(self, group: str, topic_filter: str) -> ShareGroup:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from protocols.mqtt.codec import fixed_header
 from protocols.mqtt.packets import MQTT_5, Publish
@@ -67,13 +68,15 @@ def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
 
 @dataclass(slots=True)
 class Delivery:
-    """What a stored message means to MQTT subscribers (decoded once per message)."""
+    """What a stored message means to MQTT subscribers, and its outgoing PUBLISH bytes per
+    variant: made once per message object (``delivery_of``) and shared by every subscriber."""
 
     qos: int  # the QoS it was published with (2 for messages from other protocols)
     retain: bool
     props: Properties | None
     expires_at: float | None  # wall clock seconds, from Message Expiry Interval
     _message: StoredMessage
+    templates: dict[tuple, PublishTemplate] = field(default_factory=dict)
 
     @classmethod
     def of(cls, message: StoredMessage) -> Delivery:
@@ -95,6 +98,15 @@ class Delivery:
     def publisher(self) -> str:
         """The publishing client id (read only for No Local subscriptions)."""
         return self._message.properties.get(CLIENT_ID, "")
+
+    def template(self, topic: str, qos: int, retain: bool, version: int, props_key: tuple,
+                 make_props: Callable[[], Properties | None]) -> PublishTemplate:
+        """The PUBLISH bytes of one variant (topic or alias, QoS, retain, version, properties)."""
+        key = (topic, qos, retain, version, props_key)
+        found = self.templates.get(key)
+        if found is None:
+            found = self.templates[key] = build_template(topic, self._message.body, qos, retain, version, make_props())
+        return found
 
     def remaining_expiry(self, now: float | None = None) -> int | None:
         """Seconds left (None: never expires; <= 0: expired, not to be delivered)."""
@@ -119,6 +131,14 @@ class PublishTemplate:
         if dup:
             out[0] |= 0x08
         return bytes(out)
+
+
+def delivery_of(message: StoredMessage) -> Delivery:
+    """The message's Delivery, decoded the first time a reader asks and kept on the object."""
+    found = message.decoded
+    if found is None:
+        found = message.decoded = Delivery.of(message)
+    return found  # type: ignore[return-value]
 
 
 def build_template(topic: str, payload: bytes, qos: int, retain: bool, version: int,

@@ -19,6 +19,7 @@ from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import matches
 from store import GetStatus, StoredMessage
 
+from .messages import delivery_of
 from .session import Inflight, QueueCursor, Session, SubscriptionState
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class Outbound:
         self.flush()
 
     def _send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
-        delivery = self.broker.delivery(message)
+        delivery = delivery_of(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             self.broker.set_retained(message.topic, None)  # an expired retained message is gone
@@ -246,7 +247,7 @@ class Outbound:
             if read_check is not None and not read_check(self.username, self.client_id, message.topic):
                 cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
                 continue
-            delivery = broker.delivery(message)
+            delivery = delivery_of(message)
             matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own
             if no_local and delivery.publisher == self.client_id:
                 matched = [s for s in matched if not s.options.no_local]
@@ -294,7 +295,7 @@ class Outbound:
                       remaining: int | None = None) -> bool:
         """Write one PUBLISH; False if the client's Maximum Packet Size forbids it (dropped)."""
         broker = self.broker
-        delivery = broker.delivery(message)
+        delivery = delivery_of(message)
         topic = message.topic
         send_topic = topic
         alias = None
@@ -317,7 +318,7 @@ class Outbound:
             props_key = ()
             make_props = _no_props
 
-        template = broker.template(message, send_topic, qos, retain, self.version, props_key, make_props)
+        template = delivery.template(send_topic, qos, retain, self.version, props_key, make_props)
         if self.client_max_packet and len(template.data) > self.client_max_packet:
             broker.stats.publish_dropped += 1
             if alias is not None and send_topic:  # the alias was never announced

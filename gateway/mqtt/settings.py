@@ -17,6 +17,5 @@ class MQTTSettings:
     connect_timeout_s: float = 10.0
     allow_anonymous: bool = True
     expiry_check_interval_s: float = 30.0
-    template_cache_entries: int = 8192
     write_buffer_high: int = 1 << 20  # stop pulling for a client above this many unsent bytes
     sys_interval_s: float = 10.0  # $SYS/broker/... publishing period; 0 turns it off

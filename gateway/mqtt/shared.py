@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from store import GetStatus, StoredMessage
 
+from .messages import delivery_of
 from .outbound import PULL_BATCH
 from .queues import queue_for_filter
 
@@ -123,7 +124,7 @@ class ShareGroup:
         self._save()
 
     def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
-        delivery = self.broker.delivery(message)
+        delivery = delivery_of(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             return True  # expired: consumed without delivery
