@@ -73,7 +73,10 @@ class Config:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     mqtt_receive_maximum: int = 1024
-    mqtt_max_inflight: int = 1024
+    # outbound window of 3.1.1 clients (5.0 clients announce theirs): deliveries are pulled per
+    # window, so a window far smaller than what publishers bring in one loop turn lets ingest
+    # outrun a busy subscriber (fan-in: 1,024 -> 8,192 kept the rate, p50 8.9 s -> 0.3 s)
+    mqtt_max_inflight: int = 8192
     mqtt_max_packet_size: int = 1 << 20
     mqtt_topic_alias_maximum: int = 64
     mqtt_max_queued_messages: int = 1000
