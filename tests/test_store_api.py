@@ -230,3 +230,27 @@ async def test_flag_and_pre_encoded_properties_round_trip(open_store) -> None:
     assert (second.flag, second.properties) == (0xFFFF_FFFF, {"c": "3"})
     with pytest.raises(InvalidMessageError):
         await store.put(Message("t", b"z", flag=1 << 32), ["q"])
+
+
+async def test_queue_rows_of_an_earlier_version_still_say_where_a_queue_ends(open_store, data_dir):
+    """Data dirs written before queue heads kept a queue's next offset in its name row only."""
+    from rocksdict import Options, Rdict
+
+    from store.consumequeue import NAME_PREFIX, QUEUE_ROW, head_key
+
+    store = await open_store()
+    results = await store.put_batch([(Message("t", f"{i}".encode()), ["legacy"]) for i in range(5)])
+    qid = store.index.lookup("legacy").qid
+    await store.close()
+    db = Rdict(str(data_dir / "index"), Options(raw_mode=True))
+    try:
+        del db[head_key(qid)]  # what an earlier version wrote: the row with the offsets, no head
+        db[NAME_PREFIX + b"legacy"] = QUEUE_ROW.pack(qid, 5, results[-1].position)
+    finally:
+        db.close()
+    store = await open_store()
+    assert await store.max_offset("legacy") == 5
+    res = await store.put(Message("t", b"5"), ["legacy"])
+    assert res.queue_offsets == {"legacy": 5}
+    got = await store.get("legacy", 0, 10)
+    assert [m.body for m in got.messages] == [f"{i}".encode() for i in range(6)]
