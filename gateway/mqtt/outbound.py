@@ -262,10 +262,12 @@ class Outbound:
                 cursor.next_offset = offset + 1
                 continue
             qos = min(delivery.qos, primary.options.qos)
-            remaining = delivery.remaining_expiry()
-            if remaining is not None and remaining <= 0:
-                cursor.next_offset = offset + 1
-                continue
+            remaining = None
+            if delivery.expires_at is not None:
+                remaining = delivery.remaining_expiry()
+                if remaining <= 0:  # type: ignore[operator]
+                    cursor.next_offset = offset + 1
+                    continue
             packet_id = None
             if qos:
                 if self.send_quota - len(session.inflight) <= 0:
@@ -275,7 +277,10 @@ class Outbound:
                 if packet_id is None:
                     self._window_full = True
                     return False
-            sub_ids = tuple(s.identifier for s in matched if s.identifier)
+            if len(matched) == 1:
+                sub_ids = (primary.identifier,) if primary.identifier else ()
+            else:
+                sub_ids = tuple(s.identifier for s in matched if s.identifier)
             retain = delivery.retain and any(s.options.retain_as_published for s in matched)
             cursor.next_offset = offset + 1
             if not self._send_message(message, qos, sub_ids, packet_id, retain=retain, remaining=remaining):

@@ -83,6 +83,10 @@ class Session:
 
     def allocate_packet_id(self) -> int | None:
         """A free packet id, or None when all 65,535 are in use."""
+        pid = self.next_packet_id
+        if pid not in self.inflight:  # nearly always: ids are handed out in turn
+            self.next_packet_id = pid % 65_535 + 1
+            return pid
         for _ in range(65_535):
             pid = self.next_packet_id
             self.next_packet_id = pid % 65_535 + 1
