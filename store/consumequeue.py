@@ -42,7 +42,6 @@ HEAD_OFFSET = (1 << 64) - 1  # the head key's offset field: past every real offs
 CHECKPOINT = struct.Struct(">QI")
 _QID = struct.Struct(">I")
 
-MAX_QUEUE_NAME_BYTES = 4096
 
 
 def entry_key(qid: int, offset: int) -> bytes:

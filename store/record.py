@@ -91,6 +91,30 @@ def queue_slots(queues: Sequence[bytes]) -> list[bytes]:
     return [_U16.pack(len(name)) + name for name in queues]
 
 
+MAX_QUEUE_NAME_BYTES = 4096
+
+# queue (one name) or queue list -> (slot heads, encoded length of the slots): gateways send the
+# same few lists over and over
+_SLOTS: dict[str | tuple[str, ...], tuple[list[bytes], int]] = {}
+_SLOTS_ENTRIES = 65_536
+
+
+def queue_slots_of(queues: Sequence[str]) -> tuple[list[bytes], int]:
+    """The slot heads of ``queues`` (see :func:`queue_slots`) and the bytes their slots take with
+    the offsets; remembered for the lists a store sees again and again."""
+    key = queues[0] if len(queues) == 1 else tuple(queues)
+    known = _SLOTS.get(key)
+    if known is None:
+        names = [q.encode() for q in queues]
+        for name in names:
+            if not name or len(name) > MAX_QUEUE_NAME_BYTES:
+                raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        known = _SLOTS[key] = (queue_slots(names), sum(map(len, names)) + QUEUE_SLOT_OVERHEAD * len(names))
+        if len(_SLOTS) > _SLOTS_ENTRIES:
+            _SLOTS.clear()
+    return known
+
+
 def decode_queues(raw: bytes | memoryview, count: int) -> list[tuple[str, int]]:
     out = []
     i = 0

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from .commitlog import CommitLog
 from .consumequeue import (
     ENTRY_VALUE,
-    MAX_QUEUE_NAME_BYTES,
     QID_MASK,
     ConsumeQueueIndex,
     QueueState,
@@ -50,12 +49,11 @@ from .options import StoreOptions
 from .record import (
     FIXED_SIZE,
     HEADER_SIZE,
-    QUEUE_SLOT_OVERHEAD,
     RecordView,
     assemble,
     encode_properties,
     encode_static,
-    queue_slots,
+    queue_slots_of,
 )
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy
@@ -64,27 +62,6 @@ from .stats import LatencyHistogram
 log = logging.getLogger("tidemq.store")
 
 _READ_AHEAD = 4096
-
-
-# queue (or queue list) -> (queue slots, their length): gateways send the same few lists over
-# and over
-_SLOTS: dict[str | tuple[str, ...], tuple[list[bytes], int]] = {}
-_SLOTS_ENTRIES = 65_536
-
-
-def _queue_slots(queues: Sequence[str]) -> tuple[list[bytes], int]:
-    if len(queues) == 1:  # most messages: one queue, often a new one among millions
-        name = queues[0].encode()
-        if not name or len(name) > MAX_QUEUE_NAME_BYTES:
-            raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-        return [len(name).to_bytes(2, "big") + name], len(name) + QUEUE_SLOT_OVERHEAD
-    names = [q.encode() for q in queues]
-    slots_len = 0
-    for name in names:
-        if not name or len(name) > MAX_QUEUE_NAME_BYTES:
-            raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-        slots_len += len(name) + QUEUE_SLOT_OVERHEAD
-    return queue_slots(names), slots_len
 
 
 class _Prepared:
@@ -112,13 +89,7 @@ class _Prepared:
             self.tag_hash = tag_hash(message.tags)
         else:
             self.tag_hash = 0
-        key = queues[0] if len(queues) == 1 else tuple(queues)
-        known = _SLOTS.get(key)
-        if known is None:
-            known = _SLOTS[key] = _queue_slots(queues)
-            if len(_SLOTS) > _SLOTS_ENTRIES:
-                _SLOTS.clear()
-        self.slots, slots_len = known
+        self.slots, slots_len = queue_slots_of(queues)
         self.static = static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"",
             encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
