@@ -519,7 +519,7 @@ def _fast_decode(first: int, buf: bytearray, start: int, end: int, version: int)
         if end - start == 2:
             packet_id = (buf[start] << 8) | buf[start + 1]
             if packet_id:
-                return PubAck(packet_id)
+                return PubAck(packet_id, 0, EMPTY_PROPERTIES)
         return None
     if first >> 4 != PacketType.PUBLISH or end - start < 2:
         return None
