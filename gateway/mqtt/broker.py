@@ -57,6 +57,7 @@ class MQTTBroker:
         self.sessions_table = store.table(SESSIONS_TABLE)
         self._dirty: set[str] = set()
         self._flush_scheduled = False
+        self._woken: list[MQTTConnection | ShareGroup] = []  # readers whose pump runs next (wake)
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         if node is not None:
@@ -301,8 +302,24 @@ class MQTTBroker:
         if not readers:
             return
         self.cache.on_notify(queue, max_offset)
-        for conn in readers:
-            conn.schedule_pump()
+        for reader in readers:
+            reader.schedule_pump()
+
+    def wake(self, reader: MQTTConnection | ShareGroup) -> None:
+        """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
+        callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
+        costs one callback, not a thousand."""
+        if not self._woken:
+            asyncio.get_running_loop().call_soon(self._pump_woken)
+        self._woken.append(reader)
+
+    def _pump_woken(self) -> None:
+        woken, self._woken = self._woken, []
+        for reader in woken:
+            try:
+                reader.pump()
+            except Exception:  # one reader's failure must not keep the others waiting
+                log.exception("pump failed reader=%r", reader)
 
 
 def _log_failure(fut: asyncio.Future) -> None:

@@ -9,7 +9,6 @@ must not get, and writes PUBLISH bytes encoded once per variant for all subscrib
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -177,7 +176,7 @@ class Outbound:
     def schedule_pump(self) -> None:
         if not self._pump_scheduled and not self.closed:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self.pump)
+            self.broker.wake(self)
 
     def pump(self) -> None:
         self._pump_scheduled = False
@@ -207,8 +206,8 @@ class Outbound:
                         broker.mark_dirty(session)
                         continue
                     break
-                if not self._deliver_batch(cursor, result.messages):
-                    break
+                if not self._deliver_batch(cursor, result.messages) or result.next_offset >= result.max_offset:
+                    break  # (at the queue's end as of this read: its next notify wakes this pump)
         self.flush()
 
     def _drop_qos0_backlog(self, cursor: QueueCursor) -> None:

@@ -8,7 +8,6 @@ a consumer offset in the store under the consumer name ``$share/{group}/{filter}
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -78,7 +77,7 @@ class ShareGroup:
     def schedule_pump(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self.pump)
+            self.broker.wake(self)
 
     def _next_member(self, qos: int) -> tuple[MQTTConnection, SubscriptionState] | None:
         members = list(self.members.values())
