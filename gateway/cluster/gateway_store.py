@@ -29,6 +29,8 @@ log = logging.getLogger("tidemq.cluster")
 
 FETCHED_BATCHES = 4096  # fetched batches not yet taken by their reader
 POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read_at
+PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
+MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
 
 class GatewayStore:
@@ -47,6 +49,7 @@ class GatewayStore:
         self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
+        self.read_here: set[str] = set()  # queues read on this node: notify fetches their news first
         self._tasks: set[asyncio.Task[None]] = set()
         self.fetches = 0  # store reads this node made (metrics: store reads per published message)
         self.notify_messages = 0  # NOTIFY messages the store node sent here
@@ -105,13 +108,27 @@ class GatewayStore:
         self._consumer_offsets.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
+        """The store node says queues grew. For a queue whose end this node knew, the new part
+        is fetched first and the queue's readers are woken when it is here (by ``_fetch``):
+        woken at once, each would find nothing yet, ask for it, and be woken again."""
         self.notify_messages += 1
         self.notify_events += len(events)
         known = self._max
+        fetching = self._fetching
+        now: dict[str, int] = {}
         for queue, offset in events.items():
-            if known.get(queue, -1) < offset:
-                known[queue] = offset
-        self.notify.publish(events)
+            end = known.get(queue)
+            if end is not None and end >= offset:
+                continue  # (nothing this node did not know)
+            known[queue] = offset
+            key = (queue, end)
+            if end is None or queue not in self.read_here or key in self._fetched or key in fetching:
+                now[queue] = offset
+                continue
+            fetching.add(key)
+            self._spawn(self._fetch(queue, end, min(max(offset - end, PREFETCH_MESSAGES), MAX_FETCH_MESSAGES)))
+        if now:
+            self.notify.publish(now)
 
     def subscribe_notify(self) -> NotifySubscription:
         return self.notify.subscribe()
@@ -143,16 +160,18 @@ class GatewayStore:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, high)
         if key not in self._fetching:
             self._fetching.add(key)
-            self._spawn(self._fetch(queue, offset, max(max_messages, 64), max_bytes, tag_hashes))
+            self._spawn(self._fetch(queue, offset, max(max_messages, PREFETCH_MESSAGES), max_bytes, tag_hashes))
         # not here yet: "nothing new"; the fetch's notify wakes the readers
         return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, offset if high is None else max(offset, high))
 
-    async def _fetch(self, queue: str, offset: int, max_messages: int, max_bytes: int,
-                     tag_hashes: frozenset[int] | None) -> None:
+    async def _fetch(self, queue: str, offset: int, max_messages: int, max_bytes: int = 4 << 20,
+                     tag_hashes: frozenset[int] | None = None) -> None:
         try:
             result = await self.remote.get(queue, offset, max_messages, max_bytes, tag_hashes)
         except RemoteStoreError as exc:
             log.warning("store read failed queue=%s offset=%d error=%s", queue, offset, exc)
+            if queue in self._max:  # the readers try for themselves (a notify may wait on this fetch)
+                self.notify.publish({queue: self._max[queue]})
             return
         finally:
             self._fetching.discard((queue, offset))

@@ -155,6 +155,7 @@ class GatewayNode:
         count = self._reading.get(queue, 0)
         self._reading[queue] = count + 1
         if not count:
+            self.store.read_here.add(queue)
             self.store.remote.interest(queue, True)
             if self.lookup is not None:
                 self._spawn(self.lookup.add_interest(queue))
@@ -165,6 +166,7 @@ class GatewayNode:
             self._reading[queue] = count
             return
         self._reading.pop(queue, None)
+        self.store.read_here.discard(queue)
         self.store.remote.interest(queue, False)
         if self.lookup is not None:
             self._spawn(self.lookup.remove_interest(queue))
