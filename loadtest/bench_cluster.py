@@ -1,7 +1,7 @@
 """Cluster benchmark: notify routing and the queue cache of gateway nodes, one store node.
 
     python -m loadtest.bench_cluster [--quick] [--scenarios spread,fanout,fanout_nodes] [--nodes 2,4,8]
-                                     [--fanout-nodes 1,2,4] [--out FILE] [--keep-logs DIR]
+                                     [--fanout-nodes 1,2,4] [--fanout-qos 0,1] [--out FILE] [--keep-logs DIR]
 
 Each case starts a fresh cluster of real processes on 127.0.0.1 (``python -m gateway serve``:
 one ``--role store`` node, ``--flush async``, and N ``--role gateway`` nodes, each with its
@@ -151,6 +151,7 @@ class Plan:
     fanout_nodes: tuple[int, ...] = (1, 2, 4)  # gateway node counts of fanout_nodes
     fanout_nodes_subscribers: int = 1000  # in all, spread evenly over the nodes
     fanout_nodes_seconds: float = 10.0
+    fanout_nodes_qos: tuple[int, ...] = (0, 1)
     drain_s: float = 10.0
     handshake_s: float = 60.0
 
@@ -591,7 +592,7 @@ def cases(scenarios: list[str], plan: Plan) -> list[Case]:
     if "fanout" in scenarios:
         out += [Case("fanout", 2, cache=cache) for cache in (True, False)]
     if "fanout_nodes" in scenarios:
-        out += [Case("fanout_nodes", n, qos=qos) for qos in (0, 1) for n in plan.fanout_nodes]
+        out += [Case("fanout_nodes", n, qos=qos) for qos in plan.fanout_nodes_qos for n in plan.fanout_nodes]
     return out
 
 
@@ -662,6 +663,7 @@ def main() -> None:
                                         "(default 2,4,8; --quick: 2,4)")
     parser.add_argument("--fanout-nodes", help="gateway node counts of the fanout_nodes scenario, comma-separated "
                                                "(default 1,2,4; --quick: 1,4)")
+    parser.add_argument("--fanout-qos", help="QoS levels of the fanout_nodes scenario, comma-separated (default 0,1)")
     parser.add_argument("--out", help="also append the lines to this file")
     parser.add_argument("--keep-logs", type=Path, metavar="DIR", help="copy every node's console log here")
     args = parser.parse_args()
@@ -670,6 +672,8 @@ def main() -> None:
         plan = replace(plan, nodes=node_counts(args.nodes, "--nodes", 2))
     if args.fanout_nodes:
         plan = replace(plan, fanout_nodes=node_counts(args.fanout_nodes, "--fanout-nodes", 1))
+    if args.fanout_qos:
+        plan = replace(plan, fanout_nodes_qos=tuple(int(q) for q in parse_list(args.fanout_qos, ("0", "1"), "QoS")))
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     signal.signal(signal.SIGTERM, _terminated)
     raise_fd_limit()  # the generator's sockets and, inherited, the nodes': 2,000 subscribers on one node
