@@ -28,8 +28,12 @@ and 1), 64-byte payloads.
   topic, 1,000 subscribers in all, spread evenly over the N nodes (subscriber i on node i mod N),
   one publisher on the first node, unpaced for 10 s but at most 20,000 deliveries ahead of the
   subscribers (bench_mqtt's fan-out bound, at QoS 0 too). When both N = 1 and N = 4 ran, a
-  final ``# fanout_nodes scaling qos=Q: 4 nodes / 1 node = X.XX`` line per QoS divides their
-  deliveries/s. On 2 cores the ceiling is the cores: read it with the CPU figures.
+  final ``# fanout_nodes scaling qos=Q: 4 nodes / 1 node = X.XX (...)`` line per QoS divides their
+  deliveries/s. On 2 cores the ceiling is the cores: read it with the CPU figures. The line
+  also gives the gateway nodes' CPU per delivery on 1 and on 4 nodes (what the cluster itself
+  adds), the load generator's, and the bound of the cores: the most 4 nodes could reach, as a
+  multiple of 1 node, if a delivery cost them no more than it costs one node -- 1 node has a
+  core of its own while the generator runs on the other; 4 nodes share both with it.
 
 ``--quick``: spread with N in 2 and 4, 100 topics, 3 s; fanout with 500 subscribers and 500
 messages in 5 s, drain up to 60 s; fanout_nodes with N in 1 and 4, 400 subscribers, 5 s (its
@@ -44,8 +48,9 @@ cache off. One line per case:
     cluster scenario=fanout subscribers=2000 cache=on|off store_reads_per_publish=... deliveries_per_s=...
         cache_hit_ratio=... published=... expected=... received=... lost=... dup=... (then as above)
     cluster scenario=fanout_nodes nodes=N qos=Q subscribers=1000 deliveries_per_s=... published=...
-        expected=... received=... lost=... dup=... p50_ms=... p99_ms=... gen_cpu_pct=...
-        nodes_cpu_pct=... store_cpu_pct=... other_cpu_pct=... drain=... node_complaints=...
+        expected=... received=... lost=... dup=... node_cpu_us_per_delivery=... gen_cpu_us_per_delivery=...
+        p50_ms=... p99_ms=... gen_cpu_pct=... nodes_cpu_pct=... store_cpu_pct=... other_cpu_pct=...
+        drain=... node_complaints=...
     cluster scenario=... error="..."        (the case failed; the run goes on)
 
 What the figures are (node metrics are differences between a scrape just before the first
@@ -81,20 +86,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.bench_mqtt import (
     FANOUT_AHEAD_DELIVERIES,
@@ -104,14 +102,8 @@ from loadtest.bench_mqtt import (
     pump_publishers,
 )
 from loadtest.bench_mqtt import pump_subscribers as pump_received
-from loadtest.brokers import (
-    ROOT,
-    Broker,
-    BrokerUnavailable,
-    ScenarioError,
-    free_port,
-    raise_fd_limit,
-)
+from loadtest.brokers import ScenarioError, raise_fd_limit
+from loadtest.cluster_nodes import Cluster, Samples, complaints, delta, scrape, start_cluster, stop_cluster
 from loadtest.harness import (
     MACHINE,
     SLACK_S,
@@ -123,16 +115,14 @@ from loadtest.harness import (
     quote,
     split,
 )
-from loadtest.mqtt_wire import HOST, PublishBatch, Publisher, Subscriber, open_sessions
+from loadtest.mqtt_wire import PublishBatch, Publisher, Subscriber, open_sessions
 
 SCENARIOS = ("spread", "fanout", "fanout_nodes")
-NODE_START_S = 60.0  # 9 Python processes starting at once on 2 cores take a while
 SPREAD_READERS = 2  # nodes reading each topic (one subscriber on each)
 SPREAD_WINDOW = 20  # unacknowledged PUBLISHes per spread publisher
 SPREAD_AHEAD = 100  # messages a spread publisher may be ahead of its topic's average subscriber
 SPREAD_POLL_S = 0.005  # hundreds of subscriber sockets per process: read every 5 ms
 SUB_PROCS = 2
-COMPLAINT_MARKERS = ("level=warning", "level=error", "level=critical", "Traceback")
 
 
 # -- what to run -----------------------------------------------------------------------------------
@@ -160,155 +150,6 @@ FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, nodes=(2, 4), spread_topics=100, spread_seconds=3.0, fanout_subscribers=500,
                 fanout_messages=500, fanout_seconds=5.0, fanout_drain_s=60.0, fanout_nodes=(1, 4),
                 fanout_nodes_subscribers=400, fanout_nodes_seconds=5.0, drain_s=5.0, handshake_s=30.0)
-
-
-# -- the cluster -----------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Node:
-    process: Broker  # port: the remoting port (store node) or the MQTT port (gateway node)
-    metrics_port: int
-    log_offset: int = 0  # where this case's part of the console log starts
-
-    @property
-    def name(self) -> str:
-        return self.process.name
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def port(self) -> int:
-        return self.process.port
-
-
-@dataclass(slots=True)
-class Cluster:
-    store: Node
-    gateways: list[Node]
-
-    @property
-    def nodes(self) -> list[Node]:
-        return [self.store, *self.gateways]
-
-
-def spawn(name: str, args: list[str], port: int, env_extra: dict[str, str]) -> Node:
-    """Start one node (its own temp dir for data and console log); does not wait for it."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-cluster-{name}-"))
-    metrics_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
-    env.update(env_extra)
-    command = [sys.executable, "-m", "gateway", "serve", *args, "--data-dir", str(workdir / "data"),
-               "--metrics-bind", f"{HOST}:{metrics_port}"]
-    log_path = workdir / "console.log"
-    with open(log_path, "wb") as console:
-        proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=console,
-                                stderr=subprocess.STDOUT, env=env)
-    return Node(Broker(name, port, proc, workdir, log_path), metrics_port)
-
-
-def wait_ready(nodes: list[Node], timeout_s: float = NODE_START_S) -> None:
-    """Until every node logged "gateway ready"; a node that exits or stays silent fails the case."""
-    deadline = time.monotonic() + timeout_s
-    waiting = list(nodes)
-    while waiting:
-        for node in list(waiting):
-            if node.process.proc.poll() is not None:
-                raise BrokerUnavailable(f"node {node.name} exited with status {node.process.proc.returncode}: "
-                                        f"{node.process.log_tail()}")
-            try:
-                if "gateway ready" in node.process.log_path.read_text(errors="replace"):
-                    waiting.remove(node)
-            except OSError:
-                pass
-        if waiting and time.monotonic() > deadline:
-            raise BrokerUnavailable(f"node(s) {','.join(n.name for n in waiting)} not ready within {timeout_s:g} s: "
-                                    f"{waiting[0].process.log_tail()}")
-        if waiting:
-            time.sleep(0.1)
-
-
-def start_cluster(gateways: int, routing: str = "targeted", cache: bool = True) -> Cluster:
-    store_port = free_port()
-    store = spawn("store", ["--role", "store", "--remoting-bind", f"{HOST}:{store_port}", "--amqp-bind", "",
-                            "--flush", "async"], store_port, {"TIDEMQ_NOTIFY_ROUTING": routing})
-    cluster = Cluster(store, [])
-    try:
-        wait_ready([store])
-        gateway_env = {} if cache else {"TIDEMQ_QUEUE_CACHE_BYTES": "0"}
-        for i in range(gateways):
-            port = free_port()
-            cluster.gateways.append(spawn(f"g{i}", ["--role", "gateway", "--node-id", f"g{i}", "--store",
-                                                    f"{HOST}:{store_port}", "--mqtt-bind", f"{HOST}:{port}"],
-                                          port, gateway_env))
-        wait_ready(cluster.gateways)  # started together: each imports the project in parallel
-    except BaseException:
-        stop_cluster(cluster)
-        raise
-    for node in cluster.nodes:
-        node.log_offset = node.process.log_path.stat().st_size
-    return cluster
-
-
-def stop_cluster(cluster: Cluster, keep_logs: Path | None = None, label: str = "") -> None:
-    """Gateway nodes first (SIGTERM, then SIGKILL after 10 s), then the store node; each by PID."""
-    for node in cluster.gateways:  # together: each takes a moment to close its connections
-        if node.process.proc.poll() is None:
-            node.process.proc.send_signal(signal.SIGTERM)
-    if keep_logs is not None:
-        keep_logs.mkdir(parents=True, exist_ok=True)
-    for node in [*cluster.gateways, cluster.store]:
-        if node is cluster.store and node.process.proc.poll() is None:
-            node.process.proc.send_signal(signal.SIGTERM)
-        process = node.process
-        try:
-            process.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            process.proc.kill()
-            try:
-                process.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass  # unkillable for now: its temp dir goes anyway
-        if keep_logs is not None:
-            try:
-                shutil.copyfile(process.log_path, keep_logs / f"{label}-{node.name}.log")
-            except OSError:
-                pass
-        shutil.rmtree(process.workdir, ignore_errors=True)
-
-
-def complaints(cluster: Cluster) -> list[str]:
-    """Warning and error lines (and tracebacks) the nodes logged since the case started."""
-    found = []
-    for node in cluster.nodes:
-        try:
-            with open(node.process.log_path, "rb") as log:
-                log.seek(node.log_offset)
-                text = log.read().decode(errors="replace")
-        except OSError:
-            continue
-        found += [f"{node.name}: {line.strip()}" for line in text.splitlines()
-                  if any(marker in line for marker in COMPLAINT_MARKERS)]
-    return found
-
-
-# -- metrics ---------------------------------------------------------------------------------------
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(node: Node) -> Samples:
-    with urllib.request.urlopen(f"http://{HOST}:{node.metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
-def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    key = (name, tuple(sorted(labels.items())))
-    return after.get(key, 0.0) - before.get(key, 0.0)
 
 
 # -- worker processes ------------------------------------------------------------------------------
@@ -534,7 +375,7 @@ def fanout(cluster: Cluster, plan: Plan) -> str:
             f"cache_hit_ratio={hits / max(1.0, hits + misses):.3f} {counts(o)} {tail(o)}")
 
 
-def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, float]:
+def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, Outcome]:
     """One topic, its subscribers spread evenly over the gateway nodes, one publisher on the
     first node: the line's body and its deliveries/s (for the scaling line)."""
     n = plan.fanout_nodes_subscribers
@@ -557,7 +398,29 @@ def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, float]:
     tail_text = (f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} gen_cpu_pct={cpu['gen']:.0f} "
                  f"nodes_cpu_pct={cpu['gateways']:.0f} store_cpu_pct={cpu['store']:.0f} "
                  f"other_cpu_pct={cpu['other']:.0f} drain={o.drain}")
-    return f"deliveries_per_s={o.rate:.0f} {counts(o)} {tail_text}", o.rate
+    per_delivery = (f"node_cpu_us_per_delivery={us_per_delivery(cpu['gateways'], o.rate):.2f} "
+                    f"gen_cpu_us_per_delivery={us_per_delivery(cpu['gen'], o.rate):.2f}")
+    return f"deliveries_per_s={o.rate:.0f} {counts(o)} {per_delivery} {tail_text}", o
+
+
+def us_per_delivery(cpu_pct: float, rate: float) -> float:
+    """CPU microseconds per delivery from a CPU share (100 = one core) and deliveries/s."""
+    return cpu_pct * 1e4 / rate if rate else 0.0
+
+
+def scaling_line(qos: int, one: Outcome, four: Outcome) -> str:
+    """4 nodes / 1 node, and what the cores allow: were a delivery on 4 nodes to cost the gateway
+    nodes what it costs one node (no cluster overhead at all), the CPU the 4-node case left to
+    them and to the load generator (cores - store node - rest of the machine) would still buy
+    at most ``bound`` x the 1-node rate; the generator's share is what 1 node got for free."""
+    c1 = us_per_delivery(one.cpu_pct["gateways"], one.rate)
+    c4 = us_per_delivery(four.cpu_pct["gateways"], four.rate)
+    g4 = us_per_delivery(four.cpu_pct["gen"], four.rate)
+    usable = (os.cpu_count() or 1) * 100 - four.cpu_pct["store"] - four.cpu_pct["other"]
+    bound = usable * 1e4 / (c1 + g4) / one.rate if one.rate and c1 + g4 else 0.0
+    return (f"# fanout_nodes scaling qos={qos}: 4 nodes / 1 node = {four.rate / one.rate:.2f} "
+            f"(node CPU per delivery {c1:.2f} us on 1 node, {c4:.2f} us on 4; load generator {g4:.2f} us; "
+            f"bound of the cores with no cluster overhead: {bound:.2f})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,27 +460,27 @@ def cases(scenarios: list[str], plan: Plan) -> list[Case]:
 
 
 def run_case(case: Case, plan: Plan, keep_logs: Path | None,
-             rates: dict[tuple[int, int], float] | None = None) -> list[str]:
+             rates: dict[tuple[int, int], Outcome] | None = None) -> list[str]:
     """One case on a fresh cluster: its line, and a ``#`` line with the first node complaint.
-    A fanout_nodes case that ran without errors puts its deliveries/s in ``rates[(qos, nodes)]``."""
+    A fanout_nodes case that ran without errors puts its outcome in ``rates[(qos, nodes)]``."""
     head = case.head(plan)
     suffix = " quick=1" if plan.quick else ""
     cluster: Cluster | None = None
     extra: list[str] = []
     try:
         cluster = start_cluster(case.nodes, case.routing, case.cache)
-        rate: float | None = None
+        outcome: Outcome | None = None
         if case.scenario == "spread":
             body = spread(cluster, plan)
         elif case.scenario == "fanout_nodes":
-            body, rate = fanout_nodes(cluster, plan, case.qos)
+            body, outcome = fanout_nodes(cluster, plan, case.qos)
         else:
             body = fanout(cluster, plan)
         dead = [f"{n.name}:{n.process.proc.returncode}" for n in cluster.nodes if n.process.proc.poll() is not None]
         if dead:
             body += f' error="node(s) exited during the case: {",".join(dead)}"'
-        elif rate is not None and rates is not None:
-            rates[(case.qos, case.nodes)] = rate
+        elif outcome is not None and rates is not None:
+            rates[(case.qos, case.nodes)] = outcome
     except Exception as exc:  # noqa: BLE001 - one failed case must not stop the others
         detail = str(exc) if isinstance(exc, ScenarioError) else f"{type(exc).__name__}: {exc}"
         if cluster is not None:
@@ -682,7 +545,7 @@ def main() -> None:
               + (" quick=1" if plan.quick else ""))
     print(header, flush=True)
     lines = errors = 0
-    rates: dict[tuple[int, int], float] = {}  # fanout_nodes: (qos, nodes) -> deliveries/s
+    rates: dict[tuple[int, int], Outcome] = {}  # fanout_nodes: (qos, nodes) -> its outcome
     with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
         out.write(header + "\n")
         for case in cases(scenarios, plan):
@@ -694,7 +557,7 @@ def main() -> None:
                 out.flush()
         for qos in (0, 1):
             if (qos, 1) in rates and (qos, 4) in rates:
-                line = f"# fanout_nodes scaling qos={qos}: 4 nodes / 1 node = {rates[(qos, 4)] / rates[(qos, 1)]:.2f}"
+                line = scaling_line(qos, rates[(qos, 1)], rates[(qos, 4)])
                 print(line, flush=True)
                 out.write(line + "\n")
     print(f"# {lines} lines ({errors} with errors) in {time.perf_counter() - started:.0f} s "
