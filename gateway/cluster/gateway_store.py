@@ -5,7 +5,9 @@ from its cursors inside one turn of the event loop. On a gateway node the store 
 hop away (``RemoteStore``), so the synchronous calls are answered from what this node knows,
 and a read it cannot answer yet starts a fetch and says "nothing new"; when the fetch is back,
 a local notify event for the queue wakes its readers, and their next read gets it. That is the
-push-pull model of the design: a notify, then a pull by offset.
+push-pull model of the design: a notify, then a pull by offset. For the queues read on this node
+the pull comes first: the store node's notify starts a fetch of the new part, and the local
+notify follows it, so readers wake once, to messages already here.
 
 What a synchronous call needs beyond reads -- a queue's offsets before a subscription starts
 at its end, a session's state, retained messages -- the broker fetches first with the
