@@ -167,7 +167,7 @@ class QueueCache:
             if not count + taken:
                 return result  # NO_NEW_MESSAGE at the window's end: the store's own answer
             return GetResult(GetStatus.FOUND, served + fetched[:taken], offset + count + taken,
-                             result.min_offset, result.max_offset)
+                             result.min_offset, max(result.max_offset, window.max_offset))
         # TOO_SMALL from the end: retention removed the whole window, and this reader's offset too
         # (the store's answer does not depend on the offset). OVERFLOW from the end, or no queue:
         # the queue was removed (and maybe re-created) under the window.

@@ -155,6 +155,9 @@ class GatewayStore:
                 result = GetResult(GetStatus.FOUND, result.messages[:max_messages],
                                    result.messages[max_messages - 1].queue_offset + 1, result.min_offset,
                                    result.max_offset)
+            # the queue's end as known now, not as of the fetch: a reader stops pulling at the
+            # end a read reports, and a notify handled since the fetch may have moved it
+            result.max_offset = max(result.max_offset, self._max.get(queue, 0))
             return result
         high = self._max.get(queue)
         low = self._min.get(queue, 0)
