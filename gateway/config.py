@@ -83,6 +83,8 @@ class Config:
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
     mqtt_expiry_check_interval_s: float = 30.0  # how often expired sessions of absent clients end
+    # the read progress of persistent sessions is saved at most this late (a crash redelivers it)
+    mqtt_progress_save_interval_s: float = 1.0
     queue_cache_bytes: int = 64 << 20
     # RocketMQ remoting ([remoting] section in TOML)
     remoting_default_queues: int = 4  # read/write queues of a topic created on first use

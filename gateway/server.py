@@ -177,6 +177,7 @@ class Gateway:
             max_keepalive=cfg.mqtt_max_keepalive,
             sys_interval_s=cfg.mqtt_sys_interval_s,
             expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
+            progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
         )
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None

@@ -1,5 +1,6 @@
 """Crash safety through a real gateway process: QoS 1 publishes acknowledged in sync flush mode
-are all delivered after ``kill -9`` and a restart, to a persistent session that was offline."""
+are all delivered after ``kill -9`` and a restart, to a persistent session that was offline; what
+a persistent session read and acknowledged is not delivered again once its progress was saved."""
 
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(data_dir: Path, port: int) -> subprocess.Popen:
+def start_gateway(data_dir: Path, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir), "--mqtt-bind", f"127.0.0.1:{port}",
          "--amqp-bind", "", "--remoting-bind", "", "--flush", "sync"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -94,6 +95,49 @@ async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
         missing = acknowledged - got
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
         await sub.disconnect()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+@pytest.mark.slow
+async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> None:
+    """A persistent subscriber's offsets are saved at most ``mqtt_progress_save_interval_s``
+    after its PUBACKs (not per loop turn): past that, a ``kill -9`` does not bring back what it
+    had read."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    interval = {"TIDEMQ_MQTT_PROGRESS_SAVE_INTERVAL_S": "0.2"}
+    proc = start_gateway(data_dir, port, interval)
+    try:
+        sub = PahoClient(port, "reader", clean=False)
+        await sub.connect()
+        await sub.subscribe("progress/t", 1)
+        pub = PahoClient(port, "writer")
+        await pub.connect()
+        for i in range(20):
+            await pub.publish("progress/t", f"{i}", 1)
+        assert sorted(int(m.payload) for m in await sub.receive(20)) == list(range(20))
+        await asyncio.sleep(1.0)  # acknowledged (paho acks on arrival), and five intervals later
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    proc = start_gateway(data_dir, port, interval)
+    try:
+        sub = PahoClient(port, "reader", clean=False)
+        flags, _, _ = await sub.connect()
+        assert flags.session_present
+        await sub.nothing_more(1.5)  # nothing again
+        pub = PahoClient(port, "writer")
+        await pub.connect()
+        await pub.publish("progress/t", "20", 1)
+        assert [m.payload for m in await sub.receive(1)] == [b"20"]
+        await sub.disconnect()
+        await pub.disconnect()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

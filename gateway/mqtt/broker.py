@@ -57,6 +57,8 @@ class MQTTBroker:
         self.sessions_table = store.table(SESSIONS_TABLE)
         self._dirty: set[str] = set()
         self._flush_scheduled = False
+        self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
+        self._progress_timer: asyncio.TimerHandle | None = None
         self._woken: list[MQTTConnection | ShareGroup] = []  # readers whose pump runs next (wake)
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -104,6 +106,10 @@ class MQTTBroker:
                     session.disconnected_at = now
                 self.sessions_table.put(session.client_id, session.to_json())
         self._dirty.clear()
+        self._progressed.clear()
+        if self._progress_timer is not None:
+            self._progress_timer.cancel()
+            self._progress_timer = None
 
     # -- sessions ------------------------------------------------------------------------------
     def restore_session(self, client_id: str, raw: bytes) -> Session | None:
@@ -145,10 +151,31 @@ class MQTTBroker:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush_sessions)
 
+    def mark_progress(self, session: Session) -> None:
+        """Persist the session's read progress (cursor offsets after deliveries and acks) within
+        ``progress_save_interval_s``: one write per session per interval, not per loop turn
+        (a fan-out to 1,000 persistent sessions would otherwise serialize and write each of
+        them per batch). Like RocketMQ's consumer offsets: after a crash the client gets again
+        what it read since the last save."""
+        if not session.persistent:
+            return
+        self._progressed.add(session.client_id)
+        if self._progress_timer is None:
+            self._progress_timer = asyncio.get_running_loop().call_later(
+                self.settings.progress_save_interval_s, self._flush_progress)
+
+    def _flush_progress(self) -> None:
+        self._progress_timer = None
+        self._dirty |= self._progressed
+        self._progressed = set()
+        self.flush_sessions()
+
     def flush_sessions(self) -> None:
-        """Write the sessions changed since the last flush."""
+        """Write the sessions changed since the last flush (the whole session: its read progress too)."""
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
+        if self._progressed:
+            self._progressed -= dirty
         for client_id in dirty:
             session = self.sessions.get(client_id)
             if session is not None and session.persistent:

@@ -52,7 +52,10 @@ class Outbound:
             cursor = session.cursors.get(inflight.queue)
             if cursor is not None:
                 cursor.unacked.pop(inflight.offset, None)
-        self.broker.mark_dirty(session)
+        if inflight.qos == 2:
+            self.broker.mark_dirty(session)  # the exchange's end: saved with the turn
+        else:
+            self.broker.mark_progress(session)
         if self._window_full or inflight.share is not None:
             # the window was what held deliveries back; otherwise notify drives the pump, and
             # a pump per batch of acks would only find the cursors at their queues' ends
@@ -203,7 +206,7 @@ class Outbound:
                         log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.client_id, queue,
                                  cursor.next_offset, result.next_offset)
                         cursor.next_offset = result.next_offset
-                        broker.mark_dirty(session)
+                        broker.mark_progress(session)
                         continue
                     break
                 if not self._deliver_batch(cursor, result.messages) or result.next_offset >= result.max_offset:
@@ -291,7 +294,7 @@ class Outbound:
                     broker.mark_dirty(session)
             if self._writing_paused:
                 return False
-        broker.mark_dirty(session)
+        broker.mark_progress(session)
         return True
 
     def _send_message(self, message: StoredMessage, qos: int, sub_ids: tuple[int, ...] | None,

@@ -17,5 +17,9 @@ class MQTTSettings:
     connect_timeout_s: float = 10.0
     allow_anonymous: bool = True
     expiry_check_interval_s: float = 30.0
+    # how long the read progress of a persistent session (its queue offsets after deliveries
+    # and PUBACKs) may wait to be saved; a crash within it redelivers those messages (QoS 1 allows
+    # duplicates), anything else a session changes is saved at the end of the loop turn
+    progress_save_interval_s: float = 1.0
     write_buffer_high: int = 1 << 20  # stop pulling for a client above this many unsent bytes
     sys_interval_s: float = 10.0  # $SYS/broker/... publishing period; 0 turns it off
