@@ -221,6 +221,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_receive_maximum and mqtt_max_inflight are 1..65535")
     if not 64 <= cfg.mqtt_max_packet_size <= 268_435_460:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
+    if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
+        raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
     if cfg.role not in ("embedded", "store", "gateway"):
