@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Iterator, Sequence
 
 from store import GetResult, GetStatus, Message, PutResult, StoredMessage, StoreError
 from store.notify import NotifyHub, NotifySubscription
@@ -51,7 +51,8 @@ class GatewayStore:
         self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
-        self.read_here: set[str] = set()  # queues read on this node: notify fetches their news first
+        # queues read on this node (the GatewayNode's reader counts): notify fetches their news first
+        self.read_here: Container[str] = frozenset()
         self._tasks: set[asyncio.Task[None]] = set()
         self.fetches = 0  # store reads this node made (metrics: store reads per published message)
         self.notify_messages = 0  # NOTIFY messages the store node sent here

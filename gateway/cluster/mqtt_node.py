@@ -90,6 +90,7 @@ class GatewayNode:
         self.wildcards = RemoteWildcards()
         self.retained = RemoteRetained(store)
         self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
+        store.read_here = self._reading  # (the store fetches these queues' news on notify)
         self._preparing: dict[int, list[str]] = {}  # id(SUBSCRIBE) -> the queues it counts as read
 
     def attach(self, broker: MQTTBroker) -> None:
@@ -155,7 +156,6 @@ class GatewayNode:
         count = self._reading.get(queue, 0)
         self._reading[queue] = count + 1
         if not count:
-            self.store.read_here.add(queue)
             self.store.remote.interest(queue, True)
             if self.lookup is not None:
                 self._spawn(self.lookup.add_interest(queue))
@@ -166,7 +166,6 @@ class GatewayNode:
             self._reading[queue] = count
             return
         self._reading.pop(queue, None)
-        self.store.read_here.discard(queue)
         self.store.remote.interest(queue, False)
         if self.lookup is not None:
             self._spawn(self.lookup.remove_interest(queue))
