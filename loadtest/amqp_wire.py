@@ -22,7 +22,7 @@ from pamqp import frame as pframe
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from loadtest.mqtt_wire import HOST, RECV_SIZE
+from loadtest.mqtt_wire import HOST, RECV_SIZE, receive
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -152,7 +152,7 @@ class Conn:
                 raise AMQPClientError(f"no {reply.__name__} on channel {channel} within {self.timeout_s:g} s")
             self.sock.settimeout(left)
             try:
-                data = self.sock.recv(RECV_SIZE)
+                data = receive(self.sock)
             except TimeoutError:
                 continue
             if not data:
@@ -302,7 +302,7 @@ class Conn:
         got = 0
         for _ in range(READS_PER_WAKE):
             try:
-                data = self.sock.recv(RECV_SIZE)
+                data = receive(self.sock)
             except (BlockingIOError, InterruptedError):
                 break
             if not data:

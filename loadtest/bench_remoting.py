@@ -39,6 +39,7 @@ from typing import Any
 
 from loadtest.brokers import Broker, free_port, launch
 from loadtest.harness import CpuSampler
+from loadtest.mqtt_wire import receive
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import RemotingCommand, decode_frame, encode
 from protocols.remoting.properties import BatchItem, encode_batch_body
@@ -138,7 +139,7 @@ def send_worker(index: int, port: int, batch: int, duration: float, go: Any, res
             sent += room
         if answered >= sent:
             break
-        for reply in scanner.feed(sock.recv(1 << 20)):
+        for reply in scanner.feed(receive(sock)):
             answered += 1
             if response_code(reply) == ResponseCode.SUCCESS:
                 ok += 1
@@ -174,7 +175,7 @@ def pull_worker(index: int, port: int, batch: int, duration: float, fill_per_que
                 sock.sendall(data)
         if in_flight == 0:
             break
-        for reply in scanner.feed(sock.recv(1 << 20)):
+        for reply in scanner.feed(receive(sock)):
             in_flight -= 1
             received += count_messages(reply)
     results.put((received, start, time.monotonic()))
@@ -205,7 +206,7 @@ def fill(port: int, per_queue: int) -> None:
             k = min(64 - (sent - answered), total - sent)
             sock.sendall(b"".join(frames[(sent + i) % QUEUES] for i in range(k)))
             sent += k
-        answered += len(scanner.feed(sock.recv(1 << 20)))
+        answered += len(scanner.feed(receive(sock)))
     sock.close()
 
 
