@@ -392,7 +392,7 @@ class PublishCounter:
         if len(publishers) == 1 and seqs == list(range(first, first + n)):
             marks = self._marks(rows[0][qos], first + n)
             new = marks.count(0, first, first + n)
-            marks[first : first + n] = b"\x01" * n 
+            marks[first : first + n] = b"\x01" * n
             self.duplicates += n - new
         else:
             for row in rows:
