@@ -12,9 +12,9 @@ and 1), 64-byte payloads.
 
 - spread, for N in 2, 4, 8 and for each notify routing of the store node (``targeted``: only to
   the nodes that said they read the queue -- by their hints: ``serve --role store`` has no
-  lookup yet; ``broadcast``: every event to every node, ``TIDEMQ_NOTIFY_ROUTING=broadcast``): 200 topics ``bench/spread/T``, each read by 2
-  subscribers on 2 different nodes (T mod N and another one), so a topic is read on 2 of the N
-  nodes; one publisher per topic, on node (T + N/2) mod N, each with 20 PUBLISHes
+  lookup yet; ``broadcast``: every event to every node, ``TIDEMQ_NOTIFY_ROUTING=broadcast``):
+  200 topics ``bench/spread/T``, each read by 2 subscribers on 2 different nodes (T mod N and
+  another one), so a topic is read on 2 of the N nodes; one publisher per topic, on node (T + N/2) mod N, each with 20 PUBLISHes
   unacknowledged and at most 100 messages ahead of its subscribers; 10 s of publishing.
 - fanout, with the queue cache of the gateway nodes on (64 MiB) and off
   (``TIDEMQ_QUEUE_CACHE_BYTES=0``): 2 gateway nodes, 2,000 subscribers of one topic on the
