@@ -14,8 +14,9 @@ and 1), 64-byte payloads.
   the nodes that said they read the queue -- by their hints: ``serve --role store`` has no
   lookup yet; ``broadcast``: every event to every node, ``TIDEMQ_NOTIFY_ROUTING=broadcast``):
   200 topics ``bench/spread/T``, each read by 2 subscribers on 2 different nodes (T mod N and
-  another one), so a topic is read on 2 of the N nodes; one publisher per topic, on node (T + N/2) mod N, each with 20 PUBLISHes
-  unacknowledged and at most 100 messages ahead of its subscribers; 10 s of publishing.
+  another one), so a topic is read on 2 of the N nodes; one publisher per topic, on node
+  (T + N/2) mod N, each with 20 PUBLISHes unacknowledged and at most 100 messages ahead of its
+  subscribers; 10 s of publishing.
 - fanout, with the queue cache of the gateway nodes on (64 MiB) and off
   (``TIDEMQ_QUEUE_CACHE_BYTES=0``): 2 gateway nodes, 2,000 subscribers of one topic on the
   first, one publisher on the second, up to 2,000 messages in 15 s, at most 20,000 deliveries
@@ -130,9 +131,9 @@ SUB_PROCS = 2
 # ~2.5x the messages; measured at 4 nodes, QoS 1: 1.85 -> 1.21 us of generator CPU per delivery.
 # The publisher sees the subscribers' progress about once a read, so its bound on deliveries
 # ahead is also a bound on the pace: with 20,000 (bench_mqtt's) or 60,000, the 4 nodes at QoS 0
-# waited on it with the cores 183 % busy; with 150,000 they use the cores (194 %). The latencies
-# of this scenario are then the time a message waits in that window (p50 100-800 ms), not the
-# cluster's delivery latency (bench_mqtt's latency scenario measures that).
+# waited on it, the cores at most 183 % busy; with 150,000 they use the cores (194 %). The
+# latencies of this scenario are then the time a message waits in that window (p50 70-830 ms),
+# not the cluster's delivery latency (bench_mqtt's latency scenario measures that).
 FANOUT_NODES_POLL_S = 0.05
 FANOUT_NODES_AHEAD_DELIVERIES = 150_000
 
