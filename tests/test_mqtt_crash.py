@@ -121,6 +121,10 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
         await asyncio.sleep(1.0)  # acknowledged (paho acks on arrival), and five intervals later
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        # paho reconnects on its own: these clients must not come back to the restarted gateway
+        # and take the session over from the ones below (they did, now and then)
+        for client in (sub, pub):
+            await asyncio.to_thread(client.client.loop_stop)
     finally:
         if proc.poll() is None:
             proc.kill()
