@@ -6,7 +6,6 @@ delivery goes on (notify broadcast, takeovers asked everywhere), counted in the 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 
+from .crash_support import free_port
 from .mqtt_support import PahoClient, mqtt_port
 from .test_ctl import ctl
 from .test_lookup_redis import RedisServer
@@ -24,12 +24,6 @@ from .test_metrics import fetch, samples, value
 from .test_store_link import remoting_port
 
 BEAT = 0.1  # lookup heartbeat: settles in 0.25 s
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @asynccontextmanager

@@ -8,11 +8,7 @@ whose node died."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,10 +19,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from .crash_support import free_port, kill9, launch, stop
 from .mqtt_support import PahoClient
-from .test_mqtt_crash import ROOT, free_port
-
-START_S = 30.0
 
 
 @dataclass
@@ -36,34 +30,14 @@ class Node:
     port: int  # MQTT (gateway nodes) or remoting (the store node)
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        kill9(self.proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
 
 def start(name: str, args: list[str], port: int) -> Node:
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=ROOT,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + START_S
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        lines.append(line)
-        if "gateway ready" in line:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-            return Node(name, proc, port)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"{name} did not start: {''.join(lines[-5:])}")
+    return Node(name, launch(args, name=name), port)
 
 
 @contextmanager

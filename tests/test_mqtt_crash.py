@@ -5,12 +5,6 @@ a persistent session read and acknowledged is not delivered again once its progr
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,40 +12,15 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from .crash_support import free_port, kill9, start_gateway, stop
 from .mqtt_support import PahoClient
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_gateway(data_dir: Path, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir), "--mqtt-bind", f"127.0.0.1:{port}",
-         "--amqp-bind", "", "--remoting-bind", "", "--flush", "sync"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if "gateway ready" in line:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("gateway did not start")
 
 
 @pytest.mark.slow
 async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
-    proc = start_gateway(data_dir, port)
+    proc = start_gateway(data_dir, mqtt_port=port)
     try:
         sub = PahoClient(port, "offline-device", clean=False)
         await sub.connect()
@@ -69,17 +38,14 @@ async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
             sent[pub.publish(f"telemetry/{i % 7}", f"{i}", 1).mid] = i
             if i % 100 == 0:
                 await asyncio.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)  # mid-load: many publishes still in flight
-        proc.wait(10)
+        kill9(proc)  # mid-load: many publishes still in flight
         await asyncio.to_thread(pub.loop_stop)
         acknowledged = {sent[mid] for mid in list(acked_mids)}
         assert 100 < len(acknowledged), "the crash came too early to prove anything"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill9(proc)
 
-    proc = start_gateway(data_dir, port)
+    proc = start_gateway(data_dir, mqtt_port=port)
     try:
         sub = PahoClient(port, "offline-device", clean=False)
         flags, _, _ = await sub.connect()
@@ -96,8 +62,7 @@ async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
         await sub.disconnect()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc)
 
 
 @pytest.mark.slow
@@ -108,7 +73,7 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
     data_dir = tmp_path / "data"
     port = free_port()
     interval = {"TIDEMQ_MQTT_PROGRESS_SAVE_INTERVAL_S": "0.2"}
-    proc = start_gateway(data_dir, port, interval)
+    proc = start_gateway(data_dir, mqtt_port=port, env=interval)
     try:
         sub = PahoClient(port, "reader", clean=False)
         await sub.connect()
@@ -119,18 +84,15 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
             await pub.publish("progress/t", f"{i}", 1)
         assert sorted(int(m.payload) for m in await sub.receive(20)) == list(range(20))
         await asyncio.sleep(1.0)  # acknowledged (paho acks on arrival), and five intervals later
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill9(proc)
         # paho reconnects on its own: these clients must not come back to the restarted gateway
         # and take the session over from the ones below (they did, now and then)
         for client in (sub, pub):
             await asyncio.to_thread(client.client.loop_stop)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill9(proc)
 
-    proc = start_gateway(data_dir, port, interval)
+    proc = start_gateway(data_dir, mqtt_port=port, env=interval)
     try:
         sub = PahoClient(port, "reader", clean=False)
         flags, _, _ = await sub.connect()
@@ -143,5 +105,4 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
         await sub.disconnect()
         await pub.disconnect()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        stop(proc)

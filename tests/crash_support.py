@@ -1,0 +1,74 @@
+"""Gateway processes for crash tests: a free 127.0.0.1 port, a real ``python -m gateway serve``
+started on a data dir with only the listeners a test asks for, ``kill -9`` and a graceful stop.
+One place for these, shared by every protocol's crash test (and the cluster process tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START_S = 30.0
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (the kernel's pick; a test binds it right after)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway") -> subprocess.Popen:
+    """Start ``python -m gateway serve ARGS`` from this checkout and return once it logged
+    ``gateway ready``; its stderr is drained from then on so that it never blocks on a full pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + START_S
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        lines.append(line)
+        if "gateway ready" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"{name} did not start: {''.join(lines[-5:])}")
+
+
+def start_gateway(data_dir: Path, *, mqtt_port: int | None = None, amqp_port: int | None = None,
+                  remoting_port: int | None = None, flush: str = "sync",
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A standalone gateway on ``data_dir``; a listener runs only when its port is given."""
+    def bind(port: int | None) -> str:
+        return "" if port is None else f"127.0.0.1:{port}"
+
+    return launch(["--data-dir", str(data_dir), "--mqtt-bind", bind(mqtt_port), "--amqp-bind", bind(amqp_port),
+                   "--remoting-bind", bind(remoting_port), "--flush", flush], env=env)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    """SIGKILL: no shutdown code runs, as in a power cut of the process."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM and wait; SIGKILL if the graceful stop hangs (a test's cleanup must not)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
