@@ -578,6 +578,14 @@ class MessageStore:
             raise ValueError(f"a consumer offset is a non-negative 63-bit number, not {offset}")
         self._dirty_offsets[(consumer, queue)] = offset
 
+    def save_offset_now(self, consumer: str, queue: str, offset: int) -> None:
+        """``commit_offset_now``, written through at once (the meta store's WAL): for where a new
+        reader starts, which must survive a crash that comes before the next checkpoint."""
+        if not 0 <= offset < 1 << 63:
+            raise ValueError(f"a consumer offset is a non-negative 63-bit number, not {offset}")
+        self._dirty_offsets.pop((consumer, queue), None)
+        self.meta.save_offsets({(consumer, queue): offset})
+
     def get_offset_now(self, consumer: str, queue: str) -> int | None:
         offset = self._dirty_offsets.get((consumer, queue))
         if offset is None:

@@ -89,7 +89,7 @@ class AMQPBroker:
                                                 doc["arguments"])
             elif kind == "q":
                 definition = QueueDefinition.from_json(raw)
-                self._open_queue(definition)
+                self._open_queue(definition, restored=True)
             elif kind in ("b", "e"):
                 bindings.append((kind, json.loads(raw)))
         for kind, doc in bindings:
@@ -126,9 +126,26 @@ class AMQPBroker:
         if not store_queue_name.startswith("q:"):
             return
         queue = self.queues.get(store_queue_name[2:])
-        if queue is not None and queue.consumers:
-            self.cache.on_notify(store_queue_name, max_offset)
+        if queue is None:
+            return
+        # Every notify of a queue goes to the cache, with consumers or not: once told of a
+        # queue, the cache trusts that it hears of every later message (basic.get and the next
+        # consumer read through it too).
+        self.cache.on_notify(store_queue_name, max_offset)
+        if queue.consumers:
             queue.schedule_pump()
+
+    def stored(self, store_queues: set[str]) -> None:
+        """A connection's publishes to these store queues are stored: the cache learns their new
+        ends now, before the notify loop runs, so that the publisher's next basic.get (or
+        queue.declare's count) sees them; x-max-length applies."""
+        for name in store_queues:
+            queue = self.queues.get(name[2:]) if name.startswith("q:") else None
+            if queue is None:
+                continue
+            self.cache.on_notify(name, self.store.max_offset_now(name))
+            if queue.definition.max_length is not None:
+                queue.enforce_max_length()
 
     # -- flow control and housekeeping ---------------------------------------------------------
     @property
@@ -213,13 +230,21 @@ class AMQPBroker:
             source.exchange_bindings = kept
 
     # -- queues --------------------------------------------------------------------------------
-    def _open_queue(self, definition: QueueDefinition, owner: object | None = None) -> QueueRuntime:
-        consumer = f"amqp:{definition.name}"
-        start = self.store.get_offset_now(consumer, store_queue(definition.name))
+    def _open_queue(self, definition: QueueDefinition, owner: object | None = None, *,
+                    restored: bool = False) -> QueueRuntime:
+        """A queue at run time. A new one starts at its store queue's end (what an earlier queue
+        of the same name left there is not its), and that start is written through before the
+        queue is declared to anyone: a message confirmed a moment later is delivered after any
+        crash. A queue restored at start-up resumes at its saved offset; without one (a data dir
+        of an earlier version) at its oldest message: redelivered rather than lost."""
+        name = store_queue(definition.name)
+        start = self.store.get_offset_now(f"amqp:{definition.name}", name) if restored else None
         if start is None:
-            start = self.store.max_offset_now(store_queue(definition.name))
+            start = self.store.min_offset_now(name) if restored else self.store.max_offset_now(name)
+        if not restored:
+            self.cache.drop(name)
         queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner)
-        queue.save()
+        queue.save(durable=True)
         return queue
 
     def queue_for(self, channel: Channel, name: str, method: Any) -> QueueRuntime:
@@ -299,6 +324,7 @@ class AMQPBroker:
         # the store keeps the messages until retention; the queue's cursor goes to the end
         self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
                                      self.store.max_offset_now(queue.store_queue))
+        self.cache.drop(queue.store_queue)
         return count
 
     def after_consumer_left(self, queue: QueueRuntime) -> None:

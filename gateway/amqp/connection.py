@@ -90,7 +90,9 @@ class AMQPConnection(asyncio.Protocol):
         self.closed = False
         self.writing_paused = False
         self.wants_blocked_notice = False  # the client announced the connection.blocked capability
-        self._held: ContentReceived | None = None  # a publish read while the resource alarm is raised
+        # a publish read while the resource alarm is raised, or a method that waits for this
+        # connection's publishes to be stored ("ordering")
+        self._held: ContentReceived | MethodReceived | None = None
         self.told_blocked = False
         self.read_pauses = ReadPauses()  # "auth", "puts" (too many on their way), "alarm"
         self._pending_puts = 0  # publishes handed to the store, not yet stored
@@ -115,7 +117,7 @@ class AMQPConnection(asyncio.Protocol):
         self.reader.feed(data)
         self._process()
 
-    def _process(self, held: ContentReceived | None = None) -> None:
+    def _process(self, held: ContentReceived | MethodReceived | None = None) -> None:
         publishes: list[ContentReceived] = []
         broker = self.broker
         events = self.reader.events()
@@ -134,6 +136,12 @@ class AMQPConnection(asyncio.Protocol):
                 if publishes:
                     self.store_publishes(publishes)
                     publishes = []
+                if self._pending_puts and _reads_stored_state(event):
+                    # answered from the store: this connection's publishes before it must be
+                    # stored first (a channel reads its own writes, as on RabbitMQ)
+                    self._held = event
+                    self.read_pauses.pause("ordering")
+                    break
                 self._event(event)
                 if self.closed:
                     return
@@ -475,11 +483,20 @@ class AMQPConnection(asyncio.Protocol):
         for channel, seqs in by_channel.items():
             channel.confirm(seqs, ok=error is None)
         if error is None:
-            for name in store_queues:
-                queue = self.broker.queues.get(name[2:])
-                if queue is not None and queue.definition.max_length is not None:
-                    queue.enforce_max_length()
+            self.broker.stored(store_queues)
+        if not self._pending_puts and "ordering" in self.read_pauses and not self.closed:
+            held, self._held = self._held, None
+            self.read_pauses.resume("ordering")
+            self._process(held)
         self.flush()
+
+
+def _reads_stored_state(event: object) -> bool:
+    """A method whose answer depends on what is stored in a queue (its messages or their count)."""
+    return isinstance(event, MethodReceived) and isinstance(event.method, _READS_STORED_STATE)
+
+
+_READS_STORED_STATE = (commands.Basic.Get, commands.Queue.Declare, commands.Queue.Purge, commands.Queue.Delete)
 
 
 def _reply_name(code: int) -> str:

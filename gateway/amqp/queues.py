@@ -3,9 +3,9 @@
 The queue keeps a cursor (the next offset to hand out), the offsets handed out and not yet
 settled, and messages given back (nack/reject with requeue, a channel closed with unacked
 deliveries) that go out again first with ``redelivered`` set. Its committed offset -- the
-oldest message nobody has settled -- is a consumer offset in the store (``amqp:{queue}``), so a
-restart redelivers exactly what was not acknowledged (and, after a crash, what was acknowledged
-since the last offset checkpoint).
+oldest message nobody has settled -- is a consumer offset in the store (``amqp:{queue}``),
+written through when the queue is created, so a restart redelivers exactly what was not
+acknowledged (and, after a crash, what was acknowledged since the last offset checkpoint).
 """
 
 from __future__ import annotations
@@ -79,9 +79,14 @@ class QueueRuntime:
             low = min(low, message.queue_offset)
         return low
 
-    def save(self) -> None:
+    def save(self, *, durable: bool = False) -> None:
+        """Record the committed offset: with the store's offset checkpoint, or (``durable``) at
+        once, for positions a crash must never lose (a new queue's start, a purge)."""
         committed = self.committed
-        if committed != self._committed:
+        if durable:
+            self._committed = committed
+            self.broker.store.save_offset_now(self.consumer_name, self.store_queue, committed)
+        elif committed != self._committed:
             self._committed = committed
             self.broker.store.commit_offset_now(self.consumer_name, self.store_queue, committed)
 
@@ -198,8 +203,9 @@ class QueueRuntime:
     def purge(self) -> int:
         count = self.ready_count()
         self.next_offset = self.broker.store.max_offset_now(self.store_queue)
+        self._ahead.clear()
         self.redeliver.clear()
-        self.save()
+        self.save(durable=True)
         return count
 
     def enforce_max_length(self) -> None:
