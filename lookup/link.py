@@ -3,7 +3,7 @@ remoting commands, so nodes talk over remoting (and a remoting listener can serv
 RocketMQ clients, through the same frame codec).
 
 Private request codes, ``LookupCode`` 30,200-30,204: RocketMQ's own codes stay below 4,000 and
-at 200,000+, and the store link (``protocols/cluster/store_link.py``) uses 30,100-30,112. The
+at 200,000+, and the store link (``gateway/cluster/store_link.py``) uses 30,100-30,112. The
 header is JSON; the body is the request as a JSON object (the ``op`` is the code). A reply is a
 SUCCESS response whose body is the answer as a JSON object; a request that cannot be served gets
 SYSTEM_ERROR (or REQUEST_CODE_NOT_SUPPORTED) with a remark.

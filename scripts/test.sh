@@ -20,6 +20,9 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
 
+# the layer contracts in pyproject.toml ([tool.importlinter])
+.venv/bin/lint-imports
+
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 if [ "$status" -eq 5 ]; then

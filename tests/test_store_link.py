@@ -16,7 +16,7 @@ from gateway.cluster.link import Link
 from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
 from gateway.config import Config, ConfigError, load_config
 from gateway.server import Gateway
-from protocols.cluster.store_link import (
+from gateway.cluster.store_link import (
     StoreCode,
     StoreLinkError,
     decode_messages,

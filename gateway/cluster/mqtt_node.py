@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from lookup.api import IN_DOUBT, InDoubt, Lookup
-from protocols.cluster.store_link import WILDCARD_TARGETS
+from .store_link import WILDCARD_TARGETS
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from protocols.cluster.store_link import (
+from .store_link import (
     StoreCode,
     StoreLinkError,
     decode_items,

@@ -1,6 +1,6 @@
 """The store node's side of the store link (``--role store``): the store served to gateway
 nodes over the remoting port, beside RocketMQ clients, with the private request codes of
-``protocols.cluster.store_link``.
+``gateway.cluster.store_link``.
 
 Each handler answers at once from the store, except PUT (answered when the put is durable, as
 a RocketMQ send) and SUBSCRIBE_NOTIFY (the connection then receives one-way NOTIFY requests,
@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from protocols.cluster.store_link import (
+from .store_link import (
     WILDCARD_TARGETS,
     StoreCode,
     decode_names,

@@ -41,7 +41,7 @@ from store import (
 from store import encode_properties as encode_store_properties
 from store.record import RecordView
 
-from ..remoting.errors import RemotingProtocolError
+from protocols.remoting.errors import RemotingProtocolError
 
 
 class StoreCode(enum.IntEnum):
