@@ -16,7 +16,7 @@ from lookup.api import IN_DOUBT, LookupOptions
 from lookup.embedded import EmbeddedLookup
 from lookup.link import LookupCode, decode_reply, request_command
 from lookup.tcp import TcpTransport
-from lookup.transport import InProcessNetwork
+from .lookup_network import InProcessNetwork
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FrameReader, RemotingCommand, encode
 
