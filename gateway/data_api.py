@@ -113,8 +113,9 @@ class DataApi:
             names = [queue_for_filter(topic_filter)]
         else:
             limit = min(_int(request.query, "limit", 1000), MAX_QUEUES)
-            names = [state.name for state, _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
-                                                    range(limit))]
+            # iter_queues yields (state, position of its newest entry) pairs
+            names = [state.name for (state, _), _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
+                                                         range(limit))]
         rows = []
         for name in names:
             offsets = await self._offsets(name)

@@ -138,6 +138,13 @@ def read_partition(part: QueueRange) -> Iterator[pa.RecordBatch]:
         at = fetch.next_offset
 
 
+def past_end(queue: str, start: int, high: int) -> None:
+    """A starting offset past the queue's end is a wrong option, not lost data: say so."""
+    if start > high:
+        raise OptionError(f"tidemq source: startingOffsets for queue {queue!r} is {start}, past the queue's end "
+                          f"({high}: the next message will get offset {high})")
+
+
 class _Planner:
     """What the batch and the stream reader share: the client, the queues, offset resolution
     and splitting ranges into partitions. Holds no client when pickled (Spark ships readers to
@@ -237,6 +244,7 @@ class TideMQBatchReader(DataSourceReader):
         start = planner.resolve(planner.options.starting_offsets or "earliest", offsets, EARLIEST, "startingOffsets")
         end = planner.resolve(planner.options.ending_offsets, offsets, LATEST, "endingOffsets")
         for queue, (_, high) in offsets.items():
+            past_end(queue, start[queue], high)
             if end[queue] < start[queue]:
                 raise OptionError(f"tidemq source: for queue {queue!r} endingOffsets ({end[queue]}) is before "
                                   f"startingOffsets ({start[queue]})")
@@ -247,6 +255,9 @@ class TideMQBatchReader(DataSourceReader):
         return planner.partitions(start, end)
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, QueueRange):
+            # an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
+            return iter(())
         return read_partition(partition)
 
 
@@ -260,8 +271,11 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         offsets = self.planner.offsets()
-        return self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
-                                    "startingOffsets")
+        start = self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
+                                     "startingOffsets")
+        for queue, (_, high) in offsets.items():
+            past_end(queue, start[queue], high)
+        return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.planner.options.max_offsets_per_trigger
