@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,9 +30,13 @@ from gateway.mqtt.queues import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
-from .options import Connection
+from .options import DEFAULT_RETRY_TIMEOUT_S, Connection
+
+log = logging.getLogger("tidemq.spark")
 
 TIMEOUT_S = 60.0
+RETRY_BACKOFF_S = (0.25, 5.0)  # first and longest wait between attempts (doubling)
+RETRY_STATUSES = frozenset({502, 503, 504})  # the gateway (or a proxy in front) is starting or stopping
 
 
 class SourceError(RuntimeError):
@@ -58,7 +64,12 @@ class StoreClient(Protocol):
 
 
 class HttpClient:
-    def __init__(self, url: str, token: str | None = None) -> None:
+    """One keep-alive connection to a gateway's data API. A gateway that cannot be reached (or
+    answers 502-504) is tried again with backoff for ``retry_timeout_s``, each retry logged, as a
+    Kafka consumer keeps trying its broker: a gateway restart must not end a streaming query."""
+
+    def __init__(self, url: str, token: str | None = None,
+                 retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SourceError(f"tidemq source: address must be HOST:PORT or http(s)://HOST:PORT, not {url!r}")
@@ -68,6 +79,7 @@ class HttpClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
         self.url = url
+        self.retry_timeout_s = retry_timeout_s
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -81,19 +93,34 @@ class HttpClient:
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        for attempt in (1, 2):  # a kept-alive connection the gateway closed: once more, afresh
+        deadline = time.monotonic() + self.retry_timeout_s
+        delay, attempt = RETRY_BACKOFF_S[0], 0
+        while True:
+            attempt += 1
             conn = self._connection()
             try:
                 conn.request(method, self._base + path, payload, headers)
                 response = conn.getresponse()
                 data = response.read()
-                return response.status, response, data
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 self._conn = None
-                if attempt == 2:
-                    raise SourceError(f"tidemq source: cannot reach the gateway at {self.url}: {exc}") from None
-        raise AssertionError("unreachable")
+                problem = f"cannot reach the gateway at {self.url}: {exc}"
+            else:
+                if response.status not in RETRY_STATUSES:
+                    return response.status, response, data
+                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {_error(data)}"
+            if attempt == 1:
+                continue  # a kept-alive connection the gateway closed while idle: once more, afresh, at once
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceError(f"tidemq source: {problem} (gave up after {attempt} attempts in "
+                                  f"{self.retry_timeout_s:g} s; option retryTimeoutMs)")
+            wait = min(delay, left)
+            log.warning("tidemq source: gateway not answering, retrying attempt=%d in_s=%.2f left_s=%.0f error=%s",
+                        attempt, wait, left, problem)
+            time.sleep(wait)
+            delay = min(delay * 2, RETRY_BACKOFF_S[1])
 
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, _, data = self._request(method, path, body)
@@ -171,7 +198,7 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token)
+            client = HttpClient(connection.url, connection.token, connection.retry_timeout_s)
         _CLIENTS[connection] = client
     return client
 

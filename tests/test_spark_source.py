@@ -92,6 +92,8 @@ def test_options_are_checked_with_messages_naming_them() -> None:
     assert ok.topic_filter == FILTER and ok.max_offsets_per_trigger == 10 and ok.fail_on_data_loss
     assert SourceOptions.parse({"dataDir": "/d", "queues": '["t:a,b", "t:c"]'}).queues == ("t:a,b", "t:c")
     assert SourceOptions.parse({"dataDir": "/d", "queues": "t:a, t:b"}).queues == ("t:a", "t:b")
+    assert ok.connection.retry_timeout_s == 120  # an unreachable gateway is retried for 2 minutes
+    assert SourceOptions.parse({"address": "h:1", "queues": "q", "retryTimeoutMs": "0"}).connection.retry_timeout_s == 0
     for bad, words in [
         ({"topicFilter": FILTER}, "exactly one of address"),
         ({"address": "h:1", "dataDir": "/d", "queues": "q"}, "exactly one of address"),
@@ -101,6 +103,7 @@ def test_options_are_checked_with_messages_naming_them() -> None:
         ({"address": "h:1", "queues": "q", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"address": "h:1", "queues": "q", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"address": "h:1", "queues": "q", "subscribe": "q"}, "unknown option"),
+        ({"address": "h:1", "queues": "q", "retryTimeoutMs": "-1"}, "retryTimeoutMs"),
     ]:
         with pytest.raises(OptionError, match=words):
             SourceOptions.parse(bad)
