@@ -19,6 +19,7 @@ import http.client
 import json
 import logging
 import os
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Fetch:
 
 class StoreClient(Protocol):
     def queue_for_filter(self, topic_filter: str) -> str: ...
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
     def close(self) -> None: ...
@@ -132,6 +134,12 @@ class HttpClient:
         found = self._json("GET", "/data/queues?" + urllib.parse.urlencode({"topicFilter": topic_filter}))["queues"]
         return found[0]["queue"] if found else queue_for_filter(topic_filter)
 
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
+        """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
+        (``gateway/data_holds.py``), subscribed or not."""
+        self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": max(100, round(lease_s * 1000))})
+        return True
+
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
         return {q: (o["min_offset"], o["max_offset"]) if o else None for q, o in answer.items()}
@@ -164,6 +172,9 @@ class DirectClient:
     def queue_for_filter(self, topic_filter: str) -> str:
         return queue_for_filter(topic_filter)
 
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
+        return False  # the files cannot ask the gateway to index a filter
+
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()
         return {q: self.reader.offsets(q) for q in queues}
@@ -186,6 +197,42 @@ class DirectClient:
 
     def close(self) -> None:
         self.reader.close()
+
+
+class FilterLease:
+    """A streaming query's hold on its topicFilter (``hold_filter``), renewed every third of the
+    lease by a thread of its own (with a client of its own: trigger intervals may be longer than
+    the lease). Stopping lets the hold lapse after the lease: a query restarted within it misses
+    nothing."""
+
+    def __init__(self, connection: Connection, topic_filter: str, lease_s: float) -> None:
+        self.connection, self.topic_filter, self.lease_s = connection, topic_filter, lease_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, client: StoreClient) -> bool:
+        """Hold the filter now; False when ``client`` cannot (dataDir)."""
+        if self._thread is not None:
+            return True
+        if not client.hold_filter(self.topic_filter, self.lease_s):
+            return False
+        self._thread = threading.Thread(target=self._renew, name="tidemq-filter-lease", daemon=True)
+        self._thread.start()
+        return True
+
+    def _renew(self) -> None:
+        client = HttpClient(self.connection.url, self.connection.token, self.connection.retry_timeout_s)
+        try:
+            while not self._stop.wait(self.lease_s / 3):
+                try:
+                    client.hold_filter(self.topic_filter, self.lease_s)
+                except SourceError as exc:
+                    log.error("tidemq source: cannot renew the hold on topicFilter %r: %s", self.topic_filter, exc)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 _CLIENTS: dict[Connection, StoreClient] = {}

@@ -58,7 +58,7 @@ from pyspark.sql.types import (
 
 from store.columns import ARROW_SCHEMA
 
-from .client import StoreClient, client_for
+from .client import FilterLease, StoreClient, client_for
 from .options import (
     EARLIEST,
     LATEST,
@@ -170,8 +170,9 @@ class _Planner:
         found = self.client.offsets(self.queues())
         missing = [q for q, o in found.items() if o is None]
         if missing and must_exist:
-            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once a client has subscribed "
-                    "to the filter, and holds what was published after that)" if self.options.topic_filter else "")
+            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once an MQTT client has "
+                    "subscribed to the filter or a streaming query reads it, and holds what was published after "
+                    "that)" if self.options.topic_filter else "")
             raise OptionError(f"tidemq source: no queue {', '.join(map(repr, missing))} in the store{hint}")
         if missing:
             log.info("queues not in the store (yet): %s", ", ".join(missing))
@@ -268,8 +269,24 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner = _Planner(options)
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
+        self._lease: FilterLease | None = None
+
+    def _hold_filter(self) -> None:
+        """A topicFilter's wildcard queue is indexed only while something holds the filter: the
+        query holds it itself from its start (address), or says that nothing may come (dataDir)."""
+        opts = self.planner.options
+        if opts.topic_filter is None or self._lease is not None:
+            return
+        self._lease = FilterLease(opts.connection, opts.topic_filter, opts.filter_lease_s)
+        if not self._lease.start(self.planner.client):
+            queue = self.planner.queues()[0]
+            if self.planner.client.offsets([queue])[queue] is None:
+                log.warning("tidemq source: no queue %r in the store: nothing is indexed for topicFilter %r until "
+                            "an MQTT client subscribes to it (with dataDir the source cannot hold the filter; "
+                            "address can)", queue, opts.topic_filter)
 
     def initialOffset(self) -> dict:
+        self._hold_filter()  # before the offsets: the queue's first message is the query's
         offsets = self.planner.offsets()
         start = self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
                                      "startingOffsets")
@@ -282,6 +299,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._hold_filter()  # a query restarted from its checkpoint starts here
         offsets = self.planner.offsets()
         latest = {}
         for queue, (_, high) in offsets.items():
@@ -316,6 +334,13 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
         until retention, whatever a query has read."""
+
+    def stop(self) -> None:
+        if self._lease is not None:  # the hold lapses after filterLeaseMs
+            self._lease.stop()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_lease": None}  # the lease's thread stays where it runs
 
 
 def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:

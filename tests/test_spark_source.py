@@ -93,6 +93,7 @@ def test_options_are_checked_with_messages_naming_them() -> None:
     assert SourceOptions.parse({"dataDir": "/d", "queues": '["t:a,b", "t:c"]'}).queues == ("t:a,b", "t:c")
     assert SourceOptions.parse({"dataDir": "/d", "queues": "t:a, t:b"}).queues == ("t:a", "t:b")
     assert ok.connection.retry_timeout_s == 120  # an unreachable gateway is retried for 2 minutes
+    assert ok.filter_lease_s == 600  # a stopped query's filter stays indexed for 10 minutes
     assert SourceOptions.parse({"address": "h:1", "queues": "q", "retryTimeoutMs": "0"}).connection.retry_timeout_s == 0
     for bad, words in [
         ({"topicFilter": FILTER}, "exactly one of address"),
@@ -104,6 +105,7 @@ def test_options_are_checked_with_messages_naming_them() -> None:
         ({"address": "h:1", "queues": "q", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"address": "h:1", "queues": "q", "subscribe": "q"}, "unknown option"),
         ({"address": "h:1", "queues": "q", "retryTimeoutMs": "-1"}, "retryTimeoutMs"),
+        ({"address": "h:1", "queues": "q", "filterLeaseMs": "999"}, "filterLeaseMs"),
     ]:
         with pytest.raises(OptionError, match=words):
             SourceOptions.parse(bad)

@@ -1,12 +1,13 @@
-"""The ``tidemq`` Spark source against a gateway process that goes away and comes back: a
-streaming query waits for it (retrying with backoff) and goes on with nothing lost or read twice;
-an unreachable gateway fails a query only after ``retryTimeoutMs``, each retry logged."""
+"""The ``tidemq`` Spark source against a live gateway. A gateway process that goes away and comes
+back: a streaming query waits for it (retrying with backoff) and goes on with nothing lost or
+read twice; an unreachable gateway fails a query only after ``retryTimeoutMs``, each retry
+logged. A stream on a topicFilter nobody subscribes to holds the filter itself
+(``POST /data/filters``), so its wildcard queue gets every message from the query's start."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -15,10 +16,11 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from spark_sinks.client import HttpClient, SourceError
-from tests.mqtt_support import PahoClient
+from spark_sinks.client import HttpClient, SourceError, close_clients
+from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "plant/line1/telemetry"
@@ -115,3 +117,94 @@ async def test_streaming_query_survives_a_gateway_restart(spark, tmp_path: Path)
             await asyncio.to_thread(query.stop)
         stop_gateway(proc)
     assert sorted(seen) == list(range(80))  # each once
+
+
+FILTER = "fleet/+/status"
+WILDCARD = "w:" + FILTER
+
+
+def held(gw, topic_filter: str) -> bool:
+    """Does a publish to a topic matching ``topic_filter`` go to its wildcard queue?"""
+    return "w:" + topic_filter in gw.mqtt.wildcards.queues_for(topic_filter.replace("+", "x").replace("#", "x"))
+
+
+async def publish_to(gw, topic: str, count: int) -> None:
+    pub = PahoClient(mqtt_port(gw), "holder-pub")
+    await pub.connect()
+    for i in range(count):
+        await pub.publish(topic, b"%d" % i, qos=1)
+    await pub.disconnect()
+
+
+async def test_data_api_holds_a_filter_across_a_restart_until_its_lease_lapses(data_dir: Path) -> None:
+    async def post(gw, body) -> tuple[int, dict]:
+        url = "http://{}:{}/data/filters".format(*gw.metrics_address)
+        async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+            return response.status, await response.json()
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        assert not held(gw, FILTER)
+        assert await post(gw, {"topicFilter": FILTER, "lease_ms": 600_000}) == (
+            200, {"topicFilter": FILTER, "queue": WILDCARD, "held": True})
+        assert held(gw, FILTER)
+        await publish_to(gw, "fleet/a/status", 3)  # nobody subscribes: indexed for the reader anyway
+        assert gw.store.index.lookup(WILDCARD).next_offset == 3
+        assert (await post(gw, {"topicFilter": "fleet/a/status"}))[1]["held"] is False  # a topic queue
+        for bad in ({"topicFilter": "a/#/b"}, {"topicFilter": FILTER, "lease_ms": 5}, {"lease_ms": 1000}, []):
+            status, answer = await post(gw, bad)
+            assert status == 400 and answer["error"], (bad, answer)
+        assert (await post(gw, {"topicFilter": "brief/#", "lease_ms": 300}))[0] == 200
+        assert held(gw, "brief/#")
+        deadline = time.monotonic() + 10
+        while held(gw, "brief/#"):  # the lease lapses: the filter is no longer indexed
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert held(gw, FILTER)
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:  # restored from the store
+        assert held(gw, FILTER) and not held(gw, "brief/#")
+        await publish_to(gw, "fleet/b/status", 2)
+        assert gw.store.index.lookup(WILDCARD).next_offset == 5
+
+
+async def test_stream_of_a_filter_nobody_subscribes_to_reads_from_its_start(spark, data_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    seen: list[tuple[int, str]] = []
+
+    def each(batch, batch_id: int) -> None:
+        seen.extend((r.offset, r.topic) for r in batch.select("offset", "topic").collect())
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        query = await asyncio.to_thread(lambda: (
+            spark.readStream.format("tidemq").option("address", "{}:{}".format(*gw.metrics_address))
+            .option("topicFilter", FILTER).load()  # startingOffsets: latest
+            .writeStream.foreachBatch(each).trigger(processingTime="200 milliseconds")
+            .option("checkpointLocation", str(tmp_path / "ckpt")).start()))
+        try:
+            deadline = time.monotonic() + 60
+            while not held(gw, FILTER):  # the query holds its filter from its start
+                assert query.isActive and time.monotonic() < deadline, query.exception()
+                await asyncio.sleep(0.1)
+            await publish_to(gw, "fleet/c/status", 10)
+            while len(seen) < 10:
+                assert query.isActive and time.monotonic() < deadline, query.exception()
+                await asyncio.sleep(0.1)
+        finally:
+            await asyncio.to_thread(query.stop)
+    assert sorted(seen) == [(i, "fleet/c/status") for i in range(10)]
+
+
+async def test_data_dir_stream_of_an_unheld_filter_says_nothing_will_come(data_dir: Path, caplog) -> None:
+    """With dataDir the source cannot hold the filter: it warns, naming the filter (what
+    initialOffset runs on the driver's side; nothing is subscribed)."""
+    from spark_sinks.options import SourceOptions
+    from spark_sinks.source import TideMQStreamReader
+
+    async with running_gateway(data_dir) as gw:
+        await asyncio.to_thread(gw.store.index.flush)
+        reader = TideMQStreamReader(SourceOptions.parse({"dataDir": str(data_dir), "topicFilter": FILTER}))
+        with caplog.at_level(logging.WARNING, logger="tidemq.spark"):
+            assert await asyncio.to_thread(reader.initialOffset) == {WILDCARD: 0}
+        reader.stop()
+        close_clients()
+    assert f"topicFilter '{FILTER}'" in caplog.text and "until an MQTT client subscribes" in caplog.text
