@@ -2,7 +2,8 @@
 
 - ``HttpClient``: a running gateway's read API (``gateway/data_api.py``) over HTTP, standard
   library only, one keep-alive connection. Works from any host; the gateway sees everything it
-  has indexed, so offsets are current.
+  has indexed, so offsets are current. A gateway that is away (a restart) is tried again with
+  backoff for ``retryTimeoutMs``.
 - ``DirectClient``: the data directory on this host through ``store.readonly.StoreReader`` (a
   RocksDB secondary and read-only commitlog maps). No network hop and no load on the gateway,
   but only for co-located executors, and it sees what the gateway's index has flushed (up to

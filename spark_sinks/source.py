@@ -8,7 +8,9 @@ with the Kafka source's options and semantics (``spark_sinks/options.py``).
 
 Offsets are ``{queue: next offset to read}`` and live only in Spark's checkpoint (the store
 keeps nothing for the query), so a restarted query re-reads exactly the micro-batch it had
-planned and goes on from there: nothing lost, nothing twice (with an idempotent sink).
+planned and goes on from there: nothing lost, nothing twice (with an idempotent sink). A
+stream on a ``topicFilter`` holds the filter at the gateway (``client.FilterLease``), so the
+filter's wildcard queue gets every matching message from the query's start.
 
 Partitions: one per queue range, ranges longer than ``maxRecordsPerPartition`` (or than needed
 for ``minPartitions``) split, so executors read in parallel; ``read()`` yields Arrow record
