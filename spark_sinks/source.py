@@ -279,8 +279,10 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.planner.options
         if opts.topic_filter is None or self._lease is not None:
             return
-        self._lease = FilterLease(opts.connection, opts.topic_filter, opts.filter_lease_s)
-        if not self._lease.start(self.planner.client):
+        lease = FilterLease(opts.connection, opts.topic_filter, opts.filter_lease_s)
+        held = lease.start(self.planner.client)  # a refusal (MQTT off, bad token) fails the query
+        self._lease = lease
+        if not held:
             queue = self.planner.queues()[0]
             if self.planner.client.offsets([queue])[queue] is None:
                 log.warning("tidemq source: no queue %r in the store: nothing is indexed for topicFilter %r until "

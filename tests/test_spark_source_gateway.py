@@ -27,10 +27,16 @@ TOPIC = "plant/line1/telemetry"
 QUEUE = "t:" + TOPIC
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Ports free now, distinct (all bound at once while they are picked)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def start_gateway(data_dir: Path, mqtt: int, metrics: int) -> subprocess.Popen:
@@ -71,7 +77,7 @@ async def publish(port: int, first: int, count: int) -> None:
 
 
 def test_unreachable_gateway_is_retried_with_backoff_then_fails(caplog) -> None:
-    client = HttpClient(f"http://127.0.0.1:{free_port()}", retry_timeout_s=1.5)
+    client = HttpClient(f"http://127.0.0.1:{free_ports(1)[0]}", retry_timeout_s=1.5)
     with caplog.at_level(logging.WARNING, logger="tidemq.spark"), pytest.raises(SourceError) as failed:
         client.offsets([QUEUE])
     assert "cannot reach the gateway" in str(failed.value) and "retryTimeoutMs" in str(failed.value)
@@ -82,7 +88,7 @@ def test_unreachable_gateway_is_retried_with_backoff_then_fails(caplog) -> None:
 
 async def test_streaming_query_survives_a_gateway_restart(spark, tmp_path: Path) -> None:
     data_dir, ckpt = tmp_path / "data", tmp_path / "ckpt"
-    mqtt, metrics = free_port(), free_port()
+    mqtt, metrics = free_ports(2)
     seen: list[int] = []
 
     def each(batch, batch_id: int) -> None:
