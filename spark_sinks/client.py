@@ -138,7 +138,7 @@ class HttpClient:
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
         """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
         (``gateway/data_holds.py``), subscribed or not."""
-        self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": max(100, round(lease_s * 1000))})
+        self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": round(lease_s * 1000)})
         return True
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
