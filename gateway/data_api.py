@@ -5,6 +5,7 @@
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/data_publish.py)
+    POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/data_holds.py)
 
 Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
 with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
@@ -37,6 +38,7 @@ from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
 from .admin import AdminError
+from .data_holds import FilterHolds
 from .data_publish import PublishApi
 from .mqtt.queues import queue_for_filter
 
@@ -60,6 +62,9 @@ def add_routes(app: web.Application, gateway: Gateway) -> PublishApi:
     app.router.add_get("/data/read", api.read)
     publish = PublishApi(gateway)  # the write side: gateway/data_publish.py
     app.router.add_post("/data/publish", publish.publish)
+    holds = FilterHolds(gateway)  # streaming readers of a topicFilter: gateway/data_holds.py
+    app.router.add_post("/data/filters", holds.hold)
+    app.on_cleanup.append(holds.close)
     return publish
 
 
@@ -113,8 +118,9 @@ class DataApi:
             names = [queue_for_filter(topic_filter)]
         else:
             limit = min(_int(request.query, "limit", 1000), MAX_QUEUES)
-            names = [state.name for state, _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
-                                                    range(limit))]
+            # iter_queues yields (state, position of its newest entry) pairs
+            names = [state.name for (state, _), _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
+                                                         range(limit))]
         rows = []
         for name in names:
             offsets = await self._offsets(name)

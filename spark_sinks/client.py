@@ -2,7 +2,8 @@
 
 - ``HttpClient``: a running gateway's read API (``gateway/data_api.py``) over HTTP, standard
   library only, one keep-alive connection. Works from any host; the gateway sees everything it
-  has indexed, so offsets are current.
+  has indexed, so offsets are current. A gateway that is away (a restart) is tried again with
+  backoff for ``retryTimeoutMs``.
 - ``DirectClient``: the data directory on this host through ``store.readonly.StoreReader`` (a
   RocksDB secondary and read-only commitlog maps). No network hop and no load on the gateway,
   but only for co-located executors, and it sees what the gateway's index has flushed (up to
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,9 +32,13 @@ from gateway.mqtt.queues import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
-from .options import Connection
+from .options import DEFAULT_RETRY_TIMEOUT_S, Connection
+
+log = logging.getLogger("tidemq.spark")
 
 TIMEOUT_S = 60.0
+RETRY_BACKOFF_S = (0.25, 5.0)  # first and longest wait between attempts (doubling)
+RETRY_STATUSES = frozenset({502, 503, 504})  # the gateway (or a proxy in front) is starting or stopping
 
 
 class SourceError(RuntimeError):
@@ -52,13 +60,19 @@ class Fetch:
 
 class StoreClient(Protocol):
     def queue_for_filter(self, topic_filter: str) -> str: ...
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
     def close(self) -> None: ...
 
 
 class HttpClient:
-    def __init__(self, url: str, token: str | None = None) -> None:
+    """One keep-alive connection to a gateway's data API. A gateway that cannot be reached (or
+    answers 502-504) is tried again with backoff for ``retry_timeout_s``, each retry logged, as a
+    Kafka consumer keeps trying its broker: a gateway restart must not end a streaming query."""
+
+    def __init__(self, url: str, token: str | None = None,
+                 retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SourceError(f"tidemq source: address must be HOST:PORT or http(s)://HOST:PORT, not {url!r}")
@@ -68,6 +82,7 @@ class HttpClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
         self.url = url
+        self.retry_timeout_s = retry_timeout_s
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -81,19 +96,34 @@ class HttpClient:
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        for attempt in (1, 2):  # a kept-alive connection the gateway closed: once more, afresh
+        deadline = time.monotonic() + self.retry_timeout_s
+        delay, attempt = RETRY_BACKOFF_S[0], 0
+        while True:
+            attempt += 1
             conn = self._connection()
             try:
                 conn.request(method, self._base + path, payload, headers)
                 response = conn.getresponse()
                 data = response.read()
-                return response.status, response, data
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 self._conn = None
-                if attempt == 2:
-                    raise SourceError(f"tidemq source: cannot reach the gateway at {self.url}: {exc}") from None
-        raise AssertionError("unreachable")
+                problem = f"cannot reach the gateway at {self.url}: {exc}"
+            else:
+                if response.status not in RETRY_STATUSES:
+                    return response.status, response, data
+                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {_error(data)}"
+            if attempt == 1:
+                continue  # a kept-alive connection the gateway closed while idle: once more, afresh, at once
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceError(f"tidemq source: {problem} (gave up after {attempt} attempts in "
+                                  f"{self.retry_timeout_s:g} s; option retryTimeoutMs)")
+            wait = min(delay, left)
+            log.warning("tidemq source: gateway not answering, retrying attempt=%d in_s=%.2f left_s=%.0f error=%s",
+                        attempt, wait, left, problem)
+            time.sleep(wait)
+            delay = min(delay * 2, RETRY_BACKOFF_S[1])
 
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, _, data = self._request(method, path, body)
@@ -104,6 +134,12 @@ class HttpClient:
     def queue_for_filter(self, topic_filter: str) -> str:
         found = self._json("GET", "/data/queues?" + urllib.parse.urlencode({"topicFilter": topic_filter}))["queues"]
         return found[0]["queue"] if found else queue_for_filter(topic_filter)
+
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
+        """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
+        (``gateway/data_holds.py``), subscribed or not."""
+        self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": round(lease_s * 1000)})
+        return True
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
@@ -137,6 +173,9 @@ class DirectClient:
     def queue_for_filter(self, topic_filter: str) -> str:
         return queue_for_filter(topic_filter)
 
+    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
+        return False  # the files cannot ask the gateway to index a filter
+
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()
         return {q: self.reader.offsets(q) for q in queues}
@@ -161,6 +200,42 @@ class DirectClient:
         self.reader.close()
 
 
+class FilterLease:
+    """A streaming query's hold on its topicFilter (``hold_filter``), renewed every third of the
+    lease by a thread of its own (with a client of its own: trigger intervals may be longer than
+    the lease). Stopping lets the hold lapse after the lease: a query restarted within it misses
+    nothing."""
+
+    def __init__(self, connection: Connection, topic_filter: str, lease_s: float) -> None:
+        self.connection, self.topic_filter, self.lease_s = connection, topic_filter, lease_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, client: StoreClient) -> bool:
+        """Hold the filter now; False when ``client`` cannot (dataDir)."""
+        if self._thread is not None:
+            return True
+        if not client.hold_filter(self.topic_filter, self.lease_s):
+            return False
+        self._thread = threading.Thread(target=self._renew, name="tidemq-filter-lease", daemon=True)
+        self._thread.start()
+        return True
+
+    def _renew(self) -> None:
+        client = HttpClient(self.connection.url, self.connection.token, self.connection.retry_timeout_s)
+        try:
+            while not self._stop.wait(self.lease_s / 3):
+                try:
+                    client.hold_filter(self.topic_filter, self.lease_s)
+                except SourceError as exc:
+                    log.error("tidemq source: cannot renew the hold on topicFilter %r: %s", self.topic_filter, exc)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 _CLIENTS: dict[Connection, StoreClient] = {}
 
 
@@ -171,7 +246,7 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token)
+            client = HttpClient(connection.url, connection.token, connection.retry_timeout_s)
         _CLIENTS[connection] = client
     return client
 

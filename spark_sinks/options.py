@@ -17,6 +17,8 @@ EARLIEST = -2
 LATEST = -1
 DEFAULT_FETCH_ROWS = 65_536
 DEFAULT_MAX_RECORDS_PER_PARTITION = 262_144
+DEFAULT_FILTER_LEASE_S = 600.0  # how long the gateway keeps a stopped query's topicFilter indexed
+DEFAULT_RETRY_TIMEOUT_S = 120.0  # how long an unreachable gateway is tried again before a query fails
 
 
 class OptionError(ValueError):
@@ -35,6 +37,7 @@ class Connection:
     address: str | None = None
     token: str | None = None
     data_dir: str | None = None
+    retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S
 
     @property
     def url(self) -> str:
@@ -58,12 +61,14 @@ class SourceOptions:
     fetch_rows: int = DEFAULT_FETCH_ROWS
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
+    filter_lease_s: float = DEFAULT_FILTER_LEASE_S
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
         known = {"address", "token", "datadir", "queues", "topicfilter", "startingoffsets", "endingoffsets",
-                 "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition", "minpartitions"}
+                 "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition", "minpartitions",
+                 "retrytimeoutms", "filterleasems"}
         unknown = sorted(set(opts) - known)
         if unknown:
             raise OptionError(f"tidemq source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -78,8 +83,14 @@ class SourceOptions:
         if bool(queues) == bool(topic_filter):
             raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
                               "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry)")
+        lease_ms = _positive(opts, "filterleasems", "filterLeaseMs")
+        if lease_ms is not None and lease_ms < 1000:
+            raise OptionError("tidemq source: filterLeaseMs must be at least 1000")
+        retry_ms = _positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
+        retry_s = DEFAULT_RETRY_TIMEOUT_S if retry_ms is None else retry_ms / 1000
         return cls(
-            connection=Connection(address=address, token=opts.get("token") or None, data_dir=data_dir),
+            connection=Connection(address=address, token=opts.get("token") or None, data_dir=data_dir,
+                                  retry_timeout_s=retry_s),
             queues=queues,
             topic_filter=topic_filter,
             starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,
@@ -90,6 +101,7 @@ class SourceOptions:
             max_records_per_partition=_positive(opts, "maxrecordsperpartition", "maxRecordsPerPartition")
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             min_partitions=_positive(opts, "minpartitions", "minPartitions"),
+            filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
         )
 
 
@@ -131,7 +143,7 @@ def _bool(raw: str, name: str) -> bool:
     raise OptionError(f"tidemq source: {name} must be true or false, not {raw!r}")
 
 
-def _positive(opts: Mapping[str, str], key: str, name: str) -> int | None:
+def _positive(opts: Mapping[str, str], key: str, name: str, *, zero: bool = False) -> int | None:
     raw = opts.get(key)
     if raw is None or raw == "":
         return None
@@ -139,6 +151,6 @@ def _positive(opts: Mapping[str, str], key: str, name: str) -> int | None:
         value = int(raw)
     except ValueError:
         raise OptionError(f"tidemq source: {name} must be a whole number, not {raw!r}") from None
-    if value < 1:
-        raise OptionError(f"tidemq source: {name} must be at least 1")
+    if value < (0 if zero else 1):
+        raise OptionError(f"tidemq source: {name} must be at least {0 if zero else 1}")
     return value

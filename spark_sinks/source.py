@@ -8,7 +8,9 @@ with the Kafka source's options and semantics (``spark_sinks/options.py``).
 
 Offsets are ``{queue: next offset to read}`` and live only in Spark's checkpoint (the store
 keeps nothing for the query), so a restarted query re-reads exactly the micro-batch it had
-planned and goes on from there: nothing lost, nothing twice (with an idempotent sink).
+planned and goes on from there: nothing lost, nothing twice (with an idempotent sink). A
+stream on a ``topicFilter`` holds the filter at the gateway (``client.FilterLease``), so the
+filter's wildcard queue gets every matching message from the query's start.
 
 Partitions: one per queue range, ranges longer than ``maxRecordsPerPartition`` (or than needed
 for ``minPartitions``) split, so executors read in parallel; ``read()`` yields Arrow record
@@ -58,7 +60,7 @@ from pyspark.sql.types import (
 
 from store.columns import ARROW_SCHEMA
 
-from .client import StoreClient, client_for
+from .client import FilterLease, StoreClient, client_for
 from .options import (
     EARLIEST,
     LATEST,
@@ -138,6 +140,13 @@ def read_partition(part: QueueRange) -> Iterator[pa.RecordBatch]:
         at = fetch.next_offset
 
 
+def past_end(queue: str, start: int, high: int) -> None:
+    """A starting offset past the queue's end is a wrong option, not lost data: say so."""
+    if start > high:
+        raise OptionError(f"tidemq source: startingOffsets for queue {queue!r} is {start}, past the queue's end "
+                          f"({high}: the next message will get offset {high})")
+
+
 class _Planner:
     """What the batch and the stream reader share: the client, the queues, offset resolution
     and splitting ranges into partitions. Holds no client when pickled (Spark ships readers to
@@ -163,8 +172,9 @@ class _Planner:
         found = self.client.offsets(self.queues())
         missing = [q for q, o in found.items() if o is None]
         if missing and must_exist:
-            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once a client has subscribed "
-                    "to the filter, and holds what was published after that)" if self.options.topic_filter else "")
+            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once an MQTT client has "
+                    "subscribed to the filter or a streaming query reads it, and holds what was published after "
+                    "that)" if self.options.topic_filter else "")
             raise OptionError(f"tidemq source: no queue {', '.join(map(repr, missing))} in the store{hint}")
         if missing:
             log.info("queues not in the store (yet): %s", ", ".join(missing))
@@ -237,6 +247,7 @@ class TideMQBatchReader(DataSourceReader):
         start = planner.resolve(planner.options.starting_offsets or "earliest", offsets, EARLIEST, "startingOffsets")
         end = planner.resolve(planner.options.ending_offsets, offsets, LATEST, "endingOffsets")
         for queue, (_, high) in offsets.items():
+            past_end(queue, start[queue], high)
             if end[queue] < start[queue]:
                 raise OptionError(f"tidemq source: for queue {queue!r} endingOffsets ({end[queue]}) is before "
                                   f"startingOffsets ({start[queue]})")
@@ -247,6 +258,9 @@ class TideMQBatchReader(DataSourceReader):
         return planner.partitions(start, end)
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, QueueRange):
+            # an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
+            return iter(())
         return read_partition(partition)
 
 
@@ -257,17 +271,39 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner = _Planner(options)
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
+        self._lease: FilterLease | None = None
+
+    def _hold_filter(self) -> None:
+        """A topicFilter's wildcard queue is indexed only while something holds the filter: the
+        query holds it itself from its start (address), or says that nothing may come (dataDir)."""
+        opts = self.planner.options
+        if opts.topic_filter is None or self._lease is not None:
+            return
+        lease = FilterLease(opts.connection, opts.topic_filter, opts.filter_lease_s)
+        held = lease.start(self.planner.client)  # a refusal (MQTT off, bad token) fails the query
+        self._lease = lease
+        if not held:
+            queue = self.planner.queues()[0]
+            if self.planner.client.offsets([queue])[queue] is None:
+                log.warning("tidemq source: no queue %r in the store: nothing is indexed for topicFilter %r until "
+                            "an MQTT client subscribes to it (with dataDir the source cannot hold the filter; "
+                            "address can)", queue, opts.topic_filter)
 
     def initialOffset(self) -> dict:
+        self._hold_filter()  # before the offsets: the queue's first message is the query's
         offsets = self.planner.offsets()
-        return self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
-                                    "startingOffsets")
+        start = self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
+                                     "startingOffsets")
+        for queue, (_, high) in offsets.items():
+            past_end(queue, start[queue], high)
+        return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.planner.options.max_offsets_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._hold_filter()  # a query restarted from its checkpoint starts here
         offsets = self.planner.offsets()
         latest = {}
         for queue, (_, high) in offsets.items():
@@ -302,6 +338,13 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
         until retention, whatever a query has read."""
+
+    def stop(self) -> None:
+        if self._lease is not None:  # the hold lapses after filterLeaseMs
+            self._lease.stop()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_lease": None}  # the lease's thread stays where it runs
 
 
 def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:

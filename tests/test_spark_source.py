@@ -92,6 +92,9 @@ def test_options_are_checked_with_messages_naming_them() -> None:
     assert ok.topic_filter == FILTER and ok.max_offsets_per_trigger == 10 and ok.fail_on_data_loss
     assert SourceOptions.parse({"dataDir": "/d", "queues": '["t:a,b", "t:c"]'}).queues == ("t:a,b", "t:c")
     assert SourceOptions.parse({"dataDir": "/d", "queues": "t:a, t:b"}).queues == ("t:a", "t:b")
+    assert ok.connection.retry_timeout_s == 120  # an unreachable gateway is retried for 2 minutes
+    assert ok.filter_lease_s == 600  # a stopped query's filter stays indexed for 10 minutes
+    assert SourceOptions.parse({"address": "h:1", "queues": "q", "retryTimeoutMs": "0"}).connection.retry_timeout_s == 0
     for bad, words in [
         ({"topicFilter": FILTER}, "exactly one of address"),
         ({"address": "h:1", "dataDir": "/d", "queues": "q"}, "exactly one of address"),
@@ -101,6 +104,8 @@ def test_options_are_checked_with_messages_naming_them() -> None:
         ({"address": "h:1", "queues": "q", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"address": "h:1", "queues": "q", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"address": "h:1", "queues": "q", "subscribe": "q"}, "unknown option"),
+        ({"address": "h:1", "queues": "q", "retryTimeoutMs": "-1"}, "retryTimeoutMs"),
+        ({"address": "h:1", "queues": "q", "filterLeaseMs": "999"}, "filterLeaseMs"),
     ]:
         with pytest.raises(OptionError, match=words):
             SourceOptions.parse(bad)
@@ -320,6 +325,13 @@ async def test_fail_on_data_loss_after_retention(spark, data_dir: Path) -> None:
             assert [r.offset for r in rows] == list(range(low, 60))
             assert [r.payload.rstrip() for r in rows] == [payload(i) for i in range(low, 60)]
 
+        # a range retention removed entirely, skipped: an empty batch, not a crash
+        rows = await asyncio.to_thread(lambda: spark.read.format("tidemq").options(**connection(gw, "address"))
+                                       .option("queues", queue).option("startingOffsets", json.dumps({queue: 3}))
+                                       .option("endingOffsets", json.dumps({queue: 5}))
+                                       .option("failOnDataLoss", "false").load().collect())
+        assert rows == []
+
         # earliest is the first offset still stored: no loss to report
         rows = await asyncio.to_thread(lambda: spark.read.format("tidemq").options(**connection(gw, "address"))
                                        .option("queues", queue).load().count())
@@ -344,3 +356,59 @@ async def test_executors_detect_data_lost_after_planning(data_dir: Path, caplog,
             assert await asyncio.to_thread(read, False) == list(range(low, 60))
         assert f"skipping {low} messages" in caplog.text and "retention removed them" in caplog.text
         close_clients()
+
+
+async def test_read_api_lists_queues_by_prefix(data_dir: Path) -> None:
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 8)
+        base = "http://{}:{}".format(*gw.metrics_address)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/data/queues", params={"prefix": "t:devices/"}) as response:
+                assert response.status == 200, await response.text()
+                rows = (await response.json())["queues"]
+            assert [r["queue"] for r in rows] == [f"t:{topic(d)}" for d in range(4)]
+            assert {(r["min_offset"], r["max_offset"]) for r in rows} == {(0, 2)}
+            async with http.get(f"{base}/data/queues", params={"prefix": "t:devices/", "limit": "1"}) as response:
+                assert [r["queue"] for r in (await response.json())["queues"]] == ["t:devices/0/telemetry"]
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_batch_of_an_empty_range_reads_nothing(spark, data_dir: Path, mode: str) -> None:
+    """An incremental batch from saved offsets with nothing new: start == end, no partitions
+    (PySpark then plans one placeholder partition that is not ours)."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 8)
+        await flush_index(gw)
+        queue = "t:devices/1/telemetry"
+        rows = await asyncio.to_thread(lambda: spark.read.format("tidemq").options(**connection(gw, mode))
+                                       .option("queues", queue).option("startingOffsets", json.dumps({queue: 2}))
+                                       .load().collect())
+        assert rows == []
+
+
+async def test_starting_offset_past_the_end_is_named_as_such(spark, data_dir: Path, tmp_path) -> None:
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 8)
+        queue = "t:devices/1/telemetry"
+
+        def source(reader):
+            return (reader.format("tidemq").options(**connection(gw, "address")).option("queues", queue)
+                    .option("startingOffsets", json.dumps({queue: 5})))
+
+        with pytest.raises(Exception) as failed:
+            await asyncio.to_thread(lambda: source(spark.read).load().collect())
+        assert f"startingOffsets for queue '{queue}' is 5, past the queue's end (2" in str(failed.value)
+
+        def stream() -> str:
+            query = (source(spark.readStream).load().writeStream.format("noop")
+                     .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+            try:
+                query.awaitTermination(60)
+            except Exception as exc:  # noqa: BLE001 - the query's failure is what is checked
+                return str(exc)
+            query.stop()
+            return "the query did not fail"
+
+        text = await asyncio.to_thread(stream)
+        assert f"startingOffsets for queue '{queue}' is 5, past the queue's end (2" in text
+        assert "replaced or cut" not in text

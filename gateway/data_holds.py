@@ -1,0 +1,126 @@
+"""Wildcard filters held by data-API readers (the Spark source's ``topicFilter`` streams), so that
+the filter's wildcard queue gets every matching publish from the moment a query starts, whether
+or not an MQTT client subscribes to it.
+
+    POST /data/filters  {"topicFilter": "a/+/b", "lease_ms": 600000}  hold (or renew) a filter
+
+A hold is one more reference in the MQTT wildcard filters (``gateway/mqtt/queues.py``
+``WildcardQueues``), as a subscription is, and lasts ``lease_ms``: the reader renews it while it
+runs, and a reader that stops (or dies) lets it lapse, so an abandoned filter does not cost write
+amplification for ever. Several readers of one filter share one hold that lasts to the latest of
+their leases. Holds are stored (table ``data_filter_holds``: filter -> expiry, Unix seconds) and
+restored when the gateway starts, so a gateway restart does not open a gap in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from protocols.mqtt.topics import is_wildcard, validate_topic_filter
+
+from .admin import AdminError
+from .mqtt.queues import WildcardQueues, queue_for_filter
+
+if TYPE_CHECKING:
+    from .server import Gateway
+
+log = logging.getLogger("tidemq.data")
+
+HOLDS_TABLE = "data_filter_holds"
+MIN_LEASE_MS = 100
+MAX_LEASE_MS = 7 * 24 * 3600 * 1000
+
+
+class FilterHolds:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._expiry: dict[str, float] = {}  # filter -> when its hold lapses (time.time())
+        self._timer: asyncio.TimerHandle | None = None
+        self._restore()
+
+    def _wildcards(self) -> WildcardQueues | None:
+        return self.gateway._mqtt_wildcards()  # the MQTT broker's, or a store node's cluster-wide ones
+
+    def _restore(self) -> None:
+        store, wildcards = self.gateway.store, self._wildcards()
+        if store is None or wildcards is None:
+            return
+        table, now = store.table(HOLDS_TABLE), time.time()
+        for topic_filter, raw in list(table.items()):
+            try:
+                expires = float(raw)
+            except ValueError:
+                expires = 0.0
+            if expires <= now:
+                table.delete(topic_filter)
+                continue
+            wildcards.add(topic_filter)
+            self._expiry[topic_filter] = expires
+        if self._expiry:
+            log.info("data filter holds restored count=%d", len(self._expiry))
+            self._schedule()
+
+    async def hold(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            topic_filter, lease_ms = body["topicFilter"], body.get("lease_ms", 600_000)
+            if not isinstance(topic_filter, str) or not isinstance(lease_ms, int) or isinstance(lease_ms, bool):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise AdminError(400, 'send {"topicFilter": "a/+/b", "lease_ms": 600000}') from None
+        try:
+            validate_topic_filter(topic_filter)
+        except ValueError as exc:
+            raise AdminError(400, f"bad topicFilter: {exc}") from None
+        if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
+            raise AdminError(400, f"lease_ms must be {MIN_LEASE_MS}..{MAX_LEASE_MS}, not {lease_ms}")
+        queue = queue_for_filter(topic_filter)
+        if not is_wildcard(topic_filter):  # a topic queue gets every publish to its topic anyway
+            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False})
+        store, wildcards = self.gateway.store, self._wildcards()
+        if store is None:
+            raise AdminError(503, "the store is not open")
+        if wildcards is None:
+            raise AdminError(501, "this gateway has no MQTT wildcard queues (MQTT is off)")
+        expires = time.time() + lease_ms / 1000
+        if topic_filter not in self._expiry:
+            wildcards.add(topic_filter)
+            log.info("data filter held topic_filter=%s lease_ms=%d", topic_filter, lease_ms)
+        elif self._expiry[topic_filter] >= expires:
+            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": True})
+        self._expiry[topic_filter] = expires
+        store.table(HOLDS_TABLE).put(topic_filter, repr(expires).encode())
+        self._schedule()
+        return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": True})
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._expiry:
+            delay = max(0.0, min(self._expiry.values()) - time.time())
+            self._timer = asyncio.get_running_loop().call_later(delay + 0.01, self._lapse)
+
+    def _lapse(self) -> None:
+        self._timer = None
+        store, wildcards, now = self.gateway.store, self._wildcards(), time.time()
+        for topic_filter, expires in list(self._expiry.items()):
+            if expires <= now:
+                del self._expiry[topic_filter]
+                if wildcards is not None:
+                    wildcards.remove(topic_filter)
+                if store is not None:
+                    store.table(HOLDS_TABLE).delete(topic_filter)
+                log.info("data filter hold lapsed topic_filter=%s", topic_filter)
+        self._schedule()
+
+    async def close(self, app: web.Application | None = None) -> None:
+        """The listener stops: no more timers (stored holds stay, for the next start)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
