@@ -28,7 +28,7 @@ from .config import Config, ConfigError, parse_bind, parse_peers
 from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
-from .mqtt.queues import WildcardQueues
+from .mqtt.queues import WildcardQueues, topic_queue
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
@@ -220,8 +220,14 @@ class Gateway:
             wildcards.invalidate()
             self.amqp.mqtt_queues_for = wildcards.queues_for
             self.amqp.on_topic_bindings_changed = wildcards.invalidate
+            self.amqp.mqtt_topic_read = self._mqtt_topic_read
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
+
+    def _mqtt_topic_read(self, topic: str) -> bool:
+        """Whether a subscriber of this node reads the MQTT topic's own queue (for a mandatory
+        publish to amq.topic: the other readers, wildcard and remoting queues, are targets)."""
+        return self.mqtt is not None and bool(self.mqtt.readers.get(topic_queue(topic)))
 
     def _mqtt_wildcards(self) -> WildcardQueues | None:
         """Where MQTT publishes find their target queues, for the other protocols to join:
