@@ -37,6 +37,7 @@ from .messages import (
 from .model import (
     BUILTIN_EXCHANGES,
     EXCHANGE_TYPES,
+    UNSUPPORTED_EXCHANGE_ARGUMENTS,
     Binding,
     Exchange,
     QueueDefinition,
@@ -196,6 +197,9 @@ class AMQPBroker:
             raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' is reserved", channel.number, m)
         if m.exchange_type not in EXCHANGE_TYPES:
             raise channel_error(PRECONDITION_FAILED, f"unknown exchange type '{m.exchange_type}'", channel.number, m)
+        for argument in UNSUPPORTED_EXCHANGE_ARGUMENTS.keys() & (m.arguments or {}).keys():
+            raise channel_error(PRECONDITION_FAILED, f"arg '{argument}' is not supported: "
+                                f"{UNSUPPORTED_EXCHANGE_ARGUMENTS[argument]}", channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
         self.exchanges[name] = exchange
         if exchange.durable:

@@ -150,7 +150,9 @@ class QueueDefinition:
         return str(value) if value is not None else None
 
 
-# RabbitMQ queue arguments not built here: refused (406) rather than accepted and ignored
+# RabbitMQ exchange and queue arguments not built here: refused (406) rather than accepted and ignored
+UNSUPPORTED_EXCHANGE_ARGUMENTS = {"alternate-exchange": "alternate exchanges are not built"}
+# (queue arguments): refused (406) rather than accepted and ignored
 UNSUPPORTED_QUEUE_ARGUMENTS = {
     "x-max-priority": "priority queues are not built",
     "x-max-length-bytes": "a length limit in bytes is not built (x-max-length is)",
