@@ -128,12 +128,14 @@ class AMQPConnection(asyncio.Protocol):
 
     def _process(self, held: ContentReceived | None = None) -> None:
         # a channel error closes that channel only: the frames read after it are still handled
+        # (and after a connection error, a close-ok among them)
         while not self.closed and not self._process_until_error(held):
             held = None
         self.flush()
 
     def _process_until_error(self, held: ContentReceived | None) -> bool:
-        """Handle the buffered frames; False if a channel error stopped it before the end."""
+        """Handle the buffered frames; False if an error stopped it before the end of a
+        stream that can still be read."""
         publishes: list[ContentReceived] = []
         broker = self.broker
         events = self.reader.events()
@@ -160,7 +162,7 @@ class AMQPConnection(asyncio.Protocol):
             if publishes:
                 self.store_publishes(publishes)
             self._fail(exc)
-            return exc.connection or exc.channel == 0 or self.reader.failed
+            return self.reader.failed
         if publishes:
             self.store_publishes(publishes)
         return True
