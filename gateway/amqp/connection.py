@@ -24,13 +24,11 @@ from protocols.amqp.frames import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     HEARTBEAT_FRAME,
-    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
-    REPLY_SUCCESS,
     SYNTAX_ERROR,
     AMQPError,
     ContentReceived,
@@ -71,11 +69,6 @@ SERVER_PROPERTIES = {
         "exchange_exchange_bindings": True,
     },
 }
-
-
-def _ids(method) -> tuple[int, int]:
-    index = getattr(method, "index", 0) or 0
-    return index >> 16, index & 0xFFFF
 
 
 class AMQPConnection(asyncio.Protocol):
@@ -254,15 +247,13 @@ class AMQPConnection(asyncio.Protocol):
     def _fail(self, exc: AMQPError) -> None:
         if self.stage in ("closing", "closed"):
             return  # one close per connection, logged once; the rest is dropped until it ends
-        class_id, method_id = _ids(exc.method)
         log.info("amqp %s error peer=%s code=%d text=%r", "connection" if exc.connection else "channel",
                  self.peer, exc.reply_code, exc.text)
-        text = f"{_reply_name(exc.reply_code)} - {exc.text}"[:255]
         if exc.connection or exc.channel == 0:
             if self.stage in ("header", "start-ok", "tune-ok"):
                 self.close_transport()  # before open, a failed handshake just closes
                 return
-            self._closed_by_us(exc.reply_code, text, class_id, method_id)
+            self._closed_by_us(*exc.close_arguments())
             return
         if exc.channel in self.closing_channels:
             return  # its channel.close is sent already
@@ -271,7 +262,7 @@ class AMQPConnection(asyncio.Protocol):
             channel.release()
         self.reader.forget_channel(exc.channel)
         self.closing_channels.add(exc.channel)
-        self.send(method_frame(exc.channel, commands.Channel.Close(exc.reply_code, text, class_id, method_id)))
+        self.send(method_frame(exc.channel, commands.Channel.Close(*exc.close_arguments())))
 
     # -- events --------------------------------------------------------------------------------
     def _event(self, event) -> None:
@@ -497,12 +488,3 @@ class AMQPConnection(asyncio.Protocol):
                 if queue is not None and queue.definition.max_length is not None:
                     queue.enforce_max_length()
         self.flush()
-
-
-def _reply_name(code: int) -> str:
-    return {
-        REPLY_SUCCESS: "OK", ACCESS_REFUSED: "ACCESS_REFUSED", NOT_FOUND: "NOT_FOUND", 405: "RESOURCE_LOCKED",
-        PRECONDITION_FAILED: "PRECONDITION_FAILED", 501: "FRAME_ERROR", SYNTAX_ERROR: "SYNTAX_ERROR",
-        COMMAND_INVALID: "COMMAND_INVALID", CHANNEL_ERROR: "CHANNEL_ERROR", 505: "UNEXPECTED_FRAME",
-        NOT_ALLOWED: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
-    }.get(code, str(code))

@@ -46,6 +46,16 @@ NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
 
 
+REPLY_NAMES = {
+    REPLY_SUCCESS: "OK", CONTENT_TOO_LARGE: "CONTENT_TOO_LARGE", NO_ROUTE: "NO_ROUTE", NO_CONSUMERS: "NO_CONSUMERS",
+    CONNECTION_FORCED: "CONNECTION_FORCED", INVALID_PATH: "INVALID_PATH", ACCESS_REFUSED: "ACCESS_REFUSED",
+    NOT_FOUND: "NOT_FOUND", RESOURCE_LOCKED: "RESOURCE_LOCKED", PRECONDITION_FAILED: "PRECONDITION_FAILED",
+    FRAME_ERROR: "FRAME_ERROR", SYNTAX_ERROR: "SYNTAX_ERROR", COMMAND_INVALID: "COMMAND_INVALID",
+    CHANNEL_ERROR: "CHANNEL_ERROR", UNEXPECTED_FRAME: "UNEXPECTED_FRAME", RESOURCE_ERROR: "RESOURCE_ERROR",
+    NOT_ALLOWED: "NOT_ALLOWED", NOT_IMPLEMENTED: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
+}
+
+
 class AMQPError(Exception):
     """A protocol error with its reply code. ``connection`` errors close the whole connection
     (connection.close); the others close only the channel (channel.close)."""
@@ -58,6 +68,13 @@ class AMQPError(Exception):
         self.connection = connection
         self.channel = channel
         self.method = method  # the method that failed (its class and method ids go in the close)
+
+    def close_arguments(self) -> tuple[int, str, int, int]:
+        """reply-code, reply-text (as RabbitMQ: the code's name first), class-id, method-id of
+        the channel.close or connection.close that reports it."""
+        index = getattr(self.method, "index", 0) or 0
+        text = f"{REPLY_NAMES.get(self.reply_code, str(self.reply_code))} - {self.text}"[:255]
+        return self.reply_code, text, index >> 16, index & 0xFFFF
 
 
 def connection_error(code: int, text: str, channel: int = 0, method: Frame | None = None) -> AMQPError:
