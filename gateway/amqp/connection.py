@@ -196,12 +196,17 @@ class AMQPConnection(asyncio.Protocol):
                 self.broker.remove_queue(queue)
         self.exclusive_queues.clear()
 
-    def _closed_by_us(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
-        """Send connection.close; from now on only close-ok is looked for in what comes."""
-        self.send(method_frame(0, commands.Connection.Close(reply_code, text, class_id, method_id)))
-        self.stage = "closing"
+    def _closing(self, stage: str, method) -> None:
+        """Send connection.close (stage closing: only close-ok is looked for in what comes) or
+        close-ok (stage closed: what comes is dropped unread) and end the session; the socket is
+        closed by close-ok, the client, or ``CLOSE_TIMEOUT_S``."""
+        self.send(method_frame(0, method))
+        self.stage = stage
         self.reader.methods_only()
         self._end_channels()
+        self._held = None  # a publish held by the resource alarm is dropped with the rest
+        for why in ("alarm", "puts"):  # read on, to find close-ok or the end of the stream
+            self.read_pauses.resume(why)
         self.flush()
         asyncio.get_running_loop().call_later(CLOSE_TIMEOUT_S, self.close_transport)
 
@@ -253,7 +258,7 @@ class AMQPConnection(asyncio.Protocol):
             if self.stage in ("header", "start-ok", "tune-ok"):
                 self.close_transport()  # before open, a failed handshake just closes
                 return
-            self._closed_by_us(*exc.close_arguments())
+            self._closing("closing", commands.Connection.Close(*exc.close_arguments()))
             return
         if exc.channel in self.closing_channels:
             return  # its channel.close is sent already
@@ -281,6 +286,9 @@ class AMQPConnection(asyncio.Protocol):
         method, number = event.method, event.channel
         if self.stage in ("closing", "closed"):
             if isinstance(method, commands.Connection.CloseOk):
+                self.close_transport()
+            elif isinstance(method, commands.Connection.Close) and self.stage == "closing":
+                self.send(method_frame(0, commands.Connection.CloseOk()))  # both closed at once
                 self.close_transport()
             return  # after connection.close, everything else is discarded
         if number == 0:
@@ -353,11 +361,7 @@ class AMQPConnection(asyncio.Protocol):
         elif isinstance(method, commands.Connection.Close):
             # as RabbitMQ: close-ok, then the client closes the socket; until it does (or for
             # CLOSE_TIMEOUT_S) what it still sends is read and dropped, so it never meets EPIPE
-            self.send(method_frame(0, commands.Connection.CloseOk()))
-            self.stage = "closed"
-            self._end_channels()
-            self.flush()
-            asyncio.get_running_loop().call_later(CLOSE_TIMEOUT_S, self.close_transport)
+            self._closing("closed", commands.Connection.CloseOk())
         elif isinstance(method, commands.Connection.CloseOk):
             self.close_transport()
         elif isinstance(method, commands.Connection.UpdateSecret) and self.stage == "open-done":

@@ -115,6 +115,11 @@ class QueueDefinition:
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), default=str).encode()
 
+    def settings(self) -> dict[str, Any]:
+        """What queue.declare sets, for ``inequivalent`` (a redeclaration must match it)."""
+        return {"durable": self.durable, "exclusive": self.exclusive, "auto_delete": self.auto_delete,
+                "arguments": self.arguments}
+
     @classmethod
     def from_json(cls, raw: bytes) -> QueueDefinition:
         return cls(**json.loads(raw))
