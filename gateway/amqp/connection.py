@@ -252,6 +252,9 @@ class AMQPConnection(asyncio.Protocol):
     def _fail(self, exc: AMQPError) -> None:
         if self.stage in ("closing", "closed"):
             return  # one close per connection, logged once; the rest is dropped until it ends
+        open_or_closing = exc.channel in self.channels or exc.channel in self.closing_channels
+        if not exc.connection and exc.channel and not open_or_closing:  # (a publish on no open channel)
+            exc = connection_error(CHANNEL_ERROR, f"channel {exc.channel} is not open", exc.channel, exc.method)
         log.info("amqp %s error peer=%s code=%d text=%r", "connection" if exc.connection else "channel",
                  self.peer, exc.reply_code, exc.text)
         if exc.connection or exc.channel == 0:
