@@ -28,7 +28,7 @@ from .config import Config, ConfigError, parse_bind, parse_peers
 from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
-from .mqtt.queues import WildcardQueues, topic_queue
+from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
@@ -225,9 +225,13 @@ class Gateway:
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
 
     def _mqtt_topic_read(self, topic: str) -> bool:
-        """Whether a subscriber of this node reads the MQTT topic's own queue (for a mandatory
-        publish to amq.topic: the other readers, wildcard and remoting queues, are targets)."""
-        return self.mqtt is not None and bool(self.mqtt.readers.get(topic_queue(topic)))
+        """Whether a subscription (online or in a persistent session) names exactly this MQTT
+        topic, for a mandatory publish to amq.topic (wildcard and remoting queues are targets
+        of their own). A store node is not told of its gateway nodes' concrete subscriptions:
+        there it cannot tell, so the topic counts as read."""
+        if self.mqtt is None or not isinstance(self.mqtt.wildcards, WildcardQueues):
+            return True
+        return self.mqtt.wildcards.subscribed(topic)
 
     def _mqtt_wildcards(self) -> WildcardQueues | None:
         """Where MQTT publishes find their target queues, for the other protocols to join:

@@ -119,7 +119,7 @@ async def test_an_oversize_message_is_refused_alone(data_dir: Path) -> None:
 async def test_amq_topic_publishes_are_confirmed_or_returned(data_dir: Path) -> None:
     """Routing keys that cannot be MQTT topics are confirmed (not left hanging); a mandatory
     publish that nothing takes -- no binding, no MQTT subscriber -- comes back (312), then is
-    confirmed; one an MQTT subscriber reads is delivered, not returned."""
+    confirmed; one an MQTT subscription reads, online or offline, is delivered, not returned."""
     async with amqp_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, url):
         conn = await aio_pika.connect(url)
         ch = await conn.channel(publisher_confirms=True, on_return_raises=True)
@@ -137,6 +137,16 @@ async def test_amq_topic_publishes_are_confirmed_or_returned(data_dir: Path) -> 
         await asyncio.wait_for(topic.publish(aio_pika.Message(b"read"), "somebody.home", mandatory=True), TIMEOUT)
         assert [m.payload for m in await sub.receive(1)] == [b"read"]
         await sub.disconnect()
+        # a persistent session subscribed to the topic, offline: it takes the message (no return)
+        parked = PahoClient(mqtt_port, "parked", clean=False)
+        await parked.connect()
+        await parked.subscribe("parked/topic", 1)
+        await parked.disconnect()
+        await asyncio.wait_for(topic.publish(aio_pika.Message(b"kept"), "parked.topic", mandatory=True), TIMEOUT)
+        parked = PahoClient(mqtt_port, "parked", clean=False)
+        await parked.connect()
+        assert [m.payload for m in await parked.receive(1)] == [b"kept"]
+        await parked.disconnect()
         # the channel still works: every publish above was confirmed in turn
         await asyncio.wait_for(ch.default_exchange.publish(aio_pika.Message(b"x"), "none", mandatory=False),
                                TIMEOUT)
