@@ -17,8 +17,8 @@ from pamqp import commands
 from gateway.auth import PasswordFile
 from protocols.amqp.frames import HEARTBEAT_FRAME, method_frame
 
+from .amqp_support import RawAMQP, port_of
 from .test_amqp import amqp_gateway
-from .test_amqp_defects import RawAMQP, port_of
 
 TIMEOUT = 5.0
 
