@@ -22,7 +22,7 @@ from protocols.amqp.frames import (
     RESOURCE_LOCKED,
     channel_error,
 )
-from store import Message, MessageStore, StoredMessage
+from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..stats import ProtocolStats
 from .messages import (
@@ -450,6 +450,10 @@ class AMQPBroker:
             return
         stored: Message = to_store_message(exchange, routing_key, properties, message.body)
         stored.properties = {**(stored.properties or {}), DEATHS: reason}  # type: ignore[dict-item]
-        fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
+        try:
+            fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
+        except StoreError as exc:  # (its x-death headers may take it over max_message_size)
+            log.error("dead letter not stored queue=%s reason=%s error=%s", queue.name, reason, exc)
+            return
         fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
             "dead letter not stored queue=%s error=%s", queue.name, f.exception()))
