@@ -220,8 +220,18 @@ class Gateway:
             wildcards.invalidate()
             self.amqp.mqtt_queues_for = wildcards.queues_for
             self.amqp.on_topic_bindings_changed = wildcards.invalidate
+            self.amqp.mqtt_topic_read = self._mqtt_topic_read
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
+
+    def _mqtt_topic_read(self, topic: str) -> bool:
+        """Whether a subscription (online or in a persistent session) names exactly this MQTT
+        topic, for a mandatory publish to amq.topic (wildcard and remoting queues are targets
+        of their own). A store node is not told of its gateway nodes' concrete subscriptions:
+        there it cannot tell, so the topic counts as read."""
+        if self.mqtt is None or not isinstance(self.mqtt.wildcards, WildcardQueues):
+            return True
+        return self.mqtt.wildcards.subscribed(topic)
 
     def _mqtt_wildcards(self) -> WildcardQueues | None:
         """Where MQTT publishes find their target queues, for the other protocols to join:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from .commitlog import CommitLog
 from .consumequeue import (
@@ -235,6 +235,35 @@ class MessageStore:
             done.set_result([])
             return done
         return self._submit(prepared)
+
+    def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None
+                        ) -> tuple[asyncio.Future[list[PutResult]], dict[int, StoreError]]:
+        """As ``put_batch_nowait``, for callers whose messages are independent (one client's
+        publishes read together): a message the store cannot take (too large, invalid) is left
+        out alone and named in the second value (its index in ``items`` -> the error); the
+        others go to one group commit, whose results follow their order in ``items``. With
+        ``groups`` (one key per item: ordered streams, such as an AMQP channel), the later
+        messages of a refused message's group are left out too, with the same error, so a
+        stream never has a gap. ``put_batch_nowait`` stays all-or-nothing for batches that are
+        one unit (a remoting SEND_BATCH)."""
+        limit = self.options.max_message_size
+        prepared: list[_Prepared] = []
+        refused: dict[int, StoreError] = {}
+        stopped: dict[Hashable, StoreError] = {}
+        for i, (message, queues) in enumerate(items):
+            group = groups[i] if groups is not None else i
+            if group in stopped:
+                refused[i] = stopped[group]
+                continue
+            try:
+                prepared.append(_Prepared(message, queues, limit))
+            except (InvalidMessageError, MessageTooLargeError) as exc:
+                refused[i] = stopped[group] = exc
+        if not prepared:
+            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done, refused
+        return self._submit(prepared), refused
 
     def _submit(self, prepared: list[_Prepared]) -> asyncio.Future[list[PutResult]]:
         if self._closing:

@@ -212,6 +212,25 @@ async def test_bad_input_is_refused_and_store_keeps_serving(open_store):
         await store.put(Message("t", b"late"), ["q"])
 
 
+async def test_put_each_refuses_a_bad_message_alone(open_store):
+    """One message too large (or invalid) among independent ones: only it is refused."""
+    store = await open_store(max_message_size=10_000)
+    items = [(Message("t", b"a"), ["q"]), (Message("t", b"x" * 20_000), ["q"]), (Message("t", b"b"), []),
+             (Message("t", b"c"), ["q"])]
+    fut, refused = store.put_each_nowait(items)
+    assert sorted(refused) == [1, 2]
+    assert isinstance(refused[1], MessageTooLargeError) and isinstance(refused[2], InvalidMessageError)
+    results = await fut
+    assert [r.queue_offsets for r in results] == [{"q": 0}, {"q": 1}]
+    assert [m.body for m in (await store.get("q", 0, 10)).messages] == [b"a", b"c"]
+    # ordered streams: after a refusal, the rest of that stream is left out too, not the others
+    items = [(Message("t", b"1"), ["q"]), (Message("t", b"x" * 20_000), ["q"]), (Message("t", b"2"), ["q"]),
+             (Message("t", b"3"), ["q"])]
+    fut, refused = store.put_each_nowait(items, groups=["s1", "s1", "s2", "s1"])
+    assert sorted(refused) == [1, 3] and refused[3] is refused[1]
+    assert [r.queue_offsets for r in await fut] == [{"q": 2}, {"q": 3}]
+
+
 async def test_second_writer_on_same_data_dir_is_refused(open_store, data_dir):
     await open_store()
     with pytest.raises(StoreLockedError, match="in use by another process"):

@@ -22,22 +22,27 @@ from protocols.amqp.frames import (
     RESOURCE_LOCKED,
     channel_error,
 )
-from store import Message, MessageStore, StoredMessage
+from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..stats import ProtocolStats
 from .messages import (
     DEATHS,
+    record_death,
     AMQPView,
     mqtt_topic_to_routing_key,
+    routing_key_to_mqtt_topic,
     to_store_message,
+    valid_mqtt_topic,
 )
 from .model import (
     BUILTIN_EXCHANGES,
     EXCHANGE_TYPES,
+    UNSUPPORTED_EXCHANGE_ARGUMENTS,
     Binding,
     Exchange,
     QueueDefinition,
     check_queue_arguments,
+    inequivalent,
     store_queue,
 )
 from .queues import QueueRuntime
@@ -61,6 +66,9 @@ class AMQPBroker:
         self.authenticator = authenticator
         self.allow_anonymous = allow_anonymous
         self.frame_max = frame_max
+        # the one message size limit (max_message_size): a body larger is refused at its
+        # content header, a record larger (body, properties, queue list) by the store
+        self.max_message_size = store.options.max_message_size
         self.channel_max = channel_max
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
@@ -72,6 +80,7 @@ class AMQPBroker:
         # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None
         self.on_topic_bindings_changed: Callable[[], None] | None = None
+        self.mqtt_topic_read: Callable[[str], bool] | None = None  # an MQTT subscriber reads the topic
         self._meta = store.table(META_TABLE)
         self._views: OrderedDict[int, AMQPView] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -195,14 +204,19 @@ class AMQPBroker:
                 raise channel_error(NOT_FOUND, f"no exchange '{name}'", channel.number, m)
             return
         if existing is not None:
-            if existing.type != m.exchange_type or existing.durable != m.durable:
-                raise channel_error(PRECONDITION_FAILED, f"inequivalent arg 'type' or 'durable' for exchange '{name}'",
-                                    channel.number, m)
+            problem = inequivalent("exchange", name, existing.settings(),
+                                   Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal,
+                                            dict(m.arguments or {})).settings())
+            if problem:
+                raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
             return
         if name.startswith("amq.") or not name:
             raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' is reserved", channel.number, m)
         if m.exchange_type not in EXCHANGE_TYPES:
             raise channel_error(PRECONDITION_FAILED, f"unknown exchange type '{m.exchange_type}'", channel.number, m)
+        for argument in UNSUPPORTED_EXCHANGE_ARGUMENTS.keys() & (m.arguments or {}).keys():
+            raise channel_error(PRECONDITION_FAILED, f"arg '{argument}' is not supported: "
+                                f"{UNSUPPORTED_EXCHANGE_ARGUMENTS[argument]}", channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
         self.exchanges[name] = exchange
         if exchange.durable:
@@ -270,11 +284,10 @@ class AMQPBroker:
         arguments = dict(m.arguments or {})
         if existing is not None:
             self.queue_for(channel, name, m)  # exclusivity
-            d = existing.definition
-            if (d.durable, d.exclusive, d.auto_delete, d.arguments) != (m.durable, m.exclusive, m.auto_delete,
-                                                                          arguments):
-                raise channel_error(PRECONDITION_FAILED, f"inequivalent arguments for queue '{name}'",
-                                    channel.number, m)
+            received = QueueDefinition(name, m.durable, m.exclusive, m.auto_delete, arguments)
+            problem = inequivalent("queue", name, existing.definition.settings(), received.settings())
+            if problem:
+                raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
             conn.last_queue = name
             existing.touch()
             return existing
@@ -404,6 +417,21 @@ class AMQPBroker:
         """Store queues of the AMQP queues an MQTT publish reaches through amq.topic."""
         return [q.store_queue for q in self.route("amq.topic", mqtt_topic_to_routing_key(mqtt_topic), None)]
 
+    def mqtt_route(self, routing_key: str) -> tuple[str | None, list[str], bool]:
+        """The MQTT side of a publish to amq.topic: its MQTT topic (None when the routing key
+        cannot be one: '', 'a.#', 'a.+', '$SYS.x', or MQTT is off), the store queues it goes to
+        there (the topic's own, matching wildcard and remoting queues, the AMQP queues bound to
+        amq.topic), and whether anything besides the topic's own queue takes it: a queue of those
+        or a subscriber reading the topic (a mandatory publish no one takes is returned)."""
+        if self.mqtt_queues_for is None:
+            return None, [], False
+        topic = routing_key_to_mqtt_topic(routing_key)
+        if not valid_mqtt_topic(topic):
+            return None, [], False
+        queues = self.mqtt_queues_for(topic)
+        taken = len(queues) > 1 or (self.mqtt_topic_read is not None and self.mqtt_topic_read(topic))
+        return topic, queues, taken
+
     def _bindings_changed(self, exchange: Exchange) -> None:
         if exchange.name == "amq.topic" and self.on_topic_bindings_changed is not None:
             self.on_topic_bindings_changed()
@@ -438,20 +466,19 @@ class AMQPBroker:
         view = self.view(message)
         routing_key = queue.definition.dead_letter_routing_key or view.routing_key
         properties = commands.Basic.Properties(**dict(view.properties))
-        headers = dict(properties.headers or {})
-        deaths = list(headers.get("x-death") or [])
-        deaths.insert(0, {"queue": queue.name, "reason": reason, "exchange": view.exchange,
-                          "routing-keys": [view.routing_key], "count": 1})
-        headers["x-death"] = deaths
-        headers["x-first-death-reason"] = headers.get("x-first-death-reason", reason)
-        headers["x-first-death-queue"] = headers.get("x-first-death-queue", queue.name)
-        properties.headers = headers
+        properties.headers = record_death(dict(properties.headers or {}), queue.name, reason, view.exchange,
+                                          view.routing_key)
+        headers = properties.headers
         properties.expiration = None  # the TTL that expired it must not expire the dead letter
         targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
         if not targets:
             return
         stored: Message = to_store_message(exchange, routing_key, properties, message.body)
         stored.properties = {**(stored.properties or {}), DEATHS: reason}  # type: ignore[dict-item]
-        fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
+        try:
+            fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
+        except StoreError as exc:  # (its x-death headers may take it over max_message_size)
+            log.error("dead letter not stored queue=%s reason=%s error=%s", queue.name, reason, exc)
+            return
         fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
             "dead letter not stored queue=%s error=%s", queue.name, f.exception()))

@@ -360,6 +360,8 @@ class Channel:
                 self._reject(tags, requeue)
 
         def committed(error: BaseException | None) -> None:
+            if self.closing:
+                return  # closed meanwhile (a publish of the commit was refused)
             if error is not None:
                 self.connection.fail_channel(channel_error(INTERNAL_ERROR, f"commit not stored: {error}", self.number, m))
             else:

@@ -1,7 +1,11 @@
 """One AMQP 0-9-1 connection: an asyncio Protocol that feeds the sans-IO frame reader,
-negotiates (start/start-ok with PLAIN, tune, open), keeps heartbeats both ways, opens and
-closes channels, turns AMQPError into channel.close / connection.close with its reply code,
-and stores publishes (one group commit per read, confirms when durable)."""
+negotiates (start/start-ok with PLAIN or AMQPLAIN, tune, open; update-secret), keeps heartbeats
+both ways, opens and closes channels, turns AMQPError into channel.close / connection.close with
+its reply code, and stores publishes (one group commit per read, confirms when durable).
+
+After a connection.close (either side's) the connection is not read into memory any more: as
+RabbitMQ, what the client still sends is dropped until close-ok (ours to wait for) or its own
+close of the socket, for at most ``CLOSE_TIMEOUT_S``."""
 
 from __future__ import annotations
 
@@ -20,13 +24,11 @@ from protocols.amqp.frames import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     HEARTBEAT_FRAME,
-    INTERNAL_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
-    REPLY_SUCCESS,
     SYNTAX_ERROR,
     AMQPError,
     ContentReceived,
@@ -38,12 +40,13 @@ from protocols.amqp.frames import (
     connection_error,
     method_frame,
 )
-from protocols.mqtt.topics import TopicError, validate_topic_name
+from protocols.amqp.login import MECHANISMS
 from store import StoreError
 
 from ..read_pauses import ReadPauses
 from .channel import Channel
-from .messages import routing_key_to_mqtt_topic, to_store_message
+from .login import authenticate, update_secret
+from .messages import to_store_message
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -54,6 +57,8 @@ log = logging.getLogger("tidemq.amqp")
 # Publishes of one connection on their way to the store before it is not read from any more:
 # the store's group commit takes them all at once, so this only bounds memory per publisher.
 MAX_PENDING_PUTS = 4096
+# how long a closed connection waits for the client's close-ok or end of stream
+CLOSE_TIMEOUT_S = 2.0
 
 SERVER_PROPERTIES = {
     "product": "TideMQ",
@@ -66,24 +71,21 @@ SERVER_PROPERTIES = {
 }
 
 
-def _ids(method) -> tuple[int, int]:
-    index = getattr(method, "index", 0) or 0
-    return index >> 16, index & 0xFFFF
-
-
 class AMQPConnection(asyncio.Protocol):
     def __init__(self, broker: AMQPBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
         self.tracer = tracer  # this listener's message trace, when it is on
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.reader = FrameReader(frame_max=broker.frame_max)
+        self.reader = FrameReader(frame_max=broker.frame_max, max_body=broker.max_message_size)
         self.frame_max = broker.frame_max
         self.channel_max = broker.channel_max
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()
-        self.stage = "header"  # header -> start-ok -> tune-ok -> open -> open-done -> closing
+        # header -> start-ok -> tune-ok -> open -> open-done; then closing (we sent
+        # connection.close, close-ok awaited) or closed (we sent close-ok, end of stream awaited)
+        self.stage = "header"
         self.username: str | None = None
         self.last_queue = ""  # queue.declare's name, for methods that leave the queue empty
         self.exclusive_queues: set[str] = set()
@@ -114,10 +116,21 @@ class AMQPConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
         self.broker.stats.bytes_received += len(data)
-        self.reader.feed(data)
+        if self.stage == "closed":
+            return  # we sent close-ok: dropped until the client closes the socket
+        self.reader.feed(data)  # (dropped by a reader whose framing broke)
         self._process()
 
     def _process(self, held: ContentReceived | MethodReceived | None = None) -> None:
+        # a channel error closes that channel only: the frames read after it are still handled
+        # (and after a connection error, a close-ok among them)
+        while not self.closed and not self._process_until_error(held):
+            held = None
+        self.flush()
+
+    def _process_until_error(self, held: ContentReceived | MethodReceived | None) -> bool:
+        """Handle the buffered frames; False if an error stopped it before the end of a
+        stream that can still be read."""
         publishes: list[ContentReceived] = []
         broker = self.broker
         events = self.reader.events()
@@ -144,15 +157,16 @@ class AMQPConnection(asyncio.Protocol):
                     break
                 self._event(event)
                 if self.closed:
-                    return
+                    return True
         except AMQPError as exc:
+            events.close()  # the reader keeps what follows the failed frame
             if publishes:
                 self.store_publishes(publishes)
             self._fail(exc)
-        else:
-            if publishes:
-                self.store_publishes(publishes)
-        self.flush()
+            return self.reader.failed
+        if publishes:
+            self.store_publishes(publishes)
+        return True
 
     # -- flow control --------------------------------------------------------------------------
     def resource_alarm(self, reason: str | None) -> None:
@@ -175,6 +189,12 @@ class AMQPConnection(asyncio.Protocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        self._end_channels()
+        self.broker.connections.discard(self)
+
+    def _end_channels(self) -> None:
+        """The connection is closing: its channels give back what they did not ack, its
+        exclusive queues go."""
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
@@ -182,7 +202,21 @@ class AMQPConnection(asyncio.Protocol):
             queue = self.broker.queues.get(name)
             if queue is not None:
                 self.broker.remove_queue(queue)
-        self.broker.connections.discard(self)
+        self.exclusive_queues.clear()
+
+    def _closing(self, stage: str, method) -> None:
+        """Send connection.close (stage closing: only close-ok is looked for in what comes) or
+        close-ok (stage closed: what comes is dropped unread) and end the session; the socket is
+        closed by close-ok, the client, or ``CLOSE_TIMEOUT_S``."""
+        self.send(method_frame(0, method))
+        self.stage = stage
+        self.reader.methods_only()
+        self._end_channels()
+        self._held = None  # a publish held by the resource alarm is dropped with the rest
+        for why in ("alarm", "puts"):  # read on, to find close-ok or the end of the stream
+            self.read_pauses.resume(why)
+        self.flush()
+        asyncio.get_running_loop().call_later(CLOSE_TIMEOUT_S, self.close_transport)
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -219,30 +253,32 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- errors --------------------------------------------------------------------------------
     def fail_channel(self, exc: AMQPError) -> None:
-        """A channel error found outside the frame loop (a failed tx.commit)."""
+        """An error found outside the frame loop (a failed tx.commit, a refused new secret)."""
         self._fail(exc)
         self.flush()
 
     def _fail(self, exc: AMQPError) -> None:
-        class_id, method_id = _ids(exc.method)
+        if self.stage in ("closing", "closed"):
+            return  # one close per connection, logged once; the rest is dropped until it ends
+        open_or_closing = exc.channel in self.channels or exc.channel in self.closing_channels
+        if not exc.connection and exc.channel and not open_or_closing:  # (a publish on no open channel)
+            exc = connection_error(CHANNEL_ERROR, f"channel {exc.channel} is not open", exc.channel, exc.method)
         log.info("amqp %s error peer=%s code=%d text=%r", "connection" if exc.connection else "channel",
                  self.peer, exc.reply_code, exc.text)
-        text = f"{_reply_name(exc.reply_code)} - {exc.text}"[:255]
         if exc.connection or exc.channel == 0:
             if self.stage in ("header", "start-ok", "tune-ok"):
                 self.close_transport()  # before open, a failed handshake just closes
                 return
-            self.send(method_frame(0, commands.Connection.Close(exc.reply_code, text, class_id, method_id)))
-            self.stage = "closing"
-            self.flush()
-            asyncio.get_running_loop().call_later(2.0, self.close_transport)  # if no close-ok comes
+            self._closing("closing", commands.Connection.Close(*exc.close_arguments()))
             return
+        if exc.channel in self.closing_channels:
+            return  # its channel.close is sent already
         channel = self.channels.pop(exc.channel, None)
         if channel is not None:
             channel.release()
         self.reader.forget_channel(exc.channel)
         self.closing_channels.add(exc.channel)
-        self.send(method_frame(exc.channel, commands.Channel.Close(exc.reply_code, text, class_id, method_id)))
+        self.send(method_frame(exc.channel, commands.Channel.Close(*exc.close_arguments())))
 
     # -- events --------------------------------------------------------------------------------
     def _event(self, event) -> None:
@@ -252,15 +288,18 @@ class AMQPConnection(asyncio.Protocol):
                 self.close_transport()
                 return
             self.send(method_frame(0, commands.Connection.Start(server_properties=SERVER_PROPERTIES,
-                                                                mechanisms="PLAIN")))
+                                                                mechanisms=MECHANISMS)))
             self.stage = "start-ok"
             return
         if isinstance(event, HeartbeatReceived):
             return
         assert isinstance(event, MethodReceived)
         method, number = event.method, event.channel
-        if self.stage == "closing":
+        if self.stage in ("closing", "closed"):
             if isinstance(method, commands.Connection.CloseOk):
+                self.close_transport()
+            elif isinstance(method, commands.Connection.Close) and self.stage == "closing":
+                self.send(method_frame(0, commands.Connection.CloseOk()))  # both closed at once
                 self.close_transport()
             return  # after connection.close, everything else is discarded
         if number == 0:
@@ -288,7 +327,7 @@ class AMQPConnection(asyncio.Protocol):
         if isinstance(method, commands.Channel.Close):
             channel.release()
             del self.channels[number]
-            self.reader.forget_channel(number)
+            self.reader.client_closed_channel(number)
             self.send(method_frame(number, commands.Channel.CloseOk()))
             return
         if isinstance(method, commands.Channel.CloseOk):
@@ -308,12 +347,12 @@ class AMQPConnection(asyncio.Protocol):
             capabilities = (method.client_properties or {}).get("capabilities") or {}
             self.wants_blocked_notice = isinstance(capabilities, dict) and bool(capabilities.get("connection.blocked"))
             self.read_pauses.pause("auth")
-            asyncio.get_running_loop().create_task(self._authenticate(method))
+            asyncio.get_running_loop().create_task(authenticate(self, method))
         elif isinstance(method, commands.Connection.TuneOk) and self.stage == "tune-ok":
             if method.frame_max and method.frame_max < 4096:
                 raise connection_error(SYNTAX_ERROR, "frame_max below 4096", 0, method)
-            if method.frame_max:
-                self.frame_max = min(self.frame_max, method.frame_max)
+            if method.frame_max:  # the client may lower it: then its frames are held to it too
+                self.frame_max = self.reader.frame_max = min(self.frame_max, method.frame_max)
             if method.channel_max:
                 self.channel_max = min(self.channel_max, method.channel_max)
             self.heartbeat = method.heartbeat
@@ -331,48 +370,16 @@ class AMQPConnection(asyncio.Protocol):
             if self.broker.blocked and self.broker.pressure is not None:
                 self.resource_alarm(self.broker.pressure.reason)
         elif isinstance(method, commands.Connection.Close):
-            self.send(method_frame(0, commands.Connection.CloseOk()))
-            self.close_transport()
+            # as RabbitMQ: close-ok, then the client closes the socket; until it does (or for
+            # CLOSE_TIMEOUT_S) what it still sends is read and dropped, so it never meets EPIPE
+            self._closing("closed", commands.Connection.CloseOk())
         elif isinstance(method, commands.Connection.CloseOk):
             self.close_transport()
+        elif isinstance(method, commands.Connection.UpdateSecret) and self.stage == "open-done":
+            self.read_pauses.pause("auth")
+            asyncio.get_running_loop().create_task(update_secret(self, method))
         else:
             raise connection_error(COMMAND_INVALID, f"unexpected {method.name} on channel 0", 0, method)
-
-    async def _authenticate(self, method: commands.Connection.StartOk) -> None:
-        ok = False
-        try:
-            ok = await self._check_credentials(method)
-        except Exception:
-            log.exception("authentication failed with an error peer=%s", self.peer)
-        if self.closed:
-            return
-        if not ok:
-            log.info("amqp login refused peer=%s user=%s", self.peer, self.username)
-            self.broker.stats.auth_failures += 1
-            self.send(method_frame(0, commands.Connection.Close(
-                ACCESS_REFUSED, "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN", 0, 0)))
-            self.stage = "closing"
-            self.close_transport()
-            return
-        self.stage = "tune-ok"
-        self.send(method_frame(0, commands.Connection.Tune(self.channel_max, self.frame_max, self.broker.heartbeat)))
-        self.flush()
-        self.read_pauses.resume("auth")
-
-    async def _check_credentials(self, method: commands.Connection.StartOk) -> bool:
-        if method.mechanism != "PLAIN":
-            return False
-        response = method.response or ""
-        raw = response.encode("latin-1", "replace") if isinstance(response, str) else bytes(response)
-        parts = raw.split(b"\x00")
-        if len(parts) != 3:
-            return False
-        _, user, password = parts
-        self.username = user.decode("utf-8", "replace")
-        auth = self.broker.authenticator
-        if auth is None:
-            return self.broker.allow_anonymous
-        return await auth.verify_async(self.username, password)  # type: ignore[attr-defined]
 
     def _handshake_timeout(self) -> None:
         if self.stage != "open-done" and not self.closed:
@@ -402,6 +409,7 @@ class AMQPConnection(asyncio.Protocol):
         broker = self.broker
         items = []
         accepted: list[tuple[Channel, int | None]] = []
+        methods = []
         for event in events:
             channel = self.channels.get(event.channel)
             if channel is None:
@@ -429,37 +437,44 @@ class AMQPConnection(asyncio.Protocol):
                 if seq is not None:
                     channel.confirm([seq], ok=False)
                 continue
-            if not queues and not (m.exchange == "amq.topic" and broker.mqtt_queues_for is not None):
-                if m.mandatory:
-                    channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
+            targets = [q.store_queue for q in queues]
+            topic, taken = None, bool(queues)
+            if m.exchange == "amq.topic":  # the MQTT bridge (its list also names the amq.topic queues)
+                topic, mqtt_targets, read = broker.mqtt_route(m.routing_key)
+                targets = list(dict.fromkeys(targets + mqtt_targets))
+                taken = taken or read
+            if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
+                channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
+                targets = []
+            if not targets:
                 if seq is not None:
                     channel.confirm([seq], ok=True)
                 continue
-            targets = [q.store_queue for q in queues]
-            topic = None
-            if m.exchange == "amq.topic" and broker.mqtt_queues_for is not None:
-                topic = routing_key_to_mqtt_topic(m.routing_key)  # the MQTT bridge
-                if valid_mqtt_topic(topic):  # (its list also names the amq.topic queues: once each)
-                    targets = list(dict.fromkeys(targets + broker.mqtt_queues_for(topic)))
-                else:
-                    topic = None
-            if not targets:
-                continue
             items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets))
             accepted.append((channel, seq))
+            methods.append(m)
+        try:
+            # a message the store refuses (larger than max_message_size with its properties
+            # and queue list) closes its channel alone; its neighbours are stored
+            fut, refused = broker.store.put_each_nowait(items, groups=[c.number for c, _ in accepted])
+        except StoreError as exc:  # the store takes nothing now (closing, failed)
+            self._pending_puts += len(accepted)
+            self._publishes_done(accepted, [], exc)
+            if on_done is not None:
+                on_done(exc)
+            return
+        for i in sorted(refused):
+            channel = accepted[i][0]
+            self._fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
+        if refused:
+            items = [item for i, item in enumerate(items) if i not in refused]
+            accepted = [item for i, item in enumerate(accepted) if i not in refused]
         if not items:
             if on_done is not None:
                 on_done(None)
             return
         self._pending_puts += len(accepted)
         broker.stats.messages_received += len(items)
-        try:
-            fut = broker.store.put_batch_nowait(items)
-        except StoreError as exc:
-            self._publishes_done(accepted, [], exc)
-            if on_done is not None:
-                on_done(exc)
-            return
         if on_done is not None:
             fut.add_done_callback(lambda f: on_done(StoreError("cancelled") if f.cancelled() else f.exception()))
         if self._pending_puts > MAX_PENDING_PUTS:
@@ -497,21 +512,3 @@ def _reads_stored_state(event: object) -> bool:
 
 
 _READS_STORED_STATE = (commands.Basic.Get, commands.Queue.Declare, commands.Queue.Purge, commands.Queue.Delete)
-
-
-def _reply_name(code: int) -> str:
-    return {
-        REPLY_SUCCESS: "OK", ACCESS_REFUSED: "ACCESS_REFUSED", NOT_FOUND: "NOT_FOUND", 405: "RESOURCE_LOCKED",
-        PRECONDITION_FAILED: "PRECONDITION_FAILED", 501: "FRAME_ERROR", SYNTAX_ERROR: "SYNTAX_ERROR",
-        COMMAND_INVALID: "COMMAND_INVALID", CHANNEL_ERROR: "CHANNEL_ERROR", 505: "UNEXPECTED_FRAME",
-        NOT_ALLOWED: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
-    }.get(code, str(code))
-
-
-
-def valid_mqtt_topic(topic: str) -> bool:
-    try:
-        validate_topic_name(topic)
-    except TopicError:
-        return False
-    return not topic.startswith("$")

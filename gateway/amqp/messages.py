@@ -8,11 +8,14 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
 
 from pamqp import commands
 from pamqp.header import ContentHeader
 
 from protocols.amqp.frames import decode_properties, encode_properties
+from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import Message, StoredMessage
 
 AMQP_FLAG = 0x200
@@ -35,6 +38,37 @@ def mqtt_topic_to_routing_key(topic: str) -> str:
 
 def routing_key_to_mqtt_topic(routing_key: str) -> str:
     return routing_key.replace(".", "/")
+
+
+def valid_mqtt_topic(topic: str) -> bool:
+    """Whether an amq.topic routing key, mapped, is a topic an MQTT client may publish to."""
+    try:
+        validate_topic_name(topic)
+    except TopicError:
+        return False
+    return not topic.startswith("$")
+
+
+def record_death(headers: dict[str, Any], queue: str, reason: str, exchange: str, routing_key: str
+                 ) -> dict[str, Any]:
+    """Headers of a message dead-lettered from ``queue`` for ``reason``, as RabbitMQ writes them:
+    ``x-death`` holds one entry per (queue, reason), most recent first, whose ``count`` says how
+    often it happened (so "retry until x-death count reaches N" ends) and whose ``time``,
+    ``exchange`` and ``routing-keys`` are those of the first time; ``x-first-death-*`` name the
+    first dead-lettering, ``x-last-death-*`` the latest."""
+    deaths = [d for d in headers.get("x-death") or [] if isinstance(d, dict)]
+    found = next((d for d in deaths if d.get("queue") == queue and d.get("reason") == reason), None)
+    if found is None:
+        entry = {"count": 1, "reason": reason, "queue": queue, "exchange": exchange,
+                 "routing-keys": [routing_key], "time": datetime.now(timezone.utc).replace(microsecond=0)}
+    else:
+        deaths.remove(found)
+        entry = {**found, "count": int(found.get("count") or 0) + 1}
+    headers["x-death"] = [entry, *deaths]
+    for key, value in (("reason", reason), ("queue", queue), ("exchange", exchange)):
+        headers.setdefault(f"x-first-death-{key}", value)
+        headers[f"x-last-death-{key}"] = value
+    return headers
 
 
 def to_store_message(exchange: str, routing_key: str, properties: commands.Basic.Properties, body: bytes,

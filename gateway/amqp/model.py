@@ -95,9 +95,13 @@ class Exchange:
             return {b.queue for b in bindings if topic_matches(b.routing_key, routing_key)}
         return {b.queue for b in bindings if headers_match(b.arguments, headers)}
 
+    def settings(self) -> dict[str, Any]:
+        """What exchange.declare sets, by RabbitMQ's names (a redeclaration must match it)."""
+        return {"type": self.type, "durable": self.durable, "auto_delete": self.auto_delete,
+                "internal": self.internal, "arguments": self.arguments}
+
     def definition(self) -> bytes:
-        return json.dumps({"type": self.type, "durable": self.durable, "auto_delete": self.auto_delete,
-                           "internal": self.internal, "arguments": self.arguments}, default=str).encode()
+        return json.dumps(self.settings(), default=str).encode()
 
 
 @dataclass(slots=True)
@@ -110,6 +114,11 @@ class QueueDefinition:
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), default=str).encode()
+
+    def settings(self) -> dict[str, Any]:
+        """What queue.declare sets, for ``inequivalent`` (a redeclaration must match it)."""
+        return {"durable": self.durable, "exclusive": self.exclusive, "auto_delete": self.auto_delete,
+                "arguments": self.arguments}
 
     @classmethod
     def from_json(cls, raw: bytes) -> QueueDefinition:
@@ -146,8 +155,44 @@ class QueueDefinition:
         return str(value) if value is not None else None
 
 
+# RabbitMQ exchange and queue arguments not built here: refused (406) rather than accepted and ignored
+UNSUPPORTED_EXCHANGE_ARGUMENTS = {"alternate-exchange": "alternate exchanges are not built"}
+# (queue arguments): refused (406) rather than accepted and ignored
+UNSUPPORTED_QUEUE_ARGUMENTS = {
+    "x-max-priority": "priority queues are not built",
+    "x-max-length-bytes": "a length limit in bytes is not built (x-max-length is)",
+    "x-single-active-consumer": "single active consumer is not built",
+}
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "'true'" if value else "'false'"
+    return f"'{value}'"
+
+
+def inequivalent(kind: str, name: str, current: dict[str, Any], received: dict[str, Any]) -> str | None:
+    """RabbitMQ's 406 text for a redeclaration that differs from what exists, naming the
+    setting (or x-argument) and both values, or None when they agree."""
+    for key in current:
+        if key != "arguments" and current[key] != received.get(key):
+            return (f"inequivalent arg '{key}' for {kind} '{name}' in vhost '/': received "
+                    f"{_shown(received.get(key))} but current is {_shown(current[key])}")
+    have, want = current.get("arguments") or {}, received.get("arguments") or {}
+    for key in sorted(set(have) | set(want)):
+        if have.get(key) != want.get(key):
+            return (f"inequivalent arg '{key}' for {kind} '{name}' in vhost '/': received "
+                    f"{_shown(want.get(key))} but current is {_shown(have.get(key))}")
+    return None
+
+
 def check_queue_arguments(arguments: dict[str, Any]) -> str | None:
     """A reason the arguments are invalid (406 PRECONDITION_FAILED), or None."""
+    for name, why in UNSUPPORTED_QUEUE_ARGUMENTS.items():
+        if name in arguments and not (name == "x-single-active-consumer" and arguments[name] is False):
+            return f"arg '{name}' is not supported: {why}"
     for name in ("x-message-ttl", "x-expires", "x-max-length"):
         if name in arguments:
             value = arguments[name]

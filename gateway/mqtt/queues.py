@@ -41,6 +41,10 @@ class WildcardQueues:
         # other gateways' queues that want MQTT publishes too (AMQP queues bound to amq.topic,
         # remoting topic queues); they call invalidate() when what they want changes
         self.extras: list[Callable[[str], list[str]]] = []
+        # concrete filters with subscribers (online or in persistent sessions), counted the same
+        # way: their topic queue is always written, so only "is it read?" needs them (a
+        # mandatory AMQP publish to amq.topic that nothing reads is returned)
+        self._concrete: dict[str, int] = {}
 
     def invalidate(self) -> None:
         self._memo.clear()
@@ -49,7 +53,9 @@ class WildcardQueues:
         return len(self._tree)
 
     def add(self, topic_filter: str) -> None:
-        if is_wildcard(topic_filter):
+        if not is_wildcard(topic_filter):
+            self._concrete[topic_filter] = self._concrete.get(topic_filter, 0) + 1
+        else:
             count = self._tree.get(topic_filter) or 0
             self._tree[topic_filter] = count + 1
             if not count:
@@ -57,6 +63,9 @@ class WildcardQueues:
 
     def remove(self, topic_filter: str) -> None:
         if not is_wildcard(topic_filter):
+            count = self._concrete.pop(topic_filter, 0)
+            if count > 1:
+                self._concrete[topic_filter] = count - 1
             return
         count = self._tree.get(topic_filter) or 0
         if count <= 1:
@@ -64,6 +73,10 @@ class WildcardQueues:
             self._memo.clear()
         else:
             self._tree[topic_filter] = count - 1
+
+    def subscribed(self, topic: str) -> bool:
+        """Whether a subscription to exactly this topic exists (wildcards: see queues_for)."""
+        return topic in self._concrete
 
     def queues_for(self, topic: str) -> list[str]:
         """The queues a message to ``topic`` is indexed into (the caller must not modify it)."""

@@ -46,6 +46,16 @@ NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
 
 
+REPLY_NAMES = {
+    REPLY_SUCCESS: "OK", CONTENT_TOO_LARGE: "CONTENT_TOO_LARGE", NO_ROUTE: "NO_ROUTE", NO_CONSUMERS: "NO_CONSUMERS",
+    CONNECTION_FORCED: "CONNECTION_FORCED", INVALID_PATH: "INVALID_PATH", ACCESS_REFUSED: "ACCESS_REFUSED",
+    NOT_FOUND: "NOT_FOUND", RESOURCE_LOCKED: "RESOURCE_LOCKED", PRECONDITION_FAILED: "PRECONDITION_FAILED",
+    FRAME_ERROR: "FRAME_ERROR", SYNTAX_ERROR: "SYNTAX_ERROR", COMMAND_INVALID: "COMMAND_INVALID",
+    CHANNEL_ERROR: "CHANNEL_ERROR", UNEXPECTED_FRAME: "UNEXPECTED_FRAME", RESOURCE_ERROR: "RESOURCE_ERROR",
+    NOT_ALLOWED: "NOT_ALLOWED", NOT_IMPLEMENTED: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
+}
+
+
 class AMQPError(Exception):
     """A protocol error with its reply code. ``connection`` errors close the whole connection
     (connection.close); the others close only the channel (channel.close)."""
@@ -58,6 +68,13 @@ class AMQPError(Exception):
         self.connection = connection
         self.channel = channel
         self.method = method  # the method that failed (its class and method ids go in the close)
+
+    def close_arguments(self) -> tuple[int, str, int, int]:
+        """reply-code, reply-text (as RabbitMQ: the code's name first), class-id, method-id of
+        the channel.close or connection.close that reports it."""
+        index = getattr(self.method, "index", 0) or 0
+        text = f"{REPLY_NAMES.get(self.reply_code, str(self.reply_code))} - {self.text}"[:255]
+        return self.reply_code, text, index >> 16, index & 0xFFFF
 
 
 def connection_error(code: int, text: str, channel: int = 0, method: Frame | None = None) -> AMQPError:
@@ -107,17 +124,32 @@ class _Pending:
 
 
 class FrameReader:
-    """Server side: the protocol header first, then frames no larger than ``frame_max``."""
+    """Server side: the protocol header first, then frames no larger than ``frame_max``.
+
+    Once the framing is broken (a frame too large, no frame-end, a frame that does not decode)
+    nothing after it can be trusted: the reader drops every later byte (``failed``), so a peer
+    that goes on sending costs no memory. A message whose content header announces more than
+    ``max_body`` is refused with a channel error before its body is buffered; the frames of a
+    channel being closed by the server are dropped until the client opens it again."""
 
     def __init__(self, frame_max: int = 131_072, max_body: int = 128 << 20) -> None:
         self._buffer = bytearray()
         self.frame_max = frame_max
         self.max_body = max_body
+        self.failed = False
         self._header_seen = False
         self._pending: dict[int, _Pending] = {}
+        self._dropping: set[int] = set()  # channels whose content is dropped (closed by the server)
+        self._methods_only = False  # after connection.close: only close-ok matters
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
+        if not self.failed:
+            self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held: at most one frame (``frame_max``) plus one read, and half-received messages."""
+        return len(self._buffer) + sum(p.received for p in self._pending.values())
 
     def events(self):
         buf = self._buffer
@@ -132,22 +164,30 @@ class FrameReader:
                 yield ProtocolHeaderReceived(ok)
                 if not ok:
                     return
-            while len(buf) - pos >= 7:
+            while len(buf) - pos >= 7 and not self.failed:
                 kind, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
                 total = size + FRAME_OVERHEAD
-                if total > self.frame_max:
-                    raise connection_error(FRAME_ERROR, f"frame of {total} bytes exceeds frame_max {self.frame_max}")
+                if total > self.frame_max:  # refused from its header, before its payload is read
+                    raise self._broken(FRAME_ERROR, f"frame of {total} bytes exceeds frame_max {self.frame_max}")
                 if len(buf) - pos < total:
                     return
                 if buf[pos + total - 1] != FRAME_END:
-                    raise connection_error(FRAME_ERROR, "frame does not end with 0xCE")
+                    raise self._broken(FRAME_ERROR, "frame does not end with 0xCE")
                 data = bytes(buf[pos:pos + total])
                 pos += total
                 event = self._frame(kind, channel, data)
                 if event is not None:
                     yield event
         finally:
-            del buf[:pos]
+            if self.failed:
+                buf.clear()
+            else:
+                del buf[:pos]
+
+    def _broken(self, code: int, text: str, channel: int = 0) -> AMQPError:
+        self.failed = True
+        self._pending.clear()
+        return connection_error(code, text, channel)
 
     def _frame(self, kind: int, channel: int, data: bytes) -> Event | None:
         if kind == FRAME_HEARTBEAT:
@@ -155,14 +195,16 @@ class FrameReader:
                 raise connection_error(FRAME_ERROR, "heartbeat on a channel other than 0")
             return HeartbeatReceived()
         if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
-            raise connection_error(FRAME_ERROR, f"unknown frame type {kind}")
+            raise self._broken(FRAME_ERROR, f"unknown frame type {kind}")
+        if kind != FRAME_METHOD and (self._methods_only or channel in self._dropping):
+            return None  # content of a channel (or connection) the server is closing
         try:
             _, _, value = pframe.unmarshal(data)
         except pexc.UnmarshalingException as exc:
-            raise connection_error(FRAME_ERROR if "frame" in str(exc).lower() else SYNTAX_ERROR,
-                                   f"cannot decode frame: {exc}", channel) from None
+            raise self._broken(FRAME_ERROR if "frame" in str(exc).lower() else SYNTAX_ERROR,
+                               f"cannot decode frame: {exc}", channel) from None
         except Exception as exc:  # pamqp raises what its decoders raise on garbage
-            raise connection_error(SYNTAX_ERROR, f"cannot decode frame: {exc!r}", channel) from None
+            raise self._broken(SYNTAX_ERROR, f"cannot decode frame: {exc!r}", channel) from None
         pending = self._pending.get(channel)
         if kind == FRAME_METHOD:
             if pending is not None:
@@ -170,8 +212,11 @@ class FrameReader:
             if isinstance(value, commands.Basic.Publish):
                 if channel == 0:
                     raise connection_error(COMMAND_INVALID, "basic.publish on channel 0", channel, value)
-                self._pending[channel] = _Pending(value)
+                if not (self._methods_only or channel in self._dropping):
+                    self._pending[channel] = _Pending(value)
                 return None
+            if isinstance(value, commands.Channel.Open):
+                self._dropping.discard(channel)
             return MethodReceived(channel, value)
         if pending is None:
             raise connection_error(UNEXPECTED_FRAME, "content frame without a content method", channel)
@@ -180,7 +225,11 @@ class FrameReader:
                 raise connection_error(UNEXPECTED_FRAME, "second content header", channel)
             assert isinstance(value, pheader.ContentHeader)
             if value.body_size > self.max_body:
-                raise connection_error(FRAME_ERROR, f"message body of {value.body_size} bytes is too large", channel)
+                # as RabbitMQ (rabbit_channel:check_msg_size): the channel is closed with 406;
+                # its body frames are dropped, never buffered
+                self.forget_channel(channel)
+                raise channel_error(PRECONDITION_FAILED, f"message size {value.body_size} is larger than "
+                                    f"configured max size {self.max_body}", channel, pending.method)
             pending.properties = value.properties
             pending.size = value.body_size
             pending.parts = []
@@ -199,8 +248,20 @@ class FrameReader:
         return None
 
     def forget_channel(self, channel: int) -> None:
-        """Drop a half-received message of a channel being closed."""
+        """The server closes ``channel``: drop its half-received message and the content frames
+        the client sends on it until it opens the channel again (spec 2.2.5: discarded until
+        close-ok)."""
         self._pending.pop(channel, None)
+        self._dropping.add(channel)
+
+    def client_closed_channel(self, channel: int) -> None:
+        """The client closed ``channel`` itself: nothing more comes on it until it is opened."""
+        self._pending.pop(channel, None)
+
+    def methods_only(self) -> None:
+        """After connection.close is sent only close-ok matters: content is dropped unread."""
+        self._methods_only = True
+        self._pending.clear()
 
 
 def method_frame(channel: int, method: Frame) -> bytes:
