@@ -83,7 +83,10 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.alias_max_out = 0
         self._aliases_out: dict[str, int] = {}
         self._aliases_in: dict[int, str] = {}
-        self._inbound_unacked = 0  # QoS 1/2 publishes not yet acknowledged to the client
+        # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
+        # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
+        self._inbound_unacked = 0
+        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
         self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
         self.read_pauses = ReadPauses()  # "connect", "puts" (too many on their way), "alarm"
@@ -537,8 +540,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.flush()
 
     def _ack_inbound(self, packet: Publish, code: ReasonCode) -> None:
-        self._inbound_unacked -= 1
         assert packet.packet_id is not None
+        if packet.qos == 1 or code >= 0x80:
+            self._inbound_unacked -= 1
+        else:  # still counted until the PUBREL that this PUBREC asks for
+            self._unreleased.add(packet.packet_id)
         if packet.qos == 1:
             if code == ReasonCode.SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
                 self.send(_PUBACK_HEAD + packet.packet_id.to_bytes(2, "big"))
@@ -553,6 +559,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
+        if packet.packet_id in self._unreleased:
+            self._unreleased.discard(packet.packet_id)
+            self._inbound_unacked -= 1
         if packet.packet_id in session.awaiting_release:
             session.awaiting_release.discard(packet.packet_id)
             self.broker.mark_dirty(session)
