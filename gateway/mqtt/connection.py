@@ -76,6 +76,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._pump_scheduled = False
         self._window_full = False
         self._writing_paused = False
+        self.slow = True  # until it has caught up: a backlog from before it connected is cut
+        self._paused_at = 0.0
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
         # client-side limits (5.0 CONNECT properties)
         self.send_quota = self.settings.max_inflight
@@ -89,7 +92,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
         self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
-        self.read_pauses = ReadPauses()  # "connect", "puts" (too many on their way), "alarm"
+        # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
+        self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
 
@@ -115,6 +119,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def _process(self, held: Publish | None = None) -> None:
         batch: list = []
         pressure = self.broker.pressure
+        gate = self.broker.gate
         packets = self.reader.packets()
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
@@ -134,6 +139,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                         # (unread, in order) until it clears
                         self._held = packet
                         self.read_pauses.pause("alarm")
+                        break
+                    if gate.waiting:  # subscribers wait for their sockets: they go first
+                        self._held = packet
+                        self.read_pauses.pause("subscribers")
+                        gate.hold(self)
                         break
                     self._on_publish(packet, batch)
                 else:
@@ -185,7 +195,15 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        self._leave_gate()
         self._detach(graceful=False)
+
+    def ingest_open(self) -> None:
+        """The ingest gate opened: the held publish and what follows it are read now."""
+        if "subscribers" in self.read_pauses and not self.closed:
+            held, self._held = self._held, None
+            self.read_pauses.resume("subscribers")
+            self._process(held)  # type: ignore[arg-type]
 
     def resource_alarm(self, reason: str | None) -> None:
         """The store's resource alarm was raised (a reason) or cleared (None). A client that
@@ -195,13 +213,6 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             held, self._held = self._held, None
             self.read_pauses.resume("alarm")
             self._process(held)
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self.schedule_pump()
 
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -224,6 +235,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
+            self._leave_gate()
             self._detach(graceful=False)
 
     def disconnect(self, reason: ReasonCode, message: str) -> None:
