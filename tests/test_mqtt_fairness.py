@@ -10,7 +10,14 @@ import threading
 from pathlib import Path
 
 from protocols.mqtt.codec import encode
-from protocols.mqtt.packets import MQTT_3_1_1, Connect, Disconnect, Publish, Subscribe, Subscription
+from protocols.mqtt.packets import (
+    MQTT_3_1_1,
+    Connect,
+    Disconnect,
+    Publish,
+    Subscribe,
+    Subscription,
+)
 
 from .mqtt_support import RawClient, mqtt_port, running_gateway
 
