@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from protocols.mqtt.codec import encode
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -212,8 +213,9 @@ async def test_receive_maximum_counts_an_unacknowledged_qos1(data_dir: Path) -> 
         for pid in range(1, 4):
             pub.send(Publish("rm/2", b"x", 2, packet_id=pid))
         assert [type(await pub.recv()) for _ in range(3)] == [PubRec] * 3
-        pub.send(Publish("rm/1", b"y", 1, packet_id=10))  # the fourth: allowed
-        pub.send(Publish("rm/1", b"z", 1, packet_id=11))  # the fifth, before any PUBACK
+        # the fourth (allowed) and the fifth in one write: read before the store acknowledges either
+        pub.send_raw(encode(Publish("rm/1", b"y", 1, packet_id=10), MQTT_5)
+                     + encode(Publish("rm/1", b"z", 1, packet_id=11), MQTT_5))
         rest = await pub.closed()
         assert [type(p).__name__ for p in rest][-1] == "Disconnect" and rest[-1].reason_code == 0x93
         await pub.close()
