@@ -4,8 +4,9 @@
                                   [--scenarios fanin,latency,fanout,idle] [--out FILE]
 
 Each scenario gets a fresh broker on a free 127.0.0.1 port (TideMQ with persistence on,
-``--flush async``; Mosquitto with ``persistence false``; amqtt in its own process), stopped
-at its end. The load generator runs in separate processes on raw sockets with packets
+``--flush async``, its default limits, among them ``mqtt_max_queued_messages`` 1,000;
+Mosquitto with ``persistence false`` and ``max_queued_messages`` 10,000,000; amqtt in its own
+process), stopped at its end. The load generator runs in separate processes on raw sockets with packets
 pre-encoded by ``protocols.mqtt`` (see ``loadtest.mqtt_wire``). The scenarios:
 
 - fanin: 8 publishers (topics bench/fanin/N, 2 processes) -> 1 subscriber of bench/fanin/+,

@@ -167,8 +167,9 @@ def start_broker(name: str) -> Broker:
                    "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "async"]
         if name == TIDEMQ_TRACED:
             command += ["--trace", "mqtt"]
-        # the same QoS 0 queue bound Mosquitto gets (its max_queued_messages)
-        env["TIDEMQ_MQTT_MAX_QUEUED_MESSAGES"] = str(MOSQUITTO_QUEUE)
+        # its default QoS 0 bound (mqtt_max_queued_messages 1,000), unlike Mosquitto's: a
+        # subscriber that keeps reading must get everything on the default configuration
+        env.pop("TIDEMQ_MQTT_MAX_QUEUED_MESSAGES", None)
     else:
         raise ValueError(name)
     # The fd limit main() raised is inherited: Mosquitto needs it for 10,000 idle connections.

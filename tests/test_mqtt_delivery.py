@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from protocols.mqtt.codec import encode
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -176,6 +177,47 @@ async def test_qos2_inbound_resend_is_stored_once(data_dir: Path) -> None:
         pub.send(PubRel(7))  # unknown now
         assert (await pub.recv()).reason_code == 0x92
         assert [m.body for m in gw.store.get_now("t:in/2", 0, 10).messages] == [b"one"]
+        await pub.close()
+
+
+async def test_receive_maximum_counts_qos2_until_pubcomp_and_qos1_until_puback(data_dir: Path) -> None:
+    """MQTT 5.0 sections 3.3.4 and 4.9: a QoS 2 PUBLISH counts against the server's Receive
+    Maximum until its PUBCOMP, a QoS 1 PUBLISH until its PUBACK; one more is DISCONNECT 0x93."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        pub, ack = await RawClient.connected(port, Connect("rm", MQTT_5))
+        limit = ack.properties.receive_maximum
+        assert limit == 1024
+        for i in range(1, limit):  # all but one of the quota: unreleased QoS 2
+            pub.send(Publish("rm/2", b"%d" % i, 2, packet_id=i))
+        got = [await pub.recv() for _ in range(1, limit)]
+        assert all(isinstance(p, PubRec) and p.reason_code == 0 for p in got)
+        for pid in (2000, 2001, 2002):  # QoS 1 one at a time: each is free again at its PUBACK
+            pub.send(Publish("rm/1", b"q1", 1, packet_id=pid))
+            assert await pub.recv() == PubAck(pid)
+        pub.send(PubRel(1))  # a PUBCOMP frees one
+        assert await pub.recv() == PubComp(1)
+        pub.send(Publish("rm/2", b"last", 2, packet_id=limit))
+        pub.send(Publish("rm/2", b"last", 2, packet_id=limit + 1))  # 1,024 unreleased: full
+        assert [await pub.recv(), await pub.recv()] == [PubRec(limit), PubRec(limit + 1)]
+        pub.send(Publish("rm/2", b"over", 2, packet_id=limit + 2))
+        rest = await pub.closed()
+        assert [(type(p).__name__, p.reason_code) for p in rest] == [("Disconnect", 0x93)]
+        assert len(gw.store.get_now("t:rm/2", 0, 2 * limit).messages) == limit + 1
+        await pub.close()
+
+
+async def test_receive_maximum_counts_an_unacknowledged_qos1(data_dir: Path) -> None:
+    async with running_gateway(data_dir, mqtt_receive_maximum=4) as gw:
+        pub, _ = await RawClient.connected(mqtt_port(gw), Connect("rm1", MQTT_5))
+        for pid in range(1, 4):
+            pub.send(Publish("rm/2", b"x", 2, packet_id=pid))
+        assert [type(await pub.recv()) for _ in range(3)] == [PubRec] * 3
+        # the fourth (allowed) and the fifth in one write: read before the store acknowledges either
+        pub.send_raw(encode(Publish("rm/1", b"y", 1, packet_id=10), MQTT_5)
+                     + encode(Publish("rm/1", b"z", 1, packet_id=11), MQTT_5))
+        rest = await pub.closed()
+        assert [type(p).__name__ for p in rest][-1] == "Disconnect" and rest[-1].reason_code == 0x93
         await pub.close()
 
 

@@ -17,6 +17,7 @@ from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, PutResult, StoredMessage
 
 from ..stats import ProtocolStats
+from .ingest_gate import IngestGate
 from .messages import StoreMessageFactory
 from .queues import WildcardQueues, queue_for_filter
 from .retained import RetainedIndex
@@ -60,6 +61,7 @@ class MQTTBroker:
         self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
         self._progress_timer: asyncio.TimerHandle | None = None
         self._woken: list[MQTTConnection | ShareGroup] = []  # readers whose pump runs next (wake)
+        self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
         if node is not None:

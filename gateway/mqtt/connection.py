@@ -76,6 +76,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._pump_scheduled = False
         self._window_full = False
         self._writing_paused = False
+        self.slow = True  # until it has caught up: a backlog from before it connected is cut
+        self._paused_at = 0.0
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
         # client-side limits (5.0 CONNECT properties)
         self.send_quota = self.settings.max_inflight
@@ -83,10 +86,14 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.alias_max_out = 0
         self._aliases_out: dict[str, int] = {}
         self._aliases_in: dict[int, str] = {}
-        self._inbound_unacked = 0  # QoS 1/2 publishes not yet acknowledged to the client
+        # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
+        # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
+        self._inbound_unacked = 0
+        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
         self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
-        self.read_pauses = ReadPauses()  # "connect", "puts" (too many on their way), "alarm"
+        # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
+        self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
 
@@ -112,6 +119,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def _process(self, held: Publish | None = None) -> None:
         batch: list = []
         pressure = self.broker.pressure
+        gate = self.broker.gate
         packets = self.reader.packets()
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
@@ -131,6 +139,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                         # (unread, in order) until it clears
                         self._held = packet
                         self.read_pauses.pause("alarm")
+                        break
+                    if gate.waiting:  # subscribers wait for their sockets: they go first
+                        self._held = packet
+                        self.read_pauses.pause("subscribers")
+                        gate.hold(self)
                         break
                     self._on_publish(packet, batch)
                 else:
@@ -182,7 +195,15 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        self._leave_gate()
         self._detach(graceful=False)
+
+    def ingest_open(self) -> None:
+        """The ingest gate opened: the held publish and what follows it are read now."""
+        if "subscribers" in self.read_pauses and not self.closed:
+            held, self._held = self._held, None
+            self.read_pauses.resume("subscribers")
+            self._process(held)  # type: ignore[arg-type]
 
     def resource_alarm(self, reason: str | None) -> None:
         """The store's resource alarm was raised (a reason) or cleared (None). A client that
@@ -192,13 +213,6 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             held, self._held = self._held, None
             self.read_pauses.resume("alarm")
             self._process(held)
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self.schedule_pump()
 
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -221,6 +235,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
+            self._leave_gate()
             self._detach(graceful=False)
 
     def disconnect(self, reason: ReasonCode, message: str) -> None:
@@ -537,8 +552,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.flush()
 
     def _ack_inbound(self, packet: Publish, code: ReasonCode) -> None:
-        self._inbound_unacked -= 1
         assert packet.packet_id is not None
+        if packet.qos == 1 or code >= 0x80:
+            self._inbound_unacked -= 1
+        else:  # still counted until the PUBREL that this PUBREC asks for
+            self._unreleased.add(packet.packet_id)
         if packet.qos == 1:
             if code == ReasonCode.SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
                 self.send(_PUBACK_HEAD + packet.packet_id.to_bytes(2, "big"))
@@ -553,6 +571,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
+        if packet.packet_id in self._unreleased:
+            self._unreleased.discard(packet.packet_id)
+            self._inbound_unacked -= 1
         if packet.packet_id in session.awaiting_release:
             session.awaiting_release.discard(packet.packet_id)
             self.broker.mark_dirty(session)

@@ -9,6 +9,7 @@ must not get, and writes PUBLISH bytes encoded once per variant for all subscrib
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.mqtt")
 
 PULL_BATCH = 64  # messages per store read of one queue
+FLUSH_EVERY = 256  # PUBLISHes a pump gathers before it writes them (and may find the socket full)
 
 
 class Outbound:
@@ -37,6 +39,12 @@ class Outbound:
     session: Session | None
     tracer: Tracer | None
     _window_full: bool  # the last pump stopped at the client's window (an ack then pumps again)
+    _writing_paused: bool  # the transport's buffer is above its high-water mark
+    # its socket stalled (or it has not caught up since it connected): its QoS 0 backlog is cut
+    # to max_queued_messages and publishers do not wait for it
+    slow: bool
+    _paused_at: float  # loop time of the last pause_writing
+    _stall_timer: asyncio.TimerHandle | None  # runs out when the socket has not drained in time
     # -- acknowledgements of our PUBLISHes ------------------------------------------------------
     def _settle(self, packet_id: int) -> Inflight | None:
         session = self.session
@@ -175,6 +183,39 @@ class Outbound:
                     taken.append(message)
         return taken
 
+    # -- the socket's drain, and fair turns with publishers (ingest_gate.py) --------------------
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        loop = asyncio.get_running_loop()
+        self._paused_at = loop.time()
+        if not self.slow and self._stall_timer is None:
+            self._stall_timer = loop.call_later(self.settings.subscriber_stall_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        elif self.slow and asyncio.get_running_loop().time() - self._paused_at < self.settings.subscriber_stall_s:
+            self.slow = False  # a quick drain: it keeps up again
+        self.schedule_pump()
+
+    def _stalled(self) -> None:
+        """The socket did not drain in ``subscriber_stall_s``: this client is slow, not kept
+        waiting by us. It holds publishers no longer; its QoS 0 backlog is cut from now on."""
+        self._stall_timer = None
+        if self._writing_paused and not self.closed:
+            self.slow = True
+            log.info("subscriber stalled client_id=%s peer=%s unsent_bytes=%d", self.client_id, self.peer,
+                     self.transport.get_write_buffer_size() if self.transport is not None else 0)
+            self.broker.gate.done(self)
+
+    def _leave_gate(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self.broker.gate.forget(self)
+
     # -- delivery (push side of push-pull) -----------------------------------------------------
     def schedule_pump(self) -> None:
         if not self._pump_scheduled and not self.closed:
@@ -189,12 +230,14 @@ class Outbound:
             return
         broker = self.broker
         read = broker.cache.read
+        max_offset = broker.store.max_offset_now
+        behind = False  # a QoS 0 queue not read to its end: only a full socket stops those
         for queue in list(session.cursors):
             cursor = session.cursors.get(queue)
             if cursor is None:
                 continue
             needs_quota = self._queue_needs_quota(queue)
-            if not needs_quota:
+            if not needs_quota and self.slow:
                 self._drop_qos0_backlog(cursor)
             while not self._writing_paused:
                 if needs_quota and self.send_quota - len(session.inflight) <= 0:
@@ -209,13 +252,25 @@ class Outbound:
                         broker.mark_progress(session)
                         continue
                     break
-                if not self._deliver_batch(cursor, result.messages) or result.next_offset >= result.max_offset:
+                delivered = self._deliver_batch(cursor, result.messages)
+                if len(self._out) >= FLUSH_EVERY:  # the transport's high-water mark bounds a pump too
+                    self.flush()
+                if not delivered or self._writing_paused or result.next_offset >= result.max_offset:
                     break  # (at the queue's end as of this read: its next notify wakes this pump)
+            if not needs_quota and self._writing_paused and max_offset(queue) > cursor.next_offset:
+                behind = True
         self.flush()
+        if behind and not self.slow:
+            broker.gate.wait(self)  # publishers wait for this subscriber's socket to drain
+        else:
+            broker.gate.done(self)
+            if self.slow and not behind and not self.transport.get_write_buffer_size():  # type: ignore[union-attr]
+                self.slow = False  # caught up, all sent: it keeps up (again)
 
     def _drop_qos0_backlog(self, cursor: QueueCursor) -> None:
-        """A QoS 0 reader that fell more than max_queued_messages behind skips ahead (counted
-        as dropped), as brokers drop QoS 0 for slow consumers; QoS 1/2 stays in the store."""
+        """A stalled QoS 0 reader more than max_queued_messages behind skips ahead (counted as
+        dropped), as brokers drop QoS 0 for slow consumers; QoS 1/2 stays in the store. One
+        that keeps reading is not cut: publishers wait for it instead (ingest_gate.py)."""
         behind = self.broker.store.max_offset_now(cursor.queue) - cursor.next_offset
         excess = behind - self.settings.max_queued_messages
         if excess > 0:
