@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aio_pika
 import pika
 import pytest
 
@@ -161,3 +162,35 @@ async def test_a_non_durable_queue_declared_again_after_a_restart_is_empty(tmp_p
         assert await asyncio.to_thread(declare_again) == (0, True)
     finally:
         kill9(proc)
+
+
+async def test_a_consumer_with_room_gets_a_burst_before_x_max_length_drops_the_head(tmp_path: Path) -> None:
+    """x-max-length bounds the messages *waiting* in a queue (as RabbitMQ): a burst much larger
+    than it, read and stored together, goes to the consumer that has room, not to the drop-head."""
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_gateway(tmp_path / "data", amqp_port=port, flush="async")
+    try:
+        got: list[bytes] = []
+
+        async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            got.append(message.body)
+
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        queue = await ch.declare_queue("bounded", arguments={"x-max-length": 100})
+        await queue.consume(take, no_ack=True)
+        publishers = [await aio_pika.connect(url) for _ in range(4)]
+        channels = [await p.channel(publisher_confirms=False) for p in publishers]
+        await asyncio.gather(*(c.default_exchange.publish(aio_pika.Message(b"%d" % i), "bounded")
+                               for c in channels for i in range(5000)))
+        for _ in range(200):
+            if len(got) == 20_000:
+                break
+            await asyncio.sleep(0.05)
+        for p in publishers:
+            await p.close()
+        await conn.close()
+    finally:
+        kill9(proc)
+    assert len(got) == 20_000

@@ -154,6 +154,9 @@ class AMQPBroker:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))
             if queue.definition.max_length is not None:
+                # the bound is on messages waiting: consumers with room take theirs first
+                if queue.consumers:
+                    queue.pump()
                 queue.enforce_max_length()
 
     # -- flow control and housekeeping ---------------------------------------------------------
