@@ -248,6 +248,9 @@ def validate(cfg: Config) -> None:
     if cfg.role == "store":
         if not cfg.remoting_bind:
             raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
+        for name in ("mqtts_bind", "ws_bind"):
+            if getattr(cfg, name):
+                raise ConfigError(f"{name}: in a cluster, MQTT clients connect to the gateway nodes")
         if "mqtt_bind" in cfg.source and cfg.mqtt_bind:
             raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes")
         cfg.mqtt_bind = ""

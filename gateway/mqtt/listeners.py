@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from ..config import Config, ConfigError
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -27,10 +28,23 @@ async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContex
                                                           ssl=tls)
 
 
-def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+def tls_context(cfg: Config) -> ssl.SSLContext:
+    """The server context of the TLS listener; a certificate or key that cannot be used is a
+    ConfigError naming the setting and the file (ssl's own errors name neither)."""
+    for name in ("tls_cert_file", "tls_key_file"):
+        path = getattr(cfg, name)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{name}: cannot read {path!r}: {exc.strerror or exc}") from None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
+    try:
+        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"tls_cert_file {cfg.tls_cert_file!r} and tls_key_file {cfg.tls_key_file!r}: "
+                          f"not a PEM certificate chain and its private key ({exc.reason or exc})") from None
     return ctx
 
 
