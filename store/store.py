@@ -33,6 +33,7 @@ from .errors import (
 from .keyindex import key_prefixes
 from .keyindex import scan as scan_keys
 from .lock import DirectoryLock
+from .log_limit import RateLimitedLog
 from .message import (
     TAGS_PROPERTY,
     GetResult,
@@ -43,7 +44,6 @@ from .message import (
     tag_hash,
 )
 from .meta import KvTable, MetaStore
-from .log_limit import RateLimitedLog
 from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
 from .options import StoreOptions

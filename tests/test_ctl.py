@@ -16,9 +16,9 @@ from paho.mqtt.properties import Properties as PahoProperties
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
-from tests.test_amqp import get
 from tests.mqtt_support import PahoClient, mqtt_port
 from tests.remoting_support import ons
+from tests.test_amqp import get
 
 TOKEN = "s3cret"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
-import logging
 import subprocess
 import sys
 import time

@@ -208,7 +208,7 @@ def _check_request(connection: ServerConnection, request: Request) -> Response |
     not ASCII (RFC 9110 gives them no meaning; the library fails to encode them)."""
     for name, value in request.headers.raw_items():
         if not value.isascii() or not name.isascii():
-            reason = f"header {ascii(name)} is not ASCII"
+            reason = f"header {name!a} is not ASCII"
             limited = connection.logger.limited  # type: ignore[union-attr]
             limited.log(logging.INFO, "NotASCII", "websocket handshake refused peer=%s reason=%s",
                         _host(connection.remote_address), json.dumps(reason))
