@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 from lookup.api import IN_DOUBT
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
+from store.msgid import decode_msg_id
 
 from . import trace as message_trace
+from .amqp.model import STORE_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -93,21 +95,34 @@ def subscriptions(gw: Gateway) -> list[dict[str, Any]]:
 
 
 def queues(gw: Gateway, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-    """Store queues whose name starts with ``prefix``: offsets, and who reads them."""
+    """Store queues whose name starts with ``prefix``: offsets, entries ``stored`` (max - min
+    offset), the ``backlog`` where one cursor reads the whole queue (an AMQP queue: max offset -
+    its consumer offset), and who reads them. Store queues of AMQP queues that no longer exist
+    (deleted, before a restart too) are left out: the store keeps their entries until
+    retention, but nothing can read them."""
     store = gw.store
     if store is None:
         return []
     readers: dict[str, int] = {}
+    cursors: dict[str, str] = {}  # store queue -> the consumer whose offset is its backlog's start
     if gw.mqtt is not None:
         readers.update({queue: len(conns) for queue, conns in gw.mqtt.readers.items()})
     if gw.amqp is not None:
         for queue in gw.amqp.queues.values():
             readers[queue.store_queue] = len(queue.consumers)
+            cursors[queue.store_queue] = queue.consumer_name
     rows = []
     for state, _ in store.index.iter_queues(prefix):
+        if gw.amqp is not None and state.name.startswith(AMQP_STORE_QUEUE_PREFIX) and state.name not in cursors:
+            continue
         result = store.get_now(state.name, -1, 1)  # answers with the queue's offsets only
+        backlog = None
+        if state.name in cursors:
+            start = store.get_offset_now(cursors[state.name], state.name)
+            backlog = result.max_offset - max(result.min_offset, start if start is not None else result.max_offset)
         rows.append({"queue": state.name, "min_offset": result.min_offset, "max_offset": result.max_offset,
-                     "messages": result.max_offset - result.min_offset, "readers": readers.get(state.name, 0)})
+                     "stored": result.max_offset - result.min_offset, "backlog": backlog,
+                     "readers": readers.get(state.name, 0)})
         if len(rows) >= min(limit, MAX_ROWS):
             break
     return rows
@@ -152,11 +167,20 @@ async def find_messages(gw: Gateway, *, key: str | None, topic: str | None, msg_
     if store is None:
         raise AdminError(503, "the store is not open")
     if msg_id:
+        check_msg_id(msg_id)
         message = await store.get_by_id(msg_id)
         return [message_view(message)] if message is not None else []
     if not key or not topic:
         raise AdminError(400, "give msg_id, or key and topic")
     return [message_view(m) for m in store.query_by_key(topic, key, max_messages=64, begin_ms=begin_ms, end_ms=end_ms)]
+
+
+def check_msg_id(msg_id: str) -> None:
+    """A malformed id is the caller's mistake (400), not a message that is not there."""
+    try:
+        decode_msg_id(msg_id)
+    except ValueError as exc:
+        raise AdminError(400, f"msg_id {msg_id!r}: {exc}") from None
 
 
 def trace(gw: Gateway, *, msg_id: str | None, key: str | None) -> dict[str, Any]:
@@ -165,6 +189,7 @@ def trace(gw: Gateway, *, msg_id: str | None, key: str | None) -> dict[str, Any]
     if store is None:
         raise AdminError(503, "the store is not open")
     if msg_id:
+        check_msg_id(msg_id)
         events = message_trace.trace_of(store, msg_id)
     elif key:
         events = message_trace.traces_by_key(store, key)

@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreCorruptError as exc:
         print(f"tidemq: {exc}", file=sys.stderr)
         return 3
-    except (AuthConfigError, AclError) as exc:
+    except (AuthConfigError, AclError, ConfigError) as exc:
         print(f"tidemq: configuration error: {exc}", file=sys.stderr)
         return 2
     except StoreLockedError as exc:

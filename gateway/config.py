@@ -24,7 +24,12 @@ ENV_PREFIX = "TIDEMQ_"
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message says which and why."""
+    """A configuration value that cannot be used; the message says which and why. ``key`` is the
+    field at fault, when one is: load_config adds where its value came from."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(slots=True)
@@ -120,8 +125,8 @@ class Config:
                 identity_port=self.store_port,
                 repair=self.repair,
             )
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        except ValueError as exc:  # StoreOptions' messages start with the field's name (flush, segment_size)
+            raise ConfigError(str(exc), str(exc).split(" ", 1)[0]) from None
 
 
 def _fields() -> dict[str, type]:
@@ -206,57 +211,66 @@ def load_config(
     }
     apply(from_env, "environment")
     apply({k: v for k, v in (overrides or {}).items() if v is not None}, "command line")
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        if exc.key in cfg.source:  # (a default's fault, e.g. a role's needs, has no source to name)
+            raise ConfigError(f"{cfg.source[exc.key]}: {exc}", exc.key) from None
+        raise
     return cfg
 
 
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
-        raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}")
+        raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
     for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
         parse_bind(getattr(cfg, name), name)
     if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
-        raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file")
-    if not 1 <= cfg.mqtt_receive_maximum <= 65_535 or not 1 <= cfg.mqtt_max_inflight <= 65_535:
-        raise ConfigError("mqtt_receive_maximum and mqtt_max_inflight are 1..65535")
+        raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file", "mqtts_bind")
+    for name in ("mqtt_receive_maximum", "mqtt_max_inflight"):
+        if not 1 <= getattr(cfg, name) <= 65_535:
+            raise ConfigError(f"{name} is 1..65535, not {getattr(cfg, name)}", name)
     if not 64 <= cfg.mqtt_max_packet_size <= 268_435_460:
-        raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
+        raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes", "mqtt_max_packet_size")
     if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
-        raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds")
+        raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds", "mqtt_progress_save_interval_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
-        raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
+        raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}", "event_loop")
     if cfg.role not in ("embedded", "store", "gateway"):
-        raise ConfigError(f"role must be embedded, store or gateway, not {cfg.role!r}")
+        raise ConfigError(f"role must be embedded, store or gateway, not {cfg.role!r}", "role")
     if cfg.notify_routing not in ("targeted", "broadcast"):
-        raise ConfigError(f"notify_routing must be targeted or broadcast, not {cfg.notify_routing!r}")
+        raise ConfigError(f"notify_routing must be targeted or broadcast, not {cfg.notify_routing!r}", "notify_routing")
     if cfg.lookup_backend not in ("embedded", "redis"):
-        raise ConfigError(f"lookup_backend must be embedded or redis, not {cfg.lookup_backend!r}")
+        raise ConfigError(f"lookup_backend must be embedded or redis, not {cfg.lookup_backend!r}", "lookup_backend")
     if cfg.lookup_backend == "embedded" and cfg.peers:
         parse_peers(cfg.peers)
         if parse_bind(cfg.lookup_bind, "lookup_bind") is None:
-            raise ConfigError("the embedded lookup (peers) needs lookup_bind, this node's lookup HOST:PORT")
+            raise ConfigError("the embedded lookup (peers) needs lookup_bind, this node's lookup HOST:PORT", "peers")
     if cfg.lookup_backend == "redis" and not cfg.redis_url:
-        raise ConfigError("lookup_backend redis needs redis_url (redis://host:port/db)")
+        raise ConfigError("lookup_backend redis needs redis_url (redis://host:port/db)", "lookup_backend")
     if cfg.role == "gateway":
         if parse_bind(cfg.store_address, "store_address") is None:
-            raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT")
+            raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT", "role")
         if "remoting_bind" in cfg.source and cfg.remoting_bind:
-            raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes")
+            raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes", "remoting_bind")
         cfg.remoting_bind = ""
         if "amqp_bind" not in cfg.source:
             cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":
         if not cfg.remoting_bind:
-            raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
+            raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind", "role")
+        for name in ("mqtts_bind", "ws_bind"):
+            if getattr(cfg, name):
+                raise ConfigError(f"{name}: in a cluster, MQTT clients connect to the gateway nodes", name)
         if "mqtt_bind" in cfg.source and cfg.mqtt_bind:
-            raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes")
+            raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes", "mqtt_bind")
         cfg.mqtt_bind = ""
     try:
         parse_listeners(cfg.trace)
     except ValueError as exc:
-        raise ConfigError(f"trace: {exc}") from None
+        raise ConfigError(f"trace: {exc}", "trace") from None
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}")
+        raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}", "log_level")
     cfg.store_options()
 
 
@@ -267,15 +281,15 @@ def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:
         return None
     host, sep, port = bind.rpartition(":")
     if not sep or not host:
-        raise ConfigError(f"{name}: expected HOST:PORT, got {bind!r}")
+        raise ConfigError(f"{name}: expected HOST:PORT, got {bind!r}", name)
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     try:
         number = int(port)
     except ValueError:
-        raise ConfigError(f"{name}: port must be a number, got {port!r}") from None
+        raise ConfigError(f"{name}: port must be a number, got {port!r}", name) from None
     if not 0 <= number <= 65535:
-        raise ConfigError(f"{name}: port {number} out of range")
+        raise ConfigError(f"{name}: port {number} out of range", name)
     return host, number
 
 
@@ -288,6 +302,6 @@ def parse_peers(text: str) -> dict[str, tuple[str, int]]:
         node, sep, address = part.strip().partition("=")
         bind = parse_bind(address, f"peers ({node})") if sep and node else None
         if bind is None:
-            raise ConfigError(f"peers: {part.strip()!r} is not NODE=HOST:PORT")
+            raise ConfigError(f"peers: {part.strip()!r} is not NODE=HOST:PORT", "peers")
         peers[node] = bind
     return peers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.parse
@@ -29,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     clients.add_argument("--id", help="where this MQTT client is connected (in a cluster: which node)")
     what.add_parser("sessions", help="MQTT sessions (connected and persistent)")
     what.add_parser("subscriptions", help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
-    queues = what.add_parser("queues", help="store queues: offsets, messages, readers")
+    queues = what.add_parser("queues", help="store queues: offsets, entries stored, backlog, readers")
     queues.add_argument("--prefix", default="", help="only queues whose name starts so (t: w: q: r: sched:)")
     queues.add_argument("--limit", type=int, default=100)
     kick = what.add_parser("kick", help="disconnect a client")
@@ -45,6 +46,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader went away (`tidemq ctl queues | head -1`): end as a tool SIGPIPE killed,
+        # quietly; stdout goes to /dev/null so that the interpreter's last flush fails no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.what == "kick":
             data = _call(args, "POST", "/admin/kick", {"protocol": args.protocol, "client": args.client})
@@ -69,13 +80,27 @@ def run(args: argparse.Namespace) -> int:
             data = _call(args, "GET", f"/admin/{args.what}")
     except CtlError as exc:
         print(f"tidemq ctl: {exc}", file=sys.stderr)
+        return 2 if exc.status == 400 else 1  # 400: the arguments (a malformed message id)
+    if args.what in ("query", "trace") and not data:  # as grep: nothing found is exit status 1
+        if args.json:
+            print(json.dumps(data))
+        if args.what == "trace":
+            what = f"id {args.msg_id}" if args.msg_id else f"key {args.key!r}"
+            print(f"tidemq ctl trace: no trace events of a message with {what}", file=sys.stderr)
+        elif args.msg_id:
+            print(f"tidemq ctl query: no message with id {args.msg_id}", file=sys.stderr)
+        else:
+            print(f"tidemq ctl query: no message with key {args.key!r} in topic {args.topic!r}", file=sys.stderr)
         return 1
     print(json.dumps(data, indent=2) if args.json or not isinstance(data, list) else table(data))
+    sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     return 0
 
 
 class CtlError(Exception):
-    pass
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status  # the admin API's HTTP status, 0 when it was not reached
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
@@ -92,7 +117,7 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
             message = json.loads(exc.read()).get("error", exc.reason)
         except ValueError:
             message = exc.reason
-        raise CtlError(f"{exc.code}: {message}") from None
+        raise CtlError(f"{exc.code}: {message}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise CtlError(f"cannot reach {args.url} ({reason}); is the gateway running with --metrics-bind?") from None

@@ -40,6 +40,7 @@ from .trace import Tracer, parse_listeners
 log = logging.getLogger("tidemq.gateway")
 
 PROTOCOLS = ("mqtt", "amqp", "remoting")
+MQTT_LISTENERS = ("mqtt", "mqtts", "ws")  # config fields {name}_bind
 
 
 @dataclass(slots=True)
@@ -56,8 +57,9 @@ class Listener:
 
 class Gateway:
     def __init__(self, config: Config) -> None:
-        if config.role == "store" and config.mqtt_bind:
-            raise ConfigError("mqtt_bind: in a cluster, MQTT clients connect to the gateway nodes")
+        for name in MQTT_LISTENERS:
+            if config.role == "store" and getattr(config, f"{name}_bind"):
+                raise ConfigError(f"{name}_bind: in a cluster, MQTT clients connect to the gateway nodes")
         self.config = config
         self.store: MessageStore | None = None
         self.mqtt: MQTTBroker | None = None
@@ -91,13 +93,14 @@ class Gateway:
             log.info("message trace on listeners=%s", ",".join(sorted(self._traced)))
         try:
             for protocol in PROTOCOLS:
+                if protocol == "mqtt":  # up to three listeners (plain, TLS, WebSocket), any of them off
+                    await self._start_mqtt()
+                    continue
                 bind = parse_bind(getattr(self.config, f"{protocol}_bind"), f"{protocol}_bind")
                 if bind is None:
                     log.info("listener off protocol=%s", protocol)
                     continue
-                if protocol == "mqtt":
-                    server = await self._start_mqtt(bind)
-                elif protocol == "amqp" and self.gateway_store is not None:
+                if protocol == "amqp" and self.gateway_store is not None:
                     server = await self._start_amqp_relay(bind)
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
@@ -130,7 +133,9 @@ class Gateway:
         """A gateway node: no store of its own, the store node's over the store link."""
         address = parse_bind(self.config.store_address, "store_address")
         assert address is not None
-        node_id = self.config.node_id or f"gateway@{self.config.mqtt_bind}"
+        first_bind = next((getattr(self.config, f"{name}_bind") for name in MQTT_LISTENERS
+                           if getattr(self.config, f"{name}_bind")), "")
+        node_id = self.config.node_id or f"gateway@{first_bind}"
         try:
             remote = await RemoteStore.connect(*address, name=node_id, token=self.config.cluster_token)
         except OSError as exc:
@@ -163,11 +168,15 @@ class Gateway:
         log.info("lookup started backend=%s node_id=%s", cfg.lookup_backend, node_id)
         return lookup
 
-    async def _start_mqtt(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
-        """The MQTT broker and its plain listener; TLS and WebSocket listeners when configured."""
+    async def _start_mqtt(self) -> None:
+        """The MQTT broker and each of its listeners that is configured: plain, TLS, WebSocket."""
+        cfg = self.config
+        binds = {name: parse_bind(getattr(cfg, f"{name}_bind"), f"{name}_bind") for name in MQTT_LISTENERS}
+        if all(bind is None for bind in binds.values()):
+            log.info("listener off protocol=mqtt")
+            return
         store = self.store if self.store is not None else self.gateway_store
         assert store is not None
-        cfg = self.config
         settings = MQTTSettings(
             receive_maximum=cfg.mqtt_receive_maximum,
             max_inflight=cfg.mqtt_max_inflight,
@@ -180,24 +189,26 @@ class Gateway:
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
         )
+        # the certificate first: a bad one stops start-up before any listener opens
+        tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
         passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
         self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
                                authenticator=passwords, acl=acl, pressure=self.pressure, node=self.node)
         await self.mqtt.start()
-        for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
-            extra = parse_bind(extra_bind, f"{name}_bind")
-            if extra is None:
+        for name, bind in binds.items():
+            if bind is None:
+                if name == "mqtt":
+                    log.info("listener off protocol=mqtt")
                 continue
-            if name == "mqtts":
-                server = await listeners.start_tcp(
-                    self.mqtt, extra[0], extra[1], listeners.tls_context(cfg.tls_cert_file, cfg.tls_key_file),
-                    self._tracer_for("mqtts"))
+            if name == "ws":
+                server: asyncio.AbstractServer = await listeners.start_websocket(
+                    self.mqtt, bind[0], bind[1], self._tracer_for("ws"))
             else:
-                server = await listeners.start_websocket(self.mqtt, extra[0], extra[1], self._tracer_for("ws"))
-            self.listeners.append(Listener(name, server))  # type: ignore[arg-type]
+                server = await listeners.start_tcp(self.mqtt, bind[0], bind[1], tls if name == "mqtts" else None,
+                                                   self._tracer_for(name))
+            self.listeners.append(Listener(name, server))
             log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
-        return await listeners.start_tcp(self.mqtt, bind[0], bind[1], tracer=self._tracer_for("mqtt"))
 
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None

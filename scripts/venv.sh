@@ -1,12 +1,33 @@
 # Sourced by the other scripts: create ./.venv if needed and install the project into it,
 # with the extras named in $VENV_EXTRAS (e.g. "test"), or none.
+# pip runs only when something changed (it takes ~30 s and needs the network): a stamp file per
+# set of extras, .venv/.tidemq-installed-<extras>, holds the hash of the pyproject.toml it was
+# installed from. The install is editable, so changes to the code itself need no new install.
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-if [ -n "${VENV_EXTRAS:-}" ]; then
-    .venv/bin/python -m pip install --quiet -e ".[$VENV_EXTRAS]"
-else
-    .venv/bin/python -m pip install --quiet -e .
+_tidemq_hash=$(.venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' pyproject.toml)
+_tidemq_stamp=".venv/.tidemq-installed-${VENV_EXTRAS:-base}"
+_tidemq_current=no
+if [ "$(cat "$_tidemq_stamp" 2>/dev/null)" = "$_tidemq_hash" ]; then
+    _tidemq_current=yes
+elif [ -z "${VENV_EXTRAS:-}" ]; then
+    # no extras asked: any install from this pyproject.toml has the base dependencies
+    for _tidemq_other in .venv/.tidemq-installed-*; do
+        if [ -f "$_tidemq_other" ] && [ "$(cat "$_tidemq_other")" = "$_tidemq_hash" ]; then
+            _tidemq_current=yes
+        fi
+    done
 fi
+if [ "$_tidemq_current" = no ]; then
+    rm -f "$_tidemq_stamp"
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    if [ -n "${VENV_EXTRAS:-}" ]; then
+        .venv/bin/python -m pip install --quiet -e ".[$VENV_EXTRAS]"
+    else
+        .venv/bin/python -m pip install --quiet -e .
+    fi
+    echo "$_tidemq_hash" > "$_tidemq_stamp"  # (only after pip succeeded: the scripts run with set -e)
+fi
+unset _tidemq_hash _tidemq_stamp _tidemq_current _tidemq_other

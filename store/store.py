@@ -33,6 +33,7 @@ from .errors import (
 from .keyindex import key_prefixes
 from .keyindex import scan as scan_keys
 from .lock import DirectoryLock
+from .log_limit import RateLimitedLog
 from .message import (
     TAGS_PROPERTY,
     GetResult,
@@ -120,6 +121,7 @@ class MessageStore:
         self._identity = make_store_identity(options.identity_host, options.identity_port)
         self._id_prefix = msg_id_prefix(self._identity)
         self.notify = NotifyHub()
+        self._log_limited = RateLimitedLog(log)  # failures that repeat with every commit (a full disk)
         self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
         self._backlog = 0  # messages submitted and not yet durable (or failed)
         self._pending_since: list[float] = []  # perf_counter() of each entry of _pending
@@ -199,6 +201,7 @@ class MessageStore:
             self.meta.flush()
         finally:
             self.notify.close()
+            self._log_limited.flush()
             self._close_files()
             self._closed = True
             log.info("store closed data_dir=%s", self.options.data_dir)
@@ -210,8 +213,10 @@ class MessageStore:
                 await job()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("store maintenance job failed job=%s", getattr(job, "__name__", job))
+            except Exception as exc:
+                name = getattr(job, "__name__", str(job))
+                self._log_limited.log(logging.ERROR, f"{name}:{type(exc).__name__}", "store maintenance job failed job=%s",
+                                      name, exc_info=not isinstance(exc, StoreWriteError))
 
     # -- writing -----------------------------------------------------------------------------
     async def put(self, message: Message, queues: Sequence[str]) -> PutResult:
@@ -290,7 +295,10 @@ class MessageStore:
             try:
                 await self._commit(batch)
             except Exception as exc:  # never let one bad batch stop the committer
-                log.exception("commit failed")
+                if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
+                    self._log_limited.log(logging.ERROR, str(exc), "commit failed")
+                else:
+                    self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
                 _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
             finally:
                 self._backlog -= sum(len(prepared) for prepared, _ in batch)

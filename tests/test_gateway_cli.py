@@ -48,6 +48,26 @@ def test_config_defaults_and_errors(tmp_path):
         load_config(bad, env={})
 
 
+def test_a_bad_value_names_the_key_and_where_it_came_from(tmp_path):
+    """Values each field accepts are checked after all sources merge; the message still names
+    the file (or the environment, or the command line) the bad value came from."""
+    toml = tmp_path / "tidemq.toml"
+    toml.write_text('flush = "sometimes"\n')
+    with pytest.raises(ConfigError, match=f"{re.escape(str(toml))}: flush must be 'sync' or 'async'"):
+        load_config(toml, env={})
+    toml.write_text('[mqtt]\nbind = "1883"\nreceive_maximum = 0\n')
+    with pytest.raises(ConfigError, match=f"{re.escape(str(toml))}: mqtt_bind: expected HOST:PORT"):
+        load_config(toml, env={})
+    with pytest.raises(ConfigError, match="environment: role must be"):
+        load_config(env={"TIDEMQ_ROLE": "leader"})
+    with pytest.raises(ConfigError, match="command line: mqtt_receive_maximum"):
+        load_config(env={}, overrides={"mqtt_receive_maximum": 0})
+    toml.write_text('flush = "sometimes"\n')
+    proc = tidemq("serve", "--config", str(toml))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and str(toml) in err and "flush" in err, err
+
+
 def tidemq(*args: str, **kw) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
     env["PYTHONPATH"] = str(ROOT)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from gateway.config import Config
+from gateway.server import Gateway
+
 from .mqtt_support import TIMEOUT, PahoClient, mqtt_port, running_gateway
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -75,3 +81,41 @@ async def test_mqtt_over_websocket(data_dir: Path) -> None:
         ws_pub.disconnect()
         await asyncio.to_thread(ws_pub.loop_stop)
         await watcher.disconnect()
+
+
+async def test_tls_and_websocket_listeners_without_the_plain_one(data_dir: Path,
+                                                                 certificate: tuple[str, str]) -> None:
+    """A TLS-only (and WebSocket) deployment: mqtt_bind empty, the other MQTT listeners still start."""
+    cert, key = certificate
+    gw = Gateway(Config(data_dir=data_dir, mqtt_bind="", amqp_bind="", remoting_bind="",
+                        mqtts_bind="127.0.0.1:0", ws_bind="127.0.0.1:0", tls_cert_file=cert, tls_key_file=key))
+    await gw.start()
+    try:
+        assert sorted(listener.protocol for listener in gw.listeners) == ["mqtts", "ws"]
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id="tls-only")
+        client.tls_set(ca_certs=cert, cert_reqs=ssl.CERT_REQUIRED)
+        assert await roundtrip(client, listener_port(gw, "mqtts")) == [b"over the wire"]
+        ws = paho.Client(CallbackAPIVersion.VERSION2, client_id="ws-only", transport="websockets")
+        assert await roundtrip(ws, listener_port(gw, "ws")) == [b"over the wire"]
+    finally:
+        await gw.stop()
+
+
+def test_a_missing_certificate_or_key_is_named(tmp_path: Path, certificate: tuple[str, str]) -> None:
+    cert, key = certificate
+    missing = str(tmp_path / "nowhere.pem")
+    for flags, named in ((["--tls-cert", missing, "--tls-key", key], "tls_cert_file"),
+                         (["--tls-cert", cert, "--tls-key", missing], "tls_key_file")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--data-dir", str(tmp_path / "data"), "--mqtt-bind", "",
+             "--amqp-bind", "", "--remoting-bind", "", "--mqtts-bind", "127.0.0.1:0", *flags],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert named in proc.stderr and missing in proc.stderr and "No such file" in proc.stderr, proc.stderr
+    (tmp_path / "garbage.pem").write_text("not a certificate\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--data-dir", str(tmp_path / "data"), "--mqtt-bind", "",
+         "--amqp-bind", "", "--remoting-bind", "", "--mqtts-bind", "127.0.0.1:0",
+         "--tls-cert", str(tmp_path / "garbage.pem"), "--tls-key", key],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "garbage.pem" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

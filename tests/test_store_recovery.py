@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -204,3 +205,24 @@ async def test_index_ahead_of_a_shorter_commitlog_is_cut_back(open_store, data_d
     assert res.queue_offsets == {"q": 20} and res.position == results[20].position
     got = await store.get("q", 19, 5)
     assert [m.body for m in got.messages] == [b"m19", b"again"]
+
+
+async def test_a_full_disk_is_logged_once_per_interval_without_tracebacks(open_store, tiny_commitlog_fs, caplog):
+    """Every put on a full disk fails; the log says so once (with a count later), not once per
+    failed commit with a traceback (thousands of lines, written onto the full disk)."""
+    store = await open_store(segment_size=1 << 20)
+    caplog.set_level(logging.INFO, logger="tidemq.store")
+    failed = 0
+    for i in range(300):
+        try:
+            await store.put(Message("t", b"x" * 4000), ["q"])
+        except StoreWriteError:
+            failed += 1
+    assert failed > 200
+    lines = [r for r in caplog.records if r.name == "tidemq.store" and "commit failed" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].levelno == logging.ERROR and lines[0].exc_info is None
+    assert "No space left" in lines[0].getMessage() and "count=1" in lines[0].getMessage()
+    await store.close()  # closing writes the count of what the interval held back
+    lines = [r.getMessage() for r in caplog.records if r.name == "tidemq.store" and "commit failed" in r.getMessage()]
+    assert len(lines) == 2 and f"count={failed - 1}" in lines[1], lines

@@ -15,6 +15,7 @@ from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
 from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, PutResult, StoredMessage
+from store.log_limit import RateLimitedLog
 
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
@@ -54,6 +55,7 @@ class MQTTBroker:
         self.wildcards: WildcardQueues | RemoteWildcards = WildcardQueues() if node is None else node.wildcards
         self.retained: RetainedIndex | RemoteRetained = RetainedIndex(store) if node is None else node.retained
         self.stats = ProtocolStats()
+        self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
         self.started_at = time.time()
         self.sessions_table = store.table(SESSIONS_TABLE)
         self._dirty: set[str] = set()

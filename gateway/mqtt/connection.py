@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import socket
 import time
@@ -540,7 +541,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.flush()
 
     def _publishes_failed(self, batch: list[tuple[Publish, str]], exc: BaseException | None) -> None:
-        log.error("publish not stored client_id=%s count=%d error=%s", self.client_id, len(batch), exc)
+        self.broker.limited_log.log(logging.ERROR, type(exc).__name__, "publish not stored client_id=%s count=%d error=%s",
+                                    self.client_id, len(batch), json.dumps(str(exc)))
         if self.closed:
             return
         if self.version != MQTT_5:  # no negative acknowledgement in 3.1.1: the client resends

@@ -5,13 +5,20 @@ same MQTTConnection; WebSocket through a small transport adapter."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
+import sys
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
+from websockets.http11 import Request, Response
 
+from store.log_limit import RateLimitedLog
+
+from ..config import Config, ConfigError
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -27,10 +34,23 @@ async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContex
                                                           ssl=tls)
 
 
-def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+def tls_context(cfg: Config) -> ssl.SSLContext:
+    """The server context of the TLS listener; a certificate or key that cannot be used is a
+    ConfigError naming the setting and the file (ssl's own errors name neither)."""
+    for name in ("tls_cert_file", "tls_key_file"):
+        path = getattr(cfg, name)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{name}: cannot read {path!r}: {exc.strerror or exc}") from None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
+    try:
+        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    except ssl.SSLError as exc:
+        raise ConfigError(f"tls_cert_file {cfg.tls_cert_file!r} and tls_key_file {cfg.tls_key_file!r}: "
+                          f"not a PEM certificate chain and its private key ({exc.reason or exc})") from None
     return ctx
 
 
@@ -113,6 +133,89 @@ class _WebSocketTransport(asyncio.Transport):
         await self._reading.wait()
 
 
+class _LibraryLog(logging.LoggerAdapter):
+    """The websockets library's own log lines: its per-connection INFO lines (open, closed,
+    rejected) are DEBUG here, and its errors are rate-limited, one traceback per interval."""
+
+    def __init__(self, limited: RateLimitedLog) -> None:
+        super().__init__(logging.getLogger("tidemq.mqtt.websockets"), {})
+        self.limited = limited
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if level < logging.ERROR:
+            super().log(min(level, logging.DEBUG), msg, *args, **kwargs)
+        elif self.isEnabledFor(level):
+            exc = sys.exc_info()[1] if kwargs.get("exc_info") else None
+            cause = f"{msg}: {type(exc).__name__}" if exc is not None else str(msg)
+            self.limited.log(level, cause, "websocket library error", exc_info=kwargs.get("exc_info"))
+
+
+class _HandshakeConnection(ServerConnection):
+    """websockets' server connection, made cheap to refuse: a failed opening handshake is
+    logged once per cause per interval without a traceback (a health check's bare connect and
+    close, a malformed request), and the connection holds no reference cycle, so it is freed
+    when it closes rather than by a full collection (the library keeps the handshake exception,
+    whose traceback's frames hold the connection, and a logger adapter that holds it too)."""
+
+    def __init__(self, *args: Any, library_log: _LibraryLog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = self.protocol.logger = library_log  # one for all connections, holding none
+
+    async def handshake(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().handshake(*args, **kwargs)
+        except Exception as exc:  # returning: the server aborts a connection that is not open
+            _log_refused(self.logger.limited, exc, self.remote_address)  # type: ignore[union-attr]
+            self.protocol.handshake_exc = None
+            _drop_tracebacks(exc)
+            del exc
+
+
+def _root(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def _host(peer: Any) -> Any:
+    return peer[0] if isinstance(peer, tuple) else peer
+
+
+def _log_refused(limited: RateLimitedLog, exc: BaseException, peer: Any) -> None:
+    root = _root(exc)
+    host = _host(peer)
+    if isinstance(root, EOFError) and isinstance(exc, InvalidMessage):  # connect and close: a health check
+        limited.log(logging.DEBUG, "closed_before_request", "websocket closed before a handshake peer=%s", host)
+    elif isinstance(exc, (InvalidHandshake, ConnectionError)):  # the client's mistake, or it left
+        reason = json.dumps(str(root) if isinstance(exc, InvalidMessage) else str(exc))  # quoted, ASCII
+        limited.log(logging.INFO, type(exc).__name__, "websocket handshake refused peer=%s reason=%s", host, reason)
+    else:
+        limited.log(logging.ERROR, type(exc).__name__, "websocket handshake failed peer=%s", host,
+                    exc_info=(type(exc), exc, exc.__traceback__))
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Tracebacks hold the frames of the handshake, whose locals hold the connection."""
+    seen = 0
+    while exc is not None and seen < 16:
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+
+
+def _check_request(connection: ServerConnection, request: Request) -> Response | None:
+    """Refuse what the library would answer with 500 (or not at all): header values that are
+    not ASCII (RFC 9110 gives them no meaning; the library fails to encode them)."""
+    for name, value in request.headers.raw_items():
+        if not value.isascii() or not name.isascii():
+            reason = f"header {name!a} is not ASCII"
+            limited = connection.logger.limited  # type: ignore[union-attr]
+            limited.log(logging.INFO, "NotASCII", "websocket handshake refused peer=%s reason=%s",
+                        _host(connection.remote_address), json.dumps(reason))
+            return connection.respond(HTTPStatus.BAD_REQUEST, reason + "\n")
+    return None
+
+
 async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Server:
     settings = broker.settings
 
@@ -140,5 +243,12 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
             transport.close()
             await transport.sender
 
+    library_log = _LibraryLog(RateLimitedLog(log))
+
+    def create_connection(*args: Any, **kwargs: Any) -> _HandshakeConnection:
+        return _HandshakeConnection(*args, library_log=library_log, **kwargs)
+
     return await serve(handler, host, port, subprotocols=["mqtt"], compression=None,
-                       max_size=settings.max_packet_size + 8, ping_interval=None)
+                       max_size=settings.max_packet_size + 8, ping_interval=None, logger=library_log,
+                       create_connection=create_connection,  # type: ignore[arg-type]
+                       process_request=_check_request)

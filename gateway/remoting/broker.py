@@ -40,6 +40,7 @@ from protocols.remoting.properties import (
 from protocols.remoting.tags import subscription_codes
 from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
+from store.log_limit import RateLimitedLog
 
 from ..stats import ProtocolStats
 from .consumers import ConsumerRequests
@@ -92,6 +93,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.cluster = cluster
         self.max_reconsume_times = max_reconsume_times
         self.long_poll_max_s = long_poll_max_s
+        self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -60,7 +61,8 @@ class RemotingConnection(asyncio.Protocol):
         try:
             commands = self.reader.feed(data)
         except RemotingProtocolError as exc:
-            log.info("remoting bad frame, closing peer=%s error=%s", self.peer, exc)
+            self.broker.limited_log.log(logging.INFO, "bad_frame", "remoting bad frame, closing peer=%s error=%s",
+                                        self.peer, json.dumps(str(exc)))
             self.close()
             return
         for command in commands:

@@ -1,0 +1,90 @@
+"""scripts/venv.sh, which serve.sh and test.sh source: pip runs on a fresh clone and when
+pyproject.toml changes, not on every start (a complete .venv works offline)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# stands in for python3 and .venv/bin/python: "-m venv" makes the venv, "-m pip" is logged
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1 $2" = "-m venv" ]; then
+    mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && exit 0
+fi
+if [ "$1 $2" = "-m pip" ]; then
+    echo "pip $*" >> "$PIP_LOG"
+    [ -z "$PIP_FAILS" ] || exit 1
+    exit 0
+fi
+exec python3 "$@"
+"""
+
+
+def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tuple[int, list[str]]:
+    log = checkout / "pip.log"
+    log.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHON=str(checkout / "fake-python"), PIP_LOG=str(log), VENV_EXTRAS=extras,
+               PIP_FAILS="1" if pip_fails else "")
+    proc = subprocess.run(["bash", "-c", "set -euo pipefail; . scripts/venv.sh"], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+
+    code, pip = source_venv(tmp_path, "test")  # a fresh clone (CI): everything is installed
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    assert source_venv(tmp_path, "test") == (0, [])  # the next start: no pip
+    assert source_venv(tmp_path) == (0, [])  # serve.sh (no extras) after test.sh: the base is there
+    with (tmp_path / "pyproject.toml").open("a") as fh:
+        fh.write("\n# a dependency changed\n")
+    code, pip = source_venv(tmp_path)
+    assert code == 0 and any(line.endswith("-e .") for line in pip), pip
+    assert source_venv(tmp_path) == (0, [])
+    code, pip = source_venv(tmp_path, "test")  # the test extra was installed from the old pyproject
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    with (tmp_path / "pyproject.toml").open("a") as fh:
+        fh.write("\n# and again\n")
+    code, _ = source_venv(tmp_path, "test", pip_fails=True)  # a failed install is tried again next time
+    assert code != 0
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+
+
+def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    for name in ("venv.sh", "serve.sh"):
+        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    assert source_venv(tmp_path)[0] == 0  # an installed venv
+    (tmp_path / "pip.log").unlink()
+    tidemq = tmp_path / ".venv" / "bin" / "tidemq"  # says what it was started with
+    tidemq.write_text('#!/usr/bin/env bash\necho "args=$* metrics=${TIDEMQ_METRICS_BIND-unset}"\n')
+    tidemq.chmod(0o755)
+
+    def serve(*args: str, **env: str) -> str:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
+        environ.update(env, PYTHON=str(fake), PIP_LOG=str(tmp_path / "pip.log"))
+        return subprocess.run(["bash", "scripts/serve.sh", *args], cwd=tmp_path, env=environ, check=True,
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+
+    assert serve() == "args=serve metrics=127.0.0.1:9100"
+    assert serve("--data-dir", "d") == "args=serve --data-dir d metrics=127.0.0.1:9100"
+    assert serve("--metrics-bind", "") == "args=serve --metrics-bind  metrics=unset"
+    assert serve("--config", "x.toml") == "args=serve --config x.toml metrics=unset"
+    assert serve(TIDEMQ_METRICS_BIND="") == "args=serve metrics="
+    assert serve(TIDEMQ_CONFIG="x.toml") == "args=serve metrics=unset"
+    assert not (tmp_path / "pip.log").exists()  # and no pip on these starts
