@@ -38,7 +38,6 @@ from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
 from .admin import AdminError
-from .data_holds import FilterHolds
 from .data_publish import PublishApi
 from .mqtt.queues import queue_for_filter
 
@@ -62,9 +61,9 @@ def add_routes(app: web.Application, gateway: Gateway) -> PublishApi:
     app.router.add_get("/data/read", api.read)
     publish = PublishApi(gateway)  # the write side: gateway/data_publish.py
     app.router.add_post("/data/publish", publish.publish)
-    holds = FilterHolds(gateway)  # streaming readers of a topicFilter: gateway/data_holds.py
-    app.router.add_post("/data/filters", holds.hold)
-    app.on_cleanup.append(holds.close)
+    # streaming readers of a topicFilter (gateway/data_holds.py): held by the gateway from its
+    # start, before any listener, so a restart opens no gap in a held filter's queue
+    app.router.add_post("/data/filters", gateway.filter_holds().hold)
     return publish
 
 

@@ -25,6 +25,7 @@ from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
+from .data_holds import FilterHolds
 from .metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
@@ -81,6 +82,7 @@ class Gateway:
         self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)
         self.ready = False
+        self._filter_holds: FilterHolds | None = None
 
     async def start(self) -> None:
         if self.config.role == "gateway":
@@ -174,6 +176,7 @@ class Gateway:
         binds = {name: parse_bind(getattr(cfg, f"{name}_bind"), f"{name}_bind") for name in MQTT_LISTENERS}
         if all(bind is None for bind in binds.values()):
             log.info("listener off protocol=mqtt")
+            self.filter_holds()  # a store node's: before the store link's listener
             return
         store = self.store if self.store is not None else self.gateway_store
         assert store is not None
@@ -196,6 +199,7 @@ class Gateway:
         self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
                                authenticator=passwords, acl=acl, pressure=self.pressure, node=self.node)
         await self.mqtt.start()
+        self.filter_holds()  # restored before the listeners: no publish misses a held filter
         for name, bind in binds.items():
             if bind is None:
                 if name == "mqtt":
@@ -243,6 +247,12 @@ class Gateway:
         if self.mqtt is None or not isinstance(self.mqtt.wildcards, WildcardQueues):
             return True
         return self.mqtt.wildcards.subscribed(topic)
+
+    def filter_holds(self) -> FilterHolds:
+        """The wildcard filters data-API readers hold (restored from the store on first use)."""
+        if self._filter_holds is None:
+            self._filter_holds = FilterHolds(self)
+        return self._filter_holds
 
     def _mqtt_wildcards(self) -> WildcardQueues | None:
         """Where MQTT publishes find their target queues, for the other protocols to join:
@@ -334,6 +344,9 @@ class Gateway:
         if self._pressure_task is not None:
             self._pressure_task.cancel()
             self._pressure_task = None
+        if self._filter_holds is not None:
+            await self._filter_holds.close()
+            self._filter_holds = None
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None
