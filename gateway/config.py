@@ -232,6 +232,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{name} is 1..65535, not {getattr(cfg, name)}", name)
     if not 64 <= cfg.mqtt_max_packet_size <= 268_435_460:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes", "mqtt_max_packet_size")
+    if cfg.mqtt_max_packet_size > cfg.max_message_size:
+        raise ConfigError(f"mqtt_max_packet_size ({cfg.mqtt_max_packet_size}) may not exceed max_message_size "
+                          f"({cfg.max_message_size}): the store could take no publish of that size",
+                          "mqtt_max_packet_size")
     if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
         raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds", "mqtt_progress_save_interval_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):

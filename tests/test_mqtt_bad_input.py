@@ -143,3 +143,32 @@ async def test_a_flood_of_garbage_does_not_hurt_other_clients(data_dir: Path) ->
         assert [m.payload for m in await sub.receive(1)] == [b"still fine"]
         await sub.disconnect()
         await pub.disconnect()
+
+
+async def test_a_message_the_store_refuses_is_refused_alone(data_dir: Path) -> None:
+    """A publish the store cannot take (here: within the packet limit, but over the store's
+    message limit once its wildcard queues are listed in the record) gets its own negative
+    PUBACK; the publishes read with it are stored and acknowledged."""
+    async with running_gateway(data_dir, max_message_size=9_000, mqtt_max_packet_size=9_000) as gw:
+        port = mqtt_port(gw)
+        sub, _ = await RawClient.connected(port, Connect("many-filters", MQTT_5))
+        deep = "big/" + "/".join(str(level) for level in range(60))
+        filters = [f"big/{'+/' * i}#" for i in range(60)] + ["small/#"]  # each matches ``deep``: ~4 KB of names
+        sub.send(Subscribe(1, [Subscription(f, 0) for f in filters]))
+        assert len((await sub.recv()).reason_codes) == len(filters)
+        pub, _ = await RawClient.connected(port, Connect("pub", MQTT_5))
+        pub.send_raw(encode(Publish("small/a", b"a", 1, packet_id=1), MQTT_5)
+                     + encode(Publish(deep, b"x" * 6_000, 1, packet_id=2), MQTT_5)
+                     + encode(Publish("small/b", b"b", 1, packet_id=3), MQTT_5))
+        acks = {ack.packet_id: ack.reason_code for ack in [await pub.recv() for _ in range(3)]}
+        assert acks == {1: 0, 2: 0x83, 3: 0}
+        assert sorted([(await sub.recv()).payload for _ in range(2)]) == [b"a", b"b"]
+        await pub.close()
+        await sub.close()
+
+
+def test_the_mqtt_packet_limit_may_not_exceed_the_store_message_limit(tmp_path: Path) -> None:
+    from gateway.config import Config, ConfigError, validate
+
+    with pytest.raises(ConfigError, match="mqtt_max_packet_size"):
+        validate(Config(data_dir=tmp_path, max_message_size=1 << 20, mqtt_max_packet_size=2 << 20))

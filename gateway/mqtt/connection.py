@@ -510,7 +510,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         make = self._messages.message
         items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
         try:
-            fut = broker.store.put_batch_nowait(items)
+            # a publish the store cannot take is refused alone; the others read with it go on
+            fut, refused = broker.store.put_each_nowait(items)
         except StoreError as exc:
             self._publishes_failed(batch, exc)
             return
@@ -519,14 +520,18 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._pending_puts += len(batch)
         if self._pending_puts > self.settings.max_pending_puts:
             self.read_pauses.pause("puts")
-        if any(p.retain for p, _ in batch):
-            retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in batch]
+        stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
+        if any(p.retain for p, _ in stored):
+            retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in stored]
             fut.add_done_callback(lambda f: broker.record_retained(retained, f))
-        fut.add_done_callback(lambda f: self._publishes_stored(batch, f))
+        fut.add_done_callback(lambda f: self._publishes_stored(batch, f, refused))
         if self.tracer is not None:
-            self.tracer.watch_put("mqtt", self.client_id, items, fut)
+            self.tracer.watch_put("mqtt", self.client_id,
+                                  [item for i, item in enumerate(items) if i not in refused], fut)
 
-    def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future) -> None:
+    def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future,
+                          refused: dict[int, StoreError]) -> None:
+        """Acknowledge in the order the publishes came (MQTT 4.6), each refused one where it was."""
         self._pending_puts -= len(batch)
         if self._pending_puts <= self.settings.max_pending_puts // 2:
             self.read_pauses.resume("puts")
@@ -535,8 +540,12 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             return
         if self.closed:
             return
-        for packet, _ in batch:
-            if packet.qos:
+        for i, (packet, topic) in enumerate(batch):
+            if i in refused:
+                self._publish_refused(packet, topic, refused[i])
+                if self.closed:
+                    return
+            elif packet.qos:
                 self._ack_inbound(packet, ReasonCode.SUCCESS)
         self.flush()
 
@@ -552,6 +561,20 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             if packet.qos:
                 self._ack_inbound(packet, ReasonCode.UNSPECIFIED_ERROR)
         self.flush()
+
+    def _publish_refused(self, packet: Publish, topic: str, exc: StoreError) -> None:
+        """A publish the store refused alone (too large once stored with its queue list, or
+        invalid): 5.0 answers it with a negative acknowledgement (a QoS 0 one has none:
+        DISCONNECT 0x95); 3.1.1 has no negative acknowledgement, so the connection closes."""
+        self.broker.limited_log.log(logging.WARNING, type(exc).__name__,
+                                    "publish refused by the store client_id=%s topic=%s error=%s",
+                                    self.client_id, json.dumps(topic), json.dumps(str(exc)))
+        if self.version != MQTT_5:
+            self.close()
+        elif not packet.qos:
+            self.disconnect(ReasonCode.PACKET_TOO_LARGE, str(exc))
+        else:
+            self._ack_inbound(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _ack_inbound(self, packet: Publish, code: ReasonCode) -> None:
         assert packet.packet_id is not None
