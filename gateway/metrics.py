@@ -87,6 +87,11 @@ class GatewayCollector:
             dropped.add_metric([name], stats.publish_dropped)
             auth.add_metric([name], stats.auth_failures)
         yield from (connections, accepted, received, sent, bytes_in, bytes_out, dropped, auth)
+        denied = CounterMetricFamily("tidemq_authorization_denied", "Operations refused by the ACL or AMQP "
+                                     "permissions (gateway/auth/authorize.py)", labels=["protocol", "action"])
+        for (protocol, action), count in sorted(self.gateway.authorizer.stats.denied.items()):
+            denied.add_metric([protocol, action], count)
+        yield denied
         mqtt = self.gateway.mqtt
         if mqtt is not None:
             yield GaugeMetricFamily("tidemq_mqtt_sessions", "MQTT sessions (connected and persistent)",

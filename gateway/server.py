@@ -18,6 +18,7 @@ from store import MessageStore, StoreError
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
+from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
@@ -78,9 +79,15 @@ class Gateway:
         # a store node: the cluster's MQTT wildcard filters (its gateway nodes' sessions hold them)
         self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)
+        # one authorisation model for every protocol (gateway/auth/authorize.py): loaded in start()
+        self.authorizer = Authorizer(None)
+        self.passwords: PasswordFile | None = None
         self.ready = False
 
     async def start(self) -> None:
+        cfg = self.config
+        self.passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
+        self.authorizer = Authorizer(Acl.load(cfg.acl_file) if cfg.acl_file else None)
         if self.config.role == "gateway":
             await self._connect_store_node()
         else:
@@ -180,10 +187,9 @@ class Gateway:
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
         )
-        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
-        acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
+        acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
         self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
-                               authenticator=passwords, acl=acl, pressure=self.pressure, node=self.node)
+                               authenticator=self.passwords, acl=acl, pressure=self.pressure, node=self.node)
         await self.mqtt.start()
         for name, extra_bind in (("mqtts", cfg.mqtts_bind), ("ws", cfg.ws_bind)):
             extra = parse_bind(extra_bind, f"{name}_bind")
@@ -209,10 +215,10 @@ class Gateway:
     async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         assert self.store is not None
         cfg = self.config
-        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
-        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous,
-                               pressure=self.pressure)
+        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
+                               allow_anonymous=cfg.allow_anonymous, pressure=self.pressure)
+        self.amqp.authorizer = self.authorizer
         await self.amqp.start()
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)

@@ -38,12 +38,12 @@ from protocols.amqp.frames import (
     connection_error,
     method_frame,
 )
-from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
 from ..read_pauses import ReadPauses
 from .channel import Channel
-from .messages import routing_key_to_mqtt_topic, to_store_message
+from .messages import routing_key_to_mqtt_topic, to_store_message, valid_mqtt_topic
+from .permissions import publish_refusal
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -400,10 +400,14 @@ class AMQPConnection(asyncio.Protocol):
                 if event.channel not in self.closing_channels:
                     self._fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
                 continue
+            m = event.method
+            refusal = None if in_commit else publish_refusal(self, m.exchange, m.routing_key)
+            if refusal is not None:  # the user's permissions (gateway/auth/authorize.py)
+                self._fail(channel_error(ACCESS_REFUSED, refusal, event.channel, m))
+                continue
             if channel.tx and not in_commit:
                 channel.tx_publishes.append(event)
                 continue
-            m = event.method
             exchange = broker.exchanges.get(m.exchange)
             if exchange is None and m.exchange != "":
                 self._fail(channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m))
@@ -489,12 +493,3 @@ def _reply_name(code: int) -> str:
         COMMAND_INVALID: "COMMAND_INVALID", CHANNEL_ERROR: "CHANNEL_ERROR", 505: "UNEXPECTED_FRAME",
         NOT_ALLOWED: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
     }.get(code, str(code))
-
-
-
-def valid_mqtt_topic(topic: str) -> bool:
-    try:
-        validate_topic_name(topic)
-    except TopicError:
-        return False
-    return not topic.startswith("$")
