@@ -100,7 +100,10 @@ class Config:
     # who may connect ([auth] section in TOML); the same for every protocol
     allow_anonymous: bool = True
     password_file: str = ""  # Mosquitto format; manage with `tidemq passwd`
-    acl_file: str = ""  # Mosquitto acl_file format
+    acl_file: str = ""  # Mosquitto acl_file format, plus "amqp" permission lines (gateway/auth/acl.py)
+    access_keys_file: str = ""  # RocketMQ AccessKey -> SecretKey, user (gateway/auth/access_keys.py)
+    # every listener: a connection's CONNECT / AMQP handshake / first remoting request comes within this
+    connect_timeout_s: float = 10.0
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def store_options(self) -> StoreOptions:
@@ -223,6 +226,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mqtt_max_packet_size is 64..268435460 bytes")
     if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
         raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds")
+    if not 0 < cfg.connect_timeout_s <= 3600:
+        raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}")
     if cfg.role not in ("embedded", "store", "gateway"):

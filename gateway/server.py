@@ -18,6 +18,7 @@ from store import MessageStore, StoreError
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
+from .auth.access_keys import AccessKeys
 from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
@@ -34,6 +35,7 @@ from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
 from .remoting.broker import RemotingBroker
+from .remoting.access import RemotingAccess
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .trace import Tracer, parse_listeners
@@ -186,6 +188,7 @@ class Gateway:
             expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
+            connect_timeout_s=cfg.connect_timeout_s,
         )
         acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
         self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
@@ -219,6 +222,7 @@ class Gateway:
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure)
         self.amqp.authorizer = self.authorizer
+        self.amqp.connect_timeout_s = cfg.connect_timeout_s
         await self.amqp.start()
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
@@ -257,6 +261,12 @@ class Gateway:
         self.remoting = RemotingBroker(
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
+        self.remoting.connect_timeout_s = cfg.connect_timeout_s
+        # with a password file or an ACL, requests are signed with AccessKeys (remoting/access.py)
+        self.remoting.access = RemotingAccess(
+            self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
+            required=bool(cfg.password_file or cfg.acl_file), allow_anonymous=cfg.allow_anonymous,
+            stats=self.remoting.stats)
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # a remoting topic is an MQTT first level (README)
             wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
@@ -275,7 +285,9 @@ class Gateway:
             self.store_service = StoreService(self.store, self.cluster_wildcards, retained, router, cfg.cluster_token,
                                               amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
-            self.remoting.handlers.update(self.store_service.handlers())
+            link_handlers = self.store_service.handlers()
+            self.remoting.handlers.update(link_handlers)
+            self.remoting.access.unsigned_codes.update(link_handlers)  # they have the cluster token instead
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(

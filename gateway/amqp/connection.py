@@ -107,7 +107,7 @@ class AMQPConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
-        self._timer = asyncio.get_running_loop().call_later(10.0, self._handshake_timeout)
+        self._timer = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._handshake_timeout)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()

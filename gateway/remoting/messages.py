@@ -14,12 +14,15 @@ presented with its remoting topic, ``mqttSecondTopic`` for the rest of its MQTT 
 from __future__ import annotations
 
 import socket
+import zlib
 from dataclasses import dataclass
 
-from protocols.remoting.message_codec import WireMessage
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.message_codec import COMPRESSED_FLAG, WireMessage
 from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
 from store import Message, StoredMessage
 
+from .requests import BadRequest
 from .topics import SECOND_TOPIC_PROPERTY
 
 REMOTING_FLAG = 0x400  # record flag marker: a remoting message whose own flag is in FLAG_PROPERTY
@@ -72,6 +75,22 @@ def to_store_message(topic: str, body: bytes, properties: dict[str, str], *, fla
     props[BORN_HOST_PROPERTY] = born_host
     return Message(topic, body, properties=props, key=record_key(properties), tags=properties.get(TAGS) or None,
                    born_timestamp=born_timestamp, flag=record_flag)
+
+
+def plain_body(body: bytes, sys_flag: int, max_size: int) -> tuple[bytes, int]:
+    """A body the client compressed (sysFlag COMPRESSED, e.g. ali-ons above 4 KiB) is stored
+    inflated, the flag cleared: MQTT and AMQP readers of the same record get the payload,
+    and remoting consumers read plain bodies as well as compressed ones."""
+    if not sys_flag & COMPRESSED_FLAG:
+        return body, sys_flag
+    inflater = zlib.decompressobj()
+    try:
+        plain = inflater.decompress(body, max_size + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"the compressed body does not inflate: {exc}", ResponseCode.MESSAGE_ILLEGAL) from None
+    if len(plain) > max_size or inflater.unconsumed_tail:
+        raise BadRequest("the body inflates beyond the message size limit", ResponseCode.MESSAGE_ILLEGAL)
+    return plain, sys_flag & ~COMPRESSED_FLAG
 
 
 def user_properties(message: StoredMessage) -> dict[str, str]:

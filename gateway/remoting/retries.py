@@ -61,15 +61,21 @@ class RetryRequests:
         await self.store.put(restore(message, self._record_topic(topic, user), user),
                              self.targets(topic, queue_id, user))
 
-    async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        group = str_field(ext, "group")
-        position = int_field(ext, "offset")
-        delay_level = int_field(ext, "delayLevel", 0)
-        max_reconsume = int_field(ext, "maxReconsumeTimes", self.max_reconsume_times)
+    def send_back(self, conn, request: RemotingCommand):
+        """The message at commitlog ``offset`` into the group's retry topic (or its DLQ); only
+        a message the sender could have pulled (access.py)."""
+        position = int_field(request.ext_fields, "offset")
         original = self.store.read_at(position)
         if original is None:
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
+        self.access.check_read(conn.principal, original, "send back")
+        return self._send_back(request, original)
+
+    async def _send_back(self, request: RemotingCommand, original: StoredMessage) -> RemotingCommand:
+        ext = request.ext_fields
+        group = str_field(ext, "group")
+        delay_level = int_field(ext, "delayLevel", 0)
+        max_reconsume = int_field(ext, "maxReconsumeTimes", self.max_reconsume_times)
         props = user_properties(original)
         reconsume = int(original.properties.get(RECONSUME_PROPERTY, "0")) + 1
         origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
