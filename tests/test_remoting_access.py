@@ -160,6 +160,14 @@ async def test_view_query_and_send_back_of_denied_messages_refused(data_dir: Pat
         pull = await raw.call(RequestCode.PULL_MESSAGE, signed(pull_header("secret", 0), b"", "mallory"))
         assert pull.code == ResponseCode.PULL_RETRY_IMMEDIATELY and not pull.body  # skipped, offset moves on
         assert (await raw.call(RequestCode.PULL_MESSAGE, signed(pull_header("secret", 0), b"", "alice"))).body
+        # alice's retry of it: the retry topic is not an MQTT topic, its message still is secret
+        back.update(group="GID-a", delayLevel="1")
+        assert (await raw.call(RequestCode.CONSUMER_SEND_MSG_BACK, signed(back, b"", "alice"))).code == 0
+        retry = pull_header("%RETRY%GID-a", 0, suspend_ms=5000)
+        got = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "alice"))
+        assert got.code == 0 and body in got.body
+        pull = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "mallory"))
+        assert pull.code == ResponseCode.PULL_RETRY_IMMEDIATELY and not pull.body
         raw.close()
 
 

@@ -8,9 +8,10 @@ link's requests (gateway nodes) are not signed: they have the cluster token inst
 A remoting topic ``T`` is the MQTT first level ``T`` (topics.py), so the ACL's topic rights
 apply: a send writes ``T`` (or ``T`` + its ``mqttSecondTopic``); a pull of ``T`` reads the
 MQTT topics under it, each message checked unless every one may be read; a message looked up
-by id or key, or given back for a retry, must be one the principal could have pulled. Topics
-starting with ``%`` (retry and dead-letter topics) are not MQTT topics. Refusals answer
-NO_PERMISSION (16), as RocketMQ's broker does.
+by id or key, or given back for a retry, must be one the principal could have pulled. Retry
+and dead-letter topics (``%...``) are not MQTT topics, but their messages are checked by the
+topic they were first on (``rmq.ot``). Refusals answer NO_PERMISSION (16), as RocketMQ's
+broker does.
 
 Messages RocketMQ would hold back -- timer messages (``__STARTDELIVERTIME``, ``TIMER_*``) and
 transactional half messages -- are refused until they are built: never delivered early. They
@@ -31,6 +32,7 @@ from store import StoredMessage
 
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
+from .messages import origin_topic
 from .requests import BadRequest
 from .topics import SECOND_TOPIC_PROPERTY, STORE_QUEUE_PREFIX, mqtt_topic_of
 
@@ -98,14 +100,19 @@ class RemotingAccess:
         """For a pull of ``topic``: None (every message may be read), or the test of each
         message; BadRequest when none of its MQTT topics may be read."""
         authorizer = self.authorizer
-        if not authorizer.enabled or mqtt_topic_of(topic, None) is None:
+        if not authorizer.enabled:
             return None
-        every = f"{topic}/#"  # (matches ``topic`` itself too)
-        if authorizer.can_read_all(who, every):
-            return None
-        if not authorizer.can_read_some(who, every):
-            raise BadRequest(authorizer.denied(who, "pull", topic), ResponseCode.NO_PERMISSION)
-        return lambda message: message.topic.startswith("%") or authorizer.can_read(who, message.topic)
+        if mqtt_topic_of(topic, None) is not None:
+            every = f"{topic}/#"  # (matches ``topic`` itself too)
+            if authorizer.can_read_all(who, every):
+                return None
+            if not authorizer.can_read_some(who, every):
+                raise BadRequest(authorizer.denied(who, "pull", topic), ResponseCode.NO_PERMISSION)
+        # (a retry or dead-letter topic holds messages of other topics: each by its first topic)
+        return lambda message: self._may_read_topic(who, origin_topic(message))
+
+    def _may_read_topic(self, who: Principal, topic: str) -> bool:
+        return topic.startswith("%") or self.authorizer.can_read(who, topic)
 
     def may_read(self, who: Principal, message: StoredMessage) -> bool:
         """A message asked for by id or key, or given back: one this principal could pull."""
@@ -113,7 +120,7 @@ class RemotingAccess:
             return True
         if not any(queue.startswith(STORE_QUEUE_PREFIX) for queue, _ in message.queues):
             return False  # not in a remoting topic: no remoting reader may see it
-        return message.topic.startswith("%") or self.authorizer.can_read(who, message.topic)
+        return self._may_read_topic(who, origin_topic(message))
 
     def check_read(self, who: Principal, message: StoredMessage, action: str) -> None:
         if not self.may_read(who, message):

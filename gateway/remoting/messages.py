@@ -31,6 +31,8 @@ FLAG_PROPERTY = "rmq.flag"
 SYS_FLAG_PROPERTY = "rmq.sys"
 RECONSUME_PROPERTY = "rmq.rc"
 BORN_HOST_PROPERTY = "rmq.bh"
+# the MQTT topic a message given back (retry, DLQ) was first on: the ACL checks its readers by it
+ORIGIN_TOPIC_PROPERTY = "rmq.ot"
 QOS_PROPERTY = "qoslevel"
 INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
 MQTT_FLAG = 0x100  # gateway.mqtt.messages: the QoS is in the low two bits
@@ -93,6 +95,11 @@ def plain_body(body: bytes, sys_flag: int, max_size: int) -> tuple[bytes, int]:
     return plain, sys_flag & ~COMPRESSED_FLAG
 
 
+def origin_topic(message: StoredMessage) -> str:
+    """The topic the ACL judges a message by: the one it was first stored on."""
+    return message.properties.get(ORIGIN_TOPIC_PROPERTY) or message.topic
+
+
 def user_properties(message: StoredMessage) -> dict[str, str]:
     """The properties a remoting client sees (internal ones stripped)."""
     return {k: v for k, v in message.properties.items() if not k.startswith(INTERNAL_PREFIXES)}
@@ -112,6 +119,8 @@ def restore(message: StoredMessage, topic: str, properties: dict[str, str], *,
     """A stored message made ready to be stored again (a retry, a due delayed message) under
     ``topic`` with ``properties``, keeping what only the internal properties remember."""
     internal = message.properties
+    if ORIGIN_TOPIC_PROPERTY in internal and ORIGIN_TOPIC_PROPERTY not in properties:
+        properties = {**properties, ORIGIN_TOPIC_PROPERTY: internal[ORIGIN_TOPIC_PROPERTY]}
     return to_store_message(
         topic, message.body, properties, flag=client_flag(message),
         sys_flag=int(internal.get(SYS_FLAG_PROPERTY, "0")), born_timestamp=message.born_timestamp,

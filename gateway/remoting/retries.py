@@ -19,7 +19,8 @@ from protocols.remoting.properties import (
 )
 from store import StoredMessage
 
-from .messages import INTERNAL_PREFIXES, RECONSUME_PROPERTY, restore, user_properties
+from .messages import INTERNAL_PREFIXES, ORIGIN_TOPIC_PROPERTY, RECONSUME_PROPERTY, restore, user_properties
+from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .schedule import SCHEDULE_TOPIC, schedule_queue
 from .topics import dlq_topic, retry_topic, store_queue
@@ -80,6 +81,7 @@ class RetryRequests:
         reconsume = int(original.properties.get(RECONSUME_PROPERTY, "0")) + 1
         origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
         props.setdefault(RETRY_TOPIC, origin_topic)
+        props[ORIGIN_TOPIC_PROPERTY] = first_topic(original)  # (access.py: its readers are checked by it)
         props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
         props[MAX_RECONSUME_TIMES] = str(max_reconsume)
         if reconsume > max_reconsume or delay_level < 0:
