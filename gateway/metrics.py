@@ -26,7 +26,7 @@ from prometheus_client.core import (
 
 from store.stats import LatencyHistogram
 
-from . import admin, dashboard, data_api
+from . import admin, dashboard, data_access, data_api
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -252,9 +252,12 @@ class MetricsServer:
     async def _admin_guard(self, request: web.Request, handler):
         if request.path.startswith(("/admin/", "/data/")):
             token = self.gateway.config.admin_token
-            if token and request.headers.get("Authorization") != f"Bearer {token}":
+            data = request.path.startswith("/data/")  # (also a user's Basic credentials: data_access.py)
+            if not data and token and request.headers.get("Authorization") != f"Bearer {token}":
                 return web.json_response({"error": "a valid admin token is needed"}, status=401)
             try:
+                if data:
+                    request[data_access.PRINCIPAL] = await data_access.authenticate(request, self.gateway)
                 return await handler(request)
             except admin.AdminError as exc:
                 return web.json_response({"error": str(exc)}, status=exc.status)

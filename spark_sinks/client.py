@@ -15,6 +15,7 @@ client per connection per process (opening a secondary costs a few ms and a file
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -58,7 +59,8 @@ class StoreClient(Protocol):
 
 
 class HttpClient:
-    def __init__(self, url: str, token: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None, username: str | None = None,
+                 password: str | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SourceError(f"tidemq source: address must be HOST:PORT or http(s)://HOST:PORT, not {url!r}")
@@ -66,6 +68,9 @@ class HttpClient:
         self._host, self._port = parts.hostname, parts.port
         self._base = parts.path.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if username is not None:  # a user of the gateway's password file (its ACL applies)
+            basic = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
+            self._headers = {"Authorization": f"Basic {basic}"}
         self._conn: http.client.HTTPConnection | None = None
         self.url = url
 
@@ -171,7 +176,7 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token)
+            client = HttpClient(connection.url, connection.token, connection.username, connection.password)
         _CLIENTS[connection] = client
     return client
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EARLIEST = -2
 LATEST = -1
@@ -33,8 +33,21 @@ class Connection:
     """
 
     address: str | None = None
-    token: str | None = None
+    token: str | None = None  # the gateway's admin_token: the operator's rights
     data_dir: str | None = None
+    username: str | None = None  # or a user of the gateway's password file, under its ACL
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, opts: Mapping[str, str], what: str, data_dir: str | None = None) -> Connection:
+        """From a source's or sink's (lower-cased) options: address, token, username, password."""
+        username, password = opts.get("username") or None, opts.get("password")
+        if username is not None and opts.get("token"):
+            raise OptionError(f"tidemq {what}: give token (the admin token) or username and password, not both")
+        if (username is None) != (password is None):
+            raise OptionError(f"tidemq {what}: username and password go together")
+        return cls(address=opts.get("address") or None, token=opts.get("token") or None, data_dir=data_dir,
+                   username=username, password=password)
 
     @property
     def url(self) -> str:
@@ -62,7 +75,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
-        known = {"address", "token", "datadir", "queues", "topicfilter", "startingoffsets", "endingoffsets",
+        known = {"address", "token", "username", "password", "datadir", "queues", "topicfilter", "startingoffsets", "endingoffsets",
                  "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition", "minpartitions"}
         unknown = sorted(set(opts) - known)
         if unknown:
@@ -79,7 +92,7 @@ class SourceOptions:
             raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
                               "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry)")
         return cls(
-            connection=Connection(address=address, token=opts.get("token") or None, data_dir=data_dir),
+            connection=Connection.of(opts, "source", data_dir),
             queues=queues,
             topic_filter=topic_filter,
             starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,
