@@ -262,11 +262,14 @@ class Gateway:
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
         self.remoting.connect_timeout_s = cfg.connect_timeout_s
-        # with a password file or an ACL, requests are signed with AccessKeys (remoting/access.py)
+        # with a password file, ACL or access keys, requests are signed with AccessKeys (remoting/access.py)
+        required = bool(cfg.password_file or cfg.acl_file or cfg.access_keys_file)
+        if required and not cfg.access_keys_file:
+            log.warning("remoting requests must be signed but no access_keys_file is set: only %s",
+                        "unsigned (anonymous) clients can work" if cfg.allow_anonymous else "the store link works")
         self.remoting.access = RemotingAccess(
             self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
-            required=bool(cfg.password_file or cfg.acl_file), allow_anonymous=cfg.allow_anonymous,
-            stats=self.remoting.stats)
+            required=required, allow_anonymous=cfg.allow_anonymous, stats=self.remoting.stats)
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # a remoting topic is an MQTT first level (README)
             wildcards.extras.append(self.remoting.topics.queues_for_mqtt)

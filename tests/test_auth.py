@@ -237,3 +237,16 @@ async def test_acl_enforced_on_publish_subscribe_and_delivery(data_dir: Path, se
         assert (got.topic, got.payload) == ("alice/open", b"o")
         await alice.close()
         await bob.close()
+
+
+def test_access_keys_file(tmp_path: Path) -> None:
+    from gateway.auth.access_keys import AccessKeys
+
+    path = tmp_path / "keys"
+    path.write_text("# ak sk user\nAK1 sk1 alice\nAK2 sk2\n")
+    keys = AccessKeys.load(path)
+    assert len(keys) == 2
+    for bad, message in [("AK1\n", "expected"), ("AK1 a\nAK1 b\n", "twice")]:
+        path.write_text(bad)
+        with pytest.raises(AuthConfigError, match=rf"keys:\d: .*{message}"):
+            AccessKeys.load(path)

@@ -200,11 +200,17 @@ async def test_cpp_client_signs_with_session_credentials(data_dir: Path, secured
 
 # -- the first request, timers and transactions ---------------------------------------------
 async def test_silent_connection_closed_after_connect_timeout(data_dir: Path) -> None:
-    async with remoting_gateway(data_dir, connect_timeout_s=0.5) as (_, addr):
+    async with remoting_gateway(data_dir, connect_timeout_s=0.5, mqtt_bind="127.0.0.1:0",
+                                amqp_bind="127.0.0.1:0") as (gw, addr):
         silent = await RawRemoting.open(addr)
         talking = await RawRemoting.open(addr)
         assert (await talking.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"})).code == 0
         assert await silent.closed()
+        for protocol in ("mqtt", "amqp"):  # the same setting on every listener
+            port = next(listener.address[1] for listener in gw.listeners if listener.protocol == protocol)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 5.0) == b"", protocol
+            writer.close()
         await asyncio.sleep(1.0)  # past the timeout: the one that spoke stays
         assert (await talking.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"})).code == 0
         talking.close()
