@@ -258,5 +258,7 @@ async def test_timer_message_refused_with_cpp_client_and_end_transaction_not_sup
         body = b"half"
         half = send_header("CppLater", properties=encode_properties({"TRAN_MSG": "true"}))
         assert (await raw.call(RequestCode.SEND_MESSAGE, half, body)).code == ResponseCode.MESSAGE_ILLEGAL
+        wildcard = send_header("CppLater", properties=encode_properties({"mqttSecondTopic": "/+/x"}))
+        assert (await raw.call(RequestCode.SEND_MESSAGE, wildcard, body)).code == ResponseCode.MESSAGE_ILLEGAL
         raw.close()
         assert all(gw.store.max_offset_now(f"r:CppLater:{q}") == 0 for q in range(4))

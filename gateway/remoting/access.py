@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from protocols.mqtt.topics import TopicError, validate_topic_name
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.message_codec import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
@@ -92,7 +93,14 @@ class RemotingAccess:
             raise BadRequest("transactional messages are not supported yet: half message not sent",
                              ResponseCode.MESSAGE_ILLEGAL)
         mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
-        if mqtt_topic is not None and not self.authorizer.can_write(who, mqtt_topic):
+        if mqtt_topic is None:
+            return
+        try:
+            validate_topic_name(mqtt_topic)  # (MQTT subscribers must never get a wildcard topic)
+        except TopicError as exc:
+            raise BadRequest(f"{SECOND_TOPIC_PROPERTY} makes no MQTT topic name: {exc}",
+                             ResponseCode.MESSAGE_ILLEGAL) from None
+        if not self.authorizer.can_write(who, mqtt_topic):
             raise BadRequest(self.authorizer.denied(who, "send", mqtt_topic), ResponseCode.NO_PERMISSION)
 
     # -- reads ---------------------------------------------------------------------------------
