@@ -251,6 +251,9 @@ def validate(cfg: Config) -> None:
         if "amqp_bind" not in cfg.source:
             cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":
+        if (cfg.password_file or cfg.acl_file or cfg.access_keys_file) and not cfg.cluster_token:
+            raise ConfigError("role store with a password file, ACL or access keys needs cluster_token: the store "
+                              "link serves the whole store to whoever connects without it")
         if not cfg.remoting_bind:
             raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind")
         if "mqtt_bind" in cfg.source and cfg.mqtt_bind:
