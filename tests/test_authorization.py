@@ -141,6 +141,36 @@ async def test_pika_binding_to_denied_topics_refused(data_dir: Path, secured: di
         await publisher.disconnect()
 
 
+async def test_pika_other_users_routes_into_and_out_of_denied_topics_refused(data_dir: Path, secured: dict) -> None:
+    """What alice may set up (her queue of secret/#, exchanges fed by or feeding amq.topic) does not
+    open secret topics to mallory, whatever AMQP permissions she has on alice's resources."""
+    async with running_gateway(data_dir, **secured) as gw:
+        def run() -> list[int]:
+            alice = pika_connection(gw, "alice").channel()
+            alice.queue_declare("alice.secret")
+            alice.queue_bind("alice.secret", "amq.topic", "secret.#")
+            alice.exchange_declare("alice.out", "topic")
+            alice.exchange_bind("alice.out", "amq.topic", "secret.#")
+            alice.exchange_declare("alice.in", "fanout")
+            alice.exchange_bind("amq.topic", "alice.in", "")
+            conn = pika_connection(gw, "mallory")
+            codes = []
+            for call in (
+                lambda ch: ch.basic_get("alice.secret"),
+                lambda ch: ch.basic_consume("alice.secret", lambda *a: None),
+                lambda ch: (ch.queue_declare("mq2"), ch.queue_bind("mq2", "alice.out", "#")),
+                lambda ch: ch.basic_publish("alice.in", "secret.via.fanout", b"leak"),
+                lambda ch: ch.basic_publish("alice.in", "public.via.fanout", b"fine"),
+            ):
+                ch = conn.channel()
+                ch.confirm_delivery()
+                codes.append(refused(lambda: call(ch)))
+            conn.close()
+            return codes
+
+        assert await asyncio.to_thread(run) == [403, 403, 403, 403, 0]
+
+
 # -- the same through kombu -----------------------------------------------------------------------
 def kombu_connection(gw, user: str) -> kombu.Connection:
     return kombu.Connection(f"amqp://{user}:pw-{user}@127.0.0.1:{amqp_port(gw)}//",

@@ -1,10 +1,12 @@
 """What an AMQP method needs (gateway/auth/authorize.py): RabbitMQ's configure / write / read
 permissions on the exchanges and queues it names, as RabbitMQ's access-control table lists
 them, and the MQTT topic rights of what crosses into or out of MQTT topic space through
-``amq.topic``: a publish there writes the topic of its routing key; a binding from it reads
-every topic of its binding key (all of them: a queue's messages cannot be checked one by one,
-so a deny rule that touches the binding refuses it); an exchange bound to it, or a queue
-dead-lettering into it, writes there. Refusals raise 403 ACCESS_REFUSED (channel close)."""
+``amq.topic``: a publish there (or to an exchange bound on into it) writes the topic of its
+routing key; a binding from it -- or from an exchange it feeds -- and a consumer of a queue it
+feeds read every topic of the binding keys on the way (all of them: a queue's messages cannot be
+checked one by one, so a deny rule that touches a binding refuses it); an exchange bound into it,
+or a queue dead-lettering into it, writes there. Refusals raise 403 ACCESS_REFUSED (channel
+close)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..auth.authorize import Principal
 from .messages import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic, valid_mqtt_topic
 
 if TYPE_CHECKING:
+    from .broker import AMQPBroker
     from .channel import Channel
     from .connection import AMQPConnection
 
@@ -56,7 +59,7 @@ def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> st
     who = principal(conn)
     if not authorizer.amqp_allows(who, "write", exchange):
         return authorizer.denied(who, "amqp write", f"exchange {exchange or 'amq.default'}")
-    if exchange == BRIDGE_EXCHANGE:
+    if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange):
         topic = routing_key_to_mqtt_topic(routing_key)
         if valid_mqtt_topic(topic) and not authorizer.can_write(who, topic):
             return authorizer.denied(who, "publish", topic)
@@ -99,14 +102,60 @@ _NEEDS = {
 
 
 # -- MQTT topic space through amq.topic ------------------------------------------------------
-def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
-    if source != BRIDGE_EXCHANGE:
-        return None
-    topic_filter = binding_key_to_mqtt_filter(binding_key)
+def _reaches_bridge(broker: AMQPBroker, exchange: str) -> bool:
+    """Whether messages published to ``exchange`` can be routed on into amq.topic."""
+    pending, seen = [exchange], {exchange}
+    while pending:
+        source = broker.exchanges.get(pending.pop())
+        for binding in source.exchange_bindings if source is not None else ():
+            if binding.queue == BRIDGE_EXCHANGE:
+                return True
+            if binding.queue not in seen:
+                seen.add(binding.queue)
+                pending.append(binding.queue)
+    return False
+
+
+def _bridge_keys(broker: AMQPBroker, *, queue: str | None = None, exchange: str | None = None) -> list[str]:
+    """The amq.topic binding keys whose messages reach this queue or exchange, directly or
+    through exchanges bound from amq.topic (a superset of what really gets there)."""
+    keys: list[str] = []
+    pending: list[tuple[str | None, str | None]] = [(queue, exchange)]
+    seen: set[str] = set()
+    while pending:
+        to_queue, to_exchange = pending.pop()
+        for source in broker.exchanges.values():
+            bindings = source.bindings if to_queue is not None else source.exchange_bindings
+            for binding in bindings:
+                if binding.queue != (to_queue if to_queue is not None else to_exchange):
+                    continue
+                if source.name == BRIDGE_EXCHANGE:
+                    keys.append(binding.routing_key)
+                elif source.name not in seen:
+                    seen.add(source.name)
+                    pending.append((None, source.name))
+    return keys
+
+
+def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
     authorizer = channel.broker.authorizer
-    if topic_filter is not None and not authorizer.can_read_all(who, topic_filter):
-        return authorizer.denied(who, "bind", f"{BRIDGE_EXCHANGE} {binding_key} (MQTT {topic_filter})")
+    for key in keys:
+        topic_filter = binding_key_to_mqtt_filter(key)
+        if topic_filter is not None and not authorizer.can_read_all(who, topic_filter):
+            return authorizer.denied(who, action, f"{BRIDGE_EXCHANGE} {key} (MQTT {topic_filter})")
     return None
+
+
+def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
+    """A binding from ``source``: from amq.topic, its key's topics; from an exchange amq.topic
+    feeds, the topics of the keys on the way there."""
+    if source == BRIDGE_EXCHANGE:
+        return _reads_keys(channel, who, [binding_key], "bind")
+    return _reads_keys(channel, who, _bridge_keys(channel.broker, exchange=source), "bind")
+
+
+def _consumes_topics(channel: Channel, who: Principal, queue: str) -> str | None:
+    return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "consume")
 
 
 def _writes_topics(channel: Channel, who: Principal, routing: str | None) -> str | None:
@@ -138,6 +187,8 @@ def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.De
 
 _TOPICS = {
     commands.Queue.Bind: lambda ch, who, m: _reads_topics(ch, who, m.exchange, m.routing_key),
+    commands.Basic.Consume: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
+    commands.Basic.Get: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
     commands.Exchange.Bind: _exchange_bind_topics,
     commands.Queue.Declare: _queue_declare_topics,
 }
