@@ -8,7 +8,8 @@
 
 A queue is read as what it holds: ``t:{topic}`` that MQTT topic, ``w:{filter}`` every topic of
 the filter (a reader of a queue cannot have single rows checked, so a deny rule touching the
-filter refuses it), ``q:{name}`` the AMQP queue (AMQP read permission), ``r:{topic}:{id}``
+filter refuses it), ``q:{name}`` the AMQP queue (AMQP read permission, and read on the topics
+amq.topic feeds it with), ``r:{topic}:{id}``
 every MQTT topic under the remoting topic; other queues (retry, schedule, internal) are the
 operator's. Refusals answer 403 and are counted and logged as every protocol's.
 """
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from .admin import AdminError
+from .amqp.permissions import queue_topics_readable
 from .auth.authorize import Principal
 
 if TYPE_CHECKING:
@@ -68,7 +70,8 @@ def may_read_queue(gateway: Gateway, who: Principal | None, queue: str) -> bool:
     if kind == "w":
         return authorizer.can_read_all(who, name)
     if kind == "q":
-        return authorizer.amqp_allows(who, "read", name)
+        amqp = gateway.amqp
+        return authorizer.amqp_allows(who, "read", name) and (amqp is None or queue_topics_readable(amqp, who, name))
     if kind == "r":
         topic = name.rpartition(":")[0]
         return not topic.startswith("%") and authorizer.can_read_all(who, f"{topic}/#")

@@ -65,7 +65,20 @@ async def test_sink_publish_to_denied_topic_refused(data_dir: Path, secured: dic
 
 
 async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: dict) -> None:
-    async with running_gateway(data_dir, admin_token="T0K", **secured) as gw:
+    async with running_gateway(data_dir, admin_token="T0K", amqp_bind="127.0.0.1:0", **secured) as gw:
+        import pika
+
+        amqp_port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+
+        def alice_queue() -> None:  # an AMQP queue fed secret topics: not mallory's to read either
+            conn = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", amqp_port, credentials=pika.PlainCredentials("alice", "pw-alice")))
+            ch = conn.channel()
+            ch.queue_declare("alice.secret")
+            ch.queue_bind("alice.secret", "amq.topic", "secret.#")
+            conn.close()
+
+        await asyncio.to_thread(alice_queue)
         alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
         await alice.connect()
         await alice.publish("secret/plans", b"hidden", 1)
@@ -82,6 +95,8 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
                 mallory.offsets(["t:public/news", "t:secret/plans"])
             with pytest.raises(SourceError, match="403"):
                 mallory.read("w:#", 0, 10, 10)  # a deny rule touches "#": its rows cannot be checked one by one
+            with pytest.raises(SourceError, match="403"):
+                mallory.read("q:alice.secret", 0, 10, 10)
             assert [b.num_rows for b in mallory.read("t:public/news", 0, 10, 10).batches] == [1]
             assert mallory.queue_for_filter("public/news") == "t:public/news"
             listed = mallory._json("GET", "/data/queues?topicFilter=secret/plans")["queues"]

@@ -137,13 +137,22 @@ def _bridge_keys(broker: AMQPBroker, *, queue: str | None = None, exchange: str 
     return keys
 
 
-def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
-    authorizer = channel.broker.authorizer
+def _unreadable_key(broker: AMQPBroker, who: Principal, keys: list[str]) -> str | None:
     for key in keys:
         topic_filter = binding_key_to_mqtt_filter(key)
-        if topic_filter is not None and not authorizer.can_read_all(who, topic_filter):
-            return authorizer.denied(who, action, f"{BRIDGE_EXCHANGE} {key} (MQTT {topic_filter})")
+        if topic_filter is not None and not broker.authorizer.can_read_all(who, topic_filter):
+            return f"{BRIDGE_EXCHANGE} {key} (MQTT {topic_filter})"
     return None
+
+
+def queue_topics_readable(broker: AMQPBroker, who: Principal, queue: str) -> bool:
+    """Every MQTT topic amq.topic can bring into ``queue`` may be read (the data API's reads)."""
+    return _unreadable_key(broker, who, _bridge_keys(broker, queue=queue)) is None
+
+
+def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
+    unreadable = _unreadable_key(channel.broker, who, keys)
+    return None if unreadable is None else channel.broker.authorizer.denied(who, action, unreadable)
 
 
 def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
