@@ -80,18 +80,21 @@ async def test_pika_publish_to_denied_topic_refused_and_not_delivered(data_dir: 
             ch = conn.channel()
             ch.confirm_delivery()
             denied = refused(lambda: ch.basic_publish("amq.topic", "secret.amqp", b"leak"))
+            ch = conn.channel()  # no MQTT topic name, but AMQP bindings "secret.*" would take it
+            ch.confirm_delivery()
+            denied += refused(lambda: ch.basic_publish("amq.topic", "secret.+", b"leak"))
             ch = conn.channel()
             ch.confirm_delivery()
             allowed = refused(lambda: ch.basic_publish("amq.topic", "public.amqp", b"fine"))
             conn.close()
             return denied, allowed
 
-        assert await asyncio.to_thread(publish) == (403, 0)
+        assert await asyncio.to_thread(publish) == (403 + 403, 0)
         got = await sub.receive(1)
         assert [(m.topic, m.payload) for m in got] == [("public/amqp", b"fine")]
         await sub.nothing_more()
         assert gw.store.max_offset_now("t:secret/amqp") == 0  # never stored
-        assert gw.authorizer.stats.denied[("amqp", "publish")] == 1
+        assert gw.authorizer.stats.denied[("amqp", "publish")] == 2
         await sub.disconnect()
 
 

@@ -17,7 +17,7 @@ from pamqp import commands
 from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 
 from ..auth.authorize import Principal
-from .messages import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic, valid_mqtt_topic
+from .messages import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
 
 if TYPE_CHECKING:
     from .broker import AMQPBroker
@@ -60,8 +60,10 @@ def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> st
     if not authorizer.amqp_allows(who, "write", exchange):
         return authorizer.denied(who, "amqp write", f"exchange {exchange or 'amq.default'}")
     if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange):
+        # (also a key that is no MQTT topic name, "secret.+": it reaches the AMQP readers of
+        # bindings that match it as it is, "secret.*" or "#", so its literal topic is checked)
         topic = routing_key_to_mqtt_topic(routing_key)
-        if valid_mqtt_topic(topic) and not authorizer.can_write(who, topic):
+        if not authorizer.can_write(who, topic):
             return authorizer.denied(who, "publish", topic)
     return None
 
