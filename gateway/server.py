@@ -34,8 +34,8 @@ from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
-from .remoting.broker import RemotingBroker
 from .remoting.access import RemotingAccess
+from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .trace import Tracer, parse_listeners

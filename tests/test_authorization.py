@@ -106,7 +106,7 @@ async def test_pika_binding_to_denied_topics_refused(data_dir: Path, secured: di
             for key in ("secret.#", "#", "*.x", "secret.a.b"):  # each reaches secret/... topics
                 ch = conn.channel()
                 ch.queue_declare("mq")
-                codes.append(refused(lambda: ch.queue_bind("mq", "amq.topic", key)))
+                codes.append(refused(lambda ch=ch, key=key: ch.queue_bind("mq", "amq.topic", key)))
             ch = conn.channel()
             ch.exchange_declare("mx", "topic")  # an exchange bound to amq.topic reads it too
             codes.append(refused(lambda: ch.exchange_bind("mx", "amq.topic", "secret.#")))
@@ -167,7 +167,7 @@ async def test_pika_other_users_routes_into_and_out_of_denied_topics_refused(dat
             ):
                 ch = conn.channel()
                 ch.confirm_delivery()
-                codes.append(refused(lambda: call(ch)))
+                codes.append(refused(lambda call=call, ch=ch: call(ch)))
             conn.close()
             return codes
 
@@ -233,7 +233,7 @@ async def test_amqp_permissions_per_resource(data_dir: Path, secured: dict) -> N
             ):
                 ch = conn.channel()
                 ch.confirm_delivery()
-                codes.append(refused(lambda: call(ch)))
+                codes.append(refused(lambda call=call, ch=ch: call(ch)))
             conn.close()
             alice.close()
             return codes
@@ -255,7 +255,7 @@ async def test_refusals_counted_and_logged_once_per_interval(data_dir: Path, sec
         assert len(lines) == 1 and "protocol=mqtt user=mallory" in lines[0] and "action=publish" in lines[0]
         import aiohttp
 
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{gw.metrics_address[1]}/metrics") as response:
-                text = await response.text()
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as response:
+            text = await response.text()
         assert 'tidemq_authorization_denied_total{action="publish",protocol="mqtt"} 30.0' in text

@@ -32,7 +32,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocols.mqtt.topics import TopicError, covers, matches, overlaps, validate_topic_filter
+from protocols.mqtt.topics import (
+    TopicError,
+    covers,
+    matches,
+    overlaps,
+    validate_topic_filter,
+)
 
 
 class AclError(ValueError):

@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
-from protocols.remoting.message_codec import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from protocols.remoting.message_codec import (
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+)
 from protocols.remoting.properties import TIMER_DELAY_SEC, TIMER_DELIVER_MS, TRAN_MSG
 from store import StoredMessage
 

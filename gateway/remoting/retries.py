@@ -19,7 +19,13 @@ from protocols.remoting.properties import (
 )
 from store import StoredMessage
 
-from .messages import INTERNAL_PREFIXES, ORIGIN_TOPIC_PROPERTY, RECONSUME_PROPERTY, restore, user_properties
+from .messages import (
+    INTERNAL_PREFIXES,
+    ORIGIN_TOPIC_PROPERTY,
+    RECONSUME_PROPERTY,
+    restore,
+    user_properties,
+)
 from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .schedule import SCHEDULE_TOPIC, schedule_queue
