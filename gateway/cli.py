@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-anonymous", choices=("true", "false"), help="accept clients without credentials")
     serve.add_argument("--password-file", metavar="FILE", help="user database (see `tidemq passwd`)")
     serve.add_argument("--acl-file", metavar="FILE", help="access control list (Mosquitto acl_file format)")
+    serve.add_argument("--access-keys-file", metavar="FILE", help="RocketMQ AccessKeys and SecretKeys (README)")
     passwd = sub.add_parser("passwd", help="manage a password file (as mosquitto_passwd)")
     passwd.add_argument("-c", dest="create", action="store_true", help="create the file (overwrites it)")
     passwd.add_argument("-b", dest="batch", action="store_true", help="take the password from the command line")
@@ -166,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "allow_anonymous": args.allow_anonymous,
         "password_file": args.password_file,
         "acl_file": args.acl_file,
+        "access_keys_file": args.access_keys_file,
         "flush": args.flush,
         "segment_size": args.segment_size,
         "log_level": args.log_level,

@@ -105,7 +105,10 @@ class Config:
     # who may connect ([auth] section in TOML); the same for every protocol
     allow_anonymous: bool = True
     password_file: str = ""  # Mosquitto format; manage with `tidemq passwd`
-    acl_file: str = ""  # Mosquitto acl_file format
+    acl_file: str = ""  # Mosquitto acl_file format, plus "amqp" permission lines (gateway/auth/acl.py)
+    access_keys_file: str = ""  # RocketMQ AccessKey -> SecretKey, user (gateway/auth/access_keys.py)
+    # every listener: a connection's CONNECT / AMQP handshake / first remoting request comes within this
+    connect_timeout_s: float = 10.0
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def store_options(self) -> StoreOptions:
@@ -238,6 +241,8 @@ def validate(cfg: Config) -> None:
                           "mqtt_max_packet_size")
     if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
         raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds", "mqtt_progress_save_interval_s")
+    if not 0 < cfg.connect_timeout_s <= 3600:
+        raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds", "connect_timeout_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}", "event_loop")
     if cfg.role not in ("embedded", "store", "gateway"):
@@ -261,6 +266,9 @@ def validate(cfg: Config) -> None:
         if "amqp_bind" not in cfg.source:
             cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":
+        if (cfg.password_file or cfg.acl_file or cfg.access_keys_file) and not cfg.cluster_token:
+            raise ConfigError("role store with a password file, ACL or access keys needs cluster_token: the store "
+                              "link serves the whole store to whoever connects without it", "cluster_token")
         if not cfg.remoting_bind:
             raise ConfigError("role store serves gateway nodes on the remoting listener: set remoting_bind", "role")
         for name in ("mqtts_bind", "ws_bind"):

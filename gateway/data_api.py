@@ -38,6 +38,7 @@ from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
 from .admin import AdminError
+from .data_access import PRINCIPAL, check_read_queue, may_read_queue
 from .data_publish import PublishApi
 from .mqtt.queues import queue_for_filter
 
@@ -121,7 +122,10 @@ class DataApi:
             names = [state.name for (state, _), _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
                                                          range(limit))]
         rows = []
+        who = request.get(PRINCIPAL)
         for name in names:
+            if not may_read_queue(self.gateway, who, name):
+                continue  # (what a principal may not read, it is not shown either: data_access.py)
             offsets = await self._offsets(name)
             if offsets is not None:
                 rows.append({"queue": name, **offsets})
@@ -139,6 +143,8 @@ class DataApi:
             names = request.query.getall("queue", [])
         if len(names) > MAX_QUEUES:
             raise AdminError(400, f"at most {MAX_QUEUES} queues per request")
+        for name in names:
+            check_read_queue(self.gateway, request.get(PRINCIPAL), name)
         out: dict[str, Any] = {name: await self._offsets(name) for name in names}
         return web.json_response({"offsets": out})
 
@@ -153,6 +159,7 @@ class DataApi:
         queue = query.get("queue")
         if not queue:
             raise AdminError(400, "queue is required")
+        check_read_queue(self.gateway, request.get(PRINCIPAL), queue)
         start = _int(query, "start")
         max_rows = min(_int(query, "max_rows", DEFAULT_ROWS), MAX_ROWS)
         state = store.index.lookup(queue)

@@ -59,6 +59,7 @@ from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
 from .admin import AdminError
+from .data_access import PRINCIPAL, check_publish
 from .mqtt.messages import KEY_PROPERTY
 
 if TYPE_CHECKING:
@@ -320,6 +321,7 @@ class PublishApi:
                     raise AdminError(400, str(exc)) from None
             del body
             publishes = decoded.publishes
+            check_publish(self.gateway, request.get(PRINCIPAL), {p.topic for p in publishes})  # (data_access.py)
             try:
                 puts = []
                 for at in range(0, len(publishes), PUT_SLICE):  # the loop serves devices in between

@@ -26,7 +26,7 @@ from prometheus_client.core import (
 
 from store.stats import LatencyHistogram
 
-from . import admin, dashboard, data_api
+from . import admin, dashboard, data_access, data_api
 
 if TYPE_CHECKING:
     from .server import Gateway
@@ -87,6 +87,11 @@ class GatewayCollector:
             dropped.add_metric([name], stats.publish_dropped)
             auth.add_metric([name], stats.auth_failures)
         yield from (connections, accepted, received, sent, bytes_in, bytes_out, dropped, auth)
+        denied = CounterMetricFamily("tidemq_authorization_denied", "Operations refused by the ACL or AMQP "
+                                     "permissions (gateway/auth/authorize.py)", labels=["protocol", "action"])
+        for (protocol, action), count in sorted(self.gateway.authorizer.stats.denied.items()):
+            denied.add_metric([protocol, action], count)
+        yield denied
         mqtt = self.gateway.mqtt
         if mqtt is not None:
             yield GaugeMetricFamily("tidemq_mqtt_sessions", "MQTT sessions (connected and persistent)",
@@ -247,9 +252,12 @@ class MetricsServer:
     async def _admin_guard(self, request: web.Request, handler):
         if request.path.startswith(("/admin/", "/data/")):
             token = self.gateway.config.admin_token
-            if token and request.headers.get("Authorization") != f"Bearer {token}":
+            data = request.path.startswith("/data/")  # (also a user's Basic credentials: data_access.py)
+            if not data and token and request.headers.get("Authorization") != f"Bearer {token}":
                 return web.json_response({"error": "a valid admin token is needed"}, status=401)
             try:
+                if data:
+                    request[data_access.PRINCIPAL] = await data_access.authenticate(request, self.gateway)
                 return await handler(request)
             except admin.AdminError as exc:
                 return web.json_response({"error": str(exc)}, status=exc.status)

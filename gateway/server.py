@@ -18,6 +18,8 @@ from store import MessageStore, StoreError
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
+from .auth.access_keys import AccessKeys
+from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
@@ -33,6 +35,7 @@ from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .pressure import StorePressure
+from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
@@ -81,10 +84,16 @@ class Gateway:
         # a store node: the cluster's MQTT wildcard filters (its gateway nodes' sessions hold them)
         self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)
+        # one authorisation model for every protocol (gateway/auth/authorize.py): loaded in start()
+        self.authorizer = Authorizer(None)
+        self.passwords: PasswordFile | None = None
         self.ready = False
         self._filter_holds: FilterHolds | None = None
 
     async def start(self) -> None:
+        cfg = self.config
+        self.passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
+        self.authorizer = Authorizer(Acl.load(cfg.acl_file) if cfg.acl_file else None)
         if self.config.role == "gateway":
             await self._connect_store_node()
         else:
@@ -191,13 +200,13 @@ class Gateway:
             expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
+            connect_timeout_s=cfg.connect_timeout_s,
         )
         # the certificate first: a bad one stops start-up before any listener opens
         tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
-        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
-        acl = Acl.load(cfg.acl_file) if cfg.acl_file else None
+        acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
         self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
-                               authenticator=passwords, acl=acl, pressure=self.pressure, node=self.node)
+                               authenticator=self.passwords, acl=acl, pressure=self.pressure, node=self.node)
         await self.mqtt.start()
         self.filter_holds()  # restored before the listeners: no publish misses a held filter
         for name, bind in binds.items():
@@ -224,10 +233,11 @@ class Gateway:
     async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         assert self.store is not None
         cfg = self.config
-        passwords = PasswordFile.load(cfg.password_file) if cfg.password_file else None
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
-        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=passwords, allow_anonymous=cfg.allow_anonymous,
-                               pressure=self.pressure)
+        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
+                               allow_anonymous=cfg.allow_anonymous, pressure=self.pressure)
+        self.amqp.authorizer = self.authorizer
+        self.amqp.connect_timeout_s = cfg.connect_timeout_s
         await self.amqp.start()
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
@@ -282,6 +292,15 @@ class Gateway:
         self.remoting = RemotingBroker(
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
+        self.remoting.connect_timeout_s = cfg.connect_timeout_s
+        # with a password file, ACL or access keys, requests are signed with AccessKeys (remoting/access.py)
+        required = bool(cfg.password_file or cfg.acl_file or cfg.access_keys_file)
+        if required and not cfg.access_keys_file:
+            log.warning("remoting requests must be signed but no access_keys_file is set: only %s",
+                        "unsigned (anonymous) clients can work" if cfg.allow_anonymous else "the store link works")
+        self.remoting.access = RemotingAccess(
+            self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
+            required=required, allow_anonymous=cfg.allow_anonymous, stats=self.remoting.stats)
         wildcards = self._mqtt_wildcards()
         if wildcards is not None:  # a remoting topic is an MQTT first level (README)
             wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
@@ -300,7 +319,9 @@ class Gateway:
             self.store_service = StoreService(self.store, self.cluster_wildcards, retained, router, cfg.cluster_token,
                                               amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
-            self.remoting.handlers.update(self.store_service.handlers())
+            link_handlers = self.store_service.handlers()
+            self.remoting.handlers.update(link_handlers)
+            self.remoting.access.unsigned_codes.update(link_handlers)  # they have the cluster token instead
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await asyncio.get_running_loop().create_server(

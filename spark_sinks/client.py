@@ -16,6 +16,7 @@ client per connection per process (opening a secondary costs a few ms and a file
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -71,8 +72,8 @@ class HttpClient:
     answers 502-504) is tried again with backoff for ``retry_timeout_s``, each retry logged, as a
     Kafka consumer keeps trying its broker: a gateway restart must not end a streaming query."""
 
-    def __init__(self, url: str, token: str | None = None,
-                 retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str | None = None, username: str | None = None,
+                 password: str | None = None, retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise SourceError(f"tidemq source: address must be HOST:PORT or http(s)://HOST:PORT, not {url!r}")
@@ -80,6 +81,9 @@ class HttpClient:
         self._host, self._port = parts.hostname, parts.port
         self._base = parts.path.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if username is not None:  # a user of the gateway's password file (its ACL applies)
+            basic = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
+            self._headers = {"Authorization": f"Basic {basic}"}
         self._conn: http.client.HTTPConnection | None = None
         self.url = url
         self.retry_timeout_s = retry_timeout_s
@@ -246,7 +250,8 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token, connection.retry_timeout_s)
+            client = HttpClient(connection.url, connection.token, connection.username, connection.password,
+                                connection.retry_timeout_s)
         _CLIENTS[connection] = client
     return client
 

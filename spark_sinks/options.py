@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EARLIEST = -2
 LATEST = -1
@@ -35,9 +35,23 @@ class Connection:
     """
 
     address: str | None = None
-    token: str | None = None
+    token: str | None = None  # the gateway's admin_token: the operator's rights
     data_dir: str | None = None
     retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S
+    username: str | None = None  # or a user of the gateway's password file, under its ACL
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, opts: Mapping[str, str], what: str, data_dir: str | None = None,
+           retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_S) -> Connection:
+        """From a source's or sink's (lower-cased) options: address, token, username, password."""
+        username, password = opts.get("username") or None, opts.get("password")
+        if username is not None and opts.get("token"):
+            raise OptionError(f"tidemq {what}: give token (the admin token) or username and password, not both")
+        if (username is None) != (password is None):
+            raise OptionError(f"tidemq {what}: username and password go together")
+        return cls(address=opts.get("address") or None, token=opts.get("token") or None, data_dir=data_dir,
+                   retry_timeout_s=retry_timeout_s, username=username, password=password)
 
     @property
     def url(self) -> str:
@@ -66,9 +80,9 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
-        known = {"address", "token", "datadir", "queues", "topicfilter", "startingoffsets", "endingoffsets",
-                 "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition", "minpartitions",
-                 "retrytimeoutms", "filterleasems"}
+        known = {"address", "token", "username", "password", "datadir", "queues", "topicfilter", "startingoffsets",
+                 "endingoffsets", "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition",
+                 "minpartitions", "retrytimeoutms", "filterleasems"}
         unknown = sorted(set(opts) - known)
         if unknown:
             raise OptionError(f"tidemq source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -89,8 +103,7 @@ class SourceOptions:
         retry_ms = _positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
         retry_s = DEFAULT_RETRY_TIMEOUT_S if retry_ms is None else retry_ms / 1000
         return cls(
-            connection=Connection(address=address, token=opts.get("token") or None, data_dir=data_dir,
-                                  retry_timeout_s=retry_s),
+            connection=Connection.of(opts, "source", data_dir, retry_s),
             queues=queues,
             topic_filter=topic_filter,
             starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,

@@ -112,7 +112,7 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() not in SPARK_OPTIONS}
-        known = {"address", "token", "writerid", "batchid", "qos", "retain", "maxrowsperrequest",
+        known = {"address", "token", "username", "password", "writerid", "batchid", "qos", "retain", "maxrowsperrequest",
                  "maxbytesperrequest", "failonbadrows", "attempts"}
         if "datadir" in opts:
             raise OptionError("tidemq sink: dataDir is for reading; publish through a gateway's address")
@@ -131,7 +131,7 @@ class SinkOptions:
         if batch_id is not None and (not batch_id.strip().isdigit()):
             raise OptionError(f"tidemq sink: batchId must be a whole number of 0 or more, not {batch_id!r}")
         return cls(
-            connection=Connection(address=opts["address"], token=opts.get("token") or None),
+            connection=Connection.of(opts, "sink"),
             writer_id=writer_id,
             batch_id=int(batch_id) if batch_id is not None else None,
             qos=int(qos),
@@ -215,7 +215,7 @@ def publish_client(connection: Connection) -> PublishClient:
     """This process's client for ``connection`` (Spark reuses Python workers across tasks)."""
     client = _CLIENTS.get(connection)
     if client is None:
-        client = _CLIENTS[connection] = PublishClient(connection.url, connection.token)
+        client = _CLIENTS[connection] = PublishClient(connection.url, connection.token, connection.username, connection.password)
     return client
 
 

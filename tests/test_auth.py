@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.auth import Acl, AclError, AuthConfigError, PasswordFile
+from gateway.auth import Access, Acl, AclError, AuthConfigError, PasswordFile
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -23,7 +23,7 @@ from protocols.mqtt.packets import (
     Subscription,
     Will,
 )
-from protocols.mqtt.topics import covers, matches
+from protocols.mqtt.topics import covers, matches, overlaps
 
 from .mqtt_support import RawClient, mqtt_port, running_gateway
 
@@ -140,6 +140,36 @@ def test_covers_implies_matches(outer: str, inner: str, topic: str) -> None:
         assert matches(outer, topic)
 
 
+@given(filters, filters, topics)
+def test_overlaps_when_a_topic_matches_both(first: str, second: str, topic: str) -> None:
+    if matches(first, topic) and matches(second, topic):
+        assert overlaps(first, second) and overlaps(second, first)
+    if overlaps(first, second):  # and the other way: some topic of the filters' levels matches both
+        assert overlaps(second, first)
+
+
+def test_acl_rights_for_principals_without_client_id_and_amqp_lines(tmp_path: Path) -> None:
+    path = tmp_path / "acl"
+    path.write_text(ACL + '\nuser dave\ntopic read #\ntopic deny alice/secret\namqp "^d\\." "^d\\." ".*"\n')
+    acl = Acl.load(path)
+    assert not acl.allows_publish("bob", None, "devices/x/t")  # no client id: no %c pattern
+    assert acl.allows_subscribe("dave", None, "#")  # (MQTT then checks each message)
+    assert not acl.allows_every("dave", None, Access.READ, "#")  # a deny rule touches it
+    assert not acl.allows_every("dave", None, Access.READ, "alice/+")
+    assert acl.allows_every("dave", None, Access.READ, "alice/open/#")
+    rights = acl.amqp_permissions("dave")
+    assert rights is not None and rights.allows("configure", "d.q") and not rights.allows("write", "x")
+    assert acl.amqp_permissions("alice") is None  # no amqp line: every AMQP resource
+
+
+@pytest.mark.parametrize("text", ['amqp ".*" ".*"', 'amqp "(" ".*" ".*"', 'amqp ".*" ".*" ".*"\namqp "" "" ""'])
+def test_bad_amqp_lines(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "acl"
+    path.write_text("user x\n" + text + "\n")
+    with pytest.raises(AclError, match="acl:[23]: amqp|acl:3: a second"):
+        Acl.load(path)
+
+
 def passwd(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gateway", "passwd", *args], cwd=ROOT, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
@@ -207,3 +237,16 @@ async def test_acl_enforced_on_publish_subscribe_and_delivery(data_dir: Path, se
         assert (got.topic, got.payload) == ("alice/open", b"o")
         await alice.close()
         await bob.close()
+
+
+def test_access_keys_file(tmp_path: Path) -> None:
+    from gateway.auth.access_keys import AccessKeys
+
+    path = tmp_path / "keys"
+    path.write_text("# ak sk user\nAK1 sk1 alice\nAK2 sk2\n")
+    keys = AccessKeys.load(path)
+    assert len(keys) == 2
+    for bad, message in [("AK1\n", "expected"), ("AK1 a\nAK1 b\n", "twice")]:
+        path.write_text(bad)
+        with pytest.raises(AuthConfigError, match=rf"keys:\d: .*{message}"):
+            AccessKeys.load(path)

@@ -46,6 +46,10 @@ def test_config_defaults_and_errors(tmp_path):
     bad.write_text("flush = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad, env={})
+    with pytest.raises(ConfigError, match="connect_timeout_s"):
+        load_config(env={"TIDEMQ_CONNECT_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match="needs cluster_token"):  # the store link would bypass the ACL
+        load_config(env={}, overrides={"role": "store", "acl_file": "acl"})
 
 
 def test_a_bad_value_names_the_key_and_where_it_came_from(tmp_path):

@@ -24,6 +24,7 @@ from protocols.amqp.frames import (
 )
 from store import Message, MessageStore, StoredMessage, StoreError
 
+from ..auth.authorize import Authorizer
 from ..stats import ProtocolStats
 from .messages import (
     DEATHS,
@@ -76,6 +77,8 @@ class AMQPBroker:
         self.connections: set[AMQPConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
+        self.authorizer = Authorizer(None)  # the gateway's (server.py): the ACL and AMQP permissions
+        self.connect_timeout_s = 10.0  # the handshake (to connection.open) comes within this
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None

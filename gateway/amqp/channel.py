@@ -27,6 +27,7 @@ from protocols.amqp.frames import (
 )
 from store import StoredMessage
 
+from .permissions import check_method
 from .queues import Consumer, QueueRuntime, Ready
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class Channel:
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise connection_error(NOT_IMPLEMENTED, f"{method.name} is not implemented", self.number, method)
+        check_method(self, method)  # the user's permissions (gateway/auth/authorize.py)
         handler(self, method)
 
     def reply(self, method) -> None:

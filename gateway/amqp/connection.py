@@ -47,6 +47,7 @@ from ..read_pauses import ReadPauses
 from .channel import Channel
 from .login import authenticate, update_secret
 from .messages import to_store_message
+from .permissions import publish_refusal
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -111,7 +112,7 @@ class AMQPConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
-        self._timer = asyncio.get_running_loop().call_later(10.0, self._handshake_timeout)
+        self._timer = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._handshake_timeout)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
@@ -416,10 +417,14 @@ class AMQPConnection(asyncio.Protocol):
                 if event.channel not in self.closing_channels:
                     self._fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
                 continue
+            m = event.method
+            refusal = None if in_commit else publish_refusal(self, m.exchange, m.routing_key)
+            if refusal is not None:  # the user's permissions (gateway/auth/authorize.py)
+                self._fail(channel_error(ACCESS_REFUSED, refusal, event.channel, m))
+                continue
             if channel.tx and not in_commit:
                 channel.tx_publishes.append(event)
                 continue
-            m = event.method
             exchange = broker.exchanges.get(m.exchange)
             if exchange is None and m.exchange != "":
                 self._fail(channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m))

@@ -15,7 +15,7 @@ from pamqp import commands
 from pamqp.header import ContentHeader
 
 from protocols.amqp.frames import decode_properties, encode_properties
-from protocols.mqtt.topics import TopicError, validate_topic_name
+from protocols.mqtt.topics import TopicError, validate_topic_filter, validate_topic_name
 from store import Message, StoredMessage
 
 AMQP_FLAG = 0x200
@@ -41,7 +41,7 @@ def routing_key_to_mqtt_topic(routing_key: str) -> str:
 
 
 def valid_mqtt_topic(topic: str) -> bool:
-    """Whether an amq.topic routing key, mapped, is a topic an MQTT client may publish to."""
+    """A routing key of amq.topic crosses into MQTT topic space when its topic is one (not $...)."""
     try:
         validate_topic_name(topic)
     except TopicError:
@@ -130,3 +130,22 @@ class AMQPView:
             return False
         now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         return now >= message.store_timestamp + min(limits)
+
+
+def binding_key_to_mqtt_filter(binding_key: str) -> str | None:
+    """The MQTT topic filter that holds every MQTT topic an amq.topic binding key can match
+    (``*`` -> ``+``, ``#`` -> ``#``; a ``#`` before the last word makes it ``#`` from there:
+    a wider filter, never a narrower one). None: the key matches no MQTT topic name (a word
+    with ``+`` or ``#`` in it, an empty key)."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == "#":
+            levels.append("#")
+            break
+        levels.append("+" if word == "*" else word)
+    topic_filter = "/".join(levels)
+    try:
+        validate_topic_filter(topic_filter)
+    except TopicError:
+        return None
+    return topic_filter

@@ -1,5 +1,6 @@
-"""Who may connect and what they may do: the password file and the ACL, shared by every
-protocol gateway (MQTT CONNECT, AMQP PLAIN)."""
+"""Who may connect and what they may do, the same for every protocol: the password file, the
+ACL (topic rules and AMQP permissions), RocketMQ AccessKeys, and the authorisation model that
+applies them to principals of every protocol (authorize.py)."""
 
 from .acl import Access, Acl, AclError
 from .passwords import AuthConfigError, PasswordFile

@@ -486,7 +486,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if refuse is None and (topic.startswith("$") or not self._allowed(topic, write=True)):
             refuse = ReasonCode.NOT_AUTHORIZED
         if refuse is not None:
-            log.info("publish refused client_id=%s topic=%s reason=0x%02X", self.client_id, topic, refuse)
+            # (ACL refusals are counted and logged, rate-limited, by gateway/auth/authorize.py)
+            log.debug("publish refused client_id=%s topic=%s reason=0x%02X", self.client_id, topic, refuse)
             if packet.qos == 0:
                 if refuse == ReasonCode.PAYLOAD_FORMAT_INVALID and self.version == MQTT_5:
                     raise ProtocolViolation("payload is not UTF-8", refuse)

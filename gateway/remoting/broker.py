@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +25,7 @@ from protocols.remoting.headers import (
     SendMessageHeader,
     SendMessageResponseHeader,
 )
-from protocols.remoting.message_codec import (
-    COMPRESSED_FLAG,
-    encode_message,
-    offset_msg_id,
-)
+from protocols.remoting.message_codec import encode_message, offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
     UNIQ_KEY,
@@ -43,10 +38,11 @@ from store.errors import InvalidMessageError, MessageTooLargeError
 from store.log_limit import RateLimitedLog
 
 from ..stats import ProtocolStats
+from .access import RemotingAccess
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, to_store_message, to_wire
+from .messages import Origin, plain_body, to_store_message, to_wire
 from .queries import QueryRequests
 from .requests import CONSUMER_PREFIX, BadRequest, Pending, Reply, int_field, str_field
 from .retries import RetryRequests
@@ -94,6 +90,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.max_reconsume_times = max_reconsume_times
         self.long_poll_max_s = long_poll_max_s
         self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
+        self.connect_timeout_s = 10.0  # a connection's first request comes within this (connection.py)
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
@@ -102,6 +99,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                                         self._deliver_delayed)
         self.connections: set[RemotingConnection] = set()
         self.stats = ProtocolStats()
+        self.access = RemotingAccess(stats=self.stats)  # the gateway's, when it authenticates (access.py)
         # the MQTT side (set by the gateway when MQTT runs): queues an MQTT topic's publish goes to
         self.mqtt_queues_for: Callable[[str], list[str]] | None = None
         self.on_topic_created: Callable[[str], None] | None = None
@@ -182,6 +180,9 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         """The reply to ``request``: a response, None (one-way), a ``Pending`` store write whose
         completion makes the response, or a coroutine to run (a long-polled pull)."""
+        refusal = self.access.authenticate(conn, request)  # sets conn.principal
+        if refusal is not None:
+            return refusal
         handler = self.handlers.get(request.code)
         if handler is None:
             return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -290,11 +291,12 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             return self.send_batch(conn, request, header)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         properties = decode_properties(header.properties or "")
+        self.access.check_send(conn.principal, header.topic, properties, header.sys_flag)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
         record_topic, queue_id, properties, targets = self._placement(
             header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
-        body, sys_flag = self._plain_body(request.body, header.sys_flag)
+        body, sys_flag = plain_body(request.body, header.sys_flag, self.store.options.max_message_size)
         message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
@@ -312,21 +314,6 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                 transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
         return Pending(future, respond)
 
-    def _plain_body(self, body: bytes, sys_flag: int) -> tuple[bytes, int]:
-        """A body the client compressed (sysFlag COMPRESSED, e.g. ali-ons above 4 KiB) is stored
-        inflated, the flag cleared: MQTT and AMQP readers of the same record get the payload,
-        and remoting consumers read plain bodies as well as compressed ones."""
-        if not sys_flag & COMPRESSED_FLAG:
-            return body, sys_flag
-        inflater = zlib.decompressobj()
-        try:
-            plain = inflater.decompress(body, self.store.options.max_message_size + 1)
-        except zlib.error as exc:
-            raise BadRequest(f"the compressed body does not inflate: {exc}", ResponseCode.MESSAGE_ILLEGAL) from None
-        if len(plain) > self.store.options.max_message_size or inflater.unconsumed_tail:
-            raise BadRequest("the body inflates beyond the message size limit", ResponseCode.MESSAGE_ILLEGAL)
-        return plain, sys_flag & ~COMPRESSED_FLAG
-
     def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:
         header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
@@ -342,6 +329,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             properties = decode_properties(item.properties or "")
             if DELAY in properties:
                 raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
+            self.access.check_send(conn.principal, header.topic, properties, header.sys_flag)
             message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)
@@ -382,6 +370,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         holds the pull until the store's notify or its timeout."""
         header = PullMessageHeader.from_ext_fields(request.ext_fields)
         queue = self._readable(header.topic, header.queue_id)
+        reads = self.access.read_filter(conn.principal, header.topic)  # None: every message may be read
         if header.sys_flag & FLAG_SUBSCRIPTION or header.subscription:
             expression = header.subscription
         else:
@@ -399,32 +388,34 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         if (result.status in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_SUCH_QUEUE)
                 and header.sys_flag & FLAG_SUSPEND and header.suspend_timeout_millis):
             timeout = min(header.suspend_timeout_millis / 1000, self.long_poll_max_s)
-            return self._held_pull(conn, request, header, queue, offset, max_messages, tags, timeout, result)
-        return self._pull_response(conn, request, result, offset, header)
+            return self._held_pull(conn, request, header, queue, offset, max_messages, tags, timeout, result, reads)
+        return self._pull_response(conn, request, result, offset, header, reads)
 
     async def _held_pull(self, conn: RemotingConnection, request: RemotingCommand, header: PullMessageHeader,
                          queue: str, offset: int, max_messages: int, tags: frozenset[int] | None, timeout: float,
-                         result) -> RemotingCommand:
+                         result, reads) -> RemotingCommand:
         if await self.holds.wait(queue, offset, timeout):
             result = self._read(queue, offset, max_messages, tags)
-        return self._pull_response(conn, request, result, offset, header)
+        return self._pull_response(conn, request, result, offset, header, reads)
 
     def _pull_response(self, conn: RemotingConnection, request: RemotingCommand, result, offset: int,
-                       header: PullMessageHeader) -> RemotingCommand:
+                       header: PullMessageHeader, reads=None) -> RemotingCommand:
         topic, queue_id = header.topic, header.queue_id
         status = result.status
         ext = {"suggestWhichBrokerId": "0", "minOffset": str(result.min_offset),
                "maxOffset": str(result.max_offset)}
-        if status is GetStatus.FOUND:
-            self.stats.messages_sent += len(result.messages)
+        messages = result.messages if reads is None or status is not GetStatus.FOUND else \
+            [m for m in result.messages if reads(m)]  # (the ACL skips the others, as MQTT's deliveries)
+        if status is GetStatus.FOUND and messages:
+            self.stats.messages_sent += len(messages)
             if conn.tracer is not None:  # (a pull consumer acknowledges by offset: no ack events)
                 client = f"{header.consumer_group}@{conn.client_id or conn.peer}"
-                for m in result.messages:
+                for m in messages:
                     conn.tracer.delivered("remoting", client, m.position, m.queue, m.queue_offset, 1)
-            body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in result.messages)
+            body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in messages)
             ext["nextBeginOffset"] = str(result.next_offset)
             return response_to(request, ResponseCode.SUCCESS, ext_fields=ext, body=body)
-        if status is GetStatus.NO_MATCHED_MESSAGE:
+        if status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.FOUND):
             ext["nextBeginOffset"] = str(result.next_offset)
             return response_to(request, ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", ext_fields=ext)
         if status is GetStatus.NO_SUCH_QUEUE:

@@ -3,7 +3,8 @@ each request to the broker and writes the responses -- at once, when the store h
 send durable (a callback, no task), or from a task for a request that may wait (a held pull
 must not stop the sends behind it); responses ready together go out in one write. It also
 sends the broker's own requests to the client (one-way NOTIFY_CONSUMER_IDS_CHANGED). A
-malformed or oversized frame closes only this connection."""
+malformed or oversized frame closes only this connection, and so does a first request that does
+not come within ``connect_timeout_s`` (as MQTT's CONNECT and AMQP's handshake)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from protocols.remoting.frames import (
     response_to,
 )
 
+from ..auth.authorize import Principal
+from .access import ANONYMOUS
 from .broker import Pending
 
 if TYPE_CHECKING:
@@ -42,7 +45,9 @@ class RemotingConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.client_id = ""
+        self.principal: Principal = ANONYMOUS  # of the request being dispatched (access.py)
         self.closed = False
+        self._first_request: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -55,6 +60,11 @@ class RemotingConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else ""
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
+        self._first_request = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._no_request)
+
+    def _no_request(self) -> None:
+        log.info("remoting no request in time, closing peer=%s timeout_s=%s", self.peer, self.broker.connect_timeout_s)
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         self.broker.stats.bytes_received += len(data)
@@ -65,6 +75,9 @@ class RemotingConnection(asyncio.Protocol):
                                         self.peer, json.dumps(str(exc)))
             self.close()
             return
+        if commands and self._first_request is not None:
+            self._first_request.cancel()
+            self._first_request = None
         for command in commands:
             if not command.is_response:
                 self._dispatch(command)
@@ -125,6 +138,8 @@ class RemotingConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._first_request is not None:
+            self._first_request.cancel()
         for waiter in self._waiting.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the connection closed"))

@@ -14,12 +14,15 @@ presented with its remoting topic, ``mqttSecondTopic`` for the rest of its MQTT 
 from __future__ import annotations
 
 import socket
+import zlib
 from dataclasses import dataclass
 
-from protocols.remoting.message_codec import WireMessage
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.message_codec import COMPRESSED_FLAG, WireMessage
 from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
 from store import Message, StoredMessage
 
+from .requests import BadRequest
 from .topics import SECOND_TOPIC_PROPERTY
 
 REMOTING_FLAG = 0x400  # record flag marker: a remoting message whose own flag is in FLAG_PROPERTY
@@ -28,6 +31,8 @@ FLAG_PROPERTY = "rmq.flag"
 SYS_FLAG_PROPERTY = "rmq.sys"
 RECONSUME_PROPERTY = "rmq.rc"
 BORN_HOST_PROPERTY = "rmq.bh"
+# the MQTT topic a message given back (retry, DLQ) was first on: the ACL checks its readers by it
+ORIGIN_TOPIC_PROPERTY = "rmq.ot"
 QOS_PROPERTY = "qoslevel"
 INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
 MQTT_FLAG = 0x100  # gateway.mqtt.messages: the QoS is in the low two bits
@@ -74,6 +79,27 @@ def to_store_message(topic: str, body: bytes, properties: dict[str, str], *, fla
                    born_timestamp=born_timestamp, flag=record_flag)
 
 
+def plain_body(body: bytes, sys_flag: int, max_size: int) -> tuple[bytes, int]:
+    """A body the client compressed (sysFlag COMPRESSED, e.g. ali-ons above 4 KiB) is stored
+    inflated, the flag cleared: MQTT and AMQP readers of the same record get the payload,
+    and remoting consumers read plain bodies as well as compressed ones."""
+    if not sys_flag & COMPRESSED_FLAG:
+        return body, sys_flag
+    inflater = zlib.decompressobj()
+    try:
+        plain = inflater.decompress(body, max_size + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"the compressed body does not inflate: {exc}", ResponseCode.MESSAGE_ILLEGAL) from None
+    if len(plain) > max_size or inflater.unconsumed_tail:
+        raise BadRequest("the body inflates beyond the message size limit", ResponseCode.MESSAGE_ILLEGAL)
+    return plain, sys_flag & ~COMPRESSED_FLAG
+
+
+def origin_topic(message: StoredMessage) -> str:
+    """The topic the ACL judges a message by: the one it was first stored on."""
+    return message.properties.get(ORIGIN_TOPIC_PROPERTY) or message.topic
+
+
 def user_properties(message: StoredMessage) -> dict[str, str]:
     """The properties a remoting client sees (internal ones stripped)."""
     return {k: v for k, v in message.properties.items() if not k.startswith(INTERNAL_PREFIXES)}
@@ -93,6 +119,8 @@ def restore(message: StoredMessage, topic: str, properties: dict[str, str], *,
     """A stored message made ready to be stored again (a retry, a due delayed message) under
     ``topic`` with ``properties``, keeping what only the internal properties remember."""
     internal = message.properties
+    if ORIGIN_TOPIC_PROPERTY in internal and ORIGIN_TOPIC_PROPERTY not in properties:
+        properties = {**properties, ORIGIN_TOPIC_PROPERTY: internal[ORIGIN_TOPIC_PROPERTY]}
     return to_store_message(
         topic, message.body, properties, flag=client_flag(message),
         sys_flag=int(internal.get(SYS_FLAG_PROPERTY, "0")), born_timestamp=message.born_timestamp,

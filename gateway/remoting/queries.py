@@ -30,6 +30,7 @@ class QueryRequests:
         begin, end = int_field(ext, "beginTimestamp", 0), int_field(ext, "endTimestamp", 1 << 62)
         found = self.store.query_by_key(self._record_topic(topic, {}), key, max_messages=max_num,
                                         begin_ms=begin, end_ms=end)
+        found = [m for m in found if self.access.may_read(conn.principal, m)]  # (access.py)
         if not found:
             return response_to(request, ResponseCode.QUERY_NOT_FOUND, "can not find message, maybe time range not correct")
         body = b"".join(encode_message(self._wire_of(m, topic)) for m in found)
@@ -42,4 +43,5 @@ class QueryRequests:
         message = self.store.read_at(position)
         if message is None:
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {position}")
+        self.access.check_read(conn.principal, message, "view")
         return response_to(request, ResponseCode.SUCCESS, body=encode_message(self._wire_of(message)))

@@ -19,7 +19,14 @@ from protocols.remoting.properties import (
 )
 from store import StoredMessage
 
-from .messages import INTERNAL_PREFIXES, RECONSUME_PROPERTY, restore, user_properties
+from .messages import (
+    INTERNAL_PREFIXES,
+    ORIGIN_TOPIC_PROPERTY,
+    RECONSUME_PROPERTY,
+    restore,
+    user_properties,
+)
+from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .schedule import SCHEDULE_TOPIC, schedule_queue
 from .topics import dlq_topic, retry_topic, store_queue
@@ -61,19 +68,26 @@ class RetryRequests:
         await self.store.put(restore(message, self._record_topic(topic, user), user),
                              self.targets(topic, queue_id, user))
 
-    async def send_back(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        group = str_field(ext, "group")
-        position = int_field(ext, "offset")
-        delay_level = int_field(ext, "delayLevel", 0)
-        max_reconsume = int_field(ext, "maxReconsumeTimes", self.max_reconsume_times)
+    def send_back(self, conn, request: RemotingCommand):
+        """The message at commitlog ``offset`` into the group's retry topic (or its DLQ); only
+        a message the sender could have pulled (access.py)."""
+        position = int_field(request.ext_fields, "offset")
         original = self.store.read_at(position)
         if original is None:
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}")
+        self.access.check_read(conn.principal, original, "send back")
+        return self._send_back(request, original)
+
+    async def _send_back(self, request: RemotingCommand, original: StoredMessage) -> RemotingCommand:
+        ext = request.ext_fields
+        group = str_field(ext, "group")
+        delay_level = int_field(ext, "delayLevel", 0)
+        max_reconsume = int_field(ext, "maxReconsumeTimes", self.max_reconsume_times)
         props = user_properties(original)
         reconsume = int(original.properties.get(RECONSUME_PROPERTY, "0")) + 1
         origin_topic = ext.get("originTopic") or props.get(RETRY_TOPIC) or original.topic
         props.setdefault(RETRY_TOPIC, origin_topic)
+        props[ORIGIN_TOPIC_PROPERTY] = first_topic(original)  # (access.py: its readers are checked by it)
         props.setdefault(ORIGIN_MESSAGE_ID, ext.get("originMsgId") or self.msg_id(original.position))
         props[MAX_RECONSUME_TIMES] = str(max_reconsume)
         if reconsume > max_reconsume or delay_level < 0:

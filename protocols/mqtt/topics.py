@@ -104,3 +104,24 @@ def covers(outer: str, inner: str) -> bool:
         if inner_level == "+" or inner_level != level:
             return False
     return len(o_levels) == len(i_levels)
+
+
+def overlaps(first: str, second: str) -> bool:
+    """Whether some topic name is matched by both (validated) filters: ``overlaps("a/+",
+    "+/b")`` (``a/b``), not ``overlaps("a/+", "a/b/c")``."""
+    if first.startswith("$") != second.startswith("$"):
+        # a filter starting with a wildcard matches no "$" topic; a literal "$..." level only
+        # meets a wildcard first level, which never reaches "$" topics
+        return False
+    a_levels = first.split("/")
+    b_levels = second.split("/")
+    for i in range(max(len(a_levels), len(b_levels))):
+        a = a_levels[i] if i < len(a_levels) else None
+        b = b_levels[i] if i < len(b_levels) else None
+        if a == "#" or b == "#":
+            return True  # (also when the other ended one level before: "a/#" matches "a")
+        if a is None or b is None:
+            return False
+        if a != "+" and b != "+" and a != b:
+            return False
+    return True

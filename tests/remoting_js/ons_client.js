@@ -8,6 +8,8 @@
 //    "timeoutMs": 20000, "retryTimes": 0, "maxReconsumeTimes": 16, "instance": "c1", "fromFirst": false}
 //   {"cmd": "route", "nameSrv": ..., "topic": "t"}
 //   {"cmd": "query", "nameSrv": ..., "topic": "t", "key": "k1"}   (QUERY_MESSAGE over ali-ons' remoting client)
+// Any command: "accessKey" and "secretKey" sign every request (RocketMQ ACL); "send" with
+// "reportErrors": true reports a refused message as {"event": "error", "code", "message"} and goes on.
 
 const { Producer, Consumer, Message } = require('ali-ons');
 const RemotingCommand = require('ali-ons/lib/protocol/command/remoting_command');
@@ -20,6 +22,7 @@ const httpclient = { request: async () => { throw new Error('no HTTP lookups in 
 const quiet = { info() {}, warn() {}, debug() {}, error(...args) { console.error(...args); } };
 const common = { httpclient, nameSrv: spec.nameSrv, logger: quiet, rebalanceInterval: 1000,
   pollNameServerInteval: 1000, heartbeatBrokerInterval: 1000, persistConsumerOffsetInterval: 500 };
+if (spec.accessKey) Object.assign(common, { accessKeyId: spec.accessKey, accessKeySecret: spec.secretKey });
 
 function out(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -40,7 +43,14 @@ async function send() {
     if (m.delayLevel) msg.delayTimeLevel = m.delayLevel;
     if (m.flag) msg.flag = m.flag;
     if (m.properties) Object.assign(msg.properties, m.properties);
-    const result = await producer.send(msg);
+    let result;
+    try {
+      result = await producer.send(msg);
+    } catch (err) {
+      if (!spec.reportErrors) throw err;
+      out({ event: 'error', code: err.code ?? null, message: err.message });
+      continue;
+    }
     out({ event: 'sent', sendStatus: result.sendStatus, msgId: result.msgId, queueId: result.messageQueue.queueId,
       queueOffset: Number(result.queueOffset) });
   }

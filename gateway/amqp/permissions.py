@@ -1,0 +1,205 @@
+"""What an AMQP method needs (gateway/auth/authorize.py): RabbitMQ's configure / write / read
+permissions on the exchanges and queues it names, as RabbitMQ's access-control table lists
+them, and the MQTT topic rights of what crosses into or out of MQTT topic space through
+``amq.topic``: a publish there (or to an exchange bound on into it) writes the topic of its
+routing key; a binding from it -- or from an exchange it feeds -- and a consumer of a queue it
+feeds read every topic of the binding keys on the way (all of them: a queue's messages cannot be
+checked one by one, so a deny rule that touches a binding refuses it); an exchange bound into it,
+or a queue dead-lettering into it, writes there. Refusals raise 403 ACCESS_REFUSED (channel
+close)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from protocols.amqp.frames import ACCESS_REFUSED, channel_error
+
+from ..auth.authorize import Principal
+from .messages import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
+
+if TYPE_CHECKING:
+    from .broker import AMQPBroker
+    from .channel import Channel
+    from .connection import AMQPConnection
+
+BRIDGE_EXCHANGE = "amq.topic"  # the exchange of MQTT topic space (README: the MQTT bridge)
+
+
+def principal(conn: AMQPConnection) -> Principal:
+    return Principal("amqp", conn.username, None, conn.peer)
+
+
+def check_method(channel: Channel, m) -> None:
+    """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
+    authorizer = channel.broker.authorizer
+    if not authorizer.enabled:
+        return
+    needs = _NEEDS.get(type(m))
+    if needs is None:
+        return
+    who = principal(channel.connection)
+    for permission, kind, name in needs(channel, m):
+        if not authorizer.amqp_allows(who, permission, name):
+            text = authorizer.denied(who, f"amqp {permission}", f"{kind} {name or 'amq.default'}")
+            raise channel_error(ACCESS_REFUSED, text, channel.number, m)
+    topics = _TOPICS.get(type(m))
+    refusal = topics(channel, who, m) if topics is not None else None
+    if refusal is not None:
+        raise channel_error(ACCESS_REFUSED, refusal, channel.number, m)
+
+
+def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> str | None:
+    """Why this publish is refused (None: allowed): write on the exchange, and on the MQTT
+    topic of its routing key when it goes to amq.topic."""
+    authorizer = conn.broker.authorizer
+    if not authorizer.enabled:
+        return None
+    who = principal(conn)
+    if not authorizer.amqp_allows(who, "write", exchange):
+        return authorizer.denied(who, "amqp write", f"exchange {exchange or 'amq.default'}")
+    if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange):
+        # (also a key that is no MQTT topic name, "secret.+": it reaches the AMQP readers of
+        # bindings that match it as it is, "secret.*" or "#", so its literal topic is checked)
+        topic = routing_key_to_mqtt_topic(routing_key)
+        if not authorizer.can_write(who, topic):
+            return authorizer.denied(who, "publish", topic)
+    return None
+
+
+# -- AMQP permissions per method -------------------------------------------------------------
+def _queue(channel: Channel, name: str) -> str:
+    return name or channel.connection.last_queue
+
+
+def _exchange_declare(channel: Channel, m: commands.Exchange.Declare):
+    return [] if m.passive else [("configure", "exchange", m.exchange)]
+
+
+def _queue_declare(channel: Channel, m: commands.Queue.Declare):
+    if m.passive:
+        return []
+    # a server-named queue is named amq.gen-... (RabbitMQ checks the name it generates)
+    needs = [("configure", "queue", m.queue or "amq.gen-")]
+    dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+    if isinstance(dlx, str):
+        needs.append(("write", "exchange", dlx))
+    return needs
+
+
+_NEEDS = {
+    commands.Exchange.Declare: _exchange_declare,
+    commands.Exchange.Delete: lambda ch, m: [("configure", "exchange", m.exchange)],
+    commands.Exchange.Bind: lambda ch, m: [("write", "exchange", m.destination), ("read", "exchange", m.source)],
+    commands.Exchange.Unbind: lambda ch, m: [("write", "exchange", m.destination), ("read", "exchange", m.source)],
+    commands.Queue.Declare: _queue_declare,
+    commands.Queue.Delete: lambda ch, m: [("configure", "queue", _queue(ch, m.queue))],
+    commands.Queue.Purge: lambda ch, m: [("read", "queue", _queue(ch, m.queue))],
+    commands.Queue.Bind: lambda ch, m: [("write", "queue", _queue(ch, m.queue)), ("read", "exchange", m.exchange)],
+    commands.Queue.Unbind: lambda ch, m: [("write", "queue", _queue(ch, m.queue)), ("read", "exchange", m.exchange)],
+    commands.Basic.Consume: lambda ch, m: [("read", "queue", _queue(ch, m.queue))],
+    commands.Basic.Get: lambda ch, m: [("read", "queue", _queue(ch, m.queue))],
+}
+
+
+# -- MQTT topic space through amq.topic ------------------------------------------------------
+def _reaches_bridge(broker: AMQPBroker, exchange: str) -> bool:
+    """Whether messages published to ``exchange`` can be routed on into amq.topic."""
+    pending, seen = [exchange], {exchange}
+    while pending:
+        source = broker.exchanges.get(pending.pop())
+        for binding in source.exchange_bindings if source is not None else ():
+            if binding.queue == BRIDGE_EXCHANGE:
+                return True
+            if binding.queue not in seen:
+                seen.add(binding.queue)
+                pending.append(binding.queue)
+    return False
+
+
+def _bridge_keys(broker: AMQPBroker, *, queue: str | None = None, exchange: str | None = None) -> list[str]:
+    """The amq.topic binding keys whose messages reach this queue or exchange, directly or
+    through exchanges bound from amq.topic (a superset of what really gets there)."""
+    keys: list[str] = []
+    pending: list[tuple[str | None, str | None]] = [(queue, exchange)]
+    seen: set[str] = set()
+    while pending:
+        to_queue, to_exchange = pending.pop()
+        for source in broker.exchanges.values():
+            bindings = source.bindings if to_queue is not None else source.exchange_bindings
+            for binding in bindings:
+                if binding.queue != (to_queue if to_queue is not None else to_exchange):
+                    continue
+                if source.name == BRIDGE_EXCHANGE:
+                    keys.append(binding.routing_key)
+                elif source.name not in seen:
+                    seen.add(source.name)
+                    pending.append((None, source.name))
+    return keys
+
+
+def _unreadable_key(broker: AMQPBroker, who: Principal, keys: list[str]) -> str | None:
+    for key in keys:
+        topic_filter = binding_key_to_mqtt_filter(key)
+        if topic_filter is not None and not broker.authorizer.can_read_all(who, topic_filter):
+            return f"{BRIDGE_EXCHANGE} {key} (MQTT {topic_filter})"
+    return None
+
+
+def queue_topics_readable(broker: AMQPBroker, who: Principal, queue: str) -> bool:
+    """Every MQTT topic amq.topic can bring into ``queue`` may be read (the data API's reads)."""
+    return _unreadable_key(broker, who, _bridge_keys(broker, queue=queue)) is None
+
+
+def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
+    unreadable = _unreadable_key(channel.broker, who, keys)
+    return None if unreadable is None else channel.broker.authorizer.denied(who, action, unreadable)
+
+
+def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
+    """A binding from ``source``: from amq.topic, its key's topics; from an exchange amq.topic
+    feeds, the topics of the keys on the way there."""
+    if source == BRIDGE_EXCHANGE:
+        return _reads_keys(channel, who, [binding_key], "bind")
+    return _reads_keys(channel, who, _bridge_keys(channel.broker, exchange=source), "bind")
+
+
+def _consumes_topics(channel: Channel, who: Principal, queue: str) -> str | None:
+    return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "consume")
+
+
+def _writes_topics(channel: Channel, who: Principal, routing: str | None) -> str | None:
+    """Messages routed on into amq.topic with ``routing`` (a binding or routing key; None:
+    any key) reach the AMQP readers of MQTT topics."""
+    topic_filter = "#" if routing is None else binding_key_to_mqtt_filter(routing)
+    authorizer = channel.broker.authorizer
+    if topic_filter is not None and not authorizer.can_write_all(who, topic_filter):
+        return authorizer.denied(who, "route", f"{BRIDGE_EXCHANGE} {routing if routing is not None else '#'}")
+    return None
+
+
+def _exchange_bind_topics(channel: Channel, who: Principal, m: commands.Exchange.Bind) -> str | None:
+    refusal = _reads_topics(channel, who, m.source, m.routing_key)
+    if refusal is None and m.destination == BRIDGE_EXCHANGE:
+        source = channel.broker.exchanges.get(m.source)
+        keyed = source is not None and source.type in ("topic", "direct")
+        refusal = _writes_topics(channel, who, m.routing_key if keyed else None)
+    return refusal
+
+
+def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.Declare) -> str | None:
+    arguments = m.arguments or {}
+    if m.passive or arguments.get("x-dead-letter-exchange") != BRIDGE_EXCHANGE:
+        return None
+    key = arguments.get("x-dead-letter-routing-key")
+    return _writes_topics(channel, who, key if isinstance(key, str) else None)
+
+
+_TOPICS = {
+    commands.Queue.Bind: lambda ch, who, m: _reads_topics(ch, who, m.exchange, m.routing_key),
+    commands.Basic.Consume: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
+    commands.Basic.Get: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
+    commands.Exchange.Bind: _exchange_bind_topics,
+    commands.Queue.Declare: _queue_declare_topics,
+}

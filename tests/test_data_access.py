@@ -1,0 +1,119 @@
+"""The data API under the ACL (gateway/data_access.py), through the Spark source's and sink's
+own HTTP clients: a user's Basic credentials, reads of queues whose topics the ACL denies and
+publishes to them refused with 403 (nothing stored), the admin token as the operator."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gateway.auth import PasswordFile
+from spark_sinks.client import HttpClient, SourceError
+from spark_sinks.options import Connection, OptionError
+from spark_sinks.writer import PublishClient, PublishError
+
+from .mqtt_support import PahoClient, mqtt_port, running_gateway
+
+ACL = """
+user alice
+topic readwrite #
+
+user mallory
+topic readwrite #
+topic deny secret/#
+"""
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> dict:
+    users = PasswordFile()
+    for name in ("alice", "mallory"):
+        users.set(name, "pw-" + name, iterations=1000)
+    users.save(tmp_path / "passwd")
+    (tmp_path / "acl").write_text(ACL)
+    return {"password_file": str(tmp_path / "passwd"), "acl_file": str(tmp_path / "acl"), "allow_anonymous": False,
+            "metrics_bind": "127.0.0.1:0"}
+
+
+def arrow_rows(*topics: str) -> bytes:
+    import pyarrow as pa
+
+    table = pa.table({"topic": list(topics), "payload": [f"row {t}".encode() for t in topics]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+async def test_sink_publish_to_denied_topic_refused(data_dir: Path, secured: dict) -> None:
+    async with running_gateway(data_dir, **secured) as gw:
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
+        mallory = PublishClient(url, username="mallory", password="pw-mallory")
+        with pytest.raises(PublishError, match="403.*secret/spark"):
+            await asyncio.to_thread(mallory.publish, arrow_rows("public/spark", "secret/spark"), {}, 1)
+        assert gw.store.max_offset_now("t:public/spark") == 0  # nothing of the request
+        answer = await asyncio.to_thread(mallory.publish, arrow_rows("public/spark"), {}, 1)
+        assert answer["stored"] == 1
+        with pytest.raises(PublishError, match="401"):
+            await asyncio.to_thread(PublishClient(url, username="mallory", password="wrong").publish,
+                                    arrow_rows("public/spark"), {}, 1)
+        with pytest.raises(PublishError, match="401"):  # anonymous is not allowed here
+            await asyncio.to_thread(PublishClient(url).publish, arrow_rows("public/spark"), {}, 1)
+        assert gw.authorizer.stats.denied[("http", "publish")] == 1
+
+
+async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: dict) -> None:
+    async with running_gateway(data_dir, admin_token="T0K", amqp_bind="127.0.0.1:0", **secured) as gw:
+        import pika
+
+        amqp_port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+
+        def alice_queue() -> None:  # an AMQP queue fed secret topics: not mallory's to read either
+            conn = pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", amqp_port, credentials=pika.PlainCredentials("alice", "pw-alice")))
+            ch = conn.channel()
+            ch.queue_declare("alice.secret")
+            ch.queue_bind("alice.secret", "amq.topic", "secret.#")
+            conn.close()
+
+        await asyncio.to_thread(alice_queue)
+        alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
+        await alice.connect()
+        await alice.publish("secret/plans", b"hidden", 1)
+        await alice.publish("public/news", b"open", 1)
+        await alice.disconnect()
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
+        mallory = HttpClient(url, username="mallory", password="pw-mallory")
+        operator = HttpClient(url, token="T0K")
+
+        def run() -> None:
+            with pytest.raises(SourceError, match="403"):
+                mallory.read("t:secret/plans", 0, 10, 10)
+            with pytest.raises(SourceError, match="403"):
+                mallory.offsets(["t:public/news", "t:secret/plans"])
+            with pytest.raises(SourceError, match="403"):
+                mallory.read("w:#", 0, 10, 10)  # a deny rule touches "#": its rows cannot be checked one by one
+            with pytest.raises(SourceError, match="403"):
+                mallory.read("q:alice.secret", 0, 10, 10)
+            assert [b.num_rows for b in mallory.read("t:public/news", 0, 10, 10).batches] == [1]
+            assert mallory.queue_for_filter("public/news") == "t:public/news"
+            listed = mallory._json("GET", "/data/queues?topicFilter=secret/plans")["queues"]
+            assert listed == []  # what it may not read is not listed
+            assert [b.num_rows for b in operator.read("t:secret/plans", 0, 10, 10).batches] == [1]
+            with pytest.raises(SourceError, match="401"):
+                HttpClient(url, token="wrong").read("t:public/news", 0, 10, 10)
+
+        await asyncio.to_thread(run)
+
+
+def test_spark_options_take_a_user_or_the_token() -> None:
+    from spark_sinks.options import SourceOptions
+
+    options = SourceOptions.parse({"address": "h:1", "topicFilter": "a/#", "username": "u", "password": "p"})
+    assert options.connection.username == "u" and "p" not in repr(options.connection)
+    with pytest.raises(OptionError, match="not both"):
+        SourceOptions.parse({"address": "h:1", "topicFilter": "a/#", "username": "u", "password": "p", "token": "t"})
+    with pytest.raises(OptionError, match="go together"):
+        Connection.of({"address": "h:1", "username": "u"}, "sink")
