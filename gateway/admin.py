@@ -19,7 +19,7 @@ from store import StoredMessage
 from store.msgid import decode_msg_id
 
 from . import trace as message_trace
-from .amqp.model import STORE_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from .interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
 
 if TYPE_CHECKING:
     from .server import Gateway

@@ -40,7 +40,7 @@ from store import MessageStore
 from .admin import AdminError
 from .data_access import PRINCIPAL, check_read_queue, may_read_queue
 from .data_publish import PublishApi
-from .mqtt.queues import queue_for_filter
+from .interop import queue_for_filter
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader

@@ -24,7 +24,8 @@ from aiohttp import web
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 
 from .admin import AdminError
-from .mqtt.queues import WildcardQueues, queue_for_filter
+from .interop import queue_for_filter
+from .mqtt.queues import WildcardQueues
 
 if TYPE_CHECKING:
     from .server import Gateway

@@ -84,7 +84,8 @@ class GatewayThread:
 
 
 async def fill(store, records: int) -> None:
-    from gateway.mqtt.messages import CLIENT_ID, MQTT_FLAG
+    from gateway.interop import MQTT_FLAG
+    from gateway.mqtt.messages import CLIENT_ID
     from store import Message, encode_properties
 
     props = [encode_properties({CLIENT_ID: f"dev-{d}"}) for d in range(DEVICES)]

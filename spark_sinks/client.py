@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from gateway.mqtt.queues import queue_for_filter
+from gateway.interop import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 

@@ -26,7 +26,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 import gateway.dashboard
 from gateway.dashboard import quantile
-from gateway.mqtt.queues import topic_queue
+from gateway.interop import topic_queue
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 from store.stats import LatencyHistogram

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,9 +17,9 @@ import aiohttp
 import pytest
 
 from spark_sinks.client import HttpClient, SourceError, close_clients
+from tests.crash_support import launch, stop
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
-ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "plant/line1/telemetry"
 QUEUE = "t:" + TOPIC
 
@@ -41,31 +38,8 @@ def free_ports(count: int) -> list[int]:
 
 def start_gateway(data_dir: Path, mqtt: int, metrics: int) -> subprocess.Popen:
     """A gateway process with the data API (sync flush: an acknowledged publish is on disk)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir), "--mqtt-bind", f"127.0.0.1:{mqtt}",
-         "--metrics-bind", f"127.0.0.1:{metrics}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "sync"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if "gateway ready" in line:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError("gateway did not start")
-
-
-def stop_gateway(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return launch(["--data-dir", str(data_dir), "--mqtt-bind", f"127.0.0.1:{mqtt}", "--metrics-bind",
+                   f"127.0.0.1:{metrics}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "sync"])
 
 
 async def publish(port: int, first: int, count: int) -> None:
@@ -111,7 +85,7 @@ async def test_streaming_query_survives_a_gateway_restart(spark, tmp_path: Path)
             .writeStream.foreachBatch(each).trigger(processingTime="200 milliseconds")
             .option("checkpointLocation", str(ckpt)).start()))
         await asyncio.to_thread(wait_for, 40, query)
-        stop_gateway(proc)
+        stop(proc)
         await asyncio.sleep(6)  # longer than the query used to live without its gateway (4 s)
         assert query.isActive, query.exception()
         proc = start_gateway(data_dir, mqtt, metrics)
@@ -121,7 +95,7 @@ async def test_streaming_query_survives_a_gateway_restart(spark, tmp_path: Path)
     finally:
         if query is not None:
             await asyncio.to_thread(query.stop)
-        stop_gateway(proc)
+        stop(proc)
     assert sorted(seen) == list(range(80))  # each once
 
 

@@ -25,16 +25,15 @@ from protocols.amqp.frames import (
 from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..auth.authorize import Authorizer
-from ..stats import ProtocolStats
-from .messages import (
-    DEATHS,
-    record_death,
-    AMQPView,
+from ..interop import (
+    AMQP_QUEUE_PREFIX,
+    amqp_queue,
     mqtt_topic_to_routing_key,
     routing_key_to_mqtt_topic,
-    to_store_message,
     valid_mqtt_topic,
 )
+from ..stats import ProtocolStats
+from .messages import DEATHS, AMQPView, record_death, to_store_message
 from .model import (
     BUILTIN_EXCHANGES,
     EXCHANGE_TYPES,
@@ -44,7 +43,6 @@ from .model import (
     QueueDefinition,
     check_queue_arguments,
     inequivalent,
-    store_queue,
 )
 from .queues import QueueRuntime
 
@@ -135,9 +133,9 @@ class AMQPBroker:
             queue.save()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
-        if not store_queue_name.startswith("q:"):
+        if not store_queue_name.startswith(AMQP_QUEUE_PREFIX):
             return
-        queue = self.queues.get(store_queue_name[2:])
+        queue = self.queues.get(store_queue_name[len(AMQP_QUEUE_PREFIX):])
         if queue is None:
             return
         # Every notify of a queue goes to the cache, with consumers or not: once told of a
@@ -152,7 +150,7 @@ class AMQPBroker:
         ends now, before the notify loop runs, so that the publisher's next basic.get (or
         queue.declare's count) sees them; x-max-length applies."""
         for name in store_queues:
-            queue = self.queues.get(name[2:]) if name.startswith("q:") else None
+            queue = self.queues.get(name[len(AMQP_QUEUE_PREFIX):]) if name.startswith(AMQP_QUEUE_PREFIX) else None
             if queue is None:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))
@@ -257,7 +255,7 @@ class AMQPBroker:
         queue is declared to anyone: a message confirmed a moment later is delivered after any
         crash. A queue restored at start-up resumes at its saved offset; without one (a data dir
         of an earlier version) at its oldest message: redelivered rather than lost."""
-        name = store_queue(definition.name)
+        name = amqp_queue(definition.name)
         start = self.store.get_offset_now(f"amqp:{definition.name}", name) if restored else None
         if start is None:
             start = self.store.min_offset_now(name) if restored else self.store.max_offset_now(name)

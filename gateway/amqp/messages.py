@@ -15,12 +15,10 @@ from pamqp import commands
 from pamqp.header import ContentHeader
 
 from protocols.amqp.frames import decode_properties, encode_properties
-from protocols.mqtt.topics import TopicError, validate_topic_filter, validate_topic_name
 from store import Message, StoredMessage
 
-AMQP_FLAG = 0x200
-PERSISTENT_FLAG = 0x01
-MQTT_FLAG = 0x100  # set by the MQTT gateway (QoS in bits 0-1)
+from ..interop import AMQP_FLAG, MQTT_FLAG, PERSISTENT_FLAG, mqtt_topic_to_routing_key
+
 EXCHANGE = "amqp.x"
 ROUTING_KEY = "amqp.rk"
 HEADER = "amqp.p"
@@ -30,23 +28,6 @@ EXPIRATION_FLAG = 0x01  # expiration is bit 8 of the (big-endian) property flags
 EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
 PERSISTENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=2))
 TRANSIENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=1))
-
-
-def mqtt_topic_to_routing_key(topic: str) -> str:
-    return topic.replace("/", ".")
-
-
-def routing_key_to_mqtt_topic(routing_key: str) -> str:
-    return routing_key.replace(".", "/")
-
-
-def valid_mqtt_topic(topic: str) -> bool:
-    """A routing key of amq.topic crosses into MQTT topic space when its topic is one (not $...)."""
-    try:
-        validate_topic_name(topic)
-    except TopicError:
-        return False
-    return not topic.startswith("$")
 
 
 def record_death(headers: dict[str, Any], queue: str, reason: str, exchange: str, routing_key: str
@@ -130,22 +111,3 @@ class AMQPView:
             return False
         now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         return now >= message.store_timestamp + min(limits)
-
-
-def binding_key_to_mqtt_filter(binding_key: str) -> str | None:
-    """The MQTT topic filter that holds every MQTT topic an amq.topic binding key can match
-    (``*`` -> ``+``, ``#`` -> ``#``; a ``#`` before the last word makes it ``#`` from there:
-    a wider filter, never a narrower one). None: the key matches no MQTT topic name (a word
-    with ``+`` or ``#`` in it, an empty key)."""
-    levels = []
-    for word in binding_key.split("."):
-        if word == "#":
-            levels.append("#")
-            break
-        levels.append("+" if word == "*" else word)
-    topic_filter = "/".join(levels)
-    try:
-        validate_topic_filter(topic_filter)
-    except TopicError:
-        return None
-    return topic_filter

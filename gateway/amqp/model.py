@@ -12,15 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
-STORE_QUEUE_PREFIX = "q:"
 BUILTIN_EXCHANGES = {
     "": "direct", "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
     "amq.headers": "headers", "amq.match": "headers",
 }
-
-
-def store_queue(name: str) -> str:
-    return STORE_QUEUE_PREFIX + name
 
 
 def topic_matches(pattern: str, key: str) -> bool:

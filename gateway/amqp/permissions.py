@@ -17,7 +17,7 @@ from pamqp import commands
 from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 
 from ..auth.authorize import Principal
-from .messages import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
+from ..interop import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
 
 if TYPE_CHECKING:
     from .broker import AMQPBroker

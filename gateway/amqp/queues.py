@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from store import GetStatus, StoredMessage
 
-from .model import QueueDefinition, store_queue
+from ..interop import amqp_queue
+from .model import QueueDefinition
 
 if TYPE_CHECKING:
     from .broker import AMQPBroker
@@ -55,7 +56,7 @@ class QueueRuntime:
         self.broker = broker
         self.definition = definition
         self.name = definition.name
-        self.store_queue = store_queue(definition.name)
+        self.store_queue = amqp_queue(definition.name)
         self.consumer_name = f"amqp:{definition.name}"
         self.next_offset = start_offset
         self.unacked: dict[int, None] = {}

@@ -21,15 +21,15 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from lookup.api import IN_DOUBT, InDoubt, Lookup
-from .store_link import WILDCARD_TARGETS
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared
 from store import StoredMessage
 
-from ..mqtt.queues import TOPIC_QUEUE_PREFIX, queue_for_filter
+from ..interop import TOPIC_QUEUE_PREFIX, queue_for_filter
 from ..mqtt.session import Session
 from .gateway_store import GatewayStore
+from .store_link import WILDCARD_TARGETS
 
 if TYPE_CHECKING:
     from ..mqtt.broker import MQTTBroker

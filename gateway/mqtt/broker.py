@@ -17,10 +17,11 @@ from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, PutResult, StoredMessage
 from store.log_limit import RateLimitedLog
 
+from ..interop import queue_for_filter
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
 from .messages import StoreMessageFactory
-from .queues import WildcardQueues, queue_for_filter
+from .queues import WildcardQueues
 from .retained import RetainedIndex
 from .session import Session
 from .settings import MQTTSettings

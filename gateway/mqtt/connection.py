@@ -40,10 +40,10 @@ from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
 from store import StoredMessage, StoreError
 
+from ..interop import queue_for_filter
 from ..read_pauses import ReadPauses
 from .messages import StoreMessageFactory
 from .outbound import Outbound
-from .queues import queue_for_filter
 from .session import NEVER_EXPIRES, QueueCursor, Session, SubscriptionState
 
 if TYPE_CHECKING:

@@ -29,11 +29,10 @@ from protocols.mqtt.properties import (
 from store import Message, StoredMessage
 from store import encode_properties as encode_store_properties
 
+from ..interop import MQTT_FLAG, PROPS_FLAG, RETAIN_FLAG
+
 CLIENT_ID = "mqtt.cid"
 PROPS = "mqtt.props"
-MQTT_FLAG = 0x100
-RETAIN_FLAG = 0x04
-PROPS_FLAG = 0x08
 
 
 KEY_PROPERTY = "key"

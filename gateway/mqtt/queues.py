@@ -13,19 +13,7 @@ from collections.abc import Callable
 from protocols.mqtt.topic_tree import TopicTree
 from protocols.mqtt.topics import is_wildcard
 
-TOPIC_QUEUE_PREFIX = "t:"
-WILDCARD_QUEUE_PREFIX = "w:"
-
-
-def topic_queue(topic: str) -> str:
-    return TOPIC_QUEUE_PREFIX + topic
-
-
-def queue_for_filter(topic_filter: str) -> str:
-    """The queue a subscription to ``topic_filter`` reads."""
-    if is_wildcard(topic_filter):
-        return WILDCARD_QUEUE_PREFIX + topic_filter
-    return TOPIC_QUEUE_PREFIX + topic_filter
+from ..interop import TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX
 
 
 class WildcardQueues:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from store import GetStatus, StoredMessage
 
+from ..interop import queue_for_filter
 from .messages import delivery_of
 from .outbound import PULL_BATCH
-from .queues import queue_for_filter
 
 if TYPE_CHECKING:
     from .broker import MQTTBroker

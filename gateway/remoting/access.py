@@ -36,9 +36,9 @@ from store import StoredMessage
 
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
+from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
 from .messages import origin_topic
 from .requests import BadRequest
-from .topics import SECOND_TOPIC_PROPERTY, STORE_QUEUE_PREFIX, mqtt_topic_of
 
 if TYPE_CHECKING:
     from ..stats import ProtocolStats
@@ -129,7 +129,7 @@ class RemotingAccess:
         """A message asked for by id or key, or given back: one this principal could pull."""
         if not self.authorizer.enabled:
             return True
-        if not any(queue.startswith(STORE_QUEUE_PREFIX) for queue, _ in message.queues):
+        if not any(queue.startswith(REMOTING_QUEUE_PREFIX) for queue, _ in message.queues):
             return False  # not in a remoting topic: no remoting reader may see it
         return self._may_read_topic(who, origin_topic(message))
 

@@ -37,6 +37,7 @@ from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
 from store.log_limit import RateLimitedLog
 
+from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of, remoting_queue
 from ..stats import ProtocolStats
 from .access import RemotingAccess
 from .consumers import ConsumerRequests
@@ -54,11 +55,8 @@ from .schedule import (
 from .topics import (
     PERM_READ,
     PERM_WRITE,
-    STORE_QUEUE_PREFIX,
     TOPICS_TABLE,
     TopicRegistry,
-    mqtt_topic_of,
-    store_queue,
 )
 
 if TYPE_CHECKING:
@@ -162,7 +160,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self._tasks.clear()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
-        if store_queue_name.startswith(STORE_QUEUE_PREFIX):
+        if store_queue_name.startswith(REMOTING_QUEUE_PREFIX):
             self.holds.on_notify(store_queue_name, max_offset)
         else:
             self.schedule.on_notify(store_queue_name)
@@ -274,16 +272,16 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     def targets(self, topic: str, queue_id: int, properties: dict[str, str]) -> list[str]:
         """Store queues a remoting message goes to: its topic queue and, through the MQTT
         mapping, the MQTT topic queue (and wildcard and bridged queues) of its topic."""
-        own = store_queue(topic, queue_id)
+        own = remoting_queue(topic, queue_id)
         targets = [own]
         if self.mqtt_queues_for is not None:
-            mqtt_topic = mqtt_topic_of(topic, properties.get("mqttSecondTopic"))
+            mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
             if mqtt_topic is not None:
-                targets.extend(q for q in self.mqtt_queues_for(mqtt_topic) if not q.startswith(STORE_QUEUE_PREFIX))
+                targets.extend(q for q in self.mqtt_queues_for(mqtt_topic) if not q.startswith(REMOTING_QUEUE_PREFIX))
         return targets
 
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
-        return mqtt_topic_of(topic, properties.get("mqttSecondTopic")) or topic
+        return mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY)) or topic
 
     def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
@@ -334,7 +332,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)
             batch.append((message, self.targets(header.topic, queue_id, properties)))
-        own = store_queue(header.topic, queue_id)
+        own = remoting_queue(header.topic, queue_id)
         self.stats.messages_received += len(batch)
 
         def respond(results: list[PutResult]) -> RemotingCommand | None:
@@ -358,7 +356,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         if queue_id < 0 or queue_id >= config.read_queues:
             raise BadRequest(f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
                              f"[{config.read_queues}]")
-        return store_queue(topic, queue_id)
+        return remoting_queue(topic, queue_id)
 
     def _read(self, queue: str, offset: int, max_messages: int, tags: frozenset[int] | None):
         if tags is None:
@@ -432,7 +430,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     # -- offsets -------------------------------------------------------------------------------
     def _queue_of(self, ext: dict[str, str]) -> tuple[str, str]:
         topic = str_field(ext, "topic")
-        return topic, store_queue(topic, int_field(ext, "queueId"))
+        return topic, remoting_queue(topic, int_field(ext, "queueId"))
 
     def query_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields

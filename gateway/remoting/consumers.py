@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 
+from ..interop import remoting_queue
 from .groups import Subscription
 from .requests import CONSUMER_PREFIX, BadRequest, str_field
-from .topics import retry_topic, store_queue
+from .topics import retry_topic
 
 if TYPE_CHECKING:
     from .connection import RemotingConnection
@@ -67,7 +68,7 @@ class ConsumerRequests:
             if config is None:
                 continue
             for queue_id in range(config.read_queues):
-                queue = store_queue(topic, queue_id)
+                queue = remoting_queue(topic, queue_id)
                 end = self.store.max_offset_now(queue)
                 committed = self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
                 lag += max(0, end - (committed if committed is not None else self._min_offset(queue)))

@@ -22,8 +22,8 @@ from protocols.remoting.message_codec import COMPRESSED_FLAG, WireMessage
 from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
 from store import Message, StoredMessage
 
+from ..interop import SECOND_TOPIC_PROPERTY
 from .requests import BadRequest
-from .topics import SECOND_TOPIC_PROPERTY
 
 REMOTING_FLAG = 0x400  # record flag marker: a remoting message whose own flag is in FLAG_PROPERTY
 PROTOCOL_FLAG_BITS = 0xF00  # the bits of the record flag other protocols use as markers

@@ -8,16 +8,16 @@ from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.message_codec import encode_message
 from store import StoredMessage
 
+from ..interop import REMOTING_QUEUE_PREFIX
 from .messages import to_wire
 from .requests import int_field, str_field
-from .topics import STORE_QUEUE_PREFIX
 
 
 class QueryRequests:
     def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
         for queue, offset in message.queues:
-            if queue.startswith(STORE_QUEUE_PREFIX):
-                topic, _, qid = queue[len(STORE_QUEUE_PREFIX):].rpartition(":")
+            if queue.startswith(REMOTING_QUEUE_PREFIX):
+                topic, _, qid = queue[len(REMOTING_QUEUE_PREFIX):].rpartition(":")
                 if topic_hint is None or topic == topic_hint:
                     message.queue_offset = offset
                     return to_wire(message, topic, int(qid), self.origin)

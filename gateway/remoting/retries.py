@@ -19,6 +19,7 @@ from protocols.remoting.properties import (
 )
 from store import StoredMessage
 
+from ..interop import remoting_queue
 from .messages import (
     INTERNAL_PREFIXES,
     ORIGIN_TOPIC_PROPERTY,
@@ -29,7 +30,7 @@ from .messages import (
 from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .schedule import SCHEDULE_TOPIC, schedule_queue
-from .topics import dlq_topic, retry_topic, store_queue
+from .topics import dlq_topic, retry_topic
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -94,7 +95,7 @@ class RetryRequests:
             topic, queue_id = dlq_topic(group), 0
             self.topics.ensure(topic, 1)
             props.pop(DELAY, None)
-            targets = [store_queue(topic, queue_id)]
+            targets = [remoting_queue(topic, queue_id)]
             record_topic = topic
         else:
             topic, queue_id = retry_topic(group), 0

@@ -18,20 +18,14 @@ from dataclasses import asdict, dataclass
 
 from store.meta import KvTable
 
-STORE_QUEUE_PREFIX = "r:"
+from ..interop import DLQ_PREFIX, RETRY_PREFIX, remoting_queue
+
 TOPICS_TABLE = "remoting.topics"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 # RocketMQ's TopicValidator: a topic name is at most 127 of these characters
 TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 PERM_READ = 4
 PERM_WRITE = 2
 PERM_INHERIT = 1
-SECOND_TOPIC_PROPERTY = "mqttSecondTopic"  # the MQTT levels after the remoting topic, with "/"
-
-
-def store_queue(topic: str, queue_id: int) -> str:
-    return f"{STORE_QUEUE_PREFIX}{topic}:{queue_id}"
 
 
 def retry_topic(group: str) -> str:
@@ -99,13 +93,4 @@ class TopicRegistry:
         topic = self.topics.get(first)
         if topic is None or not topic.perm & PERM_READ:
             return []
-        return [store_queue(first, topic.queue_for_mqtt_topic(mqtt_topic))]
-
-
-def mqtt_topic_of(topic: str, second: str | None) -> str | None:
-    """The MQTT topic a remoting message to ``topic`` goes to (None: not an MQTT topic)."""
-    if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)) or topic.startswith("%"):
-        return None
-    if second:
-        return topic + (second if second.startswith("/") else "/" + second)
-    return topic
+        return [remoting_queue(first, topic.queue_for_mqtt_topic(mqtt_topic))]

@@ -1,0 +1,122 @@
+"""Where the protocols meet: one place for the rules a message follows from one protocol to
+another through the unified store.
+
+Store queues, by who reads them:
+
+    t:{topic}            one concrete MQTT topic (every MQTT publish is indexed here)
+    w:{filter}           one MQTT wildcard filter with subscribers (write amplification)
+    q:{name}             one AMQP queue
+    r:{topic}:{queueId}  one queue of a remoting topic
+
+A stored message's flag says which protocol published it, so that the others can present it:
+``MQTT_FLAG`` (0x100) with the QoS in bits 0-1, ``RETAIN_FLAG`` and ``PROPS_FLAG`` (MQTT 5.0
+properties kept); ``AMQP_FLAG`` (0x200) with ``PERSISTENT_FLAG`` (0x01). Store properties whose
+names start with ``INTERNAL_PREFIXES`` belong to a protocol gateway and are never shown to
+clients as user properties.
+
+Names between the protocols (as RabbitMQ's MQTT plugin and apache/rocketmq-mqtt do it):
+
+    MQTT topic          AMQP amq.topic routing key   remoting
+    a/b/c               a.b.c                        topic a, mqttSecondTopic /b/c
+    filter a/+/#        binding key a.*.#            --
+"""
+
+from __future__ import annotations
+
+from protocols.mqtt.topics import (
+    TopicError,
+    is_wildcard,
+    validate_topic_filter,
+    validate_topic_name,
+)
+
+# -- the flag of a stored message -------------------------------------------------------------
+MQTT_FLAG = 0x100  # published over MQTT; its QoS in bits 0-1
+QOS_MASK = 0x03
+RETAIN_FLAG = 0x04  # an MQTT publish with RETAIN set
+PROPS_FLAG = 0x08  # an MQTT 5.0 publish whose properties are kept (store property PROPS)
+AMQP_FLAG = 0x200  # published over AMQP
+PERSISTENT_FLAG = 0x01  # an AMQP publish with delivery-mode 2
+
+# store properties that belong to a protocol gateway, not to the message's user properties
+INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
+
+# -- store queue names ------------------------------------------------------------------------
+TOPIC_QUEUE_PREFIX = "t:"
+WILDCARD_QUEUE_PREFIX = "w:"
+AMQP_QUEUE_PREFIX = "q:"
+REMOTING_QUEUE_PREFIX = "r:"
+
+
+def topic_queue(topic: str) -> str:
+    """The queue of one concrete MQTT topic."""
+    return TOPIC_QUEUE_PREFIX + topic
+
+
+def queue_for_filter(topic_filter: str) -> str:
+    """The queue a subscription to ``topic_filter`` reads: its wildcard queue, or the topic's."""
+    if is_wildcard(topic_filter):
+        return WILDCARD_QUEUE_PREFIX + topic_filter
+    return TOPIC_QUEUE_PREFIX + topic_filter
+
+
+def amqp_queue(name: str) -> str:
+    """The store queue of the AMQP queue ``name``."""
+    return AMQP_QUEUE_PREFIX + name
+
+
+def remoting_queue(topic: str, queue_id: int) -> str:
+    """The store queue of queue ``queue_id`` of the remoting topic ``topic``."""
+    return f"{REMOTING_QUEUE_PREFIX}{topic}:{queue_id}"
+
+
+# -- MQTT topics <-> AMQP routing keys --------------------------------------------------------
+def mqtt_topic_to_routing_key(topic: str) -> str:
+    return topic.replace("/", ".")
+
+
+def routing_key_to_mqtt_topic(routing_key: str) -> str:
+    return routing_key.replace(".", "/")
+
+
+def valid_mqtt_topic(topic: str) -> bool:
+    """A routing key of amq.topic crosses into MQTT topic space when its topic is one (not $...)."""
+    try:
+        validate_topic_name(topic)
+    except TopicError:
+        return False
+    return not topic.startswith("$")
+
+
+def binding_key_to_mqtt_filter(binding_key: str) -> str | None:
+    """The MQTT topic filter that holds every MQTT topic an amq.topic binding key can match
+    (``*`` -> ``+``, ``#`` -> ``#``; a ``#`` before the last word makes it ``#`` from there:
+    a wider filter, never a narrower one). None: the key matches no MQTT topic name (a word
+    with ``+`` or ``#`` in it, an empty key)."""
+    levels = []
+    for word in binding_key.split("."):
+        if word == "#":
+            levels.append("#")
+            break
+        levels.append("+" if word == "*" else word)
+    topic_filter = "/".join(levels)
+    try:
+        validate_topic_filter(topic_filter)
+    except TopicError:
+        return None
+    return topic_filter
+
+
+# -- remoting topics <-> MQTT topics ----------------------------------------------------------
+SECOND_TOPIC_PROPERTY = "mqttSecondTopic"  # the MQTT levels after the remoting topic, with "/"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+
+def mqtt_topic_of(topic: str, second: str | None) -> str | None:
+    """The MQTT topic a remoting message to ``topic`` goes to (None: not an MQTT topic)."""
+    if topic.startswith("%"):  # %RETRY%, %DLQ% and the other system topics
+        return None
+    if second:
+        return topic + (second if second.startswith("/") else "/" + second)
+    return topic
