@@ -245,10 +245,10 @@ async def test_transactions_hold_publishes_and_acks_until_commit(data_dir: Path)
             assert body == b"committed"
             await asyncio.to_thread(ch.basic_ack, method.delivery_tag)
             await asyncio.to_thread(ch.tx_rollback)  # the ack is undone: still unacknowledged
-            assert len(gw.amqp.queues["tx-q"].unacked) == 1
+            assert len(gw.amqp.queues["tx-q"].group.cursor.unacked) == 1
             await asyncio.to_thread(ch.basic_ack, method.delivery_tag)
             await asyncio.to_thread(ch.tx_commit)
-            assert len(gw.amqp.queues["tx-q"].unacked) == 0
+            assert len(gw.amqp.queues["tx-q"].group.cursor.unacked) == 0
             confirm_ch = await asyncio.to_thread(conn.channel)
             await asyncio.to_thread(confirm_ch.confirm_delivery)
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:

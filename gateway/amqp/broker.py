@@ -25,6 +25,7 @@ from protocols.amqp.frames import (
 from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..auth.authorize import Authorizer
+from ..core.group import group_start
 from ..interop import (
     AMQP_QUEUE_PREFIX,
     amqp_queue,
@@ -250,19 +251,16 @@ class AMQPBroker:
     # -- queues --------------------------------------------------------------------------------
     def _open_queue(self, definition: QueueDefinition, owner: object | None = None, *,
                     restored: bool = False) -> QueueRuntime:
-        """A queue at run time. A new one starts at its store queue's end (what an earlier queue
-        of the same name left there is not its), and that start is written through before the
-        queue is declared to anyone: a message confirmed a moment later is delivered after any
-        crash. A queue restored at start-up resumes at its saved offset; without one (a data dir
-        of an earlier version) at its oldest message: redelivered rather than lost."""
+        """A queue at run time: its consumers are a consumer group of the delivery core. A new
+        queue starts at its store queue's end (what an earlier queue of the same name left there
+        is not its), written through before the queue is declared to anyone: a message confirmed
+        a moment later is delivered after any crash. A queue restored at start-up resumes at its
+        saved offset (without one, a data dir of an earlier version: at its oldest message)."""
         name = amqp_queue(definition.name)
-        start = self.store.get_offset_now(f"amqp:{definition.name}", name) if restored else None
-        if start is None:
-            start = self.store.min_offset_now(name) if restored else self.store.max_offset_now(name)
+        start = group_start(self.store, f"amqp:{definition.name}", name, resume=restored, unsaved_at_oldest=True)
         if not restored:
             self.cache.drop(name)
         queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner)
-        queue.save(durable=True)
         return queue
 
     def queue_for(self, channel: Channel, name: str, method: Any) -> QueueRuntime:

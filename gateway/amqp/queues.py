@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from store import GetStatus, StoredMessage
+from store import StoredMessage
 
+from ..core.group import ConsumerGroup
 from ..interop import amqp_queue
 from .model import QueueDefinition
 
@@ -58,41 +59,28 @@ class QueueRuntime:
         self.name = definition.name
         self.store_queue = amqp_queue(definition.name)
         self.consumer_name = f"amqp:{definition.name}"
-        self.next_offset = start_offset
-        self.unacked: dict[int, None] = {}
-        self.redeliver: deque[StoredMessage] = deque()
-        self._ahead: deque[StoredMessage] = deque()  # read ahead from the store, from next_offset on
-        self.consumers: OrderedDict[tuple[int, str], Consumer] = OrderedDict()
+        # the queue's consumers compete for its messages (the delivery core's consumer group)
+        self.group: ConsumerGroup[Consumer] = ConsumerGroup(broker.store, self.consumer_name, self.store_queue,
+                                                            start_offset)
+        self._ahead: deque[StoredMessage] = deque()  # read ahead from the store, from the cursor on
         self.owner = owner  # the connection of an exclusive queue
         self.last_used = time.monotonic()
         self.deleted = False
-        self._rotation = 0
         self._pump_scheduled = False
-        self._committed = -1
+
+    @property
+    def consumers(self) -> dict[object, Consumer]:
+        return self.group.members
 
     # -- offsets -------------------------------------------------------------------------------
-    @property
-    def committed(self) -> int:
-        low = self.next_offset
-        for offset in self.unacked:
-            low = min(low, offset)
-        for message in self.redeliver:
-            low = min(low, message.queue_offset)
-        return low
-
     def save(self, *, durable: bool = False) -> None:
         """Record the committed offset: with the store's offset checkpoint, or (``durable``) at
         once, for positions a crash must never lose (a new queue's start, a purge)."""
-        committed = self.committed
-        if durable:
-            self._committed = committed
-            self.broker.store.save_offset_now(self.consumer_name, self.store_queue, committed)
-        elif committed != self._committed:
-            self._committed = committed
-            self.broker.store.commit_offset_now(self.consumer_name, self.store_queue, committed)
+        self.group.save(durable=durable)
 
     def ready_count(self) -> int:
-        return max(0, self.broker.store.max_offset_now(self.store_queue) - self.next_offset) + len(self.redeliver)
+        group = self.group
+        return max(0, self.broker.store.max_offset_now(self.store_queue) - group.cursor.next_offset) + len(group.redeliver)
 
     def touch(self) -> None:
         """Used now (declare, get, consume): restarts the x-expires clock."""
@@ -113,15 +101,6 @@ class QueueRuntime:
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self.pump)
 
-    def _next_consumer(self, message: StoredMessage) -> Consumer | None:
-        consumers = list(self.consumers.values())
-        for i in range(len(consumers)):
-            consumer = consumers[(self._rotation + i) % len(consumers)]
-            if consumer.channel.can_deliver(consumer, len(message.body)):
-                self._rotation = (self._rotation + i + 1) % len(consumers)
-                return consumer
-        return None
-
     def pump(self) -> None:
         self._pump_scheduled = False
         if self.deleted or not self.consumers:
@@ -132,7 +111,8 @@ class QueueRuntime:
             ready = self.take(peek_only=True)
             if ready is None:
                 break
-            consumer = self._next_consumer(ready.message)
+            size = len(ready.message.body)
+            consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size))
             if consumer is None:
                 break
             self.take()  # commit the peeked message to this delivery
@@ -150,62 +130,58 @@ class QueueRuntime:
     # -- taking messages -----------------------------------------------------------------------
     def take(self, *, peek_only: bool = False) -> Ready | None:
         """The next message to hand out (expired ones are dead-lettered on the way)."""
+        group = self.group
+        cursor = group.cursor
         while True:
-            if self.redeliver:
-                message = self.redeliver[0]
-                if peek_only:
-                    return Ready(message, True)
-                self.redeliver.popleft()
-                self.unacked[message.queue_offset] = None
+            if group.redeliver:
+                message = group.redeliver[0]
+                if not peek_only:
+                    group.redeliver.pop(0)
+                    group.handed_out(message)
                 return Ready(message, True)
             ahead = self._ahead
-            if not ahead or ahead[0].queue_offset != self.next_offset:
+            if not ahead or ahead[0].queue_offset != cursor.next_offset:
                 ahead.clear()
-                result = self.broker.cache.read(self.store_queue, self.next_offset, PULL_BATCH)
-                if result.status != GetStatus.FOUND:
-                    if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
-                        self.next_offset = result.next_offset
-                        continue
+                result = cursor.read(self.broker.cache, PULL_BATCH)
+                if result is None:
                     return None
                 ahead.extend(result.messages)
             message = ahead[0]
             view = self.broker.view(message)
             if view.expired(message, self.definition.message_ttl_ms):
                 ahead.popleft()
-                self.next_offset = message.queue_offset + 1
+                cursor.next_offset = message.queue_offset + 1
                 self.broker.dead_letter(self, message, "expired")
                 continue
             if peek_only:
                 return Ready(message, False)
             ahead.popleft()
-            self.next_offset = message.queue_offset + 1
-            self.unacked[message.queue_offset] = None
+            cursor.next_offset = message.queue_offset + 1
+            group.handed_out(message)
             return Ready(message, False)
 
     def expire_head(self) -> None:
         """Dead-letter the expired messages at the head (take() does it on its way)."""
-        if not self.redeliver:
+        if not self.group.redeliver:
             self.take(peek_only=True)
             self.save()
 
     # -- settling ------------------------------------------------------------------------------
     def settle(self, offset: int) -> None:
         """An acknowledged (or dropped) delivery."""
-        self.unacked.pop(offset, None)
+        self.group.settled(offset)
         self.schedule_pump()
 
     def requeue(self, message: StoredMessage) -> None:
         """Given back: delivered again first, with ``redelivered`` set (kept in offset order)."""
-        self.unacked.pop(message.queue_offset, None)
-        items = sorted([*self.redeliver, message], key=lambda m: m.queue_offset)
-        self.redeliver = deque(items)
+        self.group.give_back([message])
         self.schedule_pump()
 
     def purge(self) -> int:
         count = self.ready_count()
-        self.next_offset = self.broker.store.max_offset_now(self.store_queue)
+        self.group.cursor.next_offset = self.broker.store.max_offset_now(self.store_queue)
         self._ahead.clear()
-        self.redeliver.clear()
+        self.group.redeliver.clear()
         self.save(durable=True)
         return count
 
@@ -219,7 +195,7 @@ class QueueRuntime:
             ready = self.take()
             if ready is None:
                 break
-            self.unacked.pop(ready.message.queue_offset, None)
+            self.group.settled(ready.message.queue_offset)
             self.broker.dead_letter(self, ready.message, "maxlen")
             excess -= 1
         self.save()

@@ -1,0 +1,114 @@
+"""Competing consumers of one queue (MQTT shared subscriptions, AMQP queue consumers): one
+cursor for the whole group; each message goes to one member, round robin among those that can
+take it; messages a member gives back (it left, or asked) go out again first, in offset order.
+
+The group's committed offset -- the oldest message no member has settled -- is a consumer offset
+in the store. A new group's start is written through before anyone is told the group exists: a
+message acknowledged to its publisher a moment later is delivered after any crash; later
+progress is saved with the store's offset checkpoint (after a crash, what was settled since is
+delivered again).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
+
+from store import StoredMessage
+
+from .cursor import Cursor
+
+Member = TypeVar("Member")
+
+
+class OffsetStore(Protocol):
+    """The store's consumer offsets (``store.MessageStore`` is one)."""
+
+    def get_offset_now(self, consumer: str, queue: str) -> int | None: ...
+
+    def commit_offset_now(self, consumer: str, queue: str, offset: int) -> None: ...
+
+    def save_offset_now(self, consumer: str, queue: str, offset: int) -> None: ...
+
+    def max_offset_now(self, queue: str) -> int: ...
+
+    def min_offset_now(self, queue: str) -> int: ...
+
+
+def group_start(store: OffsetStore, consumer: str, queue: str, *, resume: bool, unsaved_at_oldest: bool = False
+                ) -> int:
+    """Where a group's cursor starts, written through when it is not the saved offset. ``resume``:
+    at the group's saved offset, if it has one; otherwise (or without ``resume``: a new group,
+    for which what an earlier group of the same name left is not its own) at the queue's end,
+    or with ``unsaved_at_oldest`` at its oldest message (a group known to exist whose start an
+    earlier version kept only in memory: delivered again rather than lost)."""
+    saved = store.get_offset_now(consumer, queue) if resume else None
+    if saved is not None:
+        return saved
+    start = store.min_offset_now(queue) if resume and unsaved_at_oldest else store.max_offset_now(queue)
+    store.save_offset_now(consumer, queue, start)
+    return start
+
+
+class ConsumerGroup(Generic[Member]):
+    def __init__(self, store: OffsetStore, consumer: str, queue: str, start_offset: int) -> None:
+        self.store = store
+        self.consumer = consumer  # the name of its offset in the store
+        self.cursor = Cursor(queue, start_offset)
+        self.redeliver: list[StoredMessage] = []  # given back, in offset order
+        self.members: dict[object, Member] = {}
+        self._rotation = 0
+        self._saved = start_offset
+
+    @property
+    def queue(self) -> str:
+        return self.cursor.queue
+
+    @property
+    def committed(self) -> int:
+        low = self.cursor.next_offset
+        if self.cursor.unacked:
+            low = min(low, min(self.cursor.unacked))  # given back and taken again: not in order
+        if self.redeliver:
+            low = min(low, self.redeliver[0].queue_offset)
+        return low
+
+    def save(self, *, durable: bool = False) -> None:
+        """Record the committed offset: with the store's checkpoint, or (``durable``) at once."""
+        committed = self.committed
+        if durable:
+            self._saved = committed
+            self.store.save_offset_now(self.consumer, self.queue, committed)
+        elif committed != self._saved:
+            self._saved = committed
+            self.store.commit_offset_now(self.consumer, self.queue, committed)
+
+    # -- members ---------------------------------------------------------------------------------
+    def next_member(self, can_take: Callable[[Member], bool]) -> Member | None:
+        """The next member in turn that can take a message now, or None."""
+        members = list(self.members.values())
+        for i in range(len(members)):
+            member = members[(self._rotation + i) % len(members)]
+            if can_take(member):
+                self._rotation = (self._rotation + i + 1) % len(members)
+                return member
+        return None
+
+    # -- handing out and settling ----------------------------------------------------------------
+    def handed_out(self, message: StoredMessage, holder: object = None) -> None:
+        """``message`` went to a member and waits to be settled."""
+        self.cursor.unacked[message.queue_offset] = holder
+
+    def settled(self, offset: int) -> None:
+        self.cursor.unacked.pop(offset, None)
+
+    def give_back(self, messages: Iterable[StoredMessage]) -> None:
+        """Messages a member did not settle go out again first, in offset order."""
+        for message in messages:
+            self.cursor.unacked.pop(message.queue_offset, None)
+            bisect.insort(self.redeliver, message, key=_offset)
+
+
+def _offset(message: StoredMessage) -> int:
+    return message.queue_offset
