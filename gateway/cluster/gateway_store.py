@@ -22,7 +22,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container, Iterable, Iterator, Sequence
 
-from store import GetResult, GetStatus, Message, PutResult, StoredMessage, StoreError
+from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoredMessage, StoreError
 from store.notify import NotifyHub, NotifySubscription
 
 from .remote_store import RemoteStore, RemoteStoreError
@@ -30,7 +30,7 @@ from .remote_store import RemoteStore, RemoteStoreError
 log = logging.getLogger("tidemq.cluster")
 
 FETCHED_BATCHES = 4096  # fetched batches not yet taken by their reader
-POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read_at
+READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
 MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
@@ -48,7 +48,6 @@ class GatewayStore:
         self._min: dict[str, int] = {}
         self._fetched: OrderedDict[tuple[str, int], GetResult] = OrderedDict()  # (queue, offset) -> batch
         self._fetching: set[tuple[str, int]] = set()
-        self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
         # queues read on this node (the GatewayNode's reader counts): notify fetches their news first
@@ -107,7 +106,6 @@ class GatewayStore:
         self._min.clear()
         self._fetched.clear()
         self._fetching.clear()
-        self._positions.clear()
         self._consumer_offsets.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
@@ -213,17 +211,20 @@ class GatewayStore:
                 self._max[queue] = max(high, self._max.get(queue, 0))
 
     def read_at(self, position: int) -> StoredMessage | None:
-        """A message fetched by ``ensure_positions`` (None if not, or if retention removed it)."""
-        return self._positions.get(position)
+        """A gateway node holds no message by position (what it fetches, it fetches by queue
+        and offset), so it can never say that one is gone: ``read_positions`` asks the store."""
+        raise PositionNotLoadedError(position)
 
-    async def ensure_positions(self, positions: Iterable[int]) -> None:
-        for position in positions:
-            if position not in self._positions:
-                message = await self.remote.read_at(position)
-                if message is not None:
-                    self._positions[position] = message
-                    while len(self._positions) > POSITIONS_KEPT:
-                        self._positions.popitem(last=False)
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]:
+        """The messages at ``positions``, read from the store node (pipelined on the link); None
+        for one the store node no longer has (retention removed it). RemoteStoreError when the
+        store node cannot answer: then nothing is known about any of them."""
+        wanted = list(dict.fromkeys(positions))
+        found: dict[int, StoredMessage | None] = {}
+        for start in range(0, len(wanted), READS_IN_FLIGHT):
+            batch = wanted[start:start + READS_IN_FLIGHT]
+            found.update(zip(batch, await asyncio.gather(*(self.remote.read_at(p) for p in batch)), strict=True))
+        return found
 
     # -- consumer offsets and tables ----------------------------------------------------------
     def get_offset_now(self, consumer: str, queue: str) -> int | None:

@@ -180,7 +180,8 @@ class GatewayNode:
     # -- sessions -------------------------------------------------------------------------------
     async def load_session(self, broker: MQTTBroker, client_id: str) -> None:
         """Replace what this node remembers of ``client_id``'s session with the stored one
-        (another node may have had the client since), and fetch what resuming it reads."""
+        (another node may have had the client since), and fetch the offsets resuming it reads
+        (the messages it resends are read by the connection, ``Outbound.inflight_messages``)."""
         raw = await broker.sessions_table.load(client_id)
         broker.sessions.pop(client_id, None)
         if raw is None:
@@ -188,7 +189,6 @@ class GatewayNode:
         session = broker.restore_session(client_id, raw)
         if session is None:
             return
-        await self.store.ensure_positions(i.position for i in session.inflight.values())
         await self.store.ensure_offsets(session.cursors)
 
     def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
