@@ -59,10 +59,10 @@ def start_gateway(data_dir: Path, *, mqtt_port: int | None = None, amqp_port: in
 
 
 def seeded_random(test: str) -> random.Random:
-    """The random source of a crash test: seeded from ``TIDEMQ_CRASH_SEED`` when set (to replay
+    """The random source of a crash test: seeded from ``CRASH_SEED`` when set (to replay
     a failure), else at random; the seed is printed, so a failing run shows it."""
-    seed = int(os.environ.get("TIDEMQ_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
-    print(f"{test}: TIDEMQ_CRASH_SEED={seed}")
+    seed = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
+    print(f"{test}: CRASH_SEED={seed}")
     return random.Random(seed)
 
 
