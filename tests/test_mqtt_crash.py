@@ -189,6 +189,8 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
         assert sorted(int(m.payload) for m in await sub.receive(20)) == list(range(20))
         await asyncio.sleep(1.0)  # acknowledged (paho acks on arrival), and five intervals later
         kill9(proc)
+        for client in (sub, pub):  # (else paho reconnects them to the restarted gateway, and the
+            await asyncio.to_thread(client.client.loop_stop)  # old reader takes its session over)
     finally:
         kill9(proc)
 
