@@ -9,6 +9,10 @@ push-pull model of the design: a notify, then a pull by offset. For the queues r
 the pull comes first: the store node's notify starts a fetch of the new part, and the local
 notify follows it, so readers wake once, to messages already here.
 
+A read by commitlog position (a resend, a shared message given back) is never answered
+synchronously: ``read_at`` raises PositionNotLoadedError -- None would say retention removed the
+message, and the broker would settle it -- and ``read_positions`` asks the store node.
+
 What a synchronous call needs beyond reads -- a queue's offsets before a subscription starts
 at its end, a session's state, retained messages -- the broker fetches first with the
 ``ensure_*`` / ``load_*`` coroutines (the connection is not read meanwhile), and the
