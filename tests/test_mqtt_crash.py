@@ -189,8 +189,10 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
         assert sorted(int(m.payload) for m in await sub.receive(20)) == list(range(20))
         await asyncio.sleep(1.0)  # acknowledged (paho acks on arrival), and five intervals later
         kill9(proc)
-        for client in (sub, pub):  # (else paho reconnects them to the restarted gateway, and the
-            await asyncio.to_thread(client.client.loop_stop)  # old reader takes its session over)
+        # paho reconnects on its own: these clients must not come back to the restarted gateway
+        # and take the session over from the ones below (they did, now and then)
+        for client in (sub, pub):
+            await asyncio.to_thread(client.client.loop_stop)
     finally:
         kill9(proc)
 
