@@ -100,3 +100,27 @@ async def test_a_leaving_shared_member_gives_its_unacknowledged_message_to_anoth
         assert [m.payload for m in await stayer.receive(1)] == [b"job-1"]
         await stayer.disconnect()
         await sender.disconnect()
+
+
+async def test_a_member_back_gets_its_resend_and_what_its_group_got_while_it_was_away(data_dir: Path) -> None:
+    """A session with a QoS 2 message to resend and a shared subscription whose group had no
+    member on the node while a message came: both arrive (the node had stopped reading the
+    group's queue, and took the end it last knew for the end: the message waited for the next)."""
+    async with cluster(data_dir) as (_, (a, b)):
+        device, _ = await RawClient.connected(mqtt_port(a), Connect("dev", MQTT_3_1_1, clean_start=False))
+        device.send(Subscribe(1, [Subscription("cmd/dev", 2), Subscription("$share/g/jobs", 1)]))
+        assert isinstance(await device.recv(), SubAck)
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("cmd/dev", "reboot", 2)
+        assert [p.payload for p in await publishes(device, 1)] == [b"reboot"]  # (no PUBREC)
+        await device.close()
+        await asyncio.sleep(0.3)  # node a writes the session back
+        await sender.publish("jobs", "job-1", 1)  # for the group, which has no member now
+        back, connack = await RawClient.connected(mqtt_port(a), Connect("dev", MQTT_3_1_1, clean_start=False))
+        assert connack.session_present
+        got = await publishes(back, 2)
+        assert sorted((p.payload, p.dup) for p in got) == [(b"job-1", False), (b"reboot", True)]
+        await nothing_more(back)
+        await back.close()
+        await sender.disconnect()

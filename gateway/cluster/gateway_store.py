@@ -120,14 +120,18 @@ class GatewayStore:
         self.notify_events += len(events)
         known = self._max
         fetching = self._fetching
+        read_here = self.read_here
         now: dict[str, int] = {}
         for queue, offset in events.items():
+            if queue not in read_here:  # (a broadcast: remembered, its end would go stale here)
+                now[queue] = offset
+                continue
             end = known.get(queue)
             if end is not None and end >= offset:
                 continue  # (nothing this node did not know)
             known[queue] = offset
             key = (queue, end)
-            if end is None or queue not in self.read_here or key in self._fetched or key in fetching:
+            if end is None or key in self._fetched or key in fetching:
                 now[queue] = offset
                 continue
             fetching.add(key)
@@ -184,6 +188,8 @@ class GatewayStore:
         finally:
             self._fetching.discard((queue, offset))
         self.fetches += 1
+        if queue not in self.read_here:
+            return  # no longer read here: its offsets would go stale (see ``forget``)
         self._min[queue] = result.min_offset
         if self._max.get(queue, -1) < result.max_offset:
             self._max[queue] = result.max_offset
@@ -207,12 +213,24 @@ class GatewayStore:
         return self._min.get(queue, 0)
 
     async def ensure_offsets(self, queues: Iterable[str]) -> None:
-        """Learn the offsets of the queues this node has not heard of."""
+        """Learn the offsets of the queues this node has not heard of; only for queues read
+        here (counted before the call, so that their notify events come here from then on)."""
         unknown = [q for q in queues if q not in self._max]
         if unknown:
             for queue, (low, high) in (await self.remote.offsets(unknown)).items():
-                self._min[queue] = low
-                self._max[queue] = max(high, self._max.get(queue, 0))
+                if queue in self.read_here:
+                    self._min[queue] = low
+                    self._max[queue] = max(high, self._max.get(queue, 0))
+
+    def forget(self, queue: str) -> None:
+        """This node no longer reads ``queue``, so the store node sends its notify events
+        elsewhere: what this node knows of its end, and batches fetched for it, would go stale
+        (taken for the end, they would hold back messages published meanwhile). The next reader
+        reads the queue afresh."""
+        self._max.pop(queue, None)
+        self._min.pop(queue, None)
+        for key in [key for key in self._fetched if key[0] == queue]:
+            del self._fetched[key]
 
     def read_at(self, position: int) -> StoredMessage | None:
         """A gateway node holds no message by position (what it fetches, it fetches by queue

@@ -176,6 +176,7 @@ class GatewayNode:
             self._reading[queue] = count
             return
         self._reading.pop(queue, None)
+        self.store.forget(queue)
         self.store.remote.interest(queue, False)
         if self.lookup is not None:
             self._spawn(self.lookup.remove_interest(queue))
@@ -190,16 +191,14 @@ class GatewayNode:
     # -- sessions -------------------------------------------------------------------------------
     async def load_session(self, broker: MQTTBroker, client_id: str) -> None:
         """Replace what this node remembers of ``client_id``'s session with the stored one
-        (another node may have had the client since), and fetch the offsets resuming it reads
-        (the messages it resends are read by the connection, ``Outbound.inflight_messages``)."""
+        (another node may have had the client since). Its queues are read afresh when its
+        readers start (after their notify events are routed here), and the messages it resends
+        by the connection (``Outbound.inflight_messages``)."""
         raw = await broker.sessions_table.load(client_id)
         broker.sessions.pop(client_id, None)
         if raw is None:
             return
-        session = broker.restore_session(client_id, raw)
-        if session is None:
-            return
-        await self.store.ensure_offsets(session.cursors)
+        broker.restore_session(client_id, raw)
 
     def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
         """A coroutine fetching what handling ``packet`` reads, or None when all is here. The

@@ -110,6 +110,8 @@ class Outbound:
             if inflight.released:
                 self.send_packet(PubRel(inflight.packet_id))
                 continue
+            if inflight.position not in messages:
+                continue  # sent while they were read (a shared group's delivery): not a resend
             message = messages[inflight.position]
             if message is None:  # removed by retention meanwhile
                 self._settle(inflight.packet_id)
