@@ -280,7 +280,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         resend: dict[int, StoredMessage | None] = {}
         if accepted and not self.closed:
             try:
-                resend = await self.inflight_messages()  # (still connecting: nothing is pumped meanwhile)
+                resend = await self.inflight_messages()  # (still connecting: its cursors wait meanwhile)
             except StoreError as exc:  # not known whether they are gone: the session keeps them
                 log.warning("inflight messages not read client_id=%s error=%s", self.client_id, exc)
                 self.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
