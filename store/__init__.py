@@ -7,6 +7,7 @@ back by (queue, offset).
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
+    PositionNotLoadedError,
     RecordCorruptError,
     StoreClosedError,
     StoreCorruptError,
@@ -30,6 +31,7 @@ __all__ = [
     "MessageStore",
     "MessageTooLargeError",
     "NotifySubscription",
+    "PositionNotLoadedError",
     "PutResult",
     "RecordCorruptError",
     "StoreClosedError",

@@ -38,3 +38,12 @@ class StoreCorruptError(StoreError):
 
 class RecordCorruptError(StoreError):
     """A record read back from the commitlog failed its checks (magic, length or CRC)."""
+
+
+class PositionNotLoadedError(StoreError):
+    """``read_at`` cannot answer synchronously: the message is not at hand in this process (a
+    gateway node reads messages from its store node). Not "removed": read it asynchronously."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(f"the message at position {position} is not loaded here")
+        self.position = position

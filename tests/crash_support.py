@@ -1,10 +1,12 @@
 """Gateway processes for crash tests: a free 127.0.0.1 port, a real ``python -m gateway serve``
-started on a data dir with only the listeners a test asks for, ``kill -9`` and a graceful stop.
+started on a data dir with only the listeners a test asks for, ``kill -9`` and a graceful stop,
+and the seeded random source that picks the kill moments.
 One place for these, shared by every protocol's crash test (and the cluster process tests)."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -54,6 +56,14 @@ def start_gateway(data_dir: Path, *, mqtt_port: int | None = None, amqp_port: in
 
     return launch(["--data-dir", str(data_dir), "--mqtt-bind", bind(mqtt_port), "--amqp-bind", bind(amqp_port),
                    "--remoting-bind", bind(remoting_port), "--flush", flush], env=env)
+
+
+def seeded_random(test: str) -> random.Random:
+    """The random source of a crash test: seeded from ``CRASH_SEED`` when set (to replay
+    a failure), else at random; the seed is printed, so a failing run shows it."""
+    seed = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
+    print(f"{test}: CRASH_SEED={seed}")
+    return random.Random(seed)
 
 
 def kill9(proc: subprocess.Popen) -> None:

@@ -120,3 +120,31 @@ async def test_redis_lookup_stopped_mid_run_delivery_goes_on(data_dir: Path, tmp
             await publisher.disconnect()
     finally:
         await redis.stop()
+
+
+async def test_a_takeover_on_the_same_node_leaves_the_client_online_there(data_dir: Path) -> None:
+    """The old connection's "offline" reaches the lookup before the new one's "online" (the
+    other way round, the lookup forgot a connected client, and a connection on another node
+    then took nothing over: two live connections for one client id)."""
+    ports = [free_port(), free_port()]
+    peers = ",".join(f"g{i}=127.0.0.1:{port}" for i, port in enumerate(ports))
+    extra = [{"peers": peers, "lookup_bind": f"127.0.0.1:{port}"} for port in ports]
+    async with cluster(data_dir, {}, extra) as (_, (a, b)):
+        for client_id in ("twin-0", "twin-1", "twin-2", "twin-3"):  # owned by either node's part of the lookup
+            first = PahoClient(mqtt_port(a), client_id, version=MQTT_5, clean=False, session_expiry=60)
+            await first.connect()
+            await located(b, client_id, "g0")
+            first.client.reconnect_delay_set(min_delay=60, max_delay=120)
+            second = PahoClient(mqtt_port(a), client_id, version=MQTT_5, clean=False, session_expiry=60)
+            flags, _, _ = await second.connect()  # on the same node
+            assert flags.session_present
+            assert await asyncio.to_thread(first.disconnects.get, True, 5) == 0x8E
+            await asyncio.to_thread(first.client.loop_stop)
+            await asyncio.sleep(0.3)  # (the lookup settles)
+            await located(b, client_id, "g0")
+            second.client.reconnect_delay_set(min_delay=60, max_delay=120)
+            third = PahoClient(mqtt_port(b), client_id, version=MQTT_5, clean=False, session_expiry=60)
+            await third.connect()
+            assert await asyncio.to_thread(second.disconnects.get, True, 5) == 0x8E
+            await asyncio.to_thread(second.client.loop_stop)
+            await third.disconnect()

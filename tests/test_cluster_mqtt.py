@@ -282,3 +282,27 @@ async def test_amqp_on_a_gateway_node_is_relayed_to_the_store_node(data_dir: Pat
     finally:
         await node.stop()
         await store.stop()
+
+
+async def test_a_session_back_on_the_node_it_left_gets_what_was_published_meanwhile(data_dir: Path) -> None:
+    """The node stopped reading the session's queue when it left (no notify events since): what
+    it knew of the queue's end is stale, and must not be taken for the end (the messages
+    published meanwhile waited for the next publish to the queue)."""
+    async with cluster(data_dir) as (_, (a, b)):
+        device = PahoClient(mqtt_port(a), "dev-3", clean=False)
+        await device.connect()
+        await device.subscribe("valve/3", 1)
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("valve/3", "open", 1)
+        assert [m.payload for m in await device.receive(1)] == [b"open"]
+        await device.disconnect()
+        await asyncio.sleep(0.3)  # (node a has written the session back)
+        await sender.publish("valve/3", "close", 1)
+        back = PahoClient(mqtt_port(a), "dev-3", clean=False)
+        flags, _, _ = await back.connect()
+        assert flags.session_present
+        assert [m.payload for m in await back.receive(1)] == [b"close"]
+        await back.nothing_more()
+        await back.disconnect()
+        await sender.disconnect()

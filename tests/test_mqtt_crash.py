@@ -1,66 +1,170 @@
-"""Crash safety through a real gateway process: QoS 1 publishes acknowledged in sync flush mode
-are all delivered after ``kill -9`` and a restart, to a persistent session that was offline; what
+"""Crash safety through a real gateway process: QoS 1 and QoS 2 publishes acknowledged in sync
+flush mode are all delivered after ``kill -9`` at a random moment of a load, or at the first
+acknowledgement on a session created a moment before, and a restart (duplicates counted); what
 a persistent session read and acknowledged is not delivered again once its progress was saved."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .crash_support import free_port, kill9, start_gateway, stop
+from .crash_support import free_port, kill9, seeded_random, start_gateway, stop
 from .mqtt_support import PahoClient
 
 
+LOAD = 3000  # messages per crash run
+
+
+class KillingPublisher:
+    """paho publishing ``LOAD`` numbered messages as fast as its window allows; the
+    ``kill_at``-th acknowledgement (PUBACK, or PUBCOMP at QoS 2) kills the gateway from paho's
+    network thread, so nothing more is done between the acknowledgement and the crash."""
+
+    def __init__(self, port: int, client_id: str, qos: int, proc: subprocess.Popen, kill_at: int) -> None:
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.max_inflight_messages_set(64)
+        self.client.reconnect_delay_set(60, 120)  # (it must not publish again into the restarted gateway)
+        self.qos = qos
+        self.acked_mids: list[int] = []  # list.append is atomic: no lock shared with paho's thread
+        self.sent: dict[int, int] = {}  # mid -> message number
+        self.killed_at = 0.0
+
+        def on_publish(client: paho.Client, userdata: object, mid: int, reason_code: object, properties: object) -> None:
+            self.acked_mids.append(mid)
+            if len(self.acked_mids) == kill_at:
+                os.kill(proc.pid, signal.SIGKILL)
+                self.killed_at = time.monotonic()
+
+        self.client.on_publish = on_publish
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def publish(self, topic: str, numbers: range) -> None:
+        for i in numbers:
+            self.sent[self.client.publish(topic, str(i), self.qos).mid] = i
+
+    async def acknowledged(self, proc: subprocess.Popen) -> set[int]:
+        """After the kill: the numbers of the messages the gateway acknowledged."""
+        await asyncio.to_thread(proc.wait, 30)
+        await asyncio.to_thread(self.client.loop_stop)
+        return {self.sent[mid] for mid in list(self.acked_mids)}
+
+
+async def collect(client: PahoClient, wanted: set[int], counts: Counter[int], timeout_s: float = 15.0) -> None:
+    """Count what ``client`` receives until it has had every number of ``wanted`` (or the
+    timeout), then a quiet second more, so that duplicates are counted too."""
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= counts.keys() and time.monotonic() < deadline:
+        with contextlib.suppress(AssertionError):
+            for message in await client.receive(1, timeout=0.5):
+                counts[int(message.payload)] += 1
+    while True:
+        try:
+            for message in await client.receive(1, timeout=1.0):
+                counts[int(message.payload)] += 1
+        except AssertionError:
+            return
+
+
+def check(name: str, acknowledged: set[int], counts: Counter[int]) -> int:
+    """Every acknowledged message was received; returns (and prints) the duplicates."""
+    missing = acknowledged - counts.keys()
+    duplicates = sum(n - 1 for n in counts.values())
+    print(f"{name}: acknowledged={len(acknowledged)} received={len(counts)} duplicates={duplicates}")
+    assert not missing, f"{name}: {len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
+    return duplicates
+
+
 @pytest.mark.slow
-async def test_acknowledged_qos1_survives_kill_9(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
-    port = free_port()
+@pytest.mark.parametrize("qos", [1, 2])
+async def test_kill_9_at_a_random_moment_under_load(tmp_path: Path, qos: int) -> None:
+    """The gateway is killed at the k-th acknowledgement (k at random) of a publisher at full
+    speed; after the restart, every acknowledged message reaches a persistent session that was
+    offline (each once: nothing was published twice) and one that was reading during the load
+    (QoS 1 may repeat what it read since its progress was last saved; QoS 2 repeats nothing)."""
+    rng = seeded_random(f"mqtt qos {qos} random kill")
+    data_dir, port = tmp_path / "data", free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    online = PahoClient(port, "reading-device", clean=False)
+    try:
+        offline = PahoClient(port, "offline-device", clean=False)
+        await offline.connect()
+        await offline.subscribe("telemetry/#", qos)
+        await offline.disconnect()
+        await online.connect()
+        await online.subscribe("telemetry/+/load", qos)
+        online.client.reconnect_delay_set(0.2, 1)  # paho reconnects it to the restarted gateway
+        publisher = KillingPublisher(port, "producer", qos, proc, kill_at=rng.randrange(1, LOAD))
+        publisher.publish("telemetry/line/load", range(LOAD))
+        acknowledged = await publisher.acknowledged(proc)
+    finally:
+        kill9(proc)
+    online_counts: Counter[int] = Counter()
+    with contextlib.suppress(AssertionError):
+        while True:  # what the reading session got before the crash
+            for message in await online.receive(1, timeout=0.2):
+                online_counts[int(message.payload)] += 1
+
     proc = start_gateway(data_dir, mqtt_port=port)
     try:
-        sub = PahoClient(port, "offline-device", clean=False)
-        await sub.connect()
-        await sub.subscribe("telemetry/#", 1)
-        await sub.disconnect()
+        offline = PahoClient(port, "offline-device", clean=False)
+        flags, _, _ = await offline.connect()
+        assert flags.session_present
+        offline_counts: Counter[int] = Counter()
+        await collect(offline, acknowledged, offline_counts)
+        await collect(online, acknowledged, online_counts)
+        assert check("offline session", acknowledged, offline_counts) == 0
+        duplicates = check("reading session", acknowledged, online_counts)
+        if qos == 2:
+            assert duplicates == 0
+        await offline.disconnect()
+        await online.disconnect()
+    finally:
+        stop(proc)
 
-        acked_mids: list[int] = []  # list.append is atomic: no lock shared with paho's thread
-        pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="producer")
-        pub.max_inflight_messages_set(64)
-        sent: dict[int, int] = {}
-        pub.on_publish = lambda client, userdata, mid, reason_code, properties: acked_mids.append(mid)
-        pub.connect("127.0.0.1", port)
-        pub.loop_start()
-        for i in range(1500):
-            sent[pub.publish(f"telemetry/{i % 7}", f"{i}", 1).mid] = i
-            if i % 100 == 0:
-                await asyncio.sleep(0.01)
-        kill9(proc)  # mid-load: many publishes still in flight
-        await asyncio.to_thread(pub.loop_stop)
-        acknowledged = {sent[mid] for mid in list(acked_mids)}
-        assert 100 < len(acknowledged), "the crash came too early to prove anything"
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qos", [1, 2])
+async def test_kill_9_at_the_first_acknowledgement_on_a_new_session(tmp_path: Path, qos: int) -> None:
+    """A session and its wildcard queue created a moment ago, the gateway killed at the first
+    acknowledgement of a publisher (itself a new persistent session): every acknowledged
+    message reaches the session after the restart."""
+    rng = seeded_random(f"mqtt qos {qos} first-ack kill")
+    data_dir, port = tmp_path / "data", free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    topic = f"fresh/{rng.randrange(1 << 30)}"
+    try:
+        started = time.monotonic()
+        device = PahoClient(port, "new-device", clean=False)
+        await device.connect()
+        await device.subscribe("fresh/#", qos)
+        await device.disconnect()
+        publisher = KillingPublisher(port, "new-producer", qos, proc, kill_at=1)
+        publisher.publish(topic, range(50))
+        acknowledged = await publisher.acknowledged(proc)
+        print(f"killed {publisher.killed_at - started:.3f} s after the session was created")
     finally:
         kill9(proc)
 
     proc = start_gateway(data_dir, mqtt_port=port)
     try:
-        sub = PahoClient(port, "offline-device", clean=False)
-        flags, _, _ = await sub.connect()
+        device = PahoClient(port, "new-device", clean=False)
+        flags, _, _ = await device.connect()
         assert flags.session_present
-        got: set[int] = set()
-        deadline = time.monotonic() + 20
-        while not acknowledged <= got and time.monotonic() < deadline:
-            try:
-                for message in await sub.receive(1, timeout=1.0):
-                    got.add(int(message.payload))
-            except AssertionError:
-                continue
-        missing = acknowledged - got
-        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
-        await sub.disconnect()
+        counts: Counter[int] = Counter()
+        await collect(device, acknowledged, counts)
+        assert check("new session", acknowledged, counts) == 0
+        await device.disconnect()
     finally:
         stop(proc)
 

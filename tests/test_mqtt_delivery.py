@@ -305,3 +305,31 @@ async def test_slow_qos0_subscriber_is_bounded_and_others_unaffected(data_dir: P
         await fast.disconnect()
         await slow.close()
         await pub.close()
+
+
+async def test_a_shared_message_removed_by_retention_does_not_hold_the_group_back(data_dir: Path) -> None:
+    """A member leaves without acknowledging a message that retention removed meanwhile: the
+    group has nothing to give again, and its committed offset moves past it (it used to stay
+    at that offset for good, and a restart delivered everything after it again)."""
+    async with running_gateway(data_dir, segment_size=8192, retention_bytes=20_000, retention_hours=0) as gw:
+        port = mqtt_port(gw)
+        leaver, _ = await RawClient.connected(port, Connect("m1", MQTT_3_1_1))
+        leaver.send(Subscribe(1, [Subscription("$share/g/jobs", 1)]))
+        assert isinstance(await leaver.recv(), SubAck)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        await pub.publish("jobs", "j0", 1)
+        assert (await leaver.recv()).payload == b"j0"  # (not acknowledged)
+        for i in range(60):  # 60 KB elsewhere: the segment of j0 goes
+            await pub.publish("filler", bytes(1000), 1)
+        assert await gw.store.apply_retention() > 0
+        stayer = PahoClient(port, "m2")
+        await stayer.connect()
+        await stayer.subscribe("$share/g/jobs", 1)
+        await leaver.close()
+        await pub.publish("jobs", "j1", 1)
+        assert [m.payload for m in await stayer.receive(1)] == [b"j1"]
+        await stayer.nothing_more()
+        await pub.disconnect()  # (a loop turn after the PUBACK of j1: the group's offset is saved)
+        assert gw.store.get_offset_now("$share/g/jobs", "t:jobs") == 2
+        await stayer.disconnect()

@@ -154,8 +154,8 @@ async def test_a_gateway_node_wakes_its_readers_when_the_news_is_already_here(da
     try:
         await store.start("node-1")
         await writer.put_batch([(Message("a", b"old"), ["t:a", "t:b"])])
-        await store.ensure_offsets(["t:a", "t:b"])
         store.read_here = {"t:a"}  # t:b: interest routed here, but no local reader
+        await store.ensure_offsets(["t:a", "t:b"])  # (kept for the queue read here only)
         for queue in ("t:a", "t:b"):
             store.remote.interest(queue, True)
         woken = store.subscribe_notify()

@@ -9,6 +9,10 @@ push-pull model of the design: a notify, then a pull by offset. For the queues r
 the pull comes first: the store node's notify starts a fetch of the new part, and the local
 notify follows it, so readers wake once, to messages already here.
 
+A read by commitlog position (a resend, a shared message given back) is never answered
+synchronously: ``read_at`` raises PositionNotLoadedError -- None would say retention removed the
+message, and the broker would settle it -- and ``read_positions`` asks the store node.
+
 What a synchronous call needs beyond reads -- a queue's offsets before a subscription starts
 at its end, a session's state, retained messages -- the broker fetches first with the
 ``ensure_*`` / ``load_*`` coroutines (the connection is not read meanwhile), and the
@@ -22,7 +26,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
 
-from store import GetResult, GetStatus, Message, PutResult, StoredMessage, StoreError
+from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoredMessage, StoreError
 from store.notify import NotifyHub, NotifySubscription
 
 from .remote_store import RemoteStore, RemoteStoreError
@@ -30,7 +34,7 @@ from .remote_store import RemoteStore, RemoteStoreError
 log = logging.getLogger("tidemq.cluster")
 
 FETCHED_BATCHES = 4096  # fetched batches not yet taken by their reader
-POSITIONS_KEPT = 4096  # messages read by position kept for the synchronous read_at
+READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
 MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
@@ -48,7 +52,6 @@ class GatewayStore:
         self._min: dict[str, int] = {}
         self._fetched: OrderedDict[tuple[str, int], GetResult] = OrderedDict()  # (queue, offset) -> batch
         self._fetching: set[tuple[str, int]] = set()
-        self._positions: OrderedDict[int, StoredMessage] = OrderedDict()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
         # queues read on this node (the GatewayNode's reader counts): notify fetches their news first
@@ -107,7 +110,6 @@ class GatewayStore:
         self._min.clear()
         self._fetched.clear()
         self._fetching.clear()
-        self._positions.clear()
         self._consumer_offsets.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
@@ -118,14 +120,18 @@ class GatewayStore:
         self.notify_events += len(events)
         known = self._max
         fetching = self._fetching
+        read_here = self.read_here
         now: dict[str, int] = {}
         for queue, offset in events.items():
+            if queue not in read_here:  # (a broadcast: remembered, its end would go stale here)
+                now[queue] = offset
+                continue
             end = known.get(queue)
             if end is not None and end >= offset:
                 continue  # (nothing this node did not know)
             known[queue] = offset
             key = (queue, end)
-            if end is None or queue not in self.read_here or key in self._fetched or key in fetching:
+            if end is None or key in self._fetched or key in fetching:
                 now[queue] = offset
                 continue
             fetching.add(key)
@@ -188,6 +194,8 @@ class GatewayStore:
         finally:
             self._fetching.discard((queue, offset))
         self.fetches += 1
+        if queue not in self.read_here:
+            return  # no longer read here: its offsets would go stale (see ``forget``)
         self._min[queue] = result.min_offset
         if self._max.get(queue, -1) < result.max_offset:
             self._max[queue] = result.max_offset
@@ -211,25 +219,40 @@ class GatewayStore:
         return self._min.get(queue, 0)
 
     async def ensure_offsets(self, queues: Iterable[str]) -> None:
-        """Learn the offsets of the queues this node has not heard of."""
+        """Learn the offsets of the queues this node has not heard of; only for queues read
+        here (counted before the call, so that their notify events come here from then on)."""
         unknown = [q for q in queues if q not in self._max]
         if unknown:
             for queue, (low, high) in (await self.remote.offsets(unknown)).items():
-                self._min[queue] = low
-                self._max[queue] = max(high, self._max.get(queue, 0))
+                if queue in self.read_here:
+                    self._min[queue] = low
+                    self._max[queue] = max(high, self._max.get(queue, 0))
+
+    def forget(self, queue: str) -> None:
+        """This node no longer reads ``queue``, so the store node sends its notify events
+        elsewhere: what this node knows of its end, and batches fetched for it, would go stale
+        (taken for the end, they would hold back messages published meanwhile). The next reader
+        reads the queue afresh."""
+        self._max.pop(queue, None)
+        self._min.pop(queue, None)
+        for key in [key for key in self._fetched if key[0] == queue]:
+            del self._fetched[key]
 
     def read_at(self, position: int) -> StoredMessage | None:
-        """A message fetched by ``ensure_positions`` (None if not, or if retention removed it)."""
-        return self._positions.get(position)
+        """A gateway node holds no message by position (what it fetches, it fetches by queue
+        and offset), so it can never say that one is gone: ``read_positions`` asks the store."""
+        raise PositionNotLoadedError(position)
 
-    async def ensure_positions(self, positions: Iterable[int]) -> None:
-        for position in positions:
-            if position not in self._positions:
-                message = await self.remote.read_at(position)
-                if message is not None:
-                    self._positions[position] = message
-                    while len(self._positions) > POSITIONS_KEPT:
-                        self._positions.popitem(last=False)
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]:
+        """The messages at ``positions``, read from the store node (pipelined on the link); None
+        for one the store node no longer has (retention removed it). RemoteStoreError when the
+        store node cannot answer: then nothing is known about any of them."""
+        wanted = list(dict.fromkeys(positions))
+        found: dict[int, StoredMessage | None] = {}
+        for start in range(0, len(wanted), READS_IN_FLIGHT):
+            batch = wanted[start:start + READS_IN_FLIGHT]
+            found.update(zip(batch, await asyncio.gather(*(self.remote.read_at(p) for p in batch)), strict=True))
+        return found
 
     # -- consumer offsets and tables ----------------------------------------------------------
     def get_offset_now(self, consumer: str, queue: str) -> int | None:

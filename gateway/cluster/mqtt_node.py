@@ -87,6 +87,7 @@ class GatewayNode:
         self.lookup = lookup  # client id -> node, queue -> nodes (None: takeover asks every node)
         self.takeovers = Counter[str]()  # how takeovers were sent: targeted, everywhere (lookup in doubt)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._going: dict[str, asyncio.Task[Any]] = {}  # client id -> its "offline" on its way to the lookup
         self.wildcards = RemoteWildcards()
         self.retained = RemoteRetained(store)
         self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
@@ -113,6 +114,9 @@ class GatewayNode:
         doubt (or there is none), every other node is asked."""
         where: str | None | InDoubt = IN_DOUBT
         if self.lookup is not None:
+            going = self._going.get(client_id)
+            if going is not None:  # its last connection here goes offline first, not after this
+                await asyncio.wait([going])
             where = await self.lookup.client_online(client_id)
         if where is IN_DOUBT:
             self.takeovers["everywhere"] += 1
@@ -124,12 +128,18 @@ class GatewayNode:
     def client_gone(self, client_id: str) -> None:
         """A client of this node disconnected (its session is written): offline in the lookup."""
         if self.lookup is not None:
-            self._spawn(self.lookup.client_offline(client_id))
+            task = self._going[client_id] = self._spawn(self.lookup.client_offline(client_id))
 
-    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+            def gone(done: asyncio.Task[Any]) -> None:
+                if self._going.get(client_id) is done:
+                    del self._going[client_id]
+            task.add_done_callback(gone)
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -166,6 +176,7 @@ class GatewayNode:
             self._reading[queue] = count
             return
         self._reading.pop(queue, None)
+        self.store.forget(queue)
         self.store.remote.interest(queue, False)
         if self.lookup is not None:
             self._spawn(self.lookup.remove_interest(queue))
@@ -180,16 +191,14 @@ class GatewayNode:
     # -- sessions -------------------------------------------------------------------------------
     async def load_session(self, broker: MQTTBroker, client_id: str) -> None:
         """Replace what this node remembers of ``client_id``'s session with the stored one
-        (another node may have had the client since), and fetch what resuming it reads."""
+        (another node may have had the client since). Its queues are read afresh when its
+        readers start (after their notify events are routed here), and the messages it resends
+        by the connection (``Outbound.inflight_messages``)."""
         raw = await broker.sessions_table.load(client_id)
         broker.sessions.pop(client_id, None)
         if raw is None:
             return
-        session = broker.restore_session(client_id, raw)
-        if session is None:
-            return
-        await self.store.ensure_positions(i.position for i in session.inflight.values())
-        await self.store.ensure_offsets(session.cursors)
+        broker.restore_session(client_id, raw)
 
     def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
         """A coroutine fetching what handling ``packet`` reads, or None when all is here. The

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
@@ -99,7 +100,7 @@ class MQTTBroker:
             handle.cancel()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in list(self._tasks):
             try:
                 await task
             except asyncio.CancelledError:
@@ -283,6 +284,20 @@ class MQTTBroker:
     def retained_matching(self, topic_filter: str) -> list[StoredMessage]:
         return self.retained.matching(topic_filter)
 
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """A background task of the broker's (cancelled when it stops)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]:
+        """Messages by commitlog position, None for one retention removed -- never for one
+        merely not at hand: a gateway node reads those from its store node (StoreError when it
+        cannot, and then nothing is known of any)."""
+        if self.node is not None:
+            return await self.node.store.read_positions(positions)
+        return {position: self.store.read_at(position) for position in positions}
+
     # -- shared subscriptions ------------------------------------------------------------------
     def share_group(self, group: str, topic_filter: str) -> ShareGroup:
         key = f"$share/{group}/{topic_filter}"
@@ -302,7 +317,8 @@ class MQTTBroker:
         group.join(conn)
         self.add_reader(group.queue, group)
 
-    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[StoredMessage]) -> None:
+    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+        """``unacked``: (queue offset, commitlog position) of what ``conn`` did not acknowledge."""
         group = self.share_groups.get(key)
         if group is None:
             return

@@ -293,11 +293,18 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             if not self.closed:
                 self.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
                 self.close()
+        resend: dict[int, StoredMessage | None] = {}
+        if accepted and not self.closed:
+            try:
+                resend = await self.inflight_messages()  # (still connecting: its cursors wait meanwhile)
+            except StoreError as exc:  # not known whether they are gone: the session keeps them
+                log.warning("inflight messages not read client_id=%s error=%s", self.client_id, exc)
+                self.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
         self.connecting = False
         if not accepted or self.closed:
             return
         self.read_pauses.resume("connect")
-        self._resend_inflight()
+        self._resend_inflight(resend)
         self.pump()
         self._process()  # packets that arrived behind the CONNECT
 
@@ -344,9 +351,13 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self.send_packet(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE))
             self.close()
             return False
-        if broker.node is not None and client_id not in broker.connections:
+        if broker.node is not None:
+            old = broker.connections.get(client_id)
+            if old is not None:  # a takeover on this node: the old connection writes the session back
+                log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, self.peer)
+                old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
             await broker.node.claim(client_id)  # disconnected on any other node, session saved
-            await broker.node.load_session(broker, client_id)  # from the store node
+            await broker.node.load_session(broker, client_id)  # from the store node (after the write above)
             if self.closed:
                 return False
         # takeover: the newest connection wins

@@ -101,16 +101,26 @@ class Outbound:
         if self.tracer is not None:
             self.tracer.acked("mqtt", self.client_id, inflight.position, inflight.queue, inflight.offset)
 
-    def _resend_inflight(self) -> None:
+    async def inflight_messages(self) -> dict[int, StoredMessage | None]:
+        """The messages of the session's unacknowledged PUBLISHes, by position, for
+        ``_resend_inflight``; None for one retention removed (the store said so: a gateway node
+        asks its store node, and a StoreError means nothing is known)."""
+        session = self.session
+        assert session is not None
+        positions = [i.position for i in session.inflight.values() if not i.released]
+        return await self.broker.read_positions(positions) if positions else {}
+
+    def _resend_inflight(self, messages: dict[int, StoredMessage | None]) -> None:
         """After a reconnect: unacknowledged PUBLISHes again with DUP, PUBRELs again (in order)."""
         session = self.session
         assert session is not None
-        store = self.broker.store
         for inflight in list(session.inflight.values()):
             if inflight.released:
                 self.send_packet(PubRel(inflight.packet_id))
                 continue
-            message = store.read_at(inflight.position)
+            if inflight.position not in messages:
+                continue  # sent while they were read (a shared group's delivery): not a resend
+            message = messages[inflight.position]
             if message is None:  # removed by retention meanwhile
                 self._settle(inflight.packet_id)
                 continue
@@ -167,20 +177,17 @@ class Outbound:
                                                    message.position, share=key)
         return True
 
-    def _take_shared_inflight(self, key: str, session: Session | None = None) -> list[StoredMessage]:
+    def _take_shared_inflight(self, key: str, session: Session | None = None) -> list[tuple[int, int]]:
         """Remove this session's unacknowledged deliveries for a shared subscription and return
-        the messages, for the group to give to another member (a QoS 2 message whose PUBREC
-        came is the member's already and stays)."""
+        them -- (queue offset, commitlog position) -- for the group to give to another member
+        (a QoS 2 message whose PUBREC came is the member's already and stays)."""
         session = session or self.session
         assert session is not None
         taken = []
         for pid, inflight in list(session.inflight.items()):
             if inflight.share == key and not inflight.released:
                 del session.inflight[pid]
-                message = self.broker.store.read_at(inflight.position)
-                if message is not None:
-                    message.queue, message.queue_offset = inflight.queue, inflight.offset
-                    taken.append(message)
+                taken.append((inflight.offset, inflight.position))
         return taken
 
     # -- the socket's drain, and fair turns with publishers (ingest_gate.py) --------------------

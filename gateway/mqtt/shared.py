@@ -8,11 +8,12 @@ a consumer offset in the store under the consumer name ``$share/{group}/{filter}
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from store import GetStatus, StoredMessage
+from store import GetStatus, PositionNotLoadedError, StoredMessage, StoreError
 
 from ..interop import queue_for_filter
 from .messages import delivery_of
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from .session import SubscriptionState
 
 log = logging.getLogger("tidemq.mqtt")
-
 
 
 class ShareGroup:
@@ -57,16 +57,48 @@ class ShareGroup:
         self.members[conn.client_id] = conn
         self.schedule_pump()
 
-    def leave(self, conn: MQTTConnection, unacked: list[StoredMessage]) -> None:
-        """A member went away (or unsubscribed); what it had not acknowledged goes to another."""
+    def leave(self, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+        """A member went away (or unsubscribed); what it had not acknowledged -- (queue offset,
+        commitlog position) pairs -- goes to another. A message not at hand (a gateway node) is
+        read first; until then it counts as unacknowledged, so the committed offset waits."""
         if self.members.get(conn.client_id) is conn:
             del self.members[conn.client_id]
-        for message in unacked:
-            self.unacked.pop(message.queue_offset, None)
+        store = self.broker.store
+        found: dict[int, StoredMessage | None] = {}
+        pending: list[tuple[int, int]] = []
+        for offset, position in unacked:
+            try:
+                found[position] = store.read_at(position)
+            except PositionNotLoadedError:
+                pending.append((offset, position))
+        self._give_back([pair for pair in unacked if pair[1] in found], found)
+        if pending:
+            self.broker.spawn(self._read_back(pending))
+
+    async def _read_back(self, pending: list[tuple[int, int]]) -> None:
+        delay = 0.5
+        while True:
+            try:
+                found = await self.broker.read_positions(position for _, position in pending)
+                break
+            except StoreError as exc:  # (the store node is away: these wait, unacknowledged)
+                log.warning("shared messages not read back group=%s count=%d error=%s", self.key, len(pending), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._give_back(pending, found)
+
+    def _give_back(self, unacked: list[tuple[int, int]], found: dict[int, StoredMessage | None]) -> None:
+        for offset, position in unacked:
+            message = found[position]
+            self.unacked.pop(offset, None)
+            if message is None:
+                continue  # removed by retention meanwhile: nothing left to deliver
+            message.queue, message.queue_offset = self.queue, offset
             self.redeliver.append(message)
         if unacked:
             log.info("shared messages given back group=%s count=%d", self.key, len(unacked))
         self.schedule_pump()
+        self._save()
 
     def acked(self, offset: int) -> None:
         self.unacked.pop(offset, None)

@@ -1,0 +1,126 @@
+"""Unacknowledged deliveries on gateway nodes (``role = "gateway"``): a message a gateway node
+has not fetched (or no longer holds) is not one retention removed. Resent after a takeover on
+the same node and after a move to another node, however many there are, and given to another
+member of a shared subscription when the member that had it leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from protocols.mqtt.packets import MQTT_3_1_1, Connect, Publish, SubAck, Subscribe, Subscription
+
+from .mqtt_support import PahoClient, RawClient, mqtt_port
+from .test_cluster_mqtt import cluster
+
+
+async def subscribed(port: int, client_id: str, topic_filter: str, qos: int, *, clean: bool = False) -> RawClient:
+    """A raw client (it acknowledges nothing unless told) subscribed."""
+    client, connack = await RawClient.connected(port, Connect(client_id, MQTT_3_1_1, clean_start=clean))
+    assert connack.reason_code == 0
+    client.send(Subscribe(1, [Subscription(topic_filter, qos)]))
+    assert isinstance(await client.recv(), SubAck)
+    return client
+
+
+async def publishes(client: RawClient, count: int) -> list[Publish]:
+    got = []
+    for _ in range(count):
+        packet = await client.recv()
+        assert isinstance(packet, Publish), packet
+        got.append(packet)
+    return got
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+async def nothing_more(client: RawClient) -> None:
+    with pytest.raises(asyncio.TimeoutError):
+        packet = await client.recv(timeout=0.5)
+        raise AssertionError(f"unexpected {packet}")
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+async def test_unacknowledged_delivery_is_resent_after_a_takeover_on_the_same_node(data_dir: Path, qos: int) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        first = await subscribed(mqtt_port(a), "dev", "cmd/dev", qos)
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("cmd/dev", "reboot", qos)
+        assert [p.payload for p in await publishes(first, 1)] == [b"reboot"]  # (not acknowledged)
+        # the same client id again, on the same node, while the first connection is still open
+        second, connack = await RawClient.connected(mqtt_port(a), Connect("dev", MQTT_3_1_1, clean_start=False))
+        assert connack.session_present
+        again = await publishes(second, 1)
+        # QoS 2: resent from the session's inflight table; QoS 1: read again from the committed offset
+        assert [(p.payload, p.qos, p.dup) for p in again] == [(b"reboot", qos, qos == 2)]
+        await nothing_more(second)
+        await first.close()
+        await second.close()
+        await sender.disconnect()
+
+
+async def test_every_unreleased_qos2_delivery_is_resent_on_another_node(data_dir: Path) -> None:
+    """More unacknowledged QoS 2 messages than a gateway node keeps read by position (4096):
+    each is resent once, with DUP, in order, and none is delivered again as a new message."""
+    count = 4500
+    async with cluster(data_dir) as (_, (a, b)):
+        device = await subscribed(mqtt_port(a), "dev", "bulk/dev", 2)
+        sender = PahoClient(mqtt_port(a), "ops")
+        sender.client.max_inflight_messages_set(256)
+        await sender.connect()
+        infos = [sender.client.publish("bulk/dev", str(i), 2) for i in range(count)]
+        for info in infos:
+            await asyncio.to_thread(info.wait_for_publish, 10)
+        assert [int(p.payload) for p in await publishes(device, count)] == list(range(count))
+        await device.close()  # none acknowledged
+        await asyncio.sleep(0.3)  # node a writes the session back
+        moved, connack = await RawClient.connected(mqtt_port(b), Connect("dev", MQTT_3_1_1, clean_start=False))
+        assert connack.session_present
+        again = await publishes(moved, count)
+        assert [int(p.payload) for p in again] == list(range(count))
+        assert all(p.dup for p in again)
+        await nothing_more(moved)
+        await moved.close()
+        await sender.disconnect()
+
+
+async def test_a_leaving_shared_member_gives_its_unacknowledged_message_to_another(data_dir: Path) -> None:
+    async with cluster(data_dir) as (_, (a, b)):
+        leaver = await subscribed(mqtt_port(a), "worker-1", "$share/g/jobs", 1, clean=True)
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("jobs", "job-1", 1)
+        assert [p.payload for p in await publishes(leaver, 1)] == [b"job-1"]  # (not acknowledged)
+        stayer = PahoClient(mqtt_port(a), "worker-2")
+        await stayer.connect()
+        await stayer.subscribe("$share/g/jobs", 1)
+        await leaver.close()
+        assert [m.payload for m in await stayer.receive(1)] == [b"job-1"]
+        await stayer.disconnect()
+        await sender.disconnect()
+
+
+async def test_a_member_back_gets_its_resend_and_what_its_group_got_while_it_was_away(data_dir: Path) -> None:
+    """A session with a QoS 2 message to resend and a shared subscription whose group had no
+    member on the node while a message came: both arrive (the node had stopped reading the
+    group's queue, and took the end it last knew for the end: the message waited for the next)."""
+    async with cluster(data_dir) as (_, (a, b)):
+        device, _ = await RawClient.connected(mqtt_port(a), Connect("dev", MQTT_3_1_1, clean_start=False))
+        device.send(Subscribe(1, [Subscription("cmd/dev", 2), Subscription("$share/g/jobs", 1)]))
+        assert isinstance(await device.recv(), SubAck)
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("cmd/dev", "reboot", 2)
+        assert [p.payload for p in await publishes(device, 1)] == [b"reboot"]  # (no PUBREC)
+        await device.close()
+        await asyncio.sleep(0.3)  # node a writes the session back
+        await sender.publish("jobs", "job-1", 1)  # for the group, which has no member now
+        back, connack = await RawClient.connected(mqtt_port(a), Connect("dev", MQTT_3_1_1, clean_start=False))
+        assert connack.session_present
+        got = await publishes(back, 2)
+        assert sorted((p.payload, p.dup) for p in got) == [(b"job-1", False), (b"reboot", True)]
+        await nothing_more(back)
+        await back.close()
+        await sender.disconnect()
