@@ -210,3 +210,34 @@ async def test_read_progress_is_saved_within_its_interval(tmp_path: Path) -> Non
         await pub.disconnect()
     finally:
         stop(proc)
+
+
+@pytest.mark.slow
+async def test_acknowledged_messages_of_a_new_shared_subscription_survive_kill_9(tmp_path: Path) -> None:
+    """A shared subscription's group starts where its first member subscribed, and that start is
+    on disk before the SUBACK: what a publisher got PUBACKs for right after reaches the group
+    after a crash (it started at the queue's end again, after the messages, before the fix)."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    try:
+        member = PahoClient(port, "member", clean=False)
+        await member.connect()
+        await member.subscribe("$share/workers/jobs/#", 1)
+        await member.disconnect()
+        pub = PahoClient(port, "producer")
+        await pub.connect()
+        for i in range(10):
+            await pub.publish("jobs/a", f"{i}", 1)  # each waits for its PUBACK
+        kill9(proc)
+        await asyncio.to_thread(pub.client.loop_stop)
+    finally:
+        kill9(proc)
+    proc = start_gateway(data_dir, mqtt_port=port)
+    try:
+        member = PahoClient(port, "member", clean=False)
+        await member.connect()
+        assert sorted(int(m.payload) for m in await member.receive(10)) == list(range(10))
+        await member.disconnect()
+    finally:
+        kill9(proc)

@@ -266,6 +266,12 @@ class GatewayStore:
         self._consumer_offsets[(consumer, queue)] = offset
         self.remote.commit_offset_nowait(consumer, queue, offset)
 
+    def save_offset_now(self, consumer: str, queue: str, offset: int) -> None:
+        """A group's start: the store node writes it through (sent in order on the link, ahead
+        of anything this node sends after it)."""
+        self._consumer_offsets[(consumer, queue)] = offset
+        self.remote.commit_offset_nowait(consumer, queue, offset, durable=True)
+
     def table(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
         if table is None:

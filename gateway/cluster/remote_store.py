@@ -121,9 +121,13 @@ class RemoteStore:
         return (await self.offsets([queue]))[queue][0]
 
     # -- consumer offsets and KV tables -------------------------------------------------------
-    def commit_offset_nowait(self, consumer: str, queue: str, offset: int) -> None:
-        """Sent in order with everything else on the link; not answered."""
-        self._oneway(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue, "offset": str(offset)})
+    def commit_offset_nowait(self, consumer: str, queue: str, offset: int, *, durable: bool = False) -> None:
+        """Sent in order with everything else on the link; not answered. ``durable``: the store
+        node writes it through at once (a group's start), not with its offset checkpoint."""
+        fields = {"consumer": consumer, "queue": queue, "offset": str(offset)}
+        if durable:
+            fields["durable"] = "1"
+        self._oneway(StoreCode.COMMIT_OFFSET, fields)
 
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:
         _check(await self._call(StoreCode.COMMIT_OFFSET, {"consumer": consumer, "queue": queue,

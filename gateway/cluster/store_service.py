@@ -220,7 +220,9 @@ class StoreService:
 
     def commit_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
-        self.store.commit_offset_now(str_field(ext, "consumer"), str_field(ext, "queue"), int_field(ext, "offset"))
+        # "durable": a group's start, written through (MessageStore.save_offset_now)
+        commit = self.store.save_offset_now if ext.get("durable") == "1" else self.store.commit_offset_now
+        commit(str_field(ext, "consumer"), str_field(ext, "queue"), int_field(ext, "offset"))
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
 
     def get_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:

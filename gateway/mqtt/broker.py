@@ -18,6 +18,7 @@ from protocols.mqtt.topics import is_wildcard
 from store import MessageStore, PutResult, StoredMessage
 from store.log_limit import RateLimitedLog
 
+from ..core.group import group_start
 from ..interop import queue_for_filter
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
@@ -303,10 +304,7 @@ class MQTTBroker:
         key = f"$share/{group}/{topic_filter}"
         found = self.share_groups.get(key)
         if found is None:
-            queue = queue_for_filter(topic_filter)
-            start = self.store.get_offset_now(key, queue)
-            if start is None:
-                start = self.store.max_offset_now(queue)
+            start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)  # type: ignore[arg-type]
             found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
         return found
 

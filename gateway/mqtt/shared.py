@@ -1,20 +1,22 @@
-"""Shared subscriptions (``$share/{group}/{filter}``): one cursor per group over the filter's
-queue; each message goes to one online member (round robin among those with window left);
-a member that goes away without acknowledging gives its messages back for another member.
+"""Shared subscriptions (``$share/{group}/{filter}``): a consumer group of the delivery core
+(gateway/core/group.py) over the filter's queue; each message goes to one online member (round
+robin among those with window left); a member that goes away without acknowledging gives its
+messages back for another member.
 
-The group's committed offset (the oldest message not yet acknowledged by anyone) is kept as
-a consumer offset in the store under the consumer name ``$share/{group}/{filter}``.
+The group's committed offset (the oldest message not yet acknowledged by anyone) is a consumer
+offset in the store under the consumer name ``$share/{group}/{filter}``, written through when
+the group starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from store import GetStatus, PositionNotLoadedError, StoredMessage, StoreError
+from store import PositionNotLoadedError, StoredMessage, StoreError
 
+from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
 from .messages import delivery_of
 from .outbound import PULL_BATCH
@@ -22,35 +24,23 @@ from .outbound import PULL_BATCH
 if TYPE_CHECKING:
     from .broker import MQTTBroker
     from .connection import MQTTConnection
-    from .session import SubscriptionState
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-class ShareGroup:
+class ShareGroup(ConsumerGroup["MQTTConnection"]):
+    """A ``$share`` group: the delivery core's consumer group over its filter's queue, with the
+    group's members (connections, by client id) and MQTT's choice of a member that can take a
+    message now (its subscription's QoS, its send window, a socket that is not full)."""
+
     def __init__(self, broker: MQTTBroker, group: str, topic_filter: str, start_offset: int) -> None:
+        key = f"$share/{group}/{topic_filter}"
+        super().__init__(broker.store, key, queue_for_filter(topic_filter), start_offset)
         self.broker = broker
         self.group = group
         self.topic_filter = topic_filter
-        self.key = f"$share/{group}/{topic_filter}"
-        self.queue = queue_for_filter(topic_filter)
-        self.next_offset = start_offset
-        self.unacked: OrderedDict[int, str] = OrderedDict()  # offset -> member client id
-        self.redeliver: list[StoredMessage] = []  # given back by members that left
-        self.members: OrderedDict[str, MQTTConnection] = OrderedDict()
-        self._rotation = 0
+        self.key = key
         self._pump_scheduled = False
-        self._committed = -1
-
-    @property
-    def committed(self) -> int:
-        low = self.next_offset
-        for offset in self.unacked:
-            low = min(low, offset)
-            break
-        for message in self.redeliver:
-            low = min(low, message.queue_offset)
-        return low
 
     # -- membership ----------------------------------------------------------------------------
     def join(self, conn: MQTTConnection) -> None:
@@ -90,19 +80,19 @@ class ShareGroup:
     def _give_back(self, unacked: list[tuple[int, int]], found: dict[int, StoredMessage | None]) -> None:
         for offset, position in unacked:
             message = found[position]
-            self.unacked.pop(offset, None)
             if message is None:
-                continue  # removed by retention meanwhile: nothing left to deliver
+                self.settled(offset)  # removed by retention meanwhile: nothing left to deliver
+                continue
             message.queue, message.queue_offset = self.queue, offset
-            self.redeliver.append(message)
+            self.give_back([message])
         if unacked:
             log.info("shared messages given back group=%s count=%d", self.key, len(unacked))
         self.schedule_pump()
-        self._save()
+        self.save()
 
     def acked(self, offset: int) -> None:
-        self.unacked.pop(offset, None)
-        self._save()
+        self.settled(offset)
+        self.save()
         self.schedule_pump()
 
     # -- delivery ------------------------------------------------------------------------------
@@ -111,18 +101,11 @@ class ShareGroup:
             self._pump_scheduled = True
             self.broker.wake(self)
 
-    def _next_member(self, qos: int) -> tuple[MQTTConnection, SubscriptionState] | None:
-        members = list(self.members.values())
-        for i in range(len(members)):
-            conn = members[(self._rotation + i) % len(members)]
-            state = conn.shared_subscription(self.key)
-            if state is None or conn.closed or conn.writing_paused:
-                continue
-            if min(qos, state.options.qos) and not conn.has_window():
-                continue
-            self._rotation = (self._rotation + i + 1) % len(members)
-            return conn, state
-        return None
+    def _can_take(self, conn: MQTTConnection, qos: int) -> bool:
+        state = conn.shared_subscription(self.key)
+        if state is None or conn.closed or conn.writing_paused:
+            return False
+        return not (min(qos, state.options.qos) and not conn.has_window())
 
     def pump(self) -> None:
         self._pump_scheduled = False
@@ -134,43 +117,35 @@ class ShareGroup:
                 break
             self.redeliver.pop(0)
         if not self.redeliver:
-            read = self.broker.cache.read
+            cursor = self.cursor
             while True:
-                result = read(self.queue, self.next_offset, PULL_BATCH)
-                if result.status != GetStatus.FOUND:
-                    if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
-                        self.next_offset = result.next_offset
-                        continue
+                result = cursor.read(self.broker.cache, PULL_BATCH)
+                if result is None:
                     break
                 sent_all = True
                 for message in result.messages:
                     if not self._send(message, touched):
                         sent_all = False
                         break
-                    self.next_offset = message.queue_offset + 1
+                    cursor.next_offset = message.queue_offset + 1
                 if not sent_all:
                     break
         for conn in touched:
             conn.flush()
-        self._save()
+        self.save()
 
     def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
         delivery = delivery_of(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             return True  # expired: consumed without delivery
-        chosen = self._next_member(delivery.qos)
-        if chosen is None:
+        conn = self.next_member(lambda member: self._can_take(member, delivery.qos))
+        if conn is None:
             return False
-        conn, state = chosen
+        state = conn.shared_subscription(self.key)
+        assert state is not None
         qos = min(delivery.qos, state.options.qos)
         if conn.deliver_shared(self.key, message, qos, state, remaining) and qos:
-            self.unacked[message.queue_offset] = conn.client_id
+            self.handed_out(message, conn.client_id)
         touched.add(conn)
         return True
-
-    def _save(self) -> None:
-        committed = self.committed
-        if committed != self._committed:
-            self._committed = committed
-            self.broker.store.commit_offset_now(self.key, self.queue, committed)
