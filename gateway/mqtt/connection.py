@@ -40,11 +40,12 @@ from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
 from store import StoredMessage, StoreError
 
+from ..core.cursor import Cursor
 from ..interop import queue_for_filter
 from ..read_pauses import ReadPauses
 from .messages import StoreMessageFactory
 from .outbound import Outbound
-from .session import NEVER_EXPIRES, QueueCursor, Session, SubscriptionState
+from .session import NEVER_EXPIRES, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -650,7 +651,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                     broker.join_share(key, self)
                 else:
                     if queue not in session.cursors:
-                        session.cursors[queue] = QueueCursor(queue, broker.store.max_offset_now(queue))
+                        session.cursors[queue] = Cursor(queue, broker.store.max_offset_now(queue))
                     broker.add_reader(queue, self)
             codes.append(request.qos)
             rh = request.retain_handling

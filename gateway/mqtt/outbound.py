@@ -17,10 +17,11 @@ from protocols.mqtt.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import matches
-from store import GetStatus, StoredMessage
+from store import StoredMessage
 
+from ..core.cursor import Cursor
 from .messages import delivery_of
-from .session import Inflight, QueueCursor, Session, SubscriptionState
+from .session import Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -236,7 +237,7 @@ class Outbound:
         if session is None or self.closed or self.connecting:
             return
         broker = self.broker
-        read = broker.cache.read
+        cache = broker.cache
         max_offset = broker.store.max_offset_now
         behind = False  # a QoS 0 queue not read to its end: only a full socket stops those
         for queue in list(session.cursors):
@@ -250,14 +251,8 @@ class Outbound:
                 if needs_quota and self.send_quota - len(session.inflight) <= 0:
                     self._window_full = True
                     break
-                result = read(queue, cursor.next_offset, PULL_BATCH)
-                if result.status != GetStatus.FOUND:
-                    if result.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
-                        log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.client_id, queue,
-                                 cursor.next_offset, result.next_offset)
-                        cursor.next_offset = result.next_offset
-                        broker.mark_progress(session)
-                        continue
+                result = cursor.read(cache, PULL_BATCH, self._cursor_moved)
+                if result is None:
                     break
                 delivered = self._deliver_batch(cursor, result.messages)
                 if len(self._out) >= FLUSH_EVERY:  # the transport's high-water mark bounds a pump too
@@ -274,7 +269,13 @@ class Outbound:
             if self.slow and not behind and not self.transport.get_write_buffer_size():  # type: ignore[union-attr]
                 self.slow = False  # caught up, all sent: it keeps up (again)
 
-    def _drop_qos0_backlog(self, cursor: QueueCursor) -> None:
+    def _cursor_moved(self, cursor: Cursor, start: int, to: int) -> None:
+        """The store no longer has (or never had) what the cursor pointed at: it goes on from ``to``."""
+        log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.client_id, cursor.queue, start, to)
+        if self.session is not None:
+            self.broker.mark_progress(self.session)
+
+    def _drop_qos0_backlog(self, cursor: Cursor) -> None:
         """A stalled QoS 0 reader more than max_queued_messages behind skips ahead (counted as
         dropped), as brokers drop QoS 0 for slow consumers; QoS 1/2 stays in the store. One
         that keeps reading is not cut: publishers wait for it instead (ingest_gate.py)."""
@@ -289,7 +290,7 @@ class Outbound:
         session = self.session
         return any(s.options.qos > 0 for s in session.subscriptions.values() if s.queue == queue)  # type: ignore[union-attr]
 
-    def _deliver_batch(self, cursor: QueueCursor, messages: list[StoredMessage]) -> bool:
+    def _deliver_batch(self, cursor: Cursor, messages: list[StoredMessage]) -> bool:
         """Send what the session should get; False when the window is full (stop pulling)."""
         session = self.session
         assert session is not None

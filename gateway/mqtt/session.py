@@ -16,6 +16,8 @@ from typing import Any
 
 from protocols.mqtt.packets import Subscription, Will
 
+from ..core.cursor import Cursor
+
 NEVER_EXPIRES = 0xFFFF_FFFF
 
 
@@ -29,21 +31,6 @@ class SubscriptionState:
     @property
     def topic_filter(self) -> str:
         return self.options.topic_filter
-
-
-@dataclass(slots=True)
-class QueueCursor:
-    """How far a session has read one queue."""
-
-    queue: str
-    next_offset: int
-    unacked: OrderedDict[int, int] = field(default_factory=OrderedDict)  # offset -> packet id
-
-    @property
-    def committed(self) -> int:
-        for offset in self.unacked:  # the oldest (offsets are added in increasing order)
-            return min(offset, self.next_offset)
-        return self.next_offset
 
 
 @dataclass(slots=True)
@@ -65,7 +52,7 @@ class Session:
     version: int
     expiry_interval: int = 0  # seconds after disconnect; NEVER_EXPIRES for 3.1.1 persistent
     subscriptions: dict[str, SubscriptionState] = field(default_factory=dict)  # by filter text
-    cursors: dict[str, QueueCursor] = field(default_factory=dict)  # by queue
+    cursors: dict[str, Cursor] = field(default_factory=dict)  # by queue
     inflight: OrderedDict[int, Inflight] = field(default_factory=OrderedDict)  # by packet id
     awaiting_release: set[int] = field(default_factory=set)  # inbound QoS 2 ids before PUBREL
     disconnected_at: float | None = None
@@ -124,7 +111,7 @@ class Session:
             key = f if group is None else f"$share/{group}/{f}"
             session.subscriptions[key] = SubscriptionState(Subscription(f, qos, nl, rap, rh), queue, group, ident)
         for queue, offset in doc["off"].items():
-            session.cursors[queue] = QueueCursor(queue, offset)
+            session.cursors[queue] = Cursor(queue, offset)
         for pid, queue, offset, position, released in doc.get("q2out", []):
             session.inflight[pid] = Inflight(pid, queue, offset, 2, position, released)
             cursor = session.cursors.get(queue)
