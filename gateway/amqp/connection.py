@@ -43,6 +43,7 @@ from protocols.amqp.frames import (
 from protocols.amqp.login import MECHANISMS
 from store import StoreError
 
+from ..core.ingest import PutPipeline, Refused
 from ..read_pauses import ReadPauses
 from .channel import Channel
 from .login import authenticate, update_secret
@@ -57,7 +58,6 @@ log = logging.getLogger("tidemq.amqp")
 
 # Publishes of one connection on their way to the store before it is not read from any more:
 # the store's group commit takes them all at once, so this only bounds memory per publisher.
-MAX_PENDING_PUTS = 4096
 # how long a closed connection waits for the client's close-ok or end of stream
 CLOSE_TIMEOUT_S = 2.0
 
@@ -98,7 +98,7 @@ class AMQPConnection(asyncio.Protocol):
         self._held: ContentReceived | MethodReceived | None = None
         self.told_blocked = False
         self.read_pauses = ReadPauses()  # "auth", "puts" (too many on their way), "alarm"
-        self._pending_puts = 0  # publishes handed to the store, not yet stored
+        self.puts = PutPipeline(broker.store, self.read_pauses, listener="amqp", watcher=tracer)  # the ingest path
         self._out: list[bytes] = []
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
@@ -109,7 +109,7 @@ class AMQPConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.read_pauses.transport = self.transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer = self.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
         self._timer = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._handshake_timeout)
@@ -150,7 +150,7 @@ class AMQPConnection(asyncio.Protocol):
                 if publishes:
                     self.store_publishes(publishes)
                     publishes = []
-                if self._pending_puts and _reads_stored_state(event):
+                if self.puts.pending and _reads_stored_state(event):
                     # answered from the store: this connection's publishes before it must be
                     # stored first (a channel reads its own writes, as on RabbitMQ)
                     self._held = event
@@ -458,42 +458,35 @@ class AMQPConnection(asyncio.Protocol):
             items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets))
             accepted.append((channel, seq))
             methods.append(m)
+        if not items:
+            if on_done is not None:
+                on_done(None)
+            return
+
+        def stored(fut: asyncio.Future, refused: Refused) -> None:
+            error = StoreError("cancelled") if fut.cancelled() else fut.exception()
+            kept = [a for i, a in enumerate(accepted) if i not in refused] if refused else accepted
+            self._publishes_done(kept, {q for i, (_, targets) in enumerate(items) if i not in refused
+                                        for q in targets}, error)
+            if on_done is not None:
+                on_done(error)
+
         try:
             # a message the store refuses (larger than max_message_size with its properties
             # and queue list) closes its channel alone; its neighbours are stored
-            fut, refused = broker.store.put_each_nowait(items, groups=[c.number for c, _ in accepted])
+            refused = self.puts.submit(items, stored, groups=[c.number for c, _ in accepted])
         except StoreError as exc:  # the store takes nothing now (closing, failed)
-            self._pending_puts += len(accepted)
-            self._publishes_done(accepted, [], exc)
+            self._publishes_done(accepted, set(), exc)
             if on_done is not None:
                 on_done(exc)
             return
         for i in sorted(refused):
             channel = accepted[i][0]
             self._fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
-        if refused:
-            items = [item for i, item in enumerate(items) if i not in refused]
-            accepted = [item for i, item in enumerate(accepted) if i not in refused]
-        if not items:
-            if on_done is not None:
-                on_done(None)
-            return
-        self._pending_puts += len(accepted)
-        broker.stats.messages_received += len(items)
-        if on_done is not None:
-            fut.add_done_callback(lambda f: on_done(StoreError("cancelled") if f.cancelled() else f.exception()))
-        if self._pending_puts > MAX_PENDING_PUTS:
-            self.read_pauses.pause("puts")
-        if self.tracer is not None:
-            self.tracer.watch_put("amqp", self.peer, items, fut)
-        queues_touched = {q for _, targets in items for q in targets}
-        fut.add_done_callback(lambda f: self._publishes_done(accepted, queues_touched, None if f.cancelled()
-                                                             else f.exception()))
+        broker.stats.messages_received += len(items) - len(refused)
 
-    def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues, error) -> None:
-        self._pending_puts -= len(accepted)
-        if self._pending_puts <= MAX_PENDING_PUTS // 2:
-            self.read_pauses.resume("puts")
+    def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues: set[str],
+                        error: BaseException | None) -> None:
         if error is not None:
             log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
         by_channel: dict[Channel, list[int]] = {}
@@ -504,7 +497,7 @@ class AMQPConnection(asyncio.Protocol):
             channel.confirm(seqs, ok=error is None)
         if error is None:
             self.broker.stored(store_queues)
-        if not self._pending_puts and "ordering" in self.read_pauses and not self.closed:
+        if not self.puts.pending and "ordering" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("ordering")
             self._process(held)

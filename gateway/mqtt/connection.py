@@ -41,6 +41,7 @@ from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
 from store import StoredMessage, StoreError
 
 from ..core.cursor import Cursor
+from ..core.ingest import PutPipeline, Refused
 from ..interop import queue_for_filter
 from ..read_pauses import ReadPauses
 from .messages import StoreMessageFactory
@@ -92,10 +93,10 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
         self._inbound_unacked = 0
         self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
-        self._pending_puts = 0  # publishes handed to the store, not yet stored
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
+        self.puts = PutPipeline(broker.store, self.read_pauses, listener="mqtt", watcher=tracer)  # the ingest path
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
 
@@ -341,7 +342,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self.send_packet(ConnAck(False, refuse))
             self.close()
             return False
-        self.client_id = client_id
+        self.client_id = self.puts.who = client_id
         self._messages = StoreMessageFactory(client_id)
         self.username = packet.username
         acl = broker.acl
@@ -524,30 +525,16 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
         try:
             # a publish the store cannot take is refused alone; the others read with it go on
-            fut, refused = broker.store.put_each_nowait(items)
+            self.puts.submit(items, lambda fut, refused: self._publishes_stored(batch, fut, refused))
         except StoreError as exc:
             self._publishes_failed(batch, exc)
             return
-        # back-pressure: a publisher with many puts still on their way to the store stops
-        # being read until they are stored, so ingest cannot starve delivery or grow memory
-        self._pending_puts += len(batch)
-        if self._pending_puts > self.settings.max_pending_puts:
-            self.read_pauses.pause("puts")
-        stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
-        if any(p.retain for p, _ in stored):
-            retained = [(topic, bool(p.payload)) if p.retain else None for p, topic in stored]
-            fut.add_done_callback(lambda f: broker.record_retained(retained, f))
-        fut.add_done_callback(lambda f: self._publishes_stored(batch, f, refused))
-        if self.tracer is not None:
-            self.tracer.watch_put("mqtt", self.client_id,
-                                  [item for i, item in enumerate(items) if i not in refused], fut)
 
-    def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future,
-                          refused: dict[int, StoreError]) -> None:
+    def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future, refused: Refused) -> None:
         """Acknowledge in the order the publishes came (MQTT 4.6), each refused one where it was."""
-        self._pending_puts -= len(batch)
-        if self._pending_puts <= self.settings.max_pending_puts // 2:
-            self.read_pauses.resume("puts")
+        if any(p.retain for p, _ in batch):
+            stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
+            self.broker.record_retained([(topic, bool(p.payload)) if p.retain else None for p, topic in stored], fut)
         if fut.cancelled() or fut.exception() is not None:
             self._publishes_failed(batch, fut.exception() if not fut.cancelled() else None)
             return

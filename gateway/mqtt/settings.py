@@ -9,7 +9,6 @@ from dataclasses import dataclass
 class MQTTSettings:
     receive_maximum: int = 1024  # inbound QoS 1/2 publishes a client may have unacknowledged
     max_inflight: int = 8192  # outbound window for clients that announce no Receive Maximum (3.1.1)
-    max_pending_puts: int = 512  # publishes of one connection on their way to the store before it is paused
     max_packet_size: int = 1 << 20  # bytes, whole packet; larger inbound packets are refused
     topic_alias_maximum: int = 64  # inbound topic aliases a 5.0 client may use
     max_queued_messages: int = 1000  # QoS 0 backlog per subscription before messages are dropped
