@@ -27,8 +27,8 @@ from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
-from .data_holds import FilterHolds
-from .metrics import MetricsServer
+from .http.data_holds import FilterHolds
+from .http.metrics import MetricsServer
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.queues import WildcardQueues

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway import admin
+from gateway.http import admin
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5

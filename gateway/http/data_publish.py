@@ -1,6 +1,6 @@
 """The data API's write side: ``POST /data/publish`` stores a batch of rows as MQTT messages,
 through the MQTT broker's publish path, for the Spark sink (``spark_sinks/writer.py``) and any
-other bulk writer. Routed by ``gateway/data_api.py`` on the metrics listener (``admin_token``).
+other bulk writer. Routed by ``gateway/http/data_api.py`` on the metrics listener (``admin_token``).
 
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C[&qos=1][&retain=false]
     Content-Type: application/vnd.apache.arrow.stream   (or application/x-ndjson)
@@ -58,12 +58,12 @@ from protocols.mqtt.properties import EMPTY_PROPERTIES, Properties
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
+from ..mqtt.messages import KEY_PROPERTY
 from .admin import AdminError
 from .data_access import PRINCIPAL, check_publish
-from .mqtt.messages import KEY_PROPERTY
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 log = logging.getLogger("tidemq.data")
 

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ..amqp.permissions import queue_topics_readable
+from ..auth.authorize import Principal
 from .admin import AdminError
-from .amqp.permissions import queue_topics_readable
-from .auth.authorize import Principal
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 PRINCIPAL = web.RequestKey("tidemq.principal", object)  # the request's: a Principal, or None (the operator)
 

@@ -23,12 +23,12 @@ from aiohttp import web
 
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 
+from ..interop import queue_for_filter
+from ..mqtt.queues import WildcardQueues
 from .admin import AdminError
-from .interop import queue_for_filter
-from .mqtt.queues import WildcardQueues
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 log = logging.getLogger("tidemq.data")
 

@@ -1,6 +1,6 @@
 """The metrics listener (``--metrics-bind``): Prometheus metrics at ``/metrics``, ``/healthz``
 (the process answers), ``/readyz`` (the store is open and every listener is up) and the admin
-API of ``tidemq ctl`` under ``/admin/`` (``gateway/admin.py``).
+API of ``tidemq ctl`` under ``/admin/`` (``gateway/http/admin.py``).
 
 Nothing is counted for the metrics themselves: the gateways keep plain counters
 (``ProtocolStats``), the store its latency histograms and gauges, and the collector reads them
@@ -29,7 +29,7 @@ from store.stats import LatencyHistogram
 from . import admin, dashboard, data_access, data_api
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 log = logging.getLogger("tidemq.metrics")
 

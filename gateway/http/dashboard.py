@@ -1,4 +1,4 @@
-"""The operator's web dashboard on the metrics listener: a static page (``gateway/dashboard/``,
+"""The operator's web dashboard on the metrics listener: a static page (``gateway/http/static/``,
 plain HTML, CSS and JavaScript) at ``/dashboard``, and ``/admin/overview``, the JSON it polls
 every second: connections and cumulative counters per protocol, store figures, the longest backlogs.
 
@@ -18,7 +18,7 @@ from aiohttp import web
 from store.stats import LatencyHistogram
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 TOP_BACKLOGS = 20  # rows of the backlog table
 MAX_SESSIONS_SCANNED = 10_000  # MQTT sessions whose cursors one overview reads (1 s polls)
@@ -37,7 +37,7 @@ HEADERS = {
 def add_routes(app: web.Application, gateway: Gateway) -> None:
     """``/`` redirects to ``/dashboard``; the page's files under ``/dashboard/static/``; the
     page's data at ``/admin/overview``."""
-    folder = resources.files(__package__) / "dashboard"
+    folder = resources.files(__package__) / "static"
     files = {name: (folder / name).read_bytes() for name in STATIC}
 
     def serve(name: str):

@@ -18,11 +18,11 @@ from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
 from store.msgid import decode_msg_id
 
-from . import trace as message_trace
-from .interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from .. import trace as message_trace
+from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..server import Gateway
 
 MAX_ROWS = 1000
 

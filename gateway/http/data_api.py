@@ -4,8 +4,8 @@
     GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
-    POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/data_publish.py)
-    POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/data_holds.py)
+    POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
+    POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
 
 Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
 with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
@@ -37,15 +37,15 @@ from aiohttp import web
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
+from ..interop import queue_for_filter
 from .admin import AdminError
 from .data_access import PRINCIPAL, check_read_queue, may_read_queue
 from .data_publish import PublishApi
-from .interop import queue_for_filter
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader
 
-    from .server import Gateway
+    from ..server import Gateway
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_ROWS = 65_536
@@ -60,9 +60,9 @@ def add_routes(app: web.Application, gateway: Gateway) -> PublishApi:
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
     app.router.add_get("/data/read", api.read)
-    publish = PublishApi(gateway)  # the write side: gateway/data_publish.py
+    publish = PublishApi(gateway)  # the write side: gateway/http/data_publish.py
     app.router.add_post("/data/publish", publish.publish)
-    # streaming readers of a topicFilter (gateway/data_holds.py): held by the gateway from its
+    # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
     app.router.add_post("/data/filters", gateway.filter_holds().hold)
     return publish
