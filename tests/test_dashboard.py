@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
@@ -241,7 +242,7 @@ async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, brow
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     add_routes = gateway.http.dashboard.add_routes
 
-    def without_trace(app: web.Application, gw: Gateway) -> None:  # a gateway from before /admin/trace
+    def without_trace(app: web.Application, *sources: Any) -> None:  # a gateway from before /admin/trace
         @web.middleware
         async def no_trace(request: web.Request, handler):
             if request.path == "/admin/trace":
@@ -249,7 +250,7 @@ async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, brow
             return await handler(request)
 
         app.middlewares.append(no_trace)
-        add_routes(app, gw)
+        add_routes(app, *sources)
 
     monkeypatch.setattr(gateway.http.dashboard, "add_routes", without_trace)
     async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
