@@ -27,8 +27,9 @@ from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
-from .data_holds import FilterHolds
-from .metrics import MetricsServer
+from .http.app import HttpServer
+from .http.data_holds import FilterHolds
+from .http.deps import Brokers, ClusterParts, HttpAccess, HttpDeps
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.queues import WildcardQueues
@@ -72,7 +73,7 @@ class Gateway:
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
-        self.metrics: MetricsServer | None = None
+        self.http: HttpServer | None = None  # the --metrics-bind listener (gateway/http/)
         self.loop_lag_s = 0.0  # how late the event loop ran a timer, lately (metrics)
         self._lag_task: asyncio.Task[None] | None = None
         self.metrics_address: tuple[str, int] | None = None
@@ -124,8 +125,8 @@ class Gateway:
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
-                self.metrics = MetricsServer(self)
-                self.metrics_address = await self.metrics.start(*metrics_bind)
+                self.http = HttpServer(self._http_deps())
+                self.metrics_address = await self.http.start(*metrics_bind)
                 log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
         except BaseException:
             await self.stop()
@@ -226,10 +227,6 @@ class Gateway:
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None
 
-    @property
-    def traced_listeners(self) -> frozenset[str]:
-        return self._traced
-
     async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         assert self.store is not None
         cfg = self.config
@@ -259,10 +256,21 @@ class Gateway:
         return self.mqtt.wildcards.subscribed(topic)
 
     def filter_holds(self) -> FilterHolds:
-        """The wildcard filters data-API readers hold (restored from the store on first use)."""
+        """The wildcard filters data-API readers hold (restored from the store on first use,
+        which ``_start_mqtt`` makes before any MQTT listener opens)."""
         if self._filter_holds is None:
-            self._filter_holds = FilterHolds(self)
+            self._filter_holds = FilterHolds(self.store, self._mqtt_wildcards())
         return self._filter_holds
+
+    def _http_deps(self) -> HttpDeps:
+        """What the HTTP listener serves from (gateway/http/deps.py), once every other listener runs."""
+        cfg = self.config
+        return HttpDeps(
+            access=HttpAccess(cfg.admin_token, cfg.allow_anonymous, self.passwords, self.authorizer),
+            status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
+            pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
+            cluster=ClusterParts(self.node, self.gateway_store, self.store_service, self.store_lookup),
+            filter_holds=self.filter_holds())
 
     def _mqtt_wildcards(self) -> WildcardQueues | None:
         """Where MQTT publishes find their target queues, for the other protocols to join:
@@ -357,9 +365,9 @@ class Gateway:
         if self._lag_task is not None:
             self._lag_task.cancel()
             self._lag_task = None
-        if self.metrics is not None:
-            await self.metrics.stop()
-            self.metrics = None
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         for listener in self.listeners:
             listener.server.close()
         if self._pressure_task is not None:

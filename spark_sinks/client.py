@@ -1,6 +1,6 @@
 """The two ways the Spark source reaches the store, behind one small interface (``StoreClient``):
 
-- ``HttpClient``: a running gateway's read API (``gateway/data_api.py``) over HTTP, standard
+- ``HttpClient``: a running gateway's read API (``gateway/http/data_api.py``) over HTTP, standard
   library only, one keep-alive connection. Works from any host; the gateway sees everything it
   has indexed, so offsets are current. A gateway that is away (a restart) is tried again with
   backoff for ``retryTimeoutMs``.
@@ -141,7 +141,7 @@ class HttpClient:
 
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
         """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
-        (``gateway/data_holds.py``), subscribed or not."""
+        (``gateway/http/data_holds.py``), subscribed or not."""
         self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": round(lease_s * 1000)})
         return True
 

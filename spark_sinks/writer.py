@@ -9,7 +9,7 @@ default the ``qos`` option, 1), ``retain`` (bool, default the ``retain`` option,
 ``properties`` (map string -> string: MQTT 5.0 user properties) and ``key`` (the message key).
 Other columns are an error: select what to publish.
 
-Executors publish through the gateway's ``POST /data/publish`` (``gateway/data_publish.py``):
+Executors publish through the gateway's ``POST /data/publish`` (``gateway/http/data_publish.py``):
 each task sends its partition's Arrow record batches as they come from Spark (no per-row
 Python work), in chunks of at most ``maxRowsPerRequest`` rows / ``maxBytesPerRequest`` bytes.
 

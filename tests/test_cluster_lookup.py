@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway import admin
 from gateway.config import Config
+from gateway.http import admin
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 
@@ -51,7 +51,7 @@ async def located(node: Gateway, client_id: str, expected: str, timeout_s: float
     """Wait until ``node`` locates ``client_id`` at ``expected`` (the lookup settles)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        [row] = await admin.locate_client(node, client_id)
+        [row] = await admin.locate_client(node.mqtt, node.node, client_id)
         if row["node"] == expected:
             return
         assert asyncio.get_running_loop().time() < deadline, f"{client_id} located at {row['node']}, not {expected}"

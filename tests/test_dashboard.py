@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
@@ -24,8 +25,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-import gateway.dashboard
-from gateway.dashboard import quantile
+import gateway.http.dashboard
+from gateway.http.dashboard import quantile
 from gateway.interop import topic_queue
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
@@ -239,9 +240,9 @@ async def test_dashboard_looks_up_a_message_and_its_trace(data_dir: Path, browse
 
 async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, browser: WebDriver,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    add_routes = gateway.dashboard.add_routes
+    add_routes = gateway.http.dashboard.add_routes
 
-    def without_trace(app: web.Application, gw: Gateway) -> None:  # a gateway from before /admin/trace
+    def without_trace(app: web.Application, *sources: Any) -> None:  # a gateway from before /admin/trace
         @web.middleware
         async def no_trace(request: web.Request, handler):
             if request.path == "/admin/trace":
@@ -249,9 +250,9 @@ async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, brow
             return await handler(request)
 
         app.middlewares.append(no_trace)
-        add_routes(app, gw)
+        add_routes(app, *sources)
 
-    monkeypatch.setattr(gateway.dashboard, "add_routes", without_trace)
+    monkeypatch.setattr(gateway.http.dashboard, "add_routes", without_trace)
     async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
         device = PahoClient(mqtt_port(gw), "old-1")
         await device.connect()

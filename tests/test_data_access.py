@@ -1,4 +1,4 @@
-"""The data API under the ACL (gateway/data_access.py), through the Spark source's and sink's
+"""The data API under the ACL (gateway/http/data_access.py), through the Spark source's and sink's
 own HTTP clients: a user's Basic credentials, reads of queues whose topics the ACL denies and
 publishes to them refused with 403 (nothing stored), the admin token as the operator."""
 

@@ -14,7 +14,7 @@ import aiohttp
 import pyarrow as pa
 import pytest
 
-from gateway.data_publish import KEYS_TABLE, decode_rows
+from gateway.http.data_publish import KEYS_TABLE, decode_rows
 from protocols.mqtt.packets import MQTT_5
 from spark_sinks.options import OptionError
 from spark_sinks.writer import SinkOptions, arrow_body, chunks

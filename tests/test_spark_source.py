@@ -122,7 +122,7 @@ def test_rate_limit_shares_offsets_by_backlog() -> None:
 
 
 def test_the_read_api_needs_no_pyspark() -> None:
-    code = ("import sys, gateway.server, gateway.data_api, store.columns, store.readonly; "
+    code = ("import sys, gateway.server, gateway.http.data_api, store.columns, store.readonly; "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 

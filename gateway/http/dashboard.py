@@ -1,4 +1,4 @@
-"""The operator's web dashboard on the metrics listener: a static page (``gateway/dashboard/``,
+"""The operator's web dashboard on the metrics listener: a static page (``gateway/http/static/``,
 plain HTML, CSS and JavaScript) at ``/dashboard``, and ``/admin/overview``, the JSON it polls
 every second: connections and cumulative counters per protocol, store figures, the longest backlogs.
 
@@ -18,7 +18,10 @@ from aiohttp import web
 from store.stats import LatencyHistogram
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from store import MessageStore
+
+    from ..pressure import StorePressure
+    from .deps import Brokers, Status
 
 TOP_BACKLOGS = 20  # rows of the backlog table
 MAX_SESSIONS_SCANNED = 10_000  # MQTT sessions whose cursors one overview reads (1 s polls)
@@ -34,10 +37,11 @@ HEADERS = {
 }
 
 
-def add_routes(app: web.Application, gateway: Gateway) -> None:
+def add_routes(app: web.Application, brokers: Brokers, store: MessageStore | None, pressure: StorePressure | None,
+               status: Status) -> None:
     """``/`` redirects to ``/dashboard``; the page's files under ``/dashboard/static/``; the
     page's data at ``/admin/overview``."""
-    folder = resources.files(__package__) / "dashboard"
+    folder = resources.files(__package__) / "static"
     files = {name: (folder / name).read_bytes() for name in STATIC}
 
     def serve(name: str):
@@ -49,7 +53,7 @@ def add_routes(app: web.Application, gateway: Gateway) -> None:
         raise web.HTTPFound("dashboard")  # relative: also right behind a proxy that adds a path prefix
 
     async def overview_view(request: web.Request) -> web.Response:
-        return web.json_response(overview(gateway))
+        return web.json_response(overview(brokers, store, pressure, status))
 
     app.router.add_get("/", root)
     app.router.add_get("/dashboard", serve("index.html"))
@@ -59,26 +63,24 @@ def add_routes(app: web.Application, gateway: Gateway) -> None:
     app.router.add_get("/admin/overview", overview_view)
 
 
-def overview(gw: Gateway) -> dict[str, Any]:
+def overview(brokers: Brokers, store: MessageStore | None, pressure: StorePressure | None,
+             status: Status) -> dict[str, Any]:
     """What the dashboard shows, read from counters the gateways keep anyway. Counters are
     cumulative since start; ``time`` (epoch ms) lets the page turn two overviews into rates."""
     protocols: dict[str, dict[str, int]] = {}
-    for name, broker in (("mqtt", gw.mqtt), ("amqp", gw.amqp), ("remoting", gw.remoting)):
-        if broker is None:
-            continue
+    for name, broker in brokers.running():
         stats = broker.stats
         protocols[name] = {"connections": len(broker.connections), "connections_total": stats.connections_total,
                            "messages_in": stats.messages_received, "messages_out": stats.messages_sent,
                            "bytes_in": stats.bytes_received, "bytes_out": stats.bytes_sent,
                            "dropped": stats.publish_dropped, "auth_failures": stats.auth_failures}
-    backlogs, partial = top_backlogs(gw)
+    backlogs, partial = top_backlogs(brokers, store)
     return {"time": time.time() * 1000.0, "protocols": protocols,
-            "mqtt_sessions": len(gw.mqtt.sessions) if gw.mqtt is not None else None,
-            "store": store_figures(gw), "backlogs": backlogs, "backlogs_partial": partial}
+            "mqtt_sessions": len(brokers.mqtt.sessions) if brokers.mqtt is not None else None,
+            "store": store_figures(store, pressure, status), "backlogs": backlogs, "backlogs_partial": partial}
 
 
-def store_figures(gw: Gateway) -> dict[str, Any] | None:
-    store = gw.store
+def store_figures(store: MessageStore | None, pressure: StorePressure | None, status: Status) -> dict[str, Any] | None:
     if store is None:
         return None
     latency = store.put_latency
@@ -87,8 +89,8 @@ def store_figures(gw: Gateway) -> dict[str, Any] | None:
             "dispatch_lag_bytes": store.dispatch_lag_bytes, "backlog_messages": store.backlog,
             "put_latency": {"count": latency.count, "sum_s": latency.sum,
                             "p50_s": quantile(latency, 0.5), "p99_s": quantile(latency, 0.99)},
-            "resource_alarm": bool(gw.pressure is not None and gw.pressure.raised),
-            "event_loop_lag_s": gw.loop_lag_s}
+            "resource_alarm": bool(pressure is not None and pressure.raised),
+            "event_loop_lag_s": status.loop_lag_s}
 
 
 def quantile(histogram: LatencyHistogram, q: float) -> float | None:
@@ -108,7 +110,7 @@ def quantile(histogram: LatencyHistogram, q: float) -> float | None:
     return lower
 
 
-def top_backlogs(gw: Gateway, limit: int = TOP_BACKLOGS) -> tuple[list[dict[str, Any]], bool]:
+def top_backlogs(brokers: Brokers, store: MessageStore | None, limit: int = TOP_BACKLOGS) -> tuple[list[dict[str, Any]], bool]:
     """The longest backlogs, in messages, over three kinds (only non-empty ones, longest first):
 
     - ``amqp queue``: ready messages (not yet delivered to a consumer);
@@ -119,14 +121,15 @@ def top_backlogs(gw: Gateway, limit: int = TOP_BACKLOGS) -> tuple[list[dict[str,
     True as second value when there were more MQTT sessions than one call reads.
     """
     rows: list[tuple[int, str, str]] = []
-    if gw.amqp is not None:
-        rows.extend((queue.ready_count(), "amqp queue", name) for name, queue in gw.amqp.queues.items())
-    if gw.remoting is not None:
-        rows.extend((gw.remoting.group_lag(group), "remoting group", group) for group in list(gw.remoting.groups.groups))
+    amqp, remoting, mqtt = brokers.amqp, brokers.remoting, brokers.mqtt
+    if amqp is not None:
+        rows.extend((queue.ready_count(), "amqp queue", name) for name, queue in amqp.queues.items())
+    if remoting is not None:
+        rows.extend((remoting.group_lag(group), "remoting group", group) for group in list(remoting.groups.groups))
     partial = False
-    if gw.mqtt is not None and gw.store is not None:
-        max_offset = gw.store.max_offset_now
-        for scanned, (client_id, session) in enumerate(gw.mqtt.sessions.items()):
+    if mqtt is not None and store is not None:
+        max_offset = store.max_offset_now
+        for scanned, (client_id, session) in enumerate(mqtt.sessions.items()):
             if scanned >= MAX_SESSIONS_SCANNED:
                 partial = True
                 break

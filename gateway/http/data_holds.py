@@ -23,12 +23,13 @@ from aiohttp import web
 
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 
+from ..interop import queue_for_filter
 from .admin import AdminError
-from .interop import queue_for_filter
-from .mqtt.queues import WildcardQueues
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from store import MessageStore
+
+    from ..mqtt.queues import WildcardQueues
 
 log = logging.getLogger("tidemq.data")
 
@@ -38,17 +39,19 @@ MAX_LEASE_MS = 7 * 24 * 3600 * 1000
 
 
 class FilterHolds:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    """The holds, over the store (None: not open here, 503) and the wildcard filters MQTT
+    publishes are indexed by: the MQTT broker's, or a store node's cluster-wide ones (None:
+    MQTT is off, 501)."""
+
+    def __init__(self, store: MessageStore | None, wildcards: WildcardQueues | None) -> None:
+        self.store = store
+        self.wildcards = wildcards
         self._expiry: dict[str, float] = {}  # filter -> when its hold lapses (time.time())
         self._timer: asyncio.TimerHandle | None = None
         self._restore()
 
-    def _wildcards(self) -> WildcardQueues | None:
-        return self.gateway._mqtt_wildcards()  # the MQTT broker's, or a store node's cluster-wide ones
-
     def _restore(self) -> None:
-        store, wildcards = self.gateway.store, self._wildcards()
+        store, wildcards = self.store, self.wildcards
         if store is None or wildcards is None:
             return
         table, now = store.table(HOLDS_TABLE), time.time()
@@ -83,7 +86,7 @@ class FilterHolds:
         queue = queue_for_filter(topic_filter)
         if not is_wildcard(topic_filter):  # a topic queue gets every publish to its topic anyway
             return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False})
-        store, wildcards = self.gateway.store, self._wildcards()
+        store, wildcards = self.store, self.wildcards
         if store is None:
             raise AdminError(503, "the store is not open")
         if wildcards is None:
@@ -109,7 +112,7 @@ class FilterHolds:
 
     def _lapse(self) -> None:
         self._timer = None
-        store, wildcards, now = self.gateway.store, self._wildcards(), time.time()
+        store, wildcards, now = self.store, self.wildcards, time.time()
         for topic_filter, expires in list(self._expiry.items()):
             if expires <= now:
                 del self._expiry[topic_filter]

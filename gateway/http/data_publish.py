@@ -1,6 +1,6 @@
 """The data API's write side: ``POST /data/publish`` stores a batch of rows as MQTT messages,
 through the MQTT broker's publish path, for the Spark sink (``spark_sinks/writer.py``) and any
-other bulk writer. Routed by ``gateway/data_api.py`` on the metrics listener (``admin_token``).
+other bulk writer. Routed by ``gateway/http/data_api.py`` on the metrics listener (``admin_token``).
 
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C[&qos=1][&retain=false]
     Content-Type: application/vnd.apache.arrow.stream   (or application/x-ndjson)
@@ -58,12 +58,14 @@ from protocols.mqtt.properties import EMPTY_PROPERTIES, Properties
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
+from ..mqtt.messages import KEY_PROPERTY
 from .admin import AdminError
-from .data_access import PRINCIPAL, check_publish
-from .mqtt.messages import KEY_PROPERTY
+from .data_access import PRINCIPAL, DataAccess
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from ..mqtt.broker import MQTTBroker
+    from ..pressure import StorePressure
+    from .deps import Status
 
 log = logging.getLogger("tidemq.data")
 
@@ -257,8 +259,14 @@ def _flag(query, name: str, default: bool) -> bool:
 
 
 class PublishApi:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    """``POST /data/publish`` through the MQTT gateway's publish path (None: MQTT is off, 503)."""
+
+    def __init__(self, mqtt: MQTTBroker | None, access: DataAccess, status: Status,
+                 pressure: StorePressure | None) -> None:
+        self.mqtt = mqtt
+        self.access = access
+        self.status = status
+        self.pressure = pressure
         self.stats = PublishStats()
         self._decoding = asyncio.Semaphore(1)  # one decode at a time in the worker threads
         self._working = asyncio.Semaphore(MAX_CONCURRENT)
@@ -268,14 +276,13 @@ class PublishApi:
         self._pruned_at = 0.0
 
     async def publish(self, request: web.Request) -> web.Response:
-        gw = self.gateway
-        broker = gw.mqtt
+        broker, pressure = self.mqtt, self.pressure
         if broker is None:
             raise AdminError(503, "publishing needs the MQTT gateway (--mqtt-bind)")
-        if not gw.ready:
+        if not self.status.ready:
             raise AdminError(503, "the gateway is starting or stopping")
-        if gw.pressure is not None and gw.pressure.raised:
-            raise AdminError(503, f"publishers are blocked: {gw.pressure.reason}")
+        if pressure is not None and pressure.raised:
+            raise AdminError(503, f"publishers are blocked: {pressure.reason}")
         query = request.query
         key = batch_key(query)
         qos = _int(query.get("qos", "1"), "qos")
@@ -309,7 +316,7 @@ class PublishApi:
         return web.json_response({**answer, "duplicate": False, "key": key})
 
     async def _publish(self, request: web.Request, qos: int, retain: bool, client_id: str) -> dict[str, Any]:
-        broker = self.gateway.mqtt
+        broker = self.mqtt
         assert broker is not None
         async with self._working:
             body = await _read_body(request)
@@ -321,7 +328,7 @@ class PublishApi:
                     raise AdminError(400, str(exc)) from None
             del body
             publishes = decoded.publishes
-            check_publish(self.gateway, request.get(PRINCIPAL), {p.topic for p in publishes})  # (data_access.py)
+            self.access.check_publish(request.get(PRINCIPAL), {p.topic for p in publishes})  # (data_access.py)
             try:
                 puts = []
                 for at in range(0, len(publishes), PUT_SLICE):  # the loop serves devices in between

@@ -2,8 +2,8 @@
 clients, MQTT sessions, subscriptions of every protocol, queue statistics, kicking a client,
 and message lookup by key or message id.
 
-The views here read the gateway's state and return plain data; ``MetricsServer`` routes HTTP
-to them. When ``admin_token`` is set, every ``/admin`` request needs
+The views here read what they are given (the protocol gateways, the store: ``deps.py``) and
+return plain data; ``app.HttpServer`` routes HTTP to them. When ``admin_token`` is set, every ``/admin`` request needs
 ``Authorization: Bearer <token>`` (kicking a client is an action, and the listener may be
 bound beyond loopback).
 """
@@ -18,11 +18,15 @@ from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
 from store.msgid import decode_msg_id
 
-from . import trace as message_trace
-from .interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from .. import trace as message_trace
+from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
 
 if TYPE_CHECKING:
-    from .server import Gateway
+    from store import MessageStore
+
+    from ..cluster.mqtt_node import GatewayNode
+    from ..mqtt.broker import MQTTBroker
+    from .deps import Brokers
 
 MAX_ROWS = 1000
 
@@ -33,60 +37,60 @@ class AdminError(Exception):
         self.status = status
 
 
-def clients(gw: Gateway) -> list[dict[str, Any]]:
+def clients(brokers: Brokers) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    if gw.mqtt is not None:
-        for client_id, conn in gw.mqtt.connections.items():
+    if brokers.mqtt is not None:
+        for client_id, conn in brokers.mqtt.connections.items():
             rows.append({"protocol": "mqtt", "id": client_id, "peer": conn.peer, "username": conn.username,
                          "mqtt_version": conn.version})
-    if gw.amqp is not None:
-        for conn in gw.amqp.connections:
+    if brokers.amqp is not None:
+        for conn in brokers.amqp.connections:
             rows.append({"protocol": "amqp", "id": conn.peer, "peer": conn.peer, "username": conn.username,
                          "channels": len(conn.channels)})
-    if gw.remoting is not None:
-        for conn in gw.remoting.connections:
+    if brokers.remoting is not None:
+        for conn in brokers.remoting.connections:
             rows.append({"protocol": "remoting", "id": conn.client_id or conn.peer, "peer": conn.peer})
     return rows[:MAX_ROWS]
 
 
-async def locate_client(gw: Gateway, client_id: str) -> list[dict[str, Any]]:
+async def locate_client(mqtt: MQTTBroker | None, node: GatewayNode | None, client_id: str) -> list[dict[str, Any]]:
     """Where an MQTT client is connected: this node, or (a gateway node with a lookup) the node
     the lookup names -- "in doubt" while the lookup cannot say."""
-    here = gw.mqtt is not None and client_id in gw.mqtt.connections
-    node_id = gw.node.node_id if gw.node is not None else "this node"
+    here = mqtt is not None and client_id in mqtt.connections
+    node_id = node.node_id if node is not None else "this node"
     where: str | None = node_id if here else None
-    lookup = gw.node.lookup if gw.node is not None else None
+    lookup = node.lookup if node is not None else None
     if lookup is not None and not here:
         found = await lookup.where_is(client_id)
         where = "in doubt" if found is IN_DOUBT else found  # type: ignore[assignment]
     return [{"protocol": "mqtt", "id": client_id, "node": where or "offline", "here": here}]
 
 
-def sessions(gw: Gateway) -> list[dict[str, Any]]:
-    if gw.mqtt is None:
+def sessions(mqtt: MQTTBroker | None) -> list[dict[str, Any]]:
+    if mqtt is None:
         return []
     rows = []
-    for client_id, session in list(gw.mqtt.sessions.items())[:MAX_ROWS]:
-        rows.append({"client_id": client_id, "connected": client_id in gw.mqtt.connections,
+    for client_id, session in list(mqtt.sessions.items())[:MAX_ROWS]:
+        rows.append({"client_id": client_id, "connected": client_id in mqtt.connections,
                      "persistent": session.persistent, "expiry_interval": session.expiry_interval,
                      "subscriptions": len(session.subscriptions), "inflight": len(session.inflight)})
     return rows
 
 
-def subscriptions(gw: Gateway) -> list[dict[str, Any]]:
+def subscriptions(brokers: Brokers) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    if gw.mqtt is not None:
-        for client_id, session in gw.mqtt.sessions.items():
+    if brokers.mqtt is not None:
+        for client_id, session in brokers.mqtt.sessions.items():
             for sub in session.subscriptions.values():
                 rows.append({"protocol": "mqtt", "client": client_id, "filter": sub.topic_filter,
                              "qos": sub.options.qos, "queue": sub.queue, "share_group": sub.share_group})
-    if gw.amqp is not None:
-        for queue in gw.amqp.queues.values():
+    if brokers.amqp is not None:
+        for queue in brokers.amqp.queues.values():
             for consumer in queue.consumers.values():
                 rows.append({"protocol": "amqp", "client": consumer.channel.connection.peer,
                              "queue": queue.name, "consumer_tag": consumer.tag, "unacked": consumer.unacked})
-    if gw.remoting is not None:
-        for group, members in gw.remoting.groups.groups.items():
+    if brokers.remoting is not None:
+        for group, members in brokers.remoting.groups.groups.items():
             for member in members.values():
                 for sub in member.subscriptions.values():
                     rows.append({"protocol": "remoting", "client": member.client_id, "group": group,
@@ -94,26 +98,25 @@ def subscriptions(gw: Gateway) -> list[dict[str, Any]]:
     return rows[:MAX_ROWS]
 
 
-def queues(gw: Gateway, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
     """Store queues whose name starts with ``prefix``: offsets, entries ``stored`` (max - min
     offset), the ``backlog`` where one cursor reads the whole queue (an AMQP queue: max offset -
     its consumer offset), and who reads them. Store queues of AMQP queues that no longer exist
     (deleted, before a restart too) are left out: the store keeps their entries until
     retention, but nothing can read them."""
-    store = gw.store
     if store is None:
         return []
     readers: dict[str, int] = {}
     cursors: dict[str, str] = {}  # store queue -> the consumer whose offset is its backlog's start
-    if gw.mqtt is not None:
-        readers.update({queue: len(conns) for queue, conns in gw.mqtt.readers.items()})
-    if gw.amqp is not None:
-        for queue in gw.amqp.queues.values():
+    if brokers.mqtt is not None:
+        readers.update({queue: len(conns) for queue, conns in brokers.mqtt.readers.items()})
+    if brokers.amqp is not None:
+        for queue in brokers.amqp.queues.values():
             readers[queue.store_queue] = len(queue.consumers)
             cursors[queue.store_queue] = queue.consumer_name
     rows = []
     for state, _ in store.index.iter_queues(prefix):
-        if gw.amqp is not None and state.name.startswith(AMQP_STORE_QUEUE_PREFIX) and state.name not in cursors:
+        if brokers.amqp is not None and state.name.startswith(AMQP_STORE_QUEUE_PREFIX) and state.name not in cursors:
             continue
         result = store.get_now(state.name, -1, 1)  # answers with the queue's offsets only
         backlog = None
@@ -128,21 +131,21 @@ def queues(gw: Gateway, prefix: str = "", limit: int = 100) -> list[dict[str, An
     return rows
 
 
-def kick(gw: Gateway, protocol: str, client: str) -> dict[str, Any]:
+def kick(brokers: Brokers, protocol: str, client: str) -> dict[str, Any]:
     """Disconnect a client: MQTT by client id (DISCONNECT 0x98 for 5.0), AMQP by peer address
     (connection.close 320), remoting by client id or peer."""
-    if protocol == "mqtt" and gw.mqtt is not None:
-        conn = gw.mqtt.connections.get(client)
+    if protocol == "mqtt" and brokers.mqtt is not None:
+        conn = brokers.mqtt.connections.get(client)
         if conn is not None:
             conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
             return {"kicked": client}
-    elif protocol == "amqp" and gw.amqp is not None:
-        for amqp_conn in list(gw.amqp.connections):
+    elif protocol == "amqp" and brokers.amqp is not None:
+        for amqp_conn in list(brokers.amqp.connections):
             if amqp_conn.peer == client:
                 amqp_conn.shutdown()
                 return {"kicked": client}
-    elif protocol == "remoting" and gw.remoting is not None:
-        for remoting_conn in list(gw.remoting.connections):
+    elif protocol == "remoting" and brokers.remoting is not None:
+        for remoting_conn in list(brokers.remoting.connections):
             if client in (remoting_conn.client_id, remoting_conn.peer):
                 remoting_conn.close()
                 return {"kicked": client}
@@ -161,9 +164,8 @@ def message_view(message: StoredMessage) -> dict[str, Any]:
             "size": message.size, "queues": dict(message.queues), "properties": message.properties, **body}
 
 
-async def find_messages(gw: Gateway, *, key: str | None, topic: str | None, msg_id: str | None,
+async def find_messages(store: MessageStore | None, *, key: str | None, topic: str | None, msg_id: str | None,
                         begin_ms: int = 0, end_ms: int = 1 << 62) -> list[dict[str, Any]]:
-    store = gw.store
     if store is None:
         raise AdminError(503, "the store is not open")
     if msg_id:
@@ -183,9 +185,10 @@ def check_msg_id(msg_id: str) -> None:
         raise AdminError(400, f"msg_id {msg_id!r}: {exc}") from None
 
 
-def trace(gw: Gateway, *, msg_id: str | None, key: str | None) -> dict[str, Any]:
-    """The trace events of one message (by id) or of the messages published with a key."""
-    store = gw.store
+def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_id: str | None,
+          key: str | None) -> dict[str, Any]:
+    """The trace events of one message (by id) or of the messages published with a key; the
+    listeners whose traffic is traced."""
     if store is None:
         raise AdminError(503, "the store is not open")
     if msg_id:
@@ -195,4 +198,4 @@ def trace(gw: Gateway, *, msg_id: str | None, key: str | None) -> dict[str, Any]
         events = message_trace.traces_by_key(store, key)
     else:
         raise AdminError(400, "give msg_id or key")
-    return {"tracing": sorted(gw.traced_listeners), "events": events}
+    return {"tracing": sorted(traced_listeners), "events": events}

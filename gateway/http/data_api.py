@@ -4,8 +4,8 @@
     GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
-    POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/data_publish.py)
-    POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/data_holds.py)
+    POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
+    POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
 
 Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
 with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
@@ -37,15 +37,15 @@ from aiohttp import web
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
+from ..interop import queue_for_filter
 from .admin import AdminError
-from .data_access import PRINCIPAL, check_read_queue, may_read_queue
-from .data_publish import PublishApi
-from .interop import queue_for_filter
+from .data_access import PRINCIPAL, DataAccess
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader
 
-    from .server import Gateway
+    from .data_holds import FilterHolds
+    from .data_publish import PublishApi
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_ROWS = 65_536
@@ -54,18 +54,17 @@ MAX_CONCURRENT_READS = 1  # one bulk read at a time: the gateway gives analytics
 MAX_QUEUES = 10_000  # per offsets or queues request
 
 
-def add_routes(app: web.Application, gateway: Gateway) -> PublishApi:
-    api = DataApi(gateway)
+def add_routes(app: web.Application, store: MessageStore | None, access: DataAccess, publish: PublishApi,
+               holds: FilterHolds) -> None:
+    api = DataApi(store, access)
     app.router.add_get("/data/queues", api.queues)
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
     app.router.add_get("/data/read", api.read)
-    publish = PublishApi(gateway)  # the write side: gateway/data_publish.py
-    app.router.add_post("/data/publish", publish.publish)
-    # streaming readers of a topicFilter (gateway/data_holds.py): held by the gateway from its
+    app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
+    # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
-    app.router.add_post("/data/filters", gateway.filter_holds().hold)
-    return publish
+    app.router.add_post("/data/filters", holds.hold)
 
 
 def _int(query, name: str, default: int | None = None) -> int:
@@ -84,14 +83,15 @@ def _int(query, name: str, default: int | None = None) -> int:
 
 
 class DataApi:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, store: MessageStore | None, access: DataAccess) -> None:
+        self.store = store
+        self.access = access
         self._reads = asyncio.Semaphore(MAX_CONCURRENT_READS)
         self._log: CommitLogReader | None = None
         self._log_lock = threading.Lock()  # belt and braces: the maps are not for two threads at once
 
     def _store(self) -> MessageStore:
-        store = self.gateway.store
+        store = self.store
         if store is None:
             raise AdminError(503, "the store is not open")
         if not isinstance(store, MessageStore):  # a gateway node of a cluster reads a remote store
@@ -124,7 +124,7 @@ class DataApi:
         rows = []
         who = request.get(PRINCIPAL)
         for name in names:
-            if not may_read_queue(self.gateway, who, name):
+            if not self.access.may_read_queue(who, name):
                 continue  # (what a principal may not read, it is not shown either: data_access.py)
             offsets = await self._offsets(name)
             if offsets is not None:
@@ -144,7 +144,7 @@ class DataApi:
         if len(names) > MAX_QUEUES:
             raise AdminError(400, f"at most {MAX_QUEUES} queues per request")
         for name in names:
-            check_read_queue(self.gateway, request.get(PRINCIPAL), name)
+            self.access.check_read_queue(request.get(PRINCIPAL), name)
         out: dict[str, Any] = {name: await self._offsets(name) for name in names}
         return web.json_response({"offsets": out})
 
@@ -159,7 +159,7 @@ class DataApi:
         queue = query.get("queue")
         if not queue:
             raise AdminError(400, "queue is required")
-        check_read_queue(self.gateway, request.get(PRINCIPAL), queue)
+        self.access.check_read_queue(request.get(PRINCIPAL), queue)
         start = _int(query, "start")
         max_rows = min(_int(query, "max_rows", DEFAULT_ROWS), MAX_ROWS)
         state = store.index.lookup(queue)

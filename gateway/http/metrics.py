@@ -1,6 +1,5 @@
-"""The metrics listener (``--metrics-bind``): Prometheus metrics at ``/metrics``, ``/healthz``
-(the process answers), ``/readyz`` (the store is open and every listener is up) and the admin
-API of ``tidemq ctl`` under ``/admin/`` (``gateway/admin.py``).
+"""The Prometheus collector behind ``/metrics`` (served by ``app.py``): every ``tidemq_*``
+metric but the data API's publishing counters (``data_publish.py``).
 
 Nothing is counted for the metrics themselves: the gateways keep plain counters
 (``ProtocolStats``), the store its latency histograms and gauges, and the collector reads them
@@ -10,13 +9,9 @@ protocols, and for queue lag the ``TOP_QUEUES`` longest queues or groups only.
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,12 +21,14 @@ from prometheus_client.core import (
 
 from store.stats import LatencyHistogram
 
-from . import admin, dashboard, data_access, data_api
-
 if TYPE_CHECKING:
-    from .server import Gateway
+    from store import MessageStore
 
-log = logging.getLogger("tidemq.metrics")
+    from ..auth.authorize import Authorizer
+    from ..pressure import StorePressure
+    from ..stats import ProtocolStats
+    from ..trace import Tracer
+    from .deps import Brokers, ClusterParts, ProtocolGateway, Status
 
 TOP_QUEUES = 20  # queues (AMQP) and consumer groups (remoting) with the longest backlog
 
@@ -42,10 +39,17 @@ def _histogram(name: str, documentation: str, histogram: LatencyHistogram) -> Hi
 
 
 class GatewayCollector:
-    """A prometheus-client custom collector over one running gateway."""
+    """A prometheus-client custom collector over one running gateway's parts."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, brokers: Brokers, store: MessageStore | None, *, authorizer: Authorizer, status: Status,
+                 pressure: StorePressure | None, tracer: Tracer | None, cluster: ClusterParts) -> None:
+        self.brokers = brokers
+        self.store = store
+        self.authorizer = authorizer
+        self.status = status
+        self.pressure = pressure
+        self.tracer = tracer
+        self.cluster = cluster
 
     def describe(self) -> list[Metric]:
         return []  # collected on each scrape only
@@ -58,11 +62,9 @@ class GatewayCollector:
         yield from self._cluster()
         yield from self._backlogs()
 
-    def _protocol_stats(self):
-        gw = self.gateway
-        for name, broker in (("mqtt", gw.mqtt), ("amqp", gw.amqp), ("remoting", gw.remoting)):
-            if broker is not None:
-                yield name, broker, broker.stats
+    def _protocol_stats(self) -> Iterator[tuple[str, ProtocolGateway, ProtocolStats]]:
+        for name, broker in self.brokers.running():
+            yield name, broker, broker.stats
 
     def _protocols(self) -> Iterator[Metric]:
         connections = GaugeMetricFamily("tidemq_connections", "Open client connections", labels=["protocol"])
@@ -89,16 +91,16 @@ class GatewayCollector:
         yield from (connections, accepted, received, sent, bytes_in, bytes_out, dropped, auth)
         denied = CounterMetricFamily("tidemq_authorization_denied", "Operations refused by the ACL or AMQP "
                                      "permissions (gateway/auth/authorize.py)", labels=["protocol", "action"])
-        for (protocol, action), count in sorted(self.gateway.authorizer.stats.denied.items()):
+        for (protocol, action), count in sorted(self.authorizer.stats.denied.items()):
             denied.add_metric([protocol, action], count)
         yield denied
-        mqtt = self.gateway.mqtt
+        mqtt = self.brokers.mqtt
         if mqtt is not None:
             yield GaugeMetricFamily("tidemq_mqtt_sessions", "MQTT sessions (connected and persistent)",
                                     value=len(mqtt.sessions))
 
     def _store(self) -> Iterator[Metric]:
-        store = self.gateway.store
+        store = self.store
         if store is None:
             return
         yield _histogram("tidemq_store_put_latency_seconds", "Store puts, submit to durable per the flush mode",
@@ -116,8 +118,8 @@ class GatewayCollector:
         yield CounterMetricFamily("tidemq_notify_events", "Notify events (queue has new data) sent to gateways",
                                   value=store.notify.events_published)
         yield GaugeMetricFamily("tidemq_event_loop_lag_seconds", "How late the event loop last ran a 0.5 s timer",
-                                value=self.gateway.loop_lag_s)
-        pressure = self.gateway.pressure
+                                value=self.status.loop_lag_s)
+        pressure = self.pressure
         yield GaugeMetricFamily("tidemq_resource_alarm", "1 while publishers are blocked (disk or store backlog)",
                                 value=1 if pressure is not None and pressure.raised else 0)
 
@@ -136,7 +138,7 @@ class GatewayCollector:
                                 value=sum(c.stats.bytes for c in caches.values()))
 
     def _trace(self) -> Iterator[Metric]:
-        tracer = self.gateway.tracer
+        tracer = self.tracer
         if tracer is None:
             return
         yield CounterMetricFamily("tidemq_trace_rows_written",
@@ -148,7 +150,7 @@ class GatewayCollector:
                                 value=tracer.pending)
 
     def _cluster(self) -> Iterator[Metric]:
-        service = self.gateway.store_service
+        service = self.cluster.store_service
         if service is not None:  # a store node: how its notify events were routed
             stats = service.router.stats
             yield GaugeMetricFamily("tidemq_cluster_gateway_nodes", "Gateway nodes linked to this store node",
@@ -166,8 +168,8 @@ class GatewayCollector:
             for reason, count in sorted(stats.fallbacks.items()):
                 fallbacks.add_metric([reason], count)
             yield fallbacks
-        node = self.gateway.node
-        lookup = node.lookup if node is not None else self.gateway.store_lookup
+        node = self.cluster.node
+        lookup = node.lookup if node is not None else self.cluster.store_lookup
         if lookup is not None:
             stats = lookup.stats
             yield CounterMetricFamily("tidemq_lookup_calls", "Lookups of where a client or a queue's readers are",
@@ -184,15 +186,15 @@ class GatewayCollector:
             for how, count in sorted(node.takeovers.items()):
                 takeovers.add_metric([how], count)
             yield takeovers
-        store = self.gateway.gateway_store
-        if store is not None:  # a gateway node: what its store link carried
+        link = self.cluster.gateway_store
+        if link is not None:  # a gateway node: what its store link carried
             yield CounterMetricFamily("tidemq_store_link_reads", "Reads of queues from the store node",
-                                      value=store.fetches)
+                                      value=link.fetches)
             yield CounterMetricFamily("tidemq_notify_events_received", "Notify events received from the store node",
-                                      value=store.notify_events)
+                                      value=link.notify_events)
 
     def _backlogs(self) -> Iterator[Metric]:
-        amqp = self.gateway.amqp
+        amqp = self.brokers.amqp
         if amqp is not None:
             family = GaugeMetricFamily("tidemq_amqp_queue_messages",
                                        f"Ready messages of the {TOP_QUEUES} longest AMQP queues", labels=["queue"])
@@ -200,8 +202,8 @@ class GatewayCollector:
             for count, name in ready[:TOP_QUEUES]:
                 family.add_metric([name], count)
             yield family
-        remoting = self.gateway.remoting
-        store = self.gateway.store
+        remoting = self.brokers.remoting
+        store = self.store
         if remoting is not None and store is not None:
             family = GaugeMetricFamily("tidemq_remoting_consumer_lag",
                                        f"Messages not yet consumed, for the {TOP_QUEUES} most behind online groups",
@@ -212,105 +214,3 @@ class GatewayCollector:
             for lag, group in sorted(lags, reverse=True)[:TOP_QUEUES]:
                 family.add_metric([group], lag)
             yield family
-
-
-class MetricsServer:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GatewayCollector(gateway))  # type: ignore[arg-type]
-        app = web.Application(middlewares=[self._admin_guard])
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/admin/clients", self._clients)
-        for view in (admin.sessions, admin.subscriptions):
-            app.router.add_get(f"/admin/{view.__name__}", self._view(view))
-        app.router.add_get("/admin/queues", self._queues)
-        app.router.add_get("/admin/messages", self._messages)
-        app.router.add_post("/admin/kick", self._kick)
-        publish = data_api.add_routes(app, gateway)  # /data/: bulk reads as Arrow, and publishing (data_api.py)
-        self.registry.register(publish.collector())  # type: ignore[arg-type]  # tidemq_data_publish_*
-        dashboard.add_routes(app, gateway)  # /dashboard and the /admin/overview it polls
-        app.router.add_get("/admin/trace", self._trace)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._site: web.TCPSite | None = None
-
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
-        await self._site.start()
-        server = self._site._server  # the bound address (port 0 picks one)
-        sock = server.sockets[0]  # type: ignore[union-attr]
-        return sock.getsockname()[:2]
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-
-    # -- admin (tidemq ctl) ---------------------------------------------------------------------
-    @web.middleware
-    async def _admin_guard(self, request: web.Request, handler):
-        if request.path.startswith(("/admin/", "/data/")):
-            token = self.gateway.config.admin_token
-            data = request.path.startswith("/data/")  # (also a user's Basic credentials: data_access.py)
-            if not data and token and request.headers.get("Authorization") != f"Bearer {token}":
-                return web.json_response({"error": "a valid admin token is needed"}, status=401)
-            try:
-                if data:
-                    request[data_access.PRINCIPAL] = await data_access.authenticate(request, self.gateway)
-                return await handler(request)
-            except admin.AdminError as exc:
-                return web.json_response({"error": str(exc)}, status=exc.status)
-        return await handler(request)
-
-    def _view(self, view):
-        async def handler(request: web.Request) -> web.Response:
-            return await self._json(view(self.gateway))
-        return handler
-
-    @staticmethod
-    async def _json(data) -> web.Response:
-        return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
-
-    async def _clients(self, request: web.Request) -> web.Response:
-        client_id = request.query.get("id")
-        if client_id:
-            return await self._json(await admin.locate_client(self.gateway, client_id))
-        return await self._json(admin.clients(self.gateway))
-
-    async def _queues(self, request: web.Request) -> web.Response:
-        try:
-            limit = int(request.query.get("limit", "100"))
-        except ValueError:
-            raise admin.AdminError(400, "limit must be a number") from None
-        return await self._json(admin.queues(self.gateway, request.query.get("prefix", ""), limit))
-
-    async def _messages(self, request: web.Request) -> web.Response:
-        q = request.query
-        return await self._json(await admin.find_messages(self.gateway, key=q.get("key"), topic=q.get("topic"),
-                                                          msg_id=q.get("msg_id")))
-
-    async def _trace(self, request: web.Request) -> web.Response:
-        q = request.query
-        return await self._json(admin.trace(self.gateway, msg_id=q.get("msg_id"), key=q.get("key")))
-
-    async def _kick(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            protocol, client = str(body["protocol"]), str(body["client"])
-        except (ValueError, KeyError, TypeError):
-            raise admin.AdminError(400, 'send {"protocol": ..., "client": ...}') from None
-        return await self._json(admin.kick(self.gateway, protocol, client))
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        problem = self.gateway.not_ready()
-        if problem:
-            return web.Response(status=503, text=f"not ready: {problem}\n")
-        return web.Response(text="ready\n")

@@ -1,0 +1,134 @@
+"""The gateway's HTTP listener (``--metrics-bind``): Prometheus metrics at ``/metrics``,
+``/healthz`` (the process answers), ``/readyz`` (the store is open and every listener is up),
+the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``), the data API under ``/data/``
+(``data_api.py``) and the dashboard (``dashboard.py``).
+
+``HttpServer`` is built from ``HttpDeps`` (``deps.py``) and hands each module the parts it
+reads. ``admin_token`` guards ``/admin/``; ``/data/`` also takes a user's Basic credentials
+(``data_access.py``); an ``AdminError`` raised by any handler becomes a JSON error answer.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from . import admin, dashboard, data_api
+from .data_access import PRINCIPAL, DataAccess
+from .data_publish import PublishApi
+from .deps import HttpDeps
+from .metrics import GatewayCollector
+
+
+class HttpServer:
+    def __init__(self, deps: HttpDeps) -> None:
+        self.deps = deps
+        self.access = DataAccess(deps.access, deps.brokers.amqp)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GatewayCollector(  # type: ignore[arg-type]
+            deps.brokers, deps.store, authorizer=deps.access.authorizer, status=deps.status, pressure=deps.pressure,
+            tracer=deps.tracer, cluster=deps.cluster))
+        app = web.Application(middlewares=[self._admin_guard])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/admin/clients", self._clients)
+        app.router.add_get("/admin/sessions", self._sessions)
+        app.router.add_get("/admin/subscriptions", self._subscriptions)
+        app.router.add_get("/admin/queues", self._queues)
+        app.router.add_get("/admin/messages", self._messages)
+        app.router.add_post("/admin/kick", self._kick)
+        # /data/: bulk reads as Arrow, and publishing (data_api.py, data_publish.py)
+        publish = PublishApi(deps.brokers.mqtt, self.access, deps.status, deps.pressure)
+        data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
+        self.registry.register(publish.collector())  # type: ignore[arg-type]  # tidemq_data_publish_*
+        # /dashboard and the /admin/overview it polls
+        dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
+        app.router.add_get("/admin/trace", self._trace)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._site: web.TCPSite | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, host, port)
+        await self._site.start()
+        server = self._site._server  # the bound address (port 0 picks one)
+        sock = server.sockets[0]  # type: ignore[union-attr]
+        return sock.getsockname()[:2]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    # -- admin (tidemq ctl) ---------------------------------------------------------------------
+    @web.middleware
+    async def _admin_guard(self, request: web.Request, handler):
+        if request.path.startswith(("/admin/", "/data/")):
+            token = self.deps.access.admin_token
+            data = request.path.startswith("/data/")  # (also a user's Basic credentials: data_access.py)
+            if not data and token and request.headers.get("Authorization") != f"Bearer {token}":
+                return web.json_response({"error": "a valid admin token is needed"}, status=401)
+            try:
+                if data:
+                    request[PRINCIPAL] = await self.access.authenticate(request)
+                return await handler(request)
+            except admin.AdminError as exc:
+                return web.json_response({"error": str(exc)}, status=exc.status)
+        return await handler(request)
+
+    @staticmethod
+    async def _json(data) -> web.Response:
+        return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
+
+    async def _clients(self, request: web.Request) -> web.Response:
+        client_id = request.query.get("id")
+        if client_id:
+            return await self._json(await admin.locate_client(self.deps.brokers.mqtt, self.deps.cluster.node,
+                                                              client_id))
+        return await self._json(admin.clients(self.deps.brokers))
+
+    async def _sessions(self, request: web.Request) -> web.Response:
+        return await self._json(admin.sessions(self.deps.brokers.mqtt))
+
+    async def _subscriptions(self, request: web.Request) -> web.Response:
+        return await self._json(admin.subscriptions(self.deps.brokers))
+
+    async def _queues(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            raise admin.AdminError(400, "limit must be a number") from None
+        return await self._json(admin.queues(self.deps.store, self.deps.brokers, request.query.get("prefix", ""),
+                                             limit))
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        q = request.query
+        return await self._json(await admin.find_messages(self.deps.store, key=q.get("key"), topic=q.get("topic"),
+                                                          msg_id=q.get("msg_id")))
+
+    async def _trace(self, request: web.Request) -> web.Response:
+        q = request.query
+        return await self._json(admin.trace(self.deps.store, self.deps.traced_listeners, msg_id=q.get("msg_id"),
+                                            key=q.get("key")))
+
+    async def _kick(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            protocol, client = str(body["protocol"]), str(body["client"])
+        except (ValueError, KeyError, TypeError):
+            raise admin.AdminError(400, 'send {"protocol": ..., "client": ...}') from None
+        return await self._json(admin.kick(self.deps.brokers, protocol, client))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        problem = self.deps.status.not_ready()
+        if problem:
+            return web.Response(status=503, text=f"not ready: {problem}\n")
+        return web.Response(text="ready\n")

@@ -1,0 +1,101 @@
+"""Who a ``/data/`` request comes from, and which store queues it may read or topics publish to
+(gateway/auth/authorize.py; the API itself: data_api.py, data_publish.py).
+
+    Authorization: Bearer <admin_token>     the operator: every queue and topic
+    Authorization: Basic <user:password>    a user of the password file, under the ACL
+    (nothing)                               anonymous: the ACL's anonymous rules, when
+                                            allow_anonymous and no admin_token is set
+
+A queue is read as what it holds: ``t:{topic}`` that MQTT topic, ``w:{filter}`` every topic of
+the filter (a reader of a queue cannot have single rows checked, so a deny rule touching the
+filter refuses it), ``q:{name}`` the AMQP queue (AMQP read permission, and read on the topics
+amq.topic feeds it with), ``r:{topic}:{id}``
+every MQTT topic under the remoting topic; other queues (retry, schedule, internal) are the
+operator's. Refusals answer 403 and are counted and logged as every protocol's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..amqp.permissions import queue_topics_readable
+from ..auth.authorize import Principal
+from .admin import AdminError
+
+if TYPE_CHECKING:
+    from ..amqp.broker import AMQPBroker
+    from .deps import HttpAccess
+
+PRINCIPAL = web.RequestKey("tidemq.principal", object)  # the request's: a Principal, or None (the operator)
+
+
+class DataAccess:
+    """The checks of ``/data/`` requests, from the listener's access settings and (for the
+    topics an AMQP queue is fed with) the AMQP gateway."""
+
+    def __init__(self, access: HttpAccess, amqp: AMQPBroker | None) -> None:
+        self.access = access
+        self.authorizer = access.authorizer
+        self.amqp = amqp
+
+    async def authenticate(self, request: web.Request) -> Principal | None:
+        """The request's principal (None: the operator); AdminError 401 when its credentials fail."""
+        header = request.headers.get("Authorization", "")
+        token = self.access.admin_token
+        peer = request.remote or ""
+        if header.startswith("Bearer ") and token:  # (without an admin token, a Bearer header means nothing)
+            if hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+                return None
+            raise AdminError(401, "a valid admin token is needed")
+        if header.startswith("Basic "):
+            try:
+                user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                raise AdminError(401, "malformed Basic credentials") from None
+            passwords = self.access.passwords
+            if not sep or passwords is None or not await passwords.verify_async(user, password):
+                raise AdminError(401, "user name or password refused")
+            return Principal("http", user, None, peer)
+        if token:
+            raise AdminError(401, "a valid admin token (Bearer) or a user's Basic credentials are needed")
+        if self.access.passwords is not None and not self.access.allow_anonymous:
+            raise AdminError(401, "Basic credentials of a user are needed")
+        if not self.authorizer.enabled:
+            return None  # no ACL: nothing to check (as before there were principals)
+        return Principal("http", None, None, peer)
+
+    def may_read_queue(self, who: Principal | None, queue: str) -> bool:
+        authorizer = self.authorizer
+        if who is None or not authorizer.enabled:
+            return True
+        kind, _, name = queue.partition(":")
+        if kind == "t":
+            return authorizer.can_read(who, name)
+        if kind == "w":
+            return authorizer.can_read_all(who, name)
+        if kind == "q":
+            amqp = self.amqp
+            return authorizer.amqp_allows(who, "read", name) and (amqp is None or queue_topics_readable(amqp, who, name))
+        if kind == "r":
+            topic = name.rpartition(":")[0]
+            return not topic.startswith("%") and authorizer.can_read_all(who, f"{topic}/#")
+        return False
+
+    def check_read_queue(self, who: Principal | None, queue: str) -> None:
+        if not self.may_read_queue(who, queue):
+            assert who is not None
+            raise AdminError(403, self.authorizer.denied(who, "read", queue))
+
+    def check_publish(self, who: Principal | None, topics: set[str]) -> None:
+        """403 when one of the topics may not be written (then nothing of the request is stored)."""
+        authorizer = self.authorizer
+        if who is None or not authorizer.enabled:
+            return
+        for topic in sorted(topics):
+            if not authorizer.can_write(who, topic):
+                raise AdminError(403, authorizer.denied(who, "publish", topic) + ": nothing of this request was stored")

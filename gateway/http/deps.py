@@ -1,0 +1,104 @@
+"""What the HTTP side reads of the running gateway, as small typed parts that
+``gateway/server.py`` builds once when it starts the HTTP listener. Each module of
+``gateway/http/`` takes only the parts it reads, never the ``Gateway`` object itself.
+
+The parts are fixed for the listener's life (the protocol gateways, the store and the cluster
+parts exist before it starts and outlive it); what changes while the gateway runs (readiness,
+event-loop lag) is read on each request through ``Status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from lookup.api import Lookup
+    from store import MessageStore
+
+    from ..amqp.broker import AMQPBroker
+    from ..auth import PasswordFile
+    from ..auth.authorize import Authorizer
+    from ..cluster.gateway_store import GatewayStore
+    from ..cluster.mqtt_node import GatewayNode
+    from ..cluster.store_service import StoreService
+    from ..mqtt.broker import MQTTBroker
+    from ..pressure import StorePressure
+    from ..remoting.broker import RemotingBroker
+    from ..stats import ProtocolStats
+    from ..trace import Tracer
+    from .data_holds import FilterHolds
+
+
+class Status(Protocol):
+    """The gateway process's own state, which changes while it runs: ``Gateway`` is one."""
+
+    @property
+    def ready(self) -> bool: ...  # started, and not stopping
+
+    @property
+    def loop_lag_s(self) -> float: ...  # how late the event loop ran a timer, lately
+
+    def not_ready(self) -> str | None: ...  # why it cannot take traffic now (None: it can)
+
+
+class ProtocolGateway(Protocol):
+    """What the counters and the dashboard read of every protocol gateway."""
+
+    @property
+    def stats(self) -> ProtocolStats: ...
+
+    @property
+    def connections(self) -> Sized: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Brokers:
+    """The protocol gateways this process runs (None: that protocol is off)."""
+
+    mqtt: MQTTBroker | None = None
+    amqp: AMQPBroker | None = None
+    remoting: RemotingBroker | None = None
+
+    def running(self) -> Iterator[tuple[str, ProtocolGateway]]:
+        """(protocol name, gateway) of each protocol that runs, in the order metrics list them."""
+        for name, broker in (("mqtt", self.mqtt), ("amqp", self.amqp), ("remoting", self.remoting)):
+            if broker is not None:
+                yield name, broker
+
+
+@dataclass(slots=True, frozen=True)
+class HttpAccess:
+    """Who may use ``/admin/`` and ``/data/`` (``data_access.py``)."""
+
+    admin_token: str  # "" : none set
+    allow_anonymous: bool
+    passwords: PasswordFile | None
+    authorizer: Authorizer
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterParts:
+    """The cluster's parts in this process, for metrics and for locating clients (all None
+    on a standalone gateway)."""
+
+    node: GatewayNode | None = None  # a gateway node: takeovers and its lookup
+    gateway_store: GatewayStore | None = None  # a gateway node: the store node's store
+    store_service: StoreService | None = None  # a store node: the store link's service
+    store_lookup: Lookup | None = None  # a store node: the lookup that routes notify events
+
+
+@dataclass(slots=True, frozen=True)
+class HttpDeps:
+    """Everything the HTTP listener serves from (``app.HttpServer`` hands each module its parts)."""
+
+    access: HttpAccess
+    status: Status
+    brokers: Brokers
+    store: MessageStore | None  # None on a gateway node of a cluster (its store is the store node's)
+    pressure: StorePressure | None
+    tracer: Tracer | None
+    traced_listeners: frozenset[str]
+    cluster: ClusterParts
+    filter_holds: FilterHolds  # created by the server before the MQTT listeners start
