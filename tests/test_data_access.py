@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bridge.data_client import HttpClient, SourceError
+from bridge.spark_options import Connection, OptionError
 from gateway.auth import PasswordFile
-from spark_sinks.client import HttpClient, SourceError
-from spark_sinks.options import Connection, OptionError
 from spark_sinks.writer import PublishClient, PublishError
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
@@ -109,7 +109,7 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
 
 
 def test_spark_options_take_a_user_or_the_token() -> None:
-    from spark_sinks.options import SourceOptions
+    from bridge.spark_options import SourceOptions
 
     options = SourceOptions.parse({"address": "h:1", "topicFilter": "a/#", "username": "u", "password": "p"})
     assert options.connection.username == "u" and "p" not in repr(options.connection)

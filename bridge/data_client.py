@@ -29,11 +29,11 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from gateway.interop import queue_for_filter
+from protocols.queue_names import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
-from .options import DEFAULT_RETRY_TIMEOUT_S, Connection
+from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
 
 log = logging.getLogger("tidemq.spark")
 
@@ -116,7 +116,7 @@ class HttpClient:
             else:
                 if response.status not in RETRY_STATUSES:
                     return response.status, response, data
-                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {_error(data)}"
+                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {error_text(data)}"
             if attempt == 1:
                 continue  # a kept-alive connection the gateway closed while idle: once more, afresh, at once
             left = deadline - time.monotonic()
@@ -132,7 +132,7 @@ class HttpClient:
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, _, data = self._request(method, path, body)
         if status != 200:
-            raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {_error(data)}")
+            raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {error_text(data)}")
         return json.loads(data)
 
     def queue_for_filter(self, topic_filter: str) -> str:
@@ -155,7 +155,7 @@ class HttpClient:
         if status == 404:
             return Fetch(start, start, 0, 0, exists=False)
         if status != 200:
-            raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {_error(data)}")
+            raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {error_text(data)}")
         header = response.getheader
         batches = list(pa.ipc.open_stream(pa.py_buffer(data))) if data else []
         return Fetch(int(header("TideMQ-First-Offset")), int(header("TideMQ-Next-Offset")),
@@ -262,7 +262,8 @@ def close_clients() -> None:
         client.close()
 
 
-def _error(data: bytes) -> str:
+def error_text(data: bytes) -> str:
+    """The ``error`` of a gateway's JSON answer, or the start of the body."""
     try:
         return str(json.loads(data)["error"])
     except (ValueError, KeyError, TypeError):
