@@ -88,6 +88,13 @@ class HttpClient:
         self.url = url
         self.retry_timeout_s = retry_timeout_s
 
+    @classmethod
+    def of(cls, connection: Connection) -> HttpClient:
+        """A client with ``connection``'s address, credentials and retry timeout (the one place
+        a Connection is turned into a client: positional arguments went astray before)."""
+        return cls(connection.url, token=connection.token, username=connection.username,
+                   password=connection.password, retry_timeout_s=connection.retry_timeout_s)
+
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
@@ -226,7 +233,7 @@ class FilterLease:
         return True
 
     def _renew(self) -> None:
-        client = HttpClient(self.connection.url, self.connection.token, self.connection.retry_timeout_s)
+        client = HttpClient.of(self.connection)
         try:
             while not self._stop.wait(self.lease_s / 3):
                 try:
@@ -250,8 +257,7 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token, connection.username, connection.password,
-                                connection.retry_timeout_s)
+            client = HttpClient.of(connection)
         _CLIENTS[connection] = client
     return client
 

@@ -216,7 +216,7 @@ def publish_client(connection: Connection) -> PublishClient:
     """This process's client for ``connection`` (Spark reuses Python workers across tasks)."""
     client = _CLIENTS.get(connection)
     if client is None:
-        client = _CLIENTS[connection] = PublishClient(connection.url, connection.token, connection.username, connection.password)
+        client = _CLIENTS[connection] = PublishClient.of(connection)
     return client
 
 
