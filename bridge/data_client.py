@@ -12,6 +12,7 @@
 Both answer a read with the same ``Fetch`` and build rows with the same code
 (``store.columns``). Spark reuses its Python workers across tasks, so ``client_for`` keeps one
 client per connection per process (opening a secondary costs a few ms and a file per SST).
+The sink (``spark_sinks/writer.py``) publishes through a subclass of ``HttpClient``.
 """
 
 from __future__ import annotations
