@@ -1,7 +1,7 @@
 """Where the protocols meet: one place for the rules a message follows from one protocol to
 another through the unified store.
 
-Store queues, by who reads them:
+Store queues, by who reads them (the rule is ``protocols/queue_names.py``, re-exported here):
 
     t:{topic}            one concrete MQTT topic (every MQTT publish is indexed here)
     w:{filter}           one MQTT wildcard filter with subscribers (write amplification)
@@ -25,9 +25,21 @@ from __future__ import annotations
 
 from protocols.mqtt.topics import (
     TopicError,
-    is_wildcard,
     validate_topic_filter,
     validate_topic_name,
+)
+
+# store queue names: defined below the gateway (the Spark source in bridge/ names queues the same
+# way without importing the gateway), re-exported here with the other cross-protocol rules
+from protocols.queue_names import (  # noqa: F401
+    AMQP_QUEUE_PREFIX,
+    REMOTING_QUEUE_PREFIX,
+    TOPIC_QUEUE_PREFIX,
+    WILDCARD_QUEUE_PREFIX,
+    amqp_queue,
+    queue_for_filter,
+    remoting_queue,
+    topic_queue,
 )
 
 # -- the flag of a stored message -------------------------------------------------------------
@@ -40,34 +52,6 @@ PERSISTENT_FLAG = 0x01  # an AMQP publish with delivery-mode 2
 
 # store properties that belong to a protocol gateway, not to the message's user properties
 INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
-
-# -- store queue names ------------------------------------------------------------------------
-TOPIC_QUEUE_PREFIX = "t:"
-WILDCARD_QUEUE_PREFIX = "w:"
-AMQP_QUEUE_PREFIX = "q:"
-REMOTING_QUEUE_PREFIX = "r:"
-
-
-def topic_queue(topic: str) -> str:
-    """The queue of one concrete MQTT topic."""
-    return TOPIC_QUEUE_PREFIX + topic
-
-
-def queue_for_filter(topic_filter: str) -> str:
-    """The queue a subscription to ``topic_filter`` reads: its wildcard queue, or the topic's."""
-    if is_wildcard(topic_filter):
-        return WILDCARD_QUEUE_PREFIX + topic_filter
-    return TOPIC_QUEUE_PREFIX + topic_filter
-
-
-def amqp_queue(name: str) -> str:
-    """The store queue of the AMQP queue ``name``."""
-    return AMQP_QUEUE_PREFIX + name
-
-
-def remoting_queue(topic: str, queue_id: int) -> str:
-    """The store queue of queue ``queue_id`` of the remoting topic ``topic``."""
-    return f"{REMOTING_QUEUE_PREFIX}{topic}:{queue_id}"
 
 
 # -- MQTT topics <-> AMQP routing keys --------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Spark source benchmark: 1,000,000 stored telemetry messages read by the ``tidemq`` source and
-aggregated by a local Spark session (local[2]).
+"""Spark source benchmark: 1,000,000 stored telemetry messages read by the ``tidemq`` source
+(``bridge/spark_source.py``) and aggregated by a local Spark session (local[2]).
 
     python -m loadtest.bench_spark [--quick] [--parts source,e2e] [--records N] [--modes dataDir,address]
                                    [--aggs count,json] [--e2e-readings N] [--e2e-rate R] [--trigger T] [--out FILE]

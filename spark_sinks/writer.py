@@ -69,8 +69,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .client import HttpClient, _error
-from .options import Connection, OptionError, _bool, _positive
+from bridge.data_client import HttpClient, error_text
+from bridge.spark_options import Connection, OptionError, parse_bool, parse_positive
+from bridge.spark_source import TideMQSource
 
 log = logging.getLogger("tidemq.spark")
 
@@ -135,13 +136,13 @@ class SinkOptions:
             writer_id=writer_id,
             batch_id=int(batch_id) if batch_id is not None else None,
             qos=int(qos),
-            retain=_bool(opts.get("retain", "false"), "retain"),
-            max_rows_per_request=_positive(opts, "maxrowsperrequest", "maxRowsPerRequest")
+            retain=parse_bool(opts.get("retain", "false"), "retain"),
+            max_rows_per_request=parse_positive(opts, "maxrowsperrequest", "maxRowsPerRequest")
             or DEFAULT_MAX_ROWS_PER_REQUEST,
-            max_bytes_per_request=_positive(opts, "maxbytesperrequest", "maxBytesPerRequest")
+            max_bytes_per_request=parse_positive(opts, "maxbytesperrequest", "maxBytesPerRequest")
             or DEFAULT_MAX_BYTES_PER_REQUEST,
-            fail_on_bad_rows=_bool(opts.get("failonbadrows", "true"), "failOnBadRows"),
-            attempts=_positive(opts, "attempts", "attempts") or DEFAULT_ATTEMPTS,
+            fail_on_bad_rows=parse_bool(opts.get("failonbadrows", "true"), "failOnBadRows"),
+            attempts=parse_positive(opts, "attempts", "attempts") or DEFAULT_ATTEMPTS,
         )
 
 
@@ -197,7 +198,7 @@ class PublishClient(HttpClient):
             else:
                 if response.status == 200:
                     return json.loads(data)
-                problem = f"{self.url}/data/publish answered {response.status}: {_error(data)}"
+                problem = f"{self.url}/data/publish answered {response.status}: {error_text(data)}"
                 if response.status < 500:
                     raise PublishError(f"tidemq sink: {problem}")
             if attempt == attempts:
@@ -215,7 +216,7 @@ def publish_client(connection: Connection) -> PublishClient:
     """This process's client for ``connection`` (Spark reuses Python workers across tasks)."""
     client = _CLIENTS.get(connection)
     if client is None:
-        client = _CLIENTS[connection] = PublishClient(connection.url, connection.token, connection.username, connection.password)
+        client = _CLIENTS[connection] = PublishClient.of(connection)
     return client
 
 
@@ -361,3 +362,15 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
 def stream_writer(options: Mapping[str, str], schema: StructType) -> TideMQStreamWriter:
     check_schema(schema)
     return TideMQStreamWriter(SinkOptions.parse(options))
+
+
+class TideMQDataSource(TideMQSource):
+    """The ``tidemq`` format both ways: the source (``bridge/spark_source.py``) and this sink,
+    ``df.write.format("tidemq")`` / ``df.writeStream.format("tidemq")``. ``spark_sinks.register``
+    registers it (Spark has one class per format name)."""
+
+    def writer(self, schema: StructType, overwrite: bool) -> TideMQBatchWriter:
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TideMQStreamWriter:
+        return stream_writer(self.options, schema)

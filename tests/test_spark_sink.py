@@ -14,9 +14,9 @@ import aiohttp
 import pyarrow as pa
 import pytest
 
+from bridge.spark_options import OptionError
 from gateway.http.data_publish import KEYS_TABLE, decode_rows
 from protocols.mqtt.packets import MQTT_5
-from spark_sinks.options import OptionError
 from spark_sinks.writer import SinkOptions, arrow_body, chunks
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 from tests.spark_support import activate

@@ -18,9 +18,9 @@ import aiohttp
 import pyarrow as pa
 import pytest
 
-from spark_sinks.client import close_clients
-from spark_sinks.options import OptionError, SourceOptions
-from spark_sinks.source import (
+from bridge.data_client import close_clients
+from bridge.spark_options import OptionError, SourceOptions
+from bridge.spark_source import (
     SCHEMA,
     DataLossError,
     QueueRange,

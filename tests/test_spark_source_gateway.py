@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from spark_sinks.client import HttpClient, SourceError, close_clients
+from bridge.data_client import HttpClient, SourceError, close_clients
 from tests.crash_support import launch, stop
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
@@ -177,8 +177,8 @@ async def test_stream_of_a_filter_nobody_subscribes_to_reads_from_its_start(spar
 async def test_data_dir_stream_of_an_unheld_filter_says_nothing_will_come(data_dir: Path, caplog) -> None:
     """With dataDir the source cannot hold the filter: it warns, naming the filter (what
     initialOffset runs on the driver's side; nothing is subscribed)."""
-    from spark_sinks.options import SourceOptions
-    from spark_sinks.source import TideMQStreamReader
+    from bridge.spark_options import SourceOptions
+    from bridge.spark_source import TideMQStreamReader
 
     async with running_gateway(data_dir) as gw:
         await asyncio.to_thread(gw.store.index.flush)

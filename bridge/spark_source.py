@@ -1,15 +1,15 @@
 """``tidemq``: a PySpark data source over TideMQ store queues, batch and Structured Streaming,
-with the Kafka source's options and semantics (``spark_sinks/options.py``).
+with the Kafka source's options and semantics (``bridge/spark_options.py``).
 
     from spark_sinks import register
-    register(spark)
+    register(spark)  # the tidemq format: this source and the sink (spark_sinks/writer.py)
     df = (spark.readStream.format("tidemq").option("address", "gateway:9100")
           .option("topicFilter", "devices/+/telemetry").option("maxOffsetsPerTrigger", 100000).load())
 
 Offsets are ``{queue: next offset to read}`` and live only in Spark's checkpoint (the store
 keeps nothing for the query), so a restarted query re-reads exactly the micro-batch it had
 planned and goes on from there: nothing lost, nothing twice (with an idempotent sink). A
-stream on a ``topicFilter`` holds the filter at the gateway (``client.FilterLease``), so the
+stream on a ``topicFilter`` holds the filter at the gateway (``data_client.FilterLease``), so the
 filter's wildcard queue gets every matching message from the query's start.
 
 Partitions: one per queue range, ranges longer than ``maxRecordsPerPartition`` (or than needed
@@ -60,8 +60,8 @@ from pyspark.sql.types import (
 
 from store.columns import ARROW_SCHEMA
 
-from .client import FilterLease, StoreClient, client_for
-from .options import (
+from .data_client import FilterLease, StoreClient, client_for
+from .spark_options import (
     EARLIEST,
     LATEST,
     Connection,
@@ -365,9 +365,11 @@ def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> 
     return {q: start[q] + share.get(q, 0) for q in latest}
 
 
-class TideMQDataSource(DataSource):
-    """``spark.read.format("tidemq")`` / ``spark.readStream.format("tidemq")``, and the sink
-    ``df.write.format("tidemq")`` / ``df.writeStream.format("tidemq")`` (``spark_sinks/writer.py``)."""
+class TideMQSource(DataSource):
+    """``spark.read.format("tidemq")`` / ``spark.readStream.format("tidemq")``. The format also
+    writes: ``spark_sinks.writer.TideMQDataSource`` adds the sink to this class, and is what
+    ``spark_sinks.register`` registers (Spark has one class per format name, and the sink's
+    package depends on this one, not the other way)."""
 
     @classmethod
     def name(cls) -> str:
@@ -381,13 +383,3 @@ class TideMQDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> TideMQStreamReader:
         return TideMQStreamReader(SourceOptions.parse(self.options))
-
-    def writer(self, schema: StructType, overwrite: bool):
-        from .writer import batch_writer
-
-        return batch_writer(self.options, schema, overwrite)
-
-    def streamWriter(self, schema: StructType, overwrite: bool):
-        from .writer import stream_writer
-
-        return stream_writer(self.options, schema)

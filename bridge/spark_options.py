@@ -97,10 +97,10 @@ class SourceOptions:
         if bool(queues) == bool(topic_filter):
             raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
                               "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry)")
-        lease_ms = _positive(opts, "filterleasems", "filterLeaseMs")
+        lease_ms = parse_positive(opts, "filterleasems", "filterLeaseMs")
         if lease_ms is not None and lease_ms < 1000:
             raise OptionError("tidemq source: filterLeaseMs must be at least 1000")
-        retry_ms = _positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
+        retry_ms = parse_positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
         retry_s = DEFAULT_RETRY_TIMEOUT_S if retry_ms is None else retry_ms / 1000
         return cls(
             connection=Connection.of(opts, "source", data_dir, retry_s),
@@ -108,12 +108,12 @@ class SourceOptions:
             topic_filter=topic_filter,
             starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,
             ending_offsets=_offsets(opts.get("endingoffsets", "latest"), "endingOffsets"),
-            max_offsets_per_trigger=_positive(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
-            fail_on_data_loss=_bool(opts.get("failondataloss", "true"), "failOnDataLoss"),
-            fetch_rows=_positive(opts, "fetchrows", "fetchRows") or DEFAULT_FETCH_ROWS,
-            max_records_per_partition=_positive(opts, "maxrecordsperpartition", "maxRecordsPerPartition")
+            max_offsets_per_trigger=parse_positive(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
+            fail_on_data_loss=parse_bool(opts.get("failondataloss", "true"), "failOnDataLoss"),
+            fetch_rows=parse_positive(opts, "fetchrows", "fetchRows") or DEFAULT_FETCH_ROWS,
+            max_records_per_partition=parse_positive(opts, "maxrecordsperpartition", "maxRecordsPerPartition")
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
-            min_partitions=_positive(opts, "minpartitions", "minPartitions"),
+            min_partitions=parse_positive(opts, "minpartitions", "minPartitions"),
             filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
         )
 
@@ -149,14 +149,14 @@ def _offsets(raw: str, name: str) -> OffsetSpec:
     return value
 
 
-def _bool(raw: str, name: str) -> bool:
+def parse_bool(raw: str, name: str) -> bool:
     text = raw.strip().lower()
     if text in ("true", "false"):
         return text == "true"
     raise OptionError(f"tidemq source: {name} must be true or false, not {raw!r}")
 
 
-def _positive(opts: Mapping[str, str], key: str, name: str, *, zero: bool = False) -> int | None:
+def parse_positive(opts: Mapping[str, str], key: str, name: str, *, zero: bool = False) -> int | None:
     raw = opts.get(key)
     if raw is None or raw == "":
         return None

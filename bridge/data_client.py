@@ -12,6 +12,7 @@
 Both answer a read with the same ``Fetch`` and build rows with the same code
 (``store.columns``). Spark reuses its Python workers across tasks, so ``client_for`` keeps one
 client per connection per process (opening a secondary costs a few ms and a file per SST).
+The sink (``spark_sinks/writer.py``) publishes through a subclass of ``HttpClient``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from gateway.interop import queue_for_filter
+from protocols.queue_names import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
-from .options import DEFAULT_RETRY_TIMEOUT_S, Connection
+from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
 
 log = logging.getLogger("tidemq.spark")
 
@@ -88,6 +89,13 @@ class HttpClient:
         self.url = url
         self.retry_timeout_s = retry_timeout_s
 
+    @classmethod
+    def of(cls, connection: Connection) -> HttpClient:
+        """A client with ``connection``'s address, credentials and retry timeout (the one place
+        a Connection is turned into a client: positional arguments went astray before)."""
+        return cls(connection.url, token=connection.token, username=connection.username,
+                   password=connection.password, retry_timeout_s=connection.retry_timeout_s)
+
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
@@ -116,7 +124,7 @@ class HttpClient:
             else:
                 if response.status not in RETRY_STATUSES:
                     return response.status, response, data
-                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {_error(data)}"
+                problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {error_text(data)}"
             if attempt == 1:
                 continue  # a kept-alive connection the gateway closed while idle: once more, afresh, at once
             left = deadline - time.monotonic()
@@ -132,7 +140,7 @@ class HttpClient:
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, _, data = self._request(method, path, body)
         if status != 200:
-            raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {_error(data)}")
+            raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {error_text(data)}")
         return json.loads(data)
 
     def queue_for_filter(self, topic_filter: str) -> str:
@@ -155,7 +163,7 @@ class HttpClient:
         if status == 404:
             return Fetch(start, start, 0, 0, exists=False)
         if status != 200:
-            raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {_error(data)}")
+            raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {error_text(data)}")
         header = response.getheader
         batches = list(pa.ipc.open_stream(pa.py_buffer(data))) if data else []
         return Fetch(int(header("TideMQ-First-Offset")), int(header("TideMQ-Next-Offset")),
@@ -226,7 +234,7 @@ class FilterLease:
         return True
 
     def _renew(self) -> None:
-        client = HttpClient(self.connection.url, self.connection.token, self.connection.retry_timeout_s)
+        client = HttpClient.of(self.connection)
         try:
             while not self._stop.wait(self.lease_s / 3):
                 try:
@@ -250,8 +258,7 @@ def client_for(connection: Connection) -> StoreClient:
         if connection.data_dir is not None:
             client = DirectClient(connection.data_dir)
         else:
-            client = HttpClient(connection.url, connection.token, connection.username, connection.password,
-                                connection.retry_timeout_s)
+            client = HttpClient.of(connection)
         _CLIENTS[connection] = client
     return client
 
@@ -262,7 +269,8 @@ def close_clients() -> None:
         client.close()
 
 
-def _error(data: bytes) -> str:
+def error_text(data: bytes) -> str:
+    """The ``error`` of a gateway's JSON answer, or the start of the body."""
     try:
         return str(json.loads(data)["error"])
     except (ValueError, KeyError, TypeError):
