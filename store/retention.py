@@ -6,10 +6,12 @@ one contiguous range of positions.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Sequence
 
 from .commitlog import Segment
+from .consumequeue import ConsumeQueueIndex
 
 
 class RetentionPolicy:
@@ -35,3 +37,18 @@ class RetentionPolicy:
                 total -= seg.length
                 doomed.append(seg)
         return doomed
+
+
+async def clean_index_below(index: ConsumeQueueIndex, min_position: int) -> None:
+    """Drop every queue's index entries that point below ``min_position`` (retention cut there)."""
+    for n, (state, _) in enumerate(index.iter_queues()):
+        first = index.first_offset(state.qid)
+        if first is None:
+            continue
+        entry = index.entry(state.qid, first)
+        if entry is not None and entry[0] >= min_position:
+            continue
+        keep = index.first_offset_at_or_after_position(state.qid, first, state.next_offset, min_position)
+        index.delete_below(state.qid, keep)
+        if n % 1024 == 1023:
+            await asyncio.sleep(0)

@@ -1,9 +1,9 @@
 """MessageStore: the unified store's public API (put, get, offsets, notify, KV tables).
 
-Writes go through one committer task (group commit): every ``put`` waiting when the
-committer wakes is encoded, appended to the commitlog in one write, made durable per
-the flush mode (one fdatasync for the whole group in ``sync`` mode), indexed in one
-RocksDB WriteBatch, and only then acknowledged and announced on notify.
+Writes go through one committer task (group commit, committer.py): every ``put`` waiting when
+the committer wakes is encoded, appended to the commitlog in one write, made durable per the
+flush mode, indexed in one RocksDB WriteBatch, and only then acknowledged and announced on
+notify.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from collections.abc import Hashable, Iterable, Sequence
 
 from .commitlog import CommitLog
+from .committer import GroupCommitter, PreparedMessage
 from .consumequeue import (
     ENTRY_VALUE,
-    QID_MASK,
     ConsumeQueueIndex,
     QueueState,
 )
@@ -25,86 +25,33 @@ from .dispatcher import Dispatcher
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
-    RecordCorruptError,
     StoreClosedError,
     StoreError,
     StoreWriteError,
 )
-from .keyindex import key_prefixes
 from .keyindex import scan as scan_keys
 from .lock import DirectoryLock
 from .log_limit import RateLimitedLog
 from .message import (
-    TAGS_PROPERTY,
     GetResult,
     GetStatus,
     Message,
     PutResult,
     StoredMessage,
-    tag_hash,
 )
 from .meta import KvTable, MetaStore
 from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
 from .options import StoreOptions
-from .record import (
-    FIXED_SIZE,
-    HEADER_SIZE,
-    RecordView,
-    assemble,
-    encode_properties,
-    encode_static,
-    queue_slots_of,
-)
+from .offsets import ConsumerOffsets
+from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
-from .retention import RetentionPolicy
+from .retention import RetentionPolicy, clean_index_below
 from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
 
 _READ_AHEAD = 4096
-
-
-class _Prepared:
-    """A message encoded as far as it can be before the committer gives it queue offsets."""
-
-    __slots__ = ("body", "born", "flag", "index_keys", "queues", "size", "slots", "static", "tag_hash")
-
-    def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
-        if not queues:
-            raise InvalidMessageError("a message needs at least one target queue")
-        body = message.body
-        if type(body) is not bytes:
-            if not isinstance(body, (bytearray, memoryview)):
-                raise InvalidMessageError("message body must be bytes")
-            body = bytes(body)
-        props = message.properties
-        encoded = message.encoded_properties
-        if encoded is not None:
-            props = None
-        if message.tags:
-            if encoded is not None:  # an encoding is a run of pairs: the tags pair can follow
-                encoded += encode_properties({TAGS_PROPERTY: message.tags})
-            else:
-                props = {**(props or {}), TAGS_PROPERTY: message.tags}
-            self.tag_hash = tag_hash(message.tags)
-        else:
-            self.tag_hash = 0
-        self.slots, slots_len = queue_slots_of(queues)
-        self.static = static = encode_static(
-            message.topic.encode(), message.key.encode() if message.key else b"",
-            encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
-        )
-        self.body = body
-        self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
-        if not 0 <= message.flag <= 0xFFFF_FFFF:
-            raise InvalidMessageError("message flag must fit in 32 bits")
-        self.flag = message.flag
-        self.index_keys = key_prefixes(message.topic, message.key) if message.key else ()
-        self.queues = queues
-        self.size = FIXED_SIZE + len(static) + slots_len + len(body)
-        if self.size > max_size:
-            raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
 
 
 MIN_OFFSET_CACHE = 65_536  # queues whose first offset is remembered
@@ -122,16 +69,9 @@ class MessageStore:
         self._id_prefix = msg_id_prefix(self._identity)
         self.notify = NotifyHub()
         self._log_limited = RateLimitedLog(log)  # failures that repeat with every commit (a full disk)
-        self._pending: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]] = []
-        self._backlog = 0  # messages submitted and not yet durable (or failed)
-        self._pending_since: list[float] = []  # perf_counter() of each entry of _pending
-        self.put_latency = LatencyHistogram()  # submit -> durable (or failed), per put call
+        self.committer: GroupCommitter | None = None  # the writer (committer.py), once the files are open
         self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
-        self._wakeup = asyncio.Event()
-        self._closing = False
         self._closed = False
-        self._write_failure: StoreError | None = None
-        self._dirty_offsets: dict[tuple[str, str], int] = {}
         self._min_offsets: dict[int, tuple[int, int]] = {}  # qid -> (commitlog start, first offset)
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
@@ -166,8 +106,11 @@ class MessageStore:
         except BaseException:
             self._close_files()
             raise
+        self.offsets = ConsumerOffsets(self.meta)
+        self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
+                                        id_prefix=self._id_prefix, log_limited=self._log_limited)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._run_committer(), name="store-committer"))
+        self._tasks.append(loop.create_task(self.committer.run(), name="store-committer"))
         if opts.flush == "async":
             self._tasks.append(loop.create_task(self._every(opts.flush_interval, self._flush_commitlog)))
         self._tasks.append(loop.create_task(self._every(opts.checkpoint_interval, self._checkpoint_offsets)))
@@ -186,8 +129,8 @@ class MessageStore:
         """Stop accepting puts, finish the pending ones, flush, checkpoint and close."""
         if self._closed:
             return
-        self._closing = True
-        self._wakeup.set()
+        assert self.committer is not None
+        self.committer.close()
         committer, periodic = self._tasks[0], self._tasks[1:]
         for task in periodic:
             task.cancel()
@@ -221,7 +164,7 @@ class MessageStore:
     # -- writing -----------------------------------------------------------------------------
     async def put(self, message: Message, queues: Sequence[str]) -> PutResult:
         """Store one message, indexed into every queue in ``queues``; durable when it returns."""
-        return (await self._submit([_Prepared(message, queues, self.options.max_message_size)]))[0]
+        return (await self._submit([PreparedMessage(message, queues, self.options.max_message_size)]))[0]
 
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
         return await self.put_batch_nowait(items)
@@ -234,7 +177,7 @@ class MessageStore:
         Raises InvalidMessageError / MessageTooLargeError before anything is submitted.
         """
         limit = self.options.max_message_size
-        prepared = [_Prepared(m, q, limit) for m, q in items]
+        prepared = [PreparedMessage(m, q, limit) for m, q in items]
         if not prepared:
             done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
@@ -252,7 +195,7 @@ class MessageStore:
         stream never has a gap. ``put_batch_nowait`` stays all-or-nothing for batches that are
         one unit (a remoting SEND_BATCH)."""
         limit = self.options.max_message_size
-        prepared: list[_Prepared] = []
+        prepared: list[PreparedMessage] = []
         refused: dict[int, StoreError] = {}
         stopped: dict[Hashable, StoreError] = {}
         for i, (message, queues) in enumerate(items):
@@ -261,7 +204,7 @@ class MessageStore:
                 refused[i] = stopped[group]
                 continue
             try:
-                prepared.append(_Prepared(message, queues, limit))
+                prepared.append(PreparedMessage(message, queues, limit))
             except (InvalidMessageError, MessageTooLargeError) as exc:
                 refused[i] = stopped[group] = exc
         if not prepared:
@@ -269,43 +212,6 @@ class MessageStore:
             done.set_result([])
             return done, refused
         return self._submit(prepared), refused
-
-    def _submit(self, prepared: list[_Prepared]) -> asyncio.Future[list[PutResult]]:
-        if self._closing:
-            raise StoreClosedError("the store is closing")
-        if self._write_failure is not None:
-            raise StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
-        fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
-        self._pending.append((prepared, fut))
-        self._pending_since.append(time.perf_counter())
-        self._backlog += len(prepared)
-        self._wakeup.set()
-        return fut
-
-    async def _run_committer(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            batch, self._pending = self._pending, []
-            since, self._pending_since = self._pending_since, []
-            try:
-                await self._commit(batch)
-            except Exception as exc:  # never let one bad batch stop the committer
-                if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
-                    self._log_limited.log(logging.ERROR, str(exc), "commit failed")
-                else:
-                    self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
-                _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
-            finally:
-                self._backlog -= sum(len(prepared) for prepared, _ in batch)
-                now = time.perf_counter()
-                observe = self.put_latency.observe
-                for submitted in since:
-                    observe(now - submitted)
 
     @property
     def msg_id_prefix(self) -> str:
@@ -337,68 +243,22 @@ class MessageStore:
     @property
     def backlog(self) -> int:
         """Messages submitted and not yet durable: how far the writer is behind its callers."""
-        return self._backlog
+        return self.committer.backlog if self.committer is not None else 0
+
+    @property
+    def put_latency(self) -> LatencyHistogram:
+        """Submit -> durable (or failed), per put call."""
+        assert self.committer is not None
+        return self.committer.put_latency
+
+    def _submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
+        if self.committer is None:
+            raise StoreClosedError("the store is not open")
+        return self.committer.submit(prepared)
 
     def disk_free_bytes(self) -> int:
         """Free space on the file system holding the data directory."""
         return shutil.disk_usage(self.options.data_dir).free
-
-    async def _commit(self, batch: list[tuple[list[_Prepared], asyncio.Future[list[PutResult]]]]) -> None:
-        store_ts = _now_ms()
-        cache_get = self.index.cache.get
-        resolve = self.index.resolve
-        assigned: dict[str, int] = {}  # queue -> pack_state() for the next message in this batch
-        records: list[bytes] = []
-        placed: list[tuple[_Prepared, list[tuple[str, int, int]], list[int]]] = []
-        for prepared, _ in batch:
-            for p in prepared:
-                targets = []
-                offsets = []
-                for name in p.queues:
-                    packed = assigned.get(name) or cache_get(name) or resolve(name)
-                    assigned[name] = packed + (1 << 32)
-                    offset = packed >> 32
-                    targets.append((name, packed & QID_MASK, offset))
-                    offsets.append(offset)
-                records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts, p.flag))
-                placed.append((p, targets, offsets))
-
-        positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
-        if self.options.flush == "sync":
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
-            except StoreWriteError:
-                self.commitlog.truncate(positions[0])
-                raise
-        items = [
-            (pos, p.size, p.tag_hash, store_ts, targets, p.index_keys) for pos, (p, targets, _) in zip(positions, placed)
-        ]
-        try:
-            self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
-        except Exception as exc:
-            # The records are in the commitlog; a restart re-dispatches them. Until then the
-            # index cannot advance in order, so refuse further writes rather than reorder.
-            self._write_failure = StoreWriteError(f"index write failed: {exc}")
-            log.error("index write failed; refusing writes until restart error=%s", exc)
-            raise self._write_failure from exc
-
-        id_prefix = self._id_prefix
-        i = 0
-        for prepared, fut in batch:
-            results = []
-            for p in prepared:
-                pos = positions[i]
-                offsets = placed[i][2]
-                queues = p.queues
-                results.append(
-                    PutResult(
-                        f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
-                        {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets)),
-                    )
-                )
-                i += 1
-            if not fut.done():
-                fut.set_result(results)
 
     async def _flush_commitlog(self) -> None:
         if self.commitlog.end_position > self.commitlog.flushed_position:
@@ -459,7 +319,8 @@ class MessageStore:
             if offset < low:
                 return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, max_offset)
-        messages = self._read_entries(queue, range(offset, offset + len(entries)), entries, max_bytes)
+        messages = read_entries(self.commitlog, self._id_prefix, queue, range(offset, offset + len(entries)), entries,
+                                max_bytes)
         return GetResult(GetStatus.FOUND, messages, offset + len(messages), self._min_offset(state), max_offset)
 
     def _get_filtered(self, state: QueueState, queue: str, offset: int, max_messages: int, max_bytes: int,
@@ -485,44 +346,10 @@ class MessageStore:
                     break
         if not entries:
             return GetResult(GetStatus.NO_MATCHED_MESSAGE, [], scanned_to, low, max_offset)
-        messages = self._read_entries(queue, offsets, entries, max_bytes)
+        messages = read_entries(self.commitlog, self._id_prefix, queue, offsets, entries, max_bytes)
         if len(messages) < len(entries):  # cut short by max_bytes: go on after the last one read
             scanned_to = messages[-1].queue_offset + 1
         return GetResult(GetStatus.FOUND, messages, scanned_to, low, max_offset)
-
-    def _read_entries(
-        self, queue: str, offsets: Sequence[int], entries: list[tuple[int, int, int, int]], max_bytes: int
-    ) -> list[StoredMessage]:
-        # Coalesce entries that sit back to back in the commitlog into one pread.
-        spans: list[tuple[int, int, int]] = []  # (position, end, entry count)
-        total = 0
-        for position, size, _, _ in entries:
-            if spans and total + size > max_bytes:
-                break
-            total += size
-            if spans and spans[-1][1] == position:
-                start, _, n = spans[-1]
-                spans[-1] = (start, position + size, n + 1)
-            else:
-                spans.append((position, position + size, 1))
-        id_prefix = self._id_prefix
-        messages: list[StoredMessage] = []
-        i = 0
-        for start, end, n in spans:
-            buf = self.commitlog.read(start, end - start)
-            at = 0
-            for _ in range(n):
-                position, size, tag, _ = entries[i]
-                try:
-                    view = RecordView(buf, at)
-                except (RecordCorruptError, IndexError, ValueError) as exc:
-                    raise RecordCorruptError(
-                        f"record at commitlog position {position} of queue {queue} offset {offsets[i]}: {exc}"
-                    ) from None
-                messages.append(_stored(view, id_prefix, position, queue, offsets[i], tag))
-                at += size
-                i += 1
-        return messages
 
     async def get_by_id(self, msg_id: str) -> StoredMessage | None:
         """The message a message id names, or None (unknown, or removed by retention)."""
@@ -545,19 +372,8 @@ class MessageStore:
         return [m for m in found if m is not None and m.topic == topic and key in m.key.split(" ")]
 
     def read_at(self, position: int) -> StoredMessage | None:
-        if position < self.commitlog.min_position or position >= self.commitlog.end_position:
-            return None
-        buf = self.commitlog.read(position, _READ_AHEAD)
-        if len(buf) < HEADER_SIZE:
-            return None
-        size = int.from_bytes(buf[:4], "big")
-        if size > len(buf):
-            buf = self.commitlog.read(position, size)
-        try:
-            view = RecordView(buf, 0)
-        except (RecordCorruptError, IndexError, ValueError):
-            return None
-        return _stored(view, self._id_prefix, position, "", -1, 0)
+        """The message stored at ``position``, or None (removed by retention, or no record there)."""
+        return record_at(self.commitlog, self._id_prefix, position)
 
     async def max_offset(self, queue: str) -> int:
         return self.max_offset_now(queue)
@@ -611,23 +427,15 @@ class MessageStore:
         self.commit_offset_now(consumer, queue, offset)
 
     def commit_offset_now(self, consumer: str, queue: str, offset: int) -> None:
-        if not 0 <= offset < 1 << 63:
-            raise ValueError(f"a consumer offset is a non-negative 63-bit number, not {offset}")
-        self._dirty_offsets[(consumer, queue)] = offset
+        self.offsets.commit(consumer, queue, offset)
 
     def save_offset_now(self, consumer: str, queue: str, offset: int) -> None:
         """``commit_offset_now``, written through at once (the meta store's WAL): for where a new
         reader starts, which must survive a crash that comes before the next checkpoint."""
-        if not 0 <= offset < 1 << 63:
-            raise ValueError(f"a consumer offset is a non-negative 63-bit number, not {offset}")
-        self._dirty_offsets.pop((consumer, queue), None)
-        self.meta.save_offsets({(consumer, queue): offset})
+        self.offsets.save(consumer, queue, offset)
 
     def get_offset_now(self, consumer: str, queue: str) -> int | None:
-        offset = self._dirty_offsets.get((consumer, queue))
-        if offset is None:
-            offset = self.meta.load_offset(consumer, queue)
-        return offset
+        return self.offsets.get(consumer, queue)
 
     async def get_offset(self, consumer: str, queue: str) -> int | None:
         return self.get_offset_now(consumer, queue)
@@ -636,14 +444,7 @@ class MessageStore:
         self._checkpoint_offsets_now()
 
     def _checkpoint_offsets_now(self) -> None:
-        if self._dirty_offsets:
-            dirty, self._dirty_offsets = self._dirty_offsets, {}
-            try:
-                self.meta.save_offsets(dirty)
-            except Exception:
-                dirty.update(self._dirty_offsets)
-                self._dirty_offsets = dirty
-                raise
+        self.offsets.checkpoint()
 
     def table(self, name: str) -> KvTable:
         """A durable str -> bytes table (retained messages, sessions, metadata)."""
@@ -660,21 +461,8 @@ class MessageStore:
             "retention deleted segments=%d bytes=%d min_position=%d",
             len(doomed), freed, self.commitlog.min_position,
         )
-        await self._clean_index_below(self.commitlog.min_position)
+        await clean_index_below(self.index, self.commitlog.min_position)
         return len(doomed)
-
-    async def _clean_index_below(self, min_position: int) -> None:
-        for n, (state, _) in enumerate(self.index.iter_queues()):
-            first = self.index.first_offset(state.qid)
-            if first is None:
-                continue
-            entry = self.index.entry(state.qid, first)
-            if entry is not None and entry[0] >= min_position:
-                continue
-            keep = self.index.first_offset_at_or_after_position(state.qid, first, state.next_offset, min_position)
-            self.index.delete_below(state.qid, keep)
-            if n % 1024 == 1023:
-                await asyncio.sleep(0)
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -684,34 +472,3 @@ class MessageStore:
     @property
     def min_position(self) -> int:
         return self.commitlog.min_position
-
-
-def _stored(view: RecordView, id_prefix: str, position: int, queue: str, offset: int, tag: int) -> StoredMessage:
-    return StoredMessage(
-        f"{id_prefix}{position:016X}",
-        position,
-        view.size,
-        view.topic,
-        view.key,
-        view.body,
-        view.born_ts,
-        view.store_ts,
-        view.raw_properties,
-        view.raw_queues,
-        view.queue_count,
-        queue,
-        offset,
-        tag,
-        view.flags,
-    )
-
-
-def _fail(batch, exc: BaseException) -> None:
-    for _, fut in batch:
-        if not fut.done():
-            fut.set_exception(exc)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
