@@ -24,9 +24,7 @@ from protocols.amqp.frames import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     HEARTBEAT_FRAME,
-    NO_ROUTE,
     NOT_ALLOWED,
-    NOT_FOUND,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
     SYNTAX_ERROR,
@@ -47,8 +45,8 @@ from ..core.ingest import PutPipeline, Refused
 from ..read_pauses import ReadPauses
 from .channel import Channel
 from .login import authenticate, update_secret
-from .messages import to_store_message
 from .permissions import publish_refusal
+from .publishing import route_publish
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -425,39 +423,15 @@ class AMQPConnection(asyncio.Protocol):
             if channel.tx and not in_commit:
                 channel.tx_publishes.append(event)
                 continue
-            exchange = broker.exchanges.get(m.exchange)
-            if exchange is None and m.exchange != "":
-                self._fail(channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m))
+            try:
+                routed = route_publish(broker, channel, event)
+            except AMQPError as exc:
+                self._fail(exc)
                 continue
-            if exchange is not None and exchange.internal:
-                self._fail(channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'",
-                                         event.channel, m))
-                continue
-            headers = event.properties.headers
-            queues = broker.route(m.exchange, m.routing_key, headers)
-            seq = channel.next_publish_seq() if channel.confirming else None
-            refused = [q for q in queues if q.definition.max_length is not None
-                       and q.definition.overflow == "reject-publish" and q.ready_count() >= q.definition.max_length]
-            if refused:
-                if seq is not None:
-                    channel.confirm([seq], ok=False)
-                continue
-            targets = [q.store_queue for q in queues]
-            topic, taken = None, bool(queues)
-            if m.exchange == "amq.topic":  # the MQTT bridge (its list also names the amq.topic queues)
-                topic, mqtt_targets, read = broker.mqtt_route(m.routing_key)
-                targets = list(dict.fromkeys(targets + mqtt_targets))
-                taken = taken or read
-            if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
-                channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
-                targets = []
-            if not targets:
-                if seq is not None:
-                    channel.confirm([seq], ok=True)
-                continue
-            items.append((to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets))
-            accepted.append((channel, seq))
-            methods.append(m)
+            if routed is not None:
+                items.append(routed)
+                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None))
+                methods.append(m)
         if not items:
             if on_done is not None:
                 on_done(None)

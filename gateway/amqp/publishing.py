@@ -1,0 +1,51 @@
+"""Where an AMQP publish goes: the checks of its exchange, its routing to queues, the
+reject-publish overflow, the MQTT bridge of amq.topic, and the mandatory flag's return; what is
+left to store, as one store message with its target queues."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from protocols.amqp.frames import ACCESS_REFUSED, NO_ROUTE, NOT_FOUND, ContentReceived, channel_error
+from store import Message
+
+from .messages import to_store_message
+
+if TYPE_CHECKING:
+    from .broker import AMQPBroker
+    from .channel import Channel
+
+
+def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
+                  ) -> tuple[Message, Sequence[str]] | None:
+    """The message to store and its queues; None when nothing is to be stored (a publish
+    returned or refused by an overflowing queue, confirmed or nacked here). AMQPError: the
+    channel fails (no such exchange, an internal one). Under confirms, the publish's sequence
+    number is taken here only when nothing is stored; the caller takes it otherwise."""
+    m = event.method
+    exchange = broker.exchanges.get(m.exchange)
+    if exchange is None and m.exchange != "":
+        raise channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m)
+    if exchange is not None and exchange.internal:
+        raise channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'", event.channel, m)
+    queues = broker.route(m.exchange, m.routing_key, event.properties.headers)
+    if any(q.definition.max_length is not None and q.definition.overflow == "reject-publish"
+           and q.ready_count() >= q.definition.max_length for q in queues):
+        if channel.confirming:
+            channel.confirm([channel.next_publish_seq()], ok=False)
+        return None
+    targets = [q.store_queue for q in queues]
+    topic, taken = None, bool(queues)
+    if m.exchange == "amq.topic":  # the MQTT bridge (its list also names the amq.topic queues)
+        topic, mqtt_targets, read = broker.mqtt_route(m.routing_key)
+        targets = list(dict.fromkeys(targets + mqtt_targets))
+        taken = taken or read
+    if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
+        channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
+        targets = []
+    if not targets:
+        if channel.confirming:
+            channel.confirm([channel.next_publish_seq()], ok=True)
+        return None
+    return to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets
