@@ -34,6 +34,7 @@ from ..interop import (
     valid_mqtt_topic,
 )
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .messages import DEATHS, AMQPView, record_death, to_store_message
 from .model import (
     BUILTIN_EXCHANGES,
@@ -123,13 +124,7 @@ class AMQPBroker:
     async def stop(self) -> None:
         for conn in list(self.connections):
             conn.shutdown()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._tasks)
         for queue in self.queues.values():
             queue.save()
 

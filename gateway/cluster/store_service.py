@@ -41,6 +41,7 @@ from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
 from ..mqtt.session import Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
+from ..tasks import cancel_and_wait
 from .notify_router import NotifyRouter
 
 if TYPE_CHECKING:
@@ -89,13 +90,7 @@ class StoreService:
 
     async def stop(self) -> None:
         self.router.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def _expiry_loop(self, interval_s: float) -> None:

@@ -21,6 +21,7 @@ from store.log_limit import RateLimitedLog
 from ..core.group import group_start
 from ..interop import queue_for_filter
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .ingest_gate import IngestGate
 from .messages import StoreMessageFactory
 from .queues import WildcardQueues
@@ -99,13 +100,7 @@ class MQTTBroker:
             conn.shutdown()
         for handle in self._pending_wills.values():
             handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in list(self._tasks):
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._tasks)
         now = time.time()
         for session in self.sessions.values():
             if session.persistent:

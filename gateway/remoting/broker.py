@@ -39,6 +39,7 @@ from store.log_limit import RateLimitedLog
 
 from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of, remoting_queue
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
@@ -154,9 +155,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         for conn in list(self.connections):
             conn.close()
         await self.schedule.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:

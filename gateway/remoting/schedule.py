@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 
 from store import GetStatus, MessageStore, StoredMessage
 
+from ..tasks import cancel_and_wait
+
 log = logging.getLogger("tidemq.remoting")
 
 SCHEDULE_QUEUE_PREFIX = "sched:"
@@ -68,9 +70,7 @@ class ScheduleService:
             self._tasks.append(loop.create_task(self._run(level), name=f"schedule-{level}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     def on_notify(self, store_queue: str) -> None:
