@@ -42,16 +42,14 @@ from .api import (
     LookupStats,
     smallest,
 )
+from .outbox import SYNC, Outbox, Result, resolve
 from .ring import Membership
 from .table import OwnerTable
 from .transport import Request, Transport
 
 log = logging.getLogger("tidemq.lookup")
 
-_MAX_BATCH = 1000  # ops per batch request
-_SYNC = ("sync",)  # placeholder op: the snapshot is taken when the outbox gets to it
 _SYNC_CHUNK = 5000  # entries per sync request
-_Result = tuple[str, Any]  # ("ok", value) or ("doubt", reason)
 
 
 def _now() -> float:
@@ -79,7 +77,7 @@ class EmbeddedLookup(Lookup):
         self._dirty: set[str] = set()  # owners a write of ours failed to reach
         self._peer_views: dict[str, str] = {}
         self._peer_dirty: dict[str, frozenset[str]] = {}
-        self._outboxes: dict[str, _Outbox] = {}
+        self._outboxes: dict[str, Outbox] = {}
         self._task: asyncio.Task[None] | None = None
         self._announce: asyncio.Task[None] | None = None
         self._closed = False
@@ -237,7 +235,7 @@ class EmbeddedLookup(Lookup):
             return FallbackReason.UNREACHABLE
 
     # -- writes ---------------------------------------------------------------------------
-    async def _write(self, key: str, op: tuple[str, ...]) -> _Result:
+    async def _write(self, key: str, op: tuple[str, ...]) -> Result:
         """Apply ``op`` at the owner of ``key``. An ``online`` result is in doubt too when
         the owner may miss a takeover (it is rebuilding, or unsynced)."""
         if self._closed:
@@ -252,7 +250,7 @@ class EmbeddedLookup(Lookup):
             assert owner is not None  # this node is always a member
             outbox = self._outboxes.get(owner)
             if outbox is None:
-                outbox = self._outboxes[owner] = _Outbox(self, owner)
+                outbox = self._outboxes[owner] = Outbox(self, owner)
             result = await outbox.submit(op)
         if op[0] == "online" and result[0] == "ok" and self._unsynced(owner):
             return ("doubt", FallbackReason.UNSYNCED.value)
@@ -270,31 +268,31 @@ class EmbeddedLookup(Lookup):
         self._sync_queued.add(peer)
         outbox = self._outboxes.get(peer)
         if outbox is None:
-            outbox = self._outboxes[peer] = _Outbox(self, peer)
-        outbox.submit(_SYNC)
+            outbox = self._outboxes[peer] = Outbox(self, peer)
+        outbox.submit(SYNC)
 
     def _snapshot_for(self, owner: str) -> tuple[list[str], list[str]]:
         ring = self._membership.ring
         return ([c for c in self._registry.clients if ring.owner(c) == owner],
                 [q for q in self._registry.interests if ring.owner(q) == owner])
 
-    async def _send_batch(self, peer: str, batch: list[tuple[tuple[str, ...], asyncio.Future[_Result]]]) -> None:
+    async def _send_batch(self, peer: str, batch: list[tuple[tuple[str, ...], asyncio.Future[Result]]]) -> None:
         results = await self._request_ops(peer, self._membership.view, [list(op) for op, _ in batch])
         if isinstance(results, FallbackReason):
-            _resolve(batch, results)
+            resolve(batch, results)
             return
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(tuple(result))
 
-    async def _send_sync(self, peer: str, future: asyncio.Future[_Result]) -> None:
+    async def _send_sync(self, peer: str, future: asyncio.Future[Result]) -> None:
         """Re-register this node's live state with ``peer``, in chunks of ``_SYNC_CHUNK``
         entries: the first replaces what the owner holds for this node, the last makes it count."""
         view = self._membership.view
         clients, queues = self._snapshot_for(peer)
         self.stats.resyncs += 1
         parts = max(1, -(-max(len(clients), len(queues)) // _SYNC_CHUNK))
-        result: _Result = ("ok", None)
+        result: Result = ("ok", None)
         for i in range(parts):
             chunk = slice(i * _SYNC_CHUNK, (i + 1) * _SYNC_CHUNK)
             op = ["sync", clients[chunk], queues[chunk], i == 0, i == parts - 1]
@@ -424,7 +422,7 @@ class EmbeddedLookup(Lookup):
             results = [("doubt", reason.value) if op[0] == "online" else r for op, r in zip(request["ops"], results)]
         return {"results": results}
 
-    def _apply(self, node: str, op: tuple[Any, ...]) -> _Result:
+    def _apply(self, node: str, op: tuple[Any, ...]) -> Result:
         kind = op[0]
         if kind == "online":
             return ("ok", self._table.online(op[1], node))
@@ -449,56 +447,3 @@ class EmbeddedLookup(Lookup):
     def _answer_list(self, request: Request) -> Request:
         complete = self._local_doubt() is None and self._owner_doubt() is None
         return {"clients": self._table.list_clients(request["prefix"], request["limit"]), "complete": complete}
-
-
-class _Outbox:
-    """The ordered write path from this node to one owner: ops queue up while a batch is in
-    flight and leave together in the next one; one batch at a time keeps them in order."""
-
-    def __init__(self, lookup: EmbeddedLookup, peer: str) -> None:
-        self._lookup = lookup
-        self._peer = peer
-        self._pending: list[tuple[tuple[str, ...], asyncio.Future[_Result]]] = []
-        self._inflight: list[tuple[tuple[str, ...], asyncio.Future[_Result]]] = []
-        self._wake = asyncio.Event()
-        self.task = asyncio.create_task(self._run(), name=f"lookup-outbox-{lookup.node_id}-{peer}")
-
-    def submit(self, op: tuple[str, ...]) -> asyncio.Future[_Result]:
-        future: asyncio.Future[_Result] = asyncio.get_running_loop().create_future()
-        self._pending.append((op, future))
-        self._wake.set()
-        return future
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                # a sync goes alone; the writes before and after it keep their order around it
-                size = next((i for i, (op, _) in enumerate(self._pending) if op is _SYNC), len(self._pending))
-                size = min(max(size, 1), _MAX_BATCH)
-                batch, self._pending = self._pending[:size], self._pending[size:]
-                self._inflight = batch
-                try:
-                    if batch[0][0] is _SYNC:
-                        await self._lookup._send_sync(self._peer, batch[0][1])
-                    else:
-                        await self._lookup._send_batch(self._peer, batch)
-                except Exception:  # a caller must never hang on its write
-                    log.exception("lookup write batch failed node=%s peer=%s", self._lookup.node_id, self._peer)
-                    self._lookup._sync_queued.discard(self._peer)
-                    _resolve(batch, FallbackReason.UNREACHABLE)
-                finally:
-                    self._inflight = []
-
-    def close(self) -> None:
-        self.task.cancel()
-        _resolve(self._inflight + self._pending, FallbackReason.SETTLING)
-        self._pending = []
-        self._lookup._sync_queued.discard(self._peer)
-
-
-def _resolve(batch: list[tuple[tuple[str, ...], asyncio.Future[_Result]]], reason: FallbackReason) -> None:
-    for _, future in batch:
-        if not future.done():
-            future.set_result(("doubt", reason.value))
