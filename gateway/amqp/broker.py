@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
@@ -50,10 +50,28 @@ from .queues import QueueRuntime
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure
-    from .channel import Channel
-    from .connection import AMQPConnection
 
 log = logging.getLogger("tidemq.amqp")
+
+
+class ClientConnection(Protocol):
+    """What the node's AMQP state needs of a client's connection (``connection.AMQPConnection``)."""
+
+    last_queue: str  # the queue an empty queue name stands for (the connection's last declared)
+    exclusive_queues: set[str]
+
+    def shutdown(self) -> None: ...
+
+    def resource_alarm(self, reason: str | None) -> None: ...
+
+
+class ClientChannel(Protocol):
+    """What it needs of a channel (``channel.Channel``): its number, for errors, and its connection."""
+
+    number: int
+
+    @property
+    def connection(self) -> ClientConnection: ...
 META_TABLE = "amqp.meta"
 
 
@@ -74,7 +92,7 @@ class AMQPBroker:
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
-        self.connections: set[AMQPConnection] = set()
+        self.connections: set[ClientConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
         self.authorizer = Authorizer(None)  # the gateway's (server.py): the ACL and AMQP permissions
@@ -196,7 +214,7 @@ class AMQPBroker:
         return cached
 
     # -- exchanges -----------------------------------------------------------------------------
-    def declare_exchange(self, channel: Channel, m: commands.Exchange.Declare) -> None:
+    def declare_exchange(self, channel: ClientChannel, m: commands.Exchange.Declare) -> None:
         name = m.exchange
         existing = self.exchanges.get(name)
         if m.passive:
@@ -222,7 +240,7 @@ class AMQPBroker:
         if exchange.durable:
             self._meta.put(f"x:{name}", exchange.definition())
 
-    def delete_exchange(self, channel: Channel, m: commands.Exchange.Delete) -> None:
+    def delete_exchange(self, channel: ClientChannel, m: commands.Exchange.Delete) -> None:
         exchange = self.exchanges.get(m.exchange)
         if exchange is None:
             return  # RabbitMQ: deleting a missing exchange succeeds
@@ -258,7 +276,7 @@ class AMQPBroker:
         queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner)
         return queue
 
-    def queue_for(self, channel: Channel, name: str, method: Any) -> QueueRuntime:
+    def queue_for(self, channel: ClientChannel, name: str, method: Any) -> QueueRuntime:
         queue = self.queues.get(name)
         if queue is None:
             raise channel_error(NOT_FOUND, f"no queue '{name}'", channel.number, method)
@@ -267,7 +285,7 @@ class AMQPBroker:
                                 channel.number, method)
         return queue
 
-    def declare_queue(self, channel: Channel, m: commands.Queue.Declare) -> QueueRuntime:
+    def declare_queue(self, channel: ClientChannel, m: commands.Queue.Declare) -> QueueRuntime:
         name = m.queue or f"amq.gen-{uuid.uuid4().hex[:22]}"
         conn = channel.connection
         existing = self.queues.get(name)
@@ -303,7 +321,7 @@ class AMQPBroker:
             conn.exclusive_queues.add(name)
         return queue
 
-    def delete_queue(self, channel: Channel, m: commands.Queue.Delete) -> int:
+    def delete_queue(self, channel: ClientChannel, m: commands.Queue.Delete) -> int:
         name = m.queue or channel.connection.last_queue
         queue = self.queues.get(name)
         if queue is None:
@@ -348,7 +366,7 @@ class AMQPBroker:
             self._meta.delete(f"x:{exchange.name}")
 
     # -- bindings ------------------------------------------------------------------------------
-    def bind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
+    def bind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
              arguments: dict[str, Any]) -> None:
         queue = self.queue_for(channel, queue_name, None)
         exchange = self.exchanges.get(exchange_name)
@@ -366,7 +384,7 @@ class AMQPBroker:
                 {"exchange": exchange.name, "queue": queue.name, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
 
-    def unbind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
+    def unbind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
@@ -378,7 +396,7 @@ class AMQPBroker:
         self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
 
-    def bind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
+    def bind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
                       arguments: dict[str, Any], method: Any) -> None:
         """exchange.bind: what ``source`` routes by this binding goes on through ``destination``."""
         src, dst = self.exchanges.get(source), self.exchanges.get(destination)
@@ -397,7 +415,7 @@ class AMQPBroker:
                 {"exchange": source, "queue": destination, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
 
-    def unbind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
+    def unbind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
                         arguments: dict[str, Any], method: Any) -> None:
         src = self.exchanges.get(source)
         if src is None or destination not in self.exchanges:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pamqp import commands
 
@@ -18,6 +19,8 @@ from protocols.amqp.frames import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
+    AMQPError,
+    ContentReceived,
     channel_error,
     connection_error,
     content_after_method,
@@ -27,11 +30,33 @@ from protocols.amqp.frames import (
 )
 from store import StoredMessage
 
+from .broker import AMQPBroker
 from .permissions import check_method
 from .queues import Consumer, QueueRuntime, Ready
 
 if TYPE_CHECKING:
-    from .connection import AMQPConnection
+    from ..trace import Tracer
+
+
+class ChannelConnection(Protocol):
+    """The connection a channel belongs to (``connection.AMQPConnection`` is it)."""
+
+    broker: AMQPBroker
+    frame_max: int
+    last_queue: str
+    peer: str
+    username: str | None
+    tracer: Tracer | None
+    writing_paused: bool
+
+    def send(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def fail_channel(self, exc: AMQPError) -> None: ...
+
+    def store_publishes(self, events: list[ContentReceived], *, in_commit: bool = False,
+                        on_done: Callable[[BaseException | None], None] | None = None) -> None: ...
 
 log = logging.getLogger("tidemq.amqp")
 
@@ -44,7 +69,7 @@ class Unacked:
 
 
 class Channel:
-    def __init__(self, connection: AMQPConnection, number: int) -> None:
+    def __init__(self, connection: ChannelConnection, number: int) -> None:
         self.connection = connection
         self.broker = connection.broker
         self.number = number

@@ -43,6 +43,7 @@ from store import StoreError
 
 from ..core.ingest import PutPipeline, Refused
 from ..read_pauses import ReadPauses
+from .broker import AMQPBroker
 from .channel import Channel
 from .login import authenticate, update_secret
 from .permissions import publish_refusal
@@ -50,7 +51,6 @@ from .publishing import route_publish
 
 if TYPE_CHECKING:
     from ..trace import Tracer
-    from .broker import AMQPBroker
 
 log = logging.getLogger("tidemq.amqp")
 

@@ -5,27 +5,48 @@ as the user's password while the connection stays open (403 and a connection clo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pamqp import commands
 
-from protocols.amqp.frames import ACCESS_REFUSED, connection_error, method_frame
+from protocols.amqp.frames import ACCESS_REFUSED, AMQPError, connection_error, method_frame
 from protocols.amqp.login import parse_login, secret_bytes
 
-if TYPE_CHECKING:
-    from .connection import AMQPConnection
+from ..read_pauses import ReadPauses
+from .broker import AMQPBroker
+
+
+class LoggingIn(Protocol):
+    """The connection being logged in (``connection.AMQPConnection`` is one)."""
+
+    broker: AMQPBroker
+    username: str | None
+    peer: str
+    closed: bool
+    stage: str
+    channel_max: int
+    frame_max: int
+    read_pauses: ReadPauses
+
+    def send(self, data: bytes) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close_transport(self) -> None: ...
+
+    def fail_channel(self, exc: AMQPError) -> None: ...
 
 log = logging.getLogger("tidemq.amqp")
 
 
-async def _verify(conn: AMQPConnection, password: bytes) -> bool:
+async def _verify(conn: LoggingIn, password: bytes) -> bool:
     auth = conn.broker.authenticator
     if auth is None:
         return conn.broker.allow_anonymous
     return await auth.verify_async(conn.username, password)  # type: ignore[attr-defined]
 
 
-async def authenticate(conn: AMQPConnection, method: commands.Connection.StartOk) -> None:
+async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> None:
     """Check start-ok's credentials; tune on success, close (403) otherwise."""
     ok = False
     try:
@@ -51,7 +72,7 @@ async def authenticate(conn: AMQPConnection, method: commands.Connection.StartOk
     conn.read_pauses.resume("auth")
 
 
-async def update_secret(conn: AMQPConnection, method: commands.Connection.UpdateSecret) -> None:
+async def update_secret(conn: LoggingIn, method: commands.Connection.UpdateSecret) -> None:
     """connection.update-secret: update-secret-ok if the new secret is the user's password
     now, else connection.close 403 (as RabbitMQ when its backend refuses the new secret)."""
     ok = False

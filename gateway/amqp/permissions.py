@@ -10,7 +10,7 @@ close)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pamqp import commands
 
@@ -18,20 +18,34 @@ from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 
 from ..auth.authorize import Principal
 from ..interop import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
+from .broker import AMQPBroker
 
-if TYPE_CHECKING:
-    from .broker import AMQPBroker
-    from .channel import Channel
-    from .connection import AMQPConnection
+
+class Client(Protocol):
+    """Who is asking (``connection.AMQPConnection`` is one): its login and the node's state."""
+
+    username: str | None
+    peer: str
+    last_queue: str
+    broker: AMQPBroker
+
+
+class ClientChannel(Protocol):
+    """A channel of a client (``channel.Channel`` is one)."""
+
+    number: int
+    broker: AMQPBroker
+    connection: Client
+
 
 BRIDGE_EXCHANGE = "amq.topic"  # the exchange of MQTT topic space (README: the MQTT bridge)
 
 
-def principal(conn: AMQPConnection) -> Principal:
+def principal(conn: Client) -> Principal:
     return Principal("amqp", conn.username, None, conn.peer)
 
 
-def check_method(channel: Channel, m) -> None:
+def check_method(channel: ClientChannel, m) -> None:
     """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
     authorizer = channel.broker.authorizer
     if not authorizer.enabled:
@@ -50,7 +64,7 @@ def check_method(channel: Channel, m) -> None:
         raise channel_error(ACCESS_REFUSED, refusal, channel.number, m)
 
 
-def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> str | None:
+def publish_refusal(conn: Client, exchange: str, routing_key: str) -> str | None:
     """Why this publish is refused (None: allowed): write on the exchange, and on the MQTT
     topic of its routing key when it goes to amq.topic."""
     authorizer = conn.broker.authorizer
@@ -69,15 +83,15 @@ def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> st
 
 
 # -- AMQP permissions per method -------------------------------------------------------------
-def _queue(channel: Channel, name: str) -> str:
+def _queue(channel: ClientChannel, name: str) -> str:
     return name or channel.connection.last_queue
 
 
-def _exchange_declare(channel: Channel, m: commands.Exchange.Declare):
+def _exchange_declare(channel: ClientChannel, m: commands.Exchange.Declare):
     return [] if m.passive else [("configure", "exchange", m.exchange)]
 
 
-def _queue_declare(channel: Channel, m: commands.Queue.Declare):
+def _queue_declare(channel: ClientChannel, m: commands.Queue.Declare):
     if m.passive:
         return []
     # a server-named queue is named amq.gen-... (RabbitMQ checks the name it generates)
@@ -152,12 +166,12 @@ def queue_topics_readable(broker: AMQPBroker, who: Principal, queue: str) -> boo
     return _unreadable_key(broker, who, _bridge_keys(broker, queue=queue)) is None
 
 
-def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
+def _reads_keys(channel: ClientChannel, who: Principal, keys: list[str], action: str) -> str | None:
     unreadable = _unreadable_key(channel.broker, who, keys)
     return None if unreadable is None else channel.broker.authorizer.denied(who, action, unreadable)
 
 
-def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
+def _reads_topics(channel: ClientChannel, who: Principal, source: str, binding_key: str) -> str | None:
     """A binding from ``source``: from amq.topic, its key's topics; from an exchange amq.topic
     feeds, the topics of the keys on the way there."""
     if source == BRIDGE_EXCHANGE:
@@ -165,11 +179,11 @@ def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: st
     return _reads_keys(channel, who, _bridge_keys(channel.broker, exchange=source), "bind")
 
 
-def _consumes_topics(channel: Channel, who: Principal, queue: str) -> str | None:
+def _consumes_topics(channel: ClientChannel, who: Principal, queue: str) -> str | None:
     return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "consume")
 
 
-def _writes_topics(channel: Channel, who: Principal, routing: str | None) -> str | None:
+def _writes_topics(channel: ClientChannel, who: Principal, routing: str | None) -> str | None:
     """Messages routed on into amq.topic with ``routing`` (a binding or routing key; None:
     any key) reach the AMQP readers of MQTT topics."""
     topic_filter = "#" if routing is None else binding_key_to_mqtt_filter(routing)
@@ -179,7 +193,7 @@ def _writes_topics(channel: Channel, who: Principal, routing: str | None) -> str
     return None
 
 
-def _exchange_bind_topics(channel: Channel, who: Principal, m: commands.Exchange.Bind) -> str | None:
+def _exchange_bind_topics(channel: ClientChannel, who: Principal, m: commands.Exchange.Bind) -> str | None:
     refusal = _reads_topics(channel, who, m.source, m.routing_key)
     if refusal is None and m.destination == BRIDGE_EXCHANGE:
         source = channel.broker.exchanges.get(m.source)
@@ -188,7 +202,7 @@ def _exchange_bind_topics(channel: Channel, who: Principal, m: commands.Exchange
     return refusal
 
 
-def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.Declare) -> str | None:
+def _queue_declare_topics(channel: ClientChannel, who: Principal, m: commands.Queue.Declare) -> str | None:
     arguments = m.arguments or {}
     if m.passive or arguments.get("x-dead-letter-exchange") != BRIDGE_EXCHANGE:
         return None

@@ -5,16 +5,13 @@ left to store, as one store message with its target queues."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from protocols.amqp.frames import ACCESS_REFUSED, NO_ROUTE, NOT_FOUND, ContentReceived, channel_error
 from store import Message
 
+from .broker import AMQPBroker
+from .channel import Channel
 from .messages import to_store_message
-
-if TYPE_CHECKING:
-    from .broker import AMQPBroker
-    from .channel import Channel
 
 
 def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
