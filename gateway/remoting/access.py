@@ -38,11 +38,10 @@ from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
 from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
 from .messages import origin_topic
-from .requests import BadRequest
+from .requests import BadRequest, Client
 
 if TYPE_CHECKING:
     from ..stats import ProtocolStats
-    from .connection import RemotingConnection
 
 # RocketMQ's delivery-time properties (MessageConst): timer messages, not built yet
 TIMER_PROPERTIES = ("__STARTDELIVERTIME", TIMER_DELIVER_MS, TIMER_DELAY_SEC, "TIMER_DELAY_MS")
@@ -60,7 +59,7 @@ class RemotingAccess:
         self.unsigned_codes: set[int] = set()  # the store link's (its own cluster token)
 
     # -- authentication ------------------------------------------------------------------------
-    def authenticate(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+    def authenticate(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
         """Set ``conn.principal`` for this request; or the NO_PERMISSION response refusing it."""
         if not self.required or request.code in self.unsigned_codes:
             conn.principal = ANONYMOUS

@@ -3,7 +3,7 @@
 One node answers route lookups with itself as the only broker, stores sends into its topic
 queues (``r:{topic}:{queueId}``), serves pulls from them with long polling, keeps consumer
 offsets and groups, and does retries, dead letters and delayed messages as RocketMQ does.
-Requests come from ``RemotingConnection``; each handler takes the request and returns the
+Requests come from ``Client``; each handler takes the request and returns the
 response (None for one-way requests).
 """
 
@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cache import QueueCache
 from protocols.remoting.codes import RequestCode, ResponseCode
@@ -46,7 +46,7 @@ from .groups import ConsumerGroups
 from .long_poll import PullHolds
 from .messages import Origin, plain_body, to_store_message, to_wire
 from .queries import QueryRequests
-from .requests import CONSUMER_PREFIX, BadRequest, Pending, Reply, int_field, str_field
+from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
 from .retries import RetryRequests
 from .schedule import (
     DEFAULT_DELAY_LEVELS,
@@ -59,9 +59,6 @@ from .topics import (
     TOPICS_TABLE,
     TopicRegistry,
 )
-
-if TYPE_CHECKING:
-    from .connection import RemotingConnection
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -96,7 +93,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.holds = PullHolds()
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
-        self.connections: set[RemotingConnection] = set()
+        self.connections: set[Client] = set()
         self.stats = ProtocolStats()
         self.access = RemotingAccess(stats=self.stats)  # the gateway's, when it authenticates (access.py)
         # the MQTT side (set by the gateway when MQTT runs): queues an MQTT topic's publish goes to
@@ -105,7 +102,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.topics.on_created.append(lambda name: self.on_topic_created and self.on_topic_created(name))
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
-        self.handlers: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
+        self.handlers: dict[int, Callable[[Client, RemotingCommand], Any]] = {
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self.get_route_info,
             RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
@@ -174,7 +171,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                     del self._locks[key]
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+    def dispatch(self, conn: Client, request: RemotingCommand) -> Reply:
         """The reply to ``request``: a response, None (one-way), a ``Pending`` store write whose
         completion makes the response, or a coroutine to run (a long-polled pull)."""
         refusal = self.access.authenticate(conn, request)  # sets conn.principal
@@ -202,7 +199,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         log.error("remoting request failed code=%d", request.code, exc_info=exc)
         return response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
 
-    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+    async def handle(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
         """``dispatch`` awaited to its response (for callers that do not batch)."""
         reply = self.dispatch(conn, request)
         try:
@@ -282,7 +279,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
         return mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY)) or topic
 
-    def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+    def send_message(self, conn: Client, request: RemotingCommand) -> Reply:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
@@ -311,7 +308,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
                 transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
         return Pending(future, respond)
 
-    def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
+    def send_batch(self, conn: Client, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:
         header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.topic.startswith("%RETRY%"):
@@ -362,7 +359,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             return self.cache.read(queue, offset, max_messages, MAX_PULL_BYTES)
         return self.store.get_now(queue, offset, max_messages, MAX_PULL_BYTES, tag_hashes=tags)
 
-    def pull_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
+    def pull_message(self, conn: Client, request: RemotingCommand) -> Reply:
         """Answered at once when there is data (or no suspend asked); else a coroutine that
         holds the pull until the store's notify or its timeout."""
         header = PullMessageHeader.from_ext_fields(request.ext_fields)
@@ -388,14 +385,14 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             return self._held_pull(conn, request, header, queue, offset, max_messages, tags, timeout, result, reads)
         return self._pull_response(conn, request, result, offset, header, reads)
 
-    async def _held_pull(self, conn: RemotingConnection, request: RemotingCommand, header: PullMessageHeader,
+    async def _held_pull(self, conn: Client, request: RemotingCommand, header: PullMessageHeader,
                          queue: str, offset: int, max_messages: int, tags: frozenset[int] | None, timeout: float,
                          result, reads) -> RemotingCommand:
         if await self.holds.wait(queue, offset, timeout):
             result = self._read(queue, offset, max_messages, tags)
         return self._pull_response(conn, request, result, offset, header, reads)
 
-    def _pull_response(self, conn: RemotingConnection, request: RemotingCommand, result, offset: int,
+    def _pull_response(self, conn: Client, request: RemotingCommand, result, offset: int,
                        header: PullMessageHeader, reads=None) -> RemotingCommand:
         topic, queue_id = header.topic, header.queue_id
         status = result.status

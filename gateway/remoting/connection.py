@@ -26,11 +26,10 @@ from protocols.remoting.frames import (
 
 from ..auth.authorize import Principal
 from .access import ANONYMOUS
-from .broker import Pending
+from .broker import Pending, RemotingBroker
 
 if TYPE_CHECKING:
     from ..trace import Tracer
-    from .broker import RemotingBroker
 
 log = logging.getLogger("tidemq.remoting")
 
