@@ -20,6 +20,7 @@ from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
 from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from .errors import AdminError
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
     from .deps import Brokers
 
 MAX_ROWS = 1000
-
-
-class AdminError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def clients(brokers: Brokers) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from . import admin, dashboard, data_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
 from .deps import HttpDeps
+from .errors import AdminError
 from .metrics import GatewayCollector
 
 
@@ -73,7 +74,7 @@ class HttpServer:
                 if data:
                     request[PRINCIPAL] = await self.access.authenticate(request)
                 return await handler(request)
-            except admin.AdminError as exc:
+            except AdminError as exc:
                 return web.json_response({"error": str(exc)}, status=exc.status)
         return await handler(request)
 
@@ -98,7 +99,7 @@ class HttpServer:
         try:
             limit = int(request.query.get("limit", "100"))
         except ValueError:
-            raise admin.AdminError(400, "limit must be a number") from None
+            raise AdminError(400, "limit must be a number") from None
         return await self._json(admin.queues(self.deps.store, self.deps.brokers, request.query.get("prefix", ""),
                                              limit))
 
@@ -117,7 +118,7 @@ class HttpServer:
             body = await request.json()
             protocol, client = str(body["protocol"]), str(body["client"])
         except (ValueError, KeyError, TypeError):
-            raise admin.AdminError(400, 'send {"protocol": ..., "client": ...}') from None
+            raise AdminError(400, 'send {"protocol": ..., "client": ...}') from None
         return await self._json(admin.kick(self.deps.brokers, protocol, client))
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from ..amqp.permissions import queue_topics_readable
 from ..auth.authorize import Principal
-from .admin import AdminError
+from .errors import AdminError
 
 if TYPE_CHECKING:
     from ..amqp.broker import AMQPBroker

@@ -38,8 +38,8 @@ from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
 from ..interop import queue_for_filter
-from .admin import AdminError
 from .data_access import PRINCIPAL, DataAccess
+from .errors import AdminError
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader

@@ -24,7 +24,7 @@ from aiohttp import web
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 
 from ..interop import queue_for_filter
-from .admin import AdminError
+from .errors import AdminError
 
 if TYPE_CHECKING:
     from store import MessageStore

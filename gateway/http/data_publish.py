@@ -59,8 +59,8 @@ from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoreError
 
 from ..mqtt.messages import KEY_PROPERTY
-from .admin import AdminError
 from .data_access import PRINCIPAL, DataAccess
+from .errors import AdminError
 
 if TYPE_CHECKING:
     from ..mqtt.broker import MQTTBroker
