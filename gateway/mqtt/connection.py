@@ -13,11 +13,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from protocols.mqtt.codec import PacketReader, encode
+from protocols.mqtt.codec import encode
+from protocols.mqtt.connection import ServerConnection, State
 from protocols.mqtt.errors import MQTTError, ProtocolViolation
 from protocols.mqtt.packets import (
     MQTT_5,
-    Auth,
     ConnAck,
     Connect,
     Disconnect,
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.mqtt")
 
 _PINGRESP = encode(PingResp())
-_PUBACK_HEAD = b"\x40\x02"
 
 
 class MQTTConnection(Outbound, asyncio.Protocol):
@@ -65,8 +64,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.settings = broker.settings
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.reader = PacketReader(self.settings.max_packet_size)
-        self.version = 4
+        settings = self.settings
+        # the protocol state (sans-IO): what may come when, the negotiated version, topic
+        # aliases and Receive Maximum both ways, inbound QoS 2 exchanges
+        self.conn = ServerConnection(max_packet_size=settings.max_packet_size, receive_maximum=settings.receive_maximum,
+                                     topic_alias_maximum=settings.topic_alias_maximum, send_quota=settings.max_inflight)
         self.session: Session | None = None
         self.client_id = ""
         self.username: str | None = None
@@ -83,16 +85,6 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._paused_at = 0.0
         self._stall_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
-        # client-side limits (5.0 CONNECT properties)
-        self.send_quota = self.settings.max_inflight
-        self.client_max_packet = 0  # 0: no limit
-        self.alias_max_out = 0
-        self._aliases_out: dict[str, int] = {}
-        self._aliases_in: dict[int, str] = {}
-        # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
-        # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
-        self._inbound_unacked = 0
-        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
         self._read_check = None  # the ACL's per-message read check, when deny rules need it
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
@@ -116,22 +108,19 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.broker.stats.bytes_received += len(data)
         self.last_received = time.monotonic()
-        self.reader.feed(data)
+        self.conn.receive_data(data)
         self._process()
 
     def _process(self, held: Publish | None = None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
-        packets = self.reader.packets()
+        packets = self.conn.events()
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
                     return
-                if self.session is None:
-                    if self.connecting or not isinstance(packet, Connect):
-                        # packets after CONNECT but before its CONNACK wait in the reader
-                        raise ProtocolViolation("a packet before CONNECT completed")
+                if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
                     self.connecting = True
                     self.read_pauses.pause("connect")
                     asyncio.get_running_loop().create_task(self._connect(packet))
@@ -196,6 +185,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.conn.closed()
         if self._timer is not None:
             self._timer.cancel()
         self._leave_gate()
@@ -231,12 +221,13 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self._out.clear()
 
     def send_packet(self, packet: Packet) -> None:
-        self.send(encode(packet, self.version))
+        self.send(self.conn.send(packet))
 
     def close(self) -> None:
         self.flush()
         if self.transport is not None and not self.closed:
             self.closed = True
+            self.conn.closed()
             self.transport.close()
             self._leave_gate()
             self._detach(graceful=False)
@@ -245,7 +236,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         """Server-side close: DISCONNECT with a reason code first in 5.0, then close."""
         if self.closed:
             return
-        if self.version == MQTT_5 and self.session is not None:
+        if self.conn.version == MQTT_5 and self.conn.state is State.CONNECTED:
             props = Properties(reason_string=message[:200]) if message else Properties()
             self.send_packet(Disconnect(reason, props))
         self.close()
@@ -253,12 +244,13 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def protocol_error(self, reason: ReasonCode, message: str) -> None:
         log.info("closing connection client_id=%s peer=%s reason=0x%02X error=%r",
                  self.client_id or "-", self.peer, reason, message)
-        if self.session is None and self.version == MQTT_5 and reason in (
+        connected = self.conn.state is State.CONNECTED
+        if not connected and self.conn.version == MQTT_5 and reason in (
             ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR,
             ReasonCode.PACKET_TOO_LARGE,
-        ) and self.reader.version == MQTT_5:
+        ):
             self.send_packet(ConnAck(False, reason))
-        elif self.session is None and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+        elif not connected and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
             # the client's level is unknown: answer in 3.1.1 (return code 1), as the spec asks
             self.send(encode(ConnAck(False, reason), 4))
         self.disconnect(reason, message)
@@ -270,7 +262,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if self.closed:
             return
         loop = asyncio.get_running_loop()
-        if self.session is None and not self.connecting:
+        if self.conn.state is State.AWAIT_CONNECT:
             log.info("no CONNECT in time peer=%s", self.peer)
             self.close()
             return
@@ -312,13 +304,13 @@ class MQTTConnection(Outbound, asyncio.Protocol):
 
     async def _accept(self, packet: Connect) -> bool:
         broker = self.broker
-        self.version = packet.version
+        version = self.conn.version
         props = packet.properties
         refuse = None
         client_id = packet.client_id
         assigned = None
         if not client_id:
-            if not packet.clean_start and self.version != MQTT_5:
+            if not packet.clean_start and version != MQTT_5:
                 refuse = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
             client_id = assigned = f"tidemq-{uuid.uuid4().hex[:20]}"
         if props.authentication_method is not None:
@@ -368,7 +360,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, self.peer)
             old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
         broker.cancel_will(client_id)
-        expiry = (props.session_expiry_interval or 0) if self.version == MQTT_5 else (
+        expiry = (props.session_expiry_interval or 0) if version == MQTT_5 else (
             0 if packet.clean_start else NEVER_EXPIRES)
         session = broker.sessions.get(client_id)
         session_present = False
@@ -376,24 +368,20 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             broker.end_session(session)
             session = None
         if session is None:
-            session = Session(client_id, self.version, expiry)
+            session = Session(client_id, version, expiry)
             broker.sessions[client_id] = session
         else:
             session_present = True
-            session.version = self.version
+            session.version = version
             session.expiry_interval = expiry
         session.disconnected_at = None
         self.session = session
         broker.connections[client_id] = self
         self.will = packet.will
-        # limits the client asked for
-        if self.version == MQTT_5:
-            self.send_quota = props.receive_maximum or 65_535
-            self.client_max_packet = props.maximum_packet_size or 0
-            self.alias_max_out = props.topic_alias_maximum or 0
+        self.conn.accepted(packet)  # the limits the client asked for apply from now on
         self.keep_alive = packet.keep_alive
         connack_props = Properties()
-        if self.version == MQTT_5:
+        if version == MQTT_5:
             connack_props.receive_maximum = self.settings.receive_maximum
             connack_props.maximum_packet_size = self.settings.max_packet_size
             connack_props.topic_alias_maximum = self.settings.topic_alias_maximum
@@ -418,7 +406,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             if state.share_group is not None:
                 broker.join_share(key, self)
         broker.mark_dirty(session)
-        log.debug("client connected client_id=%s peer=%s version=%d", client_id, self.peer, self.version)
+        log.debug("client connected client_id=%s peer=%s version=%d", client_id, self.peer, version)
         return True
 
     async def _authenticate(self, packet: Connect, client_id: str) -> ReasonCode | None:
@@ -451,44 +439,19 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self._on_unsubscribe(packet)
         elif isinstance(packet, PingReq):
             self.send(_PINGRESP)
-        elif isinstance(packet, Disconnect):
+        else:  # DISCONNECT: conn.events() lets through only what a client may send
+            assert isinstance(packet, Disconnect)
             self._on_disconnect(packet)
-        elif isinstance(packet, Connect):
-            raise ProtocolViolation("a second CONNECT")
-        elif isinstance(packet, Auth):
-            raise ProtocolViolation("AUTH without an authentication method")
-        else:
-            raise ProtocolViolation(f"a client must not send {type(packet).__name__.upper()}")
 
     # -- PUBLISH from the client ---------------------------------------------------------------
     def _on_publish(self, packet: Publish, batch: list) -> None:
         session = self.session
         assert session is not None
-        topic = packet.topic
-        props = packet.properties
-        if self.version == MQTT_5 and props.topic_alias is not None:
-            alias = props.topic_alias
-            if alias > self.settings.topic_alias_maximum:
-                raise ProtocolViolation(f"topic alias {alias} above the maximum", ReasonCode.TOPIC_ALIAS_INVALID)
-            if topic:
-                self._aliases_in[alias] = topic
-            else:
-                known = self._aliases_in.get(alias)
-                if known is None:
-                    raise ProtocolViolation(f"unknown topic alias {alias}")
-                topic = known
-        try:
-            validate_topic_name(topic)
-        except TopicError as exc:
-            raise ProtocolViolation(str(exc), ReasonCode.TOPIC_NAME_INVALID) from None
-        if packet.qos and packet.packet_id in session.awaiting_release and packet.qos == 2:
+        topic = self.conn.inbound_publish(packet, session.awaiting_release)
+        if topic is None:
             self.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
             return
-        if packet.qos:
-            self._inbound_unacked += 1
-            if self._inbound_unacked > self.settings.receive_maximum and self.version == MQTT_5:
-                raise ProtocolViolation("more unacknowledged publishes than Receive Maximum",
-                                        ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        props = packet.properties
         self.broker.stats.messages_received += 1
         refuse = None
         if props.payload_format_indicator == 1:
@@ -502,11 +465,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             # (ACL refusals are counted and logged, rate-limited, by gateway/auth/authorize.py)
             log.debug("publish refused client_id=%s topic=%s reason=0x%02X", self.client_id, topic, refuse)
             if packet.qos == 0:
-                if refuse == ReasonCode.PAYLOAD_FORMAT_INVALID and self.version == MQTT_5:
+                if refuse == ReasonCode.PAYLOAD_FORMAT_INVALID and self.conn.version == MQTT_5:
                     raise ProtocolViolation("payload is not UTF-8", refuse)
                 return
             # 3.1.1 has no negative acknowledgement: the publish is acknowledged and dropped
-            self._ack_inbound(packet, refuse if self.version == MQTT_5 else ReasonCode.SUCCESS)
+            self._ack_inbound(packet, refuse if self.conn.version == MQTT_5 else ReasonCode.SUCCESS)
             return
         batch.append((packet, topic))
 
@@ -554,7 +517,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                                     self.client_id, len(batch), json.dumps(str(exc)))
         if self.closed:
             return
-        if self.version != MQTT_5:  # no negative acknowledgement in 3.1.1: the client resends
+        if self.conn.version != MQTT_5:  # no negative acknowledgement in 3.1.1: the client resends
             self.close()
             return
         for packet, _ in batch:
@@ -569,7 +532,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.broker.limited_log.log(logging.WARNING, type(exc).__name__,
                                     "publish refused by the store client_id=%s topic=%s error=%s",
                                     self.client_id, json.dumps(topic), json.dumps(str(exc)))
-        if self.version != MQTT_5:
+        if self.conn.version != MQTT_5:
             self.close()
         elif not packet.qos:
             self.disconnect(ReasonCode.PACKET_TOO_LARGE, str(exc))
@@ -577,34 +540,19 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self._ack_inbound(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _ack_inbound(self, packet: Publish, code: ReasonCode) -> None:
-        assert packet.packet_id is not None
-        if packet.qos == 1 or code >= 0x80:
-            self._inbound_unacked -= 1
-        else:  # still counted until the PUBREL that this PUBREC asks for
-            self._unreleased.add(packet.packet_id)
-        if packet.qos == 1:
-            if code == ReasonCode.SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
-                self.send(_PUBACK_HEAD + packet.packet_id.to_bytes(2, "big"))
-            else:
-                self.send_packet(PubAck(packet.packet_id, code))
-        else:
-            if code < 0x80:
-                self.session.awaiting_release.add(packet.packet_id)  # type: ignore[union-attr]
-                self.broker.mark_dirty(self.session)  # type: ignore[arg-type]
-            self.send_packet(PubRec(packet.packet_id, code))
+        session = self.session
+        assert packet.packet_id is not None and session is not None
+        self.send(self.conn.ack_publish(packet.qos, packet.packet_id, code, session.awaiting_release))
+        if packet.qos == 2 and code < 0x80:
+            self.broker.mark_dirty(session)
 
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
-        if packet.packet_id in self._unreleased:
-            self._unreleased.discard(packet.packet_id)
-            self._inbound_unacked -= 1
-        if packet.packet_id in session.awaiting_release:
-            session.awaiting_release.discard(packet.packet_id)
+        code = self.conn.release(packet.packet_id, session.awaiting_release)
+        if code == ReasonCode.SUCCESS:
             self.broker.mark_dirty(session)
-            self.send_packet(PubComp(packet.packet_id))
-        else:
-            self.send_packet(PubComp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        self.send_packet(PubComp(packet.packet_id, code))
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
     def _on_subscribe(self, packet: Subscribe) -> None:
@@ -619,12 +567,12 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                 group, topic_filter = parse_shared(request.topic_filter)
             except TopicError as exc:
                 log.info("subscribe refused client_id=%s filter=%r error=%s", self.client_id, request.topic_filter, exc)
-                codes.append(ReasonCode.TOPIC_FILTER_INVALID if self.version == MQTT_5 else SUBACK_FAILURE_V3)
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if self.conn.version == MQTT_5 else SUBACK_FAILURE_V3)
                 continue
-            if group is not None and request.no_local and self.version == MQTT_5:
+            if group is not None and request.no_local and self.conn.version == MQTT_5:
                 raise ProtocolViolation("No Local on a shared subscription")
             if not self._allowed(topic_filter, write=False):
-                codes.append(ReasonCode.NOT_AUTHORIZED if self.version == MQTT_5 else SUBACK_FAILURE_V3)
+                codes.append(ReasonCode.NOT_AUTHORIZED if self.conn.version == MQTT_5 else SUBACK_FAILURE_V3)
                 continue
             key = request.topic_filter  # "$share/g/f" stays distinct from a plain "f"
             request.topic_filter = topic_filter
@@ -672,7 +620,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                 self.broker.remove_reader(state.queue, self)
                 if cursor is not None:  # inflight messages of that queue finish, without a cursor
                     cursor.unacked.clear()
-        self.send_packet(UnsubAck(packet.packet_id, codes if self.version == MQTT_5 else []))
+        self.send_packet(UnsubAck(packet.packet_id, codes if self.conn.version == MQTT_5 else []))
         self.broker.mark_dirty(session)
 
     # -- DISCONNECT and connection end ---------------------------------------------------------
@@ -712,7 +660,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             broker.flush_sessions()
             broker.node.client_gone(self.client_id)
         if will is not None:
-            delay = will.properties.will_delay_interval or 0 if self.version == MQTT_5 else 0
+            delay = will.properties.will_delay_interval or 0 if self.conn.version == MQTT_5 else 0
             if session.expiry_interval == 0 or delay == 0:
                 broker.publish_will(self.client_id, will)
             else:

@@ -157,7 +157,7 @@ class Outbound:
         return self._writing_paused
 
     def has_window(self) -> bool:
-        return self.session is not None and self.send_quota - len(self.session.inflight) > 0
+        return self.session is not None and self.conn.window(self.session.inflight) > 0
 
     def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
                        remaining: int | None) -> bool:
@@ -239,6 +239,7 @@ class Outbound:
         broker = self.broker
         cache = broker.cache
         max_offset = broker.store.max_offset_now
+        conn = self.conn
         behind = False  # a QoS 0 queue not read to its end: only a full socket stops those
         for queue in list(session.cursors):
             cursor = session.cursors.get(queue)
@@ -248,7 +249,7 @@ class Outbound:
             if not needs_quota and self.slow:
                 self._drop_qos0_backlog(cursor)
             while not self._writing_paused:
-                if needs_quota and self.send_quota - len(session.inflight) <= 0:
+                if needs_quota and conn.send_quota - len(session.inflight) <= 0:
                     self._window_full = True
                     break
                 result = cursor.read(cache, PULL_BATCH, self._cursor_moved)
@@ -335,7 +336,7 @@ class Outbound:
                     continue
             packet_id = None
             if qos:
-                if self.send_quota - len(session.inflight) <= 0:
+                if self.conn.send_quota - len(session.inflight) <= 0:
                     self._window_full = True
                     return False
                 packet_id = session.allocate_packet_id()
@@ -369,15 +370,13 @@ class Outbound:
         topic = message.topic
         send_topic = topic
         alias = None
-        if self.version == MQTT_5:
+        conn = self.conn
+        version = conn.version
+        if version == MQTT_5:
             if remaining is None:
                 remaining = delivery.remaining_expiry()
-            if self.alias_max_out:
-                alias = self._aliases_out.get(topic)
-                if alias is not None:
-                    send_topic = ""
-                elif len(self._aliases_out) < self.alias_max_out:
-                    alias = self._aliases_out[topic] = len(self._aliases_out) + 1
+            if conn.alias_max_out:
+                send_topic, alias = conn.alias_out(topic)
             props_key = (sub_ids or (), remaining, alias)
 
             def make_props() -> Properties:
@@ -388,11 +387,11 @@ class Outbound:
             props_key = ()
             make_props = _no_props
 
-        template = delivery.template(send_topic, qos, retain, self.version, props_key, make_props)
-        if self.client_max_packet and len(template.data) > self.client_max_packet:
+        template = delivery.template(send_topic, qos, retain, version, props_key, make_props)
+        if conn.client_max_packet and len(template.data) > conn.client_max_packet:
             broker.stats.publish_dropped += 1
             if alias is not None and send_topic:  # the alias was never announced
-                self._aliases_out.pop(topic, None)
+                conn.alias_unsent(topic)
             return False
         self.send(template.render(packet_id, dup))
         broker.stats.messages_sent += 1
