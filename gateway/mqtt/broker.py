@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..cluster.mqtt_node import GatewayNode, RemoteRetained, RemoteWildcards
     from ..pressure import StorePressure
     from .connection import MQTTConnection
+    from .outbound import Delivery
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -65,7 +66,7 @@ class MQTTBroker:
         self._flush_scheduled = False
         self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
         self._progress_timer: asyncio.TimerHandle | None = None
-        self._woken: list[MQTTConnection | ShareGroup] = []  # readers whose pump runs next (wake)
+        self._woken: list[Delivery | ShareGroup] = []  # readers whose pump runs next (wake)
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -309,7 +310,7 @@ class MQTTBroker:
         return found
 
     def join_share(self, key: str, conn: MQTTConnection) -> None:
-        state = conn.shared_subscription(key)
+        state = conn.delivery.shared_subscription(key)
         assert state is not None and state.share_group is not None
         group = self.share_group(state.share_group, state.topic_filter)
         group.join(conn)
@@ -351,7 +352,7 @@ class MQTTBroker:
         for reader in readers:
             reader.schedule_pump()
 
-    def wake(self, reader: MQTTConnection | ShareGroup) -> None:
+    def wake(self, reader: Delivery | ShareGroup) -> None:
         """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
         callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
         costs one callback, not a thousand."""

@@ -45,7 +45,7 @@ from ..core.ingest import PutPipeline, Refused
 from ..interop import queue_for_filter
 from ..read_pauses import ReadPauses
 from .messages import StoreMessageFactory
-from .outbound import Outbound
+from .outbound import Delivery
 from .session import NEVER_EXPIRES, Session, SubscriptionState
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ log = logging.getLogger("tidemq.mqtt")
 _PINGRESP = encode(PingResp())
 
 
-class MQTTConnection(Outbound, asyncio.Protocol):
+class MQTTConnection(asyncio.Protocol):
     def __init__(self, broker: MQTTBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
         self.tracer = tracer  # this listener's message trace, when it is on
@@ -78,19 +78,14 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
-        self._pump_scheduled = False
-        self._window_full = False
-        self._writing_paused = False
-        self.slow = True  # until it has caught up: a backlog from before it connected is cut
-        self._paused_at = 0.0
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._out: list[bytes] = []
-        self._read_check = None  # the ACL's per-message read check, when deny rules need it
+        self.out: list[bytes] = []  # what is written at the next flush
+        self.read_check = None  # the ACL's per-message read check, when deny rules need it
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
         self.puts = PutPipeline(broker.store, self.read_pauses, listener="mqtt", watcher=tracer)  # the ingest path
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
+        self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -188,7 +183,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.conn.closed()
         if self._timer is not None:
             self._timer.cancel()
-        self._leave_gate()
+        self.delivery.leave_gate()
         self._detach(graceful=False)
 
     def ingest_open(self) -> None:
@@ -207,18 +202,31 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self.read_pauses.resume("alarm")
             self._process(held)
 
+    # -- for the broker's readers and the transport: the delivery component's --------------------
+    def pump(self) -> None:
+        self.delivery.pump()
+
+    def schedule_pump(self) -> None:
+        self.delivery.schedule_pump()
+
+    def pause_writing(self) -> None:
+        self.delivery.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.delivery.resume_writing()
+
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self._out.append(data)
+        self.out.append(data)
 
     def flush(self) -> None:
-        if self._out and self.transport is not None and not self.closed:
-            data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-            self._out.clear()
+        if self.out and self.transport is not None and not self.closed:
+            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            self.out.clear()
             self.broker.stats.bytes_sent += len(data)
             self.transport.write(data)
         else:
-            self._out.clear()
+            self.out.clear()
 
     def send_packet(self, packet: Packet) -> None:
         self.send(self.conn.send(packet))
@@ -229,7 +237,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             self.closed = True
             self.conn.closed()
             self.transport.close()
-            self._leave_gate()
+            self.delivery.leave_gate()
             self._detach(graceful=False)
 
     def disconnect(self, reason: ReasonCode, message: str) -> None:
@@ -290,7 +298,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         resend: dict[int, StoredMessage | None] = {}
         if accepted and not self.closed:
             try:
-                resend = await self.inflight_messages()  # (still connecting: its cursors wait meanwhile)
+                resend = await self.delivery.inflight_messages()  # (still connecting: its cursors wait meanwhile)
             except StoreError as exc:  # not known whether they are gone: the session keeps them
                 log.warning("inflight messages not read client_id=%s error=%s", self.client_id, exc)
                 self.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
@@ -298,8 +306,8 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if not accepted or self.closed:
             return
         self.read_pauses.resume("connect")
-        self._resend_inflight(resend)
-        self.pump()
+        self.delivery.resend_inflight(resend)
+        self.delivery.pump()
         self._process()  # packets that arrived behind the CONNECT
 
     async def _accept(self, packet: Connect) -> bool:
@@ -339,7 +347,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.username = packet.username
         acl = broker.acl
         if acl is not None and acl.checks_deliveries(self.username, client_id):  # type: ignore[attr-defined]
-            self._read_check = acl.allows_read  # type: ignore[attr-defined]
+            self.read_check = acl.allows_read  # type: ignore[attr-defined]
         if broker.node is not None and not broker.node.store.connected:
             log.info("connection refused: no store node client_id=%s", client_id)
             self.send_packet(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE))
@@ -426,11 +434,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:
         if isinstance(packet, PubAck):
-            self._on_puback(packet)
+            self.delivery.on_puback(packet)
         elif isinstance(packet, PubRec):
-            self._on_pubrec(packet)
+            self.delivery.on_pubrec(packet)
         elif isinstance(packet, PubComp):
-            self._on_pubcomp(packet)
+            self.delivery.on_pubcomp(packet)
         elif isinstance(packet, PubRel):
             self._on_pubrel(packet)
         elif isinstance(packet, Subscribe):
@@ -597,9 +605,9 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.send_packet(SubAck(packet.packet_id, codes))
         for state, messages in retained_to_send:
             for message in messages:
-                self._send_retained(state, message)
+                self.delivery.send_retained(state, message)
         broker.mark_dirty(session)
-        self.schedule_pump()
+        self.delivery.schedule_pump()
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
@@ -613,7 +621,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             codes.append(ReasonCode.SUCCESS)
             self.broker.release_filter(session, state.topic_filter)
             if state.share_group is not None:
-                self.broker.leave_share(topic_filter, self, self._take_shared_inflight(topic_filter))
+                self.broker.leave_share(topic_filter, self, self.delivery.take_shared_inflight(topic_filter))
                 continue
             if state.queue not in session.queues_read():
                 cursor = session.cursors.pop(state.queue, None)
@@ -649,7 +657,7 @@ class MQTTConnection(Outbound, asyncio.Protocol):
             broker.remove_reader(queue, self)
         for key, state in list(session.subscriptions.items()):
             if state.share_group is not None:
-                broker.leave_share(key, self, self._take_shared_inflight(key, session))
+                broker.leave_share(key, self, self.delivery.take_shared_inflight(key, session))
         session.disconnected_at = time.time()
         will, self.will = self.will, None
         if session.expiry_interval == 0:
