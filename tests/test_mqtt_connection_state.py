@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocols.mqtt.codec import encode
-from protocols.mqtt.connection import ServerConnection, State
+from protocols.mqtt.connection import PubRecAnswer, ServerConnection, State
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError
 from protocols.mqtt.packets import (
     MQTT_5,
@@ -19,7 +19,9 @@ from protocols.mqtt.packets import (
     Disconnect,
     PingReq,
     PubAck,
+    PubComp,
     Publish,
+    PubRec,
     PubRel,
     SubAck,
     Subscribe,
@@ -224,3 +226,42 @@ def test_pubrel_is_an_event_after_connect() -> None:
     conn = _connected()
     events = _feed(conn, PubRel(3), Subscribe(4, [Subscription("a", 1)]))
     assert [type(e) for e in events] == [PubRel, Subscribe]
+
+
+class _Entry:
+    def __init__(self, qos: int) -> None:
+        self.qos, self.released = qos, False
+
+
+def test_outbound_acknowledgements() -> None:
+    conn = _connected()
+    inflight = {1: _Entry(1), 2: _Entry(2)}
+    assert conn.acked(PubAck(1), inflight) is inflight[1]
+    assert conn.acked(PubAck(2), inflight) is None  # a PUBACK for a QoS 2 delivery: not ours
+    assert conn.acked(PubComp(1), inflight) is None
+    assert conn.acked(PubAck(9), inflight) is None
+    assert conn.pubrec(PubRec(1), inflight) is PubRecAnswer.NOT_FOUND
+    assert conn.pubrec(PubRec(9), inflight) is PubRecAnswer.NOT_FOUND
+    assert conn.pubrec(PubRec(2, ReasonCode.NOT_AUTHORIZED), inflight) is PubRecAnswer.REFUSED
+    assert not inflight[2].released
+    assert conn.pubrec(PubRec(2), inflight) is PubRecAnswer.RELEASE and inflight[2].released
+    assert conn.acked(PubComp(2), inflight) is inflight[2]
+
+
+def test_refusals_before_connack() -> None:
+    """A protocol error before CONNACK: 5.0 gets a refusing CONNACK with the reason; a level we
+    do not speak gets 3.1.1's return code 1; a connected client gets nothing here."""
+    conn = _conn()
+    conn.receive_data(b"\x10\x0a\x00\x04MQTT\x07\x02\x00\x3c")  # level 7
+    with pytest.raises(RemoteProtocolError) as info:
+        list(conn.events())
+    assert conn.refusal(info.value.reason_code) == b"\x20\x02\x00\x01"
+    assert conn.state is State.CLOSED and conn.refusal(ReasonCode.PROTOCOL_ERROR) == b""
+    five = _conn()
+    _feed(five, Connect("c", MQTT_5))
+    assert five.refusal(ReasonCode.PACKET_TOO_LARGE) == encode(ConnAck(False, ReasonCode.PACKET_TOO_LARGE), MQTT_5)
+    assert five.state is State.CLOSED
+    four = _conn()
+    _feed(four, Connect("c", 4))
+    assert four.refusal(ReasonCode.PROTOCOL_ERROR) == b""  # 3.1.1 has no CONNACK for it
+    assert _connected().refusal(ReasonCode.PROTOCOL_ERROR) == b""

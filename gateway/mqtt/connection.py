@@ -248,15 +248,10 @@ class MQTTConnection(asyncio.Protocol):
     def protocol_error(self, reason: ReasonCode, message: str) -> None:
         log.info("closing connection client_id=%s peer=%s reason=0x%02X error=%r",
                  self.client_id or "-", self.peer, reason, message)
-        connected = self.conn.state is State.CONNECTED
-        if not connected and self.conn.version == MQTT_5 and reason in (
-            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR,
-            ReasonCode.PACKET_TOO_LARGE,
-        ):
-            self.send_packet(ConnAck(False, reason))
-        elif not connected and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-            # the client's level is unknown: answer in 3.1.1 (return code 1), as the spec asks
-            self.send(encode(ConnAck(False, reason), 4))
+        if not self.closed:
+            refusal = self.conn.refusal(reason)  # before CONNACK: a refusing one, where it is read
+            if refusal:
+                self.send(refusal)
         self.disconnect(reason, message)
 
     def shutdown(self) -> None:
@@ -325,12 +320,10 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:
-        if isinstance(packet, PubAck):
-            self.delivery.on_puback(packet)
+        if isinstance(packet, (PubAck, PubComp)):
+            self.delivery.on_ack(packet)
         elif isinstance(packet, PubRec):
             self.delivery.on_pubrec(packet)
-        elif isinstance(packet, PubComp):
-            self.delivery.on_pubcomp(packet)
         elif isinstance(packet, PubRel):
             self.inbound.on_pubrel(packet)
         elif isinstance(packet, Subscribe):

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from protocols.mqtt.connection import PubRecAnswer
 from protocols.mqtt.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
@@ -84,36 +85,29 @@ class Delivery:
             self.schedule_pump()
         return inflight
 
-    def on_puback(self, packet: PubAck) -> None:
-        inflight = self.connection.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 1:
-            log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.connection.client_id, packet.packet_id)
+    def on_ack(self, packet: PubAck | PubComp) -> None:
+        """PUBACK (QoS 1) or PUBCOMP (QoS 2): the delivery is done."""
+        inflight = self.conn.acked(packet, self.connection.session.inflight)  # type: ignore[union-attr]
+        if inflight is None:
+            if packet.__class__ is PubAck:
+                log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.connection.client_id, packet.packet_id)
             return
         self.settle(packet.packet_id)
         if self.tracer is not None:
+            assert isinstance(inflight, Inflight)
             self.tracer.acked("mqtt", self.connection.client_id, inflight.position, inflight.queue, inflight.offset)
 
     def on_pubrec(self, packet: PubRec) -> None:
         session = self.connection.session
         assert session is not None
-        inflight = session.inflight.get(packet.packet_id)
-        if inflight is None or inflight.qos != 2:
-            self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-            return
-        if packet.reason_code >= 0x80:  # the client refused it: the exchange ends here
+        answer = self.conn.pubrec(packet, session.inflight)
+        if answer is PubRecAnswer.RELEASE:
+            self.broker.mark_dirty(session)
+            self.send_packet(PubRel(packet.packet_id))
+        elif answer is PubRecAnswer.REFUSED:  # the client refused it: the exchange ends here
             self.settle(packet.packet_id)
-            return
-        inflight.released = True
-        self.broker.mark_dirty(session)
-        self.send_packet(PubRel(packet.packet_id))
-
-    def on_pubcomp(self, packet: PubComp) -> None:
-        inflight = self.connection.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 2:
-            return
-        self.settle(packet.packet_id)
-        if self.tracer is not None:
-            self.tracer.acked("mqtt", self.connection.client_id, inflight.position, inflight.queue, inflight.offset)
+        else:
+            self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     async def inflight_messages(self) -> dict[int, StoredMessage | None]:
         """The messages of the session's unacknowledged PUBLISHes, by position, for

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from .errors import LocalProtocolError, ProtocolViolation
 from .packets import (
@@ -38,6 +39,9 @@ from .topics import TopicError, validate_topic_name
 from .writer import encode
 
 _PUBACK_HEAD = b"\x40\x02"
+# protocol errors a 5.0 CONNACK can carry (MQTT 5.0 section 3.2.2.2)
+_CONNACK_REFUSALS = frozenset((ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET,
+                               ReasonCode.PROTOCOL_ERROR, ReasonCode.PACKET_TOO_LARGE))
 # what a client may send once connected (PUBLISH and PUBACK are tested for first: the hot path)
 _FROM_CLIENT = frozenset((PubRec, PubRel, PubComp, Subscribe, Unsubscribe, PingReq, Disconnect))
 
@@ -47,6 +51,19 @@ class State(enum.Enum):
     CONNECTING = "connecting"  # CONNECT read, its CONNACK not sent: nothing else may come
     CONNECTED = "connected"  # CONNACK 0 sent
     CLOSED = "closed"  # refused, disconnected or closed: nothing more is read or sent
+
+
+class InflightEntry(Protocol):
+    """A QoS 1/2 PUBLISH sent to the client and not yet acknowledged (the caller's record)."""
+
+    qos: int
+    released: bool  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+
+
+class PubRecAnswer(enum.Enum):
+    RELEASE = "release"  # the entry is released: answer PUBREL
+    REFUSED = "refused"  # the client refused the message: the exchange ends (no PUBREL)
+    NOT_FOUND = "not_found"  # not a QoS 2 delivery of ours: answer PUBREL 0x92
 
 
 class ServerConnection:
@@ -213,7 +230,39 @@ class ServerConnection:
         """The PUBLISH that was to announce ``topic``'s new alias was not sent."""
         self._aliases_out.pop(topic, None)
 
+    def acked(self, packet: PubAck | PubComp, inflight: Mapping[int, InflightEntry]) -> InflightEntry | None:
+        """The delivery a PUBACK (QoS 1) or PUBCOMP (QoS 2) ends (the caller settles it); None
+        when it is not one of ours, or of the other QoS (ignored)."""
+        entry = inflight.get(packet.packet_id)
+        if entry is None or entry.qos != (1 if packet.__class__ is PubAck else 2):
+            return None
+        return entry
+
+    def pubrec(self, packet: PubRec, inflight: Mapping[int, InflightEntry]) -> PubRecAnswer:
+        """The second step of a QoS 2 delivery: the entry is released (MQTT 4.3.3), or ends."""
+        entry = inflight.get(packet.packet_id)
+        if entry is None or entry.qos != 2:
+            return PubRecAnswer.NOT_FOUND
+        if packet.reason_code >= 0x80:
+            return PubRecAnswer.REFUSED
+        entry.released = True
+        return PubRecAnswer.RELEASE
+
     # -- writing -------------------------------------------------------------------------------
+    def refusal(self, reason: ReasonCode) -> bytes:
+        """What to send before closing on the client's protocol error ``reason`` while its
+        CONNECT is not accepted: a refusing CONNACK where the client can read one, else nothing
+        (once connected, a 5.0 server sends DISCONNECT instead)."""
+        if self.state is State.CONNECTED or self.state is State.CLOSED:
+            return b""
+        if self.version == MQTT_5 and reason in _CONNACK_REFUSALS:
+            return self.send(ConnAck(False, reason))
+        if reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+            # the client's level is unknown: answer in 3.1.1 (return code 1), as the spec asks
+            self.state = State.CLOSED
+            return encode(ConnAck(False, reason), MQTT_3_1_1)
+        return b""
+
     def send(self, packet: Packet) -> bytes:
         """The bytes of a packet the server sends, in the negotiated version."""
         state = self.state
