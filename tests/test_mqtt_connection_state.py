@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocols.mqtt.codec import encode
-from protocols.mqtt.connection import PubRecAnswer, ServerConnection, State
+from protocols.mqtt.connection import PubRecAnswer, ServerConnection, State, free_packet_id
 from protocols.mqtt.errors import LocalProtocolError, RemoteProtocolError
 from protocols.mqtt.packets import (
     MQTT_5,
@@ -265,3 +265,18 @@ def test_refusals_before_connack() -> None:
     _feed(four, Connect("c", 4))
     assert four.refusal(ReasonCode.PROTOCOL_ERROR) == b""  # 3.1.1 has no CONNACK for it
     assert _connected().refusal(ReasonCode.PROTOCOL_ERROR) == b""
+
+
+@given(st.sets(st.integers(1, 65_535), max_size=50), st.integers(1, 65_535))
+def test_free_packet_id_is_the_first_free_one_from_start(in_use, start) -> None:
+    pid = free_packet_id(in_use, start)
+    assert pid is not None and pid not in in_use
+    between = [(start - 1 + k) % 65_535 + 1 for k in range((pid - start) % 65_535)]
+    assert all(p in in_use for p in between)
+
+
+def test_no_packet_id_when_all_are_in_use() -> None:
+    in_use = set(range(1, 65_536))
+    assert free_packet_id(in_use, 7) is None
+    in_use.discard(3)
+    assert free_packet_id(in_use, 65_535) == 3  # wraps past 65,535 to 1

@@ -1,6 +1,7 @@
 """A client's CONNECT and the connection's end, for MQTTConnection (as Mosquitto's
 handle_connect.c): authentication, the will's authorization, session takeover (on this node
-and across a cluster), the CONNACK with the server's limits; and detaching the session."""
+and across a cluster), the CONNACK with the server's limits, the session's inflight PUBLISHes
+sent again; the client's DISCONNECT, and detaching the session when the connection ends."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from protocols.mqtt.packets import MQTT_5, ConnAck, Connect
+from protocols.mqtt.connection import State
+from protocols.mqtt.errors import ProtocolViolation
+from protocols.mqtt.packets import MQTT_5, ConnAck, Connect, Disconnect
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, validate_topic_name
+from store import StoredMessage, StoreError
 
 from .session import NEVER_EXPIRES, Session
 
@@ -20,6 +24,49 @@ if TYPE_CHECKING:
     from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
+
+
+async def connect(connection: MQTTConnection, packet: Connect) -> None:
+    """Handle the CONNECT (the connection's reading paused meanwhile), then resend what the
+    session had in flight and read on."""
+    try:
+        accepted = await accept(connection, packet)
+    except Exception:
+        log.exception("CONNECT failed client_id=%s", packet.client_id)
+        accepted = False
+        if connection.conn.state is State.CONNECTED:  # it failed after its CONNACK: no second one
+            connection.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not set up the session")
+        elif not connection.closed:
+            connection.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
+            connection.close()
+    resend: dict[int, StoredMessage | None] = {}
+    if accepted and not connection.closed:
+        try:
+            resend = await connection.delivery.inflight_messages()  # (still connecting: its cursors wait meanwhile)
+        except StoreError as exc:  # not known whether they are gone: the session keeps them
+            log.warning("inflight messages not read client_id=%s error=%s", connection.client_id, exc)
+            connection.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
+    connection.connecting = False
+    if not accepted or connection.closed:
+        return
+    connection.read_pauses.resume("connect")
+    connection.delivery.resend_inflight(resend)
+    connection.delivery.pump()
+    connection.process()  # packets that arrived behind the CONNECT
+
+
+def disconnect_received(connection: MQTTConnection, packet: Disconnect) -> None:
+    """The client's DISCONNECT: a 5.0 one may change the session's expiry, and keep the will."""
+    session = connection.session
+    assert session is not None
+    expiry = packet.properties.session_expiry_interval
+    if expiry is not None:
+        if session.expiry_interval == 0 and expiry != 0:
+            raise ProtocolViolation("session expiry set at DISCONNECT after 0 at CONNECT")
+        session.expiry_interval = expiry
+    if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+        connection.will = None
+    connection.close()
 
 
 async def accept(connection: MQTTConnection, packet: Connect) -> bool:

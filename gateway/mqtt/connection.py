@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 
 from protocols.mqtt.codec import encode
 from protocols.mqtt.connection import ServerConnection, State
-from protocols.mqtt.errors import MQTTError, ProtocolViolation
+from protocols.mqtt.errors import MQTTError
 from protocols.mqtt.packets import (
     MQTT_5,
-    ConnAck,
     Connect,
     Disconnect,
     Packet,
@@ -34,10 +33,10 @@ from protocols.mqtt.packets import (
 )
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
-from store import StoredMessage, StoreError
+from store import StoreError
 
 from ..read_pauses import ReadPauses
-from .connect import accept, detach
+from .connect import connect, detach, disconnect_received
 from .inbound import Inbound
 from .outbound import Delivery
 from .session import Session
@@ -99,9 +98,9 @@ class MQTTConnection(asyncio.Protocol):
         self.broker.stats.bytes_received += len(data)
         self.last_received = time.monotonic()
         self.conn.receive_data(data)
-        self._process()
+        self.process()
 
-    def _process(self, held: Publish | None = None) -> None:
+    def process(self, held: Publish | None = None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
@@ -114,7 +113,7 @@ class MQTTConnection(asyncio.Protocol):
                 if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
                     self.connecting = True
                     self.read_pauses.pause("connect")
-                    asyncio.get_running_loop().create_task(self._connect(packet))
+                    asyncio.get_running_loop().create_task(connect(self, packet))
                     return
                 if isinstance(packet, Publish):
                     if pressure is not None and pressure.raised:
@@ -170,7 +169,7 @@ class MQTTConnection(asyncio.Protocol):
         self._ready = held
         self.read_pauses.resume("store")
         try:
-            self._process(held)
+            self.process(held)
         finally:
             node.subscribed(held)
 
@@ -187,7 +186,7 @@ class MQTTConnection(asyncio.Protocol):
         if "subscribers" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("subscribers")
-            self._process(held)  # type: ignore[arg-type]
+            self.process(held)  # type: ignore[arg-type]
 
     def resource_alarm(self, reason: str | None) -> None:
         """The store's resource alarm was raised (a reason) or cleared (None). A client that
@@ -196,7 +195,7 @@ class MQTTConnection(asyncio.Protocol):
         if reason is None and "alarm" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("alarm")
-            self._process(held)
+            self.process(held)
 
     # -- for the broker's readers and the transport: the delivery component's --------------------
     def pump(self) -> None:
@@ -293,31 +292,6 @@ class MQTTConnection(asyncio.Protocol):
                 return
             self._timer = loop.call_later(limit - idle + 0.05, self._check_alive)
 
-    # -- CONNECT -------------------------------------------------------------------------------
-    async def _connect(self, packet: Connect) -> None:
-        try:
-            accepted = await accept(self, packet)
-        except Exception:
-            log.exception("CONNECT failed client_id=%s", packet.client_id)
-            accepted = False
-            if not self.closed:
-                self.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
-                self.close()
-        resend: dict[int, StoredMessage | None] = {}
-        if accepted and not self.closed:
-            try:
-                resend = await self.delivery.inflight_messages()  # (still connecting: its cursors wait meanwhile)
-            except StoreError as exc:  # not known whether they are gone: the session keeps them
-                log.warning("inflight messages not read client_id=%s error=%s", self.client_id, exc)
-                self.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
-        self.connecting = False
-        if not accepted or self.closed:
-            return
-        self.read_pauses.resume("connect")
-        self.delivery.resend_inflight(resend)
-        self.delivery.pump()
-        self._process()  # packets that arrived behind the CONNECT
-
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:
         if isinstance(packet, (PubAck, PubComp)):
@@ -334,18 +308,4 @@ class MQTTConnection(asyncio.Protocol):
             self.send(_PINGRESP)
         else:  # DISCONNECT: conn.events() lets through only what a client may send
             assert isinstance(packet, Disconnect)
-            self._on_disconnect(packet)
-
-    # -- DISCONNECT and connection end ---------------------------------------------------------
-    def _on_disconnect(self, packet: Disconnect) -> None:
-        session = self.session
-        assert session is not None
-        expiry = packet.properties.session_expiry_interval
-        if expiry is not None:
-            if session.expiry_interval == 0 and expiry != 0:
-                raise ProtocolViolation("session expiry set at DISCONNECT after 0 at CONNECT")
-            session.expiry_interval = expiry
-        if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
-            self.will = None
-        self.close()
-
+            disconnect_received(self, packet)

@@ -12,7 +12,7 @@ here take and change those structures so the rules stay in one place.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import Protocol
 
 from .errors import LocalProtocolError, ProtocolViolation
@@ -51,6 +51,19 @@ class State(enum.Enum):
     CONNECTING = "connecting"  # CONNECT read, its CONNACK not sent: nothing else may come
     CONNECTED = "connected"  # CONNACK 0 sent
     CLOSED = "closed"  # refused, disconnected or closed: nothing more is read or sent
+
+
+def free_packet_id(in_use: Container[int], start: int) -> int | None:
+    """The first packet id from ``start`` on (1 to 65,535, wrapping) that ``in_use`` does not
+    hold, or None when all are: ids are handed out in turn, so the first is nearly always free."""
+    if start not in in_use:
+        return start
+    pid = start
+    for _ in range(65_534):
+        pid = pid % 65_535 + 1
+        if pid not in in_use:
+            return pid
+    return None
 
 
 class InflightEntry(Protocol):
