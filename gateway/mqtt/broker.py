@@ -54,7 +54,7 @@ class MQTTBroker:
         self.acl = acl
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, MQTTConnection] = {}
-        self.readers: dict[str, set[MQTTConnection | ShareGroup]] = {}  # queue -> who reads it here
+        self.readers: dict[str, set[Delivery | ShareGroup]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.wildcards: WildcardQueues | RemoteWildcards = WildcardQueues() if node is None else node.wildcards
         self.retained: RetainedIndex | RemoteRetained = RetainedIndex(store) if node is None else node.retained
@@ -326,7 +326,7 @@ class MQTTBroker:
             self.remove_reader(group.queue, group)
 
     # -- readers and notify --------------------------------------------------------------------
-    def add_reader(self, queue: str, reader: MQTTConnection | ShareGroup) -> None:
+    def add_reader(self, queue: str, reader: Delivery | ShareGroup) -> None:
         readers = self.readers.get(queue)
         if readers is None:
             readers = self.readers[queue] = set()
@@ -334,7 +334,7 @@ class MQTTBroker:
                 self.node.reading(queue)
         readers.add(reader)
 
-    def remove_reader(self, queue: str, conn: MQTTConnection | ShareGroup) -> None:
+    def remove_reader(self, queue: str, conn: Delivery | ShareGroup) -> None:
         readers = self.readers.get(queue)
         if readers is not None:
             readers.discard(conn)

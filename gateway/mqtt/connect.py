@@ -166,7 +166,7 @@ async def accept(connection: MQTTConnection, packet: Connect) -> bool:
     connection.restart_keep_alive()
     connection.send_packet(ConnAck(session_present, ReasonCode.SUCCESS, connack_props))
     for queue in session.queues_read():
-        broker.add_reader(queue, connection)
+        broker.add_reader(queue, connection.delivery)
     for key, state in session.subscriptions.items():
         if state.share_group is not None:
             broker.join_share(key, connection)
@@ -202,7 +202,7 @@ def detach(connection: MQTTConnection) -> None:
         return  # taken over: the session belongs to the new connection now
     del broker.connections[connection.client_id]
     for queue in session.queues_read():
-        broker.remove_reader(queue, connection)
+        broker.remove_reader(queue, connection.delivery)
     for key, state in list(session.subscriptions.items()):
         if state.share_group is not None:
             broker.leave_share(key, connection, connection.delivery.take_shared_inflight(key, session))

@@ -81,6 +81,11 @@ class MQTTConnection(asyncio.Protocol):
         self.inbound = Inbound(self)  # the client's PUBLISHes to the store, and their acks
         self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
 
+    @property
+    def version(self) -> int:
+        """The negotiated protocol level (ServerConnection keeps it)."""
+        return self.conn.version
+
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -197,13 +202,7 @@ class MQTTConnection(asyncio.Protocol):
             self.read_pauses.resume("alarm")
             self.process(held)
 
-    # -- for the broker's readers and the transport: the delivery component's --------------------
-    def pump(self) -> None:
-        self.delivery.pump()
-
-    def schedule_pump(self) -> None:
-        self.delivery.schedule_pump()
-
+    # -- the transport's flow control: the delivery component's ----------------------------------
     def pause_writing(self) -> None:
         self.delivery.pause_writing()
 
