@@ -223,7 +223,8 @@ class MQTTConnection(asyncio.Protocol):
             self.out.clear()
 
     def send_packet(self, packet: Packet) -> None:
-        self.send(self.conn.send(packet))
+        if not self.closed:  # (what is sent after the close is dropped, as flush drops it)
+            self.send(self.conn.send(packet))
 
     def close(self) -> None:
         self.flush()
