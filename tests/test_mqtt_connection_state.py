@@ -280,3 +280,10 @@ def test_no_packet_id_when_all_are_in_use() -> None:
     assert free_packet_id(in_use, 7) is None
     in_use.discard(3)
     assert free_packet_id(in_use, 65_535) == 3  # wraps past 65,535 to 1
+
+
+def test_a_closed_connection_reads_nothing() -> None:
+    conn = _connected()
+    conn.closed()
+    conn.receive_data(encode(PingReq()))
+    assert list(conn.events()) == []

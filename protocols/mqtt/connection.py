@@ -129,14 +129,17 @@ class ServerConnection:
 
     def events(self) -> Iterator[Packet]:
         """The client's packets, in order. The first is its CONNECT (the reader refuses anything
-        else); after it nothing may come until ``accepted``; a second CONNECT is an error."""
+        else); the caller stops iterating there, and what follows waits in the reader until the
+        CONNACK is sent; a second CONNECT is an error. A closed connection reads nothing."""
         if self.state is State.CONNECTED:
             return self._connected_events()
+        if self.state is State.CLOSED:
+            return iter(())
         return self._connect_event()
 
     def _connect_event(self) -> Iterator[Packet]:
         for packet in self._reader.packets():
-            if self.state is not State.AWAIT_CONNECT:  # packets behind it wait in the reader
+            if self.state is not State.AWAIT_CONNECT:  # read on before its CONNACK was sent
                 raise ProtocolViolation("a packet before CONNECT completed")
             assert isinstance(packet, Connect)
             self.state = State.CONNECTING
