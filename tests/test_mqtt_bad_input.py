@@ -172,3 +172,21 @@ def test_the_mqtt_packet_limit_may_not_exceed_the_store_message_limit(tmp_path: 
 
     with pytest.raises(ConfigError, match="mqtt_max_packet_size"):
         validate(Config(data_dir=tmp_path, max_message_size=1 << 20, mqtt_max_packet_size=2 << 20))
+
+
+@pytest.mark.parametrize("version", [MQTT_5, MQTT_3_1_1])
+async def test_bytes_behind_a_disconnect_are_not_answered(data_dir: Path, version: int,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A malformed packet in the same write as the client's DISCONNECT: the connection has
+    closed at the DISCONNECT, so nothing answers the malformed bytes (no CONNACK on a closed
+    connection) and the gateway logs no error."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        client, ack = await RawClient.connected(port, Connect("leaving", version))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        client.send_raw(encode(Disconnect(), version) + b"\x30\x04\x00\x02\xc3\x28")
+        assert await client.closed() == []
+        bystander, ack = await RawClient.connected(port, Connect("bystander", version))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        await bystander.close()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []

@@ -193,7 +193,7 @@ class GatewayNode:
         """Replace what this node remembers of ``client_id``'s session with the stored one
         (another node may have had the client since). Its queues are read afresh when its
         readers start (after their notify events are routed here), and the messages it resends
-        by the connection (``Outbound.inflight_messages``)."""
+        by the connection (``Delivery.inflight_messages``)."""
         raw = await broker.sessions_table.load(client_id)
         broker.sessions.pop(client_id, None)
         if raw is None:

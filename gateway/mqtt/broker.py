@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..cluster.mqtt_node import GatewayNode, RemoteRetained, RemoteWildcards
     from ..pressure import StorePressure
     from .connection import MQTTConnection
+    from .outbound import Delivery
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -54,7 +55,7 @@ class MQTTBroker:
         self.acl = acl
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, MQTTConnection] = {}
-        self.readers: dict[str, set[MQTTConnection | ShareGroup]] = {}  # queue -> who reads it here
+        self.readers: dict[str, set[Delivery | ShareGroup]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.wildcards: WildcardQueues | RemoteWildcards = WildcardQueues() if node is None else node.wildcards
         self.retained: RetainedIndex | RemoteRetained = RetainedIndex(store) if node is None else node.retained
@@ -66,7 +67,7 @@ class MQTTBroker:
         self._flush_scheduled = False
         self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
         self._progress_timer: asyncio.TimerHandle | None = None
-        self._woken: list[MQTTConnection | ShareGroup] = []  # readers whose pump runs next (wake)
+        self._woken: list[Delivery | ShareGroup] = []  # readers whose pump runs next (wake)
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -304,7 +305,7 @@ class MQTTBroker:
         return found
 
     def join_share(self, key: str, conn: MQTTConnection) -> None:
-        state = conn.shared_subscription(key)
+        state = conn.delivery.shared_subscription(key)
         assert state is not None and state.share_group is not None
         group = self.share_group(state.share_group, state.topic_filter)
         group.join(conn)
@@ -320,7 +321,7 @@ class MQTTBroker:
             self.remove_reader(group.queue, group)
 
     # -- readers and notify --------------------------------------------------------------------
-    def add_reader(self, queue: str, reader: MQTTConnection | ShareGroup) -> None:
+    def add_reader(self, queue: str, reader: Delivery | ShareGroup) -> None:
         readers = self.readers.get(queue)
         if readers is None:
             readers = self.readers[queue] = set()
@@ -328,7 +329,7 @@ class MQTTBroker:
                 self.node.reading(queue)
         readers.add(reader)
 
-    def remove_reader(self, queue: str, conn: MQTTConnection | ShareGroup) -> None:
+    def remove_reader(self, queue: str, conn: Delivery | ShareGroup) -> None:
         readers = self.readers.get(queue)
         if readers is not None:
             readers.discard(conn)
@@ -346,7 +347,7 @@ class MQTTBroker:
         for reader in readers:
             reader.schedule_pump()
 
-    def wake(self, reader: MQTTConnection | ShareGroup) -> None:
+    def wake(self, reader: Delivery | ShareGroup) -> None:
         """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
         callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
         costs one callback, not a thousand."""

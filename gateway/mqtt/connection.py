@@ -1,24 +1,23 @@
-"""One MQTT client connection: an asyncio Protocol that feeds the sans-IO codec and handles
-each packet type (as Mosquitto's handle_*.c): CONNECT, inbound PUBLISH, SUBSCRIBE, DISCONNECT.
-What goes out to the client (delivery, acks of it) is in outbound.py."""
+"""One MQTT client connection: a thin asyncio Protocol (as uvicorn's) around the sans-IO
+ServerConnection (protocols/mqtt/connection.py), which says what each packet means and may
+follow what; this owns the transport, the keep-alive timer and read pauses, and hands each
+packet to its handler: CONNECT and the end (connect.py), PUBLISH (inbound.py), SUBSCRIBE
+(subscribe.py); what goes out unasked (delivery and its acks) is outbound.py's."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import socket
 import time
-import uuid
 from typing import TYPE_CHECKING
 
-from protocols.mqtt.codec import PacketReader, encode
-from protocols.mqtt.errors import MQTTError, ProtocolViolation
+from protocols.mqtt.codec import encode
+from protocols.mqtt.connection import ServerConnection, State
+from protocols.mqtt.errors import MQTTError
 from protocols.mqtt.packets import (
     MQTT_5,
-    Auth,
-    ConnAck,
     Connect,
     Disconnect,
     Packet,
@@ -29,24 +28,19 @@ from protocols.mqtt.packets import (
     Publish,
     PubRec,
     PubRel,
-    RetainHandling,
-    SubAck,
     Subscribe,
-    UnsubAck,
     Unsubscribe,
 )
 from protocols.mqtt.properties import Properties
-from protocols.mqtt.reason_codes import SUBACK_FAILURE_V3, ReasonCode
-from protocols.mqtt.topics import TopicError, parse_shared, validate_topic_name
-from store import StoredMessage, StoreError
+from protocols.mqtt.reason_codes import ReasonCode
+from store import StoreError
 
-from ..core.cursor import Cursor
-from ..core.ingest import PutPipeline, Refused
-from ..interop import queue_for_filter
 from ..read_pauses import ReadPauses
-from .messages import StoreMessageFactory
-from .outbound import Outbound
-from .session import NEVER_EXPIRES, Session, SubscriptionState
+from .connect import connect, detach, disconnect_received
+from .inbound import Inbound
+from .outbound import Delivery
+from .session import Session
+from .subscribe import subscribe, unsubscribe
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -55,18 +49,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.mqtt")
 
 _PINGRESP = encode(PingResp())
-_PUBACK_HEAD = b"\x40\x02"
 
 
-class MQTTConnection(Outbound, asyncio.Protocol):
+class MQTTConnection(asyncio.Protocol):
     def __init__(self, broker: MQTTBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
         self.tracer = tracer  # this listener's message trace, when it is on
         self.settings = broker.settings
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.reader = PacketReader(self.settings.max_packet_size)
-        self.version = 4
+        settings = self.settings
+        # the protocol state (sans-IO): what may come when, the negotiated version, topic
+        # aliases and Receive Maximum both ways, inbound QoS 2 exchanges
+        self.conn = ServerConnection(max_packet_size=settings.max_packet_size, receive_maximum=settings.receive_maximum,
+                                     topic_alias_maximum=settings.topic_alias_maximum, send_quota=settings.max_inflight)
         self.session: Session | None = None
         self.client_id = ""
         self.username: str | None = None
@@ -76,29 +72,19 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
-        self._pump_scheduled = False
-        self._window_full = False
-        self._writing_paused = False
-        self.slow = True  # until it has caught up: a backlog from before it connected is cut
-        self._paused_at = 0.0
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._out: list[bytes] = []
-        # client-side limits (5.0 CONNECT properties)
-        self.send_quota = self.settings.max_inflight
-        self.client_max_packet = 0  # 0: no limit
-        self.alias_max_out = 0
-        self._aliases_out: dict[str, int] = {}
-        self._aliases_in: dict[int, str] = {}
-        # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
-        # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
-        self._inbound_unacked = 0
-        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
-        self._read_check = None  # the ACL's per-message read check, when deny rules need it
+        self.out: list[bytes] = []  # what is written at the next flush
+        self.read_check = None  # the ACL's per-message read check, when deny rules need it
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
-        self.puts = PutPipeline(broker.store, self.read_pauses, listener="mqtt", watcher=tracer)  # the ingest path
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
+        self.inbound = Inbound(self)  # the client's PUBLISHes to the store, and their acks
+        self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
+
+    @property
+    def version(self) -> int:
+        """The negotiated protocol level (ServerConnection keeps it)."""
+        return self.conn.version
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,25 +102,23 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.broker.stats.bytes_received += len(data)
         self.last_received = time.monotonic()
-        self.reader.feed(data)
-        self._process()
+        self.conn.receive_data(data)
+        self.process()
 
-    def _process(self, held: Publish | None = None) -> None:
+    def process(self, held: Publish | None = None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
-        packets = self.reader.packets()
+        packets = self.conn.events()
+        receive = self.inbound.receive
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
                     return
-                if self.session is None:
-                    if self.connecting or not isinstance(packet, Connect):
-                        # packets after CONNECT but before its CONNACK wait in the reader
-                        raise ProtocolViolation("a packet before CONNECT completed")
+                if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
                     self.connecting = True
                     self.read_pauses.pause("connect")
-                    asyncio.get_running_loop().create_task(self._connect(packet))
+                    asyncio.get_running_loop().create_task(connect(self, packet))
                     return
                 if isinstance(packet, Publish):
                     if pressure is not None and pressure.raised:
@@ -148,10 +132,10 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                         self.read_pauses.pause("subscribers")
                         gate.hold(self)
                         break
-                    self._on_publish(packet, batch)
+                    receive(packet, batch)
                 else:
                     if batch:
-                        self._submit_publishes(batch)
+                        self.inbound.submit(batch)
                         batch = []
                     if isinstance(packet, Subscribe) and self.broker.node is not None:
                         if packet is self._ready:
@@ -166,11 +150,11 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                     self._dispatch(packet)
         except MQTTError as exc:
             if batch:
-                self._submit_publishes(batch)
+                self.inbound.submit(batch)
             self.protocol_error(exc.reason_code, str(exc))
             return
         if batch:
-            self._submit_publishes(batch)
+            self.inbound.submit(batch)
         self.flush()
 
     async def _prepared(self, fetching) -> None:
@@ -190,23 +174,24 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         self._ready = held
         self.read_pauses.resume("store")
         try:
-            self._process(held)
+            self.process(held)
         finally:
             node.subscribed(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.conn.closed()
         if self._timer is not None:
             self._timer.cancel()
-        self._leave_gate()
-        self._detach(graceful=False)
+        self.delivery.leave_gate()
+        detach(self)
 
     def ingest_open(self) -> None:
         """The ingest gate opened: the held publish and what follows it are read now."""
         if "subscribers" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("subscribers")
-            self._process(held)  # type: ignore[arg-type]
+            self.process(held)  # type: ignore[arg-type]
 
     def resource_alarm(self, reason: str | None) -> None:
         """The store's resource alarm was raised (a reason) or cleared (None). A client that
@@ -215,37 +200,46 @@ class MQTTConnection(Outbound, asyncio.Protocol):
         if reason is None and "alarm" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("alarm")
-            self._process(held)
+            self.process(held)
+
+    # -- the transport's flow control: the delivery component's ----------------------------------
+    def pause_writing(self) -> None:
+        self.delivery.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.delivery.resume_writing()
 
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self._out.append(data)
+        self.out.append(data)
 
     def flush(self) -> None:
-        if self._out and self.transport is not None and not self.closed:
-            data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-            self._out.clear()
+        if self.out and self.transport is not None and not self.closed:
+            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            self.out.clear()
             self.broker.stats.bytes_sent += len(data)
             self.transport.write(data)
         else:
-            self._out.clear()
+            self.out.clear()
 
     def send_packet(self, packet: Packet) -> None:
-        self.send(encode(packet, self.version))
+        if not self.closed:  # (what is sent after the close is dropped, as flush drops it)
+            self.send(self.conn.send(packet))
 
     def close(self) -> None:
         self.flush()
         if self.transport is not None and not self.closed:
             self.closed = True
+            self.conn.closed()
             self.transport.close()
-            self._leave_gate()
-            self._detach(graceful=False)
+            self.delivery.leave_gate()
+            detach(self)
 
     def disconnect(self, reason: ReasonCode, message: str) -> None:
         """Server-side close: DISCONNECT with a reason code first in 5.0, then close."""
         if self.closed:
             return
-        if self.version == MQTT_5 and self.session is not None:
+        if self.conn.version == MQTT_5 and self.conn.state is State.CONNECTED:
             props = Properties(reason_string=message[:200]) if message else Properties()
             self.send_packet(Disconnect(reason, props))
         self.close()
@@ -253,24 +247,37 @@ class MQTTConnection(Outbound, asyncio.Protocol):
     def protocol_error(self, reason: ReasonCode, message: str) -> None:
         log.info("closing connection client_id=%s peer=%s reason=0x%02X error=%r",
                  self.client_id or "-", self.peer, reason, message)
-        if self.session is None and self.version == MQTT_5 and reason in (
-            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR,
-            ReasonCode.PACKET_TOO_LARGE,
-        ) and self.reader.version == MQTT_5:
-            self.send_packet(ConnAck(False, reason))
-        elif self.session is None and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-            # the client's level is unknown: answer in 3.1.1 (return code 1), as the spec asks
-            self.send(encode(ConnAck(False, reason), 4))
+        if not self.closed:
+            refusal = self.conn.refusal(reason)  # before CONNACK: a refusing one, where it is read
+            if refusal:
+                self.send(refusal)
         self.disconnect(reason, message)
 
     def shutdown(self) -> None:
         self.disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down")
 
+    def restart_keep_alive(self) -> None:
+        """The CONNECT was accepted: its keep alive (1.5 times, MQTT 3.1.2.10) replaces the
+        connect timeout."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.keep_alive:
+            self._timer = asyncio.get_running_loop().call_later(self.keep_alive * 1.5, self._check_alive)
+
+    def allowed(self, topic: str, *, write: bool) -> bool:
+        acl = self.broker.acl
+        if acl is None:
+            return True
+        if write:
+            return acl.allows_publish(self.username, self.client_id, topic)  # type: ignore[attr-defined]
+        return acl.allows_subscribe(self.username, self.client_id, topic)  # type: ignore[attr-defined]
+
     def _check_alive(self) -> None:
         if self.closed:
             return
         loop = asyncio.get_running_loop()
-        if self.session is None and not self.connecting:
+        if self.conn.state is State.AWAIT_CONNECT:
             log.info("no CONNECT in time peer=%s", self.peer)
             self.close()
             return
@@ -285,435 +292,20 @@ class MQTTConnection(Outbound, asyncio.Protocol):
                 return
             self._timer = loop.call_later(limit - idle + 0.05, self._check_alive)
 
-    # -- CONNECT -------------------------------------------------------------------------------
-    async def _connect(self, packet: Connect) -> None:
-        try:
-            accepted = await self._accept(packet)
-        except Exception:
-            log.exception("CONNECT failed client_id=%s", packet.client_id)
-            accepted = False
-            if not self.closed:
-                self.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
-                self.close()
-        resend: dict[int, StoredMessage | None] = {}
-        if accepted and not self.closed:
-            try:
-                resend = await self.inflight_messages()  # (still connecting: its cursors wait meanwhile)
-            except StoreError as exc:  # not known whether they are gone: the session keeps them
-                log.warning("inflight messages not read client_id=%s error=%s", self.client_id, exc)
-                self.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not read the session's messages")
-        self.connecting = False
-        if not accepted or self.closed:
-            return
-        self.read_pauses.resume("connect")
-        self._resend_inflight(resend)
-        self.pump()
-        self._process()  # packets that arrived behind the CONNECT
-
-    async def _accept(self, packet: Connect) -> bool:
-        broker = self.broker
-        self.version = packet.version
-        props = packet.properties
-        refuse = None
-        client_id = packet.client_id
-        assigned = None
-        if not client_id:
-            if not packet.clean_start and self.version != MQTT_5:
-                refuse = ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
-            client_id = assigned = f"tidemq-{uuid.uuid4().hex[:20]}"
-        if props.authentication_method is not None:
-            refuse = ReasonCode.BAD_AUTHENTICATION_METHOD  # no enhanced authentication methods
-        if refuse is None:
-            refuse = await self._authenticate(packet, client_id)
-        if refuse is None and packet.will is not None:
-            try:
-                validate_topic_name(packet.will.topic)
-            except TopicError:
-                refuse = ReasonCode.TOPIC_NAME_INVALID
-            else:
-                acl = broker.acl
-                if packet.will.topic.startswith("$") or (acl is not None and not acl.allows_publish(  # type: ignore[attr-defined]
-                        packet.username, client_id, packet.will.topic)):
-                    refuse = ReasonCode.NOT_AUTHORIZED
-        if self.closed:
-            return False
-        if refuse is not None:
-            log.info("connection refused client_id=%s peer=%s reason=0x%02X", client_id, self.peer, refuse)
-            self.send_packet(ConnAck(False, refuse))
-            self.close()
-            return False
-        self.client_id = self.puts.who = client_id
-        self._messages = StoreMessageFactory(client_id)
-        self.username = packet.username
-        acl = broker.acl
-        if acl is not None and acl.checks_deliveries(self.username, client_id):  # type: ignore[attr-defined]
-            self._read_check = acl.allows_read  # type: ignore[attr-defined]
-        if broker.node is not None and not broker.node.store.connected:
-            log.info("connection refused: no store node client_id=%s", client_id)
-            self.send_packet(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE))
-            self.close()
-            return False
-        if broker.node is not None:
-            old = broker.connections.get(client_id)
-            if old is not None:  # a takeover on this node: the old connection writes the session back
-                log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, self.peer)
-                old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
-            await broker.node.claim(client_id)  # disconnected on any other node, session saved
-            await broker.node.load_session(broker, client_id)  # from the store node (after the write above)
-            if self.closed:
-                return False
-        # takeover: the newest connection wins
-        old = broker.connections.get(client_id)
-        if old is not None and old is not self:
-            log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, self.peer)
-            old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
-        broker.cancel_will(client_id)
-        expiry = (props.session_expiry_interval or 0) if self.version == MQTT_5 else (
-            0 if packet.clean_start else NEVER_EXPIRES)
-        session = broker.sessions.get(client_id)
-        session_present = False
-        if session is not None and (packet.clean_start or session.expired()):
-            broker.end_session(session)
-            session = None
-        if session is None:
-            session = Session(client_id, self.version, expiry)
-            broker.sessions[client_id] = session
-        else:
-            session_present = True
-            session.version = self.version
-            session.expiry_interval = expiry
-        session.disconnected_at = None
-        self.session = session
-        broker.connections[client_id] = self
-        self.will = packet.will
-        # limits the client asked for
-        if self.version == MQTT_5:
-            self.send_quota = props.receive_maximum or 65_535
-            self.client_max_packet = props.maximum_packet_size or 0
-            self.alias_max_out = props.topic_alias_maximum or 0
-        self.keep_alive = packet.keep_alive
-        connack_props = Properties()
-        if self.version == MQTT_5:
-            connack_props.receive_maximum = self.settings.receive_maximum
-            connack_props.maximum_packet_size = self.settings.max_packet_size
-            connack_props.topic_alias_maximum = self.settings.topic_alias_maximum
-            if assigned is not None:
-                connack_props.assigned_client_identifier = assigned
-            if props.request_response_information == 1:
-                # the basis of response topics this client may use (MQTT 5.0 section 4.10)
-                connack_props.response_information = f"response/{client_id}"
-            cap = self.settings.max_keepalive
-            if cap and (self.keep_alive == 0 or self.keep_alive > cap):
-                self.keep_alive = cap
-                connack_props.server_keep_alive = cap
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.keep_alive:
-            self._timer = asyncio.get_running_loop().call_later(self.keep_alive * 1.5, self._check_alive)
-        self.send_packet(ConnAck(session_present, ReasonCode.SUCCESS, connack_props))
-        for queue in session.queues_read():
-            broker.add_reader(queue, self)
-        for key, state in session.subscriptions.items():
-            if state.share_group is not None:
-                broker.join_share(key, self)
-        broker.mark_dirty(session)
-        log.debug("client connected client_id=%s peer=%s version=%d", client_id, self.peer, self.version)
-        return True
-
-    async def _authenticate(self, packet: Connect, client_id: str) -> ReasonCode | None:
-        auth = self.broker.authenticator
-        if packet.username is None and packet.password is None:
-            if self.settings.allow_anonymous:
-                return None
-            self.broker.stats.auth_failures += 1
-            return ReasonCode.NOT_AUTHORIZED
-        if auth is None:
-            return None if self.settings.allow_anonymous else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        ok = await auth.verify_async(packet.username or "", packet.password or b"")  # type: ignore[attr-defined]
-        if not ok:
-            self.broker.stats.auth_failures += 1
-        return None if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:
-        if isinstance(packet, PubAck):
-            self._on_puback(packet)
+        if isinstance(packet, (PubAck, PubComp)):
+            self.delivery.on_ack(packet)
         elif isinstance(packet, PubRec):
-            self._on_pubrec(packet)
-        elif isinstance(packet, PubComp):
-            self._on_pubcomp(packet)
+            self.delivery.on_pubrec(packet)
         elif isinstance(packet, PubRel):
-            self._on_pubrel(packet)
+            self.inbound.on_pubrel(packet)
         elif isinstance(packet, Subscribe):
-            self._on_subscribe(packet)
+            subscribe(self, packet)
         elif isinstance(packet, Unsubscribe):
-            self._on_unsubscribe(packet)
+            unsubscribe(self, packet)
         elif isinstance(packet, PingReq):
             self.send(_PINGRESP)
-        elif isinstance(packet, Disconnect):
-            self._on_disconnect(packet)
-        elif isinstance(packet, Connect):
-            raise ProtocolViolation("a second CONNECT")
-        elif isinstance(packet, Auth):
-            raise ProtocolViolation("AUTH without an authentication method")
-        else:
-            raise ProtocolViolation(f"a client must not send {type(packet).__name__.upper()}")
-
-    # -- PUBLISH from the client ---------------------------------------------------------------
-    def _on_publish(self, packet: Publish, batch: list) -> None:
-        session = self.session
-        assert session is not None
-        topic = packet.topic
-        props = packet.properties
-        if self.version == MQTT_5 and props.topic_alias is not None:
-            alias = props.topic_alias
-            if alias > self.settings.topic_alias_maximum:
-                raise ProtocolViolation(f"topic alias {alias} above the maximum", ReasonCode.TOPIC_ALIAS_INVALID)
-            if topic:
-                self._aliases_in[alias] = topic
-            else:
-                known = self._aliases_in.get(alias)
-                if known is None:
-                    raise ProtocolViolation(f"unknown topic alias {alias}")
-                topic = known
-        try:
-            validate_topic_name(topic)
-        except TopicError as exc:
-            raise ProtocolViolation(str(exc), ReasonCode.TOPIC_NAME_INVALID) from None
-        if packet.qos and packet.packet_id in session.awaiting_release and packet.qos == 2:
-            self.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
-            return
-        if packet.qos:
-            self._inbound_unacked += 1
-            if self._inbound_unacked > self.settings.receive_maximum and self.version == MQTT_5:
-                raise ProtocolViolation("more unacknowledged publishes than Receive Maximum",
-                                        ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-        self.broker.stats.messages_received += 1
-        refuse = None
-        if props.payload_format_indicator == 1:
-            try:
-                packet.payload.decode("utf-8")
-            except UnicodeDecodeError:
-                refuse = ReasonCode.PAYLOAD_FORMAT_INVALID
-        if refuse is None and (topic.startswith("$") or not self._allowed(topic, write=True)):
-            refuse = ReasonCode.NOT_AUTHORIZED
-        if refuse is not None:
-            # (ACL refusals are counted and logged, rate-limited, by gateway/auth/authorize.py)
-            log.debug("publish refused client_id=%s topic=%s reason=0x%02X", self.client_id, topic, refuse)
-            if packet.qos == 0:
-                if refuse == ReasonCode.PAYLOAD_FORMAT_INVALID and self.version == MQTT_5:
-                    raise ProtocolViolation("payload is not UTF-8", refuse)
-                return
-            # 3.1.1 has no negative acknowledgement: the publish is acknowledged and dropped
-            self._ack_inbound(packet, refuse if self.version == MQTT_5 else ReasonCode.SUCCESS)
-            return
-        batch.append((packet, topic))
-
-    def _allowed(self, topic: str, *, write: bool) -> bool:
-        acl = self.broker.acl
-        if acl is None:
-            return True
-        if write:
-            return acl.allows_publish(self.username, self.client_id, topic)  # type: ignore[attr-defined]
-        return acl.allows_subscribe(self.username, self.client_id, topic)  # type: ignore[attr-defined]
-
-    def _submit_publishes(self, batch: list[tuple[Publish, str]]) -> None:
-        broker = self.broker
-        queues_for = broker.wildcards.queues_for
-        make = self._messages.message
-        items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
-        try:
-            # a publish the store cannot take is refused alone; the others read with it go on
-            self.puts.submit(items, lambda fut, refused: self._publishes_stored(batch, fut, refused))
-        except StoreError as exc:
-            self._publishes_failed(batch, exc)
-            return
-
-    def _publishes_stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future, refused: Refused) -> None:
-        """Acknowledge in the order the publishes came (MQTT 4.6), each refused one where it was."""
-        if any(p.retain for p, _ in batch):
-            stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
-            self.broker.record_retained([(topic, bool(p.payload)) if p.retain else None for p, topic in stored], fut)
-        if fut.cancelled() or fut.exception() is not None:
-            self._publishes_failed(batch, fut.exception() if not fut.cancelled() else None)
-            return
-        if self.closed:
-            return
-        for i, (packet, topic) in enumerate(batch):
-            if i in refused:
-                self._publish_refused(packet, topic, refused[i])
-                if self.closed:
-                    return
-            elif packet.qos:
-                self._ack_inbound(packet, ReasonCode.SUCCESS)
-        self.flush()
-
-    def _publishes_failed(self, batch: list[tuple[Publish, str]], exc: BaseException | None) -> None:
-        self.broker.limited_log.log(logging.ERROR, type(exc).__name__, "publish not stored client_id=%s count=%d error=%s",
-                                    self.client_id, len(batch), json.dumps(str(exc)))
-        if self.closed:
-            return
-        if self.version != MQTT_5:  # no negative acknowledgement in 3.1.1: the client resends
-            self.close()
-            return
-        for packet, _ in batch:
-            if packet.qos:
-                self._ack_inbound(packet, ReasonCode.UNSPECIFIED_ERROR)
-        self.flush()
-
-    def _publish_refused(self, packet: Publish, topic: str, exc: StoreError) -> None:
-        """A publish the store refused alone (too large once stored with its queue list, or
-        invalid): 5.0 answers it with a negative acknowledgement (a QoS 0 one has none:
-        DISCONNECT 0x95); 3.1.1 has no negative acknowledgement, so the connection closes."""
-        self.broker.limited_log.log(logging.WARNING, type(exc).__name__,
-                                    "publish refused by the store client_id=%s topic=%s error=%s",
-                                    self.client_id, json.dumps(topic), json.dumps(str(exc)))
-        if self.version != MQTT_5:
-            self.close()
-        elif not packet.qos:
-            self.disconnect(ReasonCode.PACKET_TOO_LARGE, str(exc))
-        else:
-            self._ack_inbound(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
-
-    def _ack_inbound(self, packet: Publish, code: ReasonCode) -> None:
-        assert packet.packet_id is not None
-        if packet.qos == 1 or code >= 0x80:
-            self._inbound_unacked -= 1
-        else:  # still counted until the PUBREL that this PUBREC asks for
-            self._unreleased.add(packet.packet_id)
-        if packet.qos == 1:
-            if code == ReasonCode.SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
-                self.send(_PUBACK_HEAD + packet.packet_id.to_bytes(2, "big"))
-            else:
-                self.send_packet(PubAck(packet.packet_id, code))
-        else:
-            if code < 0x80:
-                self.session.awaiting_release.add(packet.packet_id)  # type: ignore[union-attr]
-                self.broker.mark_dirty(self.session)  # type: ignore[arg-type]
-            self.send_packet(PubRec(packet.packet_id, code))
-
-    def _on_pubrel(self, packet: PubRel) -> None:
-        session = self.session
-        assert session is not None
-        if packet.packet_id in self._unreleased:
-            self._unreleased.discard(packet.packet_id)
-            self._inbound_unacked -= 1
-        if packet.packet_id in session.awaiting_release:
-            session.awaiting_release.discard(packet.packet_id)
-            self.broker.mark_dirty(session)
-            self.send_packet(PubComp(packet.packet_id))
-        else:
-            self.send_packet(PubComp(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-
-    # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
-    def _on_subscribe(self, packet: Subscribe) -> None:
-        session = self.session
-        assert session is not None
-        broker = self.broker
-        codes: list[int] = []
-        identifier = packet.properties.subscription_identifiers[0] if packet.properties.subscription_identifiers else None
-        retained_to_send: list[tuple[SubscriptionState, list[StoredMessage]]] = []
-        for request in packet.subscriptions:
-            try:
-                group, topic_filter = parse_shared(request.topic_filter)
-            except TopicError as exc:
-                log.info("subscribe refused client_id=%s filter=%r error=%s", self.client_id, request.topic_filter, exc)
-                codes.append(ReasonCode.TOPIC_FILTER_INVALID if self.version == MQTT_5 else SUBACK_FAILURE_V3)
-                continue
-            if group is not None and request.no_local and self.version == MQTT_5:
-                raise ProtocolViolation("No Local on a shared subscription")
-            if not self._allowed(topic_filter, write=False):
-                codes.append(ReasonCode.NOT_AUTHORIZED if self.version == MQTT_5 else SUBACK_FAILURE_V3)
-                continue
-            key = request.topic_filter  # "$share/g/f" stays distinct from a plain "f"
-            request.topic_filter = topic_filter
-            queue = queue_for_filter(topic_filter)
-            existing = session.subscriptions.get(key)
-            state = SubscriptionState(request, queue, group, identifier)
-            session.subscriptions[key] = state
-            if existing is None:
-                broker.hold_filter(session, topic_filter)
-                if group is not None:
-                    broker.join_share(key, self)
-                else:
-                    if queue not in session.cursors:
-                        session.cursors[queue] = Cursor(queue, broker.store.max_offset_now(queue))
-                    broker.add_reader(queue, self)
-            codes.append(request.qos)
-            rh = request.retain_handling
-            # retained messages are not sent for shared subscriptions (MQTT 5.0 section 4.8.2)
-            if group is None and (rh == RetainHandling.SEND_ON_SUBSCRIBE
-                                  or (rh == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and existing is None)):
-                retained_to_send.append((state, broker.retained_matching(topic_filter)))
-        self.send_packet(SubAck(packet.packet_id, codes))
-        for state, messages in retained_to_send:
-            for message in messages:
-                self._send_retained(state, message)
-        broker.mark_dirty(session)
-        self.schedule_pump()
-
-    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
-        session = self.session
-        assert session is not None
-        codes = []
-        for topic_filter in packet.topic_filters:
-            state = session.subscriptions.pop(topic_filter, None)
-            if state is None:
-                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
-                continue
-            codes.append(ReasonCode.SUCCESS)
-            self.broker.release_filter(session, state.topic_filter)
-            if state.share_group is not None:
-                self.broker.leave_share(topic_filter, self, self._take_shared_inflight(topic_filter))
-                continue
-            if state.queue not in session.queues_read():
-                cursor = session.cursors.pop(state.queue, None)
-                self.broker.remove_reader(state.queue, self)
-                if cursor is not None:  # inflight messages of that queue finish, without a cursor
-                    cursor.unacked.clear()
-        self.send_packet(UnsubAck(packet.packet_id, codes if self.version == MQTT_5 else []))
-        self.broker.mark_dirty(session)
-
-    # -- DISCONNECT and connection end ---------------------------------------------------------
-    def _on_disconnect(self, packet: Disconnect) -> None:
-        session = self.session
-        assert session is not None
-        expiry = packet.properties.session_expiry_interval
-        if expiry is not None:
-            if session.expiry_interval == 0 and expiry != 0:
-                raise ProtocolViolation("session expiry set at DISCONNECT after 0 at CONNECT")
-            session.expiry_interval = expiry
-        if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
-            self.will = None
-        self.close()
-
-    def _detach(self, *, graceful: bool) -> None:
-        session = self.session
-        if session is None:
-            return
-        self.session = None
-        broker = self.broker
-        if broker.connections.get(self.client_id) is not self:
-            return  # taken over: the session belongs to the new connection now
-        del broker.connections[self.client_id]
-        for queue in session.queues_read():
-            broker.remove_reader(queue, self)
-        for key, state in list(session.subscriptions.items()):
-            if state.share_group is not None:
-                broker.leave_share(key, self, self._take_shared_inflight(key, session))
-        session.disconnected_at = time.time()
-        will, self.will = self.will, None
-        if session.expiry_interval == 0:
-            broker.end_session(session)
-        else:
-            broker.mark_dirty(session)
-        if broker.node is not None:  # a gateway node: written now, then offline in the lookup
-            broker.flush_sessions()
-            broker.node.client_gone(self.client_id)
-        if will is not None:
-            delay = will.properties.will_delay_interval or 0 if self.version == MQTT_5 else 0
-            if session.expiry_interval == 0 or delay == 0:
-                broker.publish_will(self.client_id, will)
-            else:
-                broker.schedule_will(session, will, min(delay, session.expiry_interval))
+        else:  # DISCONNECT: conn.events() lets through only what a client may send
+            assert isinstance(packet, Disconnect)
+            disconnect_received(self, packet)

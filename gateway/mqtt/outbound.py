@@ -1,4 +1,4 @@
-"""The outbound side of an MQTT connection (a mixin of MQTTConnection): the push half of
+"""The outbound side of an MQTT connection (``Delivery``, a component it owns): the push half of
 push-pull delivery, shared-subscription deliveries, retained messages on subscribe, and the
 acknowledgements of what was sent (PUBACK / PUBREC / PUBCOMP, resending after a reconnect).
 
@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from protocols.mqtt.connection import PubRecAnswer
 from protocols.mqtt.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
@@ -26,6 +27,7 @@ from .session import Inflight, Session, SubscriptionState
 if TYPE_CHECKING:
     from ..trace import Tracer
     from .broker import MQTTBroker
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -33,22 +35,34 @@ PULL_BATCH = 64  # messages per store read of one queue
 FLUSH_EVERY = 256  # PUBLISHes a pump gathers before it writes them (and may find the socket full)
 
 
-class Outbound:
-    """Mixed into MQTTConnection, whose state (session, broker, transport, limits) it uses."""
+class Delivery:
+    """What one MQTTConnection sends its client unasked: a component the connection owns (it
+    writes through the connection's buffer, and reads its session and client id)."""
 
-    broker: MQTTBroker
-    session: Session | None
-    tracer: Tracer | None
-    _window_full: bool  # the last pump stopped at the client's window (an ack then pumps again)
-    _writing_paused: bool  # the transport's buffer is above its high-water mark
-    # its socket stalled (or it has not caught up since it connected): its QoS 0 backlog is cut
-    # to max_queued_messages and publishers do not wait for it
-    slow: bool
-    _paused_at: float  # loop time of the last pause_writing
-    _stall_timer: asyncio.TimerHandle | None  # runs out when the socket has not drained in time
+    def __init__(self, connection: MQTTConnection) -> None:
+        self.connection = connection
+        # fixed for the connection's life: kept here, off the per-message attribute chain
+        self.broker: MQTTBroker = connection.broker
+        self.settings = connection.settings
+        self.tracer: Tracer | None = connection.tracer
+        self.conn = connection.conn  # the protocol state: version, the client's limits, aliases
+        self._out = connection.out
+        self.send = connection.send
+        self.send_packet = connection.send_packet
+        self.flush = connection.flush
+        self._pump_scheduled = False
+        self._window_full = False  # the last pump stopped at the client's window (an ack then pumps again)
+        self.writing_paused = False  # the transport's buffer is above its high-water mark
+        # its socket stalled (or it has not caught up since it connected): its QoS 0 backlog is
+        # cut to max_queued_messages and publishers do not wait for it; true until it has
+        # caught up, so a backlog from before it connected is cut
+        self.slow = True
+        self._paused_at = 0.0  # loop time of the last pause_writing
+        self._stall_timer: asyncio.TimerHandle | None = None  # runs out when the socket has not drained in time
+
     # -- acknowledgements of our PUBLISHes ------------------------------------------------------
-    def _settle(self, packet_id: int) -> Inflight | None:
-        session = self.session
+    def settle(self, packet_id: int) -> Inflight | None:
+        session = self.connection.session
         assert session is not None
         inflight = session.inflight.pop(packet_id, None)
         if inflight is None:
@@ -71,49 +85,42 @@ class Outbound:
             self.schedule_pump()
         return inflight
 
-    def _on_puback(self, packet: PubAck) -> None:
-        inflight = self.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 1:
-            log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.client_id, packet.packet_id)
+    def on_ack(self, packet: PubAck | PubComp) -> None:
+        """PUBACK (QoS 1) or PUBCOMP (QoS 2): the delivery is done."""
+        inflight = self.conn.acked(packet, self.connection.session.inflight)  # type: ignore[union-attr]
+        if inflight is None:
+            if packet.__class__ is PubAck:
+                log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.connection.client_id, packet.packet_id)
             return
-        self._settle(packet.packet_id)
+        self.settle(packet.packet_id)
         if self.tracer is not None:
-            self.tracer.acked("mqtt", self.client_id, inflight.position, inflight.queue, inflight.offset)
+            assert isinstance(inflight, Inflight)
+            self.tracer.acked("mqtt", self.connection.client_id, inflight.position, inflight.queue, inflight.offset)
 
-    def _on_pubrec(self, packet: PubRec) -> None:
-        session = self.session
+    def on_pubrec(self, packet: PubRec) -> None:
+        session = self.connection.session
         assert session is not None
-        inflight = session.inflight.get(packet.packet_id)
-        if inflight is None or inflight.qos != 2:
+        answer = self.conn.pubrec(packet, session.inflight)
+        if answer is PubRecAnswer.RELEASE:
+            self.broker.mark_dirty(session)
+            self.send_packet(PubRel(packet.packet_id))
+        elif answer is PubRecAnswer.REFUSED:  # the client refused it: the exchange ends here
+            self.settle(packet.packet_id)
+        else:
             self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
-            return
-        if packet.reason_code >= 0x80:  # the client refused it: the exchange ends here
-            self._settle(packet.packet_id)
-            return
-        inflight.released = True
-        self.broker.mark_dirty(session)
-        self.send_packet(PubRel(packet.packet_id))
-
-    def _on_pubcomp(self, packet: PubComp) -> None:
-        inflight = self.session.inflight.get(packet.packet_id)  # type: ignore[union-attr]
-        if inflight is None or inflight.qos != 2:
-            return
-        self._settle(packet.packet_id)
-        if self.tracer is not None:
-            self.tracer.acked("mqtt", self.client_id, inflight.position, inflight.queue, inflight.offset)
 
     async def inflight_messages(self) -> dict[int, StoredMessage | None]:
         """The messages of the session's unacknowledged PUBLISHes, by position, for
-        ``_resend_inflight``; None for one retention removed (the store said so: a gateway node
+        ``resend_inflight``; None for one retention removed (the store said so: a gateway node
         asks its store node, and a StoreError means nothing is known)."""
-        session = self.session
+        session = self.connection.session
         assert session is not None
         positions = [i.position for i in session.inflight.values() if not i.released]
         return await self.broker.read_positions(positions) if positions else {}
 
-    def _resend_inflight(self, messages: dict[int, StoredMessage | None]) -> None:
+    def resend_inflight(self, messages: dict[int, StoredMessage | None]) -> None:
         """After a reconnect: unacknowledged PUBLISHes again with DUP, PUBRELs again (in order)."""
-        session = self.session
+        session = self.connection.session
         assert session is not None
         for inflight in list(session.inflight.values()):
             if inflight.released:
@@ -123,47 +130,49 @@ class Outbound:
                 continue  # sent while they were read (a shared group's delivery): not a resend
             message = messages[inflight.position]
             if message is None:  # removed by retention meanwhile
-                self._settle(inflight.packet_id)
+                self.settle(inflight.packet_id)
                 continue
             message.queue, message.queue_offset = inflight.queue, inflight.offset
             if not self._send_message(message, inflight.qos, None, inflight.packet_id, dup=True):
-                self._settle(inflight.packet_id)
+                self.settle(inflight.packet_id)
         self.flush()
 
-    def _send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
+    def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
         delivery = delivery_of(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             self.broker.set_retained(message.topic, None)  # an expired retained message is gone
             return
         qos = min(state.options.qos, delivery.qos)
+        session = self.connection.session
+        assert session is not None
         packet_id = None
         if qos:
-            packet_id = self.session.allocate_packet_id()  # type: ignore[union-attr]
+            packet_id = session.allocate_packet_id()
             if packet_id is None:
                 return
-            self.session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)  # type: ignore[union-attr]
+            session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)
         sub_ids = (state.identifier,) if state.identifier else ()
         if not self._send_message(message, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
                 and packet_id is not None:
-            self.session.inflight.pop(packet_id, None)  # type: ignore[union-attr]
+            session.inflight.pop(packet_id, None)
 
     # -- shared subscriptions (shared.py chooses the member) -------------------------------------
     def shared_subscription(self, key: str) -> SubscriptionState | None:
-        return self.session.subscriptions.get(key) if self.session is not None else None
-
-    @property
-    def writing_paused(self) -> bool:
-        return self._writing_paused
+        session = self.connection.session
+        return session.subscriptions.get(key) if session is not None else None
 
     def has_window(self) -> bool:
-        return self.session is not None and self.send_quota - len(self.session.inflight) > 0
+        session = self.connection.session
+        return session is not None and self.conn.window(session.inflight) > 0
 
     def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
                        remaining: int | None) -> bool:
-        session = self.session
+        session = self.connection.session
         assert session is not None
-        if self._read_check is not None and not self._read_check(self.username, self.client_id, message.topic):
+        connection = self.connection
+        read_check = connection.read_check
+        if read_check is not None and not read_check(connection.username, connection.client_id, message.topic):
             return False  # an ACL deny rule: this member does not get it (the group moves on)
         packet_id = None
         if qos:
@@ -178,11 +187,11 @@ class Outbound:
                                                    message.position, share=key)
         return True
 
-    def _take_shared_inflight(self, key: str, session: Session | None = None) -> list[tuple[int, int]]:
+    def take_shared_inflight(self, key: str, session: Session | None = None) -> list[tuple[int, int]]:
         """Remove this session's unacknowledged deliveries for a shared subscription and return
         them -- (queue offset, commitlog position) -- for the group to give to another member
         (a QoS 2 message whose PUBREC came is the member's already and stays)."""
-        session = session or self.session
+        session = session or self.connection.session
         assert session is not None
         taken = []
         for pid, inflight in list(session.inflight.items()):
@@ -193,14 +202,14 @@ class Outbound:
 
     # -- the socket's drain, and fair turns with publishers (ingest_gate.py) --------------------
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        self.writing_paused = True
         loop = asyncio.get_running_loop()
         self._paused_at = loop.time()
         if not self.slow and self._stall_timer is None:
             self._stall_timer = loop.call_later(self.settings.subscriber_stall_s, self._stalled)
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        self.writing_paused = False
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
@@ -212,33 +221,34 @@ class Outbound:
         """The socket did not drain in ``subscriber_stall_s``: this client is slow, not kept
         waiting by us. It holds publishers no longer; its QoS 0 backlog is cut from now on."""
         self._stall_timer = None
-        if self._writing_paused and not self.closed:
+        if self.writing_paused and not self.connection.closed:
             self.slow = True
-            log.info("subscriber stalled client_id=%s peer=%s unsent_bytes=%d", self.client_id, self.peer,
-                     self.transport.get_write_buffer_size() if self.transport is not None else 0)
-            self.broker.gate.done(self)
+            log.info("subscriber stalled client_id=%s peer=%s unsent_bytes=%d", self.connection.client_id, self.connection.peer,
+                     self.connection.transport.get_write_buffer_size() if self.connection.transport is not None else 0)
+            self.broker.gate.done(self.connection)
 
-    def _leave_gate(self) -> None:
+    def leave_gate(self) -> None:
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
-        self.broker.gate.forget(self)
+        self.broker.gate.forget(self.connection)
 
     # -- delivery (push side of push-pull) -----------------------------------------------------
     def schedule_pump(self) -> None:
-        if not self._pump_scheduled and not self.closed:
+        if not self._pump_scheduled and not self.connection.closed:
             self._pump_scheduled = True
             self.broker.wake(self)
 
     def pump(self) -> None:
         self._pump_scheduled = False
         self._window_full = False
-        session = self.session
-        if session is None or self.closed or self.connecting:
+        session = self.connection.session
+        if session is None or self.connection.closed or self.connection.connecting:
             return
         broker = self.broker
         cache = broker.cache
         max_offset = broker.store.max_offset_now
+        conn = self.conn
         behind = False  # a QoS 0 queue not read to its end: only a full socket stops those
         for queue in list(session.cursors):
             cursor = session.cursors.get(queue)
@@ -247,8 +257,8 @@ class Outbound:
             needs_quota = self._queue_needs_quota(queue)
             if not needs_quota and self.slow:
                 self._drop_qos0_backlog(cursor)
-            while not self._writing_paused:
-                if needs_quota and self.send_quota - len(session.inflight) <= 0:
+            while not self.writing_paused:
+                if needs_quota and conn.send_quota - len(session.inflight) <= 0:
                     self._window_full = True
                     break
                 result = cursor.read(cache, PULL_BATCH, self._cursor_moved)
@@ -257,23 +267,24 @@ class Outbound:
                 delivered = self._deliver_batch(cursor, result.messages)
                 if len(self._out) >= FLUSH_EVERY:  # the transport's high-water mark bounds a pump too
                     self.flush()
-                if not delivered or self._writing_paused or result.next_offset >= result.max_offset:
+                if not delivered or self.writing_paused or result.next_offset >= result.max_offset:
                     break  # (at the queue's end as of this read: its next notify wakes this pump)
-            if not needs_quota and self._writing_paused and max_offset(queue) > cursor.next_offset:
+            if not needs_quota and self.writing_paused and max_offset(queue) > cursor.next_offset:
                 behind = True
         self.flush()
         if behind and not self.slow:
-            broker.gate.wait(self)  # publishers wait for this subscriber's socket to drain
+            broker.gate.wait(self.connection)  # publishers wait for this subscriber's socket to drain
         else:
-            broker.gate.done(self)
-            if self.slow and not behind and not self.transport.get_write_buffer_size():  # type: ignore[union-attr]
+            broker.gate.done(self.connection)
+            if self.slow and not behind and not self.connection.transport.get_write_buffer_size():  # type: ignore[union-attr]
                 self.slow = False  # caught up, all sent: it keeps up (again)
 
     def _cursor_moved(self, cursor: Cursor, start: int, to: int) -> None:
         """The store no longer has (or never had) what the cursor pointed at: it goes on from ``to``."""
-        log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.client_id, cursor.queue, start, to)
-        if self.session is not None:
-            self.broker.mark_progress(self.session)
+        log.info("cursor moved client_id=%s queue=%s from=%d to=%d", self.connection.client_id, cursor.queue, start, to)
+        session = self.connection.session
+        if session is not None:
+            self.broker.mark_progress(session)
 
     def _drop_qos0_backlog(self, cursor: Cursor) -> None:
         """A stalled QoS 0 reader more than max_queued_messages behind skips ahead (counted as
@@ -284,16 +295,18 @@ class Outbound:
         if excess > 0:
             cursor.next_offset += excess
             self.broker.stats.publish_dropped += excess
-            log.info("qos 0 backlog dropped client_id=%s queue=%s count=%d", self.client_id, cursor.queue, excess)
+            log.info("qos 0 backlog dropped client_id=%s queue=%s count=%d", self.connection.client_id, cursor.queue, excess)
 
     def _queue_needs_quota(self, queue: str) -> bool:
-        session = self.session
+        session = self.connection.session
         return any(s.options.qos > 0 for s in session.subscriptions.values() if s.queue == queue)  # type: ignore[union-attr]
 
     def _deliver_batch(self, cursor: Cursor, messages: list[StoredMessage]) -> bool:
         """Send what the session should get; False when the window is full (stop pulling)."""
-        session = self.session
+        connection = self.connection
+        session = connection.session
         assert session is not None
+        client_id = connection.client_id
         broker = self.broker
         queue = cursor.queue
         subs = [s for s in session.subscriptions.values() if s.share_group is None]
@@ -303,18 +316,18 @@ class Outbound:
         others = [s for s in subs if s.queue != queue]
         no_local = any(s.options.no_local for s in subs)
         unacked = cursor.unacked
-        read_check = self._read_check
+        read_check = connection.read_check
         for message in messages:
             offset = message.queue_offset
             if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
                 cursor.next_offset = offset + 1
                 continue
-            if read_check is not None and not read_check(self.username, self.client_id, message.topic):
+            if read_check is not None and not read_check(connection.username, client_id, message.topic):
                 cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
                 continue
             delivery = delivery_of(message)
             matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own
-            if no_local and delivery.publisher == self.client_id:
+            if no_local and delivery.publisher == client_id:
                 matched = [s for s in matched if not s.options.no_local]
             if not matched:
                 cursor.next_offset = offset + 1
@@ -335,7 +348,7 @@ class Outbound:
                     continue
             packet_id = None
             if qos:
-                if self.send_quota - len(session.inflight) <= 0:
+                if self.conn.send_quota - len(session.inflight) <= 0:
                     self._window_full = True
                     return False
                 packet_id = session.allocate_packet_id()
@@ -355,7 +368,7 @@ class Outbound:
                 cursor.unacked[offset] = packet_id
                 if qos == 2:
                     broker.mark_dirty(session)
-            if self._writing_paused:
+            if self.writing_paused:
                 return False
         broker.mark_progress(session)
         return True
@@ -369,15 +382,13 @@ class Outbound:
         topic = message.topic
         send_topic = topic
         alias = None
-        if self.version == MQTT_5:
+        conn = self.conn
+        version = conn.version
+        if version == MQTT_5:
             if remaining is None:
                 remaining = delivery.remaining_expiry()
-            if self.alias_max_out:
-                alias = self._aliases_out.get(topic)
-                if alias is not None:
-                    send_topic = ""
-                elif len(self._aliases_out) < self.alias_max_out:
-                    alias = self._aliases_out[topic] = len(self._aliases_out) + 1
+            if conn.alias_max_out:
+                send_topic, alias = conn.alias_out(topic)
             props_key = (sub_ids or (), remaining, alias)
 
             def make_props() -> Properties:
@@ -388,16 +399,16 @@ class Outbound:
             props_key = ()
             make_props = _no_props
 
-        template = delivery.template(send_topic, qos, retain, self.version, props_key, make_props)
-        if self.client_max_packet and len(template.data) > self.client_max_packet:
+        template = delivery.template(send_topic, qos, retain, version, props_key, make_props)
+        if conn.client_max_packet and len(template.data) > conn.client_max_packet:
             broker.stats.publish_dropped += 1
             if alias is not None and send_topic:  # the alias was never announced
-                self._aliases_out.pop(topic, None)
+                conn.alias_unsent(topic)
             return False
         self.send(template.render(packet_id, dup))
         broker.stats.messages_sent += 1
         if self.tracer is not None:
-            self.tracer.delivered("mqtt", self.client_id, message.position, message.queue, message.queue_offset, qos)
+            self.tracer.delivered("mqtt", self.connection.client_id, message.position, message.queue, message.queue_offset, qos)
         return True
 
 

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocols.mqtt.connection import free_packet_id
 from protocols.mqtt.packets import Subscription, Will
 
 from ..core.cursor import Cursor
@@ -70,16 +71,10 @@ class Session:
 
     def allocate_packet_id(self) -> int | None:
         """A free packet id, or None when all 65,535 are in use."""
-        pid = self.next_packet_id
-        if pid not in self.inflight:  # nearly always: ids are handed out in turn
+        pid = free_packet_id(self.inflight, self.next_packet_id)
+        if pid is not None:
             self.next_packet_id = pid % 65_535 + 1
-            return pid
-        for _ in range(65_535):
-            pid = self.next_packet_id
-            self.next_packet_id = pid % 65_535 + 1
-            if pid not in self.inflight:
-                return pid
-        return None
+        return pid
 
     def queues_read(self) -> set[str]:
         return {s.queue for s in self.subscriptions.values() if s.share_group is None}

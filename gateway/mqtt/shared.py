@@ -102,10 +102,10 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             self.broker.wake(self)
 
     def _can_take(self, conn: MQTTConnection, qos: int) -> bool:
-        state = conn.shared_subscription(self.key)
-        if state is None or conn.closed or conn.writing_paused:
+        state = conn.delivery.shared_subscription(self.key)
+        if state is None or conn.closed or conn.delivery.writing_paused:
             return False
-        return not (min(qos, state.options.qos) and not conn.has_window())
+        return not (min(qos, state.options.qos) and not conn.delivery.has_window())
 
     def pump(self) -> None:
         self._pump_scheduled = False
@@ -142,10 +142,10 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         conn = self.next_member(lambda member: self._can_take(member, delivery.qos))
         if conn is None:
             return False
-        state = conn.shared_subscription(self.key)
+        state = conn.delivery.shared_subscription(self.key)
         assert state is not None
         qos = min(delivery.qos, state.options.qos)
-        if conn.deliver_shared(self.key, message, qos, state, remaining) and qos:
+        if conn.delivery.deliver_shared(self.key, message, qos, state, remaining) and qos:
             self.handed_out(message, conn.client_id)
         touched.add(conn)
         return True

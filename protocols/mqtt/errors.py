@@ -1,12 +1,15 @@
-"""Errors of the MQTT codec. Each carries the MQTT 5.0 reason code a server answers with."""
+"""Errors of MQTT, as h11 has them: the peer broke the protocol (``RemoteProtocolError``, which
+carries the MQTT 5.0 reason code to answer with), or we were asked to send something the
+protocol forbids in this state (``LocalProtocolError``, a bug on our side)."""
 
 from __future__ import annotations
 
 from .reason_codes import ReasonCode
 
 
-class MQTTError(Exception):
-    """Base of every error the codec raises; nothing else escapes decoding."""
+class RemoteProtocolError(Exception):
+    """The peer broke the protocol; the base of every error decoding raises (nothing else
+    escapes it). ``reason_code`` is what the DISCONNECT (or refusing CONNACK) says."""
 
     reason_code: ReasonCode = ReasonCode.UNSPECIFIED_ERROR
 
@@ -14,6 +17,13 @@ class MQTTError(Exception):
         super().__init__(message)
         if reason_code is not None:
             self.reason_code = reason_code
+
+
+MQTTError = RemoteProtocolError  # the name the codec's callers know
+
+
+class LocalProtocolError(Exception):
+    """We were asked to send a packet the connection's state forbids (a bug of the caller)."""
 
 
 class MalformedPacket(MQTTError):

@@ -1,0 +1,146 @@
+"""The inbound side of an MQTT connection (``Inbound``, a component it owns): a client's
+PUBLISHes checked (alias, topic, Receive Maximum: the sans-IO ServerConnection; payload format,
+ACL: here), put to the store in batches through the ingest path (core/ingest.py), and
+acknowledged in order once stored; the QoS 2 exchange's PUBREL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from protocols.mqtt.errors import ProtocolViolation
+from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
+from protocols.mqtt.reason_codes import ReasonCode
+from store import StoreError
+
+from ..core.ingest import PutPipeline, Refused
+from .messages import StoreMessageFactory
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
+
+log = logging.getLogger("tidemq.mqtt")
+
+
+class Inbound:
+    def __init__(self, connection: MQTTConnection) -> None:
+        self.connection = connection
+        # fixed for the connection's life: kept here, off the per-message attribute chain
+        self.broker = connection.broker
+        self.conn = connection.conn  # the protocol state: version, aliases, Receive Maximum
+        self.send = connection.send
+        self.send_packet = connection.send_packet
+        self.flush = connection.flush
+        # the ingest path; it pauses the connection's reading while too many puts are on their way
+        self.puts = PutPipeline(connection.broker.store, connection.read_pauses, listener="mqtt",
+                                watcher=connection.tracer)
+        self._messages = StoreMessageFactory("")
+
+    def publisher(self, client_id: str) -> None:
+        """The CONNECT was accepted: what this client publishes carries its client id."""
+        self.puts.who = client_id
+        self._messages = StoreMessageFactory(client_id)
+
+    def receive(self, packet: Publish, batch: list) -> None:
+        session = self.connection.session
+        assert session is not None
+        topic = self.conn.inbound_publish(packet, session.awaiting_release)
+        if topic is None:
+            self.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
+            return
+        props = packet.properties
+        self.broker.stats.messages_received += 1
+        refuse = None
+        if props.payload_format_indicator == 1:
+            try:
+                packet.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                refuse = ReasonCode.PAYLOAD_FORMAT_INVALID
+        if refuse is None and (topic.startswith("$") or not self.connection.allowed(topic, write=True)):
+            refuse = ReasonCode.NOT_AUTHORIZED
+        if refuse is not None:
+            # (ACL refusals are counted and logged, rate-limited, by gateway/auth/authorize.py)
+            log.debug("publish refused client_id=%s topic=%s reason=0x%02X", self.connection.client_id, topic, refuse)
+            if packet.qos == 0:
+                if refuse == ReasonCode.PAYLOAD_FORMAT_INVALID and self.conn.version == MQTT_5:
+                    raise ProtocolViolation("payload is not UTF-8", refuse)
+                return
+            # 3.1.1 has no negative acknowledgement: the publish is acknowledged and dropped
+            self._ack(packet, refuse if self.conn.version == MQTT_5 else ReasonCode.SUCCESS)
+            return
+        batch.append((packet, topic))
+
+    def submit(self, batch: list[tuple[Publish, str]]) -> None:
+        broker = self.broker
+        queues_for = broker.wildcards.queues_for
+        make = self._messages.message
+        items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
+        try:
+            # a publish the store cannot take is refused alone; the others read with it go on
+            self.puts.submit(items, lambda fut, refused: self._stored(batch, fut, refused))
+        except StoreError as exc:
+            self._failed(batch, exc)
+            return
+
+    def _stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future, refused: Refused) -> None:
+        """Acknowledge in the order the publishes came (MQTT 4.6), each refused one where it was."""
+        if any(p.retain for p, _ in batch):
+            stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
+            self.broker.record_retained([(topic, bool(p.payload)) if p.retain else None for p, topic in stored], fut)
+        if fut.cancelled() or fut.exception() is not None:
+            self._failed(batch, fut.exception() if not fut.cancelled() else None)
+            return
+        if self.connection.closed:
+            return
+        for i, (packet, topic) in enumerate(batch):
+            if i in refused:
+                self._refused(packet, topic, refused[i])
+                if self.connection.closed:
+                    return
+            elif packet.qos:
+                self._ack(packet, ReasonCode.SUCCESS)
+        self.flush()
+
+    def _failed(self, batch: list[tuple[Publish, str]], exc: BaseException | None) -> None:
+        self.broker.limited_log.log(logging.ERROR, type(exc).__name__, "publish not stored client_id=%s count=%d error=%s",
+                                    self.connection.client_id, len(batch), json.dumps(str(exc)))
+        if self.connection.closed:
+            return
+        if self.conn.version != MQTT_5:  # no negative acknowledgement in 3.1.1: the client resends
+            self.connection.close()
+            return
+        for packet, _ in batch:
+            if packet.qos:
+                self._ack(packet, ReasonCode.UNSPECIFIED_ERROR)
+        self.flush()
+
+    def _refused(self, packet: Publish, topic: str, exc: StoreError) -> None:
+        """A publish the store refused alone (too large once stored with its queue list, or
+        invalid): 5.0 answers it with a negative acknowledgement (a QoS 0 one has none:
+        DISCONNECT 0x95); 3.1.1 has no negative acknowledgement, so the connection closes."""
+        self.broker.limited_log.log(logging.WARNING, type(exc).__name__,
+                                    "publish refused by the store client_id=%s topic=%s error=%s",
+                                    self.connection.client_id, json.dumps(topic), json.dumps(str(exc)))
+        if self.conn.version != MQTT_5:
+            self.connection.close()
+        elif not packet.qos:
+            self.connection.disconnect(ReasonCode.PACKET_TOO_LARGE, str(exc))
+        else:
+            self._ack(packet, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+
+    def _ack(self, packet: Publish, code: ReasonCode) -> None:
+        session = self.connection.session
+        assert packet.packet_id is not None and session is not None
+        self.send(self.conn.ack_publish(packet.qos, packet.packet_id, code, session.awaiting_release))
+        if packet.qos == 2 and code < 0x80:
+            self.broker.mark_dirty(session)
+
+    def on_pubrel(self, packet: PubRel) -> None:
+        session = self.connection.session
+        assert session is not None
+        code = self.conn.release(packet.packet_id, session.awaiting_release)
+        if code == ReasonCode.SUCCESS:
+            self.broker.mark_dirty(session)
+        self.send_packet(PubComp(packet.packet_id, code))

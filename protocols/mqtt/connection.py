@@ -1,0 +1,301 @@
+"""The server side of one MQTT connection, sans-IO (as h11's ``Connection``): fed bytes, it
+yields the client's packets as events, gated by the connection's state; it turns the packets
+the server sends into bytes in the negotiated version; and it keeps the per-connection protocol
+state: topic aliases both ways, Receive Maximum counting both ways, inbound QoS 2 exchanges.
+
+The events are the decoded packets themselves (packets.py): the PUBLISH hot path allocates
+nothing more. What outlives the connection (a session's inflight table and its inbound QoS 2
+packet ids, ``awaiting_release``) is the caller's, persisted with the session; the methods
+here take and change those structures so the rules stay in one place.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Container, Iterator, Mapping
+from typing import Protocol
+
+from .errors import LocalProtocolError, ProtocolViolation
+from .packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscribe,
+    Unsubscribe,
+)
+from .reader import PacketReader
+from .reason_codes import ReasonCode
+from .topics import TopicError, validate_topic_name
+from .writer import encode
+
+_PUBACK_HEAD = b"\x40\x02"
+# protocol errors a 5.0 CONNACK can carry (MQTT 5.0 section 3.2.2.2)
+_CONNACK_REFUSALS = frozenset((ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET,
+                               ReasonCode.PROTOCOL_ERROR, ReasonCode.PACKET_TOO_LARGE))
+# what a client may send once connected (PUBLISH and PUBACK are tested for first: the hot path)
+_FROM_CLIENT = frozenset((PubRec, PubRel, PubComp, Subscribe, Unsubscribe, PingReq, Disconnect))
+
+
+class State(enum.Enum):
+    AWAIT_CONNECT = "await_connect"  # nothing read yet: the first packet must be CONNECT
+    CONNECTING = "connecting"  # CONNECT read, its CONNACK not sent: nothing else may come
+    CONNECTED = "connected"  # CONNACK 0 sent
+    CLOSED = "closed"  # refused, disconnected or closed: nothing more is read or sent
+
+
+def free_packet_id(in_use: Container[int], start: int) -> int | None:
+    """The first packet id from ``start`` on (1 to 65,535, wrapping) that ``in_use`` does not
+    hold, or None when all are: ids are handed out in turn, so the first is nearly always free."""
+    if start not in in_use:
+        return start
+    pid = start
+    for _ in range(65_534):
+        pid = pid % 65_535 + 1
+        if pid not in in_use:
+            return pid
+    return None
+
+
+class InflightEntry(Protocol):
+    """A QoS 1/2 PUBLISH sent to the client and not yet acknowledged (the caller's record)."""
+
+    qos: int
+    released: bool  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
+
+
+class PubRecAnswer(enum.Enum):
+    RELEASE = "release"  # the entry is released: answer PUBREL
+    REFUSED = "refused"  # the client refused the message: the exchange ends (no PUBREL)
+    NOT_FOUND = "not_found"  # not a QoS 2 delivery of ours: answer PUBREL 0x92
+
+
+class ServerConnection:
+    """One client's protocol state. ``receive_data`` then iterate ``events()``; ``send(packet)``
+    gives the bytes to write. ``RemoteProtocolError`` (errors.py) means the client broke the
+    protocol (its ``reason_code`` closes the connection); ``LocalProtocolError`` that the
+    caller asked to send something this state forbids."""
+
+    __slots__ = (
+        "_aliases_in",
+        "_aliases_out",
+        "_reader",
+        "_unreleased",
+        "alias_max_out",
+        "client_max_packet",
+        "inbound_unacked",
+        "receive_maximum",
+        "send_quota",
+        "state",
+        "topic_alias_maximum",
+        "version",
+    )
+
+    def __init__(self, *, max_packet_size: int, receive_maximum: int, topic_alias_maximum: int,
+                 send_quota: int) -> None:
+        self.state = State.AWAIT_CONNECT
+        self.version = MQTT_3_1_1  # the CONNECT's protocol level, once one was read
+        self._reader = PacketReader(max_packet_size)
+        # our limits, announced in CONNACK (5.0)
+        self.receive_maximum = receive_maximum
+        self.topic_alias_maximum = topic_alias_maximum
+        # the client's limits (5.0 CONNECT properties; ``send_quota`` until it says otherwise)
+        self.send_quota = send_quota
+        self.client_max_packet = 0  # 0: no limit
+        self.alias_max_out = 0
+        self._aliases_in: dict[int, str] = {}
+        self._aliases_out: dict[str, int] = {}
+        # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
+        # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
+        self.inbound_unacked = 0
+        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
+
+    # -- reading -------------------------------------------------------------------------------
+    def receive_data(self, data: bytes) -> None:
+        self._reader.feed(data)
+
+    @property
+    def buffered(self) -> int:
+        return self._reader.buffered
+
+    def events(self) -> Iterator[Packet]:
+        """The client's packets, in order. The first is its CONNECT (the reader refuses anything
+        else); the caller stops iterating there, and what follows waits in the reader until the
+        CONNACK is sent; a second CONNECT is an error. A closed connection reads nothing."""
+        if self.state is State.CONNECTED:
+            return self._connected_events()
+        if self.state is State.CLOSED:
+            return iter(())
+        return self._connect_event()
+
+    def _connect_event(self) -> Iterator[Packet]:
+        for packet in self._reader.packets():
+            if self.state is not State.AWAIT_CONNECT:  # read on before its CONNACK was sent
+                raise ProtocolViolation("a packet before CONNECT completed")
+            assert isinstance(packet, Connect)
+            self.state = State.CONNECTING
+            self.version = packet.version
+            yield packet
+
+    def _connected_events(self) -> Iterator[Packet]:
+        for packet in self._reader.packets():
+            cls = packet.__class__
+            if cls is not Publish and cls is not PubAck and cls not in _FROM_CLIENT:
+                if cls is Connect:
+                    raise ProtocolViolation("a second CONNECT")
+                if cls is Auth:
+                    raise ProtocolViolation("AUTH without an authentication method")
+                raise ProtocolViolation(f"a client must not send {cls.__name__.upper()}")
+            yield packet
+
+    def accepted(self, connect: Connect) -> None:
+        """The CONNECT is accepted: its limits apply from now on; its CONNACK is sent next."""
+        if self.state is not State.CONNECTING:
+            raise LocalProtocolError(f"accepting a CONNECT in state {self.state.name}")
+        if self.version == MQTT_5:
+            props = connect.properties
+            self.send_quota = props.receive_maximum or 65_535
+            self.client_max_packet = props.maximum_packet_size or 0
+            self.alias_max_out = props.topic_alias_maximum or 0
+
+    def closed(self) -> None:
+        self.state = State.CLOSED
+
+    # -- inbound PUBLISH and its acknowledgement ------------------------------------------------
+    def inbound_publish(self, packet: Publish, awaiting_release: set[int]) -> str | None:
+        """The topic of a client's PUBLISH, its alias resolved, counted against our Receive
+        Maximum until ``ack_publish``; None for a QoS 2 PUBLISH sent again whose first copy
+        was taken (``awaiting_release``): answer it with ``PubRec`` again, nothing more."""
+        topic = packet.topic
+        if self.version == MQTT_5:
+            alias = packet.properties.topic_alias
+            if alias is not None:
+                if alias > self.topic_alias_maximum:
+                    raise ProtocolViolation(f"topic alias {alias} above the maximum", ReasonCode.TOPIC_ALIAS_INVALID)
+                if topic:
+                    self._aliases_in[alias] = topic
+                else:
+                    known = self._aliases_in.get(alias)
+                    if known is None:
+                        raise ProtocolViolation(f"unknown topic alias {alias}")
+                    topic = known
+        try:
+            validate_topic_name(topic)
+        except TopicError as exc:
+            raise ProtocolViolation(str(exc), ReasonCode.TOPIC_NAME_INVALID) from None
+        if packet.qos:
+            if packet.qos == 2 and packet.packet_id in awaiting_release:
+                return None
+            self.inbound_unacked += 1
+            if self.inbound_unacked > self.receive_maximum and self.version == MQTT_5:
+                raise ProtocolViolation("more unacknowledged publishes than Receive Maximum",
+                                        ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        return topic
+
+    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
+        """PUBACK (QoS 1) or PUBREC (QoS 2) for a publish ``inbound_publish`` counted. A QoS 2
+        one taken (code below 0x80) joins ``awaiting_release`` and stays counted until PUBREL."""
+        if qos == 1 or code >= 0x80:
+            self.inbound_unacked -= 1
+        else:
+            self._unreleased.add(packet_id)
+        if qos == 1:
+            if code == ReasonCode.SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
+                return _PUBACK_HEAD + packet_id.to_bytes(2, "big")
+            return encode(PubAck(packet_id, code), self.version)
+        if code < 0x80:
+            awaiting_release.add(packet_id)
+        return encode(PubRec(packet_id, code), self.version)
+
+    def release(self, packet_id: int, awaiting_release: set[int]) -> ReasonCode:
+        """A PUBREL: the reason code of its PUBCOMP (SUCCESS: ``awaiting_release`` lost the id)."""
+        if packet_id in self._unreleased:
+            self._unreleased.discard(packet_id)
+            self.inbound_unacked -= 1
+        if packet_id in awaiting_release:
+            awaiting_release.discard(packet_id)
+            return ReasonCode.SUCCESS
+        return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+
+    # -- outbound PUBLISH ----------------------------------------------------------------------
+    def window(self, inflight: Mapping[int, object]) -> int:
+        """How many more QoS 1/2 PUBLISHes the client's Receive Maximum lets us send."""
+        return self.send_quota - len(inflight)
+
+    def alias_out(self, topic: str) -> tuple[str, int | None]:
+        """(topic to send, Topic Alias) for a PUBLISH to the client, when it takes aliases
+        (``alias_max_out``): a known topic goes as its alias alone; a new one gets the next
+        alias while there are free ones."""
+        alias = self._aliases_out.get(topic)
+        if alias is not None:
+            return "", alias
+        if len(self._aliases_out) < self.alias_max_out:
+            alias = self._aliases_out[topic] = len(self._aliases_out) + 1
+        return topic, alias
+
+    def alias_unsent(self, topic: str) -> None:
+        """The PUBLISH that was to announce ``topic``'s new alias was not sent."""
+        self._aliases_out.pop(topic, None)
+
+    def acked(self, packet: PubAck | PubComp, inflight: Mapping[int, InflightEntry]) -> InflightEntry | None:
+        """The delivery a PUBACK (QoS 1) or PUBCOMP (QoS 2) ends (the caller settles it); None
+        when it is not one of ours, or of the other QoS (ignored)."""
+        entry = inflight.get(packet.packet_id)
+        if entry is None or entry.qos != (1 if packet.__class__ is PubAck else 2):
+            return None
+        return entry
+
+    def pubrec(self, packet: PubRec, inflight: Mapping[int, InflightEntry]) -> PubRecAnswer:
+        """The second step of a QoS 2 delivery: the entry is released (MQTT 4.3.3), or ends."""
+        entry = inflight.get(packet.packet_id)
+        if entry is None or entry.qos != 2:
+            return PubRecAnswer.NOT_FOUND
+        if packet.reason_code >= 0x80:
+            return PubRecAnswer.REFUSED
+        entry.released = True
+        return PubRecAnswer.RELEASE
+
+    # -- writing -------------------------------------------------------------------------------
+    def refusal(self, reason: ReasonCode) -> bytes:
+        """What to send before closing on the client's protocol error ``reason`` while its
+        CONNECT is not accepted: a refusing CONNACK where the client can read one, else nothing
+        (once connected, a 5.0 server sends DISCONNECT instead)."""
+        if self.state is State.CONNECTED or self.state is State.CLOSED:
+            return b""
+        if self.version == MQTT_5 and reason in _CONNACK_REFUSALS:
+            return self.send(ConnAck(False, reason))
+        if reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+            # the client's level is unknown: answer in 3.1.1 (return code 1), as the spec asks
+            self.state = State.CLOSED
+            return encode(ConnAck(False, reason), MQTT_3_1_1)
+        return b""
+
+    def send(self, packet: Packet) -> bytes:
+        """The bytes of a packet the server sends, in the negotiated version."""
+        state = self.state
+        if state is State.CONNECTED:
+            if packet.__class__ is ConnAck:
+                raise LocalProtocolError("a second CONNACK")
+            if packet.__class__ is Disconnect and self.version != MQTT_5:
+                raise LocalProtocolError("DISCONNECT from a server exists only in MQTT 5.0")
+        elif packet.__class__ is ConnAck:
+            if state is State.CLOSED:
+                raise LocalProtocolError("CONNACK on a closed connection")
+            if packet.reason_code >= 0x80:
+                self.state = State.CLOSED
+            elif state is State.CONNECTING:
+                self.state = State.CONNECTED
+            else:
+                raise LocalProtocolError("CONNACK 0 before a CONNECT")
+        else:
+            raise LocalProtocolError(f"{type(packet).__name__.upper()} before the CONNECT was accepted")
+        return encode(packet, self.version)
