@@ -9,9 +9,11 @@ import gc
 from pathlib import Path
 
 import aio_pika
+import pytest
 
+from gateway.config import Config, ConfigError, load_config
 from gateway.mqtt.messages import Delivery
-from store import StoredMessage
+from store import Message, MessageStore, StoredMessage
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 MESSAGES = 300
@@ -68,3 +70,43 @@ async def test_delivered_messages_leave_no_cyclic_garbage(data_dir: Path) -> Non
             await pub.disconnect()
             await connection.close()
 
+
+def options_file(db_dir: Path) -> dict[str, str]:
+    """name -> value of the newest OPTIONS file RocksDB wrote for a database (every section)."""
+    newest = max(db_dir.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    pairs = (line.strip().partition("=") for line in newest.read_text().splitlines())
+    return {name: value for name, sep, value in pairs if sep}
+
+
+async def test_rocksdb_memory_is_bounded_by_the_configured_budget(data_dir: Path) -> None:
+    """rocksdb_cache_bytes and rocksdb_write_buffer_bytes reach both databases: one shared block
+    cache of that capacity, memtables sized from the budget, and the index and bloom-filter
+    blocks of table files held in the cache, not beside it (where they grew with the data)."""
+    config = Config(data_dir=data_dir, rocksdb_cache_bytes=3 << 20, rocksdb_write_buffer_bytes=8 << 20)
+    store = await MessageStore.open(config.store_options())
+    try:
+        entries = 0
+        for _ in range(4):  # four table files of 25,000 index entries each
+            await store.put_batch([(Message(f"mem/{i % 100}", b"x"), [f"mem/{i % 100}"]) for i in range(25_000)])
+            store.index.flush()
+            entries += 25_000
+        for db in (store.index.db, store.meta.db):
+            assert db.property_int_value("rocksdb.block-cache-capacity") == 3 << 20
+        # (one cache: what the index put in it shows in meta's figure too)
+        assert store.meta.db.property_int_value("rocksdb.block-cache-usage") > 0
+        # a bloom filter alone costs 10 bits per entry; kept outside the cache it would show here
+        assert store.index.db.property_int_value("rocksdb.estimate-table-readers-mem") < entries * 10 // 8 // 2
+    finally:
+        await store.close()
+    index, meta = options_file(data_dir / "index"), options_file(data_dir / "meta")
+    assert (index["write_buffer_size"], meta["write_buffer_size"]) == (str(2 << 20), str(1 << 20))
+    for options in (index, meta):
+        assert options["max_write_buffer_number"] == "2"
+        assert options["cache_index_and_filter_blocks"] == "true"
+
+
+def test_rocksdb_budget_below_the_minimum_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="rocksdb_cache_bytes"):
+        load_config(env={"TIDEMQ_ROCKSDB_CACHE_BYTES": "1000"})
+    with pytest.raises(ConfigError, match="rocksdb_write_buffer_bytes"):
+        load_config(env={"TIDEMQ_ROCKSDB_WRITE_BUFFER_BYTES": "1000"})
