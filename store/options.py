@@ -8,7 +8,7 @@ from typing import Literal
 
 FlushMode = Literal["sync", "async"]
 MIN_ROCKSDB_CACHE_BYTES = 1 << 20
-MIN_ROCKSDB_WRITE_BUFFER_BYTES = 4 << 20
+MIN_ROCKSDB_WRITE_BUFFER_BYTES = 16 << 20  # meta's memtable: two arena blocks (store/rocks.py)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ import pytest
 from gateway.config import Config, ConfigError, load_config
 from gateway.mqtt.messages import Delivery
 from store import Message, MessageStore, StoredMessage
+from store.rocks import ARENA_BLOCK_BYTES
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 MESSAGES = 300
@@ -82,7 +83,7 @@ async def test_rocksdb_memory_is_bounded_by_the_configured_budget(data_dir: Path
     """rocksdb_cache_bytes and rocksdb_write_buffer_bytes reach both databases: one shared block
     cache of that capacity, memtables sized from the budget, and the index and bloom-filter
     blocks of table files held in the cache, not beside it (where they grew with the data)."""
-    config = Config(data_dir=data_dir, rocksdb_cache_bytes=3 << 20, rocksdb_write_buffer_bytes=8 << 20)
+    config = Config(data_dir=data_dir, rocksdb_cache_bytes=3 << 20, rocksdb_write_buffer_bytes=16 << 20)
     store = await MessageStore.open(config.store_options())
     try:
         entries = 0
@@ -99,9 +100,10 @@ async def test_rocksdb_memory_is_bounded_by_the_configured_budget(data_dir: Path
     finally:
         await store.close()
     index, meta = options_file(data_dir / "index"), options_file(data_dir / "meta")
-    assert (index["write_buffer_size"], meta["write_buffer_size"]) == (str(2 << 20), str(1 << 20))
+    assert (index["write_buffer_size"], meta["write_buffer_size"]) == (str(4 << 20), str(2 << 20))
     for options in (index, meta):
         assert options["max_write_buffer_number"] == "2"
+        assert options["arena_block_size"] == str(ARENA_BLOCK_BYTES)
         assert options["cache_index_and_filter_blocks"] == "true"
 
 
