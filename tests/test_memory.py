@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import platform
 from pathlib import Path
 
 import aio_pika
@@ -14,7 +15,7 @@ import pytest
 from gateway.config import Config, ConfigError, load_config
 from gateway.mqtt.messages import Delivery
 from store import Message, MessageStore, StoredMessage
-from store.rocks import ARENA_BLOCK_BYTES
+from store.rocks import ARENA_BLOCK_BYTES, fix_mmap_threshold
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 MESSAGES = 300
@@ -105,6 +106,11 @@ async def test_rocksdb_memory_is_bounded_by_the_configured_budget(data_dir: Path
         assert options["max_write_buffer_number"] == "2"
         assert options["arena_block_size"] == str(ARENA_BLOCK_BYTES)
         assert options["cache_index_and_filter_blocks"] == "true"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the mmap threshold is glibc's")
+def test_the_mmap_threshold_is_fixed_on_glibc() -> None:
+    assert fix_mmap_threshold()
 
 
 def test_rocksdb_budget_below_the_minimum_is_a_config_error() -> None:
