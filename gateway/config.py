@@ -64,6 +64,11 @@ class Config:
     segment_size: int = 1 << 30
     max_message_size: int = 4 << 20
     queue_cache_entries: int = 1_048_576
+    # RocksDB's memory, index and metadata databases together ([rocksdb] section in TOML): one
+    # block cache that also holds the index and bloom-filter blocks of every table file, and a
+    # budget for write buffers (memtables are flushed early when together they reach it)
+    rocksdb_cache_bytes: int = 32 << 20
+    rocksdb_write_buffer_bytes: int = 32 << 20
     retention_hours: float = 72.0
     retention_bytes: int = 0
     store_host: str = "127.0.0.1"  # IPv4 encoded in message ids
@@ -122,6 +127,8 @@ class Config:
                 index_flush_interval=self.index_flush_interval_s,
                 max_message_size=self.max_message_size,
                 queue_cache_entries=self.queue_cache_entries,
+                rocksdb_cache_bytes=self.rocksdb_cache_bytes,
+                rocksdb_write_buffer_bytes=self.rocksdb_write_buffer_bytes,
                 retention_hours=self.retention_hours,
                 retention_bytes=self.retention_bytes,
                 identity_host=self.store_host,

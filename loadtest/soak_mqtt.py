@@ -65,11 +65,11 @@ class Counts:
     received = 0
 
 
-async def client(port: int, client_id: str, subscribe: str | None = None):
+async def client(port: int, client_id: str, subscribe: str | None = None, qos: int = 1):
     reader, writer = await asyncio.open_connection(HOST, port)
     writer.write(encode(Connect(client_id=client_id, keep_alive=60, clean_start=True), MQTT_3_1_1))
     if subscribe:
-        writer.write(encode(Subscribe(1, [Subscription(subscribe, qos=1)]), MQTT_3_1_1))
+        writer.write(encode(Subscribe(1, [Subscription(subscribe, qos=qos)]), MQTT_3_1_1))
     await writer.drain()
     return reader, writer
 

@@ -19,7 +19,7 @@ from .message import GetResult, GetStatus, Message, PutResult, StoredMessage, ta
 from .msgid import decode_msg_id, encode_msg_id
 from .notify import NotifySubscription
 from .options import FlushMode, StoreOptions
-from .record import encode_properties
+from .record import decode_properties, encode_properties
 from .store import MessageStore
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "StoreWriteError",
     "StoredMessage",
     "decode_msg_id",
+    "decode_properties",
     "encode_msg_id",
     "encode_properties",
     "tag_hash",

@@ -11,7 +11,9 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Rdict, WriteBatch, WriteOptions
+
+from .rocks import META_SHARE, RocksMemory
 
 OFFSET_PREFIX = b"o"
 TABLE_PREFIX = b"t"
@@ -20,11 +22,9 @@ _U64 = struct.Struct(">Q")
 
 
 class MetaStore:
-    def __init__(self, path: Path, *, sync: bool) -> None:
+    def __init__(self, path: Path, *, sync: bool, memory: RocksMemory) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        self._db = Rdict(str(path), opts)
+        self._db = Rdict(str(path), memory.options(share=META_SHARE, bloom=False))
         wo = WriteOptions()
         wo.sync = sync
         self._db.set_write_options(wo)

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 FlushMode = Literal["sync", "async"]
+MIN_ROCKSDB_CACHE_BYTES = 1 << 20
+MIN_ROCKSDB_WRITE_BUFFER_BYTES = 16 << 20  # meta's memtable: two arena blocks (store/rocks.py)
 
 
 @dataclass(slots=True)
@@ -19,6 +21,10 @@ class StoreOptions:
     index_flush_interval: float = 60.0  # bounds the re-dispatch work of a crash recovery
     max_message_size: int = 4 << 20
     queue_cache_entries: int = 1_048_576  # hot queue states kept in memory
+    # RocksDB's memory (index and meta together, store/rocks.py): one block cache that also
+    # holds index and bloom-filter blocks, and a budget for memtables
+    rocksdb_cache_bytes: int = 32 << 20
+    rocksdb_write_buffer_bytes: int = 32 << 20
     retention_hours: float = 72.0  # 0 = keep by age forever
     retention_bytes: int = 0  # 0 = no size limit
     retention_check_interval: float = 60.0
@@ -32,5 +38,9 @@ class StoreOptions:
             raise ValueError(f"flush must be 'sync' or 'async', not {self.flush!r}")
         if self.segment_size < 4096:
             raise ValueError("segment_size must be at least 4096 bytes")
+        if self.rocksdb_cache_bytes < MIN_ROCKSDB_CACHE_BYTES:
+            raise ValueError(f"rocksdb_cache_bytes must be at least {MIN_ROCKSDB_CACHE_BYTES} bytes")
+        if self.rocksdb_write_buffer_bytes < MIN_ROCKSDB_WRITE_BUFFER_BYTES:
+            raise ValueError(f"rocksdb_write_buffer_bytes must be at least {MIN_ROCKSDB_WRITE_BUFFER_BYTES} bytes")
         if self.max_message_size > self.segment_size:
             self.max_message_size = self.segment_size

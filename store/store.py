@@ -47,6 +47,7 @@ from .offsets import ConsumerOffsets
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy, clean_index_below
+from .rocks import RocksMemory
 from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
@@ -90,8 +91,10 @@ class MessageStore:
         self._lock.acquire()
         try:
             self.commitlog = CommitLog(opts.data_dir / "commitlog", opts.segment_size)
-            self.index = ConsumeQueueIndex(opts.data_dir / "index", cache_entries=opts.queue_cache_entries)
-            self.meta = MetaStore(opts.data_dir / "meta", sync=opts.flush == "sync")
+            self.rocks_memory = RocksMemory(opts.rocksdb_cache_bytes, opts.rocksdb_write_buffer_bytes)
+            self.index = ConsumeQueueIndex(opts.data_dir / "index", cache_entries=opts.queue_cache_entries,
+                                           memory=self.rocks_memory)
+            self.meta = MetaStore(opts.data_dir / "meta", sync=opts.flush == "sync", memory=self.rocks_memory)
             self.dispatcher = Dispatcher(self.index, self.notify)
             started = time.monotonic()
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)

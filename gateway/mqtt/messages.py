@@ -27,6 +27,7 @@ from protocols.mqtt.properties import (
     encode_varint,
 )
 from store import Message, StoredMessage
+from store import decode_properties as decode_store_properties
 from store import encode_properties as encode_store_properties
 
 from ..interop import MQTT_FLAG, PROPS_FLAG, RETAIN_FLAG
@@ -68,20 +69,26 @@ def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
 @dataclass(slots=True)
 class Delivery:
     """What a stored message means to MQTT subscribers, and its outgoing PUBLISH bytes per
-    variant: made once per message object (``delivery_of``) and shared by every subscriber."""
+    variant: made once per message object (``delivery_of``) and shared by every subscriber.
+
+    It keeps the message's body and raw properties, never the message: the message keeps its
+    Delivery, and a reference back would make every message a reference cycle that outlives
+    its last reader until a full collection (hundreds of MiB under load, issue 23.5)."""
 
     qos: int  # the QoS it was published with (2 for messages from other protocols)
     retain: bool
     props: Properties | None
     expires_at: float | None  # wall clock seconds, from Message Expiry Interval
-    _message: StoredMessage
+    body: bytes
+    raw_properties: bytes
     templates: dict[tuple, PublishTemplate] = field(default_factory=dict)
+    _publisher: str | None = None
 
     @classmethod
     def of(cls, message: StoredMessage) -> Delivery:
         flag = message.flag
         if not flag & MQTT_FLAG:
-            return cls(2, False, None, None, message)
+            return cls(2, False, None, None, message.body, message.raw_properties)
         props = None
         expires_at = None
         if flag & PROPS_FLAG:
@@ -91,12 +98,14 @@ class Delivery:
                 props, _ = decode_properties(encode_varint(len(block)) + block, 0, "publish")
                 if props.message_expiry_interval is not None:
                     expires_at = message.store_timestamp / 1000 + props.message_expiry_interval
-        return cls(flag & 3, bool(flag & RETAIN_FLAG), props, expires_at, message)
+        return cls(flag & 3, bool(flag & RETAIN_FLAG), props, expires_at, message.body, message.raw_properties)
 
     @property
     def publisher(self) -> str:
         """The publishing client id (read only for No Local subscriptions)."""
-        return self._message.properties.get(CLIENT_ID, "")
+        if self._publisher is None:
+            self._publisher = decode_store_properties(self.raw_properties).get(CLIENT_ID, "")
+        return self._publisher
 
     def template(self, topic: str, qos: int, retain: bool, version: int, props_key: tuple,
                  make_props: Callable[[], Properties | None]) -> PublishTemplate:
@@ -104,7 +113,7 @@ class Delivery:
         key = (topic, qos, retain, version, props_key)
         found = self.templates.get(key)
         if found is None:
-            found = self.templates[key] = build_template(topic, self._message.body, qos, retain, version, make_props())
+            found = self.templates[key] = build_template(topic, self.body, qos, retain, version, make_props())
         return found
 
     def remaining_expiry(self, now: float | None = None) -> int | None:
