@@ -62,10 +62,6 @@ class StoreMessageFactory:
         return Message(topic, publish.payload, encoded_properties=self._encoded, flag=flag)
 
 
-def to_store_message(publish: Publish, client_id: str, topic: str) -> Message:
-    return StoreMessageFactory(client_id).message(publish, topic)
-
-
 @dataclass(slots=True)
 class Delivery:
     """What a stored message means to MQTT subscribers, and its outgoing PUBLISH bytes per
