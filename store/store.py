@@ -198,18 +198,11 @@ class MessageStore:
         stream never has a gap. ``put_batch_nowait`` stays all-or-nothing for batches that are
         one unit (a remoting SEND_BATCH)."""
         limit = self.options.max_message_size
-        prepared: list[PreparedMessage] = []
-        refused: dict[int, StoreError] = {}
-        stopped: dict[Hashable, StoreError] = {}
-        for i, (message, queues) in enumerate(items):
-            group = groups[i] if groups is not None else i
-            if group in stopped:
-                refused[i] = stopped[group]
-                continue
-            try:
-                prepared.append(PreparedMessage(message, queues, limit))
-            except (InvalidMessageError, MessageTooLargeError) as exc:
-                refused[i] = stopped[group] = exc
+        try:  # every message can be taken, the usual case: one pass, as put_batch_nowait
+            prepared = [PreparedMessage(m, q, limit) for m, q in items]
+            refused: dict[int, StoreError] = {}
+        except (InvalidMessageError, MessageTooLargeError):
+            prepared, refused = _prepare_each(items, groups, limit)
         if not prepared:
             done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
@@ -475,3 +468,21 @@ class MessageStore:
     @property
     def min_position(self) -> int:
         return self.commitlog.min_position
+
+
+def _prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,
+                  limit: int) -> tuple[list[PreparedMessage], dict[int, StoreError]]:
+    """``put_each_nowait``'s messages one by one: those the store can take, and the refused."""
+    prepared: list[PreparedMessage] = []
+    refused: dict[int, StoreError] = {}
+    stopped: dict[Hashable, StoreError] = {}
+    for i, (message, queues) in enumerate(items):
+        group = groups[i] if groups is not None else i
+        if group in stopped:
+            refused[i] = stopped[group]
+            continue
+        try:
+            prepared.append(PreparedMessage(message, queues, limit))
+        except (InvalidMessageError, MessageTooLargeError) as exc:
+            refused[i] = stopped[group] = exc
+    return prepared, refused

@@ -439,9 +439,11 @@ class AMQPConnection(asyncio.Protocol):
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
             error = StoreError("cancelled") if fut.cancelled() else fut.exception()
-            kept = [a for i, a in enumerate(accepted) if i not in refused] if refused else accepted
-            self._publishes_done(kept, {q for i, (_, targets) in enumerate(items) if i not in refused
-                                        for q in targets}, error)
+            kept, stored_items = accepted, items
+            if refused:
+                kept = [a for i, a in enumerate(accepted) if i not in refused]
+                stored_items = [item for i, item in enumerate(items) if i not in refused]
+            self._publishes_done(kept, {q for _, targets in stored_items for q in targets}, error)
             if on_done is not None:
                 on_done(error)
 

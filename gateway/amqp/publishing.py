@@ -27,11 +27,12 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
     if exchange is not None and exchange.internal:
         raise channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'", event.channel, m)
     queues = broker.route(m.exchange, m.routing_key, event.properties.headers)
-    if any(q.definition.max_length is not None and q.definition.overflow == "reject-publish"
-           and q.ready_count() >= q.definition.max_length for q in queues):
-        if channel.confirming:
-            channel.confirm([channel.next_publish_seq()], ok=False)
-        return None
+    for queue in queues:  # (a loop, not any(): this runs for every publish)
+        d = queue.definition
+        if d.max_length is not None and d.overflow == "reject-publish" and queue.ready_count() >= d.max_length:
+            if channel.confirming:
+                channel.confirm([channel.next_publish_seq()], ok=False)
+            return None
     targets = [q.store_queue for q in queues]
     topic, taken = None, bool(queues)
     if m.exchange == "amq.topic":  # the MQTT bridge (its list also names the amq.topic queues)
