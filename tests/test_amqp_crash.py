@@ -7,14 +7,13 @@ counted, never a loss."""
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import Counter
 from pathlib import Path
 
 import aio_pika
 import pytest
 
-from .crash_support import free_port, kill9, start_gateway
+from .crash_support import free_port, kill9, seeded_random, start_gateway
 from .test_amqp_guarantees import drain
 
 PUBLISHERS = 4
@@ -54,9 +53,7 @@ async def publish_until_killed(url: str, publisher: int, confirmed: dict[str, li
 @pytest.mark.slow
 @pytest.mark.parametrize("flush", ["sync", "async"])
 async def test_confirmed_messages_survive_kill_9_at_a_random_moment_under_load(tmp_path: Path, flush: str) -> None:
-    seed = random.randrange(1 << 30)
-    print(f"seed={seed}")
-    moment = random.Random(seed).uniform(0.3, 2.5)
+    moment = seeded_random("amqp random kill").uniform(0.3, 2.5)
     data_dir = tmp_path / "data"
     port = free_port()
     url = f"amqp://guest:guest@127.0.0.1:{port}/"
@@ -74,7 +71,7 @@ async def test_confirmed_messages_survive_kill_9_at_a_random_moment_under_load(t
     finally:
         kill9(proc)
     total = sum(len(numbers) for numbers in confirmed.values())
-    assert total > 100, f"the crash came too early to prove anything (seed={seed})"
+    assert total > 100, "the crash came too early to prove anything (see CRASH_SEED above)"
 
     proc = start_gateway(data_dir, amqp_port=port, flush=flush)
     try:
@@ -85,9 +82,9 @@ async def test_confirmed_messages_survive_kill_9_at_a_random_moment_under_load(t
             duplicates += sum(count - 1 for count in delivered.values())
     finally:
         kill9(proc)
-    print(f"seed={seed} moment={moment:.2f}s queues={len(declared)} confirmed={total} lost={lost} "
+    print(f"moment={moment:.2f}s queues={len(declared)} confirmed={total} lost={lost} "
           f"duplicates={duplicates}")
-    assert lost == 0, f"{lost} of {total} confirmed messages lost (seed={seed})"
+    assert lost == 0, f"{lost} of {total} confirmed messages lost (see CRASH_SEED above)"
 
 
 @pytest.mark.slow
