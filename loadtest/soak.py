@@ -36,16 +36,15 @@ import aio_pika
 import psutil
 
 from loadtest.brokers import Broker, free_port, launch
-from loadtest.soak_mqtt import client, gauges
+from loadtest.soak_mqtt import client, gauges, subscriber
 from protocols.mqtt.codec import PacketReader, encode
-from protocols.mqtt.packets import MQTT_3_1_1, PingReq, PubAck, Publish
+from protocols.mqtt.packets import MQTT_3_1_1, PubAck, Publish
 
 HOST = "127.0.0.1"
 PAYLOAD = bytes(64)
 WARM_UP_MIN = 5
 AMQP_QUEUE = "soak-amqp"
 TICK_S = 0.02  # publishers send what is due every tick: a steady rate, no bursts
-PING_S = 20.0  # a QoS 0 subscriber sends nothing else, and keep-alive is 60 s
 
 
 class Flow:
@@ -99,33 +98,6 @@ async def paced(rate: float, stop: asyncio.Event, send) -> None:
             await send(due)
             sent += due
         await asyncio.sleep(TICK_S)
-
-
-async def mqtt_subscriber(port: int, client_id: str, topic_filter: str, qos: int, flow: Flow,
-                          stop: asyncio.Event) -> None:
-    reader, writer = await client(port, client_id, topic_filter, qos)
-    packets = PacketReader(version=MQTT_3_1_1)
-    pinged = time.monotonic()
-    while not stop.is_set():
-        if time.monotonic() - pinged > PING_S:
-            writer.write(encode(PingReq(), MQTT_3_1_1))
-            pinged = time.monotonic()
-        try:
-            data = await asyncio.wait_for(reader.read(1 << 16), 1.0)
-        except TimeoutError:
-            continue
-        if not data:
-            raise ConnectionError(f"the gateway closed {client_id}")
-        packets.feed(data)
-        acks = []
-        for packet in packets.packets():
-            if isinstance(packet, Publish):
-                flow.received += 1
-                if packet.qos:
-                    acks.append(encode(PubAck(packet.packet_id), MQTT_3_1_1))
-        if acks:
-            writer.write(b"".join(acks))
-    writer.close()
 
 
 async def mqtt_publisher(port: int, client_id: str, topic: str, qos: int, rate: float, flow: Flow,
@@ -199,8 +171,8 @@ async def soak(minutes: int, qos1_rate: float, qos0_rate: float, amqp_rate: floa
     stop = asyncio.Event()
     samples: list[tuple[int, float, float]] = []  # (minute, rss, anon)
     try:
-        tasks = [asyncio.create_task(mqtt_subscriber(port, "soak-sub-q1", "soak/q1/+", 1, qos1, stop)),
-                 asyncio.create_task(mqtt_subscriber(port, "soak-sub-q0", "soak/q0/+", 0, qos0, stop))]
+        tasks = [asyncio.create_task(subscriber(port, "soak-sub-q1", "soak/q1/+", 1, qos1, stop)),
+                 asyncio.create_task(subscriber(port, "soak-sub-q0", "soak/q0/+", 0, qos0, stop))]
         await asyncio.sleep(0.5)  # subscribed
         rss, anon = memory_mb(broker.pid)
         samples.append((0, rss, anon))

@@ -38,6 +38,7 @@ from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
     Connect,
+    PingReq,
     PubAck,
     Publish,
     Subscribe,
@@ -59,6 +60,9 @@ def start_gateway() -> tuple[Broker, int]:
     return launch("tidemq", port, command, workdir, workdir / "console.log", dict(os.environ)), metrics_port
 
 
+PING_S = 20.0  # a subscriber that sends nothing else PINGs within keep-alive (60 s)
+
+
 class Counts:
     published = 0
     acked = 0
@@ -74,16 +78,22 @@ async def client(port: int, client_id: str, subscribe: str | None = None, qos: i
     return reader, writer
 
 
-async def subscriber(port: int, counts: Counts, stop: asyncio.Event) -> None:
-    reader, writer = await client(port, "soak-sub", "soak/+")
+async def subscriber(port: int, client_id: str, topic_filter: str, qos: int, counts, stop: asyncio.Event) -> None:
+    """Read every delivery of ``topic_filter`` (``counts.received``), acknowledge the QoS 1 ones,
+    and PING while nothing else is sent (a QoS 0 subscriber sends nothing else; keep-alive 60 s)."""
+    reader, writer = await client(port, client_id, topic_filter, qos)
     packets = PacketReader(version=MQTT_3_1_1)
+    pinged = time.monotonic()
     while not stop.is_set():
+        if time.monotonic() - pinged > PING_S:
+            writer.write(encode(PingReq(), MQTT_3_1_1))
+            pinged = time.monotonic()
         try:
             data = await asyncio.wait_for(reader.read(1 << 16), 1.0)
         except TimeoutError:
             continue
         if not data:
-            raise ConnectionError("the gateway closed the subscriber")
+            raise ConnectionError(f"the gateway closed {client_id}")
         packets.feed(data)
         acks = []
         for packet in packets.packets():
@@ -176,7 +186,7 @@ async def soak(minutes: float, rate: float, max_growth: float) -> int:
     stop = asyncio.Event()
     samples: list[tuple[float, float]] = []
     try:
-        tasks = [asyncio.create_task(subscriber(broker.port, counts, stop))]
+        tasks = [asyncio.create_task(subscriber(broker.port, "soak-sub", "soak/+", 1, counts, stop))]
         await asyncio.sleep(0.5)  # subscribed
         tasks += [asyncio.create_task(publisher(i, broker.port, rate / PUBLISHERS, counts, stop))
                   for i in range(PUBLISHERS)]
