@@ -48,7 +48,7 @@ class CacheStats:
 
 def message_cost(message: StoredMessage) -> int:
     """Bytes a cached message is accounted for against ``max_bytes``: its fields, and one more
-    copy of the body for what readers keep on the object (``StoredMessage.decoded``: the MQTT
+    copy of the body for what readers keep beside the object while it lives (the MQTT
     gateway's encoded PUBLISH)."""
     return (
         2 * len(message.body) + len(message.raw_properties) + len(message.topic) + len(message.raw_queues)

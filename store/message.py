@@ -47,9 +47,12 @@ class PutResult:
     queue_offsets: dict[str, int]  # queue name -> offset given to the message in that queue
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class StoredMessage:
-    """A message read back from the store, with its place in the queue it was read from."""
+    """A message read back from the store, with its place in the queue it was read from.
+
+    Weakly referenceable, so that a reader can keep what it derives from a message (the MQTT
+    gateway's encoded PUBLISH) beside it for exactly as long as the message lives."""
 
     msg_id: str
     position: int
@@ -67,10 +70,6 @@ class StoredMessage:
     tag_hash: int = 0
     flag: int = 0
     _properties: dict[str, str] | None = field(default=None, repr=False)
-    # What a reader decoded from this object (a gateway's view of it, and the bytes it sends):
-    # kept here so that every reader sharing the object (the queue cache hands one object to
-    # all subscribers of a queue) decodes and encodes once. The store never sets or reads it.
-    decoded: object = field(default=None, repr=False, compare=False)
 
     @property
     def properties(self) -> dict[str, str]:

@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from gateway.config import Config, ConfigError, load_config
-from gateway.mqtt.messages import Delivery
+from gateway.mqtt.messages import Delivery, DeliveryMemo
 from store import Message, MessageStore, StoredMessage
 from store.rocks import ARENA_BLOCK_BYTES, fix_mmap_threshold
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
@@ -37,7 +37,8 @@ async def test_delivered_messages_leave_no_cyclic_garbage(data_dir: Path) -> Non
     amq.topic: once delivered and acknowledged, no StoredMessage (nor the MQTT Delivery made
     from it) is left in a reference cycle. Each one that was (a message and its Delivery
     pointing at each other) lived until a full collection: at the gateway's GC thresholds,
-    hundreds of MiB under a steady load (issue 23.5)."""
+    hundreds of MiB under a steady load (issue 23.5). The gateway's memo of Deliveries keeps
+    none of them alive."""
     # a queue cache of a few messages: delivered messages leave it at once
     async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", queue_cache_bytes=4096) as gw:
         amqp_port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
@@ -64,6 +65,10 @@ async def test_delivered_messages_leave_no_cyclic_garbage(data_dir: Path) -> Non
                     if got == MESSAGES:
                         break
             await asyncio.sleep(0.5)  # the last PUBACKs and basic.acks reach the gateway
+            # freed by reference counting alone (the cyclic GC is off), but for the queue
+            # caches' windows; the MQTT gateway's memo of Deliveries keeps no more than those
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, StoredMessage))
+            assert len(gw.mqtt.deliveries) <= alive < MESSAGES
             leaked = cyclic_garbage(StoredMessage, Delivery)
             assert not leaked, f"{len(leaked)} messages in reference cycles, e.g. {leaked[0]!r:.300}"
         finally:
@@ -71,6 +76,26 @@ async def test_delivered_messages_leave_no_cyclic_garbage(data_dir: Path) -> Non
             await sub.disconnect()
             await pub.disconnect()
             await connection.close()
+
+
+def test_the_delivery_memo_keeps_one_delivery_per_live_message_object() -> None:
+    """One Delivery per message object while it lives (every reader of a cached message gets
+    it), none for another object read from the same record, and none left once it is freed
+    (by reference counting: the memo neither keeps the message nor makes a cycle with it)."""
+    memo = DeliveryMemo()
+    record = {"msg_id": "m", "position": 0, "size": 1, "topic": "t", "key": "", "body": b"x", "born_timestamp": 0,
+              "store_timestamp": 0, "raw_properties": b"", "raw_queues": b"", "queue_count": 0}
+    first, again = StoredMessage(**record), StoredMessage(**record)
+    gc.disable()
+    try:
+        delivery = memo(first)
+        assert memo(first) is delivery and memo(again) is not delivery and len(memo) == 2
+        del first
+        assert len(memo) == 1
+        del again
+        assert len(memo) == 0
+    finally:
+        gc.enable()
 
 
 def options_file(db_dir: Path) -> dict[str, str]:

@@ -3,10 +3,13 @@ QoS 0/1/2, order, overlapping subscriptions, wildcard queues, inflight window, Q
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from gateway.interop import queue_for_filter
+from gateway.mqtt import messages
 from protocols.mqtt.codec import encode
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
@@ -23,6 +26,7 @@ from protocols.mqtt.packets import (
     Subscription,
 )
 from protocols.mqtt.properties import Properties
+from store import StoredMessage
 
 from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway
 
@@ -255,7 +259,23 @@ async def test_shared_subscription_spreads_and_redelivers(data_dir: Path) -> Non
         await pub.disconnect()
 
 
-async def test_fan_out_reads_the_store_once_per_batch_not_per_subscriber(data_dir: Path) -> None:
+async def test_fan_out_reads_decodes_and_encodes_once_not_per_subscriber(data_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 subscribers of one topic: a store read per batch, and per message one decoding
+    (``Delivery.of``) and one encoded PUBLISH (they all get the same variant), not 200."""
+    made = {"deliveries": 0, "publishes": 0}
+    real_of, real_build = messages.Delivery.of.__func__, messages.build_template
+
+    def counted_of(cls: type, message: StoredMessage) -> messages.Delivery:
+        made["deliveries"] += 1
+        return real_of(cls, message)
+
+    def counted_build(*args: object) -> messages.PublishTemplate:
+        made["publishes"] += 1
+        return real_build(*args)
+
+    monkeypatch.setattr(messages.Delivery, "of", classmethod(counted_of))
+    monkeypatch.setattr(messages, "build_template", counted_build)
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
         subscribers = []
@@ -276,6 +296,7 @@ async def test_fan_out_reads_the_store_once_per_batch_not_per_subscriber(data_di
         # each notify batch costs one store read shared by all 200 subscribers
         assert stats.store_reads - reads_before <= 20
         assert stats.hits >= 199 * 20
+        assert made == {"deliveries": 20, "publishes": 20}
         for client in subscribers:
             await client.close()
         await pub.disconnect()
@@ -333,3 +354,29 @@ async def test_a_shared_message_removed_by_retention_does_not_hold_the_group_bac
         await pub.disconnect()  # (a loop turn after the PUBACK of j1: the group's offset is saved)
         assert gw.store.get_offset_now("$share/g/jobs", "t:jobs") == 2
         await stayer.disconnect()
+
+
+async def test_delivery_leaves_the_shared_store_records_as_the_store_made_them(data_dir: Path) -> None:
+    """The queue cache hands one StoredMessage to every subscriber of a queue, to be treated as
+    read-only: what the MQTT gateway derives from a message (its decoding, the PUBLISH bytes)
+    is kept beside the record, not written into it (the store layer carries no reader's view)."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        sub = PahoClient(port, "sub", version=MQTT_5)
+        pub = PahoClient(port, "pub", version=MQTT_5)
+        await sub.connect()
+        await pub.connect()
+        await sub.subscribe("rec/+", 1)
+        for i in range(5):
+            await pub.publish(f"rec/{i}", f"m{i}", 1)
+        assert len(await sub.receive(5)) == 5
+        queue = queue_for_filter("rec/+")
+        cached = gw.mqtt.cache.read(queue, 0, 10).messages  # the objects the subscriber was given
+        fresh = gw.store.get_now(queue, 0, 10).messages
+        assert len(cached) == len(fresh) == 5
+        for message in cached + fresh:
+            assert message.properties  # (the store's own lazy decoding, the same on both)
+        names = [f.name for f in fields(StoredMessage)]
+        assert [[getattr(m, n) for n in names] for m in cached] == [[getattr(m, n) for n in names] for m in fresh]
+        await sub.disconnect()
+        await pub.disconnect()

@@ -23,7 +23,7 @@ from ..interop import queue_for_filter
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
 from .ingest_gate import IngestGate
-from .messages import StoreMessageFactory
+from .messages import DeliveryMemo, StoreMessageFactory
 from .queues import WildcardQueues
 from .retained import RetainedIndex
 from .session import Session
@@ -51,6 +51,7 @@ class MQTTBroker:
         self.pressure = pressure
         self.settings = settings
         self.cache = cache
+        self.deliveries = DeliveryMemo()  # one Delivery per cached message object, for every reader
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from protocols.mqtt.codec import fixed_header
 from protocols.mqtt.packets import MQTT_5, Publish
@@ -65,11 +67,13 @@ class StoreMessageFactory:
 @dataclass(slots=True)
 class Delivery:
     """What a stored message means to MQTT subscribers, and its outgoing PUBLISH bytes per
-    variant: made once per message object (``delivery_of``) and shared by every subscriber.
+    variant: made once per message object (``DeliveryMemo``) and shared by every subscriber.
 
-    It keeps the message's body and raw properties, never the message: the message keeps its
-    Delivery, and a reference back would make every message a reference cycle that outlives
-    its last reader until a full collection (hundreds of MiB under load, issue 23.5)."""
+    It keeps the message's body and raw properties, never the message: the memo holds its
+    Deliveries for as long as their messages live, and a reference to the message would keep
+    the message alive as long as the memo (a Delivery kept on the message itself, as it once
+    was, made every message a reference cycle that outlived its last reader until a full
+    collection: hundreds of MiB under load, issue 23.5)."""
 
     qos: int  # the QoS it was published with (2 for messages from other protocols)
     retain: bool
@@ -137,12 +141,34 @@ class PublishTemplate:
         return bytes(out)
 
 
-def delivery_of(message: StoredMessage) -> Delivery:
-    """The message's Delivery, decoded the first time a reader asks and kept on the object."""
-    found = message.decoded
-    if found is None:
-        found = message.decoded = Delivery.of(message)
-    return found  # type: ignore[return-value]
+class DeliveryMemo:
+    """Each message object's Delivery, decoded the first time a reader asks and kept while the
+    object lives: the queue cache hands one object to every subscriber of a queue, so a message
+    fanned out to a thousand subscribers is decoded once and each PUBLISH variant encoded once.
+
+    Kept by the gateway, beside the store's records rather than in them, by object identity: a
+    weak reference to the message drops its entry when the message is freed (the callback runs
+    before the object's memory, and so its id, can be reused), so the memo holds nothing the
+    cache and the readers no longer hold, and no reference cycle is made per message."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[StoredMessage], Delivery]] = {}
+
+    def __call__(self, message: StoredMessage) -> Delivery:
+        entries = self._entries
+        key = id(message)
+        found = entries.get(key)
+        if found is not None:
+            return found[1]
+        delivery = Delivery.of(message)
+        # on the message's death: entries.pop(key, ref), a C call (no closure per message)
+        entries[key] = (weakref.ref(message, partial(entries.pop, key)), delivery)
+        return delivery
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def build_template(topic: str, payload: bytes, qos: int, retain: bool, version: int,

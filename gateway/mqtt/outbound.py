@@ -21,7 +21,8 @@ from protocols.mqtt.topics import matches
 from store import StoredMessage
 
 from ..core.cursor import Cursor
-from .messages import delivery_of
+from .messages import Delivery as MessageDelivery
+from .messages import DeliveryMemo
 from .session import Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class Delivery:
         self.send = connection.send
         self.send_packet = connection.send_packet
         self.flush = connection.flush
+        self.deliveries: DeliveryMemo = self.broker.deliveries
         self._pump_scheduled = False
         self._window_full = False  # the last pump stopped at the client's window (an ack then pumps again)
         self.writing_paused = False  # the transport's buffer is above its high-water mark
@@ -133,12 +135,13 @@ class Delivery:
                 self.settle(inflight.packet_id)
                 continue
             message.queue, message.queue_offset = inflight.queue, inflight.offset
-            if not self._send_message(message, inflight.qos, None, inflight.packet_id, dup=True):
+            if not self._send_message(message, self.deliveries(message), inflight.qos, None, inflight.packet_id,
+                                      dup=True):
                 self.settle(inflight.packet_id)
         self.flush()
 
     def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
-        delivery = delivery_of(message)
+        delivery = self.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             self.broker.set_retained(message.topic, None)  # an expired retained message is gone
@@ -153,7 +156,7 @@ class Delivery:
                 return
             session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)
         sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
+        if not self._send_message(message, delivery, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
                 and packet_id is not None:
             session.inflight.pop(packet_id, None)
 
@@ -166,8 +169,8 @@ class Delivery:
         session = self.connection.session
         return session is not None and self.conn.window(session.inflight) > 0
 
-    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
-                       remaining: int | None) -> bool:
+    def deliver_shared(self, key: str, message: StoredMessage, delivery: MessageDelivery, qos: int,
+                       state: SubscriptionState, remaining: int | None) -> bool:
         session = self.connection.session
         assert session is not None
         connection = self.connection
@@ -180,7 +183,7 @@ class Delivery:
             if packet_id is None:
                 return False
         sub_ids = (state.identifier,) if state.identifier else ()
-        if not self._send_message(message, qos, sub_ids, packet_id, remaining=remaining):
+        if not self._send_message(message, delivery, qos, sub_ids, packet_id, remaining=remaining):
             return False
         if packet_id is not None:
             session.inflight[packet_id] = Inflight(packet_id, message.queue, message.queue_offset, qos,
@@ -317,6 +320,7 @@ class Delivery:
         no_local = any(s.options.no_local for s in subs)
         unacked = cursor.unacked
         read_check = connection.read_check
+        deliveries = self.deliveries
         for message in messages:
             offset = message.queue_offset
             if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
@@ -325,7 +329,7 @@ class Delivery:
             if read_check is not None and not read_check(connection.username, client_id, message.topic):
                 cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
                 continue
-            delivery = delivery_of(message)
+            delivery = deliveries(message)
             matched = own + [s for s in others if matches(s.topic_filter, message.topic)] if others else own
             if no_local and delivery.publisher == client_id:
                 matched = [s for s in matched if not s.options.no_local]
@@ -361,7 +365,7 @@ class Delivery:
                 sub_ids = tuple(s.identifier for s in matched if s.identifier)
             retain = delivery.retain and any(s.options.retain_as_published for s in matched)
             cursor.next_offset = offset + 1
-            if not self._send_message(message, qos, sub_ids, packet_id, retain=retain, remaining=remaining):
+            if not self._send_message(message, delivery, qos, sub_ids, packet_id, retain=retain, remaining=remaining):
                 continue
             if packet_id is not None:
                 session.inflight[packet_id] = Inflight(packet_id, queue, offset, qos, message.position)
@@ -373,12 +377,12 @@ class Delivery:
         broker.mark_progress(session)
         return True
 
-    def _send_message(self, message: StoredMessage, qos: int, sub_ids: tuple[int, ...] | None,
-                      packet_id: int | None, *, retain: bool = False, dup: bool = False,
-                      remaining: int | None = None) -> bool:
-        """Write one PUBLISH; False if the client's Maximum Packet Size forbids it (dropped)."""
+    def _send_message(self, message: StoredMessage, delivery: MessageDelivery, qos: int,
+                      sub_ids: tuple[int, ...] | None, packet_id: int | None, *, retain: bool = False,
+                      dup: bool = False, remaining: int | None = None) -> bool:
+        """Write one PUBLISH (``delivery``: the message's, from the memo); False if the
+        client's Maximum Packet Size forbids it (dropped)."""
         broker = self.broker
-        delivery = delivery_of(message)
         topic = message.topic
         send_topic = topic
         alias = None

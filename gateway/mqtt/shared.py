@@ -18,7 +18,6 @@ from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
-from .messages import delivery_of
 from .outbound import PULL_BATCH
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         self.save()
 
     def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
-        delivery = delivery_of(message)
+        delivery = self.broker.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             return True  # expired: consumed without delivery
@@ -145,7 +144,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         state = conn.delivery.shared_subscription(self.key)
         assert state is not None
         qos = min(delivery.qos, state.options.qos)
-        if conn.delivery.deliver_shared(self.key, message, qos, state, remaining) and qos:
+        if conn.delivery.deliver_shared(self.key, message, delivery, qos, state, remaining) and qos:
             self.handed_out(message, conn.client_id)
         touched.add(conn)
         return True
