@@ -81,7 +81,7 @@ class Gateway:
         self.gateway_store: GatewayStore | None = None  # --role gateway: the store node's store
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
-        self.store_lookup: Lookup | None = None  # a store node's lookup client (Redis), for notify routing
+        self.store_lookup: RedisLookup | None = None  # a store node's lookup client (Redis), for notify routing
         # a store node: the cluster's MQTT wildcard filters (its gateway nodes' sessions hold them)
         self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)

@@ -1,9 +1,10 @@
-"""Lookup KV of online state (client id -> node, queue -> interested nodes) over a consistent-hash ring.
+"""Lookup KV of online state (client id -> node; with Redis, queue -> interested nodes too).
 
-``api``: the ``Lookup`` interface, ``LookupOptions``, ``IN_DOUBT``, counters. ``ring``: mmh3 ring,
+``api``: the ``Lookup`` and ``InterestLookup`` interfaces, ``LookupOptions``, ``IN_DOUBT``, counters. ``ring``: mmh3 ring,
 slots, membership (sans-IO). ``embedded``: the KV partitioned over the gateway nodes, over a
 ``transport`` (in-process for tests) or ``tcp`` (remoting frames, codes in ``link``).
-``redis_backend.RedisLookup``: the same interface on Redis (imported on demand).
+``redis_backend.RedisLookup``: the same interface on Redis, and queue interest for the store
+node's notify routing (imported on demand).
 """
 
 from .api import (
@@ -11,6 +12,7 @@ from .api import (
     ClientList,
     FallbackReason,
     InDoubt,
+    InterestLookup,
     Lookup,
     LookupOptions,
     LookupStats,
@@ -18,5 +20,5 @@ from .api import (
 from .embedded import EmbeddedLookup
 from .ring import Membership, Ring
 
-__all__ = ["IN_DOUBT", "ClientList", "EmbeddedLookup", "FallbackReason", "InDoubt", "Lookup", "LookupOptions",
-           "LookupStats", "Membership", "Ring"]
+__all__ = ["IN_DOUBT", "ClientList", "EmbeddedLookup", "FallbackReason", "InDoubt", "InterestLookup", "Lookup",
+           "LookupOptions", "LookupStats", "Membership", "Ring"]

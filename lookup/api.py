@@ -1,13 +1,16 @@
-"""The one interface of the lookup, which both backends (``EmbeddedLookup``, ``RedisLookup``)
+"""The interface of the lookup, which both backends (``EmbeddedLookup``, ``RedisLookup``)
 implement, with its options, answers and counters.
 
 The lookup holds online state only: client id -> node (takeover, ``tidemq ctl clients``) and,
-per queue (a topic queue or a wildcard filter's queue), the nodes with interested sessions (so
-notify events go only there). Every instance also keeps the live state of its own node (the
-``LocalRegistry``) and re-registers it whenever the shared copy may have lost it: the data is
-rebuilt from live connections, never replicated. Whenever an answer cannot be trusted it is
-"in doubt": ``nodes_for`` returns None (send the notify to every node) and the client calls
-return ``IN_DOUBT`` (send the takeover to every node). Lookup trouble never raises.
+in the Redis backend alone (``InterestLookup``), per queue (a topic queue or a wildcard
+filter's queue) the nodes with interested sessions, which the store node reads from the same
+Redis to send notify events only there. (The embedded lookup is partitioned over the gateway
+nodes, of which the store node is none: it routes by the nodes' reading hints alone, so that
+lookup keeps no interest nobody would read.) Every instance also keeps the live state of its
+own node (the ``LocalRegistry``) and re-registers it whenever the shared copy may have lost it:
+the data is rebuilt from live connections, never replicated. Whenever an answer cannot be
+trusted it is "in doubt": the client calls return ``IN_DOUBT`` (send the takeover to every
+node) and ``nodes_for`` returns None (send the notify to every node). Lookup trouble never raises.
 
 Usage, for a node ``node_id`` (``lookup.node_id``)::
 
@@ -16,12 +19,15 @@ Usage, for a node ``node_id`` (``lookup.node_id``)::
     await lookup.client_offline("dev-1")            # removed only if still registered to this node
     await lookup.where_is("dev-1")                  # str | None | IN_DOUBT
     await lookup.clients(prefix="dev-", limit=100)  # ClientList(clients, complete)
-    await lookup.add_interest("sensors/+/temp")     # counted per queue; True once the owner has it
-    await lookup.remove_interest("sensors/+/temp")
-    await lookup.nodes_for("sensors/+/temp")        # frozenset of nodes, or None: broadcast
     lookup.nodes()                                  # the nodes to broadcast to
     lookup.stats.snapshot()                         # counters for /metrics
     await lookup.close()
+
+and with an ``InterestLookup`` (Redis)::
+
+    await lookup.add_interest("sensors/+/temp")     # counted per queue; True once Redis has it
+    await lookup.remove_interest("sensors/+/temp")
+    await lookup.nodes_for("sensors/+/temp")        # frozenset of nodes, or None: broadcast
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ class LookupOptions:
 
 @dataclass(slots=True)
 class LookupStats:
-    """Counters a user would graph: ``lookups`` (nodes_for and where_is calls) and the
+    """Counters a user would graph: ``lookups`` (where_is and nodes_for calls) and the
     ``broadcast_fallbacks`` among them by reason; write failures; re-registrations."""
 
     lookups: int = 0
@@ -116,8 +122,8 @@ class ClientList:
 
 
 class LocalRegistry:
-    """The live state of this node: its connected clients and its interests, counted per
-    queue. It is the truth the shared copy is rebuilt from."""
+    """The live state of this node: its connected clients and (``InterestLookup``) its
+    interests, counted per queue. It is the truth the shared copy is rebuilt from."""
 
     __slots__ = ("clients", "interests")
 
@@ -179,20 +185,6 @@ class Lookup(abc.ABC):
         """Online clients whose id starts with ``prefix``, at most ``limit``, for ctl."""
 
     @abc.abstractmethod
-    async def add_interest(self, queue: str, node_id: str | None = None) -> bool:
-        """This node has (one more) session interested in ``queue``. True when the owner has
-        confirmed it; False when it could not, and it is repaired in the background (until
-        then readers of that owner are in doubt where the backend can tell them so)."""
-
-    @abc.abstractmethod
-    async def remove_interest(self, queue: str, node_id: str | None = None) -> None:
-        """One session less interested in ``queue``; the owner hears of the last one."""
-
-    @abc.abstractmethod
-    async def nodes_for(self, queue: str) -> frozenset[str] | None:
-        """The nodes to send a notify event of ``queue`` to; None: in doubt, send it to all."""
-
-    @abc.abstractmethod
     def nodes(self) -> frozenset[str]:
         """The live nodes as last known, this one included: the targets of a broadcast."""
 
@@ -200,6 +192,27 @@ class Lookup(abc.ABC):
     async def heartbeat(self) -> None:
         """One heartbeat round (what ``start`` runs every ``heartbeat_s``): refresh this node's
         liveness, expire silent nodes, re-register what may have been lost."""
+
+
+class InterestLookup(Lookup):
+    """A lookup that also keeps, per queue, the nodes with interested sessions, for a reader
+    that is not one of the gateway nodes: the store node's notify routing
+    (``gateway/cluster/notify_router.py``) asks ``nodes_for``. A gateway node registers its
+    interests only with a lookup of this kind."""
+
+    @abc.abstractmethod
+    async def add_interest(self, queue: str, node_id: str | None = None) -> bool:
+        """This node has (one more) session interested in ``queue``. True when the shared copy
+        has it; False when it could not be written, and it is repaired in the background
+        (until then readers are in doubt where the backend can tell them so)."""
+
+    @abc.abstractmethod
+    async def remove_interest(self, queue: str, node_id: str | None = None) -> None:
+        """One session less interested in ``queue``; the shared copy hears of the last one."""
+
+    @abc.abstractmethod
+    async def nodes_for(self, queue: str) -> frozenset[str] | None:
+        """The nodes to send a notify event of ``queue`` to; None: in doubt, send it to all."""
 
 
 def smallest(pairs: Iterator[tuple[str, str]], limit: int) -> list[tuple[str, str]]:

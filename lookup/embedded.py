@@ -7,12 +7,16 @@ for ``node_ttl_s`` is gone. Heartbeats also carry the sender's view (a digest of
 their incarnations), which owners have its re-registration, and which owners it failed to write
 to, so the nodes can tell when the mapping is not to be trusted.
 
+It keeps client id -> node only: queue interest is kept by the Redis backend alone, whose copy
+the store node reads to route notify events; the store node is no member of this ring and
+routes by the gateway nodes' reading hints instead (``gateway/cluster/notify_router.py``).
+
 Rebuild (no replication): after every membership change each node re-registers its live clients
-and interests with every owner (a ``sync``, replacing all that owner holds for the node), and an
-owner drops what it no longer owns. Requests carry the sender's view; an owner refuses those
+with every owner (a ``sync``, replacing all that owner holds for the node), and an owner drops
+what it no longer owns. Requests carry the sender's view; an owner refuses those
 whose view differs from its own, and answers in doubt until it has the sync of every member.
 
-In doubt (``nodes_for`` -> None, ``where_is``/``client_online`` -> IN_DOUBT), by reason:
+In doubt (``where_is``/``client_online`` -> IN_DOUBT, ``clients`` incomplete), by reason:
 SETTLING while the membership changed within ``settle_s`` or a live member reports another view;
 REBUILDING while the owner lacks a member's sync; UNSYNCED while some node reports a failed write
 to the owner not yet repaired by a sync; DEADLINE or UNREACHABLE when the owner does not answer.
@@ -156,22 +160,6 @@ class EmbeddedLookup(Lookup):
         answer = await self._get("client", client_id)
         return IN_DOUBT if isinstance(answer, FallbackReason) else answer
 
-    async def add_interest(self, queue: str, node_id: str | None = None) -> bool:
-        self._own(node_id)
-        if not self._registry.add_interest(queue):
-            return self._membership.ring.owner(queue) not in self._dirty
-        status, _ = await self._write(queue, ("add", queue))
-        return status == "ok"
-
-    async def remove_interest(self, queue: str, node_id: str | None = None) -> None:
-        self._own(node_id)
-        if self._registry.remove_interest(queue):
-            await self._write(queue, ("remove", queue))
-
-    async def nodes_for(self, queue: str) -> frozenset[str] | None:
-        answer = await self._get("interest", queue)
-        return None if isinstance(answer, FallbackReason) else frozenset(answer)
-
     async def clients(self, prefix: str = "", limit: int = 100) -> ClientList:
         request = {"op": "list", "prefix": prefix, "limit": limit}
         members = sorted(self._membership.members)
@@ -271,10 +259,9 @@ class EmbeddedLookup(Lookup):
             outbox = self._outboxes[peer] = Outbox(self, peer)
         outbox.submit(SYNC)
 
-    def _snapshot_for(self, owner: str) -> tuple[list[str], list[str]]:
+    def _snapshot_for(self, owner: str) -> list[str]:
         ring = self._membership.ring
-        return ([c for c in self._registry.clients if ring.owner(c) == owner],
-                [q for q in self._registry.interests if ring.owner(q) == owner])
+        return [c for c in self._registry.clients if ring.owner(c) == owner]
 
     async def _send_batch(self, peer: str, batch: list[tuple[tuple[str, ...], asyncio.Future[Result]]]) -> None:
         results = await self._request_ops(peer, self._membership.view, [list(op) for op, _ in batch])
@@ -289,13 +276,12 @@ class EmbeddedLookup(Lookup):
         """Re-register this node's live state with ``peer``, in chunks of ``_SYNC_CHUNK``
         entries: the first replaces what the owner holds for this node, the last makes it count."""
         view = self._membership.view
-        clients, queues = self._snapshot_for(peer)
+        clients = self._snapshot_for(peer)
         self.stats.resyncs += 1
-        parts = max(1, -(-max(len(clients), len(queues)) // _SYNC_CHUNK))
+        parts = max(1, -(-len(clients) // _SYNC_CHUNK))
         result: Result = ("ok", None)
         for i in range(parts):
-            chunk = slice(i * _SYNC_CHUNK, (i + 1) * _SYNC_CHUNK)
-            op = ["sync", clients[chunk], queues[chunk], i == 0, i == parts - 1]
+            op = ["sync", clients[i * _SYNC_CHUNK:(i + 1) * _SYNC_CHUNK], i == 0, i == parts - 1]
             reply = await self._request_ops(peer, view, [op])
             if isinstance(reply, FallbackReason):
                 result = ("doubt", reply.value)
@@ -364,7 +350,7 @@ class EmbeddedLookup(Lookup):
         log.info("lookup membership node=%s epoch=%d members=%d view=%s", self.node_id, membership.epoch,
                  len(members), membership.view[:8])
         self._table.retain(lambda key: ring.owner(key) == self.node_id, members)
-        self._table.replace(self.node_id, *self._snapshot_for(self.node_id))
+        self._table.replace(self.node_id, self._snapshot_for(self.node_id))
         self._synced_from = {self.node_id}
         self._synced_to = {self.node_id: membership.view}
         for gone in set(self._outboxes) - members:
@@ -407,10 +393,9 @@ class EmbeddedLookup(Lookup):
         reason = self._owner_doubt()
         if reason is not None:
             return {"doubt": reason.value}
-        key = request["key"]
-        if request["kind"] == "client":
-            return {"value": self._table.where(key)}
-        return {"value": sorted(self._table.nodes_for(key))}
+        if request["kind"] != "client":
+            raise ValueError(f"unknown lookup key kind {request['kind']!r}")
+        return {"value": self._table.where(request["key"])}
 
     def _answer_batch(self, request: Request) -> Request:
         node = request["node"]
@@ -428,17 +413,13 @@ class EmbeddedLookup(Lookup):
             return ("ok", self._table.online(op[1], node))
         if kind == "offline":
             self._table.offline(op[1], node)
-        elif kind == "add":
-            self._table.add_interest(op[1], node)
-        elif kind == "remove":
-            self._table.remove_interest(op[1], node)
-        elif kind == "sync":  # clients, queues, first chunk, last chunk
-            if op[3]:
+        elif kind == "sync":  # clients, first chunk, last chunk
+            if op[2]:
                 self._synced_from.discard(node)
-                self._table.replace(node, op[1], op[2])
+                self._table.replace(node, op[1])
             else:
-                self._table.extend(node, op[1], op[2])
-            if op[4]:
+                self._table.extend(node, op[1])
+            if op[3]:
                 self._synced_from.add(node)
         else:
             raise ValueError(f"unknown lookup op {kind!r}")

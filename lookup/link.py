@@ -11,7 +11,7 @@ SYSTEM_ERROR (or REQUEST_CODE_NOT_SUPPORTED) with a remark.
     HEARTBEAT 30200  {node, inc, view, synced: [node], dirty: [node]} -> the same, of the peer
     LEAVE     30201  {node, inc} -> {}
     BATCH     30202  {node, view, ops: [[op, ...]]} -> {results: [[status, value]]} | {doubt}
-    GET       30203  {kind: client|interest, key, view} -> {value} | {doubt}
+    GET       30203  {kind: client, key, view} -> {value} | {doubt}
     LIST      30204  {prefix, limit} -> {clients: [[client, node]], complete}
 """
 

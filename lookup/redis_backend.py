@@ -1,7 +1,9 @@
 """The Redis lookup (redis-py asyncio), for users who run Redis: the same ``Lookup`` as the
-embedded one, with Redis as the owner of every key. Each operation is one Lua script, so it is
-atomic and one round trip; any Redis error or a reply slower than ``deadline_s`` makes the
-answer "in doubt" (counted), never an exception. The client reconnects by itself.
+embedded one, with Redis as the owner of every key, and an ``InterestLookup``: the store node
+reads the gateway nodes' queue interests from the same Redis to route notify events. Each
+operation is one Lua script, so it is atomic and one round trip; any Redis error or a reply
+slower than ``deadline_s`` makes the answer "in doubt" (counted), never an exception. The
+client reconnects by itself.
 
 Keys, under ``prefix`` (one Redis, not Redis Cluster: the scripts build keys themselves):
     gen               a random token naming this Redis's data; gone after a restart without
@@ -44,8 +46,8 @@ from .api import (
     ClientList,
     FallbackReason,
     InDoubt,
+    InterestLookup,
     LocalRegistry,
-    Lookup,
     LookupOptions,
     LookupStats,
     smallest,
@@ -220,7 +222,7 @@ def _now() -> float:
     return time.monotonic()
 
 
-class RedisLookup(Lookup):
+class RedisLookup(InterestLookup):
     def __init__(self, node_id: str, url: str = "redis://127.0.0.1:6379/0", options: LookupOptions | None = None,
                  *, prefix: str = "tidemq:lookup:", incarnation: str | None = None) -> None:
         self.node_id = node_id

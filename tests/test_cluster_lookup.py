@@ -148,3 +148,30 @@ async def test_a_takeover_on_the_same_node_leaves_the_client_online_there(data_d
             assert await asyncio.to_thread(second.disconnects.get, True, 5) == 0x8E
             await asyncio.to_thread(second.client.loop_stop)
             await third.disconnect()
+
+
+async def test_embedded_lookup_holds_the_online_clients_and_nothing_unread(data_dir: Path) -> None:
+    """With the embedded lookup the store node routes notify events by the gateway nodes'
+    reading hints alone (it reads no lookup), so subscribing writes nothing to the lookup:
+    it holds one entry per online client. Delivery across the nodes goes on all the same."""
+    ports = [free_port(), free_port()]
+    peers = ",".join(f"g{i}=127.0.0.1:{port}" for i, port in enumerate(ports))
+    extra = [{"peers": peers, "lookup_bind": f"127.0.0.1:{port}"} for port in ports]
+    async with cluster(data_dir, {}, extra) as (store, (a, b)):
+        reader = PahoClient(mqtt_port(a), "reader")
+        await reader.connect()
+        await reader.subscribe("meter/+", 1)
+        await reader.subscribe("alerts", 1)
+        publisher = PahoClient(mqtt_port(b), "meter")
+        await publisher.connect()
+        for i in range(3):
+            await publisher.publish(f"meter/{i}", str(i), 1)
+        await publisher.publish("alerts", "3", 1)
+        assert sorted(int(r.payload) for r in await reader.receive(4)) == [0, 1, 2, 3]
+        await located(a, "meter", "g1")
+        await located(b, "reader", "g0")
+        assert store.store_lookup is None  # the store node reads no lookup
+        entries = sum(len(node.node.lookup._table) for node in (a, b))  # type: ignore[union-attr]
+        assert entries == 2  # "reader" and "meter", wherever their owners are
+        await reader.disconnect()
+        await publisher.disconnect()

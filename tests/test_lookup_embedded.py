@@ -1,7 +1,8 @@
 """The embedded lookup: nodes in one event loop (``InProcessNetwork``, which can crash, slow
 down or cut nodes) and over the TCP remoting transport on 127.0.0.1. What must hold: answers
-are right, or in doubt (None / IN_DOUBT) within the deadline, never wrong in the way that loses
-a notify (a live interested node missing), and the data is rebuilt after membership changes."""
+are right, or in doubt (IN_DOUBT) within the deadline, never wrong in the way that misses a
+takeover (a client live on one node located elsewhere, or nowhere), and the data is rebuilt
+after membership changes."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ async def settled(nodes: list[EmbeddedLookup]) -> None:
         if any(n.nodes() != names for n in nodes):
             return False
         probes = [keys_owned_by(nodes[0], owner, prefix="probe-")[0] for owner in sorted(names)]
-        answers = [await n.nodes_for(p) for n in nodes for p in probes]
-        return all(a is not None for a in answers)
+        answers = [await n.where_is(p) for n in nodes for p in probes]
+        return all(a is not IN_DOUBT for a in answers)
 
     await eventually(all_answer, what=f"nodes {sorted(names)} settle")
 
@@ -89,39 +90,25 @@ async def test_takeover_and_where_is(cluster) -> None:
         await n["a"].client_online("dev-3", "b")  # a registers only its own connections
 
 
-async def test_interests_are_counted_per_node(cluster) -> None:
-    _, n = cluster
-    for queue in ("sensors/+/temp", "alerts", "a/#"):
-        assert await n["a"].add_interest(queue) and await n["a"].add_interest(queue)
-        assert await n["c"].add_interest(queue)
-        assert await n["b"].nodes_for(queue) == {"a", "c"}
-        await n["a"].remove_interest(queue)
-        assert await n["b"].nodes_for(queue) == {"a", "c"}  # a still has one session
-        await n["a"].remove_interest(queue)
-        assert await n["a"].nodes_for(queue) == {"c"}
-    assert await n["b"].nodes_for("nobody") == frozenset()
-    assert n["b"].stats.lookups >= 7
-
-
 async def test_an_owner_that_does_not_answer_is_in_doubt_within_the_deadline(cluster) -> None:
     network, n = cluster
-    [queue] = keys_owned_by(n["a"], "c")
-    await n["b"].add_interest(queue)
+    [client] = keys_owned_by(n["a"], "c")
+    await n["b"].client_online(client)
     network.slow("c", 1.0)
     started = time.monotonic()
-    assert await n["a"].nodes_for(queue) is None
-    assert await n["a"].where_is(queue) is IN_DOUBT
+    assert await n["a"].where_is(client) is IN_DOUBT
+    assert await n["a"].where_is(client) is IN_DOUBT
     elapsed = time.monotonic() - started
     assert elapsed < 2 * OPTIONS.deadline_s + 0.1
     assert n["a"].stats.broadcast_fallbacks["deadline"] == 2
     network.slow("c", 0.0)
     network.crash("c")
     started = time.monotonic()
-    assert await n["a"].nodes_for(queue) is None
+    assert await n["a"].where_is(client) is IN_DOUBT
     assert time.monotonic() - started < OPTIONS.deadline_s  # refused: no need to wait
     assert n["a"].stats.broadcast_fallbacks["unreachable"] == 1
     network.revive("c")
-    await eventually(lambda: _equals(n["a"].nodes_for(queue), {"b"}), what="c answers again")
+    await eventually(lambda: _equals(n["a"].where_is(client), "b"), what="c answers again")
 
 
 async def _equals(answer, expected) -> bool:
@@ -130,16 +117,14 @@ async def _equals(answer, expected) -> bool:
 
 async def test_a_failed_write_makes_the_owner_unsynced_until_repaired(cluster) -> None:
     network, n = cluster
-    [queue] = keys_owned_by(n["a"], "c")
-    network.cut("a", "c")
-    assert await n["a"].add_interest(queue) is False  # not confirmed: c never heard of it
     [client] = keys_owned_by(n["a"], "c", prefix="dev-")
+    network.cut("a", "c")
     assert await n["a"].client_online(client) is IN_DOUBT  # a kicks it on every node
-    # b is told at once that c misses a write of a's: it broadcasts rather than trust c
-    await eventually(lambda: _equals(n["b"].nodes_for(queue), None), timeout=0.5, what="b in doubt")
+    # b is told at once that c misses a write of a's: it asks every node rather than trust c
+    await eventually(lambda: _equals(n["b"].where_is(client), IN_DOUBT), timeout=0.5, what="b in doubt")
     assert n["b"].stats.broadcast_fallbacks["unsynced"] >= 1
     network.heal("a", "c")
-    await eventually(lambda: _equals(n["b"].nodes_for(queue), {"a"}), what="a's re-registration reaches c")
+    await eventually(lambda: _equals(n["b"].where_is(client), "a"), what="a's re-registration reaches c")
 
 
 async def test_membership_change_is_in_doubt_then_rebuilt() -> None:
@@ -149,27 +134,25 @@ async def test_membership_change_is_in_doubt_then_rebuilt() -> None:
     network = InProcessNetwork()
     n = await start_cluster(network, "abc", options)
     clients = {f"dev-{i}": "abc"[i % 3] for i in range(150)}
-    queues = {f"q/{i}": {"abc"[i % 3], "abc"[(i + 1) % 3]} for i in range(60)}
     for client, node in clients.items():
         await n[node].client_online(client)
-    for queue, holders in queues.items():
-        for node in holders:
-            await n[node].add_interest(queue)
 
     wrong: list[str] = []
     doubts = 0
     stop = asyncio.Event()
+    watched = list(clients.items())[:60]
 
     async def watch(reader: EmbeddedLookup, live: Callable[[], set[str]]) -> None:
-        """Every answer must hold every live interested node (fewer would lose notifies)."""
+        """Every answer must be the node the client is on, or none once that node is gone
+        (another node, or none for a live client, would miss a takeover)."""
         nonlocal doubts
         while not stop.is_set():
-            for queue, holders in queues.items():
-                answer = await reader.nodes_for(queue)
-                if answer is None:
+            for client, node in watched:
+                answer = await reader.where_is(client)
+                if answer is IN_DOUBT:
                     doubts += 1
-                elif not holders & live() <= answer:
-                    wrong.append(f"{queue}: {sorted(answer)} misses {sorted(holders & live() - answer)}")
+                elif answer != node and not (answer is None and node not in live()):
+                    wrong.append(f"{client} on {node}: located at {answer}")
             await asyncio.sleep(0.005)
 
     # a fourth node joins: some keys move to it; it must get them from the others' live state
@@ -182,10 +165,10 @@ async def test_membership_change_is_in_doubt_then_rebuilt() -> None:
         await settled([*n.values(), d])
         network.slow("d", 0.0)
         assert doubts > 0  # the change was in doubt for a while
-        moved = [q for q in queues if d._membership.ring.owner(q) == "d"]
-        assert moved, "some queues must have moved to d"
-        for queue in moved:
-            assert await d.nodes_for(queue) == queues[queue]  # rebuilt on d, from a, b and c
+        moved = [c for c in clients if d._membership.ring.owner(c) == "d"]
+        assert moved, "some clients must have moved to d"
+        for client in moved:
+            assert await d.where_is(client) == clients[client]  # rebuilt on d, from a, b and c
         for client, node in list(clients.items())[:40]:
             assert await d.where_is(client) == node
 
@@ -194,8 +177,6 @@ async def test_membership_change_is_in_doubt_then_rebuilt() -> None:
         live.discard("c")
         survivors = [n["a"], n["b"], d]
         await settled(survivors)
-        for queue, holders in queues.items():
-            assert await n["b"].nodes_for(queue) == holders - {"c"}
         for client, node in clients.items():
             assert await d.where_is(client) == (None if node == "c" else node)
         listing = await n["a"].clients(limit=1000)
@@ -215,32 +196,28 @@ async def test_rebuild_in_chunks_keeps_later_writes_in_order(monkeypatch) -> Non
     n = await start_cluster(network, "abc")
     d = EmbeddedLookup("d", network.transport("d"), OPTIONS)
     try:
-        for i in range(60):
-            await n["a"].client_online(f"dev-{i}")
         for i in range(300):
-            await n["a"].add_interest(f"q/{i}")
+            await n["a"].client_online(f"dev-{i}")
         missing: list[str] = []
         stop = asyncio.Event()
 
-        async def watch() -> None:  # a keeps its interest in the odd queues throughout
+        async def watch() -> None:  # a keeps its odd clients online throughout
             while not stop.is_set():
                 for i in range(1, 300, 2):
-                    answer = await n["b"].nodes_for(f"q/{i}")
-                    if answer is not None and "a" not in answer:
-                        missing.append(f"q/{i}: {sorted(answer)}")
+                    answer = await n["b"].where_is(f"dev-{i}")
+                    if answer is not IN_DOUBT and answer != "a":
+                        missing.append(f"dev-{i}: {answer}")
                 await asyncio.sleep(0.002)
 
         watcher = asyncio.create_task(watch())
-        # d gets a's re-registration (~75 queues, ~15 clients) in ~11 chunks of 7, 30 ms
-        # each: longer than the settle time
+        # d gets a's re-registration (~75 clients) in ~11 chunks of 7, 30 ms each: longer
+        # than the settle time
         network.slow("d", 0.03, ops={"batch"})
         await d.start()
         for start in range(0, 300, 30):  # while d is rebuilt, a's live state keeps changing
-            evens = range(start, start + 30, 2)
-            await asyncio.gather(*(n["a"].remove_interest(f"q/{i}") for i in evens),
-                                 *(n["a"].client_offline(f"dev-{i}") for i in evens if i < 60))
+            await asyncio.gather(*(n["a"].client_offline(f"dev-{i}") for i in range(start, start + 30, 2)))
             await asyncio.sleep(0.01)
-        for i in range(60, 80):
+        for i in range(300, 320):
             await n["a"].client_online(f"dev-{i}")
         await settled([*n.values(), d])
         network.slow("d", 0.0)
@@ -248,10 +225,10 @@ async def test_rebuild_in_chunks_keeps_later_writes_in_order(monkeypatch) -> Non
         await watcher
         assert not missing, missing[:5]
         assert n["a"].stats.resyncs >= 3  # one per peer at least
-        for i in range(80):
-            assert await n["b"].where_is(f"dev-{i}") == ("a" if i % 2 or i >= 60 else None)
-        for i in range(300):
-            assert await d.nodes_for(f"q/{i}") == ({"a"} if i % 2 else frozenset())
+        for i in range(320):
+            expected = "a" if i % 2 or i >= 300 else None
+            assert await n["b"].where_is(f"dev-{i}") == expected
+            assert await d.where_is(f"dev-{i}") == expected
     finally:
         for node in (*n.values(), d):
             await node.close(leave=False)
@@ -260,7 +237,6 @@ async def test_rebuild_in_chunks_keeps_later_writes_in_order(monkeypatch) -> Non
 async def test_a_restarted_node_replaces_its_old_entries(cluster) -> None:
     network, n = cluster
     await n["b"].client_online("old-session")
-    await n["b"].add_interest("old/queue")
     await n["b"].close(leave=False)  # restarts before its TTL: no expiry in between
     b2 = EmbeddedLookup("b", network.transport("b"), OPTIONS)
     await b2.start()
@@ -268,7 +244,6 @@ async def test_a_restarted_node_replaces_its_old_entries(cluster) -> None:
         nodes = [n["a"], b2, n["c"]]
         await settled(nodes)
         assert await n["a"].where_is("old-session") is None
-        assert await n["c"].nodes_for("old/queue") == frozenset()
         assert await b2.client_online("new-session") is None
         assert await n["c"].where_is("new-session") == "b"
     finally:
@@ -277,13 +252,13 @@ async def test_a_restarted_node_replaces_its_old_entries(cluster) -> None:
 
 async def test_a_node_that_leaves_is_gone_before_its_ttl(cluster) -> None:
     _, n = cluster
-    await n["c"].add_interest("q")
-    await n["a"].add_interest("q")
+    await n["c"].client_online("on-c")
+    await n["a"].client_online("on-a")
     started = time.monotonic()
     await n["c"].close(leave=True)
     await settled([n["a"], n["b"]])
     assert time.monotonic() - started < OPTIONS.node_ttl_s + OPTIONS.settle_s
-    assert await n["b"].nodes_for("q") == {"a"}
+    assert await n["b"].where_is("on-c") is None and await n["b"].where_is("on-a") == "a"
 
 
 # -- over TCP ------------------------------------------------------------------------------
@@ -303,10 +278,10 @@ async def test_three_nodes_over_the_remoting_transport() -> None:
         assert await nodes["a"].client_online("dev-1") is None
         assert await nodes["b"].client_online("dev-1") == "a"
         assert await nodes["c"].where_is("dev-1") == "b"
-        queues = [keys_owned_by(nodes["a"], owner, prefix="t/")[0] for owner in ("a", "b", "c")]
-        for queue in queues:
-            assert await nodes["a"].add_interest(queue) and await nodes["c"].add_interest(queue)
-            assert await nodes["b"].nodes_for(queue) == {"a", "c"}
+        owned = [keys_owned_by(nodes["a"], owner, prefix="t/")[0] for owner in ("a", "b", "c")]
+        for client in owned:  # one client per owner, all online at a
+            assert await nodes["a"].client_online(client) is None
+            assert await nodes["b"].where_is(client) == "a"
 
         # the wire itself: a raw remoting client gets a JSON reply to a HEARTBEAT
         reader, writer = await asyncio.open_connection(*transports["b"].address)
@@ -324,11 +299,11 @@ async def test_three_nodes_over_the_remoting_transport() -> None:
         # c dies without a word: its keys are in doubt at once (refused), then rebuilt
         await nodes["c"].close(leave=False)
         started = time.monotonic()
-        assert await nodes["a"].nodes_for(queues[2]) is None
+        assert await nodes["a"].where_is(owned[2]) is IN_DOUBT
         assert time.monotonic() - started < OPTIONS.deadline_s + 0.05
         await settled([nodes["a"], nodes["b"]])
-        for queue in queues:
-            assert await nodes["b"].nodes_for(queue) == {"a"}
+        for client in owned:
+            assert await nodes["b"].where_is(client) == "a"
         assert await nodes["a"].where_is("dev-1") == "b"
     finally:
         for node in nodes.values():

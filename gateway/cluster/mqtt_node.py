@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from lookup.api import IN_DOUBT, InDoubt, Lookup
+from lookup.api import IN_DOUBT, InDoubt, InterestLookup, Lookup
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, parse_shared
@@ -84,7 +84,9 @@ class GatewayNode:
     def __init__(self, store: GatewayStore, node_id: str, lookup: Lookup | None = None) -> None:
         self.store = store
         self.node_id = node_id
-        self.lookup = lookup  # client id -> node, queue -> nodes (None: takeover asks every node)
+        self.lookup = lookup  # client id -> node (None: takeover asks every node)
+        # queue -> nodes, only where the store node reads it (Redis): the embedded lookup has no reader
+        self.interests = lookup if isinstance(lookup, InterestLookup) else None
         self.takeovers = Counter[str]()  # how takeovers were sent: targeted, everywhere (lookup in doubt)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._going: dict[str, asyncio.Task[Any]] = {}  # client id -> its "offline" on its way to the lookup
@@ -167,8 +169,8 @@ class GatewayNode:
         self._reading[queue] = count + 1
         if not count:
             self.store.remote.interest(queue, True)
-            if self.lookup is not None:
-                self._spawn(self.lookup.add_interest(queue))
+            if self.interests is not None:
+                self._spawn(self.interests.add_interest(queue))
 
     def not_reading(self, queue: str) -> None:
         count = self._reading.get(queue, 0) - 1
@@ -178,8 +180,8 @@ class GatewayNode:
         self._reading.pop(queue, None)
         self.store.forget(queue)
         self.store.remote.interest(queue, False)
-        if self.lookup is not None:
-            self._spawn(self.lookup.remove_interest(queue))
+        if self.interests is not None:
+            self._spawn(self.interests.remove_interest(queue))
 
     # -- filters --------------------------------------------------------------------------------
     def hold_filter(self, session: Session, topic_filter: str) -> None:
