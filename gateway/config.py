@@ -69,6 +69,7 @@ class Config:
     # budget for write buffers (memtables are flushed early when together they reach it)
     rocksdb_cache_bytes: int = 32 << 20
     rocksdb_write_buffer_bytes: int = 32 << 20
+    memory_release_interval_s: float = 10.0  # free malloc pages back to the system (README, Memory); 0 = never
     retention_hours: float = 72.0
     retention_bytes: int = 0
     store_host: str = "127.0.0.1"  # IPv4 encoded in message ids
@@ -129,6 +130,7 @@ class Config:
                 queue_cache_entries=self.queue_cache_entries,
                 rocksdb_cache_bytes=self.rocksdb_cache_bytes,
                 rocksdb_write_buffer_bytes=self.rocksdb_write_buffer_bytes,
+                memory_release_interval=self.memory_release_interval_s,
                 retention_hours=self.retention_hours,
                 retention_bytes=self.retention_bytes,
                 identity_host=self.store_host,

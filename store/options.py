@@ -25,6 +25,9 @@ class StoreOptions:
     # holds index and bloom-filter blocks, and a budget for memtables
     rocksdb_cache_bytes: int = 32 << 20
     rocksdb_write_buffer_bytes: int = 32 << 20
+    # seconds between returns of free malloc pages to the system (store/rocks.py
+    # release_free_memory: RocksDB's compactions leave them behind); 0 = never
+    memory_release_interval: float = 10.0
     retention_hours: float = 72.0  # 0 = keep by age forever
     retention_bytes: int = 0  # 0 = no size limit
     retention_check_interval: float = 60.0
@@ -42,5 +45,7 @@ class StoreOptions:
             raise ValueError(f"rocksdb_cache_bytes must be at least {MIN_ROCKSDB_CACHE_BYTES} bytes")
         if self.rocksdb_write_buffer_bytes < MIN_ROCKSDB_WRITE_BUFFER_BYTES:
             raise ValueError(f"rocksdb_write_buffer_bytes must be at least {MIN_ROCKSDB_WRITE_BUFFER_BYTES} bytes")
+        if self.memory_release_interval < 0:
+            raise ValueError("memory_release_interval must be 0 (never) or a number of seconds")
         if self.max_message_size > self.segment_size:
             self.max_message_size = self.segment_size

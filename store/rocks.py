@@ -11,6 +11,7 @@ when together they reach their budget, so RocksDB's memory is about
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 
 from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
@@ -36,17 +37,43 @@ MMAP_THRESHOLD_BYTES = 512 << 10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def fix_mmap_threshold() -> bool:
     """Fix glibc's mmap threshold for the process (see MMAP_THRESHOLD_BYTES); False where the C
     library is not glibc (nothing to do: the dynamic threshold is glibc's)."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    if libc is None:
         return False
-    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    done = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     if not done:
         log.warning("could not fix the malloc mmap threshold bytes=%d", MMAP_THRESHOLD_BYTES)
     return done
+
+
+def release_free_memory() -> bool:
+    """Give the free pages inside glibc's malloc arenas back to the system; False where the C
+    library is not glibc.
+
+    RocksDB's compaction thread allocates its short-lived buffers (tens of MiB for a large
+    compaction) in its own malloc arena, among the long-lived blocks it also allocates there
+    (table readers, cache entries). Those keep glibc from shrinking the arena, so each larger
+    compaction raised the process's memory for good: in the mixed soak the compaction thread's
+    arena held 31 MiB with 1.3 MiB in use. malloc_trim returns the free pages of every arena
+    (madvise), whatever lies above them.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 class RocksMemory:

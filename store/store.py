@@ -47,7 +47,7 @@ from .offsets import ConsumerOffsets
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy, clean_index_below
-from .rocks import RocksMemory
+from .rocks import RocksMemory, release_free_memory
 from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
@@ -72,6 +72,7 @@ class MessageStore:
         self._log_limited = RateLimitedLog(log)  # failures that repeat with every commit (a full disk)
         self.committer: GroupCommitter | None = None  # the writer (committer.py), once the files are open
         self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
+        self.memory_release_latency = LatencyHistogram()  # release_free_memory, on the event loop
         self._closed = False
         self._min_offsets: dict[int, tuple[int, int]] = {}  # qid -> (commitlog start, first offset)
         self._tasks: list[asyncio.Task[None]] = []
@@ -120,6 +121,8 @@ class MessageStore:
         self._tasks.append(loop.create_task(self._every(opts.index_flush_interval, self._flush_index)))
         if self.retention.enabled:
             self._tasks.append(loop.create_task(self._every(opts.retention_check_interval, self.apply_retention)))
+        if opts.memory_release_interval:
+            self._tasks.append(loop.create_task(self._every(opts.memory_release_interval, self._release_memory)))
 
     def _close_files(self) -> None:
         for name in ("meta", "index", "commitlog"):
@@ -264,6 +267,11 @@ class MessageStore:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.commitlog.flush)
         await loop.run_in_executor(None, self.index.flush)
+
+    async def _release_memory(self) -> None:
+        started = time.perf_counter()
+        if release_free_memory():
+            self.memory_release_latency.observe(time.perf_counter() - started)
 
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,

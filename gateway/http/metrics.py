@@ -106,6 +106,8 @@ class GatewayCollector:
         yield _histogram("tidemq_store_put_latency_seconds", "Store puts, submit to durable per the flush mode",
                          store.put_latency)
         yield _histogram("tidemq_store_get_latency_seconds", "Store reads (index and commitlog)", store.get_latency)
+        yield _histogram("tidemq_store_memory_release_seconds", "Returns of free malloc pages to the system",
+                         store.memory_release_latency)
         yield GaugeMetricFamily("tidemq_commitlog_bytes", "Commitlog bytes kept (after retention)",
                                 value=store.commitlog.end_position - store.commitlog.min_position)
         yield GaugeMetricFamily("tidemq_dispatch_lag_bytes", "Commitlog bytes not yet in the consume-queue index",
