@@ -5,13 +5,14 @@ truncation return exactly the bytes on disk, and the read-only reader of other p
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
 
 import pytest
 
-from store import Message
+from store import Message, StoreWriteError
 from store import commitlog as commitlog_module
 from store.commitlog import CommitLog
 from store.readonly import CommitLogReader
@@ -66,11 +67,13 @@ def test_reads_across_the_map_edge_and_past_the_end(tmp_path: Path, maps: list[i
     log.append([second])
     whole = first + second
     edge = len(first)
-    for at, size in [(edge - 100, 300), (edge, 100), (edge - 1, 1), (edge - 1, 2), (0, len(whole)),
+    for at, size in [(edge - 100, 300), (edge, 100), (edge - 1, 1), (edge - 1, 2), (edge - 60000, STEP - 1),
                      (edge + 4000, 5000), (len(whole), 10), (len(whole) + 50, 10)]:
         assert log.read(at, size) == whole[at:at + size], (at, size)
     assert len(maps) == 1
     assert log.records([(edge - 8, 8), (edge, 8), (edge + 8, 16)]) == [whole[edge - 8:edge], second[:8], second[8:24]]
+    assert log.read(0, len(whole)) == whole  # a read of a step or more maps rather than copies
+    assert maps == [len(first), len(whole)]
     log.close()
 
 
@@ -110,9 +113,14 @@ def test_a_failed_append_cuts_back_a_mapped_segment(tmp_path: Path, maps: list[i
     log.append([b"a" * (STEP + 10)])
     assert log.read(STEP, 10) == b"a" * 10
     real_pwrite = os.pwrite
-    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, data[:7], offset)
-                        if len(data) > 7 else (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with pytest.raises(Exception, match="No space"):
+
+    def disk_full_after_7_bytes(fd: int, data, offset: int) -> int:
+        if len(data) > 7:
+            return real_pwrite(fd, data[:7], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", disk_full_after_7_bytes)
+    with pytest.raises(StoreWriteError, match="No space"):  # 7 bytes written, then cut back
         log.append([b"b" * 100])
     monkeypatch.setattr(os, "pwrite", real_pwrite)
     assert log.read(STEP, 100) == b"a" * 10
