@@ -123,27 +123,30 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
         seg_start = int(segments[lo]) * seg_size
         rel = positions[lo:hi] - seg_start
         end = rel + sizes[lo:hi]
-        mapped = log.segment(seg_start, int(end.max()))
-        if mapped is None:
+        found = log.span(seg_start, int(rel.min()), int(end.max()))
+        if found is None:
             raise RecordCorruptError(
                 f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
+        buffer, base = found
+        rel -= base
+        end -= base
         at = lo
         while at < hi:  # keep each span under the int32 offsets of a binary view
             n = hi - at
             while n > 1 and int(end[at - lo + n - 1] - rel[at - lo]) > _MAX_VIEW_SPAN:
                 n //= 2
-            out.append(_batch(queue, first_offset + at, entries[at:at + n], mapped,
+            out.append(_batch(queue, first_offset + at, entries[at:at + n], buffer,
                               rel[at - lo:at - lo + n], sizes[at:at + n]))
             at += n
     return out
 
 
-def _batch(queue: str, first_offset: int, entries: np.ndarray, mapped, rel: np.ndarray,
+def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray,
            sizes: np.ndarray) -> pa.RecordBatch:
     n = len(entries)
     lo = int(rel[0])
     hi = int((rel + sizes).max())
-    block = _Block(np.frombuffer(mapped, np.uint8, hi - lo, lo))  # no copy: the map's bytes
+    block = _Block(np.frombuffer(buffer, np.uint8, hi - lo, lo))  # no copy of the buffer (mostly the map)
     starts = rel - lo
     headers = block.windows(HEADER_SIZE)[starts].view(HEADER_DTYPE)
     bad = (headers["magic"] != MAGIC) | (headers["total"] != sizes)
@@ -180,7 +183,8 @@ _VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offs
 
 
 class _Block:
-    """Mapped commitlog bytes and ways to cut fields out of them without a Python loop."""
+    """Commitlog bytes (a map, or a copy of the newest) and ways to cut fields out of them without a
+    Python loop."""
 
     __slots__ = ("array", "buffer")
 

@@ -29,7 +29,7 @@ from typing import Self
 
 from rocksdict import AccessType, Options, Rdict
 
-from .commitlog import LAYOUT_FILE, SEGMENT_NAME_DIGITS
+from .commitlog import LAYOUT_FILE, SEGMENT_NAME_DIGITS, widen_map
 from .consumequeue import NAME_PREFIX, QUEUE_ROW, ConsumeQueueIndex, QueueState, queue_end
 from .errors import StoreError
 
@@ -64,12 +64,15 @@ class CommitLogReader:
     def min_position(self) -> int:
         return self._starts[0] if self._starts else 0
 
-    def segment(self, start: int, need: int) -> mmap.mmap | None:
-        """A map of the segment starting at ``start`` holding at least ``need`` bytes, or None
-        (the segment is gone, or does not hold that much)."""
+    def span(self, start: int, lo: int, hi: int) -> tuple[mmap.mmap | bytes, int] | None:
+        """Bytes [lo, hi) of the segment starting at ``start`` as (buffer, base): they are
+        ``buffer[lo - base:hi - base]``. The buffer is the segment's map, or, for the newest
+        bytes of the active segment, a ``pread`` copy of just them (the commitlog's rule,
+        ``widen_map``: no re-map per read of new data). None when the segment is gone or does
+        not hold ``hi`` bytes."""
         mapped = self._maps.get(start)
-        if mapped is not None and len(mapped) >= need:
-            return mapped
+        if mapped is not None and len(mapped) >= hi:
+            return mapped, 0
         path = self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}"
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -77,13 +80,16 @@ class CommitLogReader:
             return None
         try:
             size = os.fstat(fd).st_size
-            if size < need or size == 0:
+            if size < hi or size == 0:
                 return None
+            sealed = bool(self._starts) and start < self._starts[-1]
+            if not widen_map(len(mapped) if mapped is not None else 0, size, hi - lo, sealed):
+                return os.pread(fd, hi - lo, lo), lo
             mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
         self._maps[start] = mapped  # the old, shorter map closes when nothing uses it
-        return mapped
+        return mapped, 0
 
     def close(self) -> None:
         self._maps.clear()
