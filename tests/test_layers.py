@@ -15,8 +15,6 @@ GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 # (connect, inbound, subscribe, outbound) still name the connection, and the broker its readers --
 # until they say what they need as Protocols, as the AMQP and remoting gateways now do
 STILL_TO_REMOVE = {
-    ("gateway.cluster.mqtt_node", "gateway.mqtt.broker"),
-    ("gateway.mqtt.broker", "gateway.cluster.mqtt_node"),
     ("gateway.mqtt.broker", "gateway.mqtt.connection"),
     ("gateway.mqtt.broker", "gateway.mqtt.outbound"),
     ("gateway.mqtt.connect", "gateway.mqtt.connection"),

@@ -36,10 +36,9 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from store import MessageStore, PutResult, StoredMessage
 
-from ..mqtt.broker import SESSIONS_TABLE
 from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
-from ..mqtt.session import Session
+from ..mqtt.session import SESSIONS_TABLE, Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
 from ..tasks import cancel_and_wait
 from .notify_router import NotifyRouter

@@ -25,9 +25,8 @@ from .errors import AdminError
 if TYPE_CHECKING:
     from store import MessageStore
 
-    from ..cluster.mqtt_node import GatewayNode
     from ..mqtt.broker import MQTTBroker
-    from .deps import Brokers
+    from .deps import Brokers, NodePlace
 
 MAX_ROWS = 1000
 
@@ -48,13 +47,12 @@ def clients(brokers: Brokers) -> list[dict[str, Any]]:
     return rows[:MAX_ROWS]
 
 
-async def locate_client(mqtt: MQTTBroker | None, node: GatewayNode | None, client_id: str) -> list[dict[str, Any]]:
+async def locate_client(mqtt: MQTTBroker | None, node: NodePlace, client_id: str) -> list[dict[str, Any]]:
     """Where an MQTT client is connected: this node, or (a gateway node with a lookup) the node
     the lookup names -- "in doubt" while the lookup cannot say."""
     here = mqtt is not None and client_id in mqtt.connections
-    node_id = node.node_id if node is not None else "this node"
-    where: str | None = node_id if here else None
-    lookup = node.lookup if node is not None else None
+    where: str | None = node.node_id if here else None
+    lookup = node.lookup
     if lookup is not None and not here:
         found = await lookup.where_is(client_id)
         where = "in doubt" if found is IN_DOUBT else found  # type: ignore[assignment]

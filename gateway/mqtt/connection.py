@@ -77,7 +77,7 @@ class MQTTConnection(asyncio.Protocol):
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
-        self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
+        self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched
         self.inbound = Inbound(self)  # the client's PUBLISHes to the store, and their acks
         self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
 
@@ -137,12 +137,12 @@ class MQTTConnection(asyncio.Protocol):
                     if batch:
                         self.inbound.submit(batch)
                         batch = []
-                    if isinstance(packet, Subscribe) and self.broker.node is not None:
+                    if isinstance(packet, Subscribe):
                         if packet is self._ready:
                             self._ready = None
                         else:
-                            fetching = self.broker.node.prepare_subscribe(self.session, packet)
-                            if fetching is not None:  # what it reads first comes from the store node
+                            fetching = self.broker.reads.prepare_subscribe(packet)
+                            if fetching is not None:  # what it reads first is fetched (a gateway node's store node)
                                 self._held = packet
                                 self.read_pauses.pause("store")
                                 asyncio.get_running_loop().create_task(self._prepared(fetching))
@@ -158,9 +158,9 @@ class MQTTConnection(asyncio.Protocol):
         self.flush()
 
     async def _prepared(self, fetching) -> None:
-        """A held SUBSCRIBE goes on once what it reads is here (a gateway node's)."""
-        held, node = self._held, self.broker.node
-        assert isinstance(held, Subscribe) and node is not None
+        """A held SUBSCRIBE goes on once what it reads is here."""
+        held, reads = self._held, self.broker.reads
+        assert isinstance(held, Subscribe)
         try:
             await fetching
         except StoreError as exc:  # the store node did not answer: the client retries
@@ -169,14 +169,14 @@ class MQTTConnection(asyncio.Protocol):
             return
         finally:
             if self.closed:
-                node.subscribed(held)
+                reads.subscribed(held)
         self._held = None
         self._ready = held
         self.read_pauses.resume("store")
         try:
             self.process(held)
         finally:
-            node.subscribed(held)
+            reads.subscribed(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
