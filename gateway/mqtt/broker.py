@@ -22,6 +22,7 @@ from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
+from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import StoreMessageFactory
 from .session import Session
@@ -209,13 +210,8 @@ class MQTTBroker:
                 self.publish_will(session.client_id, session.will)
 
     async def _expiry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.expiry_check_interval_s)
-            now = time.time()
-            for session in [s for s in self.sessions.values() if s.expired(now)]:
-                if session.client_id not in self.connections:
-                    log.info("session expired client_id=%s", session.client_id)
-                    self.end_session(session)
+        absent = lambda: (s for s in self.sessions.values() if s.client_id not in self.connections)  # noqa: E731
+        await SessionExpiry(absent, self.end_session).run(self.settings.expiry_check_interval_s)
 
     # -- wills ---------------------------------------------------------------------------------
     def schedule_will(self, session: Session, will: Will, delay: int) -> None:
