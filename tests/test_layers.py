@@ -22,10 +22,7 @@ STILL_TO_REMOVE = {
     ("gateway.mqtt.inbound", "gateway.mqtt.connection"),
     ("gateway.mqtt.outbound", "gateway.mqtt.broker"),
     ("gateway.mqtt.outbound", "gateway.mqtt.connection"),
-    ("gateway.mqtt.shared", "gateway.mqtt.broker"),
-    ("gateway.mqtt.shared", "gateway.mqtt.connection"),
     ("gateway.mqtt.subscribe", "gateway.mqtt.connection"),
-    ("gateway.mqtt.sys_topics", "gateway.mqtt.broker"),
 }
 
 

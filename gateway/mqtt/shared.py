@@ -12,28 +12,73 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
+from cache import QueueCache
 from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
+from ..ports import QueueStore
 from .messages import delivery_of
 from .outbound import PULL_BATCH
-
-if TYPE_CHECKING:
-    from .broker import MQTTBroker
-    from .connection import MQTTConnection
+from .session import SubscriptionState
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-class ShareGroup(ConsumerGroup["MQTTConnection"]):
+class MemberDelivery(Protocol):
+    """A member's outbound side (``outbound.Delivery``)."""
+
+    @property
+    def writing_paused(self) -> bool: ...
+
+    def shared_subscription(self, key: str) -> SubscriptionState | None: ...
+
+    def has_window(self) -> bool: ...
+
+    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
+                       remaining: int | None) -> bool: ...
+
+
+class Member(Protocol):
+    """A member of a group: a client's connection (``connection.MQTTConnection``)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def delivery(self) -> MemberDelivery: ...
+
+    def flush(self) -> None: ...
+
+
+class GroupHost(Protocol):
+    """What a group reads and runs on (``broker.MQTTBroker``)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+
+    @property
+    def cache(self) -> QueueCache: ...
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]: ...
+
+    def wake(self, reader: ShareGroup) -> None: ...
+
+
+class ShareGroup(ConsumerGroup[Member]):
     """A ``$share`` group: the delivery core's consumer group over its filter's queue, with the
     group's members (connections, by client id) and MQTT's choice of a member that can take a
     message now (its subscription's QoS, its send window, a socket that is not full)."""
 
-    def __init__(self, broker: MQTTBroker, group: str, topic_filter: str, start_offset: int) -> None:
+    def __init__(self, broker: GroupHost, group: str, topic_filter: str, start_offset: int) -> None:
         key = f"$share/{group}/{topic_filter}"
         super().__init__(broker.store, key, queue_for_filter(topic_filter), start_offset)
         self.broker = broker
@@ -43,11 +88,11 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         self._pump_scheduled = False
 
     # -- membership ----------------------------------------------------------------------------
-    def join(self, conn: MQTTConnection) -> None:
+    def join(self, conn: Member) -> None:
         self.members[conn.client_id] = conn
         self.schedule_pump()
 
-    def leave(self, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+    def leave(self, conn: Member, unacked: list[tuple[int, int]]) -> None:
         """A member went away (or unsubscribed); what it had not acknowledged -- (queue offset,
         commitlog position) pairs -- goes to another. A message not at hand (a gateway node) is
         read first; until then it counts as unacknowledged, so the committed offset waits."""
@@ -101,7 +146,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             self._pump_scheduled = True
             self.broker.wake(self)
 
-    def _can_take(self, conn: MQTTConnection, qos: int) -> bool:
+    def _can_take(self, conn: Member, qos: int) -> bool:
         state = conn.delivery.shared_subscription(self.key)
         if state is None or conn.closed or conn.delivery.writing_paused:
             return False
@@ -111,7 +156,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         self._pump_scheduled = False
         if not self.members:
             return
-        touched: set[MQTTConnection] = set()
+        touched: set[Member] = set()
         while self.redeliver:
             if not self._send(self.redeliver[0], touched):
                 break
@@ -134,7 +179,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             conn.flush()
         self.save()
 
-    def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
+    def _send(self, message: StoredMessage, touched: set[Member]) -> bool:
         delivery = delivery_of(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
