@@ -25,6 +25,7 @@ from ..tasks import cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import StoreMessageFactory
+from .roles import Client, Reader
 from .session import Session
 from .settings import MQTTSettings
 from .shared import ShareGroup
@@ -32,8 +33,6 @@ from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure
-    from .connection import MQTTConnection
-    from .outbound import Delivery
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -56,8 +55,8 @@ class MQTTBroker:
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
-        self.connections: dict[str, MQTTConnection] = {}
-        self.readers: dict[str, set[Delivery | ShareGroup]] = {}  # queue -> who reads it here (a connection's delivery, a group)
+        self.connections: dict[str, Client] = {}
+        self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
@@ -66,7 +65,7 @@ class MQTTBroker:
         self._flush_scheduled = False
         self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
         self._progress_timer: asyncio.TimerHandle | None = None
-        self._woken: list[Delivery | ShareGroup] = []  # readers whose pump runs next (wake)
+        self._woken: list[Reader] = []  # readers whose pump runs next (wake)
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -304,14 +303,14 @@ class MQTTBroker:
             found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
         return found
 
-    def join_share(self, key: str, conn: MQTTConnection) -> None:
+    def join_share(self, key: str, conn: Client) -> None:
         state = conn.delivery.shared_subscription(key)
         assert state is not None and state.share_group is not None
         group = self.share_group(state.share_group, state.topic_filter)
         group.join(conn)
         self.add_reader(group.queue, group)
 
-    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+    def leave_share(self, key: str, conn: Client, unacked: list[tuple[int, int]]) -> None:
         """``unacked``: (queue offset, commitlog position) of what ``conn`` did not acknowledge."""
         group = self.share_groups.get(key)
         if group is None:
@@ -321,14 +320,14 @@ class MQTTBroker:
             self.remove_reader(group.queue, group)
 
     # -- readers and notify --------------------------------------------------------------------
-    def add_reader(self, queue: str, reader: Delivery | ShareGroup) -> None:
+    def add_reader(self, queue: str, reader: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is None:
             readers = self.readers[queue] = set()
             self.reads.reading(queue)
         readers.add(reader)
 
-    def remove_reader(self, queue: str, conn: Delivery | ShareGroup) -> None:
+    def remove_reader(self, queue: str, conn: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is not None:
             readers.discard(conn)
@@ -345,7 +344,7 @@ class MQTTBroker:
         for reader in readers:
             reader.schedule_pump()
 
-    def wake(self, reader: Delivery | ShareGroup) -> None:
+    def wake(self, reader: Reader) -> None:
         """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
         callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
         costs one callback, not a thousand."""

@@ -12,65 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
-from typing import Any, Protocol
 
-from cache import QueueCache
 from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
-from ..ports import QueueStore
 from .messages import delivery_of
 from .outbound import PULL_BATCH
-from .session import SubscriptionState
+from .roles import GroupHost, Member
 
 log = logging.getLogger("tidemq.mqtt")
-
-
-class MemberDelivery(Protocol):
-    """A member's outbound side (``outbound.Delivery``)."""
-
-    @property
-    def writing_paused(self) -> bool: ...
-
-    def shared_subscription(self, key: str) -> SubscriptionState | None: ...
-
-    def has_window(self) -> bool: ...
-
-    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
-                       remaining: int | None) -> bool: ...
-
-
-class Member(Protocol):
-    """A member of a group: a client's connection (``connection.MQTTConnection``)."""
-
-    @property
-    def client_id(self) -> str: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def delivery(self) -> MemberDelivery: ...
-
-    def flush(self) -> None: ...
-
-
-class GroupHost(Protocol):
-    """What a group reads and runs on (``broker.MQTTBroker``)."""
-
-    @property
-    def store(self) -> QueueStore: ...
-
-    @property
-    def cache(self) -> QueueCache: ...
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
-
-    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]: ...
-
-    def wake(self, reader: ShareGroup) -> None: ...
 
 
 class ShareGroup(ConsumerGroup[Member]):

@@ -1,0 +1,182 @@
+"""What the MQTT gateway's parts need of one another, as small Protocols: the broker of its
+clients and readers, a connection's delivery component of its connection and of the broker, a
+shared group of its members and of the broker. Each part names these, not the concrete class
+of the other (which imports it), so no part needs an import only for its types."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cache import QueueCache
+from protocols.mqtt.connection import ServerConnection
+from protocols.mqtt.packets import Packet
+from protocols.mqtt.reason_codes import ReasonCode
+from store import StoredMessage
+
+from ..ports import QueueStore
+from ..stats import ProtocolStats
+from .ingest_gate import IngestGate
+from .session import Session, SubscriptionState
+from .settings import MQTTSettings
+
+if TYPE_CHECKING:
+    from ..trace import Tracer
+
+
+class Reader(Protocol):
+    """A reader of queues that a notify wakes (``broker.wake``): a connection's delivery, a shared group."""
+
+    def schedule_pump(self) -> None: ...
+
+    def pump(self) -> None: ...
+
+
+class Acks(Protocol):
+    """A shared group (shared.py), told of its member's acknowledgements."""
+
+    def acked(self, offset: int) -> None: ...
+
+
+class DeliveryHost(Protocol):
+    """What delivery reads and tells of the node's MQTT gateway (``broker.MQTTBroker``)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+
+    @property
+    def cache(self) -> QueueCache: ...
+
+    @property
+    def stats(self) -> ProtocolStats: ...
+
+    @property
+    def gate(self) -> IngestGate: ...
+
+    @property
+    def share_groups(self) -> Mapping[str, Acks]: ...
+
+    def mark_dirty(self, session: Session) -> None: ...
+
+    def mark_progress(self, session: Session) -> None: ...
+
+    def set_retained(self, topic: str, position: int | None) -> None: ...
+
+    def wake(self, reader: Reader) -> None: ...
+
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]: ...
+
+
+class Owner(Protocol):
+    """The connection a Delivery belongs to (``connection.MQTTConnection``)."""
+
+    @property
+    def broker(self) -> DeliveryHost: ...
+
+    @property
+    def settings(self) -> MQTTSettings: ...
+
+    @property
+    def tracer(self) -> Tracer | None: ...
+
+    @property
+    def conn(self) -> ServerConnection: ...
+
+    @property
+    def out(self) -> list[bytes]: ...
+
+    @property
+    def session(self) -> Session | None: ...
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def connecting(self) -> bool: ...
+
+    @property
+    def read_check(self) -> Callable[[str | None, str, str], bool] | None: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def send_packet(self, packet: Packet) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class MemberDelivery(Protocol):
+    """A member's outbound side (``outbound.Delivery``)."""
+
+    @property
+    def writing_paused(self) -> bool: ...
+
+    def shared_subscription(self, key: str) -> SubscriptionState | None: ...
+
+    def has_window(self) -> bool: ...
+
+    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
+                       remaining: int | None) -> bool: ...
+
+
+class Member(Protocol):
+    """A member of a group: a client's connection (``connection.MQTTConnection``)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def delivery(self) -> MemberDelivery: ...
+
+    def flush(self) -> None: ...
+
+
+class GroupHost(Protocol):
+    """What a group reads and runs on (``broker.MQTTBroker``)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+
+    @property
+    def cache(self) -> QueueCache: ...
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]: ...
+
+    def wake(self, reader: Reader) -> None: ...
+
+
+class Client(Member, Protocol):
+    """A client's connection as the broker, and whoever reads its ``connections``, see it
+    (``connection.MQTTConnection``)."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def username(self) -> str | None: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def disconnect(self, reason: ReasonCode, message: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def resource_alarm(self, reason: str | None) -> None: ...
