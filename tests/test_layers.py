@@ -11,13 +11,11 @@ from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 
-# (importer, imported only for types): the MQTT connection's packet handlers (connect, inbound,
-# subscribe) still name the connection, until they say what they need as Protocols, as the
-# broker, delivery and shared groups (gateway/mqtt/roles.py) and the AMQP and remoting gateways do
+# (importer, imported only for types): the MQTT connection's CONNECT handler (connect.py) still
+# names the connection, until it says what it needs as a Protocol, as the other MQTT parts
+# (gateway/mqtt/roles.py) and the AMQP and remoting gateways do
 STILL_TO_REMOVE = {
     ("gateway.mqtt.connect", "gateway.mqtt.connection"),
-    ("gateway.mqtt.inbound", "gateway.mqtt.connection"),
-    ("gateway.mqtt.subscribe", "gateway.mqtt.connection"),
 }
 
 

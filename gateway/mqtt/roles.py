@@ -14,8 +14,10 @@ from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.packets import Packet
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
+from store.log_limit import RateLimitedLog
 
-from ..ports import QueueStore
+from ..ports import FilterRegistry, QueueStore
+from ..read_pauses import ReadPauses
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
 from .session import Session, SubscriptionState
@@ -180,3 +182,106 @@ class Client(Member, Protocol):
     def shutdown(self) -> None: ...
 
     def resource_alarm(self, reason: str | None) -> None: ...
+
+
+# -- the packet handlers: inbound.py (PUBLISH, PUBREL), subscribe.py (SUBSCRIBE, UNSUBSCRIBE) --
+class IngestHost(Protocol):
+    """What the inbound side uses of the broker (``broker.MQTTBroker``)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+
+    @property
+    def stats(self) -> ProtocolStats: ...
+
+    @property
+    def wildcards(self) -> FilterRegistry: ...
+
+    @property
+    def limited_log(self) -> RateLimitedLog: ...
+
+    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> None: ...
+
+    def mark_dirty(self, session: Session) -> None: ...
+
+
+class Connection(Protocol):
+    """What a packet handler uses of every connection (``connection.MQTTConnection``)."""
+
+    @property
+    def conn(self) -> ServerConnection: ...
+
+    @property
+    def session(self) -> Session | None: ...
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def allowed(self, topic: str, *, write: bool) -> bool: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def send_packet(self, packet: Packet) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def disconnect(self, reason: ReasonCode, message: str) -> None: ...
+
+
+class Publisher(Connection, Protocol):
+    """The connection an ``inbound.Inbound`` belongs to."""
+
+    @property
+    def broker(self) -> IngestHost: ...
+
+    @property
+    def read_pauses(self) -> ReadPauses: ...
+
+    @property
+    def tracer(self) -> Tracer | None: ...
+
+
+class SubscriberDelivery(MemberDelivery, Reader, Protocol):
+    """A subscriber's outbound side (``outbound.Delivery``)."""
+
+    def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None: ...
+
+    def take_shared_inflight(self, key: str, session: Session | None = None) -> list[tuple[int, int]]: ...
+
+
+class SubscribeHost(Protocol):
+    """What subscribing uses of the broker (``broker.MQTTBroker``)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+
+    def hold_filter(self, session: Session, topic_filter: str) -> None: ...
+
+    def release_filter(self, session: Session, topic_filter: str) -> None: ...
+
+    def join_share(self, key: str, conn: Client) -> None: ...
+
+    def leave_share(self, key: str, conn: Client, unacked: list[tuple[int, int]]) -> None: ...
+
+    def add_reader(self, queue: str, reader: Reader) -> None: ...
+
+    def remove_reader(self, queue: str, conn: Reader) -> None: ...
+
+    def retained_matching(self, topic_filter: str) -> list[StoredMessage]: ...
+
+    def mark_dirty(self, session: Session) -> None: ...
+
+
+class Subscriber(Connection, Client, Protocol):
+    """The connection a SUBSCRIBE or UNSUBSCRIBE came on."""
+
+    @property
+    def broker(self) -> SubscribeHost: ...
+
+    @property
+    def delivery(self) -> SubscriberDelivery: ...
