@@ -11,12 +11,9 @@ from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 
-# (importer, imported only for types): the MQTT connection's CONNECT handler (connect.py) still
-# names the connection, until it says what it needs as a Protocol, as the other MQTT parts
-# (gateway/mqtt/roles.py) and the AMQP and remoting gateways do
-STILL_TO_REMOVE = {
-    ("gateway.mqtt.connect", "gateway.mqtt.connection"),
-}
+# (importer, imported only for types): none left -- the MQTT parts name one another through the
+# Protocols of gateway/mqtt/roles.py, as the AMQP and remoting gateways do through theirs
+STILL_TO_REMOVE: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

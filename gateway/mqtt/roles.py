@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cache import QueueCache
 from protocols.mqtt.connection import ServerConnection
-from protocols.mqtt.packets import Packet
+from protocols.mqtt.packets import Packet, Will
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
 from store.log_limit import RateLimitedLog
 
-from ..ports import FilterRegistry, QueueStore
+from ..ports import FilterRegistry, QueueStore, SessionRepository
 from ..read_pauses import ReadPauses
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
@@ -285,3 +285,81 @@ class Subscriber(Connection, Client, Protocol):
 
     @property
     def delivery(self) -> SubscriberDelivery: ...
+
+
+# -- the CONNECT handler and the connection's end (connect.py) ---------------------------------
+class SessionHost(SubscribeHost, Protocol):
+    """What connecting and the connection's end use of the broker (``broker.MQTTBroker``)."""
+
+    @property
+    def stats(self) -> ProtocolStats: ...
+
+    @property
+    def authenticator(self) -> object | None: ...
+
+    @property
+    def acl(self) -> object | None: ...
+
+    @property
+    def connections(self) -> dict[str, Client]: ...
+
+    @property
+    def sessions(self) -> dict[str, Session]: ...
+
+    @property
+    def stored_sessions(self) -> SessionRepository: ...
+
+    async def claim_session(self, client_id: str) -> None: ...
+
+    def cancel_will(self, client_id: str) -> None: ...
+
+    def end_session(self, session: Session) -> None: ...
+
+    def flush_sessions(self) -> None: ...
+
+    def publish_will(self, client_id: str, will: Will) -> None: ...
+
+    def schedule_will(self, session: Session, will: Will, delay: int) -> None: ...
+
+
+class ConnectingDelivery(SubscriberDelivery, Protocol):
+    async def inflight_messages(self) -> dict[int, StoredMessage | None]: ...
+
+    def resend_inflight(self, messages: dict[int, StoredMessage | None]) -> None: ...
+
+
+class Identified(Protocol):
+    """A connection's inbound side, told whom its publishes are from (``inbound.Inbound``)."""
+
+    def publisher(self, client_id: str) -> None: ...
+
+
+class Connecting(Subscriber, Protocol):
+    """The connection a CONNECT came on (what accepting it sets, and what it starts)."""
+
+    client_id: str
+    username: str | None
+    session: Session | None
+    will: Will | None
+    keep_alive: int
+    connecting: bool
+    read_check: Callable[[str | None, str, str], bool] | None
+
+    @property
+    def broker(self) -> SessionHost: ...
+
+    @property
+    def delivery(self) -> ConnectingDelivery: ...
+
+    @property
+    def inbound(self) -> Identified: ...
+
+    @property
+    def settings(self) -> MQTTSettings: ...
+
+    @property
+    def read_pauses(self) -> ReadPauses: ...
+
+    def restart_keep_alive(self) -> None: ...
+
+    def process(self) -> None: ...
