@@ -11,6 +11,7 @@ import itertools
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocols.mqtt.codec import encode
@@ -30,6 +31,7 @@ from protocols.mqtt.packets import (
     PubRel,
     Subscribe,
     Unsubscribe,
+    Will,
 )
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
@@ -68,12 +70,13 @@ class MQTTConnection(asyncio.Protocol):
         self.username: str | None = None
         self.connecting = False
         self.closed = False
-        self.will = None
+        self.will: Will | None = None
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self.out: list[bytes] = []  # what is written at the next flush
-        self.read_check = None  # the ACL's per-message read check, when deny rules need it
+        # the ACL's per-message read check (username, client id, topic), when deny rules need it
+        self.read_check: Callable[[str | None, str, str], bool] | None = None
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
