@@ -12,13 +12,28 @@ both implementations, and the local one answers at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocols.mqtt.packets import Subscribe
 from store import GetResult, Message, PutResult, StoredMessage, StoreError
 from store.notify import NotifySubscription
+
+
+class KeyValueTable(Protocol):
+    """A durable str -> bytes table of the store (a gateway node's: the store node's, whose
+    writes go out at once, in order on the link)."""
+
+    async def load(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, value: bytes) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """(a gateway node's: none -- it reads a table key by key)"""
+        ...
 
 
 class QueueStore(Protocol):
@@ -48,6 +63,8 @@ class QueueStore(Protocol):
     def read_at(self, position: int) -> StoredMessage | None:
         """None: retention removed it; ``PositionNotLoadedError``: not at hand (``Reads.read_positions``)."""
         ...
+
+    def table(self, name: str) -> KeyValueTable: ...
 
 
 class SessionRepository(Protocol):

@@ -291,20 +291,15 @@ class GatewayStore:
 
 
 class RemoteTable:
-    """A KV table of the store node: writes go out at once, in order on the link; reads are
-    of what ``load`` fetched."""
+    """A KV table of the store node (``gateway.ports.KeyValueTable``): writes go out at once,
+    in order on the link; a read is a request."""
 
     def __init__(self, store: GatewayStore, name: str) -> None:
         self.store = store
         self.name = name
-        self._loaded: dict[str, bytes | None] = {}
 
     async def load(self, key: str) -> bytes | None:
-        value = self._loaded[key] = await self.store.remote.kv_get(self.name, key)
-        return value
-
-    def get(self, key: str) -> bytes | None:
-        return self._loaded.pop(key, None)
+        return await self.store.remote.kv_get(self.name, key)
 
     def put(self, key: str, value: bytes) -> None:
         self.store.remote.kv_put_nowait(self.name, key, value)
