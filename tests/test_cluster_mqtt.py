@@ -331,3 +331,13 @@ async def test_a_shared_subscriber_rejoins_its_group_where_it_left_off_on_anothe
         await back.nothing_more()
         await back.disconnect()
         await publisher.disconnect()
+
+
+async def test_the_data_read_api_of_a_gateway_node_points_to_the_store_node(data_dir: Path) -> None:
+    """A gateway node holds no store: its data read API says so (501, where to read instead),
+    not that its store is "not open" (503, as if it would be open later)."""
+    async with cluster(data_dir, gateways=1) as (store, (a,)):
+        status, text = await fetch("http://{}:{}".format(*a.metrics_address), "/data/offsets?queue=t:x")
+        assert status == 501 and "store node" in text, (status, text)
+        status, _ = await fetch("http://{}:{}".format(*store.metrics_address), "/data/offsets?queue=t:x")
+        assert status == 200

@@ -20,7 +20,7 @@ from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
 from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
-from .errors import AdminError
+from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -160,7 +160,7 @@ def message_view(message: StoredMessage) -> dict[str, Any]:
 async def find_messages(store: MessageStore | None, *, key: str | None, topic: str | None, msg_id: str | None,
                         begin_ms: int = 0, end_ms: int = 1 << 62) -> list[dict[str, Any]]:
     if store is None:
-        raise AdminError(503, "the store is not open")
+        raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         message = await store.get_by_id(msg_id)
@@ -183,7 +183,7 @@ def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_i
     """The trace events of one message (by id) or of the messages published with a key; the
     listeners whose traffic is traced."""
     if store is None:
-        raise AdminError(503, "the store is not open")
+        raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         events = message_trace.trace_of(store, msg_id)
