@@ -20,6 +20,17 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
+from store import MessageStore, PutResult, StoredMessage
+
+from ..mqtt.expiry import SessionExpiry, stored_sessions
+from ..mqtt.queues import WildcardQueues
+from ..mqtt.retained import RetainedIndex
+from ..mqtt.session import SESSIONS_TABLE, Session
+from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
+from ..tasks import cancel_and_wait
+from .notify_router import NotifyRouter
 from .store_link import (
     WILDCARD_TARGETS,
     StoreCode,
@@ -31,17 +42,6 @@ from .store_link import (
     encode_put_results,
     result_fields,
 )
-from protocols.remoting.codes import ResponseCode
-from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
-from store import MessageStore, PutResult, StoredMessage
-
-from ..mqtt.queues import WildcardQueues
-from ..mqtt.retained import RetainedIndex
-from ..mqtt.expiry import SessionExpiry, stored_sessions
-from ..mqtt.session import SESSIONS_TABLE, Session
-from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
-from ..tasks import cancel_and_wait
-from .notify_router import NotifyRouter
 
 if TYPE_CHECKING:
     from ..remoting.connection import RemotingConnection

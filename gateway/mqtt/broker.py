@@ -209,8 +209,11 @@ class MQTTBroker:
                 self.publish_will(session.client_id, session.will)
 
     async def _expiry_loop(self) -> None:
-        absent = lambda: (s for s in self.sessions.values() if s.client_id not in self.connections)  # noqa: E731
-        await SessionExpiry(absent, self.end_session).run(self.settings.expiry_check_interval_s)
+        await SessionExpiry(self._absent_sessions, self.end_session).run(self.settings.expiry_check_interval_s)
+
+    def _absent_sessions(self) -> list[Session]:
+        """The sessions in memory whose client is not connected (a will may be pending)."""
+        return [s for s in self.sessions.values() if s.client_id not in self.connections]
 
     # -- wills ---------------------------------------------------------------------------------
     def schedule_will(self, session: Session, will: Will, delay: int) -> None:
