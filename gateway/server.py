@@ -29,12 +29,14 @@ from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
 from .http.app import HttpServer
 from .http.data_holds import FilterHolds
-from .http.deps import Brokers, ClusterParts, HttpAccess, HttpDeps
+from .http.deps import STANDALONE, Brokers, ClusterParts, HttpAccess, HttpDeps
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
+from .mqtt.local_ports import local_ports
 from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
+from .ports import MQTTPorts
 from .pressure import StorePressure
 from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
@@ -82,8 +84,10 @@ class Gateway:
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
         self.store_lookup: RedisLookup | None = None  # a store node's lookup client (Redis), for notify routing
-        # a store node: the cluster's MQTT wildcard filters (its gateway nodes' sessions hold them)
-        self.cluster_wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
+        # where MQTT publishes find their target queues, for the other protocols to join: a
+        # standalone node's MQTT gateway's (made with it), a store node's for the cluster (its
+        # gateway nodes' sessions hold them); None on a gateway node, or with MQTT off
+        self.wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
         self._traced: frozenset[str] = parse_listeners(config.trace)
         # one authorisation model for every protocol (gateway/auth/authorize.py): loaded in start()
         self.authorizer = Authorizer(None)
@@ -188,8 +192,6 @@ class Gateway:
             log.info("listener off protocol=mqtt")
             self.filter_holds()  # a store node's: before the store link's listener
             return
-        store = self.store if self.store is not None else self.gateway_store
-        assert store is not None
         settings = MQTTSettings(
             receive_maximum=cfg.mqtt_receive_maximum,
             max_inflight=cfg.mqtt_max_inflight,
@@ -206,8 +208,11 @@ class Gateway:
         # the certificate first: a bad one stops start-up before any listener opens
         tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
         acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
-        self.mqtt = MQTTBroker(store, settings, cache=QueueCache(store, cfg.queue_cache_bytes),  # type: ignore[arg-type]
-                               authenticator=self.passwords, acl=acl, pressure=self.pressure, node=self.node)
+        ports = self._mqtt_ports()
+        self.mqtt = MQTTBroker(ports, settings, cache=QueueCache(ports.store, cfg.queue_cache_bytes),
+                               authenticator=self.passwords, acl=acl, pressure=self.pressure)
+        if self.node is not None:  # the store link's kicks and loss reach the broker's clients
+            self.node.attach(self.mqtt)
         await self.mqtt.start()
         self.filter_holds()  # restored before the listeners: no publish misses a held filter
         for name, bind in binds.items():
@@ -224,6 +229,15 @@ class Gateway:
             self.listeners.append(Listener(name, server))
             log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
 
+    def _mqtt_ports(self) -> MQTTPorts:
+        """The MQTT gateway's ports (gateway/ports.py), chosen here once: a gateway node's, over
+        its store node, or the local store's."""
+        if self.node is not None:
+            return self.node.ports()
+        assert self.store is not None
+        self.wildcards = WildcardQueues()
+        return local_ports(self.store, self.wildcards)
+
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None
 
@@ -236,7 +250,7 @@ class Gateway:
         self.amqp.authorizer = self.authorizer
         self.amqp.connect_timeout_s = cfg.connect_timeout_s
         await self.amqp.start()
-        wildcards = self._mqtt_wildcards()
+        wildcards = self.wildcards
         if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
             wildcards.extras.append(self.amqp.amq_topic_queues)
             wildcards.invalidate()
@@ -251,15 +265,15 @@ class Gateway:
         topic, for a mandatory publish to amq.topic (wildcard and remoting queues are targets
         of their own). A store node is not told of its gateway nodes' concrete subscriptions:
         there it cannot tell, so the topic counts as read."""
-        if self.mqtt is None or not isinstance(self.mqtt.wildcards, WildcardQueues):
+        if self.mqtt is None or self.wildcards is None:
             return True
-        return self.mqtt.wildcards.subscribed(topic)
+        return self.wildcards.subscribed(topic)
 
     def filter_holds(self) -> FilterHolds:
         """The wildcard filters data-API readers hold (restored from the store on first use,
         which ``_start_mqtt`` makes before any MQTT listener opens)."""
         if self._filter_holds is None:
-            self._filter_holds = FilterHolds(self.store, self._mqtt_wildcards())
+            self._filter_holds = FilterHolds(self.store, self.wildcards)
         return self._filter_holds
 
     def _http_deps(self) -> HttpDeps:
@@ -269,15 +283,8 @@ class Gateway:
             access=HttpAccess(cfg.admin_token, cfg.allow_anonymous, self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
-            cluster=ClusterParts(self.node, self.gateway_store, self.store_service, self.store_lookup),
+            cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup),
             filter_holds=self.filter_holds())
-
-    def _mqtt_wildcards(self) -> WildcardQueues | None:
-        """Where MQTT publishes find their target queues, for the other protocols to join:
-        the MQTT broker's, or on a store node the cluster's (its gateway nodes publish)."""
-        if self.mqtt is not None and isinstance(self.mqtt.wildcards, WildcardQueues):
-            return self.mqtt.wildcards
-        return self.cluster_wildcards
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
@@ -309,7 +316,7 @@ class Gateway:
         self.remoting.access = RemotingAccess(
             self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
             required=required, allow_anonymous=cfg.allow_anonymous, stats=self.remoting.stats)
-        wildcards = self._mqtt_wildcards()
+        wildcards = self.wildcards
         if wildcards is not None:  # a remoting topic is an MQTT first level (README)
             wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
             wildcards.invalidate()
@@ -324,7 +331,7 @@ class Gateway:
             nodes_for = self.store_lookup.nodes_for if self.store_lookup is not None else None
             router = NotifyRouter(nodes_for, broadcast=cfg.notify_routing == "broadcast")
             amqp_port = next((l.address[1] for l in self.listeners if l.protocol == "amqp"), 0)
-            self.store_service = StoreService(self.store, self.cluster_wildcards, retained, router, cfg.cluster_token,
+            self.store_service = StoreService(self.store, self.wildcards, retained, router, cfg.cluster_token,
                                               amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             link_handlers = self.store_service.handlers()

@@ -81,6 +81,10 @@ class KvTable:
     def get(self, key: str) -> bytes | None:
         return self._db.get(self._prefix + key.encode())
 
+    async def load(self, key: str) -> bytes | None:
+        """``get``, for callers written for tables that are read over a network."""
+        return self.get(key)
+
     def put(self, key: str, value: bytes) -> None:
         self._db.put(self._prefix + key.encode(), bytes(value))
 

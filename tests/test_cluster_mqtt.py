@@ -113,7 +113,8 @@ async def test_store_node_ends_expired_sessions_of_absent_clients(data_dir: Path
         await publisher.publish("fleet/t1/pos", "1", 1)
         assert store.store.max_offset_now("w:fleet/+/pos") == 1  # the absent session's queue fills
         service = store.store_service
-        assert service.expire_sessions(time.time()) == []  # not yet
+        store.store.table("mqtt.sessions").put("garbled", b"{not json")  # no node can resume it: it ends
+        assert service.expire_sessions(time.time()) == ["garbled"]  # "brief": not yet
         assert service.expire_sessions(time.time() + 2) == ["brief"]
         await publisher.publish("fleet/t1/pos", "2", 1)
         assert store.store.max_offset_now("w:fleet/+/pos") == 1  # its filter is held no more
@@ -306,3 +307,37 @@ async def test_a_session_back_on_the_node_it_left_gets_what_was_published_meanwh
         await back.nothing_more()
         await back.disconnect()
         await sender.disconnect()
+
+
+async def test_a_shared_subscriber_rejoins_its_group_where_it_left_off_on_another_node(data_dir: Path) -> None:
+    """A persistent session with a shared subscription reconnects to another gateway node: the
+    group resumes at its committed offset, which that node reads from the store node first
+    (read too late, the group would start again at 0 and deliver what was acknowledged)."""
+    async with cluster(data_dir) as (_, (a, b)):
+        member = PahoClient(mqtt_port(a), "worker", version=MQTT_5, clean=False, session_expiry=300)
+        await member.connect()
+        await member.subscribe("$share/crew/jobs/#", qos=1)
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        for i in range(3):
+            await publisher.publish("jobs/j", f"done-{i}", 1)
+        assert [r.payload for r in await member.receive(3)] == [b"done-0", b"done-1", b"done-2"]
+        await member.disconnect()
+        await publisher.publish("jobs/j", "waiting", 1)
+        back = PahoClient(mqtt_port(b), "worker", version=MQTT_5, clean=False, session_expiry=300)
+        flags, _, _ = await back.connect()
+        assert flags.session_present
+        assert [r.payload for r in await back.receive(1)] == [b"waiting"]
+        await back.nothing_more()
+        await back.disconnect()
+        await publisher.disconnect()
+
+
+async def test_the_data_read_api_of_a_gateway_node_points_to_the_store_node(data_dir: Path) -> None:
+    """A gateway node holds no store: its data read API says so (501, where to read instead),
+    not that its store is "not open" (503, as if it would be open later)."""
+    async with cluster(data_dir, gateways=1) as (store, (a,)):
+        status, text = await fetch("http://{}:{}".format(*a.metrics_address), "/data/offsets?queue=t:x")
+        assert status == 501 and "store node" in text, (status, text)
+        status, _ = await fetch("http://{}:{}".format(*store.metrics_address), "/data/offsets?queue=t:x")
+        assert status == 200

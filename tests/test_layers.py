@@ -11,24 +11,9 @@ from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 
-# (importer, imported only for types): the MQTT gateway's -- its connection's components
-# (connect, inbound, subscribe, outbound) still name the connection, and the broker its readers --
-# until they say what they need as Protocols, as the AMQP and remoting gateways now do
-STILL_TO_REMOVE = {
-    ("gateway.cluster.mqtt_node", "gateway.mqtt.broker"),
-    ("gateway.mqtt.broker", "gateway.cluster.mqtt_node"),
-    ("gateway.mqtt.broker", "gateway.mqtt.connection"),
-    ("gateway.mqtt.broker", "gateway.mqtt.outbound"),
-    ("gateway.mqtt.connect", "gateway.mqtt.connection"),
-    ("gateway.mqtt.connection", "gateway.mqtt.broker"),
-    ("gateway.mqtt.inbound", "gateway.mqtt.connection"),
-    ("gateway.mqtt.outbound", "gateway.mqtt.broker"),
-    ("gateway.mqtt.outbound", "gateway.mqtt.connection"),
-    ("gateway.mqtt.shared", "gateway.mqtt.broker"),
-    ("gateway.mqtt.shared", "gateway.mqtt.connection"),
-    ("gateway.mqtt.subscribe", "gateway.mqtt.connection"),
-    ("gateway.mqtt.sys_topics", "gateway.mqtt.broker"),
-}
+# (importer, imported only for types): none left -- the MQTT parts name one another through the
+# Protocols of gateway/mqtt/roles.py, as the AMQP and remoting gateways do through theirs
+STILL_TO_REMOVE: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,8 @@
-"""GatewayStore: the store as a gateway node's MQTT broker sees it (``--role gateway``).
+"""GatewayStore: the store as a gateway node's MQTT broker sees it (``--role gateway``): its
+``gateway.ports.QueueStore``, and the queue cache's message source.
 
-The broker was written against ``store.MessageStore``, whose reads are synchronous: it pulls
-from its cursors inside one turn of the event loop. On a gateway node the store is a network
+The broker reads synchronously: it pulls from its cursors (through the queue cache) inside one
+turn of the event loop. On a gateway node the store is a network
 hop away (``RemoteStore``), so the synchronous calls are answered from what this node knows,
 and a read it cannot answer yet starts a fetch and says "nothing new"; when the fetch is back,
 a local notify event for the queue wakes its readers, and their next read gets it. That is the
@@ -14,9 +15,14 @@ synchronously: ``read_at`` raises PositionNotLoadedError -- None would say reten
 message, and the broker would settle it -- and ``read_positions`` asks the store node.
 
 What a synchronous call needs beyond reads -- a queue's offsets before a subscription starts
-at its end, a session's state, retained messages -- the broker fetches first with the
-``ensure_*`` / ``load_*`` coroutines (the connection is not read meanwhile), and the
-synchronous call then finds it here.
+at its end, a shared group's committed offset -- is fetched first with the ``ensure_*``
+coroutines by the node's ports (``gateway.cluster.mqtt_node.ClusterReads``: the connection is
+not read meanwhile), and the synchronous call then finds it here.
+
+A fetched batch waits in ``_fetched`` only until the reader at its offset takes it (into the
+queue cache's window, or around it for a reader behind the window, which the cache never
+keeps): the answer comes back asynchronously, the cache reads synchronously, so the answer is
+held, by the offset it was fetched for, between the two.
 """
 
 from __future__ import annotations
@@ -285,20 +291,15 @@ class GatewayStore:
 
 
 class RemoteTable:
-    """A KV table of the store node: writes go out at once, in order on the link; reads are
-    of what ``load`` fetched."""
+    """A KV table of the store node (``gateway.ports.KeyValueTable``): writes go out at once,
+    in order on the link; a read is a request."""
 
     def __init__(self, store: GatewayStore, name: str) -> None:
         self.store = store
         self.name = name
-        self._loaded: dict[str, bytes | None] = {}
 
     async def load(self, key: str) -> bytes | None:
-        value = self._loaded[key] = await self.store.remote.kv_get(self.name, key)
-        return value
-
-    def get(self, key: str) -> bytes | None:
-        return self._loaded.pop(key, None)
+        return await self.store.remote.kv_get(self.name, key)
 
     def put(self, key: str, value: bytes) -> None:
         self.store.remote.kv_put_nowait(self.name, key, value)

@@ -1,15 +1,18 @@
-"""The MQTT broker of a gateway node (``--role gateway``): what differs from an embedded one.
+"""The MQTT gateway's ports (gateway/ports.py) on a gateway node (``--role gateway``): what
+differs from a standalone node, each behind the port the MQTT code calls.
 
-- Sessions live in the store node's KV table; a node loads one when its client connects
-  (``load_session``) and writes it back as it changes. Offline sessions cost no node anything.
-- The wildcard filters are the cluster's, kept by the store node: a subscription holds its
-  filter there (durably for a persistent session), and a publish names ``WILDCARD_TARGETS``
-  for the store node to expand, so a message published on any node reaches every wildcard
-  queue.
-- Retained messages are the store node's too; a subscription fetches the matching ones first.
+- Sessions (``ClusterSessions``) live in the store node's KV table; a node loads one when its
+  client connects (``claim``: after the client was disconnected wherever else it was) and writes
+  it back as it changes. Offline sessions cost no gateway node anything.
+- The wildcard filters (``RemoteWildcards``) are the cluster's, kept by the store node: a
+  subscription holds its filter there (durably for a persistent session), and a publish names
+  ``WILDCARD_TARGETS`` for the store node to expand, so a message published on any node reaches
+  every wildcard queue.
+- Retained messages (``RemoteRetained``) are the store node's too.
 - What a SUBSCRIBE needs before it can be handled synchronously (the new queues' offsets, the
-  shared subscriptions' committed offsets, retained messages) is fetched by
-  ``prepare_subscribe`` while the connection is not read.
+  shared groups' committed offsets, retained messages) is fetched by ``ClusterReads``'s
+  ``prepare_subscribe`` while the connection is not read; the queues read here are counted, so
+  that the store node routes their notify events here.
 """
 
 from __future__ import annotations
@@ -17,41 +20,61 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
+from cache import QueueCache
 from lookup.api import IN_DOUBT, InDoubt, InterestLookup, Lookup
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
-from protocols.mqtt.topics import TopicError, parse_shared
+from protocols.mqtt.topics import TopicError, is_wildcard, parse_shared
 from store import StoredMessage
 
 from ..interop import TOPIC_QUEUE_PREFIX, queue_for_filter
-from ..mqtt.session import Session
+from ..mqtt.session import SESSIONS_TABLE
+from ..ports import MQTTPorts
 from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
-if TYPE_CHECKING:
-    from ..mqtt.broker import MQTTBroker
-
 log = logging.getLogger("tidemq.cluster")
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
+class Client(Protocol):
+    def disconnect(self, reason: ReasonCode, message: str) -> None: ...
+
+
+class Clients(Protocol):
+    """What the node does to the MQTT gateway's clients when another node takes one, or the
+    store node is lost (``gateway.mqtt.broker.MQTTBroker`` is one)."""
+
+    @property
+    def connections(self) -> Mapping[str, Client]: ...
+
+    @property
+    def cache(self) -> QueueCache: ...
+
+    def flush_sessions(self) -> None: ...
 
 
 class RemoteWildcards:
     """The publish path's target queues on a gateway node: the topic's queue, and the wildcard
-    queues the store node finds for it."""
+    queues the store node finds for it; a subscription to a wildcard filter holds it there."""
 
-    def __init__(self) -> None:
-        self.extras: list = []  # (other protocols' queues: not on gateway nodes)
+    def __init__(self, store: GatewayStore) -> None:
+        self.store = store
+
+    def hold(self, topic_filter: str, holder: str, durable: bool) -> None:
+        if is_wildcard(topic_filter):  # (a concrete filter's queue is written anyway)
+            self.store.remote.filter_hold(topic_filter, holder, durable)
+
+    def release(self, topic_filter: str, holder: str) -> None:
+        if is_wildcard(topic_filter):
+            self.store.remote.filter_release(topic_filter, holder)
 
     def queues_for(self, topic: str) -> list[str]:
         return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
-
-    def invalidate(self) -> None:
-        pass
-
-    def __len__(self) -> int:
-        return 0
 
 
 class RemoteRetained:
@@ -80,40 +103,31 @@ class RemoteRetained:
         self._matched[topic_filter] = await self.store.remote.retained_match(topic_filter)
 
 
-class GatewayNode:
-    def __init__(self, store: GatewayStore, node_id: str, lookup: Lookup | None = None) -> None:
+class ClusterSessions:
+    """``SessionRepository``: one connection per client id in the whole cluster, its session in
+    the store node's table."""
+
+    keeps_offline = False
+
+    def __init__(self, store: GatewayStore, node_id: str, lookup: Lookup | None, spawn: Spawn) -> None:
         self.store = store
         self.node_id = node_id
         self.lookup = lookup  # client id -> node (None: takeover asks every node)
-        # queue -> nodes, only where the store node reads it (Redis): the embedded lookup has no reader
-        self.interests = lookup if isinstance(lookup, InterestLookup) else None
+        self.table = store.table(SESSIONS_TABLE)
         self.takeovers = Counter[str]()  # how takeovers were sent: targeted, everywhere (lookup in doubt)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._spawn = spawn
         self._going: dict[str, asyncio.Task[Any]] = {}  # client id -> its "offline" on its way to the lookup
-        self.wildcards = RemoteWildcards()
-        self.retained = RemoteRetained(store)
-        self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
-        store.read_here = self._reading  # (the store fetches these queues' news on notify)
-        self._preparing: dict[int, list[str]] = {}  # id(SUBSCRIBE) -> the queues it counts as read
 
-    def attach(self, broker: MQTTBroker) -> None:
-        self.broker = broker
-        self.store.remote.on_kick = self.kick
-        self.store.on_lost = self.store_lost
+    def unavailable(self) -> str | None:
+        return None if self.store.connected else "no store node"
 
-    def store_lost(self) -> None:
-        """No store node: every client of this node is disconnected (they reconnect, to any
-        node, once one has its store again); what this node cached is stale."""
-        broker = self.broker
-        for conn in list(broker.connections.values()):
-            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway lost its store node")
-        broker.cache.clear()
+    def stored(self) -> Iterable[tuple[str, bytes]]:
+        return ()  # (loaded one by one, when their clients connect)
 
-    # -- clients: one connection per client id in the cluster -----------------------------------
-    async def claim(self, client_id: str) -> None:
-        """A client connects here: where it is connected still, it is disconnected, and its
-        session saved, before this node loads the session. The lookup says where; when it is in
-        doubt (or there is none), every other node is asked."""
+    async def claim(self, client_id: str, restore: Callable[[str, bytes | None], None]) -> None:
+        """Where the client is connected still, it is disconnected, and its session saved,
+        before this node loads the session. The lookup says where; when it is in doubt (or
+        there is none), every other node is asked."""
         where: str | None | InDoubt = IN_DOUBT
         if self.lookup is not None:
             going = self._going.get(client_id)
@@ -126,9 +140,18 @@ class GatewayNode:
         elif where is not None and where != self.node_id:
             self.takeovers["targeted"] += 1
             await self.store.remote.takeover(client_id, where)
+        # from the store node, after the other node's write above (its readers are read afresh
+        # when they start, and the messages it resends by the connection)
+        restore(client_id, await self.table.load(client_id))
+
+    def put(self, client_id: str, raw: bytes) -> None:
+        self.table.put(client_id, raw)
+
+    def delete(self, client_id: str) -> None:
+        self.table.delete(client_id)
 
     def client_gone(self, client_id: str) -> None:
-        """A client of this node disconnected (its session is written): offline in the lookup."""
+        """Offline in the lookup."""
         if self.lookup is not None:
             task = self._going[client_id] = self._spawn(self.lookup.client_offline(client_id))
 
@@ -137,31 +160,21 @@ class GatewayNode:
                     del self._going[client_id]
             task.add_done_callback(gone)
 
-    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self.lookup is not None:
-            await self.lookup.close()
+class ClusterReads:
+    """``Reads``: which queues this node reads (notify routing), and what is fetched from the
+    store node before a read can be answered at once."""
 
-    def kick(self, client_id: str) -> bool:
-        """Another node has ``client_id`` now: disconnect it here (5.0: reason 0x8E) and write
-        its session at once, ahead of the answer on the store link."""
-        broker = self.broker
-        conn = broker.connections.get(client_id)
-        if conn is None:
-            return False
-        log.info("session taken over by another node client_id=%s", client_id)
-        conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "the client connected to another node")
-        broker.flush_sessions()
-        return True
+    def __init__(self, store: GatewayStore, retained: RemoteRetained, lookup: Lookup | None, spawn: Spawn) -> None:
+        self.store = store
+        self.retained = retained
+        # queue -> nodes, only where the store node reads it (Redis): the embedded lookup has no reader
+        self.interests = lookup if isinstance(lookup, InterestLookup) else None
+        self._spawn = spawn
+        self._reading: dict[str, int] = {}  # queue -> local readers, and subscriptions being prepared
+        store.read_here = self._reading  # (the store fetches these queues' news on notify)
+        self._preparing: dict[int, list[str]] = {}  # id(SUBSCRIBE) -> the queues it counts as read
 
-    # -- which queues this node reads (notify routing) ------------------------------------------
     def reading(self, queue: str) -> None:
         """One more local reader of ``queue``; the first one tells the store node, before this
         node asks anything else about the queue."""
@@ -183,31 +196,9 @@ class GatewayNode:
         if self.interests is not None:
             self._spawn(self.interests.remove_interest(queue))
 
-    # -- filters --------------------------------------------------------------------------------
-    def hold_filter(self, session: Session, topic_filter: str) -> None:
-        self.store.remote.filter_hold(topic_filter, session.client_id, session.persistent)
-
-    def release_filter(self, session: Session, topic_filter: str) -> None:
-        self.store.remote.filter_release(topic_filter, session.client_id)
-
-    # -- sessions -------------------------------------------------------------------------------
-    async def load_session(self, broker: MQTTBroker, client_id: str) -> None:
-        """Replace what this node remembers of ``client_id``'s session with the stored one
-        (another node may have had the client since). Its queues are read afresh when its
-        readers start (after their notify events are routed here), and the messages it resends
-        by the connection (``Delivery.inflight_messages``)."""
-        raw = await broker.sessions_table.load(client_id)
-        broker.sessions.pop(client_id, None)
-        if raw is None:
-            return
-        broker.restore_session(client_id, raw)
-
-    def prepare_subscribe(self, session: Session, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
-        """A coroutine fetching what handling ``packet`` reads, or None when all is here. The
-        queues count as read from now until ``subscribed`` (the store node routes their notify
-        events here before their offsets are read)."""
+    def prepare_subscribe(self, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
         queues: list[str] = []
-        consumers: list[tuple[str, str]] = []
+        groups: list[tuple[str, str]] = []
         retained: list[str] = []
         for request in packet.subscriptions:
             try:
@@ -217,7 +208,7 @@ class GatewayNode:
             queue = queue_for_filter(topic_filter)
             queues.append(queue)
             if group is not None:
-                consumers.append((request.topic_filter, queue))
+                groups.append((request.topic_filter, queue))
             elif request.retain_handling != RetainHandling.DO_NOT_SEND:
                 retained.append(topic_filter)
         if not queues:
@@ -225,16 +216,84 @@ class GatewayNode:
         for queue in queues:
             self.reading(queue)
         self._preparing[id(packet)] = queues
-        return self._fetch(queues, consumers, retained)
+        return self._fetch(queues, groups, retained)
 
     def subscribed(self, packet: Subscribe) -> None:
-        """The prepared SUBSCRIBE was handled (or its connection went): its readers count now."""
         for queue in self._preparing.pop(id(packet), ()):
             self.not_reading(queue)
 
-    async def _fetch(self, queues: list[str], consumers: list[tuple[str, str]], retained: list[str]) -> None:
+    async def _fetch(self, queues: list[str], groups: list[tuple[str, str]], retained: list[str]) -> None:
         await self.store.ensure_offsets(queues)
-        for consumer, queue in consumers:
-            await self.store.ensure_consumer_offset(consumer, queue)
+        await self.prepare_groups(groups)
         for topic_filter in retained:
             await self.retained.prefetch(topic_filter)
+
+    async def prepare_groups(self, groups: Sequence[tuple[str, str]]) -> None:
+        for consumer, queue in groups:
+            await self.store.ensure_consumer_offset(consumer, queue)
+
+    async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]:
+        return await self.store.read_positions(positions)
+
+
+class GatewayNode:
+    """A gateway node's cluster side: its ports, its lookup, and what the store link asks of its
+    clients (another node takes one over; the store node is lost)."""
+
+    def __init__(self, store: GatewayStore, node_id: str, lookup: Lookup | None = None) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.lookup = lookup
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.wildcards = RemoteWildcards(store)
+        self.retained = RemoteRetained(store)
+        self.sessions = ClusterSessions(store, node_id, lookup, self._spawn)
+        self.reads = ClusterReads(store, self.retained, lookup, self._spawn)
+        self._clients: Clients | None = None
+
+    @property
+    def takeovers(self) -> Counter[str]:
+        return self.sessions.takeovers
+
+    def ports(self) -> MQTTPorts:
+        return MQTTPorts(self.store, self.sessions, self.wildcards, self.retained, self.reads)
+
+    def attach(self, clients: Clients) -> None:
+        """The MQTT gateway built on ``ports()``: the store link's kicks and loss reach its clients."""
+        self._clients = clients
+        self.store.remote.on_kick = self.kick
+        self.store.on_lost = self.store_lost
+
+    def store_lost(self) -> None:
+        """No store node: every client of this node is disconnected (they reconnect, to any
+        node, once one has its store again); what this node cached is stale."""
+        clients = self._clients
+        assert clients is not None
+        for conn in list(clients.connections.values()):
+            conn.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway lost its store node")
+        clients.cache.clear()
+
+    def kick(self, client_id: str) -> bool:
+        """Another node has ``client_id`` now: disconnect it here (5.0: reason 0x8E) and write
+        its session at once, ahead of the answer on the store link."""
+        clients = self._clients
+        assert clients is not None
+        conn = clients.connections.get(client_id)
+        if conn is None:
+            return False
+        log.info("session taken over by another node client_id=%s", client_id)
+        conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, "the client connected to another node")
+        clients.flush_sessions()
+        return True
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.lookup is not None:
+            await self.lookup.close()

@@ -17,10 +17,20 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 import weakref
 from typing import TYPE_CHECKING
 
+from protocols.remoting.codes import ResponseCode
+from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
+from store import MessageStore, PutResult, StoredMessage
+
+from ..mqtt.expiry import SessionExpiry, stored_sessions
+from ..mqtt.queues import WildcardQueues
+from ..mqtt.retained import RetainedIndex
+from ..mqtt.session import SESSIONS_TABLE, Session
+from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
+from ..tasks import cancel_and_wait
+from .notify_router import NotifyRouter
 from .store_link import (
     WILDCARD_TARGETS,
     StoreCode,
@@ -32,17 +42,6 @@ from .store_link import (
     encode_put_results,
     result_fields,
 )
-from protocols.remoting.codes import ResponseCode
-from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
-from store import MessageStore, PutResult, StoredMessage
-
-from ..mqtt.broker import SESSIONS_TABLE
-from ..mqtt.queues import WildcardQueues
-from ..mqtt.retained import RetainedIndex
-from ..mqtt.session import Session
-from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
-from ..tasks import cancel_and_wait
-from .notify_router import NotifyRouter
 
 if TYPE_CHECKING:
     from ..remoting.connection import RemotingConnection
@@ -77,6 +76,8 @@ class StoreService:
         self._durable: set[tuple[str, str]] = set()
         self._volatile: dict[object, set[tuple[str, str]]] = {}  # per gateway node link
         self._filters = store.table(FILTERS_TABLE)
+        sessions = store.table(SESSIONS_TABLE)
+        self._expiry = SessionExpiry(lambda: stored_sessions(sessions), self._end_session)
         for key in self._filters.names():
             topic_filter, _, holder = key.partition("\x00")
             self._durable.add((topic_filter, holder))
@@ -85,7 +86,7 @@ class StoreService:
     # -- offline MQTT sessions ----------------------------------------------------------------
     def start(self, expiry_check_interval_s: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._expiry_loop(expiry_check_interval_s), name="session-expiry"),
+        self._tasks = [loop.create_task(self._expiry.run(expiry_check_interval_s), name="session-expiry"),
                        loop.create_task(self._route_notify(), name="notify-router")]
 
     async def stop(self) -> None:
@@ -93,33 +94,19 @@ class StoreService:
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
-    async def _expiry_loop(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.expire_sessions()
-
     def expire_sessions(self, now: float | None = None) -> list[str]:
         """End the stored MQTT sessions whose expiry ran out while their clients were away
-        (gateway nodes keep only their connected clients' sessions): the session and the
-        wildcard filters it held. Returns their client ids."""
-        now = time.time() if now is None else now
-        table = self.store.table(SESSIONS_TABLE)
-        ended = []
-        for client_id, raw in list(table.items()):
-            try:
-                expired = Session.from_json(client_id, raw).expired(now)
-            except (ValueError, KeyError, TypeError):
-                expired = True  # unreadable: no node can resume it
-            if expired:
-                table.delete(client_id)
-                for hold in [h for h in self._durable if h[1] == client_id]:
-                    self._durable.discard(hold)
-                    self._filters.delete(f"{hold[0]}\x00{hold[1]}")
-                    self.wildcards.remove(hold[0])
-                ended.append(client_id)
-        if ended:
-            log.info("offline sessions expired count=%d", len(ended))
-        return ended
+        (gateway nodes keep only their connected clients' sessions); their client ids."""
+        return self._expiry.sweep(now)
+
+    def _end_session(self, session: Session) -> None:
+        """The stored session, and the wildcard filters it held."""
+        client_id = session.client_id
+        self.store.table(SESSIONS_TABLE).delete(client_id)
+        for hold in [h for h in self._durable if h[1] == client_id]:
+            self._durable.discard(hold)
+            self._filters.delete(f"{hold[0]}\x00{hold[1]}")
+            self.wildcards.remove(hold[0])
 
     def handlers(self) -> dict[int, object]:
         """The store link's request handlers, each behind the cluster token check."""

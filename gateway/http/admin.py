@@ -20,14 +20,13 @@ from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
 from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
-from .errors import AdminError
+from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
     from store import MessageStore
 
-    from ..cluster.mqtt_node import GatewayNode
     from ..mqtt.broker import MQTTBroker
-    from .deps import Brokers
+    from .deps import Brokers, NodePlace
 
 MAX_ROWS = 1000
 
@@ -48,13 +47,12 @@ def clients(brokers: Brokers) -> list[dict[str, Any]]:
     return rows[:MAX_ROWS]
 
 
-async def locate_client(mqtt: MQTTBroker | None, node: GatewayNode | None, client_id: str) -> list[dict[str, Any]]:
+async def locate_client(mqtt: MQTTBroker | None, node: NodePlace, client_id: str) -> list[dict[str, Any]]:
     """Where an MQTT client is connected: this node, or (a gateway node with a lookup) the node
     the lookup names -- "in doubt" while the lookup cannot say."""
     here = mqtt is not None and client_id in mqtt.connections
-    node_id = node.node_id if node is not None else "this node"
-    where: str | None = node_id if here else None
-    lookup = node.lookup if node is not None else None
+    where: str | None = node.node_id if here else None
+    lookup = node.lookup
     if lookup is not None and not here:
         found = await lookup.where_is(client_id)
         where = "in doubt" if found is IN_DOUBT else found  # type: ignore[assignment]
@@ -162,7 +160,7 @@ def message_view(message: StoredMessage) -> dict[str, Any]:
 async def find_messages(store: MessageStore | None, *, key: str | None, topic: str | None, msg_id: str | None,
                         begin_ms: int = 0, end_ms: int = 1 << 62) -> list[dict[str, Any]]:
     if store is None:
-        raise AdminError(503, "the store is not open")
+        raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         message = await store.get_by_id(msg_id)
@@ -185,7 +183,7 @@ def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_i
     """The trace events of one message (by id) or of the messages published with a key; the
     listeners whose traffic is traced."""
     if store is None:
-        raise AdminError(503, "the store is not open")
+        raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         events = message_trace.trace_of(store, msg_id)

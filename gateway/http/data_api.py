@@ -39,7 +39,7 @@ from store import MessageStore
 
 from ..interop import queue_for_filter
 from .data_access import PRINCIPAL, DataAccess
-from .errors import AdminError
+from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader
@@ -93,9 +93,7 @@ class DataApi:
     def _store(self) -> MessageStore:
         store = self.store
         if store is None:
-            raise AdminError(503, "the store is not open")
-        if not isinstance(store, MessageStore):  # a gateway node of a cluster reads a remote store
-            raise AdminError(501, "this node does not hold the store: use the read API of the store node")
+            raise no_store()
         return store
 
     async def _offsets(self, queue: str) -> dict[str, int] | None:

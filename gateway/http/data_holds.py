@@ -24,7 +24,7 @@ from aiohttp import web
 from protocols.mqtt.topics import is_wildcard, validate_topic_filter
 
 from ..interop import queue_for_filter
-from .errors import AdminError
+from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -39,7 +39,7 @@ MAX_LEASE_MS = 7 * 24 * 3600 * 1000
 
 
 class FilterHolds:
-    """The holds, over the store (None: not open here, 503) and the wildcard filters MQTT
+    """The holds, over the store (None: a gateway node's, 501) and the wildcard filters MQTT
     publishes are indexed by: the MQTT broker's, or a store node's cluster-wide ones (None:
     MQTT is off, 501)."""
 
@@ -88,7 +88,7 @@ class FilterHolds:
             return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False})
         store, wildcards = self.store, self.wildcards
         if store is None:
-            raise AdminError(503, "the store is not open")
+            raise no_store()
         if wildcards is None:
             raise AdminError(501, "this gateway has no MQTT wildcard queues (MQTT is off)")
         expires = time.time() + lease_ms / 1000

@@ -64,6 +64,7 @@ from .errors import AdminError
 
 if TYPE_CHECKING:
     from ..mqtt.broker import MQTTBroker
+    from ..ports import KeyValueTable
     from ..pressure import StorePressure
     from .deps import Status
 
@@ -300,7 +301,7 @@ class PublishApi:
         entry.users += 1
         try:
             async with entry.lock:  # a retry of a key still being published waits for that one
-                done = await _get(table, key)
+                done = await table.load(key)  # (a gateway node's table: read from the store node)
                 if done is not None:
                     self.stats.duplicates += 1
                     answer = json.loads(done)
@@ -345,7 +346,7 @@ class PublishApi:
                      decoded.errors[0]["error"])
         return {"rows": decoded.rows, "stored": stored, "bad_rows": decoded.bad_rows, "errors": decoded.errors}
 
-    def _prune(self, table, writer: str, batch: int, key: str) -> None:
+    def _prune(self, table: KeyValueTable, writer: str, batch: int, key: str) -> None:
         """Forget the keys Spark will not retry: a writer's batches below ``batch - 1`` (those
         this process stored, and those the table lists -- a gateway node's remote table lists
         none), and every key older than KEY_TTL_S (checked at most once per PRUNE_INTERVAL_S)."""
@@ -379,14 +380,6 @@ class PublishApi:
 
     def collector(self) -> PublishCollector:
         return PublishCollector(self.stats)
-
-
-async def _get(table, key: str) -> bytes | None:
-    """A KV value; a gateway node's table of the store node reads it over the link first."""
-    load = getattr(table, "load", None)
-    if load is not None:
-        await load(key)
-    return table.get(key)
 
 
 def _until(items: Iterator[tuple[str, bytes]], cut: str) -> Iterator[tuple[str, bytes]]:

@@ -9,7 +9,7 @@ event-loop lag) is read on each request through ``Status``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from ..auth import PasswordFile
     from ..auth.authorize import Authorizer
     from ..cluster.gateway_store import GatewayStore
-    from ..cluster.mqtt_node import GatewayNode
     from ..cluster.store_service import StoreService
     from ..mqtt.broker import MQTTBroker
     from ..pressure import StorePressure
@@ -78,12 +77,38 @@ class HttpAccess:
     authorizer: Authorizer
 
 
+class NodePlace(Protocol):
+    """Where this process stands in a cluster, for locating clients and the cluster's metrics:
+    a gateway node (``gateway.cluster.mqtt_node.GatewayNode``), or ``STANDALONE``."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def lookup(self) -> Lookup | None: ...  # where clients are connected (a gateway node's)
+
+    @property
+    def takeovers(self) -> Mapping[str, int] | None: ...  # how takeovers were sent (a gateway node's)
+
+
+@dataclass(slots=True, frozen=True)
+class Standalone:
+    """``NodePlace`` of a node that is no gateway node: its clients are here or nowhere."""
+
+    node_id: str = "this node"
+    lookup: Lookup | None = None
+    takeovers: Mapping[str, int] | None = None
+
+
+STANDALONE = Standalone()
+
+
 @dataclass(slots=True, frozen=True)
 class ClusterParts:
-    """The cluster's parts in this process, for metrics and for locating clients (all None
-    on a standalone gateway)."""
+    """The cluster's parts in this process, for metrics and for locating clients (a
+    standalone gateway: ``STANDALONE`` and None)."""
 
-    node: GatewayNode | None = None  # a gateway node: takeovers and its lookup
+    node: NodePlace = STANDALONE
     gateway_store: GatewayStore | None = None  # a gateway node: the store node's store
     store_service: StoreService | None = None  # a store node: the store link's service
     store_lookup: Lookup | None = None  # a store node: the lookup that routes notify events

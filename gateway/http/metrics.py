@@ -171,7 +171,7 @@ class GatewayCollector:
                 fallbacks.add_metric([reason], count)
             yield fallbacks
         node = self.cluster.node
-        lookup = node.lookup if node is not None else self.cluster.store_lookup
+        lookup = node.lookup if node.lookup is not None else self.cluster.store_lookup
         if lookup is not None:
             stats = lookup.stats
             yield CounterMetricFamily("tidemq_lookup_calls", "Lookups of where a client or a queue's readers are",
@@ -182,10 +182,11 @@ class GatewayCollector:
             for reason, count in sorted(stats.broadcast_fallbacks.items()):
                 doubt.add_metric([reason], count)
             yield doubt
-        if node is not None:
+        sent = node.takeovers
+        if sent is not None:
             takeovers = CounterMetricFamily("tidemq_takeovers", "Client takeovers sent to other gateway nodes",
                                             labels=["how"])
-            for how, count in sorted(node.takeovers.items()):
+            for how, count in sorted(sent.items()):
                 takeovers.add_metric([how], count)
             yield takeovers
         link = self.cluster.gateway_store

@@ -14,40 +14,41 @@ from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
-from protocols.mqtt.topics import is_wildcard
-from store import MessageStore, PutResult, StoredMessage
+from store import PutResult, StoredMessage
 from store.log_limit import RateLimitedLog
 
 from ..core.group import group_start
 from ..interop import queue_for_filter
+from ..ports import MQTTPorts
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
+from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
-from .queues import WildcardQueues
-from .retained import RetainedIndex
+from .roles import Client, Reader
 from .session import Session
 from .settings import MQTTSettings
 from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
-    from ..cluster.mqtt_node import GatewayNode, RemoteRetained, RemoteWildcards
     from ..pressure import StorePressure
-    from .connection import MQTTConnection
-    from .outbound import Delivery
 
 log = logging.getLogger("tidemq.mqtt")
 
-SESSIONS_TABLE = "mqtt.sessions"
-
 
 class MQTTBroker:
-    def __init__(self, store: MessageStore, settings: MQTTSettings, *, cache: QueueCache,
+    """``ports``: the store, the session repository, the filters, the retained messages and
+    the reads, as this kind of node implements them (gateway/ports.py)."""
+
+    def __init__(self, ports: MQTTPorts, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
-                 pressure: StorePressure | None = None, node: GatewayNode | None = None) -> None:
-        self.store = store
-        self.node = node  # a gateway node's cluster side (--role gateway); None: embedded
+                 pressure: StorePressure | None = None) -> None:
+        self.store = ports.store
+        self.stored_sessions = ports.sessions
+        self.wildcards = ports.filters
+        self.retained = ports.retained
+        self.reads = ports.reads
         self.pressure = pressure
         self.settings = settings
         self.cache = cache
@@ -55,25 +56,20 @@ class MQTTBroker:
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
-        self.connections: dict[str, MQTTConnection] = {}
-        self.readers: dict[str, set[Delivery | ShareGroup]] = {}  # queue -> who reads it here (a connection's delivery, a group)
+        self.connections: dict[str, Client] = {}
+        self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
-        self.wildcards: WildcardQueues | RemoteWildcards = WildcardQueues() if node is None else node.wildcards
-        self.retained: RetainedIndex | RemoteRetained = RetainedIndex(store) if node is None else node.retained
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
         self.started_at = time.time()
-        self.sessions_table = store.table(SESSIONS_TABLE)
         self._dirty: set[str] = set()
         self._flush_scheduled = False
         self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
         self._progress_timer: asyncio.TimerHandle | None = None
-        self._woken: list[Delivery | ShareGroup] = []  # readers whose pump runs next (wake)
+        self._woken: list[Reader] = []  # readers whose pump runs next (wake)
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        if node is not None:
-            node.attach(self)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _resource_alarm(self, reason: str | None) -> None:
@@ -83,12 +79,11 @@ class MQTTBroker:
     async def start(self) -> None:
         if self.pressure is not None:
             self.pressure.on_change(self._resource_alarm)
-        if self.node is None:  # (a gateway node loads a session when its client connects)
-            for client_id, raw in list(self.sessions_table.items()):
-                session = self.restore_session(client_id, raw)
-                if session is not None:
-                    for sub in session.subscriptions.values():
-                        self.wildcards.add(sub.topic_filter)
+        for client_id, raw in self.stored_sessions.stored():  # (a gateway node's: none)
+            session = self.restore_session(client_id, raw)
+            if session is not None:
+                for sub in session.subscriptions.values():
+                    self.hold_filter(session, sub.topic_filter)
         self.retained.load()
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
@@ -108,7 +103,7 @@ class MQTTBroker:
             if session.persistent:
                 if session.disconnected_at is None:
                     session.disconnected_at = now
-                self.sessions_table.put(session.client_id, session.to_json())
+                self.stored_sessions.put(session.client_id, session.to_json())
         self._dirty.clear()
         self._progressed.clear()
         if self._progress_timer is not None:
@@ -123,28 +118,40 @@ class MQTTBroker:
             session = Session.from_json(client_id, raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("unreadable session dropped client_id=%s error=%s", client_id, exc)
-            self.sessions_table.delete(client_id)
+            self.stored_sessions.delete(client_id)
             return None
         if session.disconnected_at is None:
             session.disconnected_at = now  # it was connected when its gateway stopped
         if session.expired(now):
-            self.sessions_table.delete(client_id)
+            self.stored_sessions.delete(client_id)
             return None
         self.sessions[client_id] = session
         return session
 
+    def reload_session(self, client_id: str, raw: bytes | None) -> None:
+        """What memory holds of ``client_id``'s session is replaced by the stored one (another
+        node may have had the client since)."""
+        self.sessions.pop(client_id, None)
+        if raw is not None:
+            self.restore_session(client_id, raw)
+
+    async def claim_session(self, client_id: str) -> None:
+        """``client_id`` connects here: its session, as the repository has it, is in
+        ``sessions`` when this returns, and what its shared groups start from is at hand."""
+        await self.stored_sessions.claim(client_id, self.reload_session)
+        session = self.sessions.get(client_id)
+        if session is not None:
+            groups = [(key, state.queue) for key, state in session.subscriptions.items()
+                      if state.share_group is not None and key not in self.share_groups]
+            if groups:
+                await self.reads.prepare_groups(groups)
+
     def hold_filter(self, session: Session, topic_filter: str) -> None:
         """``session`` subscribes to ``topic_filter``: a wildcard filter's queue gets writes."""
-        if self.node is None:
-            self.wildcards.add(topic_filter)  # type: ignore[union-attr]
-        elif is_wildcard(topic_filter):
-            self.node.hold_filter(session, topic_filter)
+        self.wildcards.hold(topic_filter, session.client_id, session.persistent)
 
     def release_filter(self, session: Session, topic_filter: str) -> None:
-        if self.node is None:
-            self.wildcards.remove(topic_filter)  # type: ignore[union-attr]
-        elif is_wildcard(topic_filter):
-            self.node.release_filter(session, topic_filter)
+        self.wildcards.release(topic_filter, session.client_id)
 
     def mark_dirty(self, session: Session) -> None:
         """Persist the session soon (once per loop iteration, however many changes)."""
@@ -183,8 +190,8 @@ class MQTTBroker:
         for client_id in dirty:
             session = self.sessions.get(client_id)
             if session is not None and session.persistent:
-                self.sessions_table.put(client_id, session.to_json())
-                if self.node is not None and client_id not in self.connections \
+                self.stored_sessions.put(client_id, session.to_json())
+                if not self.stored_sessions.keeps_offline and client_id not in self.connections \
                         and client_id not in self._pending_wills:
                     del self.sessions[client_id]  # stored: whichever node its client comes back to loads it
 
@@ -194,7 +201,7 @@ class MQTTBroker:
         for sub in session.subscriptions.values():
             self.release_filter(session, sub.topic_filter)
         session.subscriptions.clear()
-        self.sessions_table.delete(session.client_id)
+        self.stored_sessions.delete(session.client_id)
         self._dirty.discard(session.client_id)
         handle = self._pending_wills.pop(session.client_id, None)
         if handle is not None:  # the session ends before the will delay: publish it now
@@ -203,13 +210,11 @@ class MQTTBroker:
                 self.publish_will(session.client_id, session.will)
 
     async def _expiry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.expiry_check_interval_s)
-            now = time.time()
-            for session in [s for s in self.sessions.values() if s.expired(now)]:
-                if session.client_id not in self.connections:
-                    log.info("session expired client_id=%s", session.client_id)
-                    self.end_session(session)
+        await SessionExpiry(self._absent_sessions, self.end_session).run(self.settings.expiry_check_interval_s)
+
+    def _absent_sessions(self) -> list[Session]:
+        """The sessions in memory whose client is not connected (a will may be pending)."""
+        return [s for s in self.sessions.values() if s.client_id not in self.connections]
 
     # -- wills ---------------------------------------------------------------------------------
     def schedule_will(self, session: Session, will: Will, delay: int) -> None:
@@ -290,29 +295,26 @@ class MQTTBroker:
 
     async def read_positions(self, positions: Iterable[int]) -> dict[int, StoredMessage | None]:
         """Messages by commitlog position, None for one retention removed -- never for one
-        merely not at hand: a gateway node reads those from its store node (StoreError when it
-        cannot, and then nothing is known of any)."""
-        if self.node is not None:
-            return await self.node.store.read_positions(positions)
-        return {position: self.store.read_at(position) for position in positions}
+        merely not at hand (StoreError when that cannot be known now)."""
+        return await self.reads.read_positions(positions)
 
     # -- shared subscriptions ------------------------------------------------------------------
     def share_group(self, group: str, topic_filter: str) -> ShareGroup:
         key = f"$share/{group}/{topic_filter}"
         found = self.share_groups.get(key)
         if found is None:
-            start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)  # type: ignore[arg-type]
+            start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)
             found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
         return found
 
-    def join_share(self, key: str, conn: MQTTConnection) -> None:
+    def join_share(self, key: str, conn: Client) -> None:
         state = conn.delivery.shared_subscription(key)
         assert state is not None and state.share_group is not None
         group = self.share_group(state.share_group, state.topic_filter)
         group.join(conn)
         self.add_reader(group.queue, group)
 
-    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+    def leave_share(self, key: str, conn: Client, unacked: list[tuple[int, int]]) -> None:
         """``unacked``: (queue offset, commitlog position) of what ``conn`` did not acknowledge."""
         group = self.share_groups.get(key)
         if group is None:
@@ -322,23 +324,21 @@ class MQTTBroker:
             self.remove_reader(group.queue, group)
 
     # -- readers and notify --------------------------------------------------------------------
-    def add_reader(self, queue: str, reader: Delivery | ShareGroup) -> None:
+    def add_reader(self, queue: str, reader: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is None:
             readers = self.readers[queue] = set()
-            if self.node is not None:
-                self.node.reading(queue)
+            self.reads.reading(queue)
         readers.add(reader)
 
-    def remove_reader(self, queue: str, conn: Delivery | ShareGroup) -> None:
+    def remove_reader(self, queue: str, conn: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is not None:
             readers.discard(conn)
             if not readers:
                 del self.readers[queue]
                 self.cache.drop(queue)
-                if self.node is not None:
-                    self.node.not_reading(queue)
+                self.reads.not_reading(queue)
 
     def _on_notify(self, queue: str, max_offset: int) -> None:
         readers = self.readers.get(queue)
@@ -348,7 +348,7 @@ class MQTTBroker:
         for reader in readers:
             reader.schedule_pump()
 
-    def wake(self, reader: Delivery | ShareGroup) -> None:
+    def wake(self, reader: Reader) -> None:
         """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
         callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
         costs one callback, not a thousand."""

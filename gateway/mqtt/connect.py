@@ -1,4 +1,4 @@
-"""A client's CONNECT and the connection's end, for MQTTConnection (as Mosquitto's
+"""A client's CONNECT and the connection's end, for an MQTT connection (as Mosquitto's
 handle_connect.c): authentication, the will's authorization, session takeover (on this node
 and across a cluster), the CONNACK with the server's limits, the session's inflight PUBLISHes
 sent again; the client's DISCONNECT, and detaching the session when the connection ends."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from protocols.mqtt.connection import State
 from protocols.mqtt.errors import ProtocolViolation
@@ -18,15 +17,13 @@ from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoredMessage, StoreError
 
+from .roles import Connecting
 from .session import NEVER_EXPIRES, Session
-
-if TYPE_CHECKING:
-    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-async def connect(connection: MQTTConnection, packet: Connect) -> None:
+async def connect(connection: Connecting, packet: Connect) -> None:
     """Handle the CONNECT (the connection's reading paused meanwhile), then resend what the
     session had in flight and read on."""
     try:
@@ -55,7 +52,7 @@ async def connect(connection: MQTTConnection, packet: Connect) -> None:
     connection.process()  # packets that arrived behind the CONNECT
 
 
-def disconnect_received(connection: MQTTConnection, packet: Disconnect) -> None:
+def disconnect_received(connection: Connecting, packet: Disconnect) -> None:
     """The client's DISCONNECT: a 5.0 one may change the session's expiry, and keep the will."""
     session = connection.session
     assert session is not None
@@ -69,7 +66,7 @@ def disconnect_received(connection: MQTTConnection, packet: Disconnect) -> None:
     connection.close()
 
 
-async def accept(connection: MQTTConnection, packet: Connect) -> bool:
+async def accept(connection: Connecting, packet: Connect) -> bool:
     """Authenticate, authorize the will, take the session over (from another connection or
     node), answer CONNACK; False when refused (the connection is closed then)."""
     broker = connection.broker
@@ -109,25 +106,18 @@ async def accept(connection: MQTTConnection, packet: Connect) -> bool:
     acl = broker.acl
     if acl is not None and acl.checks_deliveries(connection.username, client_id):  # type: ignore[attr-defined]
         connection.read_check = acl.allows_read  # type: ignore[attr-defined]
-    if broker.node is not None and not broker.node.store.connected:
-        log.info("connection refused: no store node client_id=%s", client_id)
+    unavailable = broker.stored_sessions.unavailable()
+    if unavailable is not None:
+        log.info("connection refused client_id=%s error=%s", client_id, unavailable)
         connection.send_packet(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE))
         connection.close()
         return False
-    if broker.node is not None:
-        old = broker.connections.get(client_id)
-        if old is not None:  # a takeover on this node: the old connection writes the session back
-            log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, connection.peer)
-            old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
-        await broker.node.claim(client_id)  # disconnected on any other node, session saved
-        await broker.node.load_session(broker, client_id)  # from the store node (after the write above)
-        if connection.closed:
-            return False
-    # takeover: the newest connection wins
-    old = broker.connections.get(client_id)
-    if old is not None and old is not connection:
-        log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, connection.peer)
-        old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
+    take_over(connection, client_id)  # the old connection on this node writes the session back
+    # disconnected on any other node of a cluster, its session saved there, then loaded here
+    await broker.claim_session(client_id)
+    if connection.closed:
+        return False
+    take_over(connection, client_id)  # (one that came meanwhile: the newest connection wins)
     broker.cancel_will(client_id)
     expiry = (props.session_expiry_interval or 0) if version == MQTT_5 else (
         0 if packet.clean_start else NEVER_EXPIRES)
@@ -175,7 +165,15 @@ async def accept(connection: MQTTConnection, packet: Connect) -> bool:
     return True
 
 
-async def authenticate(connection: MQTTConnection, packet: Connect, client_id: str) -> ReasonCode | None:
+def take_over(connection: Connecting, client_id: str) -> None:
+    """The newest connection of a client id wins: the one before it on this node is disconnected."""
+    old = connection.broker.connections.get(client_id)
+    if old is not None and old is not connection:
+        log.info("session taken over client_id=%s old_peer=%s new_peer=%s", client_id, old.peer, connection.peer)
+        old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
+
+
+async def authenticate(connection: Connecting, packet: Connect, client_id: str) -> ReasonCode | None:
     auth = connection.broker.authenticator
     if packet.username is None and packet.password is None:
         if connection.settings.allow_anonymous:
@@ -190,8 +188,7 @@ async def authenticate(connection: MQTTConnection, packet: Connect, client_id: s
     return None if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD
 
 
-
-def detach(connection: MQTTConnection) -> None:
+def detach(connection: Connecting) -> None:
     """The connection ended: the session is saved (or ended), the will published or scheduled."""
     session = connection.session
     if session is None:
@@ -212,9 +209,8 @@ def detach(connection: MQTTConnection) -> None:
         broker.end_session(session)
     else:
         broker.mark_dirty(session)
-    if broker.node is not None:  # a gateway node: written now, then offline in the lookup
-        broker.flush_sessions()
-        broker.node.client_gone(connection.client_id)
+    broker.flush_sessions()  # written now: another node of a cluster may load it next
+    broker.stored_sessions.client_gone(connection.client_id)
     if will is not None:
         delay = will.properties.will_delay_interval or 0 if connection.conn.version == MQTT_5 else 0
         if session.expiry_interval == 0 or delay == 0:

@@ -11,6 +11,7 @@ import itertools
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from protocols.mqtt.codec import encode
@@ -30,6 +31,7 @@ from protocols.mqtt.packets import (
     PubRel,
     Subscribe,
     Unsubscribe,
+    Will,
 )
 from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
@@ -68,16 +70,17 @@ class MQTTConnection(asyncio.Protocol):
         self.username: str | None = None
         self.connecting = False
         self.closed = False
-        self.will = None
+        self.will: Will | None = None
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self.out: list[bytes] = []  # what is written at the next flush
-        self.read_check = None  # the ACL's per-message read check, when deny rules need it
+        # the ACL's per-message read check (username, client id, topic), when deny rules need it
+        self.read_check: Callable[[str | None, str, str], bool] | None = None
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
         self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
-        self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched (gateway nodes)
+        self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched
         self.inbound = Inbound(self)  # the client's PUBLISHes to the store, and their acks
         self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
 
@@ -137,12 +140,12 @@ class MQTTConnection(asyncio.Protocol):
                     if batch:
                         self.inbound.submit(batch)
                         batch = []
-                    if isinstance(packet, Subscribe) and self.broker.node is not None:
+                    if isinstance(packet, Subscribe):
                         if packet is self._ready:
                             self._ready = None
                         else:
-                            fetching = self.broker.node.prepare_subscribe(self.session, packet)
-                            if fetching is not None:  # what it reads first comes from the store node
+                            fetching = self.broker.reads.prepare_subscribe(packet)
+                            if fetching is not None:  # what it reads first is fetched (a gateway node's store node)
                                 self._held = packet
                                 self.read_pauses.pause("store")
                                 asyncio.get_running_loop().create_task(self._prepared(fetching))
@@ -158,9 +161,9 @@ class MQTTConnection(asyncio.Protocol):
         self.flush()
 
     async def _prepared(self, fetching) -> None:
-        """A held SUBSCRIBE goes on once what it reads is here (a gateway node's)."""
-        held, node = self._held, self.broker.node
-        assert isinstance(held, Subscribe) and node is not None
+        """A held SUBSCRIBE goes on once what it reads is here."""
+        held, reads = self._held, self.broker.reads
+        assert isinstance(held, Subscribe)
         try:
             await fetching
         except StoreError as exc:  # the store node did not answer: the client retries
@@ -169,14 +172,14 @@ class MQTTConnection(asyncio.Protocol):
             return
         finally:
             if self.closed:
-                node.subscribed(held)
+                reads.subscribed(held)
         self._held = None
         self._ready = held
         self.read_pauses.resume("store")
         try:
             self.process(held)
         finally:
-            node.subscribed(held)
+            reads.subscribed(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

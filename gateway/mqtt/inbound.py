@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
@@ -17,15 +16,13 @@ from store import StoreError
 
 from ..core.ingest import PutPipeline, Refused
 from .messages import StoreMessageFactory
-
-if TYPE_CHECKING:
-    from .connection import MQTTConnection
+from .roles import Publisher
 
 log = logging.getLogger("tidemq.mqtt")
 
 
 class Inbound:
-    def __init__(self, connection: MQTTConnection) -> None:
+    def __init__(self, connection: Publisher) -> None:
         self.connection = connection
         # fixed for the connection's life: kept here, off the per-message attribute chain
         self.broker = connection.broker

@@ -23,12 +23,11 @@ from store import StoredMessage
 from ..core.cursor import Cursor
 from .messages import Delivery as MessageDelivery
 from .messages import DeliveryMemo
+from .roles import Owner
 from .session import Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from ..trace import Tracer
-    from .broker import MQTTBroker
-    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -40,10 +39,10 @@ class Delivery:
     """What one MQTTConnection sends its client unasked: a component the connection owns (it
     writes through the connection's buffer, and reads its session and client id)."""
 
-    def __init__(self, connection: MQTTConnection) -> None:
+    def __init__(self, connection: Owner) -> None:
         self.connection = connection
         # fixed for the connection's life: kept here, off the per-message attribute chain
-        self.broker: MQTTBroker = connection.broker
+        self.broker = connection.broker
         self.settings = connection.settings
         self.tracer: Tracer | None = connection.tracer
         self.conn = connection.conn  # the protocol state: version, the client's limits, aliases

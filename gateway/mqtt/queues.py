@@ -62,6 +62,13 @@ class WildcardQueues:
         else:
             self._tree[topic_filter] = count - 1
 
+    # -- gateway.ports.FilterRegistry: a subscription is one more reference ---------------------
+    def hold(self, topic_filter: str, holder: str, durable: bool) -> None:
+        self.add(topic_filter)
+
+    def release(self, topic_filter: str, holder: str) -> None:
+        self.remove(topic_filter)
+
     def subscribed(self, topic: str) -> bool:
         """Whether a subscription to exactly this topic exists (wildcards: see queues_for)."""
         return topic in self._concrete

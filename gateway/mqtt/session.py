@@ -20,6 +20,7 @@ from protocols.mqtt.packets import Subscription, Will
 from ..core.cursor import Cursor
 
 NEVER_EXPIRES = 0xFFFF_FFFF
+SESSIONS_TABLE = "mqtt.sessions"  # client id -> Session.to_json() (a store node's: its gateway nodes')
 
 
 @dataclass(slots=True)

@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
 from .outbound import PULL_BATCH
-
-if TYPE_CHECKING:
-    from .broker import MQTTBroker
-    from .connection import MQTTConnection
+from .roles import GroupHost, Member
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-class ShareGroup(ConsumerGroup["MQTTConnection"]):
+class ShareGroup(ConsumerGroup[Member]):
     """A ``$share`` group: the delivery core's consumer group over its filter's queue, with the
     group's members (connections, by client id) and MQTT's choice of a member that can take a
     message now (its subscription's QoS, its send window, a socket that is not full)."""
 
-    def __init__(self, broker: MQTTBroker, group: str, topic_filter: str, start_offset: int) -> None:
+    def __init__(self, broker: GroupHost, group: str, topic_filter: str, start_offset: int) -> None:
         key = f"$share/{group}/{topic_filter}"
         super().__init__(broker.store, key, queue_for_filter(topic_filter), start_offset)
         self.broker = broker
@@ -42,11 +38,11 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         self._pump_scheduled = False
 
     # -- membership ----------------------------------------------------------------------------
-    def join(self, conn: MQTTConnection) -> None:
+    def join(self, conn: Member) -> None:
         self.members[conn.client_id] = conn
         self.schedule_pump()
 
-    def leave(self, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
+    def leave(self, conn: Member, unacked: list[tuple[int, int]]) -> None:
         """A member went away (or unsubscribed); what it had not acknowledged -- (queue offset,
         commitlog position) pairs -- goes to another. A message not at hand (a gateway node) is
         read first; until then it counts as unacknowledged, so the committed offset waits."""
@@ -100,7 +96,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             self._pump_scheduled = True
             self.broker.wake(self)
 
-    def _can_take(self, conn: MQTTConnection, qos: int) -> bool:
+    def _can_take(self, conn: Member, qos: int) -> bool:
         state = conn.delivery.shared_subscription(self.key)
         if state is None or conn.closed or conn.delivery.writing_paused:
             return False
@@ -110,7 +106,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
         self._pump_scheduled = False
         if not self.members:
             return
-        touched: set[MQTTConnection] = set()
+        touched: set[Member] = set()
         while self.redeliver:
             if not self._send(self.redeliver[0], touched):
                 break
@@ -133,7 +129,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             conn.flush()
         self.save()
 
-    def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
+    def _send(self, message: StoredMessage, touched: set[Member]) -> bool:
         delivery = self.broker.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:

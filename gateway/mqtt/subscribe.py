@@ -1,11 +1,10 @@
-"""A client's SUBSCRIBE and UNSUBSCRIBE, for MQTTConnection (as Mosquitto's
+"""A client's SUBSCRIBE and UNSUBSCRIBE, for an MQTT connection (as Mosquitto's
 handle_subscribe.c): each filter checked and authorized, its queue's cursor (or its shared
 group) set up, retained messages sent; SUBACK / UNSUBACK."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe
@@ -15,15 +14,13 @@ from store import StoredMessage
 
 from ..core.cursor import Cursor
 from ..interop import queue_for_filter
+from .roles import Subscriber
 from .session import SubscriptionState
-
-if TYPE_CHECKING:
-    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
+def subscribe(connection: Subscriber, packet: Subscribe) -> None:
     session = connection.session
     assert session is not None
     broker = connection.broker
@@ -70,7 +67,7 @@ def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
     connection.delivery.schedule_pump()
 
 
-def unsubscribe(connection: MQTTConnection, packet: Unsubscribe) -> None:
+def unsubscribe(connection: Subscriber, packet: Unsubscribe) -> None:
     session = connection.session
     assert session is not None
     codes = []

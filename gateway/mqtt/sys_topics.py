@@ -5,11 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping, Sized
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .broker import MQTTBroker
+from cache import QueueCache
+
+from ..stats import ProtocolStats
+from .session import Session
+from .settings import MQTTSettings
+
+
+class Statistics(Protocol):
+    """What the statistics are read from and published by (``MQTTBroker`` is one)."""
+
+    @property
+    def stats(self) -> ProtocolStats: ...
+
+    @property
+    def sessions(self) -> Mapping[str, Session]: ...
+
+    @property
+    def connections(self) -> Sized: ...
+
+    @property
+    def retained(self) -> Sized: ...
+
+    @property
+    def cache(self) -> QueueCache: ...
+
+    @property
+    def settings(self) -> MQTTSettings: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None: ...
 
 
 def _version() -> str:
@@ -19,7 +50,7 @@ def _version() -> str:
         return "tidemq"
 
 
-def sys_values(broker: MQTTBroker) -> dict[str, str]:
+def sys_values(broker: Statistics) -> dict[str, str]:
     stats = broker.stats
     subscriptions = sum(len(s.subscriptions) for s in broker.sessions.values())
     values = {
@@ -38,13 +69,13 @@ def sys_values(broker: MQTTBroker) -> dict[str, str]:
     }
     cache = broker.cache
     if cache is not None:
-        cache_stats = cache.stats  # type: ignore[attr-defined]
+        cache_stats = cache.stats
         values["$SYS/broker/cache/hits"] = str(cache_stats.hits)
         values["$SYS/broker/cache/misses"] = str(cache_stats.misses)
     return values
 
 
-async def publish_sys_topics(broker: MQTTBroker) -> None:
+async def publish_sys_topics(broker: Statistics) -> None:
     last: dict[str, str] = {}
     while True:
         changed = [(topic, value) for topic, value in sys_values(broker).items() if last.get(topic) != value]
