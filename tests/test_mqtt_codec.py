@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocols.mqtt import properties as P
-from protocols.mqtt.codec import PacketReader, encode, fixed_header
+from protocols.mqtt.codec import PacketReader, PublishTemplate, encode, fixed_header
 from protocols.mqtt.errors import (
     MalformedPacket,
     MQTTError,
@@ -284,3 +284,23 @@ def test_first_packet_must_be_connect() -> None:
     reader.feed(encode(PingReq()))
     with pytest.raises(ProtocolViolation):
         list(reader.packets())
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+@given(data=st.data())
+def test_a_publish_template_renders_what_encode_gives(version: int, data: st.DataObject) -> None:
+    """The fan-out path encodes a PUBLISH once and patches the packet id (and DUP) per copy: each
+    copy is byte for byte what ``encode`` gives for that packet, payloads large enough to need
+    a longer remaining length included."""
+    topic = data.draw(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00#+"),
+                              min_size=1, max_size=40))
+    payload = data.draw(st.one_of(st.binary(max_size=64), st.binary(min_size=120, max_size=20_000)))
+    qos = data.draw(st.integers(0, 2))
+    retain = data.draw(st.booleans())
+    properties = data.draw(props("publish", version))
+    template = PublishTemplate.of(topic, payload, qos, retain, version, properties)
+    for _ in range(3):
+        pid = data.draw(packet_id) if qos else None
+        dup = data.draw(st.booleans()) if qos else False
+        expected = encode(Publish(topic, payload, qos, retain, dup, pid, properties), version)
+        assert template.render(pid, dup) == expected

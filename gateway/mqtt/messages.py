@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from protocols.mqtt.codec import fixed_header
-from protocols.mqtt.packets import MQTT_5, Publish
+from protocols.mqtt.codec import PublishTemplate
+from protocols.mqtt.packets import Publish
 from protocols.mqtt.properties import (
     EMPTY_PROPERTIES,
     Properties,
     decode_properties,
     encode_properties,
-    encode_string,
     encode_varint,
 )
 from store import Message, StoredMessage
@@ -113,7 +112,7 @@ class Delivery:
         key = (topic, qos, retain, version, props_key)
         found = self.templates.get(key)
         if found is None:
-            found = self.templates[key] = build_template(topic, self.body, qos, retain, version, make_props())
+            found = self.templates[key] = PublishTemplate.of(topic, self.body, qos, retain, version, make_props())
         return found
 
     def remaining_expiry(self, now: float | None = None) -> int | None:
@@ -121,24 +120,6 @@ class Delivery:
         if self.expires_at is None:
             return None
         return int(self.expires_at - (time.time() if now is None else now))
-
-
-@dataclass(slots=True)
-class PublishTemplate:
-    """The bytes of one outgoing PUBLISH; QoS > 0 copies get their packet id patched in."""
-
-    data: bytes
-    packet_id_at: int  # -1 for QoS 0
-
-    def render(self, packet_id: int | None, dup: bool = False) -> bytes:
-        if self.packet_id_at < 0:
-            return self.data
-        out = bytearray(self.data)
-        out[self.packet_id_at] = packet_id >> 8  # type: ignore[operator]
-        out[self.packet_id_at + 1] = packet_id & 0xFF  # type: ignore[operator]
-        if dup:
-            out[0] |= 0x08
-        return bytes(out)
 
 
 class DeliveryMemo:
@@ -169,20 +150,3 @@ class DeliveryMemo:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def build_template(topic: str, payload: bytes, qos: int, retain: bool, version: int,
-                   props: Properties | None) -> PublishTemplate:
-    head = encode_string(topic)
-    packet_id_at = -1
-    if qos:
-        packet_id_at = len(head)
-        head += b"\x00\x00"
-    if version == MQTT_5:
-        block = encode_properties(props) if props is not None else b""
-        head += encode_varint(len(block)) + block
-    first = 0x30 | (qos << 1) | (1 if retain else 0)
-    header = fixed_header(first, len(head) + len(payload))
-    if packet_id_at >= 0:
-        packet_id_at += len(header)
-    return PublishTemplate(header + head + payload, packet_id_at)

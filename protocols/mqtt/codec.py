@@ -2,6 +2,6 @@
 reader (``PacketReader``) under one name, for callers that use both (clients, tests)."""
 
 from .reader import PacketReader, decode
-from .writer import PROTOCOL_NAMES, encode, fixed_header
+from .writer import PROTOCOL_NAMES, PublishTemplate, encode, fixed_header
 
-__all__ = ["PROTOCOL_NAMES", "PacketReader", "decode", "encode", "fixed_header"]
+__all__ = ["PROTOCOL_NAMES", "PacketReader", "PublishTemplate", "decode", "encode", "fixed_header"]

@@ -1,10 +1,12 @@
 """MQTT packets -> bytes for 3.1, 3.1.1 and 5.0 (sans-IO): ``encode(packet, version)``
-gives a packet's wire bytes (properties dropped below 5.0); ``fixed_header`` frames a body."""
+gives a packet's wire bytes (properties dropped below 5.0); ``fixed_header`` frames a body;
+``PublishTemplate`` is one PUBLISH encoded once for many receivers."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from . import properties as P
 from .packets import (
@@ -50,6 +52,38 @@ def fixed_header(first_byte: int, remaining: int) -> bytes:
     if remaining > MAX_VARINT:
         raise ValueError(f"packet body of {remaining} bytes exceeds MQTT's limit")
     return bytes((first_byte,)) + encode_varint(remaining)
+
+
+@dataclass(slots=True, frozen=True)
+class PublishTemplate:
+    """One outgoing PUBLISH encoded once and sent to many receivers (fan-out): a QoS 1/2 copy
+    gets its packet id, and DUP when resent, patched into the same bytes."""
+
+    data: bytes
+    packet_id_at: int  # -1 for QoS 0
+
+    @classmethod
+    def of(cls, topic: str, payload: bytes, qos: int, retain: bool, version: int,
+           properties: Properties | None) -> PublishTemplate:
+        packet = Publish(topic, payload, qos, retain, packet_id=1 if qos else None,
+                         properties=properties if properties is not None else Properties())
+        data = encode(packet, version)
+        if not qos:
+            return cls(data, -1)
+        header = 2  # the first byte, then the remaining length's varint (its last byte < 0x80)
+        while data[header - 1] & 0x80:
+            header += 1
+        return cls(data, header + 2 + len(topic.encode("utf-8")))
+
+    def render(self, packet_id: int | None, dup: bool = False) -> bytes:
+        if self.packet_id_at < 0:
+            return self.data
+        assert packet_id is not None, "a QoS 1/2 PUBLISH needs a packet id"
+        out = bytearray(self.data)
+        _U16.pack_into(out, self.packet_id_at, packet_id)
+        if dup:
+            out[0] |= 0x08
+        return bytes(out)
 
 
 # -- encoding --------------------------------------------------------------------------------
