@@ -23,6 +23,9 @@ Names between the protocols (as RabbitMQ's MQTT plugin and apache/rocketmq-mqtt 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from protocols.mqtt.topics import (
     TopicError,
     validate_topic_filter,
@@ -52,6 +55,22 @@ PERSISTENT_FLAG = 0x01  # an AMQP publish with delivery-mode 2
 
 # store properties that belong to a protocol gateway, not to the message's user properties
 INTERNAL_PREFIXES = ("rmq.", "mqtt.", "amqp.")
+
+
+class TopicSpace(Protocol):
+    """MQTT's topic space as the other protocols meet it (``gateway/mqtt/queues.py``
+    WildcardQueues): the store queues a publish to an MQTT topic goes to, and whether a
+    subscriber reads the topic. A protocol with targets of its own there (AMQP queues bound to
+    amq.topic, remoting topics) joins it, given at construction, never wired afterwards."""
+
+    def queues_for(self, topic: str) -> list[str]: ...
+
+    def subscribed(self, topic: str) -> bool: ...
+
+    def join(self, targets: Callable[[str], list[str]]) -> Callable[[], None]:
+        """Add ``targets(topic)`` to every publish's queues; returns what to call when the
+        answers it gives change."""
+        ...
 
 
 # -- MQTT topics <-> AMQP routing keys --------------------------------------------------------

@@ -42,6 +42,7 @@ from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
+from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
 
 log = logging.getLogger("tidemq.gateway")
@@ -87,7 +88,8 @@ class Gateway:
         # where MQTT publishes find their target queues, for the other protocols to join: a
         # standalone node's MQTT gateway's (made with it), a store node's for the cluster (its
         # gateway nodes' sessions hold them); None on a gateway node, or with MQTT off
-        self.wildcards: WildcardQueues | None = WildcardQueues() if config.role == "store" else None
+        self.wildcards: WildcardQueues | None = (WildcardQueues(subscribers_known=False) if config.role == "store"
+                                                 else None)
         self._traced: frozenset[str] = parse_listeners(config.trace)
         # one authorisation model for every protocol (gateway/auth/authorize.py): loaded in start()
         self.authorizer = Authorizer(None)
@@ -245,29 +247,13 @@ class Gateway:
         assert self.store is not None
         cfg = self.config
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
+        # (with MQTT: the bridge through amq.topic, README)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
-                               allow_anonymous=cfg.allow_anonymous, pressure=self.pressure)
-        self.amqp.authorizer = self.authorizer
-        self.amqp.connect_timeout_s = cfg.connect_timeout_s
+                               allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
+                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
         await self.amqp.start()
-        wildcards = self.wildcards
-        if wildcards is not None:  # the MQTT <-> AMQP bridge through amq.topic (README)
-            wildcards.extras.append(self.amqp.amq_topic_queues)
-            wildcards.invalidate()
-            self.amqp.mqtt_queues_for = wildcards.queues_for
-            self.amqp.on_topic_bindings_changed = wildcards.invalidate
-            self.amqp.mqtt_topic_read = self._mqtt_topic_read
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
-
-    def _mqtt_topic_read(self, topic: str) -> bool:
-        """Whether a subscription (online or in a persistent session) names exactly this MQTT
-        topic, for a mandatory publish to amq.topic (wildcard and remoting queues are targets
-        of their own). A store node is not told of its gateway nodes' concrete subscriptions:
-        there it cannot tell, so the topic counts as read."""
-        if self.mqtt is None or self.wildcards is None:
-            return True
-        return self.wildcards.subscribed(topic)
 
     def filter_holds(self) -> FilterHolds:
         """The wildcard filters data-API readers hold (restored from the store on first use,
@@ -304,24 +290,19 @@ class Gateway:
         except ValueError as exc:
             raise ConfigError(f"remoting_delay_levels: {exc}") from None
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
-        self.remoting = RemotingBroker(
-            self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
-            max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s)
-        self.remoting.connect_timeout_s = cfg.connect_timeout_s
         # with a password file, ACL or access keys, requests are signed with AccessKeys (remoting/access.py)
         required = bool(cfg.password_file or cfg.acl_file or cfg.access_keys_file)
         if required and not cfg.access_keys_file:
             log.warning("remoting requests must be signed but no access_keys_file is set: only %s",
                         "unsigned (anonymous) clients can work" if cfg.allow_anonymous else "the store link works")
-        self.remoting.access = RemotingAccess(
-            self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
-            required=required, allow_anonymous=cfg.allow_anonymous, stats=self.remoting.stats)
-        wildcards = self.wildcards
-        if wildcards is not None:  # a remoting topic is an MQTT first level (README)
-            wildcards.extras.append(self.remoting.topics.queues_for_mqtt)
-            wildcards.invalidate()
-            self.remoting.mqtt_queues_for = wildcards.queues_for
-            self.remoting.on_topic_created = lambda name: wildcards.invalidate()
+        stats = ProtocolStats()
+        access = RemotingAccess(self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
+                                required=required, allow_anonymous=cfg.allow_anonymous, stats=stats)
+        # (with MQTT: a remoting topic is an MQTT first level, README)
+        self.remoting = RemotingBroker(
+            self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
+            max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
+            access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()

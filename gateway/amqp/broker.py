@@ -9,7 +9,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
@@ -28,6 +27,7 @@ from ..auth.authorize import Authorizer
 from ..core.group import group_start
 from ..interop import (
     AMQP_QUEUE_PREFIX,
+    TopicSpace,
     amqp_queue,
     mqtt_topic_to_routing_key,
     routing_key_to_mqtt_topic,
@@ -79,7 +79,8 @@ class AMQPBroker:
     def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: object | None = None,
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
-                 housekeeping_interval_s: float = 1.0) -> None:
+                 housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
+                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None) -> None:
         self.store = store
         self.cache = cache
         self.authenticator = authenticator
@@ -95,13 +96,12 @@ class AMQPBroker:
         self.connections: set[ClientConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
-        self.authorizer = Authorizer(None)  # the gateway's (server.py): the ACL and AMQP permissions
-        self.connect_timeout_s = 10.0  # the handshake (to connection.open) comes within this
+        self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
+        self.connect_timeout_s = connect_timeout_s  # the handshake (to connection.open) comes within this
         self.housekeeping_interval_s = housekeeping_interval_s
-        # the MQTT bridge (RabbitMQ's convention, see README): set by the gateway when MQTT runs
-        self.mqtt_queues_for: Callable[[str], list[str]] | None = None
-        self.on_topic_bindings_changed: Callable[[], None] | None = None
-        self.mqtt_topic_read: Callable[[str], bool] | None = None  # an MQTT subscriber reads the topic
+        # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
+        self.mqtt_topics = mqtt_topics
+        self._amq_topic_changed = mqtt_topics.join(self.amq_topic_queues) if mqtt_topics is not None else None
         self._meta = store.table(META_TABLE)
         self._views: OrderedDict[int, AMQPView] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,6 +131,7 @@ class AMQPBroker:
                 exchange.bindings.append(binding)
             elif kind == "e" and doc["queue"] in self.exchanges:
                 exchange.exchange_bindings.append(binding)
+        self._bindings_changed(self.exchanges["amq.topic"])  # (MQTT publishes reach the restored ones)
         notify = self.store.subscribe_notify()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="amqp-notify"))
@@ -438,18 +439,17 @@ class AMQPBroker:
         there (the topic's own, matching wildcard and remoting queues, the AMQP queues bound to
         amq.topic), and whether anything besides the topic's own queue takes it: a queue of those
         or a subscriber reading the topic (a mandatory publish no one takes is returned)."""
-        if self.mqtt_queues_for is None:
+        if self.mqtt_topics is None:
             return None, [], False
         topic = routing_key_to_mqtt_topic(routing_key)
         if not valid_mqtt_topic(topic):
             return None, [], False
-        queues = self.mqtt_queues_for(topic)
-        taken = len(queues) > 1 or (self.mqtt_topic_read is not None and self.mqtt_topic_read(topic))
-        return topic, queues, taken
+        queues = self.mqtt_topics.queues_for(topic)
+        return topic, queues, len(queues) > 1 or self.mqtt_topics.subscribed(topic)
 
     def _bindings_changed(self, exchange: Exchange) -> None:
-        if exchange.name == "amq.topic" and self.on_topic_bindings_changed is not None:
-            self.on_topic_bindings_changed()
+        if exchange.name == "amq.topic" and self._amq_topic_changed is not None:
+            self._amq_topic_changed()
 
     # -- publishing ----------------------------------------------------------------------------
     def route(self, exchange_name: str, routing_key: str, headers: dict[str, Any] | None) -> list[QueueRuntime]:

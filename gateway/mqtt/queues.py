@@ -20,19 +20,22 @@ class WildcardQueues:
     """The wildcard filters that currently have subscribers (online or in persistent sessions),
     reference-counted; ``queues_for(topic)`` is the publish path's list of target queues."""
 
-    def __init__(self, memo_entries: int = 65_536) -> None:
+    def __init__(self, memo_entries: int = 65_536, *, subscribers_known: bool = True) -> None:
         self._tree: TopicTree[int] = TopicTree()
         # topic -> its target queues; devices publish to the same topics over and over, so
         # the trie walk is remembered until the set of wildcard filters changes
         self._memo: dict[str, list[str]] = {}
         self._memo_entries = memo_entries
         # other gateways' queues that want MQTT publishes too (AMQP queues bound to amq.topic,
-        # remoting topic queues); they call invalidate() when what they want changes
-        self.extras: list[Callable[[str], list[str]]] = []
+        # remoting topic queues): they join() and call what it returns when their answers change
+        self._extras: list[Callable[[str], list[str]]] = []
         # concrete filters with subscribers (online or in persistent sessions), counted the same
         # way: their topic queue is always written, so only "is it read?" needs them (a
         # mandatory AMQP publish to amq.topic that nothing reads is returned)
         self._concrete: dict[str, int] = {}
+        # False on a store node: its gateway nodes tell it their wildcard filters only, so it
+        # cannot tell whether a concrete topic is read, and counts every one as read
+        self.subscribers_known = subscribers_known
 
     def invalidate(self) -> None:
         self._memo.clear()
@@ -71,7 +74,13 @@ class WildcardQueues:
 
     def subscribed(self, topic: str) -> bool:
         """Whether a subscription to exactly this topic exists (wildcards: see queues_for)."""
-        return topic in self._concrete
+        return topic in self._concrete or not self.subscribers_known
+
+    def join(self, targets: Callable[[str], list[str]]) -> Callable[[], None]:
+        """gateway.interop.TopicSpace: another protocol's targets for MQTT publishes."""
+        self._extras.append(targets)
+        self.invalidate()
+        return self.invalidate
 
     def queues_for(self, topic: str) -> list[str]:
         """The queues a message to ``topic`` is indexed into (the caller must not modify it)."""
@@ -80,7 +89,7 @@ class WildcardQueues:
             queues = [TOPIC_QUEUE_PREFIX + topic]
             for topic_filter, _ in self._tree.match(topic):
                 queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
-            for extra in self.extras:
+            for extra in self._extras:
                 queues.extend(extra(topic))
             if len(self._memo) >= self._memo_entries:
                 self._memo.clear()

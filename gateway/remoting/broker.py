@@ -37,7 +37,7 @@ from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
 from store.log_limit import RateLimitedLog
 
-from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of, remoting_queue
+from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, TopicSpace, mqtt_topic_of, remoting_queue
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
@@ -75,7 +75,9 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
-                 long_poll_max_s: float = 30.0) -> None:
+                 long_poll_max_s: float = 30.0, access: RemotingAccess | None = None,
+                 stats: ProtocolStats | None = None, connect_timeout_s: float = 10.0,
+                 mqtt_topics: TopicSpace | None = None) -> None:
         self.store = store
         self.cache = cache
         self.broker_addr = ""
@@ -86,7 +88,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.max_reconsume_times = max_reconsume_times
         self.long_poll_max_s = long_poll_max_s
         self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
-        self.connect_timeout_s = 10.0  # a connection's first request comes within this (connection.py)
+        self.connect_timeout_s = connect_timeout_s  # a connection's first request comes within this
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
@@ -94,12 +96,13 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
         self.connections: set[Client] = set()
-        self.stats = ProtocolStats()
-        self.access = RemotingAccess(stats=self.stats)  # the gateway's, when it authenticates (access.py)
-        # the MQTT side (set by the gateway when MQTT runs): queues an MQTT topic's publish goes to
-        self.mqtt_queues_for: Callable[[str], list[str]] | None = None
-        self.on_topic_created: Callable[[str], None] | None = None
-        self.topics.on_created.append(lambda name: self.on_topic_created and self.on_topic_created(name))
+        self.stats = stats or ProtocolStats()
+        self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
+        # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (README)
+        self.mqtt_topics = mqtt_topics
+        if mqtt_topics is not None:
+            topics_changed = mqtt_topics.join(self.topics.queues_for_mqtt)
+            self.topics.on_created.append(lambda name: topics_changed())
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
         self.handlers: dict[int, Callable[[Client, RemotingCommand], Any]] = {
@@ -270,10 +273,11 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         mapping, the MQTT topic queue (and wildcard and bridged queues) of its topic."""
         own = remoting_queue(topic, queue_id)
         targets = [own]
-        if self.mqtt_queues_for is not None:
+        if self.mqtt_topics is not None:
             mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
             if mqtt_topic is not None:
-                targets.extend(q for q in self.mqtt_queues_for(mqtt_topic) if not q.startswith(REMOTING_QUEUE_PREFIX))
+                targets.extend(q for q in self.mqtt_topics.queues_for(mqtt_topic)
+                               if not q.startswith(REMOTING_QUEUE_PREFIX))
         return targets
 
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
