@@ -6,6 +6,8 @@ once per group. Until a group has one owner in the cluster, gateway nodes refuse
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 from protocols.mqtt.packets import MQTT_5
@@ -42,3 +44,36 @@ async def test_a_shared_group_across_gateway_nodes_is_refused_not_run_once_per_n
             assert value(samples(text), REFUSED, cause="subscribe") == 1
         for client in (on_a, on_b, publisher):
             await client.disconnect()
+
+
+async def test_a_session_resumed_on_a_gateway_node_loses_its_shared_subscription(data_dir: Path) -> None:
+    """A persistent session stored with a shared subscription (by an earlier version, which ran
+    groups on gateway nodes) resumes without it: counted, taken out of the stored session; its
+    other subscriptions carry on."""
+    async with cluster(data_dir) as (store, (a, b)):
+        publisher = PahoClient(mqtt_port(a), "ops")
+        await publisher.connect()
+        device = PahoClient(mqtt_port(a), "dev-1", clean=False)
+        await device.connect()
+        await device.subscribe("cmd/dev-1", 1)
+        await publisher.publish("cmd/dev-1", "hello", 1)
+        assert [m.payload for m in await device.receive(1)] == [b"hello"]
+        await device.disconnect()
+        await asyncio.sleep(0.3)  # (node a writes the session back)
+        sessions = store.store.table("mqtt.sessions")
+        doc = json.loads(sessions.get("dev-1") or b"")
+        doc["subs"].append(["jobs", 1, False, False, 0, "crew", None, "t:jobs"])
+        sessions.put("dev-1", json.dumps(doc).encode())
+        back = PahoClient(mqtt_port(b), "dev-1", clean=False)
+        flags, _, _ = await back.connect()
+        assert flags.session_present
+        await publisher.publish("jobs", "job-1", 1)
+        await publisher.publish("cmd/dev-1", "reboot", 1)
+        assert [m.payload for m in await back.receive(1)] == [b"reboot"]
+        await back.nothing_more()
+        _, text = await fetch("http://{}:{}".format(*b.metrics_address), "/metrics")
+        assert value(samples(text), REFUSED, cause="resumed") == 1
+        await back.disconnect()
+        await asyncio.sleep(0.3)  # (node b writes the session back)
+        assert [sub[0] for sub in json.loads(sessions.get("dev-1") or b"")["subs"]] == ["cmd/dev-1"]
+        await publisher.disconnect()
