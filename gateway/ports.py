@@ -162,3 +162,7 @@ class MQTTPorts:
     filters: FilterRegistry
     retained: RetainedStore
     reads: Reads
+    # why this kind of node refuses shared subscriptions (SUBACK 0x9E), None where it serves
+    # them: a ``$share`` group must have one owner, and a gateway node's group would be one copy
+    # among several over the same committed offset (every message once per node)
+    shared_refusal: str | None = None

@@ -309,30 +309,6 @@ async def test_a_session_back_on_the_node_it_left_gets_what_was_published_meanwh
         await sender.disconnect()
 
 
-async def test_a_shared_subscriber_rejoins_its_group_where_it_left_off_on_another_node(data_dir: Path) -> None:
-    """A persistent session with a shared subscription reconnects to another gateway node: the
-    group resumes at its committed offset, which that node reads from the store node first
-    (read too late, the group would start again at 0 and deliver what was acknowledged)."""
-    async with cluster(data_dir) as (_, (a, b)):
-        member = PahoClient(mqtt_port(a), "worker", version=MQTT_5, clean=False, session_expiry=300)
-        await member.connect()
-        await member.subscribe("$share/crew/jobs/#", qos=1)
-        publisher = PahoClient(mqtt_port(a), "pub")
-        await publisher.connect()
-        for i in range(3):
-            await publisher.publish("jobs/j", f"done-{i}", 1)
-        assert [r.payload for r in await member.receive(3)] == [b"done-0", b"done-1", b"done-2"]
-        await member.disconnect()
-        await publisher.publish("jobs/j", "waiting", 1)
-        back = PahoClient(mqtt_port(b), "worker", version=MQTT_5, clean=False, session_expiry=300)
-        flags, _, _ = await back.connect()
-        assert flags.session_present
-        assert [r.payload for r in await back.receive(1)] == [b"waiting"]
-        await back.nothing_more()
-        await back.disconnect()
-        await publisher.disconnect()
-
-
 async def test_the_data_read_api_of_a_gateway_node_points_to_the_store_node(data_dir: Path) -> None:
     """A gateway node holds no store: its data read API says so (501, where to read instead),
     not that its store is "not open" (503, as if it would be open later)."""

@@ -328,6 +328,38 @@ async def test_slow_qos0_subscriber_is_bounded_and_others_unaffected(data_dir: P
         await pub.close()
 
 
+async def test_a_shared_group_whose_members_all_left_is_dropped_and_resumes_from_the_store(data_dir: Path) -> None:
+    """A group is dropped when its last member leaves with nothing unacknowledged (groups used
+    to pile up in memory, one per group ever joined); its committed offset is all it was, so a
+    member back later gets what came meanwhile, and nothing acknowledged before. A group whose
+    last member left holding messages keeps them for the next member."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        member = PahoClient(port, "m1")
+        await member.connect()
+        await member.subscribe("$share/g/jobs", 1)
+        await pub.publish("jobs", "j0", 1)
+        assert [m.payload for m in await member.receive(1)] == [b"j0"]
+        await member.disconnect()
+        await pub.publish("jobs", "j1", 1)  # while the group has no member
+        assert "$share/g/jobs" not in gw.mqtt.share_groups
+        holder, _ = await RawClient.connected(port, Connect("m2", MQTT_3_1_1))
+        holder.send(Subscribe(1, [Subscription("$share/g/jobs", 1)]))
+        assert isinstance(await holder.recv(), SubAck)
+        assert (await holder.recv()).payload == b"j1"  # (not acknowledged)
+        await holder.close()
+        back = PahoClient(port, "m3")
+        await back.connect()
+        await back.subscribe("$share/g/jobs", 1)
+        assert [m.payload for m in await back.receive(1)] == [b"j1"]  # given back, kept meanwhile
+        await back.nothing_more()
+        await back.disconnect()
+        assert "$share/g/jobs" not in gw.mqtt.share_groups
+        await pub.disconnect()
+
+
 async def test_a_shared_message_removed_by_retention_does_not_hold_the_group_back(data_dir: Path) -> None:
     """A member leaves without acknowledging a message that retention removed meanwhile: the
     group has nothing to give again, and its committed offset moves past it (it used to stay

@@ -9,10 +9,11 @@ differs from a standalone node, each behind the port the MQTT code calls.
   ``WILDCARD_TARGETS`` for the store node to expand, so a message published on any node reaches
   every wildcard queue.
 - Retained messages (``RemoteRetained``) are the store node's too.
-- What a SUBSCRIBE needs before it can be handled synchronously (the new queues' offsets, the
-  shared groups' committed offsets, retained messages) is fetched by ``ClusterReads``'s
-  ``prepare_subscribe`` while the connection is not read; the queues read here are counted, so
-  that the store node routes their notify events here.
+- What a SUBSCRIBE needs before it can be handled synchronously (the new queues' offsets,
+  retained messages) is fetched by ``ClusterReads``'s ``prepare_subscribe`` while the connection
+  is not read; the queues read here are counted, so that the store node routes their notify
+  events here.
+- Shared subscriptions are refused (``SHARED_REFUSAL``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
 log = logging.getLogger("tidemq.cluster")
+
+# Each gateway node would run its own copy of a $share group over the one committed offset in
+# the store node: a message once per node, not once per group (MQTT 5.0 section 4.8.2). Lifted
+# when a group has one owner in the cluster (README, Cluster).
+SHARED_REFUSAL = "a gateway node of a cluster; a shared group needs one owner in the cluster"
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
 
@@ -198,33 +204,30 @@ class ClusterReads:
 
     def prepare_subscribe(self, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
         queues: list[str] = []
-        groups: list[tuple[str, str]] = []
         retained: list[str] = []
         for request in packet.subscriptions:
             try:
                 group, topic_filter = parse_shared(request.topic_filter)
             except TopicError:
                 continue  # refused when handled
-            queue = queue_for_filter(topic_filter)
-            queues.append(queue)
             if group is not None:
-                groups.append((request.topic_filter, queue))
-            elif request.retain_handling != RetainHandling.DO_NOT_SEND:
+                continue  # refused when handled (SHARED_REFUSAL): nothing to read
+            queues.append(queue_for_filter(topic_filter))
+            if request.retain_handling != RetainHandling.DO_NOT_SEND:
                 retained.append(topic_filter)
         if not queues:
             return None
         for queue in queues:
             self.reading(queue)
         self._preparing[id(packet)] = queues
-        return self._fetch(queues, groups, retained)
+        return self._fetch(queues, retained)
 
     def subscribed(self, packet: Subscribe) -> None:
         for queue in self._preparing.pop(id(packet), ()):
             self.not_reading(queue)
 
-    async def _fetch(self, queues: list[str], groups: list[tuple[str, str]], retained: list[str]) -> None:
+    async def _fetch(self, queues: list[str], retained: list[str]) -> None:
         await self.store.ensure_offsets(queues)
-        await self.prepare_groups(groups)
         for topic_filter in retained:
             await self.retained.prefetch(topic_filter)
 
@@ -256,7 +259,8 @@ class GatewayNode:
         return self.sessions.takeovers
 
     def ports(self) -> MQTTPorts:
-        return MQTTPorts(self.store, self.sessions, self.wildcards, self.retained, self.reads)
+        return MQTTPorts(self.store, self.sessions, self.wildcards, self.retained, self.reads,
+                         shared_refusal=SHARED_REFUSAL)
 
     def attach(self, clients: Clients) -> None:
         """The MQTT gateway built on ``ports()``: the store link's kicks and loss reach its clients."""

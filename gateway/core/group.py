@@ -74,6 +74,12 @@ class ConsumerGroup(Generic[Member]):
             low = min(low, self.redeliver[0].queue_offset)
         return low
 
+    @property
+    def idle(self) -> bool:
+        """No member, nothing handed out or given back: the committed offset is all its state,
+        so the group can be dropped and made again from the store when a member comes."""
+        return not self.members and not self.cursor.unacked and not self.redeliver
+
     def save(self, *, durable: bool = False) -> None:
         """Record the committed offset: with the store's checkpoint, or (``durable``) at once."""
         committed = self.committed

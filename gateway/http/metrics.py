@@ -98,6 +98,12 @@ class GatewayCollector:
         if mqtt is not None:
             yield GaugeMetricFamily("tidemq_mqtt_sessions", "MQTT sessions (connected and persistent)",
                                     value=len(mqtt.sessions))
+            refused = CounterMetricFamily("tidemq_mqtt_shared_subscriptions_refused",
+                                          "$share subscriptions a node cannot honour (a gateway node of a "
+                                          "cluster), refused or taken from a resumed session", labels=["cause"])
+            for cause in ("subscribe", "resumed"):
+                refused.add_metric([cause], mqtt.shared_refusal.counts[cause])
+            yield refused
 
     def _store(self) -> Iterator[Metric]:
         store = self.store

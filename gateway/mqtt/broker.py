@@ -28,6 +28,7 @@ from .messages import DeliveryMemo, StoreMessageFactory
 from .roles import Client, Reader
 from .session import Session
 from .settings import MQTTSettings
+from .share_refusal import SharedRefusal
 from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
 
@@ -59,6 +60,7 @@ class MQTTBroker:
         self.connections: dict[str, Client] = {}
         self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
+        self.shared_refusal = SharedRefusal(ports.shared_refusal)
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
         self.started_at = time.time()
@@ -141,6 +143,11 @@ class MQTTBroker:
         await self.stored_sessions.claim(client_id, self.reload_session)
         session = self.sessions.get(client_id)
         if session is not None:
+            taken = self.shared_refusal.take_from(session)
+            for state in taken:
+                self.release_filter(session, state.topic_filter)
+            if taken:
+                self.mark_dirty(session)
             groups = [(key, state.queue) for key, state in session.subscriptions.items()
                       if state.share_group is not None and key not in self.share_groups]
             if groups:
@@ -322,6 +329,8 @@ class MQTTBroker:
         group.leave(conn, unacked)
         if not group.members:
             self.remove_reader(group.queue, group)
+            if group.idle:  # its committed offset (saved) is all of it: kept, groups would pile up
+                del self.share_groups[key]
 
     # -- readers and notify --------------------------------------------------------------------
     def add_reader(self, queue: str, reader: Reader) -> None:

@@ -144,6 +144,8 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
         connack_props.receive_maximum = connection.settings.receive_maximum
         connack_props.maximum_packet_size = connection.settings.max_packet_size
         connack_props.topic_alias_maximum = connection.settings.topic_alias_maximum
+        if not broker.shared_refusal.available:
+            connack_props.shared_subscription_available = 0  # (SUBACK would say 0x9E)
         if assigned is not None:
             connack_props.assigned_client_identifier = assigned
         if props.request_response_information == 1:

@@ -23,6 +23,7 @@ from .ingest_gate import IngestGate
 from .messages import DeliveryMemo
 from .session import Session, SubscriptionState
 from .settings import MQTTSettings
+from .share_refusal import SharedRefusal
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -266,6 +267,9 @@ class SubscribeHost(Protocol):
 
     @property
     def store(self) -> QueueStore: ...
+
+    @property
+    def shared_refusal(self) -> SharedRefusal: ...
 
     def hold_filter(self, session: Session, topic_filter: str) -> None: ...
 

@@ -36,6 +36,11 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
             continue
         if group is not None and request.no_local and connection.conn.version == MQTT_5:
             raise ProtocolViolation("No Local on a shared subscription")
+        if group is not None and not broker.shared_refusal.available:
+            broker.shared_refusal.refused("subscribe", connection.client_id, request.topic_filter)
+            codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if connection.conn.version == MQTT_5
+                         else SUBACK_FAILURE_V3)
+            continue
         if not connection.allowed(topic_filter, write=False):
             codes.append(ReasonCode.NOT_AUTHORIZED if connection.conn.version == MQTT_5 else SUBACK_FAILURE_V3)
             continue
