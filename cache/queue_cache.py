@@ -256,8 +256,9 @@ class QueueCache:
         window when it continues the window, around it for a reader behind (the window stays
         on the tail). An answer counts against ``max_bytes``; it is kept until its queue's
         readers were woken (``on_notify``) and the queue read since -- its reader had its
-        chance -- and only then evicted, oldest first, before any window: evicted earlier, a
-        small bound could starve that reader (every answer evicted before its read).
+        chance -- and only then evicted, by a later offer, oldest first, before any window:
+        evicted earlier, a small bound could starve that reader (every answer evicted before
+        its read).
         """
         window = self._windows.get(queue)
         if window is None:
@@ -267,6 +268,9 @@ class QueueCache:
         else:
             self._windows.move_to_end(queue)  # about to be read
         self._hold(queue, window, offset, result)
+        # Only here, never in a read: the readers one notify wakes read one after another, and
+        # the first one's read must not evict what the next one's read is to take.
+        self._shed_answers()
         self._bound(None, None)
 
     def _hold(self, queue: str, window: _Window, offset: int, result: GetResult) -> None:
@@ -385,10 +389,6 @@ class QueueCache:
             if excess > 0:
                 self._drop_head(window, excess)
         stats = self.stats
-        if stats.bytes <= self.max_bytes:
-            return
-        if self._answers:
-            self._shed_answers()
         windows = self._windows
         kept = 0  # windows passed over: they hold answers still owed (the loop ends when all were)
         while stats.bytes > self.max_bytes and len(windows) > kept:

@@ -161,3 +161,16 @@ async def test_windows_give_way_to_answers_still_owed(open_store):
     assert bodies(cache.read("c", 0))[0] == b"c:0"
     assert bodies(cache.read("d", 0))[0] == b"d:0"
     assert cache.stats.bytes == 0
+
+
+async def test_a_reader_woken_with_others_of_its_queue_still_finds_its_answer(open_store):
+    """The readers a notify wakes read one after another: the first one's read must not evict
+    what was fetched for the next one (with a small bound, that one would starve: every round,
+    its answer gone before its read)."""
+    store = await open_store()
+    await put(store, "q", 10)
+    cache, source = cached_late(store, max_bytes=0)
+    cache.read("q", 9)  # the tail reader
+    source.answer("q", 9)
+    assert cache.read("q", 10).status is GetStatus.NO_NEW_MESSAGE  # a reader at the end reads first
+    assert bodies(cache.read("q", 9)) == [b"q:9"]
