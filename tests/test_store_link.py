@@ -15,8 +15,6 @@ from cache import QueueCache
 from gateway.cluster.gateway_store import GatewayStore
 from gateway.cluster.link import Link
 from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
-from gateway.config import Config, ConfigError, load_config
-from gateway.server import Gateway
 from gateway.cluster.store_link import (
     StoreCode,
     StoreLinkError,
@@ -24,6 +22,8 @@ from gateway.cluster.store_link import (
     decode_put,
     encode_put,
 )
+from gateway.config import Config, ConfigError, load_config
+from gateway.server import Gateway
 from protocols.remoting.codes import ResponseCode
 from store import GetStatus, Message
 
@@ -174,6 +174,8 @@ async def test_a_gateway_node_wakes_its_readers_when_the_news_is_already_here(da
         assert [m.body for m in result.messages] == [b"new-1", b"new-2"]
         assert store.fetches == fetches + 1  # the one fetch before the wake
         assert cache.read("t:a", 1, 32) == result  # (now from the window)
+        store.forget("t:a")  # no reader left here: what the cache holds for it would go stale
+        assert cache.window("t:a") is None and cache.stats.bytes == 0
         # t:b was announced too; nothing fetched it, its first read asks the store node
         assert seen.get("t:b") == 3
         assert cache.read("t:b", 1, 32).status is GetStatus.NO_NEW_MESSAGE

@@ -214,10 +214,13 @@ class GatewayStore:
     def forget(self, queue: str) -> None:
         """This node no longer reads ``queue``, so the store node sends its notify events
         elsewhere: what this node knows of its end would go stale (taken for the end, it would
-        hold back messages published meanwhile). The next reader reads the queue afresh (the
-        cache dropped the queue, and the answers it held for it, first)."""
+        hold back messages published meanwhile), and so would what the cache holds for it (a
+        subscription refused after a fetch for it: no reader ever takes that answer). The next
+        reader reads the queue afresh."""
         self._max.pop(queue, None)
         self._min.pop(queue, None)
+        if self.answers is not None:
+            self.answers.drop(queue)
 
     def read_at(self, position: int) -> StoredMessage | None:
         """A gateway node holds no message by position (what it fetches, it fetches by queue
