@@ -312,6 +312,8 @@ class QueueCache:
     def _shed_answers(self) -> None:
         """Evict answers whose reader had its chance, oldest first, until within ``max_bytes``."""
         answers = self._answers
+        if self.stats.bytes <= self.max_bytes or not answers:
+            return
         for key in list(answers):
             if self.stats.bytes <= self.max_bytes:
                 return
@@ -394,7 +396,8 @@ class QueueCache:
         while stats.bytes > self.max_bytes and len(windows) > kept:
             oldest, held = next(iter(windows.items()))
             if oldest == queue and window is not None and not window.empty:
-                # Only the window being read is left and it alone is too big: keep its newest part.
+                # Only the window being read is left (but for windows owed answers) and it alone is
+                # too big: keep its newest part.
                 self._drop_head(window, 1)
                 continue
             if held.answers:
