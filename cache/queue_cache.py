@@ -254,11 +254,13 @@ class QueueCache:
 
         The next read at ``offset`` takes it, as if the source had answered then: into the
         window when it continues the window, around it for a reader behind (the window stays
-        on the tail). An answer counts against ``max_bytes``; it is kept until its queue's
-        readers were woken (``on_notify``) and the queue read since -- its reader had its
-        chance -- and only then evicted, by a later offer, oldest first, before any window:
+        on the tail). An answer counts against ``max_bytes``; it is kept until its reader had
+        its chance -- its queue's readers were woken (``on_notify``) and the queue read since,
+        or woken twice (their pump runs between two wakes; a reader with no room does not
+        read) -- and only then evicted, by a later offer, oldest first, before any window:
         evicted earlier, a small bound could starve that reader (every answer evicted before
-        its read).
+        its read); kept longer, a reader with no room would hold every part of its queue the
+        store link fetches meanwhile.
         """
         window = self._windows.get(queue)
         if window is None:
@@ -319,7 +321,9 @@ class QueueCache:
                 return
             answer = answers[key]
             window = self._windows[key[0]]
-            if window.read_wakes > answer.wake:
+            # read since a wake that came after it, or woken twice since: the readers' pump ran
+            # (between two wakes of a queue) and this answer's reader did not take it
+            if window.read_wakes > answer.wake or window.wakes > answer.wake + 1:
                 del answers[key]
                 self._forget_answer(window, answer)
 

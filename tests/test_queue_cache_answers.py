@@ -174,3 +174,21 @@ async def test_a_reader_woken_with_others_of_its_queue_still_finds_its_answer(op
     source.answer("q", 9)
     assert cache.read("q", 10).status is GetStatus.NO_NEW_MESSAGE  # a reader at the end reads first
     assert bodies(cache.read("q", 9)) == [b"q:9"]
+
+
+async def test_answers_for_a_queue_its_readers_do_not_read_are_shed_after_the_next_wake(open_store):
+    """A reader with no room (its inflight window full) is woken but does not read, while the
+    store link fetches each new part of the queue: what it fetched must not pile up beyond the
+    bound. An answer is kept through the wake that follows it (the readers' pump runs before
+    the next one), and is shed after the next."""
+    store = await open_store()
+    await put(store, "q", 50)
+    cache, source = cached_late(store, max_bytes=0)
+    for offset in range(0, 50, 10):  # a part fetched on each notify, nobody reading
+        source.answer("q", offset, 10)
+    assert cache.read("q", 40).next_offset == 50  # the newest two are still held
+    assert cache.read("q", 30).next_offset == 40
+    asked = len(source.asked)
+    for offset in (20, 10, 0):
+        assert cache.read("q", offset).status is GetStatus.NO_NEW_MESSAGE  # shed: asked again
+    assert len(source.asked) == asked + 3
