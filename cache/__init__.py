@@ -1,6 +1,7 @@
 """Per-queue in-memory window of recent messages shared by all sessions of a node (high fan-out reads)."""
 
 from .queue_cache import (
+    ANSWER_OVERHEAD,
     MESSAGE_OVERHEAD,
     WINDOW_OVERHEAD,
     CacheStats,
@@ -10,6 +11,7 @@ from .queue_cache import (
 )
 
 __all__ = [
+    "ANSWER_OVERHEAD",
     "MESSAGE_OVERHEAD",
     "WINDOW_OVERHEAD",
     "CacheStats",

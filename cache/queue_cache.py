@@ -2,6 +2,8 @@
 
 A thousand subscribers of one hot queue cost one store read per batch, not a thousand: the
 first reader to reach a window's end reads the store once and appends; the rest read memory.
+A source that answers later (a gateway node's store link) hands its answer to ``offer``; the
+read at that offset takes it (see ``QueueCache.offer``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from store import GetResult, GetStatus, StoredMessage
 MESSAGE_OVERHEAD = 560
 # Memory a queue's window costs with no message in it: its record, list, dict entry.
 WINDOW_OVERHEAD = 1024
+# Memory an offered answer costs beyond its messages: its record, result and list, dict entry.
+ANSWER_OVERHEAD = 256
 
 _COMPACT_AT = 64  # dropped head slots tolerated before the list is compacted
 
 
 class MessageSource(Protocol):
-    """What the cache needs from the store: ``store.MessageStore`` is one."""
+    """What the cache needs from the store: ``store.MessageStore`` is one. A source that cannot
+    answer at once (a gateway node's store link) says NO_NEW_MESSAGE, gives its answer to
+    ``QueueCache.offer`` when it has it, then notifies the queue."""
 
     def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult: ...
 
@@ -59,7 +65,8 @@ def message_cost(message: StoredMessage) -> int:
 class _Window:
     """Messages [start, end) of one queue, plus what the cache last learned about the queue."""
 
-    __slots__ = ("bytes", "head", "max_offset", "messages", "min_offset", "notified", "start")
+    __slots__ = ("answers", "bytes", "head", "max_offset", "messages", "min_offset", "notified", "read_wakes",
+                 "start", "wakes")
 
     def __init__(self) -> None:
         self.messages: list[StoredMessage] = []
@@ -71,6 +78,9 @@ class _Window:
         # Set by on_notify: from then on the notify handler reports every growth of the queue,
         # so "max_offset <= end" means nothing new for certain (a pending notify will say so).
         self.notified = False
+        self.answers = 0  # offered answers held for this queue (the record stays while there are any)
+        self.wakes = 0  # on_notify calls (each wakes the queue's readers)
+        self.read_wakes = 0  # ``wakes`` as of the last read of the queue
 
     @property
     def end(self) -> int:
@@ -79,6 +89,17 @@ class _Window:
     @property
     def empty(self) -> bool:
         return self.head == len(self.messages)
+
+
+class _Answer:
+    """A source's late answer to the read at one offset, until that read takes it."""
+
+    __slots__ = ("cost", "result", "wake")
+
+    def __init__(self, result: GetResult, cost: int, wake: int) -> None:
+        self.result = result
+        self.cost = cost
+        self.wake = wake  # the window's ``wakes`` when offered
 
 
 class QueueCache:
@@ -97,6 +118,7 @@ class QueueCache:
         self.max_bytes = max_bytes
         self.window_messages = window_messages
         self._windows: OrderedDict[str, _Window] = OrderedDict()  # least recently read first
+        self._answers: OrderedDict[tuple[str, int], _Answer] = OrderedDict()  # (queue, offset), oldest first
         self.stats = CacheStats()
 
     # -- reading -------------------------------------------------------------------------------
@@ -109,6 +131,8 @@ class QueueCache:
         served from memory are as of the last store read or notify.
         """
         window = self._windows.get(queue)
+        if window is not None:
+            window.read_wakes = window.wakes  # (answers offered before the last wake were offered to this read)
         if max_messages < 1:
             return self._bypass(queue, window, offset, max_messages, max_bytes)
         if window is None or window.start < 0 or (offset > window.end and window.empty):
@@ -215,10 +239,93 @@ class QueueCache:
         return result
 
     def _store_read(self, queue: str, offset: int, max_messages: int, max_bytes: int) -> GetResult:
-        result = self._store.get_now(queue, offset, max_messages, max_bytes)
+        answer = self._answers.pop((queue, offset), None) if self._answers and max_messages > 0 else None
+        if answer is None:
+            result = self._store.get_now(queue, offset, max_messages, max_bytes)
+        else:
+            result = self._take(queue, offset, answer, max_messages, max_bytes)
         self.stats.store_reads += 1
         self.stats.messages_from_store += len(result.messages)
         return result
+
+    # -- answers of a source that answers later ----------------------------------------------------
+    def offer(self, queue: str, offset: int, result: GetResult) -> None:
+        """The source's answer to a read of ``queue`` at ``offset`` that it could not answer at once.
+
+        The next read at ``offset`` takes it, as if the source had answered then: into the
+        window when it continues the window, around it for a reader behind (the window stays
+        on the tail). An answer counts against ``max_bytes``; it is kept until its reader had
+        its chance -- its queue's readers were woken (``on_notify``) and the queue read since,
+        or woken twice (their pump runs between two wakes; a reader with no room does not
+        read) -- and only then evicted, by a later offer, oldest first, before any window:
+        evicted earlier, a small bound could starve that reader (every answer evicted before
+        its read); kept longer, a reader with no room would hold every part of its queue the
+        store link fetches meanwhile.
+        """
+        window = self._windows.get(queue)
+        if window is None:
+            window = self._windows[queue] = _Window()
+            self.stats.queues += 1
+            self.stats.bytes += WINDOW_OVERHEAD
+        else:
+            self._windows.move_to_end(queue)  # about to be read
+        self._hold(queue, window, offset, result)
+        # Only here, never in a read: the readers one notify wakes read one after another, and
+        # the first one's read must not evict what the next one's read is to take.
+        self._shed_answers()
+        self._bound(None, None)
+
+    def _hold(self, queue: str, window: _Window, offset: int, result: GetResult) -> None:
+        key = (queue, offset)
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._forget_answer(window, old)
+        cost = ANSWER_OVERHEAD
+        for message in result.messages:
+            cost += message_cost(message)
+        self._answers[key] = _Answer(result, cost, window.wakes)
+        window.answers += 1
+        self.stats.bytes += cost
+
+    def _take(self, queue: str, offset: int, answer: _Answer, max_messages: int, max_bytes: int) -> GetResult:
+        """An offered answer, within the reader's limits (the rest is held for its next read), and
+        with the queue's end as known now: a notify handled since the answer may have moved it."""
+        window = self._windows[queue]
+        self._forget_answer(window, answer)
+        result = answer.result
+        messages = result.messages
+        n = 1
+        total = messages[0].size if messages else 0
+        while n < len(messages) and n < max_messages and total + messages[n].size <= max_bytes:
+            total += messages[n].size
+            n += 1
+        if n < len(messages):
+            rest = GetResult(GetStatus.FOUND, messages[n:], result.next_offset, result.min_offset, result.max_offset)
+            self._hold(queue, window, messages[n].queue_offset, rest)
+            result = GetResult(GetStatus.FOUND, messages[:n], messages[n].queue_offset, result.min_offset,
+                               result.max_offset)
+        result.max_offset = max(result.max_offset, window.max_offset)
+        return result
+
+    def _forget_answer(self, window: _Window, answer: _Answer) -> None:
+        window.answers -= 1
+        self.stats.bytes -= answer.cost
+
+    def _shed_answers(self) -> None:
+        """Evict answers whose reader had its chance, oldest first, until within ``max_bytes``."""
+        answers = self._answers
+        if self.stats.bytes <= self.max_bytes or not answers:
+            return
+        for key in list(answers):
+            if self.stats.bytes <= self.max_bytes:
+                return
+            answer = answers[key]
+            window = self._windows[key[0]]
+            # read since a wake that came after it, or woken twice since: the readers' pump ran
+            # (between two wakes of a queue) and this answer's reader did not take it
+            if window.read_wakes > answer.wake or window.wakes > answer.wake + 1:
+                del answers[key]
+                self._forget_answer(window, answer)
 
     # -- notify and removal ----------------------------------------------------------------------
     def on_notify(self, queue: str, max_offset: int) -> None:
@@ -240,6 +347,7 @@ class QueueCache:
             self._bound(None, None)
         window.max_offset = max(window.max_offset, max_offset)
         window.notified = True
+        window.wakes += 1
 
     def drop(self, queue: str) -> None:
         """Forget a queue (removed, or no local subscriber left)."""
@@ -248,6 +356,7 @@ class QueueCache:
     def clear(self) -> None:
         """Forget every queue; the counters keep counting."""
         self._windows.clear()
+        self._answers.clear()
         self.stats.bytes = 0
         self.stats.queues = 0
 
@@ -287,11 +396,21 @@ class QueueCache:
                 self._drop_head(window, excess)
         stats = self.stats
         windows = self._windows
-        while stats.bytes > self.max_bytes and windows:
-            oldest = next(iter(windows))
+        kept = 0  # windows passed over: they hold answers still owed (the loop ends when all were)
+        while stats.bytes > self.max_bytes and len(windows) > kept:
+            oldest, held = next(iter(windows.items()))
             if oldest == queue and window is not None and not window.empty:
-                # Only the window being read is left and it alone is too big: keep its newest part.
+                # Only the window being read is left (but for windows owed answers) and it alone is
+                # too big: keep its newest part.
                 self._drop_head(window, 1)
+                continue
+            if held.answers:
+                if held.start >= 0:  # its messages go; the record stays with its answers
+                    self._reset(held)
+                    held.start = -1
+                    stats.evictions += 1
+                windows.move_to_end(oldest)
+                kept += 1
                 continue
             self._remove(oldest)
             stats.evictions += 1
@@ -324,3 +443,6 @@ class QueueCache:
             return
         self.stats.bytes -= window.bytes
         self.stats.queues -= 1
+        if window.answers:  # (answers for offsets of a queue removed, or re-created, would mislead)
+            for key in [key for key in self._answers if key[0] == queue]:
+                self._forget_answer(window, self._answers.pop(key))

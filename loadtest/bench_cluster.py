@@ -22,7 +22,7 @@ and 1), 64-byte payloads.
   first, one publisher on the second, up to 2,000 messages in 15 s, at most 20,000 deliveries
   ahead of the subscribers (bench_mqtt's fan-out, across two nodes); the subscribers may take
   up to 120 s after the last send to drain. With the cache off, each store read serves one
-  subscriber and wakes all 2,000 (see the gateway node's ``GatewayStore.get_now``): on 2 cores
+  subscriber and wakes all 2,000 (``QueueCache.offer`` holds an answer for one read): on 2 cores
   they drain a few hundred deliveries/s, so the publisher's bound holds it to a dozen messages
   and the drain takes 30-50 s.
 - fanout_nodes, for N in 1, 2, 4 and QoS 0 and 1: does fan-out scale with gateway nodes? One

@@ -24,7 +24,7 @@ from .test_store_link import remoting_port
 
 
 @asynccontextmanager
-async def cluster(data_dir: Path, gateways: int = 2) -> AsyncIterator[tuple[Gateway, list[Gateway]]]:
+async def cluster(data_dir: Path, gateways: int = 2, **node_options) -> AsyncIterator[tuple[Gateway, list[Gateway]]]:
     store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="",
                            remoting_bind="127.0.0.1:0", metrics_bind="127.0.0.1:0"))
     await store.start()
@@ -33,7 +33,7 @@ async def cluster(data_dir: Path, gateways: int = 2) -> AsyncIterator[tuple[Gate
         for i in range(gateways):
             node = Gateway(Config(data_dir=data_dir / f"unused-{i}", role="gateway", node_id=f"g{i}",
                                   store_address=f"127.0.0.1:{remoting_port(store)}", mqtt_bind="127.0.0.1:0",
-                                  amqp_bind="", remoting_bind="", metrics_bind="127.0.0.1:0"))
+                                  amqp_bind="", remoting_bind="", metrics_bind="127.0.0.1:0", **node_options))
             await node.start()
             nodes.append(node)
         yield store, nodes

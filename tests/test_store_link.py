@@ -11,11 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cache import QueueCache
 from gateway.cluster.gateway_store import GatewayStore
 from gateway.cluster.link import Link
 from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
-from gateway.config import Config, ConfigError, load_config
-from gateway.server import Gateway
 from gateway.cluster.store_link import (
     StoreCode,
     StoreLinkError,
@@ -23,6 +22,8 @@ from gateway.cluster.store_link import (
     decode_put,
     encode_put,
 )
+from gateway.config import Config, ConfigError, load_config
+from gateway.server import Gateway
 from protocols.remoting.codes import ResponseCode
 from store import GetStatus, Message
 
@@ -144,12 +145,13 @@ async def test_cluster_token_keeps_strangers_off_the_store_link(data_dir: Path) 
 
 
 async def test_a_gateway_node_wakes_its_readers_when_the_news_is_already_here(data_dir: Path) -> None:
-    """A notify for a queue read on the node is followed by a fetch of the new part, and the
-    node's readers hear of it only then: their first read answers from memory. A queue nobody
-    reads on the node is not fetched."""
+    """A notify for a queue read on the node is followed by a fetch of the new part, given to
+    the node's queue cache, and the node's readers hear of it only then: their first read
+    answers from memory. A queue nobody reads on the node is not fetched."""
     gw = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0"))
     await gw.start()
     store = GatewayStore(await RemoteStore.connect("127.0.0.1", remoting_port(gw)))
+    cache = store.answers = QueueCache(store)
     writer = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
     try:
         await store.start("node-1")
@@ -167,13 +169,16 @@ async def test_a_gateway_node_wakes_its_readers_when_the_news_is_already_here(da
             queue, offset = await asyncio.wait_for(woken.__anext__(), 5)
             seen[queue] = max(offset, seen.get(queue, 0))
             seen.update(woken.drain())
-        result = store.get_now("t:a", 1, 32)
+        result = cache.read("t:a", 1, 32)
         assert result.status is GetStatus.FOUND
         assert [m.body for m in result.messages] == [b"new-1", b"new-2"]
         assert store.fetches == fetches + 1  # the one fetch before the wake
+        assert cache.read("t:a", 1, 32) == result  # (now from the window)
+        store.forget("t:a")  # no reader left here: what the cache holds for it would go stale
+        assert cache.window("t:a") is None and cache.stats.bytes == 0
         # t:b was announced too; nothing fetched it, its first read asks the store node
         assert seen.get("t:b") == 3
-        assert store.get_now("t:b", 1, 32).status is GetStatus.NO_NEW_MESSAGE
+        assert cache.read("t:b", 1, 32).status is GetStatus.NO_NEW_MESSAGE
     finally:
         await writer.close()
         await store.close()

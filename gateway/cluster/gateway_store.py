@@ -19,19 +19,19 @@ at its end, a shared group's committed offset -- is fetched first with the ``ens
 coroutines by the node's ports (``gateway.cluster.mqtt_node.ClusterReads``: the connection is
 not read meanwhile), and the synchronous call then finds it here.
 
-A fetched batch waits in ``_fetched`` only until the reader at its offset takes it (into the
-queue cache's window, or around it for a reader behind the window, which the cache never
-keeps): the answer comes back asynchronously, the cache reads synchronously, so the answer is
-held, by the offset it was fetched for, between the two.
+A fetched batch goes to the node's queue cache (``answers``: its ``offer``), for the read at
+the offset it was fetched for: the answer comes back asynchronously, the cache reads
+synchronously, so the cache holds it, counted against its memory bound, until that read takes
+it (into the window, or around it for a reader behind the window). One cache on the node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
 
+from cache import QueueCache
 from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoredMessage, StoreError
 from store.notify import NotifyHub, NotifySubscription
 
@@ -39,7 +39,6 @@ from .remote_store import RemoteStore, RemoteStoreError
 
 log = logging.getLogger("tidemq.cluster")
 
-FETCHED_BATCHES = 4096  # fetched batches not yet taken by their reader
 READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
 MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
@@ -56,7 +55,7 @@ class GatewayStore:
         self.notify = NotifyHub()
         self._max: dict[str, int] = {}  # queue -> max offset, from notify events and reads
         self._min: dict[str, int] = {}
-        self._fetched: OrderedDict[tuple[str, int], GetResult] = OrderedDict()  # (queue, offset) -> batch
+        self.answers: QueueCache | None = None  # the node's queue cache: fetched batches go there
         self._fetching: set[tuple[str, int]] = set()
         self._consumer_offsets: dict[tuple[str, str], int | None] = {}
         self._tables: dict[str, RemoteTable] = {}
@@ -114,7 +113,6 @@ class GatewayStore:
     def _forget(self) -> None:
         self._max.clear()
         self._min.clear()
-        self._fetched.clear()
         self._fetching.clear()
         self._consumer_offsets.clear()
 
@@ -137,7 +135,7 @@ class GatewayStore:
                 continue  # (nothing this node did not know)
             known[queue] = offset
             key = (queue, end)
-            if end is None or key in self._fetched or key in fetching:
+            if end is None or key in fetching:
                 now[queue] = offset
                 continue
             fetching.add(key)
@@ -165,19 +163,6 @@ class GatewayStore:
     def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
                 tag_hashes: frozenset[int] | None = None) -> GetResult:
         key = (queue, offset)
-        result = self._fetched.pop(key, None)
-        if result is not None:
-            if len(result.messages) > max_messages:  # asked for fewer this time: keep the rest
-                rest = result.messages[max_messages:]
-                self._keep((queue, rest[0].queue_offset), GetResult(
-                    GetStatus.FOUND, rest, result.next_offset, result.min_offset, result.max_offset))
-                result = GetResult(GetStatus.FOUND, result.messages[:max_messages],
-                                   result.messages[max_messages - 1].queue_offset + 1, result.min_offset,
-                                   result.max_offset)
-            # the queue's end as known now, not as of the fetch: a reader stops pulling at the
-            # end a read reports, and a notify handled since the fetch may have moved it
-            result.max_offset = max(result.max_offset, self._max.get(queue, 0))
-            return result
         high = self._max.get(queue)
         low = self._min.get(queue, 0)
         if high is not None and offset == high:
@@ -205,17 +190,9 @@ class GatewayStore:
         self._min[queue] = result.min_offset
         if self._max.get(queue, -1) < result.max_offset:
             self._max[queue] = result.max_offset
-        if result.status is not GetStatus.NO_NEW_MESSAGE or offset != result.max_offset:
-            self._keep((queue, offset), result)
+        if self.answers is not None and (result.status is not GetStatus.NO_NEW_MESSAGE or offset != result.max_offset):
+            self.answers.offer(queue, offset, result)
         self.notify.publish({queue: self._max.get(queue, result.max_offset)})
-
-    def _keep(self, key: tuple[str, int], result: GetResult) -> None:
-        """A fetched batch, until the reader at its offset takes it (readers of one queue at
-        different offsets -- sessions catching up -- each get their own)."""
-        self._fetched[key] = result
-        self._fetched.move_to_end(key)
-        while len(self._fetched) > FETCHED_BATCHES:
-            self._fetched.popitem(last=False)
 
     def max_offset_now(self, queue: str) -> int:
         """As far as this node knows (``ensure_offsets`` first where it matters)."""
@@ -236,13 +213,14 @@ class GatewayStore:
 
     def forget(self, queue: str) -> None:
         """This node no longer reads ``queue``, so the store node sends its notify events
-        elsewhere: what this node knows of its end, and batches fetched for it, would go stale
-        (taken for the end, they would hold back messages published meanwhile). The next reader
-        reads the queue afresh."""
+        elsewhere: what this node knows of its end would go stale (taken for the end, it would
+        hold back messages published meanwhile), and so would what the cache holds for it (a
+        subscription refused after a fetch for it: no reader ever takes that answer). The next
+        reader reads the queue afresh."""
         self._max.pop(queue, None)
         self._min.pop(queue, None)
-        for key in [key for key in self._fetched if key[0] == queue]:
-            del self._fetched[key]
+        if self.answers is not None:
+            self.answers.drop(queue)
 
     def read_at(self, position: int) -> StoredMessage | None:
         """A gateway node holds no message by position (what it fetches, it fetches by queue

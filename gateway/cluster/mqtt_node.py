@@ -263,8 +263,10 @@ class GatewayNode:
                          shared_refusal=SHARED_REFUSAL)
 
     def attach(self, clients: Clients) -> None:
-        """The MQTT gateway built on ``ports()``: the store link's kicks and loss reach its clients."""
+        """The MQTT gateway built on ``ports()``: the store link's kicks and loss reach its
+        clients, and what the link fetches reaches its queue cache (the node's one cache)."""
         self._clients = clients
+        self.store.answers = clients.cache
         self.store.remote.on_kick = self.kick
         self.store.on_lost = self.store_lost
 
