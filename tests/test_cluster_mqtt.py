@@ -317,3 +317,26 @@ async def test_the_data_read_api_of_a_gateway_node_points_to_the_store_node(data
         assert status == 501 and "store node" in text, (status, text)
         status, _ = await fetch("http://{}:{}".format(*store.metrics_address), "/data/offsets?queue=t:x")
         assert status == 200
+
+
+@pytest.mark.parametrize("same_node", [True, False])
+async def test_a_session_back_reading_a_queue_never_written_gets_the_next_publish(data_dir: Path,
+                                                                                 same_node: bool) -> None:
+    """The session's topic queue does not exist yet when it comes back: the empty answer the
+    node read then must not stand for the queue once messages arrive (0 of 1 was received)."""
+    async with cluster(data_dir) as (_, (a, b)):
+        device = PahoClient(mqtt_port(a), "dev-7", clean=False)
+        await device.connect()
+        await device.subscribe("cmd/x", 1)
+        await device.disconnect()
+        await asyncio.sleep(0.3)  # (node a has written the session back)
+        back = PahoClient(mqtt_port(a if same_node else b), "dev-7", clean=False)
+        flags, _, _ = await back.connect()
+        assert flags.session_present
+        sender = PahoClient(mqtt_port(b), "ops")
+        await sender.connect()
+        await sender.publish("cmd/x", "go", 1)
+        assert [m.payload for m in await back.receive(1)] == [b"go"]
+        await back.nothing_more()
+        await back.disconnect()
+        await sender.disconnect()

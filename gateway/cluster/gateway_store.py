@@ -190,7 +190,11 @@ class GatewayStore:
         self._min[queue] = result.min_offset
         if self._max.get(queue, -1) < result.max_offset:
             self._max[queue] = result.max_offset
-        if self.answers is not None and (result.status is not GetStatus.NO_NEW_MESSAGE or offset != result.max_offset):
+        # an answer worth holding for its reader: messages, or where to go instead (an offset
+        # error, a filtered scan's next offset); an empty answer at the queue's end (nothing
+        # new, or a queue never written) says nothing the end does not, and held it stood for
+        # the queue after messages came (a session back on a topic not yet written missed them)
+        if self.answers is not None and (result.messages or offset != result.max_offset):
             self.answers.offer(queue, offset, result)
         self.notify.publish({queue: self._max.get(queue, result.max_offset)})
 
