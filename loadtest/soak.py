@@ -8,9 +8,10 @@ soak/q1/+ that acknowledges every delivery), MQTT QoS 0 PUBLISHes (one publisher
 subscriber of soak/q0/+), and AMQP publishes with publisher confirms to a durable queue that
 an AMQP consumer (prefetch 1,000, manual acks) drains; 64-byte bodies. Once a minute one line
 gives the gateway's memory from /proc/PID/smaps_rollup (Rss, and Anonymous: its heaps, not the
-file-backed commitlog pages it maps) and RocksDB's write buffers (``tidemq_store_memtable_bytes``):
+file-backed commitlog pages it maps), RocksDB's write buffers and block cache, and the queue cache
+(``tidemq_store_memtable_bytes``, ``tidemq_store_block_cache_bytes``, ``tidemq_queue_cache_bytes``):
 
-    soak minute=... rss_mb=... anon_mb=... memtable_mb=... fds=... qos1=... qos0=... amqp=...
+    soak minute=... rss_mb=... anon_mb=... memtable_mb=... block_cache_mb=... queue_cache_mb=... fds=... qos1=... qos0=... amqp=...
 
 (each count is published/received), and at the end:
 
@@ -188,9 +189,12 @@ async def soak(minutes: int, qos1_rate: float, qos0_rate: float, amqp_rate: floa
                 if task.done() and task.exception():
                     raise task.exception()  # type: ignore[misc]
             rss, anon = memory_mb(broker.pid)
-            (memtables,) = await asyncio.to_thread(gauges, metrics_port, "tidemq_store_memtable_bytes")
+            memtables, blocks, queue_cache = await asyncio.to_thread(
+                gauges, metrics_port, "tidemq_store_memtable_bytes", "tidemq_store_block_cache_bytes",
+                "tidemq_queue_cache_bytes")
             samples.append((minute, rss, anon))
             print(f"soak minute={minute} rss_mb={rss:.1f} anon_mb={anon:.1f} memtable_mb={memtables / 2**20:.1f} "
+                  f"block_cache_mb={blocks / 2**20:.1f} queue_cache_mb={queue_cache / 2**20:.1f} "
                   f"fds={proc.num_fds()} qos1={qos1} qos0={qos0} amqp={amqp}", flush=True)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -14,7 +14,9 @@ import ctypes
 import functools
 import logging
 
-from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
+from collections.abc import Iterable
+
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBufferManager
 
 log = logging.getLogger("tidemq.store.rocks")
 
@@ -56,6 +58,18 @@ def fix_mmap_threshold() -> bool:
     if not done:
         log.warning("could not fix the malloc mmap threshold bytes=%d", MMAP_THRESHOLD_BYTES)
     return done
+
+
+def property_sum(dbs: Iterable[Rdict], name: str) -> int:
+    """The sum of an integer property (``rocksdb.cur-size-all-mem-tables``, ...) over ``dbs``;
+    a closed database, or one without the property, counts 0."""
+    total = 0
+    for db in dbs:
+        try:
+            total += db.property_int_value(name) or 0
+        except Exception:  # (rocksdict raises its own error for a closed database)
+            pass
+    return total
 
 
 def release_free_memory() -> bool:

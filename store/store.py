@@ -47,7 +47,7 @@ from .offsets import ConsumerOffsets
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy, clean_index_below
-from .rocks import RocksMemory, release_free_memory
+from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
@@ -226,13 +226,13 @@ class MessageStore:
     def memtable_bytes(self) -> int:
         """Memory RocksDB holds in write buffers (index and metadata): it grows until a buffer
         is flushed, so a process's memory saw-tooths with it; bounded by their configuration."""
-        total = 0
-        for db in (self.index.db, self.meta.db):
-            try:
-                total += db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-            except Exception:  # a closed database, or no such property: nothing to count
-                pass
-        return total
+        return property_sum((self.index.db, self.meta.db), "rocksdb.cur-size-all-mem-tables")
+
+    @property
+    def block_cache_bytes(self) -> int:
+        """What RocksDB's block cache holds (one cache for index and meta): data, index and
+        filter blocks, within ``rocksdb_cache_bytes`` but for the pinned level-0 ones."""
+        return property_sum((self.index.db,), "rocksdb.block-cache-usage")
 
     @property
     def dispatch_lag_bytes(self) -> int:

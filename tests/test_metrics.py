@@ -82,6 +82,8 @@ async def test_metrics_follow_traffic_of_every_protocol(data_dir: Path) -> None:
         assert value(after, "tidemq_queues") >= 3
         assert value(after, "tidemq_notify_events_total") > value(before, "tidemq_notify_events_total")
         assert value(after, "tidemq_commitlog_bytes") > 0
+        assert value(after, "tidemq_store_memtable_bytes") > 0  # (the puts above are in them)
+        assert value(after, "tidemq_store_block_cache_bytes") >= 0
         await conn.close()
         await pub.disconnect()
         await sub.disconnect()

@@ -123,6 +123,8 @@ class GatewayCollector:
         yield GaugeMetricFamily("tidemq_queues", "Store queues created", value=store.queue_count)
         yield GaugeMetricFamily("tidemq_store_memtable_bytes", "Memory in RocksDB write buffers (index, metadata)",
                                 value=store.memtable_bytes)
+        yield GaugeMetricFamily("tidemq_store_block_cache_bytes", "Memory in RocksDB's block cache (index, metadata)",
+                                value=store.block_cache_bytes)
         yield CounterMetricFamily("tidemq_notify_events", "Notify events (queue has new data) sent to gateways",
                                   value=store.notify.events_published)
         yield GaugeMetricFamily("tidemq_event_loop_lag_seconds", "How late the event loop last ran a 0.5 s timer",
