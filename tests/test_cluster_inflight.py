@@ -14,9 +14,9 @@ import pytest
 from gateway.cluster.store_service import StoreService
 from gateway.mqtt.session import SESSIONS_TABLE
 from gateway.remoting.requests import Pending
+from protocols.mqtt.packets import MQTT_3_1_1, Connect, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
-from protocols.mqtt.packets import MQTT_3_1_1, Connect, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription
 
 from .mqtt_support import PahoClient, RawClient, mqtt_port
 from .test_cluster_mqtt import cluster

@@ -28,7 +28,6 @@ from protocols.mqtt.packets import MQTT_3_1_1, MQTT_5, Connect, Publish
 from .crash_support import free_port, kill9, seeded_random, start_gateway, stop
 from .mqtt_support import PahoClient
 
-
 LOAD = 3000  # messages per crash run
 
 

@@ -140,9 +140,11 @@ class SessionSaves:
             self._unanswered = {c: n for c, n in self._unanswered.items() if n > self._durable}
         if not self._held:
             return
+        # (an output's abort closes it, which writes the sessions again: what it changes of
+        # ``_held`` meanwhile is seen through ``pop``)
         for output, held in list(self._held.items()):
             if not ok and any(n == number for n, _ in held):
-                del self._held[output]  # what it sent on that state must not leave: the client retries
+                self._held.pop(output, None)  # what it sent on that state must not leave: the client retries
                 output.abort()
                 continue
             ready = 0
@@ -151,8 +153,7 @@ class SessionSaves:
             if ready:
                 output.write_now(b"".join(data for _, data in held[:ready]))
                 del held[:ready]
-            if not held:
-                del self._held[output]
+            if not held and self._held.pop(output, None) is not None:
                 output.released()
 
     # -- the output that waits -------------------------------------------------------------------
