@@ -12,7 +12,7 @@ both implementations, and the local one answers at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,6 +89,13 @@ class SessionRepository(Protocol):
         ...
 
     def put(self, client_id: str, raw: bytes) -> None: ...
+
+    def save(self, sessions: Sequence[tuple[str, bytes]]) -> Awaitable[None] | None:
+        """Write sessions -- (client id, stored form) -- in one go, ahead of anything written
+        after them: None when they are durable on return (a local store), else an awaitable
+        that resolves once they are (the store node answered; StoreError when it did not).
+        What a client was sent waits for this (gateway/mqtt/session_saves.py)."""
+        ...
 
     def delete(self, client_id: str) -> None: ...
 

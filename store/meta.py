@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
@@ -87,6 +87,13 @@ class KvTable:
 
     def put(self, key: str, value: bytes) -> None:
         self._db.put(self._prefix + key.encode(), bytes(value))
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Several puts in one write (one WAL record: all or none after a crash)."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in items:
+            batch.put(self._prefix + key.encode(), bytes(value))
+        self._db.write(batch)
 
     def delete(self, key: str) -> None:
         self._db.delete(self._prefix + key.encode())

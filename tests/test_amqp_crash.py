@@ -11,10 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import aio_pika
+import pika
 import pytest
 
-from .crash_support import free_port, kill9, seeded_random, start_gateway
-from .test_amqp_guarantees import drain
+from .crash_support import free_port, kill9, seeded_random, start_gateway, stop
+from .test_amqp_guarantees import blocking, drain
 
 PUBLISHERS = 4
 QUEUE_EVERY = 150  # a publisher declares a new queue every this many messages
@@ -106,3 +107,46 @@ async def test_the_first_confirm_on_a_queue_declared_a_moment_before_survives_ki
         assert await asyncio.to_thread(drain, url, "fresh") == [b"first"]
     finally:
         kill9(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", ["kill -9", "stop"])
+async def test_a_message_delivered_before_a_restart_comes_back_marked_redelivered(tmp_path: Path, end: str) -> None:
+    """Messages a consumer got and did not acknowledge before the gateway went (``kill -9`` or a
+    graceful stop) are delivered again after the restart with ``redelivered`` set -- the hint
+    a consumer has that it may have seen them (AMQP 0-9-1 basic.deliver), as RabbitMQ sets it;
+    after a graceful stop the ones it never got come without it."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_gateway(data_dir, amqp_port=port)
+    try:
+        conn = await asyncio.to_thread(blocking, url)
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("seen", durable=True)
+        for i in range(6):
+            channel.basic_publish("", "seen", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        for _ in range(3):  # taken, not acknowledged
+            method, _, body = channel.basic_get("seen", auto_ack=False)
+            assert method is not None and not method.redelivered
+    finally:
+        if end == "stop":
+            stop(proc)
+        kill9(proc)
+    proc = start_gateway(data_dir, amqp_port=port)
+    try:
+        conn = await asyncio.to_thread(blocking, url)
+        channel = conn.channel()
+        got = []
+        for _ in range(6):
+            method, _, body = channel.basic_get("seen", auto_ack=True)
+            assert method is not None
+            got.append((int(body), method.redelivered))
+        conn.close()
+        assert [number for number, _ in got] == list(range(6))
+        assert [flag for _, flag in got[:3]] == [True] * 3
+        if end == "stop":  # (after a crash, what was not delivered may carry the hint too)
+            assert [flag for _, flag in got[3:]] == [False] * 3
+    finally:
+        stop(proc)

@@ -16,7 +16,14 @@ from protocols.mqtt.packets import (
     Disconnect,
     PingReq,
     PingResp,
+    PubAck,
+    PubComp,
     Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
     Will,
 )
 from protocols.mqtt.properties import Properties
@@ -276,3 +283,38 @@ async def test_sys_topics(data_dir: Path) -> None:
         await everything.nothing_more(0.2)
         await watcher.disconnect()
         await everything.disconnect()
+
+
+async def test_a_completed_qos2_delivery_behind_an_unacknowledged_one_is_not_repeated_after_a_restart(
+        data_dir: Path) -> None:
+    """A QoS 2 subscription gets a QoS 1 message it does not acknowledge, then a QoS 2 message
+    whose exchange it completes. After a restart (the session as stored) the QoS 1 message comes
+    again (at least once), the completed QoS 2 one never does: the stored session knows what was
+    settled behind its oldest unsettled delivery, not only where that is."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        device, _ = await RawClient.connected(port, Connect("mixed", MQTT_3_1_1, clean_start=False))
+        device.send(Subscribe(1, [Subscription("mixed/t", 2)]))
+        assert isinstance(await device.recv(), SubAck)
+        sender = PahoClient(port, "mixed-sender")
+        await sender.connect()
+        await sender.publish("mixed/t", "q1", 1)
+        await sender.publish("mixed/t", "q2", 2)
+        first, second = await device.recv(), await device.recv()
+        assert (first.payload, first.qos, second.payload, second.qos) == (b"q1", 1, b"q2", 2)
+        device.send(PubRec(second.packet_id))  # (no PUBACK for the first)
+        assert await device.recv() == PubRel(second.packet_id)
+        device.send(PubComp(second.packet_id))
+        await asyncio.sleep(0.2)
+        await sender.disconnect()
+        await device.close()
+    async with running_gateway(data_dir) as gw:
+        device, connack = await RawClient.connected(mqtt_port(gw), Connect("mixed", MQTT_3_1_1, clean_start=False))
+        assert connack.session_present
+        again = await device.recv()
+        assert (again.payload, again.qos) == (b"q1", 1)
+        device.send(PubAck(again.packet_id))
+        with pytest.raises(asyncio.TimeoutError):
+            packet = await device.recv(timeout=0.5)
+            raise AssertionError(f"delivered again: {packet}")
+        await device.close()

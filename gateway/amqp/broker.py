@@ -145,7 +145,7 @@ class AMQPBroker:
             conn.shutdown()
         await cancel_and_wait(self._tasks)
         for queue in self.queues.values():
-            queue.save()
+            queue.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if not store_queue_name.startswith(AMQP_QUEUE_PREFIX):
@@ -274,7 +274,7 @@ class AMQPBroker:
         start = group_start(self.store, f"amqp:{definition.name}", name, resume=restored, unsaved_at_oldest=True)
         if not restored:
             self.cache.drop(name)
-        queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner)
+        queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner, restored=restored)
         return queue
 
     def queue_for(self, channel: ClientChannel, name: str, method: Any) -> QueueRuntime:

@@ -6,6 +6,12 @@ deliveries) that go out again first with ``redelivered`` set. Its committed offs
 oldest message nobody has settled -- is a consumer offset in the store (``amqp:{queue}``),
 written through when the queue is created, so a restart redelivers exactly what was not
 acknowledged (and, after a crash, what was acknowledged since the last offset checkpoint).
+
+What was handed out before a restart comes back with ``redelivered`` set, as RabbitMQ does: the
+offset below which messages may have been delivered is written ahead of the deliveries, in steps
+of ``DELIVERED_STEP`` (one write per step, not per message); a graceful stop writes it exactly,
+so after a crash up to a step of messages never delivered may carry the flag too (a hint
+either way: "this message may have been delivered before").
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from .model import QueueDefinition
 log = logging.getLogger("tidemq.amqp")
 
 PULL_BATCH = 64
+DELIVERED_TABLE = "amqp.delivered"  # queue name -> the offset below which messages may have been handed out
+DELIVERED_STEP = 256  # the mark is written this far ahead of the deliveries
 FLUSH_EVERY = 16  # deliveries written to the socket together while a pump goes on
 
 
@@ -79,7 +87,7 @@ class Ready:
 
 class QueueRuntime:
     def __init__(self, broker: QueueHost, definition: QueueDefinition, start_offset: int,
-                 owner: object | None = None) -> None:
+                 owner: object | None = None, *, restored: bool = False) -> None:
         self.broker = broker
         self.definition = definition
         self.name = definition.name
@@ -89,6 +97,13 @@ class QueueRuntime:
         self.group: ConsumerGroup[Consumer] = ConsumerGroup(broker.store, self.consumer_name, self.store_queue,
                                                             start_offset)
         self._ahead: deque[StoredMessage] = deque()  # read ahead from the store, from the cursor on
+        # handed out before this run (redelivered), and how far handing out may go before the
+        # mark is written further; an earlier queue's mark of the same name is not a new one's
+        self._marks = broker.store.table(DELIVERED_TABLE)
+        raw = self._marks.get(definition.name) if restored else None
+        if raw is None and not restored:
+            self._marks.delete(definition.name)
+        self._seen_below = self._mark = int(raw) if raw else 0
         self.owner = owner  # the connection of an exclusive queue
         self.last_used = time.monotonic()
         self.deleted = False
@@ -179,12 +194,25 @@ class QueueRuntime:
                 cursor.next_offset = message.queue_offset + 1
                 self.broker.dead_letter(self, message, "expired")
                 continue
+            seen = message.queue_offset < self._seen_below
             if peek_only:
-                return Ready(message, False)
+                return Ready(message, seen)
+            if message.queue_offset >= self._mark:  # written ahead of the delivery's bytes
+                self._write_mark(message.queue_offset + DELIVERED_STEP)
             ahead.popleft()
             cursor.next_offset = message.queue_offset + 1
             group.handed_out(message)
-            return Ready(message, False)
+            return Ready(message, seen)
+
+    def _write_mark(self, offset: int) -> None:
+        self._mark = offset
+        self._marks.put(self.name, str(offset).encode())
+
+    def close(self) -> None:
+        """The node stops: the committed offset, and the exact delivered mark (nothing handed out
+        from here on)."""
+        self.save()
+        self._write_mark(self.group.cursor.next_offset)
 
     def expire_head(self) -> None:
         """Dead-letter the expired messages at the head (take() does it on its way)."""

@@ -153,6 +153,12 @@ class ClusterSessions:
     def put(self, client_id: str, raw: bytes) -> None:
         self.table.put(client_id, raw)
 
+    def save(self, sessions: Sequence[tuple[str, bytes]]) -> Coroutine[Any, Any, None]:
+        """Sent now, in order on the link; done once the store node has written every one (its
+        table's writes go through its WAL before it answers)."""
+        remote = self.store.remote
+        return _all([remote.kv_put_sent(SESSIONS_TABLE, client_id, raw) for client_id, raw in sessions])
+
     def delete(self, client_id: str) -> None:
         self.table.delete(client_id)
 
@@ -165,6 +171,13 @@ class ClusterSessions:
                 if self._going.get(client_id) is done:
                     del self._going[client_id]
             task.add_done_callback(gone)
+
+
+async def _all(answers: list[Coroutine[Any, Any, None]]) -> None:
+    """Await every one (none is left unawaited); raise the first failure."""
+    for result in await asyncio.gather(*answers, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 class ClusterReads:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
 
 from .store_link import (
     StoreCode,
@@ -27,7 +28,7 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand
 from store import GetResult, Message, PutResult, StoredMessage, StoreError
 
-from .link import Link
+from .link import DEFAULT_TIMEOUT_S, Link
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -145,6 +146,11 @@ class RemoteStore:
     async def kv_put(self, table: str, key: str, value: bytes) -> None:
         _check(await self._call(StoreCode.KV_PUT, {"table": table, "key": key}, value))
 
+    def kv_put_sent(self, table: str, key: str, value: bytes) -> Coroutine[Any, Any, None]:
+        """``kv_put`` sent now -- ahead of whatever is sent after it on the link, one-way requests
+        included -- and awaited later: the coroutine returns once the store node wrote it."""
+        return self._answer(self.link.request(StoreCode.KV_PUT, {"table": table, "key": key}, value))
+
     def kv_put_nowait(self, table: str, key: str, value: bytes) -> None:
         """Sent in order with everything else on the link; not answered."""
         self._oneway(StoreCode.KV_PUT, {"table": table, "key": key}, value)
@@ -218,6 +224,13 @@ class RemoteStore:
             self.link.oneway(code, ext_fields, body)
         except ConnectionError:
             log.warning("store node unreachable, one-way request dropped code=%d", code)
+
+    async def _answer(self, sent: asyncio.Future[RemotingCommand]) -> None:
+        try:
+            _check(await asyncio.wait_for(asyncio.shield(sent), DEFAULT_TIMEOUT_S))
+        except (ConnectionError, TimeoutError) as exc:
+            sent.cancel()
+            raise RemoteStoreError(f"store node not reachable: {exc}") from None
 
     async def _call(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
         try:

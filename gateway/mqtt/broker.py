@@ -27,6 +27,7 @@ from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
 from .roles import Client, Reader
 from .session import Session
+from .session_saves import SessionSaves
 from .settings import MQTTSettings
 from .share_refusal import SharedRefusal
 from .shared import ShareGroup
@@ -64,10 +65,9 @@ class MQTTBroker:
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
         self.started_at = time.time()
-        self._dirty: set[str] = set()
-        self._flush_scheduled = False
-        self._progressed: set[str] = set()  # sessions whose read progress waits to be saved
-        self._progress_timer: asyncio.TimerHandle | None = None
+        # when sessions are written, and the output that waits for it (write-ahead)
+        self.saves = SessionSaves(self.stored_sessions, self.sessions, settings.progress_save_interval_s,
+                                  self._session_saved)
         self._woken: list[Reader] = []  # readers whose pump runs next (wake)
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
@@ -106,11 +106,7 @@ class MQTTBroker:
                 if session.disconnected_at is None:
                     session.disconnected_at = now
                 self.stored_sessions.put(session.client_id, session.to_json())
-        self._dirty.clear()
-        self._progressed.clear()
-        if self._progress_timer is not None:
-            self._progress_timer.cancel()
-            self._progress_timer = None
+        self.saves.stop()
 
     # -- sessions ------------------------------------------------------------------------------
     def restore_session(self, client_id: str, raw: bytes) -> Session | None:
@@ -161,46 +157,22 @@ class MQTTBroker:
         self.wildcards.release(topic_filter, session.client_id)
 
     def mark_dirty(self, session: Session) -> None:
-        """Persist the session soon (once per loop iteration, however many changes)."""
-        if not session.persistent:
-            return
-        self._dirty.add(session.client_id)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush_sessions)
+        """Write the session at the end of this turn; its connection's output waits for the write
+        (session_saves.py)."""
+        self.saves.mark_dirty(session)
 
     def mark_progress(self, session: Session) -> None:
-        """Persist the session's read progress (cursor offsets after deliveries and acks) within
-        ``progress_save_interval_s``: one write per session per interval, not per loop turn
-        (a fan-out to 1,000 persistent sessions would otherwise serialize and write each of
-        them per batch). Like RocketMQ's consumer offsets: after a crash the client gets again
-        what it read since the last save."""
-        if not session.persistent:
-            return
-        self._progressed.add(session.client_id)
-        if self._progress_timer is None:
-            self._progress_timer = asyncio.get_running_loop().call_later(
-                self.settings.progress_save_interval_s, self._flush_progress)
-
-    def _flush_progress(self) -> None:
-        self._progress_timer = None
-        self._dirty |= self._progressed
-        self._progressed = set()
-        self.flush_sessions()
+        """Write the session's read progress within ``progress_save_interval_s`` (session_saves.py)."""
+        self.saves.mark_progress(session)
 
     def flush_sessions(self) -> None:
-        """Write the sessions changed since the last flush (the whole session: its read progress too)."""
-        self._flush_scheduled = False
-        dirty, self._dirty = self._dirty, set()
-        if self._progressed:
-            self._progressed -= dirty
-        for client_id in dirty:
-            session = self.sessions.get(client_id)
-            if session is not None and session.persistent:
-                self.stored_sessions.put(client_id, session.to_json())
-                if not self.stored_sessions.keeps_offline and client_id not in self.connections \
-                        and client_id not in self._pending_wills:
-                    del self.sessions[client_id]  # stored: whichever node its client comes back to loads it
+        """Write the sessions changed so far now (a client leaves: another node may load it next)."""
+        self.saves.flush()
+
+    def _session_saved(self, client_id: str) -> None:
+        if not self.stored_sessions.keeps_offline and client_id not in self.connections \
+                and client_id not in self._pending_wills:
+            self.sessions.pop(client_id, None)  # stored: whichever node its client comes back to loads it
 
     def end_session(self, session: Session) -> None:
         """Forget a session: its subscriptions, its wildcard references, its stored state."""
@@ -209,7 +181,7 @@ class MQTTBroker:
             self.release_filter(session, sub.topic_filter)
         session.subscriptions.clear()
         self.stored_sessions.delete(session.client_id)
-        self._dirty.discard(session.client_id)
+        self.saves.forget(session.client_id)
         handle = self._pending_wills.pop(session.client_id, None)
         if handle is not None:  # the session ends before the will delay: publish it now
             handle.cancel()

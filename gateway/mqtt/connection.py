@@ -183,6 +183,7 @@ class MQTTConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.broker.saves.drop(self)
         self.conn.closed()
         if self._timer is not None:
             self._timer.cancel()
@@ -217,13 +218,32 @@ class MQTTConnection(asyncio.Protocol):
         self.out.append(data)
 
     def flush(self) -> None:
+        """What was sent goes to the socket -- once the session's changes it depends on are
+        durable (the write-ahead rule: session_saves.py)."""
         if self.out and self.transport is not None and not self.closed:
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
-            self.broker.stats.bytes_sent += len(data)
-            self.transport.write(data)
+            self.broker.saves.write(self, data, self.client_id)
         else:
             self.out.clear()
+
+    def write_now(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.broker.stats.bytes_sent += len(data)
+            self.transport.write(data)
+
+    def released(self) -> None:
+        if self.closed and self.transport is not None:
+            self.transport.close()  # (it closed while its last bytes waited for its session's write)
+
+    def abort(self) -> None:
+        """Its session could not be written: what waited for that write never leaves."""
+        self.out.clear()
+        if self.closed:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._close()
 
     def send_packet(self, packet: Packet) -> None:
         if not self.closed:  # (what is sent after the close is dropped, as flush drops it)
@@ -231,10 +251,14 @@ class MQTTConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self.flush()
+        self._close()
+
+    def _close(self) -> None:
         if self.transport is not None and not self.closed:
             self.closed = True
             self.conn.closed()
-            self.transport.close()
+            if not self.broker.saves.holds(self):  # (else once what it holds is written: released)
+                self.transport.close()
             self.delivery.leave_gate()
             detach(self)
 

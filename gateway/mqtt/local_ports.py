@@ -37,6 +37,9 @@ class StoredSessions:
     def put(self, client_id: str, raw: bytes) -> None:
         self.table.put(client_id, raw)
 
+    def save(self, sessions: Sequence[tuple[str, bytes]]) -> None:
+        self.table.put_many(sessions)  # one write (one fsync in sync flush mode) for a turn's sessions
+
     def delete(self, client_id: str) -> None:
         self.table.delete(client_id)
 

@@ -92,8 +92,15 @@ class Session:
                 for s in self.subscriptions.values()
             ],
             "off": {q: c.committed for q, c in self.cursors.items()},
-            "q2out": [[i.packet_id, i.queue, i.offset, i.position, i.released]
-                      for i in self.inflight.values() if i.qos == 2 and i.share is None],
+            # where each cursor is, with what it handed out and nobody settled yet: what lies
+            # between the committed offset and ``next`` and is not inflight was settled (or
+            # skipped), and is not delivered again after a restart -- a completed QoS 2 message
+            # behind an unacknowledged one included
+            "next": {q: c.next_offset for q, c in self.cursors.items() if c.next_offset != c.committed},
+            # the QoS 1 and 2 PUBLISHes sent and not completely acknowledged, in the order sent:
+            # resent with their packet ids after a restart (MQTT 3.1.1 section 4.4)
+            "out": [[i.packet_id, i.queue, i.offset, i.position, i.qos, i.released]
+                    for i in self.inflight.values() if i.share is None],
             "q2in": sorted(self.awaiting_release),
             "pid": self.next_packet_id,
         }
@@ -106,15 +113,20 @@ class Session:
         for f, qos, nl, rap, rh, group, ident, queue in doc["subs"]:
             key = f if group is None else f"$share/{group}/{f}"
             session.subscriptions[key] = SubscriptionState(Subscription(f, qos, nl, rap, rh), queue, group, ident)
-        for queue, offset in doc["off"].items():
-            session.cursors[queue] = Cursor(queue, offset)
-        for pid, queue, offset, position, released in doc.get("q2out", []):
-            session.inflight[pid] = Inflight(pid, queue, offset, 2, position, released)
-            cursor = session.cursors.get(queue)
-            if cursor is not None and offset >= cursor.next_offset:
-                # the pull starts again at the committed offset and skips these: they are
-                # resent from the inflight table (PUBLISH with DUP, or PUBREL)
-                cursor.unacked[offset] = pid
+        committed = doc["off"]
+        nexts = doc.get("next", {})
+        for queue, offset in committed.items():
+            session.cursors[queue] = Cursor(queue, nexts.get(queue, offset))
+        out = doc["out"] if "out" in doc else [[*q2[:4], 2, q2[4]] for q2 in doc.get("q2out", [])]  # (before "out")
+        for pid, queue, offset, position, qos, released in out:
+            session.inflight[pid] = Inflight(pid, queue, offset, qos, position, released)
+        for entry in sorted(session.inflight.values(), key=lambda i: i.offset):  # (a cursor's unacked: oldest first)
+            cursor = session.cursors.get(entry.queue)
+            if cursor is not None and entry.offset >= committed[entry.queue]:
+                # resent from the inflight table (PUBLISH with DUP, or PUBREL), not pulled again;
+                # the pull goes on at ``next`` (a session stored before "next": at the committed
+                # offset, and skips these)
+                cursor.unacked[entry.offset] = entry.packet_id
         session.awaiting_release = set(doc.get("q2in", []))
         session.next_packet_id = doc.get("pid", 1)
         return session
