@@ -312,6 +312,9 @@ class MQTTBroker:
             self.reads.reading(queue)
         readers.add(reader)
 
+    def reader_count(self, queue: str) -> int:
+        return len(self.readers.get(queue, ()))
+
     def remove_reader(self, queue: str, conn: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is not None:

@@ -319,7 +319,9 @@ class Delivery:
         no_local = any(s.options.no_local for s in subs)
         unacked = cursor.unacked
         read_check = connection.read_check
-        deliveries = self.deliveries
+        # the memo saves a decoding per message for each further reader of the cached object;
+        # a queue read by this session alone (fan-in) has none, and would pay for the memo only
+        deliveries = self.deliveries if broker.reader_count(queue) > 1 else MessageDelivery.of
         for message in messages:
             offset = message.queue_offset
             if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
