@@ -65,15 +65,9 @@ class PublishTemplate:
     @classmethod
     def of(cls, topic: str, payload: bytes, qos: int, retain: bool, version: int,
            properties: Properties | None) -> PublishTemplate:
-        packet = Publish(topic, payload, qos, retain, packet_id=1 if qos else None,
-                         properties=properties if properties is not None else Properties())
-        data = encode(packet, version)
-        if not qos:
-            return cls(data, -1)
-        header = 2  # the first byte, then the remaining length's varint (its last byte < 0x80)
-        while data[header - 1] & 0x80:
-            header += 1
-        return cls(data, header + 2 + len(topic.encode("utf-8")))
+        head, packet_id_at = _publish_head(topic, qos, 0, properties, version)
+        header = fixed_header(0x30 | (qos << 1) | (1 if retain else 0), len(head) + len(payload))
+        return cls(header + head + payload, len(header) + packet_id_at if qos else -1)
 
     def render(self, packet_id: int | None, dup: bool = False) -> bytes:
         if self.packet_id_at < 0:
@@ -128,12 +122,21 @@ def _encode_connack(p: ConnAck, version: int) -> tuple[int, bytes]:
 
 def _encode_publish(p: Publish, version: int) -> tuple[int, bytes]:
     flags = (p.qos << 1) | (0x08 if p.dup else 0) | (0x01 if p.retain else 0)
-    head = encode_string(p.topic)
-    if p.qos:
-        if not p.packet_id:
-            raise ValueError("a QoS 1/2 PUBLISH needs a packet id")
-        head += _U16.pack(p.packet_id)
-    return flags, head + _props(p.properties, version) + p.payload
+    if p.qos and not p.packet_id:
+        raise ValueError("a QoS 1/2 PUBLISH needs a packet id")
+    return flags, _publish_head(p.topic, p.qos, p.packet_id or 0, p.properties, version)[0] + p.payload
+
+
+def _publish_head(topic: str, qos: int, packet_id: int, properties: Properties | None,
+                  version: int) -> tuple[bytes, int]:
+    """A PUBLISH's variable header, and where in it the packet id is (QoS 1/2)."""
+    head = encode_string(topic)
+    packet_id_at = len(head)
+    if qos:
+        head += _U16.pack(packet_id)
+    if version == MQTT_5:
+        head += encode_property_block(properties) if properties is not None else b"\x00"
+    return head, packet_id_at
 
 
 def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> tuple[int, bytes]:
