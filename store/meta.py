@@ -15,6 +15,7 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from .rocks import META_SHARE, RocksMemory
 
+_NO_SYNC = WriteOptions()  # (sync off: the WAL is written, not fsynced)
 OFFSET_PREFIX = b"o"
 TABLE_PREFIX = b"t"
 SEP = b"\x00"
@@ -87,6 +88,12 @@ class KvTable:
 
     def put(self, key: str, value: bytes) -> None:
         self._db.put(self._prefix + key.encode(), bytes(value))
+
+    def put_hint(self, key: str, value: bytes) -> None:
+        """``put`` without waiting for the disk, whatever the flush mode: in the WAL, so it
+        survives a crash of the process, not always one of the machine. For what only hints (an
+        AMQP queue's delivered mark): in ``sync`` mode a put is an fsync on the caller's thread."""
+        self._db.put(self._prefix + key.encode(), bytes(value), _NO_SYNC)
 
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Several puts in one write (one WAL record: all or none after a crash)."""
