@@ -279,13 +279,27 @@ QOS2_BACKLOG = 300
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
 async def test_a_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_path: Path, version: int) -> None:
+    await _qos2_exchange_killed(tmp_path, version, "exact/#")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+async def test_a_shared_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_path: Path, version: int) -> None:
+    """The same through a shared subscription: the member's session keeps its shared QoS 2
+    exchanges (written before the PUBLISH or PUBREL leaves) and what it completed; the group
+    after the restart hands out neither again (it started again at its checkpointed offset and
+    repeated every message completed since, before the fix)."""
+    await _qos2_exchange_killed(tmp_path, version, "$share/workers/exact/#")
+
+
+async def _qos2_exchange_killed(tmp_path: Path, version: int, topic_filter: str) -> None:
     """A persistent QoS 2 subscriber (paho, which hands a QoS 2 message to the application at
     PUBREL and then forgets its packet id) takes a backlog while publishers load the gateway;
     the gateway is killed as paho delivers the k-th message, before its PUBCOMP is sent. After
     the restart the same paho client reconnects: every message reaches it exactly once. A
     PUBREL (or PUBLISH) on the wire ahead of the session state that makes its retransmission
     recognisable (the QoS 2 record: packet id, offset, released) brings the message again."""
-    rng = seeded_random(f"mqtt {version} qos 2 exchange kill")
+    rng = seeded_random(f"mqtt {version} qos 2 exchange kill" + ("" if topic_filter == "exact/#" else " shared"))
     data_dir, port = tmp_path / "data", free_port()
     session = {"clean": False} if version == MQTT_3_1_1 else {"clean": False, "session_expiry": 3600}
     proc = start_gateway(data_dir, mqtt_port=port)
@@ -295,7 +309,7 @@ async def test_a_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_
     flood = None
     try:
         await device.connect()
-        await device.subscribe("exact/#", 2)
+        await device.subscribe(topic_filter, 2)
         await device.disconnect()
         producer = PahoClient(port, "exact-producer")
         await producer.connect()
