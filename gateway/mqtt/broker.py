@@ -175,7 +175,9 @@ class MQTTBroker:
             self.sessions.pop(client_id, None)  # stored: whichever node its client comes back to loads it
 
     def end_session(self, session: Session) -> None:
-        """Forget a session: its subscriptions, its wildcard references, its stored state."""
+        """Forget a session: its shared deliveries, its subscriptions, its wildcard references,
+        its stored state."""
+        self.end_shared(session)
         self.sessions.pop(session.client_id, None)
         for sub in session.subscriptions.values():
             self.release_filter(session, sub.topic_filter)
@@ -283,8 +285,18 @@ class MQTTBroker:
         found = self.share_groups.get(key)
         if found is None:
             start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)
-            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
+            # (what the sessions hold of it past ``start``: a restart's, or nothing)
+            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start, self.sessions.values())
         return found
+
+    def end_shared(self, session: Session) -> None:
+        """``session`` ends with shared deliveries of its own (kept while its client was away:
+        QoS 2 ones whose PUBREC came, or what a restart gave back to it): what its groups still
+        count as its own goes to another member (``ShareGroup.session_ended``)."""
+        for inflight in list(session.inflight.values()):
+            state = session.subscriptions.get(inflight.share) if inflight.share is not None else None
+            if state is not None and state.share_group is not None and not inflight.released:
+                self.share_group(state.share_group, state.topic_filter).session_ended(session, inflight)
 
     def join_share(self, key: str, conn: Client) -> None:
         state = conn.delivery.shared_subscription(key)
