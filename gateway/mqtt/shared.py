@@ -74,7 +74,9 @@ class ShareGroup(ConsumerGroup[Member]):
         commitlog position) pairs -- goes to another."""
         if self.members.get(conn.client_id) is conn:
             del self.members[conn.client_id]
-        self.hand_back(unacked)
+        # (only what the group counts as the member's: a delivery restored with its session that
+        # the group had settled before a crash -- the session's write lost -- goes to nobody)
+        self.hand_back([pair for pair in unacked if self.cursor.unacked.get(pair[0]) == conn.client_id])
 
     def hand_back(self, unacked: list[tuple[int, int]]) -> None:
         """``unacked`` goes to another member. A message not at hand (a gateway node) is read
