@@ -61,6 +61,8 @@ class MQTTBroker:
         self.connections: dict[str, Client] = {}
         self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
+        # restored sessions holding shared deliveries, by group, until the group is made again
+        self._restored_shares: dict[str, list[Session]] = {}
         self.shared_refusal = SharedRefusal(ports.shared_refusal)
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
@@ -86,6 +88,8 @@ class MQTTBroker:
             if session is not None:
                 for sub in session.subscriptions.values():
                     self.hold_filter(session, sub.topic_filter)
+                for key in session.shares_held():
+                    self._restored_shares.setdefault(key, []).append(session)
         self.retained.load()
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
@@ -285,8 +289,8 @@ class MQTTBroker:
         found = self.share_groups.get(key)
         if found is None:
             start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)
-            # (what the sessions hold of it past ``start``: a restart's, or nothing)
-            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start, self.sessions.values())
+            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start,
+                                                        self._restored_shares.pop(key, ()))
         return found
 
     def end_shared(self, session: Session) -> None:

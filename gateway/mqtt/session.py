@@ -83,6 +83,10 @@ class Session:
     def queues_read(self) -> set[str]:
         return {s.queue for s in self.subscriptions.values() if s.share_group is None}
 
+    def shares_held(self) -> set[str]:
+        """The shared subscriptions of which it holds deliveries, or QoS 2 ones received."""
+        return {i.share for i in self.inflight.values() if i.share is not None} | self.shared_done.keys()
+
     # -- persistence ---------------------------------------------------------------------------
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
