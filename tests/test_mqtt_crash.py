@@ -397,3 +397,48 @@ async def test_a_member_gets_its_unfinished_shared_deliveries_again_with_their_p
         await member.disconnect()
     finally:
         stop(proc)
+
+
+@pytest.mark.slow
+async def test_shared_deliveries_a_restart_kept_for_a_member_go_to_another_when_its_session_ends(
+        tmp_path: Path) -> None:
+    """What a restart gives back to a member's session (QoS 1 deliveries it had not acknowledged)
+    is its own while the session lasts; when the member comes back with a clean session, the
+    group hands it to another member, once."""
+    data_dir, port = tmp_path / "data", free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    got: list[int] = []
+    holder = PahoClient(port, "holder", clean=False)
+    holder.client.manual_ack_set(True)
+    holder.client.on_message = lambda c, u, m: got.append(int(m.payload))
+    try:
+        await holder.connect()
+        await holder.subscribe("$share/g/kept/#", 1)
+        producer = PahoClient(port, "kept-producer")
+        await producer.connect()
+        for i in range(5):
+            await producer.publish("kept/a", str(i), 1)
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert got == list(range(5))
+        await asyncio.sleep(1.5)  # (the read progress interval is 1 s: the session is saved)
+        kill9(proc)
+        await asyncio.to_thread(holder.client.loop_stop)
+        await asyncio.to_thread(producer.client.loop_stop)
+    finally:
+        kill9(proc)
+    proc = start_gateway(data_dir, mqtt_port=port)
+    try:
+        other = PahoClient(port, "other", clean=False)
+        await other.connect()
+        await other.subscribe("$share/g/kept/#", 1)
+        await other.nothing_more(1.0)  # (the holder's, while its session lasts)
+        back = PahoClient(port, "holder", clean=True)
+        await back.connect()
+        assert sorted(int(m.payload) for m in await other.receive(5)) == list(range(5))
+        await other.nothing_more()
+        await back.disconnect()
+        await other.disconnect()
+    finally:
+        stop(proc)
