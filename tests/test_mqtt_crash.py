@@ -279,13 +279,27 @@ QOS2_BACKLOG = 300
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
 async def test_a_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_path: Path, version: int) -> None:
+    await _qos2_exchange_killed(tmp_path, version, "exact/#")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+async def test_a_shared_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_path: Path, version: int) -> None:
+    """The same through a shared subscription: the member's session keeps its shared QoS 2
+    exchanges (written before the PUBLISH or PUBREL leaves) and what it completed; the group
+    after the restart hands out neither again (it started again at its checkpointed offset and
+    repeated every message completed since, before the fix)."""
+    await _qos2_exchange_killed(tmp_path, version, "$share/workers/exact/#")
+
+
+async def _qos2_exchange_killed(tmp_path: Path, version: int, topic_filter: str) -> None:
     """A persistent QoS 2 subscriber (paho, which hands a QoS 2 message to the application at
     PUBREL and then forgets its packet id) takes a backlog while publishers load the gateway;
     the gateway is killed as paho delivers the k-th message, before its PUBCOMP is sent. After
     the restart the same paho client reconnects: every message reaches it exactly once. A
     PUBREL (or PUBLISH) on the wire ahead of the session state that makes its retransmission
     recognisable (the QoS 2 record: packet id, offset, released) brings the message again."""
-    rng = seeded_random(f"mqtt {version} qos 2 exchange kill")
+    rng = seeded_random(f"mqtt {version} qos 2 exchange kill" + ("" if topic_filter == "exact/#" else " shared"))
     data_dir, port = tmp_path / "data", free_port()
     session = {"clean": False} if version == MQTT_3_1_1 else {"clean": False, "session_expiry": 3600}
     proc = start_gateway(data_dir, mqtt_port=port)
@@ -295,7 +309,7 @@ async def test_a_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_
     flood = None
     try:
         await device.connect()
-        await device.subscribe("exact/#", 2)
+        await device.subscribe(topic_filter, 2)
         await device.disconnect()
         producer = PahoClient(port, "exact-producer")
         await producer.connect()
@@ -333,5 +347,98 @@ async def test_a_qos2_delivery_is_not_repeated_after_kill_9_in_its_exchange(tmp_
         assert not repeated, f"{len(repeated)} QoS 2 messages delivered twice, e.g. {repeated[:10]}"
         assert sorted(counts) == list(range(QOS2_BACKLOG))
         await device.disconnect()
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qos", [1, 2])
+async def test_a_member_gets_its_unfinished_shared_deliveries_again_with_their_packet_ids_after_kill_9(
+        tmp_path: Path, qos: int) -> None:
+    """A persistent member of a shared subscription (paho, acknowledging by hand) holds
+    deliveries unacknowledged when the gateway is killed: QoS 1 without PUBACK (its read
+    progress saved), QoS 2 delivered to the application at PUBREL, without PUBCOMP. After the
+    restart paho reconnects: the QoS 1 messages come again as retransmissions -- the same
+    packet ids, DUP -- and the QoS 2 ones only as PUBRELs, which paho's application does not
+    see; none comes as new (the group handed them all out again, new, before the fix: the
+    session did not keep its shared deliveries)."""
+    data_dir, port = tmp_path / "data", free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    got: list[tuple[int, bool, int]] = []  # (packet id, dup, number); list.append: atomic
+    member = PahoClient(port, "holder", clean=False)
+    member.client.manual_ack_set(True)
+    member.client.on_message = lambda c, u, m: got.append((m.mid, bool(m.dup), int(m.payload)))
+    try:
+        await member.connect()
+        await member.subscribe("$share/g/held/#", qos)
+        producer = PahoClient(port, "held-producer")
+        await producer.connect()
+        for i in range(5):
+            await producer.publish("held/a", str(i), qos)
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        first = list(got)
+        assert [n for _, _, n in first] == list(range(5)) and not any(dup for _, dup, _ in first)
+        await asyncio.sleep(1.5)  # (the read progress interval is 1 s: the session is saved)
+        member.client.reconnect_delay_set(0.2, 1)  # paho comes back to the restarted gateway
+        kill9(proc)
+        await asyncio.to_thread(producer.client.loop_stop)
+    finally:
+        kill9(proc)
+    got.clear()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    try:
+        deadline = time.monotonic() + 20
+        while (len(got) < 5 if qos == 1 else not member.client.is_connected()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # a quiet moment more: copies handed out as new come in it too
+        assert got == ([(mid, True, n) for mid, _, n in first] if qos == 1 else [])
+        await member.disconnect()
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+async def test_shared_deliveries_a_restart_kept_for_a_member_go_to_another_when_its_session_ends(
+        tmp_path: Path) -> None:
+    """What a restart gives back to a member's session (QoS 1 deliveries it had not acknowledged)
+    is its own while the session lasts; when the member comes back with a clean session, the
+    group hands it to another member, once."""
+    data_dir, port = tmp_path / "data", free_port()
+    proc = start_gateway(data_dir, mqtt_port=port)
+    got: list[int] = []
+    holder = PahoClient(port, "holder", clean=False)
+    holder.client.manual_ack_set(True)
+    holder.client.on_message = lambda c, u, m: got.append(int(m.payload))
+    try:
+        await holder.connect()
+        await holder.subscribe("$share/g/kept/#", 1)
+        producer = PahoClient(port, "kept-producer")
+        await producer.connect()
+        for i in range(5):
+            await producer.publish("kept/a", str(i), 1)
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert got == list(range(5))
+        await asyncio.sleep(1.5)  # (the read progress interval is 1 s: the session is saved)
+        kill9(proc)
+        await asyncio.to_thread(holder.client.loop_stop)
+        await asyncio.to_thread(producer.client.loop_stop)
+    finally:
+        kill9(proc)
+    proc = start_gateway(data_dir, mqtt_port=port)
+    try:
+        other = PahoClient(port, "other", clean=False)
+        await other.connect()
+        await other.subscribe("$share/g/kept/#", 1)
+        await other.nothing_more(1.0)  # (the holder's, while its session lasts)
+        back = PahoClient(port, "holder", clean=True)
+        await back.connect()
+        assert sorted(int(m.payload) for m in await other.receive(5)) == list(range(5))
+        await other.nothing_more()
+        await back.disconnect()
+        await other.disconnect()
     finally:
         stop(proc)

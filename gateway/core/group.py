@@ -60,6 +60,7 @@ class ConsumerGroup(Generic[Member]):
         self.members: dict[object, Member] = {}
         self._rotation = 0
         self._saved = start_offset
+        self._written: int | None = None  # the committed offset last written through (save durable)
 
     @property
     def queue(self) -> str:
@@ -85,7 +86,9 @@ class ConsumerGroup(Generic[Member]):
         committed = self.committed
         if durable:
             self._saved = committed
-            self.store.save_offset_now(self.consumer, self.queue, committed)
+            if committed != self._written:  # (the committed offset never goes back: written already)
+                self._written = committed
+                self.store.save_offset_now(self.consumer, self.queue, committed)
         elif committed != self._saved:
             self._saved = committed
             self.store.commit_offset_now(self.consumer, self.queue, committed)

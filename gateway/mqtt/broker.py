@@ -61,6 +61,8 @@ class MQTTBroker:
         self.connections: dict[str, Client] = {}
         self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
+        # restored sessions holding shared deliveries, by group, until the group is made again
+        self._restored_shares: dict[str, list[Session]] = {}
         self.shared_refusal = SharedRefusal(ports.shared_refusal)
         self.stats = ProtocolStats()
         self.limited_log = RateLimitedLog(log)  # failures that repeat per publish (a full disk)
@@ -86,6 +88,8 @@ class MQTTBroker:
             if session is not None:
                 for sub in session.subscriptions.values():
                     self.hold_filter(session, sub.topic_filter)
+                for key in session.shares_held():
+                    self._restored_shares.setdefault(key, []).append(session)
         self.retained.load()
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
@@ -175,7 +179,9 @@ class MQTTBroker:
             self.sessions.pop(client_id, None)  # stored: whichever node its client comes back to loads it
 
     def end_session(self, session: Session) -> None:
-        """Forget a session: its subscriptions, its wildcard references, its stored state."""
+        """Forget a session: its shared deliveries, its subscriptions, its wildcard references,
+        its stored state."""
+        self.end_shared(session)
         self.sessions.pop(session.client_id, None)
         for sub in session.subscriptions.values():
             self.release_filter(session, sub.topic_filter)
@@ -283,8 +289,18 @@ class MQTTBroker:
         found = self.share_groups.get(key)
         if found is None:
             start = group_start(self.store, key, queue_for_filter(topic_filter), resume=True)
-            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start)
+            found = self.share_groups[key] = ShareGroup(self, group, topic_filter, start,
+                                                        self._restored_shares.pop(key, ()))
         return found
+
+    def end_shared(self, session: Session) -> None:
+        """``session`` ends with shared deliveries of its own (kept while its client was away:
+        QoS 2 ones whose PUBREC came, or what a restart gave back to it): what its groups still
+        count as its own goes to another member (``ShareGroup.session_ended``)."""
+        for inflight in list(session.inflight.values()):
+            state = session.subscriptions.get(inflight.share) if inflight.share is not None else None
+            if state is not None and state.share_group is not None and not inflight.released:
+                self.share_group(state.share_group, state.topic_filter).session_ended(session, inflight)
 
     def join_share(self, key: str, conn: Client) -> None:
         state = conn.delivery.shared_subscription(key)

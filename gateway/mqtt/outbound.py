@@ -69,9 +69,8 @@ class Delivery:
         if inflight is None:
             return None
         if inflight.share is not None:
-            group = self.broker.share_groups.get(inflight.share)
-            if group is not None:
-                group.acked(inflight.offset)
+            if not inflight.released:  # (a released one was the member's at its PUBREC)
+                self._shared_settled(inflight, session)
         else:
             cursor = session.cursors.get(inflight.queue)
             if cursor is not None:
@@ -101,14 +100,26 @@ class Delivery:
     def on_pubrec(self, packet: PubRec) -> None:
         session = self.connection.session
         assert session is not None
+        inflight = session.inflight.get(packet.packet_id)
+        first = inflight is not None and not inflight.released
         answer = self.conn.pubrec(packet, session.inflight)
         if answer is PubRecAnswer.RELEASE:
+            if first and inflight.share is not None:  # type: ignore[union-attr]
+                self._shared_settled(inflight, session)  # type: ignore[arg-type]
             self.broker.mark_dirty(session)
             self.send_packet(PubRel(packet.packet_id))
         elif answer is PubRecAnswer.REFUSED:  # the client refused it: the exchange ends here
             self.settle(packet.packet_id)
         else:
             self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+
+    def _shared_settled(self, inflight: Inflight, session: Session) -> None:
+        """A shared delivery is the member's: acknowledged (QoS 1), or received (QoS 2: PUBREC,
+        after which no other member may get it, MQTT 5.0 section 4.8.2) -- its group is done
+        with it, and keeps a QoS 2 one from coming again (``ShareGroup.acked``)."""
+        group = self.broker.share_groups.get(inflight.share)  # type: ignore[arg-type]
+        if group is not None:
+            group.acked(inflight.offset, session if inflight.qos == 2 else None)
 
     async def inflight_messages(self) -> dict[int, StoredMessage | None]:
         """The messages of the session's unacknowledged PUBLISHes, by position, for
@@ -187,6 +198,10 @@ class Delivery:
         if packet_id is not None:
             session.inflight[packet_id] = Inflight(packet_id, message.queue, message.queue_offset, qos,
                                                    message.position, share=key)
+            if qos == 2:
+                self.broker.mark_dirty(session)  # the member's from now on: written before it leaves
+            else:
+                self.broker.mark_progress(session)
         return True
 
     def take_shared_inflight(self, key: str, session: Session | None = None) -> list[tuple[int, int]]:

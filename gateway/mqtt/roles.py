@@ -40,7 +40,7 @@ class Reader(Protocol):
 class Acks(Protocol):
     """A shared group (shared.py), told of its member's acknowledgements."""
 
-    def acked(self, offset: int) -> None: ...
+    def acked(self, offset: int, exchange_of: Session | None = None) -> None: ...
 
 
 class DeliveryHost(Protocol):

@@ -57,6 +57,9 @@ class Session:
     cursors: dict[str, Cursor] = field(default_factory=dict)  # by queue
     inflight: OrderedDict[int, Inflight] = field(default_factory=OrderedDict)  # by packet id
     awaiting_release: set[int] = field(default_factory=set)  # inbound QoS 2 ids before PUBREL
+    # by shared subscription ("$share/g/f"): offsets of QoS 2 exchanges completed here that its
+    # group's written offset has not passed yet (shared.py: not handed out again after a restart)
+    shared_done: dict[str, list[int]] = field(default_factory=dict)
     disconnected_at: float | None = None
     will: Will | None = None
     next_packet_id: int = 1
@@ -80,6 +83,10 @@ class Session:
     def queues_read(self) -> set[str]:
         return {s.queue for s in self.subscriptions.values() if s.share_group is None}
 
+    def shares_held(self) -> set[str]:
+        """The shared subscriptions of which it holds deliveries, or QoS 2 ones received."""
+        return {i.share for i in self.inflight.values() if i.share is not None} | self.shared_done.keys()
+
     # -- persistence ---------------------------------------------------------------------------
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
@@ -98,12 +105,15 @@ class Session:
             # behind an unacknowledged one included
             "next": {q: c.next_offset for q, c in self.cursors.items() if c.next_offset != c.committed},
             # the QoS 1 and 2 PUBLISHes sent and not completely acknowledged, in the order sent:
-            # resent with their packet ids after a restart (MQTT 3.1.1 section 4.4)
+            # resent with their packet ids after a restart (MQTT 3.1.1 section 4.4); a shared
+            # subscription's with its key (its group does not hand them out again: shared.py)
             "out": [[i.packet_id, i.queue, i.offset, i.position, i.qos, i.released]
-                    for i in self.inflight.values() if i.share is None],
+                    + ([] if i.share is None else [i.share]) for i in self.inflight.values()],
             "q2in": sorted(self.awaiting_release),
             "pid": self.next_packet_id,
         }
+        if self.shared_done:
+            doc["sdone"] = self.shared_done
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -118,10 +128,10 @@ class Session:
         for queue, offset in committed.items():
             session.cursors[queue] = Cursor(queue, nexts.get(queue, offset))
         out = doc["out"] if "out" in doc else [[*q2[:4], 2, q2[4]] for q2 in doc.get("q2out", [])]  # (before "out")
-        for pid, queue, offset, position, qos, released in out:
-            session.inflight[pid] = Inflight(pid, queue, offset, qos, position, released)
+        for pid, queue, offset, position, qos, released, *share in out:
+            session.inflight[pid] = Inflight(pid, queue, offset, qos, position, released, share[0] if share else None)
         for entry in sorted(session.inflight.values(), key=lambda i: i.offset):  # (a cursor's unacked: oldest first)
-            cursor = session.cursors.get(entry.queue)
+            cursor = session.cursors.get(entry.queue) if entry.share is None else None
             if cursor is not None and entry.offset >= committed[entry.queue]:
                 # resent from the inflight table (PUBLISH with DUP, or PUBREL), not pulled again;
                 # the pull goes on at ``next`` (a session stored before "next": at the committed
@@ -129,4 +139,5 @@ class Session:
                 cursor.unacked[entry.offset] = entry.packet_id
         session.awaiting_release = set(doc.get("q2in", []))
         session.next_packet_id = doc.get("pid", 1)
+        session.shared_done = doc.get("sdone", {})
         return session

@@ -5,13 +5,22 @@ messages back for another member.
 
 The group's committed offset (the oldest message not yet acknowledged by anyone) is a consumer
 offset in the store under the consumer name ``$share/{group}/{filter}``, written through when
-the group starts.
+the group starts and when a QoS 2 exchange of the group ends; later progress is checkpointed.
+What lies past it is recorded in the members' persistent sessions (session.py), under the
+write-ahead rule of session_saves.py: each QoS 1/2 delivery not acknowledged yet (in the
+session's ``out`` with the share key) and each QoS 2 exchange completed past the group's
+written offset (``shared_done``). A group made again after a restart restores both from the
+sessions: the first go back to their member with their packet ids (DUP, or PUBREL), the second
+are passed over -- neither is handed out as new, so a QoS 2 message completed, or whose PUBREC
+came, is never delivered twice; everything else past the offset is delivered again (QoS 1 is
+at least once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from store import PositionNotLoadedError, StoredMessage, StoreError
 
@@ -19,6 +28,7 @@ from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
 from .outbound import PULL_BATCH
 from .roles import GroupHost, Member
+from .session import Inflight, Session
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -28,7 +38,8 @@ class ShareGroup(ConsumerGroup[Member]):
     group's members (connections, by client id) and MQTT's choice of a member that can take a
     message now (its subscription's QoS, its send window, a socket that is not full)."""
 
-    def __init__(self, broker: GroupHost, group: str, topic_filter: str, start_offset: int) -> None:
+    def __init__(self, broker: GroupHost, group: str, topic_filter: str, start_offset: int,
+                 sessions: Iterable[Session] = ()) -> None:
         key = f"$share/{group}/{topic_filter}"
         super().__init__(broker.store, key, queue_for_filter(topic_filter), start_offset)
         self.broker = broker
@@ -36,6 +47,22 @@ class ShareGroup(ConsumerGroup[Member]):
         self.topic_filter = topic_filter
         self.key = key
         self._pump_scheduled = False
+        # offsets past the cursor that sessions hold (restored): not handed out from the cursor,
+        # whatever becomes of them meanwhile (settled, or given back: then from ``redeliver``)
+        self.passed: set[int] = set()
+        for session in sessions:
+            self._restore(session)
+
+    def _restore(self, session: Session) -> None:
+        """What ``session`` holds of this group past where it starts: its deliveries not
+        acknowledged stay its own (resent by its connection), its received QoS 2 are done."""
+        start = self.cursor.next_offset
+        for inflight in session.inflight.values():
+            if inflight.share == self.key and inflight.offset >= start:
+                self.passed.add(inflight.offset)
+                if not inflight.released:
+                    self.cursor.unacked[inflight.offset] = session.client_id
+        self.passed.update(offset for offset in session.shared_done.get(self.key, ()) if offset >= start)
 
     # -- membership ----------------------------------------------------------------------------
     def join(self, conn: Member) -> None:
@@ -44,10 +71,16 @@ class ShareGroup(ConsumerGroup[Member]):
 
     def leave(self, conn: Member, unacked: list[tuple[int, int]]) -> None:
         """A member went away (or unsubscribed); what it had not acknowledged -- (queue offset,
-        commitlog position) pairs -- goes to another. A message not at hand (a gateway node) is
-        read first; until then it counts as unacknowledged, so the committed offset waits."""
+        commitlog position) pairs -- goes to another."""
         if self.members.get(conn.client_id) is conn:
             del self.members[conn.client_id]
+        # (only what the group counts as the member's: a delivery restored with its session that
+        # the group had settled before a crash -- the session's write lost -- goes to nobody)
+        self.hand_back([pair for pair in unacked if self.cursor.unacked.get(pair[0]) == conn.client_id])
+
+    def hand_back(self, unacked: list[tuple[int, int]]) -> None:
+        """``unacked`` goes to another member. A message not at hand (a gateway node) is read
+        first; until then it counts as unacknowledged, so the committed offset waits."""
         store = self.broker.store
         found: dict[int, StoredMessage | None] = {}
         pending: list[tuple[int, int]] = []
@@ -85,10 +118,32 @@ class ShareGroup(ConsumerGroup[Member]):
         self.schedule_pump()
         self.save()
 
-    def acked(self, offset: int) -> None:
+    def acked(self, offset: int, exchange_of: Session | None = None) -> None:
+        """A member settled ``offset``; ``exchange_of``: the session that received it at QoS 2
+        (its PUBREC; a refusing one ends the exchange too). The group's offset is then written
+        through, and the session keeps ``offset`` while that offset is behind it (written with
+        the session, after this): a restart passes over it."""
         self.settled(offset)
-        self.save()
+        if exchange_of is None:
+            self.save()
+        else:
+            self.save(durable=True)
+            committed = self.committed
+            done = [o for o in exchange_of.shared_done.get(self.key, ()) if o >= committed and o != offset]
+            if offset >= committed:
+                done.append(offset)
+            if done:
+                exchange_of.shared_done[self.key] = done
+            else:
+                exchange_of.shared_done.pop(self.key, None)
         self.schedule_pump()
+
+    def session_ended(self, session: Session, inflight: Inflight) -> None:
+        """``session`` ended holding ``inflight`` of this group: not acknowledged, it goes to
+        another member (a QoS 2 one whose PUBREC came was settled then: it goes to nobody else)."""
+        if self.cursor.unacked.get(inflight.offset) == session.client_id:
+            self.hand_back([(inflight.offset, inflight.position)])
+        # (else settled already, or behind where the group started after a restart)
 
     # -- delivery ------------------------------------------------------------------------------
     def schedule_pump(self) -> None:
@@ -119,6 +174,11 @@ class ShareGroup(ConsumerGroup[Member]):
                     break
                 sent_all = True
                 for message in result.messages:
+                    offset = message.queue_offset
+                    if offset in self.passed:
+                        self.passed.discard(offset)
+                        cursor.next_offset = offset + 1
+                        continue
                     if not self._send(message, touched):
                         sent_all = False
                         break
