@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+import pyarrow as pa  # (the arrow extra, which the test extra installs)
+
 from store import Message, StoreWriteError
+from store import columns
 from store import commitlog as commitlog_module
 from store.commitlog import CommitLog
 from store.readonly import CommitLogReader
-
-columns = pytest.importorskip("store.columns")  # the arrow extra
-pa = pytest.importorskip("pyarrow")
 
 STEP = 64 << 10  # the map step the tests run with: small, so a few hundred KiB cross it often
 
