@@ -23,9 +23,23 @@ npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
 # the layer contracts in pyproject.toml ([tool.importlinter])
 .venv/bin/lint-imports
 
+# The suite runs twice: against the compiled build of the message path (the C extensions the
+# install built from the modules pyproject.toml lists under [tool.tidemq] compiled), then against
+# the same modules interpreted (TIDEMQ_PURE_PYTHON=1, gateway/native.py), the reference. The
+# differential tests (tests/test_native_*.py) compare the two builds within each run.
+# TIDEMQ_TEST_BUILDS=compiled (or interpreted) runs one of them only, for a quicker local run.
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
-if [ "$status" -eq 5 ]; then
-    echo "scripts/test.sh: pytest collected no tests; that is a failure" >&2
-fi
+for build in ${TIDEMQ_TEST_BUILDS:-compiled interpreted}; do
+    echo "scripts/test.sh: the suite against the $build build" >&2
+    run_status=0
+    if [ "$build" = interpreted ]; then
+        TIDEMQ_PURE_PYTHON=1 .venv/bin/python -m pytest "$@" || run_status=$?
+    else
+        TIDEMQ_PURE_PYTHON= .venv/bin/python -m pytest "$@" || run_status=$?
+    fi
+    if [ "$run_status" -eq 5 ]; then
+        echo "scripts/test.sh: pytest collected no tests ($build build); that is a failure" >&2
+    fi
+    [ "$run_status" -eq 0 ] || status=$run_status
+done
 exit "$status"

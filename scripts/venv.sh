@@ -1,13 +1,24 @@
 # Sourced by the other scripts: create ./.venv if needed and install the project into it,
 # with the extras named in $VENV_EXTRAS (e.g. "test"), or none.
 # pip runs only when something changed (it takes ~30 s and needs the network): a stamp file per
-# set of extras, .venv/.tidemq-installed-<extras>, holds the hash of the pyproject.toml it was
-# installed from. The install is editable, so changes to the code itself need no new install.
+# set of extras, .venv/.tidemq-installed-<extras>, holds the hash of what it was installed from.
+# The install is editable, so changes to interpreted code need no new install; the compiled
+# modules (setup.py) are built in place by it, so a change to one of them does.
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-_tidemq_hash=$(.venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' pyproject.toml)
+# The hash covers pyproject.toml, setup.py and the compiled modules' sources ([tool.tidemq]
+# compiled): the install builds their C extensions in place, so an edited one is built again.
+_tidemq_hash=$(.venv/bin/python - <<'PY'
+import hashlib, tomllib
+project = open("pyproject.toml", "rb").read()
+digest = hashlib.sha256(project + open("setup.py", "rb").read())
+for name in tomllib.loads(project.decode())["tool"]["tidemq"]["compiled"]:
+    digest.update(open(name.replace(".", "/") + ".py", "rb").read())
+print(digest.hexdigest())
+PY
+)
 _tidemq_stamp=".venv/.tidemq-installed-${VENV_EXTRAS:-base}"
 _tidemq_current=no
 if [ "$(cat "$_tidemq_stamp" 2>/dev/null)" = "$_tidemq_hash" ]; then

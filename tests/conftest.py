@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+import gateway  # noqa: F401  (first: it selects the compiled or interpreted build, gateway/native.py)
 from store import MessageStore, StoreOptions
 
 # Property tests check behaviour, not speed: no per-example deadline (a loaded 2-core CI

@@ -1,5 +1,5 @@
 """scripts/venv.sh, which serve.sh and test.sh source: pip runs on a fresh clone and when
-pyproject.toml changes, not on every start (a complete .venv works offline)."""
+pyproject.toml, setup.py or a compiled module's source changes, not on every start (a complete .venv works offline)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from .native_support import COMPILED, ROOT
 
 # stands in for python3 and .venv/bin/python: "-m venv" makes the venv, "-m pip" is logged
 FAKE_PYTHON = """#!/usr/bin/env bash
@@ -24,6 +24,16 @@ exec python3 "$@"
 """
 
 
+def copy_project_files(checkout: Path) -> None:
+    """What venv.sh reads: pyproject.toml, setup.py and the compiled modules' sources."""
+    shutil.copy(ROOT / "pyproject.toml", checkout / "pyproject.toml")
+    shutil.copy(ROOT / "setup.py", checkout / "setup.py")
+    for name in COMPILED:
+        source = Path(name.replace(".", "/") + ".py")
+        (checkout / source).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / source, checkout / source)
+
+
 def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tuple[int, list[str]]:
     log = checkout / "pip.log"
     log.unlink(missing_ok=True)
@@ -37,7 +47,7 @@ def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tu
 def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_project_files(tmp_path)
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -59,13 +69,19 @@ def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path)
     assert code != 0
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    assert source_venv(tmp_path, "test") == (0, [])
+    # an edited compiled module: the install builds its extension again
+    with (tmp_path / (COMPILED[0].replace(".", "/") + ".py")).open("a") as fh:
+        fh.write("\n# edited\n")
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
 
 
 def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     for name in ("venv.sh", "serve.sh"):
         shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_project_files(tmp_path)
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)

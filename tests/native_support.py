@@ -1,0 +1,62 @@
+"""Both builds of a compiled module in one process, for the differential tests: the C extension
+Cython built from it, and the same ``.py`` interpreted (the reference).
+
+Whichever build the process selected (``TIDEMQ_PURE_PYTHON``, gateway/native.py) is the one in
+``sys.modules``; the other is loaded beside it here, so the differential tests compare the two
+in either mode of the suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import tomllib
+from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader
+from pathlib import Path
+from types import ModuleType
+
+from gateway.native import is_compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILED: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["tidemq"]["compiled"]
+_INTERPRETED_ALIAS = "__interpreted"
+
+
+def _source(name: str) -> Path:
+    return ROOT / (name.replace(".", "/") + ".py")
+
+
+def compiled(name: str) -> ModuleType:
+    """The C extension of module ``name``; an error (a failed test) where none was built."""
+    module = importlib.import_module(name)
+    if is_compiled(module):
+        return module
+    # this process runs interpreted: load the extension under its own name, outside sys.modules
+    # (its PyInit_ symbol is named after the module, so it cannot be loaded under an alias)
+    path = next((p for s in EXTENSION_SUFFIXES if (p := _source(name).with_suffix(s)).exists()), None)
+    if path is None:
+        raise AssertionError(f"{name} has no compiled extension beside {_source(name)}: the build did not run")
+    loader = ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    extension = loader.create_module(spec)
+    loader.exec_module(extension)
+    return extension
+
+
+def interpreted(name: str) -> ModuleType:
+    """Module ``name`` run from its ``.py`` (its siblings are whatever build the process has)."""
+    module = importlib.import_module(name)
+    if not is_compiled(module):
+        return module
+    alias = name + _INTERPRETED_ALIAS
+    if alias in sys.modules:
+        return sys.modules[alias]
+    spec = importlib.util.spec_from_file_location(alias, _source(name))
+    assert spec is not None and spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    reference.__package__ = name.rpartition(".")[0]  # its relative imports resolve as the real module's
+    sys.modules[alias] = reference  # (dataclasses look their module up while the body runs)
+    spec.loader.exec_module(reference)
+    return reference
