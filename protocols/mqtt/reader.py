@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator
 
+import cython
+
 from . import properties as P
 from .errors import (
     MalformedPacket,
@@ -303,6 +305,7 @@ _DECODERS: dict[PacketType, Callable[[int, bytes | memoryview, int], Packet]] = 
 }
 
 
+@cython.cclass
 class PacketReader:
     """Incremental framing: ``feed(data)`` then iterate ``packets()``.
 
@@ -310,6 +313,10 @@ class PacketReader:
     given by the caller (client side). ``max_packet_size`` bounds a whole packet (fixed
     header included), checked from the fixed header before the body is buffered.
     """
+
+    _buffer: bytearray
+    max_packet_size = cython.declare(cython.Py_ssize_t, visibility="public")
+    version = cython.declare(object, visibility="public")
 
     def __init__(self, max_packet_size: int = MAX_VARINT + 5, version: int | None = None) -> None:
         self._buffer = bytearray()
@@ -323,20 +330,22 @@ class PacketReader:
     def feed(self, data: bytes) -> None:
         self._buffer += data
 
+    @cython.locals(pos=cython.Py_ssize_t, size=cython.Py_ssize_t, i=cython.Py_ssize_t, remaining=cython.Py_ssize_t,
+                   shift=cython.int, byte=cython.int, first=cython.int, total=cython.Py_ssize_t, end=cython.Py_ssize_t)
     def packets(self) -> Iterator[Packet]:
-        buf = self._buffer
+        buf: bytearray = self._buffer
         pos = 0
         try:
             while True:
-                avail = len(buf) - pos
-                if avail < 2:
+                size = len(buf)
+                if size - pos < 2:
                     return
                 first = buf[pos]
                 remaining = 0
                 shift = 0
                 i = pos + 1
                 while True:
-                    if i >= len(buf):
+                    if i >= size:
                         if i - pos - 1 >= 4:
                             raise MalformedPacket("remaining length longer than 4 bytes")
                         return  # the length itself is incomplete
@@ -351,7 +360,7 @@ class PacketReader:
                 total = i - pos + remaining
                 if total > self.max_packet_size:
                     raise PacketTooLarge(f"packet of {total} bytes exceeds the maximum of {self.max_packet_size}")
-                if len(buf) - pos < total:
+                if size - pos < total:
                     return
                 end = pos + total
                 if self.version is not None:
@@ -374,7 +383,10 @@ class PacketReader:
             del buf[:pos]
 
 
-def _fast_decode(first: int, buf: bytearray, start: int, end: int, version: int) -> Packet | None:
+@cython.cfunc
+@cython.locals(qos=cython.int, pos=cython.Py_ssize_t, packet_id=cython.int)
+def _fast_decode(first: cython.int, buf: bytearray, start: cython.Py_ssize_t, end: cython.Py_ssize_t,
+                 version: cython.int) -> Packet | None:
     """The two packets of the message hot path (a valid PUBLISH without 5.0 properties, a plain
     PUBACK) straight from the buffer; None sends everything else, including anything odd, to
     the full decoder, which raises the right error."""
@@ -384,7 +396,7 @@ def _fast_decode(first: int, buf: bytearray, start: int, end: int, version: int)
             if packet_id:
                 return PubAck(packet_id, 0, EMPTY_PROPERTIES)
         return None
-    if first >> 4 != PacketType.PUBLISH or end - start < 2:
+    if first >> 4 != 3 or end - start < 2:  # 3: PUBLISH
         return None
     qos = (first >> 1) & 0x03
     if qos == 3 or (qos == 0 and first & 0x08):
@@ -398,18 +410,18 @@ def _fast_decode(first: int, buf: bytearray, start: int, end: int, version: int)
         return None
     if "\x00" in topic:
         return None
-    packet_id = None
+    packet_id_or_none = None
     if qos:
         if pos + 2 > end:
             return None
         packet_id = (buf[pos] << 8) | buf[pos + 1]
         if not packet_id:
             return None
+        packet_id_or_none = packet_id
         pos += 2
     if version == MQTT_5:
         if pos >= end or buf[pos] != 0:  # properties present: the full decoder checks them
             return None
         pos += 1
-    return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id,
+    return Publish(topic, bytes(buf[pos:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id_or_none,
                    EMPTY_PROPERTIES)
-
