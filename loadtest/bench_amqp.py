@@ -50,7 +50,7 @@ bound, 15 s, 5 s with --quick, ran out: what is missing had not arrived yet).
 ``--quick`` sends for 3 s (consume: 30,000 messages) instead of 15 s (300,000), for both brokers
 and all scenarios in well under 90 s (35 s here); its lines say ``quick=1``. One line per (broker, scenario):
 
-    amqp broker=B scenario=publish_confirm ... msgs_per_s=... confirmed=... queued=... lost=0
+    amqp broker=B scenario=publish_confirm ... msgs_per_s=... broker_cpu_us_per_msg=... confirmed=... queued=... lost=0
          gen_cpu=..% broker_cpu=..% other_cpu=..%              (one line)
     amqp broker=B scenario=... error="..."             (the scenario failed; the run goes on)
     amqp broker=B scenario=... skipped reason="..."    (the broker is missing or did not start)
@@ -59,6 +59,10 @@ and all scenarios in well under 90 s (35 s here); its lines say ``quick=1``. One
 RabbitMQ's beam.smp), ``other_cpu`` the rest of the machine (other jobs; high values disturb the
 figures; the coordinator's psutil sampling and count polls land there too), sampled with psutil
 every 0.1 s over the interval the rate is computed on; 100% is one core.
+``broker_cpu_us_per_msg``, beside each rate, is the broker process's CPU seconds (user + system)
+over that interval, widened to the 0.1 s samples, in microseconds, divided by the messages
+counted in it (confirmed, queued or consumed); fanout_topic's ``broker_cpu_us_per_delivery``
+divides by the deliveries across its 100 queues.
 """
 
 from __future__ import annotations
@@ -92,7 +96,6 @@ from loadtest.brokers import (
 )
 from loadtest.harness import (
     DELIVERED,
-    MACHINE,
     SLACK_S,
     CpuSampler,
     Workers,
@@ -145,10 +148,14 @@ QUICK = replace(FULL, quick=True, seconds=3.0, consume_messages=30_000, consume_
 
 # -- the coordinator's side ------------------------------------------------------------------------
 def cpu_fields(sampler: CpuSampler, gen: list[int], broker: int, start_ns: int, end_ns: int) -> str:
-    gen_pct = sampler.percent(gen, start_ns, end_ns)
-    own = sampler.percent([broker], start_ns, end_ns)
-    other = max(0.0, sampler.percent([MACHINE], start_ns, end_ns) - gen_pct - own)
+    gen_pct, own, other = sampler.split(gen, broker, start_ns, end_ns)
     return f"gen_cpu={gen_pct:.0f}% broker_cpu={own:.0f}% other_cpu={other:.0f}%"
+
+
+def broker_us(sampler: CpuSampler, broker: int, start_ns: int, end_ns: int, messages: int,
+              unit: str = "msg") -> str:
+    """The broker's CPU microseconds per message (``unit`` "delivery": per delivery), for beside the rate."""
+    return f"broker_cpu_us_per_{unit}={sampler.us_per_msg([broker], start_ns, end_ns, messages):.2f}"
 
 
 def setup_conn(broker: Broker, plan: Plan) -> Conn:
@@ -272,7 +279,8 @@ def publish_confirm(broker: Broker, plan: Plan) -> str:
     if not first or not confirmed:
         raise ScenarioError(f"nothing confirmed: sent={sent} nacked={nacked}")
     line = (f"publishers={plan.publishers} window={plan.window} seconds={plan.seconds:g} "
-            f"msgs_per_s={confirmed / max(1, last - first) * 1e9:.0f} sent={sent} confirmed={confirmed} "
+            f"msgs_per_s={confirmed / max(1, last - first) * 1e9:.0f} "
+            f"{broker_us(sampler, broker.pid, first, last, confirmed)} sent={sent} confirmed={confirmed} "
             f"nacked={nacked} unconfirmed={sent - confirmed - nacked} queued={queued} "
             f"lost={max(0, confirmed - queued)} {cpu_fields(sampler, pids, broker.pid, first, last)}")
     return line + blocked_note(pubs)
@@ -302,7 +310,8 @@ def publish(broker: Broker, plan: Plan) -> str:
         raise ScenarioError(f"nothing queued: sent={sent} queued={queued}")
     drain_s = (last - max(r["last_send_ns"] for r in pubs)) / 1e9
     return (f"publishers={plan.publishers} seconds={plan.seconds:g} "
-            f"msgs_per_s={queued / max(1, last - first) * 1e9:.0f} sent={sent} queued={queued} "
+            f"msgs_per_s={queued / max(1, last - first) * 1e9:.0f} "
+            f"{broker_us(sampler, broker.pid, first, last, queued)} sent={sent} queued={queued} "
             f"lost={max(0, sent - queued)} drain_s={max(0.0, drain_s):.2f} "
             f"{cpu_fields(sampler, pids, broker.pid, first, last)} drain={drain}" + blocked_note(pubs))
 
@@ -356,7 +365,8 @@ def consume(broker: Broker, plan: Plan) -> str:
         raise ScenarioError(f"nothing consumed of {filled} ({sub['outcome']})")
     start, last = sub["start_ns"], sub["last_delivery_ns"]
     return (f"prefetch={plan.prefetch} messages={filled} msgs_per_s={consumed / max(1, last - start) * 1e9:.0f} "
-            f"consumed={consumed} remaining={remaining} lost={max(0, filled - consumed - remaining)} "
+            f"{broker_us(sampler, broker.pid, start, last, consumed)} consumed={consumed} remaining={remaining} "
+            f"lost={max(0, filled - consumed - remaining)} "
             f"prefill_s={fill_s:.1f} {cpu_fields(sampler, pids, broker.pid, start, last)} drain={sub['outcome']}")
 
 
@@ -409,6 +419,7 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
     drain = drain_outcome({r["outcome"] for r in subs})
     elapsed = max(1, last - first) / 1e9
     return (f"queues={len(queues)} seconds={plan.seconds:g} deliveries_per_s={deliveries / elapsed:.0f} "
+            f"{broker_us(sampler, broker.pid, first, last, deliveries, 'delivery')} "
             f"published_per_s={pub['confirmed'] / elapsed:.0f} sent={pub['sent']} confirmed={pub['confirmed']} "
             f"expected={expected} delivered={deliveries} lost={max(0, expected - deliveries)} "
             f"{cpu_fields(sampler, pids, broker.pid, first, last)} drain={drain}" + blocked_note([pub]))

@@ -261,6 +261,7 @@ class Outcome:
     p99_ms: float
     cpu: str
     cpu_pct: dict[str, float]  # gen, nodes (store node included), gateways, store, other
+    us_per_delivery: dict[str, float]  # CPU microseconds per delivery: gen, gateways
     drain: str
     short: dict[str, int]  # node -> messages its subscribers missed
     before: dict[str, Samples]  # node name -> metrics before the first send
@@ -308,6 +309,8 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
     store = sampler.percent([cluster.store.pid], first_send, last_receive)
     gateways = sampler.percent([g.pid for g in cluster.gateways], first_send, last_receive)
     other = max(0.0, sampler.percent([MACHINE], first_send, last_receive) - gen - nodes)
+    us = {"gen": sampler.us_per_msg(w.pids, first_send, last_receive, d.received),
+          "gateways": sampler.us_per_msg([g.pid for g in cluster.gateways], first_send, last_receive, d.received)}
     return Outcome(
         published=published,
         expected=sum(acked[t] * readers[t] for t in range(topics)),
@@ -318,6 +321,7 @@ def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], sub
         p99_ms=d.p99_ms,
         cpu=f"gen_cpu_pct={gen:.0f} nodes_cpu_pct={nodes:.0f} store_cpu_pct={store:.0f} other_cpu_pct={other:.0f}",
         cpu_pct={"gen": gen, "nodes": nodes, "gateways": gateways, "store": store, "other": other},
+        us_per_delivery=us,
         drain=d.drain,
         short={node: n for node, n in short.items() if n},
         before=before,
@@ -411,14 +415,9 @@ def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, Outcome]:
     tail_text = (f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} gen_cpu_pct={cpu['gen']:.0f} "
                  f"nodes_cpu_pct={cpu['gateways']:.0f} store_cpu_pct={cpu['store']:.0f} "
                  f"other_cpu_pct={cpu['other']:.0f} drain={o.drain}")
-    per_delivery = (f"node_cpu_us_per_delivery={us_per_delivery(cpu['gateways'], o.rate):.2f} "
-                    f"gen_cpu_us_per_delivery={us_per_delivery(cpu['gen'], o.rate):.2f}")
+    per_delivery = (f"node_cpu_us_per_delivery={o.us_per_delivery['gateways']:.2f} "
+                    f"gen_cpu_us_per_delivery={o.us_per_delivery['gen']:.2f}")
     return f"deliveries_per_s={o.rate:.0f} {counts(o)} {per_delivery} {tail_text}", o
-
-
-def us_per_delivery(cpu_pct: float, rate: float) -> float:
-    """CPU microseconds per delivery from a CPU share (100 = one core) and deliveries/s."""
-    return cpu_pct * 1e4 / rate if rate else 0.0
 
 
 def scaling_line(qos: int, one: Outcome, four: Outcome) -> str:
@@ -426,9 +425,9 @@ def scaling_line(qos: int, one: Outcome, four: Outcome) -> str:
     nodes what it costs one node (no cluster overhead at all), the CPU the 4-node case left to
     them and to the load generator (cores - store node - rest of the machine) would still buy
     at most ``bound`` x the 1-node rate; the generator's share is what 1 node got for free."""
-    c1 = us_per_delivery(one.cpu_pct["gateways"], one.rate)
-    c4 = us_per_delivery(four.cpu_pct["gateways"], four.rate)
-    g4 = us_per_delivery(four.cpu_pct["gen"], four.rate)
+    c1 = one.us_per_delivery["gateways"]
+    c4 = four.us_per_delivery["gateways"]
+    g4 = four.us_per_delivery["gen"]
     usable = (os.cpu_count() or 1) * 100 - four.cpu_pct["store"] - four.cpu_pct["other"]
     bound = usable * 1e4 / (c1 + g4) / one.rate if one.rate and c1 + g4 else 0.0
     return (f"# fanout_nodes scaling qos={qos}: 4 nodes / 1 node = {four.rate / one.rate:.2f} "

@@ -21,15 +21,19 @@ pre-encoded by ``protocols.mqtt`` (see ``loadtest.mqtt_wire``). The scenarios:
 say ``quick=1``). Rates are counted from the first send to the last receive; latencies from
 the send time in each payload (CLOCK_MONOTONIC) to the read. One line per scenario:
 
-    mqtt broker=B scenario=fanin qos=Q publishers=8 msgs_per_s=... expected=... received=... lost=... p50_ms=... p99_ms=...
-    mqtt broker=B scenario=latency qos=1 rate=1000 ... p50_ms=... p99_ms=...
-    mqtt broker=B scenario=fanout qos=1 subscribers=1000 deliveries_per_s=... expected=... received=...
+    mqtt broker=B scenario=fanin qos=Q publishers=8 msgs_per_s=... broker_cpu_us_per_msg=... expected=... received=... lost=... p50_ms=... p99_ms=...
+    mqtt broker=B scenario=latency qos=1 rate=1000 ... broker_cpu_us_per_msg=... p50_ms=... p99_ms=...
+    mqtt broker=B scenario=fanout qos=1 subscribers=1000 deliveries_per_s=... broker_cpu_us_per_delivery=... expected=... received=...
     mqtt broker=B scenario=idle connections=10000 connect_s=... rss_kib_per_conn=...
     mqtt broker=B scenario=... error="..."          (the broker or the scenario failed; the run goes on)
 
 Every line gives ``gen_cpu_pct`` (all load generator processes), ``broker_cpu_pct`` and
 ``other_cpu_pct`` (the rest of the machine: other jobs disturb the figures when it is high),
-sampled with psutil from the first send to the last receive; 100 is one core. ``expected``
+sampled with psutil from the first send to the last receive; 100 is one core.
+``broker_cpu_us_per_msg`` is the broker process's CPU (user + system) over that window, widened
+to psutil's 0.1 s samples, in microseconds, divided by the distinct messages the subscribers
+received in it: for fan-in every message in and out once; in the fan-out it is
+``broker_cpu_us_per_delivery``, divided by deliveries (messages x subscribers). ``expected``
 counts what the broker took (PUBACKed at QoS 1, written at QoS 0) times the subscribers;
 ``received`` counts distinct messages (``dup`` the duplicates); ``lost`` is their difference at
 QoS 1. ``drain`` says how the subscribers stopped: ``complete`` (all expected arrived),
@@ -336,6 +340,7 @@ class Outcome:
     p50_ms: float
     p99_ms: float
     cpu: str  # the CpuSampler.shares of the run
+    broker_us: float  # the broker's CPU microseconds per message received (fan-out: per delivery)
     drain: str
 
 
@@ -374,6 +379,7 @@ def run_flow(broker: Broker, load: Load, publishers: list[tuple[str, str, int]],
         p50_ms=d.p50_ms,
         p99_ms=d.p99_ms,
         cpu=sampler.shares(w.pids, broker.pid, d.first_send_ns, d.last_receive_ns),
+        broker_us=sampler.us_per_msg([broker.pid], d.first_send_ns, d.last_receive_ns, d.received),
         drain=d.drain,
     )
 
@@ -399,7 +405,8 @@ def fanin(broker: Broker, plan: Plan, qos: int) -> str:
                 publishers=n)
     pubs = [(f"bench-fanin-pub-{i}", f"bench/fanin/{i}", i) for i in range(n)]
     o = run_flow(broker, load, pubs, pub_procs=2, subscriber_ids=["bench-fanin-sub"], sub_procs=1)
-    return (f"publishers={n} seconds={plan.fanin_seconds:g} msgs_per_s={o.rate:.0f} {counts(o, qos)} {tail(o)}")
+    return (f"publishers={n} seconds={plan.fanin_seconds:g} msgs_per_s={o.rate:.0f} "
+            f"broker_cpu_us_per_msg={o.broker_us:.2f} {counts(o, qos)} {tail(o)}")
 
 
 def latency(broker: Broker, plan: Plan) -> str:
@@ -408,7 +415,7 @@ def latency(broker: Broker, plan: Plan) -> str:
     o = run_flow(broker, load, [("bench-latency-pub", "bench/latency", 0)], pub_procs=1,
                  subscriber_ids=["bench-latency-sub"], sub_procs=1)
     return (f"rate={plan.latency_rate} seconds={plan.latency_seconds:g} msgs_per_s={o.rate:.0f} "
-            f"{counts(o, 1)} {tail(o)}")
+            f"broker_cpu_us_per_msg={o.broker_us:.2f} {counts(o, 1)} {tail(o)}")
 
 
 def fanout(broker: Broker, plan: Plan) -> str:
@@ -419,7 +426,7 @@ def fanout(broker: Broker, plan: Plan) -> str:
     o = run_flow(broker, load, [("bench-fanout-pub", "bench/fanout", 0)], pub_procs=1,
                  subscriber_ids=[f"bench-fanout-sub-{i}" for i in range(n)], sub_procs=FANOUT_PROCS)
     return (f"subscribers={n} messages={o.expected // n} deliveries_per_s={o.rate:.0f} "
-            f"{counts(o, 1)} {tail(o)}")
+            f"broker_cpu_us_per_delivery={o.broker_us:.2f} {counts(o, 1)} {tail(o)}")
 
 
 def idle(broker: Broker, plan: Plan) -> str:
