@@ -1,7 +1,7 @@
 """The benchmarks' shared harness: forked worker processes and what they share with the
 coordinator (``Workers`` and the slots of its shared array), CPU accounting of generator and
 broker processes (``CpuSampler``), when receiving workers stop (``drain_stop``), and small
-helpers. Used by bench_mqtt, bench_amqp and bench_remoting."""
+helpers. Used by bench_mqtt, bench_amqp, bench_cluster and bench_remoting."""
 
 from __future__ import annotations
 
