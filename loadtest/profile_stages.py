@@ -154,6 +154,7 @@ class Profile:
     rules: tuple[Rule, ...]
     run: Callable[[float], tuple[Broker, Callable[[], str]]]  # seconds -> broker, scenario
     rate_key: str  # the scenario line's rate field
+    other_key: str  # its field of the rest of the machine's CPU (other jobs: a noisy run)
 
 
 def mqtt_fanin(seconds: float) -> tuple[Broker, Callable[[], str]]:
@@ -170,9 +171,11 @@ def amqp_confirm(seconds: float) -> tuple[Broker, Callable[[], str]]:
 
 PROFILES = {
     "mqtt_fanin": Profile("mqtt_fanin", "MQTT fan-in QoS 1, 8 publishers -> 1 subscriber, --flush async",
-                          (DECODE, INBOUND, COMMIT, READ, ENCODE, OTHER), MQTT_RULES, mqtt_fanin, "msgs_per_s"),
+                          (DECODE, INBOUND, COMMIT, READ, ENCODE, OTHER), MQTT_RULES, mqtt_fanin, "msgs_per_s",
+                          "other_cpu_pct"),
     "amqp_confirm": Profile("amqp_confirm", "AMQP publish with confirms, 4 publishers -> 1 durable queue, --flush sync",
-                            (DECODE, INBOUND, COMMIT, CONFIRM, OTHER), AMQP_RULES, amqp_confirm, "msgs_per_s"),
+                            (DECODE, INBOUND, COMMIT, CONFIRM, OTHER), AMQP_RULES, amqp_confirm, "msgs_per_s",
+                            "other_cpu"),
 }
 
 
@@ -290,9 +293,11 @@ def profile_once(profile: Profile, args: argparse.Namespace, py_spy: str, raw_di
     profiled = profiled_run(profile, args.seconds, py_spy, args.rate, raw)
     folded = fold(raw.read_text().splitlines(), profile.rules)
     head = (f"# profile={profile.name} ({profile.what}) seconds={args.seconds:g}: plain run "
-            f"{profile.rate_key}={field(plain, profile.rate_key):.0f} broker_cpu_us_per_msg={us:.2f}; "
+            f"{profile.rate_key}={field(plain, profile.rate_key):.0f} broker_cpu_us_per_msg={us:.2f} "
+            f"other_cpu_pct={field(plain, profile.other_key):.0f}; "
             f"profiled run {profile.rate_key}={field(profiled, profile.rate_key):.0f} "
             f"broker_cpu_us_per_msg={field(profiled, 'broker_cpu_us_per_msg'):.2f} "
+            f"other_cpu_pct={field(profiled, profile.other_key):.0f} "
             f"samples={folded.total} idle_left_out={folded.idle} py_spy_rate={args.rate}")
     return [head, *table(folded, profile.stages, us, args.detail)]
 
