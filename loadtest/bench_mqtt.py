@@ -7,7 +7,7 @@ Each scenario gets a fresh broker on a free 127.0.0.1 port (TideMQ with persiste
 ``--flush async``, its default limits, among them ``mqtt_max_queued_messages`` 1,000;
 Mosquitto with ``persistence false`` and ``max_queued_messages`` 10,000,000; amqtt in its own
 process), stopped at its end. The load generator runs in separate processes on raw sockets with packets
-pre-encoded by ``protocols.mqtt`` (see ``loadtest.mqtt_wire``). The scenarios:
+pre-encoded by ``protocols.mqtt`` (``loadtest.mqtt_load``, on ``loadtest.mqtt_wire``). The scenarios:
 
 - fanin: 8 publishers (topics bench/fanin/N, 2 processes) -> 1 subscriber of bench/fanin/+,
   64-byte payloads, at QoS 0 and 1, for 10 s. At QoS 1 each publisher keeps 1,000 PUBLISHes
