@@ -90,42 +90,24 @@ import argparse
 import os
 import resource
 import signal
-import socket
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loadtest.bench_mqtt import (
-    FANOUT_AHEAD_DELIVERIES,
-    FANOUT_POLL_S,
-    KEEP_ALIVE,
-    Load,
-    pump_publishers,
-)
-from loadtest.bench_mqtt import pump_subscribers as pump_received
+from loadtest.bench_mqtt import FANOUT_AHEAD_DELIVERIES, FANOUT_POLL_S
 from loadtest.brokers import ScenarioError, raise_fd_limit
-from loadtest.cluster_nodes import Cluster, Samples, complaints, delta, scrape, start_cluster, stop_cluster
-from loadtest.harness import (
-    MACHINE,
-    SLACK_S,
-    WORKER_WAIT_S,
-    CpuSampler,
-    Workers,
-    deliveries,
-    parse_list,
-    quote,
-    split,
-)
-from loadtest.mqtt_wire import PublishBatch, Publisher, Subscriber, open_sessions
+from loadtest.cluster_load import Outcome, PubSpec, SubSpec, counts, run_flow, tail
+from loadtest.cluster_nodes import Cluster, complaints, delta, start_cluster, stop_cluster
+from loadtest.harness import parse_list, quote
+from loadtest.mqtt_load import Load
 
 SCENARIOS = ("spread", "fanout", "fanout_nodes")
 SPREAD_READERS = 2  # nodes reading each topic (one subscriber on each)
 SPREAD_WINDOW = 20  # unacknowledged PUBLISHes per spread publisher
 SPREAD_AHEAD = 100  # messages a spread publisher may be ahead of its topic's average subscriber
 SPREAD_POLL_S = 0.005  # hundreds of subscriber sockets per process: read every 5 ms
-SUB_PROCS = 2
 # fanout_nodes: the generator shares the 2 cores with 4 nodes, so each of its cycles is one the
 # nodes lack. Its subscribers read every 50 ms (bench_mqtt's fan-out: 20 ms), so a read brings
 # ~2.5x the messages; measured at 4 nodes, QoS 1: 1.85 -> 1.21 us of generator CPU per delivery.
@@ -163,178 +145,6 @@ FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, nodes=(2, 4), spread_topics=100, spread_seconds=3.0, fanout_subscribers=500,
                 fanout_messages=500, fanout_seconds=5.0, fanout_drain_s=60.0, fanout_nodes=(1, 4),
                 fanout_nodes_subscribers=400, fanout_nodes_seconds=5.0, drain_s=5.0, handshake_s=30.0)
-
-
-# -- worker processes ------------------------------------------------------------------------------
-# A publisher: (MQTT port, client id, topic, publisher number); the number is the topic's index.
-# A subscriber: (MQTT port, client id, topic filter, topic index, node name).
-PubSpec = tuple[int, str, str, int]
-SubSpec = tuple[int, str, str, int, str]
-
-
-def publisher_worker(w: Workers, index: int, specs: list[PubSpec], load: Load) -> None:
-    """Publishers on any nodes, driven by bench_mqtt's pump; reports what each topic got acknowledged."""
-    sockets: list[socket.socket] = []
-    try:
-        pubs: list[Publisher] = []
-        by_port: dict[int, list[PubSpec]] = defaultdict(list)
-        for spec in specs:
-            by_port[spec[0]].append(spec)
-        capacity = max(load.window, 256)
-        for port, group in by_port.items():
-            sessions = open_sessions(port, [s[1] for s in group], keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s)
-            sockets += sessions.sockets
-            if sessions.error:
-                w.report("error", "publisher", index, f"publisher handshake on port {port}: {sessions.error}")
-                return
-            pubs += [Publisher(sock, PublishBatch(topic, load.qos, number, capacity), load.window)
-                     for sock, (_, _, topic, number) in zip(sessions.sockets, group, strict=True)]
-        w.report("ready", "publisher", index)
-        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
-            return
-        result = pump_publishers(w, pubs, load)
-        # what each topic's subscribers are owed: acknowledged at QoS 1, written at QoS 0
-        result["acked_by"] = [(p.batch.publisher, p.acked if load.qos else p.sent) for p in pubs]
-        w.report("result", "publisher", index, result)
-        w.release.wait(WORKER_WAIT_S)
-    except Exception as exc:  # noqa: BLE001 - any failure becomes the case's error line
-        w.report("error", "publisher", index, f"publisher: {type(exc).__name__}: {exc}")
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def subscriber_worker(w: Workers, index: int, specs: list[SubSpec], load: Load, acked: Any) -> None:
-    """Subscribers on any nodes, each of one topic; ``acked[topic]``: what its publisher got
-    acknowledged, filled in by the coordinator once the publishers are done."""
-    sockets: list[socket.socket] = []
-    try:
-        subs: list[tuple[Subscriber, SubSpec]] = []
-        groups: dict[tuple[int, str], list[SubSpec]] = defaultdict(list)
-        for spec in specs:
-            groups[(spec[0], spec[2])].append(spec)
-        for (port, topic_filter), group in groups.items():
-            sessions = open_sessions(port, [s[1] for s in group], keep_alive=KEEP_ALIVE, timeout_s=load.handshake_s,
-                                     subscribe=(topic_filter, load.qos))
-            sockets += sessions.sockets
-            if sessions.error:
-                w.report("error", "subscriber", index, f"subscriber handshake on port {port}: {sessions.error}")
-                return
-            subs += [(Subscriber(sock), spec) for sock, spec in zip(sessions.sockets, group, strict=True)]
-        w.report("ready", "subscriber", index)
-        if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
-            return
-        w.report("result", "subscriber", index, pump_subscribers(w, index, subs, load, acked))
-        w.release.wait(WORKER_WAIT_S)
-    except Exception as exc:  # noqa: BLE001 - any failure becomes the case's error line
-        w.report("error", "subscriber", index, f"subscriber: {type(exc).__name__}: {exc}")
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def pump_subscribers(w: Workers, index: int, subs: list[tuple[Subscriber, SubSpec]], load: Load,
-                     acked: Any) -> dict[str, Any]:
-    """bench_mqtt's subscriber loop, but complete when each subscriber has its own topic's count;
-    plus what each node's subscribers are short of."""
-
-    def complete(_expected: int) -> bool:
-        return all(s.counter.unique >= acked[spec[3]] for s, spec in subs)
-
-    result = pump_received(w, index, [s for s, _ in subs], load, complete)
-    short: Counter[str] = Counter()
-    for s, spec in subs:
-        short[spec[4]] += max(0, acked[spec[3]] - s.counter.unique)
-    result["short"] = dict(short)
-    return result
-
-
-# -- one publish/subscribe run ---------------------------------------------------------------------
-@dataclass(slots=True)
-class Outcome:
-    published: int
-    expected: int
-    received: int
-    duplicates: int
-    rate: float  # deliveries/s
-    p50_ms: float
-    p99_ms: float
-    cpu: str
-    cpu_pct: dict[str, float]  # gen, nodes (store node included), gateways, store, other
-    drain: str
-    short: dict[str, int]  # node -> messages its subscribers missed
-    before: dict[str, Samples]  # node name -> metrics before the first send
-    after: dict[str, Samples]
-
-
-def run_flow(cluster: Cluster, load: Load, topics: int, pubs: list[PubSpec], subs: list[SubSpec]) -> Outcome:
-    """Subscribers connect and subscribe, then publishers connect and send; wait for the drain."""
-    sub_groups = split(subs, SUB_PROCS)
-    w = Workers(len(sub_groups))  # subscribers start first: worker i counts into DELIVERED + i
-    acked = w.ctx.Array("q", topics, lock=False)  # per topic; shared with the forked subscribers
-    readers = Counter(spec[3] for spec in subs)
-    sampler: CpuSampler | None = None
-    node_pids = [n.pid for n in cluster.nodes]
-    try:
-        for group in sub_groups:
-            w.start(subscriber_worker, group, load, acked)
-        w.collect("subscriber", len(sub_groups), "ready", load.handshake_s + SLACK_S)
-        w.start(publisher_worker, pubs, load)
-        w.collect("publisher", 1, "ready", load.handshake_s + SLACK_S)
-        before = {n.name: scrape(n) for n in cluster.nodes}
-        sampler = CpuSampler([*node_pids, *w.pids])
-        sampler.start()
-        w.go.set()
-        results = w.collect("publisher", 1, "result", load.seconds + load.drain_s + SLACK_S)
-        for result in results:
-            for number, count in result["acked_by"]:
-                acked[number] += count
-        published = sum(r["acked"] if load.qos else r["sent"] for r in results)
-        w.publishers_done(sum(acked[t] * readers[t] for t in range(topics)), load.drain_s)
-        got = w.collect("subscriber", len(sub_groups), "result", load.drain_s + SLACK_S)
-        sampler.stop()
-        after = {n.name: scrape(n) for n in cluster.nodes}
-    finally:
-        if sampler is not None:
-            sampler.stop()
-        w.close()
-    d = deliveries(results, got, published)
-    first_send, last_receive = d.first_send_ns, d.last_receive_ns
-    short: Counter[str] = Counter()
-    for r in got:
-        short.update(r["short"])
-    gen = sampler.percent(w.pids, first_send, last_receive)
-    nodes = sampler.percent(node_pids, first_send, last_receive)
-    store = sampler.percent([cluster.store.pid], first_send, last_receive)
-    gateways = sampler.percent([g.pid for g in cluster.gateways], first_send, last_receive)
-    other = max(0.0, sampler.percent([MACHINE], first_send, last_receive) - gen - nodes)
-    return Outcome(
-        published=published,
-        expected=sum(acked[t] * readers[t] for t in range(topics)),
-        received=d.received,
-        duplicates=d.duplicates,
-        rate=d.rate,
-        p50_ms=d.p50_ms,
-        p99_ms=d.p99_ms,
-        cpu=f"gen_cpu_pct={gen:.0f} nodes_cpu_pct={nodes:.0f} store_cpu_pct={store:.0f} other_cpu_pct={other:.0f}",
-        cpu_pct={"gen": gen, "nodes": nodes, "gateways": gateways, "store": store, "other": other},
-        drain=d.drain,
-        short={node: n for node, n in short.items() if n},
-        before=before,
-        after=after,
-    )
-
-
-def counts(o: Outcome) -> str:
-    text = f"published={o.published} expected={o.expected} received={o.received} " \
-           f"lost={max(0, o.expected - o.received)} dup={o.duplicates}"
-    if o.short:
-        text += " lost_by_node=" + ",".join(f"{node}:{n}" for node, n in sorted(o.short.items()))
-    return text
-
-
-def tail(o: Outcome) -> str:
-    return f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} {o.cpu} drain={o.drain}"
 
 
 # -- scenarios -------------------------------------------------------------------------------------
@@ -411,14 +221,9 @@ def fanout_nodes(cluster: Cluster, plan: Plan, qos: int) -> tuple[str, Outcome]:
     tail_text = (f"p50_ms={o.p50_ms:.2f} p99_ms={o.p99_ms:.2f} gen_cpu_pct={cpu['gen']:.0f} "
                  f"nodes_cpu_pct={cpu['gateways']:.0f} store_cpu_pct={cpu['store']:.0f} "
                  f"other_cpu_pct={cpu['other']:.0f} drain={o.drain}")
-    per_delivery = (f"node_cpu_us_per_delivery={us_per_delivery(cpu['gateways'], o.rate):.2f} "
-                    f"gen_cpu_us_per_delivery={us_per_delivery(cpu['gen'], o.rate):.2f}")
+    per_delivery = (f"node_cpu_us_per_delivery={o.us_per_delivery['gateways']:.2f} "
+                    f"gen_cpu_us_per_delivery={o.us_per_delivery['gen']:.2f}")
     return f"deliveries_per_s={o.rate:.0f} {counts(o)} {per_delivery} {tail_text}", o
-
-
-def us_per_delivery(cpu_pct: float, rate: float) -> float:
-    """CPU microseconds per delivery from a CPU share (100 = one core) and deliveries/s."""
-    return cpu_pct * 1e4 / rate if rate else 0.0
 
 
 def scaling_line(qos: int, one: Outcome, four: Outcome) -> str:
@@ -426,9 +231,9 @@ def scaling_line(qos: int, one: Outcome, four: Outcome) -> str:
     nodes what it costs one node (no cluster overhead at all), the CPU the 4-node case left to
     them and to the load generator (cores - store node - rest of the machine) would still buy
     at most ``bound`` x the 1-node rate; the generator's share is what 1 node got for free."""
-    c1 = us_per_delivery(one.cpu_pct["gateways"], one.rate)
-    c4 = us_per_delivery(four.cpu_pct["gateways"], four.rate)
-    g4 = us_per_delivery(four.cpu_pct["gen"], four.rate)
+    c1 = one.us_per_delivery["gateways"]
+    c4 = four.us_per_delivery["gateways"]
+    g4 = four.us_per_delivery["gen"]
     usable = (os.cpu_count() or 1) * 100 - four.cpu_pct["store"] - four.cpu_pct["other"]
     bound = usable * 1e4 / (c1 + g4) / one.rate if one.rate and c1 + g4 else 0.0
     return (f"# fanout_nodes scaling qos={qos}: 4 nodes / 1 node = {four.rate / one.rate:.2f} "

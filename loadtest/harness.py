@@ -1,7 +1,7 @@
 """The benchmarks' shared harness: forked worker processes and what they share with the
 coordinator (``Workers`` and the slots of its shared array), CPU accounting of generator and
 broker processes (``CpuSampler``), when receiving workers stop (``drain_stop``), and small
-helpers. Used by bench_mqtt, bench_amqp and bench_remoting."""
+helpers. Used by bench_mqtt, bench_amqp, bench_cluster and bench_remoting."""
 
 from __future__ import annotations
 
@@ -65,21 +65,41 @@ class CpuSampler:
                 pass  # gone: keep its last figure
         self.samples.append((time.monotonic_ns(), dict(self.last)))
 
+    def _window(self, start_ns: int, end_ns: int) -> tuple[tuple[int, dict[int, float]], tuple[int, dict[int, float]]]:
+        """The samples just before ``start_ns`` and just after ``end_ns``: the measured window,
+        widened to the 0.1 s sampling."""
+        before = max((s for s in self.samples if s[0] <= start_ns), default=self.samples[0], key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] >= end_ns), default=self.samples[-1], key=lambda s: s[0])
+        return before, after
+
     def percent(self, pids: list[int], start_ns: int, end_ns: int) -> float:
         if len(self.samples) < 2:
             return 0.0
-        before = max((s for s in self.samples if s[0] <= start_ns), default=self.samples[0], key=lambda s: s[0])
-        after = min((s for s in self.samples if s[0] >= end_ns), default=self.samples[-1], key=lambda s: s[0])
+        before, after = self._window(start_ns, end_ns)
         elapsed = (after[0] - before[0]) / 1e9
         if elapsed <= 0:
             return 0.0
         return 100.0 * sum(after[1][p] - before[1][p] for p in pids) / elapsed
 
-    def shares(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> str:
+    def split(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> tuple[float, float, float]:
+        """The CPU % (100 = one core) of the generator, the broker and the rest of the machine."""
         gen = self.percent(generator, start_ns, end_ns)
         own = self.percent([broker], start_ns, end_ns)
         other = max(0.0, self.percent([MACHINE], start_ns, end_ns) - gen - own)
+        return gen, own, other
+
+    def shares(self, generator: list[int], broker: int, start_ns: int, end_ns: int) -> str:
+        gen, own, other = self.split(generator, broker, start_ns, end_ns)
         return f"gen_cpu_pct={gen:.0f} broker_cpu_pct={own:.0f} other_cpu_pct={other:.0f}"
+
+    def us_per_msg(self, pids: list[int], start_ns: int, end_ns: int, messages: int) -> float:
+        """CPU microseconds of ``pids`` per message: their CPU seconds over the window (widened
+        to the sampling, where they are idle: the work of a message is all inside it) divided by
+        the ``messages`` handled in it; 0 when none were."""
+        if len(self.samples) < 2 or messages <= 0:
+            return 0.0
+        before, after = self._window(start_ns, end_ns)
+        return 1e6 * sum(after[1][p] - before[1][p] for p in pids) / messages
 
 
 # -- worker processes ------------------------------------------------------------------------------

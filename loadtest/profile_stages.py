@@ -1,0 +1,342 @@
+"""Per-stage CPU cost of TideMQ's message path: py-spy samples of the gateway folded into stages.
+
+    python -m loadtest.profile_stages [--profiles mqtt_fanin,amqp_confirm] [--seconds 8] [--rate 200]
+                                      [--keep-raw DIR] [--detail N]
+    python -m loadtest.profile_stages --fold FILE.raw --profile mqtt_fanin --us-per-msg 17.5 [--detail N]
+
+For each profile, a fresh TideMQ (``loadtest.brokers``, as the benchmarks start it) runs the
+benchmark's own scenario twice: once plain, for the broker's CPU microseconds per message
+(``broker_cpu_us_per_msg`` of its line, see ``loadtest.harness.CpuSampler.us_per_msg``), and
+once with ``py-spy record -f raw`` attached (py-spy pauses the process at each sample, which
+costs throughput but not the shares). Profiles:
+
+- mqtt_fanin: bench_mqtt's fan-in at QoS 1 (8 publishers -> 1 subscriber of bench/fanin/+,
+  ``--flush async``).
+- amqp_confirm: bench_amqp's publish_confirm (4 confirming publishers into one durable queue,
+  ``--flush sync``).
+
+Each sampled stack lands in exactly one stage: the innermost frame that a rule of the profile's
+ordered table matches decides (rules are tried in order on each frame, from the leaf outwards);
+a frame no rule matches (helpers, packets, the standard library) passes its sample on to its
+caller; a stack nothing matches is "event loop/other". Stacks whose leaf is a thread-pool worker
+waiting for work are not CPU (py-spy sometimes samples them as active) and are left out.
+A stage's CPU us/msg is the plain run's us/msg times its share of the samples. The table is
+Markdown, for BENCHMARKS.md; ``--detail N`` adds each stage's N heaviest deciding frames.
+
+The stages (the rule tables below say exactly which files and functions):
+- inbound decode: socket reads, protocols/mqtt's reader and sans-IO connection state machine
+  (PUBLISHes in, PUBACKs out to the publishers, the subscriber's PUBACKs in); AMQP: the frame
+  reader and pamqp's decoding.
+- inbound handling: gateway/mqtt's connection dispatch, inbound and message building, the
+  ingest pipeline; AMQP: gateway/amqp (routing, to_store_message).
+- store commit: store.put*, the committer (record assembly), commitlog append, dispatch and
+  the consume-queue index write.
+- delivery read: the queue cache, the cursor and the store's reads (index entries, records).
+- delivery encode+write: gateway/mqtt's outbound (including settling the subscriber's PUBACK),
+  protocols/mqtt's writer, the socket writes; AMQP publish: the confirm (basic.ack).
+- event loop/other: asyncio's loop and everything no rule claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loadtest import amqp_scenarios, bench_mqtt
+from loadtest.brokers import Broker, raise_fd_limit, start_amqp_broker, start_broker
+
+DECODE = "inbound decode"
+INBOUND = "inbound handling"
+COMMIT = "store commit"
+READ = "delivery read"
+ENCODE = "delivery encode+write"
+CONFIRM = "confirm encode+write"
+OTHER = "event loop/other"
+PASS = ""  # a rule of this "stage" passes the frame's sample on to its caller
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A frame whose file (as py-spy prints it: relative to its sys.path entry) matches ``path``
+    and whose function (``Class.method``) matches ``func`` (None: any) belongs to ``stage``."""
+
+    stage: str
+    path: re.Pattern[str]
+    func: re.Pattern[str] | None = None
+
+    def matches(self, path: str, func: str) -> bool:
+        return bool(self.path.search(path)) and (self.func is None or bool(self.func.search(func)))
+
+
+def rule(stage: str, path: str, func: str | None = None) -> Rule:
+    return Rule(stage, re.compile(path), re.compile(func) if func else None)
+
+
+# The store's rules, for every profile. The read side first: store/store.py, commitlog.py,
+# record.py and consumequeue.py serve both the put and the read path, told apart by function;
+# what neither names (a queue lookup, say) passes on to its caller.
+STORE_RULES = (
+    rule(READ, r"^store/store\.py$", r"\.(_?get_now|_get_filtered|read_at|max_offset_now|min_offset_now|_min_offset)$"),
+    rule(COMMIT, r"^store/store\.py$", r"\.(put_\w+|_submit)"),
+    rule(READ, r"^store/(reads|readonly)\.py$"),
+    rule(READ, r"^store/commitlog\.py$", r"\.(read|records)$"),
+    rule(READ, r"^store/record\.py$", r"RecordView|decode_|peek_size"),
+    rule(READ, r"^store/consumequeue\.py$", r"\.(entries|entry|first_offset\w*|_bisect)$"),
+    rule(COMMIT, r"^store/consumequeue\.py$", r"\.(commit|new_batch|resolve|flush|trim_cache)$"),
+    rule(COMMIT, r"^store/(committer|commitlog|dispatcher|notify|record|rocks|keyindex|msgid)\.py$"),
+    rule(READ, r"^cache/"),
+    rule(READ, r"^gateway/core/cursor\.py$"),
+)
+
+# Socket reads are the inbound side's; a write counts in the stage that makes it (its caller),
+# except what the event loop finishes later when the socket buffer was full.
+LOOP_RULES = (
+    rule(DECODE, r"^asyncio/selector_events\.py$", r"_read_ready"),
+)
+
+MQTT_RULES = (
+    *STORE_RULES,
+    rule(ENCODE, r"^gateway/mqtt/messages\.py$", r"^Delivery"),
+    rule(INBOUND, r"^gateway/mqtt/messages\.py$"),
+    rule(ENCODE, r"^gateway/mqtt/outbound\.py$"),
+    rule(ENCODE, r"^protocols/mqtt/writer\.py$"),
+    # the sans-IO connection's outbound half: packet ids, aliases, the send window, encoding
+    rule(ENCODE, r"^protocols/mqtt/connection\.py$", r"\.(send|alias_out|alias_unsent|window|refusal)$"),
+    rule(DECODE, r"^protocols/mqtt/(reader|codec|connection)\.py$"),
+    # the connection's output (held back by the write-ahead rule in session_saves.py): the
+    # stage that wrote, inbound's PUBACKs or the deliveries, is further out
+    rule(PASS, r"^gateway/mqtt/(connection|session_saves)\.py$", r"\.(flush|write_now|send|send_packet|write)$"),
+    rule(INBOUND, r"^gateway/mqtt/(inbound|ingest_gate|connection)\.py$"),
+    rule(INBOUND, r"^gateway/core/ingest\.py$"),
+    *LOOP_RULES,
+    rule(ENCODE, r"^asyncio/selector_events\.py$", r"_write_ready"),
+)
+
+AMQP_RULES = (
+    *STORE_RULES,
+    # the confirm: the put's callback, basic.ack's encoding and its write
+    rule(CONFIRM, r"^gateway/amqp/connection\.py$", r"(stored|_publishes_done|\.send|\.flush)($|\.<locals>)"),
+    rule(CONFIRM, r"^gateway/amqp/channel\.py$", r"\.confirm"),
+    rule(CONFIRM, r"^protocols/amqp/frames\.py$", r"^method_frame$"),
+    # pamqp encodes for the confirm and for the store (to_store_message re-encodes the
+    # properties): its caller says which; its decoding is the inbound's
+    rule(PASS, r"^pamqp/", r"(^|\.)(marshal|_marshal\w*|encode\w*)$"),
+    rule(PASS, r"^pamqp/encode\.py$"),
+    rule(PASS, r"^protocols/amqp/frames\.py$", r"^encode_properties$"),
+    rule(DECODE, r"^pamqp/"),
+    rule(DECODE, r"^protocols/amqp/frames\.py$"),
+    rule(INBOUND, r"^gateway/amqp/"),
+    rule(INBOUND, r"^gateway/core/ingest\.py$"),
+    *LOOP_RULES,
+    rule(CONFIRM, r"^asyncio/selector_events\.py$", r"_write_ready"),
+)
+
+IDLE_LEAVES = (rule("idle", r"^concurrent/futures/thread\.py$", r"^_worker$"),)  # waiting for work
+
+FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    what: str
+    stages: tuple[str, ...]
+    rules: tuple[Rule, ...]
+    run: Callable[[float], tuple[Broker, Callable[[], str]]]  # seconds -> broker, scenario
+    rate_key: str  # the scenario line's rate field
+    other_key: str  # its field of the rest of the machine's CPU (other jobs: a noisy run)
+
+
+def mqtt_fanin(seconds: float) -> tuple[Broker, Callable[[], str]]:
+    broker = start_broker("tidemq")
+    plan = replace(bench_mqtt.FULL, fanin_seconds=seconds, drain_s=5.0, handshake_s=10.0)
+    return broker, lambda: bench_mqtt.fanin(broker, plan, 1)
+
+
+def amqp_confirm(seconds: float) -> tuple[Broker, Callable[[], str]]:
+    broker = start_amqp_broker("tidemq")
+    plan = replace(amqp_scenarios.FULL, seconds=seconds, drain_s=5.0, handshake_s=10.0)
+    return broker, lambda: amqp_scenarios.publish_confirm(broker, plan)
+
+
+PROFILES = {
+    "mqtt_fanin": Profile("mqtt_fanin", "MQTT fan-in QoS 1, 8 publishers -> 1 subscriber, --flush async",
+                          (DECODE, INBOUND, COMMIT, READ, ENCODE, OTHER), MQTT_RULES, mqtt_fanin, "msgs_per_s",
+                          "other_cpu_pct"),
+    "amqp_confirm": Profile("amqp_confirm", "AMQP publish with confirms, 4 publishers -> 1 durable queue, --flush sync",
+                            (DECODE, INBOUND, COMMIT, CONFIRM, OTHER), AMQP_RULES, amqp_confirm, "msgs_per_s",
+                            "other_cpu"),
+}
+
+
+# -- folding ---------------------------------------------------------------------------------------
+def parse_frame(text: str) -> tuple[str, str]:
+    """``func (path:line)`` -> (path, func)."""
+    m = FRAME.match(text)
+    return (m["path"], m["func"]) if m else ("", text)
+
+
+def classify(frames: list[tuple[str, str]], rules: tuple[Rule, ...]) -> tuple[str, str]:
+    """The stage of a stack (root first) and the frame that decided it."""
+    for path, func in reversed(frames):
+        stage = next((r.stage for r in rules if r.matches(path, func)), PASS)
+        if stage != PASS:
+            return stage, f"{func} ({path})"
+    path, func = frames[-1]
+    return OTHER, f"{func} ({path})"
+
+
+@dataclass(slots=True)
+class Folded:
+    samples: Counter[str]  # stage -> samples
+    deciders: dict[str, Counter[str]]  # stage -> deciding frame -> samples
+    idle: int  # left out: not CPU
+
+    @property
+    def total(self) -> int:
+        return sum(self.samples.values())
+
+
+def fold(lines: list[str], rules: tuple[Rule, ...]) -> Folded:
+    """Fold py-spy's raw output (``frame;frame;... count`` a line, root first) into stages."""
+    samples: Counter[str] = Counter()
+    deciders: dict[str, Counter[str]] = defaultdict(Counter)
+    idle = 0
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [parse_frame(f) for f in stack.split(";")]
+        if any(r.matches(*frames[-1]) for r in IDLE_LEAVES):
+            idle += int(count)
+            continue
+        stage, decider = classify(frames, rules)
+        samples[stage] += int(count)
+        deciders[stage][decider] += int(count)
+    return Folded(samples, dict(deciders), idle)
+
+
+def table(folded: Folded, stages: tuple[str, ...], us_per_msg: float, detail: int = 0) -> list[str]:
+    """The Markdown table: per stage, its samples, share and CPU us/msg (share x us_per_msg)."""
+    total = max(1, folded.total)
+    out = ["| stage | samples | share | CPU us/msg |", "| --- | ---: | ---: | ---: |"]
+    for stage in stages:
+        n = folded.samples.get(stage, 0)
+        out.append(f"| {stage} | {n} | {100 * n / total:.1f} % | {us_per_msg * n / total:.2f} |")
+    out.append(f"| total | {folded.total} | 100 % | {us_per_msg:.2f} |")
+    for stage in stages if detail else ():
+        for frame, n in folded.deciders.get(stage, Counter()).most_common(detail):
+            out.append(f"# {stage}: {100 * n / total:.1f} % {frame}")
+    return out
+
+
+# -- running ---------------------------------------------------------------------------------------
+def field(line: str, key: str) -> float:
+    """A ``key=value`` number of a benchmark line; SystemExit when the line has none (an error line)."""
+    m = re.search(rf"(?:^| ){re.escape(key)}=([0-9.]+)", line)
+    if m is None:
+        raise SystemExit(f"no {key} in the scenario's line: {line}")
+    return float(m[1])
+
+
+def py_spy_path(given: str | None) -> str:
+    found = given or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy not found: pip install -e '.[bench]' (or --py-spy PATH)")
+    return found
+
+
+def plain_run(profile: Profile, seconds: float) -> str:
+    broker, scenario = profile.run(seconds)
+    try:
+        return scenario()
+    finally:
+        broker.stop()
+
+
+def profiled_run(profile: Profile, seconds: float, py_spy: str, rate: int, raw: Path) -> str:
+    broker, scenario = profile.run(seconds)
+    spy: subprocess.Popen[bytes] | None = None
+    try:
+        spy = subprocess.Popen([py_spy, "record", "-p", str(broker.pid), "-f", "raw", "-o", str(raw),
+                                "-r", str(rate)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        time.sleep(1.0)  # attached before the first send
+        if spy.poll() is not None:
+            raise SystemExit(f"py-spy exited: {spy.stderr.read().decode(errors='replace') if spy.stderr else ''}")
+        return scenario()
+    finally:
+        if spy is not None and spy.poll() is None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes the file on SIGINT
+            try:
+                spy.wait(60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait(5)
+        broker.stop()
+
+
+def profile_once(profile: Profile, args: argparse.Namespace, py_spy: str, raw_dir: Path) -> list[str]:
+    plain = plain_run(profile, args.seconds)
+    us = field(plain, "broker_cpu_us_per_msg")
+    raw = raw_dir / f"{profile.name}.raw"
+    profiled = profiled_run(profile, args.seconds, py_spy, args.rate, raw)
+    folded = fold(raw.read_text().splitlines(), profile.rules)
+    head = (f"# profile={profile.name} ({profile.what}) seconds={args.seconds:g}: plain run "
+            f"{profile.rate_key}={field(plain, profile.rate_key):.0f} broker_cpu_us_per_msg={us:.2f} "
+            f"other_cpu_pct={field(plain, profile.other_key):.0f}; "
+            f"profiled run {profile.rate_key}={field(profiled, profile.rate_key):.0f} "
+            f"broker_cpu_us_per_msg={field(profiled, 'broker_cpu_us_per_msg'):.2f} "
+            f"other_cpu_pct={field(profiled, profile.other_key):.0f} "
+            f"samples={folded.total} idle_left_out={folded.idle} py_spy_rate={args.rate}")
+    return [head, *table(folded, profile.stages, us, args.detail)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, from " + ",".join(PROFILES))
+    parser.add_argument("--seconds", type=float, default=8.0, help="how long the publishers send, each run")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--py-spy", help="the py-spy binary (default: on PATH or beside this Python)")
+    parser.add_argument("--keep-raw", type=Path, metavar="DIR", help="keep py-spy's raw files here")
+    parser.add_argument("--detail", type=int, default=0, metavar="N", help="each stage's N heaviest deciding frames")
+    parser.add_argument("--fold", type=Path, metavar="FILE", help="instead: fold an existing raw file")
+    parser.add_argument("--profile", choices=tuple(PROFILES), help="with --fold: whose rules")
+    parser.add_argument("--us-per-msg", type=float, default=0.0, help="with --fold: the run's broker CPU us/msg")
+    args = parser.parse_args()
+    if args.fold:
+        if not args.profile:
+            parser.error("--fold needs --profile")
+        profile = PROFILES[args.profile]
+        folded = fold(args.fold.read_text().splitlines(), profile.rules)
+        print(f"# profile={profile.name} file={args.fold} samples={folded.total} idle_left_out={folded.idle}")
+        print("\n".join(table(folded, profile.stages, args.us_per_msg, args.detail)))
+        return
+    names = [n.strip() for n in args.profiles.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown or not names:
+        parser.error(f"unknown profile(s) {','.join(unknown)} (choose from {','.join(PROFILES)})")
+    py_spy = py_spy_path(args.py_spy)
+    raise_fd_limit()
+    raw_dir = args.keep_raw or Path(tempfile.mkdtemp(prefix="tidemq-profile-"))
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for name in names:
+            print("\n".join(profile_once(PROFILES[name], args, py_spy, raw_dir)), flush=True)
+    finally:
+        if args.keep_raw is None:
+            shutil.rmtree(raw_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
