@@ -18,9 +18,13 @@ from typing import Any
 
 from store import StoreOptions
 
+from .native import PURE_PYTHON_ENV
 from .trace import parse_listeners
 
 ENV_PREFIX = "TIDEMQ_"
+# TIDEMQ_* names that are not settings: the config file's path, and the process's choice of the
+# compiled or interpreted build (gateway/native.py), made before any configuration is read
+NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", PURE_PYTHON_ENV})
 
 
 class ConfigError(ValueError):
@@ -219,7 +223,7 @@ def load_config(
     from_env = {
         key[len(ENV_PREFIX) :].lower(): value
         for key, value in env.items()
-        if key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG"
+        if key.startswith(ENV_PREFIX) and key not in NOT_SETTINGS
     }
     apply(from_env, "environment")
     apply({k: v for k, v in (overrides or {}).items() if v is not None}, "command line")

@@ -27,15 +27,15 @@ npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
 # install built from the modules pyproject.toml lists under [tool.tidemq] compiled), then against
 # the same modules interpreted (TIDEMQ_PURE_PYTHON=1, gateway/native.py), the reference. The
 # differential tests (tests/test_native_*.py) compare the two builds within each run.
-# TIDEMQ_TEST_BUILDS=compiled (or interpreted) runs one of them only, for a quicker local run.
+# TEST_BUILDS=compiled (or interpreted) runs one of them only, for a quicker local run.
 status=0
-for build in ${TIDEMQ_TEST_BUILDS:-compiled interpreted}; do
+for build in ${TEST_BUILDS:-compiled interpreted}; do
     echo "scripts/test.sh: the suite against the $build build" >&2
     run_status=0
     if [ "$build" = interpreted ]; then
         TIDEMQ_PURE_PYTHON=1 .venv/bin/python -m pytest "$@" || run_status=$?
     else
-        TIDEMQ_PURE_PYTHON= .venv/bin/python -m pytest "$@" || run_status=$?
+        env -u TIDEMQ_PURE_PYTHON .venv/bin/python -m pytest "$@" || run_status=$?
     fi
     if [ "$run_status" -eq 5 ]; then
         echo "scripts/test.sh: pytest collected no tests ($build build); that is a failure" >&2

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gateway.native import PURE_PYTHON_ENV, compiled_modules, is_compiled, pure_python_selected
 
+from .crash_support import free_port, launch, stop
 from .native_support import COMPILED, ROOT, compiled
 
 
@@ -64,3 +65,13 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
     assert "StaleExtensionError" in result.stderr and "is older than" in result.stderr
     # the interpreted build does not look at extensions at all
     assert run("import gateway, protocols.mqtt.reader", pure=True, path=tmp_path).returncode == 0
+
+
+def test_a_gateway_serves_with_the_selector_set_either_way(tmp_path: Path) -> None:
+    """TIDEMQ_PURE_PYTHON is a TIDEMQ_* name but no setting: set empty (the compiled build) or to
+    1, the configuration does not refuse it as unknown."""
+    for value in ("", "1"):
+        proc = launch(["--data-dir", str(tmp_path / f"data{value}"), "--mqtt-bind", f"127.0.0.1:{free_port()}",
+                       "--amqp-bind", "", "--remoting-bind", ""], env={PURE_PYTHON_ENV: value})
+        stop(proc)
+        assert proc.returncode == 0
