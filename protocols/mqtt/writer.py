@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import cython
 
 from . import properties as P
 from .packets import (
@@ -51,30 +52,46 @@ FIXED_FLAGS = {t: 0 for t in PacketType} | {
 def fixed_header(first_byte: int, remaining: int) -> bytes:
     if remaining > MAX_VARINT:
         raise ValueError(f"packet body of {remaining} bytes exceeds MQTT's limit")
+    if 0 <= remaining < 128 and 0 <= first_byte < 256:  # the common short packet, without a varint call
+        return bytes((first_byte, remaining))
     return bytes((first_byte,)) + encode_varint(remaining)
 
 
-@dataclass(slots=True, frozen=True)
+@cython.cclass
 class PublishTemplate:
     """One outgoing PUBLISH encoded once and sent to many receivers (fan-out): a QoS 1/2 copy
     gets its packet id, and DUP when resent, patched into the same bytes."""
 
-    data: bytes
-    packet_id_at: int  # -1 for QoS 0
+    data = cython.declare(bytes, visibility="readonly")
+    packet_id_at = cython.declare(cython.Py_ssize_t, visibility="readonly")  # -1 for QoS 0
 
-    @classmethod
-    def of(cls, topic: str, payload: bytes, qos: int, retain: bool, version: int,
+    def __init__(self, data: bytes, packet_id_at: int) -> None:
+        self.data = data
+        self.packet_id_at = packet_id_at
+
+    def __repr__(self) -> str:
+        return f"PublishTemplate(data={self.data!r}, packet_id_at={self.packet_id_at})"
+
+    @staticmethod
+    def of(topic: str, payload: bytes, qos: int, retain: bool, version: int,
            properties: Properties | None) -> PublishTemplate:
         head, packet_id_at = _publish_head(topic, qos, 0, properties, version)
         header = fixed_header(0x30 | (qos << 1) | (1 if retain else 0), len(head) + len(payload))
-        return cls(header + head + payload, len(header) + packet_id_at if qos else -1)
+        return PublishTemplate(header + head + payload, len(header) + packet_id_at if qos else -1)
 
+    @cython.locals(at=cython.Py_ssize_t, pid=cython.int)
     def render(self, packet_id: int | None, dup: bool = False) -> bytes:
-        if self.packet_id_at < 0:
+        at = self.packet_id_at
+        if at < 0:
             return self.data
-        assert packet_id is not None, "a QoS 1/2 PUBLISH needs a packet id"
+        if packet_id is None:
+            raise ValueError("a QoS 1/2 PUBLISH needs a packet id")
+        if not 0 < packet_id <= 0xFFFF:
+            raise ValueError(f"packet id out of range: {packet_id}")
+        pid = packet_id
         out = bytearray(self.data)
-        _U16.pack_into(out, self.packet_id_at, packet_id)
+        out[at] = pid >> 8
+        out[at + 1] = pid & 0xFF
         if dup:
             out[0] |= 0x08
         return bytes(out)
