@@ -71,6 +71,12 @@ def reason(version: int) -> st.SearchStrategy[int]:
     return st.integers(0, 255) if version == MQTT_5 else st.just(0)
 
 
+def publishes(version: int) -> st.SearchStrategy[Publish]:
+    return st.integers(0, 2).flatmap(lambda qos: st.builds(
+        Publish, text, binary, st.just(qos), st.booleans(), st.booleans() if qos else st.just(False),
+        packet_id if qos else st.none(), props(P.PUBLISH, version)))
+
+
 def packets(version: int) -> st.SearchStrategy:
     will = st.builds(Will, text, binary, st.integers(0, 2), st.booleans(), props(P.WILL, version))
     connect_versions = st.sampled_from([MQTT_3_1, MQTT_3_1_1]) if version != MQTT_5 else st.just(MQTT_5)
@@ -81,9 +87,7 @@ def packets(version: int) -> st.SearchStrategy:
     v3_connack = st.sampled_from([0, 0x84, 0x85, 0x88, 0x86, 0x87])
     connack = st.builds(ConnAck, st.booleans(), v3_connack if version != MQTT_5 else st.integers(0, 255),
                         props(P.CONNACK, version))
-    publish = st.integers(0, 2).flatmap(lambda qos: st.builds(
-        Publish, text, binary, st.just(qos), st.booleans(), st.booleans() if qos else st.just(False),
-        packet_id if qos else st.none(), props(P.PUBLISH, version)))
+    publish = publishes(version)
     acks = st.one_of(*(st.builds(cls, packet_id, reason(version), props(cls.__name__.lower(), version))
                        for cls in (PubAck, PubRec, PubRel, PubComp)))
     subscription = (

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from gateway.interop import queue_for_filter
-from gateway.mqtt import messages
 from protocols.mqtt.codec import encode
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
@@ -259,25 +258,10 @@ async def test_shared_subscription_spreads_and_redelivers(data_dir: Path) -> Non
         await pub.disconnect()
 
 
-async def test_fan_out_reads_decodes_and_encodes_once_not_per_subscriber(data_dir: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_fan_out_reads_decodes_and_encodes_once_not_per_subscriber(data_dir: Path) -> None:
     """200 subscribers of one topic: a store read per batch, and per message one decoding
-    (``Delivery.of``) and one encoded PUBLISH (they all get the same variant), not 200."""
-    made = {"deliveries": 0, "publishes": 0}
-    real_of, real_template = messages.Delivery.of.__func__, messages.PublishTemplate
-
-    def counted_of(cls: type, message: StoredMessage) -> messages.Delivery:
-        made["deliveries"] += 1
-        return real_of(cls, message)
-
-    class CountedTemplate:  # (the compiled PublishTemplate's methods cannot be replaced: its name can)
-        @staticmethod
-        def of(*args: object) -> messages.PublishTemplate:
-            made["publishes"] += 1
-            return real_template.of(*args)
-
-    monkeypatch.setattr(messages.Delivery, "of", classmethod(counted_of))
-    monkeypatch.setattr(messages, "PublishTemplate", CountedTemplate)
+    (a Delivery of the broker's memo) and one encoded PUBLISH (they all get the same variant,
+    one template per Delivery), not 200."""
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
         subscribers = []
@@ -288,6 +272,8 @@ async def test_fan_out_reads_decodes_and_encodes_once_not_per_subscriber(data_di
             subscribers.append(client)
         stats = gw.mqtt.cache.stats
         reads_before = stats.store_reads
+        memo = gw.mqtt.deliveries
+        decoded_before = memo.decoded
         pub = PahoClient(port, "pub")
         await pub.connect()
         for i in range(20):
@@ -298,7 +284,8 @@ async def test_fan_out_reads_decodes_and_encodes_once_not_per_subscriber(data_di
         # each notify batch costs one store read shared by all 200 subscribers
         assert stats.store_reads - reads_before <= 20
         assert stats.hits >= 199 * 20
-        assert made == {"deliveries": 20, "publishes": 20}
+        assert memo.decoded - decoded_before == 20
+        assert [len(delivery.templates) for delivery in memo.live()] == [1] * 20  # the cache keeps the 20 alive
         for client in subscribers:
             await client.close()
         await pub.disconnect()

@@ -15,8 +15,9 @@ import base64
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
+
+import cython
 
 from protocols.mqtt.codec import PublishTemplate
 from protocols.mqtt.packets import Publish
@@ -63,7 +64,7 @@ class StoreMessageFactory:
         return Message(topic, publish.payload, encoded_properties=self._encoded, flag=flag)
 
 
-@dataclass(slots=True)
+@cython.cclass
 class Delivery:
     """What a stored message means to MQTT subscribers, and its outgoing PUBLISH bytes per
     variant: made once per message object (``DeliveryMemo``) and shared by every subscriber.
@@ -74,20 +75,36 @@ class Delivery:
     was, made every message a reference cycle that outlived its last reader until a full
     collection: hundreds of MiB under load, issue 23.5)."""
 
-    qos: int  # the QoS it was published with (2 for messages from other protocols)
-    retain: bool
-    props: Properties | None
-    expires_at: float | None  # wall clock seconds, from Message Expiry Interval
-    body: bytes
-    raw_properties: bytes
-    templates: dict[tuple, PublishTemplate] = field(default_factory=dict)
-    _publisher: str | None = None
+    qos = cython.declare(cython.int, visibility="public")  # the QoS it was published with (2 for other protocols)
+    retain = cython.declare(cython.bint, visibility="public")
+    props = cython.declare(object, visibility="public")  # Properties | None
+    expires_at = cython.declare(object, visibility="public")  # wall clock seconds, from Message Expiry Interval
+    body = cython.declare(bytes, visibility="public")
+    raw_properties = cython.declare(bytes, visibility="public")
+    templates = cython.declare(dict, visibility="public")  # variant key -> PublishTemplate
+    _publisher = cython.declare(object, visibility="public")
 
-    @classmethod
-    def of(cls, message: StoredMessage) -> Delivery:
+    def __init__(self, qos: int, retain: bool, props: Properties | None, expires_at: float | None, body: bytes,
+                 raw_properties: bytes) -> None:
+        self.qos = qos
+        self.retain = retain
+        self.props = props
+        self.expires_at = expires_at
+        self.body = body
+        self.raw_properties = raw_properties
+        self.templates = {}
+        self._publisher = None
+
+    def __repr__(self) -> str:
+        return (f"Delivery(qos={self.qos}, retain={self.retain}, props={self.props!r}, expires_at={self.expires_at!r}, "
+                f"body={self.body!r:.60})")
+
+    @staticmethod
+    @cython.locals(flag=cython.uint)
+    def of(message: StoredMessage) -> Delivery:
         flag = message.flag
         if not flag & MQTT_FLAG:
-            return cls(2, False, None, None, message.body, message.raw_properties)
+            return Delivery(2, False, None, None, message.body, message.raw_properties)
         props = None
         expires_at = None
         if flag & PROPS_FLAG:
@@ -97,7 +114,7 @@ class Delivery:
                 props, _ = decode_properties(encode_varint(len(block)) + block, 0, "publish")
                 if props.message_expiry_interval is not None:
                     expires_at = message.store_timestamp / 1000 + props.message_expiry_interval
-        return cls(flag & 3, bool(flag & RETAIN_FLAG), props, expires_at, message.body, message.raw_properties)
+        return Delivery(flag & 3, bool(flag & RETAIN_FLAG), props, expires_at, message.body, message.raw_properties)
 
     @property
     def publisher(self) -> str:
@@ -132,10 +149,11 @@ class DeliveryMemo:
     before the object's memory, and so its id, can be reused), so the memo holds nothing the
     cache and the readers no longer hold, and no reference cycle is made per message."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "decoded")
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref[StoredMessage], Delivery]] = {}
+        self.decoded = 0  # Deliveries made (a message decoded), ever
 
     def __call__(self, message: StoredMessage) -> Delivery:
         entries = self._entries
@@ -144,9 +162,14 @@ class DeliveryMemo:
         if found is not None:
             return found[1]
         delivery = Delivery.of(message)
+        self.decoded += 1
         # on the message's death: entries.pop(key, ref), a C call (no closure per message)
         entries[key] = (weakref.ref(message, partial(entries.pop, key)), delivery)
         return delivery
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def live(self) -> list[Delivery]:
+        """The Deliveries of the message objects alive now."""
+        return [delivery for _, delivery in self._entries.values()]
