@@ -57,6 +57,9 @@ CRC_START = 12
 _U32 = struct.Struct(">I")
 MAX_U16 = 0xFFFF
 MAX_U32 = 0xFFFF_FFFF
+# What the encoders take (an annotation of ``bytes`` alone would make the compiled build refuse
+# the others): any bytes-like object, copied to bytes when it is not one.
+BytesLike = bytes | bytearray | memoryview
 
 
 # -- Buffer primitives: the only code with a compiled and an interpreted body ----------------
@@ -283,7 +286,7 @@ def decode_queues(raw: bytes | memoryview, count: cython.Py_ssize_t) -> list[tup
 
 
 @cython.locals(lt=cython.Py_ssize_t, lk=cython.Py_ssize_t, lp=cython.Py_ssize_t, at=cython.Py_ssize_t)
-def encode_static(topic: bytes, key: bytes, properties: bytes, queue_count: int, body_len: int) -> bytes:
+def encode_static(topic: BytesLike, key: BytesLike, properties: BytesLike, queue_count: int, body_len: int) -> bytes:
     """The record's field lengths, topic, key and properties: all that is fixed before the
     store gives the message its queue offsets and store time."""
     topic, key, properties = _as_bytes(topic), _as_bytes(key), _as_bytes(properties)
@@ -306,7 +309,7 @@ def encode_static(topic: bytes, key: bytes, properties: bytes, queue_count: int,
 
 @cython.locals(n=cython.Py_ssize_t, i=cython.Py_ssize_t, at=cython.Py_ssize_t, need=cython.Py_ssize_t, slot=bytes)
 def assemble(
-    size: cython.Py_ssize_t, static: bytes, slots: Sequence[bytes], offsets: Sequence[int], body: bytes,
+    size: cython.Py_ssize_t, static: BytesLike, slots: Sequence[bytes], offsets: Sequence[int], body: BytesLike,
     born_ts: cython.longlong, store_ts: cython.longlong, flags: cython.uint = 0,
 ) -> bytes:
     """Frame a record from :func:`encode_static` output, queue slots and offsets (hot path)."""
@@ -336,18 +339,18 @@ def assemble(
     return _finish(out)
 
 
-def record_size(static: bytes, slots: Sequence[bytes], body_len: int) -> int:
+def record_size(static: BytesLike, slots: Sequence[bytes], body_len: int) -> int:
     return FIXED_SIZE + len(static) + sum(len(s) for s in slots) + 8 * len(slots) + body_len
 
 
 def encode_record(
     *,
-    topic: bytes,
-    key: bytes,
-    properties: bytes,
+    topic: BytesLike,
+    key: BytesLike,
+    properties: BytesLike,
     queues: Sequence[bytes],
     offsets: Sequence[int],
-    body: bytes,
+    body: BytesLike,
     born_ts: int,
     store_ts: int,
     flags: int = 0,
