@@ -22,7 +22,7 @@ queues:     repeated (u16 name_len, name, u64 queue_offset): the queues the mess
             exactly the offsets that were acknowledged.
 
 On the compiled message path (pyproject.toml, ``[tool.tidemq] compiled``): the layout is written
-once, in the functions below; only the five byte primitives under "Buffer primitives" have a C
+once, in the functions below; only the small byte primitives under "Buffer primitives" have a C
 body (``if cython.compiled``: a bytes object filled in place, zlib's crc32 over it) beside the
 interpreted one (a bytearray, ``int.to_bytes``), as no pure-Python construct compiles to a memcpy.
 The first line links zlib (``store/zlib_crc.pxd`` declares its crc32; Cython reads the

@@ -148,6 +148,9 @@ def test_mutated_blocks_decode_the_same() -> None:
     dict(offsets=[2**64]),
     dict(offsets=[1, 2]),
     dict(body=bytearray(b"from a bytearray"), properties=memoryview(b"\x00\x01a\x00\x00\x00\x01b")),
+    dict(body=None),
+    dict(topic="a str"),
+    dict(queues=[None]),
 ])
 def test_bad_arguments_fail_the_same_way(case: dict[str, Any]) -> None:
     fast, reference = both()
@@ -171,3 +174,5 @@ def test_assemble_refuses_a_size_that_does_not_match_its_fields(delta: int) -> N
         size = module.record_size(static, slots, 3) + delta
         kind, (error, message) = outcome(module.assemble, size, static, slots, [0], b"abc", 1, 2)
         assert (kind, error) == ("error", ValueError) and "does not match" in message
+        kind, (error, _) = outcome(module.assemble, size - delta, static, [None], [0], b"abc", 1, 2)
+        assert (kind, error) == ("error", TypeError)
