@@ -40,43 +40,46 @@ def best(run: Callable[[], None], messages: int, repeat: int) -> float:
     return min(times) / messages * 1e6
 
 
-def cases(messages: int, repeat: int) -> list[str]:
+def queue_cases(nq: int, messages: int, repeat: int) -> list[str]:
+    """prepare, assemble and decode of ``messages`` messages of 64 B to ``nq`` queues each."""
     body = os.urandom(64)
-    lines = []
-    for nq in (1, 2):
-        names = [[f"bench/q{i % 1000}", f"bench/other{i % 7}"][:nq] for i in range(messages)]
-        msgs = [Message("bench", body) for _ in range(messages)]
+    names = [[f"bench/q{i % 1000}", f"bench/other{i % 7}"][:nq] for i in range(messages)]
+    msgs = [Message("bench", body) for _ in range(messages)]
 
-        def prepare() -> None:
-            for m, q in zip(msgs, names):
-                PreparedMessage(m, q, MAX_SIZE)
+    def prepare() -> None:
+        for m, q in zip(msgs, names):
+            PreparedMessage(m, q, MAX_SIZE)
 
-        prepared = [PreparedMessage(m, q, MAX_SIZE) for m, q in zip(msgs, names)]
-        offsets = [[i] * nq for i in range(messages)]
-        records: list[bytes] = []
+    prepared = [PreparedMessage(m, q, MAX_SIZE) for m, q in zip(msgs, names)]
+    offsets = [[i] * nq for i in range(messages)]
+    records: list[bytes] = []
 
-        def assemble() -> None:
-            records.clear()
-            append = records.append
-            asm = R.assemble
-            for p, o in zip(prepared, offsets):
-                append(asm(p.size, p.static, p.slots, o, p.body, p.born, 1_700_000_000_000, p.flag))
+    def assemble() -> None:
+        records.clear()
+        append = records.append
+        asm = R.assemble
+        for p, o in zip(prepared, offsets):
+            append(asm(p.size, p.static, p.slots, o, p.body, p.born, 1_700_000_000_000, p.flag))
 
-        us_prepare = best(prepare, messages, repeat)
-        us_assemble = best(assemble, messages, repeat)
-        log = b"".join(records)
-        sizes = [len(r) for r in records]
+    us_prepare = best(prepare, messages, repeat)
+    us_assemble = best(assemble, messages, repeat)
+    log = b"".join(records)
+    sizes = [len(r) for r in records]
 
-        def decode() -> None:
-            at = 0
-            for size in sizes:
-                stored_message(R.RecordView(log, at), "0A000001", at, "bench/q0", 0, 0)
-                at += size
+    def decode() -> None:
+        at = 0
+        for size in sizes:
+            stored_message(R.RecordView(log, at), "0A000001", at, "bench/q0", 0, 0)
+            at += size
 
-        us_decode = best(decode, messages, repeat)
-        lines += [f"record_prepare queues={nq} us_per_msg={us_prepare:.3f}",
-                  f"record_assemble queues={nq} us_per_msg={us_assemble:.3f}",
-                  f"record_decode queues={nq} us_per_msg={us_decode:.3f}"]
+    us_decode = best(decode, messages, repeat)
+    return [f"record_prepare queues={nq} us_per_msg={us_prepare:.3f}",
+            f"record_assemble queues={nq} us_per_msg={us_assemble:.3f}",
+            f"record_decode queues={nq} us_per_msg={us_decode:.3f}"]
+
+
+def cases(messages: int, repeat: int) -> list[str]:
+    lines = queue_cases(1, messages, repeat) + queue_cases(2, messages, repeat)
 
     def properties() -> None:
         for _ in range(messages):

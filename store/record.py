@@ -31,10 +31,10 @@ The first line links zlib (``store/zlib_crc.pxd`` declares its crc32; Cython rea
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
-import mmap
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import cython
 

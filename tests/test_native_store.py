@@ -140,25 +140,25 @@ def test_mutated_blocks_decode_the_same() -> None:
 
 
 @pytest.mark.parametrize("case", [
-    dict(topic=b"t" * 0x10000),
-    dict(key=b"k" * 0x10000),
-    dict(queues=[b"q"] * 0x10000, offsets=[0] * 0x10000),
-    dict(born_ts=2**63),
-    dict(store_ts=-(2**63) - 1),
-    dict(flags=2**32),
-    dict(flags=-1),
-    dict(offsets=[-1]),
-    dict(offsets=[2**64]),
-    dict(offsets=[1, 2]),
-    dict(body=bytearray(b"from a bytearray"), properties=memoryview(b"\x00\x01a\x00\x00\x00\x01b")),
-    dict(body=None),
-    dict(topic="a str"),
-    dict(queues=[None]),
+    {"topic": b"t" * 0x10000},
+    {"key": b"k" * 0x10000},
+    {"queues": [b"q"] * 0x10000, "offsets": [0] * 0x10000},
+    {"born_ts": 2**63},
+    {"store_ts": -(2**63) - 1},
+    {"flags": 2**32},
+    {"flags": -1},
+    {"offsets": [-1]},
+    {"offsets": [2**64]},
+    {"offsets": [1, 2]},
+    {"body": bytearray(b"from a bytearray"), "properties": memoryview(b"\x00\x01a\x00\x00\x00\x01b")},
+    {"body": None},
+    {"topic": "a str"},
+    {"queues": [None]},
 ])
 def test_bad_arguments_fail_the_same_way(case: dict[str, Any]) -> None:
     fast, reference = both()
-    args = dict(topic=b"t", key=b"", properties=b"", queues=[b"q"], offsets=[0], body=b"x", born_ts=1,
-                store_ts=2, flags=0) | case
+    args = {"topic": b"t", "key": b"", "properties": b"", "queues": [b"q"], "offsets": [0], "body": b"x",
+            "born_ts": 1, "store_ts": 2, "flags": 0} | case
     mine, theirs = outcome(fast.encode_record, **args), outcome(reference.encode_record, **args)
     if mine[0] == "error" and mine[1][0] is OverflowError:
         # C integer conversion words its message differently; the type is what a caller sees
