@@ -61,11 +61,21 @@ class _FreshExtensionLoader(ExtensionFileLoader):
     """Loads an extension only if its source has not changed since it was compiled."""
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
-        source = self.path[: -len(_extension_suffix(self.path))] + ".py"
-        if os.path.exists(source) and os.stat(source).st_mtime > os.stat(self.path).st_mtime:
-            raise StaleExtensionError(f"{spec.name}: {self.path} is older than {source}; {REBUILD_HINT}",
-                                      name=spec.name)
+        built = os.stat(self.path).st_mtime
+        for source in _sources_of(self.path):
+            if os.stat(source).st_mtime > built:
+                raise StaleExtensionError(f"{spec.name}: {self.path} is older than {source}; {REBUILD_HINT}",
+                                          name=spec.name)
         return super().create_module(spec)
+
+
+def _sources_of(extension: str) -> list[str]:
+    """What an extension was compiled from: its ``.py``, and the ``.pxd`` declarations of its
+    folder (a module may cimport any of them; checking them all errs on the safe side)."""
+    source = extension[: -len(_extension_suffix(extension))] + ".py"
+    folder = os.path.dirname(extension)
+    found = [source] if os.path.exists(source) else []
+    return found + [os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".pxd")]
 
 
 def _extension_suffix(path: str) -> str:

@@ -9,13 +9,19 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # The hash covers pyproject.toml, setup.py and the compiled modules' sources ([tool.tidemq]
-# compiled): the install builds their C extensions in place, so an edited one is built again.
+# compiled) with the .pxd declarations of their folders: the install builds their C extensions in place, so an edited one is built again.
 _tidemq_hash=$(.venv/bin/python - <<'PY'
 import hashlib, tomllib
 project = open("pyproject.toml", "rb").read()
 digest = hashlib.sha256(project + open("setup.py", "rb").read())
+import pathlib
+folders = set()
 for name in tomllib.loads(project.decode())["tool"]["tidemq"]["compiled"]:
-    digest.update(open(name.replace(".", "/") + ".py", "rb").read())
+    source = pathlib.Path(name.replace(".", "/") + ".py")
+    digest.update(source.read_bytes())
+    folders.add(source.parent)
+for declarations in sorted(p for folder in folders for p in folder.glob("*.pxd")):  # what they cimport
+    digest.update(declarations.read_bytes())
 print(digest.hexdigest())
 PY
 )

@@ -32,6 +32,8 @@ def copy_project_files(checkout: Path) -> None:
         source = Path(name.replace(".", "/") + ".py")
         (checkout / source).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / source, checkout / source)
+        for declarations in (ROOT / source.parent).glob("*.pxd"):
+            shutil.copy(declarations, checkout / source.parent / declarations.name)
 
 
 def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tuple[int, list[str]]:
@@ -72,6 +74,10 @@ def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path)
     assert source_venv(tmp_path, "test") == (0, [])
     # an edited compiled module: the install builds its extension again
     with (tmp_path / (COMPILED[0].replace(".", "/") + ".py")).open("a") as fh:
+        fh.write("\n# edited\n")
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    with next((tmp_path / "store").glob("*.pxd")).open("a") as fh:  # a declaration file a module cimports
         fh.write("\n# edited\n")
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
