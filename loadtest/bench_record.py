@@ -21,7 +21,7 @@ from collections.abc import Callable
 import gateway  # noqa: F401 - first: selects the build (gateway/native.py)
 from gateway.native import is_compiled
 from store import record as R
-from store.committer import PreparedMessage
+from store.batching import PreparedMessage
 from store.message import Message
 from store.reads import stored_message
 

@@ -9,63 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 
+from .batching import PreparedMessage, dispatch_items, place, put_results
 from .commitlog import CommitLog
-from .consumequeue import QID_MASK, ConsumeQueueIndex
+from .consumequeue import ConsumeQueueIndex
 from .dispatcher import Dispatcher
-from .errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
-from .keyindex import key_prefixes
+from .errors import StoreClosedError, StoreError, StoreWriteError
 from .log_limit import RateLimitedLog
-from .message import TAGS_PROPERTY, Message, PutResult, tag_hash
-from .record import FIXED_SIZE, assemble, encode_properties, encode_static, queue_slots_of
+from .message import PutResult
 from .stats import LatencyHistogram
 
 log = logging.getLogger("tidemq.store")
 
-Batch = list[tuple[list["PreparedMessage"], asyncio.Future[list[PutResult]]]]
-
-
-class PreparedMessage:
-    """A message encoded as far as it can be before the committer gives it queue offsets."""
-
-    __slots__ = ("body", "born", "flag", "index_keys", "queues", "size", "slots", "static", "tag_hash")
-
-    def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
-        if not queues:
-            raise InvalidMessageError("a message needs at least one target queue")
-        body = message.body
-        if type(body) is not bytes:
-            if not isinstance(body, (bytearray, memoryview)):
-                raise InvalidMessageError("message body must be bytes")
-            body = bytes(body)
-        props = message.properties
-        encoded = message.encoded_properties
-        if encoded is not None:
-            props = None
-        if message.tags:
-            if encoded is not None:  # an encoding is a run of pairs: the tags pair can follow
-                encoded += encode_properties({TAGS_PROPERTY: message.tags})
-            else:
-                props = {**(props or {}), TAGS_PROPERTY: message.tags}
-            self.tag_hash = tag_hash(message.tags)
-        else:
-            self.tag_hash = 0
-        self.slots, slots_len = queue_slots_of(queues)
-        self.static = static = encode_static(
-            message.topic.encode(), message.key.encode() if message.key else b"",
-            encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
-        )
-        self.body = body
-        self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
-        if not 0 <= message.flag <= 0xFFFF_FFFF:
-            raise InvalidMessageError("message flag must fit in 32 bits")
-        self.flag = message.flag
-        self.index_keys = key_prefixes(message.topic, message.key) if message.key else ()
-        self.queues = queues
-        self.size = FIXED_SIZE + len(static) + slots_len + len(body)
-        if self.size > max_size:
-            raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
+Batch = list[tuple[list[PreparedMessage], asyncio.Future[list[PutResult]]]]
 
 
 class GroupCommitter:
@@ -131,24 +87,8 @@ class GroupCommitter:
 
     async def _commit(self, batch: Batch) -> None:
         store_ts = _now_ms()
-        cache_get = self.index.cache.get
-        resolve = self.index.resolve
-        assigned: dict[str, int] = {}  # queue -> pack_state() for the next message in this batch
-        records: list[bytes] = []
-        placed: list[tuple[PreparedMessage, list[tuple[str, int, int]], list[int]]] = []
-        for prepared, _ in batch:
-            for p in prepared:
-                targets = []
-                offsets = []
-                for name in p.queues:
-                    packed = assigned.get(name) or cache_get(name) or resolve(name)
-                    assigned[name] = packed + (1 << 32)
-                    offset = packed >> 32
-                    targets.append((name, packed & QID_MASK, offset))
-                    offsets.append(offset)
-                records.append(assemble(p.size, p.static, p.slots, offsets, p.body, p.born, store_ts, p.flag))
-                placed.append((p, targets, offsets))
-
+        groups = [prepared for prepared, _ in batch]
+        records, placed, assigned = place(groups, self.index.cache.get, self.index.resolve, store_ts)
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
         if self.sync:
             try:
@@ -156,11 +96,8 @@ class GroupCommitter:
             except StoreWriteError:
                 self.commitlog.truncate(positions[0])
                 raise
-        items = [
-            (pos, p.size, p.tag_hash, store_ts, targets, p.index_keys) for pos, (p, targets, _) in zip(positions, placed)
-        ]
         try:
-            self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
+            self.dispatcher.dispatch(dispatch_items(positions, placed, store_ts), self.commitlog.end_position, assigned)
         except Exception as exc:
             # The records are in the commitlog; a restart re-dispatches them. Until then the
             # index cannot advance in order, so refuse further writes rather than reorder.
@@ -168,24 +105,9 @@ class GroupCommitter:
             log.error("index write failed; refusing writes until restart error=%s", exc)
             raise self._write_failure from exc
 
-        id_prefix = self._id_prefix
-        i = 0
-        for prepared, fut in batch:
-            results = []
-            for p in prepared:
-                pos = positions[i]
-                offsets = placed[i][2]
-                queues = p.queues
-                results.append(
-                    PutResult(
-                        f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
-                        {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets)),
-                    )
-                )
-                i += 1
+        for (_, fut), results in zip(batch, put_results(groups, positions, placed, self._id_prefix, store_ts)):
             if not fut.done():
                 fut.set_result(results)
-
 
 
 def _fail(batch: Batch, exc: BaseException) -> None:

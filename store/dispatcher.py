@@ -12,7 +12,6 @@ from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, HEAD_OFFSET, QUE
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
 
-
 # (commitlog position, record size, tag hash, store timestamp, [(queue, qid, offset in it)],
 # key-index prefixes): a plain tuple, built once per message on the hot path.
 DispatchItem = tuple[int, int, int, int, list[tuple[str, int, int]], tuple[bytes, ...]]

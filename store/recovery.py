@@ -17,9 +17,9 @@ from typing import Iterator
 
 from .commitlog import CommitLog, Segment
 from .consumequeue import QID_MASK, ConsumeQueueIndex
-from .dispatcher import DispatchItem, Dispatcher
-from .keyindex import key_prefixes
+from .dispatcher import Dispatcher, DispatchItem
 from .errors import RecordCorruptError, StoreCorruptError
+from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, tag_hash
 from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-
 from collections.abc import Iterable
 
 from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict, WriteBufferManager

@@ -14,8 +14,9 @@ import shutil
 import time
 from collections.abc import Hashable, Iterable, Sequence
 
+from .batching import PreparedMessage
 from .commitlog import CommitLog
-from .committer import GroupCommitter, PreparedMessage
+from .committer import GroupCommitter
 from .consumequeue import (
     ENTRY_VALUE,
     ConsumeQueueIndex,
@@ -42,8 +43,8 @@ from .message import (
 from .meta import KvTable, MetaStore
 from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .notify import NotifyHub, NotifySubscription
-from .options import StoreOptions
 from .offsets import ConsumerOffsets
+from .options import StoreOptions
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy, clean_index_below

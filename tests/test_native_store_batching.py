@@ -1,0 +1,129 @@
+"""Differential tests of the committer's compiled bookkeeping (store/batching.py) and of the
+dispatcher (store/dispatcher.py): the C extension and the interpreted reference give the same
+prepared messages, offsets, records, put results, index writes and notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import Message
+
+from .native_support import compiled, interpreted
+
+BATCHING, DISPATCHER = "store.batching", "store.dispatcher"
+QUEUES = [f"q{i}" for i in range(6)] + ["t:a/b", "w:a/+"]
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
+messages = st.builds(
+    Message, text, st.binary(max_size=200),
+    st.none() | st.dictionaries(text.filter(bool), text, max_size=3),
+    st.none() | text, st.none() | text, st.integers(0, 1 << 45), st.none(),  # (born given: the clock differs)
+    st.integers(0, 0xFFFF_FFFF),
+)
+puts = st.lists(st.lists(st.tuples(messages, st.lists(st.sampled_from(QUEUES), min_size=1, max_size=3, unique=True)),
+                         min_size=1, max_size=4), min_size=1, max_size=4)
+
+
+def outcome(call: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "value", call(*args)
+    except Exception as exc:  # noqa: BLE001 - the error is what is compared
+        return "error", (type(exc), str(exc))
+
+
+def fields(p: Any) -> tuple:
+    return (p.body, p.born, p.flag, p.index_keys, list(p.queues), p.size, p.slots, p.static, p.tag_hash)
+
+
+class QueueStates:
+    """cached/resolve of the consume-queue index: a queue's packed (next offset, qid)."""
+
+    def __init__(self, known: dict[str, int]) -> None:
+        self.packed = {name: (offset << 32) | qid for qid, (name, offset) in enumerate(known.items())}
+
+    def cached(self, name: str) -> int | None:
+        return self.packed.get(name) if len(name) % 2 else None  # some come from the cache, some resolved
+
+    def resolve(self, name: str) -> int:
+        return self.packed.setdefault(name, len(self.packed))
+
+
+def run_batching(module: Any, groups_in: list, known: dict[str, int]) -> Any:
+    groups = []
+    for group in groups_in:
+        prepared = []
+        for message, queues in group:
+            got = outcome(module.PreparedMessage, message, queues, 4096)
+            if got[0] == "error":
+                return got
+            prepared.append(got[1])
+        groups.append(prepared)
+    states = QueueStates(known)
+    records, placed, assigned = module.place(groups, states.cached, states.resolve, 1_700_000_000_000)
+    positions = list(range(1000, 1000 + 10_000 * len(records), 10_000))
+    return ([[fields(p) for p in g] for g in groups], records, [(t, o) for _, t, o in placed], assigned,
+            module.put_results(groups, positions, placed, "AB", 7), module.dispatch_items(positions, placed, 7))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=puts, known=st.dictionaries(st.sampled_from(QUEUES), st.integers(0, 1 << 31), max_size=4))
+def test_prepared_messages_offsets_records_and_results_are_the_same(groups: list, known: dict[str, int]) -> None:
+    fast, reference = compiled(BATCHING), interpreted(BATCHING)
+    assert run_batching(fast, groups, known) == run_batching(reference, groups, known)
+
+
+@given(message=messages, queues=st.lists(st.sampled_from(QUEUES), max_size=2), max_size=st.integers(0, 400))
+def test_refusals_are_the_same(message: Message, queues: list[str], max_size: int) -> None:
+    fast, reference = compiled(BATCHING), interpreted(BATCHING)
+    mine, theirs = outcome(fast.PreparedMessage, message, queues, max_size), \
+        outcome(reference.PreparedMessage, message, queues, max_size)
+    assert mine[0] == theirs[0]
+    assert (fields(mine[1]) if mine[0] == "value" else mine[1]) == (fields(theirs[1]) if theirs[0] == "value"
+                                                                   else theirs[1])
+
+
+class Recorder:
+    """The index and notify hub a Dispatcher writes to, recording every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.cache = self
+        self.active = True
+
+    def new_batch(self) -> Recorder:
+        return self
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.calls.append(("put", key, value))
+
+    def commit(self, batch: Any, end: int) -> None:
+        self.calls.append(("commit", end))
+
+    def update(self, heads: dict[str, int]) -> None:
+        self.calls.append(("heads", dict(heads)))
+
+    def trim_cache(self) -> None:
+        self.calls.append(("trim",))
+
+    def publish(self, events: dict[str, int]) -> None:
+        self.calls.append(("notify", dict(events)))
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=puts, known=st.dictionaries(st.sampled_from(QUEUES), st.integers(0, 1 << 31), max_size=4),
+       recovering=st.booleans())
+def test_the_dispatcher_writes_and_notifies_the_same(groups: list, known: dict[str, int], recovering: bool) -> None:
+    reference = interpreted(BATCHING)
+    result = run_batching(reference, groups, known)
+    if result[0] == "error":
+        return
+    items, assigned = result[5], result[3]
+    recorded = []
+    for module in (compiled(DISPATCHER), interpreted(DISPATCHER)):
+        recorder = Recorder()
+        module.Dispatcher(recorder, recorder).dispatch(items, 123456, None if recovering else assigned)
+        recorded.append(recorder.calls)
+    assert recorded[0] == recorded[1]
