@@ -16,6 +16,7 @@ the same file runs interpreted with ``TIDEMQ_PURE_PYTHON=1``.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Container, Iterator, Mapping
 from typing import Protocol
 
@@ -44,7 +45,9 @@ from .reason_codes import ReasonCode
 from .topics import TopicError, validate_topic_name
 from .writer import encode
 
-_PUBACK_HEAD = b"\x40\x02"
+# a PUBACK 0 (type 4, remaining length 2, packet id): struct packs it in half the time of
+# ``b"\x40\x02" + packet_id.to_bytes(2, "big")``
+_PUBACK = struct.Struct(">BBH").pack
 # protocol errors a 5.0 CONNACK can carry (MQTT 5.0 section 3.2.2.2)
 _CONNACK_REFUSALS = frozenset((ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.MALFORMED_PACKET,
                                ReasonCode.PROTOCOL_ERROR, ReasonCode.PACKET_TOO_LARGE))
@@ -244,7 +247,7 @@ class ServerConnection:
             self._unreleased.add(packet_id)
         if qos == 1:
             if code == _SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
-                return _PUBACK_HEAD + packet_id.to_bytes(2, "big")
+                return _PUBACK(0x40, 0x02, packet_id)
             return encode(PubAck(packet_id, code), self.version)
         if not failed:
             awaiting_release.add(packet_id)
