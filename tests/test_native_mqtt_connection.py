@@ -325,3 +325,37 @@ def test_the_compiled_connection_is_an_extension_type() -> None:
         assert not hasattr(conn, "__dict__")
         conn.send_quota = 3
         assert conn.window({1: None}) == 2
+
+
+class Ids(set):
+    """A caller's own set type."""
+
+
+class Text(str):
+    """A caller's own string type."""
+
+
+def test_arguments_that_are_not_exactly_set_or_str_are_taken_the_same() -> None:
+    """Compiled, a ``set`` or ``str`` annotation would refuse subclasses and None (the module
+    turns annotation typing off): both builds take what the interpreted one takes."""
+    limits = {"max_packet_size": 1 << 20, "receive_maximum": 4, "topic_alias_maximum": 2, "send_quota": 8}
+    results = []
+    for module in (compiled(CONNECTION), interpreted(CONNECTION)):
+        driver = Driver(module, limits, [])
+        driver.step(("data", encode(Connect("c", MQTT_5), MQTT_5), ReasonCode.SUCCESS))
+        conn, seen = driver.conn, []
+        for call, args in [
+            (conn.inbound_publish, (Publish(Text("t"), b"", 2, False, False, 1), frozenset({1}))),
+            (conn.inbound_publish, (Publish("t", b"", 2, False, False, 2), Ids())),
+            (conn.ack_publish, (2, 2, ReasonCode.SUCCESS, Ids())),
+            (conn.release, (2, Ids({2}))),
+            (conn.alias_out, (Text("t"),)),
+            (conn.alias_out, (None,)),
+            (conn.alias_unsent, (None,)),
+        ]:
+            try:
+                seen.append(("value", call(*args)))
+            except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+                seen.append(("error", type(exc).__name__))
+        results.append((seen, driver.state()))
+    assert results[0] == results[1]

@@ -1,3 +1,4 @@
+# cython: annotation_typing=False
 """The server side of one MQTT connection, sans-IO (as h11's ``Connection``): fed bytes, it
 yields the client's packets as events, gated by the connection's state; it turns the packets
 the server sends into bytes in the negotiated version; and it keeps the per-connection protocol
@@ -10,7 +11,10 @@ here take and change those structures so the rules stay in one place.
 
 Compiled by Cython (pyproject.toml ``[tool.tidemq] compiled``, README "The compiled message
 path"): ``ServerConnection`` is an extension type whose counters and limits are C integers;
-the same file runs interpreted with ``TIDEMQ_PURE_PYTHON=1``.
+the same file runs interpreted with ``TIDEMQ_PURE_PYTHON=1``. Its annotations are for readers
+and type checkers only (``annotation_typing=False``, first line): compiled, a ``str``, ``bytes``
+or ``set`` annotation would refuse None, subclasses and other types the interpreted build takes.
+C types are given by ``cython.locals`` and ``cython.declare``.
 """
 
 from __future__ import annotations
@@ -236,8 +240,8 @@ class ServerConnection:
                                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         return topic
 
-    @cython.locals(failed=cython.bint)
-    def ack_publish(self, qos: cython.int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
+    @cython.locals(qos=cython.int, failed=cython.bint)
+    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
         """PUBACK (QoS 1) or PUBREC (QoS 2) for a publish ``inbound_publish`` counted. A QoS 2
         one taken (code below 0x80) joins ``awaiting_release`` and stays counted until PUBREL."""
         failed = code >= 0x80
