@@ -208,7 +208,6 @@ class ServerConnection:
         self.state = _CLOSED
 
     # -- inbound PUBLISH and its acknowledgement ------------------------------------------------
-    @cython.locals(qos=cython.int)
     def inbound_publish(self, packet: Publish, awaiting_release: set[int]) -> str | None:
         """The topic of a client's PUBLISH, its alias resolved, counted against our Receive
         Maximum until ``ack_publish``; None for a QoS 2 PUBLISH sent again whose first copy
@@ -240,12 +239,10 @@ class ServerConnection:
                                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         return topic
 
-    @cython.locals(qos=cython.int, failed=cython.bint)
     def ack_publish(self, qos: int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
         """PUBACK (QoS 1) or PUBREC (QoS 2) for a publish ``inbound_publish`` counted. A QoS 2
         one taken (code below 0x80) joins ``awaiting_release`` and stays counted until PUBREL."""
-        failed = code >= 0x80
-        if qos == 1 or failed:
+        if qos == 1 or code >= 0x80:
             self.inbound_unacked -= 1
         else:
             self._unreleased.add(packet_id)
@@ -253,7 +250,7 @@ class ServerConnection:
             if code == _SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
                 return _PUBACK(0x40, 0x02, packet_id)
             return encode(PubAck(packet_id, code), self.version)
-        if not failed:
+        if code < 0x80:
             awaiting_release.add(packet_id)
         return encode(PubRec(packet_id, code), self.version)
 
