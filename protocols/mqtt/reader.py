@@ -327,7 +327,7 @@ class PacketReader:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:  # (a bytes annotation: compiled, bytes only)
         self._buffer += data
 
     @cython.locals(pos=cython.Py_ssize_t, size=cython.Py_ssize_t, i=cython.Py_ssize_t, remaining=cython.Py_ssize_t,

@@ -1,3 +1,4 @@
+# cython: annotation_typing=False
 """MQTT packets -> bytes for 3.1, 3.1.1 and 5.0 (sans-IO): ``encode(packet, version)``
 gives a packet's wire bytes (properties dropped below 5.0); ``fixed_header`` frames a body;
 ``PublishTemplate`` is one PUBLISH encoded once for many receivers."""
