@@ -14,6 +14,10 @@ from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
 from pamqp.base import Frame
 
+from . import pamqp_guards
+
+pamqp_guards.install()  # before anything decodes: see there
+
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
