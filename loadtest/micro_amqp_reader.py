@@ -17,10 +17,9 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import gateway  # noqa: F401 - routes the imports to the build TIDEMQ_PURE_PYTHON selects
-
 from gateway.native import PURE_PYTHON_ENV, is_compiled, pure_python_selected
 from loadtest.amqp_wire import publish_frames
 from protocols.amqp import frames, reader
@@ -35,7 +34,7 @@ def rich_publish(channel: int, body: bytes) -> bytes:
     from pamqp.header import ContentHeader
     properties = commands.Basic.Properties(
         content_type="application/json", delivery_mode=2, message_id="msg-0001", correlation_id="c-1",
-        timestamp=datetime(2026, 11, 24, tzinfo=timezone.utc), headers={"tenant": "acme", "attempt": 1, "ok": True})
+        timestamp=datetime(2026, 11, 24, tzinfo=UTC), headers={"tenant": "acme", "attempt": 1, "ok": True})
     return (pframe.marshal(commands.Basic.Publish(exchange="", routing_key="bench.q"), channel)
             + pframe.marshal(ContentHeader(0, len(body), properties), channel) + pframe.marshal(ContentBody(body), channel))
 
@@ -69,10 +68,10 @@ def run_here(messages: int, repeat: int) -> None:
         chunks = [wire[i:i + CHUNK] for i in range(0, len(wire), CHUNK)]
         events = read_all(wire, chunks)
         assert len(events) == messages + 1, len(events)
-        read_s = best_of(repeat, lambda: read_all(wire, chunks))
+        read_s = best_of(repeat, lambda wire=wire, chunks=chunks: read_all(wire, chunks))
         contents = events[1:]
 
-        def store() -> None:
+        def store(contents: list = contents) -> None:
             for e in contents:
                 to_store_message(e.method.exchange, e.method.routing_key, e.raw_properties, e.body,
                                  delivery_mode=e.delivery_mode, message_id=e.message_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import re
 import struct
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from types import ModuleType
 from typing import Any
@@ -45,7 +45,7 @@ scalars = st.one_of(
     st.text(max_size=12), st.binary(max_size=8).map(bytearray),
     st.decimals(allow_nan=False, allow_infinity=False, places=2, min_value=-10**6, max_value=10**6),
     st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(2100, 1, 1)).map(
-        lambda d: d.replace(microsecond=0, tzinfo=timezone.utc)),
+        lambda d: d.replace(microsecond=0, tzinfo=UTC)),
 )
 field_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(table_key, inner,
                                                                                                    max_size=3),
@@ -58,7 +58,7 @@ properties = st.builds(
     delivery_mode=optional(st.sampled_from([1, 2])), priority=optional(st.integers(0, 255)),
     correlation_id=optional(short), reply_to=optional(short), expiration=optional(short),
     message_id=optional(short), timestamp=optional(st.datetimes(min_value=datetime(1970, 1, 2)).map(
-        lambda d: d.replace(microsecond=0, tzinfo=timezone.utc))),
+        lambda d: d.replace(microsecond=0, tzinfo=UTC))),
     message_type=optional(short), user_id=optional(short), app_id=optional(short),
 )
 channels = st.integers(0, 3)
@@ -223,8 +223,8 @@ def test_a_seeded_mutation_run_of_the_publish_frames_reads_the_same() -> None:
     rng = random.Random(21)
     props = commands.Basic.Properties(
         content_type="text/plain", headers={"a": 1, "b": [True, "x", {"c": Decimal("1.5")}], "t": datetime(
-            2026, 1, 1, tzinfo=timezone.utc)}, delivery_mode=2, message_id="m-1",
-        timestamp=datetime(2026, 1, 1, tzinfo=timezone.utc))
+            2026, 1, 1, tzinfo=UTC)}, delivery_mode=2, message_id="m-1",
+        timestamp=datetime(2026, 1, 1, tzinfo=UTC))
     wire = (pframe.marshal(commands.Basic.Publish(exchange="x", routing_key="rk", mandatory=True), 1)
             + pframe.marshal(pheader.ContentHeader(0, 5, props), 1) + pframe.marshal(ContentBody(b"hello"), 1))
     for at in range(len(wire)):

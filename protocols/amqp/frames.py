@@ -106,7 +106,7 @@ class ContentReceived:
     are read in passing. A content header the reader had pamqp decode gives ``properties``
     instead (and its bytes are encoded again when asked for)."""
 
-    __slots__ = ("channel", "method", "body", "_raw", "_properties", "delivery_mode", "message_id")
+    __slots__ = ("_properties", "_raw", "body", "channel", "delivery_mode", "message_id", "method")
 
     def __init__(self, channel: int, method: Frame, body: bytes, raw_properties: bytes | None,
                  properties: commands.Basic.Properties | None = None, delivery_mode: int | None = None,

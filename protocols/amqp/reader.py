@@ -179,7 +179,7 @@ class FrameReader:
         except pexc.UnmarshalingException as exc:
             raise self._broken(FRAME_ERROR if "frame" in str(exc).lower() else SYNTAX_ERROR,
                                f"cannot decode frame: {exc}", channel) from None
-        except Exception as exc:  # pamqp raises what its decoders raise on garbage
+        except Exception as exc:  # noqa: BLE001 - pamqp raises what its decoders raise on garbage
             raise self._broken(SYNTAX_ERROR, f"cannot decode frame: {exc!r}", channel) from None
 
     @cython.locals(pending=_Pending, body_size=cython.ulonglong)
