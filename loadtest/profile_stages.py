@@ -26,7 +26,8 @@ Markdown, for BENCHMARKS.md; ``--detail N`` adds each stage's N heaviest decidin
 The stages (the rule tables below say exactly which files and functions):
 - inbound decode: socket reads, protocols/mqtt's reader and sans-IO connection state machine
   (PUBLISHes in, PUBACKs out to the publishers, the subscriber's PUBACKs in); AMQP: the frame
-  reader and pamqp's decoding.
+  reader (compiled: counted in ``AMQPConnection._process_until_error``, which iterates it) and
+  pamqp's decoding.
 - inbound handling: gateway/mqtt's connection dispatch, inbound and message building, the
   ingest pipeline; AMQP: gateway/amqp (routing, to_store_message).
 - store commit: store.put*, the committer (record assembly), commitlog append, dispatch and
@@ -134,7 +135,10 @@ AMQP_RULES = (
     rule(PASS, r"^pamqp/encode\.py$"),
     rule(PASS, r"^protocols/amqp/frames\.py$", r"^encode_properties$"),
     rule(DECODE, r"^pamqp/"),
-    rule(DECODE, r"^protocols/amqp/frames\.py$"),
+    rule(DECODE, r"^protocols/amqp/(frames|reader|pamqp_guards)\.py$"),
+    # the compiled reader (protocols/amqp/reader.py) has no Python frames: py-spy counts its
+    # samples in the frame that iterates its events, which does little else itself
+    rule(DECODE, r"^gateway/amqp/connection\.py$", r"\._process_until_error$"),
     rule(INBOUND, r"^gateway/amqp/"),
     rule(INBOUND, r"^gateway/core/ingest\.py$"),
     *LOOP_RULES,

@@ -35,7 +35,7 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
-from .messages import DEATHS, AMQPView, record_death, to_store_message
+from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
     BUILTIN_EXCHANGES,
     EXCHANGE_TYPES,
@@ -488,7 +488,7 @@ class AMQPBroker:
         targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
         if not targets:
             return
-        stored: Message = to_store_message(exchange, routing_key, properties, message.body)
+        stored: Message = decoded_to_store_message(exchange, routing_key, properties, message.body)
         stored.properties = {**(stored.properties or {}), DEATHS: reason}  # type: ignore[dict-item]
         try:
             fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])

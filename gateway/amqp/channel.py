@@ -24,7 +24,6 @@ from protocols.amqp.frames import (
     channel_error,
     connection_error,
     content_after_method,
-    content_frames,
     deliver_frame,
     method_frame,
 )
@@ -142,11 +141,13 @@ class Channel:
             self.consumer_unacked_bytes -= size
         return entry
 
-    def send_return(self, code: int, text: str, exchange: str, routing_key: str,
-                    properties: commands.Basic.Properties, body: bytes) -> None:
-        """basic.return of an unroutable mandatory publish, with its content."""
+    def send_return(self, code: int, text: str, exchange: str, routing_key: str, raw_properties: bytes,
+                    body: bytes) -> None:
+        """basic.return of an unroutable mandatory publish, with its content (its properties
+        as the publisher encoded them)."""
         method = commands.Basic.Return(code, text, exchange, routing_key)
-        self.connection.send(content_frames(self.number, method, properties, body, self.connection.frame_max))
+        self.connection.send(method_frame(self.number, method) + content_after_method(
+            self.number, raw_properties, body, self.connection.frame_max))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The server cancels a consumer (its queue was deleted): tell the client."""

@@ -30,7 +30,6 @@ from protocols.amqp.frames import (
     SYNTAX_ERROR,
     AMQPError,
     ContentReceived,
-    FrameReader,
     HeartbeatReceived,
     MethodReceived,
     ProtocolHeaderReceived,
@@ -39,6 +38,7 @@ from protocols.amqp.frames import (
     method_frame,
 )
 from protocols.amqp.login import MECHANISMS
+from protocols.amqp.reader import FrameReader
 from store import StoreError
 
 from ..core.ingest import PutPipeline, Refused

@@ -1,18 +1,19 @@
 """AMQP message <-> store message. A message published over AMQP carries the store flag
 ``AMQP_FLAG`` (0x200, plus 0x01 when persistent) and the store properties ``amqp.x`` (exchange),
-``amqp.rk`` (routing key) and ``amqp.p`` (its content header, base64, as pamqp encodes it).
+``amqp.rk`` (routing key) and ``amqp.p`` (its content header, base64: the properties as the
+publisher encoded them, after 12 bytes of class id, weight and a zero body size).
 Messages from MQTT are given exchange ``amq.topic`` and routing key = topic with '/' -> '.'."""
 
 from __future__ import annotations
 
 import base64
+import struct
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from pamqp import commands
-from pamqp.header import ContentHeader
 
 from protocols.amqp.frames import decode_properties, encode_properties
 from store import Message, StoredMessage
@@ -24,6 +25,7 @@ ROUTING_KEY = "amqp.rk"
 HEADER = "amqp.p"
 DEATHS = "amqp.deaths"
 CONTENT_HEADER_FIXED = 12  # class id, weight, body size: what precedes the properties
+CONTENT_HEADER_PREFIX = struct.pack(">HHQ", 60, 0, 0)  # class basic, weight 0, body size 0 (not kept)
 EXPIRATION_FLAG = 0x01  # expiration is bit 8 of the (big-endian) property flags: bit 0 of their first byte
 EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
 PERSISTENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=2))
@@ -52,14 +54,23 @@ def record_death(headers: dict[str, Any], queue: str, reason: str, exchange: str
     return headers
 
 
-def to_store_message(exchange: str, routing_key: str, properties: commands.Basic.Properties, body: bytes,
-                     topic: str | None = None) -> Message:
-    header = ContentHeader(0, 0, properties).marshal()
-    flag = AMQP_FLAG | (PERSISTENT_FLAG if properties.delivery_mode == 2 else 0)
-    props = {EXCHANGE: exchange, ROUTING_KEY: routing_key, HEADER: base64.b64encode(header).decode()}
+def to_store_message(exchange: str, routing_key: str, raw_properties: bytes, body: bytes, topic: str | None = None,
+                     *, delivery_mode: int | None, message_id: str | None) -> Message:
+    """The store message of a publish whose properties are ``raw_properties`` (encoded as a
+    content header carries them: kept as the client sent them, never decoded here);
+    ``delivery_mode`` and ``message_id`` are two of them, read by the caller."""
+    header = base64.b64encode(CONTENT_HEADER_PREFIX + raw_properties).decode()
+    flag = AMQP_FLAG | (PERSISTENT_FLAG if delivery_mode == 2 else 0)
+    props = {EXCHANGE: exchange, ROUTING_KEY: routing_key, HEADER: header}
     # message_id is the message's key (tidemq ctl query --key)
-    return Message(topic if topic is not None else routing_key, body, props, key=properties.message_id or None,
-                   flag=flag)
+    return Message(topic if topic is not None else routing_key, body, props, key=message_id or None, flag=flag)
+
+
+def decoded_to_store_message(exchange: str, routing_key: str, properties: commands.Basic.Properties,
+                             body: bytes) -> Message:
+    """``to_store_message`` for properties held decoded (a dead letter's, rewritten)."""
+    return to_store_message(exchange, routing_key, encode_properties(properties), body,
+                            delivery_mode=properties.delivery_mode, message_id=properties.message_id)
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
         raise channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m)
     if exchange is not None and exchange.internal:
         raise channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'", event.channel, m)
-    queues = broker.route(m.exchange, m.routing_key, event.properties.headers)
+    queues = broker.route(m.exchange, m.routing_key, event.headers)
     for queue in queues:  # (a loop, not any(): this runs for every publish)
         d = queue.definition
         if d.max_length is not None and d.overflow == "reject-publish" and queue.ready_count() >= d.max_length:
@@ -40,10 +40,11 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
         targets = list(dict.fromkeys(targets + mqtt_targets))
         taken = taken or read
     if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
-        channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.properties, event.body)
+        channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.raw_properties, event.body)
         targets = []
     if not targets:
         if channel.confirming:
             channel.confirm([channel.next_publish_seq()], ok=True)
         return None
-    return to_store_message(m.exchange, m.routing_key, event.properties, event.body, topic), targets
+    return to_store_message(m.exchange, m.routing_key, event.raw_properties, event.body, topic,
+                            delivery_mode=event.delivery_mode, message_id=event.message_id), targets
