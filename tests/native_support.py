@@ -15,6 +15,9 @@ import tomllib
 from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from hypothesis import strategies as st
 
 from gateway.native import is_compiled
 
@@ -60,3 +63,33 @@ def interpreted(name: str) -> ModuleType:
     sys.modules[alias] = reference  # (dataclasses look their module up while the body runs)
     spec.loader.exec_module(reference)
     return reference
+
+
+def outcome(call: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """What a call gives: its value, or its error's type and message (the builds share their
+    error classes), so that two builds' answers compare with ==."""
+    try:
+        return "value", call(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
+        return "error", (type(exc), str(exc))
+
+
+def damage(data: st.DataObject, blob: bytes) -> bytes:
+    """``blob`` with one to four bytes changed, inserted or removed, drawn from ``data``."""
+    wire = bytearray(blob)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(wire)))
+        action = data.draw(st.sampled_from(["set", "insert", "delete"]))
+        if action == "set" and at < len(wire):
+            wire[at] = data.draw(st.integers(0, 255))
+        elif action == "insert":
+            wire[at:at] = bytes([data.draw(st.integers(0, 255))])
+        elif at < len(wire):
+            del wire[at]
+    return bytes(wire)
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at the points ``cuts`` name (modulo its length): the chunks it arrives in."""
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]

@@ -33,7 +33,7 @@ from protocols.amqp.frames import (
 )
 
 from .amqp_reference_reader import OldContentReceived, ReferenceFrameReader
-from .native_support import compiled, interpreted
+from .native_support import compiled, damage, interpreted, split
 
 READER = "protocols.amqp.reader"
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # pamqp's errors may name an object by its address
@@ -154,11 +154,6 @@ def assert_same_reading(chunks: list[bytes], frame_max: int = 4096, max_body: in
     return fast
 
 
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
-
-
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(wire=streams, cuts=st.lists(st.integers(0, 1 << 12), max_size=4), max_body=st.sampled_from([20, 1 << 20]))
 def test_streams_read_the_same_in_any_chunks(wire: bytes, cuts: list[int], max_body: int) -> None:
@@ -169,18 +164,9 @@ def test_streams_read_the_same_in_any_chunks(wire: bytes, cuts: list[int], max_b
 @given(data=st.data())
 def test_damaged_streams_read_the_same(data: st.DataObject) -> None:
     """Bytes changed, inserted, removed or cut anywhere, in the frame headers and payloads."""
-    wire = bytearray(data.draw(streams))
-    for _ in range(data.draw(st.integers(1, 4))):
-        at = data.draw(st.integers(0, len(wire)))
-        action = data.draw(st.sampled_from(["set", "insert", "delete"]))
-        if action == "set" and at < len(wire):
-            wire[at] = data.draw(st.integers(0, 255))
-        elif action == "insert":
-            wire[at:at] = bytes([data.draw(st.integers(0, 255))])
-        elif at < len(wire):
-            del wire[at]
+    wire = damage(data, data.draw(streams))
     wire = wire[:data.draw(st.integers(0, len(wire)))]
-    assert_same_reading(split(bytes(wire), data.draw(st.lists(st.integers(0, 1 << 12), max_size=3))))
+    assert_same_reading(split(wire, data.draw(st.lists(st.integers(0, 1 << 12), max_size=3))))
 
 
 @settings(max_examples=600)

@@ -18,7 +18,7 @@ from store import StoredMessage
 from store import encode_properties as encode_store_properties
 
 from .mqtt_strategies import packet_id, packets, props, publishes
-from .native_support import compiled, interpreted
+from .native_support import compiled, damage, interpreted, outcome, split
 
 READER, WRITER, MESSAGES = "protocols.mqtt.reader", "protocols.mqtt.writer", "gateway.mqtt.messages"
 VERSIONS = [MQTT_3_1_1, MQTT_5]
@@ -26,14 +26,6 @@ VERSIONS = [MQTT_3_1_1, MQTT_5]
 
 def both(name: str) -> tuple[ModuleType, ModuleType]:
     return compiled(name), interpreted(name)
-
-
-def outcome(call: Any, *args: Any) -> tuple[str, Any]:
-    """What a call gives: its value, or its error's type and message (the errors are shared)."""
-    try:
-        return "value", call(*args)
-    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
-        return "error", (type(exc), str(exc))
 
 
 def read(module: ModuleType, chunks: list[bytes], version: int | None, max_packet_size: int) -> list[Any]:
@@ -54,11 +46,6 @@ def read(module: ModuleType, chunks: list[bytes], version: int | None, max_packe
 def assert_same_reading(chunks: list[bytes], version: int | None, max_packet_size: int = 1 << 20) -> None:
     fast, reference = both(READER)
     assert read(fast, chunks, version, max_packet_size) == read(reference, chunks, version, max_packet_size)
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(data) + 1) for c in cuts})
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -115,18 +102,9 @@ def test_damaged_frames_read_the_same(version: int, data: st.DataObject) -> None
     """Valid frames with bytes changed, inserted, removed, or cut, CONNECT first or not."""
     _, reference = both(WRITER)
     packet = data.draw(packets(version))
-    wire = bytearray(reference.encode(packet, version))
-    for _ in range(data.draw(st.integers(1, 4))):
-        at = data.draw(st.integers(0, len(wire)))
-        action = data.draw(st.sampled_from(["set", "insert", "delete"]))
-        if action == "set" and at < len(wire):
-            wire[at] = data.draw(st.integers(0, 255))
-        elif action == "insert":
-            wire[at:at] = bytes([data.draw(st.integers(0, 255))])
-        elif at < len(wire):
-            del wire[at]
+    wire = damage(data, reference.encode(packet, version))
     wire = wire[:data.draw(st.integers(0, len(wire)))]
-    assert_same_reading([bytes(wire)], None if isinstance(packet, Connect) else version)
+    assert_same_reading([wire], None if isinstance(packet, Connect) else version)
 
 
 def test_a_long_seeded_mutation_run_reads_the_same() -> None:

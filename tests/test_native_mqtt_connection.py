@@ -33,7 +33,7 @@ from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.writer import encode
 
 from .mqtt_strategies import packets, text
-from .native_support import compiled, interpreted
+from .native_support import compiled, damage, interpreted
 
 CONNECTION = "protocols.mqtt.connection"
 VERSIONS = [MQTT_3_1_1, MQTT_5]
@@ -241,21 +241,6 @@ def wire(version: int, connect: Connect, stream: list) -> bytes:
         with contextlib.suppress(Exception):  # a packet the writer refuses (empty topic, no alias): not sent
             frames.append(encode(packet, version))
     return b"".join(frames)
-
-
-def damage(data: st.DataObject, blob: bytes) -> bytes:
-    """Bytes changed, inserted or removed (as tests/test_native_mqtt.py damages frames)."""
-    wire = bytearray(blob)
-    for _ in range(data.draw(st.integers(1, 4))):
-        at = data.draw(st.integers(0, len(wire)))
-        action = data.draw(st.sampled_from(["set", "insert", "delete"]))
-        if action == "set" and at < len(wire):
-            wire[at] = data.draw(st.integers(0, 255))
-        elif action == "insert":
-            wire[at:at] = bytes([data.draw(st.integers(0, 255))])
-        elif at < len(wire):
-            del wire[at]
-    return bytes(wire)
 
 
 def operations(data: st.DataObject, version: int, blob: bytes) -> list[tuple]:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .native_support import compiled, interpreted
+from .native_support import compiled, interpreted, outcome
 
 RECORD = "store.record"
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -32,14 +32,6 @@ queue_lists = st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=5)
 
 def both() -> tuple[ModuleType, ModuleType]:
     return compiled(RECORD), interpreted(RECORD)
-
-
-def outcome(call: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
-    """What a call gives: its value, or its error's type and message (the errors are shared)."""
-    try:
-        return "value", call(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the error itself is what is compared
-        return "error", (type(exc), str(exc))
 
 
 def encode(module: ModuleType, topic: str, key: str, props: dict[str, str], queues: list[str],

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from store import Message
 
-from .native_support import compiled, interpreted
+from .native_support import compiled, interpreted, outcome
 
 BATCHING, DISPATCHER = "store.batching", "store.dispatcher"
 QUEUES = [f"q{i}" for i in range(6)] + ["t:a/b", "w:a/+"]
@@ -25,13 +25,6 @@ messages = st.builds(
 )
 puts = st.lists(st.lists(st.tuples(messages, st.lists(st.sampled_from(QUEUES), min_size=1, max_size=3, unique=True)),
                          min_size=1, max_size=4), min_size=1, max_size=4)
-
-
-def outcome(call: Any, *args: Any) -> tuple[str, Any]:
-    try:
-        return "value", call(*args)
-    except Exception as exc:  # noqa: BLE001 - the error is what is compared
-        return "error", (type(exc), str(exc))
 
 
 def fields(p: Any) -> tuple:
