@@ -3,7 +3,9 @@
 A thousand subscribers of one hot queue cost one store read per batch, not a thousand: the
 first reader to reach a window's end reads the store once and appends; the rest read memory.
 A source that answers later (a gateway node's store link) hands its answer to ``offer``; the
-read at that offset takes it (see ``QueueCache.offer``).
+read at that offset takes it (see ``QueueCache.offer``). The local store writes through: the
+messages it commits to a queue whose window ends at the queue's end are appended as committed
+(``take_tail``), so readers at the tail never read them back.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class CacheStats:
     misses: int = 0
     store_reads: int = 0
     messages_from_store: int = 0
+    messages_written_through: int = 0  # handed in by the store as committed (take_tail)
     evictions: int = 0  # whole windows evicted to stay within max_bytes
     bytes: int = 0  # gauge: accounted memory of every window
     queues: int = 0  # gauge: windows held
@@ -66,12 +69,13 @@ class _Window:
     """Messages [start, end) of one queue, plus what the cache last learned about the queue."""
 
     __slots__ = ("answers", "bytes", "head", "max_offset", "messages", "min_offset", "notified", "read_wakes",
-                 "start", "wakes")
+                 "served", "start", "wakes")
 
     def __init__(self) -> None:
         self.messages: list[StoredMessage] = []
         self.head = 0  # messages[head:] are live; the head is compacted away in bulk
         self.start = -1  # offset of messages[head]; -1 until a read places the window
+        self.served = 0  # the furthest offset a read of the window was served up to
         self.bytes = WINDOW_OVERHEAD
         self.min_offset = 0  # as of the last store read
         self.max_offset = 0  # highest max offset a store read or a notify reported
@@ -120,6 +124,12 @@ class QueueCache:
         self._windows: OrderedDict[str, _Window] = OrderedDict()  # least recently read first
         self._answers: OrderedDict[tuple[str, int], _Answer] = OrderedDict()  # (queue, offset), oldest first
         self.stats = CacheStats()
+        # Queues whose window ends where the queue ends (as the last store read said): the
+        # local store hands this cache what it commits to them (store/tail.py, ``take_tail``).
+        self.following: set[str] = set()
+        add_tail_reader = getattr(store, "add_tail_reader", None)  # the local store has it; a store link not
+        if add_tail_reader is not None:
+            add_tail_reader(self)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
@@ -162,6 +172,8 @@ class QueueCache:
             # the caller's limits were reached, or the queue certainly ends at the window's end
             stats.hits += len(served)
             if served:
+                if i - first + offset > window.served:
+                    window.served = i - first + offset
                 return GetResult(GetStatus.FOUND, served, i - first + offset, window.min_offset,
                                  max(window.max_offset, window.end))
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, window.min_offset, offset)
@@ -188,6 +200,10 @@ class QueueCache:
                 taken += 1
             stats.hits += count
             stats.misses += taken
+            if kept:
+                if window.end == result.max_offset:
+                    self.following.add(queue)  # the readers are at the queue's end
+                window.served = max(window.served, offset + count + taken)
             if not count + taken:
                 return result  # NO_NEW_MESSAGE at the window's end: the store's own answer
             return GetResult(GetStatus.FOUND, served + fetched[:taken], offset + count + taken,
@@ -219,10 +235,13 @@ class QueueCache:
             else:
                 self._windows.move_to_end(queue)
                 self._reset(window)
-            window.start = offset
+            window.start = window.served = offset
             self._append(window, result.messages)
             if self._learn(queue, window, result):
                 self._bound(queue, window)
+                window.served = offset + len(result.messages)
+                if window.end == result.max_offset and self._windows.get(queue) is window:
+                    self.following.add(queue)  # the reader is at the queue's end
         elif window is not None:
             self._learn(queue, window, result)
         return result
@@ -247,6 +266,25 @@ class QueueCache:
         self.stats.store_reads += 1
         self.stats.messages_from_store += len(result.messages)
         return result
+
+    # -- messages the store hands in as committed (store/tail.py) -------------------------------
+    def take_tail(self, queue: str, result: GetResult) -> None:
+        """The messages the store just committed to ``queue``, a queue in ``following``: appended
+        as if a read at the window's end had returned them, when they continue the window and
+        leave at most ``window_messages`` of it unread; otherwise the queue is no longer followed
+        (the next read at the window's end reads the store, and follows it again if at the end).
+        Not written through beyond that: a window no reader keeps up with would slide away from
+        its readers, each message built for nothing."""
+        window = self._windows.get(queue)
+        messages = result.messages
+        if (window is None or window.start < 0 or window.end != messages[0].queue_offset
+                or window.end + len(messages) - window.served > self.window_messages):
+            self.following.discard(queue)
+            return
+        self._append(window, messages)
+        self.stats.messages_written_through += len(messages)
+        if self._learn(queue, window, result):
+            self._bound(queue, window)
 
     # -- answers of a source that answers later ----------------------------------------------------
     def offer(self, queue: str, offset: int, result: GetResult) -> None:
@@ -357,6 +395,7 @@ class QueueCache:
         """Forget every queue; the counters keep counting."""
         self._windows.clear()
         self._answers.clear()
+        self.following.clear()
         self.stats.bytes = 0
         self.stats.queues = 0
 
@@ -431,6 +470,7 @@ class QueueCache:
         self.stats.bytes -= freed
 
     def _reset(self, window: _Window) -> None:
+        # (a reset window is re-placed, or left unplaced: ``take_tail`` checks where it ends)
         freed = window.bytes - WINDOW_OVERHEAD
         window.messages = []
         window.head = 0
@@ -441,6 +481,7 @@ class QueueCache:
         window = self._windows.pop(queue, None)
         if window is None:
             return
+        self.following.discard(queue)
         self.stats.bytes -= window.bytes
         self.stats.queues -= 1
         if window.answers:  # (answers for offsets of a queue removed, or re-created, would mislead)

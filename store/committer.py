@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from .commitlog import CommitLog
 from .consumequeue import QID_MASK, ConsumeQueueIndex
@@ -20,6 +20,7 @@ from .log_limit import RateLimitedLog
 from .message import TAGS_PROPERTY, Message, PutResult, tag_hash
 from .record import FIXED_SIZE, assemble, encode_properties, encode_static, queue_slots_of
 from .stats import LatencyHistogram
+from .tail import TailHandoff
 
 log = logging.getLogger("tidemq.store")
 
@@ -73,13 +74,14 @@ class GroupCommitter:
     what was submitted and return."""
 
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, sync: bool,
-                 id_prefix: str, log_limited: RateLimitedLog) -> None:
+                 id_prefix: str, log_limited: RateLimitedLog, tail: TailHandoff) -> None:
         self.commitlog = commitlog
         self.index = index
         self.dispatcher = dispatcher
         self.sync = sync  # fdatasync before acknowledging (flush mode "sync")
         self._id_prefix = id_prefix
         self._log_limited = log_limited  # failures that repeat with every commit (a full disk)
+        self.tail = tail  # readers at queues' ends, handed each commit's messages (tail.py)
         self._pending: Batch = []
         self._pending_since: list[float] = []  # perf_counter() of each entry of _pending
         self.backlog = 0  # messages submitted and not yet durable (or failed)
@@ -185,7 +187,29 @@ class GroupCommitter:
                 i += 1
             if not fut.done():
                 fut.set_result(results)
+        if self.tail.readers:
+            # After the acknowledgements: the messages are committed whatever happens here.
+            try:
+                self.tail.hand(items, records, assigned)
+            except Exception:
+                self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
 
+def prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,
+                  limit: int) -> tuple[list[PreparedMessage], dict[int, StoreError]]:
+    """``put_each_nowait``'s messages one by one: those the store can take, and the refused."""
+    prepared: list[PreparedMessage] = []
+    refused: dict[int, StoreError] = {}
+    stopped: dict[Hashable, StoreError] = {}
+    for i, (message, queues) in enumerate(items):
+        group = groups[i] if groups is not None else i
+        if group in stopped:
+            refused[i] = stopped[group]
+            continue
+        try:
+            prepared.append(PreparedMessage(message, queues, limit))
+        except (InvalidMessageError, MessageTooLargeError) as exc:
+            refused[i] = stopped[group] = exc
+    return prepared, refused
 
 
 def _fail(batch: Batch, exc: BaseException) -> None:
