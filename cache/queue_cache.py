@@ -174,8 +174,7 @@ class QueueCache:
             # the caller's limits were reached, or the queue certainly ends at the window's end
             stats.hits += len(served)
             if served:
-                if i - first + offset > window.served:
-                    window.served = i - first + offset
+                window.served = max(window.served, i - first + offset)
                 return GetResult(GetStatus.FOUND, served, i - first + offset, window.min_offset,
                                  max(window.max_offset, window.end))
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, window.min_offset, offset)

@@ -123,7 +123,8 @@ async def test_a_failing_tail_reader_does_not_fail_the_put(open_store):
     store = await open_store()
 
     class Broken:
-        following = {"q"}
+        def __init__(self) -> None:
+            self.following = {"q"}
 
         def take_tail(self, queue, result):
             raise RuntimeError("broken reader")
