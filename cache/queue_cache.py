@@ -68,12 +68,15 @@ def message_cost(message: StoredMessage) -> int:
 class _Window:
     """Messages [start, end) of one queue, plus what the cache last learned about the queue."""
 
-    __slots__ = ("answers", "bytes", "head", "max_offset", "messages", "min_offset", "notified", "read_wakes",
-                 "served", "start", "wakes")
+    __slots__ = ("answers", "bytes", "costs", "head", "max_offset", "messages", "min_offset", "notified",
+                 "read_wakes", "served", "start", "wakes")
 
     def __init__(self) -> None:
         self.messages: list[StoredMessage] = []
         self.head = 0  # messages[head:] are live; the head is compacted away in bulk
+        # costs[i + 1] - costs[i] is message_cost(messages[i]): a head dropped is accounted
+        # for without costing its messages again
+        self.costs = [0]
         self.start = -1  # offset of messages[head]; -1 until a read places the window
         self.served = 0  # the furthest offset a read of the window was served up to
         self.bytes = WINDOW_OVERHEAD
@@ -409,12 +412,15 @@ class QueueCache:
 
     # -- window upkeep ---------------------------------------------------------------------------
     def _append(self, window: _Window, messages: list[StoredMessage]) -> None:
-        added = 0
+        costs = window.costs
+        start = total = costs[-1]
+        append = costs.append
         for message in messages:
-            added += message_cost(message)
+            total += message_cost(message)
+            append(total)
         window.messages.extend(messages)
-        window.bytes += added
-        self.stats.bytes += added
+        window.bytes += total - start
+        self.stats.bytes += total - start
 
     def _learn(self, queue: str, window: _Window, result: GetResult) -> bool:
         """Take in a store result's bounds (a higher max; a minimum retention raised); False if the window went."""
@@ -457,13 +463,13 @@ class QueueCache:
 
     def _drop_head(self, window: _Window, count: int) -> None:
         messages = window.messages
+        costs = window.costs
         head = window.head
-        freed = 0
-        for i in range(head, head + count):
-            freed += message_cost(messages[i])
+        freed = costs[head + count] - costs[head]
         head += count
         if head >= _COMPACT_AT and head * 2 >= len(messages):
             del messages[:head]
+            del costs[:head]
             head = 0
         window.head = head
         window.start += count
@@ -474,6 +480,7 @@ class QueueCache:
         # (a reset window is re-placed, or left unplaced: ``take_tail`` checks where it ends)
         freed = window.bytes - WINDOW_OVERHEAD
         window.messages = []
+        window.costs = [0]
         window.head = 0
         window.bytes = WINDOW_OVERHEAD
         self.stats.bytes -= freed

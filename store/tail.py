@@ -60,8 +60,8 @@ class TailHandoff:
             for name, _, offset in targets:
                 messages = built.get(name)
                 if messages is not None:
-                    if view is None:
-                        view = RecordView(record, 0)
+                    if view is None:  # (no CRC check: these bytes were framed here, never left memory)
+                        view = RecordView(record, 0, verify=False)
                     messages.append(stored_message(view, id_prefix, position, name, offset, tag))
         for name, messages in built.items():
             packed = heads[name]

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from cache import QueueCache
+from cache import WINDOW_OVERHEAD, QueueCache
+from cache.queue_cache import message_cost
 from store import GetStatus, Message
 
 
@@ -161,4 +162,8 @@ async def test_random_commits_and_readers_match_the_store(open_store, seed):
         assert got == expected
         if got.status is GetStatus.FOUND:
             readers[key] = got.next_offset
-    assert cache.stats.messages_written_through > 0
+        # the accounting: what each window holds, at what it costs (a head dropped is subtracted
+        # from running totals, not costed again)
+        held = [WINDOW_OVERHEAD + sum(map(message_cost, w.messages[w.head:])) for w in cache._windows.values()]
+        assert [w.bytes for w in cache._windows.values()] == held and cache.stats.bytes == sum(held)
+    assert cache.stats.messages_written_through > 0 and cache.stats.evictions + cache.stats.hits > 0
