@@ -8,8 +8,7 @@ import random
 
 import pytest
 
-from cache import WINDOW_OVERHEAD, QueueCache
-from cache.queue_cache import message_cost
+from cache import WINDOW_OVERHEAD, QueueCache, message_cost
 from store import GetStatus, Message
 
 
@@ -75,6 +74,39 @@ async def test_a_window_no_reader_keeps_up_with_is_not_written_through(open_stor
     assert got == [f"{i}".encode() for i in range(1, 21)] and "q" in cache.following
     await store.put(Message("t/q", b"21"), ["q"])
     assert cache.stats.messages_written_through == 9
+
+
+async def test_writing_through_never_evicts_another_window(open_store):
+    # Over max_bytes, the written window's read head goes first, then the write-through stops;
+    # the window of another queue, least recently read, stays (its reader is about to read it).
+    store = await open_store()
+    await store.put(Message("t/b", b"b00"), ["b"])
+    await store.put(Message("t/a", b"a00"), ["a"])
+    cost = message_cost(store.get_now("a", 0).messages[0])  # every message here costs the same
+    cache = QueueCache(store, max_bytes=2 * WINDOW_OVERHEAD + 6 * cost)
+    for queue in ("b", "a"):
+        assert cache.read(queue, 0).status is GetStatus.FOUND and cache.read(queue, 1).status is GetStatus.NO_NEW_MESSAGE
+    assert cache.following == {"a", "b"}
+    offset = 1
+    for i in range(1, 12):  # a reader keeping up with "a": its read head makes room
+        await store.put(Message("t/a", f"a{i:02d}".encode()), ["a"])
+        res = cache.read("a", offset)
+        assert bodies_of(res) == [f"a{i:02d}".encode()]
+        offset = res.next_offset
+    assert cache.stats.messages_written_through == 11 and cache.stats.evictions == 0
+    assert cache.window("b") == (0, 1) and cache.stats.bytes <= cache.max_bytes
+    for i in range(12, 20):  # nobody reads "a" now: room for 5 unread, then no more written through
+        await store.put(Message("t/a", f"a{i:02d}".encode()), ["a"])
+    assert cache.stats.messages_written_through == 16 and "a" not in cache.following
+    assert cache.window("b") == (0, 1) and cache.stats.evictions == 0 and cache.stats.bytes <= cache.max_bytes
+    got = []
+    for _ in range(20):
+        res = cache.read("a", offset)
+        if res.status is not GetStatus.FOUND:
+            break
+        got += bodies_of(res)
+        offset = res.next_offset
+    assert got == [f"a{i:02d}".encode() for i in range(12, 20)]
 
 
 async def test_a_queue_is_followed_only_while_its_window_ends_at_the_queue_end(open_store):
