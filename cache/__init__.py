@@ -2,13 +2,11 @@
 
 from .queue_cache import (
     ANSWER_OVERHEAD,
-    MESSAGE_OVERHEAD,
-    WINDOW_OVERHEAD,
     CacheStats,
     MessageSource,
     QueueCache,
-    message_cost,
 )
+from .window import MESSAGE_OVERHEAD, WINDOW_OVERHEAD, message_cost
 
 __all__ = [
     "ANSWER_OVERHEAD",

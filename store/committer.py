@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Hashable, Sequence
 
 from .batching import PreparedMessage, dispatch_items, place, put_results
 from .commitlog import CommitLog
 from .consumequeue import ConsumeQueueIndex
 from .dispatcher import Dispatcher
-from .errors import StoreClosedError, StoreError, StoreWriteError
+from .errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
 from .log_limit import RateLimitedLog
-from .message import PutResult
+from .message import Message, PutResult
 from .stats import LatencyHistogram
+from .tail import TailHandoff
 
 log = logging.getLogger("tidemq.store")
 
@@ -29,13 +31,14 @@ class GroupCommitter:
     what was submitted and return."""
 
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, sync: bool,
-                 id_prefix: str, log_limited: RateLimitedLog) -> None:
+                 id_prefix: str, log_limited: RateLimitedLog, tail: TailHandoff) -> None:
         self.commitlog = commitlog
         self.index = index
         self.dispatcher = dispatcher
         self.sync = sync  # fdatasync before acknowledging (flush mode "sync")
         self._id_prefix = id_prefix
         self._log_limited = log_limited  # failures that repeat with every commit (a full disk)
+        self.tail = tail  # readers at queues' ends, handed each commit's messages (tail.py)
         self._pending: Batch = []
         self._pending_since: list[float] = []  # perf_counter() of each entry of _pending
         self.backlog = 0  # messages submitted and not yet durable (or failed)
@@ -97,7 +100,8 @@ class GroupCommitter:
                 self.commitlog.truncate(positions[0])
                 raise
         try:
-            self.dispatcher.dispatch(dispatch_items(positions, placed, store_ts), self.commitlog.end_position, assigned)
+            items = dispatch_items(positions, placed, store_ts)
+            self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
         except Exception as exc:
             # The records are in the commitlog; a restart re-dispatches them. Until then the
             # index cannot advance in order, so refuse further writes rather than reorder.
@@ -108,7 +112,30 @@ class GroupCommitter:
         for (_, fut), results in zip(batch, put_results(groups, positions, placed, self._id_prefix, store_ts)):
             if not fut.done():
                 fut.set_result(results)
+        if self.tail.readers:
+            # After the acknowledgements: the messages are committed whatever happens here.
+            try:
+                self.tail.hand(items, records, assigned)
+            except Exception:
+                self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
 
+
+def prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,
+                  limit: int) -> tuple[list[PreparedMessage], dict[int, StoreError]]:
+    """``put_each_nowait``'s messages one by one: those the store can take, and the refused."""
+    prepared: list[PreparedMessage] = []
+    refused: dict[int, StoreError] = {}
+    stopped: dict[Hashable, StoreError] = {}
+    for i, (message, queues) in enumerate(items):
+        group = groups[i] if groups is not None else i
+        if group in stopped:
+            refused[i] = stopped[group]
+            continue
+        try:
+            prepared.append(PreparedMessage(message, queues, limit))
+        except (InvalidMessageError, MessageTooLargeError) as exc:
+            refused[i] = stopped[group] = exc
+    return prepared, refused
 
 def _fail(batch: Batch, exc: BaseException) -> None:
     for _, fut in batch:

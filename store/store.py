@@ -16,7 +16,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 from .batching import PreparedMessage
 from .commitlog import CommitLog
-from .committer import GroupCommitter
+from .committer import GroupCommitter, prepare_each
 from .consumequeue import (
     ENTRY_VALUE,
     ConsumeQueueIndex,
@@ -50,6 +50,7 @@ from .recovery import RecoveryReport, recover
 from .retention import RetentionPolicy, clean_index_below
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
+from .tail import TailHandoff, TailReader
 
 log = logging.getLogger("tidemq.store")
 
@@ -79,6 +80,7 @@ class MessageStore:
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
+        self.tail = TailHandoff(self._id_prefix, self._min_offset_of)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -113,7 +115,7 @@ class MessageStore:
             raise
         self.offsets = ConsumerOffsets(self.meta)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
-                                        id_prefix=self._id_prefix, log_limited=self._log_limited)
+                                        id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.committer.run(), name="store-committer"))
         if opts.flush == "async":
@@ -206,7 +208,7 @@ class MessageStore:
             prepared = [PreparedMessage(m, q, limit) for m, q in items]
             refused: dict[int, StoreError] = {}
         except (InvalidMessageError, MessageTooLargeError):
-            prepared, refused = _prepare_each(items, groups, limit)
+            prepared, refused = prepare_each(items, groups, limit)
         if not prepared:
             done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
@@ -397,21 +399,24 @@ class MessageStore:
         return self._min_offset(state) if state is not None else 0
 
     def _min_offset(self, state: QueueState) -> int:
+        return self._min_offset_of(state.qid, state.next_offset)
+
+    def _min_offset_of(self, qid: int, next_offset: int) -> int:
         # A queue's first offset moves only when retention cuts the commitlog: remembered per
         # queue until the commitlog's start moves (an index seek per read cost ~5 % of a read).
         floor = self.commitlog.min_position
-        known = self._min_offsets.get(state.qid)
+        known = self._min_offsets.get(qid)
         if known is not None and known[0] == floor:
             return known[1]
-        first = self.index.first_offset(state.qid)
+        first = self.index.first_offset(qid)
         if first is None:
-            return state.next_offset  # empty: not remembered, it moves with the next put
-        entry = self.index.entry(state.qid, first)
+            return next_offset  # empty: not remembered, it moves with the next put
+        entry = self.index.entry(qid, first)
         if entry is None or entry[0] < floor:
-            first = self.index.first_offset_at_or_after_position(state.qid, first, state.next_offset, floor)
+            first = self.index.first_offset_at_or_after_position(qid, first, next_offset, floor)
         if len(self._min_offsets) >= MIN_OFFSET_CACHE:
             self._min_offsets.clear()
-        self._min_offsets[state.qid] = (floor, first)
+        self._min_offsets[qid] = (floor, first)
         return first
 
     async def offset_for_timestamp(self, queue: str, timestamp_ms: int) -> int:
@@ -421,6 +426,11 @@ class MessageStore:
             return 0
         low = self._min_offset(state)
         return self.index.first_offset_at_or_after_time(state.qid, low, state.next_offset, timestamp_ms)
+
+    def add_tail_reader(self, reader: TailReader) -> None:
+        """Hand ``reader`` the messages of every commit to the queues it follows (tail.py):
+        a reader at a queue's end gets them without reading them back."""
+        self.tail.readers.append(reader)
 
     def subscribe_notify(self) -> NotifySubscription:
         """Coalesced ``(queue, max_offset)`` events, after each dispatch."""
@@ -478,20 +488,3 @@ class MessageStore:
     def min_position(self) -> int:
         return self.commitlog.min_position
 
-
-def _prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,
-                  limit: int) -> tuple[list[PreparedMessage], dict[int, StoreError]]:
-    """``put_each_nowait``'s messages one by one: those the store can take, and the refused."""
-    prepared: list[PreparedMessage] = []
-    refused: dict[int, StoreError] = {}
-    stopped: dict[Hashable, StoreError] = {}
-    for i, (message, queues) in enumerate(items):
-        group = groups[i] if groups is not None else i
-        if group in stopped:
-            refused[i] = stopped[group]
-            continue
-        try:
-            prepared.append(PreparedMessage(message, queues, limit))
-        except (InvalidMessageError, MessageTooLargeError) as exc:
-            refused[i] = stopped[group] = exc
-    return prepared, refused

@@ -375,3 +375,37 @@ async def test_bad_frames_close_only_that_connection(data_dir: Path) -> None:
         ch = await bystander.channel()  # the other connection is unaffected
         await ch.declare_queue("ok")
         await bystander.close()
+
+
+async def test_a_consumer_gets_every_message_of_concurrent_publishers_once_in_order(data_dir: Path) -> None:
+    """Three channels publish at once into a queue a consumer reads at its end: every message
+    once, each channel's in order (the newest taken as committed, store/tail.py)."""
+    async with amqp_gateway(data_dir) as (gw, url):
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        await ch.set_qos(prefetch_count=50)
+        queue = await ch.declare_queue("fanin", durable=True)
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            got.append(message.body)
+            await message.ack()
+            if len(got) >= 300:
+                done.set()
+
+        await queue.consume(on_message)
+        publishers = [await conn.channel(publisher_confirms=True) for _ in range(3)]
+
+        async def publish(k: int) -> None:
+            for i in range(100):
+                await publishers[k].default_exchange.publish(aio_pika.Message(f"{k}:{i}".encode()), "fanin")
+
+        await asyncio.gather(*(publish(k) for k in range(3)))
+        await asyncio.wait_for(done.wait(), TIMEOUT)
+        await asyncio.sleep(0.2)
+        assert len(got) == 300
+        for k in range(3):
+            assert [b for b in got if b.startswith(f"{k}:".encode())] == [f"{k}:{i}".encode() for i in range(100)]
+        assert gw.amqp.cache.stats.messages_written_through > 0
+        await conn.close()

@@ -3,6 +3,7 @@ QoS 0/1/2, order, overlapping subscriptions, wildcard queues, inflight window, Q
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import fields
 from pathlib import Path
 
@@ -401,3 +402,32 @@ async def test_delivery_leaves_the_shared_store_records_as_the_store_made_them(d
         assert [[getattr(m, n) for n in names] for m in cached] == [[getattr(m, n) for n in names] for m in fresh]
         await sub.disconnect()
         await pub.disconnect()
+
+
+async def test_fan_in_from_several_publishers_reaches_the_subscriber_once_and_in_order(data_dir: Path) -> None:
+    """Four publishers at once into one wildcard subscriber (QoS 1) and one at QoS 0: each gets
+    every message once, each publisher's in its order, the newest taken as committed (the
+    store writes through to the cache window at the queue's end, store/tail.py)."""
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        subs = [PahoClient(port, f"sub{qos}") for qos in (0, 1)]
+        for qos, sub in enumerate(subs):
+            await sub.connect()
+            await sub.subscribe("fan/+", qos)
+        pubs = [PahoClient(port, f"pub{k}") for k in range(4)]
+        for pub in pubs:
+            await pub.connect()
+
+        async def publish(k: int) -> None:
+            for i in range(60):
+                await pubs[k].publish(f"fan/p{k}", f"{k}:{i}", 1)
+
+        await asyncio.gather(*(publish(k) for k in range(4)))
+        for sub in subs:
+            got = await sub.receive(240)
+            for k in range(4):
+                assert [m.payload for m in got if m.topic == f"fan/p{k}"] == [f"{k}:{i}".encode() for i in range(60)]
+            await sub.nothing_more(0.3)
+        assert gw.mqtt.cache.stats.messages_written_through > 0
+        for client in subs + pubs:
+            await client.disconnect()

@@ -22,6 +22,14 @@ async def put(store, queue: str, n: int, start: int = 0, size: int = 0) -> list[
     return bodies
 
 
+class Link:
+    """A source that only reads (as a gateway node's store link): the store's write-through to
+    its tail readers (store/tail.py) left out, for what the cache does on its own."""
+
+    def __init__(self, store) -> None:
+        self.get_now = store.get_now
+
+
 def cost(queue: str, body: bytes) -> int:
     """What one cached message of ``put`` is accounted for: body (twice: readers keep their
     encoded copy on the message), topic, queue slot, overhead."""
@@ -257,7 +265,7 @@ async def test_limits_are_applied_like_the_store(open_store):
 async def test_new_messages_extend_the_window_after_their_notify(open_store):
     store = await open_store()
     bodies = await put(store, "q", 20)
-    cache = QueueCache(store)
+    cache = QueueCache(Link(store))
     cache.on_notify("q", 20)
     res = cache.read("q", 0)
     assert [m.body for m in res.messages] == bodies and res.next_offset == 20
