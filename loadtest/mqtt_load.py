@@ -8,7 +8,6 @@ from __future__ import annotations
 import selectors
 import socket
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +26,10 @@ from loadtest.mqtt_wire import (
     Subscriber,
     open_sessions,
 )
+from loadtest.stamps import latency_result
 
 KEEP_ALIVE = 600  # no PINGREQs in the load: the longest scenario is far shorter
 IDLE_FOR_S = 2.0  # subscribers stop once the publishers are done and nothing came for this long
-LATENCY_SAMPLES = 200_000  # per subscriber process, taken evenly over the run
 # Throughput scenarios read their sockets every POLL_S rather than on each readiness: a
 # loopback segment costs ~10 us of kernel time here, and a broker writes one PUBACK or PUBLISH
 # per segment, so waking per segment would cost the generator more than the broker. This adds
@@ -199,18 +198,11 @@ def pump_subscribers(w: Workers, index: int, subs: list[Subscriber], load: Load,
             outcome = stop
             break
     sel.close()
-    latencies = array("q")
-    for s in subs:
-        latencies.extend(s.counter.latencies)
-    if len(latencies) > LATENCY_SAMPLES:
-        latencies = latencies[:: len(latencies) // LATENCY_SAMPLES + 1]
     receiving = [s for s in subs if s.first_receive_ns]
     return {
-        "unique": sum(s.counter.unique for s in subs),
-        "duplicates": sum(s.counter.duplicates for s in subs),
+        **latency_result([s.counter for s in subs]),
         "first_receive_ns": min((s.first_receive_ns for s in receiving), default=0),
         "last_receive_ns": max((s.last_receive_ns for s in receiving), default=0),
-        "latencies": latencies.tobytes(),
         "outcome": outcome,
     }
 

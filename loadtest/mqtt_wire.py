@@ -13,9 +13,9 @@ import selectors
 import socket
 import struct
 import time
-from array import array
 from dataclasses import dataclass
 
+from loadtest.stamps import PAYLOAD_SIZE, STAMP, StampedFrames, StampLog
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.errors import MalformedPacket, MQTTError
 from protocols.mqtt.packets import (
@@ -29,10 +29,6 @@ from protocols.mqtt.packets import (
 )
 
 HOST = "127.0.0.1"
-PAYLOAD_SIZE = 64
-# A payload starts with the publisher's index, its sequence number and the send time from
-# CLOCK_MONOTONIC (time.monotonic_ns), which is one clock for every process on Linux.
-STAMP = struct.Struct(">IIQ")
 # In a QoS 1 PUBLISH the packet id sits right before the payload: one pack_into writes both.
 STAMP_WITH_ID = struct.Struct(">HIIQ")
 PUBACK_HEAD = b"\x40\x02"
@@ -202,34 +198,25 @@ def _advance(hs: _Handshake, sub_packet: bytes, sel: selectors.BaseSelector) -> 
 
 
 # -- publishing ----------------------------------------------------------------------------------
-class PublishBatch:
-    """``capacity`` copies of one pre-encoded PUBLISH; ``stamp`` fills in packet ids, sequence
-    numbers and the send time in place, so a batch costs one pack_into per message."""
+class PublishBatch(StampedFrames):
+    """``capacity`` copies of one pre-encoded PUBLISH; ``stamp`` fills in packet ids (QoS 1),
+    sequence numbers and the send time in place, so a batch costs one pack_into per message."""
 
-    __slots__ = ("buffer", "capacity", "frame_size", "offset", "publisher", "qos", "view")
+    __slots__ = ("qos",)
 
     def __init__(self, topic: str, qos: int, publisher: int, capacity: int) -> None:
         frame = encode(Publish(topic, bytes(PAYLOAD_SIZE), qos=qos, packet_id=1 if qos else None), MQTT_3_1_1)
+        super().__init__(frame, len(frame) - PAYLOAD_SIZE - (2 if qos else 0), publisher, capacity)
         self.qos = qos
-        self.publisher = publisher
-        self.capacity = capacity
-        self.frame_size = len(frame)
-        self.offset = len(frame) - PAYLOAD_SIZE - (2 if qos else 0)
-        self.buffer = bytearray(frame * capacity)
-        self.view = memoryview(self.buffer)
 
     def stamp(self, first_seq: int, count: int, now_ns: int) -> memoryview:
+        if not self.qos:
+            return super().stamp(first_seq, count, now_ns)
         buf, size, off, pub = self.buffer, self.frame_size, self.offset, self.publisher
-        if self.qos:
-            pack = STAMP_WITH_ID.pack_into
-            for seq in range(first_seq, first_seq + count):
-                pack(buf, off, seq % 65535 + 1, pub, seq, now_ns)
-                off += size
-        else:
-            pack = STAMP.pack_into
-            for seq in range(first_seq, first_seq + count):
-                pack(buf, off, pub, seq, now_ns)
-                off += size
+        pack = STAMP_WITH_ID.pack_into
+        for seq in range(first_seq, first_seq + count):
+            pack(buf, off, seq % 65535 + 1, pub, seq, now_ns)
+            off += size
         return self.view[: count * size]
 
 
@@ -323,7 +310,7 @@ class Publisher:
 
 
 # -- subscribing ---------------------------------------------------------------------------------
-class PublishCounter:
+class PublishCounter(StampLog):
     """Counts the PUBLISHes of a subscriber's inbound stream, marks each (publisher, sequence)
     seen to find duplicates and losses, records publish-to-receive latencies, and appends the
     PUBACKs owed for QoS 1 deliveries.
@@ -337,31 +324,15 @@ class PublishCounter:
     its stamps read by one ``iter_unpack``; the rest goes frame by frame (``_take_frames``).
     """
 
-    __slots__ = ("buffer", "duplicates", "latencies", "received", "seen")
+    __slots__ = ("buffer",)
 
     def __init__(self) -> None:
+        super().__init__()
         self.buffer = bytearray()
-        self.received = 0
-        self.duplicates = 0
-        self.seen: dict[int, bytearray] = {}  # publisher index -> one byte per sequence number
-        self.latencies = array("q")  # nanoseconds, in arrival order
-
-    @property
-    def unique(self) -> int:
-        return self.received - self.duplicates
 
     def feed(self, data: bytes, now_ns: int, acks: bytearray) -> int:
         self.buffer += data
         return self._take_run(now_ns, acks) + self._take_frames(now_ns, acks)
-
-    def _marks(self, publisher: int, end: int) -> bytearray:
-        """The seen-marks of ``publisher``, long enough for sequence numbers below ``end``."""
-        marks = self.seen.get(publisher)
-        if marks is None:
-            marks = self.seen[publisher] = bytearray(65536)
-        if end > len(marks):
-            marks.extend(bytes(end + 65536 - len(marks)))
-        return marks
 
     def _take_run(self, now_ns: int, acks: bytearray) -> int:
         """The PUBLISHes at the buffer's start, if they all have the first one's shape: its first
