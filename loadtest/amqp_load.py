@@ -1,6 +1,7 @@
-"""The load generator processes of ``bench_amqp``: publishers (confirmed or not, paced or not)
-and consumers (prefetch, manual acks), each a forked process on raw sockets
-(``loadtest.amqp_wire``), reporting to the coordinator through ``bench_mqtt.Workers``."""
+"""The load generator processes of ``bench_amqp``: publishers (confirmed or not, bounded or
+paced, bodies stamped with the send time or not) and consumers (prefetch, manual acks, reading
+the stamps or not), each a forked process on raw sockets (``loadtest.amqp_wire``), reporting to
+the coordinator through ``loadtest.harness.Workers``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from loadtest.harness import (
     drain_stop,
     ready_events,
 )
-from loadtest.mqtt_wire import PAYLOAD_SIZE
+from loadtest.stamps import PAYLOAD_SIZE, StampedFrames, StampLog, latency_result
 
 BODY = bytes(i % 256 for i in range(PAYLOAD_SIZE))  # 64 bytes, as bench_mqtt's payloads
 POLL_S = 0.001  # sockets are read every POLL_S (see bench_mqtt.POLL_S)
@@ -44,7 +45,9 @@ class PubLoad:
     # deliveries (fanout_topic) or the queue's message_count polled by the coordinator (publish).
     ahead: int = 0
     consumer_channels: int = 1
-    poll_s: float = POLL_S
+    poll_s: float = POLL_S  # 0: read on readiness
+    rate: float = 0.0  # messages/s per connection, 0 = as fast as the window allows
+    stamp: bool = False  # each body starts with (connection index, sequence, send time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,8 @@ class SubLoad:
     consume_on_go: bool  # basic.consume when told to go (consume), or before ready (fanout_topic)
     timeout_s: float  # the whole run's bound, on top of which SLACK_S
     handshake_s: float
-    poll_s: float = POLL_S
+    poll_s: float = POLL_S  # 0: read on readiness
+    stamps: bool = False  # read each body's stamp: latencies, duplicates
 
 
 # -- worker processes ------------------------------------------------------------------------------
@@ -93,6 +97,10 @@ def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, A
     frame = publish_frames(1, load.exchange, load.routing_key, BODY)
     size = len(frame)
     block = memoryview(frame * load.window)  # the most one write sends
+    # stamped: a buffer per connection, as a write not taken whole still holds its bytes
+    stamped = [StampedFrames(frame, size - 1 - len(BODY), i, load.window) for i in range(len(conns))] \
+        if load.stamp else []
+    per_ns = load.rate / 1e9
     sel = selectors.DefaultSelector()
     for c in conns:
         c.nonblocking()
@@ -106,18 +114,24 @@ def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, A
     while True:
         now = time.monotonic_ns()
         sending = now < stop_sending
+        timeout = 0.05
         allowance = 2**62
         if load.ahead and sending:
             delivered = sum(shared[DELIVERED:]) // load.consumer_channels
             allowance = load.ahead - (sum(c.sent for c in conns) - delivered)
-        for c in conns:
+        for i, c in enumerate(conns):
             if c.pending is not None:
                 c.flush()
             if c.pending is None and sending:
-                n = min(allowance, load.window - c.outstanding if load.confirm else load.window)
+                room = min(allowance, load.window - c.outstanding if load.confirm else load.window)
+                n = room
+                if per_ns:
+                    n = min(room, int((now - started) * per_ns) + 1 - c.sent)
+                    if room > 0:  # wake when the next one is due (epoll rounds up to the millisecond)
+                        timeout = min(timeout, max(0.0, (started + (c.sent + max(n, 0)) / per_ns - now) / 1e9))
                 if n > 0:
                     allowance -= n
-                    c.write(block[: n * size])
+                    c.write(stamped[i].stamp(c.sent, n, now) if stamped else block[: n * size])
                     c.sent += n
                     first_send = first_send or now
                     last_send = now
@@ -126,7 +140,7 @@ def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, A
             break
         if now > give_up:
             break
-        for key, events in ready_events(sel, 0.05, load.poll_s):
+        for key, events in ready_events(sel, timeout, load.poll_s):
             c = key.data
             if events & selectors.EVENT_READ:
                 c.on_readable(time.monotonic_ns())
@@ -179,6 +193,8 @@ def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[in
     for conn, _ in conns:
         conn.nonblocking()
         sel.register(conn.sock, selectors.EVENT_READ, conn)
+        if load.stamps:
+            conn.stamps = StampLog()
     writing: set[Conn] = set()
     shared = w.shared
     slot = DELIVERED + index
@@ -217,10 +233,13 @@ def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[in
             break
     sel.close()
     firsts = [c.first_delivery_ns for c, _ in conns if c.first_delivery_ns]
+    logs = [c.stamps for c, _ in conns if c.stamps is not None]
     return {
+        **(latency_result(logs) if logs else {}),
         "delivered": delivered,
         "start_ns": started,
         "first_delivery_ns": min(firsts, default=0),
         "last_delivery_ns": max(c.last_delivery_ns for c, _ in conns),
+        "last_receive_ns": max(c.last_delivery_ns for c, _ in conns),  # for harness.deliveries
         "outcome": outcome,
     }

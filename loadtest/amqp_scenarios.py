@@ -27,6 +27,7 @@ from loadtest.harness import (
     SLACK_S,
     CpuSampler,
     Workers,
+    deliveries,
     drain_outcome,
     quote,
     split,
@@ -60,13 +61,18 @@ class Plan:
     fanout_queues: int = 100
     fanout_window: int = 100
     fanout_ahead: int = 300  # messages ahead of the average queue's consumer at most
+    latency_rate: float = 1000.0  # messages/s, paced
+    latency_seconds: float = 10.0
+    # unconfirmed publishes at most: a second's worth at the pace, so that confirms never
+    # hold the pace back (a sync flush confirms within milliseconds)
+    latency_window: int = 1000
     drain_s: float = 15.0
     handshake_s: float = 30.0
 
 
 FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, seconds=3.0, consume_messages=30_000, consume_timeout_s=15.0, drain_s=5.0,
-                handshake_s=10.0)
+                handshake_s=10.0, latency_seconds=3.0)
 
 
 # -- the coordinator's side ------------------------------------------------------------------------
@@ -348,4 +354,49 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
             f"{cpu_fields(sampler, pids, broker.pid, first, last)} drain={drain}" + blocked_note([pub]))
 
 
-RUNNERS = {"publish_confirm": publish_confirm, "publish": publish, "consume": consume, "fanout_topic": fanout_topic}
+def latency(broker: Broker, plan: Plan) -> str:
+    queue = "bench.latency"
+    conn = setup_conn(broker, plan)
+    try:
+        declare_queue(conn, queue)
+    finally:
+        conn.close()
+    w = Workers(1)  # the consumer first: it counts into DELIVERED
+    sampler: CpuSampler | None = None
+    try:
+        # both read on readiness (poll_s 0): a read every millisecond would add up to 1 ms
+        sub_load = SubLoad(plan.prefetch, consume_on_go=False, timeout_s=plan.latency_seconds + 2 * plan.drain_s,
+                           handshake_s=plan.handshake_s, poll_s=0.0, stamps=True)
+        w.start(consumer_worker, broker.port, [queue], sub_load)
+        w.collect("consumer", 1, "ready", plan.handshake_s + SLACK_S)
+        pub_load = PubLoad("", queue, confirm=True, window=plan.latency_window, seconds=plan.latency_seconds,
+                           drain_s=plan.drain_s, handshake_s=plan.handshake_s, poll_s=0.0,
+                           rate=plan.latency_rate, stamp=True)
+        w.start(publisher_worker, broker.port, 1, pub_load)
+        w.collect("publisher", 1, "ready", plan.handshake_s + SLACK_S)
+        sampler = CpuSampler([broker.pid, *w.pids])
+        sampler.start()
+        w.go.set()
+        (pub,) = w.collect("publisher", 1, "result", plan.latency_seconds + plan.drain_s + SLACK_S)
+        w.publishers_done(pub["confirmed"], plan.drain_s)
+        (sub,) = w.collect("consumer", 1, "result", plan.drain_s + SLACK_S)
+        sampler.stop()
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        pids = w.pids
+        w.close()
+    delete_queues(broker, plan, [queue])
+    d = deliveries([pub], [sub], pub["confirmed"])
+    return (f"rate={plan.latency_rate:g} seconds={plan.latency_seconds:g} window={plan.latency_window} "
+            f"prefetch={plan.prefetch} msgs_per_s={d.rate:.0f} "
+            f"{broker_us(sampler, broker.pid, d.first_send_ns, d.last_receive_ns, d.received)} "
+            f"sent={pub['sent']} confirmed={pub['confirmed']} received={d.received} "
+            f"lost={max(0, pub['confirmed'] - d.received)} dup={d.duplicates} "
+            f"p50_ms={d.p50_ms:.2f} p99_ms={d.p99_ms:.2f} "
+            f"{cpu_fields(sampler, pids, broker.pid, d.first_send_ns, d.last_receive_ns)} drain={d.drain}"
+            + blocked_note([pub]))
+
+
+RUNNERS = {"publish_confirm": publish_confirm, "publish": publish, "consume": consume, "fanout_topic": fanout_topic,
+           "latency": latency}

@@ -23,6 +23,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 from loadtest.mqtt_wire import HOST, RECV_SIZE, receive
+from loadtest.stamps import STAMP, StampLog
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -35,6 +36,7 @@ U64 = struct.Struct(">Q")
 ACK = struct.Struct(">BHIHHQBB")
 BASIC, ACK_ID, NACK_ID, DELIVER_ID = 60, 80, 120, 60
 READS_PER_WAKE = 64  # recv calls per readiness at most (bounded loop)
+STAMP_SIZE = STAMP.size
 
 
 class AMQPClientError(Exception):
@@ -71,7 +73,8 @@ class Conn:
     - publisher confirms of the one confirming channel: ``confirmed`` / ``nacked`` sequence
       numbers (individual or multiple basic.ack / basic.nack), ``last_confirm_ns``;
     - deliveries: ``delivered`` complete messages (method, header and the body's last frame),
-      ``last_tag`` per channel, which ``acks`` turns into basic.ack multiple frames.
+      ``last_tag`` per channel, which ``acks`` turns into basic.ack multiple frames; with
+      ``stamps`` set, each body's stamp (``loadtest.stamps``) goes into it as the body arrives.
     """
 
     def __init__(self, port: int, timeout_s: float, product: str = "tidemq-bench") -> None:
@@ -98,6 +101,8 @@ class Conn:
         self.last_delivery_ns = 0
         self._pending_tag: dict[int, int] = {}  # channel -> tag of the message being received
         self._body_left: dict[int, int] = {}  # channel -> body bytes still to come
+        self._body_size: dict[int, int] = {}  # channel -> the body size its content header said
+        self.stamps: StampLog | None = None  # the latency scenario's: read each body's stamp
         self.last_tag: dict[int, int] = {}  # channel -> highest complete delivery tag
         self.acked_tag: dict[int, int] = {}  # channel -> highest tag acknowledged
         # non-blocking output
@@ -202,7 +207,10 @@ class Conn:
                 raise AMQPClientError(f"frame end {buf[end]:#x} instead of 0xce "
                                       f"(type {kind}, channel {channel}, size {size})")
             if kind == FRAME_BODY:
-                left = self._body_left.get(channel, 0) - size
+                before = self._body_left.get(channel, 0)
+                if self.stamps is not None and before == self._body_size.get(channel) and size >= STAMP_SIZE:
+                    self.stamps.take(buf, pos + 7, now)  # the body's first frame holds the stamp
+                left = before - size
                 self._body_left[channel] = left
                 if left <= 0:
                     got += 1
@@ -226,6 +234,8 @@ class Conn:
                                 got += 1
                                 self.last_tag[channel] = tag
                                 self._body_left[channel] = 0
+                                if self.stamps is not None and b_size >= STAMP_SIZE:
+                                    self.stamps.take(buf, b + 7, now)
                                 pos = b_end + 1
                                 continue
                     self._pending_tag[channel] = tag
@@ -236,7 +246,7 @@ class Conn:
                     self._other(channel, bytes(buf[pos:end + 1]))
             elif kind == FRAME_HEADER:
                 body_size = U64.unpack_from(buf, pos + 11)[0]  # after class id and weight
-                self._body_left[channel] = body_size
+                self._body_left[channel] = self._body_size[channel] = body_size
                 if body_size == 0:
                     got += 1
                     self.last_tag[channel] = self._pending_tag.get(channel, 0)

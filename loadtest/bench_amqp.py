@@ -2,7 +2,8 @@
 
     bash scripts/bench-setup.sh && .venv/bin/python -m loadtest.bench_amqp --quick
     python -m loadtest.bench_amqp [--quick] [--brokers tidemq,rabbitmq]
-                                  [--scenarios publish_confirm,publish,consume,fanout_topic] [--out FILE]
+                                  [--scenarios publish_confirm,publish,consume,fanout_topic,latency]
+                                  [--out FILE]
 
 Brokers (``loadtest.brokers.start_amqp_broker``), one per broker for all its scenarios, each on a
 free 127.0.0.1 port and stopped by PID at the end: TideMQ (``python -m gateway serve`` with only
@@ -87,7 +88,7 @@ from loadtest.brokers import (
 from loadtest.harness import parse_list, quote
 
 BROKERS = ("tidemq", "rabbitmq")
-SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic")
+SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic", "latency")
 # What a fresh broker always logs as a warning: not worth a log_complaints line.
 BENIGN_LOG_LINES = ("rebuilding indices from scratch",)  # RabbitMQ's first boot of a message store
 
