@@ -43,6 +43,14 @@ and read) covers many deliveries. The scenarios:
   the average queue's consumer. ``deliveries_per_s`` = deliveries counted across the 100 queues /
   (first send .. last delivery); ``lost`` = confirmed x 100 - deliveries. Consumers read every
   5 ms here (100 channels share the deliveries: prefetch never binds).
+- latency: one durable queue, one consumer connection (prefetch 100, manual acks, basic.consume
+  before the publisher starts) and one confirming publisher connection paced at 1,000 msgs/s
+  (window 1,000: confirms never hold the pace back) for 10 s (3 s with --quick). Each body
+  starts with the publisher's send time (``loadtest.stamps``, as bench_mqtt's latency
+  scenario; CLOCK_MONOTONIC is one clock for every process); the consumer records send ->
+  delivery received for each message. Both read on readiness, not every millisecond.
+  ``p50_ms`` / ``p99_ms`` over every message, ``msgs_per_s`` = received / (first send .. last
+  delivery), ``lost`` = confirmed - received (unique), ``dup`` = received twice.
 
 ``drain`` says how the counting ended: ``complete`` (all expected counted), ``idle`` (nothing
 more came for 2 s: what is missing was dropped) or ``timeout`` (still arriving when the drain
