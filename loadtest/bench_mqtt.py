@@ -1,12 +1,14 @@
-"""MQTT benchmark: the same scenarios and load generator against TideMQ, Mosquitto and amqtt.
+"""MQTT benchmark: the same scenarios and load generator against TideMQ, Mosquitto, RabbitMQ's
+MQTT plugin and amqtt.
 
-    python -m loadtest.bench_mqtt [--quick] [--brokers tidemq,mosquitto,amqtt]
+    python -m loadtest.bench_mqtt [--quick] [--brokers tidemq,mosquitto,rabbitmq,amqtt]
                                   [--scenarios fanin,latency,fanout,idle] [--out FILE]
 
 Each scenario gets a fresh broker on a free 127.0.0.1 port (TideMQ with persistence on,
 ``--flush async``, its default limits, among them ``mqtt_max_queued_messages`` 1,000;
-Mosquitto with ``persistence false`` and ``max_queued_messages`` 10,000,000; amqtt in its own
-process), stopped at its end. The load generator runs in separate processes on raw sockets with packets
+Mosquitto with ``persistence false`` and ``max_queued_messages`` 10,000,000; RabbitMQ 3.10's
+MQTT plugin on a private node, its defaults (durable session queues for clean_session=0, none
+here); amqtt in its own process), stopped at its end. The load generator runs in separate processes on raw sockets with packets
 pre-encoded by ``protocols.mqtt`` (``loadtest.mqtt_load``, on ``loadtest.mqtt_wire``). The scenarios:
 
 - fanin: 8 publishers (topics bench/fanin/N, 2 processes) -> 1 subscriber of bench/fanin/+,
@@ -80,7 +82,7 @@ from loadtest.mqtt_load import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKERS = ("tidemq", "mosquitto", "amqtt")
+BROKERS = ("tidemq", "mosquitto", "rabbitmq", "amqtt")
 SCENARIOS = ("fanin", "latency", "fanout", "idle")
 # Per client, so that Mosquitto does not drop QoS 1 on purpose. Everything else is its default
 # (max_inflight_messages 20, Nagle on): measured here, that gives twice the QoS 1 fan-in rate

@@ -1,8 +1,8 @@
 """The brokers the benchmarks measure, each started on a free loopback port and stopped by PID.
 
 bench_mqtt.py (``start_broker``): TideMQ (``python -m gateway serve``, persistence on),
-Mosquitto (Debian's package, persistence off) and the amqtt broker (the Python peer, in its own
-process). bench_amqp.py (``start_amqp_broker``): TideMQ with only its AMQP listener and
+Mosquitto (Debian's package, persistence off), RabbitMQ's MQTT plugin (a private node, as
+below) and the amqtt broker (the Python peer, in its own process). bench_amqp.py (``start_amqp_broker``): TideMQ with only its AMQP listener and
 ``--flush sync``, and a private RabbitMQ node (Debian's package) with its own epmd, config, data
 and logs in a temp dir."""
 
@@ -162,6 +162,8 @@ def start_broker(name: str) -> Broker:
             shutil.rmtree(workdir, ignore_errors=True)
             raise BrokerUnavailable("amqtt is not installed in this venv: .venv/bin/pip install -e '.[bench]'") from None
         command = [sys.executable, "-c", AMQTT_MAIN, str(port)]
+    elif name == "rabbitmq":
+        return start_rabbitmq_mqtt(port, workdir, env)
     elif name in ("tidemq", TIDEMQ_TRACED):
         command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
                    "--mqtt-bind", f"{HOST}:{port}", "--amqp-bind", "", "--remoting-bind", "", "--flush", "async"]
@@ -174,6 +176,42 @@ def start_broker(name: str) -> Broker:
         raise ValueError(name)
     # The fd limit main() raised is inherited: Mosquitto needs it for 10,000 idle connections.
     return launch(name, port, command, workdir, log_path, env)
+
+
+def start_rabbitmq_mqtt(port: int, workdir: Path, env: dict[str, str]) -> Broker:
+    """A private RabbitMQ node with its MQTT plugin on ``port``; returns once that port listens
+    (the plugin starts after the node has booted) and the node's beam.smp is known."""
+    helpers = [rabbitmq_node(workdir, free_port(), env, mqtt_port=port)]
+    log_path = workdir / "console.log"
+    with open(log_path, "wb") as console:
+        proc = subprocess.Popen([RABBITMQ_SERVER], cwd=workdir, stdin=subprocess.DEVNULL, stdout=console,
+                                stderr=subprocess.STDOUT, env=env)
+    broker = Broker("rabbitmq", port, proc, workdir, log_path, helpers=helpers)
+    try:
+        deadline = time.monotonic() + RABBITMQ_START_S
+        while True:
+            if proc.poll() is not None:
+                raise BrokerUnavailable(f"rabbitmq exited with status {proc.returncode}: {broker.log_tail()}")
+            if broker.worker is None:
+                beams = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "beam.smp"]
+                broker.worker = beams[0] if beams else None
+            try:
+                with socket.create_connection((HOST, port), timeout=0.5):
+                    pass
+            except OSError:
+                pass
+            else:
+                if broker.worker is None:
+                    raise BrokerUnavailable("rabbitmq listens but its beam.smp process was not found")
+                broker.log_path = workdir / "log" / "tidemqbench@localhost.log"
+                return broker
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"rabbitmq's MQTT plugin did not listen on {HOST}:{port} within "
+                                        f"{RABBITMQ_START_S:g} s: {broker.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        broker.stop()
+        raise
 
 
 def launch(name: str, port: int, command: list[str], workdir: Path, log_path: Path, env: dict[str, str]) -> Broker:
@@ -211,6 +249,7 @@ def broker_versions() -> str:
         parts.append(f"mosquitto={first.split()[2] if first.startswith('mosquitto version') else '?'}")
     else:
         parts.append("mosquitto=missing")
+    parts.append(f"rabbitmq={rabbitmq_version() or 'missing'}")
     for package, label in (("amqtt", "amqtt"), ("tidemq", "tidemq")):
         try:
             parts.append(f"{label}={importlib.metadata.version(package)}")
@@ -247,6 +286,53 @@ def epmd_path() -> str | None:
     return None
 
 
+def rabbitmq_node(workdir: Path, amqp_port: int, env: dict[str, str], mqtt_port: int | None = None) -> subprocess.Popen[bytes]:
+    """Prepare a private RabbitMQ node in ``workdir`` (config, ``env``; with the MQTT plugin
+    listening on ``mqtt_port`` when given) and start its own epmd, returned: the node is then
+    ``RABBITMQ_SERVER`` run with ``env`` in ``workdir``."""
+    epmd = epmd_path()
+    if rabbitmq_version() is None or epmd is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise BrokerUnavailable("rabbitmq-server is not installed: run scripts/bench-setup.sh "
+                                "(apt-get install -y rabbitmq-server)")
+    epmd_port, dist_port = free_port(), free_port()
+    conf = (f"listeners.tcp.default = {HOST}:{amqp_port}\n"
+            "loopback_users.guest = true\n"
+            "log.console = false\n")
+    plugins = "[]"  # no management plugin: only the broker
+    if mqtt_port is not None:
+        # anonymous MQTT clients log in as guest, allowed from loopback
+        conf += f"mqtt.listeners.tcp.default = {HOST}:{mqtt_port}\nmqtt.allow_anonymous = true\n"
+        plugins = "[rabbitmq_mqtt]"
+    (workdir / "rabbitmq.conf").write_text(conf)
+    (workdir / "enabled_plugins").write_text(plugins + ".\n")
+    env.update({
+        "HOME": str(workdir),  # its .erlang.cookie goes here
+        "RABBITMQ_NODENAME": "tidemqbench@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": HOST,
+        "RABBITMQ_NODE_PORT": str(amqp_port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "ERL_EPMD_PORT": str(epmd_port),
+        "ERL_EPMD_ADDRESS": HOST,
+        "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(workdir / "log"),
+        "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq.conf"),
+        "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+        "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),  # absent: /etc's is not read
+        "RABBITMQ_PID_FILE": str(workdir / "rabbitmq.pid"),
+        "RABBITMQ_PLUGINS_EXPAND_DIR": str(workdir / "plugins-expand"),
+        # Erlang distribution on loopback only
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+    })
+    # Our own epmd, a child of ours on a free port, so that the node neither uses nor starts
+    # a system-wide one (erl's "epmd -daemon" finds the port taken and leaves).
+    with open(workdir / "epmd.log", "wb") as epmd_log:
+        return subprocess.Popen([epmd, "-port", str(epmd_port), "-address", HOST], cwd=workdir,
+                                stdin=subprocess.DEVNULL, stdout=epmd_log, stderr=subprocess.STDOUT,
+                                env=env)
+
+
 def start_amqp_broker(name: str) -> Broker:
     """TideMQ (AMQP listener only, ``--flush sync``) or a private RabbitMQ node, on a free
     127.0.0.1 port; returns once it completes an AMQP handshake."""
@@ -261,42 +347,7 @@ def start_amqp_broker(name: str) -> Broker:
                    "--metrics-bind", "", "--flush", "sync"]
         deadline_s = AMQP_START_S
     elif name == "rabbitmq":
-        epmd = epmd_path()
-        if rabbitmq_version() is None or epmd is None:
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise BrokerUnavailable("rabbitmq-server is not installed: run scripts/bench-setup.sh "
-                                    "(apt-get install -y rabbitmq-server)")
-        epmd_port, dist_port = free_port(), free_port()
-        (workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = {HOST}:{port}\n"
-            "loopback_users.guest = true\n"
-            "log.console = false\n")
-        (workdir / "enabled_plugins").write_text("[].\n")  # no management plugin: only the broker
-        env.update({
-            "HOME": str(workdir),  # its .erlang.cookie goes here
-            "RABBITMQ_NODENAME": "tidemqbench@localhost",
-            "RABBITMQ_NODE_IP_ADDRESS": HOST,
-            "RABBITMQ_NODE_PORT": str(port),
-            "RABBITMQ_DIST_PORT": str(dist_port),
-            "ERL_EPMD_PORT": str(epmd_port),
-            "ERL_EPMD_ADDRESS": HOST,
-            "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(workdir / "log"),
-            "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq.conf"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(workdir / "advanced.config"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
-            "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),  # absent: /etc's is not read
-            "RABBITMQ_PID_FILE": str(workdir / "rabbitmq.pid"),
-            "RABBITMQ_PLUGINS_EXPAND_DIR": str(workdir / "plugins-expand"),
-            # Erlang distribution on loopback only
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        })
-        # Our own epmd, a child of ours on a free port, so that the node neither uses nor starts
-        # a system-wide one (erl's "epmd -daemon" finds the port taken and leaves).
-        with open(workdir / "epmd.log", "wb") as epmd_log:
-            helpers.append(subprocess.Popen([epmd, "-port", str(epmd_port), "-address", HOST], cwd=workdir,
-                                            stdin=subprocess.DEVNULL, stdout=epmd_log, stderr=subprocess.STDOUT,
-                                            env=env))
+        helpers.append(rabbitmq_node(workdir, port, env))
         command = [RABBITMQ_SERVER]
         deadline_s = RABBITMQ_START_S
     else:
