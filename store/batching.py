@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 import cython
 
 from .errors import InvalidMessageError, MessageTooLargeError
+from .holds import HELD, HOLD_TOPIC, INDIRECT, hold_body, hold_key, hold_value, nested_offset
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, Message, PutResult, tag_hash
-from .record import FIXED_SIZE, assemble, encode_properties, encode_static, queue_slots_of
+from .record import FIXED_SIZE, assemble, encode_properties, encode_record, encode_static, queue_slots_of
 
 QID_MASK = 0xFFFF_FFFF  # (the low half of a queue's packed state: consumequeue.pack_state)
 OFFSET_STEP = 1 << 32  # one more offset in a packed state
+NESTED = nested_offset()  # a hold record's position -> its nested record's
 
 
 @cython.cclass
@@ -35,10 +37,19 @@ class PreparedMessage:
     slots = cython.declare(list, visibility="readonly")
     static = cython.declare(bytes, visibility="readonly")
     tag_hash = cython.declare(cython.longlong, visibility="readonly")
+    # a held message (holds.py): its kind (0: none) and due time; a release or discard: the
+    # hold key its dispatch deletes
+    hold_kind = cython.declare(cython.int, visibility="readonly")
+    hold_due = cython.declare(cython.longlong, visibility="readonly")
+    settles = cython.declare(object, visibility="readonly")  # bytes | None
 
-    def __init__(self, message: Message, queues: Sequence[str], max_size: int) -> None:
-        if not queues:
+    def __init__(self, message: Message, queues: Sequence[str], max_size: int, hold_kind: int = 0,
+                 hold_due: int = 0, settles: bytes | None = None, tag: int | None = None) -> None:
+        if not queues and settles is None:
             raise InvalidMessageError("a message needs at least one target queue")
+        self.hold_kind = hold_kind
+        self.hold_due = hold_due
+        self.settles = settles
         body = message.body
         if type(body) is not bytes:
             if not isinstance(body, (bytearray, memoryview)):
@@ -56,6 +67,8 @@ class PreparedMessage:
             self.tag_hash = tag_hash(message.tags)
         else:
             self.tag_hash = 0
+        if tag is not None:  # a release: its entries carry the held message's tag hash
+            self.tag_hash = tag
         slots, slots_len = queue_slots_of(queues)
         self.slots = slots
         self.static = encode_static(
@@ -89,6 +102,10 @@ def place(groups: list[list[PreparedMessage]], cached: Callable[[str], int | Non
     placed: list[Placed] = []
     for prepared in groups:
         for p in prepared:
+            if p.hold_kind:  # indexed later (holds.py): no offsets now
+                records.append(_hold_record(p, store_ts))
+                placed.append((p, [], []))
+                continue
             targets = []
             offsets = []
             for name in p.queues:
@@ -107,6 +124,14 @@ def place(groups: list[list[PreparedMessage]], cached: Callable[[str], int | Non
     return records, placed, assigned
 
 
+@cython.cfunc
+def _hold_record(p: PreparedMessage, store_ts: cython.longlong) -> bytes:
+    """A held message's control record: the hold header and the message's record inside."""
+    nested = assemble(p.size, p.static, p.slots, [HELD] * len(p.slots), p.body, p.born, store_ts, p.flag)
+    return encode_record(topic=HOLD_TOPIC.encode(), key=b"", properties=b"", queues=[], offsets=[],
+                         body=hold_body(p.hold_kind, p.hold_due, nested), born_ts=p.born, store_ts=store_ts)
+
+
 @cython.locals(i=cython.Py_ssize_t, p=PreparedMessage)
 def put_results(groups: list[list[PreparedMessage]], positions: list[int], placed: list[Placed], id_prefix: str,
                 store_ts: int) -> list[list[PutResult]]:
@@ -119,6 +144,10 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
             pos = positions[i]
             offsets = placed[i][2]
             queues = p.queues
+            if p.hold_kind:  # the held message is the nested record; no offsets yet
+                results.append(PutResult(f"{id_prefix}{pos + NESTED:016X}", pos + NESTED, p.size, store_ts, {}))
+                i += 1
+                continue
             results.append(PutResult(f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
                                      {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets))))
             i += 1
@@ -126,7 +155,18 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
     return out
 
 
+@cython.locals(p=PreparedMessage)
 def dispatch_items(positions: list[int], placed: list[Placed], store_ts: int) -> list[tuple]:
     """The dispatcher's items (dispatcher.DispatchItem) of placed records at ``positions``."""
-    return [(pos, p.size, p.tag_hash, store_ts, targets, p.index_keys)
-            for pos, (p, targets, _) in zip(positions, placed)]
+    items = []
+    for pos, (p, targets, _) in zip(positions, placed):
+        if p.hold_kind:
+            key = hold_key(p.hold_kind, p.hold_due, pos + NESTED)
+            items.append((pos, p.size, p.tag_hash, store_ts, targets, (),
+                          ((key, hold_value(p.size, p.tag_hash, store_ts, p.queues)),)))
+        elif p.settles is not None:  # a release (entries read through it) or a discard
+            items.append((pos, p.size | INDIRECT, p.tag_hash, store_ts, targets, (), ((p.settles, None),)))
+        else:
+            items.append((pos, p.size, p.tag_hash, store_ts, targets, p.index_keys, ()))
+    return items
+

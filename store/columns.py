@@ -25,6 +25,7 @@ from rocksdict import Rdict, ReadOptions
 from .commitlog import CommitLog
 from .consumequeue import ENTRY_VALUE, entry_key
 from .errors import RecordCorruptError
+from .holds import INDIRECT, ControlRecord
 from .readonly import CommitLogReader
 from .record import HEADER_SIZE, MAGIC, decode_properties
 
@@ -97,6 +98,7 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
         first += int(kept)
         entries = entries[kept:]
     result = RangeRead(first, stop if len(entries) else max(first, start))
+    entries = _follow_releases(queue, first, entries, log)
     for at in range(0, len(entries), BATCH_ROWS):
         result.batches.extend(_batches(queue, first + at, entries[at:at + BATCH_ROWS], log))
     return result
@@ -109,6 +111,29 @@ def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
     return read_range(db, log, queue, qid, start, stop, commitlog.min_position)
+
+
+def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
+    """Entries whose record is a release (holds.py) made to point at the held message it names
+    (so a queue's rows may step back in the commitlog: ``_batches`` reads by segment runs)."""
+    sizes = entries["size"]
+    indirect = np.flatnonzero(sizes & INDIRECT)
+    if not len(indirect):
+        return entries
+    entries = entries.copy()
+    for i in indirect.tolist():
+        position, size = int(entries["position"][i]), int(sizes[i]) & ~INDIRECT
+        seg_start = position - position % log.segment_size
+        found = log.span(seg_start, position - seg_start, position - seg_start + size)
+        if found is None:
+            raise RecordCorruptError(f"queue {queue} offset {first_offset + i}: commitlog segment {seg_start} is missing or short")
+        buffer, base = found
+        at = position - seg_start - base
+        body_len = int.from_bytes(buffer[at + 42:at + 46], "big")  # the header's body_len (record.py)
+        control = ControlRecord(bytes(buffer[at + size - body_len:at + size]))
+        entries["position"][i] = control.target
+        entries["size"][i] = control.target_size
+    return entries
 
 
 def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> list[pa.RecordBatch]:
@@ -144,7 +169,7 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
 def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray,
            sizes: np.ndarray) -> pa.RecordBatch:
     n = len(entries)
-    lo = int(rel[0])
+    lo = int(rel.min())  # (the first row's, but for released held messages: _follow_releases)
     hi = int((rel + sizes).max())
     block = _Block(np.frombuffer(buffer, np.uint8, hi - lo, lo))  # no copy of the buffer (mostly the map)
     starts = rel - lo

@@ -13,8 +13,10 @@ from .keyindex import entry as key_entry
 from .notify import NotifyHub
 
 # (commitlog position, record size, tag hash, store timestamp, [(queue, qid, offset in it)],
-# key-index prefixes): a plain tuple, built once per message on the hot path.
-DispatchItem = tuple[int, int, int, int, list[tuple[str, int, int]], tuple[bytes, ...]]
+# key-index prefixes, hold-key writes (key, value or None to delete; holds.py)): a plain tuple,
+# built once per message on the hot path.
+DispatchItem = tuple[int, int, int, int, list[tuple[str, int, int]], tuple[bytes, ...],
+                     tuple[tuple[bytes, bytes | None], ...]]
 
 
 class Dispatcher:
@@ -28,12 +30,12 @@ class Dispatcher:
         ``heads``: each queue the items go to -> pack_state(qid, its next offset after them),
         as the committer assigned them; computed here when not given (recovery)."""
         if heads is None:
-            heads = {name: (offset + 1) << 32 | qid for *_, targets, _ in items for name, qid, offset in targets}
+            heads = {name: (offset + 1) << 32 | qid for *_, targets, _, _ in items for name, qid, offset in targets}
         batch = self._index.new_batch()
         put = batch.put
         pack_key = ENTRY_KEY.pack
         pack_value = ENTRY_VALUE.pack
-        for position, size, tag, store_ts, targets, keys in items:
+        for position, size, tag, store_ts, targets, keys, holds in items:
             value = pack_value(position, size, tag, store_ts)
             for name, qid, offset in targets:
                 put(pack_key(ENTRY_PREFIX, qid, offset), value)
@@ -41,6 +43,11 @@ class Dispatcher:
                     put(pack_key(ENTRY_PREFIX, qid, HEAD_OFFSET), QUEUE_HEAD.pack(offset + 1, position))
             for prefix in keys:
                 put(*key_entry(prefix, position, store_ts))
+            for key, hold in holds:  # (rare: held messages and their releases)
+                if hold is None:
+                    batch.delete(key)
+                else:
+                    put(key, hold)
         self._index.commit(batch, end_position)
         self._index.cache.update(heads)
         self._index.trim_cache()

@@ -3,10 +3,11 @@ are read with one pread), and a record by its position."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .commitlog import CommitLog
 from .errors import RecordCorruptError
+from .holds import INDIRECT, ControlRecord
 from .message import StoredMessage
 from .record import HEADER_SIZE, RecordView
 
@@ -21,6 +22,7 @@ def read_entries(commitlog: CommitLog, id_prefix: str, queue: str, offsets: Sequ
     spans: list[tuple[int, int, int]] = []  # (position, end, entry count)
     total = 0
     for position, size, _, _ in entries:
+        size &= ~INDIRECT
         if spans and total + size > max_bytes:
             break
         total += size
@@ -38,6 +40,9 @@ def read_entries(commitlog: CommitLog, id_prefix: str, queue: str, offsets: Sequ
             position, size, tag, _ = entries[i]
             try:
                 view = RecordView(buf, at)
+                if size & INDIRECT:  # a release: the message is the held record it names
+                    size &= ~INDIRECT
+                    position, view = released(commitlog.read, view)
             except (RecordCorruptError, IndexError, ValueError) as exc:
                 raise RecordCorruptError(
                     f"record at commitlog position {position} of queue {queue} offset {offsets[i]}: {exc}"
@@ -46,6 +51,15 @@ def read_entries(commitlog: CommitLog, id_prefix: str, queue: str, offsets: Sequ
             at += size
             i += 1
     return messages
+
+
+def released(read: Callable[[int, int], bytes], view: RecordView) -> tuple[int, RecordView]:
+    """The held message a release record (``view``) names: its position and record."""
+    control = ControlRecord(view.body)
+    buf = read(control.target, control.target_size)
+    if len(buf) < control.target_size:  # retention took the held record (holds.py: rolled before)
+        raise RecordCorruptError(f"held message at {control.target} is gone")
+    return control.target, RecordView(buf, 0)
 
 
 def record_at(commitlog: CommitLog, id_prefix: str, position: int) -> StoredMessage | None:

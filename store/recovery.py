@@ -19,6 +19,7 @@ from .commitlog import CommitLog, Segment
 from .consumequeue import QID_MASK, ConsumeQueueIndex
 from .dispatcher import Dispatcher, DispatchItem
 from .errors import RecordCorruptError, StoreCorruptError
+from .holds import HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, nested_offset
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, tag_hash
 from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
@@ -109,11 +110,26 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
 
 
 def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
+    if view.topic == HOLD_TOPIC:
+        return _control_item(index, position, view)
     targets = []
     for name, offset in view.queues():
         targets.append((name, index.resolve(name) & QID_MASK, offset))
     tags = view_tags(view)
-    return (position, view.size, tag_hash(tags), view.store_ts, targets, key_prefixes(view.topic, view.key))
+    return (position, view.size, tag_hash(tags), view.store_ts, targets, key_prefixes(view.topic, view.key), ())
+
+
+def _control_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
+    """A control record's item, as the committer made it (batching.dispatch_items)."""
+    control = ControlRecord(view.body)
+    if control.op == HOLD:
+        nested = RecordView(control.nested, 0)
+        key = hold_key(control.kind, control.due_ms, position + nested_offset())
+        value = hold_value(nested.size, tag_hash(view_tags(nested)), view.store_ts, [q for q, _ in nested.queues()])
+        return (position, view.size, 0, view.store_ts, [], (), ((key, value),))
+    targets = [(name, index.resolve(name) & QID_MASK, offset) for name, offset in view.queues()]
+    size = view.size | INDIRECT if control.op == RELEASE else view.size
+    return (position, size, control.tag, view.store_ts, targets, (), ((control.key, None),))
 
 
 def view_tags(view: RecordView) -> str | None:

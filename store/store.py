@@ -23,6 +23,7 @@ from .consumequeue import (
     QueueState,
 )
 from .dispatcher import Dispatcher
+from .held import HeldMessages
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -80,7 +81,7 @@ class MessageStore:
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
-        self.tail = TailHandoff(self._id_prefix, self._min_offset_of)
+        self.tail = TailHandoff(self._id_prefix, self._min_offset_of, lambda at, n: self.commitlog.read(at, n))
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -116,6 +117,7 @@ class MessageStore:
         self.offsets = ConsumerOffsets(self.meta)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
+        self.held = HeldMessages(self.index, self._submit, opts.max_message_size)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.committer.run(), name="store-committer"))
         if opts.flush == "async":

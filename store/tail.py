@@ -14,13 +14,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .consumequeue import QID_MASK
+from .holds import INDIRECT
 from .message import GetResult, GetStatus, StoredMessage
-from .reads import stored_message
+from .reads import released, stored_message
 from .record import RecordView
 
 # (commitlog position, record size, tag hash, store timestamp, [(queue, qid, offset in it)],
-# key-index prefixes): the dispatcher's item (dispatcher.DispatchItem).
-Item = tuple[int, int, int, int, list[tuple[str, int, int]], tuple[bytes, ...]]
+# key-index prefixes, hold-key writes): the dispatcher's item (dispatcher.DispatchItem).
+Item = tuple[int, int, int, int, list[tuple[str, int, int]], tuple[bytes, ...], tuple]
 
 
 class TailReader(Protocol):
@@ -37,11 +38,12 @@ class TailReader(Protocol):
 class TailHandoff:
     """The committer's side: which readers follow which queues, and the hand-off itself."""
 
-    __slots__ = ("_id_prefix", "_min_offset", "readers")
+    __slots__ = ("_id_prefix", "_min_offset", "_read", "readers")
 
-    def __init__(self, id_prefix: str, min_offset: Callable[[int, int], int]) -> None:
+    def __init__(self, id_prefix: str, min_offset: Callable[[int, int], int], read: Callable[[int, int], bytes]) -> None:
         self._id_prefix = id_prefix
         self._min_offset = min_offset  # (qid, next offset) -> the queue's first readable offset
+        self._read = read  # the commitlog's (a release's held message was written before)
         self.readers: list[TailReader] = []
 
     def hand(self, items: list[Item], records: list[bytes], heads: dict[str, int]) -> None:
@@ -55,13 +57,15 @@ class TailHandoff:
             return
         built: dict[str, list[StoredMessage]] = {name: [] for name in wanted}
         id_prefix = self._id_prefix
-        for record, (position, _, tag, _, targets, _) in zip(records, items):
+        for record, (position, size, tag, _, targets, _, _) in zip(records, items):
             view = None
             for name, _, offset in targets:
                 messages = built.get(name)
                 if messages is not None:
                     if view is None:  # (no CRC check: these bytes were framed here, never left memory)
                         view = RecordView(record, 0, verify=False)
+                        if size & INDIRECT:
+                            position, view = released(self._read, view)
                     messages.append(stored_message(view, id_prefix, position, name, offset, tag))
         for name, messages in built.items():
             packed = heads[name]

@@ -1,0 +1,129 @@
+"""The store's held messages (holds.py has the records and keys): put one held, find those due,
+release them into their queues, or discard them. ``MessageStore.held`` is this component.
+
+One writer for every kind: timer messages (released at their due time by the gateway's timer
+service) and transactional half messages (released or discarded when the transaction ends).
+A release or discard is a small control record written through the group committer like any
+put, so it is durable, ordered and acknowledged the same way, and a restart re-dispatches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from rocksdict import ReadOptions
+
+from .batching import PreparedMessage
+from .consumequeue import ConsumeQueueIndex
+from .errors import InvalidMessageError
+from .holds import (
+    HOLD_PREFIX,
+    HOLD_TOPIC,
+    KINDS,
+    discard_body,
+    kind_prefix,
+    parse_hold_key,
+    parse_hold_value,
+    release_body,
+)
+from .message import Message, PutResult
+
+MAX_DUE_MS = (1 << 63) - 1
+
+
+@dataclass(slots=True, frozen=True)
+class Hold:
+    """A held message as its hold key says: what a release needs."""
+
+    key: bytes
+    kind: int
+    due_ms: int
+    target: int  # commitlog position of the held message's record (its message id's)
+    size: int
+    tag_hash: int
+    hold_ts: int  # store time of the hold
+    queues: tuple[str, ...]
+
+
+class HeldMessages:
+    def __init__(self, index: ConsumeQueueIndex, submit: Callable[[list[PreparedMessage]], asyncio.Future[list[PutResult]]],
+                 max_message_size: int) -> None:
+        self._index = index
+        self._submit = submit
+        self._limit = max_message_size
+
+    async def put(self, message: Message, queues: Sequence[str], kind: int, due_ms: int) -> PutResult:
+        """Store ``message`` held (``kind``: holds.TIMER or HALF) for ``queues``: in no queue until
+        it is released. Durable when it returns; the result's position and message id are
+        those the message keeps once released (its queue offsets come with the release)."""
+        return (await self.put_batch([(message, queues)], kind, due_ms))[0]
+
+    def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]], kind: int, due_ms: int | Sequence[int]
+                  ) -> asyncio.Future[list[PutResult]]:
+        """Several held messages in one group commit; ``due_ms`` one for all or one each."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown hold kind {kind!r}")
+        items = list(items)
+        dues = [due_ms] * len(items) if isinstance(due_ms, int) else list(due_ms)
+        if len(dues) != len(items):
+            raise ValueError("one due time per message")
+        prepared = []
+        for (message, queues), due in zip(items, dues):
+            if not 0 <= due <= MAX_DUE_MS:
+                raise InvalidMessageError(f"due time {due} out of range")
+            prepared.append(PreparedMessage(message, queues, self._limit, kind, due))
+        return self._submit(prepared)
+
+    def due(self, kind: int, now_ms: int, limit: int, after: bytes | None = None) -> list[Hold]:
+        """Held messages of ``kind`` due at or before ``now_ms``, oldest due first (at most
+        ``limit``; from the key after ``after`` when given)."""
+        start = kind_prefix(kind)
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(start + (now_ms + 1).to_bytes(8, "big"))
+        out = []
+        for key, value in self._index.db.items(from_key=after + b"\x00" if after else start, read_opt=opts):
+            if len(out) >= limit:
+                break
+            out.append(_hold(key, value))
+        return out
+
+    def next_due_ms(self, kind: int) -> int | None:
+        """The earliest due time of ``kind``'s held messages, or None."""
+        start = kind_prefix(kind)
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
+        for key in self._index.db.keys(from_key=start, read_opt=opts):
+            return parse_hold_key(key)[1]
+        return None
+
+    def count(self, kind: int) -> int:
+        """Held messages of ``kind`` (a walk of the keys: for tests, tools and metrics scrapes)."""
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
+        return sum(1 for _ in self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts))
+
+    def get(self, key: bytes) -> Hold | None:
+        value = self._index.db.get(key)
+        return None if value is None else _hold(key, value)
+
+    def release(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
+        """Index held messages into their queues now (one release record each, one group
+        commit); each result gives the offsets they got. The caller releases a hold once: a
+        second release before the first is dispatched would index the message twice."""
+        prepared = [PreparedMessage(Message(HOLD_TOPIC, release_body(h.target, h.size, h.tag_hash, h.key)), h.queues,
+                                    self._limit, settles=h.key, tag=h.tag_hash) for h in holds]
+        return self._submit(prepared)
+
+    def discard(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
+        """Drop held messages for good (a rolled-back transaction): never indexed."""
+        prepared = [PreparedMessage(Message(HOLD_TOPIC, discard_body(h.key)), (), self._limit, settles=h.key)
+                    for h in holds]
+        return self._submit(prepared)
+
+
+def _hold(key: bytes, value: bytes) -> Hold:
+    kind, due, target = parse_hold_key(key)
+    size, tag, hold_ts, queues = parse_hold_value(value)
+    return Hold(key, kind, due, target, size, tag, hold_ts, tuple(queues))
