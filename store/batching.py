@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import cython
 
 from .errors import InvalidMessageError, MessageTooLargeError
-from .holds import HELD, HOLD_TOPIC, INDIRECT, hold_body, hold_key, hold_value, nested_offset
+from .holds import HELD, HOLD_TOPIC, INDIRECT, hold_body, hold_key, hold_value, hold_writes, nested_offset
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, Message, PutResult, tag_hash
 from .record import FIXED_SIZE, assemble, encode_properties, encode_record, encode_static, queue_slots_of
@@ -163,9 +163,10 @@ def dispatch_items(positions: list[int], placed: list[Placed], store_ts: int) ->
         if p.hold_kind:
             key = hold_key(p.hold_kind, p.hold_due, pos + NESTED)
             items.append((pos, p.size, p.tag_hash, store_ts, targets, (),
-                          ((key, hold_value(p.size, p.tag_hash, store_ts, p.queues)),)))
+                          hold_writes(key, hold_value(p.size, p.tag_hash, store_ts, p.queues))))
         elif p.settles is not None:  # a release (entries read through it) or a discard
-            items.append((pos, p.size | INDIRECT, p.tag_hash, store_ts, targets, (), ((p.settles, None),)))
+            items.append((pos, p.size | INDIRECT if targets else p.size, p.tag_hash, store_ts, targets, (),
+                          hold_writes(p.settles, None)))
         else:
             items.append((pos, p.size, p.tag_hash, store_ts, targets, p.index_keys, ()))
     return items

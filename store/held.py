@@ -22,13 +22,15 @@ from .holds import (
     HOLD_PREFIX,
     HOLD_TOPIC,
     KINDS,
+    POSITION_PREFIX,
     discard_body,
     kind_prefix,
     parse_hold_key,
     parse_hold_value,
+    position_key,
     release_body,
 )
-from .message import Message, PutResult
+from .message import Message, PutResult, StoredMessage
 
 MAX_DUE_MS = (1 << 63) - 1
 
@@ -53,6 +55,9 @@ class HeldMessages:
         self._index = index
         self._submit = submit
         self._limit = max_message_size
+        # hold keys whose release, discard or roll is submitted and not yet committed: each hold
+        # ends once, whoever asks (the timer service, a transaction's end, retention's roll)
+        self._settling: set[bytes] = set()
 
     async def put(self, message: Message, queues: Sequence[str], kind: int, due_ms: int) -> PutResult:
         """Store ``message`` held (``kind``: holds.TIMER or HALF) for ``queues``: in no queue until
@@ -78,7 +83,7 @@ class HeldMessages:
 
     def due(self, kind: int, now_ms: int, limit: int, after: bytes | None = None) -> list[Hold]:
         """Held messages of ``kind`` due at or before ``now_ms``, oldest due first (at most
-        ``limit``; from the key after ``after`` when given)."""
+        ``limit``; from the key after ``after`` when given); those being settled are left out."""
         start = kind_prefix(kind)
         opts = ReadOptions()
         opts.set_iterate_upper_bound(start + (now_ms + 1).to_bytes(8, "big"))
@@ -86,7 +91,8 @@ class HeldMessages:
         for key, value in self._index.db.items(from_key=after + b"\x00" if after else start, read_opt=opts):
             if len(out) >= limit:
                 break
-            out.append(_hold(key, value))
+            if key not in self._settling:
+                out.append(_hold(key, value))
         return out
 
     def next_due_ms(self, kind: int) -> int | None:
@@ -104,23 +110,74 @@ class HeldMessages:
         opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
         return sum(1 for _ in self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts))
 
+    def below(self, position: int, limit: int) -> list[Hold]:
+        """Held messages whose record lies below ``position``, lowest first (at most ``limit``)."""
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(position_key(position))
+        out = []
+        for key in self._index.db.values(from_key=POSITION_PREFIX, read_opt=opts):
+            hold = self.get(key)
+            if hold is not None:
+                out.append(hold)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def roll(self, holds: Sequence[Hold], read_at: Callable[[int], StoredMessage | None]) -> int:
+        """Copy held messages forward (retention is about to delete their records): each is held
+        again, same kind and due time, and its old hold ends in the same group commit. Returns
+        how many were rolled (one whose record is already gone cannot be, and is dropped)."""
+        holds = self._claim(holds)
+        prepared = []
+        for hold in holds:
+            message = read_at(hold.target)
+            if message is not None:
+                copy = Message(message.topic, message.body, key=message.key or None, born_timestamp=message.born_timestamp,
+                               encoded_properties=message.raw_properties, flag=message.flag)
+                prepared.append(PreparedMessage(copy, hold.queues, self._limit, hold.kind, hold.due_ms, tag=hold.tag_hash))
+            prepared.append(_discard(hold, self._limit))
+        await self._settle(holds, prepared)
+        return sum(1 for p in prepared if p.hold_kind)
+
     def get(self, key: bytes) -> Hold | None:
         value = self._index.db.get(key)
         return None if value is None else _hold(key, value)
 
     def release(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
         """Index held messages into their queues now (one release record each, one group
-        commit); each result gives the offsets they got. The caller releases a hold once: a
-        second release before the first is dispatched would index the message twice."""
+        commit); the results give the offsets they got, one per hold not already being settled
+        (a hold ends once: a second release would index the message twice)."""
+        holds = self._claim(holds)
         prepared = [PreparedMessage(Message(HOLD_TOPIC, release_body(h.target, h.size, h.tag_hash, h.key)), h.queues,
                                     self._limit, settles=h.key, tag=h.tag_hash) for h in holds]
-        return self._submit(prepared)
+        return self._settle(holds, prepared)
 
     def discard(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
         """Drop held messages for good (a rolled-back transaction): never indexed."""
-        prepared = [PreparedMessage(Message(HOLD_TOPIC, discard_body(h.key)), (), self._limit, settles=h.key)
-                    for h in holds]
-        return self._submit(prepared)
+        holds = self._claim(holds)
+        return self._settle(holds, [_discard(h, self._limit) for h in holds])
+
+    def _claim(self, holds: Sequence[Hold]) -> list[Hold]:
+        claimed = [h for h in holds if h.key not in self._settling]
+        self._settling.update(h.key for h in claimed)
+        return claimed
+
+    def _settle(self, holds: list[Hold], prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
+        if not prepared:
+            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        try:
+            fut = self._submit(prepared)
+        except BaseException:
+            self._settling.difference_update(h.key for h in holds)
+            raise
+        fut.add_done_callback(lambda _: self._settling.difference_update(h.key for h in holds))
+        return fut
+
+
+def _discard(hold: Hold, limit: int) -> PreparedMessage:
+    return PreparedMessage(Message(HOLD_TOPIC, discard_body(hold.key)), (), limit, settles=hold.key)
 
 
 def _hold(key: bytes, value: bytes) -> Hold:

@@ -8,6 +8,10 @@ target queues, offsets ``HELD``). The dispatcher gives it no queue entries; it w
 key* to the index instead, sorted by due time:
 
     b"h" + kind u8 + due_ms u64 + target u64  -> size u32, tag_hash i64, hold_ts i64, queue names
+    b"hP" + target u64                        -> its hold key (the same holds by position)
+
+The second key orders the same holds by position: retention finds there the held messages in
+the segments it is about to delete and *rolls* them (copies them forward, same due time) first.
 
 ``target`` is the commitlog position of the nested record (a valid record position: reads,
 message ids and ``record_at`` work on it as on any other).
@@ -64,6 +68,19 @@ def discard_body(key: bytes) -> bytes:
 
 def hold_key(kind: int, due_ms: int, target: int) -> bytes:
     return _HOLD_KEY.pack(HOLD_PREFIX, kind, due_ms, target)
+
+
+POSITION_PREFIX = HOLD_PREFIX + b"P"
+
+
+def position_key(target: int) -> bytes:
+    return POSITION_PREFIX + target.to_bytes(8, "big")
+
+
+def hold_writes(key: bytes, value: bytes | None) -> tuple[tuple[bytes, bytes | None], ...]:
+    """The index writes of a hold (``value``) or of its end (None): both of its keys."""
+    target = key[-8:]
+    return ((key, value), (POSITION_PREFIX + target, None if value is None else key))
 
 
 def kind_prefix(kind: int) -> bytes:

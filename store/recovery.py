@@ -19,7 +19,7 @@ from .commitlog import CommitLog, Segment
 from .consumequeue import QID_MASK, ConsumeQueueIndex
 from .dispatcher import Dispatcher, DispatchItem
 from .errors import RecordCorruptError, StoreCorruptError
-from .holds import HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, nested_offset
+from .holds import HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes, nested_offset
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, tag_hash
 from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
@@ -126,10 +126,10 @@ def _control_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> 
         nested = RecordView(control.nested, 0)
         key = hold_key(control.kind, control.due_ms, position + nested_offset())
         value = hold_value(nested.size, tag_hash(view_tags(nested)), view.store_ts, [q for q, _ in nested.queues()])
-        return (position, view.size, 0, view.store_ts, [], (), ((key, value),))
+        return (position, view.size, 0, view.store_ts, [], (), hold_writes(key, value))
     targets = [(name, index.resolve(name) & QID_MASK, offset) for name, offset in view.queues()]
     size = view.size | INDIRECT if control.op == RELEASE else view.size
-    return (position, size, control.tag, view.store_ts, targets, (), ((control.key, None),))
+    return (position, size, control.tag, view.store_ts, targets, (), hold_writes(control.key, None))
 
 
 def view_tags(view: RecordView) -> str | None:

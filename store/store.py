@@ -473,6 +473,10 @@ class MessageStore:
         doomed = self.retention.segments_to_delete(self.commitlog.segments(), time.time())
         if not doomed:
             return 0
+        cut = doomed[-1].start + self.commitlog.segment_size
+        while holds := self.held.below(cut, 1024):  # held messages there go forward first (held.py)
+            rolled = await self.held.roll(holds, self.read_at)
+            log.info("held messages rolled before retention count=%d below=%d", rolled, cut)
         freed = sum(self.commitlog.delete_segment(seg.start) for seg in doomed)
         log.info(
             "retention deleted segments=%d bytes=%d min_position=%d",

@@ -131,3 +131,31 @@ async def test_holds_releases_and_discards_are_rebuilt_after_a_crash(open_store,
     assert [h.due_ms for h in store.held.due(HALF, 10_000, 10)] == [500]
     await store.held.release(store.held.due(TIMER, 10_000, 10))
     assert [m.body for m in (await store.get("q", 0, 10)).messages][-2:] == [b"timer3", b"timer4"]
+
+
+async def test_a_hold_ends_once_however_often_it_is_settled(open_store):
+    store = await open_store()
+    await store.held.put(Message("t", b"once"), ["q"], TIMER, 1)
+    (hold,) = store.held.due(TIMER, 2, 10)
+    first = store.held.release([hold])
+    assert store.held.due(TIMER, 2, 10) == []  # being released: not due again
+    again = store.held.release([hold])
+    dropped = store.held.discard([hold])
+    assert len(await first) == 1 and await again == [] and await dropped == []
+    assert [m.body for m in (await store.get("q", 0, 10)).messages] == [b"once"]
+
+
+async def test_retention_rolls_held_messages_forward_before_deleting_their_segment(open_store):
+    store = await open_store(segment_size=64 << 10, retention_hours=0, retention_bytes=128 << 10)
+    held = await store.held.put(Message("t", b"far future", {"p": "v"}, key="k", tags="tg"), ["q"], TIMER, 10**12)
+    for i in range(12):  # fill segments past the byte limit
+        await store.put_batch([(Message("t", b"x" * 1000), ["filler"]) for _ in range(20)])
+    (before,) = store.held.below(1 << 62, 10)
+    assert before.target == held.position
+    assert await store.apply_retention() > 0
+    assert store.commitlog.min_position > held.position  # its segment is gone
+    (after,) = store.held.due(TIMER, 10**12, 10)
+    assert after.target > held.position and after.due_ms == 10**12 and after.tag_hash == before.tag_hash
+    await store.held.release([after])
+    (message,) = (await store.get("q", 0, 10)).messages
+    assert (message.body, message.properties, message.key) == (b"far future", {"p": "v", "TAGS": "tg"}, "k")
