@@ -23,7 +23,6 @@ from .consumequeue import (
     QueueState,
 )
 from .dispatcher import Dispatcher
-from .held import HeldMessages
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -31,6 +30,7 @@ from .errors import (
     StoreError,
     StoreWriteError,
 )
+from .held import HeldMessages
 from .keyindex import scan as scan_keys
 from .lock import DirectoryLock
 from .log_limit import RateLimitedLog

@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from store import GetStatus, Message, columns
-from store.readonly import CommitLogReader
 from store.holds import HALF, TIMER
+from store.readonly import CommitLogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 
