@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import cython
 
 from .errors import InvalidMessageError, MessageTooLargeError
-from .holds import HELD, HOLD_TOPIC, INDIRECT, hold_body, hold_key, hold_value, hold_writes, nested_offset
+from .holds import HELD, HOLD_TOPIC, INDIRECT, KINDS, hold_body, hold_key, hold_value, hold_writes, nested_offset
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, Message, PutResult, tag_hash
 from .record import FIXED_SIZE, assemble, encode_properties, encode_record, encode_static, queue_slots_of
@@ -22,6 +22,7 @@ from .record import FIXED_SIZE, assemble, encode_properties, encode_record, enco
 QID_MASK = 0xFFFF_FFFF  # (the low half of a queue's packed state: consumequeue.pack_state)
 OFFSET_STEP = 1 << 32  # one more offset in a packed state
 NESTED = nested_offset()  # a hold record's position -> its nested record's
+MAX_DUE = 1 << 63
 
 
 @cython.cclass
@@ -47,6 +48,10 @@ class PreparedMessage:
                  hold_due: int = 0, settles: bytes | None = None, tag: int | None = None) -> None:
         if not queues and settles is None:
             raise InvalidMessageError("a message needs at least one target queue")
+        if not hold_kind and message.hold_kind:
+            hold_kind, hold_due = message.hold_kind, message.hold_due_ms
+        if hold_kind and (hold_kind not in KINDS or not 0 <= hold_due < MAX_DUE):
+            raise InvalidMessageError(f"bad hold: kind {hold_kind}, due time {hold_due}")
         self.hold_kind = hold_kind
         self.hold_due = hold_due
         self.settles = settles

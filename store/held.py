@@ -17,7 +17,6 @@ from rocksdict import ReadOptions
 
 from .batching import PreparedMessage
 from .consumequeue import ConsumeQueueIndex
-from .errors import InvalidMessageError
 from .holds import (
     HOLD_PREFIX,
     HOLD_TOPIC,
@@ -31,8 +30,6 @@ from .holds import (
     release_body,
 )
 from .message import Message, PutResult, StoredMessage
-
-MAX_DUE_MS = (1 << 63) - 1
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,7 +57,7 @@ class HeldMessages:
         self._settling: set[bytes] = set()
 
     async def put(self, message: Message, queues: Sequence[str], kind: int, due_ms: int) -> PutResult:
-        """Store ``message`` held (``kind``: holds.TIMER or HALF) for ``queues``: in no queue until
+        """(Or any put of a message whose ``hold_kind`` is set.) Store ``message`` held (``kind``: holds.TIMER or HALF) for ``queues``: in no queue until
         it is released. Durable when it returns; the result's position and message id are
         those the message keeps once released (its queue offsets come with the release)."""
         return (await self.put_batch([(message, queues)], kind, due_ms))[0]
@@ -74,12 +71,8 @@ class HeldMessages:
         dues = [due_ms] * len(items) if isinstance(due_ms, int) else list(due_ms)
         if len(dues) != len(items):
             raise ValueError("one due time per message")
-        prepared = []
-        for (message, queues), due in zip(items, dues):
-            if not 0 <= due <= MAX_DUE_MS:
-                raise InvalidMessageError(f"due time {due} out of range")
-            prepared.append(PreparedMessage(message, queues, self._limit, kind, due))
-        return self._submit(prepared)
+        return self._submit([PreparedMessage(message, queues, self._limit, kind, due)
+                             for (message, queues), due in zip(items, dues)])
 
     def due(self, kind: int, now_ms: int, limit: int, after: bytes | None = None) -> list[Hold]:
         """Held messages of ``kind`` due at or before ``now_ms``, oldest due first (at most

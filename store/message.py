@@ -36,6 +36,11 @@ class Message:
     # same set with many messages; used instead of ``properties`` when given.
     encoded_properties: bytes | None = None
     flag: int = 0  # u32 the store keeps for the application (RocketMQ's Message.flag)
+    # a held message (store/held.py): in no queue until released -- a timer message
+    # (holds.TIMER) at ``hold_due_ms``, a transaction's half message (holds.HALF; its first
+    # check then); 0: an ordinary message, indexed at once
+    hold_kind: int = 0
+    hold_due_ms: int = 0
 
 
 @dataclass(slots=True)

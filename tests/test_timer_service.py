@@ -55,3 +55,18 @@ async def test_what_came_due_while_stopped_is_released_at_start(open_store):
         assert message.body == b"overdue" and timer.pending == 1
     finally:
         await timer.stop()
+
+
+async def test_a_timer_message_put_through_any_path_is_found_without_being_announced(open_store):
+    store = await open_store()
+    timer = TimerService(store)
+    timer.start()
+    try:
+        await asyncio.sleep(0.1)  # the service is asleep, nothing pending
+        due = now_ms() + 150
+        future, refused = store.put_each_nowait([(Message("t", b"via ingest", hold_kind=TIMER, hold_due_ms=due), ["q"])])
+        assert not refused and (await future)[0].queue_offsets == {}
+        (message,) = await wait_for_messages(store, "q", 1)
+        assert message.body == b"via ingest" and now_ms() >= due
+    finally:
+        await timer.stop()

@@ -4,7 +4,8 @@ at their due time, for every protocol that schedules them (RocketMQ's timer prop
 
 The pending timers live in the store's index, sorted by due time (no wheel to size or roll:
 any delay is one key); this service keeps only the next due time. It sleeps until then, or
-until a message due earlier is scheduled (``scheduled``), and releases what is due in batches,
+until a message due earlier is scheduled (``scheduled``; it looks every 50 ms anyway), and
+releases what is due in batches,
 each one group commit. After a restart it starts at once: what came due while the gateway was
 down is released in its first turn.
 """
@@ -25,6 +26,9 @@ log = logging.getLogger("tidemq.timer")
 
 RELEASE_BATCH = 1024  # held messages released per group commit
 RETRY_S = 1.0  # after a failed release (the store refused: a full disk)
+# the longest sleep: a timer message put through any path (a protocol's ingest) without a
+# ``scheduled`` call is found by then, if it is due before the one the service waits for
+LOOK_S = 0.05
 
 
 class TimerService:
@@ -74,7 +78,7 @@ class TimerService:
                 self.released += len(due)
                 continue  # more may be due
             self._next_due = held.next_due_ms(TIMER)
-            delay = None if self._next_due is None else max(0.0, (self._next_due - _now_ms()) / 1000)
+            delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - _now_ms()) / 1000))
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
             except TimeoutError:
