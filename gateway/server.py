@@ -21,6 +21,7 @@ from .auth import Acl, PasswordFile
 from .auth.access_keys import AccessKeys
 from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
+from .core.timer import TimerService
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
@@ -70,6 +71,7 @@ class Gateway:
                 raise ConfigError(f"{name}_bind: in a cluster, MQTT clients connect to the gateway nodes")
         self.config = config
         self.store: MessageStore | None = None
+        self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
         self.mqtt: MQTTBroker | None = None
         self.amqp: AMQPBroker | None = None
         self.remoting: RemotingBroker | None = None
@@ -142,6 +144,8 @@ class Gateway:
 
     async def _open_store(self) -> None:
         self.store = await MessageStore.open(self.config.store_options())
+        self.timer = TimerService(self.store)  # (on the node with the store: a gateway node's are there)
+        self.timer.start()
         self.pressure = StorePressure(self.store, disk_free_limit=self.config.disk_free_limit,
                                       backlog_limit=self.config.store_backlog_limit)
         self.pressure.check()
@@ -376,6 +380,9 @@ class Gateway:
         if self.store_service is not None:
             await self.store_service.stop()
             self.store_service = None
+        if self.timer is not None:
+            await self.timer.stop()
+            self.timer = None
         if self.store_lookup is not None:
             await self.store_lookup.close()
             self.store_lookup = None

@@ -78,7 +78,7 @@ class StoreLinkError(RemotingProtocolError):
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_MSG_HEAD = struct.Struct(">qI")  # born, flag
+_MSG_HEAD = struct.Struct(">qIBQ")  # born, flag, hold kind, hold due (store.Message)
 _PUT_RESULT = struct.Struct(">QIq")  # position, size, store ms
 _I64 = struct.Struct(">q")
 _GET_ENTRY = struct.Struct(">QqiI")  # position, queue offset, tag hash, record length
@@ -143,7 +143,8 @@ def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
             props = encode_store_properties(message.properties) if message.properties else b""
         born = message.born_timestamp if message.born_timestamp is not None else -1
         out += [_str(message.topic), _str(message.key or ""), _str(message.tags or ""),
-                _MSG_HEAD.pack(born, message.flag), _blob(props), _U16.pack(len(queues))]
+                _MSG_HEAD.pack(born, message.flag, message.hold_kind, message.hold_due_ms), _blob(props),
+                _U16.pack(len(queues))]
         out += [_str(queue) for queue in queues]
         out.append(_blob(message.body))
         count += 1
@@ -156,13 +157,14 @@ def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
     items = []
     for _ in range(count):
         topic, key, tags = reader.str(), reader.str(), reader.str()
-        born, flag = reader.unpack(_MSG_HEAD)
+        born, flag, hold_kind, hold_due = reader.unpack(_MSG_HEAD)
         props = reader.blob()
         (n,) = reader.unpack(_U16)
         queues = [reader.str() for _ in range(n)]
         body = reader.blob()
         items.append((Message(topic, body, key=key or None, tags=tags or None,
-                              born_timestamp=born if born >= 0 else None, encoded_properties=props, flag=flag),
+                              born_timestamp=born if born >= 0 else None, encoded_properties=props, flag=flag,
+                              hold_kind=hold_kind, hold_due_ms=hold_due),
                       queues))
     if not reader.done():
         raise StoreLinkError("store link PUT body has trailing bytes")

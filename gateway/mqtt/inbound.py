@@ -8,13 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoreError
 
+from store.holds import TIMER
+
 from ..core.ingest import PutPipeline, Refused
+from .delayed import PREFIX as DELAYED_PREFIX
+from .delayed import DelayedTopicError, parse_delayed
 from .messages import StoreMessageFactory
 from .roles import Publisher
 
@@ -55,7 +60,17 @@ class Inbound:
                 packet.payload.decode("utf-8")
             except UnicodeDecodeError:
                 refuse = ReasonCode.PAYLOAD_FORMAT_INVALID
-        if refuse is None and (topic.startswith("$") or not self.connection.allowed(topic, write=True)):
+        target = topic
+        if refuse is None and topic.startswith(DELAYED_PREFIX):
+            try:
+                _, target = parse_delayed(topic)
+            except DelayedTopicError as exc:
+                log.info("delayed publish refused client_id=%s topic=%s reason=%s", self.connection.client_id, json.dumps(topic), exc)
+                refuse = ReasonCode.TOPIC_NAME_INVALID
+            else:
+                if packet.retain:  # (a retained message is set when stored; this one is not yet delivered)
+                    refuse = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        if refuse is None and (target.startswith("$") or not self.connection.allowed(target, write=True)):
             refuse = ReasonCode.NOT_AUTHORIZED
         if refuse is not None:
             # (ACL refusals are counted and logged, rate-limited, by gateway/auth/authorize.py)
@@ -73,7 +88,8 @@ class Inbound:
         broker = self.broker
         queues_for = broker.wildcards.queues_for
         make = self._messages.message
-        items = [(make(p, topic), queues_for(topic)) for p, topic in batch]
+        items = [(make(p, topic), queues_for(topic)) if topic[0] != "$" else _delayed(make, p, topic, queues_for)
+                 for p, topic in batch]
         try:
             # a publish the store cannot take is refused alone; the others read with it go on
             self.puts.submit(items, lambda fut, refused: self._stored(batch, fut, refused))
@@ -141,3 +157,11 @@ class Inbound:
         if code == ReasonCode.SUCCESS:
             self.broker.mark_dirty(session)
         self.send_packet(PubComp(packet.packet_id, code))
+
+
+def _delayed(make, packet: Publish, topic: str, queues_for) -> tuple:
+    """A ``$delayed/`` publish (checked by ``receive``): stored now for its topic, held until its time."""
+    delay, target = parse_delayed(topic)
+    message = make(packet, target)
+    message.hold_kind, message.hold_due_ms = TIMER, time.time_ns() // 1_000_000 + delay * 1000
+    return message, queues_for(target)
