@@ -38,11 +38,11 @@ from ..tasks import cancel_and_wait
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
     BUILTIN_EXCHANGES,
-    EXCHANGE_TYPES,
-    UNSUPPORTED_EXCHANGE_ARGUMENTS,
+    DELAYED,
     Binding,
     Exchange,
     QueueDefinition,
+    check_exchange,
     check_queue_arguments,
     inequivalent,
 )
@@ -231,11 +231,9 @@ class AMQPBroker:
             return
         if name.startswith("amq.") or not name:
             raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' is reserved", channel.number, m)
-        if m.exchange_type not in EXCHANGE_TYPES:
-            raise channel_error(PRECONDITION_FAILED, f"unknown exchange type '{m.exchange_type}'", channel.number, m)
-        for argument in UNSUPPORTED_EXCHANGE_ARGUMENTS.keys() & (m.arguments or {}).keys():
-            raise channel_error(PRECONDITION_FAILED, f"arg '{argument}' is not supported: "
-                                f"{UNSUPPORTED_EXCHANGE_ARGUMENTS[argument]}", channel.number, m)
+        problem = check_exchange(m.exchange_type, dict(m.arguments or {}))
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
         self.exchanges[name] = exchange
         if exchange.durable:
@@ -406,6 +404,8 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{missing}'", channel.number, method)
         if "" in (source, destination):
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number, method)
+        if dst.type == DELAYED:  # (its delay applies to publishes to it, not to what other exchanges route on)
+            raise channel_error(PRECONDITION_FAILED, f"'{destination}' delays what is published to it only: not a destination", channel.number, method)
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return

@@ -11,7 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+ROUTING_TYPES = ("direct", "fanout", "topic", "headers")
+# RabbitMQ's delayed-message plugin: routes as its "x-delayed-type" argument says, and holds a
+# publish with an "x-delay" header (ms) in the store until then (the gateway's one timer); the
+# queues are those bound when it is published (the plugin's: when it is delivered)
+DELAYED = "x-delayed-message"
+EXCHANGE_TYPES = (*ROUTING_TYPES, DELAYED)
 BUILTIN_EXCHANGES = {
     "": "direct", "amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
     "amq.headers": "headers", "amq.match": "headers",
@@ -81,12 +86,26 @@ class Exchange:
         """Names of the bound exchanges this publish goes on to."""
         return self._matching(self.exchange_bindings, routing_key, headers) if self.exchange_bindings else set()
 
+    @property
+    def routing_type(self) -> str:
+        """How it routes: its type, or a delayed exchange's "x-delayed-type"."""
+        return self.type if self.type != DELAYED else str(self.arguments.get("x-delayed-type"))
+
+    def delay_ms(self, headers: dict[str, Any] | None) -> int:
+        """How long a publish waits before it is in its queues (an x-delayed-message exchange's
+        "x-delay" header; none, not an integer, or not above 0: no wait, as the plugin)."""
+        if self.type != DELAYED or not headers:
+            return 0
+        value = headers.get("x-delay")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
     def _matching(self, bindings: list[Binding], routing_key: str, headers: dict[str, Any] | None) -> set[str]:
-        if self.type == "fanout":
+        kind = self.routing_type
+        if kind == "fanout":
             return {b.queue for b in bindings}
-        if self.type == "direct":
+        if kind == "direct":
             return {b.queue for b in bindings if b.routing_key == routing_key}
-        if self.type == "topic":
+        if kind == "topic":
             return {b.queue for b in bindings if topic_matches(b.routing_key, routing_key)}
         return {b.queue for b in bindings if headers_match(b.arguments, headers)}
 
@@ -180,6 +199,17 @@ def inequivalent(kind: str, name: str, current: dict[str, Any], received: dict[s
         if have.get(key) != want.get(key):
             return (f"inequivalent arg '{key}' for {kind} '{name}' in vhost '/': received "
                     f"{_shown(want.get(key))} but current is {_shown(have.get(key))}")
+    return None
+
+
+def check_exchange(exchange_type: str, arguments: dict[str, Any]) -> str | None:
+    """A reason a new exchange cannot be declared so (406 PRECONDITION_FAILED), or None."""
+    if exchange_type not in EXCHANGE_TYPES:
+        return f"unknown exchange type '{exchange_type}'"
+    for argument in UNSUPPORTED_EXCHANGE_ARGUMENTS.keys() & arguments.keys():
+        return f"arg '{argument}' is not supported: {UNSUPPORTED_EXCHANGE_ARGUMENTS[argument]}"
+    if exchange_type == DELAYED and arguments.get("x-delayed-type") not in ROUTING_TYPES:
+        return "Invalid argument, 'x-delayed-type' must be an existing exchange type"
     return None
 
 

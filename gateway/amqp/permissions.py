@@ -197,7 +197,7 @@ def _exchange_bind_topics(channel: ClientChannel, who: Principal, m: commands.Ex
     refusal = _reads_topics(channel, who, m.source, m.routing_key)
     if refusal is None and m.destination == BRIDGE_EXCHANGE:
         source = channel.broker.exchanges.get(m.source)
-        keyed = source is not None and source.type in ("topic", "direct")
+        keyed = source is not None and source.routing_type in ("topic", "direct")
         refusal = _writes_topics(channel, who, m.routing_key if keyed else None)
     return refusal
 

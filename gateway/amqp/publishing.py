@@ -4,10 +4,12 @@ left to store, as one store message with its target queues."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from protocols.amqp.frames import ACCESS_REFUSED, NO_ROUTE, NOT_FOUND, ContentReceived, channel_error
 from store import Message
+from store.holds import TIMER
 
 from .broker import AMQPBroker
 from .channel import Channel
@@ -46,5 +48,9 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
         if channel.confirming:
             channel.confirm([channel.next_publish_seq()], ok=True)
         return None
-    return to_store_message(m.exchange, m.routing_key, event.raw_properties, event.body, topic,
-                            delivery_mode=event.delivery_mode, message_id=event.message_id), targets
+    message = to_store_message(m.exchange, m.routing_key, event.raw_properties, event.body, topic,
+                               delivery_mode=event.delivery_mode, message_id=event.message_id)
+    delay = exchange.delay_ms(event.headers) if exchange is not None else 0
+    if delay:  # an x-delayed-message exchange's: stored now, in its queues at its time (core/timer.py)
+        message.hold_kind, message.hold_due_ms = TIMER, time.time_ns() // 1_000_000 + delay
+    return message, targets
