@@ -10,6 +10,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from rocketmq.exceptions import RocketMQException
 from gateway.auth import PasswordFile
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.properties import encode_properties
+from store.holds import TIMER
 from tests.mqtt_support import PahoClient
 from tests.remoting_support import ons, remoting_gateway
 from tests.test_remoting_wire import RawRemoting, pull_header, send_header
@@ -216,22 +218,49 @@ async def test_silent_connection_closed_after_connect_timeout(data_dir: Path) ->
         talking.close()
 
 
-@pytest.mark.parametrize("properties", [
-    {"__STARTDELIVERTIME": "4102444800000"}, {"TIMER_DELIVER_MS": "4102444800000"}, {"TIMER_DELAY_SEC": "60"},
-    {"TIMER_DELAY_MS": "60000"}, {"TRAN_MSG": "true", "PGROUP": "tx-group"},
+@pytest.mark.parametrize("timer", [
+    ("__STARTDELIVERTIME", "at"), ("TIMER_DELIVER_MS", "at"), ("TIMER_DELAY_SEC", "1"), ("TIMER_DELAY_MS", "900"),
 ])
-async def test_timer_and_half_messages_refused_with_ali_ons(data_dir: Path, properties: dict) -> None:
+async def test_timer_messages_are_stored_now_and_delivered_at_their_time_with_ali_ons(data_dir: Path,
+                                                                                       timer: tuple) -> None:
+    name, value = timer
+    async with remoting_gateway(data_dir) as (gw, addr):
+        sent_at = time.time()
+        if value == "at":
+            value = str(int(sent_at * 1000) + 900)
+        events = await ons({"cmd": "send", "nameSrv": addr, "topic": "Later", "reportErrors": True,
+                            "messages": [{"body": "soon", "properties": {name: value}}, {"body": "now"}]})
+        assert [e["event"] for e in events] == ["sent", "sent"]
+
+        def stored() -> list[bytes]:
+            return [m.body for q in range(4) for m in gw.store.get_now(f"r:Later:{q}", 0, 10).messages]
+
+        assert stored() == [b"now"] and gw.store.held.count(TIMER) == 1
+        deadline = time.monotonic() + 10
+        while stored() == [b"now"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert sorted(stored()) == [b"now", b"soon"] and time.time() - sent_at >= 0.9
+        (held,) = [m for q in range(4) for m in gw.store.get_now(f"r:Later:{q}", 0, 10).messages if m.body == b"soon"]
+        assert name in held.properties and int(held.properties["TIMER_OUT_MS"]) >= int(sent_at * 1000) + 900
+
+
+@pytest.mark.parametrize("properties", [
+    {"TIMER_DELAY_SEC": "soon"}, {"TIMER_DELIVER_MS": "4102444800000", "DELAY": "3"},
+    {"TRAN_MSG": "true", "PGROUP": "tx-group"},
+])
+async def test_bad_timer_and_half_messages_refused_with_ali_ons(data_dir: Path, properties: dict) -> None:
     async with remoting_gateway(data_dir) as (gw, addr):
         events = await ons({"cmd": "send", "nameSrv": addr, "topic": "Later", "reportErrors": True,
                             "messages": [{"body": "not now", "properties": properties}, {"body": "now"}]})
         assert [(e["event"], e.get("code")) for e in events] == [("error", ResponseCode.MESSAGE_ILLEGAL), ("sent", None)]
-        assert "not supported yet" in events[0]["message"]
+        assert "not supported yet" in events[0]["message"] or "timer message illegal" in events[0]["message"] \
+            or "not both" in events[0]["message"]
         stored = [m.body for q in range(4) for m in gw.store.get_now(f"r:Later:{q}", 0, 10).messages]
-        assert stored == [b"now"]
+        assert stored == [b"now"] and gw.store.held.count(TIMER) == 0
 
 
 @pytest.mark.usefixtures("rocketmq_home")
-async def test_timer_message_refused_with_cpp_client_and_end_transaction_not_supported(data_dir: Path) -> None:
+async def test_timer_message_taken_from_cpp_client_and_end_transaction_not_supported(data_dir: Path) -> None:
     async with remoting_gateway(data_dir) as (gw, addr):
         def send() -> str:
             producer = rmq.Producer("PID-timer")
@@ -248,9 +277,8 @@ async def test_timer_message_refused_with_cpp_client_and_end_transaction_not_sup
             finally:
                 producer.shutdown()
 
-        # (librocketmq retries any broker error and then reports "No route info of this topic":
-        # it never shows a broker's remark; ali-ons does, above)
-        assert (await asyncio.to_thread(send)).startswith("failed")
+        assert await asyncio.to_thread(send) == "OK"
+        assert gw.store.held.count(TIMER) == 1  # held for its minute
         raw = await RawRemoting.open(addr)
         end = {"producerGroup": "tx", "tranStateTableOffset": "0", "commitLogOffset": "0", "commitOrRollback": "12",
                "fromTransactionCheck": "false", "msgId": "x", "transactionId": "y"}

@@ -13,10 +13,10 @@ and dead-letter topics (``%...``) are not MQTT topics, but their messages are ch
 topic they were first on (``rmq.ot``). Refusals answer NO_PERMISSION (16), as RocketMQ's
 broker does.
 
-Messages RocketMQ would hold back -- timer messages (``__STARTDELIVERTIME``, ``TIMER_*``) and
-transactional half messages -- are refused until they are built: never delivered early. They
-answer MESSAGE_ILLEGAL, which RocketMQ clients surface at once (NO_PERMISSION, SYSTEM_ERROR and
-the like are retried against another broker first).
+Transactional half messages, which RocketMQ would hold back, are refused until they are built:
+never delivered early. They answer MESSAGE_ILLEGAL, which RocketMQ clients surface at once
+(NO_PERMISSION, SYSTEM_ERROR and the like are retried against another broker first). (Timer
+messages are held by the store: timers.py.)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from protocols.remoting.message_codec import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-from protocols.remoting.properties import TIMER_DELAY_SEC, TIMER_DELIVER_MS, TRAN_MSG
+from protocols.remoting.properties import TRAN_MSG
 from store import StoredMessage
 
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
@@ -43,8 +43,6 @@ from .requests import BadRequest, Client
 if TYPE_CHECKING:
     from ..stats import ProtocolStats
 
-# RocketMQ's delivery-time properties (MessageConst): timer messages, not built yet
-TIMER_PROPERTIES = ("__STARTDELIVERTIME", TIMER_DELIVER_MS, TIMER_DELAY_SEC, "TIMER_DELAY_MS")
 ANONYMOUS = Principal("remoting", None)
 
 
@@ -86,10 +84,6 @@ class RemotingAccess:
     # -- sends ---------------------------------------------------------------------------------
     def check_send(self, who: Principal, topic: str, properties: dict[str, str], sys_flag: int = 0) -> None:
         """Raise BadRequest when this message may not be sent (as it is) to ``topic``."""
-        timer = next((name for name in TIMER_PROPERTIES if name in properties), None)
-        if timer is not None:
-            raise BadRequest(f"timer messages ({timer}) are not supported yet: not sent, so never delivered early",
-                             ResponseCode.MESSAGE_ILLEGAL)
         if (properties.get(TRAN_MSG, "").lower() == "true"
                 or sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_PREPARED_TYPE):
             raise BadRequest("transactional messages are not supported yet: half message not sent",

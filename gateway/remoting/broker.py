@@ -35,6 +35,7 @@ from protocols.remoting.properties import (
 from protocols.remoting.tags import subscription_codes
 from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
+from store.holds import TIMER
 from store.log_limit import RateLimitedLog
 
 from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, TopicSpace, mqtt_topic_of, remoting_queue
@@ -53,6 +54,7 @@ from .schedule import (
     ScheduleService,
     parse_delay_levels,
 )
+from .timers import TIMER_PROPERTIES, timer_due_ms
 from .topics import (
     PERM_READ,
     PERM_WRITE,
@@ -295,9 +297,12 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         record_topic, queue_id, properties, targets = self._placement(
             header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
         body, sys_flag = plain_body(request.body, header.sys_flag, self.store.options.max_message_size)
+        due = timer_due_ms(properties, int(time.time() * 1000))
         message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
                                    born_timestamp=header.born_timestamp or int(time.time() * 1000),
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
+        if due is not None:  # held in the store until then (timers.py)
+            message.hold_kind, message.hold_due_ms = TIMER, due
         future = self.store.put_batch_nowait([(message, targets)])
         if conn.tracer is not None:
             conn.tracer.watch_put("remoting", conn.client_id or conn.peer, [(message, targets)], future)
@@ -308,7 +313,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             if request.is_oneway:
                 return None
             return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
-                self.msg_id(results[0].position), queue_id, results[0].queue_offsets[own],
+                self.msg_id(results[0].position), queue_id, results[0].queue_offsets.get(own, -1),
                 transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
         return Pending(future, respond)
 
@@ -325,7 +330,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         batch = []
         for item in items:
             properties = decode_properties(item.properties or "")
-            if DELAY in properties:
+            if DELAY in properties or any(name in properties for name in TIMER_PROPERTIES):
                 raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
             self.access.check_send(conn.principal, header.topic, properties, header.sys_flag)
             message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
