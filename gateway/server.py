@@ -274,7 +274,7 @@ class Gateway:
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
             cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup),
-            filter_holds=self.filter_holds())
+            filter_holds=self.filter_holds(), timer=self.timer)
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""

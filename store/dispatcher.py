@@ -9,6 +9,7 @@ do readers see the new offsets and does notify fire.
 from __future__ import annotations
 
 from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, HEAD_OFFSET, QUEUE_HEAD, ConsumeQueueIndex
+from .holds import HOLD_KEY_SIZE
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
 
@@ -23,6 +24,7 @@ class Dispatcher:
     def __init__(self, index: ConsumeQueueIndex, notify: NotifyHub) -> None:
         self._index = index
         self._notify = notify
+        self.hold_changes: dict[int, int] = {}  # hold kind -> holds begun minus ended since open (held.py)
 
     def dispatch(self, items: list[DispatchItem], end_position: int, heads: dict[str, int] | None = None) -> None:
         """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``.
@@ -48,6 +50,8 @@ class Dispatcher:
                     batch.delete(key)
                 else:
                     put(key, hold)
+                if len(key) == HOLD_KEY_SIZE:  # (not its by-position twin)
+                    self.hold_changes[key[1]] = self.hold_changes.get(key[1], 0) + (-1 if hold is None else 1)
         self._index.commit(batch, end_position)
         self._index.cache.update(heads)
         self._index.trim_cache()

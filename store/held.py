@@ -48,8 +48,10 @@ class Hold:
 
 class HeldMessages:
     def __init__(self, index: ConsumeQueueIndex, submit: Callable[[list[PreparedMessage]], asyncio.Future[list[PutResult]]],
-                 max_message_size: int) -> None:
+                 max_message_size: int, changes: dict[int, int]) -> None:
         self._index = index
+        self._changes = changes  # the dispatcher's: holds begun minus ended, per kind, since open
+        self._counted: dict[int, tuple[int, int]] = {}  # kind -> (keys counted once, changes then)
         self._submit = submit
         self._limit = max_message_size
         # hold keys whose release, discard or roll is submitted and not yet committed: each hold
@@ -98,10 +100,29 @@ class HeldMessages:
         return None
 
     def count(self, kind: int) -> int:
-        """Held messages of ``kind`` (a walk of the keys: for tests, tools and metrics scrapes)."""
+        """Held messages of ``kind``: the keys walked once, then kept up by the dispatcher's count."""
+        counted = self._counted.get(kind)
+        if counted is None:
+            opts = ReadOptions()
+            opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
+            counted = self._counted[kind] = (sum(1 for _ in self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts)),
+                                             self._changes.get(kind, 0))
+        return counted[0] + self._changes.get(kind, 0) - counted[1]
+
+    def due_within(self, kind: int, now_ms: int, bounds_s: Sequence[float], limit: int) -> list[int]:
+        """How many held messages of ``kind`` are due within each of ``bounds_s`` (ascending
+        seconds from ``now_ms``), from a walk of at most ``limit`` keys (beyond it: not counted)."""
+        counts = [0] * len(bounds_s)
         opts = ReadOptions()
-        opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
-        return sum(1 for _ in self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts))
+        opts.set_iterate_upper_bound(kind_prefix(kind) + (now_ms + int(bounds_s[-1] * 1000) + 1).to_bytes(8, "big"))
+        for n, key in enumerate(self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts)):
+            if n >= limit:
+                break
+            due_in = (parse_hold_key(key)[1] - now_ms) / 1000
+            for i, bound in enumerate(bounds_s):
+                if due_in <= bound:
+                    counts[i] += 1
+        return counts
 
     def below(self, position: int, limit: int) -> list[Hold]:
         """Held messages whose record lies below ``position``, lowest first (at most ``limit``)."""

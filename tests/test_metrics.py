@@ -98,3 +98,30 @@ async def test_metrics_follow_traffic_of_every_protocol(data_dir: Path) -> None:
         assert value(samples((await fetch(base, "/metrics"))[1]), "tidemq_resource_alarm") == 1
     finally:
         await gw.stop()
+
+
+async def test_timer_metrics_count_pending_and_released_timer_messages(data_dir: Path) -> None:
+    config = Config(data_dir=data_dir, mqtt_bind="127.0.0.1:0", amqp_bind="", remoting_bind="",
+                    metrics_bind="127.0.0.1:0")
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        base = "http://%s:%d" % gw.metrics_address
+        pub = PahoClient(mqtt_port(gw), "t-pub", version=MQTT_5)
+        await pub.connect()
+        await pub.publish("$delayed/1/timer/t", b"soon", qos=1)
+        await pub.publish("$delayed/3600/timer/t", b"in an hour", qos=1)
+        metrics = samples((await fetch(base, "/metrics"))[1])
+        assert value(metrics, "tidemq_timer_pending") == 2
+        assert value(metrics, "tidemq_timer_due_within", seconds="2") == 1
+        assert value(metrics, "tidemq_timer_due_within", seconds="3600") == 2
+        for _ in range(100):
+            metrics = samples((await fetch(base, "/metrics"))[1])
+            if value(metrics, "tidemq_timer_released_total") == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert value(metrics, "tidemq_timer_pending") == 1
+        assert value(metrics, "tidemq_timer_due_lag_seconds_count") == 1
+        await pub.disconnect()
+    finally:
+        await gw.stop()

@@ -159,3 +159,17 @@ async def test_retention_rolls_held_messages_forward_before_deleting_their_segme
     await store.held.release([after])
     (message,) = (await store.get("q", 0, 10)).messages
     assert (message.body, message.properties, message.key) == (b"far future", {"p": "v", "TAGS": "tg"}, "k")
+
+
+async def test_counts_and_due_times_of_held_messages(open_store):
+    store = await open_store()
+    await store.held.put(Message("t", b"a"), ["q"], TIMER, 500)
+    assert store.held.count(TIMER) == 1  # (walked once here)
+    for due in (1_000, 2_500, 9_000):
+        await store.held.put(Message("t", b"b"), ["q"], TIMER, due)
+    await store.held.put(Message("t", b"c"), ["q"], HALF, 1)
+    assert (store.held.count(TIMER), store.held.count(HALF)) == (4, 1)
+    await store.held.release(store.held.due(TIMER, 600, 10))
+    assert store.held.count(TIMER) == 3
+    assert store.held.due_within(TIMER, 0, [1.0, 3.0, 10.0], 100) == [1, 2, 3]
+    assert store.held.due_within(TIMER, 0, [1.0, 3.0, 10.0], 1) == [1, 1, 1]  # (a walk of one key)

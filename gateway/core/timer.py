@@ -29,6 +29,10 @@ RETRY_S = 1.0  # after a failed release (the store refused: a full disk)
 # the longest sleep: a timer message put through any path (a protocol's ingest) without a
 # ``scheduled`` call is found by then, if it is due before the one the service waits for
 LOOK_S = 0.05
+# the metrics' view of what is coming: pending timers due within these many seconds, from a
+# walk of at most DUE_SCAN_LIMIT keys per scrape
+DUE_BOUNDS_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0, 86400.0)
+DUE_SCAN_LIMIT = 100_000
 
 
 class TimerService:
@@ -56,8 +60,13 @@ class TimerService:
 
     @property
     def pending(self) -> int:
-        """Timer messages not yet released (walks the store's keys: for scrapes, not per message)."""
+        """Timer messages not yet released."""
         return self.store.held.count(TIMER)
+
+    def due_within(self) -> list[tuple[float, int]]:
+        """(seconds, pending timer messages due within them from now), per DUE_BOUNDS_S."""
+        counts = self.store.held.due_within(TIMER, _now_ms(), DUE_BOUNDS_S, DUE_SCAN_LIMIT)
+        return list(zip(DUE_BOUNDS_S, counts))
 
     async def _run(self) -> None:
         held = self.store.held

@@ -30,7 +30,7 @@ class HttpServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GatewayCollector(  # type: ignore[arg-type]
             deps.brokers, deps.store, authorizer=deps.access.authorizer, status=deps.status, pressure=deps.pressure,
-            tracer=deps.tracer, cluster=deps.cluster))
+            tracer=deps.tracer, cluster=deps.cluster, timer=deps.timer))
         app = web.Application(middlewares=[self._admin_guard])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..auth.authorize import Authorizer
     from ..cluster.gateway_store import GatewayStore
     from ..cluster.store_service import StoreService
+    from ..core.timer import TimerService
     from ..mqtt.broker import MQTTBroker
     from ..pressure import StorePressure
     from ..remoting.broker import RemotingBroker
@@ -127,3 +128,4 @@ class HttpDeps:
     traced_listeners: frozenset[str]
     cluster: ClusterParts
     filter_holds: FilterHolds  # created by the server before the MQTT listeners start
+    timer: TimerService | None = None  # the node with the store: its timer messages

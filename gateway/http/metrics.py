@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from store import MessageStore
 
     from ..auth.authorize import Authorizer
+    from ..core.timer import TimerService
     from ..pressure import StorePressure
     from ..stats import ProtocolStats
     from ..trace import Tracer
@@ -42,7 +43,8 @@ class GatewayCollector:
     """A prometheus-client custom collector over one running gateway's parts."""
 
     def __init__(self, brokers: Brokers, store: MessageStore | None, *, authorizer: Authorizer, status: Status,
-                 pressure: StorePressure | None, tracer: Tracer | None, cluster: ClusterParts) -> None:
+                 pressure: StorePressure | None, tracer: Tracer | None, cluster: ClusterParts,
+                 timer: TimerService | None = None) -> None:
         self.brokers = brokers
         self.store = store
         self.authorizer = authorizer
@@ -50,6 +52,7 @@ class GatewayCollector:
         self.pressure = pressure
         self.tracer = tracer
         self.cluster = cluster
+        self.timer = timer
 
     def describe(self) -> list[Metric]:
         return []  # collected on each scrape only
@@ -59,6 +62,7 @@ class GatewayCollector:
         yield from self._store()
         yield from self._cache()
         yield from self._trace()
+        yield from self._timer()
         yield from self._cluster()
         yield from self._backlogs()
 
@@ -146,6 +150,20 @@ class GatewayCollector:
                                 value=hits / (hits + misses) if hits + misses else 0.0)
         yield GaugeMetricFamily("tidemq_queue_cache_bytes", "Memory the queue cache accounts for",
                                 value=sum(c.stats.bytes for c in caches.values()))
+
+    def _timer(self) -> Iterator[Metric]:
+        timer = self.timer
+        if timer is None:
+            return
+        yield GaugeMetricFamily("tidemq_timer_pending", "Timer messages stored and not yet due", value=timer.pending)
+        yield CounterMetricFamily("tidemq_timer_released", "Timer messages released into their queues",
+                                  value=timer.released)
+        yield _histogram("tidemq_timer_due_lag_seconds", "How late timer messages were released", timer.due_lag)
+        due = GaugeMetricFamily("tidemq_timer_due_within", "Pending timer messages due within the next "
+                                "seconds (counted over the first 100,000 due)", labels=["seconds"])
+        for bound, count in timer.due_within():
+            due.add_metric([f"{bound:g}"], count)
+        yield due
 
     def _trace(self) -> Iterator[Metric]:
         tracer = self.tracer
