@@ -21,13 +21,13 @@ from .auth import Acl, PasswordFile
 from .auth.access_keys import AccessKeys
 from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
-from .core.timer import TimerService
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_bind, parse_peers
+from .core.timer import TimerService
 from .http.app import HttpServer
 from .http.data_holds import FilterHolds
 from .http.deps import STANDALONE, Brokers, ClusterParts, HttpAccess, HttpDeps
