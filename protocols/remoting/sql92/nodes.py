@@ -107,7 +107,7 @@ class Logic(Node):
     """AND / OR over a chain of operands, left to right, stopping as Java's nested binary
     nodes do (a chain is flat here so that a long one does not nest deeply)."""
 
-    __slots__ = ("operands", "is_and")
+    __slots__ = ("is_and", "operands")
     boolean = True
 
     def __init__(self, operands: list[Node], is_and: bool) -> None:
@@ -159,7 +159,7 @@ class Order(Node):
     """``>``, ``>=``, ``<``, ``<=``: unknown when a side is null; two strings (two properties)
     are compared as doubles."""
 
-    __slots__ = ("left", "right", "op", "test")
+    __slots__ = ("left", "op", "right", "test")
     boolean = True
 
     def __init__(self, left: Node, op: str, right: Node) -> None:
@@ -188,7 +188,7 @@ class Order(Node):
 class In(Node):
     """``IN`` / ``NOT IN`` a list of strings: unknown for a missing property."""
 
-    __slots__ = ("operand", "values", "negated")
+    __slots__ = ("negated", "operand", "values")
     boolean = True
 
     def __init__(self, operand: Property, values: list[str], negated: bool) -> None:
@@ -213,7 +213,7 @@ class TextTest(Node):
     """CONTAINS / STARTSWITH / ENDSWITH and their NOT forms: FALSE (never unknown) when the
     value is missing or not a string, or the searched string is empty."""
 
-    __slots__ = ("operand", "search", "op", "negated", "test")
+    __slots__ = ("negated", "op", "operand", "search", "test")
     boolean = True
 
     def __init__(self, operand: Node, op: str, search: str, negated: bool) -> None:

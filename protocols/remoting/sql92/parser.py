@@ -47,7 +47,7 @@ _TOKENS = [
 _TOKEN_RES = [(kind, re.compile(pattern)) for kind, pattern in _TOKENS]
 _SPACE = re.compile(r"[ \t\n\r\f]+")
 _LINE_COMMENT = re.compile(r"--[^\n\r]*(?:\r\n|\n|\r)")
-_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 _COMPARISONS = (">", ">=", "<", "<=")
 _TEXT_OPS = ("CONTAINS", "STARTSWITH", "ENDSWITH")
 
@@ -239,7 +239,6 @@ class Parser:
             self.nesting -= 1
 
     def primary(self) -> Node:
-        token = self.token
         if self.at("("):
             self.take("(")
             node = self.or_expression()

@@ -10,6 +10,7 @@ not match (the broker catches it and drops the message).
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 
@@ -69,7 +70,7 @@ def parse_double(text: str) -> float:
 
 
 def _double_bits(value: float) -> int:
-    if value != value:  # Double.doubleToLongBits: one NaN
+    if math.isnan(value):  # Double.doubleToLongBits: one NaN
         return 0x7FF8000000000000
     return struct.unpack(">q", struct.pack(">d", value))[0]
 
