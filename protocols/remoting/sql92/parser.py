@@ -135,9 +135,11 @@ class Parser:
     # -- grammar -------------------------------------------------------------------------------
     def parse(self) -> Node:
         first = self.token
-        node = self.as_boolean(self.or_expression(), first)
+        node = self.or_expression()
+        # RocketMQ's grammar stops after the first complete expression and ignores the rest
+        # ("a = 1 AMD b = 2" selects by a = 1): refused here rather than half applied
         self.take("EOF")
-        return node
+        return self.as_boolean(node, first)
 
     def as_boolean(self, node: Node, token: Token) -> Node:
         if node.boolean:
