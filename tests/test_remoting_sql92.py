@@ -276,7 +276,7 @@ def _kleene(op: str, left, right_thunk):
     return None if lv is None or rv is None else op == "AND"
 
 
-def reference(node, props):  # noqa: PLR0911, PLR0912
+def reference(node, props):
     kind = node[0]
     if kind == "lit":
         return node[1]
@@ -348,7 +348,7 @@ trees = st.recursive(leaves, lambda inner: st.one_of(
 PRECEDENCE = {"OR": 1, "AND": 2}
 
 
-def render(node, draw, parent: int = 0) -> str:  # noqa: PLR0911
+def render(node, draw, parent: int = 0) -> str:
     def kw(word: str) -> str:
         return draw(st.sampled_from([word, word.lower(), word.capitalize()]))
 
