@@ -3,7 +3,8 @@ selector) and frame-level requests written as apache/rocketmq's Java client writ
 (``PullAPIWrapper.pullKernelImpl`` -> ``MQClientAPIImpl.pullMessage``: PullMessageRequestHeader
 with subscription and expressionType; ``MQClientInstance.sendHeartbeatToAllBroker``:
 HeartbeatData JSON; ``MQClientAPIImpl.checkClientInBroker``: CHECK_CLIENT_CONFIG with a
-CheckClientRequestBody). The C++ client in PyPI's ``rocketmq`` subscribes by tag only."""
+CheckClientRequestBody). The C++ client in PyPI's ``rocketmq`` subscribes by tag only. MQTT
+publishes into a remoting topic are selected by the properties their remoting readers see."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from gateway.remoting.requests import BadRequest
+from gateway.remoting.selectors import SELECT_ALL, Selectors
+from protocols.mqtt.packets import MQTT_5
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.message_codec import decode_messages
 from protocols.remoting.properties import BatchItem, encode_batch_body, encode_properties
+from protocols.remoting.sql92 import MAX_EXPRESSION_CHARS
+from tests.mqtt_support import PahoClient, mqtt_port
 from tests.remoting_support import OnsProcess, RawRemoting, ons, remoting_gateway, send_header
 
 # PullSysFlag (Java client): commit offset 1, suspend 2, subscription 4
@@ -233,3 +239,36 @@ async def test_property_filter_switched_off_refuses_sql92(data_dir: Path) -> Non
         tags = await client.call(RequestCode.PULL_MESSAGE, {**sql_pull("SqlOff", 0, "*"), "expressionType": "TAG"})
         assert bodies(tags) == ["x"]
         client.close()
+
+
+async def test_mqtt_publishes_are_selected_by_their_remoting_properties(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, addr):
+        client = await RawRemoting.open(addr)
+        await one_queue_topic(client, "Fleet")
+        device = PahoClient(mqtt_port(gw), "truck-1", version=MQTT_5)
+        await device.connect()
+        await device.publish("Fleet/truck-1/temp", b"t1-temp", qos=1)
+        await device.publish("Fleet/truck-1/gps", b"t1-gps", qos=0)
+        await device.publish("Fleet/truck-2/temp", b"t2-temp", qos=1)
+        await device.disconnect()
+        selector = "mqttSecondTopic STARTSWITH '/truck-1/' AND qoslevel = 1"
+        reply = await client.call(RequestCode.PULL_MESSAGE, sql_pull("Fleet", 0, selector))
+        assert bodies(reply) == ["t1-temp"]
+        reply = await client.call(RequestCode.PULL_MESSAGE, sql_pull("Fleet", 0, "mqttSecondTopic ENDSWITH '/temp'"))
+        assert bodies(reply) == ["t1-temp", "t2-temp"]
+        client.close()
+
+
+def test_selectors_parse_each_expression_once_and_stay_bounded() -> None:
+    selectors = Selectors(capacity=3, capacity_chars=40)
+    first = selectors.get("a = 1", "SQL92")
+    assert selectors.get("a = 1", "SQL92") is first  # (not parsed again)
+    assert selectors.get("TagA || TagB", None).tag_codes == selectors.get("TagB||TagA", "TAG").tag_codes
+    assert selectors.get("*", "TAG") is SELECT_ALL and selectors.get(None, "") is SELECT_ALL
+    assert len(selectors) <= 3
+    assert selectors.get("a = 1", "SQL92") is not first  # dropped, the least recently used
+    selectors.get("b = '" + "x" * 30 + "'", "SQL92")
+    assert len(selectors) == 1  # (the characters bound)
+    with pytest.raises(BadRequest) as caught:
+        selectors.get("a = '" + "x" * MAX_EXPRESSION_CHARS + "'", "SQL92")
+    assert caught.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "longer than" in str(caught.value)

@@ -27,9 +27,12 @@ SELECT_ALL = Selector()
 
 
 class Selectors:
-    def __init__(self, *, enable_property_filter: bool = True, capacity: int = 1024) -> None:
+    def __init__(self, *, enable_property_filter: bool = True, capacity: int = 1024,
+                 capacity_chars: int = 1 << 20) -> None:
         self.enable_property_filter = enable_property_filter
-        self.capacity = capacity
+        self.capacity = capacity  # selectors kept, and the length of their expressions in all
+        self.capacity_chars = capacity_chars
+        self._chars = 0
         self._compiled: OrderedDict[tuple[str, str], Selector] = OrderedDict()
 
     def get(self, expression: str | None, expression_type: str | None) -> Selector:
@@ -43,9 +46,14 @@ class Selectors:
             return selector
         selector = self._build(kind, expression)
         self._compiled[key] = selector
-        if len(self._compiled) > self.capacity:
-            self._compiled.popitem(last=False)
+        self._chars += len(key[1])
+        while len(self._compiled) > self.capacity or self._chars > self.capacity_chars:
+            (_, dropped), _ = self._compiled.popitem(last=False)
+            self._chars -= len(dropped)
         return selector
+
+    def __len__(self) -> int:
+        return len(self._compiled)
 
     def _build(self, kind: str, expression: str | None) -> Selector:
         if kind == EXPRESSION_TAG:

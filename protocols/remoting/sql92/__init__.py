@@ -12,7 +12,9 @@ from .nodes import Node
 from .parser import Parser
 from .values import EvalError
 
-__all__ = ["SqlFilter", "SqlParseError", "compile_filter"]
+__all__ = ["MAX_EXPRESSION_CHARS", "SqlFilter", "SqlParseError", "compile_filter"]
+# longer expressions are refused: parsing is linear but not free, and it runs on the event loop
+MAX_EXPRESSION_CHARS = 16384
 
 
 class SqlFilter:
@@ -39,4 +41,6 @@ class SqlFilter:
 def compile_filter(expression: str) -> SqlFilter:
     if not expression or not expression.strip():
         raise SqlParseError("the SQL92 expression is empty")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise SqlParseError(f"the SQL92 expression is longer than {MAX_EXPRESSION_CHARS} characters")
     return SqlFilter(expression, Parser(expression).parse())

@@ -57,6 +57,7 @@ class Token:
     kind: str  # FLOAT DECIMAL STRING ID OP EOF, or a keyword
     text: str
     pos: int
+    key: str = ""  # what the parser matches: the text of an operator, else the kind
 
     def describe(self) -> str:
         return "end of input" if self.kind == "EOF" else f'"{self.text}"'
@@ -86,9 +87,10 @@ def tokenize(text: str) -> list[Token]:
             raise SqlParseError(f"Lexical error at {_position(text, pos)}: {what}")
         if best.kind == "ID" and best.text.upper() in KEYWORDS:
             best.kind = best.text.upper()
+        best.key = best.text if best.kind == "OP" else best.kind
         tokens.append(best)
         pos += len(best.text)
-    tokens.append(Token("EOF", "", end))
+    tokens.append(Token("EOF", "", end, "EOF"))
     return tokens
 
 
@@ -106,10 +108,10 @@ class Parser:
         return self.tokens[self.i]
 
     def at(self, *kinds: str, ahead: int = 0) -> bool:
-        token = self.tokens[min(self.i + ahead, len(self.tokens) - 1)]
-        if ahead == 0:
-            self.expected.extend(k for k in kinds if k not in self.expected)
-        return (token.text if token.kind == "OP" else token.kind) in kinds
+        if ahead:
+            return self.tokens[min(self.i + ahead, len(self.tokens) - 1)].key in kinds
+        self.expected += kinds
+        return self.tokens[self.i].key in kinds
 
     def take(self, *kinds: str) -> Token:
         if not self.at(*kinds):
@@ -120,7 +122,7 @@ class Parser:
         return token
 
     def fail(self) -> None:
-        wanted = ", ".join(_DESCRIBE.get(k, f'"{k}"') for k in self.expected)
+        wanted = ", ".join(_DESCRIBE.get(k, f'"{k}"') for k in dict.fromkeys(self.expected))
         raise SqlParseError(f"Encountered {self.token.describe()} at {_position(self.text, self.token.pos)}. "
                             f"Was expecting one of: {wanted}")
 
