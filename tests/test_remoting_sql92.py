@@ -222,6 +222,11 @@ def test_java_number_parsing() -> None:
         with pytest.raises(EvalError):
             parse_int(bad, 32)
     assert parse_int("9223372036854775807", 64) == (1 << 63) - 1
+    assert parse_int("-0000000000000000000000009223372036854775808", 64) == -(1 << 63)
+    for huge in ("9" * 5000, "٣" * 5000):  # (Python's int() would refuse these itself)
+        with pytest.raises(EvalError):
+            parse_int(huge, 64)
+    assert parse_double("1" * 5000) == math.inf and parse_double("-0x1p99999") == -math.inf  # (Java: Infinity)
     with pytest.raises(EvalError):
         parse_int("9223372036854775808", 64)
     assert parse_double(" 1.5f ") == 1.5 and parse_double("-.5e1") == -5.0 and parse_double("1.") == 1.0
@@ -395,3 +400,11 @@ def test_evaluator_agrees_with_the_reference(data, tree, props) -> None:
     except RefError:
         expected = ERROR
     assert outcome(text, props) == expected if expected is ERROR else outcome(text, props) is expected, text
+
+
+@given(st.data(), trees, st.dictionaries(st.sampled_from(NAMES), st.text(max_size=30)))
+@settings(max_examples=300, deadline=None)
+def test_any_property_value_evaluates_or_fails_as_java_would(data, tree, props) -> None:
+    text = render(tree, data.draw)
+    assert outcome(text, props) in (True, False, None, ERROR)  # (nothing else escapes)
+    assert compile_filter(text).matches(props) in (True, False)

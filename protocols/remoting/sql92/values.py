@@ -46,11 +46,13 @@ _DOUBLE = re.compile(rf"([+-]?)(?:(NaN)|(Infinity)|({_DEC})[fFdD]?|({_HEX})[fFdD
 def parse_int(text: str, bits: int) -> int:
     """``Integer.valueOf`` (bits 32, an ``Int32``) or ``Long.valueOf`` (bits 64)."""
     if _INTEGER.fullmatch(text) is None:
-        raise EvalError(f"For input string: {text!r}")
+        raise EvalError(f"For input string: {text[:40]!r}")
+    if len(text.lstrip("+-").lstrip("0")) > 19:  # (before int(): Python refuses very long digit strings)
+        raise EvalError(f"For input string: {text[:40]!r} (out of range)")
     value = int(text)
     low, high = (INT_MIN, INT_MAX) if bits == 32 else (LONG_MIN, LONG_MAX)
     if not low <= value <= high:
-        raise EvalError(f"For input string: {text!r} (out of range)")
+        raise EvalError(f"For input string: {text[:40]!r} (out of range)")
     return Int32(value) if bits == 32 else value
 
 
@@ -58,7 +60,7 @@ def parse_double(text: str) -> float:
     """``Double.valueOf``."""
     m = _DOUBLE.fullmatch(text.strip(JAVA_TRIM))
     if m is None:
-        raise EvalError(f"For input string: {text!r}")
+        raise EvalError(f"For input string: {text[:40]!r}")
     sign, nan, inf, dec, hexa = m.groups()
     if nan:
         return float("nan")
@@ -66,7 +68,10 @@ def parse_double(text: str) -> float:
         return float(sign + "inf")
     if dec:
         return float(sign + dec)
-    return float.fromhex(sign + hexa)
+    try:
+        return float.fromhex(sign + hexa)
+    except OverflowError:  # (Java: Infinity)
+        return float(sign + "inf")
 
 
 def _double_bits(value: float) -> int:
