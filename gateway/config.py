@@ -108,6 +108,8 @@ class Config:
     remoting_max_frame_size: int = 16 << 20  # larger frames close the connection
     remoting_long_poll_max_s: float = 30.0  # a held pull is answered after at most this long
     remoting_advertise: str = ""  # HOST:PORT clients are sent to; default: the remoting bind
+    # SQL92 subscriptions (RocketMQ's enablePropertyFilter, off there by default); off: refused
+    remoting_enable_property_filter: bool = True
     # resource alarm (RabbitMQ's disk alarm and flow control): publishers are blocked while the
     # disk under data_dir has less free space than this, or the store is this many messages behind
     disk_free_limit: int = 50_000_000

@@ -306,7 +306,8 @@ class Gateway:
         self.remoting = RemotingBroker(
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
-            access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
+            access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
+            enable_property_filter=cfg.remoting_enable_property_filter)
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()

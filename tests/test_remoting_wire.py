@@ -11,72 +11,9 @@ import time
 from pathlib import Path
 
 from protocols.remoting.codes import RequestCode, ResponseCode
-from protocols.remoting.frames import (
-    FLAG_ONEWAY,
-    SERIALIZE_ROCKETMQ,
-    FrameReader,
-    RemotingCommand,
-    encode,
-)
+from protocols.remoting.frames import FLAG_ONEWAY, SERIALIZE_ROCKETMQ
 from protocols.remoting.message_codec import decode_messages
-from tests.remoting_support import remoting_gateway
-
-TIMEOUT = 5.0
-
-
-class RawRemoting:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.frames = FrameReader()
-        self.pending: list[RemotingCommand] = []
-        self._opaque = 0
-
-    @classmethod
-    async def open(cls, addr: str) -> RawRemoting:
-        host, port = addr.split(":")
-        return cls(*await asyncio.open_connection(host, int(port)))
-
-    def send(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", *, flag: int = 0,
-             serialize_type: int = 0) -> int:
-        self._opaque += 1
-        self.writer.write(encode(RemotingCommand(code, self._opaque, flag, ext or {}, body,
-                                                 serialize_type=serialize_type)))
-        return self._opaque
-
-    async def recv(self, timeout: float = TIMEOUT) -> RemotingCommand:
-        while not self.pending:
-            data = await asyncio.wait_for(self.reader.read(65536), timeout)
-            if not data:
-                raise ConnectionError("closed")
-            self.pending.extend(self.frames.feed(data))
-        return self.pending.pop(0)
-
-    async def call(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", **kw) -> RemotingCommand:
-        opaque = self.send(code, ext, body, **kw)
-        response = await self.recv()
-        assert response.opaque == opaque and response.is_response
-        return response
-
-    async def closed(self) -> bool:
-        try:
-            return await asyncio.wait_for(self.reader.read(65536), TIMEOUT) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def send_header(topic: str, queue_id: int = 0, **extra: str) -> dict[str, str]:
-    return {"producerGroup": "raw", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
-            "queueId": str(queue_id), "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)),
-            "flag": "0", "properties": "", "reconsumeTimes": "0", **extra}
-
-
-def pull_header(topic: str, offset: int, *, suspend_ms: int = 0) -> dict[str, str]:
-    return {"consumerGroup": "raw-g", "topic": topic, "queueId": "0", "queueOffset": str(offset),
-            "maxMsgNums": "32", "sysFlag": "2" if suspend_ms else "0", "commitOffset": "0",
-            "suspendTimeoutMillis": str(suspend_ms), "subscription": "*", "subVersion": "0"}
+from tests.remoting_support import RawRemoting, pull_header, remoting_gateway, send_header
 
 
 async def test_json_and_binary_headers_are_answered_in_kind(data_dir: Path) -> None:

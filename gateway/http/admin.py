@@ -87,7 +87,8 @@ def subscriptions(brokers: Brokers) -> list[dict[str, Any]]:
             for member in members.values():
                 for sub in member.subscriptions.values():
                     rows.append({"protocol": "remoting", "client": member.client_id, "group": group,
-                                 "topic": sub.topic, "expression": sub.expression})
+                                 "topic": sub.topic, "expression": sub.expression,
+                                 "expression_type": sub.expression_type})
     return rows[:MAX_ROWS]
 
 

@@ -20,19 +20,14 @@ from cache import QueueCache
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
-from protocols.remoting.headers import (
-    PullMessageHeader,
-    SendMessageHeader,
-    SendMessageResponseHeader,
-)
-from protocols.remoting.message_codec import encode_message, offset_msg_id
+from protocols.remoting.headers import SendMessageHeader, SendMessageResponseHeader
+from protocols.remoting.message_codec import offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
     UNIQ_KEY,
     decode_batch_body,
     decode_properties,
 )
-from protocols.remoting.tags import subscription_codes
 from store import GetStatus, MessageStore, PutResult, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
 from store.holds import TIMER
@@ -45,7 +40,8 @@ from .access import RemotingAccess
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, plain_body, to_store_message, to_wire
+from .messages import Origin, plain_body, to_store_message
+from .pulls import PullRequests
 from .queries import QueryRequests
 from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
 from .retries import RetryRequests
@@ -54,9 +50,9 @@ from .schedule import (
     ScheduleService,
     parse_delay_levels,
 )
+from .selectors import Selectors
 from .timers import TIMER_PROPERTIES, timer_due_ms
 from .topics import (
-    PERM_READ,
     PERM_WRITE,
     TOPICS_TABLE,
     TopicRegistry,
@@ -64,22 +60,16 @@ from .topics import (
 
 log = logging.getLogger("tidemq.remoting")
 
-# PullSysFlag
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
-MAX_PULL_MESSAGES = 64
-MAX_PULL_BYTES = 4 << 20
 DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
-class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
+class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
                  long_poll_max_s: float = 30.0, access: RemotingAccess | None = None,
                  stats: ProtocolStats | None = None, connect_timeout_s: float = 10.0,
-                 mqtt_topics: TopicSpace | None = None) -> None:
+                 mqtt_topics: TopicSpace | None = None, enable_property_filter: bool = True) -> None:
         self.store = store
         self.cache = cache
         self.broker_addr = ""
@@ -95,6 +85,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
         self.holds = PullHolds()
+        self.selectors = Selectors(enable_property_filter=enable_property_filter)  # pull filters (TAG, SQL92)
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
         self.connections: set[Client] = set()
@@ -124,6 +115,7 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
             RequestCode.GET_EARLIEST_MSG_STORETIME: self.get_earliest_store_time,
             RequestCode.HEART_BEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list,
             RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
             RequestCode.QUERY_MESSAGE: self.query_message,
@@ -350,87 +342,6 @@ class RemotingBroker(ConsumerRequests, RetryRequests, QueryRequests):
         if conn.tracer is not None:
             conn.tracer.watch_put("remoting", conn.client_id or conn.peer, batch, future)
         return Pending(future, respond)
-
-    # -- pulling -------------------------------------------------------------------------------
-    def _readable(self, topic: str, queue_id: int) -> str:
-        config = self.topics.get(topic)
-        if config is None:
-            raise BadRequest(f"topic[{topic}] not exist, apply first please!", ResponseCode.TOPIC_NOT_EXIST)
-        if not config.perm & PERM_READ:
-            raise BadRequest(f"the topic {topic} is not readable", ResponseCode.NO_PERMISSION)
-        if queue_id < 0 or queue_id >= config.read_queues:
-            raise BadRequest(f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
-                             f"[{config.read_queues}]")
-        return remoting_queue(topic, queue_id)
-
-    def _read(self, queue: str, offset: int, max_messages: int, tags: frozenset[int] | None):
-        if tags is None:
-            return self.cache.read(queue, offset, max_messages, MAX_PULL_BYTES)
-        return self.store.get_now(queue, offset, max_messages, MAX_PULL_BYTES, tag_hashes=tags)
-
-    def pull_message(self, conn: Client, request: RemotingCommand) -> Reply:
-        """Answered at once when there is data (or no suspend asked); else a coroutine that
-        holds the pull until the store's notify or its timeout."""
-        header = PullMessageHeader.from_ext_fields(request.ext_fields)
-        queue = self._readable(header.topic, header.queue_id)
-        reads = self.access.read_filter(conn.principal, header.topic)  # None: every message may be read
-        if header.sys_flag & FLAG_SUBSCRIPTION or header.subscription:
-            expression = header.subscription
-        else:
-            sub = self.groups.subscription(header.consumer_group, header.topic)
-            expression = sub.expression if sub is not None else "*"
-        if header.expression_type not in (None, "", "TAG"):
-            raise BadRequest(f"expression type {header.expression_type} is not supported (TAG only)",
-                             ResponseCode.SUBSCRIPTION_PARSE_FAILED)
-        tags = subscription_codes(expression)
-        if header.sys_flag & FLAG_COMMIT_OFFSET and header.commit_offset is not None and header.commit_offset >= 0:
-            self.store.commit_offset_now(CONSUMER_PREFIX + header.consumer_group, queue, header.commit_offset)
-        max_messages = max(1, min(header.max_msg_nums or 32, MAX_PULL_MESSAGES))
-        offset = header.queue_offset
-        result = self._read(queue, offset, max_messages, tags)
-        if (result.status in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_SUCH_QUEUE)
-                and header.sys_flag & FLAG_SUSPEND and header.suspend_timeout_millis):
-            timeout = min(header.suspend_timeout_millis / 1000, self.long_poll_max_s)
-            return self._held_pull(conn, request, header, queue, offset, max_messages, tags, timeout, result, reads)
-        return self._pull_response(conn, request, result, offset, header, reads)
-
-    async def _held_pull(self, conn: Client, request: RemotingCommand, header: PullMessageHeader,
-                         queue: str, offset: int, max_messages: int, tags: frozenset[int] | None, timeout: float,
-                         result, reads) -> RemotingCommand:
-        if await self.holds.wait(queue, offset, timeout):
-            result = self._read(queue, offset, max_messages, tags)
-        return self._pull_response(conn, request, result, offset, header, reads)
-
-    def _pull_response(self, conn: Client, request: RemotingCommand, result, offset: int,
-                       header: PullMessageHeader, reads=None) -> RemotingCommand:
-        topic, queue_id = header.topic, header.queue_id
-        status = result.status
-        ext = {"suggestWhichBrokerId": "0", "minOffset": str(result.min_offset),
-               "maxOffset": str(result.max_offset)}
-        messages = result.messages if reads is None or status is not GetStatus.FOUND else \
-            [m for m in result.messages if reads(m)]  # (the ACL skips the others, as MQTT's deliveries)
-        if status is GetStatus.FOUND and messages:
-            self.stats.messages_sent += len(messages)
-            if conn.tracer is not None:  # (a pull consumer acknowledges by offset: no ack events)
-                client = f"{header.consumer_group}@{conn.client_id or conn.peer}"
-                for m in messages:
-                    conn.tracer.delivered("remoting", client, m.position, m.queue, m.queue_offset, 1)
-            body = b"".join(encode_message(to_wire(m, topic, queue_id, self.origin)) for m in messages)
-            ext["nextBeginOffset"] = str(result.next_offset)
-            return response_to(request, ResponseCode.SUCCESS, ext_fields=ext, body=body)
-        if status in (GetStatus.NO_MATCHED_MESSAGE, GetStatus.FOUND):
-            ext["nextBeginOffset"] = str(result.next_offset)
-            return response_to(request, ResponseCode.PULL_RETRY_IMMEDIATELY, "no matched message", ext_fields=ext)
-        if status is GetStatus.NO_SUCH_QUEUE:
-            ext.update(nextBeginOffset="0", minOffset="0", maxOffset="0")
-            return response_to(request, ResponseCode.PULL_NOT_FOUND, "no message in queue", ext_fields=ext)
-        if status is GetStatus.NO_NEW_MESSAGE:
-            ext["nextBeginOffset"] = str(offset)
-            return response_to(request, ResponseCode.PULL_NOT_FOUND, "no new message", ext_fields=ext)
-        # OFFSET_TOO_SMALL / OFFSET_OVERFLOW: the consumer is told where the queue is now
-        ext["nextBeginOffset"] = str(result.next_offset)
-        return response_to(request, ResponseCode.PULL_OFFSET_MOVED, f"offset {offset} is out of range",
-                           ext_fields=ext)
 
     # -- offsets -------------------------------------------------------------------------------
     def _queue_of(self, ext: dict[str, str]) -> tuple[str, str]:

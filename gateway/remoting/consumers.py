@@ -41,6 +41,20 @@ class ConsumerRequests:
         # (Java clients read this map unchecked after a heartbeat; we do not do HeartbeatV2)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"IS_SUPPORT_HEART_BEAT_V2": "false"})
 
+    def check_client_config(self, conn, request: RemotingCommand) -> RemotingCommand:
+        """CHECK_CLIENT_CONFIG: a Java push consumer asks at start-up whether the broker can
+        filter by its non-TAG subscription (MQClientInstance.checkClientInBroker); a bad
+        expression fails the consumer's start with the parser's message."""
+        try:
+            data = json.loads(request.body or b"{}")
+            sub = data.get("subscriptionData") or {}
+            expression, kind = sub.get("subString"), sub.get("expressionType")
+        except (ValueError, AttributeError) as exc:
+            raise BadRequest(f"bad check client config body: {exc}") from None
+        if sub:
+            self.selectors.get(None if expression is None else str(expression), str(kind or "") or None)
+        return response_to(request, ResponseCode.SUCCESS)
+
     def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
         group = ext.get("consumerGroup")

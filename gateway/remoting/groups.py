@@ -18,7 +18,7 @@ from typing import Any
 @dataclass(slots=True)
 class Subscription:
     topic: str
-    expression: str  # "*" or "TagA || TagB"
+    expression: str  # TAG: "*" or "TagA || TagB"; SQL92: the expression
     expression_type: str = "TAG"
     sub_version: int = 0
 

@@ -128,13 +128,20 @@ def restore(message: StoredMessage, topic: str, properties: dict[str, str], *,
         reconsume_times=int(internal.get(RECONSUME_PROPERTY, "0")) if reconsume_times is None else reconsume_times)
 
 
-def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin) -> WireMessage:
-    props = message.properties
+def shown_properties(message: StoredMessage, remoting_topic: str) -> dict[str, str]:
+    """The properties a remoting consumer of ``remoting_topic`` gets with the message (and a
+    SQL92 subscription filters on): its own, plus the QoS and MQTT levels of an MQTT publish."""
     shown = user_properties(message)
     if message.flag & MQTT_FLAG:  # an MQTT publish: its QoS too
         shown[QOS_PROPERTY] = str(message.flag & 3)
     if message.topic != remoting_topic and message.topic.startswith(remoting_topic + "/"):
         shown[SECOND_TOPIC_PROPERTY] = message.topic[len(remoting_topic):]  # the MQTT levels after it
+    return shown
+
+
+def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin) -> WireMessage:
+    props = message.properties
+    shown = shown_properties(message, remoting_topic)
     born_host, born_port = _host_port(props.get(BORN_HOST_PROPERTY), origin)
     return WireMessage(
         topic=remoting_topic,

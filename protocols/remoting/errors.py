@@ -25,3 +25,10 @@ class HeaderError(RemotingProtocolError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SqlParseError(RemotingProtocolError):
+    """A SQL92 subscription expression that does not parse, or that RocketMQ's filter refuses
+    to build (the message says where and why)."""
+
+    response_code = ResponseCode.SUBSCRIPTION_PARSE_FAILED

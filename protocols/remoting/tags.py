@@ -11,7 +11,7 @@ EXPRESSION_TAG = "TAG"
 EXPRESSION_SQL92 = "SQL92"
 _TAG_SEPARATOR = "||"
 _UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"  # native order, for array('H')
-_JAVA_TRIM = "".join(map(chr, range(0x21)))  # String.trim strips every char up to the space
+JAVA_TRIM = "".join(map(chr, range(0x21)))  # String.trim strips every char up to the space
 
 
 def tag_hash(tag: str) -> int:
@@ -30,7 +30,7 @@ def parse_subscription(expression: str | None) -> frozenset[str] | None:
     on the broker (its filter compares tag codes); "*" among other tags is a literal tag."""
     if not expression or expression == SUB_ALL:
         return None
-    return frozenset(t for t in (part.strip(_JAVA_TRIM) for part in expression.split(_TAG_SEPARATOR)) if t)
+    return frozenset(t for t in (part.strip(JAVA_TRIM) for part in expression.split(_TAG_SEPARATOR)) if t)
 
 
 def subscription_codes(expression: str | None) -> frozenset[int] | None:

@@ -5,11 +5,13 @@
 //   {"cmd": "send", "nameSrv": "127.0.0.1:9876", "group": "g", "topic": "t",
 //    "messages": [{"tags": "TagA", "keys": ["k1"], "body": "text", "delayLevel": 0}]}
 //   {"cmd": "consume", "nameSrv": ..., "group": "g", "topic": "t", "expression": "*", "count": 3,
-//    "timeoutMs": 20000, "retryTimes": 0, "maxReconsumeTimes": 16, "instance": "c1", "fromFirst": false}
+//    "timeoutMs": 20000, "retryTimes": 0, "maxReconsumeTimes": 16, "instance": "c1", "fromFirst": false,
+//    "expressionType": "SQL92"}   (without expressionType the expression is a TAG one)
 //   {"cmd": "route", "nameSrv": ..., "topic": "t"}
 //   {"cmd": "query", "nameSrv": ..., "topic": "t", "key": "k1"}   (QUERY_MESSAGE over ali-ons' remoting client)
 // Any command: "accessKey" and "secretKey" sign every request (RocketMQ ACL); "send" with
-// "reportErrors": true reports a refused message as {"event": "error", "code", "message"} and goes on.
+// "reportErrors": true reports a refused message as {"event": "error", "code", "message"} and goes on
+// ("consume": a refused pull, e.g. a SQL92 expression that does not parse).
 
 const { Producer, Consumer, Message } = require('ali-ons');
 const RemotingCommand = require('ali-ons/lib/protocol/command/remoting_command');
@@ -68,9 +70,15 @@ async function consume() {
   let finish;
   const done = new Promise(resolve => { finish = resolve; });
   consumer.on('error', err => {
-    if (!/the test asks for a retry|boot first/.test(err.message)) console.error('consumer error', err.message);
+    if (/the test asks for a retry|boot first/.test(err.message)) return;
+    // a broker's refusal (MQClientException: the response code and remark) is an event
+    if (spec.reportErrors && err.code !== undefined) out({ event: 'error', code: err.code, message: err.message });
+    else console.error('consumer error', err.message);
   });
-  consumer.subscribe(spec.topic, spec.expression || '*', async msg => {
+  // ali-ons' selector for other expression types than TAG: {expressionType, subString}
+  const selector = spec.expressionType ? { expressionType: spec.expressionType, subString: spec.expression }
+    : (spec.expression || '*');
+  consumer.subscribe(spec.topic, selector, async msg => {
     const id = msg.originMessageId || msg.msgId; // a retried message keeps its first id there
     const seen = failures.get(id) || 0;
     out(Object.assign({ event: 'message', instance: spec.instance || 'c1' }, plain(msg)));
