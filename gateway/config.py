@@ -107,6 +107,12 @@ class Config:
     remoting_max_reconsume_times: int = 16  # then %DLQ%{group}, unless the client says otherwise
     remoting_max_frame_size: int = 16 << 20  # larger frames close the connection
     remoting_long_poll_max_s: float = 30.0  # a held pull is answered after at most this long
+    # transactions (RocketMQ 5's transactionTimeOut, transactionCheckInterval, transactionCheckMax):
+    # a half message is checked with its producer this long after it was sent, then every
+    # interval, and rolled back after the last check
+    remoting_transaction_timeout_s: float = 6.0
+    remoting_transaction_check_interval_s: float = 30.0
+    remoting_transaction_check_max: int = 15
     remoting_advertise: str = ""  # HOST:PORT clients are sent to; default: the remoting bind
     # SQL92 subscriptions (RocketMQ's enablePropertyFilter, off there by default); off: refused
     remoting_enable_property_filter: bool = True
@@ -256,6 +262,10 @@ def validate(cfg: Config) -> None:
                           "mqtt_max_packet_size")
     if not 0 <= cfg.mqtt_progress_save_interval_s <= 3600:
         raise ConfigError("mqtt_progress_save_interval_s is 0..3600 seconds", "mqtt_progress_save_interval_s")
+    if cfg.remoting_transaction_timeout_s < 0 or cfg.remoting_transaction_check_interval_s <= 0 \
+            or cfg.remoting_transaction_check_max < 0:
+        raise ConfigError("remoting_transaction_timeout_s is 0 or more, remoting_transaction_check_interval_s more than "
+                          "0, remoting_transaction_check_max 0 or more", "remoting_transaction_check_interval_s")
     if not 0 < cfg.connect_timeout_s <= 3600:
         raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds", "connect_timeout_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):

@@ -42,6 +42,7 @@ from protocols.queue_names import (  # noqa: F401
     amqp_queue,
     queue_for_filter,
     remoting_queue,
+    remoting_topic_of,
     topic_queue,
 )
 

@@ -41,6 +41,7 @@ from .ports import MQTTPorts
 from .pressure import StorePressure
 from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
+from .remoting.transactions import TransactionSettings
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .stats import ProtocolStats
@@ -307,7 +308,9 @@ class Gateway:
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
             access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
-            enable_property_filter=cfg.remoting_enable_property_filter)
+            enable_property_filter=cfg.remoting_enable_property_filter,
+            transactions=TransactionSettings(cfg.remoting_transaction_timeout_s, cfg.remoting_transaction_check_interval_s,
+                                             cfg.remoting_transaction_check_max))
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()

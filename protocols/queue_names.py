@@ -39,3 +39,11 @@ def amqp_queue(name: str) -> str:
 def remoting_queue(topic: str, queue_id: int) -> str:
     """The store queue of queue ``queue_id`` of the remoting topic ``topic``."""
     return f"{REMOTING_QUEUE_PREFIX}{topic}:{queue_id}"
+
+
+def remoting_topic_of(queue: str) -> tuple[str, int] | None:
+    """(topic, queue id) of a remoting store queue ``r:{topic}:{queueId}``; None for another."""
+    if not queue.startswith(REMOTING_QUEUE_PREFIX):
+        return None
+    topic, _, queue_id = queue[len(REMOTING_QUEUE_PREFIX):].rpartition(":")
+    return (topic, int(queue_id)) if topic and queue_id.isdigit() else None

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from rocksdict import ReadOptions
+from rocksdict import ReadOptions, WriteBatch
 
 from .batching import PreparedMessage
 from .consumequeue import ConsumeQueueIndex
@@ -23,6 +23,8 @@ from .holds import (
     KINDS,
     POSITION_PREFIX,
     discard_body,
+    hold_key,
+    hold_value,
     kind_prefix,
     parse_hold_key,
     parse_hold_value,
@@ -44,6 +46,7 @@ class Hold:
     tag_hash: int
     hold_ts: int  # store time of the hold
     queues: tuple[str, ...]
+    checks: int = 0  # a half message: how often its producer was asked (transactions)
 
 
 class HeldMessages:
@@ -153,6 +156,26 @@ class HeldMessages:
         await self._settle(holds, prepared)
         return sum(1 for p in prepared if p.hold_kind)
 
+    def at(self, target: int) -> Hold | None:
+        """The held message whose record is at ``target`` (its message id's position), or None."""
+        key = self._index.db.get(position_key(target))
+        return None if key is None else self.get(key)
+
+    def reschedule(self, hold: Hold, due_ms: int) -> Hold | None:
+        """Move a hold to ``due_ms``, one check more (a half message asked about): an index
+        write, not logged (after a crash the hold may be due at its former time again). None
+        when the hold is ending (being settled) or gone."""
+        if hold.key in self._settling or self._index.db.get(hold.key) is None:
+            return None
+        key = hold_key(hold.kind, due_ms, hold.target)
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(hold.key)
+        batch.put(key, hold_value(hold.size, hold.tag_hash, hold.hold_ts, hold.queues, hold.checks + 1))
+        batch.put(position_key(hold.target), key)
+        self._index.db.write(batch)
+        return Hold(key, hold.kind, due_ms, hold.target, hold.size, hold.tag_hash, hold.hold_ts, hold.queues,
+                    hold.checks + 1)
+
     def get(self, key: bytes) -> Hold | None:
         value = self._index.db.get(key)
         return None if value is None else _hold(key, value)
@@ -196,5 +219,5 @@ def _discard(hold: Hold, limit: int) -> PreparedMessage:
 
 def _hold(key: bytes, value: bytes) -> Hold:
     kind, due, target = parse_hold_key(key)
-    size, tag, hold_ts, queues = parse_hold_value(value)
-    return Hold(key, kind, due, target, size, tag, hold_ts, tuple(queues))
+    size, tag, hold_ts, checks, queues = parse_hold_value(value)
+    return Hold(key, kind, due, target, size, tag, hold_ts, tuple(queues), checks)

@@ -7,7 +7,7 @@ header and the message's own record, framed as every record is (its queue slots 
 target queues, offsets ``HELD``). The dispatcher gives it no queue entries; it writes a *hold
 key* to the index instead, sorted by due time:
 
-    b"h" + kind u8 + due_ms u64 + target u64  -> size u32, tag_hash i64, hold_ts i64, queue names
+    b"h" + kind u8 + due_ms u64 + target u64  -> size u32, tag_hash i64, hold_ts i64, checks u16, queue names
     b"hP" + target u64                        -> its hold key (the same holds by position)
 
 The second key orders the same holds by position: retention finds there the held messages in
@@ -48,7 +48,7 @@ INDIRECT = 1 << 31  # in an index entry's size: the entry's record is a release;
 
 _HOLD_HEAD = struct.Struct(">BBQ")  # HOLD, kind, due_ms; then the nested record
 _HOLD_KEY = struct.Struct(">cBQQ")
-_HOLD_VALUE = struct.Struct(">Iqq")
+_HOLD_VALUE = struct.Struct(">IqqH")
 _RELEASE_HEAD = struct.Struct(">BQIq")  # RELEASE, target, target size, its tag hash; then the hold key
 HOLD_HEAD_SIZE = _HOLD_HEAD.size
 HOLD_KEY_SIZE = _HOLD_KEY.size
@@ -93,24 +93,26 @@ def parse_hold_key(key: bytes) -> tuple[int, int, int]:
     return kind, due, target
 
 
-def hold_value(size: int, tag: int, hold_ts: int, queues: Sequence[str]) -> bytes:
-    parts = [_HOLD_VALUE.pack(size, tag, hold_ts)]
+def hold_value(size: int, tag: int, hold_ts: int, queues: Sequence[str], checks: int = 0) -> bytes:
+    parts = [_HOLD_VALUE.pack(size, tag, hold_ts, min(checks, 0xFFFF))]
     for name in queues:
         raw = name.encode()
         parts.append(len(raw).to_bytes(2, "big") + raw)
     return b"".join(parts)
 
 
-def parse_hold_value(value: bytes) -> tuple[int, int, int, list[str]]:
-    """(nested record size, tag hash, store time of the hold, target queues) of a hold key's value."""
-    size, tag, hold_ts = _HOLD_VALUE.unpack_from(value)
+def parse_hold_value(value: bytes) -> tuple[int, int, int, int, list[str]]:
+    """(nested record size, tag hash, store time of the hold, checks, target queues) of a hold
+    key's value (``checks``: how often a half message's producer was asked; rewritten by
+    ``HeldMessages.reschedule``, not logged: a crash may forget some)."""
+    size, tag, hold_ts, checks = _HOLD_VALUE.unpack_from(value)
     queues = []
     at = _HOLD_VALUE.size
     while at < len(value):
         n = int.from_bytes(value[at:at + 2], "big")
         queues.append(value[at + 2:at + 2 + n].decode())
         at += 2 + n
-    return size, tag, hold_ts, queues
+    return size, tag, hold_ts, checks, queues
 
 
 def nested_offset(topic_len: int = len(HOLD_TOPIC.encode())) -> int:

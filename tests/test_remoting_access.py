@@ -20,7 +20,7 @@ from rocketmq.exceptions import RocketMQException
 from gateway.auth import PasswordFile
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.properties import encode_properties
-from store.holds import TIMER
+from store.holds import HALF, TIMER
 from tests.mqtt_support import PahoClient
 from tests.remoting_support import ons, remoting_gateway
 from tests.test_remoting_wire import RawRemoting, pull_header, send_header
@@ -246,21 +246,19 @@ async def test_timer_messages_are_stored_now_and_delivered_at_their_time_with_al
 
 @pytest.mark.parametrize("properties", [
     {"TIMER_DELAY_SEC": "soon"}, {"TIMER_DELIVER_MS": "4102444800000", "DELAY": "3"},
-    {"TRAN_MSG": "true", "PGROUP": "tx-group"},
 ])
-async def test_bad_timer_and_half_messages_refused_with_ali_ons(data_dir: Path, properties: dict) -> None:
+async def test_bad_timer_messages_refused_with_ali_ons(data_dir: Path, properties: dict) -> None:
     async with remoting_gateway(data_dir) as (gw, addr):
         events = await ons({"cmd": "send", "nameSrv": addr, "topic": "Later", "reportErrors": True,
                             "messages": [{"body": "not now", "properties": properties}, {"body": "now"}]})
         assert [(e["event"], e.get("code")) for e in events] == [("error", ResponseCode.MESSAGE_ILLEGAL), ("sent", None)]
-        assert "not supported yet" in events[0]["message"] or "timer message illegal" in events[0]["message"] \
-            or "not both" in events[0]["message"]
+        assert "timer message illegal" in events[0]["message"] or "not both" in events[0]["message"]
         stored = [m.body for q in range(4) for m in gw.store.get_now(f"r:Later:{q}", 0, 10).messages]
         assert stored == [b"now"] and gw.store.held.count(TIMER) == 0
 
 
 @pytest.mark.usefixtures("rocketmq_home")
-async def test_timer_message_taken_from_cpp_client_and_end_transaction_not_supported(data_dir: Path) -> None:
+async def test_timer_message_taken_from_cpp_client_and_half_messages_held(data_dir: Path) -> None:
     async with remoting_gateway(data_dir) as (gw, addr):
         def send() -> str:
             producer = rmq.Producer("PID-timer")
@@ -282,10 +280,12 @@ async def test_timer_message_taken_from_cpp_client_and_end_transaction_not_suppo
         raw = await RawRemoting.open(addr)
         end = {"producerGroup": "tx", "tranStateTableOffset": "0", "commitLogOffset": "0", "commitOrRollback": "12",
                "fromTransactionCheck": "false", "msgId": "x", "transactionId": "y"}
-        assert (await raw.call(RequestCode.END_TRANSACTION, end)).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        missing = await raw.call(RequestCode.END_TRANSACTION, end)  # (test_remoting_transactions.py: the rest)
+        assert (missing.code, missing.remark) == (ResponseCode.SYSTEM_ERROR, "Find prepared transaction message failed")
         body = b"half"
         half = send_header("CppLater", properties=encode_properties({"TRAN_MSG": "true"}))
-        assert (await raw.call(RequestCode.SEND_MESSAGE, half, body)).code == ResponseCode.MESSAGE_ILLEGAL
+        assert (await raw.call(RequestCode.SEND_MESSAGE, half, body)).code == ResponseCode.SUCCESS
+        assert gw.store.held.count(HALF) == 1  # held until its transaction ends
         wildcard = send_header("CppLater", properties=encode_properties({"mqttSecondTopic": "/+/x"}))
         assert (await raw.call(RequestCode.SEND_MESSAGE, wildcard, body)).code == ResponseCode.MESSAGE_ILLEGAL
         raw.close()

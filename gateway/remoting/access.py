@@ -13,10 +13,8 @@ and dead-letter topics (``%...``) are not MQTT topics, but their messages are ch
 topic they were first on (``rmq.ot``). Refusals answer NO_PERMISSION (16), as RocketMQ's
 broker does.
 
-Transactional half messages, which RocketMQ would hold back, are refused until they are built:
-never delivered early. They answer MESSAGE_ILLEGAL, which RocketMQ clients surface at once
-(NO_PERMISSION, SYSTEM_ERROR and the like are retried against another broker first). (Timer
-messages are held by the store: timers.py.)
+(Timer messages and transactions' half messages are held by the store: timers.py,
+transactions.py.)
 """
 
 from __future__ import annotations
@@ -27,11 +25,6 @@ from typing import TYPE_CHECKING
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
-from protocols.remoting.message_codec import (
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-)
-from protocols.remoting.properties import TRAN_MSG
 from store import StoredMessage
 
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
@@ -82,12 +75,8 @@ class RemotingAccess:
         return response_to(request, ResponseCode.NO_PERMISSION, why)
 
     # -- sends ---------------------------------------------------------------------------------
-    def check_send(self, who: Principal, topic: str, properties: dict[str, str], sys_flag: int = 0) -> None:
+    def check_send(self, who: Principal, topic: str, properties: dict[str, str]) -> None:
         """Raise BadRequest when this message may not be sent (as it is) to ``topic``."""
-        if (properties.get(TRAN_MSG, "").lower() == "true"
-                or sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_PREPARED_TYPE):
-            raise BadRequest("transactional messages are not supported yet: half message not sent",
-                             ResponseCode.MESSAGE_ILLEGAL)
         mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
         if mqtt_topic is None:
             return

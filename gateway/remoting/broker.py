@@ -21,26 +21,33 @@ from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.headers import SendMessageHeader, SendMessageResponseHeader
-from protocols.remoting.message_codec import offset_msg_id
+from protocols.remoting.message_codec import WireMessage, offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
     UNIQ_KEY,
     decode_batch_body,
     decode_properties,
 )
-from store import GetStatus, MessageStore, PutResult, StoreError
+from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
-from store.holds import TIMER
+from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
 
-from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, TopicSpace, mqtt_topic_of, remoting_queue
+from ..interop import (
+    REMOTING_QUEUE_PREFIX,
+    SECOND_TOPIC_PROPERTY,
+    TopicSpace,
+    mqtt_topic_of,
+    remoting_queue,
+    remoting_topic_of,
+)
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, plain_body, to_store_message
+from .messages import Origin, plain_body, to_store_message, to_wire
 from .pulls import PullRequests
 from .queries import QueryRequests
 from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
@@ -57,6 +64,7 @@ from .topics import (
     TOPICS_TABLE,
     TopicRegistry,
 )
+from .transactions import Producers, TransactionService, TransactionSettings, is_half
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -69,7 +77,8 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
                  long_poll_max_s: float = 30.0, access: RemotingAccess | None = None,
                  stats: ProtocolStats | None = None, connect_timeout_s: float = 10.0,
-                 mqtt_topics: TopicSpace | None = None, enable_property_filter: bool = True) -> None:
+                 mqtt_topics: TopicSpace | None = None, enable_property_filter: bool = True,
+                 transactions: TransactionSettings | None = None) -> None:
         self.store = store
         self.cache = cache
         self.broker_addr = ""
@@ -88,6 +97,9 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         self.selectors = Selectors(enable_property_filter=enable_property_filter)  # pull filters (TAG, SQL92)
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
+        self.producers = Producers()  # (live producer connections by group: transaction checks)
+        self.transactions = TransactionService(store, self.producers, transactions or TransactionSettings(),
+                                               self._half_message)
         self.connections: set[Client] = set()
         self.stats = stats or ProtocolStats()
         self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
@@ -122,6 +134,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
             RequestCode.LOCK_BATCH_MQ: self.lock_batch,
             RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
+            RequestCode.END_TRANSACTION: self.transactions.end,
         }
 
     def set_address(self, addr: str) -> None:
@@ -142,6 +155,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="remoting-notify"))
         self._tasks.append(loop.create_task(self._expire_members(), name="remoting-groups"))
         self.schedule.start()
+        self.transactions.start()
         log.info("remoting state restored topics=%d", len(self.topics.topics))
 
     async def stop(self) -> None:
@@ -149,6 +163,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         for conn in list(self.connections):
             conn.close()
         await self.schedule.stop()
+        await self.transactions.stop()
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
@@ -274,6 +289,11 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
                                if not q.startswith(REMOTING_QUEUE_PREFIX))
         return targets
 
+    def _half_message(self, message: StoredMessage, queue: str) -> tuple[WireMessage, str]:
+        """A half message as a transaction check carries it (transactions.py), its offsetMsgId."""
+        topic, queue_id = remoting_topic_of(queue) or (message.topic, 0)
+        return to_wire(message, topic, queue_id, self.origin, half=True), self.msg_id(message.position)
+
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
         return mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY)) or topic
 
@@ -283,18 +303,20 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
             return self.send_batch(conn, request, header)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         properties = decode_properties(header.properties or "")
-        self.access.check_send(conn.principal, header.topic, properties, header.sys_flag)
+        self.access.check_send(conn.principal, header.topic, properties)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
         record_topic, queue_id, properties, targets = self._placement(
             header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
         body, sys_flag = plain_body(request.body, header.sys_flag, self.store.options.max_message_size)
-        due = timer_due_ms(properties, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        half = is_half(properties, sys_flag)
+        due = timer_due_ms(properties, now) if not half else self.transactions.first_check_ms(properties, now)
         message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
-                                   born_timestamp=header.born_timestamp or int(time.time() * 1000),
+                                   born_timestamp=header.born_timestamp or now,
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
-        if due is not None:  # held in the store until then (timers.py)
-            message.hold_kind, message.hold_due_ms = TIMER, due
+        if due is not None:  # held in the store: until then (timers.py), or its transaction's end
+            message.hold_kind, message.hold_due_ms = HALF if half else TIMER, due
         future = self.store.put_batch_nowait([(message, targets)])
         if conn.tracer is not None:
             conn.tracer.watch_put("remoting", conn.client_id or conn.peer, [(message, targets)], future)
@@ -324,7 +346,9 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
             properties = decode_properties(item.properties or "")
             if DELAY in properties or any(name in properties for name in TIMER_PROPERTIES):
                 raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
-            self.access.check_send(conn.principal, header.topic, properties, header.sys_flag)
+            if is_half(properties, header.sys_flag):
+                raise BadRequest("batch messages cannot be transactional", ResponseCode.MESSAGE_ILLEGAL)
+            self.access.check_send(conn.principal, header.topic, properties)
             message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)

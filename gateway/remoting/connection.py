@@ -144,6 +144,7 @@ class RemotingConnection(asyncio.Protocol):
                 waiter.set_exception(ConnectionError("the connection closed"))
         self.broker.connections.discard(self)
         self.broker.groups.connection_closed(self)
+        self.broker.producers.connection_closed(self)
         for task in self._tasks:
             task.cancel()
 

@@ -38,6 +38,10 @@ class ConsumerRequests:
                 self.topics.ensure(retry_topic(group), 1)
             self.groups.heartbeat(group, client_id, conn, subs, model,
                                   str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"))
+        for producer in data.get("producerDataSet") or []:  # (transaction checks ask one of them)
+            group = str(producer.get("groupName") or "")
+            if group:
+                self.producers.heartbeat(group, client_id, conn)
         # (Java clients read this map unchecked after a heartbeat; we do not do HeartbeatV2)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"IS_SUPPORT_HEART_BEAT_V2": "false"})
 

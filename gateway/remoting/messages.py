@@ -18,8 +18,14 @@ import zlib
 from dataclasses import dataclass
 
 from protocols.remoting.codes import ResponseCode
-from protocols.remoting.message_codec import COMPRESSED_FLAG, WireMessage
-from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
+from protocols.remoting.message_codec import (
+    COMPRESSED_FLAG,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    WireMessage,
+)
+from protocols.remoting.properties import KEYS, TAGS, TRAN_MSG, UNIQ_KEY
 from store import Message, StoredMessage
 
 from ..interop import SECOND_TOPIC_PROPERTY
@@ -139,9 +145,17 @@ def shown_properties(message: StoredMessage, remoting_topic: str) -> dict[str, s
     return shown
 
 
-def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin) -> WireMessage:
+def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: Origin, *,
+            half: bool = False) -> WireMessage:
+    """The message as remoting consumers get it; ``half``: a transaction's half message as a
+    check shows it to its producer (else one stored half is committed by now: RocketMQ clears
+    its TRAN_MSG and gives it the commit type)."""
     props = message.properties
     shown = shown_properties(message, remoting_topic)
+    sys_flag = int(props.get(SYS_FLAG_PROPERTY, "0"))
+    if not half and sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_PREPARED_TYPE:
+        sys_flag = sys_flag & ~TRANSACTION_ROLLBACK_TYPE | TRANSACTION_COMMIT_TYPE
+        shown.pop(TRAN_MSG, None)
     born_host, born_port = _host_port(props.get(BORN_HOST_PROPERTY), origin)
     return WireMessage(
         topic=remoting_topic,
@@ -150,7 +164,7 @@ def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: 
         flag=client_flag(message),
         queue_offset=message.queue_offset,
         commit_log_offset=message.position,
-        sys_flag=int(props.get(SYS_FLAG_PROPERTY, "0")),
+        sys_flag=sys_flag,
         born_timestamp=message.born_timestamp,
         born_host=born_host,
         born_port=born_port,

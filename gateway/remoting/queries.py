@@ -7,8 +7,9 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.message_codec import encode_message
 from store import StoredMessage
+from store.holds import HELD
 
-from ..interop import REMOTING_QUEUE_PREFIX
+from ..interop import remoting_topic_of
 from .messages import to_wire
 from .requests import int_field, str_field
 
@@ -16,11 +17,11 @@ from .requests import int_field, str_field
 class QueryRequests:
     def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
         for queue, offset in message.queues:
-            if queue.startswith(REMOTING_QUEUE_PREFIX):
-                topic, _, qid = queue[len(REMOTING_QUEUE_PREFIX):].rpartition(":")
-                if topic_hint is None or topic == topic_hint:
+            place = remoting_topic_of(queue)
+            if place is not None and (topic_hint is None or place[0] == topic_hint):
+                if offset != HELD:  # (a held message's offsets come with its release, not in its record)
                     message.queue_offset = offset
-                    return to_wire(message, topic, int(qid), self.origin)
+                return to_wire(message, place[0], place[1], self.origin)
         return to_wire(message, topic_hint or message.topic, 0, self.origin)
 
     def query_message(self, conn, request: RemotingCommand) -> RemotingCommand:

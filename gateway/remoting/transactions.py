@@ -1,0 +1,181 @@
+"""Transactional messages, as RocketMQ's TransactionMQProducer uses them: a half message (property
+``TRAN_MSG=true``, sysFlag PREPARED) is stored held (store/held.py: written once, in no queue)
+and SEND_OK names it; END_TRANSACTION commits it -- then it is indexed into its queue and
+delivered -- or rolls it back -- never delivered. A half message whose transaction has not
+ended when it is due for a check (``remoting_transaction_timeout_s`` after it was sent, or its
+``CHECK_IMMUNITY_TIME_IN_SECONDS``, then every ``remoting_transaction_check_interval_s``) is
+asked about with CHECK_TRANSACTION_STATE on a live connection of a producer of its group
+(``PGROUP``), whose answer is an END_TRANSACTION; after ``remoting_transaction_check_max``
+checks it is rolled back and logged. The state is the store's: it survives a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
+from protocols.remoting.message_codec import (
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    WireMessage,
+    encode_message,
+)
+from protocols.remoting.properties import PGROUP, TRAN_MSG, TRANSACTION_ID, UNIQ_KEY
+from store import MessageStore, StoredMessage, StoreError
+from store.held import Hold
+from store.holds import HALF
+
+from ..tasks import cancel_and_wait
+from .requests import BadRequest, Client, int_field, str_field
+
+log = logging.getLogger("tidemq.remoting")
+
+CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+CHECK_BATCH = 256
+_opaques = itertools.count(1 << 30)
+
+
+def is_half(properties: dict[str, str], sys_flag: int) -> bool:
+    """A transaction's half message, as RocketMQ's clients mark one (either mark)."""
+    return (properties.get(TRAN_MSG, "").lower() == "true"
+            or sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_PREPARED_TYPE)
+
+
+@dataclass(slots=True, frozen=True)
+class TransactionSettings:
+    """RocketMQ 5's broker defaults (transactionTimeOut, transactionCheckInterval, transactionCheckMax)."""
+
+    timeout_s: float = 6.0  # a half message is first checked this long after it was sent
+    check_interval_s: float = 30.0  # then again every this long
+    check_max: int = 15  # then it is rolled back
+
+
+class Producers:
+    """Live producer connections by group, from their heartbeats (``producerDataSet``)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[str, Any]] = {}
+
+    def heartbeat(self, group: str, client_id: str, connection: Any) -> None:
+        self._groups.setdefault(group, {})[client_id] = connection
+
+    def connection_closed(self, connection: Any) -> None:
+        for group, members in list(self._groups.items()):
+            for client_id in [c for c, conn in members.items() if conn is connection]:
+                del members[client_id]
+            if not members:
+                del self._groups[group]
+
+    def any(self, group: str) -> Any | None:
+        for connection in (self._groups.get(group) or {}).values():
+            if not connection.closed:
+                return connection
+        return None
+
+
+class TransactionService:
+    def __init__(self, store: MessageStore, producers: Producers, settings: TransactionSettings,
+                 message_of: Callable[[StoredMessage, str], tuple[WireMessage, str]]) -> None:
+        self.store = store
+        self.producers = producers
+        self.timeout_s = settings.timeout_s
+        self.check_interval_s = settings.check_interval_s
+        self.check_max = settings.check_max
+        # (half message, its store queue) -> the wire message a check carries, its offsetMsgId
+        self._message_of = message_of
+        self._task: asyncio.Task[None] | None = None
+        self.checks_sent = 0
+        self.rolled_back_unchecked = 0
+
+    def first_check_ms(self, properties: dict[str, str], now_ms: int) -> int:
+        immunity = properties.get(CHECK_IMMUNITY)
+        try:
+            wait_s = float(immunity) if immunity is not None else self.timeout_s
+        except ValueError:
+            wait_s = self.timeout_s
+        return now_ms + int(max(wait_s, 0) * 1000)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="transaction-checks")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    # -- END_TRANSACTION -----------------------------------------------------------------------
+    async def end(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
+        ext = request.ext_fields
+        kind = int_field(ext, "commitOrRollback", TRANSACTION_NOT_TYPE) & TRANSACTION_ROLLBACK_TYPE
+        position = int_field(ext, "commitLogOffset", -1)
+        group = str_field(ext, "producerGroup")
+        if kind == TRANSACTION_NOT_TYPE:  # the producer does not know yet: a later check asks again
+            return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+        if kind not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            raise BadRequest(f"commitOrRollback {kind} is neither commit (8) nor rollback (12)")
+        hold = self.store.held.at(position)
+        if hold is None or hold.kind != HALF:
+            raise BadRequest("Find prepared transaction message failed")  # (RocketMQ's remark)
+        message = self.store.read_at(hold.target)
+        if message is None or message.properties.get(PGROUP) != group:
+            raise BadRequest("The producer group wrong")
+        try:
+            if kind == TRANSACTION_COMMIT_TYPE:
+                await self.store.held.release([hold])
+            else:
+                await self.store.held.discard([hold])
+        except StoreError as exc:
+            raise BadRequest(f"the transaction's end was not stored: {exc}") from None
+        log.debug("transaction ended group=%s position=%d commit=%s", group, position, kind == TRANSACTION_COMMIT_TYPE)
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    # -- checks --------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.check_due()
+            except StoreError as exc:
+                log.warning("transaction check failed error=%s", exc)
+            await asyncio.sleep(min(1.0, self.check_interval_s))
+
+    async def check_due(self) -> None:
+        """Ask the producers about the half messages due for a check; roll back those checked
+        ``check_max`` times already."""
+        held = self.store.held
+        now = int(time.time() * 1000)
+        for hold in held.due(HALF, now, CHECK_BATCH):
+            if hold.checks >= self.check_max:
+                await held.discard([hold])
+                self.rolled_back_unchecked += 1
+                log.warning("transaction rolled back after %d unanswered checks position=%d", hold.checks, hold.target)
+                continue
+            self._ask(hold)
+            held.reschedule(hold, now + int(self.check_interval_s * 1000))
+
+    def _ask(self, hold: Hold) -> None:
+        message = self.store.read_at(hold.target)
+        if message is None:
+            return
+        props = message.properties
+        producer = self.producers.any(props.get(PGROUP, ""))
+        if producer is None:  # none connected: counted as a check (RocketMQ's too)
+            log.info("no producer to check a transaction group=%s position=%d", props.get(PGROUP), hold.target)
+            return
+        wire, offset_msg_id = self._message_of(message, hold.queues[0])
+        # (RocketMQ's CheckTransactionStateRequestHeader, as its Java client reads it)
+        header = {"tranStateTableOffset": "0", "commitLogOffset": str(hold.target), "msgId": props.get(UNIQ_KEY, ""),
+                  "transactionId": props.get(TRANSACTION_ID) or props.get(UNIQ_KEY, ""),
+                  "offsetMsgId": offset_msg_id}
+        producer.send(RemotingCommand(code=RequestCode.CHECK_TRANSACTION_STATE, opaque=next(_opaques), flag=FLAG_ONEWAY,
+                                      ext_fields=header, body=encode_message(wire)))
+        producer.flush_soon()
+        self.checks_sent += 1
