@@ -41,9 +41,9 @@ from .ports import MQTTPorts
 from .pressure import StorePressure
 from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
-from .remoting.transactions import TransactionSettings
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
+from .remoting.transactions import TransactionSettings
 from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
 
