@@ -24,6 +24,7 @@ from protocols.remoting.headers import SendMessageHeader, SendMessageResponseHea
 from protocols.remoting.message_codec import WireMessage, offset_msg_id
 from protocols.remoting.properties import (
     DELAY,
+    SHARDING_KEY,
     UNIQ_KEY,
     decode_batch_body,
     decode_properties,
@@ -48,6 +49,7 @@ from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
 from .messages import Origin, plain_body, to_store_message, to_wire
+from .ordering import sharding_queue
 from .pulls import PullRequests
 from .queries import QueryRequests
 from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
@@ -265,14 +267,17 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         return response_to(request, ResponseCode.SUCCESS)
 
     # -- sending -------------------------------------------------------------------------------
-    def _writable(self, topic: str, queue_id: int, default_queues: int = 0) -> int:
-        """The queue id a send goes to (validated), creating the topic when new."""
+    def _writable(self, topic: str, queue_id: int, default_queues: int = 0, sharding_key: str | None = None) -> int:
+        """The queue id a send goes to (validated; by its sharding key when it has one:
+        ordering.py), creating the topic when new."""
         try:
             config = self.topics.ensure(topic, default_queues or None)
         except ValueError as exc:
             raise BadRequest(str(exc), ResponseCode.MESSAGE_ILLEGAL) from None
         if not config.perm & PERM_WRITE:
             raise BadRequest(f"the topic {topic} is not writable", ResponseCode.NO_PERMISSION)
+        if sharding_key:
+            return sharding_queue(sharding_key, config.write_queues)
         if queue_id < 0 or queue_id >= config.write_queues:
             queue_id = queue_id % config.write_queues if queue_id >= 0 else 0
         return queue_id
@@ -301,8 +306,9 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
-        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         properties = decode_properties(header.properties or "")
+        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums,
+                                  properties.get(SHARDING_KEY))
         self.access.check_send(conn.principal, header.topic, properties)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
@@ -336,10 +342,14 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.topic.startswith("%RETRY%"):
             raise BadRequest("batch messages cannot be sent to a retry topic", ResponseCode.MESSAGE_ILLEGAL)
-        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums)
         items = decode_batch_body(request.body)
         if not items:
             raise BadRequest("the batch is empty", ResponseCode.MESSAGE_ILLEGAL)
+        keys = {decode_properties(item.properties or "").get(SHARDING_KEY) for item in items}
+        if len(keys) > 1:
+            raise BadRequest("a batch goes to one queue: its messages need one sharding key (__SHARDINGKEY) or none",
+                             ResponseCode.MESSAGE_ILLEGAL)
+        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums, keys.pop())
         born = header.born_timestamp or int(time.time() * 1000)
         batch = []
         for item in items:
