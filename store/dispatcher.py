@@ -25,6 +25,7 @@ class Dispatcher:
         self._index = index
         self._notify = notify
         self.hold_changes: dict[int, int] = {}  # hold kind -> holds begun minus ended since open (held.py)
+        self.hold_earliest: dict[int, int] = {}  # hold kind -> the earliest due time of holds begun since taken
 
     def dispatch(self, items: list[DispatchItem], end_position: int, heads: dict[str, int] | None = None) -> None:
         """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``.
@@ -51,7 +52,12 @@ class Dispatcher:
                 else:
                     put(key, hold)
                 if len(key) == HOLD_KEY_SIZE:  # (not its by-position twin)
-                    self.hold_changes[key[1]] = self.hold_changes.get(key[1], 0) + (-1 if hold is None else 1)
+                    kind = key[1]
+                    self.hold_changes[kind] = self.hold_changes.get(kind, 0) + (-1 if hold is None else 1)
+                    if hold is not None:
+                        due = int.from_bytes(key[2:10], "big")
+                        if due < self.hold_earliest.get(kind, due + 1):
+                            self.hold_earliest[kind] = due
         self._index.commit(batch, end_position)
         self._index.cache.update(heads)
         self._index.trim_cache()

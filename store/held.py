@@ -51,9 +51,10 @@ class Hold:
 
 class HeldMessages:
     def __init__(self, index: ConsumeQueueIndex, submit: Callable[[list[PreparedMessage]], asyncio.Future[list[PutResult]]],
-                 max_message_size: int, changes: dict[int, int]) -> None:
+                 max_message_size: int, changes: dict[int, int], earliest: dict[int, int]) -> None:
         self._index = index
         self._changes = changes  # the dispatcher's: holds begun minus ended, per kind, since open
+        self._earliest = earliest  # the dispatcher's: earliest due time of holds begun, per kind, since taken
         self._counted: dict[int, tuple[int, int]] = {}  # kind -> (keys counted once, changes then)
         self._submit = submit
         self._limit = max_message_size
@@ -79,28 +80,34 @@ class HeldMessages:
         return self._submit([PreparedMessage(message, queues, self._limit, kind, due)
                              for (message, queues), due in zip(items, dues)])
 
-    def due(self, kind: int, now_ms: int, limit: int, after: bytes | None = None) -> list[Hold]:
+    def due(self, kind: int, now_ms: int, limit: int, from_ms: int = 0) -> list[Hold]:
         """Held messages of ``kind`` due at or before ``now_ms``, oldest due first (at most
-        ``limit``; from the key after ``after`` when given); those being settled are left out."""
+        ``limit``; those due from ``from_ms`` on: see ``take_earliest``); those being settled
+        are left out."""
         start = kind_prefix(kind)
         opts = ReadOptions()
         opts.set_iterate_upper_bound(start + (now_ms + 1).to_bytes(8, "big"))
         out = []
-        for key, value in self._index.db.items(from_key=after + b"\x00" if after else start, read_opt=opts):
+        for key, value in self._index.db.items(from_key=start + from_ms.to_bytes(8, "big"), read_opt=opts):
             if len(out) >= limit:
                 break
             if key not in self._settling:
                 out.append(_hold(key, value))
         return out
 
-    def next_due_ms(self, kind: int) -> int | None:
-        """The earliest due time of ``kind``'s held messages, or None."""
-        start = kind_prefix(kind)
+    def next_due_ms(self, kind: int, from_ms: int = 0) -> int | None:
+        """The earliest due time of ``kind``'s held messages (from ``from_ms`` on), or None."""
         opts = ReadOptions()
         opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
-        for key in self._index.db.keys(from_key=start, read_opt=opts):
+        for key in self._index.db.keys(from_key=kind_prefix(kind) + from_ms.to_bytes(8, "big"), read_opt=opts):
             return parse_hold_key(key)[1]
         return None
+
+    def take_earliest(self, kind: int) -> int | None:
+        """The earliest due time of ``kind``'s holds begun since the last call (None: none begun).
+        A reader that released every hold due before some time T seeks from min(T, this) on:
+        the keys it released before T are deleted, and RocksDB would walk their tombstones."""
+        return self._earliest.pop(kind, None)
 
     def count(self, kind: int) -> int:
         """Held messages of ``kind``: the keys walked once, then kept up by the dispatcher's count."""

@@ -117,7 +117,8 @@ class MessageStore:
         self.offsets = ConsumerOffsets(self.meta)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
-        self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes)
+        self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,
+                                 self.dispatcher.hold_earliest)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.committer.run(), name="store-committer"))
         if opts.flush == "async":

@@ -70,3 +70,19 @@ async def test_a_timer_message_put_through_any_path_is_found_without_being_annou
         assert message.body == b"via ingest" and now_ms() >= due
     finally:
         await timer.stop()
+
+
+async def test_a_message_due_before_the_last_released_one_is_released_too(open_store):
+    """The timer looks its keys up from where it released to (not their start: the released
+    ones' tombstones lie there); a message put later with an earlier due time is found anyway."""
+    store = await open_store()
+    timer = TimerService(store)
+    timer.start()
+    try:
+        await store.held.put(Message("t", b"first"), ["q"], TIMER, now_ms() + 100)
+        await wait_for_messages(store, "q", 1)
+        await store.held.put(Message("t", b"overdue"), ["q"], TIMER, now_ms() - 60_000)  # (a slow producer's)
+        messages = await wait_for_messages(store, "q", 2)
+        assert [m.body for m in messages] == [b"first", b"overdue"]
+    finally:
+        await timer.stop()

@@ -39,6 +39,9 @@ class TimerService:
     def __init__(self, store: MessageStore) -> None:
         self.store = store
         self._next_due: int | None = None  # ms; None: not known yet (look in the store)
+        # every hold due before this was released (ms): where the store's keys are looked up from,
+        # not their start, where the released ones' tombstones lie (held.py take_earliest)
+        self._released_to = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.released = 0
@@ -73,7 +76,10 @@ class TimerService:
         while True:
             self._wake.clear()
             now = _now_ms()
-            due = held.due(TIMER, now, RELEASE_BATCH)
+            earliest = held.take_earliest(TIMER)
+            if earliest is not None and earliest < self._released_to:
+                self._released_to = earliest
+            due = held.due(TIMER, now, RELEASE_BATCH, self._released_to)
             if due:
                 try:
                     await held.release(due)
@@ -85,8 +91,9 @@ class TimerService:
                 for hold in due:
                     self.due_lag.observe(max(0, released_at - hold.due_ms) / 1000)
                 self.released += len(due)
+                self._released_to = due[-1].due_ms  # (not past it: more of that ms may be left)
                 continue  # more may be due
-            self._next_due = held.next_due_ms(TIMER)
+            self._next_due = held.next_due_ms(TIMER, self._released_to)
             delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - _now_ms()) / 1000))
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)

@@ -95,6 +95,7 @@ class TransactionService:
         self._task: asyncio.Task[None] | None = None
         self.checks_sent = 0
         self.rolled_back_unchecked = 0
+        self._checked_to = 0  # (ms) where the half messages' keys are looked up from (held.py take_earliest)
 
     def first_check_ms(self, properties: dict[str, str], now_ms: int) -> int:
         immunity = properties.get(CHECK_IMMUNITY)
@@ -152,7 +153,13 @@ class TransactionService:
         ``check_max`` times already."""
         held = self.store.held
         now = int(time.time() * 1000)
-        for hold in held.due(HALF, now, CHECK_BATCH):
+        earliest = held.take_earliest(HALF)
+        if earliest is not None and earliest < self._checked_to:
+            self._checked_to = earliest
+        due = held.due(HALF, now, CHECK_BATCH, self._checked_to)
+        if due:  # every half due before the last of these is checked (moved on) or ended
+            self._checked_to = due[-1].due_ms
+        for hold in due:
             if hold.checks >= self.check_max:
                 await held.discard([hold])
                 self.rolled_back_unchecked += 1
