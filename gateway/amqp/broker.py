@@ -58,7 +58,7 @@ class ClientConnection(Protocol):
     """What the node's AMQP state needs of a client's connection (``connection.AMQPConnection``)."""
 
     last_queue: str  # the queue an empty queue name stands for (the connection's last declared)
-    exclusive_queues: set[str]
+    exclusive_queues: set[str] | frozenset[str]
 
     def shutdown(self) -> None: ...
 
@@ -319,6 +319,8 @@ class AMQPBroker:
         # every queue is bound to the default exchange by its name (implicitly: see route())
         conn.last_queue = name
         if m.exclusive:
+            if not conn.exclusive_queues:
+                conn.exclusive_queues = set()  # (its first: until then the shared empty one)
             conn.exclusive_queues.add(name)
         return queue
 
