@@ -3,8 +3,9 @@ opened by a child process (raw sockets: CONNECT with keep alive 600, then nothin
 gateway's growth measured twice -- RSS in one run, and in a run under tracemalloc the Python
 allocations per allocation site and the live objects per type. A diagnostic, not a test.
 
-    python -m loadtest.idle_memory [--protocol mqtt|amqp|remoting] [--connections 2000]
+    python -m loadtest.idle_memory [--protocol mqtt|amqp|remoting|bare] [--connections 2000]
                                    [--tracemalloc] [--top 25] [--full]
+                                   [--loop asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _CLIENTS = {
         from loadtest.amqp_wire import Conn
         socks = []
         for i in range(N):
-            c = Conn("127.0.0.1", PORT)
+            c = Conn(PORT, 30.0)
+            c.open_channel(1)
             socks.append(c)
     """,
     "remoting": """
@@ -44,6 +46,8 @@ _CLIENTS = {
         socks = [socket.create_connection(("127.0.0.1", PORT)) for _ in range(N)]
     """,
 }
+# the floor: asyncio's own transport under a protocol that keeps nothing (no gateway)
+_CLIENTS["bare"] = _CLIENTS["remoting"]
 
 
 def _child(protocol: str, port: int, n: int) -> subprocess.Popen:
@@ -66,12 +70,15 @@ def _types() -> Counter:
 async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         binds = {"mqtt_bind": "", "amqp_bind": "", "remoting_bind": ""}
-        binds[f"{protocol}_bind"] = "127.0.0.1:0"
+        if protocol != "bare":
+            binds[f"{protocol}_bind"] = "127.0.0.1:0"
         gw = Gateway(Config(data_dir=Path(tmp) / "data", **binds))  # type: ignore[arg-type]
         await gw.start()
+        bare = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
         tune_gc()
         try:
-            port = next(lst.address[1] for lst in gw.listeners if lst.protocol == protocol)
+            port = bare.sockets[0].getsockname()[1] if protocol == "bare" else \
+                next(lst.address[1] for lst in gw.listeners if lst.protocol == protocol)
             proc = psutil.Process()
             await asyncio.sleep(0.5)
             gc.collect()
@@ -98,6 +105,7 @@ async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = Fal
             child.wait(30)
             await asyncio.sleep(0.5)
         finally:
+            bare.close()
             await gw.stop()
 
 
@@ -141,8 +149,16 @@ def main() -> None:
     ap.add_argument("--tracemalloc", action="store_true")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--full", action="store_true", help="the whole stack of each allocation site")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                    help="uvloop: its transports are C objects, and libuv's memory is not traced")
     args = ap.parse_args()
-    asyncio.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full))
+    factory = None
+    if args.loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full))
 
 
 if __name__ == "__main__":
