@@ -47,7 +47,9 @@ class RemotingConnection(asyncio.Protocol):
         self.principal: Principal = ANONYMOUS  # of the request being dispatched (access.py)
         self.closed = False
         self._first_request: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        # requests being served by a task of their own (long polling); made with the first: an
+        # empty set is 216 bytes, and most connections never have one
+        self._tasks: set[asyncio.Task[None]] | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._waiting: dict[int, asyncio.Future[RemotingCommand]] = {}  # our requests, by opaque
@@ -96,6 +98,8 @@ class RemotingConnection(asyncio.Protocol):
             reply.future.add_done_callback(lambda f: self._pending_done(request, reply, f))
         elif asyncio.iscoroutine(reply):  # may wait (long polling): its own task
             task = asyncio.get_running_loop().create_task(self._serve(request, reply))
+            if self._tasks is None:
+                self._tasks = set()
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif reply is not None and not request.is_oneway:
@@ -144,7 +148,7 @@ class RemotingConnection(asyncio.Protocol):
                 waiter.set_exception(ConnectionError("the connection closed"))
         self.broker.connections.discard(self)
         self.broker.groups.connection_closed(self)
-        for task in self._tasks:
+        for task in self._tasks or ():
             task.cancel()
 
     # -- output --------------------------------------------------------------------------------
