@@ -24,7 +24,7 @@ from ..core.cursor import Cursor
 from .messages import Delivery as MessageDelivery
 from .messages import DeliveryMemo
 from .roles import Owner
-from .session import Inflight, Session, SubscriptionState
+from .session import NO_ENTRIES, Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -387,7 +387,9 @@ class Delivery:
             if not self._send_message(message, delivery, qos, sub_ids, packet_id, retain=retain, remaining=remaining):
                 continue
             if packet_id is not None:
-                session.add_inflight(Inflight(packet_id, queue, offset, qos, message.position))
+                if session.inflight is NO_ENTRIES:  # (Session.add_inflight, inline: per message)
+                    session.inflight = {}
+                session.inflight[packet_id] = Inflight(packet_id, queue, offset, qos, message.position)
                 cursor.unacked[offset] = packet_id
                 if qos == 2:
                     broker.mark_dirty(session)

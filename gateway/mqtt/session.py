@@ -72,7 +72,7 @@ class Session:
     client_id: str
     version: int
     expiry_interval: int = 0  # seconds after disconnect; NEVER_EXPIRES for 3.1.1 persistent
-    # (the four tables start as NO_ENTRIES, shared; ``_own`` gives a session its own)
+    # (the four tables start as NO_ENTRIES, shared; the add_... methods give a session its own)
     subscriptions: dict[str, SubscriptionState] = field(default_factory=lambda: NO_ENTRIES)  # by filter text
     cursors: dict[str, Cursor] = field(default_factory=lambda: NO_ENTRIES)  # by queue
     inflight: dict[int, Inflight] = field(default_factory=lambda: NO_ENTRIES)  # by packet id, in the order sent
@@ -94,24 +94,27 @@ class Session:
             return False
         return (now if now is not None else time.time()) >= self.disconnected_at + self.expiry_interval
 
-    def _own(self, name: str) -> dict:
-        table = getattr(self, name)
-        if table is NO_ENTRIES:
-            table = {}
-            setattr(self, name, table)
-        return table
-
+    # (each gives the session a table of its own on its first entry)
     def add_subscription(self, key: str, state: SubscriptionState) -> None:
-        self._own("subscriptions")[key] = state
+        if self.subscriptions is NO_ENTRIES:
+            self.subscriptions = {}
+        self.subscriptions[key] = state
 
     def add_cursor(self, cursor: Cursor) -> None:
-        self._own("cursors")[cursor.queue] = cursor
+        if self.cursors is NO_ENTRIES:
+            self.cursors = {}
+        self.cursors[cursor.queue] = cursor
 
     def add_inflight(self, inflight: Inflight) -> None:
-        self._own("inflight")[inflight.packet_id] = inflight
+        """(outbound.py's delivery loop does the same inline: it runs per message)"""
+        if self.inflight is NO_ENTRIES:
+            self.inflight = {}
+        self.inflight[inflight.packet_id] = inflight
 
     def set_shared_done(self, key: str, offsets: list[int]) -> None:
-        self._own("shared_done")[key] = offsets
+        if self.shared_done is NO_ENTRIES:
+            self.shared_done = {}
+        self.shared_done[key] = offsets
 
     def awaiting(self) -> set[int]:
         """``awaiting_release``, a set of this session's own (to add to)."""
