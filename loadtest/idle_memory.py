@@ -4,7 +4,7 @@ gateway's growth measured twice -- RSS in one run, and in a run under tracemallo
 allocations per allocation site and the live objects per type. A diagnostic, not a test.
 
     python -m loadtest.idle_memory [--protocol mqtt|amqp|remoting|bare] [--connections 2000]
-                                   [--tracemalloc] [--top 25] [--full]
+                                   [--tracemalloc] [--top 25] [--full] [--subscribe]
                                    [--loop asyncio|uvloop]
 """
 
@@ -30,7 +30,7 @@ from gateway.server import Gateway, tune_gc
 _CLIENTS = {
     "mqtt": """
         from loadtest.mqtt_wire import open_sessions
-        s = open_sessions(PORT, [f"idle-{i}" for i in range(N)], keep_alive=600, timeout_s=120)
+        s = open_sessions(PORT, [f"idle-{i}" for i in range(N)], keep_alive=600, timeout_s=120, subscribe=SUB)
         socks = s.sockets
     """,
     "amqp": """
@@ -50,8 +50,9 @@ _CLIENTS = {
 _CLIENTS["bare"] = _CLIENTS["remoting"]
 
 
-def _child(protocol: str, port: int, n: int) -> subprocess.Popen:
+def _child(protocol: str, port: int, n: int, subscribe: bool) -> subprocess.Popen:
     body = textwrap.dedent(_CLIENTS[protocol]).replace("PORT", str(port)).replace("N", str(n))
+    body = body.replace("SUB", repr(("idle/commands", 1) if subscribe else None))
     code = body + "\nimport sys\nprint(len(socks), flush=True)\nsys.stdin.read()\n"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parent.parent)
@@ -67,7 +68,7 @@ def _types() -> Counter:
     return sizes
 
 
-async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = False) -> None:
+async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = False, subscribe: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         binds = {"mqtt_bind": "", "amqp_bind": "", "remoting_bind": ""}
         if protocol != "bare":
@@ -87,7 +88,7 @@ async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = Fal
                 tracemalloc.start(8)
                 snap0 = tracemalloc.take_snapshot()
                 types0 = _types()
-            child = _child(protocol, port, n)
+            child = _child(protocol, port, n, subscribe)
             line = await asyncio.get_running_loop().run_in_executor(None, child.stdout.readline)  # type: ignore[union-attr]
             opened = int(line or 0)
             await asyncio.sleep(1.0)  # what the gateway allocates after CONNACK
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--tracemalloc", action="store_true")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--full", action="store_true", help="the whole stack of each allocation site")
+    ap.add_argument("--subscribe", action="store_true", help="mqtt: each client subscribes (QoS 1) after CONNACK")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                     help="uvloop: its transports are C objects, and libuv's memory is not traced")
     args = ap.parse_args()
@@ -158,7 +160,7 @@ def main() -> None:
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full))
+        runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full, args.subscribe))
 
 
 if __name__ == "__main__":
