@@ -25,6 +25,7 @@ from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
+from ..deadlines import Deadlines
 from ..interop import (
     AMQP_QUEUE_PREFIX,
     TopicSpace,
@@ -58,7 +59,7 @@ class ClientConnection(Protocol):
     """What the node's AMQP state needs of a client's connection (``connection.AMQPConnection``)."""
 
     last_queue: str  # the queue an empty queue name stands for (the connection's last declared)
-    exclusive_queues: set[str]
+    exclusive_queues: set[str] | frozenset[str]
 
     def shutdown(self) -> None: ...
 
@@ -98,6 +99,7 @@ class AMQPBroker:
         self.stats = ProtocolStats()
         self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
         self.connect_timeout_s = connect_timeout_s  # the handshake (to connection.open) comes within this
+        self.deadlines = Deadlines()  # the connections' handshake timeouts and heartbeats
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
         self.mqtt_topics = mqtt_topics
@@ -146,6 +148,7 @@ class AMQPBroker:
         await cancel_and_wait(self._tasks)
         for queue in self.queues.values():
             queue.close()
+        self.deadlines.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if not store_queue_name.startswith(AMQP_QUEUE_PREFIX):
@@ -317,6 +320,8 @@ class AMQPBroker:
         # every queue is bound to the default exchange by its name (implicitly: see route())
         conn.last_queue = name
         if m.exclusive:
+            if not conn.exclusive_queues:
+                conn.exclusive_queues = set()  # (its first: until then the shared empty one)
             conn.exclusive_queues.add(name)
         return queue
 

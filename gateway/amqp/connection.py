@@ -42,9 +42,10 @@ from protocols.amqp.reader import FrameReader
 from store import StoreError
 
 from ..core.ingest import PutPipeline, Refused
+from ..deadlines import Deadlines, Slot
 from ..read_pauses import ReadPauses
 from .broker import AMQPBroker
-from .channel import Channel
+from .channel import NOTHING, Channel
 from .login import authenticate, update_secret
 from .permissions import publish_refusal
 from .publishing import route_publish
@@ -81,13 +82,13 @@ class AMQPConnection(asyncio.Protocol):
         self.channel_max = broker.channel_max
         self.heartbeat = 0
         self.channels: dict[int, Channel] = {}
-        self.closing_channels: set[int] = set()
+        self.closing_channels: set[int] | frozenset[int] = NOTHING  # (shared until its first entry)
         # header -> start-ok -> tune-ok -> open -> open-done; then closing (we sent
         # connection.close, close-ok awaited) or closed (we sent close-ok, end of stream awaited)
         self.stage = "header"
         self.username: str | None = None
         self.last_queue = ""  # queue.declare's name, for methods that leave the queue empty
-        self.exclusive_queues: set[str] = set()
+        self.exclusive_queues: set[str] | frozenset[str] = NOTHING
         self.closed = False
         self.writing_paused = False
         self.wants_blocked_notice = False  # the client announced the connection.blocked capability
@@ -100,7 +101,8 @@ class AMQPConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Slot | None = None  # the handshake timeout's, then the heartbeat's (broker.deadlines)
+        self._beating = False  # the handshake is over: the deadline is the heartbeat's
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,7 +112,7 @@ class AMQPConnection(asyncio.Protocol):
         self.peer = self.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
-        self._timer = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._handshake_timeout)
+        self._timer = self.broker.deadlines.later(self.broker.connect_timeout_s, self)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
@@ -186,8 +188,8 @@ class AMQPConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
         self._end_channels()
         self.broker.connections.discard(self)
 
@@ -201,7 +203,7 @@ class AMQPConnection(asyncio.Protocol):
             queue = self.broker.queues.get(name)
             if queue is not None:
                 self.broker.remove_queue(queue)
-        self.exclusive_queues.clear()
+        self.exclusive_queues = NOTHING
 
     def _closing(self, stage: str, method) -> None:
         """Send connection.close (stage closing: only close-ok is looked for in what comes) or
@@ -276,7 +278,9 @@ class AMQPConnection(asyncio.Protocol):
         if channel is not None:
             channel.release()
         self.reader.forget_channel(exc.channel)
-        self.closing_channels.add(exc.channel)
+        if not self.closing_channels:
+            self.closing_channels = set()
+        self.closing_channels.add(exc.channel)  # type: ignore[union-attr]
         self.send(method_frame(exc.channel, commands.Channel.Close(*exc.close_arguments())))
 
     # -- events --------------------------------------------------------------------------------
@@ -308,7 +312,7 @@ class AMQPConnection(asyncio.Protocol):
             raise connection_error(COMMAND_INVALID, "channel method before connection.open", number, method)
         if number in self.closing_channels:
             if isinstance(method, commands.Channel.CloseOk):
-                self.closing_channels.discard(number)
+                self.closing_channels.discard(number)  # type: ignore[union-attr]
             elif isinstance(method, commands.Channel.Close):
                 self.send(method_frame(number, commands.Channel.CloseOk()))
             return  # discarded until close-ok (spec 2.2.5)
@@ -361,11 +365,11 @@ class AMQPConnection(asyncio.Protocol):
                 raise connection_error(NOT_ALLOWED, f"vhost '{method.virtual_host}' not found", 0, method)
             self.stage = "open-done"
             self.send(method_frame(0, commands.Connection.OpenOk()))
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            Deadlines.cancel(self._timer, self)
+            self._timer = None
+            self._beating = True
             if self.heartbeat:
-                self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
+                self._timer = self.broker.deadlines.later(self.heartbeat / 2, self)
             if self.broker.blocked and self.broker.pressure is not None:
                 self.resource_alarm(self.broker.pressure.reason)
         elif isinstance(method, commands.Connection.Close):
@@ -379,6 +383,10 @@ class AMQPConnection(asyncio.Protocol):
             asyncio.get_running_loop().create_task(update_secret(self, method))
         else:
             raise connection_error(COMMAND_INVALID, f"unexpected {method.name} on channel 0", 0, method)
+
+    def deadline_reached(self) -> None:
+        self._timer = None
+        (self._beat if self._beating else self._handshake_timeout)()
 
     def _handshake_timeout(self) -> None:
         if self.stage != "open-done" and not self.closed:
@@ -398,7 +406,7 @@ class AMQPConnection(asyncio.Protocol):
         if now - self._last_sent >= self.heartbeat / 2:
             self.send(HEARTBEAT_FRAME)
             self.flush()
-        self._timer = asyncio.get_running_loop().call_later(self.heartbeat / 2, self._beat)
+        self._timer = self.broker.deadlines.later(self.heartbeat / 2, self)
 
     # -- publishing ----------------------------------------------------------------------------
     def store_publishes(self, events: list[ContentReceived], *, in_commit: bool = False,

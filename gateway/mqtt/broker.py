@@ -18,6 +18,7 @@ from store import PutResult, StoredMessage
 from store.log_limit import RateLimitedLog
 
 from ..core.group import group_start
+from ..deadlines import Deadlines
 from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
@@ -55,6 +56,7 @@ class MQTTBroker:
         self.settings = settings
         self.cache = cache
         self.deliveries = DeliveryMemo()  # one Delivery per cached message object, for every reader
+        self.deadlines = Deadlines()  # the connections' connect timeouts and keep-alives
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
@@ -111,6 +113,7 @@ class MQTTBroker:
                     session.disconnected_at = now
                 self.stored_sessions.put(session.client_id, session.to_json())
         self.saves.stop()
+        self.deadlines.close()
 
     # -- sessions ------------------------------------------------------------------------------
     def restore_session(self, client_id: str, raw: bytes) -> Session | None:

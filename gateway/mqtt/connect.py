@@ -37,7 +37,10 @@ async def connect(connection: Connecting, packet: Connect) -> None:
             connection.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
             connection.close()
     resend: dict[int, StoredMessage | None] = {}
-    if accepted and not connection.closed:
+    session = connection.session
+    # what the session had (a new or clean one has nothing: an idle client gets no Delivery)
+    had = session is not None and bool(session.inflight or session.cursors or session.subscriptions)
+    if accepted and had and not connection.closed:
         try:
             resend = await connection.delivery.inflight_messages()  # (still connecting: its cursors wait meanwhile)
         except StoreError as exc:  # not known whether they are gone: the session keeps them
@@ -47,9 +50,10 @@ async def connect(connection: Connecting, packet: Connect) -> None:
     if not accepted or connection.closed:
         return
     connection.read_pauses.resume("connect")
-    connection.delivery.resend_inflight(resend)
-    connection.delivery.pump()
-    connection.process()  # packets that arrived behind the CONNECT
+    if had:
+        connection.delivery.resend_inflight(resend)
+        connection.delivery.pump()
+    connection.process()  # packets that arrived behind the CONNECT (and the CONNACK, written)
 
 
 def disconnect_received(connection: Connecting, packet: Disconnect) -> None:
@@ -101,7 +105,6 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
         connection.close()
         return False
     connection.client_id = client_id
-    connection.inbound.publisher(client_id)
     connection.username = packet.username
     acl = broker.acl
     if acl is not None and acl.checks_deliveries(connection.username, client_id):  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ from protocols.mqtt.properties import Properties
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoreError
 
+from ..deadlines import Deadlines, Slot
 from ..read_pauses import ReadPauses
 from .connect import connect, detach, disconnect_received
 from .inbound import Inbound
@@ -47,6 +48,7 @@ from .subscribe import subscribe, unsubscribe
 if TYPE_CHECKING:
     from ..trace import Tracer
     from .broker import MQTTBroker
+    from .settings import MQTTSettings
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -54,13 +56,17 @@ _PINGRESP = encode(PingResp())
 
 
 class MQTTConnection(asyncio.Protocol):
+    # An idle client costs what this object and the transport hold, thousands of times over:
+    # slots, and its inbound and outbound components made on first use (``inbound``, ``delivery``)
+    __slots__ = ("_delivery", "_held", "_inbound", "_ready", "_timer", "broker", "client_id", "closed", "conn",
+                 "connecting", "keep_alive", "last_received", "out", "read_check", "read_pauses", "session",
+                 "tracer", "transport", "username", "will")
+
     def __init__(self, broker: MQTTBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
         self.tracer = tracer  # this listener's message trace, when it is on
-        self.settings = broker.settings
         self.transport: asyncio.Transport | None = None
-        self.peer = "?"
-        settings = self.settings
+        settings = broker.settings
         # the protocol state (sans-IO): what may come when, the negotiated version, topic
         # aliases and Receive Maximum both ways, inbound QoS 2 exchanges
         self.conn = ServerConnection(max_packet_size=settings.max_packet_size, receive_maximum=settings.receive_maximum,
@@ -73,7 +79,7 @@ class MQTTConnection(asyncio.Protocol):
         self.will: Will | None = None
         self.keep_alive = 0
         self.last_received = time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Slot | None = None  # the connect timeout's or keep-alive's (broker.deadlines)
         self.out: list[bytes] = []  # what is written at the next flush
         # the ACL's per-message read check (username, client id, topic), when deny rules need it
         self.read_check: Callable[[str | None, str, str], bool] | None = None
@@ -81,8 +87,32 @@ class MQTTConnection(asyncio.Protocol):
         self.read_pauses = ReadPauses()
         self._held: Publish | Subscribe | None = None  # read while the resource alarm is raised, or being prepared
         self._ready: Subscribe | None = None  # a SUBSCRIBE whose reads were fetched
-        self.inbound = Inbound(self)  # the client's PUBLISHes to the store, and their acks
-        self.delivery = Delivery(self)  # what goes out unasked: PUBLISHes and their acks
+        self._inbound: Inbound | None = None
+        self._delivery: Delivery | None = None
+
+    @property
+    def inbound(self) -> Inbound:
+        """The client's PUBLISHes to the store, and their acks (made by its first PUBLISH)."""
+        if self._inbound is None:
+            self._inbound = Inbound(self)
+        return self._inbound
+
+    @property
+    def delivery(self) -> Delivery:
+        """What goes out unasked: PUBLISHes and their acks (made when first needed)."""
+        if self._delivery is None:
+            self._delivery = Delivery(self)
+        return self._delivery
+
+    @property
+    def settings(self) -> MQTTSettings:
+        return self.broker.settings
+
+    @property
+    def peer(self) -> str:
+        """The client's address, for logs (asked of the transport, not kept per connection)."""
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
 
     @property
     def version(self) -> int:
@@ -96,10 +126,10 @@ class MQTTConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=self.settings.write_buffer_high)  # type: ignore[attr-defined]
-        self._timer = asyncio.get_running_loop().call_later(self.settings.connect_timeout_s, self._check_alive)
+        settings = self.broker.settings
+        # (low given, not computed by the transport: an int above 256 is 32 bytes per connection)
+        transport.set_write_buffer_limits(high=settings.write_buffer_high, low=settings.write_buffer_low)  # type: ignore[attr-defined]
+        self._timer = self.broker.deadlines.later(settings.connect_timeout_s, self)
         self.broker.stats.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
@@ -113,7 +143,7 @@ class MQTTConnection(asyncio.Protocol):
         pressure = self.broker.pressure
         gate = self.broker.gate
         packets = self.conn.events()
-        receive = self.inbound.receive
+        receive = self._inbound.receive if self._inbound is not None else None
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
@@ -135,6 +165,8 @@ class MQTTConnection(asyncio.Protocol):
                         self.read_pauses.pause("subscribers")
                         gate.hold(self)
                         break
+                    if receive is None:
+                        receive = self.inbound.receive
                     receive(packet, batch)
                 else:
                     if batch:
@@ -185,9 +217,9 @@ class MQTTConnection(asyncio.Protocol):
         self.closed = True
         self.broker.saves.drop(self)
         self.conn.closed()
-        if self._timer is not None:
-            self._timer.cancel()
-        self.delivery.leave_gate()
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
+        self._leave_gate()
         detach(self)
 
     def ingest_open(self) -> None:
@@ -259,8 +291,14 @@ class MQTTConnection(asyncio.Protocol):
             self.conn.closed()
             if not self.broker.saves.holds(self):  # (else once what it holds is written: released)
                 self.transport.close()
-            self.delivery.leave_gate()
+            self._leave_gate()
             detach(self)
+
+    def _leave_gate(self) -> None:
+        if self._delivery is not None:
+            self._delivery.leave_gate()
+        else:
+            self.broker.gate.forget(self)
 
     def disconnect(self, reason: ReasonCode, message: str) -> None:
         """Server-side close: DISCONNECT with a reason code first in 5.0, then close."""
@@ -286,11 +324,10 @@ class MQTTConnection(asyncio.Protocol):
     def restart_keep_alive(self) -> None:
         """The CONNECT was accepted: its keep alive (1.5 times, MQTT 3.1.2.10) replaces the
         connect timeout."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
         if self.keep_alive:
-            self._timer = asyncio.get_running_loop().call_later(self.keep_alive * 1.5, self._check_alive)
+            self._timer = self.broker.deadlines.later(self.keep_alive * 1.5, self)
 
     def allowed(self, topic: str, *, write: bool) -> bool:
         acl = self.broker.acl
@@ -300,10 +337,11 @@ class MQTTConnection(asyncio.Protocol):
             return acl.allows_publish(self.username, self.client_id, topic)  # type: ignore[attr-defined]
         return acl.allows_subscribe(self.username, self.client_id, topic)  # type: ignore[attr-defined]
 
-    def _check_alive(self) -> None:
+    def deadline_reached(self) -> None:
+        """The connect timeout, or the keep alive's (then: is it still alive?)."""
+        self._timer = None
         if self.closed:
             return
-        loop = asyncio.get_running_loop()
         if self.conn.state is State.AWAIT_CONNECT:
             log.info("no CONNECT in time peer=%s", self.peer)
             self.close()
@@ -317,7 +355,7 @@ class MQTTConnection(asyncio.Protocol):
                 log.info("keep alive timeout client_id=%s keep_alive=%d", self.client_id, self.keep_alive)
                 self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
                 return
-            self._timer = loop.call_later(limit - idle + 0.05, self._check_alive)
+            self._timer = self.broker.deadlines.later(limit - idle + 0.05, self)
 
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:

@@ -26,30 +26,30 @@ log = logging.getLogger("tidemq.mqtt")
 
 
 class Inbound:
+    """Made by the connection's first PUBLISH (or PUBREL), after its CONNECT was accepted: an
+    idle client, or one that only subscribes, has none. No bound methods are kept (64 bytes
+    each, per connection): the connection's are looked up."""
+
+    __slots__ = ("_messages", "broker", "conn", "connection", "puts")
+
     def __init__(self, connection: Publisher) -> None:
         self.connection = connection
         # fixed for the connection's life: kept here, off the per-message attribute chain
         self.broker = connection.broker
         self.conn = connection.conn  # the protocol state: version, aliases, Receive Maximum
-        self.send = connection.send
-        self.send_packet = connection.send_packet
-        self.flush = connection.flush
         # the ingest path; it pauses the connection's reading while too many puts are on their way
         self.puts = PutPipeline(connection.broker.store, connection.read_pauses, listener="mqtt",
                                 watcher=connection.tracer)
-        self._messages = StoreMessageFactory("")
-
-    def publisher(self, client_id: str) -> None:
-        """The CONNECT was accepted: what this client publishes carries its client id."""
-        self.puts.who = client_id
-        self._messages = StoreMessageFactory(client_id)
+        # what this client publishes carries its client id (its CONNECT was accepted)
+        self.puts.who = connection.client_id
+        self._messages = StoreMessageFactory(connection.client_id)
 
     def receive(self, packet: Publish, batch: list) -> None:
         session = self.connection.session
         assert session is not None
         topic = self.conn.inbound_publish(packet, session.awaiting_release)
         if topic is None:
-            self.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
+            self.connection.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
             return
         props = packet.properties
         self.broker.stats.messages_received += 1
@@ -113,7 +113,7 @@ class Inbound:
                     return
             elif packet.qos:
                 self._ack(packet, ReasonCode.SUCCESS)
-        self.flush()
+        self.connection.flush()
 
     def _failed(self, batch: list[tuple[Publish, str]], exc: BaseException | None) -> None:
         self.broker.limited_log.log(logging.ERROR, type(exc).__name__, "publish not stored client_id=%s count=%d error=%s",
@@ -126,7 +126,7 @@ class Inbound:
         for packet, _ in batch:
             if packet.qos:
                 self._ack(packet, ReasonCode.UNSPECIFIED_ERROR)
-        self.flush()
+        self.connection.flush()
 
     def _refused(self, packet: Publish, topic: str, exc: StoreError) -> None:
         """A publish the store refused alone (too large once stored with its queue list, or
@@ -145,7 +145,8 @@ class Inbound:
     def _ack(self, packet: Publish, code: ReasonCode) -> None:
         session = self.connection.session
         assert packet.packet_id is not None and session is not None
-        self.send(self.conn.ack_publish(packet.qos, packet.packet_id, code, session.awaiting_release))
+        awaiting = session.awaiting() if packet.qos == 2 else session.awaiting_release
+        self.connection.send(self.conn.ack_publish(packet.qos, packet.packet_id, code, awaiting))
         if packet.qos == 2 and code < 0x80:
             self.broker.mark_dirty(session)
 
@@ -155,7 +156,7 @@ class Inbound:
         code = self.conn.release(packet.packet_id, session.awaiting_release)
         if code == ReasonCode.SUCCESS:
             self.broker.mark_dirty(session)
-        self.send_packet(PubComp(packet.packet_id, code))
+        self.connection.send_packet(PubComp(packet.packet_id, code))
 
 
 def _delayed(make, packet: Publish, topic: str, queues_for) -> tuple:

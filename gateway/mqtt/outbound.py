@@ -24,7 +24,7 @@ from ..core.cursor import Cursor
 from .messages import Delivery as MessageDelivery
 from .messages import DeliveryMemo
 from .roles import Owner
-from .session import Inflight, Session, SubscriptionState
+from .session import NO_ENTRIES, Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -37,7 +37,12 @@ FLUSH_EVERY = 256  # PUBLISHes a pump gathers before it writes them (and may fin
 
 class Delivery:
     """What one MQTTConnection sends its client unasked: a component the connection owns (it
-    writes through the connection's buffer, and reads its session and client id)."""
+    writes through the connection's buffer, and reads its session and client id), made when
+    first needed (a subscription, a session with something to deliver): an idle client has none.
+    No bound methods are kept (64 bytes each, per connection): the connection's are looked up."""
+
+    __slots__ = ("_out", "_paused_at", "_pump_scheduled", "_stall_timer", "_window_full", "broker", "conn",
+                 "connection", "deliveries", "settings", "slow", "tracer", "writing_paused")
 
     def __init__(self, connection: Owner) -> None:
         self.connection = connection
@@ -46,18 +51,16 @@ class Delivery:
         self.settings = connection.settings
         self.tracer: Tracer | None = connection.tracer
         self.conn = connection.conn  # the protocol state: version, the client's limits, aliases
-        self._out = connection.out
-        self.send = connection.send
-        self.send_packet = connection.send_packet
-        self.flush = connection.flush
+        self._out = connection.out  # what the connection writes at its next flush
         self.deliveries: DeliveryMemo = self.broker.deliveries
         self._pump_scheduled = False
         self._window_full = False  # the last pump stopped at the client's window (an ack then pumps again)
         self.writing_paused = False  # the transport's buffer is above its high-water mark
         # its socket stalled (or it has not caught up since it connected): its QoS 0 backlog is
         # cut to max_queued_messages and publishers do not wait for it; true until it has
-        # caught up, so a backlog from before it connected is cut
-        self.slow = True
+        # caught up, so a backlog from before it connected is cut. Made after the CONNECT was
+        # handled (by a first SUBSCRIBE), it starts caught up: the session had nothing to send
+        self.slow = connection.connecting or connection.session is None
         self._paused_at = 0.0  # loop time of the last pause_writing
         self._stall_timer: asyncio.TimerHandle | None = None  # runs out when the socket has not drained in time
 
@@ -107,11 +110,11 @@ class Delivery:
             if first and inflight.share is not None:  # type: ignore[union-attr]
                 self._shared_settled(inflight, session)  # type: ignore[arg-type]
             self.broker.mark_dirty(session)
-            self.send_packet(PubRel(packet.packet_id))
+            self.connection.send_packet(PubRel(packet.packet_id))
         elif answer is PubRecAnswer.REFUSED:  # the client refused it: the exchange ends here
             self.settle(packet.packet_id)
         else:
-            self.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+            self.connection.send_packet(PubRel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _shared_settled(self, inflight: Inflight, session: Session) -> None:
         """A shared delivery is the member's: acknowledged (QoS 1), or received (QoS 2: PUBREC,
@@ -136,7 +139,7 @@ class Delivery:
         assert session is not None
         for inflight in list(session.inflight.values()):
             if inflight.released:
-                self.send_packet(PubRel(inflight.packet_id))
+                self.connection.send_packet(PubRel(inflight.packet_id))
                 continue
             if inflight.position not in messages:
                 continue  # sent while they were read (a shared group's delivery): not a resend
@@ -148,7 +151,7 @@ class Delivery:
             if not self._send_message(message, self.deliveries(message), inflight.qos, None, inflight.packet_id,
                                       dup=True):
                 self.settle(inflight.packet_id)
-        self.flush()
+        self.connection.flush()
 
     def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
         delivery = self.deliveries(message)
@@ -164,7 +167,7 @@ class Delivery:
             packet_id = session.allocate_packet_id()
             if packet_id is None:
                 return
-            session.inflight[packet_id] = Inflight(packet_id, "", -1, qos, message.position)
+            session.add_inflight(Inflight(packet_id, "", -1, qos, message.position))
         sub_ids = (state.identifier,) if state.identifier else ()
         if not self._send_message(message, delivery, qos, sub_ids, packet_id, retain=True, remaining=remaining) \
                 and packet_id is not None:
@@ -196,8 +199,8 @@ class Delivery:
         if not self._send_message(message, delivery, qos, sub_ids, packet_id, remaining=remaining):
             return False
         if packet_id is not None:
-            session.inflight[packet_id] = Inflight(packet_id, message.queue, message.queue_offset, qos,
-                                                   message.position, share=key)
+            session.add_inflight(Inflight(packet_id, message.queue, message.queue_offset, qos, message.position,
+                                          share=key))
             if qos == 2:
                 self.broker.mark_dirty(session)  # the member's from now on: written before it leaves
             else:
@@ -283,12 +286,12 @@ class Delivery:
                     break
                 delivered = self._deliver_batch(cursor, result.messages)
                 if len(self._out) >= FLUSH_EVERY:  # the transport's high-water mark bounds a pump too
-                    self.flush()
+                    self.connection.flush()
                 if not delivered or self.writing_paused or result.next_offset >= result.max_offset:
                     break  # (at the queue's end as of this read: its next notify wakes this pump)
             if not needs_quota and self.writing_paused and max_offset(queue) > cursor.next_offset:
                 behind = True
-        self.flush()
+        self.connection.flush()
         if behind and not self.slow:
             broker.gate.wait(self.connection)  # publishers wait for this subscriber's socket to drain
         else:
@@ -384,6 +387,8 @@ class Delivery:
             if not self._send_message(message, delivery, qos, sub_ids, packet_id, retain=retain, remaining=remaining):
                 continue
             if packet_id is not None:
+                if session.inflight is NO_ENTRIES:  # (Session.add_inflight, inline: per message)
+                    session.inflight = {}
                 session.inflight[packet_id] = Inflight(packet_id, queue, offset, qos, message.position)
                 cursor.unacked[offset] = packet_id
                 if qos == 2:
@@ -425,7 +430,7 @@ class Delivery:
             if alias is not None and send_topic:  # the alias was never announced
                 conn.alias_unsent(topic)
             return False
-        self.send(template.render(packet_id, dup))
+        self._out.append(template.render(packet_id, dup))  # (the connection's send)
         broker.stats.messages_sent += 1
         if self.tracer is not None:
             self.tracer.delivered("mqtt", self.connection.client_id, message.position, message.queue, message.queue_offset, qos)

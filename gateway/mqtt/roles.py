@@ -341,12 +341,6 @@ class ConnectingDelivery(SubscriberDelivery, Protocol):
     def resend_inflight(self, messages: dict[int, StoredMessage | None]) -> None: ...
 
 
-class Identified(Protocol):
-    """A connection's inbound side, told whom its publishes are from (``inbound.Inbound``)."""
-
-    def publisher(self, client_id: str) -> None: ...
-
-
 class Connecting(Subscriber, Protocol):
     """The connection a CONNECT came on (what accepting it sets, and what it starts)."""
 
@@ -363,9 +357,6 @@ class Connecting(Subscriber, Protocol):
 
     @property
     def delivery(self) -> ConnectingDelivery: ...
-
-    @property
-    def inbound(self) -> Identified: ...
 
     @property
     def settings(self) -> MQTTSettings: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -21,7 +21,12 @@ class MQTTSettings:
     # duplicates), anything else a session changes is saved at the end of the loop turn
     progress_save_interval_s: float = 1.0
     write_buffer_high: int = 1 << 20  # stop pulling for a client above this many unsent bytes
+    # resume pulling below this many: a quarter of write_buffer_high (one int for all connections)
+    write_buffer_low: int = field(init=False, default=0)
     # a subscriber whose unsent bytes do not fall from write_buffer_high to a quarter of it in
     # this long has stalled: publishers stop waiting for it and its QoS 0 backlog is cut
     subscriber_stall_s: float = 0.5
     sys_interval_s: float = 10.0  # $SYS/broker/... publishing period; 0 turns it off
+
+    def __post_init__(self) -> None:
+        self.write_buffer_low = self.write_buffer_high // 4  # (asyncio's default low mark)

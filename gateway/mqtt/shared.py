@@ -133,7 +133,7 @@ class ShareGroup(ConsumerGroup[Member]):
             if offset >= committed:
                 done.append(offset)
             if done:
-                exchange_of.shared_done[self.key] = done
+                exchange_of.set_shared_done(self.key, done)
             else:
                 exchange_of.shared_done.pop(self.key, None)
         self.schedule_pump()

@@ -49,14 +49,14 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
         queue = queue_for_filter(topic_filter)
         existing = session.subscriptions.get(key)
         state = SubscriptionState(request, queue, group, identifier)
-        session.subscriptions[key] = state
+        session.add_subscription(key, state)
         if existing is None:
             broker.hold_filter(session, topic_filter)
             if group is not None:
                 broker.join_share(key, connection)
             else:
                 if queue not in session.cursors:
-                    session.cursors[queue] = Cursor(queue, broker.store.max_offset_now(queue))
+                    session.add_cursor(Cursor(queue, broker.store.max_offset_now(queue)))
                 broker.add_reader(queue, connection.delivery)
         codes.append(request.qos)
         rh = request.retain_handling

@@ -34,6 +34,7 @@ from store.errors import InvalidMessageError, MessageTooLargeError
 from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
 
+from ..deadlines import Deadlines
 from ..interop import (
     REMOTING_QUEUE_PREFIX,
     SECOND_TOPIC_PROPERTY,
@@ -92,6 +93,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         self.long_poll_max_s = long_poll_max_s
         self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
         self.connect_timeout_s = connect_timeout_s  # a connection's first request comes within this
+        self.deadlines = Deadlines()  # the connections' first-request timeouts
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
@@ -168,6 +170,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         await self.transactions.stop()
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+        self.deadlines.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if store_queue_name.startswith(REMOTING_QUEUE_PREFIX):

@@ -25,6 +25,7 @@ from protocols.remoting.frames import (
 )
 
 from ..auth.authorize import Principal
+from ..deadlines import Deadlines, Slot
 from .access import ANONYMOUS
 from .broker import Pending, RemotingBroker
 
@@ -46,8 +47,10 @@ class RemotingConnection(asyncio.Protocol):
         self.client_id = ""
         self.principal: Principal = ANONYMOUS  # of the request being dispatched (access.py)
         self.closed = False
-        self._first_request: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._first_request: Slot | None = None  # its timeout's (broker.deadlines: no TimerHandle each)
+        # requests being served by a task of their own (long polling); made with the first: an
+        # empty set is 216 bytes, and most connections never have one
+        self._tasks: set[asyncio.Task[None]] | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._waiting: dict[int, asyncio.Future[RemotingCommand]] = {}  # our requests, by opaque
@@ -59,9 +62,11 @@ class RemotingConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else ""
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
-        self._first_request = asyncio.get_running_loop().call_later(self.broker.connect_timeout_s, self._no_request)
+        self._first_request = self.broker.deadlines.later(self.broker.connect_timeout_s, self)
 
-    def _no_request(self) -> None:
+    def deadline_reached(self) -> None:
+        """No request came in time."""
+        self._first_request = None
         log.info("remoting no request in time, closing peer=%s timeout_s=%s", self.peer, self.broker.connect_timeout_s)
         self.close()
 
@@ -75,7 +80,7 @@ class RemotingConnection(asyncio.Protocol):
             self.close()
             return
         if commands and self._first_request is not None:
-            self._first_request.cancel()
+            Deadlines.cancel(self._first_request, self)
             self._first_request = None
         for command in commands:
             if not command.is_response:
@@ -96,6 +101,8 @@ class RemotingConnection(asyncio.Protocol):
             reply.future.add_done_callback(lambda f: self._pending_done(request, reply, f))
         elif asyncio.iscoroutine(reply):  # may wait (long polling): its own task
             task = asyncio.get_running_loop().create_task(self._serve(request, reply))
+            if self._tasks is None:
+                self._tasks = set()
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif reply is not None and not request.is_oneway:
@@ -137,15 +144,15 @@ class RemotingConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._first_request is not None:
-            self._first_request.cancel()
+        Deadlines.cancel(self._first_request, self)
+        self._first_request = None
         for waiter in self._waiting.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the connection closed"))
         self.broker.connections.discard(self)
         self.broker.groups.connection_closed(self)
         self.broker.producers.connection_closed(self)
-        for task in self._tasks:
+        for task in self._tasks or ():
             task.cancel()
 
     # -- output --------------------------------------------------------------------------------

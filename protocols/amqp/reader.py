@@ -101,7 +101,7 @@ class FrameReader:
     failed = cython.declare(cython.bint, visibility="public")
     _header_seen: cython.bint
     _pending: dict
-    _dropping: set  # channels whose content is dropped (closed by the server)
+    _dropping: set  # channels whose content is dropped (closed by the server); None until the first
     _methods_only: cython.bint  # after connection.close: only close-ok matters
 
     def __init__(self, frame_max: int = 131_072, max_body: int = 128 << 20) -> None:
@@ -111,7 +111,7 @@ class FrameReader:
         self.failed = False
         self._header_seen = False
         self._pending = {}
-        self._dropping = set()
+        self._dropping = None  # (an empty set is 216 bytes per connection, and is rarely needed)
         self._methods_only = False
 
     def feed(self, data: bytes) -> None:
@@ -191,7 +191,7 @@ class FrameReader:
             return HeartbeatReceived()
         if kind != FRAME_METHOD and kind != FRAME_HEADER and kind != FRAME_BODY:
             raise self._broken(FRAME_ERROR, f"unknown frame type {kind}")
-        if kind != FRAME_METHOD and (self._methods_only or channel in self._dropping):
+        if kind != FRAME_METHOD and (self._methods_only or (self._dropping is not None and channel in self._dropping)):
             return None  # content of a channel (or connection) the server is closing
         found = self._pending.get(channel)
         if kind == FRAME_METHOD:
@@ -203,10 +203,10 @@ class FrameReader:
             if isinstance(value, _PUBLISH):
                 if channel == 0:
                     raise connection_error(COMMAND_INVALID, "basic.publish on channel 0", channel, value)
-                if not (self._methods_only or channel in self._dropping):
+                if not (self._methods_only or (self._dropping is not None and channel in self._dropping)):
                     self._pending[channel] = _Pending(value)
                 return None
-            if isinstance(value, _CHANNEL_OPEN):
+            if isinstance(value, _CHANNEL_OPEN) and self._dropping is not None:
                 self._dropping.discard(channel)
             return MethodReceived(channel, value)
         if kind == FRAME_HEADER:
@@ -259,6 +259,8 @@ class FrameReader:
         the client sends on it until it opens the channel again (spec 2.2.5: discarded until
         close-ok)."""
         self._pending.pop(channel, None)
+        if self._dropping is None:
+            self._dropping = set()
         self._dropping.add(channel)
 
     def client_closed_channel(self, channel: int) -> None:

@@ -149,12 +149,14 @@ class ServerConnection:
         self.send_quota = send_quota
         self.client_max_packet = 0  # 0: no limit
         self.alias_max_out = 0
-        self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
+        # made on first use (None until then): most connections never use topic aliases or
+        # QoS 2, and an idle one should cost a few hundred bytes, not three empty containers
+        self._aliases_in: dict[int, str] | None = None
+        self._aliases_out: dict[str, int] | None = None
         # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
         # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
         self.inbound_unacked = 0
-        self._unreleased: set[int] = set()  # QoS 2 packet ids PUBRECed on this connection
+        self._unreleased: set[int] | None = None  # QoS 2 packet ids PUBRECed on this connection
 
     # -- reading -------------------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -219,9 +221,11 @@ class ServerConnection:
                 if alias > self.topic_alias_maximum:
                     raise ProtocolViolation(f"topic alias {alias} above the maximum", ReasonCode.TOPIC_ALIAS_INVALID)
                 if topic:
+                    if self._aliases_in is None:
+                        self._aliases_in = {}
                     self._aliases_in[alias] = topic
                 else:
-                    known = self._aliases_in.get(alias)
+                    known = self._aliases_in.get(alias) if self._aliases_in is not None else None
                     if known is None:
                         raise ProtocolViolation(f"unknown topic alias {alias}")
                     topic = known
@@ -245,6 +249,8 @@ class ServerConnection:
         if qos == 1 or code >= 0x80:
             self.inbound_unacked -= 1
         else:
+            if self._unreleased is None:
+                self._unreleased = set()
             self._unreleased.add(packet_id)
         if qos == 1:
             if code == _SUCCESS:  # the hot path: the same 4 bytes in 3.1.1 and 5.0
@@ -256,7 +262,7 @@ class ServerConnection:
 
     def release(self, packet_id: int, awaiting_release: set[int]) -> ReasonCode:
         """A PUBREL: the reason code of its PUBCOMP (SUCCESS: ``awaiting_release`` lost the id)."""
-        if packet_id in self._unreleased:
+        if self._unreleased is not None and packet_id in self._unreleased:
             self._unreleased.discard(packet_id)
             self.inbound_unacked -= 1
         if packet_id in awaiting_release:
@@ -273,6 +279,8 @@ class ServerConnection:
         """(topic to send, Topic Alias) for a PUBLISH to the client, when it takes aliases
         (``alias_max_out``): a known topic goes as its alias alone; a new one gets the next
         alias while there are free ones."""
+        if self._aliases_out is None:
+            self._aliases_out = {}
         alias = self._aliases_out.get(topic)
         if alias is not None:
             return "", alias
@@ -282,7 +290,8 @@ class ServerConnection:
 
     def alias_unsent(self, topic: str) -> None:
         """The PUBLISH that was to announce ``topic``'s new alias was not sent."""
-        self._aliases_out.pop(topic, None)
+        if self._aliases_out is not None:
+            self._aliases_out.pop(topic, None)
 
     def acked(self, packet: PubAck | PubComp, inflight: Mapping[int, InflightEntry]) -> InflightEntry | None:
         """The delivery a PUBACK (QoS 1) or PUBCOMP (QoS 2) ends (the caller settles it); None

@@ -314,26 +314,32 @@ class PacketReader:
     header included), checked from the fixed header before the body is buffered.
     """
 
-    _buffer: bytearray
+    _buffer: bytearray  # (None while nothing is buffered)
     max_packet_size = cython.declare(cython.Py_ssize_t, visibility="public")
     version = cython.declare(object, visibility="public")
 
     def __init__(self, max_packet_size: int = MAX_VARINT + 5, version: int | None = None) -> None:
-        self._buffer = bytearray()
+        # None while nothing is buffered: the reader of an idle connection holds no bytearray
+        self._buffer = None
         self.max_packet_size = max_packet_size
         self.version = version
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) if self._buffer is not None else 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:  # (a bytes annotation: compiled, bytes only)
-        self._buffer += data
+        if self._buffer is None:
+            self._buffer = bytearray(data)
+        else:
+            self._buffer += data
 
     @cython.locals(pos=cython.Py_ssize_t, size=cython.Py_ssize_t, i=cython.Py_ssize_t, remaining=cython.Py_ssize_t,
                    shift=cython.int, byte=cython.int, first=cython.int, total=cython.Py_ssize_t, end=cython.Py_ssize_t)
     def packets(self) -> Iterator[Packet]:
         buf: bytearray = self._buffer
+        if buf is None:
+            return
         pos = 0
         try:
             while True:
@@ -381,6 +387,8 @@ class PacketReader:
                 yield packet
         finally:
             del buf[:pos]
+            if not buf and self._buffer is buf:
+                self._buffer = None
 
 
 @cython.cfunc
