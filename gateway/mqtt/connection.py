@@ -74,7 +74,7 @@ class MQTTConnection(asyncio.Protocol):
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
-        self.out: list[bytes] = []  # what is written at the next flush
+        self.out = bytearray()  # what is written at the next flush (push.py renders PUBLISHes into it)
         # the ACL's per-message read check (username, client id, topic), when deny rules need it
         self.read_check: Callable[[str | None, str, str], bool] | None = None
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
@@ -215,13 +215,13 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self.out.append(data)
+        self.out += data
 
     def flush(self) -> None:
         """What was sent goes to the socket -- once the session's changes it depends on are
         durable (the write-ahead rule: session_saves.py)."""
         if self.out and self.transport is not None and not self.closed:
-            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            data = bytes(self.out)
             self.out.clear()
             self.broker.saves.write(self, data, self.client_id)
         else:
