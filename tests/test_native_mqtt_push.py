@@ -56,6 +56,8 @@ class Broker:
 
     def __post_init__(self) -> None:
         self.store = SimpleNamespace(max_offset_now=lambda queue: self.store_max)
+        self.gate = SimpleNamespace(wait=lambda c: self.calls.append(("gate wait",)),
+                                    done=lambda c: self.calls.append(("gate done",)))
 
     def reader_count(self, queue: str) -> int:
         return self.readers
@@ -118,6 +120,8 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
                               max_size=6)),
         "slow": draw(st.booleans()),
         "store_ahead": draw(st.integers(0, 3000)),
+        "unsent": draw(st.sampled_from([0, 100])),
+        "paused": draw(st.booleans()),
     }
 
 
@@ -161,7 +165,8 @@ def setup(module: ModuleType, s: dict[str, Any]) -> tuple[Any, Session, Cursor, 
     flushes: list[str] = []
     connection = SimpleNamespace(broker=broker, conn=conn, out=bytearray(), tracer=None, session=session,
                                  settings=SimpleNamespace(max_queued_messages=1000), client_id="me", username=None,
-                                 closed=False, read_check=None)
+                                 closed=False, connecting=False, read_check=None,
+                                 transport=SimpleNamespace(get_write_buffer_size=lambda: s["unsent"]))
     connection.flush = lambda: flushes.append(bytes(connection.out)) or connection.out.clear()
     if s["deny"] is not None:
         connection.read_check = lambda user, client_id, topic: topic != s["deny"]
@@ -190,17 +195,22 @@ def run(module: ModuleType, s: dict[str, Any], how: str) -> dict[str, Any]:
         if how == "batch":
             messages = broker.cache.read(cursor.queue, cursor.next_offset, 64).messages
             result: Any = pusher.deliver_batch(cursor, messages)
-        else:
+        elif how == "queues":
+            pusher.writing_paused = s["paused"]
             result = pusher.pump_queues(session)
+        else:
+            pusher.pump()
+            result = bool(pusher.slow)
         acked = []
         for pid, complete in s["acks"]:
             packet = PubComp(pid) if complete else PubAck(pid)
             pusher.on_ack(packet)
             acked.append(pusher.settle(pid) is not None)
+        pusher.acks_done()
     return {"result": result, "acked": acked, **observe(pusher, session, broker, flushes)}
 
 
-@pytest.mark.parametrize("how", ["batch", "pump"])
+@pytest.mark.parametrize("how", ["batch", "queues", "pump"])
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(s=scenarios())
 def test_deliveries_and_acks_are_the_same(how: str, s: dict[str, Any]) -> None:
@@ -214,7 +224,7 @@ def test_a_fan_out_batch_sends_every_message_once_in_order() -> None:
     s = {"version": MQTT_3_1_1, "subs": [("a/b", 1, False, False, None)], "read": "a/b", "start": 0,
          "messages": [(o, "a/b", b"x", 1, False, "other", None, False) for o in range(4)], "quota": 10,
          "busy_ids": [], "next_pid": 1, "max_packet": 0, "aliases": 0, "deny": None, "unacked": [], "readers": 2,
-         "acks": [(2, False)], "slow": False, "store_ahead": 0}
+         "acks": [(2, False)], "slow": False, "store_ahead": 0, "unsent": 0, "paused": False}
     for module in (compiled(PUSH), interpreted(PUSH)):
         seen = run(module, s, "batch")
         assert seen["result"] is True

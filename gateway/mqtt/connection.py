@@ -109,15 +109,28 @@ class MQTTConnection(asyncio.Protocol):
         self.process()
 
     def process(self, held: Publish | None = None) -> None:
+        try:
+            self._process(held)
+        finally:
+            self.delivery.acks_done()  # the read progress of the PUBACKs read, marked once
+
+    def _process(self, held: Publish | None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
         packets = self.conn.events()
         receive = self.inbound.receive
+        on_ack = self.delivery.on_ack
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
                     return
+                if packet.__class__ is PubAck:  # a subscriber's hot path: straight to the delivery core
+                    if batch:
+                        self.inbound.submit(batch)
+                        batch = []
+                    on_ack(packet)
+                    continue
                 if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
                     self.connecting = True
                     self.read_pauses.pause("connect")
@@ -150,6 +163,7 @@ class MQTTConnection(asyncio.Protocol):
                                 self.read_pauses.pause("store")
                                 asyncio.get_running_loop().create_task(self._prepared(fetching))
                                 break
+                    self.delivery.acks_done()  # (marked before anything else is handled, as each ack was)
                     self._dispatch(packet)
         except MQTTError as exc:
             if batch:

@@ -190,20 +190,3 @@ class Delivery(Pusher):
             self._stall_timer.cancel()
             self._stall_timer = None
         self.broker.gate.forget(self.connection)
-
-    # -- delivery (push side of push-pull) -----------------------------------------------------
-    def pump(self) -> None:
-        self._pump_scheduled = False
-        self._window_full = False
-        session = self.connection.session
-        if session is None or self.connection.closed or self.connection.connecting:
-            return
-        behind = self.pump_queues(session)
-        self.flush()
-        broker = self.broker
-        if behind and not self.slow:
-            broker.gate.wait(self.connection)  # publishers wait for this subscriber's socket to drain
-        else:
-            broker.gate.done(self.connection)
-            if self.slow and not behind and not self.connection.transport.get_write_buffer_size():  # type: ignore[union-attr]
-                self.slow = False  # caught up, all sent: it keeps up (again)

@@ -101,6 +101,8 @@ class Pusher:
         # cut to max_queued_messages and publishers do not wait for it; true until it has
         # caught up, so a backlog from before it connected is cut
         slow = cython.declare(cython.bint, visibility="public")
+        # acks settled since the connection's last read ended: its read progress is marked then
+        _acks_settled = cython.declare(cython.bint, visibility="public")
 
     def __init__(self, connection: object) -> None:
         # fixed for the connection's life: kept here, off the per-message attribute chain
@@ -116,6 +118,7 @@ class Pusher:
         self._window_full = False
         self.writing_paused = False
         self.slow = True
+        self._acks_settled = False
 
     def schedule_pump(self) -> None:
         if not self._pump_scheduled and not self.connection.closed:
@@ -130,15 +133,25 @@ class Pusher:
             if packet.__class__ is PubAck:
                 log.debug("PUBACK for unknown packet id client_id=%s id=%d", self.connection.client_id, packet.packet_id)
             return
-        self._settle(packet.packet_id)
+        self._settle(packet.packet_id, True)
         if self.tracer is not None:
             self.tracer.acked("mqtt", self.connection.client_id, inflight.position, inflight.queue, inflight.offset)
 
     def settle(self, packet_id: int) -> Inflight | None:
-        return self._settle(packet_id)
+        return self._settle(packet_id, False)
+
+    def acks_done(self) -> None:
+        """The connection read what it had (``on_ack`` leaves the read progress of a QoS 1
+        settle to this: marked once per read, not once per PUBACK)."""
+        if self._acks_settled:
+            self._acks_settled = False
+            session = self.connection.session
+            if session is not None:
+                self.broker.mark_progress(session)
 
     @cython.cfunc
-    def _settle(self, packet_id: object) -> object:
+    def _settle(self, packet_id: object, read_on: cython.bint) -> object:
+        """``read_on``: more of the client's packets may follow (``acks_done`` marks the progress)."""
         session = self.connection.session
         inflight = session.inflight.pop(packet_id, None)
         if inflight is None:
@@ -153,6 +166,8 @@ class Pusher:
                 cursor.unacked.pop(entry.offset, None)
         if entry.qos == 2:
             self.broker.mark_dirty(session)  # the exchange's end: saved with the turn
+        elif read_on:
+            self._acks_settled = True
         else:
             self.broker.mark_progress(session)
         if self._window_full or entry.share is not None:
@@ -169,7 +184,25 @@ class Pusher:
         if group is not None:
             group.acked(inflight.offset, session if inflight.qos == 2 else None)
 
-    # -- the pump's reads ------------------------------------------------------------------------
+    # -- the pump ----------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Deliver what the session's queues hold for it (``broker.wake`` calls this), then write."""
+        self._pump_scheduled = False
+        self._window_full = False
+        connection = self.connection
+        session = connection.session
+        if session is None or connection.closed or connection.connecting:
+            return
+        behind = self.pump_queues(session)
+        self.flush()
+        gate = self.broker.gate
+        if behind and not self.slow:
+            gate.wait(connection)  # publishers wait for this subscriber's socket to drain
+        else:
+            gate.done(connection)
+            if self.slow and not behind and not connection.transport.get_write_buffer_size():
+                self.slow = False  # caught up, all sent: it keeps up (again)
+
     @cython.locals(behind=cython.bint, needs_quota=cython.bint)
     def pump_queues(self, session: object) -> bool:
         """Read each queue of ``session`` from its cursor and deliver what it should get, until

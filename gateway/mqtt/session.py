@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +43,7 @@ class Session:
     expiry_interval: int = 0  # seconds after disconnect; NEVER_EXPIRES for 3.1.1 persistent
     subscriptions: dict[str, SubscriptionState] = field(default_factory=dict)  # by filter text
     cursors: dict[str, Cursor] = field(default_factory=dict)  # by queue
-    inflight: OrderedDict[int, Inflight] = field(default_factory=OrderedDict)  # by packet id
+    inflight: dict[int, Inflight] = field(default_factory=dict)  # by packet id, in the order sent
     awaiting_release: set[int] = field(default_factory=set)  # inbound QoS 2 ids before PUBREL
     # by shared subscription ("$share/g/f"): offsets of QoS 2 exchanges completed here that its
     # group's written offset has not passed yet (shared.py: not handed out again after a restart)
