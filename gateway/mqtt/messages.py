@@ -179,27 +179,34 @@ class DeliveryMemo:
     before the object's memory, and so its id, can be reused), so the memo holds nothing the
     cache and the readers no longer hold, and no reference cycle is made per message."""
 
-    __slots__ = ("_entries", "decoded")
+    __slots__ = ("_entries", "_refs", "decoded")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[StoredMessage], Delivery]] = {}
+        # by id(message): the Delivery, and apart from it the weak reference that drops both (a
+        # lookup, once per message and subscriber in a fan-out, touches the Delivery alone)
+        self._entries: dict[int, Delivery] = {}
+        self._refs: dict[int, weakref.ref[StoredMessage]] = {}
         self.decoded = 0  # Deliveries made (a message decoded), ever
 
     def __call__(self, message: StoredMessage) -> Delivery:
-        entries = self._entries
         key = id(message)
-        found = entries.get(key)
+        found = self._entries.get(key)
         if found is not None:
-            return found[1]
+            return found
         delivery = Delivery.of(message)
         self.decoded += 1
-        # on the message's death: entries.pop(key, ref), a C call (no closure per message)
-        entries[key] = (weakref.ref(message, partial(entries.pop, key)), delivery)
+        self._entries[key] = delivery
+        # on the message's death: _forget(key, ref), a C call (no closure per message)
+        self._refs[key] = weakref.ref(message, partial(self._forget, key))
         return delivery
+
+    def _forget(self, key: int, _ref: object) -> None:
+        self._entries.pop(key, None)
+        self._refs.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def live(self) -> list[Delivery]:
         """The Deliveries of the message objects alive now."""
-        return [delivery for _, delivery in self._entries.values()]
+        return list(self._entries.values())

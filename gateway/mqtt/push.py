@@ -38,9 +38,9 @@ class Inflight:
     if cython.compiled:
         packet_id = cython.declare(cython.int, visibility="public")
         queue = cython.declare(object, visibility="public")  # "" for a retained message
-        offset = cython.declare(cython.longlong, visibility="public")
+        offset = cython.declare(object, visibility="public")  # (the message's int: none made per delivery)
         qos = cython.declare(cython.int, visibility="public")
-        position = cython.declare(cython.longlong, visibility="public")  # commitlog position of the message (to resend it)
+        position = cython.declare(object, visibility="public")  # commitlog position of the message (to resend it)
         released = cython.declare(cython.bint, visibility="public")  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
         share = cython.declare(object, visibility="public")  # the shared subscription ("$share/g/f") it was delivered for
     else:
@@ -103,6 +103,9 @@ class Pusher:
         slow = cython.declare(cython.bint, visibility="public")
         # acks settled since the connection's last read ended: its read progress is marked then
         _acks_settled = cython.declare(cython.bint, visibility="public")
+        # a batch's progress while ``_deliver_each`` runs: the cursor's next offset, PUBLISHes written
+        _next = cython.declare(cython.longlong)
+        _sent = cython.declare(cython.Py_ssize_t)
 
     def __init__(self, connection: object) -> None:
         # fixed for the connection's life: kept here, off the per-message attribute chain
@@ -119,6 +122,8 @@ class Pusher:
         self.writing_paused = False
         self.slow = True
         self._acks_settled = False
+        self._next = 0
+        self._sent = 0
 
     def schedule_pump(self) -> None:
         if not self._pump_scheduled and not self.connection.closed:
@@ -263,48 +268,75 @@ class Pusher:
         return self._deliver_batch(self.connection.session, cursor, messages)
 
     @cython.cfunc
-    @cython.locals(offset=cython.longlong, qos=cython.int, fixed=cython.bint, no_local=cython.bint,
-                   quota=cython.Py_ssize_t, sent=cython.Py_ssize_t)
+    @cython.locals(fixed=cython.bint, no_local=cython.bint, fixed_retain=cython.bint, more=cython.bint)
     def _deliver_batch(self, session: object, cursor: object, messages: list) -> cython.bint:
-        connection = self.connection
-        client_id = connection.client_id
-        broker = self.broker
         queue = cursor.queue
-        subs = [s for s in session.subscriptions.values() if s.share_group is None]
-        # every message of a queue matches the subscription that reads it (that is how it got
-        # there); only the session's other subscriptions need the topic matched
-        own = [s for s in subs if s.queue == queue]
-        others = [s for s in subs if s.queue != queue]
-        no_local = any(s.options.no_local for s in subs)
+        own = []  # every message of a queue matches the subscription that reads it (that is how it got there)
+        others = []  # only the session's other subscriptions need the topic matched
+        no_local = False
+        fixed_retain = False
+        for s in session.subscriptions.values():
+            if s.share_group is None:
+                (own if s.queue == queue else others).append(s)
+                if s.options.no_local:
+                    no_local = True
         # the same subscriptions match every message of the batch: what they decide is decided once
         fixed = not others and not no_local
-        primary = fixed_ids = None
-        fixed_qos = fixed_retain = 0
+        primary = None
         if fixed and own:
             primary = own[0] if len(own) == 1 else max(own, key=_primary_key)
-            fixed_qos = primary.options.qos
-            fixed_ids = _sub_ids(own, primary)
-            fixed_retain = any(s.options.retain_as_published for s in own)
-        unacked = cursor.unacked
+            for s in own:
+                if s.options.retain_as_published:
+                    fixed_retain = True
+        # the cursor moves past each message taken or skipped: kept here, and written back however
+        # the batch ends (an error included: what was sent is not pulled again)
+        self._next = cursor.next_offset
+        self._sent = 0
+        more = True
+        try:
+            more = self._deliver_each(session, queue, cursor.unacked, messages, own, others, no_local, fixed, primary,
+                                      fixed_retain)
+        finally:
+            cursor.next_offset = self._next
+            if self._sent:
+                self.broker.stats.messages_sent += self._sent
+        if more:
+            self.broker.mark_progress(session)
+        return more
+
+    @cython.cfunc
+    @cython.locals(offset=cython.longlong, qos=cython.int, fixed=cython.bint, no_local=cython.bint,
+                   fixed_retain=cython.bint, quota=cython.Py_ssize_t, fixed_qos=cython.int)
+    def _deliver_each(self, session: object, queue: object, unacked: dict, messages: list, own: list, others: list,
+                      no_local: cython.bint, fixed: cython.bint, primary: object, fixed_retain: cython.bint
+                      ) -> cython.bint:
+        """The batch's messages one by one (``_deliver_batch`` decided what holds for them all)."""
+        connection = self.connection
+        client_id = connection.client_id
         read_check = connection.read_check
         inflight = session.inflight
         quota = self.conn.send_quota
+        fixed_qos = 0
+        fixed_ids = None
+        if primary is not None:
+            fixed_qos = primary.options.qos
+            fixed_ids = _sub_ids(own, primary)
         # the memo saves a decoding per message for each further reader of the cached object;
         # a queue read by this session alone (fan-in) has none, and would pay for the memo only
-        deliveries = self.deliveries if broker.reader_count(queue) > 1 else MessageDelivery.of
-        sent = 0
+        deliveries = self.deliveries if self.broker.reader_count(queue) > 1 else MessageDelivery.of
         for message in messages:
-            offset = message.queue_offset
-            if unacked and offset in unacked:  # restored QoS 2 inflight, resent from the inflight table
-                cursor.next_offset = offset + 1
+            key = message.queue_offset
+            offset = key
+            if unacked and key in unacked:  # restored QoS 2 inflight, resent from the inflight table
+                self._next = offset + 1
                 continue
             if read_check is not None and not read_check(connection.username, client_id, message.topic):
-                cursor.next_offset = offset + 1  # a deny rule of the ACL: not for this client
+                self._next = offset + 1  # a deny rule of the ACL: not for this client
                 continue
             delivery = deliveries(message)
             if fixed:
                 if primary is None:
-                    cursor.next_offset = offset + 1
+                    self._next = offset + 1
                     continue
                 qos = min(delivery.qos, fixed_qos)
                 sub_ids = fixed_ids
@@ -314,14 +346,14 @@ class Pusher:
                 if no_local and delivery.publisher == client_id:
                     matched = [s for s in matched if not s.options.no_local]
                 if not matched:
-                    cursor.next_offset = offset + 1
+                    self._next = offset + 1
                     continue
                 # overlapping subscriptions: the message is delivered once, from the queue of the
                 # matching subscription with the highest QoS (ties: the smallest queue name); the
                 # other queues skip it, so no per-session set of seen message ids is needed
                 best = matched[0] if len(matched) == 1 else max(matched, key=_primary_key)
                 if best.queue != queue:
-                    cursor.next_offset = offset + 1
+                    self._next = offset + 1
                     continue
                 qos = min(delivery.qos, best.options.qos)
                 sub_ids = _sub_ids(matched, best)
@@ -330,36 +362,29 @@ class Pusher:
             if delivery.expires_at is not None:
                 remaining = delivery.remaining_expiry()
                 if remaining <= 0:
-                    cursor.next_offset = offset + 1
+                    self._next = offset + 1
                     continue
             packet_id = None
             if qos:
                 if quota - len(inflight) <= 0:
                     self._window_full = True
-                    return self._batch_end(session, sent, False)
+                    return False
                 packet_id = _allocate(session, inflight)
                 if packet_id is None:
                     self._window_full = True
-                    return self._batch_end(session, sent, False)
-            cursor.next_offset = offset + 1
+                    return False
+            self._next = offset + 1
             if not self._send(message, delivery, qos, sub_ids, packet_id, retain, False, remaining):
                 continue
-            sent += 1
+            self._sent += 1
             if packet_id is not None:
-                inflight[packet_id] = Inflight(packet_id, queue, offset, qos, message.position)
-                unacked[offset] = packet_id
+                inflight[packet_id] = Inflight(packet_id, queue, key, qos, message.position)
+                unacked[key] = packet_id
                 if qos == 2:
-                    broker.mark_dirty(session)
+                    self.broker.mark_dirty(session)
             if self.writing_paused:
-                return self._batch_end(session, sent, False)
-        broker.mark_progress(session)
-        return self._batch_end(session, sent, True)
-
-    @cython.cfunc
-    def _batch_end(self, session: object, sent: cython.Py_ssize_t, more: cython.bint) -> cython.bint:
-        if sent:
-            self.broker.stats.messages_sent += sent
-        return more
+                return False
+        return True
 
     # -- one PUBLISH -------------------------------------------------------------------------------
     def send_message(self, message: object, delivery: MessageDelivery, qos: int, sub_ids: tuple[int, ...] | None,
