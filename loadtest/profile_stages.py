@@ -200,6 +200,12 @@ def parse_frame(text: str) -> tuple[str, str]:
     return (m["path"], m["func"]) if m else ("", text)
 
 
+def python_leaf(frames: list[tuple[str, str]]) -> tuple[str, str]:
+    """The innermost frame of Python code (a ``.py`` file, compiled or not): with ``--native``,
+    C frames (libc, the interpreter, a lock wait) follow it."""
+    return next((f for f in reversed(frames) if f[0].endswith(".py")), frames[-1])
+
+
 def classify(frames: list[tuple[str, str]], rules: tuple[Rule, ...]) -> tuple[str, str]:
     """The stage of a stack (root first) and the frame that decided it."""
     for path, func in reversed(frames):
@@ -231,7 +237,7 @@ def fold(lines: list[str], rules: tuple[Rule, ...]) -> Folded:
         if not stack or not count.isdigit():
             continue
         frames = [parse_frame(f) for f in stack.split(";")]
-        if any(r.matches(*frames[-1]) for r in IDLE_LEAVES):
+        if any(r.matches(*python_leaf(frames)) for r in IDLE_LEAVES):
             idle += int(count)
             continue
         stage, decider = classify(frames, rules)
