@@ -207,7 +207,12 @@ def run(module: ModuleType, s: dict[str, Any], how: str) -> dict[str, Any]:
             pusher.on_ack(packet)
             acked.append(pusher.settle(pid) is not None)
         pusher.acks_done()
-    return {"result": result, "acked": acked, **observe(pusher, session, broker, flushes)}
+        # what is still inflight, resent as after a reconnect (DUP set, the same packet ids)
+        by_offset = {m.queue_offset: m for m in broker.cache.messages.values()}
+        resent = [pusher.send_message(by_offset[i.offset], broker.deliveries(by_offset[i.offset]), i.qos, None,
+                                      i.packet_id, dup=True)
+                  for i in list(session.inflight.values()) if i.offset in by_offset and i.queue == cursor.queue]
+    return {"result": result, "acked": acked, "resent": resent, **observe(pusher, session, broker, flushes)}
 
 
 @pytest.mark.parametrize("how", ["batch", "queues", "pump"])
@@ -228,7 +233,10 @@ def test_a_fan_out_batch_sends_every_message_once_in_order() -> None:
     for module in (compiled(PUSH), interpreted(PUSH)):
         seen = run(module, s, "batch")
         assert seen["result"] is True
-        assert seen["out"] == [b"".join(bytes([0x32, 8, 0, 3]) + b"a/b" + bytes([0, pid]) + b"x" for pid in (1, 2, 3, 4))]
+        copies = b"".join(bytes([0x32, 8, 0, 3]) + b"a/b" + bytes([0, pid]) + b"x" for pid in (1, 2, 3, 4))
+        resent = b"".join(bytes([0x3A, 8, 0, 3]) + b"a/b" + bytes([0, pid]) + b"x" for pid in (1, 3, 4))  # DUP
+        assert seen["out"] == [copies + resent]
+        assert seen["resent"] == [True, True, True]
         assert [i[0] for i in seen["inflight"]] == [1, 3, 4]  # 2 was acknowledged
         assert seen["cursors"]["t:a/b"] == (4, {0: 1, 2: 3, 3: 4})
         assert seen["acked"] == [False]
