@@ -109,7 +109,7 @@ MQTT_RULES = (
     *STORE_RULES,
     rule(ENCODE, r"^gateway/mqtt/messages\.py$", r"^Delivery"),
     rule(INBOUND, r"^gateway/mqtt/messages\.py$"),
-    rule(ENCODE, r"^gateway/mqtt/outbound\.py$"),
+    rule(ENCODE, r"^gateway/mqtt/(outbound|push)\.py$"),
     rule(ENCODE, r"^protocols/mqtt/writer\.py$"),
     # the sans-IO connection's outbound half: packet ids, aliases, the send window, encoding
     rule(ENCODE, r"^protocols/mqtt/connection\.py$", r"\.(send|alias_out|alias_unsent|window|refusal)$"),
@@ -159,12 +159,19 @@ class Profile:
     run: Callable[[float], tuple[Broker, Callable[[], str]]]  # seconds -> broker, scenario
     rate_key: str  # the scenario line's rate field
     other_key: str  # its field of the rest of the machine's CPU (other jobs: a noisy run)
+    us_key: str = "broker_cpu_us_per_msg"  # its field of the broker's CPU per message (or delivery)
 
 
 def mqtt_fanin(seconds: float) -> tuple[Broker, Callable[[], str]]:
     broker = start_broker("tidemq")
     plan = replace(bench_mqtt.FULL, fanin_seconds=seconds, drain_s=5.0, handshake_s=10.0)
     return broker, lambda: bench_mqtt.fanin(broker, plan, 1)
+
+
+def mqtt_fanout(seconds: float) -> tuple[Broker, Callable[[], str]]:
+    broker = start_broker("tidemq")
+    plan = replace(bench_mqtt.FULL, fanout_seconds=seconds, drain_s=5.0, handshake_s=10.0)
+    return broker, lambda: bench_mqtt.fanout(broker, plan)
 
 
 def amqp_confirm(seconds: float) -> tuple[Broker, Callable[[], str]]:
@@ -177,6 +184,9 @@ PROFILES = {
     "mqtt_fanin": Profile("mqtt_fanin", "MQTT fan-in QoS 1, 8 publishers -> 1 subscriber, --flush async",
                           (DECODE, INBOUND, COMMIT, READ, ENCODE, OTHER), MQTT_RULES, mqtt_fanin, "msgs_per_s",
                           "other_cpu_pct"),
+    "mqtt_fanout": Profile("mqtt_fanout", "MQTT fan-out QoS 1, 1 publisher -> 1,000 subscribers (per delivery)",
+                           (DECODE, INBOUND, COMMIT, READ, ENCODE, OTHER), MQTT_RULES, mqtt_fanout,
+                           "deliveries_per_s", "other_cpu_pct", "broker_cpu_us_per_delivery"),
     "amqp_confirm": Profile("amqp_confirm", "AMQP publish with confirms, 4 publishers -> 1 durable queue, --flush sync",
                             (DECODE, INBOUND, COMMIT, CONFIRM, OTHER), AMQP_RULES, amqp_confirm, "msgs_per_s",
                             "other_cpu"),
@@ -188,6 +198,12 @@ def parse_frame(text: str) -> tuple[str, str]:
     """``func (path:line)`` -> (path, func)."""
     m = FRAME.match(text)
     return (m["path"], m["func"]) if m else ("", text)
+
+
+def python_leaf(frames: list[tuple[str, str]]) -> tuple[str, str]:
+    """The innermost frame of Python code (a ``.py`` file, compiled or not): with ``--native``,
+    C frames (libc, the interpreter, a lock wait) follow it."""
+    return next((f for f in reversed(frames) if f[0].endswith(".py")), frames[-1])
 
 
 def classify(frames: list[tuple[str, str]], rules: tuple[Rule, ...]) -> tuple[str, str]:
@@ -221,7 +237,7 @@ def fold(lines: list[str], rules: tuple[Rule, ...]) -> Folded:
         if not stack or not count.isdigit():
             continue
         frames = [parse_frame(f) for f in stack.split(";")]
-        if any(r.matches(*frames[-1]) for r in IDLE_LEAVES):
+        if any(r.matches(*python_leaf(frames)) for r in IDLE_LEAVES):
             idle += int(count)
             continue
         stage, decider = classify(frames, rules)
@@ -268,12 +284,12 @@ def plain_run(profile: Profile, seconds: float) -> str:
         broker.stop()
 
 
-def profiled_run(profile: Profile, seconds: float, py_spy: str, rate: int, raw: Path) -> str:
+def profiled_run(profile: Profile, seconds: float, py_spy: str, rate: int, raw: Path, native: bool = False) -> str:
     broker, scenario = profile.run(seconds)
     spy: subprocess.Popen[bytes] | None = None
     try:
         spy = subprocess.Popen([py_spy, "record", "-p", str(broker.pid), "-f", "raw", "-o", str(raw),
-                                "-r", str(rate)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                "-r", str(rate), *(["--native"] if native else [])], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
         time.sleep(1.0)  # attached before the first send
         if spy.poll() is not None:
@@ -292,15 +308,15 @@ def profiled_run(profile: Profile, seconds: float, py_spy: str, rate: int, raw: 
 
 def profile_once(profile: Profile, args: argparse.Namespace, py_spy: str, raw_dir: Path) -> list[str]:
     plain = plain_run(profile, args.seconds)
-    us = field(plain, "broker_cpu_us_per_msg")
+    us = field(plain, profile.us_key)
     raw = raw_dir / f"{profile.name}.raw"
-    profiled = profiled_run(profile, args.seconds, py_spy, args.rate, raw)
+    profiled = profiled_run(profile, args.seconds, py_spy, args.rate, raw, args.native)
     folded = fold(raw.read_text().splitlines(), profile.rules)
     head = (f"# profile={profile.name} ({profile.what}) seconds={args.seconds:g}: plain run "
-            f"{profile.rate_key}={field(plain, profile.rate_key):.0f} broker_cpu_us_per_msg={us:.2f} "
+            f"{profile.rate_key}={field(plain, profile.rate_key):.0f} {profile.us_key}={us:.2f} "
             f"other_cpu_pct={field(plain, profile.other_key):.0f}; "
             f"profiled run {profile.rate_key}={field(profiled, profile.rate_key):.0f} "
-            f"broker_cpu_us_per_msg={field(profiled, 'broker_cpu_us_per_msg'):.2f} "
+            f"{profile.us_key}={field(profiled, profile.us_key):.2f} "
             f"other_cpu_pct={field(profiled, profile.other_key):.0f} "
             f"samples={folded.total} idle_left_out={folded.idle} py_spy_rate={args.rate}")
     return [head, *table(folded, profile.stages, us, args.detail)]
@@ -311,6 +327,8 @@ def main() -> None:
     parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, from " + ",".join(PROFILES))
     parser.add_argument("--seconds", type=float, default=8.0, help="how long the publishers send, each run")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--native", action="store_true",
+                        help="py-spy --native: compiled modules' functions appear as frames of their .py")
     parser.add_argument("--py-spy", help="the py-spy binary (default: on PATH or beside this Python)")
     parser.add_argument("--keep-raw", type=Path, metavar="DIR", help="keep py-spy's raw files here")
     parser.add_argument("--detail", type=int, default=0, metavar="N", help="each stage's N heaviest deciding frames")

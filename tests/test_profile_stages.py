@@ -51,3 +51,21 @@ def test_amqp_property_encoding_counts_where_it_is_called_from() -> None:
     ]
     folded = fold(lines, AMQP_RULES)
     assert dict(folded.samples) == {INBOUND: 6, CONFIRM: 2, DECODE: 3}
+
+
+def test_native_stacks_fold_by_their_python_frames() -> None:
+    """With ``--native``, C frames follow the innermost Python one: a thread-pool worker waiting
+    in its queue's lock is still idle, and the compiled delivery core's frames (named after
+    their .py) and a socket write's libc frames count where the Python rules say."""
+    lines = [
+        ("Thread._bootstrap (threading.py:1002);_worker (concurrent/futures/thread.py:81);"
+         "_queue_SimpleQueue_get_impl (_queuemodule.c:253);PyThread_acquire_lock_timed (libpython3.11.so.1.0) 9"),
+        stack("MQTTBroker._pump_woken (gateway/mqtt/broker.py:363)", "pump (gateway/mqtt/push.py:188)",
+              "Pusher__deliver_batch (gateway/mqtt/push.py:300)", "Py_DECREF (object.h:537)", count=4),
+        stack("pump (gateway/mqtt/push.py:188)", "MQTTConnection.flush (gateway/mqtt/connection.py:233)",
+              "_SelectorSocketTransport.write (asyncio/selector_events.py:1057)", "sock_send (socketmodule.c:4207)",
+              "send (libc.so.6)", count=3),
+    ]
+    folded = fold(lines, MQTT_RULES)
+    assert dict(folded.samples) == {ENCODE: 7}
+    assert folded.idle == 9

@@ -80,7 +80,7 @@ class MQTTConnection(asyncio.Protocol):
         self.keep_alive = 0
         self.last_received = time.monotonic()
         self._timer: Slot | None = None  # the connect timeout's or keep-alive's (broker.deadlines)
-        self.out: list[bytes] = []  # what is written at the next flush
+        self.out = bytearray()  # what is written at the next flush (push.py renders PUBLISHes into it)
         # the ACL's per-message read check (username, client id, topic), when deny rules need it
         self.read_check: Callable[[str | None, str, str], bool] | None = None
         # "connect", "puts" (too many on their way), "alarm", "subscribers" (ingest_gate.py)
@@ -139,15 +139,31 @@ class MQTTConnection(asyncio.Protocol):
         self.process()
 
     def process(self, held: Publish | None = None) -> None:
+        try:
+            self._process(held)
+        finally:
+            if self._delivery is not None:
+                self._delivery.acks_done()  # the read progress of the PUBACKs read, marked once
+
+    def _process(self, held: Publish | None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
         packets = self.conn.events()
         receive = self._inbound.receive if self._inbound is not None else None
+        on_ack = self._delivery.on_ack if self._delivery is not None else None
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
                     return
+                if packet.__class__ is PubAck:  # a subscriber's hot path: straight to the delivery core
+                    if batch:
+                        self.inbound.submit(batch)
+                        batch = []
+                    if on_ack is None:
+                        on_ack = self.delivery.on_ack
+                    on_ack(packet)
+                    continue
                 if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
                     self.connecting = True
                     self.read_pauses.pause("connect")
@@ -182,6 +198,8 @@ class MQTTConnection(asyncio.Protocol):
                                 self.read_pauses.pause("store")
                                 asyncio.get_running_loop().create_task(self._prepared(fetching))
                                 break
+                    if self._delivery is not None:
+                        self._delivery.acks_done()  # (marked before anything else is handled, as each ack was)
                     self._dispatch(packet)
         except MQTTError as exc:
             if batch:
@@ -247,13 +265,13 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- writing and closing -------------------------------------------------------------------
     def send(self, data: bytes) -> None:
-        self.out.append(data)
+        self.out += data
 
     def flush(self) -> None:
         """What was sent goes to the socket -- once the session's changes it depends on are
         durable (the write-ahead rule: session_saves.py)."""
         if self.out and self.transport is not None and not self.closed:
-            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            data = bytes(self.out)
             self.out.clear()
             self.broker.saves.write(self, data, self.client_id)
         else:

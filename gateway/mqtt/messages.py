@@ -14,13 +14,12 @@ from __future__ import annotations
 import base64
 import time
 import weakref
-from collections.abc import Callable
 from functools import partial
 
 import cython
 
 from protocols.mqtt.codec import PublishTemplate
-from protocols.mqtt.packets import Publish
+from protocols.mqtt.packets import MQTT_5, Publish
 from protocols.mqtt.properties import (
     EMPTY_PROPERTIES,
     Properties,
@@ -34,6 +33,7 @@ from store import encode_properties as encode_store_properties
 
 from ..interop import MQTT_FLAG, PROPS_FLAG, RETAIN_FLAG
 
+_V5 = cython.declare(cython.int, MQTT_5)
 CLIENT_ID = "mqtt.cid"
 PROPS = "mqtt.props"
 
@@ -83,6 +83,13 @@ class Delivery:
     raw_properties = cython.declare(bytes, visibility="public")
     templates = cython.declare(dict, visibility="public")  # variant key -> PublishTemplate
     _publisher = cython.declare(object, visibility="public")
+    # the variant asked for last, and its template (see ``template``)
+    _last = cython.declare(object)
+    _last_topic = cython.declare(object)
+    _last_qos = cython.declare(cython.int)
+    _last_retain = cython.declare(cython.bint)
+    _last_version = cython.declare(cython.int)
+    _last_props = cython.declare(object)
 
     def __init__(self, qos: int, retain: bool, props: Properties | None, expires_at: float | None, body: bytes,
                  raw_properties: bytes) -> None:
@@ -94,6 +101,10 @@ class Delivery:
         self.raw_properties = raw_properties
         self.templates = {}
         self._publisher = None
+        self._last = None
+        self._last_topic = self._last_props = None
+        self._last_qos = self._last_version = -1
+        self._last_retain = False
 
     def __repr__(self) -> str:
         return (f"Delivery(qos={self.qos}, retain={self.retain}, props={self.props!r}, expires_at={self.expires_at!r}, "
@@ -123,13 +134,32 @@ class Delivery:
             self._publisher = decode_store_properties(self.raw_properties).get(CLIENT_ID, "")
         return self._publisher
 
-    def template(self, topic: str, qos: int, retain: bool, version: int, props_key: tuple,
-                 make_props: Callable[[], Properties | None]) -> PublishTemplate:
-        """The PUBLISH bytes of one variant (topic or alias, QoS, retain, version, properties)."""
+    def template(self, topic: str, qos: int, retain: bool, version: int, sub_ids: tuple[int, ...] = (),
+                 remaining: int | None = None, alias: int | None = None) -> PublishTemplate:
+        """The PUBLISH bytes of one variant: topic (or "" with a Topic Alias), QoS, retain,
+        version and, in 5.0, the Subscription Identifiers, the Message Expiry Interval left
+        (None: as published) and the Topic Alias that the copy carries."""
+        if version == _V5:
+            props_key = (sub_ids, remaining, alias)
+        else:
+            props_key = ()  # below 5.0 a PUBLISH has no properties
+        last = self._last
+        # a fan-out asks for the same variant for each subscriber: the last one, without a key
+        if last is not None and self._last_topic is topic and self._last_qos == qos \
+                and self._last_retain == retain and self._last_version == version and self._last_props == props_key:
+            return last
         key = (topic, qos, retain, version, props_key)
         found = self.templates.get(key)
         if found is None:
-            found = self.templates[key] = PublishTemplate.of(topic, self.body, qos, retain, version, make_props())
+            props = None
+            if version == _V5:
+                base = self.props or Properties()
+                props = base.copy(subscription_identifiers=list(sub_ids),
+                                  message_expiry_interval=remaining if remaining is not None
+                                  else base.message_expiry_interval, topic_alias=alias)
+            found = self.templates[key] = PublishTemplate.of(topic, self.body, qos, retain, version, props)
+        self._last, self._last_topic, self._last_qos, self._last_retain = found, topic, qos, retain
+        self._last_version, self._last_props = version, props_key
         return found
 
     def remaining_expiry(self, now: float | None = None) -> int | None:
@@ -149,27 +179,34 @@ class DeliveryMemo:
     before the object's memory, and so its id, can be reused), so the memo holds nothing the
     cache and the readers no longer hold, and no reference cycle is made per message."""
 
-    __slots__ = ("_entries", "decoded")
+    __slots__ = ("_entries", "_refs", "decoded")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[StoredMessage], Delivery]] = {}
+        # by id(message): the Delivery, and apart from it the weak reference that drops both (a
+        # lookup, once per message and subscriber in a fan-out, touches the Delivery alone)
+        self._entries: dict[int, Delivery] = {}
+        self._refs: dict[int, weakref.ref[StoredMessage]] = {}
         self.decoded = 0  # Deliveries made (a message decoded), ever
 
     def __call__(self, message: StoredMessage) -> Delivery:
-        entries = self._entries
         key = id(message)
-        found = entries.get(key)
+        found = self._entries.get(key)
         if found is not None:
-            return found[1]
+            return found
         delivery = Delivery.of(message)
         self.decoded += 1
-        # on the message's death: entries.pop(key, ref), a C call (no closure per message)
-        entries[key] = (weakref.ref(message, partial(entries.pop, key)), delivery)
+        self._entries[key] = delivery
+        # on the message's death: _forget(key, ref), a C call (no closure per message)
+        self._refs[key] = weakref.ref(message, partial(self._forget, key))
         return delivery
+
+    def _forget(self, key: int, _ref: object) -> None:
+        self._entries.pop(key, None)
+        self._refs.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def live(self) -> list[Delivery]:
         """The Deliveries of the message objects alive now."""
-        return [delivery for _, delivery in self._entries.values()]
+        return list(self._entries.values())

@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocols.mqtt.connection import free_packet_id
 from protocols.mqtt.packets import Subscription, Will
 
 from ..core.cursor import Cursor
+from .push import Inflight, allocate_packet_id
+
+__all__ = ["NEVER_EXPIRES", "SESSIONS_TABLE", "Inflight", "Session", "SubscriptionState"]
 
 NEVER_EXPIRES = 0xFFFF_FFFF
 # the inbound QoS 2 packet ids of a session that has none: one empty set shared by all (an
@@ -52,19 +54,6 @@ class SubscriptionState:
     @property
     def topic_filter(self) -> str:
         return self.options.topic_filter
-
-
-@dataclass(slots=True)
-class Inflight:
-    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP."""
-
-    packet_id: int
-    queue: str
-    offset: int
-    qos: int
-    position: int  # commitlog position of the message (to resend it)
-    released: bool = False  # QoS 2: PUBREC received, PUBREL sent, waiting for PUBCOMP
-    share: str | None = None  # the shared subscription ("$share/g/f") it was delivered for
 
 
 @dataclass(slots=True)
@@ -124,10 +113,7 @@ class Session:
 
     def allocate_packet_id(self) -> int | None:
         """A free packet id, or None when all 65,535 are in use."""
-        pid = free_packet_id(self.inflight, self.next_packet_id)
-        if pid is not None:
-            self.next_packet_id = pid % 65_535 + 1
-        return pid
+        return allocate_packet_id(self)
 
     def queues_read(self) -> set[str]:
         return {s.queue for s in self.subscriptions.values() if s.share_group is None}

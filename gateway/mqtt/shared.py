@@ -26,7 +26,7 @@ from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
-from .outbound import PULL_BATCH
+from .push import PULL_BATCH
 from .roles import GroupHost, Member
 from .session import Inflight, Session
 

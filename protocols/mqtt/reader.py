@@ -392,6 +392,17 @@ class PacketReader:
 
 
 @cython.cfunc
+def _puback(packet_id: object) -> object:
+    """``PubAck(packet_id, 0, EMPTY_PROPERTIES)`` without running the dataclass's Python
+    ``__init__`` (a subscriber sends one per delivery): the object, its three slots set."""
+    ack = PubAck.__new__(PubAck)
+    ack.packet_id = packet_id
+    ack.reason_code = 0
+    ack.properties = EMPTY_PROPERTIES
+    return ack
+
+
+@cython.cfunc
 @cython.locals(qos=cython.int, pos=cython.Py_ssize_t, packet_id=cython.int)
 def _fast_decode(first: cython.int, buf: bytearray, start: cython.Py_ssize_t, end: cython.Py_ssize_t,
                  version: cython.int) -> Packet | None:
@@ -402,7 +413,7 @@ def _fast_decode(first: cython.int, buf: bytearray, start: cython.Py_ssize_t, en
         if end - start == 2:
             packet_id = (buf[start] << 8) | buf[start + 1]
             if packet_id:
-                return PubAck(packet_id, 0, EMPTY_PROPERTIES)
+                return _puback(packet_id)
         return None
     if first >> 4 != 3 or end - start < 2:  # 3: PUBLISH
         return None

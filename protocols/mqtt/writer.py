@@ -80,22 +80,31 @@ class PublishTemplate:
         header = fixed_header(0x30 | (qos << 1) | (1 if retain else 0), len(head) + len(payload))
         return PublishTemplate(header + head + payload, len(header) + packet_id_at if qos else -1)
 
-    @cython.locals(at=cython.Py_ssize_t, pid=cython.int)
     def render(self, packet_id: int | None, dup: bool = False) -> bytes:
+        out = bytearray()
+        self.render_into(out, packet_id, dup)
+        return bytes(out)
+
+    @cython.locals(at=cython.Py_ssize_t, start=cython.Py_ssize_t, pid=cython.int, buf=bytearray)
+    def render_into(self, out: bytearray, packet_id: int | None, dup: bool = False) -> None:
+        """Append this copy's bytes to ``out`` (a connection's output buffer: no bytes object
+        per copy). The packet id and DUP are checked before anything is appended."""
         at = self.packet_id_at
+        buf = out
         if at < 0:
-            return self.data
+            buf += self.data
+            return
         if packet_id is None:
             raise ValueError("a QoS 1/2 PUBLISH needs a packet id")
         if not 0 < packet_id <= 0xFFFF:
             raise ValueError(f"packet id out of range: {packet_id}")
         pid = packet_id
-        out = bytearray(self.data)
-        out[at] = pid >> 8
-        out[at + 1] = pid & 0xFF
+        start = len(buf)
+        buf += self.data
+        buf[start + at] = pid >> 8
+        buf[start + at + 1] = pid & 0xFF
         if dup:
-            out[0] |= 0x08
-        return bytes(out)
+            buf[start] |= 0x08
 
 
 # -- encoding --------------------------------------------------------------------------------
