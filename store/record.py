@@ -237,26 +237,26 @@ def queue_slots(queues: Sequence[bytes]) -> list[bytes]:
 
 MAX_QUEUE_NAME_BYTES = 4096
 
-# queue (one name) or queue list -> (slot heads, encoded length of the slots): gateways send the
-# same few lists over and over
-_SLOTS: dict[str | tuple[str, ...], tuple[list[bytes], int]] = {}
-_SLOTS_ENTRIES = 65_536
 
-
+@cython.locals(n=cython.Py_ssize_t, total=cython.Py_ssize_t, name=bytes, slot=object)
 def queue_slots_of(queues: Sequence[str]) -> tuple[list[bytes], int]:
     """The slot heads of ``queues`` (see :func:`queue_slots`) and the bytes their slots take with
-    the offsets; remembered for the lists a store sees again and again."""
-    key = queues[0] if len(queues) == 1 else tuple(queues)
-    known = _SLOTS.get(key)
-    if known is None:
-        names = [q.encode() for q in queues]
-        for name in names:
-            if not name or len(name) > MAX_QUEUE_NAME_BYTES:
-                raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
-        known = _SLOTS[key] = (queue_slots(names), sum(map(len, names)) + QUEUE_SLOT_OVERHEAD * len(names))
-        if len(_SLOTS) > _SLOTS_ENTRIES:
-            _SLOTS.clear()
-    return known
+    the offsets. Built afresh each time: a cache of them (by name) cost more than it saved once
+    the names were many (1,000,000 random queues: 2.0 us per message in its misses, inserts and
+    clears, against ~0.1 us to build a slot)."""
+    slots = []
+    total = 0
+    for q in queues:
+        name = q.encode()
+        n = len(name)
+        if n == 0 or n > MAX_QUEUE_NAME_BYTES:
+            raise InvalidMessageError(f"queue names are 1..{MAX_QUEUE_NAME_BYTES} bytes of UTF-8")
+        slot = _new(2 + n)
+        _put_uint(slot, 0, n, 2)
+        _put_bytes(slot, 2, name)
+        slots.append(_finish(slot))
+        total += n + QUEUE_SLOT_OVERHEAD
+    return slots, total
 
 
 @cython.locals(data=bytes, i=cython.Py_ssize_t, end=cython.Py_ssize_t, nlen=cython.Py_ssize_t, k=cython.Py_ssize_t)
