@@ -119,7 +119,7 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
             pos = positions[i]
             offsets = placed[i][2]
             queues = p.queues
-            results.append(PutResult(f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
+            results.append(PutResult(id_prefix, pos, p.size, store_ts,
                                      {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets))))
             i += 1
         out.append(results)
