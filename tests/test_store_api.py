@@ -291,3 +291,28 @@ async def test_a_new_queue_is_created_once_whether_or_not_the_cache_holds_every_
     assert [r.queue_offsets for r in results] == [{"q0": 3}, {"q39": 2}, {"q40": 0}]
     assert store.queue_count == 41
     await store.close()
+
+
+async def test_a_queue_ends_at_its_newest_entry_or_head_whichever_is_further(open_store, data_dir):
+    """A queue's head key is written only where its newest entries are removed (retention, a
+    truncation); entries written later go past it, and a data dir of an earlier version has a
+    head beside every queue. Reloaded from the index, a queue ends after the furthest."""
+    from rocksdict import Options, Rdict
+
+    from store.consumequeue import QUEUE_HEAD, head_key
+
+    store = await open_store()
+    await store.put_batch([(Message("t", f"{i}".encode()), ["behind"]) for i in range(5)])
+    await store.put_batch([(Message("t", f"{i}".encode()), ["ahead"]) for i in range(5)])
+    behind, ahead = store.index.lookup("behind").qid, store.index.lookup("ahead").qid
+    await store.close()
+    db = Rdict(str(data_dir / "index"), Options(raw_mode=True))
+    try:
+        db[head_key(behind)] = QUEUE_HEAD.pack(3, 0)  # older than the entries that follow it
+        db[head_key(ahead)] = QUEUE_HEAD.pack(9, 0)  # its entries 5..8 removed (retention)
+    finally:
+        db.close()
+    store = await open_store()
+    assert [await store.max_offset("behind"), await store.max_offset("ahead")] == [5, 9]
+    results = await store.put_batch([(Message("t", b"n"), [name]) for name in ("behind", "ahead")])
+    assert [r.queue_offsets for r in results] == [{"behind": 5}, {"ahead": 9}]
