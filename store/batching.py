@@ -8,7 +8,7 @@ The committer (committer.py) runs these between its awaits; the dispatcher index
 
 from __future__ import annotations
 
-import time
+from time import time_ns
 from collections.abc import Callable, Sequence
 
 import cython
@@ -63,7 +63,11 @@ class PreparedMessage:
             encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
         )
         self.body = body
-        self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
+        born = message.born_timestamp
+        if born is None:  # the store's clock (a C division: ~50 ns less per message than on ints)
+            now_ns: cython.longlong = time_ns()
+            born = now_ns // 1_000_000
+        self.born = born
         if not 0 <= message.flag <= 0xFFFF_FFFF:
             raise InvalidMessageError("message flag must fit in 32 bits")
         self.flag = message.flag
