@@ -8,8 +8,8 @@ The committer (committer.py) runs these between its awaits; the dispatcher index
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
+from time import time_ns
 
 import cython
 
@@ -81,7 +81,11 @@ class PreparedMessage:
             encoded if encoded is not None else encode_properties(props) if props else b"", len(queues), len(body),
         )
         self.body = body
-        self.born = message.born_timestamp if message.born_timestamp is not None else time.time_ns() // 1_000_000
+        born = message.born_timestamp
+        if born is None:  # the store's clock (a C division: ~50 ns less per message than on ints)
+            now_ns: cython.longlong = time_ns()
+            born = now_ns // 1_000_000
+        self.born = born
         if not 0 <= message.flag <= 0xFFFF_FFFF:
             raise InvalidMessageError("message flag must fit in 32 bits")
         self.flag = message.flag
@@ -150,10 +154,10 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
             offsets = placed[i][2]
             queues = p.queues
             if p.hold_kind:  # the held message is the nested record; no offsets yet
-                results.append(PutResult(f"{id_prefix}{pos + NESTED:016X}", pos + NESTED, p.size, store_ts, {}))
+                results.append(PutResult(id_prefix, pos + NESTED, p.size, store_ts, {}))
                 i += 1
                 continue
-            results.append(PutResult(f"{id_prefix}{pos:016X}", pos, p.size, store_ts,
+            results.append(PutResult(id_prefix, pos, p.size, store_ts,
                                      {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets))))
             i += 1
         out.append(results)

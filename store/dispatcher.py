@@ -1,14 +1,13 @@
 """The dispatcher (RocketMQ's ReputMessageService): commitlog records -> consume-queue entries.
 
 Each batch of records becomes ONE RocksDB WriteBatch holding every entry, the message-key
-index entries, the head of every queue it writes to, the rows of new queues and the
-checkpoint (the commitlog position up to which all is indexed); only after it is written
+index entries, the rows of new queues and the checkpoint (the commitlog position up to which all is indexed); only after it is written
 do readers see the new offsets and does notify fire.
 """
 
 from __future__ import annotations
 
-from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, HEAD_OFFSET, QUEUE_HEAD, ConsumeQueueIndex
+from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, ConsumeQueueIndex
 from .holds import HOLD_KEY_SIZE
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
@@ -42,8 +41,6 @@ class Dispatcher:
             value = pack_value(position, size, tag, store_ts)
             for name, qid, offset in targets:
                 put(pack_key(ENTRY_PREFIX, qid, offset), value)
-                if heads[name] >> 32 == offset + 1:  # the queue's newest entry: its head follows
-                    put(pack_key(ENTRY_PREFIX, qid, HEAD_OFFSET), QUEUE_HEAD.pack(offset + 1, position))
             for prefix in keys:
                 put(*key_entry(prefix, position, store_ts))
             for key, hold in holds:  # (rare: held messages and their releases)

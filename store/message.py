@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .record import decode_properties, decode_queues
+from .results import PutResult  # (compiled: one per message stored)
 
 TAGS_PROPERTY = "TAGS"  # RocketMQ's property name; the tag hash of an entry is computed from it
 
@@ -41,15 +42,6 @@ class Message:
     # check then); 0: an ordinary message, indexed at once
     hold_kind: int = 0
     hold_due_ms: int = 0
-
-
-@dataclass(slots=True)
-class PutResult:
-    msg_id: str
-    position: int  # commitlog position of the record
-    size: int  # record size in bytes
-    store_timestamp: int
-    queue_offsets: dict[str, int]  # queue name -> offset given to the message in that queue
 
 
 @dataclass(slots=True, weakref_slot=True)

@@ -41,7 +41,7 @@ class RetentionPolicy:
 
 async def clean_index_below(index: ConsumeQueueIndex, min_position: int) -> None:
     """Drop every queue's index entries that point below ``min_position`` (retention cut there)."""
-    for n, (state, _) in enumerate(index.iter_queues()):
+    for n, (state, last_position) in enumerate(index.iter_queues()):
         first = index.first_offset(state.qid)
         if first is None:
             continue
@@ -49,6 +49,6 @@ async def clean_index_below(index: ConsumeQueueIndex, min_position: int) -> None
         if entry is not None and entry[0] >= min_position:
             continue
         keep = index.first_offset_at_or_after_position(state.qid, first, state.next_offset, min_position)
-        index.delete_below(state.qid, keep)
+        index.delete_below(state.qid, keep, state.next_offset, last_position)
         if n % 1024 == 1023:
             await asyncio.sleep(0)

@@ -171,3 +171,13 @@ def test_assemble_refuses_a_size_that_does_not_match_its_fields(delta: int) -> N
         assert (kind, error) == ("error", ValueError) and "does not match" in message
         kind, (error, _) = outcome(module.assemble, size - delta, static, [None], [0], b"abc", 1, 2)
         assert (kind, error) == ("error", TypeError)
+
+
+@given(queues=st.lists(st.text(max_size=20) | st.text(min_size=4090, max_size=4100, alphabet="ab\u00e9")
+                       | st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=4),
+                       min_size=1, max_size=3))
+def test_queue_slots_are_built_and_refused_the_same(queues: list[str]) -> None:
+    """queue_slots_of: the compiled build reads a name's UTF-8 where the string keeps it; names
+    with lone surrogates, empty names and names over 4,096 bytes are refused alike."""
+    fast, reference = both()
+    assert outcome(fast.queue_slots_of, queues) == outcome(reference.queue_slots_of, queues)

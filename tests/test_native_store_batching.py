@@ -120,3 +120,17 @@ def test_the_dispatcher_writes_and_notifies_the_same(groups: list, known: dict[s
         module.Dispatcher(recorder, recorder).dispatch(items, 123456, None if recovering else assigned)
         recorded.append(recorder.calls)
     assert recorded[0] == recorded[1]
+
+
+@given(prefix=st.text(alphabet="0123456789ABCDEF", max_size=16), position=st.integers(0, (1 << 63) - 1),
+       size=st.integers(0, 1 << 32), ts=st.integers(0, 1 << 45),
+       offsets=st.dictionaries(st.sampled_from(QUEUES), st.integers(0, 1 << 40), min_size=1, max_size=3))
+def test_put_results_read_the_same(prefix: str, position: int, size: int, ts: int, offsets: dict[str, int]) -> None:
+    """store/results.py: the message id (formatted when read), the fields, equality and repr."""
+    built = [module.PutResult(prefix, position, size, ts, dict(offsets))
+             for module in (compiled("store.results"), interpreted("store.results"))]
+    seen = [(r.msg_id, r.position, r.size, r.store_timestamp, r.queue_offsets, repr(r)) for r in built]
+    assert seen[0] == seen[1]
+    assert seen[0][0] == f"{prefix}{position:016X}"
+    assert built[0] == compiled("store.results").PutResult(prefix, position, size, ts, dict(offsets))
+    assert built[0] != compiled("store.results").PutResult(prefix, position + 1, size, ts, dict(offsets))

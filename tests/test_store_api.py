@@ -273,3 +273,46 @@ async def test_queue_rows_of_an_earlier_version_still_say_where_a_queue_ends(ope
     assert res.queue_offsets == {"legacy": 5}
     got = await store.get("legacy", 0, 10)
     assert [m.body for m in got.messages] == [f"{i}".encode() for i in range(6)]
+
+
+async def test_a_new_queue_is_created_once_whether_or_not_the_cache_holds_every_queue(open_store):
+    """From an empty index until the hot cache is first trimmed, a name the cache lacks is a new
+    queue (no table lookup); after a trim or a restart, names it lacks are looked up."""
+    store = await open_store(queue_cache_entries=16)
+    await store.put_batch([(Message("t", b"a"), [f"q{i}"]) for i in range(10)])
+    assert store.queue_count == 10
+    await store.put_batch([(Message("t", b"b"), [f"q{i}"]) for i in range(40)])  # trims the cache
+    await store.put_batch([(Message("t", b"c"), [f"q{i}"]) for i in range(40)])
+    assert store.queue_count == 40
+    assert [await store.max_offset(f"q{i}") for i in (0, 9, 10, 39)] == [3, 3, 2, 2]
+    await store.close()
+    store = await open_store(queue_cache_entries=16)
+    results = await store.put_batch([(Message("t", b"d"), [f"q{i}"]) for i in (0, 39, 40)])
+    assert [r.queue_offsets for r in results] == [{"q0": 3}, {"q39": 2}, {"q40": 0}]
+    assert store.queue_count == 41
+    await store.close()
+
+
+async def test_a_queue_ends_at_its_newest_entry_or_head_whichever_is_further(open_store, data_dir):
+    """A queue's head key is written only where its newest entries are removed (retention, a
+    truncation); entries written later go past it, and a data dir of an earlier version has a
+    head beside every queue. Reloaded from the index, a queue ends after the furthest."""
+    from rocksdict import Options, Rdict
+
+    from store.consumequeue import QUEUE_HEAD, head_key
+
+    store = await open_store()
+    await store.put_batch([(Message("t", f"{i}".encode()), ["behind"]) for i in range(5)])
+    await store.put_batch([(Message("t", f"{i}".encode()), ["ahead"]) for i in range(5)])
+    behind, ahead = store.index.lookup("behind").qid, store.index.lookup("ahead").qid
+    await store.close()
+    db = Rdict(str(data_dir / "index"), Options(raw_mode=True))
+    try:
+        db[head_key(behind)] = QUEUE_HEAD.pack(3, 0)  # older than the entries that follow it
+        db[head_key(ahead)] = QUEUE_HEAD.pack(9, 0)  # its entries 5..8 removed (retention)
+    finally:
+        db.close()
+    store = await open_store()
+    assert [await store.max_offset("behind"), await store.max_offset("ahead")] == [5, 9]
+    results = await store.put_batch([(Message("t", b"n"), [name]) for name in ("behind", "ahead")])
+    assert [r.queue_offsets for r in results] == [{"behind": 5}, {"ahead": 9}]

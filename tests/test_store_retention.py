@@ -77,3 +77,8 @@ async def test_a_queue_emptied_by_retention_keeps_counting_after_a_restart(open_
     assert res.queue_offsets == {"old": 30}
     got = await store.get("old", 30, 10)
     assert [m.body for m in got.messages] == [b"again"]
+    await store.close()
+    # the head retention wrote says 30; the entry written after it, 31
+    store = await open_store(**options)
+    assert await store.max_offset("old") == 31
+    assert (await store.put(Message("t", b"more"), ["old"])).queue_offsets == {"old": 31}

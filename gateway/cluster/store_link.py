@@ -190,7 +190,7 @@ def decode_put_results(data: bytes, id_prefix: str) -> list[PutResult]:
         for _ in range(n):
             name = reader.str()
             offsets[name] = reader.unpack(_I64)[0]
-        results.append(PutResult(f"{id_prefix}{position:016X}", position, size, store_ms, offsets))
+        results.append(PutResult(id_prefix, position, size, store_ms, offsets))
     return results
 
 
