@@ -219,3 +219,19 @@ async def test_popped_messages_survive_kill_9_acked_ones_stay_acked(data_dir: Pa
         client.close()
     finally:
         stop(proc)
+
+
+async def test_where_a_group_starts_popping_and_its_consumer_offset(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir) as (_, addr):
+        newest = await PopClient.open(addr, "from-max")
+        await send(newest.raw, [b"0", b"1", b"2"])
+        assert [p.body for p in await newest.pop(TOPIC, init_mode=1)] == [b"2"]  # MAX: the last one there is
+        switched = await PopClient.open(addr, "was-pulling")  # a group that pulled up to offset 1
+        update = {"consumerGroup": "was-pulling", "topic": TOPIC, "queueId": "0", "commitOffset": "1"}
+        assert (await switched.raw.call(RequestCode.UPDATE_CONSUMER_OFFSET, update)).code == ResponseCode.SUCCESS
+        assert [p.body for p in await switched.pop(TOPIC, max_nums=1)] == [b"1"]
+        query = {"consumerGroup": "was-pulling", "topic": TOPIC, "queueId": "0"}
+        offset = await switched.raw.call(RequestCode.QUERY_CONSUMER_OFFSET, query)
+        assert offset.ext_fields["offset"] == "2"  # (it follows the pops)
+        newest.close()
+        switched.close()

@@ -44,6 +44,7 @@ class Popped:
     messages: list[StoredMessage] = field(default_factory=list)
     points: list[CheckPoint] = field(default_factory=list)
     rest: int = 0  # messages left unread past the pop offset
+    next_offset: int | None = None  # the pop offset after this pop (None: the queue was not read)
 
     @property
     def due_ms(self) -> int:
@@ -99,7 +100,9 @@ class PopService:
         if offset is None:
             offset = start() if start is not None else None
             if offset is None:
-                offset = self.store.max_offset_now(queue) if init_mode == INIT_MAX else self.store.min_offset_now(queue)
+                # (as RocketMQ's getInitOffset: MAX starts at the last message there is)
+                offset = max(0, self.store.max_offset_now(queue) - 1) if init_mode == INIT_MAX \
+                    else self.store.min_offset_now(queue)
         room = max_messages - len(popped.messages)
         result = read(queue, offset, room) if room > 0 else None
         if result is not None:
@@ -116,6 +119,7 @@ class PopService:
                     popped.points.append(cp)
                 offset, moved = max(offset, result.next_offset), True
             popped.rest = max(0, result.max_offset - offset)
+            popped.next_offset = offset
         if popped.points or moved:
             self.points.popped(group, queue, popped.due_ms, revived, new, offset if moved else None)
             self._scheduled(popped.due_ms)

@@ -139,6 +139,8 @@ class PopRequests:
                                       lambda q, offset, n: self._read(q, topic, offset, n, selector), reads, init_mode,
                                       lambda queue=queue: self._pull_offset(group, queue))
                 out.append((queue_id, popped))
+                if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
+                    self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, popped.next_offset)
                 room -= len(popped.messages)
                 if room <= 0:
                     break
