@@ -109,21 +109,23 @@ class PopCheckPoints:
         position, attempts = _VALUE.unpack(value)
         return CheckPoint(group, queue, offset, position, attempts, due_ms)
 
-    def due(self, now_ms: int, limit: int) -> list[CheckPoint]:
-        """Check points due at or before ``now_ms``, earliest first (at most ``limit``)."""
+    def due(self, now_ms: int, limit: int, from_ms: int = 0) -> list[CheckPoint]:
+        """Check points due at or before ``now_ms`` (and from ``from_ms``: below it lie the
+        tombstones of the ended ones, which a walk from the start would step over every time),
+        earliest first, at most ``limit``."""
         opts = ReadOptions()
         opts.set_iterate_upper_bound(INVISIBLE_PREFIX + _U64.pack(now_ms + 1))
         out = []
-        for key, value in self._db.items(from_key=INVISIBLE_PREFIX, read_opt=opts):
+        for key, value in self._db.items(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
             if len(out) >= limit:
                 break
             out.append(_invisible(key, value))
         return out
 
-    def next_due_ms(self) -> int | None:
+    def next_due_ms(self, from_ms: int = 0) -> int | None:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(_upper(INVISIBLE_PREFIX))
-        for key in self._db.keys(from_key=INVISIBLE_PREFIX, read_opt=opts):
+        for key in self._db.keys(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
             return _U64.unpack_from(key, len(INVISIBLE_PREFIX))[0]
         return None
 

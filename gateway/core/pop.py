@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from store import GetResult, GetStatus, MessageStore, StoredMessage, StoreError
+from store.log_limit import RateLimitedLog
 from store.popstate import CheckPoint, PopCheckPoints
 
 from ..tasks import cancel_and_wait
@@ -26,6 +27,9 @@ log = logging.getLogger("tidemq.pop")
 REVIVE_BATCH = 1024  # check points revived per WAL batch
 LOOK_S = 0.2  # the revive task's longest sleep (a pop with a shorter invisible time wakes it)
 RETRY_S = 1.0  # after a dead-letter put failed
+# revive walks from where it got to, less this (a check point is made due at or after the time
+# it is made, so none is missed unless the clock steps back further; a restart walks all)
+CLOCK_SLACK_MS = 1000
 INIT_MIN, INIT_MAX = 0, 1  # where a group new to a queue starts (RocketMQ's ConsumeInitMode)
 
 # (queue, offset, max messages) -> what a reader of the queue gets (a selector's filtered read)
@@ -59,10 +63,12 @@ class PopService:
         self._max_attempts = max_attempts  # group -> revivals allowed before the dead letter
         self.on_ready: Callable[[str, str], None] = lambda group, queue: None  # (wake its held pops)
         self._next_due: int | None = None
+        self._revived_to = 0  # ms: every check point due before this (less the slack) is revived
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.revived = 0
         self.dead_lettered = 0
+        self._failures = RateLimitedLog(log)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="pop-revive")
@@ -164,8 +170,12 @@ class PopService:
     async def revive_due(self) -> int:
         """Revive what is due now: into the ready set, or past its group's maximum, the dead
         letter. How many were handled."""
-        due = self.points.due(_now_ms(), REVIVE_BATCH)
+        now = _now_ms()
+        start = max(0, self._revived_to - CLOCK_SLACK_MS)
+        due = self.points.due(now, REVIVE_BATCH, start)
+        reached = now if len(due) < REVIVE_BATCH else due[-1].due_ms
         if not due:
+            self._revived_to = reached
             return 0
         back, dead = [], []
         for cp in due:
@@ -185,6 +195,7 @@ class PopService:
                 log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
                             cp.group, cp.queue, cp.offset)
             self.points.ack([cp])
+        self._revived_to = reached  # (not when a dead letter failed: it is walked again)
         return len(due)
 
     async def _run(self) -> None:
@@ -193,11 +204,14 @@ class PopService:
             try:
                 if await self.revive_due():
                     continue
-            except StoreError as exc:
-                log.warning("pop revive failed; retried error=%s", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- a store refusal, or a dead letter that cannot be put: again later
+                self._failures.log(logging.WARNING, type(exc).__name__, "pop revive failed; retried error=%s", exc,
+                                   exc_info=not isinstance(exc, StoreError))
                 await asyncio.sleep(RETRY_S)
                 continue
-            self._next_due = self.points.next_due_ms()
+            self._next_due = self.points.next_due_ms(max(0, self._revived_to - CLOCK_SLACK_MS))
             delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - _now_ms()) / 1000))
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
