@@ -6,6 +6,8 @@ balancing of one queue over two consumers, long polling, refusals, and kill -9."
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from protocols.remoting.message_codec import decode_messages
 from .crash_support import free_port, kill9, start_gateway, stop
 from .pop_support import PopClient, Popped
 from .remoting_support import RawRemoting, pull_header, remoting_gateway, send_header
+from .test_metrics import fetch, samples, value
 
 TOPIC = "Jobs"
 GROUP = "pop-workers"
@@ -111,7 +114,7 @@ async def test_batch_ack_acks_the_offsets_of_its_bit_set(data_dir: Path) -> None
 
 
 async def test_after_the_max_reconsume_times_a_message_goes_to_the_dlq(data_dir: Path) -> None:
-    async with remoting_gateway(data_dir, remoting_max_reconsume_times=2) as (gw, addr):
+    async with remoting_gateway(data_dir, remoting_max_reconsume_times=2, metrics_bind="127.0.0.1:0") as (gw, addr):
         client = await PopClient.open(addr, GROUP)
         await send(client.raw, [b"poison"])
         seen = []
@@ -124,6 +127,9 @@ async def test_after_the_max_reconsume_times_a_message_goes_to_the_dlq(data_dir:
         (dead,) = decode_messages(response.body)
         assert dead.body == b"poison" and dead.reconsume_times == 3 and dead.properties["RETRY_TOPIC"] == TOPIC
         assert await client.pop(TOPIC, poll_ms=300) == [] and gw.remoting.pop.outstanding() == []
+        metrics = samples((await fetch("http://{}:{}".format(*gw.metrics_address), "/metrics"))[1])
+        assert value(metrics, "tidemq_remoting_pop_revived_total") == 2
+        assert value(metrics, "tidemq_remoting_pop_dead_lettered_total") == 1
         client.close()
 
 
@@ -180,8 +186,13 @@ async def test_pop_refusals(data_dir: Path) -> None:
                             ({"expType": "SQL92", "exp": "a >"}, ResponseCode.SUBSCRIPTION_PARSE_FAILED)):
             response = await client.request_pop(TOPIC, extra=extra)
             assert response.code == code, (extra, response.code, response.remark)
-        bad = await client.ack(TOPIC, "x 1 2 0 0 tidemq 0 0")
-        assert bad.code == ResponseCode.INVALID_PARAMETER and "extraInfo" in bad.remark
+        for extra_info in ("x 1 2 0 0 tidemq 0 0", "0 -5 2 0 0 tidemq 0 0", "0 1 2 0 0 tidemq 0 -1"):
+            bad = await client.ack(TOPIC, extra_info)
+            assert bad.code == ResponseCode.INVALID_PARAMETER, (extra_info, bad.remark)
+        huge = {"acks": [{"c": GROUP, "t": TOPIC, "r": "0", "so": 0, "q": 0, "rq": 0, "pt": 1, "it": 1,
+                          "b": base64.b64encode(b"\xff" * 9000).decode()}]}
+        refused = await client.raw.call(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(huge).encode())
+        assert refused.code == ResponseCode.INVALID_PARAMETER and "bit set" in refused.remark
         peek = await client.raw.call(RequestCode.PEEK_MESSAGE, {"consumerGroup": GROUP, "topic": TOPIC})
         assert peek.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert len(await client.pop(TOPIC, invisible_ms=100)) == 1  # nothing refused took the message
@@ -235,3 +246,18 @@ async def test_where_a_group_starts_popping_and_its_consumer_offset(data_dir: Pa
         assert offset.ext_fields["offset"] == "2"  # (it follows the pops)
         newest.close()
         switched.close()
+
+
+async def test_a_pop_of_every_queue_answers_one_entry_per_queue(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir) as (gw, addr):
+        client = await PopClient.open(addr, GROUP)
+        for queue_id in range(4):
+            await send(client.raw, [f"q{queue_id}".encode()] * 2, queue_id=queue_id)
+        popped = await client.pop(TOPIC, queue_id=-1, max_nums=32)
+        assert sorted(p.body for p in popped) == sorted(f"q{q}".encode() for q in range(4) for _ in range(2))
+        assert len(client.last.ext_fields["msgOffsetInfo"].split(";")) == 4
+        assert {p.extra_info.split(" ")[1] for p in popped} == {client.last.ext_fields["popTime"]}
+        for p in popped:
+            assert (await client.ack(TOPIC, p)).code == ResponseCode.SUCCESS
+        assert gw.remoting.pop.outstanding() == []
+        client.close()

@@ -81,13 +81,14 @@ class PopService:
     # -- pop / ack / change --------------------------------------------------------------------
     def pop(self, group: str, queue: str, max_messages: int, invisible_ms: int, read: Reader,
             admit: Callable[[StoredMessage], bool] | None = None, init_mode: int = INIT_MIN,
-            start: Callable[[], int | None] | None = None) -> Popped:
+            start: Callable[[], int | None] | None = None, now_ms: int | None = None) -> Popped:
         """Hand out up to ``max_messages`` of ``queue`` to one member of ``group``: revived ones
         first, then new ones from the pop offset (``read`` applies the member's filter; ``admit``
         drops what it may not see: passed over, as a filtered-out message is). Durable (in the
         WAL) when it returns. ``start``: where a group new to the queue begins (its pull
-        consumer offset), else ``init_mode``."""
-        now = _now_ms()
+        consumer offset), else ``init_mode``. ``now_ms``: the pop time (one for the queues
+        of one request: its answer names them all by it)."""
+        now = _now_ms() if now_ms is None else now_ms
         popped = Popped(queue, now, invisible_ms)
         revived = []
         for cp in self.points.ready(group, queue, max_messages):

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import itertools
 import json
+import time
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -34,8 +35,15 @@ from .requests import CONSUMER_PREFIX, BadRequest, Client, Reply, int_field, str
 from .topics import dlq_topic
 
 MAX_POP_MESSAGES = 32  # RocketMQ's broker refuses more
+MAX_BIT_SET_BYTES = 8192  # a batch ack's bit set: offsets up to 65,536 past its pop's start
 NORMAL = "0"  # ExtraInfoUtil's retry flag of a message from its own topic
-_U63 = (1 << 63) - 1
+_LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
+
+
+def _in_range(value: int, name: str) -> int:
+    if not 0 <= value <= _LIMIT:
+        raise BadRequest(f"{name} {value} is out of range", ResponseCode.INVALID_PARAMETER)
+    return value
 
 
 class PopWaiters:
@@ -85,7 +93,10 @@ def _extra_info(text: str) -> tuple[int, int, str]:
             raise ValueError
         for i in (0, 3, 6, 7)[:len(parts) - 4]:
             int(parts[i])
-        return int(parts[1]), int(parts[2]), parts[4]
+        pop_time, invisible = int(parts[1]), int(parts[2])
+        if not (0 <= pop_time <= _LIMIT and 0 <= invisible <= _LIMIT):
+            raise ValueError
+        return pop_time, invisible, parts[4]
     except ValueError:
         raise BadRequest(f"extraInfo {text!r} is not ExtraInfoUtil's (ckOffset popTime invisibleTime "
                          "reviveQid retry brokerName queueId [offset])", ResponseCode.INVALID_PARAMETER) from None
@@ -123,8 +134,7 @@ class PopRequests:
             raise BadRequest("orderly pop (order=true) is not supported by TideMQ", ResponseCode.INVALID_PARAMETER)
         if not 0 < max_messages <= MAX_POP_MESSAGES:
             raise BadRequest(f"the pop message's num must be 1 to {MAX_POP_MESSAGES}", ResponseCode.INVALID_PARAMETER)
-        if not 0 <= invisible_ms <= _U63 // 2:
-            raise BadRequest(f"invisibleTime {invisible_ms} is out of range", ResponseCode.INVALID_PARAMETER)
+        _in_range(invisible_ms, "invisibleTime")
         queue_ids = self._pop_queues(topic, int_field(ext, "queueId"))
         selector = self.selectors.get(ext.get("exp") or None, ext.get("expType") or None)
         reads = self.access.read_filter(conn.principal, topic)
@@ -133,11 +143,12 @@ class PopRequests:
         def pop_once() -> list[tuple[int, Popped]]:
             out = []
             room = max_messages
+            now = time.time_ns() // 1_000_000  # (one pop time: the answer's popTime names every queue's)
             for queue_id in queue_ids:
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,
                                       lambda q, offset, n: self._read(q, topic, offset, n, selector), reads, init_mode,
-                                      lambda queue=queue: self._pull_offset(group, queue))
+                                      lambda queue=queue: self._pull_offset(group, queue), now)
                 out.append((queue_id, popped))
                 if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
                     self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, popped.next_offset)
@@ -206,35 +217,43 @@ class PopRequests:
         group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
         queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
-        if retry == NORMAL and self.pop.ack(group, queue, int_field(ext, "offset"), pop_time + invisible):
+        offset = _in_range(int_field(ext, "offset"), "offset")
+        if retry == NORMAL and self.pop.ack(group, queue, offset, pop_time + invisible):
             return response_to(request, ResponseCode.SUCCESS)
         return response_to(request, ResponseCode.NO_MESSAGE, "no such check point: acked already, or its invisible "
                                                              "time ran out and the message came back")
 
     def batch_ack_message(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
         """BatchAckMessageRequestBody: per (queue, pop) a start offset and a bit set of acked
-        offsets (fastjson: base64 of BitSet.toByteArray, little-endian bits)."""
+        offsets (fastjson: base64 of BitSet.toByteArray, little-endian bits). Read whole
+        before any ack is applied: a bad one refuses them all."""
+        wanted = []
         try:
             body = json.loads(request.body or b"null")
             acks = body["acks"] if isinstance(body, dict) else None
             if not isinstance(acks, list) or not acks:
                 return response_to(request, ResponseCode.NO_MESSAGE, "no acks")
-            wanted = found = 0
             for ack in acks:
                 get = _batch_ack_field(ack)
                 group, topic = str(get("c", "consumerGroup")), str(get("t", "topic"))
                 queue = self._acked_queue(conn, topic, int(get("q", "queueId")))
-                start, due = int(get("so", "startOffset")), int(get("pt", "popTime")) + int(get("it", "invisibleTime"))
+                start = _in_range(int(get("so", "startOffset")), "startOffset")
+                due = _in_range(int(get("pt", "popTime")), "popTime") + _in_range(int(get("it", "invisibleTime")),
+                                                                                  "invisibleTime")
                 bits = base64.b64decode(get("b", "bitSet") or "", validate=True)
+                if len(bits) > MAX_BIT_SET_BYTES:
+                    raise BadRequest(f"a bit set of {len(bits)} bytes (at most {MAX_BIT_SET_BYTES})",
+                                     ResponseCode.INVALID_PARAMETER)
                 offsets = [start + i * 8 + b for i, byte in enumerate(bits) for b in range(8) if byte >> b & 1]
-                wanted += len(offsets)
-                if str(get("r", "retry")) == NORMAL:
-                    found += self.pop.ack_many(group, queue, offsets, due)
+                wanted.append((group, queue, offsets, due, str(get("r", "retry")) == NORMAL))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BadRequest(f"the batch ack body is not a BatchAckMessageRequestBody: {exc!r}",
                              ResponseCode.INVALID_PARAMETER) from None
-        if found < wanted:
-            return response_to(request, ResponseCode.NO_MESSAGE, f"{wanted - found} of {wanted} check points were "
+        found = sum(self.pop.ack_many(group, queue, offsets, due)
+                    for group, queue, offsets, due, normal in wanted if normal)
+        total = sum(len(w[2]) for w in wanted)
+        if found < total:
+            return response_to(request, ResponseCode.NO_MESSAGE, f"{total - found} of {total} check points were "
                                                                  "gone: acked already, or their messages came back")
         return response_to(request, ResponseCode.SUCCESS)
 
@@ -243,11 +262,10 @@ class PopRequests:
         group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
         queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
-        new_invisible = int_field(ext, "invisibleTime")
-        if not 0 <= new_invisible <= _U63 // 2:
-            raise BadRequest(f"invisibleTime {new_invisible} is out of range", ResponseCode.INVALID_PARAMETER)
+        new_invisible = _in_range(int_field(ext, "invisibleTime"), "invisibleTime")
         new_pop_time = None if retry != NORMAL else \
-            self.pop.change(group, queue, int_field(ext, "offset"), pop_time + invisible, new_invisible)
+            self.pop.change(group, queue, _in_range(int_field(ext, "offset"), "offset"), pop_time + invisible,
+                            new_invisible)
         if new_pop_time is None:
             return response_to(request, ResponseCode.NO_MESSAGE, "no such check point: acked already, or its "
                                                                  "invisible time ran out and the message came back")
