@@ -179,7 +179,7 @@ class PopCheckPoints:
         batch = WriteBatch(raw_mode=True)
         for cp in points:
             batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
-            batch.put(ready_key(cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, cp.attempts + 1))
+            batch.put(ready_key(cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, min(cp.attempts + 1, 0xFFFF)))
         self._db.write(batch, _NO_SYNC)
 
 

@@ -66,6 +66,9 @@ class PopService:
         self._revived_to = 0  # ms: every check point due before this (less the slack) is revived
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # (group, queue, offset) of check points whose dead letter is being stored: an ack or a
+        # change of them then would end, or move, what is already on its way to the DLQ
+        self._settling: set[tuple[str, str, int]] = set()
         self.revived = 0
         self.dead_lettered = 0
         self._failures = RateLimitedLog(log)
@@ -136,14 +139,15 @@ class PopService:
         """End a popped message's check point (named by its pop's due time); False when it is
         gone: acked already, or revived (the message comes, or came, back)."""
         cp = self.points.invisible(group, queue, offset, due_ms)
-        if cp is None:
+        if cp is None or (group, queue, offset) in self._settling:
             return False
         self.points.ack([cp])
         return True
 
     def ack_many(self, group: str, queue: str, offsets: list[int], due_ms: int) -> int:
         """``ack`` for several messages of one pop, one batch; how many were still out."""
-        points = [cp for cp in (self.points.invisible(group, queue, o, due_ms) for o in offsets) if cp is not None]
+        points = [cp for cp in (self.points.invisible(group, queue, o, due_ms) for o in offsets)
+                  if cp is not None and (group, queue, cp.offset) not in self._settling]
         if points:
             self.points.ack(points)
         return len(points)
@@ -152,7 +156,7 @@ class PopService:
         """Make a popped message invisible for ``invisible_ms`` from now instead; the new pop
         time, or None when its check point is gone."""
         cp = self.points.invisible(group, queue, offset, due_ms)
-        if cp is None:
+        if cp is None or (group, queue, offset) in self._settling:
             return None
         now = _now_ms()
         self.points.change(cp, now + invisible_ms)
@@ -190,7 +194,12 @@ class PopService:
             message = self.store.read_at(cp.position)
             if message is not None:
                 message.queue, message.queue_offset = cp.queue, cp.offset
-                await self._dead_letter(cp, message, cp.attempts + 1)  # (a crash before the ack: twice)
+                owner = (cp.group, cp.queue, cp.offset)
+                self._settling.add(owner)
+                try:
+                    await self._dead_letter(cp, message, cp.attempts + 1)  # (a crash before the ack: twice)
+                finally:
+                    self._settling.discard(owner)
                 self.dead_lettered += 1
             else:
                 log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
