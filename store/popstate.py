@@ -122,13 +122,6 @@ class PopCheckPoints:
             out.append(_invisible(key, value))
         return out
 
-    def next_due_ms(self, from_ms: int = 0) -> int | None:
-        opts = ReadOptions()
-        opts.set_iterate_upper_bound(_upper(INVISIBLE_PREFIX))
-        for key in self._db.keys(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
-            return _U64.unpack_from(key, len(INVISIBLE_PREFIX))[0]
-        return None
-
     def outstanding(self) -> Iterator[CheckPoint]:
         """Every check point, invisible then ready (tests, admin)."""
         for prefix in (INVISIBLE_PREFIX, READY_PREFIX):

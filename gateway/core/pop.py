@@ -5,7 +5,9 @@ back (revive), its attempts + 1; past the group's maximum it goes to the caller'
 
 The state is store/popstate.py's (pop offset and check points, one WAL batch per change); a
 pop reads and records without awaiting in between, so two pops of one queue never overlap.
-One revive task per gateway sleeps until the earliest check point is due (or ``LOOK_S``).
+One revive task per gateway looks every ``LOOK_S`` (sooner when a pop's check point is due
+sooner); it never walks the check points to find the next one: acked ones leave tombstones
+there, which a walk per pop would step over again and again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..tasks import cancel_and_wait
 log = logging.getLogger("tidemq.pop")
 
 REVIVE_BATCH = 1024  # check points revived per WAL batch
-LOOK_S = 0.2  # the revive task's longest sleep (a pop with a shorter invisible time wakes it)
+LOOK_MS = 200  # the revive task's longest sleep (a pop with a shorter invisible time wakes it)
 RETRY_S = 1.0  # after a dead-letter put failed
 # revive walks from where it got to, less this (a check point is made due at or after the time
 # it is made, so none is missed unless the clock steps back further; a restart walks all)
@@ -62,7 +64,7 @@ class PopService:
         self._dead_letter = dead_letter
         self._max_attempts = max_attempts  # group -> revivals allowed before the dead letter
         self.on_ready: Callable[[str, str], None] = lambda group, queue: None  # (wake its held pops)
-        self._next_due: int | None = None
+        self._wake_at = 0  # ms: when the revive task looks next (a pop due sooner moves it)
         self._revived_to = 0  # ms: every check point due before this (less the slack) is revived
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -168,8 +170,8 @@ class PopService:
 
     # -- revive --------------------------------------------------------------------------------
     def _scheduled(self, due_ms: int) -> None:
-        if self._next_due is None or due_ms < self._next_due:
-            self._next_due = due_ms
+        if due_ms < self._wake_at:
+            self._wake_at = due_ms
             self._wake.set()
 
     async def revive_due(self) -> int:
@@ -210,10 +212,9 @@ class PopService:
 
     async def _run(self) -> None:
         while True:
-            self._wake.clear()
             try:
                 if await self.revive_due():
-                    continue
+                    continue  # more may be due
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- a store refusal, or a dead letter that cannot be put: again later
@@ -221,12 +222,13 @@ class PopService:
                                    exc_info=not isinstance(exc, StoreError))
                 await asyncio.sleep(RETRY_S)
                 continue
-            self._next_due = self.points.next_due_ms(max(0, self._revived_to - CLOCK_SLACK_MS))
-            delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - _now_ms()) / 1000))
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            self._wake_at = _now_ms() + LOOK_MS
+            while (delay := (self._wake_at - _now_ms()) / 1000) > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
 
 
 def _now_ms() -> int:
