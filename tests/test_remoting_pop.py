@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from pathlib import Path
 
+import pytest
+
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.message_codec import decode_messages
 
-from .crash_support import free_port, kill9, start_gateway, stop
+from .crash_support import free_port, kill9, seeded_random, start_gateway, stop
 from .pop_support import PopClient, Popped
 from .remoting_support import RawRemoting, pull_header, remoting_gateway, send_header
 from .test_metrics import fetch, samples, value
@@ -261,3 +264,51 @@ async def test_a_pop_of_every_queue_answers_one_entry_per_queue(data_dir: Path) 
             assert (await client.ack(TOPIC, p)).code == ResponseCode.SUCCESS
         assert gw.remoting.pop.outstanding() == []
         client.close()
+
+
+@pytest.mark.slow
+async def test_kill_9_while_two_consumers_pop_and_ack_loses_nothing_and_returns_no_acked_message(data_dir: Path) -> None:
+    rng = seeded_random("pop random kill")
+    port = free_port()
+    proc = start_gateway(data_dir, remoting_port=port)
+    bodies = {str(i).encode() for i in range(1000)}
+    acked: set[bytes] = set()  # SUCCESS came back
+    unsure: set[bytes] = set()  # ack sent, the kill came before its answer
+    try:
+        producer = await RawRemoting.open(f"127.0.0.1:{port}")
+        for body in bodies:  # (pipelined)
+            producer.send(RequestCode.SEND_MESSAGE, send_header(TOPIC, 0), body)
+        assert all([(await producer.recv()).code == ResponseCode.SUCCESS for _ in bodies])
+
+        async def consume(client: PopClient) -> None:
+            with contextlib.suppress(ConnectionError, OSError, asyncio.IncompleteReadError):
+                while True:
+                    for p in await client.pop(TOPIC, max_nums=2, invisible_ms=1500):
+                        unsure.add(p.body)
+                        if (await client.ack(TOPIC, p)).code == ResponseCode.SUCCESS:
+                            acked.add(p.body)
+                        unsure.discard(p.body)
+
+        consumers = [await PopClient.open(f"127.0.0.1:{port}", GROUP) for _ in range(2)]
+        tasks = [asyncio.create_task(consume(c)) for c in consumers]
+        target = rng.randrange(1, 900)  # the kill comes after this many acks, mid-stream
+        deadline = time.monotonic() + 20
+        while len(acked) < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        kill9(proc)
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert target <= len(acked) < len(bodies), "the kill came after the last ack"
+        proc = start_gateway(data_dir, remoting_port=port)
+        client = await PopClient.open(f"127.0.0.1:{port}", GROUP)
+        after: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(acked | unsure | set(after)) < len(bodies) and time.monotonic() < deadline:
+            for p in await client.pop(TOPIC, invisible_ms=60_000, poll_ms=300):
+                after.append(p.body)
+                assert (await client.ack(TOPIC, p)).code == ResponseCode.SUCCESS
+        assert not acked & set(after), "an acknowledged message came back after the restart"
+        assert acked | unsure | set(after) == bodies, "a popped message was lost"
+        assert len(after) == len(set(after))
+        client.close()
+    finally:
+        stop(proc)
