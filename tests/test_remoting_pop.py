@@ -186,6 +186,7 @@ async def test_pop_refusals(data_dir: Path) -> None:
                             ({"queueId": "9"}, ResponseCode.INVALID_PARAMETER),
                             ({"invisibleTime": "-1"}, ResponseCode.INVALID_PARAMETER),
                             ({"topic": "Nope"}, ResponseCode.TOPIC_NOT_EXIST),
+                            ({"consumerGroup": "g" * 256}, ResponseCode.INVALID_PARAMETER),
                             ({"expType": "SQL92", "exp": "a >"}, ResponseCode.SUBSCRIPTION_PARSE_FAILED)):
             response = await client.request_pop(TOPIC, extra=extra)
             assert response.code == code, (extra, response.code, response.remark)

@@ -112,9 +112,9 @@ class PopService:
         if offset is None:
             offset = start() if start is not None else None
             if offset is None:
-                # (as RocketMQ's getInitOffset: MAX starts at the last message there is)
-                offset = max(0, self.store.max_offset_now(queue) - 1) if init_mode == INIT_MAX \
-                    else self.store.min_offset_now(queue)
+                # (as RocketMQ's getInitOffset: MIN, else MAX, which starts at the last message there is)
+                offset = self.store.min_offset_now(queue) if init_mode == INIT_MIN \
+                    else max(0, self.store.max_offset_now(queue) - 1)
         room = max_messages - len(popped.messages)
         result = read(queue, offset, room) if room > 0 else None
         if result is not None:

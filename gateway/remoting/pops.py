@@ -35,9 +35,18 @@ from .requests import CONSUMER_PREFIX, BadRequest, Client, Reply, int_field, str
 from .topics import dlq_topic
 
 MAX_POP_MESSAGES = 32  # RocketMQ's broker refuses more
+MAX_GROUP_CHARS = 255
 MAX_BIT_SET_BYTES = 8192  # a batch ack's bit set: offsets up to 65,536 past its pop's start
 NORMAL = "0"  # ExtraInfoUtil's retry flag of a message from its own topic
 _LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
+
+
+def _group(name: str) -> str:
+    """A consumer group name, bounded as RocketMQ's Validators bound names (255 characters)."""
+    if len(name) > MAX_GROUP_CHARS:
+        raise BadRequest(f"the consumer group name is longer than {MAX_GROUP_CHARS} characters",
+                         ResponseCode.INVALID_PARAMETER)
+    return name
 
 
 def _in_range(value: int, name: str) -> int:
@@ -126,7 +135,7 @@ class PopRequests:
 
     def pop_message(self, conn: Client, request: RemotingCommand) -> Reply:
         ext = request.ext_fields
-        group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
+        group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         max_messages = int_field(ext, "maxMsgNums")
         invisible_ms = int_field(ext, "invisibleTime")
         poll_ms = int_field(ext, "pollTime", 0)
@@ -214,7 +223,7 @@ class PopRequests:
 
     def ack_message(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
-        group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
+        group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
         offset = _in_range(int_field(ext, "offset"), "offset")
@@ -235,7 +244,7 @@ class PopRequests:
                 return response_to(request, ResponseCode.NO_MESSAGE, "no acks")
             for ack in acks:
                 get = _batch_ack_field(ack)
-                group, topic = str(get("c", "consumerGroup")), str(get("t", "topic"))
+                group, topic = _group(str(get("c", "consumerGroup"))), str(get("t", "topic"))
                 queue = self._acked_queue(conn, topic, int(get("q", "queueId")))
                 start = _in_range(int(get("so", "startOffset")), "startOffset")
                 due = _in_range(int(get("pt", "popTime")), "popTime") + _in_range(int(get("it", "invisibleTime")),
@@ -259,7 +268,7 @@ class PopRequests:
 
     def change_invisible_time(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
-        group, topic = str_field(ext, "consumerGroup"), str_field(ext, "topic")
+        group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
         new_invisible = _in_range(int_field(ext, "invisibleTime"), "invisibleTime")
