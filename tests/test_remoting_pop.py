@@ -21,6 +21,7 @@ from .crash_support import free_port, kill9, seeded_random, start_gateway, stop
 from .pop_support import PopClient, Popped
 from .remoting_support import RawRemoting, pull_header, remoting_gateway, send_header
 from .test_metrics import fetch, samples, value
+from .test_trace import trace_until
 
 TOPIC = "Jobs"
 GROUP = "pop-workers"
@@ -313,3 +314,17 @@ async def test_kill_9_while_two_consumers_pop_and_ack_loses_nothing_and_returns_
         client.close()
     finally:
         stop(proc)
+
+
+async def test_pops_and_acks_are_traced(data_dir: Path) -> None:
+    async with remoting_gateway(data_dir, trace="remoting", metrics_bind="127.0.0.1:0") as (gw, addr):
+        client = await PopClient.open(addr, GROUP)
+        header = send_header(TOPIC, 0, properties="KEYS\x01job-7")
+        assert (await client.raw.call(RequestCode.SEND_MESSAGE, header, b"traced")).code == ResponseCode.SUCCESS
+        (p,) = await client.pop(TOPIC)
+        assert (await client.ack(TOPIC, p)).code == ResponseCode.SUCCESS
+        events = await trace_until(gw, "/admin/trace?key=job-7", {"publish", "store", "deliver", "ack"})
+        kinds = {e["type"]: e for e in events}
+        assert {"deliver", "ack"} <= kinds.keys(), events
+        assert kinds["deliver"]["client"].startswith(f"{GROUP}@") and kinds["ack"]["queue"] == "r:Jobs:0"
+        client.close()

@@ -137,22 +137,22 @@ class PopService:
             self._scheduled(popped.due_ms)
         return popped
 
-    def ack(self, group: str, queue: str, offset: int, due_ms: int) -> bool:
-        """End a popped message's check point (named by its pop's due time); False when it is
+    def ack(self, group: str, queue: str, offset: int, due_ms: int) -> CheckPoint | None:
+        """End a popped message's check point (named by its pop's due time); None when it is
         gone: acked already, or revived (the message comes, or came, back)."""
         cp = self.points.invisible(group, queue, offset, due_ms)
         if cp is None or (group, queue, offset) in self._settling:
-            return False
+            return None
         self.points.ack([cp])
-        return True
+        return cp
 
-    def ack_many(self, group: str, queue: str, offsets: list[int], due_ms: int) -> int:
-        """``ack`` for several messages of one pop, one batch; how many were still out."""
+    def ack_many(self, group: str, queue: str, offsets: list[int], due_ms: int) -> list[CheckPoint]:
+        """``ack`` for several messages of one pop, one batch; those that were still out."""
         points = [cp for cp in (self.points.invisible(group, queue, o, due_ms) for o in offsets)
                   if cp is not None and (group, queue, cp.offset) not in self._settling]
         if points:
             self.points.ack(points)
-        return len(points)
+        return points
 
     def change(self, group: str, queue: str, offset: int, due_ms: int, invisible_ms: int) -> int | None:
         """Make a popped message invisible for ``invisible_ms`` from now instead; the new pop

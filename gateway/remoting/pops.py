@@ -18,6 +18,7 @@ import base64
 import itertools
 import json
 import time
+from dataclasses import dataclass
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -53,6 +54,17 @@ def _in_range(value: int, name: str) -> int:
     if not 0 <= value <= _LIMIT:
         raise BadRequest(f"{name} {value} is out of range", ResponseCode.INVALID_PARAMETER)
     return value
+
+
+@dataclass(slots=True, frozen=True)
+class PopAsk:
+    """What a pop's answer is built from, whenever it comes (at once, or after a hold)."""
+
+    conn: Client
+    request: RemotingCommand
+    group: str
+    topic: str
+    invisible_ms: int
 
 
 class PopWaiters:
@@ -167,28 +179,29 @@ class PopRequests:
             return out
 
         found = pop_once()
+        answer = PopAsk(conn, request, group, topic, invisible_ms)
         if any(p.messages for _, p in found) or poll_ms <= 0:
-            return self._pop_response(request, topic, found, invisible_ms)
-        return self._held_pop(request, topic, queue_ids, pop_once, invisible_ms, min(poll_ms / 1000, self.long_poll_max_s))
+            return self._pop_response(answer, found)
+        return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
 
     def _pull_offset(self, group: str, queue: str) -> int | None:
         """Where a group new to popping a queue starts: where its pulls got to, if they did."""
         return self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
 
-    async def _held_pop(self, request: RemotingCommand, topic: str, queue_ids: list[int], pop_once,
-                        invisible_ms: int, timeout_s: float) -> RemotingCommand:
+    async def _held_pop(self, answer: PopAsk, queue_ids: list[int], pop_once, timeout_s: float) -> RemotingCommand:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        queues = [remoting_queue(topic, q) for q in queue_ids]
+        queues = [remoting_queue(answer.topic, q) for q in queue_ids]
         found = []
         while (left := deadline - loop.time()) > 0 and await self.pop_waiters.wait(queues, left):
             found = pop_once()
             if any(p.messages for _, p in found):
                 break
-        return self._pop_response(request, topic, found, invisible_ms)
+        return self._pop_response(answer, found)
 
-    def _pop_response(self, request: RemotingCommand, topic: str, found: list[tuple[int, Popped]],
-                      invisible_ms: int) -> RemotingCommand:
+    def _pop_response(self, answer: PopAsk, found: list[tuple[int, Popped]]) -> RemotingCommand:
+        conn, request, group, topic, invisible_ms = (answer.conn, answer.request, answer.group, answer.topic,
+                                                     answer.invisible_ms)
         popped = [(qid, p) for qid, p in found if p.messages]
         pop_time = popped[0][1].pop_time_ms if popped else (found[0][1].pop_time_ms if found else 0)
         ext = {"popTime": str(pop_time), "invisibleTime": str(invisible_ms), "reviveQid": "0",
@@ -208,6 +221,11 @@ class PopRequests:
         ext["startOffsetInfo"] = ";".join(start_info)
         ext["msgOffsetInfo"] = ";".join(offset_info)
         self.stats.messages_sent += len(body)
+        if conn.tracer is not None:  # (each message's ack is traced when it comes)
+            client = f"{group}@{conn.client_id or conn.peer}"
+            for _, p in popped:
+                for cp in p.points:
+                    conn.tracer.delivered("remoting", client, cp.position, p.queue, cp.offset, 1)
         return response_to(request, ResponseCode.SUCCESS, "FOUND", ext_fields=ext, body=b"".join(body))
 
     # -- ack / change --------------------------------------------------------------------------
@@ -227,7 +245,9 @@ class PopRequests:
         queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
         offset = _in_range(int_field(ext, "offset"), "offset")
-        if retry == NORMAL and self.pop.ack(group, queue, offset, pop_time + invisible):
+        acked = self.pop.ack(group, queue, offset, pop_time + invisible) if retry == NORMAL else None
+        if acked is not None:
+            self._trace_acks(conn, group, [acked])
             return response_to(request, ResponseCode.SUCCESS)
         return response_to(request, ResponseCode.NO_MESSAGE, "no such check point: acked already, or its invisible "
                                                              "time ran out and the message came back")
@@ -258,8 +278,12 @@ class PopRequests:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise BadRequest(f"the batch ack body is not a BatchAckMessageRequestBody: {exc!r}",
                              ResponseCode.INVALID_PARAMETER) from None
-        found = sum(self.pop.ack_many(group, queue, offsets, due)
-                    for group, queue, offsets, due, normal in wanted if normal)
+        found = 0
+        for group, queue, offsets, due, normal in wanted:
+            if normal:
+                acked = self.pop.ack_many(group, queue, offsets, due)
+                self._trace_acks(conn, group, acked)
+                found += len(acked)
         total = sum(len(w[2]) for w in wanted)
         if found < total:
             return response_to(request, ResponseCode.NO_MESSAGE, f"{total - found} of {total} check points were "
@@ -280,6 +304,12 @@ class PopRequests:
                                                                  "invisible time ran out and the message came back")
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "popTime": str(new_pop_time), "invisibleTime": str(new_invisible), "reviveQid": "0"})
+
+    def _trace_acks(self, conn: Client, group: str, acked: list[CheckPoint]) -> None:
+        if conn.tracer is not None:
+            client = f"{group}@{conn.client_id or conn.peer}"
+            for cp in acked:
+                conn.tracer.acked("remoting", client, cp.position, cp.queue, cp.offset)
 
     # -- revive's ends -------------------------------------------------------------------------
     def _pop_ready(self, group: str, queue: str) -> None:
