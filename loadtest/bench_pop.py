@@ -184,7 +184,7 @@ def run_case(case: str, duration: float, quick: bool) -> str:
         return (f"pop case={case} consumers={consumers} msgs_per_s={count / seconds:.0f} "
                 f"broker_cpu_us_per_msg={us:.2f} messages={count} fill={fill_count} seconds={seconds:.2f} "
                 f"quick={int(quick)} {cpu}")
-    except Exception as exc:  # the run goes on with the next case
+    except Exception as exc:  # noqa: BLE001 -- the run goes on with the next case
         return f'pop case={case} error="{type(exc).__name__}: {exc}" log="{broker.log_tail()}"'
     finally:
         broker.stop()
