@@ -195,9 +195,12 @@ async def test_pop_refusals(data_dir: Path) -> None:
             bad = await client.ack(TOPIC, extra_info)
             assert bad.code == ResponseCode.INVALID_PARAMETER, (extra_info, bad.remark)
         huge = {"acks": [{"c": GROUP, "t": TOPIC, "r": "0", "so": 0, "q": 0, "rq": 0, "pt": 1, "it": 1,
-                          "b": base64.b64encode(b"\xff" * 9000).decode()}]}
+                          "b": base64.b64encode(b"\xff" * 200).decode()}]}
         refused = await client.raw.call(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps(huge).encode())
         assert refused.code == ResponseCode.INVALID_PARAMETER and "bit set" in refused.remark
+        far = dict(huge["acks"][0], b=base64.b64encode(bytes(100_000) + b"\x05").decode())  # offsets 800,000 and 800,002
+        wide = await client.raw.call(RequestCode.BATCH_ACK_MESSAGE, {}, json.dumps({"acks": [far]}).encode())
+        assert wide.code == ResponseCode.NO_MESSAGE and wide.remark.startswith("2 of 2 check points")
         peek = await client.raw.call(RequestCode.PEEK_MESSAGE, {"consumerGroup": GROUP, "topic": TOPIC})
         assert peek.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert len(await client.pop(TOPIC, invisible_ms=100)) == 1  # nothing refused took the message
