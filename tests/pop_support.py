@@ -12,7 +12,9 @@ wire exchange of apache/rocketmq's Java client byte for byte:
 - BATCH_ACK_MESSAGE: MQClientAPIImpl.batchAckMessageAsync (BatchAckMessageRequestBody, BatchAck's
   short JSON names, the BitSet as fastjson writes a byte[]: base64 of BitSet.toByteArray).
 - CHANGE_MESSAGE_INVISIBLETIME: DefaultMQPushConsumerImpl.changePopInvisibleTimeAsync, and
-  changeInvisibleTimeAsync's new extraInfo from the ChangeInvisibleTimeResponseHeader.
+  changeInvisibleTimeAsync's new extraInfo from the ChangeInvisibleTimeResponseHeader (which it
+  decodes before it looks at the code: RemotingCommand.decodeCommandCustomHeader refuses a
+  response without its @CFNotNull fields).
 """
 
 from __future__ import annotations
@@ -136,9 +138,10 @@ class PopClient:
         header = {"consumerGroup": self.group, "topic": topic, "queueId": parts[6], "extraInfo": extra,
                   "offset": parts[7], "invisibleTime": str(invisible_ms), "bname": parts[5]}
         response = await self.raw.call(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header)
+        ext = response.ext_fields  # (decoded whatever the code: its @CFNotNull fields must be there)
+        assert {"popTime", "invisibleTime", "reviveQid"} <= ext.keys(), (response.code, ext)
         if response.code != ResponseCode.SUCCESS:
             return response, None
-        ext = response.ext_fields
         new = build_extra_info(int(parts[7]), int(ext["popTime"]), int(ext["invisibleTime"]), int(ext["reviveQid"]),
                                topic, parts[5], int(parts[6]), int(parts[7]))
         return response, new

@@ -312,9 +312,10 @@ class PopRequests:
         new_pop_time = None if retry != NORMAL else \
             self.pop.change(group, queue, _in_range(int_field(ext, "offset"), "offset"), pop_time + invisible,
                             new_invisible)
-        if new_pop_time is None:
+        if new_pop_time is None:  # (the header's fields anyway: the Java client decodes them before the code)
             return response_to(request, ResponseCode.NO_MESSAGE, "no such check point: acked already, or its "
-                                                                 "invisible time ran out and the message came back")
+                               "invisible time ran out and the message came back",
+                               ext_fields={"popTime": "0", "invisibleTime": "0", "reviveQid": "0"})
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "popTime": str(new_pop_time), "invisibleTime": str(new_invisible), "reviveQid": "0"})
 
