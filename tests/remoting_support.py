@@ -138,12 +138,13 @@ class RawRemoting:
             self.pending.extend(self.frames.feed(data))
         return self.pending.pop(0)
 
-    async def call(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", **kw) -> RemotingCommand:
+    async def call(self, code: int, ext: dict[str, str] | None = None, body: bytes = b"", *,
+                   timeout_s: float = RAW_TIMEOUT, **kw) -> RemotingCommand:
         opaque = self.send(code, ext, body, **kw)
-        response = await self.recv()
+        response = await self.recv(timeout_s)
         while not response.is_response:  # the broker's own requests (NOTIFY_CONSUMER_IDS_CHANGED)
             self.server_requests.append(response)
-            response = await self.recv()
+            response = await self.recv(timeout_s)
         assert response.opaque == opaque
         return response
 

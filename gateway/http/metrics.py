@@ -243,3 +243,7 @@ class GatewayCollector:
             for lag, group in sorted(lags, reverse=True)[:TOP_QUEUES]:
                 family.add_metric([group], lag)
             yield family
+            yield CounterMetricFamily("tidemq_remoting_pop_revived", "Popped messages not acked in their invisible "
+                                      "time, made visible again", value=remoting.pop.revived)
+            yield CounterMetricFamily("tidemq_remoting_pop_dead_lettered", "Popped messages past the max reconsume "
+                                      "times, stored into %DLQ%{group}", value=remoting.pop.dead_lettered)

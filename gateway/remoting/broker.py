@@ -34,6 +34,7 @@ from store.errors import InvalidMessageError, MessageTooLargeError
 from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
 
+from ..core.pop import PopService
 from ..deadlines import Deadlines
 from ..interop import (
     REMOTING_QUEUE_PREFIX,
@@ -51,6 +52,7 @@ from .groups import ConsumerGroups
 from .long_poll import PullHolds
 from .messages import Origin, plain_body, to_store_message, to_wire
 from .ordering import sharding_queue
+from .pops import PopRequests, PopWaiters
 from .pulls import PullRequests
 from .queries import QueryRequests
 from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
@@ -74,7 +76,7 @@ log = logging.getLogger("tidemq.remoting")
 DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
-class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequests):
+class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
@@ -104,6 +106,10 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         self.producers = Producers()  # (live producer connections by group: transaction checks)
         self.transactions = TransactionService(store, self.producers, transactions or TransactionSettings(),
                                                self._half_message)
+        # pop consumption (pops.py): check points in the store, revived by one task
+        self.pop = PopService(store, self._pop_dead_letter, lambda group: self.max_reconsume_times)
+        self.pop.on_ready = self._pop_ready
+        self.pop_waiters = PopWaiters()
         self.connections: set[Client] = set()
         self.stats = stats or ProtocolStats()
         self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
@@ -139,6 +145,10 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
             RequestCode.LOCK_BATCH_MQ: self.lock_batch,
             RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
             RequestCode.END_TRANSACTION: self.transactions.end,
+            RequestCode.POP_MESSAGE: self.pop_message,
+            RequestCode.ACK_MESSAGE: self.ack_message,
+            RequestCode.BATCH_ACK_MESSAGE: self.batch_ack_message,
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time,
         }
 
     def set_address(self, addr: str) -> None:
@@ -160,14 +170,17 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
         self._tasks.append(loop.create_task(self._expire_members(), name="remoting-groups"))
         self.schedule.start()
         self.transactions.start()
+        self.pop.start()
         log.info("remoting state restored topics=%d", len(self.topics.topics))
 
     async def stop(self) -> None:
         self.holds.wake_all()
+        self.pop_waiters.wake_all()
         for conn in list(self.connections):
             conn.close()
         await self.schedule.stop()
         await self.transactions.stop()
+        await self.pop.stop()
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
         self.deadlines.close()
@@ -175,6 +188,7 @@ class RemotingBroker(PullRequests, ConsumerRequests, RetryRequests, QueryRequest
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if store_queue_name.startswith(REMOTING_QUEUE_PREFIX):
             self.holds.on_notify(store_queue_name, max_offset)
+            self.pop_waiters.wake(store_queue_name)
         else:
             self.schedule.on_notify(store_queue_name)
 
