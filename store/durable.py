@@ -8,9 +8,9 @@ disk is the acknowledgement only: a batch's futures resolve once an fdatasync th
 its write has returned. One fdatasync covers every batch written before it began (group
 commit); batches written while it runs wait for the next one, which starts when it returns.
 
-The thread blocks on an eventfd, not on a Python lock or an executor queue: it takes the GIL
-only for the few bytecodes between its three system calls, and the event loop learns of a
-finished fdatasync from a readable eventfd (one callback, no future chain across threads).
+The thread's loop (fsync_loop.py, compiled) never takes the GIL: the event loop names the files
+to fdatasync and wakes it through an eventfd, and learns of the answer from another eventfd
+(one reader callback, no future chain across threads, no GIL hand-off).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from .commitlog import CommitLog
 from .errors import StoreError, StoreWriteError
+from .fsync_loop import MAX_FILES, FsyncLoop
 
 log = logging.getLogger("tidemq.store")
 
@@ -48,14 +49,15 @@ class SyncFlusher:
         self._acknowledge = acknowledge
         self._waiting: deque[Waiting] = deque()
         self._requested = False  # an fdatasync was asked for and has not come back yet
-        self._error: StoreWriteError | None = None  # the last fdatasync's, set by the thread
+        self._asked_end = 0  # the commitlog position the asked fdatasync makes durable
         self.failed: StoreError | None = None
         self._ask = os.eventfd(0, os.EFD_CLOEXEC)  # loop -> thread (blocking reads)
         self._done = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # thread -> loop
+        self._fsync = FsyncLoop(self._ask, self._done)
         self._stopping = False
         self._drained: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="store-flusher", daemon=True)
+        self._thread = threading.Thread(target=self._fsync.run, name="store-flusher", daemon=True)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -84,30 +86,22 @@ class SyncFlusher:
         if self._loop is not None and not self._stopping:
             self._stopping = True
             self._loop.remove_reader(self._done)
-            os.eventfd_write(self._ask, 1)
+            self._fsync.stop()
             self._thread.join()
         for fd in (self._ask, self._done):
             os.close(fd)
         self._ask = self._done = -1
 
     def _request(self) -> None:
-        self._requested = True
-        os.eventfd_write(self._ask, 1)
-
-    def _run(self) -> None:  # the thread
-        commitlog = self._commitlog
-        while True:
-            os.eventfd_read(self._ask)  # (requests that came meanwhile coalesce into one)
-            if self._stopping:
-                return
+        end, fds = self._commitlog.sync_targets()
+        while len(fds) > MAX_FILES:  # (tiny segments only) the oldest here, the rest on the thread
             try:
-                commitlog.flush()
-                self._error = None
-            except StoreWriteError as exc:
-                self._error = exc
-            except Exception as exc:  # noqa: BLE001 - reported to the loop, never lost in the thread
-                self._error = StoreWriteError(f"commitlog flush failed: {exc}")
-            os.eventfd_write(self._done, 1)
+                os.fdatasync(fds.pop(0))
+            except OSError as exc:
+                self.failed = StoreWriteError(f"the store refuses writes after a failed fdatasync: {exc}")
+        self._requested = True
+        self._asked_end = end
+        self._fsync.request(fds)
 
     def _on_done(self) -> None:  # the loop, when an fdatasync came back
         try:
@@ -115,9 +109,12 @@ class SyncFlusher:
         except BlockingIOError:
             return
         self._requested = False
-        if self._error is not None and self.failed is None:
-            self.failed = StoreWriteError(f"the store refuses writes after a failed fdatasync: {self._error}")
-            log.error("commitlog flush failed; refusing writes until restart error=%s", self._error)
+        error = self._fsync.error
+        if error and self.failed is None:
+            self.failed = StoreWriteError(f"the store refuses writes after a failed fdatasync: {os.strerror(error)}")
+            log.error("commitlog flush failed; refusing writes until restart error=%s", os.strerror(error))
+        if self.failed is None:
+            self._commitlog.flushed_to(self._asked_end)
         durable = self._commitlog.flushed_position
         waiting = self._waiting
         failed = self.failed

@@ -6,34 +6,60 @@ stops writes, leaving what readers may have seen in place."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import threading
 
 import pytest
 
 from store import GetStatus, Message, StoreWriteError
 from store.commitlog import CommitLog
+from store.durable import SyncFlusher
 
-HOLD_S = 10.0  # bound of a held fdatasync, in case a test fails before releasing it
+NOT_OPEN = 1 << 20  # a file descriptor number beyond any this process opens
+
+
+class Hold:
+    """Holds the store's flusher: no fdatasync starts while held; ``set()`` starts the one
+    asked for meanwhile (with ``fail``, on a file descriptor that is not open: EBADF)."""
+
+    def __init__(self) -> None:
+        self.held = True
+        self.fail = False
+        self.asked: list[SyncFlusher] = []
+
+    def set(self) -> None:
+        self.held = False
+        asked, self.asked = self.asked, []
+        for flusher in asked:
+            REQUEST(flusher)
+
+    def clear(self) -> None:
+        self.held = True
+
+
+REQUEST = SyncFlusher._request
 
 
 @pytest.fixture
 def held_flusher(monkeypatch):
-    """The store's flusher thread waits, before each fdatasync, until ``release`` is set (or
-    raises ``error`` when it is set); other threads flush as usual."""
-    release = threading.Event()
-    state: dict[str, BaseException | None] = {"error": None}
-    real = CommitLog.flush
+    """(hold, None): the flusher thread gets no request while ``hold`` is held (Hold)."""
+    hold = Hold()
 
-    def flush(self: CommitLog) -> int:
-        if threading.current_thread().name == "store-flusher":
-            release.wait(HOLD_S)
-            if state["error"] is not None:
-                raise state["error"]
-        return real(self)
+    real_targets = CommitLog.sync_targets
 
-    monkeypatch.setattr(CommitLog, "flush", flush)
-    return release, state
+    def sync_targets(self: CommitLog) -> tuple[int, list[int]]:
+        end, fds = real_targets(self)
+        return (end, [NOT_OPEN]) if hold.fail else (end, fds)
+
+    def request(self: SyncFlusher) -> None:
+        if hold.held:
+            self._requested = True  # (as the real one: later batches wait for its answer)
+            hold.asked.append(self)
+        else:
+            REQUEST(self)
+
+    monkeypatch.setattr(SyncFlusher, "_request", request)
+    monkeypatch.setattr(CommitLog, "sync_targets", sync_targets)
+    return hold, None
 
 
 async def wait_readable(store, queue: str, offset: int):
@@ -119,16 +145,16 @@ async def test_a_table_write_makes_the_commitlog_durable_first(open_store, held_
 
 
 async def test_a_failed_fdatasync_fails_the_waiting_puts_and_stops_writes(open_store, held_flusher):
-    release, state = held_flusher
+    release, _ = held_flusher
     store = await open_store(flush="sync")
     first = asyncio.ensure_future(store.put(Message("t", b"a"), ["q"]))
     await wait_readable(store, "q", 0)
     second = asyncio.ensure_future(store.put(Message("t", b"b"), ["q"]))
     await wait_readable(store, "q", 1)
-    state["error"] = StoreWriteError(f"commitlog flush failed: {errno.errorcode[errno.EIO]}")
+    release.fail = True
     release.set()
     for put in (first, second):
-        with pytest.raises(StoreWriteError, match="EIO"):
+        with pytest.raises(StoreWriteError, match="failed fdatasync: Bad file descriptor"):
             await asyncio.wait_for(put, 5)
     # Readers may have had them: they stay, and nothing may follow them in the log.
     assert [m.body for m in store.get_now("q", 0).messages] == [b"a", b"b"]
