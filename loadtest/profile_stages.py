@@ -94,7 +94,7 @@ STORE_RULES = (
     rule(READ, r"^store/record\.py$", r"RecordView|decode_|peek_size"),
     rule(READ, r"^store/consumequeue\.py$", r"\.(entries|entry|first_offset\w*|_bisect)$"),
     rule(COMMIT, r"^store/consumequeue\.py$", r"\.(commit|new_batch|resolve|flush|trim_cache)$"),
-    rule(COMMIT, r"^store/(committer|commitlog|dispatcher|notify|record|rocks|keyindex|msgid)\.py$"),
+    rule(COMMIT, r"^store/(committer|commitlog|dispatcher|durable|fsync_loop|notify|record|rocks|keyindex|msgid)\.py$"),
     rule(READ, r"^cache/"),
     rule(READ, r"^gateway/core/cursor\.py$"),
 )

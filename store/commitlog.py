@@ -199,6 +199,22 @@ class CommitLog:
             self._flushed = max(self._flushed, end)
             return self._flushed
 
+    def sync_targets(self) -> tuple[int, list[int]]:
+        """(end, fds) for a flush by a thread that cannot take the GIL (store/durable.py): an
+        fdatasync of each of ``fds``, the files holding [durable position, end), makes all
+        written so far durable; then ``flushed_to(end)``. (No lock, and the dirty set is left to
+        ``flush``: both are correct whichever runs first.)"""
+        end = self._end
+        size = self.segment_size
+        segments = self._segments
+        starts = range(self._flushed - self._flushed % size, end, size)
+        return end, [segments[s].fd for s in starts if s in segments]
+
+    def flushed_to(self, end: int) -> None:
+        """``sync_targets``'s fdatasyncs are done: everything before ``end`` is durable."""
+        if end > self._flushed:
+            self._flushed = min(end, self._end)  # (never past a truncation meanwhile)
+
     # -- reading -----------------------------------------------------------------------
     def records(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
         """The records at (position, size) ``spans``, as stored; back-to-back ones in one read

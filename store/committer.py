@@ -1,7 +1,9 @@
 """The store's writer: every put waiting when it wakes is encoded, appended to the commitlog in
-one write, made durable per the flush mode (one fdatasync for the whole group in ``sync`` mode),
-indexed in one RocksDB WriteBatch, and only then acknowledged (group commit, as RocketMQ's
-GroupCommitService). Futures resolve in submission order.
+one write, indexed in one RocksDB WriteBatch and announced (notify, tail readers) at once; its
+acknowledgement follows per the flush mode: at once in ``async`` mode, after an fdatasync that
+began after the write in ``sync`` mode (durable.py: group commit, as RocketMQ's
+GroupCommitService, with delivery from the page cache meanwhile, as RabbitMQ). Futures resolve
+in submission order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .batching import PreparedMessage, dispatch_items, place, put_results
 from .commitlog import CommitLog
 from .consumequeue import ConsumeQueueIndex
 from .dispatcher import Dispatcher
+from .durable import SyncFlusher
 from .errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
 from .log_limit import RateLimitedLog
 from .message import Message, PutResult
@@ -35,7 +38,7 @@ class GroupCommitter:
         self.commitlog = commitlog
         self.index = index
         self.dispatcher = dispatcher
-        self.sync = sync  # fdatasync before acknowledging (flush mode "sync")
+        self.sync = sync  # acknowledge after fdatasync (flush mode "sync")
         self._id_prefix = id_prefix
         self._log_limited = log_limited  # failures that repeat with every commit (a full disk)
         self.tail = tail  # readers at queues' ends, handed each commit's messages (tail.py)
@@ -46,6 +49,7 @@ class GroupCommitter:
         self._wakeup = asyncio.Event()
         self.closing = False
         self._write_failure: StoreError | None = None
+        self._flusher = SyncFlusher(commitlog, self._acknowledge) if sync else None
 
     def close(self) -> None:
         self.closing = True
@@ -54,8 +58,9 @@ class GroupCommitter:
     def submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
         if self.closing:
             raise StoreClosedError("the store is closing")
-        if self._write_failure is not None:
-            raise StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
+        failure = self._failure()
+        if failure is not None:
+            raise failure
         fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
         self._pending.append((prepared, fut))
         self._pending_since.append(time.perf_counter())
@@ -63,42 +68,73 @@ class GroupCommitter:
         self._wakeup.set()
         return fut
 
-    async def run(self) -> None:
-        while True:
-            if not self._pending:
-                if self.closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            batch, self._pending = self._pending, []
-            since, self._pending_since = self._pending_since, []
-            try:
-                await self._commit(batch)
-            except Exception as exc:  # never let one bad batch stop the committer
-                if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
-                    self._log_limited.log(logging.ERROR, str(exc), "commit failed")
-                else:
-                    self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
-                _fail(batch, exc if isinstance(exc, StoreError) else StoreWriteError(str(exc)))
-            finally:
-                self.backlog -= sum(len(prepared) for prepared, _ in batch)
-                now = time.perf_counter()
-                observe = self.put_latency.observe
-                for submitted in since:
-                    observe(now - submitted)
+    def _failure(self) -> StoreError | None:
+        if self._write_failure is not None:
+            return StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
+        return self._flusher.failed if self._flusher is not None else None
 
-    async def _commit(self, batch: Batch) -> None:
+    async def run(self) -> None:
+        flusher = self._flusher
+        if flusher is not None:
+            flusher.start()
+        try:
+            while True:
+                if not self._pending:
+                    if self.closing:
+                        break
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                batch, self._pending = self._pending, []
+                since, self._pending_since = self._pending_since, []
+                end: int | None = None
+                try:
+                    failure = self._failure()
+                    if failure is not None:  # (submitted before the failure)
+                        raise failure
+                    outcome: list[list[PutResult]] | BaseException = self._commit(batch)
+                    end = self.commitlog.end_position
+                except Exception as exc:  # never let one bad batch stop the committer
+                    if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
+                        self._log_limited.log(logging.ERROR, str(exc), "commit failed")
+                    else:
+                        self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
+                    outcome = exc if isinstance(exc, StoreError) else StoreWriteError(str(exc))
+                entry = (batch, outcome, since)
+                if flusher is not None:
+                    flusher.wait(end, entry)
+                else:
+                    self._acknowledge(entry, None)
+            if flusher is not None:  # closing: what was written is acknowledged before the end
+                await flusher.drained()
+        finally:
+            if flusher is not None:
+                flusher.stop()
+
+    def _acknowledge(self, entry: tuple[Batch, list[list[PutResult]] | BaseException, list[float]],
+                     failure: StoreError | None) -> None:
+        """Resolve a batch's futures: with their results, or the batch's or the flusher's failure."""
+        batch, outcome, since = entry
+        if failure is not None:
+            outcome = failure
+        if isinstance(outcome, BaseException):
+            _fail(batch, outcome)
+        else:
+            for (_, fut), results in zip(batch, outcome):
+                if not fut.done():
+                    fut.set_result(results)
+        self.backlog -= sum(len(prepared) for prepared, _ in batch)
+        now = time.perf_counter()
+        observe = self.put_latency.observe
+        for submitted in since:
+            observe(now - submitted)
+
+    def _commit(self, batch: Batch) -> list[list[PutResult]]:
+        """Write, index and announce ``batch``; what each of its puts returns."""
         store_ts = _now_ms()
         groups = [prepared for prepared, _ in batch]
         records, placed, assigned = place(groups, self.index.cache.get, self.index.resolve, store_ts)
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
-        if self.sync:
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
-            except StoreWriteError:
-                self.commitlog.truncate(positions[0])
-                raise
         try:
             items = dispatch_items(positions, placed, store_ts)
             self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
@@ -108,16 +144,13 @@ class GroupCommitter:
             self._write_failure = StoreWriteError(f"index write failed: {exc}")
             log.error("index write failed; refusing writes until restart error=%s", exc)
             raise self._write_failure from exc
-
-        for (_, fut), results in zip(batch, put_results(groups, positions, placed, self._id_prefix, store_ts)):
-            if not fut.done():
-                fut.set_result(results)
         if self.tail.readers:
-            # After the acknowledgements: the messages are committed whatever happens here.
+            # The messages are committed whatever happens here.
             try:
                 self.tail.hand(items, records, assigned)
             except Exception:
                 self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
+        return put_results(groups, positions, placed, self._id_prefix, store_ts)
 
 
 def prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,

@@ -8,6 +8,7 @@ the store runs in ``sync`` flush mode.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -23,8 +24,13 @@ _U64 = struct.Struct(">Q")
 
 
 class MetaStore:
-    def __init__(self, path: Path, *, sync: bool, memory: RocksMemory) -> None:
+    """``before_write``: called before each durable write (MessageStore: the commitlog made
+    durable first in ``sync`` mode, so that offsets never name messages a machine crash loses)."""
+
+    def __init__(self, path: Path, *, sync: bool, memory: RocksMemory,
+                 before_write: Callable[[], None] | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
+        self._before_write = before_write or _nothing
         self._db = Rdict(str(path), memory.options(share=META_SHARE, bloom=False))
         wo = WriteOptions()
         wo.sync = sync
@@ -37,7 +43,7 @@ class MetaStore:
     def table(self, name: str) -> "KvTable":
         if not name or "\x00" in name:
             raise ValueError("table names are non-empty and have no NUL")
-        return KvTable(self._db, TABLE_PREFIX + name.encode() + SEP)
+        return KvTable(self._db, TABLE_PREFIX + name.encode() + SEP, self._before_write)
 
     # -- consumer offsets -----------------------------------------------------------------
     @staticmethod
@@ -52,6 +58,7 @@ class MetaStore:
         batch = WriteBatch(raw_mode=True)
         for (consumer, queue), offset in offsets.items():
             batch.put(self._offset_key(consumer, queue), _U64.pack(offset))
+        self._before_write()
         self._db.write(batch)
 
     def delete_offsets(self, consumer: str) -> None:
@@ -75,9 +82,10 @@ class MetaStore:
 class KvTable:
     """A named durable map of str -> bytes (retained messages, sessions, metadata)."""
 
-    def __init__(self, db: Rdict, prefix: bytes) -> None:
+    def __init__(self, db: Rdict, prefix: bytes, before_write: Callable[[], None]) -> None:
         self._db = db
         self._prefix = prefix
+        self._before_write = before_write
 
     def get(self, key: str) -> bytes | None:
         return self._db.get(self._prefix + key.encode())
@@ -87,6 +95,7 @@ class KvTable:
         return self.get(key)
 
     def put(self, key: str, value: bytes) -> None:
+        self._before_write()
         self._db.put(self._prefix + key.encode(), bytes(value))
 
     def put_hint(self, key: str, value: bytes) -> None:
@@ -100,6 +109,7 @@ class KvTable:
         batch = WriteBatch(raw_mode=True)
         for key, value in items:
             batch.put(self._prefix + key.encode(), bytes(value))
+        self._before_write()
         self._db.write(batch)
 
     def delete(self, key: str) -> None:
@@ -115,3 +125,7 @@ class KvTable:
             if not key.startswith(start):
                 break
             yield key[cut:].decode(), value
+
+
+def _nothing() -> None:
+    pass

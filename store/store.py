@@ -1,9 +1,9 @@
 """MessageStore: the unified store's public API (put, get, offsets, notify, KV tables).
 
 Writes go through one committer task (group commit, committer.py): every ``put`` waiting when
-the committer wakes is encoded, appended to the commitlog in one write, made durable per the
-flush mode, indexed in one RocksDB WriteBatch, and only then acknowledged and announced on
-notify.
+the committer wakes is encoded, appended to the commitlog in one write, indexed in one RocksDB
+WriteBatch and announced on notify; it is acknowledged once durable per the flush mode (in
+``sync`` mode after an fdatasync, while readers may already have it from the page cache).
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class MessageStore:
             self.rocks_memory = RocksMemory(opts.rocksdb_cache_bytes, opts.rocksdb_write_buffer_bytes)
             self.index = ConsumeQueueIndex(opts.data_dir / "index", cache_entries=opts.queue_cache_entries,
                                            memory=self.rocks_memory)
-            self.meta = MetaStore(opts.data_dir / "meta", sync=opts.flush == "sync", memory=self.rocks_memory)
+            sync = opts.flush == "sync"
+            self.meta = MetaStore(opts.data_dir / "meta", sync=sync, memory=self.rocks_memory,
+                                  before_write=self._flush_delivered if sync else None)
             self.dispatcher = Dispatcher(self.index, self.notify)
             started = time.monotonic()
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)
@@ -268,6 +270,13 @@ class MessageStore:
     async def _flush_commitlog(self) -> None:
         if self.commitlog.end_position > self.commitlog.flushed_position:
             await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
+
+    def _flush_delivered(self) -> None:
+        # Sync mode, before a durable metadata write: readers get messages before their fdatasync
+        # (committer.py), so offsets and sessions may name messages a machine crash loses, whose
+        # offsets other messages would then get, and their readers skip.
+        if self.commitlog.flushed_position < self.commitlog.end_position:
+            self.commitlog.flush()
 
     async def _flush_index(self) -> None:
         loop = asyncio.get_running_loop()
