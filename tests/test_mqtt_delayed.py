@@ -87,3 +87,23 @@ async def test_a_delayed_publish_survives_kill_9_right_after_its_puback(data_dir
         await sub.disconnect()
     finally:
         stop(proc)
+
+
+async def test_a_delayed_publish_on_a_gateway_node_waits_in_the_store_node(data_dir: Path) -> None:
+    """The store link carries the message's hold: a gateway node's delayed publish is held by the
+    store node's timer, not delivered at once."""
+    from .test_cluster_mqtt import cluster
+
+    async with cluster(data_dir) as (store, (a, b)):
+        subscriber = PahoClient(mqtt_port(b), "sub")
+        await subscriber.connect()
+        await subscriber.subscribe("late/t", qos=1)
+        publisher = PahoClient(mqtt_port(a), "pub")
+        await publisher.connect()
+        sent = time.monotonic()
+        await publisher.publish("$delayed/1/late/t", b"held on the store node", qos=1)
+        assert store.store.held.count(ord("T")) == 1
+        (message,) = await subscriber.receive(1, timeout=10)
+        assert message.payload == b"held on the store node" and time.monotonic() - sent >= 1.0
+        await publisher.disconnect()
+        await subscriber.disconnect()
