@@ -1,4 +1,5 @@
-"""Retention: which whole commitlog segments may go, by age and by total size.
+"""Retention: which whole commitlog segments may go, by age and by total size, and their
+deletion (held messages in them rolled forward first, the index cut below the new start).
 
 The newest (active) segment always stays. Segments go oldest first, so the log keeps
 one contiguous range of positions.
@@ -7,11 +8,20 @@ one contiguous range of positions.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from typing import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from .commitlog import Segment
+from .commitlog import CommitLog, Segment
 from .consumequeue import ConsumeQueueIndex
+
+if TYPE_CHECKING:
+    from .held import HeldMessages
+    from .message import StoredMessage
+
+log = logging.getLogger("tidemq.store")
 
 
 class RetentionPolicy:
@@ -37,6 +47,23 @@ class RetentionPolicy:
                 total -= seg.length
                 doomed.append(seg)
         return doomed
+
+
+async def apply_retention(policy: RetentionPolicy, commitlog: CommitLog, index: ConsumeQueueIndex,
+                          held: HeldMessages, read_at: Callable[[int], StoredMessage | None]) -> int:
+    """Delete the segments ``policy`` dooms (held messages in them rolled forward first, held.py),
+    then the index entries below the new minimum; how many segments went."""
+    doomed = policy.segments_to_delete(commitlog.segments(), time.time())
+    if not doomed:
+        return 0
+    cut = doomed[-1].start + commitlog.segment_size
+    while holds := held.below(cut, 1024):
+        rolled = await held.roll(holds, read_at)
+        log.info("held messages rolled before retention count=%d below=%d", rolled, cut)
+    freed = sum(commitlog.delete_segment(seg.start) for seg in doomed)
+    log.info("retention deleted segments=%d bytes=%d min_position=%d", len(doomed), freed, commitlog.min_position)
+    await clean_index_below(index, commitlog.min_position)
+    return len(doomed)
 
 
 async def clean_index_below(index: ConsumeQueueIndex, min_position: int) -> None:

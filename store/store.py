@@ -48,7 +48,7 @@ from .offsets import ConsumerOffsets
 from .options import StoreOptions
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
-from .retention import RetentionPolicy, clean_index_below
+from .retention import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
 from .tail import TailHandoff, TailReader
@@ -479,21 +479,9 @@ class MessageStore:
 
     # -- retention -----------------------------------------------------------------------------
     async def apply_retention(self) -> int:
-        """Delete whole segments by age/size, then drop index entries below the new minimum."""
-        doomed = self.retention.segments_to_delete(self.commitlog.segments(), time.time())
-        if not doomed:
-            return 0
-        cut = doomed[-1].start + self.commitlog.segment_size
-        while holds := self.held.below(cut, 1024):  # held messages there go forward first (held.py)
-            rolled = await self.held.roll(holds, self.read_at)
-            log.info("held messages rolled before retention count=%d below=%d", rolled, cut)
-        freed = sum(self.commitlog.delete_segment(seg.start) for seg in doomed)
-        log.info(
-            "retention deleted segments=%d bytes=%d min_position=%d",
-            len(doomed), freed, self.commitlog.min_position,
-        )
-        await clean_index_below(self.index, self.commitlog.min_position)
-        return len(doomed)
+        """Delete whole segments by age/size (held messages in them rolled forward first), then
+        drop index entries below the new minimum; how many segments went."""
+        return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at)
 
     # -- introspection -------------------------------------------------------------------------
     @property

@@ -46,6 +46,7 @@ from .model import (
     check_exchange,
     check_queue_arguments,
     inequivalent,
+    routed_queues,
 )
 from .queues import QueueRuntime
 
@@ -461,21 +462,7 @@ class AMQPBroker:
         if exchange_name == "":
             queue = self.queues.get(routing_key)
             return [queue] if queue is not None else []
-        exchange = self.exchanges.get(exchange_name)
-        if exchange is None:
-            return []
-        names = exchange.route(routing_key, headers)
-        if exchange.exchange_bindings:  # on through bound exchanges, each once (bindings may loop)
-            seen = {exchange_name}
-            pending = list(exchange.route_exchanges(routing_key, headers))
-            while pending:
-                name = pending.pop()
-                onward = self.exchanges.get(name)
-                if name in seen or onward is None:
-                    continue
-                seen.add(name)
-                names |= onward.route(routing_key, headers)
-                pending.extend(onward.route_exchanges(routing_key, headers))
+        names = routed_queues(self.exchanges, exchange_name, routing_key, headers)
         return [self.queues[name] for name in sorted(names) if name in self.queues]
 
     def dead_letter(self, queue: QueueRuntime, message: StoredMessage, reason: str) -> None:

@@ -118,6 +118,28 @@ class Exchange:
         return json.dumps(self.settings(), default=str).encode()
 
 
+def routed_queues(exchanges: dict[str, Exchange], name: str, routing_key: str,
+                  headers: dict[str, Any] | None) -> set[str]:
+    """Names of the queues a publish to exchange ``name`` reaches: its bindings', then on through
+    exchange-to-exchange bindings, each exchange once (bindings may loop)."""
+    exchange = exchanges.get(name)
+    if exchange is None:
+        return set()
+    names = exchange.route(routing_key, headers)
+    if exchange.exchange_bindings:
+        seen = {name}
+        pending = list(exchange.route_exchanges(routing_key, headers))
+        while pending:
+            onward_name = pending.pop()
+            onward = exchanges.get(onward_name)
+            if onward_name in seen or onward is None:
+                continue
+            seen.add(onward_name)
+            names |= onward.route(routing_key, headers)
+            pending.extend(onward.route_exchanges(routing_key, headers))
+    return names
+
+
 @dataclass(slots=True)
 class QueueDefinition:
     name: str
