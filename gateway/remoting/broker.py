@@ -329,12 +329,15 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.access.check_send(conn.principal, header.topic, properties)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
-        record_topic, queue_id, properties, targets = self._placement(
+        record_topic, queue_id, properties, targets, level_due = self._placement(
             header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
         body, sys_flag = plain_body(request.body, header.sys_flag, self.store.options.max_message_size)
         now = int(time.time() * 1000)
         half = is_half(properties, sys_flag)
+        if half and level_due is not None:
+            raise BadRequest("a transaction's half message cannot have a delay level", ResponseCode.MESSAGE_ILLEGAL)
         due = timer_due_ms(properties, now) if not half else self.transactions.first_check_ms(properties, now)
+        due = level_due if level_due is not None else due
         message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
                                    born_timestamp=header.born_timestamp or now,
                                    born_host=conn.peer, reconsume_times=header.reconsume_times or 0)

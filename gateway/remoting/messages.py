@@ -25,7 +25,7 @@ from protocols.remoting.message_codec import (
     TRANSACTION_ROLLBACK_TYPE,
     WireMessage,
 )
-from protocols.remoting.properties import KEYS, TAGS, TRAN_MSG, UNIQ_KEY
+from protocols.remoting.properties import DELAY, KEYS, TAGS, TRAN_MSG, UNIQ_KEY
 from store import Message, StoredMessage
 
 from ..interop import SECOND_TOPIC_PROPERTY
@@ -153,6 +153,7 @@ def to_wire(message: StoredMessage, remoting_topic: str, queue_id: int, origin: 
     props = message.properties
     shown = shown_properties(message, remoting_topic)
     sys_flag = int(props.get(SYS_FLAG_PROPERTY, "0"))
+    shown.pop(DELAY, None)  # (held by the timer until its level's time, stored once: RocketMQ clears it then)
     if not half and sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_PREPARED_TYPE:
         sys_flag = sys_flag & ~TRANSACTION_ROLLBACK_TYPE | TRANSACTION_COMMIT_TYPE
         shown.pop(TRAN_MSG, None)

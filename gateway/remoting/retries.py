@@ -1,11 +1,13 @@
 """Retries, dead letters and delayed messages: CONSUMER_SEND_MSG_BACK into ``%RETRY%{group}``
 through a delay level, ``%DLQ%{group}`` past the consumer's max reconsume times, and where a
-message about to be stored goes (its topic queues, or a level's schedule queue). Mixed into
-``RemotingBroker``."""
+message about to be stored goes (its topic queues, held by the gateway's one timer until its
+delay level's time when it has one). Mixed into ``RemotingBroker``. (``_deliver_delayed`` only
+drains the level queues ``sched:{level}`` that data dirs of earlier versions may hold.)"""
 
 from __future__ import annotations
 
 import logging
+import time
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -18,6 +20,7 @@ from protocols.remoting.properties import (
     RETRY_TOPIC,
 )
 from store import StoredMessage
+from store.holds import TIMER
 
 from ..interop import remoting_queue
 from .messages import (
@@ -29,31 +32,30 @@ from .messages import (
 )
 from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
-from .schedule import SCHEDULE_TOPIC, schedule_queue
 from .topics import dlq_topic, retry_topic
 
 log = logging.getLogger("tidemq.remoting")
 
 
 class RetryRequests:
-    def _placement(self, topic: str, queue_id: int, properties: dict[str, str],
-                   reconsume_times: int, max_reconsume: int) -> tuple[str, int, dict[str, str], list[str]]:
-        """(record topic, queue id, properties, store queues) for a message about to be stored:
-        delayed ones go to their level's schedule queue, exhausted retries to the DLQ."""
+    def _placement(self, topic: str, queue_id: int, properties: dict[str, str], reconsume_times: int,
+                   max_reconsume: int) -> tuple[str, int, dict[str, str], list[str], int | None]:
+        """(record topic, queue id, properties, store queues, due time) for a message about to be
+        stored: one with a delay level is held by the gateway's timer until its level's delay has
+        passed (the due time, ms; else None), exhausted retries go to the DLQ."""
         if topic.startswith("%RETRY%") and reconsume_times > max_reconsume:
             group = topic[len("%RETRY%"):]
             topic, queue_id = dlq_topic(group), 0
             self.topics.ensure(topic, 1)
             properties = {k: v for k, v in properties.items() if k != DELAY}
         level = int_field(properties, DELAY, 0) if DELAY in properties else 0
+        due = None
         if level > 0:
             level = self.schedule.clamp(level)
-            scheduled = dict(properties)
-            scheduled[REAL_TOPIC] = topic
-            scheduled[REAL_QUEUE_ID] = str(queue_id)
-            scheduled[DELAY] = str(level)
-            return SCHEDULE_TOPIC, 0, scheduled, [schedule_queue(level)]
-        return self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties)
+            properties = {**properties, DELAY: str(level)}
+            due = int(time.time() * 1000) + int(self.schedule.delays_s[level - 1] * 1000)
+        return (self._record_topic(topic, properties), queue_id, properties, self.targets(topic, queue_id, properties),
+                due)
 
     async def _deliver_delayed(self, message: StoredMessage) -> None:
         """A scheduled message whose time has come: stored again into its real queues."""
@@ -96,13 +98,16 @@ class RetryRequests:
             self.topics.ensure(topic, 1)
             props.pop(DELAY, None)
             targets = [remoting_queue(topic, queue_id)]
-            record_topic = topic
+            record_topic, due = topic, None
         else:
             topic, queue_id = retry_topic(group), 0
             self.topics.ensure(topic, 1)
             level = delay_level if delay_level > 0 else 3 + reconsume - 1
             props[DELAY] = str(self.schedule.clamp(level))
-            record_topic, queue_id, props, targets = self._placement(topic, queue_id, props, 0, max_reconsume)
-        await self.store.put(restore(original, record_topic, props, reconsume_times=reconsume), targets)
+            record_topic, queue_id, props, targets, due = self._placement(topic, queue_id, props, 0, max_reconsume)
+        message = restore(original, record_topic, props, reconsume_times=reconsume)
+        if due is not None:  # held by the gateway's timer until its level's delay has passed
+            message.hold_kind, message.hold_due_ms = TIMER, due
+        await self.store.put(message, targets)
         return response_to(request, ResponseCode.SUCCESS)
 
