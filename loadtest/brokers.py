@@ -178,6 +178,21 @@ def start_broker(name: str) -> Broker:
     return launch(name, port, command, workdir, log_path, env)
 
 
+def find_beam(broker: Broker) -> None:
+    """A RabbitMQ node's beam.smp (the process whose CPU and memory are the broker's), once it runs."""
+    if broker.worker is None:
+        beams = [p for p in psutil.Process(broker.proc.pid).children(recursive=True) if p.name() == "beam.smp"]
+        broker.worker = beams[0] if beams else None
+
+
+def rabbitmq_booted(broker: Broker) -> Broker:
+    """A node that answers: from now on its complaints are in the node's log, not on stdout."""
+    if broker.worker is None:
+        raise BrokerUnavailable("rabbitmq answers but its beam.smp process was not found")
+    broker.log_path = broker.workdir / "log" / "tidemqbench@localhost.log"
+    return broker
+
+
 def start_rabbitmq_mqtt(port: int, workdir: Path, env: dict[str, str]) -> Broker:
     """A private RabbitMQ node with its MQTT plugin on ``port``; returns once that port listens
     (the plugin starts after the node has booted) and the node's beam.smp is known."""
@@ -192,19 +207,14 @@ def start_rabbitmq_mqtt(port: int, workdir: Path, env: dict[str, str]) -> Broker
         while True:
             if proc.poll() is not None:
                 raise BrokerUnavailable(f"rabbitmq exited with status {proc.returncode}: {broker.log_tail()}")
-            if broker.worker is None:
-                beams = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "beam.smp"]
-                broker.worker = beams[0] if beams else None
+            find_beam(broker)
             try:
                 with socket.create_connection((HOST, port), timeout=0.5):
                     pass
             except OSError:
                 pass
             else:
-                if broker.worker is None:
-                    raise BrokerUnavailable("rabbitmq listens but its beam.smp process was not found")
-                broker.log_path = workdir / "log" / "tidemqbench@localhost.log"
-                return broker
+                return rabbitmq_booted(broker)
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(f"rabbitmq's MQTT plugin did not listen on {HOST}:{port} within "
                                         f"{RABBITMQ_START_S:g} s: {broker.log_tail()}")
@@ -362,9 +372,8 @@ def start_amqp_broker(name: str) -> Broker:
         while True:
             if proc.poll() is not None:
                 raise BrokerUnavailable(f"{name} exited with status {proc.returncode}: {broker.log_tail()}")
-            if name == "rabbitmq" and broker.worker is None:
-                beams = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "beam.smp"]
-                broker.worker = beams[0] if beams else None
+            if name == "rabbitmq":
+                find_beam(broker)
             try:
                 conn = Conn(port, 5.0)
             except (OSError, AMQPClientError) as exc:
@@ -373,12 +382,7 @@ def start_amqp_broker(name: str) -> Broker:
                 props = conn.server_properties
                 conn.close()
                 broker.version = " ".join(str(props[k]) for k in ("product", "version", "platform") if props.get(k))
-                if name == "rabbitmq":
-                    if broker.worker is None:
-                        raise BrokerUnavailable("rabbitmq answers but its beam.smp process was not found")
-                    # booted: from now on its complaints are in the node's log, not on stdout
-                    broker.log_path = workdir / "log" / "tidemqbench@localhost.log"
-                return broker
+                return rabbitmq_booted(broker) if name == "rabbitmq" else broker
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(f"{name} completed no AMQP handshake on {HOST}:{port} within "
                                         f"{deadline_s:g} s ({last_error}): {broker.log_tail()}")
