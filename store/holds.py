@@ -31,6 +31,7 @@ import struct
 from collections.abc import Sequence
 
 from .errors import RecordCorruptError
+from .record import HEADER_SIZE
 
 HOLD_TOPIC = "%HOLD%"  # control records' topic: never a queue's (no queue is named after it)
 HOLD_PREFIX = b"h"
@@ -115,12 +116,10 @@ def parse_hold_value(value: bytes) -> tuple[int, int, int, int, list[str]]:
     return size, tag, hold_ts, checks, queues
 
 
-def nested_offset(topic_len: int = len(HOLD_TOPIC.encode())) -> int:
+def nested_offset() -> int:
     """Where a hold record's nested record starts, from the hold record's position (the control
     record has no key, properties or queues: header, topic, hold header)."""
-    from .record import HEADER_SIZE
-
-    return HEADER_SIZE + topic_len + HOLD_HEAD_SIZE
+    return HEADER_SIZE + len(HOLD_TOPIC.encode()) + HOLD_HEAD_SIZE
 
 
 class ControlRecord:
