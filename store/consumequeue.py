@@ -144,6 +144,10 @@ class ConsumeQueueIndex:
             packed = self.cache[name] = pack_state(qid, queue_end(self._db, qid, raw)[0])
         return packed
 
+    def lookup_packed(self, name: str) -> int | None:
+        """pack_state() of the queue, or None when no queue has that name."""
+        return self._load(name)
+
     def lookup(self, name: str) -> QueueState | None:
         packed = self._load(name)
         if packed is None:

@@ -7,7 +7,7 @@ do readers see the new offsets and does notify fire.
 
 from __future__ import annotations
 
-from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, ConsumeQueueIndex
+from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, NAME_PREFIX, QID_MASK, ConsumeQueueIndex, queue_prefix
 from .holds import HOLD_KEY_SIZE
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
@@ -60,3 +60,19 @@ class Dispatcher:
         self._index.trim_cache()
         if self._notify.active:
             self._notify.publish({name: packed >> 32 for name, packed in heads.items()})
+
+    def drop(self, queues: list[tuple[int, str]], end_position: int) -> None:
+        """Remove queues (reclaim.py: their drop records end at ``end_position``): every entry
+        and the head key of each qid, and its name row while the name still means that qid; in
+        one WriteBatch with the checkpoint, so a crash keeps all of it or none (and re-dispatch
+        of the drop records redoes it)."""
+        batch = self._index.new_batch()
+        cache = self._index.cache
+        for qid, name in queues:
+            prefix = queue_prefix(qid)
+            batch.delete_range(prefix, prefix + b"\xff" * 9)  # (past the head key)
+            packed = self._index.lookup_packed(name)
+            if packed is not None and packed & QID_MASK == qid:
+                batch.delete(NAME_PREFIX + name.encode())
+                cache.pop(name, None)
+        self._index.commit(batch, end_position)

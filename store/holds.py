@@ -43,6 +43,7 @@ KINDS = (TIMER, HALF)
 HOLD = ord("H")
 RELEASE = ord("R")
 DISCARD = ord("D")
+DROP = ord("Q")  # a queue removed (reclaim.py): its qid, next offset and name
 
 HELD = (1 << 64) - 1  # the queue offset of a held message's nested record: none given yet
 INDIRECT = 1 << 31  # in an index entry's size: the entry's record is a release; read its target
@@ -65,6 +66,21 @@ def release_body(target: int, target_size: int, tag: int, key: bytes) -> bytes:
 
 def discard_body(key: bytes) -> bytes:
     return bytes((DISCARD,)) + key
+
+
+_DROP_HEAD = struct.Struct(">BIQ")  # DROP, qid, the queue's next offset; then its name (UTF-8)
+
+
+def drop_body(qid: int, next_offset: int, name: str) -> bytes:
+    return _DROP_HEAD.pack(DROP, qid, next_offset) + name.encode()
+
+
+def parse_drop(body: bytes) -> tuple[int, int, str]:
+    """(qid, next offset, name) of a drop record's body."""
+    if len(body) < _DROP_HEAD.size:
+        raise RecordCorruptError("short drop record")
+    _, qid, next_offset = _DROP_HEAD.unpack_from(body)
+    return qid, next_offset, body[_DROP_HEAD.size:].decode()
 
 
 def hold_key(kind: int, due_ms: int, target: int) -> bytes:
@@ -123,7 +139,7 @@ def nested_offset() -> int:
 
 
 class ControlRecord:
-    """A control record's body, parsed: ``op`` is HOLD, RELEASE or DISCARD."""
+    """A control record's body, parsed: ``op`` is HOLD, RELEASE, DISCARD or DROP."""
 
     __slots__ = ("due_ms", "key", "kind", "nested", "op", "tag", "target", "target_size")
 
@@ -148,5 +164,7 @@ class ControlRecord:
             if len(body) != 1 + HOLD_KEY_SIZE:
                 raise RecordCorruptError("bad discard record")
             self.key = body[1:]
+        elif self.op == DROP:
+            parse_drop(body)  # (checked; reclaim.py reads it)
         else:
             raise RecordCorruptError(f"unknown control record {self.op:#x}")

@@ -72,6 +72,15 @@ class MetaStore:
                 break
             yield key[len(prefix) :].decode(), _U64.unpack(raw)[0]
 
+    def queues_with_offsets(self) -> set[str]:
+        """Every queue some consumer has an offset of (a reader: reclaim.py)."""
+        queues = set()
+        for key in self._db.keys(from_key=OFFSET_PREFIX):
+            if not key.startswith(OFFSET_PREFIX):
+                break
+            queues.add(key[key.index(SEP) + 1:].decode())
+        return queues
+
     def flush(self) -> None:
         self._db.flush(True)
 

@@ -21,6 +21,10 @@ class ConsumerOffsets:
         self._dirty.pop((consumer, queue), None)
         self._meta.save_offsets({(consumer, queue): offset})
 
+    def pending_queues(self) -> set[str]:
+        """Queues of the offsets committed since the last checkpoint."""
+        return {queue for _, queue in self._dirty}
+
     def get(self, consumer: str, queue: str) -> int | None:
         offset = self._dirty.get((consumer, queue))
         return offset if offset is not None else self._meta.load_offset(consumer, queue)

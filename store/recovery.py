@@ -19,7 +19,8 @@ from .commitlog import CommitLog, Segment
 from .consumequeue import QID_MASK, ConsumeQueueIndex
 from .dispatcher import Dispatcher, DispatchItem
 from .errors import RecordCorruptError, StoreCorruptError
-from .holds import HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes, nested_offset
+from .holds import (DROP, HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes,
+                    nested_offset, parse_drop)
 from .keyindex import key_prefixes
 from .message import TAGS_PROPERTY, tag_hash
 from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
@@ -27,6 +28,7 @@ from .record import HEADER_SIZE, MAGIC_BYTES, RecordView, decode_properties
 log = logging.getLogger("tidemq.store.recovery")
 
 REDISPATCH_BATCH = 8192
+DROP_OP = bytes((DROP,))
 
 
 @dataclass(slots=True)
@@ -66,6 +68,13 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
             report.records_verified += 1
             end = pos + view.size
             if pos >= checkpoint:
+                if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP:  # a queue removed (reclaim.py)
+                    report.records_redispatched += _flush(dispatcher, pending, pos)
+                    pending = []
+                    qid, _, name = parse_drop(view.body)
+                    dispatcher.drop([(qid, name)], end)
+                    report.records_redispatched += 1
+                    continue
                 pending.append(_dispatch_item(index, pos, view))
                 if len(pending) >= REDISPATCH_BATCH:
                     report.records_redispatched += _flush(dispatcher, pending, end)
@@ -139,7 +148,8 @@ def view_tags(view: RecordView) -> str | None:
 
 
 def _flush(dispatcher: Dispatcher, items: list[DispatchItem], end: int) -> int:
-    dispatcher.dispatch(items, end)
+    if items:
+        dispatcher.dispatch(items, end)
     return len(items)
 
 

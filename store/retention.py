@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from .commitlog import CommitLog, Segment
 from .consumequeue import ConsumeQueueIndex
+from .policy import QueuePolicy
+from .queue_retention import QueueTrimmer
 
 if TYPE_CHECKING:
     from .held import HeldMessages
@@ -26,12 +28,21 @@ log = logging.getLogger("tidemq.store")
 
 class RetentionPolicy:
     def __init__(self, max_age_hours: float, max_bytes: int) -> None:
-        self.max_age_seconds = max_age_hours * 3600.0
+        self.global_hours = max_age_hours
         self.max_bytes = max_bytes
+        self.queues: QueuePolicy | None = None  # per-queue rules (queue_retention.py)
+
+    @property
+    def max_age_seconds(self) -> float:
+        """Segments go at this age: the global one, or a longer per-queue rule's (0: never)."""
+        if self.global_hours <= 0:
+            return 0.0
+        longest = self.queues.longest_hours if self.queues is not None else 0.0
+        return max(self.global_hours, longest) * 3600.0
 
     @property
     def enabled(self) -> bool:
-        return self.max_age_seconds > 0 or self.max_bytes > 0
+        return self.max_age_seconds > 0 or self.max_bytes > 0 or self.queues is not None
 
     def segments_to_delete(self, segments: Sequence[Segment], now: float) -> list[Segment]:
         old = list(segments[:-1])  # never the active one
@@ -50,9 +61,18 @@ class RetentionPolicy:
 
 
 async def apply_retention(policy: RetentionPolicy, commitlog: CommitLog, index: ConsumeQueueIndex,
-                          held: HeldMessages, read_at: Callable[[int], StoredMessage | None]) -> int:
-    """Delete the segments ``policy`` dooms (held messages in them rolled forward first, held.py),
-    then the index entries below the new minimum; how many segments went."""
+                          held: HeldMessages, read_at: Callable[[int], StoredMessage | None],
+                          trimmer: QueueTrimmer) -> int:
+    """Cut each queue to its own rule (queue_retention.py), delete the segments ``policy`` dooms
+    (held messages in them rolled forward first, held.py), then the index entries below the new
+    minimum; how many segments went."""
+    if policy.queues is not None:
+        # queues without a rule follow the global age, which the segments no longer enforce
+        # when a rule keeps them longer
+        default = policy.global_hours if policy.max_age_seconds > policy.global_hours * 3600.0 else 0.0
+        trimmed = await trimmer.trim(policy.queues, default, int(time.time() * 1000))
+        if trimmed:
+            log.info("per-queue retention removed entries=%d", trimmed)
     doomed = policy.segments_to_delete(commitlog.segments(), time.time())
     if not doomed:
         return 0

@@ -23,6 +23,7 @@ from .consumequeue import (
     QueueState,
 )
 from .dispatcher import Dispatcher
+from .first_offsets import FirstOffsets
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -48,6 +49,9 @@ from .offsets import ConsumerOffsets
 from .options import StoreOptions
 from .reads import read_entries, record_at
 from .recovery import RecoveryReport, recover
+from .policy import QueuePolicy
+from .queue_retention import QueueTrimmer
+from .reclaim import QueueReclaimer
 from .retention import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
@@ -58,7 +62,6 @@ log = logging.getLogger("tidemq.store")
 _READ_AHEAD = 4096
 
 
-MIN_OFFSET_CACHE = 65_536  # queues whose first offset is remembered
 # entries a filtered get examines at most (RocketMQ scans 16,000 bytes of consume queue: 800)
 FILTER_SCAN = 800
 
@@ -77,11 +80,11 @@ class MessageStore:
         self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
         self.memory_release_latency = LatencyHistogram()  # release_free_memory, on the event loop
         self._closed = False
-        self._min_offsets: dict[int, tuple[int, int]] = {}  # qid -> (commitlog start, first offset)
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
-        self.tail = TailHandoff(self._id_prefix, self._min_offset_of, lambda at, n: self.commitlog.read(at, n))
+        self.tail = TailHandoff(self._id_prefix, lambda qid, end: self.first_offsets.of(qid, end),
+                                lambda at, n: self.commitlog.read(at, n))
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -117,6 +120,9 @@ class MessageStore:
             self._close_files()
             raise
         self.offsets = ConsumerOffsets(self.meta)
+        self.first_offsets = FirstOffsets(self.index, lambda: self.commitlog.min_position)
+        self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget)
+        self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.meta, self.offsets.pending_queues)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
         self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,
@@ -127,8 +133,8 @@ class MessageStore:
             self._tasks.append(loop.create_task(self._every(opts.flush_interval, self._flush_commitlog)))
         self._tasks.append(loop.create_task(self._every(opts.checkpoint_interval, self._checkpoint_offsets)))
         self._tasks.append(loop.create_task(self._every(opts.index_flush_interval, self._flush_index)))
-        if self.retention.enabled:
-            self._tasks.append(loop.create_task(self._every(opts.retention_check_interval, self.apply_retention)))
+        self._tasks.append(loop.create_task(self._every(opts.retention_check_interval, self.apply_retention)))
+        self._tasks.append(loop.create_task(self._every(opts.queue_idle_check_interval, self.reclaimer.run)))
         if opts.memory_release_interval:
             self._tasks.append(loop.create_task(self._every(opts.memory_release_interval, self._release_memory)))
 
@@ -411,25 +417,7 @@ class MessageStore:
         return self._min_offset(state) if state is not None else 0
 
     def _min_offset(self, state: QueueState) -> int:
-        return self._min_offset_of(state.qid, state.next_offset)
-
-    def _min_offset_of(self, qid: int, next_offset: int) -> int:
-        # A queue's first offset moves only when retention cuts the commitlog: remembered per
-        # queue until the commitlog's start moves (an index seek per read cost ~5 % of a read).
-        floor = self.commitlog.min_position
-        known = self._min_offsets.get(qid)
-        if known is not None and known[0] == floor:
-            return known[1]
-        first = self.index.first_offset(qid)
-        if first is None:
-            return next_offset  # empty: not remembered, it moves with the next put
-        entry = self.index.entry(qid, first)
-        if entry is None or entry[0] < floor:
-            first = self.index.first_offset_at_or_after_position(qid, first, next_offset, floor)
-        if len(self._min_offsets) >= MIN_OFFSET_CACHE:
-            self._min_offsets.clear()
-        self._min_offsets[qid] = (floor, first)
-        return first
+        return self.first_offsets.of(state.qid, state.next_offset)
 
     async def offset_for_timestamp(self, queue: str, timestamp_ms: int) -> int:
         """The first offset whose message was stored at or after ``timestamp_ms`` (max offset if none)."""
@@ -481,7 +469,15 @@ class MessageStore:
     async def apply_retention(self) -> int:
         """Delete whole segments by age/size (held messages in them rolled forward first), then
         drop index entries below the new minimum; how many segments went."""
-        return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at)
+        if not self.retention.enabled:
+            return 0
+        return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at, self.trimmer)
+
+    def set_queue_policy(self, policy: QueuePolicy | None) -> None:
+        """The gateway's per-queue settings: per-topic retention (queue_retention.py) and idle
+        light queues removed (reclaim.py)."""
+        self.reclaimer.policy = policy
+        self.retention.queues = policy
 
     # -- introspection -------------------------------------------------------------------------
     @property

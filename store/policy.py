@@ -1,0 +1,23 @@
+"""What the store asks the gateway about each queue (from its per-topic configuration)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class QueuePolicy(Protocol):
+    @property
+    def longest_hours(self) -> float:
+        """The longest age any per-queue rule keeps (0: no rule has an age): commitlog segments
+        are kept at least this long (retention.py)."""
+        ...
+
+    def retention(self, queue: str) -> tuple[float, int] | None:
+        """(max age in hours, max bytes) of the queue's own rule, 0 for no limit of that kind;
+        None: the global retention applies (queue_retention.py)."""
+        ...
+
+    def idle_ttl_s(self, queue: str) -> float:
+        """Seconds without a new message after which the queue is removed if nobody reads it;
+        0 = never, for queues that are not light (reclaim.py)."""
+        ...
