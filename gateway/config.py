@@ -8,6 +8,7 @@ A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that list
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 import typing
@@ -19,12 +20,15 @@ from typing import Any
 from store import StoreOptions
 
 from .native import PURE_PYTHON_ENV
+from .queue_policy import RuleError, parse_rules
 from .trace import parse_listeners
 
 ENV_PREFIX = "TIDEMQ_"
 # TIDEMQ_* names that are not settings: the config file's path, and the process's choice of the
 # compiled or interpreted build (gateway/native.py), made before any configuration is read
 NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", PURE_PYTHON_ENV})
+# settings whose TOML value is a table (kept as its JSON; gateway/queue_policy.py reads it)
+TABLE_SETTINGS = frozenset({"retention_topics"})
 
 
 class ConfigError(ValueError):
@@ -76,6 +80,14 @@ class Config:
     memory_release_interval_s: float = 10.0  # free malloc pages back to the system (README, Memory); 0 = never
     retention_hours: float = 72.0
     retention_bytes: int = 0
+    retention_check_interval_s: float = 60.0
+    # per-topic retention ([retention.topics] table: topic filter -> hours or {hours, bytes});
+    # the environment gives it as JSON (gateway/queue_policy.py)
+    retention_topics: str = ""
+    # light queues (MQTT topics and filters, AMQP queues) with no new message for this long and no
+    # reader are removed (store/reclaim.py); 0 = never
+    queue_idle_ttl_hours: float = 24.0
+    queue_idle_check_interval_s: float = 600.0
     store_host: str = "127.0.0.1"  # IPv4 encoded in message ids
     store_port: int = 10911
     repair: bool = False
@@ -145,6 +157,8 @@ class Config:
                 memory_release_interval=self.memory_release_interval_s,
                 retention_hours=self.retention_hours,
                 retention_bytes=self.retention_bytes,
+                retention_check_interval=self.retention_check_interval_s,
+                queue_idle_check_interval=self.queue_idle_check_interval_s,
                 identity_host=self.store_host,
                 identity_port=self.store_port,
                 repair=self.repair,
@@ -159,6 +173,8 @@ def _fields() -> dict[str, type]:
 
 
 def _convert(name: str, kind: type, value: Any, origin: str) -> Any:
+    if name in TABLE_SETTINGS and isinstance(value, dict):
+        return json.dumps(value)
     try:
         if kind is bool:
             if isinstance(value, bool):
@@ -191,7 +207,7 @@ def _flatten(table: Mapping[str, Any], path: str) -> dict[str, Any]:
     for key, value in table.items():
         if isinstance(value, dict):
             for sub, subvalue in value.items():
-                if isinstance(subvalue, dict):
+                if isinstance(subvalue, dict) and f"{key}_{sub}" not in TABLE_SETTINGS:
                     raise ConfigError(f"{path}: [{key}.{sub}] nests too deep")
                 out[f"{key}_{sub}"] = subvalue
         else:
@@ -266,6 +282,13 @@ def validate(cfg: Config) -> None:
             or cfg.remoting_transaction_check_max < 0:
         raise ConfigError("remoting_transaction_timeout_s is 0 or more, remoting_transaction_check_interval_s more than "
                           "0, remoting_transaction_check_max 0 or more", "remoting_transaction_check_interval_s")
+    if cfg.queue_idle_ttl_hours < 0 or cfg.queue_idle_check_interval_s <= 0 or cfg.retention_check_interval_s <= 0:
+        raise ConfigError("queue_idle_ttl_hours is 0 (never) or more; queue_idle_check_interval_s and "
+                          "retention_check_interval_s are more than 0", "queue_idle_ttl_hours")
+    try:
+        parse_rules(cfg.retention_topics)
+    except RuleError as exc:
+        raise ConfigError(str(exc), "retention_topics") from None
     if not 0 < cfg.connect_timeout_s <= 3600:
         raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds", "connect_timeout_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):

@@ -34,11 +34,13 @@ from .http.deps import STANDALONE, Brokers, ClusterParts, HttpAccess, HttpDeps
 from .mqtt import listeners
 from .mqtt.broker import MQTTBroker
 from .mqtt.local_ports import local_ports
+from .interop import AMQP_QUEUE_PREFIX, TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX
 from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
 from .mqtt.settings import MQTTSettings
 from .ports import MQTTPorts
 from .pressure import StorePressure
+from .queue_policy import QueuePolicy, parse_rules
 from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
@@ -137,6 +139,7 @@ class Gateway:
                 self.http = HttpServer(self._http_deps())
                 self.metrics_address = await self.http.start(*metrics_bind)
                 log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
+            self._set_queue_policy()
         except BaseException:
             await self.stop()
             raise
@@ -244,6 +247,25 @@ class Gateway:
         assert self.store is not None
         self.wildcards = WildcardQueues()
         return local_ports(self.store, self.wildcards)
+
+    def _set_queue_policy(self) -> None:
+        """Per-topic retention and light queues removed when idle (gateway/queue_policy.py): light
+        are the queues whose readers this process knows, each protocol's check says who reads."""
+        store = self.store
+        if store is None:  # a gateway node: the store node decides
+            return
+        cfg = self.config
+        light: list[str] = []
+        reclaimer = store.reclaimer
+        if self.wildcards is not None and self.wildcards.subscribers_known:
+            light += [TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX]
+            reclaimer.checks.append(self.wildcards.reads)
+        if self.amqp is not None:
+            light.append(AMQP_QUEUE_PREFIX)
+            reclaimer.checks.append(self.amqp.reads)
+        caches = {id(b.cache): b.cache for b in (self.mqtt, self.amqp, self.remoting) if b is not None}
+        reclaimer.on_removed.extend(cache.drop for cache in caches.values())
+        store.set_queue_policy(QueuePolicy(parse_rules(cfg.retention_topics), cfg.queue_idle_ttl_hours, tuple(light)))
 
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None

@@ -7,6 +7,8 @@ do readers see the new offsets and does notify fire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, NAME_PREFIX, QID_MASK, ConsumeQueueIndex, queue_prefix
 from .holds import HOLD_KEY_SIZE
 from .keyindex import entry as key_entry
@@ -25,6 +27,7 @@ class Dispatcher:
         self._notify = notify
         self.hold_changes: dict[int, int] = {}  # hold kind -> holds begun minus ended since open (held.py)
         self.hold_earliest: dict[int, int] = {}  # hold kind -> the earliest due time of holds begun since taken
+        self.on_drop: Callable[[list[str]], None] | None = None  # told the names of removed queues (reclaim.py)
 
     def dispatch(self, items: list[DispatchItem], end_position: int, heads: dict[str, int] | None = None) -> None:
         """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``.
@@ -76,3 +79,5 @@ class Dispatcher:
                 batch.delete(NAME_PREFIX + name.encode())
                 cache.pop(name, None)
         self._index.commit(batch, end_position)
+        if self.on_drop is not None:
+            self.on_drop([name for _, name in queues])

@@ -72,14 +72,17 @@ class MetaStore:
                 break
             yield key[len(prefix) :].decode(), _U64.unpack(raw)[0]
 
-    def queues_with_offsets(self) -> set[str]:
-        """Every queue some consumer has an offset of (a reader: reclaim.py)."""
-        queues = set()
+    def delete_offsets_of(self, queues: set[str]) -> None:
+        """Every consumer's offset of these queues (removed queues: reclaim.py); a scan of all offsets."""
+        batch = WriteBatch(raw_mode=True)
         for key in self._db.keys(from_key=OFFSET_PREFIX):
             if not key.startswith(OFFSET_PREFIX):
                 break
-            queues.add(key[key.index(SEP) + 1:].decode())
-        return queues
+            if key[key.index(SEP) + 1:].decode() in queues:
+                batch.delete(key)
+        if batch.len():
+            self._before_write()
+            self._db.write(batch)
 
     def flush(self) -> None:
         self._db.flush(True)

@@ -21,9 +21,11 @@ class ConsumerOffsets:
         self._dirty.pop((consumer, queue), None)
         self._meta.save_offsets({(consumer, queue): offset})
 
-    def pending_queues(self) -> set[str]:
-        """Queues of the offsets committed since the last checkpoint."""
-        return {queue for _, queue in self._dirty}
+    def forget_queues(self, queues: set[str]) -> None:
+        """Every consumer's offset of these queues, committed or written (removed queues: reclaim.py)."""
+        for key in [key for key in self._dirty if key[1] in queues]:
+            del self._dirty[key]
+        self._meta.delete_offsets_of(queues)
 
     def get(self, consumer: str, queue: str) -> int | None:
         offset = self._dirty.get((consumer, queue))

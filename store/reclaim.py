@@ -6,8 +6,10 @@ written again, starts a new queue (a new qid, offsets from 0).
 
 Which queues may go and after how long is the gateway's to say (``QueuePolicy.idle_ttl_s``: 0 =
 never, for queues that are not light) and who reads a queue too: every protocol registers a
-reader check (MQTT subscriptions and sessions, declared AMQP queues, remoting topics, Spark
-holds); the store adds its own readers, the consumer offsets.
+reader check (MQTT subscriptions and persistent sessions, Spark holds of a filter, declared AMQP
+queues; remoting topics are never light). Consumer offsets left on a removed queue (a deleted
+AMQP queue's cursor) go with it (the dispatcher's ``on_drop``, at run time and in re-dispatch
+alike): a new queue of that name starts with none.
 
 A removal is a control record (holds.py ``DROP``: qid, next offset, name) appended to the
 commitlog and indexed in ONE synchronous step with the checks, between two commits of the group
@@ -34,7 +36,6 @@ from .record import encode_record
 if TYPE_CHECKING:
     from .commitlog import CommitLog
     from .dispatcher import Dispatcher
-    from .meta import MetaStore
 
 log = logging.getLogger("tidemq.store")
 
@@ -44,21 +45,18 @@ REMOVE_BATCH = 1024  # queues removed in one step
 
 
 class QueueReclaimer:
-    def __init__(self, index: ConsumeQueueIndex, commitlog: CommitLog, dispatcher: Dispatcher, meta: MetaStore,
-                 pending_offsets: Callable[[], set[str]]) -> None:
+    def __init__(self, index: ConsumeQueueIndex, commitlog: CommitLog, dispatcher: Dispatcher) -> None:
         self._index = index
         self._commitlog = commitlog
         self._dispatcher = dispatcher
-        self._meta = meta
-        self._pending_offsets = pending_offsets  # queues of consumer offsets not yet written to meta
         self.policy: QueuePolicy | None = None  # None: nothing is reclaimed
         self.checks: list[ReaderCheck] = []
         self.on_removed: list[Callable[[str], None]] = []  # caches keyed by queue name forget it
         self._empty_since: dict[int, float] = {}  # qid -> when it was first seen without entries
         self.removed_total = 0
 
-    def is_read(self, name: str, with_offsets: set[str]) -> bool:
-        return name in with_offsets or any(check(name) for check in self.checks)
+    def is_read(self, name: str) -> bool:
+        return any(check(name) for check in self.checks)
 
     async def run(self, now: float | None = None) -> int:
         """Find the queues idle past their time with no reader and remove them; how many went."""
@@ -66,22 +64,21 @@ class QueueReclaimer:
         if policy is None:
             return 0
         now = time.time() if now is None else now
-        with_offsets = self._meta.queues_with_offsets() | self._pending_offsets()
         found: list[tuple[str, int, int]] = []
         removed = 0
         seen_empty: set[int] = set()
         for n, (state, _) in enumerate(self._index.iter_queues()):
             ttl = policy.idle_ttl_s(state.name)
             if ttl > 0 and self._idle_since(state.qid, state.next_offset, now, seen_empty) <= now - ttl \
-                    and not self.is_read(state.name, with_offsets):
+                    and not self.is_read(state.name):
                 found.append((state.name, state.qid, state.next_offset))
                 if len(found) >= REMOVE_BATCH:
-                    removed += self.remove_now(found, with_offsets)
+                    removed += self.remove_now(found)
                     found = []
             if n % SCAN_YIELD == SCAN_YIELD - 1:
                 await asyncio.sleep(0)
         if found:
-            removed += self.remove_now(found, with_offsets)
+            removed += self.remove_now(found)
         for qid in [q for q in self._empty_since if q not in seen_empty]:
             del self._empty_since[qid]
         return removed
@@ -96,15 +93,13 @@ class QueueReclaimer:
         seen_empty.add(qid)
         return self._empty_since.setdefault(qid, now)
 
-    def remove_now(self, queues: list[tuple[str, int, int]], with_offsets: set[str] | None = None) -> int:
+    def remove_now(self, queues: list[tuple[str, int, int]]) -> int:
         """Remove the queues (name, qid, next offset) that are still as found and still unread:
         their drop records appended and indexed at once (see the module's docstring)."""
-        if with_offsets is None:
-            with_offsets = self._meta.queues_with_offsets() | self._pending_offsets()
         doomed = []
         for name, qid, next_offset in queues:
             packed = self._index.lookup_packed(name)
-            if packed is None or packed != next_offset << 32 | qid or self.is_read(name, with_offsets):
+            if packed is None or packed != next_offset << 32 | qid or self.is_read(name):
                 continue  # written, recreated or read since it was found
             doomed.append((qid, next_offset, name))
         if not doomed:

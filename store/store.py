@@ -106,6 +106,7 @@ class MessageStore:
             self.meta = MetaStore(opts.data_dir / "meta", sync=sync, memory=self.rocks_memory,
                                   before_write=self._flush_delivered if sync else None)
             self.dispatcher = Dispatcher(self.index, self.notify)
+            self.dispatcher.on_drop = lambda names: self.meta.delete_offsets_of(set(names))  # (re-dispatch)
             started = time.monotonic()
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)
             if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
@@ -122,7 +123,8 @@ class MessageStore:
         self.offsets = ConsumerOffsets(self.meta)
         self.first_offsets = FirstOffsets(self.index, lambda: self.commitlog.min_position)
         self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget)
-        self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.meta, self.offsets.pending_queues)
+        self.dispatcher.on_drop = lambda names: self.offsets.forget_queues(set(names))
+        self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
         self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,

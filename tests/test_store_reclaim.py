@@ -44,11 +44,13 @@ async def test_idle_unread_light_queues_go_and_read_ones_stay(open_store):
     assert await store.reclaimer.run() == 0  # nothing idle yet
     later = time.time() + 120
     await store.put(Message("x", b"new"), ["t:fresh"])  # (still idle by `later`: 120 s on)
-    assert await store.reclaimer.run(later) == 2
-    assert sorted(forgotten) == ["t:fresh", "t:idle"]
+    assert await store.reclaimer.run(later) == 3
+    assert sorted(forgotten) == ["t:consumed", "t:fresh", "t:idle"]
+    # an offset is no reader (the protocol that owns the queue says who reads it); it goes too
+    assert store.get_offset_now("group", "t:consumed") is None
     assert (await store.get("t:idle", 0, 10)).status is GetStatus.NO_SUCH_QUEUE
     assert store.max_offset_now("t:idle") == 0
-    for kept in ("t:subscribed", "t:consumed", "amqp-like"):
+    for kept in ("t:subscribed", "amqp-like"):
         assert [m.body for m in (await store.get(kept, 0, 10)).messages] == [f"{kept}-{i}".encode() for i in range(3)]
 
     # the name written again is a new queue: offsets from 0, none of the old messages
@@ -85,6 +87,7 @@ CRASHER = textwrap.dedent("""
         store.index.flush()  # the checkpoint before everything below: all of it is re-dispatched
         await store.put_batch([(Message("x", f"old{i}".encode()), ["t:a"]) for i in range(3)])
         await store.put(Message("x", b"other"), ["t:b"])
+        store.save_offset_now("group", "t:a", 3)
         store.set_queue_policy(Policy(ttl_s=60.0))
         store.reclaimer.checks.append(lambda name: name == "t:b")
         assert await store.reclaimer.run(time.time() + 120) == 1
@@ -105,6 +108,7 @@ async def test_a_removal_and_the_queue_after_it_are_rebuilt_after_a_crash(open_s
     # the new queue keeps the offsets it had before the crash, without the old messages
     assert [(m.queue_offset, m.body) for m in (await store.get("t:a", 0, 10)).messages] == [(0, b"new0"), (1, b"new1")]
     assert [m.body for m in (await store.get("t:b", 0, 10)).messages] == [b"other"]
+    assert store.get_offset_now("group", "t:a") is None
 
 
 async def test_per_queue_rules_cut_by_age_and_by_size(open_store):

@@ -151,10 +151,17 @@ class AMQPBroker:
             queue.close()
         self.deadlines.close()
 
-    def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
+    def _queue_of(self, store_queue_name: str) -> QueueRuntime | None:
+        """The declared queue whose store queue that is (a reader: store/reclaim.py)."""
         if not store_queue_name.startswith(AMQP_QUEUE_PREFIX):
-            return
-        queue = self.queues.get(store_queue_name[len(AMQP_QUEUE_PREFIX):])
+            return None
+        return self.queues.get(store_queue_name[len(AMQP_QUEUE_PREFIX):])
+
+    def reads(self, store_queue_name: str) -> bool:
+        return self._queue_of(store_queue_name) is not None
+
+    def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
+        queue = self._queue_of(store_queue_name)
         if queue is None:
             return
         # Every notify of a queue goes to the cache, with consumers or not: once told of a
@@ -169,7 +176,7 @@ class AMQPBroker:
         ends now, before the notify loop runs, so that the publisher's next basic.get (or
         queue.declare's count) sees them; x-max-length applies."""
         for name in store_queues:
-            queue = self.queues.get(name[len(AMQP_QUEUE_PREFIX):]) if name.startswith(AMQP_QUEUE_PREFIX) else None
+            queue = self._queue_of(name)
             if queue is None:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))

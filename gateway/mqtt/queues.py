@@ -76,6 +76,14 @@ class WildcardQueues:
         """Whether a subscription to exactly this topic exists (wildcards: see queues_for)."""
         return topic in self._concrete or not self.subscribers_known
 
+    def reads(self, queue: str) -> bool:
+        """Whether a subscription or a hold reads the store queue (a reader: store/reclaim.py)."""
+        if queue.startswith(TOPIC_QUEUE_PREFIX):
+            return self.subscribed(queue[len(TOPIC_QUEUE_PREFIX):])
+        if queue.startswith(WILDCARD_QUEUE_PREFIX):
+            return queue[len(WILDCARD_QUEUE_PREFIX):] in self._tree or not self.subscribers_known
+        return False
+
     def join(self, targets: Callable[[str], list[str]]) -> Callable[[], None]:
         """gateway.interop.TopicSpace: another protocol's targets for MQTT publishes."""
         self._extras.append(targets)

@@ -1,0 +1,134 @@
+"""Light queues removed when idle and unread, and per-topic retention, through real clients
+(paho, pika): what nobody reads goes, what a subscription, a persistent session or a declared
+AMQP queue reads stays, a topic used again works from scratch, and a command topic's messages
+expire for an offline session while telemetry beside them is kept."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pika
+
+from .mqtt_support import PahoClient, mqtt_port, running_gateway
+
+IDLE = dict(queue_idle_ttl_hours=1 / 3600, queue_idle_check_interval_s=0.3)  # idle after 1 s
+
+
+async def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_idle_unread_topics_go_and_read_ones_stay(data_dir: Path) -> None:
+    async with running_gateway(data_dir, **IDLE) as gw:
+        port = mqtt_port(gw)
+        sub = PahoClient(port, "sub")
+        await sub.connect()
+        await sub.subscribe("live/topic", qos=1)
+        await sub.subscribe("wild/+", qos=1)
+        offline = PahoClient(port, "offline", clean=False)
+        await offline.connect()
+        await offline.subscribe("kept/for/session", qos=1)
+        await offline.disconnect()
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        for topic in ("gone/topic", "live/topic", "wild/a", "kept/for/session"):
+            await pub.publish(topic, topic.encode(), qos=1)
+        assert len(await sub.receive(2)) == 2
+        index = gw.store.index
+        await wait_until(lambda: index.lookup("t:gone/topic") is None and index.lookup("t:wild/a") is None)
+        # (t:wild/a goes: subscribers of wild/+ read its wildcard queue w:wild/+)
+        for read in ("t:live/topic", "w:wild/+", "t:kept/for/session"):
+            assert index.lookup(read) is not None, read
+
+        # the persistent session gets what came while it was away; the removed topic works again
+        offline = PahoClient(port, "offline", clean=False)
+        await offline.connect()
+        assert [m.payload for m in await offline.receive(1)] == [b"kept/for/session"]
+        again = PahoClient(port, "again")
+        await again.connect()
+        await again.subscribe("gone/topic", qos=1)
+        await pub.publish("gone/topic", b"back", qos=1)
+        assert [m.payload for m in await again.receive(1)] == [b"back"]
+        assert gw.store.max_offset_now("t:gone/topic") == 1  # a new queue: offsets from 0
+        for client in (sub, offline, again, pub):
+            await client.disconnect()
+
+
+async def test_a_retained_message_outlives_its_removed_topic_queue(data_dir: Path) -> None:
+    async with running_gateway(data_dir, **IDLE) as gw:
+        port = mqtt_port(gw)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        await pub.publish("status/dev1", b"online", qos=1, retain=True)
+        await pub.disconnect()
+        await wait_until(lambda: gw.store.index.lookup("t:status/dev1") is None)
+        sub = PahoClient(port, "sub")
+        await sub.connect()
+        await sub.subscribe("status/+", qos=1)
+        (message,) = await sub.receive(1)
+        assert (message.payload, message.retain) == (b"online", True)
+        await sub.disconnect()
+
+
+def _amqp(port: int, work) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    try:
+        work(connection.channel())
+    finally:
+        connection.close()
+
+
+async def test_declared_amqp_queues_stay_and_deleted_ones_go(data_dir: Path) -> None:
+    async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", **IDLE) as gw:
+        port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+
+        def declare_publish_delete(channel) -> None:
+            channel.confirm_delivery()
+            for name in ("orders", "scratch"):
+                channel.queue_declare(name, durable=True)
+                channel.basic_publish("", name, name.encode(), pika.BasicProperties(delivery_mode=2))
+            channel.queue_delete("scratch")
+
+        await asyncio.to_thread(_amqp, port, declare_publish_delete)
+        await wait_until(lambda: gw.store.index.lookup("q:scratch") is None)
+        assert gw.store.index.lookup("q:orders") is not None
+
+        def get_one(channel) -> None:
+            method, _, body = channel.basic_get("orders", auto_ack=True)
+            assert body == b"orders"
+            # the deleted queue's name declared again: a new, empty queue that works
+            assert channel.queue_declare("scratch", durable=True).method.message_count == 0
+            channel.confirm_delivery()
+            channel.basic_publish("", "scratch", b"new", pika.BasicProperties(delivery_mode=2))
+            assert channel.basic_get("scratch", auto_ack=True)[2] == b"new"
+
+        await asyncio.to_thread(_amqp, port, get_one)
+
+
+async def test_a_command_topic_expires_for_an_offline_session_while_telemetry_is_kept(data_dir: Path) -> None:
+    rules = '{"cmd/#": {"hours": 0.0003}}'  # ~1 s
+    async with running_gateway(data_dir, retention_topics=rules, retention_check_interval_s=0.3) as gw:
+        port = mqtt_port(gw)
+        device = PahoClient(port, "device", clean=False)
+        await device.connect()
+        await device.subscribe("cmd/dev1", qos=1)
+        await device.subscribe("tele/dev1", qos=1)
+        await device.disconnect()
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        await pub.publish("cmd/dev1", b"stale command", qos=1)
+        await pub.publish("tele/dev1", b"reading", qos=1)
+        await wait_until(lambda: gw.store.min_offset_now("t:cmd/dev1") == 1)
+        await pub.publish("cmd/dev1", b"fresh command", qos=1)
+        device = PahoClient(port, "device", clean=False)
+        await device.connect()
+        got = sorted(m.payload for m in await device.receive(2))
+        assert got == [b"fresh command", b"reading"]
+        await device.nothing_more()
+        for client in (device, pub):
+            await client.disconnect()
