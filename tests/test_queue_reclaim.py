@@ -10,6 +10,10 @@ import time
 from pathlib import Path
 
 import pika
+import pytest
+
+from gateway.config import ConfigError, load_config
+from gateway.queue_policy import QueuePolicy, parse_rules
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 
@@ -132,3 +136,25 @@ async def test_a_command_topic_expires_for_an_offline_session_while_telemetry_is
         await device.nothing_more()
         for client in (device, pub):
             await client.disconnect()
+
+
+def test_per_topic_rules_come_from_a_toml_table_or_json_and_bad_ones_are_named(tmp_path: Path) -> None:
+    toml = tmp_path / "tidemq.toml"
+    toml.write_text('[retention]\nhours = 24\n[retention.topics]\n"devices/+/telemetry" = { hours = 2160 }\n'
+                    '"devices/+/commands" = { hours = 6, bytes = 1000000 }\n"alerts/#" = 48\n')
+    cfg = load_config(toml, env={})
+    rules = parse_rules(cfg.retention_topics)
+    assert [(r.topic_filter, r.hours, r.bytes) for r in rules] == [
+        ("devices/+/telemetry", 2160.0, 0), ("devices/+/commands", 6.0, 1_000_000), ("alerts/#", 48.0, 0)]
+    policy = QueuePolicy(rules, 24.0, ("t:",))
+    assert policy.retention("t:devices/7/commands") == (6.0, 1_000_000)
+    assert policy.retention("t:devices/7/status") is None and policy.retention("q:devices/7/commands") is None
+    assert policy.longest_hours == 2160.0
+    assert policy.idle_ttl_s("t:devices/7/telemetry") == 2160 * 3600.0  # kept as long as its rule keeps data
+    assert policy.idle_ttl_s("t:other") == 24 * 3600.0 and policy.idle_ttl_s("r:Topic:0") == 0.0
+    assert load_config(env={"TIDEMQ_RETENTION_TOPICS": '{"a/#": 1}'}).retention_topics == '{"a/#": 1}'
+    for bad, words in (('{"a/#": {"hours": -1}}', "hours is a number"), ('{"a/#x": 1}', "not a topic filter"),
+                       ('{"a": {"days": 3}}', "give hours"), ('{"a": {"hours": 0}}', "needs hours or bytes"),
+                       ("[1]", "JSON object")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(env={"TIDEMQ_RETENTION_TOPICS": bad})
