@@ -259,7 +259,7 @@ class Gateway:
         reclaimer = store.reclaimer
         if self.wildcards is not None and self.wildcards.subscribers_known:
             light += [TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX]
-            reclaimer.checks.append(self.wildcards.reads)
+            reclaimer.checks += [self.wildcards.reads, self.filter_holds().reads]
         if self.amqp is not None:
             light.append(AMQP_QUEUE_PREFIX)
             reclaimer.checks.append(self.amqp.reads)

@@ -18,7 +18,7 @@ from .consumequeue import ENTRY_KEY, ENTRY_VALUE, ConsumeQueueIndex, entry_key
 from .holds import INDIRECT
 from .policy import QueuePolicy
 
-SCAN_YIELD = 1024
+SCAN_YIELD = 256  # queues examined between two yields to the event loop
 
 
 class QueueTrimmer:

@@ -9,6 +9,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import aiohttp
 import pika
 import pytest
 
@@ -77,6 +78,23 @@ async def test_a_retained_message_outlives_its_removed_topic_queue(data_dir: Pat
         (message,) = await sub.receive(1)
         assert (message.payload, message.retain) == (b"online", True)
         await sub.disconnect()
+
+
+async def test_topics_a_spark_query_holds_are_read(data_dir: Path) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", **IDLE) as gw:
+        url = "http://{}:{}/data/filters".format(*gw.metrics_address)
+        async with aiohttp.ClientSession() as http:
+            for topic_filter in ("fleet/+/status", "plant/7/power"):  # a wildcard and a concrete filter
+                async with http.post(url, json={"topicFilter": topic_filter, "lease_ms": 600_000}) as response:
+                    assert response.status == 200
+        pub = PahoClient(mqtt_port(gw), "pub")
+        await pub.connect()
+        for topic in ("fleet/a/status", "plant/7/power", "other/x"):
+            await pub.publish(topic, b"m", qos=1)
+        await pub.disconnect()
+        await wait_until(lambda: gw.store.index.lookup("t:other/x") is None)
+        for held in ("t:fleet/a/status", "w:fleet/+/status", "t:plant/7/power"):
+            assert gw.store.index.lookup(held) is not None, held
 
 
 def _amqp(port: int, work) -> None:

@@ -10,6 +10,10 @@ runs, and a reader that stops (or dies) lets it lapse, so an abandoned filter do
 amplification for ever. Several readers of one filter share one hold that lasts to the latest of
 their leases. Holds are stored (table ``data_filter_holds``: filter -> expiry, Unix seconds) and
 restored when the gateway starts, so a gateway restart does not open a gap in the queue.
+
+A hold also makes the topic queues its filter matches *read* (``reads``): idle light queues are
+removed only when nobody reads them (store/reclaim.py), and a query reads its topics' queues. A
+concrete filter's hold is kept for that alone (its topic queue gets every publish anyway).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from protocols.mqtt.topics import is_wildcard, validate_topic_filter
+from protocols.mqtt.topics import is_wildcard, matches, validate_topic_filter
 
-from ..interop import queue_for_filter
+from ..interop import TOPIC_QUEUE_PREFIX, queue_for_filter
 from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
@@ -63,7 +67,8 @@ class FilterHolds:
             if expires <= now:
                 table.delete(topic_filter)
                 continue
-            wildcards.add(topic_filter)
+            if is_wildcard(topic_filter):
+                wildcards.add(topic_filter)
             self._expiry[topic_filter] = expires
         if self._expiry:
             log.info("data filter holds restored count=%d", len(self._expiry))
@@ -84,23 +89,32 @@ class FilterHolds:
         if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
             raise AdminError(400, f"lease_ms must be {MIN_LEASE_MS}..{MAX_LEASE_MS}, not {lease_ms}")
         queue = queue_for_filter(topic_filter)
-        if not is_wildcard(topic_filter):  # a topic queue gets every publish to its topic anyway
-            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False})
+        wildcard = is_wildcard(topic_filter)  # (a topic queue gets every publish to its topic anyway)
         store, wildcards = self.store, self.wildcards
+        if not wildcard and (store is None or wildcards is None):  # (nothing would ever remove its queue here)
+            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False})
         if store is None:
             raise no_store()
         if wildcards is None:
             raise AdminError(501, "this gateway has no MQTT wildcard queues (MQTT is off)")
         expires = time.time() + lease_ms / 1000
         if topic_filter not in self._expiry:
-            wildcards.add(topic_filter)
+            if wildcard:
+                wildcards.add(topic_filter)
             log.info("data filter held topic_filter=%s lease_ms=%d", topic_filter, lease_ms)
         elif self._expiry[topic_filter] >= expires:
-            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": True})
+            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": wildcard})
         self._expiry[topic_filter] = expires
         store.table(HOLDS_TABLE).put(topic_filter, repr(expires).encode())
         self._schedule()
-        return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": True})
+        return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": wildcard})
+
+    def reads(self, queue: str) -> bool:
+        """Whether a held filter matches the topic of this topic queue (a reader: store/reclaim.py)."""
+        if not self._expiry or not queue.startswith(TOPIC_QUEUE_PREFIX):
+            return False
+        topic = queue[len(TOPIC_QUEUE_PREFIX):]
+        return any(matches(topic_filter, topic) for topic_filter in self._expiry)
 
     def _schedule(self) -> None:
         if self._timer is not None:
@@ -116,7 +130,7 @@ class FilterHolds:
         for topic_filter, expires in list(self._expiry.items()):
             if expires <= now:
                 del self._expiry[topic_filter]
-                if wildcards is not None:
+                if wildcards is not None and is_wildcard(topic_filter):
                     wildcards.remove(topic_filter)
                 if store is not None:
                     store.table(HOLDS_TABLE).delete(topic_filter)
