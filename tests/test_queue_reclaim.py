@@ -95,6 +95,10 @@ async def test_topics_a_spark_query_holds_are_read(data_dir: Path) -> None:
         await wait_until(lambda: gw.store.index.lookup("t:other/x") is None)
         for held in ("t:fleet/a/status", "w:fleet/+/status", "t:plant/7/power"):
             assert gw.store.index.lookup(held) is not None, held
+        async with aiohttp.ClientSession() as http, http.get(url.replace("/data/filters", "/metrics")) as response:
+            metrics = await response.text()
+        (line,) = [x for x in metrics.splitlines() if x.startswith("tidemq_queues_reclaimed_total ")]
+        assert float(line.split()[1]) >= 1
 
 
 def _amqp(port: int, work) -> None:

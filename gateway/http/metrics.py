@@ -125,6 +125,8 @@ class GatewayCollector:
         yield GaugeMetricFamily("tidemq_store_backlog_messages", "Messages submitted to the store, not yet durable",
                                 value=store.backlog)
         yield GaugeMetricFamily("tidemq_queues", "Store queues created", value=store.queue_count)
+        yield CounterMetricFamily("tidemq_queues_reclaimed", "Idle light queues removed (no new message, no reader)",
+                                  value=store.reclaimer.removed_total)
         yield GaugeMetricFamily("tidemq_store_memtable_bytes", "Memory in RocksDB write buffers (index, metadata)",
                                 value=store.memtable_bytes)
         yield GaugeMetricFamily("tidemq_store_block_cache_bytes", "Memory in RocksDB's block cache (index, metadata)",
