@@ -13,6 +13,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .kafka_options import KNOWN as KAFKA_KNOWN
+from .kafka_options import KafkaOptions, refuse_kafka_only
+
 EARLIEST = -2
 LATEST = -1
 DEFAULT_FETCH_ROWS = 65_536
@@ -76,13 +79,15 @@ class SourceOptions:
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     filter_lease_s: float = DEFAULT_FILTER_LEASE_S
+    kafka: KafkaOptions = field(default_factory=KafkaOptions)  # schema, includeHeaders, timestamps, minOffsetsPerTrigger
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
         known = {"address", "token", "username", "password", "datadir", "queues", "topicfilter", "startingoffsets",
                  "endingoffsets", "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition",
-                 "minpartitions", "retrytimeoutms", "filterleasems"}
+                 "minpartitions", "retrytimeoutms", "filterleasems"} | KAFKA_KNOWN
+        refuse_kafka_only(set(opts) - known)
         unknown = sorted(set(opts) - known)
         if unknown:
             raise OptionError(f"tidemq source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -115,6 +120,7 @@ class SourceOptions:
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             min_partitions=parse_positive(opts, "minpartitions", "minPartitions"),
             filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
+            kafka=KafkaOptions.parse(opts),
         )
 
 
