@@ -3,7 +3,8 @@ source, so that a job written against the Kafka source runs unchanged when ``for
 connection options change. Built on the executors from the native Arrow batches, column by
 column (no per-row Python work).
 
-    key            binary     the message key (remoting KEYS, AMQP message-id, MQTT 5 ...), null if none
+    key            binary     the message key (remoting KEYS, AMQP message-id, an MQTT 5 user property
+                              "key"), null if none
     value          binary     the payload
     topic          string     the message's topic (the MQTT topic; for a wildcard queue, each
                               message's own topic)
@@ -12,9 +13,11 @@ column (no per-row Python work).
     timestamp      timestamp  the store time: when the store wrote the message
     timestampType  int        1 (LogAppendTime): the timestamp is the store's, not the producer's
                               (the producer's, where there is one, is born_timestamp of the native schema)
-    headers        array<struct<key:string,value:binary>>  with includeHeaders=true: the message
-                              properties (MQTT 5 user properties, AMQP headers, remoting properties,
-                              ``mqtt.cid``), in stored order; null when there are none, as Kafka's
+    headers        array<struct<key:string,value:binary>>  with includeHeaders=true: the stored
+                              message properties, as the native ``properties`` column has them
+                              (``mqtt.cid``; an MQTT 5 property block as ``mqtt.props``, base64;
+                              AMQP and remoting properties), in stored order; null when there are
+                              none, as Kafka's
 
 Why a hash for ``partition`` and not the position of the queue among the query's queues: a
 partition number must mean the same queue across restarts of a query and while the set of queues

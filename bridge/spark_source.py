@@ -27,6 +27,12 @@ Admission control uses the full ``DataSourceStreamReader``: ``getDefaultReadLimi
 ``ReadMaxRows(maxOffsetsPerTrigger)`` and ``latestOffset(start, limit)`` shares that many
 offsets over the queues in proportion to their backlog, as the Kafka source does.
 ``Trigger.AvailableNow`` reads up to the offsets current when the query started.
+
+The Kafka source's other options live in their own modules, which this one calls:
+``kafka_options.py`` (parsing, and the Kafka options refused), ``kafka_schema.py``
+(``schema=kafka``), ``timestamps.py`` (starting and ending times), ``trigger_pacing.py``
+(``minOffsetsPerTrigger`` / ``maxTriggerDelay``) and ``progress.py`` (offsets behind latest, the
+warning for a query that matches nothing).
 """
 
 from __future__ import annotations
