@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from bridge.data_client import DirectClient, HttpClient, close_clients
+from bridge.data_client import DirectClient, HttpClient, SourceError, close_clients
 from bridge.kafka_options import KAFKA_ONLY
 from bridge.kafka_schema import partition_of, to_kafka
 from bridge.progress import offsets_behind
@@ -177,6 +177,10 @@ async def test_offsets_for_times_through_both_clients(data_dir: Path, mode: str)
             assert found == {QUEUE: 5, "t:nope": None}
             assert await asyncio.to_thread(client.offsets_for_times, {QUEUE: 0}) == {QUEUE: 0}
             assert await asyncio.to_thread(client.offsets_for_times, {QUEUE: now_ms() + 60_000}) == {QUEUE: None}
+            if mode == "address":  # bad input: a clear 400, not a crash
+                for body in ({"queues": {QUEUE: "soon"}}, {"queues": [QUEUE]}, {"times": {}}):
+                    with pytest.raises(SourceError, match="answered 400.*send"):
+                        await asyncio.to_thread(client._json, "POST", "/data/times", body)
         finally:
             client.close()
 
