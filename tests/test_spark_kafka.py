@@ -6,6 +6,7 @@ the warning for a query that matches nothing, and the Kafka options that are ref
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from bridge.data_client import DirectClient, HttpClient, SourceError, close_clients
 from bridge.kafka_options import KAFKA_ONLY
-from bridge.kafka_schema import partition_of, to_kafka
+from bridge.kafka_schema import check_partitions, partition_of, to_kafka
 from bridge.progress import offsets_behind
 from bridge.spark_options import OptionError, SourceOptions
 from bridge.spark_source import TideMQBatchReader, TideMQStreamReader
@@ -89,6 +90,19 @@ def test_kafka_options_are_parsed_and_checked_naming_the_option() -> None:
 def test_kafka_options_the_source_cannot_honour_are_refused_by_name(option: str) -> None:
     with pytest.raises(OptionError, match=f"{option} is a Kafka source option the tidemq source does not support"):
         SourceOptions.parse({"address": "h:1", "queues": QUEUE, option: "x"})
+
+
+def test_queues_whose_partition_numbers_collide_fail_the_plan() -> None:
+    seen: dict[int, str] = {}
+    for i in range(1_000_000):  # a birthday search: some 2**16 random names for a 31-bit collision
+        name = f"t:devices/{hashlib.sha1(b'%d' % i).hexdigest()[:12]}"
+        other = seen.setdefault(partition_of(name), name)
+        if other != name:
+            break
+    assert other != name
+    check_partitions([other, "t:a"])  # no collision: no error
+    with pytest.raises(OptionError, match="queues '.*' and '.*' have the same partition number"):
+        check_partitions([name, "t:a", other])
 
 
 def test_trigger_pacer_follows_the_kafka_source() -> None:
@@ -237,7 +251,7 @@ async def test_a_kafka_job_runs_unchanged_on_schema_kafka(spark, data_dir: Path,
         assert counts == {TOPIC: 12, "plant/line2/telemetry": 3}
 
 
-async def test_timestamp_options_start_and_end_by_store_time(spark, data_dir: Path) -> None:
+async def test_timestamp_options_start_and_end_by_store_time(spark, data_dir: Path, tmp_path) -> None:
     async with spark_gateway(data_dir) as gw:
         marks = []
         for burst in range(3):  # m0-m3, then m4-m7, then m8-m11, with a time mark between bursts
@@ -263,6 +277,17 @@ async def test_timestamp_options_start_and_end_by_store_time(spark, data_dir: Pa
             await asyncio.to_thread(read, startingTimestamp=str(marks[2]))
         assert await asyncio.to_thread(read, startingTimestamp=str(marks[2]),
                                        startingOffsetsByTimestampStrategy="latest") == []
+
+        def stream(**options) -> list[int]:
+            out: list[int] = []
+            query = (spark.readStream.format("tidemq").options(**base).options(**options).load()
+                     .writeStream.foreachBatch(lambda batch, _: out.extend(r.offset for r in batch.collect()))
+                     .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+            return sorted(out)
+
+        assert await asyncio.to_thread(stream, startingTimestamp=str(marks[0])) == list(range(4, 12))
 
 
 async def test_min_offsets_per_trigger_waits_and_progress_shows_offsets_behind(spark, data_dir: Path,
