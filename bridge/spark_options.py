@@ -4,7 +4,9 @@ option (Spark hands them over as a case-insensitive string map).
 Offsets follow the Kafka source: a queue's offsets count its messages from 0, ``earliest`` is
 the first offset still stored, ``latest`` the offset the next message will get, and JSON gives
 one offset per queue (``{"t:devices/1/telemetry": 42}``, with -2 for earliest and -1 for
-latest). Queues missing from a JSON start at earliest and end at latest.
+latest). Queues missing from a JSON start at earliest and end at latest. The options that come
+from the Kafka source besides these (schema, timestamps, minOffsetsPerTrigger, the Kafka options
+refused) are parsed in ``kafka_options.py``.
 """
 
 from __future__ import annotations

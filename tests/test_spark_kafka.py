@@ -314,14 +314,22 @@ async def test_min_offsets_per_trigger_waits_and_progress_shows_offsets_behind(s
                 assert len(sizes) >= count, (sizes, query.exception())
 
             # 25: 12 (the first trigger is never delayed), 12, then 1 left waits for 9 more
+            async def progress(batch_id: int) -> dict:
+                """The progress of batch ``batch_id`` (recorded a little after foreachBatch ran)."""
+                for _ in range(600):
+                    found = [p for p in query.recentProgress if p["batchId"] == batch_id and p["numInputRows"]]
+                    if found:
+                        return found[-1]["sources"][0]
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"no progress of batch {batch_id}: {query.recentProgress}")
+
             await batches(2)
+            assert offsets_behind(await progress(1))["queues"] == {QUEUE: 1}
             await asyncio.sleep(1.0)  # (ten more triggers, none of which may run a batch)
             assert sizes == [12, 12]
-            source = query.lastProgress["sources"][0]
-            assert offsets_behind(source)["queues"] == {QUEUE: 1}
             await publish(gw, 25, 9)  # 1 + 9: the minimum, whatever a trigger sees in between
             await batches(3)
             assert sizes == [12, 12, 10]
-            assert offsets_behind(query.lastProgress["sources"][0])["total"] == 0
+            assert offsets_behind(await progress(2))["total"] == 0
         finally:
             await asyncio.to_thread(query.stop)
