@@ -238,7 +238,9 @@ async def test_a_kafka_job_runs_unchanged_on_schema_kafka(spark, data_dir: Path,
 
         # the same job as a stream, with a window on the Kafka timestamp
         def stream() -> list:
-            _, job = kafka_job(spark.readStream.option("startingOffsets", "earliest"))
+            # (AvailableNow reads up to its target whatever minOffsetsPerTrigger says)
+            _, job = kafka_job(spark.readStream.option("startingOffsets", "earliest")
+                               .option("maxOffsetsPerTrigger", 4).option("minOffsetsPerTrigger", 4))  # 4, 4, 4, 3
             out = []
             query = (job.groupBy("topic").count().writeStream.outputMode("complete")
                      .foreachBatch(lambda batch, _: out.extend(batch.collect())).trigger(availableNow=True)
