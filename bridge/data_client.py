@@ -33,6 +33,7 @@ import pyarrow as pa
 from protocols.queue_names import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
+from store.time_offsets import offset_for_time
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
 
@@ -64,6 +65,7 @@ class StoreClient(Protocol):
     def queue_for_filter(self, topic_filter: str) -> str: ...
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
+    def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
     def close(self) -> None: ...
 
@@ -157,6 +159,10 @@ class HttpClient:
         answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
         return {q: (o["min_offset"], o["max_offset"]) if o else None for q, o in answer.items()}
 
+    def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
+        """Per queue, the first offset stored at or after its time (ms), None if none is."""
+        return self._json("POST", "/data/times", {"queues": times})["offsets"]
+
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
         query = urllib.parse.urlencode({"queue": queue, "start": start, "end": end, "max_rows": max_rows})
         status, response, data = self._request("GET", "/data/read?" + query)
@@ -191,6 +197,15 @@ class DirectClient:
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()
         return {q: self.reader.offsets(q) for q in queues}
+
+    def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
+        self.reader.refresh()
+        reader, out = self.reader, {}
+        for queue, at in times.items():
+            state = reader.queue(queue)
+            low = None if state is None else first_readable_offset(reader.index, state, reader.commitlog.min_position)
+            out[queue] = None if state is None else offset_for_time(reader.index.db, state.qid, low, state.next_offset, at)
+        return out
 
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
         reader = self.reader

@@ -4,7 +4,9 @@ option (Spark hands them over as a case-insensitive string map).
 Offsets follow the Kafka source: a queue's offsets count its messages from 0, ``earliest`` is
 the first offset still stored, ``latest`` the offset the next message will get, and JSON gives
 one offset per queue (``{"t:devices/1/telemetry": 42}``, with -2 for earliest and -1 for
-latest). Queues missing from a JSON start at earliest and end at latest.
+latest). Queues missing from a JSON start at earliest and end at latest. The options that come
+from the Kafka source besides these (schema, timestamps, minOffsetsPerTrigger, the Kafka options
+refused) are parsed in ``kafka_options.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .kafka_options import KNOWN as KAFKA_KNOWN
+from .kafka_options import KafkaOptions, refuse_kafka_only
 
 EARLIEST = -2
 LATEST = -1
@@ -76,13 +81,15 @@ class SourceOptions:
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     filter_lease_s: float = DEFAULT_FILTER_LEASE_S
+    kafka: KafkaOptions = field(default_factory=KafkaOptions)  # schema, includeHeaders, timestamps, minOffsetsPerTrigger
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
         known = {"address", "token", "username", "password", "datadir", "queues", "topicfilter", "startingoffsets",
                  "endingoffsets", "maxoffsetspertrigger", "failondataloss", "fetchrows", "maxrecordsperpartition",
-                 "minpartitions", "retrytimeoutms", "filterleasems"}
+                 "minpartitions", "retrytimeoutms", "filterleasems"} | KAFKA_KNOWN
+        refuse_kafka_only(set(opts) - known)
         unknown = sorted(set(opts) - known)
         if unknown:
             raise OptionError(f"tidemq source: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -115,6 +122,7 @@ class SourceOptions:
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             min_partitions=parse_positive(opts, "minpartitions", "minPartitions"),
             filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
+            kafka=KafkaOptions.parse(opts),
         )
 
 

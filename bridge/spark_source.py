@@ -27,6 +27,12 @@ Admission control uses the full ``DataSourceStreamReader``: ``getDefaultReadLimi
 ``ReadMaxRows(maxOffsetsPerTrigger)`` and ``latestOffset(start, limit)`` shares that many
 offsets over the queues in proportion to their backlog, as the Kafka source does.
 ``Trigger.AvailableNow`` reads up to the offsets current when the query started.
+
+The Kafka source's other options live in their own modules, which this one calls:
+``kafka_options.py`` (parsing, and the Kafka options refused), ``kafka_schema.py``
+(``schema=kafka``), ``timestamps.py`` (starting and ending times), ``trigger_pacing.py``
+(``minOffsetsPerTrigger`` / ``maxTriggerDelay``) and ``progress.py`` (offsets behind latest, the
+warning for a query that matches nothing).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -61,6 +68,8 @@ from pyspark.sql.types import (
 from store.columns import ARROW_SCHEMA
 
 from .data_client import FilterLease, StoreClient, client_for
+from .kafka_schema import check_partitions, shaped, spark_schema, wants_kafka_schema
+from .progress import EmptyWatch
 from .spark_options import (
     EARLIEST,
     LATEST,
@@ -69,6 +78,8 @@ from .spark_options import (
     OptionError,
     SourceOptions,
 )
+from .timestamps import resolve_end, resolve_start
+from .trigger_pacing import TriggerPacer
 
 log = logging.getLogger("tidemq.spark")
 
@@ -81,6 +92,7 @@ SCHEMA = StructType([
     StructField("properties", MapType(StringType(), StringType(), True), True),
     StructField("payload", BinaryType(), False),
     StructField("timestamp", TimestampType(), False),
+    StructField("born_timestamp", TimestampType(), False),
 ])
 
 
@@ -209,6 +221,8 @@ class _Planner:
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[QueueRange]:
         opts = self.options
+        if opts.kafka.schema == "kafka":
+            check_partitions(end)
         ranges = [(q, start.get(q, 0), end[q]) for q in sorted(end) if end[q] > start.get(q, 0)]
         total = sum(e - s for _, s, e in ranges)
         size = opts.max_records_per_partition
@@ -238,14 +252,18 @@ class TideMQBatchReader(DataSourceReader):
         if options.ending_offsets == "earliest":
             raise OptionError("tidemq source: endingOffsets=earliest makes no sense for a batch query")
         if options.max_offsets_per_trigger is not None:
-            log.info("maxOffsetsPerTrigger only applies to streaming queries; ignored")
+            raise OptionError("tidemq source: maxOffsetsPerTrigger is for streaming queries only")
+        options.kafka.check_mode(streaming=False)
         self.planner = _Planner(options)
 
     def partitions(self) -> list[QueueRange]:
         planner = self.planner
         offsets = planner.offsets(must_exist=True)
-        start = planner.resolve(planner.options.starting_offsets or "earliest", offsets, EARLIEST, "startingOffsets")
-        end = planner.resolve(planner.options.ending_offsets, offsets, LATEST, "endingOffsets")
+        kafka = planner.options.kafka
+        start = (resolve_start(planner.client, kafka, offsets) if kafka.starts_by_time else
+                 planner.resolve(planner.options.starting_offsets or "earliest", offsets, EARLIEST, "startingOffsets"))
+        end = (resolve_end(planner.client, kafka, offsets) if kafka.ends_by_time else
+               planner.resolve(planner.options.ending_offsets, offsets, LATEST, "endingOffsets"))
         for queue, (_, high) in offsets.items():
             past_end(queue, start[queue], high)
             if end[queue] < start[queue]:
@@ -261,14 +279,20 @@ class TideMQBatchReader(DataSourceReader):
         if not isinstance(partition, QueueRange):
             # an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
             return iter(())
-        return read_partition(partition)
+        return shaped(read_partition(partition), self.planner.options.kafka)
 
 
 class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         if options.ending_offsets != "latest":
             raise OptionError("tidemq source: endingOffsets is for batch queries only")
+        options.kafka.check_mode(streaming=True)
         self.planner = _Planner(options)
+        kafka = options.kafka
+        self._pacer = (TriggerPacer(kafka.min_offsets_per_trigger, kafka.max_trigger_delay_s)
+                       if kafka.min_offsets_per_trigger else None)
+        self._empty = EmptyWatch(f"topicFilter {options.topic_filter!r}" if options.topic_filter else
+                                 f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
         self._lease: FilterLease | None = None
@@ -292,19 +316,25 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         self._hold_filter()  # before the offsets: the queue's first message is the query's
         offsets = self.planner.offsets()
-        start = self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
-                                     "startingOffsets")
+        kafka = self.planner.options.kafka
+        start = (resolve_start(self.planner.client, kafka, offsets) if kafka.starts_by_time else
+                 self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
+                                      "startingOffsets"))
         for queue, (_, high) in offsets.items():
             past_end(queue, start[queue], high)
         return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.planner.options.max_offsets_per_trigger
-        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+        least = self.planner.options.kafka.min_offsets_per_trigger
+        # with both, Spark hands back the maximum and the pacer keeps the minimum (Kafka's
+        # composite limit is not open to Python sources)
+        return ReadMaxRows(limit) if limit else ReadMinRows(least) if least else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         self._hold_filter()  # a query restarted from its checkpoint starts here
         offsets = self.planner.offsets()
+        self._empty.check(offsets)
         latest = {}
         for queue, (_, high) in offsets.items():
             at = start.get(queue, 0)
@@ -315,6 +345,10 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                           "(was the store replaced or cut?)")
             target = high if self._target is None else min(high, self._target.get(queue, high))
             latest[queue] = max(at, target)
+        # Trigger.AvailableNow (a target) waits for nothing: what is left up to it is all there is
+        paced = self._pacer is not None and self._target is None and not isinstance(limit, ReadAllAvailable)
+        if paced and not self._pacer.admit(sum(high - start.get(q, 0) for q, high in latest.items())):
+            return dict(start)  # fewer than minOffsetsPerTrigger, within maxTriggerDelay: no batch
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit({q: start.get(q, 0) for q in latest}, latest, limit.max_rows)
         return latest
@@ -333,7 +367,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.partitions({**start, **begin}, end)
 
     def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        return read_partition(partition)
+        return shaped(read_partition(partition), self.planner.options.kafka)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
@@ -376,7 +410,8 @@ class TideMQSource(DataSource):
         return "tidemq"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        kafka, headers = wants_kafka_schema(self.options)
+        return spark_schema(headers) if kafka else SCHEMA
 
     def reader(self, schema: StructType) -> TideMQBatchReader:
         return TideMQBatchReader(SourceOptions.parse(self.options))

@@ -3,7 +3,9 @@ for bulk readers (the gateway's read API and the co-located ``StoreReader`` both
 ``read_range``). Needs numpy and pyarrow (the ``arrow`` extra); nothing else in the store does.
 
 Rows: queue, offset, topic, key (null when the message has none), properties (a map),
-payload (binary), timestamp (the store time, UTC). Speed comes from doing no Python work per
+payload (binary), timestamp (the store time, UTC), born_timestamp (the producer's time where the
+protocol carries one -- remoting's bornTimestamp --, else the time the gateway accepted the message:
+MQTT and AMQP 0-9-1 publishes carry none). Speed comes from doing no Python work per
 message: index entries come from one RocksDB range scan; record headers are copied out of the
 commitlog map by one numpy gather over a sliding-window view of it and decoded as a structured
 array; every variable-length field is cut out of the map by an Arrow *binary view* array over
@@ -37,6 +39,7 @@ ARROW_SCHEMA = pa.schema([
     pa.field("properties", pa.map_(pa.string(), pa.string())),
     pa.field("payload", pa.binary(), nullable=False),
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("born_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
 ENTRY_DTYPE = np.dtype([("position", ">u8"), ("size", ">u4"), ("tag", ">i8"), ("store_ts", ">i8")])
@@ -198,6 +201,7 @@ def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.n
         _properties(block.gather(props_at, props_len, pa.binary_view(), pa.binary())),
         block.gather(body_at, body_len, pa.binary_view(), pa.binary()),
         pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC")),
+        pa.array(headers["born"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC")),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 

@@ -93,6 +93,9 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
                 mallory.read("t:secret/plans", 0, 10, 10)
             with pytest.raises(SourceError, match="403"):
                 mallory.offsets(["t:public/news", "t:secret/plans"])
+            with pytest.raises(SourceError, match="403"):  # times tell what a queue holds, too
+                mallory.offsets_for_times({"t:public/news": 0, "t:secret/plans": 0})
+            assert mallory.offsets_for_times({"t:public/news": 0}) == {"t:public/news": 0}
             with pytest.raises(SourceError, match="403"):
                 mallory.read("w:#", 0, 10, 10)  # a deny rule touches "#": its rows cannot be checked one by one
             with pytest.raises(SourceError, match="403"):

@@ -103,7 +103,8 @@ def test_options_are_checked_with_messages_naming_them() -> None:
         ({"address": "h:1", "queues": "q", "startingOffsets": '{"q": "x"}'}, "startingOffsets"),
         ({"address": "h:1", "queues": "q", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"address": "h:1", "queues": "q", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
-        ({"address": "h:1", "queues": "q", "subscribe": "q"}, "unknown option"),
+        ({"address": "h:1", "queues": "q", "subscribe": "q"}, "subscribe is a Kafka source option"),
+        ({"address": "h:1", "queues": "q", "nonsense": "q"}, "unknown option"),
         ({"address": "h:1", "queues": "q", "retryTimeoutMs": "-1"}, "retryTimeoutMs"),
         ({"address": "h:1", "queues": "q", "filterLeaseMs": "999"}, "filterLeaseMs"),
     ]:

@@ -3,6 +3,7 @@
 
     GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
+    POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
     POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
@@ -36,6 +37,7 @@ from aiohttp import web
 
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
+from store.time_offsets import offset_for_time
 
 from ..interop import queue_for_filter
 from .data_access import PRINCIPAL, DataAccess
@@ -60,6 +62,7 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_get("/data/queues", api.queues)
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
+    app.router.add_post("/data/times", api.times)
     app.router.add_get("/data/read", api.read)
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
@@ -144,6 +147,28 @@ class DataApi:
         for name in names:
             self.access.check_read_queue(request.get(PRINCIPAL), name)
         out: dict[str, Any] = {name: await self._offsets(name) for name in names}
+        return web.json_response({"offsets": out})
+
+    async def times(self, request: web.Request) -> web.Response:
+        """Kafka's offsetsForTimes: per queue, the first readable offset stored at or after the
+        given time (ms since the epoch), null when every message is older or the queue does not
+        exist (store/time_offsets.py; a few index reads per queue, so on the loop)."""
+        try:
+            wanted = (await request.json())["queues"]
+            if not isinstance(wanted, dict) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in wanted.values()):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise AdminError(400, 'send {"queues": {"name": time in ms since the epoch, ...}}') from None
+        if len(wanted) > MAX_QUEUES:
+            raise AdminError(400, f"at most {MAX_QUEUES} queues per request")
+        store = self._store()
+        out: dict[str, int | None] = {}
+        for name, at in wanted.items():
+            self.access.check_read_queue(request.get(PRINCIPAL), name)
+            state = store.index.lookup(name)
+            out[name] = None if state is None else offset_for_time(
+                store.index.db, state.qid, await store.min_offset(name), state.next_offset, at)
         return web.json_response({"offsets": out})
 
     async def read(self, request: web.Request) -> web.StreamResponse:
