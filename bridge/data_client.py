@@ -33,7 +33,6 @@ import pyarrow as pa
 from protocols.queue_names import queue_for_filter
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
-from store.time_offsets import offset_for_time
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
 
@@ -204,7 +203,7 @@ class DirectClient:
         for queue, at in times.items():
             state = reader.queue(queue)
             low = None if state is None else first_readable_offset(reader.index, state, reader.commitlog.min_position)
-            out[queue] = None if state is None else offset_for_time(reader.index.db, state.qid, low, state.next_offset, at)
+            out[queue] = None if state is None else reader.index.offset_for_time(state.qid, low, state.next_offset, at)
         return out
 
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:

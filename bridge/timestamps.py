@@ -1,7 +1,7 @@
 """Starting and ending offsets from times, as the Kafka source's ``startingTimestamp``,
 ``startingOffsetsByTimestamp``, ``endingTimestamp`` and ``endingOffsetsByTimestamp``: per queue,
 the first offset whose store time is at or after the time (the store's offset-for-time lookup,
-``store/time_offsets.py``, through the data API or the data directory).
+``ConsumeQueueIndex.offset_for_time``, through the data API or the data directory).
 
 A start reads messages stored at or after its time; an end is exclusive, so a batch reads the
 messages stored before it. A queue with no message at or after a starting time follows

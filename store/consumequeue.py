@@ -248,8 +248,18 @@ class ConsumeQueueIndex:
         return self._bisect(qid, lo, hi, 0, position)
 
     def first_offset_at_or_after_time(self, qid: int, lo: int, hi: int, timestamp: int) -> int:
-        """Binary search [lo, hi) for the first offset stored at or after ``timestamp`` (ms)."""
+        """Binary search [lo, hi) for the first offset stored at or after ``timestamp`` (ms).
+
+        Store times do not decrease along a queue (one dispatcher writes its entries in
+        commitlog order) while the host's clock does not step back; like Kafka's time index,
+        the lookup relies on that. An entry found missing (retention) counts as earlier."""
         return self._bisect(qid, lo, hi, 3, timestamp)
+
+    def offset_for_time(self, qid: int, lo: int, hi: int, timestamp: int) -> int | None:
+        """Kafka's ``offsetsForTimes`` over [lo, hi): the first offset stored at or after
+        ``timestamp``, or None when every one of them is earlier (Kafka answers null there)."""
+        found = self.first_offset_at_or_after_time(qid, lo, hi, timestamp)
+        return found if found < hi else None
 
     def _bisect(self, qid: int, lo: int, hi: int, field: int, value: int) -> int:
         # Both position and store time grow with the offset inside one queue.

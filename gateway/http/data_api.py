@@ -37,7 +37,6 @@ from aiohttp import web
 
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
-from store.time_offsets import offset_for_time
 
 from ..interop import queue_for_filter
 from .data_access import PRINCIPAL, DataAccess
@@ -152,7 +151,7 @@ class DataApi:
     async def times(self, request: web.Request) -> web.Response:
         """Kafka's offsetsForTimes: per queue, the first readable offset stored at or after the
         given time (ms since the epoch), null when every message is older or the queue does not
-        exist (store/time_offsets.py; a few index reads per queue, so on the loop)."""
+        exist (ConsumeQueueIndex.offset_for_time; a few index reads per queue, so on the loop)."""
         try:
             wanted = (await request.json())["queues"]
             if not isinstance(wanted, dict) or not all(
@@ -167,8 +166,8 @@ class DataApi:
         for name, at in wanted.items():
             self.access.check_read_queue(request.get(PRINCIPAL), name)
             state = store.index.lookup(name)
-            out[name] = None if state is None else offset_for_time(
-                store.index.db, state.qid, await store.min_offset(name), state.next_offset, at)
+            out[name] = None if state is None else store.index.offset_for_time(
+                state.qid, await store.min_offset(name), state.next_offset, at)
         return web.json_response({"offsets": out})
 
     async def read(self, request: web.Request) -> web.StreamResponse:
