@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .record import decode_properties, decode_queues
 from .results import PutResult  # (compiled: one per message stored)
+from .stored import StoredMessage  # (compiled: one per message read)
 
 TAGS_PROPERTY = "TAGS"  # RocketMQ's property name; the tag hash of an entry is computed from it
 
@@ -42,42 +43,6 @@ class Message:
     # check then); 0: an ordinary message, indexed at once
     hold_kind: int = 0
     hold_due_ms: int = 0
-
-
-@dataclass(slots=True, weakref_slot=True)
-class StoredMessage:
-    """A message read back from the store, with its place in the queue it was read from.
-
-    Weakly referenceable, so that a reader can keep what it derives from a message (the MQTT
-    gateway's encoded PUBLISH) beside it for exactly as long as the message lives."""
-
-    msg_id: str
-    position: int
-    size: int
-    topic: str
-    key: str
-    body: bytes
-    born_timestamp: int
-    store_timestamp: int
-    raw_properties: bytes
-    raw_queues: bytes
-    queue_count: int
-    queue: str = ""
-    queue_offset: int = -1
-    tag_hash: int = 0
-    flag: int = 0
-    _properties: dict[str, str] | None = field(default=None, repr=False)
-
-    @property
-    def properties(self) -> dict[str, str]:
-        if self._properties is None:
-            self._properties = decode_properties(self.raw_properties)
-        return self._properties
-
-    @property
-    def queues(self) -> list[tuple[str, int]]:
-        """Every (queue, offset) the message was indexed into."""
-        return decode_queues(self.raw_queues, self.queue_count)
 
 
 class GetStatus(enum.Enum):
