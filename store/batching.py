@@ -25,6 +25,7 @@ NESTED = nested_offset()  # a hold record's position -> its nested record's
 MAX_DUE = 1 << 63
 
 
+@cython.no_gc  # not tracked by the cyclic GC, one per message (bytes, ints, a tuple and lists of bytes, the caller's queue names: it can be in no cycle)
 @cython.cclass
 class PreparedMessage:
     """A message encoded as far as it can be before the committer gives it queue offsets."""

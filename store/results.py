@@ -9,6 +9,7 @@ from __future__ import annotations
 import cython
 
 
+@cython.no_gc  # not tracked by the cyclic GC, one per message (a dict of queue names to ints: it can be in no cycle)
 @cython.cclass
 class PutResult:
     """A stored message's place: commitlog ``position`` and record ``size``, the store's time

@@ -31,6 +31,7 @@ FLUSH_BYTES = 32 << 10
 _V5 = cython.declare(cython.int, MQTT_5)
 
 
+@cython.no_gc  # not tracked by the cyclic GC, one per message (ints and strings: it can be in no cycle)
 @cython.cclass
 class Inflight:
     """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP."""
