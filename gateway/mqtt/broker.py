@@ -26,6 +26,7 @@ from ..tasks import cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
+from .presence import PRESENCE_FILTER, PRESENCE_HOLDER, Presence
 from .roles import Client, Reader
 from .session import Session
 from .session_saves import SessionSaves
@@ -42,11 +43,12 @@ log = logging.getLogger("tidemq.mqtt")
 
 class MQTTBroker:
     """``ports``: the store, the session repository, the filters, the retained messages and
-    the reads, as this kind of node implements them (gateway/ports.py)."""
+    the reads, as this kind of node implements them (gateway/ports.py). ``node``: this node's
+    name in ``$SYS/brokers/{node}/...``."""
 
     def __init__(self, ports: MQTTPorts, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
-                 pressure: StorePressure | None = None) -> None:
+                 pressure: StorePressure | None = None, node: str = "tidemq") -> None:
         self.store = ports.store
         self.stored_sessions = ports.sessions
         self.wildcards = ports.filters
@@ -76,6 +78,8 @@ class MQTTBroker:
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.presence = Presence(node, settings.presence_events,
+                                 lambda topic, body: self.publish_internal([(topic, body)], qos=1))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _resource_alarm(self, reason: str | None) -> None:
@@ -93,6 +97,8 @@ class MQTTBroker:
                 for key in session.shares_held():
                     self._restored_shares.setdefault(key, []).append(session)
         self.retained.load()
+        if self.presence.enabled:  # its wildcard queue has every event from now on (presence.py)
+            self.wildcards.hold(PRESENCE_FILTER, PRESENCE_HOLDER, True)
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
@@ -233,9 +239,10 @@ class MQTTBroker:
                           properties=will.properties.copy(will_delay_interval=None))
         self._put([(publish, client_id)])
 
-    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None:
-        """Messages the broker itself publishes ($SYS statistics)."""
-        self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
+    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False,
+                         qos: int = 0) -> asyncio.Future[list[PutResult]]:
+        """Messages the broker itself publishes ($SYS statistics, presence events)."""
+        return self._put([(Publish(topic, payload, qos, retain), "") for topic, payload in messages])
 
     def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[list[PutResult]]:
         """Messages published on behalf of ``client_id`` by something that is not an MQTT

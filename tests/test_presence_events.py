@@ -1,0 +1,209 @@
+"""Device presence events through paho-mqtt: a subscriber to ``$SYS/brokers/+/clients/+/+`` sees
+each client's connected event and, when its connection ends, its disconnected event with why
+(DISCONNECT, a dropped socket, a takeover, keep-alive expiry, a kick, the server's shutdown);
+``#`` does not match them, the ACL decides who may subscribe, the setting turns them off, and a
+failed event write does not fail the CONNECT. Spark: ``test_presence_spark.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+from gateway.http.admin import kick
+from gateway.http.deps import Brokers
+from gateway.mqtt.presence import PRESENCE_FILTER
+from protocols.mqtt.packets import MQTT_5
+from store import StoreError
+from tests.mqtt_support import PahoClient, Received, mqtt_port, running_gateway
+
+NODE = "edge-1"
+
+
+def event(message: Received) -> tuple[str, str, dict]:
+    """(client id level, connected|disconnected, body) of a presence event."""
+    levels = message.topic.split("/")
+    assert levels[:2] == ["$SYS", "brokers"] and levels[3] == "clients" and len(levels) == 6, message.topic
+    assert not message.retain
+    return levels[4], levels[5], json.loads(message.payload)
+
+
+async def watcher(port: int, name: str = "watcher", **kwargs) -> PahoClient:
+    """A client subscribed to every presence event, after its own connected event is stored."""
+    client = PahoClient(port, name, **kwargs)
+    await client.connect()
+    await asyncio.sleep(0.2)  # (its own connected event is put asynchronously: let it land first)
+    assert (await client.subscribe(PRESENCE_FILTER, 1))[0] in (0, 1)
+    return client
+
+
+async def events_of(client: PahoClient, client_id: str, count: int) -> list[tuple[str, dict]]:
+    """The next ``count`` events about ``client_id`` (other clients' are skipped), in order."""
+    got: list[tuple[str, dict]] = []
+    for _ in range(50):
+        if len(got) == count:
+            return got
+        level, kind, body = event((await client.receive(1))[0])
+        if body["clientid"] == client_id:
+            got.append((kind, body))
+    raise AssertionError(f"{got} of {count} events of {client_id}")
+
+
+async def test_connect_and_disconnect_carry_the_client_and_why_it_left(data_dir: Path) -> None:
+    async with running_gateway(data_dir, node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        everything = PahoClient(port, "everything")
+        await everything.connect()
+        await everything.subscribe("#", 1)  # '#' must not match $SYS topics (MQTT 4.7.2)
+        watch = await watcher(port)
+        device = PahoClient(port, "dev/1+x", version=MQTT_5, username="alice", keepalive=30, session_expiry=60)
+        await device.connect()
+        [(kind, up)] = await events_of(watch, "dev/1+x", 1)
+        assert kind == "connected"
+        assert {k: up[k] for k in ("clientid", "username", "node", "ipaddress", "proto_name", "proto_ver",
+                                   "keepalive", "clean_start", "session_present", "expiry_interval")} == {
+            "clientid": "dev/1+x", "username": "alice", "node": NODE, "ipaddress": "127.0.0.1", "proto_name": "MQTT",
+            "proto_ver": 5, "keepalive": 30, "clean_start": True, "session_present": False, "expiry_interval": 60}
+        assert up["sockport"] == port and up["peername"].startswith("127.0.0.1:")
+        assert up["connected_at"] == up["ts"] > 1_700_000_000_000
+        await device.disconnect()
+        [(kind, down)] = await events_of(watch, "dev/1+x", 1)
+        assert kind == "disconnected"
+        assert (down["reason"], down["reason_code"], down["will"]) == ("normal", 0, False)
+        assert down["connected_at"] == up["connected_at"] <= down["disconnected_at"] == down["ts"]
+        assert (down["username"], down["peername"], down["proto_ver"]) == ("alice", up["peername"], 5)
+        # the client id is one topic level: '/', '+' (and '#', '%') percent-encoded
+        watch.messages.queue.clear()
+        again = PahoClient(port, "dev/1+x")
+        await again.connect()
+        got = await watch.receive(1)
+        assert got[0].topic == f"$SYS/brokers/{NODE}/clients/dev%2F1%2Bx/connected"
+        await again.disconnect()
+        await everything.nothing_more()
+        await everything.disconnect()
+        await watch.disconnect()
+
+
+async def test_a_dropped_socket_and_its_will(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        device = PahoClient(port, "dropper", will=("wills/dropper", b"gone", 1))
+        await device.connect()
+        device.drop()
+        [(_, up), (kind, down)] = await events_of(watch, "dropper", 2)
+        assert kind == "disconnected" and up["proto_ver"] == 4 and up["clean_start"] is True
+        assert (down["reason"], down["reason_code"], down["will"]) == ("tcp_closed", None, True)
+        await watch.disconnect()
+
+
+async def test_takeover_ends_the_old_connection_before_the_new_one_starts(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        first = PahoClient(port, "twin", version=MQTT_5, session_expiry=60)
+        await first.connect()
+        [(kind, first_up)] = await events_of(watch, "twin", 1)
+        first.client.reconnect_delay_set(60, 60)  # (paho must not come back and take it over again)
+        second = PahoClient(port, "twin", version=MQTT_5, clean=False, session_expiry=60)
+        await second.connect()
+        # one wildcard queue: the store's order is the order things happened in
+        [(kind1, down), (kind2, second_up)] = await events_of(watch, "twin", 2)
+        assert (kind, kind1, kind2) == ("connected", "disconnected", "connected")
+        assert (down["reason"], down["reason_code"]) == ("takenover", 0x8E)
+        assert down["connected_at"] == first_up["connected_at"] and down["peername"] == first_up["peername"]
+        assert second_up["peername"] != first_up["peername"] and second_up["clean_start"] is False
+        assert second_up["session_present"] is True
+        first.client.loop_stop()
+        await second.disconnect()
+        await watch.disconnect()
+
+
+async def test_keep_alive_expiry(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        device = PahoClient(port, "sleepy", keepalive=1)
+        await device.connect()
+        device.client.loop_stop()  # no more PINGREQ; the socket stays open
+        [(_, up), (kind, down)] = await events_of(watch, "sleepy", 2)
+        assert kind == "disconnected" and up["keepalive"] == 1
+        assert (down["reason"], down["reason_code"]) == ("keepalive_timeout", 0x8D)
+        assert down["disconnected_at"] - down["connected_at"] >= 1500  # 1.5 times the keep alive
+        device.client.socket().close()
+        await watch.disconnect()
+
+
+async def test_a_kick_and_the_server_shutdown(data_dir: Path, open_store) -> None:
+    async with running_gateway(data_dir, node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        device = PahoClient(port, "kicked")
+        await device.connect()
+        device.client.reconnect_delay_set(60, 60)
+        assert kick(Brokers(mqtt=gw.mqtt), "mqtt", "kicked") == {"kicked": "kicked"}
+        [_, (kind, down)] = await events_of(watch, "kicked", 2)
+        assert (kind, down["reason"], down["reason_code"]) == ("disconnected", "kicked", 0x98)
+        device.client.loop_stop()
+        watch.client.loop_stop()  # still connected when the gateway stops
+    store = await open_store()
+    stored = store.get_now(f"t:$SYS/brokers/{NODE}/clients/watcher/disconnected", 0, 10).messages
+    assert [json.loads(m.body)["reason"] for m in stored] == ["server_shutdown"]
+
+
+async def test_the_acl_decides_who_subscribes(data_dir: Path, tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("user ops\ntopic read $SYS/brokers/+/clients/#\n"
+                   "user dev\ntopic readwrite #\n")  # ('#' does not reach $SYS topics)
+    async with running_gateway(data_dir, acl_file=str(acl)) as gw:
+        port = mqtt_port(gw)
+        nosy = PahoClient(port, "nosy", username="dev")
+        await nosy.connect()
+        assert [c.value for c in await nosy.subscribe(PRESENCE_FILTER, 1)] == [0x80]
+        nosy5 = PahoClient(port, "nosy5", username="dev", version=MQTT_5)
+        await nosy5.connect()
+        assert [c.value for c in await nosy5.subscribe("$SYS/brokers/+/clients/+/connected", 1)] == [0x87]
+        ops = await watcher(port, "ops", username="ops")
+        device = PahoClient(port, "seen", username="dev")
+        await device.connect()
+        [(kind, _)] = await events_of(ops, "seen", 1)
+        assert kind == "connected"
+        await device.disconnect()
+        await nosy.nothing_more()
+        for client in (nosy, nosy5, ops):
+            await client.disconnect()
+
+
+async def test_the_setting_turns_them_off(data_dir: Path) -> None:
+    async with running_gateway(data_dir, mqtt_presence_events=False) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        device = PahoClient(port, "quiet")
+        await device.connect()
+        await device.disconnect()
+        await watch.nothing_more()
+        await watch.disconnect()
+        await asyncio.sleep(0.2)
+        assert gw.mqtt.wildcards.queues_for("$SYS/brokers/x/clients/quiet/connected") == [
+            "t:$SYS/brokers/x/clients/quiet/connected"]  # not held: its subscriber left
+        assert gw.store.index.lookup(f"t:$SYS/brokers/{gw.mqtt.presence.node}/clients/quiet/connected") is None
+    async with running_gateway(data_dir) as gw:  # on (the default): the filter is held from the start
+        assert "w:" + PRESENCE_FILTER in gw.mqtt.wildcards.queues_for("$SYS/brokers/x/clients/quiet/connected")
+
+
+async def test_a_failed_event_write_does_not_fail_the_connect(data_dir: Path, caplog) -> None:
+    async with running_gateway(data_dir) as gw:
+        def broken(topic: str, body: bytes) -> None:
+            raise StoreError("the store is gone")
+
+        gw.mqtt.presence._publish = broken
+        device = PahoClient(mqtt_port(gw), "unlucky")
+        with caplog.at_level(logging.ERROR, logger="tidemq.mqtt"):
+            flags, rc, _ = await device.connect()
+            assert rc == 0
+            await device.publish("still/works", b"1", qos=1)
+            await device.disconnect()
+            await asyncio.sleep(0.2)
+        errors = [r.getMessage() for r in caplog.records if "presence event not stored" in r.getMessage()]
+        assert len(errors) == 2 and "event=connected" in errors[0] and "event=disconnected" in errors[1], errors
