@@ -2,18 +2,24 @@
 each client's connected event and, when its connection ends, its disconnected event with why
 (DISCONNECT, a dropped socket, a takeover, keep-alive expiry, a kick, the server's shutdown);
 ``#`` does not match them, the ACL decides who may subscribe, the setting turns them off, and a
-failed event write does not fail the CONNECT. Spark: ``test_presence_spark.py``."""
+failed event write does not fail the CONNECT; a cluster's gateway nodes store theirs in the store
+node. The Spark source reads them, and the example job (``spark_sinks/jobs/device_uptime.py``)
+makes uptime per device and day of them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.http.admin import kick
 from gateway.http.deps import Brokers
-from gateway.mqtt.presence import PRESENCE_FILTER
+from gateway.mqtt.presence import PRESENCE_FILTER, presence_topic
 from protocols.mqtt.packets import MQTT_5
 from store import StoreError
 from tests.mqtt_support import PahoClient, Received, mqtt_port, running_gateway
@@ -44,7 +50,7 @@ async def events_of(client: PahoClient, client_id: str, count: int) -> list[tupl
     for _ in range(50):
         if len(got) == count:
             return got
-        level, kind, body = event((await client.receive(1))[0])
+        _, kind, body = event((await client.receive(1))[0])
         if body["clientid"] == client_id:
             got.append((kind, body))
     raise AssertionError(f"{got} of {count} events of {client_id}")
@@ -200,10 +206,107 @@ async def test_a_failed_event_write_does_not_fail_the_connect(data_dir: Path, ca
         gw.mqtt.presence._publish = broken
         device = PahoClient(mqtt_port(gw), "unlucky")
         with caplog.at_level(logging.ERROR, logger="tidemq.mqtt"):
-            flags, rc, _ = await device.connect()
+            _, rc, _ = await device.connect()
             assert rc == 0
             await device.publish("still/works", b"1", qos=1)
             await device.disconnect()
             await asyncio.sleep(0.2)
         errors = [r.getMessage() for r in caplog.records if "presence event not stored" in r.getMessage()]
         assert len(errors) == 2 and "event=connected" in errors[0] and "event=disconnected" in errors[1], errors
+
+
+async def test_a_cluster_stores_each_nodes_events_in_the_store_node(data_dir: Path) -> None:
+    from tests.test_cluster_mqtt import cluster
+
+    async with cluster(data_dir) as (store, (g0, g1)):
+        watch = await watcher(mqtt_port(g1))
+        device = PahoClient(mqtt_port(g0), "roamer", clean=False)
+        await device.connect()
+        device.client.reconnect_delay_set(60, 60)
+        moved = PahoClient(mqtt_port(g1), "roamer", clean=False)
+        await moved.connect()  # the session moves from g0 to g1
+        got = await events_of(watch, "roamer", 3)
+        assert [(kind, body["node"], body.get("reason")) for kind, body in got] == [
+            ("connected", "g0", None), ("disconnected", "g0", "takenover"), ("connected", "g1", None)]
+        assert got[2][1]["session_present"] is True
+        # written once, in the store node's store: the topic queue and the held wildcard queue
+        assert store.store.max_offset_now("t:$SYS/brokers/g0/clients/roamer/disconnected") == 1
+        assert store.store.max_offset_now("w:" + PRESENCE_FILTER) >= 4  # (the watcher's own connected too)
+        device.client.loop_stop()
+        await moved.disconnect()
+        await watch.disconnect()
+
+
+# -- Spark: the source reads the events; the example job makes uptime per device and day ---------
+async def test_the_spark_source_reads_the_events(spark, data_dir: Path) -> None:
+    from spark_sinks.jobs.device_uptime import connections, read_events, uptime_per_day
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        first = PahoClient(port, "d1")
+        await first.connect()
+        await first.disconnect()
+        second = PahoClient(port, "d2")
+        await second.connect()
+        second.drop()
+        deadline = time.monotonic() + 10
+        while gw.store.max_offset_now("w:" + PRESENCE_FILTER) < 4:  # (written asynchronously)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        address = "{}:{}".format(*gw.metrics_address)
+        rows = await asyncio.to_thread(lambda: read_events(spark, address).select("topic", "payload").collect())
+        got = [(r.topic, json.loads(r.payload)["reason"] if r.topic.endswith("disconnected") else None) for r in rows]
+        assert got == [(presence_topic(NODE, "d1", "connected"), None),
+                       (presence_topic(NODE, "d1", "disconnected"), "normal"),
+                       (presence_topic(NODE, "d2", "connected"), None),
+                       (presence_topic(NODE, "d2", "disconnected"), "tcp_closed")]
+        now = int(time.time() * 1000)
+        uptime = await asyncio.to_thread(
+            lambda: uptime_per_day(connections(read_events(spark, address), now)).collect())
+    assert [r.clientid for r in uptime] == ["d1", "d2"]
+    today = {datetime.fromtimestamp(t, UTC).date() for t in (now / 1000, now / 1000 - 30)}
+    assert {r.day for r in uptime} <= today
+    assert all(0 <= r.uptime_s < 30 and r.connections == 1 for r in uptime), uptime
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def up(client: str, node: str, at: str) -> tuple[str, bytes]:
+    body = {"clientid": client, "node": node, "connected_at": ms(at), "ts": ms(at)}
+    return presence_topic(node, client, "connected"), json.dumps(body).encode()
+
+
+def down(client: str, node: str, since: str, at: str, reason: str = "normal") -> tuple[str, bytes]:
+    body = {"clientid": client, "node": node, "reason": reason, "connected_at": ms(since), "disconnected_at": ms(at)}
+    return presence_topic(node, client, "disconnected"), json.dumps(body).encode()
+
+
+def test_the_uptime_job_on_a_small_set(spark) -> None:
+    from spark_sinks.jobs.device_uptime import connections, uptime_per_day
+
+    events = [
+        up("d1", "n1", "2026-01-01T23:00:00"), down("d1", "n1", "2026-01-01T23:00:00", "2026-01-02T01:00:00"),
+        # a takeover by a connection on another node: the two overlap by 0.5 s, counted once
+        up("d1", "n1", "2026-01-02T10:00:00"), up("d1", "n2", "2026-01-02T10:30:00"),
+        down("d1", "n1", "2026-01-02T10:00:00", "2026-01-02T10:30:00.500", "takenover"),
+        down("d1", "n2", "2026-01-02T10:30:00", "2026-01-02T11:00:00"),
+        # no disconnected events (its gateway was killed, then it is still connected): the first
+        # connection ends at the second, the second at as_of
+        up("d2", "n1", "2026-01-03T12:00:00"), up("d2", "n1", "2026-01-03T13:00:00"),
+        # a disconnected event whose connected one is not read (retention): its start is in it
+        down("fleet/d3", "n1", "2026-01-02T23:59:50", "2026-01-03T00:00:10", "keepalive_timeout"),
+        ("$SYS/brokers/n1/clients/d4/connected", b"not json"),
+    ]
+    df = spark.createDataFrame(events, "topic string, payload binary")
+    rows = uptime_per_day(connections(df, ms("2026-01-03T14:00:00"))).collect()
+    assert [(r.clientid, r.day.isoformat(), r.uptime_s, r.connections) for r in rows] == [
+        ("d1", "2026-01-01", 3600.0, 1), ("d1", "2026-01-02", 7200.0, 3), ("d2", "2026-01-03", 7200.0, 2),
+        ("fleet/d3", "2026-01-02", 10.0, 1), ("fleet/d3", "2026-01-03", 10.0, 1)]
+
+
+def test_the_uptime_job_has_a_command_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "spark_sinks.jobs.device_uptime", "--help"], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parent.parent).stdout
+    assert "--address" in out and "--as-of" in out

@@ -112,5 +112,5 @@ class Presence:
                 "keepalive": conn.keep_alive, **fields}
         try:
             self._publish(presence_topic(self.node, conn.client_id, event), json.dumps(body).encode())
-        except Exception as exc:  # the client's connection goes on: an event is not worth it
+        except Exception as exc:  # noqa: BLE001 (the client's connection goes on: an event is not worth failing it)
             log.error("presence event not stored client_id=%s event=%s error=%s", conn.client_id, event, exc)
