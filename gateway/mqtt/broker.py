@@ -78,8 +78,7 @@ class MQTTBroker:
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self.presence = Presence(node, settings.presence_events,
-                                 lambda topic, body: self.publish_internal([(topic, body)], qos=1))
+        self.presence = Presence(node, settings.presence_events, self._put_presence, self.limited_log)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _resource_alarm(self, reason: str | None) -> None:
@@ -239,10 +238,13 @@ class MQTTBroker:
                           properties=will.properties.copy(will_delay_interval=None))
         self._put([(publish, client_id)])
 
-    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False,
-                         qos: int = 0) -> asyncio.Future[list[PutResult]]:
-        """Messages the broker itself publishes ($SYS statistics, presence events)."""
-        return self._put([(Publish(topic, payload, qos, retain), "") for topic, payload in messages])
+    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None:
+        """Messages the broker itself publishes ($SYS statistics)."""
+        self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
+
+    def _put_presence(self, topic: str, body: bytes) -> asyncio.Future[list[PutResult]]:
+        # (QoS 1: a persistent subscriber's session keeps them; failures: the presence module logs them)
+        return self._put([(Publish(topic, body, 1, False), "")], logged=False)
 
     def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[list[PutResult]]:
         """Messages published on behalf of ``client_id`` by something that is not an MQTT
@@ -250,7 +252,7 @@ class MQTTBroker:
         exactly as if that client had published them. Resolves when they are durable."""
         return self._put([(p, client_id) for p in publishes])
 
-    def _put(self, publishes: list[tuple[Publish, str]]) -> asyncio.Future[list[PutResult]]:
+    def _put(self, publishes: list[tuple[Publish, str]], *, logged: bool = True) -> asyncio.Future[list[PutResult]]:
         factories: dict[str, StoreMessageFactory] = {}
         items = []
         for p, client_id in publishes:
@@ -262,7 +264,8 @@ class MQTTBroker:
         if any(p.retain for p, _ in publishes):
             entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
             fut.add_done_callback(lambda f: self.record_retained(entries, f))
-        fut.add_done_callback(_log_failure)
+        if logged:
+            fut.add_done_callback(_log_failure)
         return fut
 
     # -- retained messages ---------------------------------------------------------------------

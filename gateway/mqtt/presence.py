@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 from protocols.mqtt.packets import MQTT_3_1
 from protocols.mqtt.reason_codes import ReasonCode
-
-log = logging.getLogger("tidemq.mqtt")
+from store.log_limit import RateLimitedLog
 
 # Held by every node that publishes the events, so that its wildcard queue holds all of them from
 # the node's start (the Spark source reads it with topicFilter; README, Presence events).
@@ -72,16 +71,18 @@ class Present(Protocol):
     def transport(self) -> asyncio.BaseTransport | None: ...
 
 
-Publish = Callable[[str, bytes], object]  # (topic, JSON body): stored QoS 1, not retained
+Publish = Callable[[str, bytes], "asyncio.Future[Any]"]  # (topic, JSON body): stored QoS 1, not retained
 
 
 class Presence:
-    """Makes and publishes a node's presence events (``enabled``: the presence_events setting)."""
+    """Makes and publishes a node's presence events (``enabled``: the presence_events setting).
+    Failed writes go to ``failures``: when the store is lost, every client's goes at once."""
 
-    def __init__(self, node: str, enabled: bool, publish: Publish) -> None:
+    def __init__(self, node: str, enabled: bool, publish: Publish, failures: RateLimitedLog) -> None:
         self.node = node
         self.enabled = enabled
         self._publish = publish
+        self._failures = failures
 
     def connected(self, conn: Present, *, clean_start: bool, session_present: bool, expiry_interval: int) -> None:
         conn.connected_at = now = int(time.time() * 1000)
@@ -110,7 +111,16 @@ class Presence:
                 "sockport": sock[1] if sock else None,
                 "proto_name": "MQIsdp" if conn.version == MQTT_3_1 else "MQTT", "proto_ver": conn.version,
                 "keepalive": conn.keep_alive, **fields}
+        client_id = conn.client_id
         try:
-            self._publish(presence_topic(self.node, conn.client_id, event), json.dumps(body).encode())
+            written = self._publish(presence_topic(self.node, client_id, event), json.dumps(body).encode())
         except Exception as exc:  # noqa: BLE001 (the client's connection goes on: an event is not worth failing it)
-            log.error("presence event not stored client_id=%s event=%s error=%s", conn.client_id, event, exc)
+            self._failed(client_id, event, exc)
+            return
+        written.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception() is None else self._failed(client_id, event, f.exception()))
+
+    def _failed(self, client_id: str, event: str, exc: BaseException | None) -> None:
+        self._failures.log(logging.ERROR, f"presence:{type(exc).__name__}",
+                           "presence event not stored client_id=%s event=%s error=%s", client_id, event,
+                           json.dumps(str(exc)))
