@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -111,6 +113,21 @@ async def test_a_dropped_socket_and_its_will(data_dir: Path) -> None:
         [(_, up), (kind, down)] = await events_of(watch, "dropper", 2)
         assert kind == "disconnected" and up["proto_ver"] == 4 and up["clean_start"] is True
         assert (down["reason"], down["reason_code"], down["will"]) == ("tcp_closed", None, True)
+        await watch.disconnect()
+
+
+async def test_a_reset_socket(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        device = PahoClient(port, "resetter")
+        await device.connect()
+        device.client.loop_stop()
+        sock = device.client.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # (linger 0: an RST, not a FIN)
+        [_, (kind, down)] = await events_of(watch, "resetter", 2)
+        assert (kind, down["reason"], down["reason_code"]) == ("disconnected", "sock_error", None)
         await watch.disconnect()
 
 
