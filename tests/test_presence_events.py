@@ -24,9 +24,9 @@ import pytest
 from gateway.http.admin import kick
 from gateway.http.deps import Brokers
 from gateway.mqtt.presence import PRESENCE_FILTER, presence_topic
-from protocols.mqtt.packets import MQTT_5
+from protocols.mqtt.packets import MQTT_5, ConnAck, Connect, Disconnect
 from store import StoreError
-from tests.mqtt_support import PahoClient, Received, mqtt_port, running_gateway
+from tests.mqtt_support import PahoClient, RawClient, Received, mqtt_port, running_gateway
 
 NODE = "edge-1"
 
@@ -128,6 +128,21 @@ async def test_a_reset_socket(data_dir: Path) -> None:
         sock.close()  # (linger 0: an RST, not a FIN)
         [_, (kind, down)] = await events_of(watch, "resetter", 2)
         assert (kind, down["reason"], down["reason_code"]) == ("disconnected", "sock_error", None)
+        await watch.disconnect()
+
+
+async def test_a_protocol_error(data_dir: Path) -> None:
+    async with running_gateway(data_dir) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        client, ack = await RawClient.connected(port, Connect("broken", MQTT_5))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        client.send_raw(b"\x00\x00")  # packet type 0 is reserved: malformed
+        closing = await client.closed()
+        assert [p.reason_code for p in closing if isinstance(p, Disconnect)] == [0x81]
+        [_, (kind, down)] = await events_of(watch, "broken", 2)
+        assert (kind, down["reason"], down["reason_code"]) == ("disconnected", "protocol_error", 0x81)
+        await client.close()
         await watch.disconnect()
 
 
