@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from gateway.http.admin import kick
@@ -265,6 +266,31 @@ async def test_a_failed_event_write_does_not_fail_the_connect(data_dir: Path, ca
         assert "client_id=unlucky event=connected" in errors[0] and "the store is gone" in errors[0]
         assert "cause=presence:StoreError count=1" in errors[0]
         assert gw.store.max_offset_now("t:still/works") == 1
+
+
+async def test_an_amqp_queue_bound_to_them_gets_them(data_dir: Path) -> None:
+    """Over amq.topic, as any MQTT topic: routing keys '$SYS.brokers.{node}.clients.{id}.connected'."""
+    async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", node_id=NODE) as gw:
+        amqp = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp}/")
+        channel = await conn.channel()
+        presence = await channel.declare_queue("presence")
+        await presence.bind("amq.topic", "$SYS.brokers.*.clients.*.*")
+        device = PahoClient(mqtt_port(gw), "amqp-seen")
+        await device.connect()
+        await device.disconnect()
+        got = []
+        for _ in range(100):
+            message = await presence.get(fail=False)
+            if message is not None:
+                got.append((message.routing_key, json.loads(message.body)["clientid"]))
+                await message.ack()
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert got == [(f"$SYS.brokers.{NODE}.clients.amqp-seen.connected", "amqp-seen"),
+                       (f"$SYS.brokers.{NODE}.clients.amqp-seen.disconnected", "amqp-seen")]
+        await conn.close()
 
 
 async def test_a_cluster_stores_each_nodes_events_in_the_store_node(data_dir: Path) -> None:
