@@ -46,7 +46,8 @@ class Config:
     # gateway: MQTT listeners over the store of the store node at store_address
     role: str = "embedded"
     store_address: str = ""  # HOST:PORT of the store node's remoting listener (role gateway)
-    node_id: str = ""  # this gateway node's name in the cluster (default: its MQTT address)
+    # this gateway node's name in the cluster and in $SYS/brokers/{node}/... (default: node_name())
+    node_id: str = ""
     notify_routing: str = "targeted"  # store node: targeted (nodes that read the queue) or broadcast
     cluster_token: str = ""  # when set, gateway nodes present it to the store node (set it on both)
     # the lookup (gateway nodes): client id -> node, queue -> nodes. embedded: partitioned over
@@ -109,6 +110,7 @@ class Config:
     mqtt_max_queued_messages: int = 1000
     mqtt_max_keepalive: int = 0
     mqtt_sys_interval_s: float = 10.0
+    mqtt_presence_events: bool = True  # $SYS/brokers/{node}/clients/{client_id}/(dis)connected
     mqtt_expiry_check_interval_s: float = 30.0  # how often expired sessions of absent clients end
     # the read progress of persistent sessions is saved at most this late (a crash redelivers it)
     mqtt_progress_save_interval_s: float = 1.0
@@ -140,6 +142,11 @@ class Config:
     # every listener: a connection's CONNECT / AMQP handshake / first remoting request comes within this
     connect_timeout_s: float = 10.0
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
+
+    def node_name(self) -> str:
+        """node_id, or else ``gateway@`` and the first MQTT listener's bind."""
+        first_bind = next((bind for bind in (self.mqtt_bind, self.mqtts_bind, self.ws_bind) if bind), "")
+        return self.node_id or f"gateway@{first_bind}"
 
     def store_options(self) -> StoreOptions:
         try:

@@ -159,9 +159,7 @@ class Gateway:
         """A gateway node: no store of its own, the store node's over the store link."""
         address = parse_bind(self.config.store_address, "store_address")
         assert address is not None
-        first_bind = next((getattr(self.config, f"{name}_bind") for name in MQTT_LISTENERS
-                           if getattr(self.config, f"{name}_bind")), "")
-        node_id = self.config.node_id or f"gateway@{first_bind}"
+        node_id = self.config.node_name()
         try:
             remote = await RemoteStore.connect(*address, name=node_id, token=self.config.cluster_token)
         except OSError as exc:
@@ -210,6 +208,7 @@ class Gateway:
             max_queued_messages=cfg.mqtt_max_queued_messages,
             max_keepalive=cfg.mqtt_max_keepalive,
             sys_interval_s=cfg.mqtt_sys_interval_s,
+            presence_events=cfg.mqtt_presence_events,
             expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
@@ -220,7 +219,8 @@ class Gateway:
         acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
         ports = self._mqtt_ports()
         self.mqtt = MQTTBroker(ports, settings, cache=QueueCache(ports.store, cfg.queue_cache_bytes),
-                               authenticator=self.passwords, acl=acl, pressure=self.pressure)
+                               authenticator=self.passwords, acl=acl, pressure=self.pressure,
+                               node=cfg.node_name())
         if self.node is not None:  # the store link's kicks and loss reach the broker's clients
             self.node.attach(self.mqtt)
         await self.mqtt.start()

@@ -26,6 +26,7 @@ from ..tasks import cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
+from .presence import PRESENCE_FILTER, PRESENCE_HOLDER, Presence
 from .roles import Client, Reader
 from .session import Session
 from .session_saves import SessionSaves
@@ -42,11 +43,12 @@ log = logging.getLogger("tidemq.mqtt")
 
 class MQTTBroker:
     """``ports``: the store, the session repository, the filters, the retained messages and
-    the reads, as this kind of node implements them (gateway/ports.py)."""
+    the reads, as this kind of node implements them (gateway/ports.py). ``node``: this node's
+    name in ``$SYS/brokers/{node}/...``."""
 
     def __init__(self, ports: MQTTPorts, settings: MQTTSettings, *, cache: QueueCache,
                  authenticator: object | None = None, acl: object | None = None,
-                 pressure: StorePressure | None = None) -> None:
+                 pressure: StorePressure | None = None, node: str = "tidemq") -> None:
         self.store = ports.store
         self.stored_sessions = ports.sessions
         self.wildcards = ports.filters
@@ -76,6 +78,7 @@ class MQTTBroker:
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.presence = Presence(node, settings.presence_events, self._put_presence, self.limited_log)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _resource_alarm(self, reason: str | None) -> None:
@@ -93,6 +96,8 @@ class MQTTBroker:
                 for key in session.shares_held():
                     self._restored_shares.setdefault(key, []).append(session)
         self.retained.load()
+        if self.presence.enabled:  # its wildcard queue has every event from now on (presence.py)
+            self.wildcards.hold(PRESENCE_FILTER, PRESENCE_HOLDER, True)
         notify = self.store.subscribe_notify()
         self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
@@ -237,13 +242,17 @@ class MQTTBroker:
         """Messages the broker itself publishes ($SYS statistics)."""
         self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
 
+    def _put_presence(self, topic: str, body: bytes) -> asyncio.Future[list[PutResult]]:
+        # (QoS 1: a persistent subscriber's session keeps them; failures: the presence module logs them)
+        return self._put([(Publish(topic, body, 1, False), "")], logged=False)
+
     def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[list[PutResult]]:
         """Messages published on behalf of ``client_id`` by something that is not an MQTT
         connection (the data API's ``POST /data/publish``): stored, retained and delivered
         exactly as if that client had published them. Resolves when they are durable."""
         return self._put([(p, client_id) for p in publishes])
 
-    def _put(self, publishes: list[tuple[Publish, str]]) -> asyncio.Future[list[PutResult]]:
+    def _put(self, publishes: list[tuple[Publish, str]], *, logged: bool = True) -> asyncio.Future[list[PutResult]]:
         factories: dict[str, StoreMessageFactory] = {}
         items = []
         for p, client_id in publishes:
@@ -255,7 +264,8 @@ class MQTTBroker:
         if any(p.retain for p, _ in publishes):
             entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
             fut.add_done_callback(lambda f: self.record_retained(entries, f))
-        fut.add_done_callback(_log_failure)
+        if logged:
+            fut.add_done_callback(_log_failure)
         return fut
 
     # -- retained messages ---------------------------------------------------------------------

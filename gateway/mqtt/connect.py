@@ -17,6 +17,7 @@ from protocols.mqtt.reason_codes import ReasonCode
 from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoredMessage, StoreError
 
+from .presence import CLIENT_DISCONNECT
 from .roles import Connecting
 from .session import NEVER_EXPIRES, Session
 
@@ -67,6 +68,7 @@ def disconnect_received(connection: Connecting, packet: Disconnect) -> None:
         session.expiry_interval = expiry
     if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
         connection.will = None
+    connection.ended = (CLIENT_DISCONNECT, int(packet.reason_code))
     connection.close()
 
 
@@ -160,6 +162,8 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
             connack_props.server_keep_alive = cap
     connection.restart_keep_alive()
     connection.send_packet(ConnAck(session_present, ReasonCode.SUCCESS, connack_props))
+    broker.presence.connected(connection, clean_start=packet.clean_start, session_present=session_present,
+                              expiry_interval=expiry)
     for queue in session.queues_read():
         broker.add_reader(queue, connection.delivery)
     for key, state in session.subscriptions.items():
@@ -201,6 +205,7 @@ def detach(connection: Connecting) -> None:
     connection.session = None
     broker = connection.broker
     if broker.connections.get(connection.client_id) is not connection:
+        broker.presence.disconnected(connection, will=False)
         return  # taken over: the session belongs to the new connection now
     del broker.connections[connection.client_id]
     for queue in session.queues_read():
@@ -210,6 +215,7 @@ def detach(connection: Connecting) -> None:
             broker.leave_share(key, connection, connection.delivery.take_shared_inflight(key, session))
     session.disconnected_at = time.time()
     will, connection.will = connection.will, None
+    broker.presence.disconnected(connection, will=will is not None)  # (stored ahead of the will)
     if session.expiry_interval == 0:
         broker.end_session(session)
     else:

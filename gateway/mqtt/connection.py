@@ -42,6 +42,7 @@ from ..read_pauses import ReadPauses
 from .connect import connect, detach, disconnect_received
 from .inbound import Inbound
 from .outbound import Delivery
+from .presence import SERVER_CLOSED, SOCKET_CLOSED, SOCKET_ERROR, server_reason
 from .session import Session
 from .subscribe import subscribe, unsubscribe
 
@@ -59,8 +60,8 @@ class MQTTConnection(asyncio.Protocol):
     # An idle client costs what this object and the transport hold, thousands of times over:
     # slots, and its inbound and outbound components made on first use (``inbound``, ``delivery``)
     __slots__ = ("_delivery", "_held", "_inbound", "_ready", "_timer", "broker", "client_id", "closed", "conn",
-                 "connecting", "keep_alive", "last_received", "out", "read_check", "read_pauses", "session",
-                 "tracer", "transport", "username", "will")
+                 "connected_at", "connecting", "ended", "keep_alive", "last_received", "out", "read_check",
+                 "read_pauses", "session", "tracer", "transport", "username", "will")
 
     def __init__(self, broker: MQTTBroker, tracer: Tracer | None = None) -> None:
         self.broker = broker
@@ -78,6 +79,8 @@ class MQTTConnection(asyncio.Protocol):
         self.closed = False
         self.will: Will | None = None
         self.keep_alive = 0
+        self.connected_at: int | None = None  # ms since the epoch, once accepted (presence.py)
+        self.ended: tuple[str, int | None] | None = None  # why it ended, first cause only (presence.py)
         self.last_received = time.monotonic()
         self._timer: Slot | None = None  # the connect timeout's or keep-alive's (broker.deadlines)
         self.out = bytearray()  # what is written at the next flush (push.py renders PUBLISHes into it)
@@ -232,6 +235,8 @@ class MQTTConnection(asyncio.Protocol):
             reads.subscribed(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.ended is None:
+            self.ended = (SOCKET_CLOSED if exc is None else SOCKET_ERROR, None)
         self.closed = True
         self.broker.saves.drop(self)
         self.conn.closed()
@@ -305,6 +310,8 @@ class MQTTConnection(asyncio.Protocol):
 
     def _close(self) -> None:
         if self.transport is not None and not self.closed:
+            if self.ended is None:
+                self.ended = (SERVER_CLOSED, None)
             self.closed = True
             self.conn.closed()
             if not self.broker.saves.holds(self):  # (else once what it holds is written: released)
@@ -322,6 +329,8 @@ class MQTTConnection(asyncio.Protocol):
         """Server-side close: DISCONNECT with a reason code first in 5.0, then close."""
         if self.closed:
             return
+        if self.ended is None:
+            self.ended = (server_reason(reason), int(reason))
         if self.conn.version == MQTT_5 and self.conn.state is State.CONNECTED:
             props = Properties(reason_string=message[:200]) if message else Properties()
             self.send_packet(Disconnect(reason, props))

@@ -74,6 +74,8 @@ class _WebSocketTransport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "peername":
             return self._ws.remote_address
+        if name == "sockname":
+            return self._ws.local_address
         if name == "socket":
             return None
         return default

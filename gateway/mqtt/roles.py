@@ -21,6 +21,7 @@ from ..read_pauses import ReadPauses
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo
+from .presence import Presence
 from .session import Session, SubscriptionState
 from .settings import MQTTSettings
 from .share_refusal import SharedRefusal
@@ -322,6 +323,9 @@ class SessionHost(SubscribeHost, Protocol):
     @property
     def stored_sessions(self) -> SessionRepository: ...
 
+    @property
+    def presence(self) -> Presence: ...
+
     async def claim_session(self, client_id: str) -> None: ...
 
     def cancel_will(self, client_id: str) -> None: ...
@@ -350,6 +354,8 @@ class Connecting(Subscriber, Protocol):
     will: Will | None
     keep_alive: int
     connecting: bool
+    connected_at: int | None
+    ended: tuple[str, int | None] | None
     read_check: Callable[[str | None, str, str], bool] | None
 
     @property
@@ -363,6 +369,9 @@ class Connecting(Subscriber, Protocol):
 
     @property
     def read_pauses(self) -> ReadPauses: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
 
     def restart_keep_alive(self) -> None: ...
 

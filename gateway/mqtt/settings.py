@@ -27,6 +27,7 @@ class MQTTSettings:
     # this long has stalled: publishers stop waiting for it and its QoS 0 backlog is cut
     subscriber_stall_s: float = 0.5
     sys_interval_s: float = 10.0  # $SYS/broker/... publishing period; 0 turns it off
+    presence_events: bool = True  # $SYS/brokers/{node}/clients/{client_id}/(dis)connected (presence.py)
 
     def __post_init__(self) -> None:
         self.write_buffer_low = self.write_buffer_high // 4  # (asyncio's default low mark)

@@ -1,0 +1,126 @@
+"""Device presence events, as EMQX's client online/offline events: when an MQTT client's CONNECT
+is accepted, and when that connection ends (with why), a JSON message on
+``$SYS/brokers/{node}/clients/{client_id}/connected`` or ``.../disconnected``. They are stored
+through the broker's ingest path as any publish (QoS 1, not retained), so MQTT subscribers, the
+other protocols and the Spark source read them; a failed write is logged, never felt by the client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from protocols.mqtt.packets import MQTT_3_1
+from protocols.mqtt.reason_codes import ReasonCode
+from store.log_limit import RateLimitedLog
+
+# Held by every node that publishes the events, so that its wildcard queue holds all of them from
+# the node's start (the Spark source reads it with topicFilter; README, Presence events).
+PRESENCE_FILTER = "$SYS/brokers/+/clients/+/+"
+PRESENCE_HOLDER = "$presence"
+
+# A client id (or node name) is one topic level: the characters that would split it or make the
+# topic a filter are percent-encoded (and % itself, so the encoding can be undone).
+_ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "+": "%2B", "#": "%23"})
+
+# Why the server closed a connection, by the reason code it sent (5.0) or would have (3.1.1);
+# EMQX's words where it has one. Any other code is a fault of the client's: protocol_error.
+_SERVER_REASONS = {
+    ReasonCode.SESSION_TAKEN_OVER: "takenover",
+    ReasonCode.KEEP_ALIVE_TIMEOUT: "keepalive_timeout",
+    ReasonCode.SERVER_SHUTTING_DOWN: "server_shutdown",
+    ReasonCode.ADMINISTRATIVE_ACTION: "kicked",
+    ReasonCode.NOT_AUTHORIZED: "not_authorized",
+    ReasonCode.PACKET_TOO_LARGE: "packet_too_large",
+    ReasonCode.UNSPECIFIED_ERROR: "server_error",
+}
+CLIENT_DISCONNECT = "normal"  # the client sent DISCONNECT (its reason code goes with it)
+SOCKET_CLOSED = "tcp_closed"  # the client closed its socket without DISCONNECT
+SOCKET_ERROR = "sock_error"  # the socket failed (reset, timed out)
+SERVER_CLOSED = "server_error"  # the gateway closed it without a reason code (a store failure, 3.1.1)
+
+
+def server_reason(code: int) -> str:
+    return _SERVER_REASONS.get(code, "protocol_error")  # type: ignore[call-overload]
+
+
+def topic_level(name: str) -> str:
+    return name.translate(_ESCAPES)
+
+
+def presence_topic(node: str, client_id: str, event: str) -> str:
+    return f"$SYS/brokers/{topic_level(node)}/clients/{topic_level(client_id)}/{event}"
+
+
+class Present(Protocol):
+    """The connection an event is about (``connection.MQTTConnection``)."""
+
+    client_id: str
+    username: str | None
+    keep_alive: int
+    connected_at: int | None  # ms since the epoch; set when its connected event is made
+    ended: tuple[str, int | None] | None  # (reason, reason code) once its end is known
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def transport(self) -> asyncio.BaseTransport | None: ...
+
+
+Publish = Callable[[str, bytes], "asyncio.Future[Any]"]  # (topic, JSON body): stored QoS 1, not retained
+
+
+class Presence:
+    """Makes and publishes a node's presence events (``enabled``: the presence_events setting).
+    Failed writes go to ``failures``: when the store is lost, every client's goes at once."""
+
+    def __init__(self, node: str, enabled: bool, publish: Publish, failures: RateLimitedLog) -> None:
+        self.node = node
+        self.enabled = enabled
+        self._publish = publish
+        self._failures = failures
+
+    def connected(self, conn: Present, *, clean_start: bool, session_present: bool, expiry_interval: int) -> None:
+        conn.connected_at = now = int(time.time() * 1000)
+        if not self.enabled:
+            return
+        self._send(conn, "connected", {
+            "clean_start": clean_start, "session_present": session_present,
+            "expiry_interval": expiry_interval, "connected_at": now, "ts": now})
+
+    def disconnected(self, conn: Present, *, will: bool) -> None:
+        """``will``: the connection's will is published (or scheduled, for its delay)."""
+        if not self.enabled or conn.connected_at is None:  # (no connected event: no disconnected one)
+            return
+        now = int(time.time() * 1000)
+        reason, code = conn.ended or (SERVER_CLOSED, None)
+        self._send(conn, "disconnected", {
+            "reason": reason, "reason_code": code, "will": will,
+            "connected_at": conn.connected_at, "disconnected_at": now, "ts": now})
+
+    def _send(self, conn: Present, event: str, fields: dict[str, Any]) -> None:
+        transport = conn.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        sock = transport.get_extra_info("sockname") if transport is not None else None
+        body = {"clientid": conn.client_id, "username": conn.username, "node": self.node,
+                "ipaddress": peer[0] if peer else None, "peername": f"{peer[0]}:{peer[1]}" if peer else None,
+                "sockport": sock[1] if sock else None,
+                "proto_name": "MQIsdp" if conn.version == MQTT_3_1 else "MQTT", "proto_ver": conn.version,
+                "keepalive": conn.keep_alive, **fields}
+        client_id = conn.client_id
+        try:
+            written = self._publish(presence_topic(self.node, client_id, event), json.dumps(body).encode())
+        except Exception as exc:  # noqa: BLE001 (the client's connection goes on: an event is not worth failing it)
+            self._failed(client_id, event, exc)
+            return
+        written.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception() is None else self._failed(client_id, event, f.exception()))
+
+    def _failed(self, client_id: str, event: str, exc: BaseException | None) -> None:
+        self._failures.log(logging.ERROR, f"presence:{type(exc).__name__}",
+                           "presence event not stored client_id=%s event=%s error=%s", client_id, event,
+                           json.dumps(str(exc)))
