@@ -64,3 +64,39 @@ async def test_amqp_publish_to_amq_topic_reaches_mqtt_subscribers(data_dir: Path
         assert extra is None
         await sub.close()
         await conn.close()
+
+
+async def test_a_wildcard_binding_gets_no_dollar_topics_as_no_mqtt_filter_starting_with_one_does(
+        data_dir: Path, tmp_path: Path) -> None:
+    """'#' over amq.topic is judged by the ACL as the MQTT filter '#', which matches no '$' topic
+    (MQTT 4.7.2): a user allowed 'topic read #' and refused '$SYS/...' over MQTT must not read
+    the broker's '$SYS' messages (presence events: client ids, addresses) through a '#' binding.
+    A binding whose first word is '$SYS' names them, and is judged by its own filter."""
+    acl = tmp_path / "acl.conf"
+    acl.write_text("topic write plant/#\nuser reader\ntopic read #\ntopic read $SYS/brokers/#\n")
+    async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", acl_file=acl, node_id="n1") as gw:
+        conn = await aio_pika.connect(amqp_url(gw).replace("guest:guest", "reader:x"))
+        ch = await conn.channel()
+        everything = await ch.declare_queue("everything")
+        await everything.bind("amq.topic", "#")
+        system = await ch.declare_queue("system")
+        await system.bind("amq.topic", "$SYS.brokers.#")
+        device = PahoClient(mqtt_port(gw), "dev1")
+        await device.connect()
+        await device.publish("plant/1/temp", "20", 1)
+        await device.disconnect()
+        keys: list[str] = []
+        for _ in range(100):
+            message = await system.get(fail=False)
+            if message is not None:
+                keys.append(message.routing_key)
+                if message.routing_key.endswith(".disconnected"):
+                    break
+            else:
+                await asyncio.sleep(0.05)
+        assert keys == ["$SYS.brokers.n1.clients.dev1.connected", "$SYS.brokers.n1.clients.dev1.disconnected"]
+        got = []
+        while (message := await everything.get(fail=False)) is not None:
+            got.append(message.routing_key)
+        assert got == ["plant.1.temp"]
+        await conn.close()

@@ -444,7 +444,8 @@ class AMQPBroker:
     # -- the MQTT bridge -----------------------------------------------------------------------
     def amq_topic_queues(self, mqtt_topic: str) -> list[str]:
         """Store queues of the AMQP queues an MQTT publish reaches through amq.topic."""
-        return [q.store_queue for q in self.route("amq.topic", mqtt_topic_to_routing_key(mqtt_topic), None)]
+        names = routed_queues(self.exchanges, "amq.topic", mqtt_topic_to_routing_key(mqtt_topic), None, mqtt=True)
+        return [self.queues[name].store_queue for name in sorted(names) if name in self.queues]
 
     def mqtt_route(self, routing_key: str) -> tuple[str | None, list[str], bool]:
         """The MQTT side of a publish to amq.topic: its MQTT topic (None when the routing key

@@ -78,13 +78,15 @@ class Exchange:
     # destination exchange
     exchange_bindings: list[Binding] = field(default_factory=list)
 
-    def route(self, routing_key: str, headers: dict[str, Any] | None) -> set[str]:
-        """Names of the bound queues this publish reaches."""
-        return self._matching(self.bindings, routing_key, headers)
+    def route(self, routing_key: str, headers: dict[str, Any] | None, mqtt: bool = False) -> set[str]:
+        """Names of the bound queues this publish reaches (``mqtt``: a publish from MQTT topic
+        space, where a ``$`` topic is matched by no key that starts with a wildcard, as no MQTT
+        filter that does matches it: the ACL judges a binding by that filter)."""
+        return self._matching(self.bindings, routing_key, headers, mqtt)
 
-    def route_exchanges(self, routing_key: str, headers: dict[str, Any] | None) -> set[str]:
+    def route_exchanges(self, routing_key: str, headers: dict[str, Any] | None, mqtt: bool = False) -> set[str]:
         """Names of the bound exchanges this publish goes on to."""
-        return self._matching(self.exchange_bindings, routing_key, headers) if self.exchange_bindings else set()
+        return self._matching(self.exchange_bindings, routing_key, headers, mqtt) if self.exchange_bindings else set()
 
     @property
     def routing_type(self) -> str:
@@ -99,13 +101,16 @@ class Exchange:
         value = headers.get("x-delay")
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
-    def _matching(self, bindings: list[Binding], routing_key: str, headers: dict[str, Any] | None) -> set[str]:
+    def _matching(self, bindings: list[Binding], routing_key: str, headers: dict[str, Any] | None,
+                  mqtt: bool) -> set[str]:
         kind = self.routing_type
         if kind == "fanout":
             return {b.queue for b in bindings}
         if kind == "direct":
             return {b.queue for b in bindings if b.routing_key == routing_key}
         if kind == "topic":
+            if mqtt and routing_key.startswith("$"):
+                bindings = [b for b in bindings if b.routing_key.partition(".")[0] not in ("*", "#")]
             return {b.queue for b in bindings if topic_matches(b.routing_key, routing_key)}
         return {b.queue for b in bindings if headers_match(b.arguments, headers)}
 
@@ -119,24 +124,24 @@ class Exchange:
 
 
 def routed_queues(exchanges: dict[str, Exchange], name: str, routing_key: str,
-                  headers: dict[str, Any] | None) -> set[str]:
+                  headers: dict[str, Any] | None, mqtt: bool = False) -> set[str]:
     """Names of the queues a publish to exchange ``name`` reaches: its bindings', then on through
     exchange-to-exchange bindings, each exchange once (bindings may loop)."""
     exchange = exchanges.get(name)
     if exchange is None:
         return set()
-    names = exchange.route(routing_key, headers)
+    names = exchange.route(routing_key, headers, mqtt)
     if exchange.exchange_bindings:
         seen = {name}
-        pending = list(exchange.route_exchanges(routing_key, headers))
+        pending = list(exchange.route_exchanges(routing_key, headers, mqtt))
         while pending:
             onward_name = pending.pop()
             onward = exchanges.get(onward_name)
             if onward_name in seen or onward is None:
                 continue
             seen.add(onward_name)
-            names |= onward.route(routing_key, headers)
-            pending.extend(onward.route_exchanges(routing_key, headers))
+            names |= onward.route(routing_key, headers, mqtt)
+            pending.extend(onward.route_exchanges(routing_key, headers, mqtt))
     return names
 
 
