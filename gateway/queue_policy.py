@@ -78,9 +78,11 @@ def parse_rules(table: Mapping[str, object] | str) -> tuple[TopicRule, ...]:
 class QueuePolicy:
     def __init__(self, rules: tuple[TopicRule, ...], idle_ttl_hours: float, light_prefixes: tuple[str, ...]) -> None:
         self.rules = rules
+        self.has_rules = bool(rules)
         self.longest_hours = max((rule.hours for rule in rules), default=0.0)
         self._idle_ttl_s = idle_ttl_hours * 3600.0
         self._light = light_prefixes
+        self.light_prefixes = light_prefixes if idle_ttl_hours > 0 else ()
         self._memo: dict[str, TopicRule | None] = {}  # topic -> its rule (a rule set never changes)
 
     def retention(self, queue: str) -> tuple[float, int] | None:

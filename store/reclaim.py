@@ -67,7 +67,8 @@ class QueueReclaimer:
         found: list[tuple[str, int, int]] = []
         removed = 0
         seen_empty: set[int] = set()
-        for n, (state, _) in enumerate(self._index.iter_queues()):
+        queues = (row for prefix in policy.light_prefixes for row in self._index.iter_queues(prefix))
+        for n, (state, _) in enumerate(queues):
             ttl = policy.idle_ttl_s(state.name)
             if ttl > 0 and self._idle_since(state.qid, state.next_offset, now, seen_empty) <= now - ttl \
                     and not self.is_read(state.name):

@@ -66,7 +66,7 @@ async def apply_retention(policy: RetentionPolicy, commitlog: CommitLog, index: 
     """Cut each queue to its own rule (queue_retention.py), delete the segments ``policy`` dooms
     (held messages in them rolled forward first, held.py), then the index entries below the new
     minimum; how many segments went."""
-    if policy.queues is not None:
+    if policy.queues is not None and policy.queues.has_rules:
         # queues without a rule follow the global age, which the segments no longer enforce
         # when a rule keeps them longer
         default = policy.global_hours if policy.max_age_seconds > policy.global_hours * 3600.0 else 0.0

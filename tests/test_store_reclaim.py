@@ -22,6 +22,8 @@ class Policy:
     def __init__(self, ttl_s: float = 60.0, rules: dict[str, tuple[float, int]] | None = None) -> None:
         self.ttl_s = ttl_s
         self.rules = rules or {}
+        self.has_rules = bool(self.rules)
+        self.light_prefixes = ("t:",)
         self.longest_hours = max((h for h, _ in self.rules.values()), default=0.0)
 
     def idle_ttl_s(self, queue: str) -> float:
