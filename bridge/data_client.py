@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from protocols.queue_names import queue_for_filter
+from protocols.queue_names import matching_topic_queues
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
@@ -61,7 +61,7 @@ class Fetch:
 
 
 class StoreClient(Protocol):
-    def queue_for_filter(self, topic_filter: str) -> str: ...
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
@@ -143,9 +143,11 @@ class HttpClient:
             raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {error_text(data)}")
         return json.loads(data)
 
-    def queue_for_filter(self, topic_filter: str) -> str:
-        found = self._json("GET", "/data/queues?" + urllib.parse.urlencode({"topicFilter": topic_filter}))["queues"]
-        return found[0]["queue"] if found else queue_for_filter(topic_filter)
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        """(first readable, next) offset of each topic queue the filters match and the
+        connection's user may read (``gateway/http/data_topics.py``)."""
+        answer = self._json("POST", "/data/topics", {"topicFilters": topic_filters})["queues"]
+        return {row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer}
 
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
         """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
@@ -182,8 +184,13 @@ class DirectClient:
                               "(dataDir is for co-located executors; use address otherwise)")
         self.reader = StoreReader(data_dir)
 
-    def queue_for_filter(self, topic_filter: str) -> str:
-        return queue_for_filter(topic_filter)
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        """As the gateway's listing, from the names the index has flushed (no ACL: whoever
+        reads the files reads everything)."""
+        self.reader.refresh()
+        names = matching_topic_queues(topic_filters, self.reader.index.iter_names)
+        found = {name: self.reader.offsets(name) for name in names}
+        return {name: offsets for name, offsets in found.items() if offsets is not None}
 
     def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
         return False  # the files cannot ask the gateway to index a filter
