@@ -62,7 +62,7 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_get("/data/queues", api.queues)
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
-    app.router.add_post("/data/topics", TopicListing(api).topics)  # a filter's history: data_topics.py
+    app.router.add_post("/data/topics", TopicListing(api._store, api._offsets, access).topics)  # a filter's history: data_topics.py
     app.router.add_get("/data/read", api.read)
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its

@@ -16,6 +16,7 @@ the loop (the index's queue cache is the loop's), giving the loop back every ``Y
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -23,11 +24,11 @@ from aiohttp import web
 from protocols.mqtt.topics import validate_topic_filter
 from protocols.queue_names import matching_topic_queues
 
-from .data_access import PRINCIPAL
+from .data_access import PRINCIPAL, DataAccess
 from .errors import AdminError
 
 if TYPE_CHECKING:
-    from .data_api import DataApi
+    from store import MessageStore
 
 MAX_FILTERS = 100
 MAX_TOPIC_QUEUES = 250_000  # per answer (~80 bytes of JSON each): a wider listing asks for narrower filters
@@ -35,10 +36,12 @@ YIELD_EVERY = 1000
 
 
 class TopicListing:
-    """``POST /data/topics`` over the read API's store, offsets and access checks."""
+    """``POST /data/topics`` over the read API's store (``store()``: it or a 501), its offsets
+of a queue (None: not in the store) and its access checks."""
 
-    def __init__(self, api: DataApi) -> None:
-        self.api = api
+    def __init__(self, store: Callable[[], MessageStore], offsets: Callable[[str], Awaitable[dict[str, int] | None]],
+                 access: DataAccess) -> None:
+        self.store, self.offsets, self.access = store, offsets, access
 
     async def topics(self, request: web.Request) -> web.Response:
         try:
@@ -54,20 +57,20 @@ class TopicListing:
                 validate_topic_filter(topic_filter)
             except ValueError as exc:
                 raise AdminError(400, f"bad topic filter {topic_filter!r}: {exc}") from None
-        store = self.api._store()
+        store = self.store()
         # (the database only: iter_names touches no cache of the loop's)
         names = await asyncio.to_thread(matching_topic_queues, filters, store.index.iter_names)
         if len(names) > MAX_TOPIC_QUEUES:
             raise AdminError(400, f"the filters match {len(names)} topic queues, more than {MAX_TOPIC_QUEUES} "
                              "in one listing: read with narrower filters")
-        who, access = request.get(PRINCIPAL), self.api.access
+        who, access = request.get(PRINCIPAL), self.access
         rows: list[dict[str, Any]] = []
         for i, name in enumerate(names):
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             if not access.may_read_queue(who, name):
                 continue  # what the principal may not read is not listed (as /data/queues)
-            offsets = await self.api._offsets(name)
+            offsets = await self.offsets(name)
             if offsets is not None:
                 rows.append({"queue": name, **offsets})
         return web.json_response({"queues": rows})
