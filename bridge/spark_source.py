@@ -179,6 +179,14 @@ class _Planner:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._matched: bool | None = None  # did the topicFilter match a topic when last listed?
+        self._last: dict[str, tuple[int, int]] | None = None  # the stream's listing of this trigger
+
+    def listed(self) -> dict[str, tuple[int, int]]:
+        """The offsets the stream's latestOffset listed in this trigger, or fresh ones (a query
+        restarted from its checkpoint plans its last batch first). Spark asks for partitions and
+        for the latest offsets (progress) right after latestOffset: one listing of a filter's
+        topics a trigger, not three."""
+        return self._last if self._last is not None else self.offsets()
 
     @property
     def client(self) -> StoreClient:
@@ -216,6 +224,9 @@ class _Planner:
                     if queue not in found and reads_queue(filters, queue):
                         found[queue] = (0, 0)
         return found
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last": None}  # (a listing may be large: executors need none)
 
     def check_checkpoint(self, offsets: dict, what: str) -> None:
         """A filter query's offsets from Spark (checkpoint) must be those of its topic queues."""
@@ -319,7 +330,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         self.planner.check_checkpoint(start, "start")
-        offsets = self.planner.offsets()
+        offsets = self.planner._last = self.planner.offsets()
         latest = dict(start)  # a queue no longer listed (removed, or no longer readable) keeps its offset
         begin = dict(start)
         for queue, (low, high) in offsets.items():
@@ -340,17 +351,17 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def reportLatestOffset(self) -> dict:
-        return {queue: high for queue, (_, high) in self.planner.offsets().items()}
+        return {queue: high for queue, (_, high) in self.planner.listed().items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.reportLatestOffset()
+        self._target = {queue: high for queue, (_, high) in self.planner.offsets().items()}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if start == end:
             return []
         self.planner.check_checkpoint(start, "start")
         self.planner.check_checkpoint(end, "end")
-        offsets = self.planner.offsets()
+        offsets = self.planner.listed()
         # a queue new to the query starts at its earliest offset (as latestOffset planned it)
         first = {q: start[q] if q in start else offsets.get(q, (0, 0))[0] for q in end}
         begin = self.planner.check_start(first, end, offsets)

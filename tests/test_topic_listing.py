@@ -110,3 +110,49 @@ async def test_gateway_lists_the_topic_queues_of_filters(data_dir: Path) -> None
             for bad in ({"topicFilters": ["a/#/b"]}, {"topicFilters": []}, {"topicFilter": "a/#"}, ["a"]):
                 async with http.post(url, json=bad) as response:
                     assert response.status == 400 and (await response.json())["error"], bad
+
+
+class ListingClient:
+    """A store client that answers listings from a dict the test changes, and counts them."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, tuple[int, int]] = {}
+        self.listings = 0
+
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        self.listings += 1
+        return dict(self.topics)
+
+
+def test_stream_plans_new_topics_from_their_earliest_offset_with_one_listing_a_trigger(monkeypatch) -> None:
+    """What the stream reader plans each trigger (Spark calls latestOffset, reportLatestOffset,
+    then partitions): a topic listed for the first time starts at its first readable offset
+    (retention may have removed its start), a topic no longer listed keeps its offset, and the
+    filter's topics are listed once a trigger."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from bridge import data_client
+    from bridge.spark_source import TideMQStreamReader
+
+    options = SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "a/+"})
+    client = ListingClient()
+    monkeypatch.setitem(data_client._CLIENTS, options.connection, client)
+    reader = TideMQStreamReader(options)
+
+    def trigger(start: dict) -> tuple[dict, list[tuple[str, int, int]]]:
+        end = reader.latestOffset(start, ReadAllAvailable())
+        reader.reportLatestOffset()
+        parts = reader.partitions(start, end)
+        ranges = [r for p in parts for r in getattr(p, "ranges", [p])]
+        return end, [(r.queue, r.start, r.end) for r in ranges]
+
+    client.topics = {"t:a/1": (0, 3)}
+    start = reader.initialOffset()  # startingOffsets: latest
+    assert start == {"t:a/1": 3} and client.listings == 1
+    client.topics = {"t:a/1": (0, 5), "t:a/2": (2, 4)}
+    end, ranges = trigger(start)
+    assert end == {"t:a/1": 5, "t:a/2": 4} and ranges == [("t:a/1", 3, 5), ("t:a/2", 2, 4)]
+    assert client.listings == 2  # one for the trigger
+    client.topics = {"t:a/2": (2, 6)}  # t:a/1 gone from the listing: kept where it was
+    end, ranges = trigger(end)
+    assert end == {"t:a/1": 5, "t:a/2": 6} and ranges == [("t:a/2", 4, 6)] and client.listings == 3
