@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.data_client import FilterLease, HttpClient, SourceError
+from bridge.data_client import HttpClient, SourceError
 from bridge.spark_options import Connection, OptionError
 from gateway.auth import PasswordFile
 from spark_sinks.writer import PublishClient, PublishError
@@ -107,27 +107,6 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
                 HttpClient(url, token="wrong").read("t:public/news", 0, 10, 10)
 
         await asyncio.to_thread(run)
-
-
-@pytest.mark.parametrize("who", [{"token": "T0K"}, {"username": "alice", "password": "pw-alice"}])
-async def test_filter_lease_renews_with_the_query_credentials(data_dir: Path, secured: dict, who: dict) -> None:
-    """A streaming query's hold on its topicFilter is renewed (by its own thread and client) with
-    the query's token or user: a renewal refused lets the hold lapse while the query runs."""
-    async with running_gateway(data_dir, admin_token="T0K", **secured) as gw:
-        connection = Connection(address=f"127.0.0.1:{gw.metrics_address[1]}", retry_timeout_s=0, **who)
-        holds = gw.store.table("data_filter_holds")  # the gateway's holds: filter -> expiry
-        lease = FilterLease(connection, "fleet/+/status", lease_s=1.0)
-        client = HttpClient.of(connection)
-        try:
-            assert await asyncio.to_thread(lease.start, client)
-            first = float(holds.get("fleet/+/status"))
-            deadline = asyncio.get_running_loop().time() + 20
-            while float(holds.get("fleet/+/status") or 0) <= first:  # renewed every lease/3
-                assert asyncio.get_running_loop().time() < deadline, "the hold was never renewed"
-                await asyncio.sleep(0.05)
-        finally:
-            lease.stop()
-            client.close()
 
 
 async def test_spark_reads_a_list_of_filters_as_far_as_the_acl_allows(spark, data_dir: Path, secured: dict) -> None:
