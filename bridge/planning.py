@@ -43,9 +43,9 @@ def check_checkpoint(topic_filters: tuple[str, ...], offsets: Mapping[str, int],
             f"tidemq source: the checkpoint's {what} offsets are those of the wildcard queue {old[0]!r}: it was "
             "written by a version that read a topicFilter through its wildcard queue, and topicFilter now reads "
             "the filter's topic queues (every stored message that matches). To go on from this checkpoint as "
-            f"before, read option queues={old[0]} instead of topicFilter (that queue holds what was published "
-            "while a client or hold kept the filter subscribed); or start a new checkpoint to read the filter's "
-            "topic queues.")
+            f"before, read option queues={old[0]} instead of topicFilter, and keep the filter indexed (an MQTT "
+            "client subscribed to it, or the gateway's POST /data/filters: the query no longer holds it); or start "
+            "a new checkpoint to read the filter's topic queues.")
     other = sorted(q for q in offsets if not reads_queue(topic_filters, q))
     if other:
         raise CheckpointError(
