@@ -22,7 +22,6 @@ import http.client
 import json
 import logging
 import os
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from protocols.queue_names import queue_for_filter
+from protocols.queue_names import matching_topic_queues
 from store import columns
 from store.readonly import StoreReader, first_readable_offset
 
@@ -61,8 +60,7 @@ class Fetch:
 
 
 class StoreClient(Protocol):
-    def queue_for_filter(self, topic_filter: str) -> str: ...
-    def hold_filter(self, topic_filter: str, lease_s: float) -> bool: ...
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
@@ -144,15 +142,11 @@ class HttpClient:
             raise SourceError(f"tidemq source: {self.url}{path.split('?')[0]} answered {status}: {error_text(data)}")
         return json.loads(data)
 
-    def queue_for_filter(self, topic_filter: str) -> str:
-        found = self._json("GET", "/data/queues?" + urllib.parse.urlencode({"topicFilter": topic_filter}))["queues"]
-        return found[0]["queue"] if found else queue_for_filter(topic_filter)
-
-    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
-        """Have the gateway index ``topic_filter``'s wildcard queue for ``lease_s`` from now
-        (``gateway/http/data_holds.py``), subscribed or not."""
-        self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": round(lease_s * 1000)})
-        return True
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        """(first readable, next) offset of each topic queue the filters match and the
+        connection's user may read (``gateway/http/data_topics.py``)."""
+        answer = self._json("POST", "/data/topics", {"topicFilters": topic_filters})["queues"]
+        return {row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer}
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
@@ -187,11 +181,13 @@ class DirectClient:
                               "(dataDir is for co-located executors; use address otherwise)")
         self.reader = StoreReader(data_dir)
 
-    def queue_for_filter(self, topic_filter: str) -> str:
-        return queue_for_filter(topic_filter)
-
-    def hold_filter(self, topic_filter: str, lease_s: float) -> bool:
-        return False  # the files cannot ask the gateway to index a filter
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        """As the gateway's listing, from the names the index has flushed (no ACL: whoever
+        reads the files reads everything)."""
+        self.reader.refresh()
+        names = matching_topic_queues(topic_filters, self.reader.index.iter_names)
+        found = {name: self.reader.offsets(name) for name in names}
+        return {name: offsets for name, offsets in found.items() if offsets is not None}
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()
@@ -224,42 +220,6 @@ class DirectClient:
 
     def close(self) -> None:
         self.reader.close()
-
-
-class FilterLease:
-    """A streaming query's hold on its topicFilter (``hold_filter``), renewed every third of the
-    lease by a thread of its own (with a client of its own: trigger intervals may be longer than
-    the lease). Stopping lets the hold lapse after the lease: a query restarted within it misses
-    nothing."""
-
-    def __init__(self, connection: Connection, topic_filter: str, lease_s: float) -> None:
-        self.connection, self.topic_filter, self.lease_s = connection, topic_filter, lease_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, client: StoreClient) -> bool:
-        """Hold the filter now; False when ``client`` cannot (dataDir)."""
-        if self._thread is not None:
-            return True
-        if not client.hold_filter(self.topic_filter, self.lease_s):
-            return False
-        self._thread = threading.Thread(target=self._renew, name="tidemq-filter-lease", daemon=True)
-        self._thread.start()
-        return True
-
-    def _renew(self) -> None:
-        client = HttpClient.of(self.connection)
-        try:
-            while not self._stop.wait(self.lease_s / 3):
-                try:
-                    client.hold_filter(self.topic_filter, self.lease_s)
-                except SourceError as exc:
-                    log.error("tidemq source: cannot renew the hold on topicFilter %r: %s", self.topic_filter, exc)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 _CLIENTS: dict[Connection, StoreClient] = {}

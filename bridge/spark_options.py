@@ -12,17 +12,21 @@ refused) are parsed in ``kafka_options.py``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from protocols.mqtt.topics import SHARE_PREFIX, TopicError, validate_topic_filter
+
 from .kafka_options import KNOWN as KAFKA_KNOWN
 from .kafka_options import KafkaOptions, refuse_kafka_only
+
+log = logging.getLogger("tidemq.spark")
 
 EARLIEST = -2
 LATEST = -1
 DEFAULT_FETCH_ROWS = 65_536
 DEFAULT_MAX_RECORDS_PER_PARTITION = 262_144
-DEFAULT_FILTER_LEASE_S = 600.0  # how long the gateway keeps a stopped query's topicFilter indexed
 DEFAULT_RETRY_TIMEOUT_S = 120.0  # how long an unreachable gateway is tried again before a query fails
 
 
@@ -72,7 +76,7 @@ OffsetSpec = str | dict[str, int]
 class SourceOptions:
     connection: Connection
     queues: tuple[str, ...] = ()
-    topic_filter: str | None = None
+    topic_filters: tuple[str, ...] = ()  # MQTT filters: their topic queues (bridge/planning.py)
     starting_offsets: OffsetSpec | None = None  # None: the mode's default (batch earliest, stream latest)
     ending_offsets: OffsetSpec = "latest"
     max_offsets_per_trigger: int | None = None
@@ -80,7 +84,6 @@ class SourceOptions:
     fetch_rows: int = DEFAULT_FETCH_ROWS
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
-    filter_lease_s: float = DEFAULT_FILTER_LEASE_S
     kafka: KafkaOptions = field(default_factory=KafkaOptions)  # schema, includeHeaders, timestamps, minOffsetsPerTrigger
 
     @classmethod
@@ -100,19 +103,20 @@ class SourceOptions:
         queues: tuple[str, ...] = ()
         if opts.get("queues"):
             queues = _queue_list(opts["queues"])
-        topic_filter = opts.get("topicfilter") or None
-        if bool(queues) == bool(topic_filter):
+        topic_filters = parse_topic_filters(opts["topicfilter"]) if opts.get("topicfilter") else ()
+        if bool(queues) == bool(topic_filters):
             raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
-                              "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry)")
-        lease_ms = parse_positive(opts, "filterleasems", "filterLeaseMs")
-        if lease_ms is not None and lease_ms < 1000:
-            raise OptionError("tidemq source: filterLeaseMs must be at least 1000")
+                              "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry, "
+                              'or a JSON list of them)')
+        if "filterleasems" in opts:  # (a job of an earlier version may still set it: not an error)
+            log.warning("tidemq source: filterLeaseMs has no effect: a topicFilter query reads the filter's topic "
+                        "queues and holds no wildcard queue at the gateway")
         retry_ms = parse_positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
         retry_s = DEFAULT_RETRY_TIMEOUT_S if retry_ms is None else retry_ms / 1000
         return cls(
             connection=Connection.of(opts, "source", data_dir, retry_s),
             queues=queues,
-            topic_filter=topic_filter,
+            topic_filters=topic_filters,
             starting_offsets=_offsets(opts["startingoffsets"], "startingOffsets") if "startingoffsets" in opts else None,
             ending_offsets=_offsets(opts.get("endingoffsets", "latest"), "endingOffsets"),
             max_offsets_per_trigger=parse_positive(opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
@@ -121,7 +125,6 @@ class SourceOptions:
             max_records_per_partition=parse_positive(opts, "maxrecordsperpartition", "maxRecordsPerPartition")
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             min_partitions=parse_positive(opts, "minpartitions", "minPartitions"),
-            filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
             kafka=KafkaOptions.parse(opts),
         )
 
@@ -138,6 +141,36 @@ def _queue_list(raw: str) -> tuple[str, ...]:
     else:
         names = [n.strip() for n in raw.split(",") if n.strip()]
     return tuple(dict.fromkeys(names))
+
+
+def parse_topic_filters(raw: str) -> tuple[str, ...]:
+    """``topicFilter``: one MQTT filter, or a JSON array of them (``["a/+", "b/#"]``). MQTT
+    topics may hold commas, so a list is JSON, never comma-separated. A value that starts with
+    ``[`` and is valid JSON is the list form; anything else is one filter (so ``[x]/y`` is one)."""
+    text = raw.strip()
+    filters: list[str]
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if value is not None:
+            if not isinstance(value, list) or not value or not all(isinstance(f, str) for f in value):
+                raise OptionError('tidemq source: topicFilter as JSON is a list of MQTT filters, like ["a/+/b", "c/#"]')
+            filters = value
+        else:
+            filters = [raw]
+    else:
+        filters = [raw]
+    for topic_filter in filters:
+        if topic_filter.startswith(SHARE_PREFIX):
+            raise OptionError(f"tidemq source: topicFilter {topic_filter!r} is a shared subscription; a query reads "
+                              "the topics of a plain filter (without $share/{group}/)")
+        try:
+            validate_topic_filter(topic_filter)
+        except TopicError as exc:
+            raise OptionError(f"tidemq source: topicFilter {topic_filter!r} is not an MQTT topic filter: {exc}") from None
+    return tuple(dict.fromkeys(filters))
 
 
 def _offsets(raw: str, name: str) -> OffsetSpec:

@@ -9,12 +9,14 @@ with the Kafka source's options and semantics (``bridge/spark_options.py``).
 Offsets are ``{queue: next offset to read}`` and live only in Spark's checkpoint (the store
 keeps nothing for the query), so a restarted query re-reads exactly the micro-batch it had
 planned and goes on from there: nothing lost, nothing twice (with an idempotent sink). A
-stream on a ``topicFilter`` holds the filter at the gateway (``data_client.FilterLease``), so the
-filter's wildcard queue gets every matching message from the query's start.
+``topicFilter`` (one MQTT filter or a JSON list) reads the topic queue of every stored topic
+that matches, from the query's start (``earliest``: the whole history), and a stream picks up
+topics that start matching while it runs at their earliest offset (``bridge/planning.py``).
 
-Partitions: one per queue range, ranges longer than ``maxRecordsPerPartition`` (or than needed
-for ``minPartitions``) split, so executors read in parallel; ``read()`` yields Arrow record
-batches built without per-row Python work (``store/columns.py``).
+Partitions: queue ranges longer than ``maxRecordsPerPartition`` (or than needed for
+``minPartitions``) split, so executors read in parallel, and consecutive short ranges share a
+partition up to that size (many topics with a few messages each make a few tasks); ``read()``
+yields Arrow record batches built without per-row Python work (``store/columns.py``).
 
 Data loss (retention removed offsets a query still needs, or a queue now ends before an offset
 the query has already read): with ``failOnDataLoss`` true (default) the query fails with
@@ -67,8 +69,9 @@ from pyspark.sql.types import (
 
 from store.columns import ARROW_SCHEMA
 
-from .data_client import FilterLease, StoreClient, client_for
+from .data_client import StoreClient, client_for
 from .kafka_schema import check_partitions, shaped, spark_schema, wants_kafka_schema
+from .planning import check_checkpoint, pack, reads_queue
 from .progress import EmptyWatch
 from .spark_options import (
     EARLIEST,
@@ -115,6 +118,27 @@ class QueueRange(InputPartition):
 
     def __repr__(self) -> str:
         return f"QueueRange({self.queue!r}, {self.start}, {self.end})"
+
+
+class QueueRanges(InputPartition):
+    """Several short queue ranges read one after the other by one task (``planning.pack``)."""
+
+    def __init__(self, ranges: list[QueueRange]) -> None:
+        super().__init__(tuple(r.value for r in ranges))
+        self.ranges = ranges
+
+    def __repr__(self) -> str:
+        return f"QueueRanges({self.ranges!r})"
+
+
+def read_any(part: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of a planned partition: a queue range or several."""
+    if isinstance(part, QueueRanges):
+        for one in part.ranges:
+            yield from read_partition(one)
+    elif isinstance(part, QueueRange):
+        yield from read_partition(part)
+    # else an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
 
 
 def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:
@@ -166,31 +190,60 @@ class _Planner:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._queues: list[str] | None = None
+        self._matched: bool | None = None  # did the topicFilter match a topic when last listed?
+        self._last: dict[str, tuple[int, int]] | None = None  # the stream's listing of this trigger
+
+    def listed(self) -> dict[str, tuple[int, int]]:
+        """The offsets the stream's latestOffset listed in this trigger, or fresh ones (a query
+        restarted from its checkpoint plans its last batch first). Spark asks for partitions and
+        for the latest offsets (progress) right after latestOffset: one listing of a filter's
+        topics a trigger, not three."""
+        return self._last if self._last is not None else self.offsets()
 
     @property
     def client(self) -> StoreClient:
         return client_for(self.options.connection)
 
-    def queues(self) -> list[str]:
-        if self._queues is None:
-            opts = self.options
-            self._queues = list(opts.queues) if opts.queues else [self.client.queue_for_filter(opts.topic_filter or "")]
-        return self._queues
-
     def offsets(self, *, must_exist: bool = False) -> dict[str, tuple[int, int]]:
         """(first readable, next) offset of each queue; a queue not (yet) in the store is (0, 0),
-        or an error with ``must_exist`` (a batch query of a misspelt queue should say so)."""
-        found = self.client.offsets(self.queues())
+        or an error with ``must_exist`` (a batch query of a misspelt queue should say so). A
+        topicFilter's queues are listed afresh each time (new topics join)."""
+        opts = self.options
+        if opts.topic_filters:
+            return self._filter_offsets()
+        found = self.client.offsets(list(opts.queues))
         missing = [q for q, o in found.items() if o is None]
         if missing and must_exist:
-            hint = (f" (the wildcard queue of {self.options.topic_filter!r} exists once an MQTT client has "
-                    "subscribed to the filter or a streaming query reads it, and holds what was published after "
-                    "that)" if self.options.topic_filter else "")
-            raise OptionError(f"tidemq source: no queue {', '.join(map(repr, missing))} in the store{hint}")
+            raise OptionError(f"tidemq source: no queue {', '.join(map(repr, missing))} in the store")
         if missing:
             log.info("queues not in the store (yet): %s", ", ".join(missing))
         return {q: o if o is not None else (0, 0) for q, o in found.items()}
+
+    def _filter_offsets(self) -> dict[str, tuple[int, int]]:
+        filters = self.options.topic_filters
+        found = self.client.topic_queues(list(filters))
+        matched = bool(found)
+        if matched != self._matched:  # said once, and again when it changes
+            if matched:
+                log.info("tidemq source: topicFilter %s matches %d topic queue(s)", list(filters), len(found))
+            else:
+                log.warning("tidemq source: topicFilter %s matches no stored topic (yet)%s", list(filters),
+                            " that this user may read" if self.options.connection.username else "")
+            self._matched = matched
+        for spec in (self.options.starting_offsets, self.options.ending_offsets):
+            if isinstance(spec, dict):  # a queue named by the offsets that has no message yet
+                for queue in spec:
+                    if queue not in found and reads_queue(filters, queue):
+                        found[queue] = (0, 0)
+        return found
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last": None}  # (a listing may be large: executors need none)
+
+    def check_checkpoint(self, offsets: dict, what: str) -> None:
+        """A filter query's offsets from Spark (checkpoint) must be those of its topic queues."""
+        if self.options.topic_filters:
+            check_checkpoint(self.options.topic_filters, offsets, what)
 
     def resolve(self, spec: OffsetSpec, offsets: dict[str, tuple[int, int]], default: int, name: str) -> dict[str, int]:
         if isinstance(spec, str):
@@ -235,14 +288,8 @@ class _Planner:
             for lo in range(s, e, step):
                 parts.append(QueueRange(queue, lo, min(e, lo + step), opts.connection, opts.fail_on_data_loss,
                                         opts.fetch_rows))
-        return parts
-
-    def __getstate__(self) -> dict:
-        return {"options": self.options, "_queues": self._queues}
-
-    def __setstate__(self, state: dict) -> None:
-        self.options = state["options"]
-        self._queues = state["_queues"]
+        groups = pack([p.end - p.start for p in parts], size)
+        return [parts[g[0]] if len(g) == 1 else QueueRanges([parts[i] for i in g]) for g in groups]
 
 
 class TideMQBatchReader(DataSourceReader):
@@ -275,11 +322,8 @@ class TideMQBatchReader(DataSourceReader):
         start = planner.check_start(start, end, offsets)
         return planner.partitions(start, end)
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, QueueRange):
-            # an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
-            return iter(())
-        return shaped(read_partition(partition), self.planner.options.kafka)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return shaped(read_any(partition), self.planner.options.kafka)
 
 
 class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -295,26 +339,8 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
-        self._lease: FilterLease | None = None
-
-    def _hold_filter(self) -> None:
-        """A topicFilter's wildcard queue is indexed only while something holds the filter: the
-        query holds it itself from its start (address), or says that nothing may come (dataDir)."""
-        opts = self.planner.options
-        if opts.topic_filter is None or self._lease is not None:
-            return
-        lease = FilterLease(opts.connection, opts.topic_filter, opts.filter_lease_s)
-        held = lease.start(self.planner.client)  # a refusal (MQTT off, bad token) fails the query
-        self._lease = lease
-        if not held:
-            queue = self.planner.queues()[0]
-            if self.planner.client.offsets([queue])[queue] is None:
-                log.warning("tidemq source: no queue %r in the store: nothing is indexed for topicFilter %r until "
-                            "an MQTT client subscribes to it (with dataDir the source cannot hold the filter; "
-                            "address can)", queue, opts.topic_filter)
 
     def initialOffset(self) -> dict:
-        self._hold_filter()  # before the offsets: the queue's first message is the query's
         offsets = self.planner.offsets()
         kafka = self.planner.options.kafka
         start = (resolve_start(self.planner.client, kafka, offsets) if kafka.starts_by_time else
@@ -332,12 +358,17 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadMinRows(least) if least else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._hold_filter()  # a query restarted from its checkpoint starts here
-        offsets = self.planner.offsets()
+        self.planner.check_checkpoint(start, "start")
+        offsets = self.planner._last = self.planner.offsets()
         self._empty.check(offsets)
-        latest = {}
-        for queue, (_, high) in offsets.items():
-            at = start.get(queue, 0)
+        latest = dict(start)  # a queue no longer listed (removed, or no longer readable) keeps its offset
+        begin = dict(start)
+        for queue, (low, high) in offsets.items():
+            at = start.get(queue)
+            if at is None:  # a topic that started matching: read from its earliest offset (subscribePattern)
+                if self._target is not None and queue not in self._target:
+                    continue  # Trigger.AvailableNow reads what was there when it started
+                at = begin[queue] = low
             if at > high and queue not in self._cut:
                 self._cut.add(queue)  # reported once; the query waits until the queue passes `at` again
                 data_loss(queue, high, at, self.planner.options.fail_on_data_loss,
@@ -347,38 +378,35 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest[queue] = max(at, target)
         # Trigger.AvailableNow (a target) waits for nothing: what is left up to it is all there is
         paced = self._pacer is not None and self._target is None and not isinstance(limit, ReadAllAvailable)
-        if paced and not self._pacer.admit(sum(high - start.get(q, 0) for q, high in latest.items())):
+        if paced and not self._pacer.admit(sum(high - begin.get(q, 0) for q, high in latest.items())):
             return dict(start)  # fewer than minOffsetsPerTrigger, within maxTriggerDelay: no batch
         if isinstance(limit, ReadMaxRows):
-            latest = rate_limit({q: start.get(q, 0) for q in latest}, latest, limit.max_rows)
+            latest = rate_limit(begin, latest, limit.max_rows)
         return latest
 
     def reportLatestOffset(self) -> dict:
-        return {queue: high for queue, (_, high) in self.planner.offsets().items()}
+        return {queue: high for queue, (_, high) in self.planner.listed().items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.reportLatestOffset()
+        self._target = {queue: high for queue, (_, high) in self.planner.offsets().items()}
 
-    def partitions(self, start: dict, end: dict) -> list[QueueRange]:
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         if start == end:
             return []
-        offsets = self.planner.offsets()
-        begin = self.planner.check_start({q: start.get(q, 0) for q in end}, end, offsets)
+        self.planner.check_checkpoint(start, "start")
+        self.planner.check_checkpoint(end, "end")
+        offsets = self.planner.listed()
+        # a queue new to the query starts at its earliest offset (as latestOffset planned it)
+        first = {q: start[q] if q in start else offsets.get(q, (0, 0))[0] for q in end}
+        begin = self.planner.check_start(first, end, offsets)
         return self.planner.partitions({**start, **begin}, end)
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
-        return shaped(read_partition(partition), self.planner.options.kafka)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return shaped(read_any(partition), self.planner.options.kafka)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
         until retention, whatever a query has read."""
-
-    def stop(self) -> None:
-        if self._lease is not None:  # the hold lapses after filterLeaseMs
-            self._lease.stop()
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_lease": None}  # the lease's thread stays where it runs
 
 
 def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:

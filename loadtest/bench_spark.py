@@ -8,8 +8,9 @@ A gateway (metrics listener on a free 127.0.0.1 port) runs on a fresh temporary 
 messages go straight into its store with ``put_batch`` (each indexed into its device's topic
 queue ``t:devices/D/telemetry``, 1,000 devices, and the wildcard queue
 ``w:devices/+/telemetry``, as the gateway does for a subscribed filter), with an MQTT
-publisher's properties and a ~40-byte JSON payload. The Spark job reads the wildcard queue
-(``topicFilter``, split into partitions read on both cores) and aggregates per device, two ways:
+publisher's properties and a ~40-byte JSON payload. The Spark job reads ``topicFilter``
+``devices/+/telemetry`` -- the 1,000 topic queues, packed into partitions read on both cores
+(the wildcard queue is not read) -- and aggregates per device, two ways:
 
     agg=count: groupBy(topic).agg(count, sum(length(payload)), max(timestamp))
     agg=json:  the same, plus avg(temp) parsed from the JSON payload (from_json)

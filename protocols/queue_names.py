@@ -11,7 +11,9 @@ the gateway). ``gateway/interop.py`` re-exports them with the other cross-protoc
 
 from __future__ import annotations
 
-from .mqtt.topics import is_wildcard
+from collections.abc import Callable, Iterable
+
+from .mqtt.topics import is_wildcard, matches
 
 TOPIC_QUEUE_PREFIX = "t:"
 WILDCARD_QUEUE_PREFIX = "w:"
@@ -47,3 +49,41 @@ def remoting_topic_of(queue: str) -> tuple[str, int] | None:
         return None
     topic, _, queue_id = queue[len(REMOTING_QUEUE_PREFIX):].rpartition(":")
     return (topic, int(queue_id)) if topic and queue_id.isdigit() else None
+
+
+def topic_of_queue(queue: str) -> str | None:
+    """The MQTT topic of a topic queue ``t:{topic}``; None for any other queue."""
+    return queue[len(TOPIC_QUEUE_PREFIX):] if queue.startswith(TOPIC_QUEUE_PREFIX) else None
+
+
+def topic_queue_prefix(topic_filter: str) -> str:
+    """The name prefix every topic queue a (validated) filter matches starts with: its levels
+    before the first wildcard. ``a/+/b`` -> ``t:a/``; ``a/#`` -> ``t:a`` (``#`` matches the parent
+    ``a`` too); ``+/b`` -> ``t:``; a plain topic -> its queue's whole name."""
+    if not is_wildcard(topic_filter):
+        return topic_queue(topic_filter)
+    levels = topic_filter.split("/")
+    literal = levels[:next(i for i, level in enumerate(levels) if level in ("+", "#"))]
+    if levels[len(literal)] == "#" and literal:
+        return topic_queue("/".join(literal))
+    return topic_queue("".join(level + "/" for level in literal))
+
+
+def matching_topic_queues(topic_filters: Iterable[str], names: Callable[[str], Iterable[str]]) -> list[str]:
+    """The topic queues (sorted, each once) whose topics match any of the (validated) filters,
+    from ``names(prefix)``: the names of a store's queues starting with ``prefix``, in order.
+    Each distinct prefix is scanned once (a prefix that another one extends is not scanned
+    again), so overlapping filters cost one scan. The history of a filter is in these queues:
+    every publish is indexed into its topic's queue, whoever subscribes."""
+    filters = list(dict.fromkeys(topic_filters))
+    prefixes: list[str] = []
+    for prefix in sorted({topic_queue_prefix(f) for f in filters}):
+        if not prefixes or not prefix.startswith(prefixes[-1]):
+            prefixes.append(prefix)
+    found: list[str] = []
+    for prefix in prefixes:
+        for name in names(prefix):
+            topic = name[len(TOPIC_QUEUE_PREFIX):]
+            if any(matches(f, topic) for f in filters):
+                found.append(name)
+    return found

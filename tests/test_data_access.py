@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.data_client import FilterLease, HttpClient, SourceError
+from bridge.data_client import HttpClient, SourceError
 from bridge.spark_options import Connection, OptionError
 from gateway.auth import PasswordFile
 from spark_sinks.writer import PublishClient, PublishError
@@ -101,9 +101,10 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
             with pytest.raises(SourceError, match="403"):
                 mallory.read("q:alice.secret", 0, 10, 10)
             assert [b.num_rows for b in mallory.read("t:public/news", 0, 10, 10).batches] == [1]
-            assert mallory.queue_for_filter("public/news") == "t:public/news"
             listed = mallory._json("GET", "/data/queues?topicFilter=secret/plans")["queues"]
             assert listed == []  # what it may not read is not listed
+            assert mallory.topic_queues(["#"]) == {"t:public/news": (0, 1)}  # nor among a filter's topics
+            assert operator.topic_queues(["#"]) == {"t:public/news": (0, 1), "t:secret/plans": (0, 1)}
             assert [b.num_rows for b in operator.read("t:secret/plans", 0, 10, 10).batches] == [1]
             with pytest.raises(SourceError, match="401"):
                 HttpClient(url, token="wrong").read("t:public/news", 0, 10, 10)
@@ -111,25 +112,27 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
         await asyncio.to_thread(run)
 
 
-@pytest.mark.parametrize("who", [{"token": "T0K"}, {"username": "alice", "password": "pw-alice"}])
-async def test_filter_lease_renews_with_the_query_credentials(data_dir: Path, secured: dict, who: dict) -> None:
-    """A streaming query's hold on its topicFilter is renewed (by its own thread and client) with
-    the query's token or user: a renewal refused lets the hold lapse while the query runs."""
-    async with running_gateway(data_dir, admin_token="T0K", **secured) as gw:
-        connection = Connection(address=f"127.0.0.1:{gw.metrics_address[1]}", retry_timeout_s=0, **who)
-        holds = gw.store.table("data_filter_holds")  # the gateway's holds: filter -> expiry
-        lease = FilterLease(connection, "fleet/+/status", lease_s=1.0)
-        client = HttpClient.of(connection)
-        try:
-            assert await asyncio.to_thread(lease.start, client)
-            first = float(holds.get("fleet/+/status"))
-            deadline = asyncio.get_running_loop().time() + 20
-            while float(holds.get("fleet/+/status") or 0) <= first:  # renewed every lease/3
-                assert asyncio.get_running_loop().time() < deadline, "the hold was never renewed"
-                await asyncio.sleep(0.05)
-        finally:
-            lease.stop()
-            client.close()
+async def test_spark_reads_a_list_of_filters_as_far_as_the_acl_allows(spark, data_dir: Path, secured: dict) -> None:
+    """A list of overlapping filters reads each matching topic once; a user's query reads only the
+    topics the ACL lets it read (the others are not even listed)."""
+    async with running_gateway(data_dir, **secured) as gw:
+        alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
+        await alice.connect()
+        for topic, count in (("secret/plans", 2), ("public/news", 3), ("public/sports", 1), ("misc/x", 1)):
+            for i in range(count):
+                await alice.publish(topic, b"%d" % i, 1)
+        await alice.disconnect()
+
+        def read(user: str) -> list[tuple[str, int]]:
+            rows = (spark.read.format("tidemq").option("address", f"127.0.0.1:{gw.metrics_address[1]}")
+                    .option("username", user).option("password", "pw-" + user)
+                    .option("topicFilter", '["public/+", "secret/#", "public/news"]').load()
+                    .select("queue", "offset").collect())
+            return sorted((r.queue, r.offset) for r in rows)
+
+        public = [("t:public/news", 0), ("t:public/news", 1), ("t:public/news", 2), ("t:public/sports", 0)]
+        assert await asyncio.to_thread(read, "alice") == [*public, ("t:secret/plans", 0), ("t:secret/plans", 1)]
+        assert await asyncio.to_thread(read, "mallory") == public
 
 
 def test_spark_options_take_a_user_or_the_token() -> None:

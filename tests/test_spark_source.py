@@ -1,7 +1,8 @@
 """The ``tidemq`` Spark source: messages published over MQTT to a real gateway, read by a local
 Spark session (one for the whole run, see conftest) through the gateway's read API
-(``address``) or the data directory (``dataDir``): exact batch ranges, topicFilter, JSON
-offsets, admission control, restart from a checkpoint, and data loss after retention."""
+(``address``) or the data directory (``dataDir``): exact batch ranges, topicFilter (the topic
+queues of the filter), JSON offsets, admission control, restart from a checkpoint, and data loss
+after retention."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ async def publish(gw, first: int, count: int, *, size: int = 0) -> None:
 
 
 async def subscribe_filter(gw) -> PahoClient:
-    """A subscriber of FILTER: from now on the gateway indexes matching messages into WILDCARD."""
+    """A subscriber of FILTER: from now on the gateway indexes matching messages into WILDCARD too,
+    which a topicFilter query does not read (it reads the topic queues: nothing twice)."""
     sub = PahoClient(mqtt_port(gw), "filter-sub")
     await sub.connect()
     await sub.subscribe(FILTER, qos=0)
@@ -89,11 +91,10 @@ def test_spark_schema_is_the_arrow_schema_rows_are_built_with() -> None:
 
 def test_options_are_checked_with_messages_naming_them() -> None:
     ok = SourceOptions.parse({"address": "h:1", "topicFilter": FILTER, "maxOffsetsPerTrigger": "10"})
-    assert ok.topic_filter == FILTER and ok.max_offsets_per_trigger == 10 and ok.fail_on_data_loss
+    assert ok.topic_filters == (FILTER,) and ok.max_offsets_per_trigger == 10 and ok.fail_on_data_loss
     assert SourceOptions.parse({"dataDir": "/d", "queues": '["t:a,b", "t:c"]'}).queues == ("t:a,b", "t:c")
     assert SourceOptions.parse({"dataDir": "/d", "queues": "t:a, t:b"}).queues == ("t:a", "t:b")
     assert ok.connection.retry_timeout_s == 120  # an unreachable gateway is retried for 2 minutes
-    assert ok.filter_lease_s == 600  # a stopped query's filter stays indexed for 10 minutes
     assert SourceOptions.parse({"address": "h:1", "queues": "q", "retryTimeoutMs": "0"}).connection.retry_timeout_s == 0
     for bad, words in [
         ({"topicFilter": FILTER}, "exactly one of address"),
@@ -106,7 +107,7 @@ def test_options_are_checked_with_messages_naming_them() -> None:
         ({"address": "h:1", "queues": "q", "subscribe": "q"}, "subscribe is a Kafka source option"),
         ({"address": "h:1", "queues": "q", "nonsense": "q"}, "unknown option"),
         ({"address": "h:1", "queues": "q", "retryTimeoutMs": "-1"}, "retryTimeoutMs"),
-        ({"address": "h:1", "queues": "q", "filterLeaseMs": "999"}, "filterLeaseMs"),
+        ({"address": "h:1", "topicFilter": "a/#/b"}, "not an MQTT topic filter"),
     ]:
         with pytest.raises(OptionError, match=words):
             SourceOptions.parse(bad)
@@ -201,13 +202,15 @@ async def test_batch_reads_exact_ranges(spark, data_dir: Path, mode: str) -> Non
         assert {r.queue for r in rows} == {queue} and {r.topic for r in rows} == {topic(1)}
         assert rows[0].properties == {"mqtt.cid": "pub-0"} and rows[0].key is None
 
-        # topicFilter: every message, in the order published, through the wildcard queue;
-        # split into several partitions, read in parallel
-        df = read(topicFilter=FILTER, maxRecordsPerPartition="25")
-        assert await asyncio.to_thread(lambda: df.rdd.getNumPartitions()) == 5
-        rows = await asyncio.to_thread(lambda: df.orderBy("offset").collect())
-        assert [(r.queue, r.offset, r.topic, r.payload) for r in rows] == [
-            (WILDCARD, i, topic(i), payload(i)) for i in range(120)]
+        # topicFilter: every message of the matching topics, from their topic queues (message i
+        # is offset i // 4 of topic(i)); 30 a queue: split in two by 25 a partition, two queues
+        # to a partition by 70
+        expected = sorted((f"t:{topic(i)}", i // 4, topic(i), payload(i)) for i in range(120))
+        for per_partition, partitions in (("25", 8), ("70", 2)):
+            df = read(topicFilter=FILTER, maxRecordsPerPartition=per_partition)
+            assert await asyncio.to_thread(lambda d=df: d.rdd.getNumPartitions()) == partitions
+            rows = await asyncio.to_thread(lambda d=df: d.collect())
+            assert sorted((r.queue, r.offset, r.topic, r.payload) for r in rows) == expected
         counts = await asyncio.to_thread(lambda: dict(read(topicFilter=FILTER).groupBy("topic").count().collect()))
         assert counts == {topic(d): 30 for d in range(4)}
 
@@ -231,12 +234,12 @@ async def test_streaming_admission_control_with_max_offsets_per_trigger(spark, d
         sub = await subscribe_filter(gw)
         await publish(gw, 0, 100)
         sizes: list[int] = []
-        offsets: list[int] = []
+        offsets: list[tuple[str, int]] = []
 
         def each(batch, batch_id: int) -> None:
-            rows = batch.select("offset").collect()
+            rows = batch.select("queue", "offset").collect()
             sizes.append(len(rows))
-            offsets.extend(r.offset for r in rows)
+            offsets.extend((r.queue, r.offset) for r in rows)
 
         def run() -> None:
             query = (spark.readStream.format("tidemq").options(**connection(gw, "address"))
@@ -249,7 +252,7 @@ async def test_streaming_admission_control_with_max_offsets_per_trigger(spark, d
 
         await asyncio.to_thread(run)
         assert sizes == [30, 30, 30, 10]
-        assert sorted(offsets) == list(range(100))
+        assert sorted(offsets) == sorted((f"t:{topic(i)}", i // 4) for i in range(100))
         await sub.disconnect()
 
 
@@ -264,7 +267,7 @@ async def test_streaming_restart_from_checkpoint_loses_and_repeats_nothing(spark
             return (spark.readStream.format("tidemq").options(**connection(gw, "dataDir"))
                     .option("topicFilter", FILTER).option("startingOffsets", "earliest")
                     .option("maxOffsetsPerTrigger", 25).load()
-                    .select("offset", "topic", "payload")
+                    .select("queue", "offset", "topic", "payload")
                     .writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)))
 
         def first_run() -> int:
@@ -288,8 +291,8 @@ async def test_streaming_restart_from_checkpoint_loses_and_repeats_nothing(spark
             return spark.read.parquet(str(out)).collect()
 
         rows = await asyncio.to_thread(second_run)
-        assert sorted(r.offset for r in rows) == list(range(200))  # each offset once
-        assert all(r.payload == payload(r.offset) and r.topic == topic(r.offset) for r in rows)
+        assert sorted((r.queue, r.offset) for r in rows) == sorted((f"t:{topic(i)}", i // 4) for i in range(200))
+        assert all(r.payload == payload(4 * r.offset + int(r.topic.split("/")[1])) for r in rows)  # each once
         await sub.disconnect()
 
 

@@ -1,8 +1,9 @@
 """The ``tidemq`` Spark source against a live gateway. A gateway process that goes away and comes
 back: a streaming query waits for it (retrying with backoff) and goes on with nothing lost or
 read twice; an unreachable gateway fails a query only after ``retryTimeoutMs``, each retry
-logged. A stream on a topicFilter nobody subscribes to holds the filter itself
-(``POST /data/filters``), so its wildcard queue gets every message from the query's start."""
+logged. A stream on a topicFilter nobody subscribes to reads the filter's history from its topic
+queues, and picks up topics that start matching; the gateway's filter holds (``POST
+/data/filters``) keep a wildcard queue indexed for its readers across restarts."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bridge.data_client import HttpClient, SourceError, close_clients
+from bridge.data_client import HttpClient, SourceError
 from tests.crash_support import launch, stop
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
@@ -147,46 +148,69 @@ async def test_data_api_holds_a_filter_across_a_restart_until_its_lease_lapses(d
         assert gw.store.index.lookup(WILDCARD).next_offset == 5
 
 
-async def test_stream_of_a_filter_nobody_subscribes_to_reads_from_its_start(spark, data_dir: Path,
-                                                                            tmp_path: Path) -> None:
-    seen: list[tuple[int, str]] = []
+async def test_stream_of_a_filter_nobody_subscribes_to_reads_its_history_and_new_topics(spark, data_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """Everything stored that matches, from before the query (nobody ever subscribed to the
+    filter), then topics that start matching while it runs, from their first message; no
+    wildcard queue is held for it (no write amplification)."""
+    seen: list[tuple[str, int, str]] = []
 
     def each(batch, batch_id: int) -> None:
-        seen.extend((r.offset, r.topic) for r in batch.select("offset", "topic").collect())
+        seen.extend((r.queue, r.offset, r.topic) for r in batch.select("queue", "offset", "topic").collect())
+
+    async def wait_for(count: int, query) -> None:
+        # (a streaming query's start and first batches: 13 s here alone, 23-35 s with both cores
+        # busy, over 60 s once in a whole-suite CI run; 120 s as the other streaming tests)
+        deadline = time.monotonic() + 120
+        while len(seen) < count:
+            assert query.isActive and time.monotonic() < deadline, (seen, query.exception())
+            await asyncio.sleep(0.1)
 
     async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        await publish_to(gw, "fleet/a/status", 5)  # history: before the query
+        await publish_to(gw, "fleet/b/status", 3)
+        await publish_to(gw, "depot/a/status", 2)  # does not match
         query = await asyncio.to_thread(lambda: (
             spark.readStream.format("tidemq").option("address", "{}:{}".format(*gw.metrics_address))
-            .option("topicFilter", FILTER).load()  # startingOffsets: latest
+            .option("topicFilter", FILTER).option("startingOffsets", "earliest").load()
             .writeStream.foreachBatch(each).trigger(processingTime="200 milliseconds")
             .option("checkpointLocation", str(tmp_path / "ckpt")).start()))
         try:
-            # (a streaming query's start and first batches: 13 s here alone, 23-35 s with both cores
-            # busy, over 60 s once in a whole-suite CI run; 120 s as the other streaming tests)
-            deadline = time.monotonic() + 120
-            while not held(gw, FILTER):  # the query holds its filter from its start
-                assert query.isActive and time.monotonic() < deadline, query.exception()
-                await asyncio.sleep(0.1)
-            await publish_to(gw, "fleet/c/status", 10)
-            while len(seen) < 10:
-                assert query.isActive and time.monotonic() < deadline, query.exception()
-                await asyncio.sleep(0.1)
+            await wait_for(8, query)
+            assert not held(gw, FILTER)
+            await publish_to(gw, "fleet/c/status", 4)  # a topic that starts matching mid-stream
+            await publish_to(gw, "fleet/a/status", 2)
+            await wait_for(14, query)
+            await asyncio.sleep(0.5)  # a few more triggers: nothing else comes
         finally:
             await asyncio.to_thread(query.stop)
-    assert sorted(seen) == [(i, "fleet/c/status") for i in range(10)]
+    assert sorted(seen) == sorted([(f"t:fleet/{d}/status", i, f"fleet/{d}/status")
+                                   for d, n in (("a", 7), ("b", 3), ("c", 4)) for i in range(n)])
 
 
-async def test_data_dir_stream_of_an_unheld_filter_says_nothing_will_come(data_dir: Path, caplog) -> None:
-    """With dataDir the source cannot hold the filter: it warns, naming the filter (what
-    initialOffset runs on the driver's side; nothing is subscribed)."""
-    from bridge.spark_options import SourceOptions
-    from bridge.spark_source import TideMQStreamReader
+async def test_a_checkpoint_of_the_earlier_wildcard_form_is_refused(spark, data_dir: Path, tmp_path: Path) -> None:
+    """A topicFilter stream of an earlier version kept its offsets under the filter's wildcard
+    queue; restarted from such a checkpoint it fails, saying how to go on, instead of reading the
+    topic queues from offsets that count other messages."""
+    ckpt = str(tmp_path / "ckpt")
 
-    async with running_gateway(data_dir) as gw:
-        await asyncio.to_thread(gw.store.index.flush)
-        reader = TideMQStreamReader(SourceOptions.parse({"dataDir": str(data_dir), "topicFilter": FILTER}))
-        with caplog.at_level(logging.WARNING, logger="tidemq.spark"):
-            assert await asyncio.to_thread(reader.initialOffset) == {WILDCARD: 0}
-        reader.stop()
-        close_clients()
-    assert f"topicFilter '{FILTER}'" in caplog.text and "until an MQTT client subscribes" in caplog.text
+    def run(option: str, value: str) -> str | None:
+        query = (spark.readStream.format("tidemq").option("address", "{}:{}".format(*gw.metrics_address))
+                 .option(option, value).option("startingOffsets", "earliest").load()
+                 .writeStream.format("noop").trigger(availableNow=True).option("checkpointLocation", ckpt).start())
+        try:
+            query.awaitTermination(120)
+        except Exception as exc:  # noqa: BLE001 - the query's failure is what is checked
+            return str(exc)
+        return None
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        sub = PahoClient(mqtt_port(gw), "wildcard-sub")
+        await sub.connect()
+        await sub.subscribe(FILTER, qos=0)
+        await publish_to(gw, "fleet/a/status", 3)
+        assert await asyncio.to_thread(run, "queues", WILDCARD) is None  # offsets {"w:fleet/+/status": 3}
+        await publish_to(gw, "fleet/a/status", 2)
+        failure = await asyncio.to_thread(run, "topicFilter", FILTER)
+        await sub.disconnect()
+    assert failure is not None and f"wildcard queue '{WILDCARD}'" in failure and f"queues={WILDCARD}" in failure

@@ -7,6 +7,7 @@
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
     POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
+    POST /data/topics   {"topicFilters": [F, ...]}  the topic queues the filters match, with offsets (data_topics.py)
 
 Why the metrics listener and not a port of its own: it is already the gateway's HTTP listener,
 with ``admin_token`` (Bearer) guarding everything but the probes, and HTTP keeps clients simple
@@ -40,6 +41,7 @@ from store import MessageStore
 
 from ..interop import queue_for_filter
 from .data_access import PRINCIPAL, DataAccess
+from .data_topics import TopicListing
 from .errors import AdminError, no_store
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_get("/data/offsets", api.offsets)
     app.router.add_post("/data/offsets", api.offsets)
     app.router.add_post("/data/times", api.times)
+    app.router.add_post("/data/topics", TopicListing(api._store, api._offsets, access).topics)  # a filter's history: data_topics.py
     app.router.add_get("/data/read", api.read)
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its

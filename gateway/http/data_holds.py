@@ -1,6 +1,7 @@
-"""Wildcard filters held by data-API readers (the Spark source's ``topicFilter`` streams), so that
-the filter's wildcard queue gets every matching publish from the moment a query starts, whether
-or not an MQTT client subscribes to it.
+"""Wildcard filters held by data-API readers of a wildcard queue ``w:{filter}``, so that the queue
+gets every matching publish from the moment a reader starts, whether or not an MQTT client
+subscribes to it. (The Spark source's ``topicFilter`` reads the filter's topic queues instead,
+``data_topics.py``, and holds nothing.)
 
     POST /data/filters  {"topicFilter": "a/+/b", "lease_ms": 600000}  hold (or renew) a filter
 

@@ -10,10 +10,9 @@ threshold published back over TideMQ to ``alerts/{device}`` (MQTT devices and AM
 Readings are MQTT messages on ``devices/{device}/telemetry`` (``--topic``; ``{device}`` becomes
 a column) with a JSON payload such as ``{"ts": 1767225600.5, "temp": 21.5}``: the field
 (``--field``, a number) and the event time (``--time-field``, seconds since the epoch; the
-store's timestamp when absent). They are read with the ``tidemq`` source through the wildcard
-queue of the topic's filter (``devices/+/telemetry``), which exists once an MQTT client has
-subscribed to that filter: subscribe once (a persistent session keeps it) before the devices
-publish. Undecodable readings (``bridge.decode``) are left out of both outputs, and written
+store's timestamp when absent). They are read with the ``tidemq`` source from the topic queues
+of the topic's filter (``devices/+/telemetry``): everything stored, whether or not an MQTT
+client subscribes, and devices that appear while the job runs. Undecodable readings (``bridge.decode``) are left out of both outputs, and written
 with their error to ``--errors`` when given.
 
 Two streaming queries (checkpoints ``CKPT/aggregates`` and ``CKPT/alerts``):

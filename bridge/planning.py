@@ -1,0 +1,70 @@
+"""What the ``tidemq`` source plans for a ``topicFilter`` query -- the filter's whole history in
+its topic queues -- and how ranges become Spark partitions (``bridge/spark_source.py`` uses it).
+
+A filter query reads the topic queue ``t:{topic}`` of every stored topic the filters match (the
+gateway's ``POST /data/topics``, or the data directory's queue names), with offsets per topic
+queue, history and live data alike: one offset space, so a checkpoint names one position per
+message. Topics that start matching while a stream runs are picked up at their earliest offset,
+as the Kafka source's ``subscribePattern`` picks up new partitions. The filter's wildcard queue
+(``w:{filter}``) is not read: its offsets count other messages, and mixing the two in one query
+would read a message twice or not at all across a restart. It can still be read on its own with
+``queues=w:{filter}`` while a client keeps it subscribed.
+
+Checkpoints of earlier versions kept a filter query's offsets under its wildcard queue; such a
+checkpoint is refused, saying how to go on, never read as if it were the new form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from protocols.mqtt.topics import matches
+from protocols.queue_names import WILDCARD_QUEUE_PREFIX, topic_of_queue
+
+from .spark_options import OptionError
+
+
+class CheckpointError(OptionError):
+    """A checkpoint's offsets name queues this query does not read (an earlier version's form,
+    or a changed topicFilter)."""
+
+
+def reads_queue(topic_filters: Iterable[str], queue: str) -> bool:
+    """Whether a filter query reads ``queue``: a topic queue whose topic one filter matches."""
+    topic = topic_of_queue(queue)
+    return topic is not None and any(matches(f, topic) for f in topic_filters)
+
+
+def check_checkpoint(topic_filters: tuple[str, ...], offsets: Mapping[str, int], what: str) -> None:
+    """Refuse offsets (from Spark's checkpoint) of queues a filter query does not read."""
+    old = sorted(q for q in offsets if q.startswith(WILDCARD_QUEUE_PREFIX))
+    if old:
+        raise CheckpointError(
+            f"tidemq source: the checkpoint's {what} offsets are those of the wildcard queue {old[0]!r}: it was "
+            "written by a version that read a topicFilter through its wildcard queue, and topicFilter now reads "
+            "the filter's topic queues (every stored message that matches). To go on from this checkpoint as "
+            f"before, read option queues={old[0]} instead of topicFilter, and keep the filter indexed (an MQTT "
+            "client subscribed to it, or the gateway's POST /data/filters: the query no longer holds it); or start "
+            "a new checkpoint to read the filter's topic queues.")
+    other = sorted(q for q in offsets if not reads_queue(topic_filters, q))
+    if other:
+        raise CheckpointError(
+            f"tidemq source: the checkpoint's {what} offsets name queues topicFilter {list(topic_filters)} does not "
+            f"match ({', '.join(map(repr, other[:5]))}{', ...' if len(other) > 5 else ''}): was topicFilter "
+            "changed? Start a new checkpoint for a different filter.")
+
+
+def pack(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive ranges (given by their sizes, in order) grouped so that a group holds at most
+    ``limit`` rows (a range larger than that alone): a filter over 100,000 topics with a few new
+    messages each is a handful of Spark tasks, not 100,000. Indexes of the ranges per group."""
+    groups: list[list[int]] = []
+    rows = 0
+    for i, size in enumerate(sizes):
+        if groups and rows + size <= limit:
+            groups[-1].append(i)
+            rows += size
+        else:
+            groups.append([i])
+            rows = size
+    return groups

@@ -1,0 +1,158 @@
+"""The topic queues behind MQTT filters (a filter's history, read by the Spark source's
+``topicFilter``): the store's queue names scanned by prefix and matched
+(``protocols.queue_names.matching_topic_queues``), the gateway's ``POST /data/topics`` and the
+data directory's listing agree, overlapping filters list a queue once, and an earlier version's
+checkpoint of a filter query (offsets of its wildcard queue) is refused, not misread."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bridge.data_client import DirectClient, HttpClient
+from bridge.planning import CheckpointError, pack
+from bridge.spark_options import OptionError, SourceOptions
+from protocols.queue_names import matching_topic_queues, topic_queue_prefix
+from store.message import Message
+from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+
+TOPICS = ["a", "a/x/b", "a/y/b", "a/x/c", "a/x/b/deep", "ab/x/b", "$SYS/a/x/b", "z/x/b"]
+OTHERS = ["w:a/+/b", "q:a/x/b", "r:a:0"]  # not topic queues: never listed
+
+
+async def test_store_names_match_filters_each_queue_once(open_store) -> None:
+    store = await open_store()
+    await store.put_batch([(Message(t, b"1"), ["t:" + t]) for t in TOPICS] +
+                          [(Message("a/x/b", b"2"), [q]) for q in OTHERS])
+    names = store.index.iter_names
+
+    def listed(*filters: str) -> list[str]:
+        return matching_topic_queues(filters, names)
+
+    assert list(names("t:a/")) == ["t:a/x/b", "t:a/x/b/deep", "t:a/x/c", "t:a/y/b"]  # keys in name order
+    assert listed("a/+/b") == ["t:a/x/b", "t:a/y/b"]
+    assert listed("a/#") == ["t:a", "t:a/x/b", "t:a/x/b/deep", "t:a/x/c", "t:a/y/b"]  # "#" takes the parent
+    assert listed("+/x/b") == ["t:a/x/b", "t:ab/x/b", "t:z/x/b"]  # not $SYS/...: "+" first never matches "$"
+    assert listed("#") == sorted("t:" + t for t in TOPICS if not t.startswith("$"))
+    assert listed("$SYS/#") == ["t:$SYS/a/x/b"]
+    assert listed("a/x/b") == ["t:a/x/b"]  # a plain topic: its queue alone
+    assert listed("a/#", "a/+/b", "a/x/+") == listed("a/#")  # overlapping: each queue once
+    assert listed("nothing/+") == []
+    assert [topic_queue_prefix(f) for f in ("a/+/b", "a/#", "+/b", "#", "a/b")] == ["t:a/", "t:a", "t:", "t:", "t:a/b"]
+
+    await asyncio.to_thread(store.index.flush)  # what a data-directory reader sees
+    client = DirectClient(str(store.options.data_dir))
+    try:
+        assert client.topic_queues(["a/+/b", "+/x/b"]) == {
+            "t:a/x/b": (0, 1), "t:a/y/b": (0, 1), "t:ab/x/b": (0, 1), "t:z/x/b": (0, 1)}
+    finally:
+        client.close()
+
+
+def test_topic_filter_option_takes_one_filter_or_a_json_list() -> None:
+    def filters(raw: str) -> tuple[str, ...]:
+        return SourceOptions.parse({"address": "h:1", "topicFilter": raw}).topic_filters
+
+    assert filters("a/+/b") == ("a/+/b",)
+    assert filters("a,b/#") == ("a,b/#",)  # a comma is a topic character, not a separator
+    assert filters('["a/+", "b/#", "a/+"]') == ("a/+", "b/#")
+    assert filters("[x]/y") == ("[x]/y",)  # not JSON: one filter that starts with "["
+    for bad, words in [("a/#/b", "not an MQTT topic filter"), ('["a/+", 3]', "JSON is a list"), ("[]", "JSON is a list"),
+                       ('["a", "b/#/c"]', "'b/#/c'"), ("$share/g/a/#", "shared subscription")]:
+        with pytest.raises(OptionError, match=words):
+            filters(bad)
+
+
+def test_short_ranges_share_a_partition_up_to_the_limit() -> None:
+    assert pack([30, 30, 30, 30], 70) == [[0, 1], [2, 3]]
+    assert pack([15, 15, 15], 25) == [[0], [1], [2]]
+    assert pack([100, 1, 1, 100], 10) == [[0], [1, 2], [3]]
+    assert pack([1] * 5, 1000) == [[0, 1, 2, 3, 4]]
+    assert pack([], 10) == []
+
+
+def test_a_checkpoint_of_the_wildcard_queue_form_is_refused() -> None:
+    """Until this version a topicFilter stream kept its offsets under the filter's wildcard queue
+    (``{"w:fleet/+/status": 3}``): read as topic-queue offsets, it would read from wrong places."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from bridge.spark_source import TideMQStreamReader
+
+    reader = TideMQStreamReader(SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "fleet/+/status"}))
+    with pytest.raises(CheckpointError, match="wildcard queue 'w:fleet/\\+/status'.*queues=w:fleet/\\+/status"):
+        reader.latestOffset({"w:fleet/+/status": 3}, ReadAllAvailable())
+    with pytest.raises(CheckpointError, match="wildcard queue"):
+        reader.partitions({"w:fleet/+/status": 3}, {"w:fleet/+/status": 5})
+    with pytest.raises(CheckpointError, match="does not match.*'t:other/topic'.*topicFilter"):
+        reader.partitions({"t:other/topic": 0}, {"t:other/topic": 2})
+
+
+async def test_gateway_lists_the_topic_queues_of_filters(data_dir: Path) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        pub = PahoClient(mqtt_port(gw), "lister-pub")
+        await pub.connect()
+        for i, t in enumerate(TOPICS):
+            for _ in range(i % 3 + 1):
+                await pub.publish(t, b"x", qos=1)
+        await pub.disconnect()
+        client = HttpClient("http://{}:{}".format(*gw.metrics_address))
+        try:
+            listed = await asyncio.to_thread(client.topic_queues, ["a/+/b", "a/#"])
+            assert listed == {"t:a": (0, 1), "t:a/x/b": (0, 2), "t:a/y/b": (0, 3), "t:a/x/c": (0, 1),
+                              "t:a/x/b/deep": (0, 2)}
+        finally:
+            client.close()
+        url = "http://{}:{}/data/topics".format(*gw.metrics_address)
+        async with aiohttp.ClientSession() as http:
+            for bad in ({"topicFilters": ["a/#/b"]}, {"topicFilters": []}, {"topicFilter": "a/#"}, ["a"]):
+                async with http.post(url, json=bad) as response:
+                    assert response.status == 400 and (await response.json())["error"], bad
+
+
+class ListingClient:
+    """A store client that answers listings from a dict the test changes, and counts them."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, tuple[int, int]] = {}
+        self.listings = 0
+
+    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+        self.listings += 1
+        return dict(self.topics)
+
+
+def test_stream_plans_new_topics_from_their_earliest_offset_with_one_listing_a_trigger(monkeypatch) -> None:
+    """What the stream reader plans each trigger (Spark calls latestOffset, reportLatestOffset,
+    then partitions): a topic listed for the first time starts at its first readable offset
+    (retention may have removed its start), a topic no longer listed keeps its offset, and the
+    filter's topics are listed once a trigger."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from bridge import data_client
+    from bridge.spark_source import TideMQStreamReader
+
+    options = SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "a/+"})
+    client = ListingClient()
+    monkeypatch.setitem(data_client._CLIENTS, options.connection, client)
+    reader = TideMQStreamReader(options)
+
+    def trigger(start: dict) -> tuple[dict, list[tuple[str, int, int]]]:
+        end = reader.latestOffset(start, ReadAllAvailable())
+        reader.reportLatestOffset()
+        parts = reader.partitions(start, end)
+        ranges = [r for p in parts for r in getattr(p, "ranges", [p])]
+        return end, [(r.queue, r.start, r.end) for r in ranges]
+
+    client.topics = {"t:a/1": (0, 3)}
+    start = reader.initialOffset()  # startingOffsets: latest
+    assert start == {"t:a/1": 3} and client.listings == 1
+    client.topics = {"t:a/1": (0, 5), "t:a/2": (2, 4)}
+    end, ranges = trigger(start)
+    assert end == {"t:a/1": 5, "t:a/2": 4} and ranges == [("t:a/1", 3, 5), ("t:a/2", 2, 4)]
+    assert client.listings == 2  # one for the trigger
+    client.topics = {"t:a/2": (2, 6)}  # t:a/1 gone from the listing: kept where it was
+    end, ranges = trigger(end)
+    assert end == {"t:a/1": 5, "t:a/2": 6} and ranges == [("t:a/2", 4, 6)] and client.listings == 3
