@@ -335,7 +335,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         kafka = options.kafka
         self._pacer = (TriggerPacer(kafka.min_offsets_per_trigger, kafka.max_trigger_delay_s)
                        if kafka.min_offsets_per_trigger else None)
-        self._empty = EmptyWatch(f"topicFilter {options.topic_filter!r}" if options.topic_filter else
+        self._empty = EmptyWatch(f"topicFilter {', '.join(map(repr, options.topic_filters))}" if options.topic_filters else
                                  f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
