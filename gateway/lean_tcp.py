@@ -102,7 +102,7 @@ class LeanTransport(asyncio.Transport):
     def resume_reading(self) -> None:
         if not self._closing and not self._reading:
             self._reading = True
-            self._loop.add_reader(self._fd(), self._read_ready)
+            self._loop.add_reader(self._fd(), LeanTransport._read_ready, self)
 
     def _read_ready(self) -> None:
         if self._conn_lost:
@@ -328,7 +328,9 @@ class LeanServer(asyncio.AbstractServer):
             transport = LeanTransport(self._loop, sock, protocol)
             protocol.connection_made(transport)
             if transport.is_reading():  # (unless connection_made paused or closed it)
-                self._loop.add_reader(sock.fileno(), transport._read_ready)
+                # (the function and the transport as its argument: the handle keeps a 1-tuple,
+                # 16 bytes less than a bound method, as long as the connection lives)
+                self._loop.add_reader(sock.fileno(), LeanTransport._read_ready, transport)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:  # noqa: BLE001 -- reported; this socket is closed, others go on
