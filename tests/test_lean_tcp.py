@@ -235,3 +235,34 @@ async def test_a_busy_port_is_an_error_naming_the_address() -> None:
             await lean_tcp.serve(asyncio.Protocol, "127.0.0.1", port)
     finally:
         server.close()
+
+
+async def test_out_of_descriptors_pauses_accepting_and_it_resumes() -> None:
+    """Linux keeps reporting the listening socket readable while accept() fails with EMFILE:
+    accepting pauses (reported once), and the waiting clients are accepted once it may again."""
+    import os
+    import resource
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    server, protocols, port = await serving()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # before the limit
+    try:
+        lowest_free = os.dup(0)  # (a descriptor gets the lowest free number: none is free below the limit)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            await until(lambda: reported, "the report")
+            await asyncio.sleep(0.2)  # (the loop goes on: no busy loop, no second report)
+            assert len(reported) == 1 and reported[0]["message"] == "socket.accept() out of system resource"
+            assert not protocols
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        await until(lambda: len(protocols) == 3, "the three connections, accepted after the pause")
+    finally:
+        loop.set_exception_handler(None)
+        for client in clients:
+            client.close()
+        server.close()
