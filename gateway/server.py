@@ -15,6 +15,7 @@ from lookup.redis_backend import RedisLookup
 from lookup.tcp import TcpTransport
 from store import MessageStore, StoreError
 
+from . import lean_tcp
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
@@ -280,7 +281,7 @@ class Gateway:
                                connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
-        return await asyncio.get_running_loop().create_server(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
+        return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
 
     def filter_holds(self) -> FilterHolds:
         """The wildcard filters data-API readers hold (restored from the store on first use,
@@ -350,8 +351,8 @@ class Gateway:
             self.remoting.access.unsigned_codes.update(link_handlers)  # they have the cluster token instead
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
-        server = await asyncio.get_running_loop().create_server(
-            lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer), bind[0], bind[1])
+        server = await lean_tcp.serve(lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer),
+                                      bind[0], bind[1])
         host, port = server.sockets[0].getsockname()[:2]
         broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
         return server

@@ -102,7 +102,7 @@ STORE_RULES = (
 # Socket reads are the inbound side's; a write counts in the stage that makes it (its caller),
 # except what the event loop finishes later when the socket buffer was full.
 LOOP_RULES = (
-    rule(DECODE, r"^asyncio/selector_events\.py$", r"_read_ready"),
+    rule(DECODE, r"^(asyncio/selector_events|gateway/lean_tcp)\.py$", r"_read_ready"),
 )
 
 MQTT_RULES = (
@@ -120,7 +120,7 @@ MQTT_RULES = (
     rule(INBOUND, r"^gateway/mqtt/(inbound|ingest_gate|connection)\.py$"),
     rule(INBOUND, r"^gateway/core/ingest\.py$"),
     *LOOP_RULES,
-    rule(ENCODE, r"^asyncio/selector_events\.py$", r"_write_ready"),
+    rule(ENCODE, r"^(asyncio/selector_events|gateway/lean_tcp)\.py$", r"_write_ready"),
 )
 
 AMQP_RULES = (
@@ -142,7 +142,7 @@ AMQP_RULES = (
     rule(INBOUND, r"^gateway/amqp/"),
     rule(INBOUND, r"^gateway/core/ingest\.py$"),
     *LOOP_RULES,
-    rule(CONFIRM, r"^asyncio/selector_events\.py$", r"_write_ready"),
+    rule(CONFIRM, r"^(asyncio/selector_events|gateway/lean_tcp)\.py$", r"_write_ready"),
 )
 
 IDLE_LEAVES = (rule("idle", r"^concurrent/futures/thread\.py$", r"^_worker$"),)  # waiting for work

@@ -1,7 +1,7 @@
 """What an idle connection holds (issue 21: idle connections <= 2 KiB each): object graphs,
 not process sizes. An MQTT client that only connected has no inbound or outbound component,
-no timer handle of its own and no tables of its own; they appear when it publishes or
-subscribes, and work then. The deadlines wheel that replaced the per-connection timers runs
+no timer handle of its own, no tables of its own and a transport without a dict; they appear
+when it publishes or subscribes, and work then. The deadlines wheel that replaced the per-connection timers runs
 every deadline, in order, once."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import aio_pika
 
 from gateway.amqp.channel import NOTHING
 from gateway.deadlines import Deadlines
+from gateway.lean_tcp import LeanTransport
 from gateway.mqtt.session import NO_ENTRIES, NO_IDS
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
@@ -28,6 +29,9 @@ async def test_an_idle_mqtt_client_holds_no_components_and_gets_them_on_first_us
             session = conn.session
             assert conn._inbound is None and conn._delivery is None
             assert not hasattr(conn, "__dict__")  # slots
+            # the plain listener's lean transport: no dict, no extra-info table, no write buffer
+            assert isinstance(conn.transport, LeanTransport) and not hasattr(conn.transport, "__dict__")
+            assert not hasattr(conn.transport, "_extra") and conn.transport._buffer is None
             assert isinstance(conn._timer, set)  # a slot of the deadlines wheel, no TimerHandle
             assert not conn.read_pauses.reasons and not isinstance(conn.read_pauses.reasons, set)
             for table in (session.subscriptions, session.cursors, session.inflight, session.shared_done):

@@ -69,3 +69,17 @@ def test_native_stacks_fold_by_their_python_frames() -> None:
     folded = fold(lines, MQTT_RULES)
     assert dict(folded.samples) == {ENCODE: 7}
     assert folded.idle == 9
+
+
+def test_the_lean_transports_reads_and_late_writes_fold_as_asyncios() -> None:
+    """gateway/lean_tcp.py carries the plain MQTT listener: its socket reads are decoding, a
+    write passes through to the stage that made it, the loop's late writes are encoding."""
+    read_ready = "LeanTransport._read_ready (gateway/lean_tcp.py:110)"
+    lines = [
+        stack(read_ready, "socket.recv (socketmodule.c:3800)", count=2),
+        stack("Inbound._stored (gateway/mqtt/inbound.py:101)", "MQTTConnection.write_now (gateway/mqtt/connection.py:233)",
+              "LeanTransport.write (gateway/lean_tcp.py:140)", count=3),
+        stack("LeanTransport._write_ready (gateway/lean_tcp.py:165)", count=5),
+    ]
+    folded = fold(lines, MQTT_RULES)
+    assert dict(folded.samples) == {DECODE: 2, INBOUND: 3, ENCODE: 5}

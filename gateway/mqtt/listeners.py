@@ -18,6 +18,7 @@ from websockets.http11 import Request, Response
 
 from store.log_limit import RateLimitedLog
 
+from .. import lean_tcp
 from ..config import Config, ConfigError
 from .broker import MQTTBroker
 from .connection import MQTTConnection
@@ -29,7 +30,11 @@ log = logging.getLogger("tidemq.mqtt")
 
 
 async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContext | None = None,
-                    tracer: Tracer | None = None) -> asyncio.Server:
+                    tracer: Tracer | None = None) -> asyncio.AbstractServer:
+    """Plain TCP on lean_tcp's transports (an idle client costs ~0.9 KiB less than on
+    asyncio's); TLS on asyncio's, which does the handshake and record layer."""
+    if tls is None:
+        return await lean_tcp.serve(lambda: MQTTConnection(broker, tracer), host, port)
     return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker, tracer), host, port,
                                                           ssl=tls)
 

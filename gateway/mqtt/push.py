@@ -90,7 +90,6 @@ class Pusher:
         broker = cython.declare(object, visibility="public")
         conn = cython.declare(object, visibility="public")  # the protocol state: version, the client's limits, aliases
         out = cython.declare(bytearray, visibility="public")  # the connection's output buffer
-        flush = cython.declare(object, visibility="public")
         deliveries = cython.declare(object, visibility="public")  # the broker's DeliveryMemo
         tracer = cython.declare(object, visibility="public")
         max_queued_messages = cython.declare(cython.longlong, visibility="public")
@@ -114,7 +113,6 @@ class Pusher:
         self.broker = connection.broker
         self.conn = connection.conn
         self.out = connection.out
-        self.flush = connection.flush
         self.deliveries = self.broker.deliveries
         self.tracer = connection.tracer
         self.max_queued_messages = connection.settings.max_queued_messages
@@ -200,7 +198,7 @@ class Pusher:
         if session is None or connection.closed or connection.connecting:
             return
         behind = self.pump_queues(session)
-        self.flush()
+        self.connection.flush()  # (not a bound method kept per connection: 64 B of every subscriber)
         gate = self.broker.gate
         if behind and not self.slow:
             gate.wait(connection)  # publishers wait for this subscriber's socket to drain
@@ -237,7 +235,7 @@ class Pusher:
                     break
                 delivered = self._deliver_batch(session, cursor, result.messages)
                 if len(out) >= FLUSH_BYTES:
-                    self.flush()
+                    self.connection.flush()
                 if not delivered or self.writing_paused or result.next_offset >= result.max_offset:
                     break  # (at the queue's end as of this read: its next notify wakes this pump)
             if not needs_quota and self.writing_paused and max_offset(queue) > cursor.next_offset:

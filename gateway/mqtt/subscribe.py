@@ -5,6 +5,7 @@ group) set up, retained messages sent; SUBACK / UNSUBACK."""
 from __future__ import annotations
 
 import logging
+import sys
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe
@@ -28,6 +29,9 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
     identifier = packet.properties.subscription_identifiers[0] if packet.properties.subscription_identifiers else None
     retained_to_send: list[tuple[SubscriptionState, list[StoredMessage]]] = []
     for request in packet.subscriptions:
+        # thousands of clients subscribe to the same filters: they share one copy of its text and
+        # of its queue's name (a subscribed idle client keeps both), not one each
+        request.topic_filter = sys.intern(request.topic_filter)
         try:
             group, topic_filter = parse_shared(request.topic_filter)
         except TopicError as exc:
@@ -45,8 +49,8 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
             codes.append(ReasonCode.NOT_AUTHORIZED if connection.conn.version == MQTT_5 else SUBACK_FAILURE_V3)
             continue
         key = request.topic_filter  # "$share/g/f" stays distinct from a plain "f"
-        request.topic_filter = topic_filter
-        queue = queue_for_filter(topic_filter)
+        request.topic_filter = topic_filter = sys.intern(topic_filter)
+        queue = sys.intern(queue_for_filter(topic_filter))
         existing = session.subscriptions.get(key)
         state = SubscriptionState(request, queue, group, identifier)
         session.add_subscription(key, state)
