@@ -49,6 +49,8 @@ class PreparedMessage:
                  hold_due: int = 0, settles: bytes | None = None, tag: int | None = None) -> None:
         if not queues and settles is None:
             raise InvalidMessageError("a message needs at least one target queue")
+        if settles is None and message.topic == HOLD_TOPIC:  # (releases and discards are the store's own)
+            raise InvalidMessageError(f"the topic {HOLD_TOPIC} is reserved for the store's control records")
         if not hold_kind and message.hold_kind:
             hold_kind, hold_due = message.hold_kind, message.hold_due_ms
         if hold_kind and (hold_kind not in KINDS or not 0 <= hold_due < MAX_DUE):

@@ -58,7 +58,7 @@ class GroupCommitter:
     def submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
         if self.closing:
             raise StoreClosedError("the store is closing")
-        failure = self._failure()
+        failure = self.failure()
         if failure is not None:
             raise failure
         fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
@@ -68,7 +68,14 @@ class GroupCommitter:
         self._wakeup.set()
         return fut
 
-    def _failure(self) -> StoreError | None:
+    def refuse_writes(self, exc: BaseException) -> StoreWriteError:
+        """Records are in the commitlog that the index lacks; a restart re-dispatches them. Until
+        then the index cannot advance in order, so further writes are refused rather than reordered."""
+        self._write_failure = StoreWriteError(f"index write failed: {exc}")
+        log.error("index write failed; refusing writes until restart error=%s", exc)
+        return self._write_failure
+
+    def failure(self) -> StoreError | None:
         if self._write_failure is not None:
             return StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
         return self._flusher.failed if self._flusher is not None else None
@@ -89,7 +96,7 @@ class GroupCommitter:
                 since, self._pending_since = self._pending_since, []
                 end: int | None = None
                 try:
-                    failure = self._failure()
+                    failure = self.failure()
                     if failure is not None:  # (submitted before the failure)
                         raise failure
                     outcome: list[list[PutResult]] | BaseException = self._commit(batch)
@@ -139,11 +146,7 @@ class GroupCommitter:
             items = dispatch_items(positions, placed, store_ts)
             self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
         except Exception as exc:
-            # The records are in the commitlog; a restart re-dispatches them. Until then the
-            # index cannot advance in order, so refuse further writes rather than reorder.
-            self._write_failure = StoreWriteError(f"index write failed: {exc}")
-            log.error("index write failed; refusing writes until restart error=%s", exc)
-            raise self._write_failure from exc
+            raise self.refuse_writes(exc) from exc
         if self.tail.readers:
             # The messages are committed whatever happens here.
             try:

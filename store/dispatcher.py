@@ -27,7 +27,7 @@ class Dispatcher:
         self._notify = notify
         self.hold_changes: dict[int, int] = {}  # hold kind -> holds begun minus ended since open (held.py)
         self.hold_earliest: dict[int, int] = {}  # hold kind -> the earliest due time of holds begun since taken
-        self.on_drop: Callable[[list[str]], None] | None = None  # told the names of removed queues (reclaim.py)
+        self.on_drop: Callable[[list[str], int], None] | None = None  # told removed queues' names (reclaim.py)
 
     def dispatch(self, items: list[DispatchItem], end_position: int, heads: dict[str, int] | None = None) -> None:
         """Index ``items`` (in commitlog order) and advance the checkpoint to ``end_position``.
@@ -64,20 +64,24 @@ class Dispatcher:
         if self._notify.active:
             self._notify.publish({name: packed >> 32 for name, packed in heads.items()})
 
-    def drop(self, queues: list[tuple[int, str]], end_position: int) -> None:
-        """Remove queues (reclaim.py: their drop records end at ``end_position``): every entry
-        and the head key of each qid, and its name row while the name still means that qid; in
-        one WriteBatch with the checkpoint, so a crash keeps all of it or none (and re-dispatch
-        of the drop records redoes it)."""
+    def drop(self, names: list[str], end_position: int) -> None:
+        """Remove queues by name (reclaim.py: their drop records end at ``end_position``): every
+        entry and the head key of the queue the name means now, and its name row; in one
+        WriteBatch with the checkpoint, so a crash keeps all of it or none (and re-dispatch of
+        the drop records redoes it). By name, not by the qid the record also carries: a replay
+        may have given the name another qid (a write refused after its queue got one)."""
         batch = self._index.new_batch()
         cache = self._index.cache
-        for qid, name in queues:
-            prefix = queue_prefix(qid)
-            batch.delete_range(prefix, prefix + b"\xff" * 9)  # (past the head key)
+        dropped = []
+        for name in names:
             packed = self._index.lookup_packed(name)
-            if packed is not None and packed & QID_MASK == qid:
-                batch.delete(NAME_PREFIX + name.encode())
-                cache.pop(name, None)
+            if packed is None:
+                continue
+            prefix = queue_prefix(packed & QID_MASK)
+            batch.delete_range(prefix, prefix + b"\xff" * 9)  # (past the head key)
+            batch.delete(NAME_PREFIX + name.encode())
+            cache.pop(name, None)
+            dropped.append(name)
         self._index.commit(batch, end_position)
-        if self.on_drop is not None:
-            self.on_drop([name for _, name in queues])
+        if self.on_drop is not None and dropped:
+            self.on_drop(dropped, end_position)

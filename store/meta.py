@@ -18,6 +18,7 @@ from .rocks import META_SHARE, RocksMemory
 
 _NO_SYNC = WriteOptions()  # (sync off: the WAL is written, not fsynced)
 OFFSET_PREFIX = b"o"
+DROPPED_PREFIX = b"d"  # queue name -> the commitlog position of its drop record (reclaim.py)
 TABLE_PREFIX = b"t"
 SEP = b"\x00"
 _U64 = struct.Struct(">Q")
@@ -72,16 +73,35 @@ class MetaStore:
                 break
             yield key[len(prefix) :].decode(), _U64.unpack(raw)[0]
 
-    def delete_offsets_of(self, queues: set[str]) -> None:
-        """Every consumer's offset of these queues (removed queues: reclaim.py); a scan of all offsets."""
+    def delete_offsets_of(self, queues: set[str], position: int) -> None:
+        """Every consumer's offset of these queues, removed by the drop records ending at
+        ``position`` (reclaim.py), and a marker per queue in the same batch: re-dispatch after a
+        crash meets the drop records again, and must not delete what was saved for a new queue
+        of the same name after them (meta has its own log). A scan of all offsets."""
+        doomed = {name for name in queues
+                  if (raw := self._db.get(DROPPED_PREFIX + name.encode())) is None or _U64.unpack(raw)[0] < position}
+        if not doomed:
+            return
         batch = WriteBatch(raw_mode=True)
         for key in self._db.keys(from_key=OFFSET_PREFIX):
             if not key.startswith(OFFSET_PREFIX):
                 break
-            if key[key.index(SEP) + 1:].decode() in queues:
+            if key[key.index(SEP) + 1:].decode() in doomed:
+                batch.delete(key)
+        for name in doomed:
+            batch.put(DROPPED_PREFIX + name.encode(), _U64.pack(position))
+        self._before_write()
+        self._db.write(batch)
+
+    def forget_drops_below(self, position: int) -> None:
+        """Markers of drops the index has made durable (re-dispatch starts after them)."""
+        batch = WriteBatch(raw_mode=True)
+        for key, raw in self._db.items(from_key=DROPPED_PREFIX):
+            if not key.startswith(DROPPED_PREFIX):
+                break
+            if _U64.unpack(raw)[0] <= position:
                 batch.delete(key)
         if batch.len():
-            self._before_write()
             self._db.write(batch)
 
     def flush(self) -> None:

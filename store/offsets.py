@@ -21,11 +21,12 @@ class ConsumerOffsets:
         self._dirty.pop((consumer, queue), None)
         self._meta.save_offsets({(consumer, queue): offset})
 
-    def forget_queues(self, queues: set[str]) -> None:
-        """Every consumer's offset of these queues, committed or written (removed queues: reclaim.py)."""
+    def forget_queues(self, queues: set[str], position: int) -> None:
+        """Every consumer's offset of these queues, committed or written (queues removed by the
+        drop records ending at ``position``: reclaim.py)."""
         for key in [key for key in self._dirty if key[1] in queues]:
             del self._dirty[key]
-        self._meta.delete_offsets_of(queues)
+        self._meta.delete_offsets_of(queues, position)
 
     def get(self, consumer: str, queue: str) -> int | None:
         offset = self._dirty.get((consumer, queue))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -44,59 +45,81 @@ SCAN_YIELD = 256  # queues examined between two yields to the event loop (~5 ms)
 REMOVE_BATCH = 1024  # queues removed in one step
 
 
+UNREAD_PREFIX = b"u"  # index db: qid u32 -> when the queue was first seen idle and unread (ms)
+_UNREAD = struct.Struct(">cI")
+_MS = struct.Struct(">Q")
+
+
 class QueueReclaimer:
-    def __init__(self, index: ConsumeQueueIndex, commitlog: CommitLog, dispatcher: Dispatcher) -> None:
+    """``run`` every ``queue_idle_check_interval``. A queue goes when its newest message is older
+    than its idle time AND no scan has seen it read for as long: the first scan that finds it idle
+    and unread marks it (a key in the index database, so a million idle queues cost no memory;
+    WAL off: a crash forgets marks, which only delays removals), a scan that finds it read or
+    written clears the mark. A reader that comes and goes between two scans is not seen."""
+
+    def __init__(self, index: ConsumeQueueIndex, commitlog: CommitLog, dispatcher: Dispatcher,
+                 writable: Callable[[], bool], refuse_writes: Callable[[BaseException], Exception]) -> None:
         self._index = index
         self._commitlog = commitlog
         self._dispatcher = dispatcher
+        self._writable = writable  # the committer takes writes (no index or fsync failure, not closing)
+        self._refuse_writes = refuse_writes
         self.policy: QueuePolicy | None = None  # None: nothing is reclaimed
         self.checks: list[ReaderCheck] = []
         self.on_removed: list[Callable[[str], None]] = []  # caches keyed by queue name forget it
-        self._empty_since: dict[int, float] = {}  # qid -> when it was first seen without entries
         self.removed_total = 0
 
     def is_read(self, name: str) -> bool:
         return any(check(name) for check in self.checks)
 
     async def run(self, now: float | None = None) -> int:
-        """Find the queues idle past their time with no reader and remove them; how many went."""
+        """Find the queues idle and unread past their time and remove them; how many went."""
         policy = self.policy
         if policy is None:
             return 0
-        now = time.time() if now is None else now
+        now_ms = int((time.time() if now is None else now) * 1000)
+        db = self._index.db
         found: list[tuple[str, int, int]] = []
         removed = 0
-        seen_empty: set[int] = set()
         queues = (row for prefix in policy.light_prefixes for row in self._index.iter_queues(prefix))
         for n, (state, _) in enumerate(queues):
-            ttl = policy.idle_ttl_s(state.name)
-            if ttl > 0 and self._idle_since(state.qid, state.next_offset, now, seen_empty) <= now - ttl \
-                    and not self.is_read(state.name):
+            if n % SCAN_YIELD == SCAN_YIELD - 1:
+                await asyncio.sleep(0)
+            ttl_ms = int(policy.idle_ttl_s(state.name) * 1000)
+            if not ttl_ms:
+                continue
+            mark_key = _UNREAD.pack(UNREAD_PREFIX, state.qid)
+            last = self._newest_ms(state.qid, state.next_offset)
+            if now_ms - last < ttl_ms or self.is_read(state.name):
+                if db.get(mark_key) is not None:
+                    db.delete(mark_key)
+                continue
+            mark = db.get(mark_key)
+            if mark is None:
+                db.put(mark_key, _MS.pack(now_ms))  # unread from now on, as far as we know
+                continue
+            if now_ms - max(last, _MS.unpack(mark)[0]) >= ttl_ms:
                 found.append((state.name, state.qid, state.next_offset))
                 if len(found) >= REMOVE_BATCH:
                     removed += self.remove_now(found)
                     found = []
-            if n % SCAN_YIELD == SCAN_YIELD - 1:
-                await asyncio.sleep(0)
         if found:
             removed += self.remove_now(found)
-        for qid in [q for q in self._empty_since if q not in seen_empty]:
-            del self._empty_since[qid]
         return removed
 
-    def _idle_since(self, qid: int, next_offset: int, now: float, seen_empty: set[int]) -> float:
-        """When the queue's newest message was stored; for a queue without entries (retention took
-        them), when that was first seen (a restart forgets it: the queue then waits longer)."""
+    def _newest_ms(self, qid: int, next_offset: int) -> int:
+        """When the queue's newest message was stored (0: it has none left, retention took them)."""
         if next_offset:
             entry = self._index.entry(qid, next_offset - 1)
             if entry is not None:
-                return entry[3] / 1000.0
-        seen_empty.add(qid)
-        return self._empty_since.setdefault(qid, now)
+                return entry[3]
+        return 0
 
     def remove_now(self, queues: list[tuple[str, int, int]]) -> int:
         """Remove the queues (name, qid, next offset) that are still as found and still unread:
         their drop records appended and indexed at once (see the module's docstring)."""
+        if not self._writable():
+            return 0  # (the committer refuses writes: nothing may be appended past what it lost)
         doomed = []
         for name, qid, next_offset in queues:
             packed = self._index.lookup_packed(name)
@@ -110,11 +133,14 @@ class QueueReclaimer:
                                  body=drop_body(qid, next_offset, name), born_ts=now_ms, store_ts=now_ms)
                    for qid, next_offset, name in doomed]
         self._commitlog.append(records)  # StoreWriteError: nothing written, nothing removed
-        self._dispatcher.drop([(qid, name) for qid, _, name in doomed], self._commitlog.end_position)
-        for qid, _, name in doomed:
-            self._empty_since.pop(qid, None)
+        for qid, _, name in doomed:  # the caches first: nothing may serve the old queue's messages
             for forget in self.on_removed:
                 forget(name)
+        try:
+            self._index.delete_keys([_UNREAD.pack(UNREAD_PREFIX, qid) for qid, _, _ in doomed])
+            self._dispatcher.drop([name for _, _, name in doomed], self._commitlog.end_position)
+        except Exception as exc:
+            raise self._refuse_writes(exc) from exc  # (as a failed commit's dispatch: committer.py)
         self.removed_total += len(doomed)
         log.info("idle queues removed count=%d first=%s", len(doomed), doomed[0][2])
         return len(doomed)

@@ -68,11 +68,12 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
             report.records_verified += 1
             end = pos + view.size
             if pos >= checkpoint:
-                if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP:  # a queue removed (reclaim.py)
+                # a queue removed (reclaim.py); (a control record has no queue slots of its own:
+                # an earlier version let clients publish to HOLD_TOPIC)
+                if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
                     report.records_redispatched += _flush(dispatcher, pending, pos)
                     pending = []
-                    qid, _, name = parse_drop(view.body)
-                    dispatcher.drop([(qid, name)], end)
+                    dispatcher.drop([parse_drop(view.body)[2]], end)
                     report.records_redispatched += 1
                     continue
                 pending.append(_dispatch_item(index, pos, view))

@@ -106,7 +106,7 @@ class MessageStore:
             self.meta = MetaStore(opts.data_dir / "meta", sync=sync, memory=self.rocks_memory,
                                   before_write=self._flush_delivered if sync else None)
             self.dispatcher = Dispatcher(self.index, self.notify)
-            self.dispatcher.on_drop = lambda names: self.meta.delete_offsets_of(set(names))  # (re-dispatch)
+            self.dispatcher.on_drop = lambda names, position: self.meta.delete_offsets_of(set(names), position)
             started = time.monotonic()
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)
             if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
@@ -123,10 +123,11 @@ class MessageStore:
         self.offsets = ConsumerOffsets(self.meta)
         self.first_offsets = FirstOffsets(self.index, lambda: self.commitlog.min_position)
         self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget)
-        self.dispatcher.on_drop = lambda names: self.offsets.forget_queues(set(names))
-        self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher)
+        self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
+        self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.committer_writable,
+                                        self.committer.refuse_writes)
         self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,
                                  self.dispatcher.hold_earliest)
         loop = asyncio.get_running_loop()
@@ -288,8 +289,10 @@ class MessageStore:
 
     async def _flush_index(self) -> None:
         loop = asyncio.get_running_loop()
+        durable = self.index.dispatched_position  # (at least this far once the flush returns)
         await loop.run_in_executor(None, self.commitlog.flush)
         await loop.run_in_executor(None, self.index.flush)
+        self.meta.forget_drops_below(durable)
 
     async def _release_memory(self) -> None:
         started = time.perf_counter()
@@ -474,6 +477,9 @@ class MessageStore:
         if not self.retention.enabled:
             return 0
         return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at, self.trimmer)
+
+    def committer_writable(self) -> bool:
+        return self.committer is not None and not self.committer.closing and self.committer.failure() is None
 
     def set_queue_policy(self, policy: QueuePolicy | None) -> None:
         """The gateway's per-queue settings: per-topic retention (queue_retention.py) and idle

@@ -11,7 +11,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from store import GetStatus, Message
+import pytest
+
+from store import GetStatus, InvalidMessageError, Message
+from store.holds import HOLD_TOPIC
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +49,9 @@ async def test_idle_unread_light_queues_go_and_read_ones_stay(open_store):
     assert await store.reclaimer.run() == 0  # nothing idle yet
     later = time.time() + 120
     await store.put(Message("x", b"new"), ["t:fresh"])  # (still idle by `later`: 120 s on)
-    assert await store.reclaimer.run(later) == 3
+    assert await store.reclaimer.run(later) == 0  # idle, and first seen unread: marked
+    assert await store.reclaimer.run(later + 59) == 0  # unread for less than its idle time
+    assert await store.reclaimer.run(later + 60) == 3
     assert sorted(forgotten) == ["t:consumed", "t:fresh", "t:idle"]
     # an offset is no reader (the protocol that owns the queue says who reads it); it goes too
     assert store.get_offset_now("group", "t:consumed") is None
@@ -71,6 +76,30 @@ async def test_a_queue_written_since_it_was_found_is_not_removed(open_store):
     assert store.max_offset_now("t:a") == 2
 
 
+async def test_a_queue_goes_only_once_unread_for_its_idle_time(open_store):
+    store = await open_store()
+    await store.put(Message("x", b"m"), ["t:a"])
+    store.set_queue_policy(Policy(ttl_s=60.0))
+    readers = {"t:a"}
+    store.reclaimer.checks.append(lambda name: name in readers)
+    t = time.time() + 3600  # long idle, but read
+    assert await store.reclaimer.run(t) == 0
+    readers.clear()  # the reader leaves: the clock starts at the next scan
+    assert await store.reclaimer.run(t + 1) == 0
+    assert await store.reclaimer.run(t + 60) == 0
+    readers.add("t:a")  # back, and seen: the clock stops
+    assert await store.reclaimer.run(t + 62) == 0
+    readers.clear()
+    assert await store.reclaimer.run(t + 63) == 0 and await store.reclaimer.run(t + 122) == 0
+    assert await store.reclaimer.run(t + 123) == 1
+
+
+async def test_clients_may_not_write_the_control_records_topic(open_store):
+    store = await open_store()
+    with pytest.raises(InvalidMessageError, match="reserved"):
+        await store.put(Message(HOLD_TOPIC, b"Q\x00\x00\x00\x01" + bytes(8) + b"r:orders:0"), ["t:%HOLD%"])
+
+
 async def test_no_policy_removes_nothing(open_store):
     store = await open_store()
     await store.put(Message("x", b"m"), ["t:a"])
@@ -92,8 +121,11 @@ CRASHER = textwrap.dedent("""
         store.save_offset_now("group", "t:a", 3)
         store.set_queue_policy(Policy(ttl_s=60.0))
         store.reclaimer.checks.append(lambda name: name == "t:b")
-        assert await store.reclaimer.run(time.time() + 120) == 1
+        assert await store.reclaimer.run(time.time() + 120) == 0
+        assert await store.reclaimer.run(time.time() + 180) == 1
+        assert store.get_offset_now("group", "t:a") is None  # the old queue's offset went with it
         await store.put_batch([(Message("x", f"new{i}".encode()), ["t:a"]) for i in range(2)])
+        store.save_offset_now("group", "t:a", 1)  # the new queue's: re-dispatching the drop keeps it
         print("DONE", flush=True)
         os._exit(0)  # no close: the index memtable (WAL off) dies with the process
 
@@ -110,7 +142,7 @@ async def test_a_removal_and_the_queue_after_it_are_rebuilt_after_a_crash(open_s
     # the new queue keeps the offsets it had before the crash, without the old messages
     assert [(m.queue_offset, m.body) for m in (await store.get("t:a", 0, 10)).messages] == [(0, b"new0"), (1, b"new1")]
     assert [m.body for m in (await store.get("t:b", 0, 10)).messages] == [b"other"]
-    assert store.get_offset_now("group", "t:a") is None
+    assert store.get_offset_now("group", "t:a") == 1
 
 
 async def test_per_queue_rules_cut_by_age_and_by_size(open_store):
