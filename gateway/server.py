@@ -260,7 +260,8 @@ class Gateway:
         reclaimer = store.reclaimer
         if self.wildcards is not None and self.wildcards.subscribers_known:
             light += [TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX]
-            reclaimer.checks += [self.wildcards.reads, self.filter_holds().reads]
+            reclaimer.checks += [self.mqtt.reads_queue if self.mqtt is not None else self.wildcards.reads,
+                                 self.filter_holds().reads]
         if self.amqp is not None:
             light.append(AMQP_QUEUE_PREFIX)
             reclaimer.checks.append(self.amqp.reads)

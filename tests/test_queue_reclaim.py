@@ -16,7 +16,9 @@ import pytest
 from gateway.config import ConfigError, load_config
 from gateway.queue_policy import QueuePolicy, parse_rules
 
-from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from protocols.mqtt.packets import MQTT_3_1_1, Connect, Publish, Subscribe, Subscription
+
+from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway
 
 IDLE = dict(queue_idle_ttl_hours=1 / 3600, queue_idle_check_interval_s=0.3)  # idle after 1 s
 
@@ -180,3 +182,29 @@ def test_per_topic_rules_come_from_a_toml_table_or_json_and_bad_ones_are_named(t
                        ("[1]", "JSON object")):
         with pytest.raises(ConfigError, match=words):
             load_config(env={"TIDEMQ_RETENTION_TOPICS": bad})
+
+
+async def test_a_shared_group_kept_for_an_unacknowledged_delivery_is_a_reader(data_dir: Path) -> None:
+    """Its last member left without acknowledging: the group (and its cursor) stays; its queue
+    must too, or the group would read on at its old offset in a new queue of that name."""
+    async with running_gateway(data_dir, **IDLE) as gw:
+        port = mqtt_port(gw)
+        pub = PahoClient(port, "pub")
+        await pub.connect()
+        worker, _ = await RawClient.connected(port, Connect("w1", MQTT_3_1_1))
+        worker.send(Subscribe(1, [Subscription("$share/g/cmd/x", 1)]))
+        await worker.recv()  # SUBACK
+        await pub.publish("cmd/x", b"old", qos=1)
+        assert isinstance(await worker.recv(), Publish)  # never acknowledged
+        await worker.close()
+        await pub.publish("other/topic", b"x", qos=1)
+        await wait_until(lambda: gw.store.index.lookup("t:other/topic") is None)  # (a scan, and more, passed)
+        assert gw.store.index.lookup("t:cmd/x") is not None and gw.mqtt.share_groups
+        for i in range(3):
+            await pub.publish("cmd/x", f"new{i}".encode(), qos=1)
+        second = PahoClient(port, "w2")
+        await second.connect()
+        await second.subscribe("$share/g/cmd/x", qos=1)
+        assert sorted(m.payload for m in await second.receive(4)) == [b"new0", b"new1", b"new2", b"old"]
+        for client in (pub, second):
+            await client.disconnect()

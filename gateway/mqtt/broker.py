@@ -334,6 +334,15 @@ class MQTTBroker:
                 del self.share_groups[key]
 
     # -- readers and notify --------------------------------------------------------------------
+    def reads_queue(self, queue: str) -> bool:
+        """Whether anything here reads the store queue (a reader: store/reclaim.py): a subscription
+        or hold of its filter, a connection or group at it, or a shared-subscription group kept
+        (or restored) with deliveries its members did not acknowledge: its cursor is there."""
+        if self.wildcards.reads(queue) or queue in self.readers:
+            return True
+        shares = [*self.share_groups, *self._restored_shares] if self.share_groups or self._restored_shares else ()
+        return any(queue_for_filter(key.split("/", 2)[2]) == queue for key in shares)
+
     def add_reader(self, queue: str, reader: Reader) -> None:
         readers = self.readers.get(queue)
         if readers is None:
