@@ -22,6 +22,7 @@ import http.client
 import json
 import logging
 import os
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -148,6 +149,14 @@ class HttpClient:
         answer = self._json("POST", "/data/topics", {"topicFilters": topic_filters})["queues"]
         return {row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer}
 
+    def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
+        """Tell the gateway the filters' topic queues are read, for ``lease_s`` (a reader-only
+        hold: ``gateway/http/data_holds.py``), so that it does not remove them while idle."""
+        for topic_filter in topic_filters:
+            self._json("POST", "/data/filters", {"topicFilter": topic_filter, "lease_ms": int(lease_s * 1000),
+                                                 "index": False})
+        return True
+
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         answer = self._json("POST", "/data/offsets", {"queues": queues})["offsets"]
         return {q: (o["min_offset"], o["max_offset"]) if o else None for q, o in answer.items()}
@@ -220,6 +229,49 @@ class DirectClient:
 
     def close(self) -> None:
         self.reader.close()
+
+
+class ReadingLease:
+    """A streaming query's reader-only hold on its topic filters (``HttpClient.hold_reading``),
+    renewed every third of the lease by a thread of its own (with a client of its own: trigger
+    intervals may be longer than the lease); it lapses a lease after the query stops. A query
+    reading the store's directory (dataDir) has no gateway to tell: nothing is held."""
+
+    def __init__(self, connection: Connection, topic_filters: tuple[str, ...], lease_s: float) -> None:
+        self.connection, self.topic_filters, self.lease_s = connection, topic_filters, lease_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None or self.connection.address is None:
+            return
+        client = HttpClient.of(self.connection)
+        try:
+            client.hold_reading(self.topic_filters, self.lease_s)  # a refusal (bad token) fails the query
+        finally:
+            client.close()
+        self._thread = threading.Thread(target=self._renew, name="tidemq-reading-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        client = HttpClient.of(self.connection)
+        try:
+            while not self._stop.wait(self.lease_s / 3):
+                try:
+                    client.hold_reading(self.topic_filters, self.lease_s)
+                except SourceError as exc:
+                    log.error("tidemq source: cannot renew the reading hold on %s: %s", self.topic_filters, exc)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __getstate__(self) -> dict:  # (the reader travels to the executors: never its thread)
+        return {"connection": self.connection, "topic_filters": self.topic_filters, "lease_s": self.lease_s}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["connection"], state["topic_filters"], state["lease_s"])
 
 
 _CLIENTS: dict[Connection, StoreClient] = {}

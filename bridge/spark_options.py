@@ -27,6 +27,7 @@ EARLIEST = -2
 LATEST = -1
 DEFAULT_FETCH_ROWS = 65_536
 DEFAULT_MAX_RECORDS_PER_PARTITION = 262_144
+DEFAULT_FILTER_LEASE_S = 600.0  # how long the gateway counts a stopped stream as a reader of its topics
 DEFAULT_RETRY_TIMEOUT_S = 120.0  # how long an unreachable gateway is tried again before a query fails
 
 
@@ -85,6 +86,7 @@ class SourceOptions:
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int | None = None
     kafka: KafkaOptions = field(default_factory=KafkaOptions)  # schema, includeHeaders, timestamps, minOffsetsPerTrigger
+    filter_lease_s: float = DEFAULT_FILTER_LEASE_S  # a stream's reading hold on its topicFilter (data_client.ReadingLease)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -108,9 +110,7 @@ class SourceOptions:
             raise OptionError("tidemq source: give exactly one of queues (store queue names, e.g. "
                               "t:devices/1/telemetry) or topicFilter (an MQTT filter, e.g. devices/+/telemetry, "
                               'or a JSON list of them)')
-        if "filterleasems" in opts:  # (a job of an earlier version may still set it: not an error)
-            log.warning("tidemq source: filterLeaseMs has no effect: a topicFilter query reads the filter's topic "
-                        "queues and holds no wildcard queue at the gateway")
+        lease_ms = parse_positive(opts, "filterleasems", "filterLeaseMs")
         retry_ms = parse_positive(opts, "retrytimeoutms", "retryTimeoutMs", zero=True)
         retry_s = DEFAULT_RETRY_TIMEOUT_S if retry_ms is None else retry_ms / 1000
         return cls(
@@ -126,6 +126,7 @@ class SourceOptions:
             or DEFAULT_MAX_RECORDS_PER_PARTITION,
             min_partitions=parse_positive(opts, "minpartitions", "minPartitions"),
             kafka=KafkaOptions.parse(opts),
+            filter_lease_s=DEFAULT_FILTER_LEASE_S if lease_ms is None else lease_ms / 1000,
         )
 
 

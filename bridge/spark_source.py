@@ -69,7 +69,7 @@ from pyspark.sql.types import (
 
 from store.columns import ARROW_SCHEMA
 
-from .data_client import StoreClient, client_for
+from .data_client import ReadingLease, StoreClient, client_for
 from .kafka_schema import check_partitions, shaped, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue
 from .progress import EmptyWatch
@@ -339,8 +339,11 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
+        # the gateway counts the query as a reader of its topics while it runs (store/reclaim.py)
+        self._lease = ReadingLease(options.connection, options.topic_filters, options.filter_lease_s)
 
     def initialOffset(self) -> dict:
+        self._lease.start()
         offsets = self.planner.offsets()
         kafka = self.planner.options.kafka
         start = (resolve_start(self.planner.client, kafka, offsets) if kafka.starts_by_time else
@@ -358,6 +361,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadMinRows(least) if least else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._lease.start()  # (a query restarted from its checkpoint starts here)
         self.planner.check_checkpoint(start, "start")
         offsets = self.planner._last = self.planner.offsets()
         self._empty.check(offsets)
@@ -407,6 +411,9 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
         until retention, whatever a query has read."""
+
+    def stop(self) -> None:
+        self._lease.stop()
 
 
 def rate_limit(start: dict[str, int], latest: dict[str, int], max_rows: int) -> dict[str, int]:

@@ -208,3 +208,29 @@ async def test_a_shared_group_kept_for_an_unacknowledged_delivery_is_a_reader(da
         assert sorted(m.payload for m in await second.receive(4)) == [b"new0", b"new1", b"new2", b"old"]
         for client in (pub, second):
             await client.disconnect()
+
+
+async def test_a_running_spark_stream_reads_its_topics_until_its_lease_lapses(data_dir: Path) -> None:
+    from bridge.data_client import close_clients
+    from bridge.spark_options import SourceOptions
+    from bridge.spark_source import TideMQStreamReader
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", **IDLE) as gw:
+        pub = PahoClient(mqtt_port(gw), "pub")
+        await pub.connect()
+        for topic in ("fleet/a/status", "other/x"):
+            await pub.publish(topic, b"m", qos=1)
+        address = "{}:{}".format(*gw.metrics_address)
+        reader = TideMQStreamReader(SourceOptions.parse(
+            {"address": address, "topicFilter": "fleet/+/status", "filterLeaseMs": "1500"}))
+        try:
+            start = await asyncio.to_thread(reader.initialOffset)
+            assert start == {"t:fleet/a/status": 1}
+            await wait_until(lambda: gw.store.index.lookup("t:other/x") is None)
+            assert gw.store.index.lookup("t:fleet/a/status") is not None  # read by the stream
+            assert gw.store.index.lookup("w:fleet/+/status") is None  # (a reader: no wildcard queue)
+        finally:
+            reader.stop()
+            close_clients()
+        await wait_until(lambda: gw.store.index.lookup("t:fleet/a/status") is None)  # lapsed, then idle
+        await pub.disconnect()

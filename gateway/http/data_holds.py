@@ -1,9 +1,10 @@
 """Wildcard filters held by data-API readers of a wildcard queue ``w:{filter}``, so that the queue
 gets every matching publish from the moment a reader starts, whether or not an MQTT client
 subscribes to it. (The Spark source's ``topicFilter`` reads the filter's topic queues instead,
-``data_topics.py``, and holds nothing.)
+``data_topics.py``, and holds them as a reader only: ``"index": false``.)
 
     POST /data/filters  {"topicFilter": "a/+/b", "lease_ms": 600000}  hold (or renew) a filter
+    POST /data/filters  {"topicFilter": "a/+/b", "lease_ms": 600000, "index": false}  read it
 
 A hold is one more reference in the MQTT wildcard filters (``gateway/mqtt/queues.py``
 ``WildcardQueues``), as a subscription is, and lasts ``lease_ms``: the reader renews it while it
@@ -13,8 +14,10 @@ their leases. Holds are stored (table ``data_filter_holds``: filter -> expiry, U
 restored when the gateway starts, so a gateway restart does not open a gap in the queue.
 
 A hold also makes the topic queues its filter matches *read* (``reads``): idle light queues are
-removed only when nobody reads them (store/reclaim.py), and a query reads its topics' queues. A
-concrete filter's hold is kept for that alone (its topic queue gets every publish anyway).
+removed only when nobody reads them (store/reclaim.py). A reader-only hold (``"index": false``,
+a running Spark stream's) does only that: no wildcard queue, not stored (a restarted gateway
+hears from the stream again within a third of its lease). A concrete filter's hold is kept for
+that alone as well (its topic queue gets every publish anyway).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class FilterHolds:
         self.store = store
         self.wildcards = wildcards
         self._expiry: dict[str, float] = {}  # filter -> when its hold lapses (time.time())
+        self._readers: dict[str, float] = {}  # reader-only holds ("index": false): filter -> lapse (not stored)
         self._timer: asyncio.TimerHandle | None = None
         self._restore()
 
@@ -79,10 +83,12 @@ class FilterHolds:
         try:
             body = await request.json()
             topic_filter, lease_ms = body["topicFilter"], body.get("lease_ms", 600_000)
-            if not isinstance(topic_filter, str) or not isinstance(lease_ms, int) or isinstance(lease_ms, bool):
+            index = body.get("index", True)
+            if not isinstance(topic_filter, str) or not isinstance(lease_ms, int) or isinstance(lease_ms, bool) \
+                    or not isinstance(index, bool):
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise AdminError(400, 'send {"topicFilter": "a/+/b", "lease_ms": 600000}') from None
+            raise AdminError(400, 'send {"topicFilter": "a/+/b", "lease_ms": 600000, "index": true}') from None
         try:
             validate_topic_filter(topic_filter)
         except ValueError as exc:
@@ -90,6 +96,10 @@ class FilterHolds:
         if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
             raise AdminError(400, f"lease_ms must be {MIN_LEASE_MS}..{MAX_LEASE_MS}, not {lease_ms}")
         queue = queue_for_filter(topic_filter)
+        if not index:  # a reader of the filter's topic queues (a Spark stream), no wildcard queue
+            self._readers[topic_filter] = max(self._readers.get(topic_filter, 0.0), time.time() + lease_ms / 1000)
+            self._schedule()
+            return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": False, "reader": True})
         wildcard = is_wildcard(topic_filter)  # (a topic queue gets every publish to its topic anyway)
         store, wildcards = self.store, self.wildcards
         if not wildcard and (store is None or wildcards is None):  # (nothing would ever remove its queue here)
@@ -112,17 +122,17 @@ class FilterHolds:
 
     def reads(self, queue: str) -> bool:
         """Whether a held filter matches the topic of this topic queue (a reader: store/reclaim.py)."""
-        if not self._expiry or not queue.startswith(TOPIC_QUEUE_PREFIX):
+        if not (self._expiry or self._readers) or not queue.startswith(TOPIC_QUEUE_PREFIX):
             return False
         topic = queue[len(TOPIC_QUEUE_PREFIX):]
-        return any(matches(topic_filter, topic) for topic_filter in self._expiry)
+        return any(matches(topic_filter, topic) for held in (self._expiry, self._readers) for topic_filter in held)
 
     def _schedule(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._expiry:
-            delay = max(0.0, min(self._expiry.values()) - time.time())
+        if self._expiry or self._readers:
+            delay = max(0.0, min(*self._expiry.values(), *self._readers.values(), float("inf")) - time.time())
             self._timer = asyncio.get_running_loop().call_later(delay + 0.01, self._lapse)
 
     def _lapse(self) -> None:
@@ -136,6 +146,9 @@ class FilterHolds:
                 if store is not None:
                     store.table(HOLDS_TABLE).delete(topic_filter)
                 log.info("data filter hold lapsed topic_filter=%s", topic_filter)
+        for topic_filter, expires in list(self._readers.items()):
+            if expires <= now:
+                del self._readers[topic_filter]
         self._schedule()
 
     async def close(self, app: web.Application | None = None) -> None:
