@@ -15,8 +15,9 @@ import asyncio
 from collections.abc import Callable
 
 from .consumequeue import ENTRY_KEY, ENTRY_VALUE, ConsumeQueueIndex, entry_key
-from .holds import INDIRECT
+from .holds import INDIRECT, ControlRecord
 from .policy import QueuePolicy
+from .record import RecordView
 
 SCAN_YIELD = 256  # queues examined between two yields to the event loop
 
@@ -25,9 +26,11 @@ class QueueTrimmer:
     """Cuts each queue to its rule; the global age applies to queues without one whenever the
     segments are kept longer than it (``default_hours``)."""
 
-    def __init__(self, index: ConsumeQueueIndex, forget_first: Callable[[int], None]) -> None:
+    def __init__(self, index: ConsumeQueueIndex, forget_first: Callable[[int], None],
+                 read: Callable[[int, int], bytes]) -> None:
         self._index = index
         self._forget_first = forget_first
+        self._read = read  # the commitlog's: a release entry's record says its message's size
         # qid -> (start, end, bytes of the entries in [start, end)): a size rule's running sum,
         # so each check reads only the entries written since the last one
         self._sizes: dict[int, tuple[int, int, int]] = {}
@@ -53,7 +56,7 @@ class QueueTrimmer:
                 cut = index.first_offset_at_or_after_time(qid, first, end, now_ms - int(hours * 3_600_000))
             if max_bytes > 0:
                 live.add(qid)
-                cut = max(cut, self._size_cut(qid, first, end, max_bytes))
+                cut = await self._size_cut(qid, first, cut, end, max_bytes)
             if cut > first:
                 index.delete_below(qid, cut, end, last_position)
                 self._forget_first(qid)
@@ -62,15 +65,20 @@ class QueueTrimmer:
             del self._sizes[qid]
         return removed
 
-    def _size_cut(self, qid: int, first: int, end: int, max_bytes: int) -> int:
-        """The first offset to keep so that the queue holds at most ``max_bytes``."""
+    async def _size_cut(self, qid: int, first: int, floor: int, end: int, max_bytes: int) -> int:
+        """The first offset (``floor`` or later: the age rule's cut) to keep so that the queue
+        holds at most ``max_bytes``."""
         start, known_end, total = self._sizes.get(qid, (first, first, 0))
-        if start < first or known_end < start:  # cut below us (global retention): count again
+        if start < first or not start <= known_end <= end:  # cut below us (global retention): count again
             start, known_end, total = first, first, 0
-        for offset, size in self._sizes_from(qid, known_end, end):
+        async for _, size in self._sizes_from(qid, known_end, end):
             total += size
+        if start < floor:  # what the age rule cuts leaves the sum (read before it is deleted)
+            async for _, size in self._sizes_from(qid, start, floor):
+                total -= size
+            start = floor
         if total > max_bytes:
-            for offset, size in self._sizes_from(qid, start, end):
+            async for offset, size in self._sizes_from(qid, start, end):
                 total -= size
                 start = offset + 1
                 if total <= max_bytes:
@@ -78,10 +86,12 @@ class QueueTrimmer:
         self._sizes[qid] = (start, end, total)
         return start
 
-    def _sizes_from(self, qid: int, offset: int, end: int):
-        """(offset, message size) of the queue's entries in [offset, end), in order."""
+    async def _sizes_from(self, qid: int, offset: int, end: int):
+        """(offset, message size) of the queue's entries in [offset, end), in order; a released
+        held message's entry points at its small release record, whose body gives the size."""
         it = self._index.db.iter()
         it.seek(entry_key(qid, offset))
+        n = 0
         while it.valid():
             key = it.key()
             if len(key) != ENTRY_KEY.size:
@@ -89,5 +99,13 @@ class QueueTrimmer:
             _, q, at = ENTRY_KEY.unpack(key)
             if q != qid or at >= end:
                 return
-            yield at, ENTRY_VALUE.unpack(it.value())[1] & ~INDIRECT
+            position, size = ENTRY_VALUE.unpack(it.value())[:2]
+            if size & INDIRECT:
+                size &= ~INDIRECT
+                record = self._read(position, size)
+                size = ControlRecord(RecordView(record, 0).body).target_size if len(record) == size else 0
+            yield at, size
+            n += 1
+            if n % 4096 == 0:
+                await asyncio.sleep(0)  # (a long queue's first count must not stall the loop)
             it.next()

@@ -122,7 +122,7 @@ class MessageStore:
             raise
         self.offsets = ConsumerOffsets(self.meta)
         self.first_offsets = FirstOffsets(self.index, lambda: self.commitlog.min_position)
-        self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget)
+        self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget, lambda at, n: self.commitlog.read(at, n))
         self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)

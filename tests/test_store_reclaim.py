@@ -179,3 +179,17 @@ async def test_a_longer_rule_keeps_segments_and_the_rest_follows_the_global_age(
     assert [m.body for m in (await store.get("t:long", 0, 10)).messages] == [b"kept"]
     assert store.min_offset_now("t:other") == 1
     assert [m.body for m in (await store.get("t:other", 1, 10)).messages] == [b"fresh"]
+
+
+async def test_a_size_rule_counts_released_held_messages_at_their_own_size(open_store):
+    from store.holds import TIMER
+
+    store = await open_store()
+    for i in range(8):
+        await store.held.put(Message("x", bytes([i]) * 1000), ["t:timed"], TIMER, 1)
+    await store.held.release(store.held.due(TIMER, 2, 100))
+    (first,) = (await store.get("t:timed", 0, 1)).messages
+    store.set_queue_policy(Policy(rules={"t:timed": (0.0, 3 * first.size)}))
+    await store.apply_retention()
+    assert store.min_offset_now("t:timed") == 5  # not the release records' few bytes each
+    assert [m.body[0] for m in (await store.get("t:timed", 5, 10)).messages] == [5, 6, 7]
