@@ -9,10 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .consumequeue import ENTRY_KEY, ENTRY_PREFIX, ENTRY_VALUE, NAME_PREFIX, QID_MASK, ConsumeQueueIndex, queue_prefix
+from .consumequeue import (
+    ENTRY_KEY,
+    ENTRY_PREFIX,
+    ENTRY_VALUE,
+    NAME_PREFIX,
+    QID_MASK,
+    ConsumeQueueIndex,
+    head_key,
+    queue_prefix,
+)
 from .holds import HOLD_KEY_SIZE
 from .keyindex import entry as key_entry
 from .notify import NotifyHub
+
+POINT_DELETES = 256  # a dropped queue with at most this many entries has them deleted key by key
 
 # (commitlog position, record size, tag hash, store timestamp, [(queue, qid, offset in it)],
 # key-index prefixes, hold-key writes (key, value or None to delete; holds.py)): a plain tuple,
@@ -77,8 +88,17 @@ class Dispatcher:
             packed = self._index.lookup_packed(name)
             if packed is None:
                 continue
-            prefix = queue_prefix(packed & QID_MASK)
-            batch.delete_range(prefix, prefix + b"\xff" * 9)  # (past the head key)
+            qid, end = packed & QID_MASK, packed >> 32
+            first = self._index.first_offset(qid)
+            if first is None or end - first <= POINT_DELETES:
+                # a light queue's few entries one by one: a range tombstone per queue would slow
+                # every later read of the index (RocksDB keeps them all until compaction)
+                for offset in range(end if first is None else first, end):
+                    batch.delete(ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset))
+                batch.delete(head_key(qid))
+            else:
+                prefix = queue_prefix(qid)
+                batch.delete_range(prefix, prefix + b"\xff" * 9)  # (past the head key)
             batch.delete(NAME_PREFIX + name.encode())
             cache.pop(name, None)
             dropped.append(name)

@@ -42,7 +42,7 @@ log = logging.getLogger("tidemq.store")
 
 ReaderCheck = Callable[[str], bool]  # queue name -> is it read (would a removal lose a reader's place)?
 SCAN_YIELD = 256  # queues examined between two yields to the event loop (~5 ms)
-REMOVE_BATCH = 1024  # queues removed in one step
+REMOVE_BATCH = 256  # queues removed in one step (~10 ms of the loop)
 
 
 UNREAD_PREFIX = b"u"  # index db: qid u32 -> when the queue was first seen idle and unread (ms)
