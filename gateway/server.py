@@ -266,7 +266,9 @@ class Gateway:
             light.append(AMQP_QUEUE_PREFIX)
             reclaimer.checks.append(self.amqp.reads)
         caches = {id(b.cache): b.cache for b in (self.mqtt, self.amqp, self.remoting) if b is not None}
-        reclaimer.on_removed.extend(cache.drop for cache in caches.values())
+        for cache in caches.values():  # removed queues, and queues a per-topic rule cut
+            reclaimer.on_removed.append(cache.drop)
+            store.trimmer.on_cut.append(cache.drop)
         store.set_queue_policy(QueuePolicy(parse_rules(cfg.retention_topics), cfg.queue_idle_ttl_hours, tuple(light)))
 
     def _tracer_for(self, listener: str) -> Tracer | None:

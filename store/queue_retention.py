@@ -31,6 +31,7 @@ class QueueTrimmer:
         self._index = index
         self._forget_first = forget_first
         self._read = read  # the commitlog's: a release entry's record says its message's size
+        self.on_cut: list[Callable[[str], None]] = []  # caches keyed by queue name forget what was cut
         # qid -> (start, end, bytes of the entries in [start, end)): a size rule's running sum,
         # so each check reads only the entries written since the last one
         self._sizes: dict[int, tuple[int, int, int]] = {}
@@ -60,6 +61,8 @@ class QueueTrimmer:
             if cut > first:
                 index.delete_below(qid, cut, end, last_position)
                 self._forget_first(qid)
+                for forget in self.on_cut:
+                    forget(state.name)
                 removed += cut - first
         for qid in [q for q in self._sizes if q not in live]:
             del self._sizes[qid]
