@@ -62,6 +62,7 @@ class Fetch:
 
 class StoreClient(Protocol):
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
+    def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
@@ -202,6 +203,9 @@ class DirectClient:
         self.reader.refresh()
         return {q: self.reader.offsets(q) for q in queues}
 
+    def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
+        return False  # (no gateway to tell: a dataDir stream is no reader of idle queues)
+
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
         self.reader.refresh()
         reader, out = self.reader, {}
@@ -243,13 +247,11 @@ class ReadingLease:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is not None or self.connection.address is None:
+        if self._thread is not None or not self.topic_filters:
             return
-        client = HttpClient.of(self.connection)
-        try:
-            client.hold_reading(self.topic_filters, self.lease_s)  # a refusal (bad token) fails the query
-        finally:
-            client.close()
+        # a refusal (bad token) fails the query; a dataDir client has no gateway to tell
+        if not client_for(self.connection).hold_reading(self.topic_filters, self.lease_s):
+            return
         self._thread = threading.Thread(target=self._renew, name="tidemq-reading-lease", daemon=True)
         self._thread.start()
 

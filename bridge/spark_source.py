@@ -361,8 +361,8 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadMinRows(least) if least else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._lease.start()  # (a query restarted from its checkpoint starts here)
         self.planner.check_checkpoint(start, "start")
+        self._lease.start()  # (a query restarted from its checkpoint starts here)
         offsets = self.planner._last = self.planner.offsets()
         self._empty.check(offsets)
         latest = dict(start)  # a queue no longer listed (removed, or no longer readable) keeps its offset

@@ -123,6 +123,9 @@ class ListingClient:
         self.listings += 1
         return dict(self.topics)
 
+    def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
+        return False  # (no gateway: nothing to hold)
+
 
 def test_stream_plans_new_topics_from_their_earliest_offset_with_one_listing_a_trigger(monkeypatch) -> None:
     """What the stream reader plans each trigger (Spark calls latestOffset, reportLatestOffset,
