@@ -48,6 +48,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -67,6 +68,7 @@ from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue
 from .progress import EmptyWatch
 from .pruning import SCHEMA, Projection, projection
+from .pushdown import Pushed, push
 from .spark_options import (
     EARLIEST,
     LATEST,
@@ -289,6 +291,14 @@ class TideMQBatchReader(DataSourceReader):
         options.kafka.check_mode(streaming=False)
         self.planner = _Planner(options)
         self.columns = projection(schema, options.kafka)
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        """Topic and time predicates narrow the plan (``bridge/pushdown.py``); the filters not
+        fully honoured go back to Spark."""
+        options = self.planner.options
+        self.pushed, back = push(filters, None if options.topic_filters else options.queues)
+        return back
 
     def partitions(self) -> list[QueueRange]:
         planner = self.planner
@@ -306,6 +316,7 @@ class TideMQBatchReader(DataSourceReader):
             if end[queue] > high:
                 raise OptionError(f"tidemq source: endingOffsets for queue {queue!r} is {end[queue]}, but the "
                                   f"queue ends at {high} (the next message will get offset {high})")
+        start, end = self.pushed.narrow(planner.client, start, end)
         start = planner.check_start(start, end, offsets)
         return planner.partitions(start, end)
 
