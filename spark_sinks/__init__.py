@@ -10,7 +10,10 @@ It also turns on ``spark.sql.python.filterPushdown.enabled`` (off by default in 
 the source's batch reader takes topic and time predicates (``bridge/pushdown.py``), and Spark
 refuses to run a Python reader with ``pushFilters`` while that setting is off
 (DATA_SOURCE_PUSHDOWN_DISABLED). It only lets Python sources that implement ``pushFilters``
-use them; sources that do not are unaffected.
+use them; sources that do not are unaffected. A query planned in a thread where the session is
+not active (a thread pool's, as ``asyncio.to_thread``) reads Spark's defaults instead of the
+session's settings, so set it when building the session as well
+(``.config("spark.sql.python.filterPushdown.enabled", "true")``), as ``tests/spark_support.py`` does.
 """
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
