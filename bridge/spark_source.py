@@ -34,7 +34,9 @@ The Kafka source's other options live in their own modules, which this one calls
 ``kafka_options.py`` (parsing, and the Kafka options refused), ``kafka_schema.py``
 (``schema=kafka``), ``timestamps.py`` (starting and ending times), ``trigger_pacing.py``
 (``minOffsetsPerTrigger`` / ``maxTriggerDelay``) and ``progress.py`` (offsets behind latest, the
-warning for a query that matches nothing).
+warning for a query that matches nothing). Only what a query needs is read: ``pruning.py`` (the
+columns of the query's own schema) and ``pushdown.py`` (topic and time predicates of a batch
+query).
 """
 
 from __future__ import annotations

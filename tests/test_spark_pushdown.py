@@ -135,6 +135,20 @@ async def test_spark_reads_only_the_columns_of_its_schema(spark, data_dir: Path,
         assert await asyncio.to_thread(count, "value BINARY, topic STRING", schema="kafka") == {
             topic(d): 20 for d in range(4)}
         assert {names for names, _ in built} == {("topic", "payload")}
+        # a stream takes the schema too (Trigger.AvailableNow: what is there, then stop)
+        built.clear()
+        seen: list[str] = []
+
+        def stream() -> None:
+            query = (spark.readStream.format("tidemq").schema("offset BIGINT, topic STRING").options(**source)
+                     .option("topicFilter", FILTER).option("startingOffsets", "earliest").load()
+                     .writeStream.foreachBatch(lambda b, _: seen.extend(r.topic for r in b.collect()))
+                     .trigger(availableNow=True).option("checkpointLocation", str(data_dir.parent / "ckpt")).start())
+            query.awaitTermination(120)
+
+        await asyncio.to_thread(stream)
+        assert sorted(seen) == sorted(topic(i) for i in range(80))
+        assert {names for names, _ in built} == {("offset", "topic")}
         for ddl, words in [("topic INT", "column 'topic' of the query's schema is int"),
                               ("topic STRING, temp DOUBLE", "column 'temp', which is not a column")]:
             with pytest.raises(Exception, match=words):
