@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from protocols.queue_names import matching_topic_queues
-from store import columns
+from store import columns as store_columns
 from store.readonly import StoreReader, first_readable_offset
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
@@ -65,7 +65,8 @@ class StoreClient(Protocol):
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
-    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch: ...
+    def read(self, queue: str, start: int, end: int, max_rows: int,
+             columns: tuple[str, ...] | None = None) -> Fetch: ...
     def close(self) -> None: ...
 
 
@@ -166,8 +167,13 @@ class HttpClient:
         """Per queue, the first offset stored at or after its time (ms), None if none is."""
         return self._json("POST", "/data/times", {"queues": times})["offsets"]
 
-    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
-        query = urllib.parse.urlencode({"queue": queue, "start": start, "end": end, "max_rows": max_rows})
+    def read(self, queue: str, start: int, end: int, max_rows: int,
+             columns: tuple[str, ...] | None = None) -> Fetch:
+        """Rows of [start, end), at most ``max_rows``, with ``columns`` only (None: all)."""
+        params: dict[str, Any] = {"queue": queue, "start": start, "end": end, "max_rows": max_rows}
+        if columns is not None:
+            params["columns"] = ",".join(columns)
+        query = urllib.parse.urlencode(params)
         status, response, data = self._request("GET", "/data/read?" + query)
         if status == 404:
             return Fetch(start, start, 0, 0, exists=False)
@@ -215,7 +221,8 @@ class DirectClient:
             out[queue] = None if state is None else reader.index.offset_for_time(state.qid, low, state.next_offset, at)
         return out
 
-    def read(self, queue: str, start: int, end: int, max_rows: int) -> Fetch:
+    def read(self, queue: str, start: int, end: int, max_rows: int,
+             columns: tuple[str, ...] | None = None) -> Fetch:
         reader = self.reader
         state = reader.queue(queue)
         if state is None or state.next_offset < end:  # planned from a newer view: catch up
@@ -225,10 +232,11 @@ class DirectClient:
             return Fetch(start, start, 0, 0, exists=False)
         floor = reader.commitlog.min_position
         low = first_readable_offset(reader.index, state, floor)
-        first, stop = columns.clamp(start, end, low, state.next_offset, max_rows)
+        first, stop = store_columns.clamp(start, end, low, state.next_offset, max_rows)
         if first >= stop:
             return Fetch(first, first, low, state.next_offset)
-        found = columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor)
+        found = store_columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor,
+                                         store_columns.schema_of(columns))
         return Fetch(found.first_offset, found.next_offset, low, state.next_offset, found.batches)
 
     def close(self) -> None:

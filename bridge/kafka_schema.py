@@ -29,7 +29,7 @@ query fail at planning (``check_partitions``) rather than mix two queues under o
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +43,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-from .kafka_options import KafkaOptions
 
 LOG_APPEND_TIME = 1  # Kafka's TimestampType.LOG_APPEND_TIME (0 is CREATE_TIME)
 
@@ -98,30 +96,31 @@ def check_partitions(queues: Iterable[str]) -> None:
                               "the native schema (its queue column names the queue)")
 
 
-def shaped(batches: Iterator[pa.RecordBatch], options: KafkaOptions) -> Iterator[pa.RecordBatch]:
-    """The native batches of one partition as the query's schema asks."""
-    if options.schema != "kafka":
-        return batches
-    return (to_kafka(batch, options.include_headers) for batch in batches)
+# the store column (store.columns.ARROW_SCHEMA) behind each Kafka column; None: made per batch
+KAFKA_NATIVE = {"key": "key", "value": "payload", "topic": "topic", "partition": None, "offset": "offset",
+                "timestamp": "timestamp", "timestampType": None, "headers": "properties"}
+
+
+def kafka_column(name: str, batch: pa.RecordBatch, queue: str) -> pa.Array:
+    """Kafka column ``name`` of a native batch of ``queue``'s rows (with the store columns
+    ``KAFKA_NATIVE`` names for it: bridge/pruning.py reads only those)."""
+    n = batch.num_rows
+    if name == "partition":
+        return pa.array(np.full(n, partition_of(queue), np.int32))
+    if name == "timestampType":
+        return pa.array(np.full(n, LOG_APPEND_TIME, np.int32))
+    if name == "key":
+        return batch.column("key").cast(pa.binary())
+    if name == "headers":
+        return _headers(batch.column("properties"))
+    return batch.column(KAFKA_NATIVE[name])
 
 
 def to_kafka(batch: pa.RecordBatch, include_headers: bool) -> pa.RecordBatch:
-    n = batch.num_rows
-    # a batch's rows come from one queue (a partition reads one queue range: spark_source.QueueRange)
-    partition = partition_of(batch.column("queue")[0].as_py()) if n else 0
-    columns = [
-        batch.column("key").cast(pa.binary()),
-        batch.column("payload"),
-        batch.column("topic"),
-        pa.array(np.full(n, partition, np.int32)),
-        batch.column("offset"),
-        batch.column("timestamp"),
-        pa.array(np.full(n, LOG_APPEND_TIME, np.int32)),
-    ]
-    if not include_headers:
-        return pa.RecordBatch.from_arrays(columns, schema=_ARROW)
-    columns.append(_headers(batch.column("properties")))
-    return pa.RecordBatch.from_arrays(columns, schema=_ARROW_WITH_HEADERS)
+    """A whole native batch (one queue's rows) as the Kafka source's columns."""
+    queue = batch.column("queue")[0].as_py() if batch.num_rows else ""
+    schema = _ARROW_WITH_HEADERS if include_headers else _ARROW
+    return pa.RecordBatch.from_arrays([kafka_column(name, batch, queue) for name in schema.names], schema=schema)
 
 
 def _headers(props: pa.MapArray) -> pa.Array:

@@ -34,7 +34,9 @@ The Kafka source's other options live in their own modules, which this one calls
 ``kafka_options.py`` (parsing, and the Kafka options refused), ``kafka_schema.py``
 (``schema=kafka``), ``timestamps.py`` (starting and ending times), ``trigger_pacing.py``
 (``minOffsetsPerTrigger`` / ``maxTriggerDelay``) and ``progress.py`` (offsets behind latest, the
-warning for a query that matches nothing).
+warning for a query that matches nothing). Only what a query needs is read: ``pruning.py`` (the
+columns of the query's own schema) and ``pushdown.py`` (topic and time predicates of a batch
+query).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -57,22 +60,17 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import (
-    BinaryType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
-from store.columns import ARROW_SCHEMA
+from store.columns import schema_of
 
 from .data_client import ReadingLease, StoreClient, client_for
-from .kafka_schema import check_partitions, shaped, spark_schema, wants_kafka_schema
+from .kafka_options import KafkaOptions
+from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue
 from .progress import EmptyWatch
+from .pruning import SCHEMA, Projection, projection
+from .pushdown import Pushed, push
 from .spark_options import (
     EARLIEST,
     LATEST,
@@ -85,19 +83,6 @@ from .timestamps import resolve_end, resolve_start
 from .trigger_pacing import TriggerPacer
 
 log = logging.getLogger("tidemq.spark")
-
-# store.columns.ARROW_SCHEMA as Spark sees it (tests check that the two agree)
-SCHEMA = StructType([
-    StructField("queue", StringType(), False),
-    StructField("offset", LongType(), False),
-    StructField("topic", StringType(), False),
-    StructField("key", StringType(), True),
-    StructField("properties", MapType(StringType(), StringType(), True), True),
-    StructField("payload", BinaryType(), False),
-    StructField("timestamp", TimestampType(), False),
-    StructField("born_timestamp", TimestampType(), False),
-])
-
 
 class DataLossError(RuntimeError):
     """Offsets a query needs are no longer in the store (and failOnDataLoss is true)."""
@@ -131,13 +116,13 @@ class QueueRanges(InputPartition):
         return f"QueueRanges({self.ranges!r})"
 
 
-def read_any(part: InputPartition) -> Iterator[pa.RecordBatch]:
-    """The rows of a planned partition: a queue range or several."""
+def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
+    """The rows of a planned partition (a queue range or several) with the query's columns."""
     if isinstance(part, QueueRanges):
         for one in part.ranges:
-            yield from read_partition(one)
+            yield from read_partition(one, columns)
     elif isinstance(part, QueueRange):
-        yield from read_partition(part)
+        yield from read_partition(part, columns)
     # else an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
 
 
@@ -151,12 +136,16 @@ def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:
     log.warning("data loss, skipping %d messages: %s (failOnDataLoss=false)", end - start, text)
 
 
-def read_partition(part: QueueRange) -> Iterator[pa.RecordBatch]:
-    """Executor side: the rows of one queue range, in fetches of ``fetch_rows``."""
+def read_partition(part: QueueRange, columns: Projection | None = None) -> Iterator[pa.RecordBatch]:
+    """Executor side: the rows of one queue range, in fetches of ``fetch_rows``, with the
+    query's columns (all native ones without ``columns``); only the store columns they need
+    are fetched (``bridge/pruning.py``)."""
+    columns = columns or projection(None, KafkaOptions())
+    native = schema_of(columns.fetch)
     client = client_for(part.connection)
     at = part.start
     while at < part.end:
-        fetch = client.read(part.queue, at, part.end, part.fetch_rows)
+        fetch = client.read(part.queue, at, part.end, part.fetch_rows, columns.fetch)
         if fetch.first_offset > at:
             lost_to = min(fetch.first_offset, part.end)
             data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
@@ -171,8 +160,9 @@ def read_partition(part: QueueRange) -> Iterator[pa.RecordBatch]:
                 data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
             return
         for batch in fetch.batches:
-            yield batch if batch.schema.equals(ARROW_SCHEMA) else pa.RecordBatch.from_arrays(
-                batch.columns, schema=ARROW_SCHEMA)
+            if not batch.schema.equals(native):
+                batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
+            yield columns.shape(batch, part.queue)
         at = fetch.next_offset
 
 
@@ -293,7 +283,7 @@ class _Planner:
 
 
 class TideMQBatchReader(DataSourceReader):
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         if options.starting_offsets == "latest":
             raise OptionError("tidemq source: startingOffsets=latest makes no sense for a batch query")
         if options.ending_offsets == "earliest":
@@ -302,6 +292,15 @@ class TideMQBatchReader(DataSourceReader):
             raise OptionError("tidemq source: maxOffsetsPerTrigger is for streaming queries only")
         options.kafka.check_mode(streaming=False)
         self.planner = _Planner(options)
+        self.columns = projection(schema, options.kafka)
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        """Topic and time predicates narrow the plan (``bridge/pushdown.py``); the filters not
+        fully honoured go back to Spark."""
+        options = self.planner.options
+        self.pushed, back = push(filters, None if options.topic_filters else options.queues)
+        return back
 
     def partitions(self) -> list[QueueRange]:
         planner = self.planner
@@ -319,19 +318,21 @@ class TideMQBatchReader(DataSourceReader):
             if end[queue] > high:
                 raise OptionError(f"tidemq source: endingOffsets for queue {queue!r} is {end[queue]}, but the "
                                   f"queue ends at {high} (the next message will get offset {high})")
+        start, end = self.pushed.narrow(planner.client, start, end)
         start = planner.check_start(start, end, offsets)
         return planner.partitions(start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return shaped(read_any(partition), self.planner.options.kafka)
+        return read_any(partition, self.columns)
 
 
 class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType | None = None) -> None:
         if options.ending_offsets != "latest":
             raise OptionError("tidemq source: endingOffsets is for batch queries only")
         options.kafka.check_mode(streaming=True)
         self.planner = _Planner(options)
+        self.columns = projection(schema, options.kafka)
         kafka = options.kafka
         self._pacer = (TriggerPacer(kafka.min_offsets_per_trigger, kafka.max_trigger_delay_s)
                        if kafka.min_offsets_per_trigger else None)
@@ -406,7 +407,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.partitions({**start, **begin}, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return shaped(read_any(partition), self.planner.options.kafka)
+        return read_any(partition, self.columns)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message
@@ -449,7 +450,7 @@ class TideMQSource(DataSource):
         return spark_schema(headers) if kafka else SCHEMA
 
     def reader(self, schema: StructType) -> TideMQBatchReader:
-        return TideMQBatchReader(SourceOptions.parse(self.options))
+        return TideMQBatchReader(SourceOptions.parse(self.options), schema)
 
     def streamReader(self, schema: StructType) -> TideMQStreamReader:
-        return TideMQStreamReader(SourceOptions.parse(self.options))
+        return TideMQStreamReader(SourceOptions.parse(self.options), schema)

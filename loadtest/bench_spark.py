@@ -1,8 +1,9 @@
 """Spark source benchmark: 1,000,000 stored telemetry messages read by the ``tidemq`` source
 (``bridge/spark_source.py``) and aggregated by a local Spark session (local[2]).
 
-    python -m loadtest.bench_spark [--quick] [--parts source,e2e] [--records N] [--modes dataDir,address]
-                                   [--aggs count,json] [--e2e-readings N] [--e2e-rate R] [--trigger T] [--out FILE]
+    python -m loadtest.bench_spark [--quick] [--parts source,parquet,e2e] [--records N] [--modes dataDir,address]
+                                   [--aggs groupcount,count,json] [--schema pruned|full] [--e2e-readings N]
+                                   [--e2e-rate R] [--trigger T] [--out FILE]
 
 A gateway (metrics listener on a free 127.0.0.1 port) runs on a fresh temporary data dir; the
 messages go straight into its store with ``put_batch`` (each indexed into its device's topic
@@ -10,19 +11,28 @@ queue ``t:devices/D/telemetry``, 1,000 devices, and the wildcard queue
 ``w:devices/+/telemetry``, as the gateway does for a subscribed filter), with an MQTT
 publisher's properties and a ~40-byte JSON payload. The Spark job reads ``topicFilter``
 ``devices/+/telemetry`` -- the 1,000 topic queues, packed into partitions read on both cores
-(the wildcard queue is not read) -- and aggregates per device, two ways:
+(the wildcard queue is not read) -- and aggregates per device, three ways:
 
-    agg=count: groupBy(topic).agg(count, sum(length(payload)), max(timestamp))
-    agg=json:  the same, plus avg(temp) parsed from the JSON payload (from_json)
+    agg=groupcount: groupBy(topic).count()
+    agg=count:      groupBy(topic).agg(count, sum(length(payload)), max(timestamp))
+    agg=json:       the same, plus avg(temp) parsed from the JSON payload (from_json)
 
 once per connection mode: ``dataDir`` (the data dir read directly, while the gateway runs)
-and ``address`` (the gateway's /data/ read API over HTTP). One untimed run warms the Python
-workers and the JIT, then ``--runs`` (3; ``--quick``: 1) timed runs; the line gives the best::
+and ``address`` (the gateway's /data/ read API over HTTP). The source is given the schema of
+the columns each query needs (``COLUMNS``: ``topic`` for groupcount; ``topic, payload,
+timestamp`` for the others), so it reads and ships only those (``bridge/pruning.py``);
+``--schema full`` reads every column instead. The baseline (``--parts parquet``): the same
+records, every column, written once to Parquet (untimed) in the same session, and the same
+queries over it. One untimed run warms the Python workers and the JIT, then ``--runs`` (3;
+``--quick``: 1) timed runs; a line gives the best::
 
+    spark_parquet records=1000000 records_per_s=... batch_s=... agg=count runs=3 partitions=2
     spark_source records=1000000 records_per_s=... batch_s=... mode=dataDir agg=count runs=3 partitions=4
+                 columns=topic:STRING,payload:BINARY,timestamp:TIMESTAMP vs_parquet=0.85
 
 ``batch_s`` is the wall time of the whole job (planning, offsets, reads, aggregation, collect);
-``records_per_s`` is records / batch_s. Spark's session start-up is not counted.
+``records_per_s`` is records / batch_s; ``vs_parquet`` is the source's records_per_s over
+Parquet's for the same query. Spark's session start-up is not counted.
 
 End to end (``--parts e2e``): a second, fresh gateway with an MQTT listener; the example job
 ``spark_sinks/jobs/telemetry_agg.py`` (both queries: Parquet aggregates and alerts, on the same
@@ -117,6 +127,7 @@ def start_spark():
     spark = (SparkSession.builder.master("local[2]").appName("tidemq-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.python.filterPushdown.enabled", "true")
              .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -124,29 +135,51 @@ def start_spark():
     return spark
 
 
-def job(spark, options: dict[str, str], agg: str):
+# what each aggregation reads: the source is given this schema (the pruned read, bridge/pruning.py)
+COLUMNS = {
+    "groupcount": "topic STRING",
+    "count": "topic STRING, payload BINARY, timestamp TIMESTAMP",
+    "json": "topic STRING, payload BINARY, timestamp TIMESTAMP",
+}
+
+
+def aggregate(df, agg: str):
+    """The timed query: groupcount is the issue's groupBy(topic).count(); count and json add
+    payload bytes and the last store time per device, json the average of a JSON field too."""
     from pyspark.sql import functions as F
 
-    df = spark.read.format("tidemq").options(**options).option("topicFilter", "devices/+/telemetry").load()
+    if agg == "groupcount":
+        return df.groupBy("topic").agg(F.count(F.lit(1)).alias("n"))
     columns = [F.count(F.lit(1)).alias("n"), F.sum(F.length("payload")).alias("bytes"), F.max("timestamp").alias("last")]
     if agg == "json":
         temp = F.from_json(F.col("payload").cast("string"), "temp double, hum int").getField("temp")
         columns.append(F.avg(temp).alias("temp"))
-    return df, df.groupBy("topic").agg(*columns)
+    return df.groupBy("topic").agg(*columns)
 
 
-def measure(spark, options: dict[str, str], agg: str, records: int, runs: int) -> tuple[float, int]:
-    df, query = job(spark, options, agg)
-    partitions = df.rdd.getNumPartitions()
-    rows = query.collect()  # warm-up: Python workers, JIT
+def source(spark, options: dict[str, str], agg: str, pruned: bool):
+    reader = spark.read.format("tidemq").options(**options).option("topicFilter", "devices/+/telemetry")
+    return (reader.schema(COLUMNS[agg]) if pruned else reader).load()
+
+
+def measure(load, agg: str, records: int, runs: int) -> tuple[float, int]:
+    """Best wall time of ``runs`` runs of the aggregation over ``load()`` (after one untimed
+    warm-up), and the scan's partitions."""
+    partitions = load().rdd.getNumPartitions()
+    rows = aggregate(load(), agg).collect()  # warm-up: Python workers, JIT
     assert len(rows) == min(DEVICES, records) and sum(r.n for r in rows) == records, "wrong aggregate"
     best = float("inf")
     for _ in range(runs):
         started = time.perf_counter()
-        rows = job(spark, options, agg)[1].collect()
+        rows = aggregate(load(), agg).collect()
         best = min(best, time.perf_counter() - started)
         assert sum(r.n for r in rows) == records
     return best, partitions
+
+
+def write_parquet(spark, options: dict[str, str], path: Path) -> None:
+    """The same records, every native column, as Parquet (untimed): the twin of the source."""
+    source(spark, options, "count", pruned=False).write.parquet(str(path))
 
 
 class Alerts:
@@ -263,10 +296,14 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, help="timed runs per mode (default 3, --quick 1)")
     parser.add_argument("--modes", default="dataDir,address")
-    parser.add_argument("--aggs", default="count,json", help="count: count, payload bytes and last time per "
-                        "device; json: also the average temperature parsed from the JSON payloads")
-    parser.add_argument("--parts", default="source,e2e", help="source: read and aggregate stored messages; "
+    parser.add_argument("--aggs", default="groupcount,count,json", help="groupcount: groupBy(topic).count(); "
+                        "count: count, payload bytes and last time per device; json: also the average temperature "
+                        "parsed from the JSON payloads")
+    parser.add_argument("--parts", default="source,parquet,e2e", help="source: read and aggregate stored messages; "
+                        "parquet: the same queries over the same records written to Parquet (the baseline); "
                         "e2e: MQTT publish -> the telemetry_agg job -> alert over MQTT")
+    parser.add_argument("--schema", default="pruned", choices=("pruned", "full"), help="pruned: the source reads "
+                        "only the columns each query needs (its schema: COLUMNS); full: every column")
     parser.add_argument("--e2e-readings", type=int, help="readings timed end to end (default 600, --quick 100)")
     parser.add_argument("--e2e-rate", type=float, default=20.0, help="readings published per second")
     parser.add_argument("--trigger", default="1 second", help="the job's processing-time trigger")
@@ -282,20 +319,39 @@ def main() -> None:
         t = time.perf_counter()
         spark = start_spark()
         print(f"# spark session in {time.perf_counter() - t:.1f} s", flush=True)
-        if "source" in parts:
+        if "source" in parts or "parquet" in parts:
             gw = GatewayThread(tmp / "data")
             try:
                 t = time.perf_counter()
                 gw.call(fill(gw.gateway.store, args.records))
                 gw.call(flush(gw.gateway.store))  # what a dataDir reader sees is what the index flushed
                 print(f"# stored {args.records} messages in {time.perf_counter() - t:.1f} s", flush=True)
-                for mode in args.modes.split(","):
-                    options = ({"dataDir": str(tmp / "data")} if mode == "dataDir" else
-                               {"address": "{}:{}".format(*gw.gateway.metrics_address)})
-                    for agg in args.aggs.split(","):
-                        seconds, partitions = measure(spark, options, agg, args.records, runs)
-                        line = (f"spark_source records={args.records} records_per_s={args.records / seconds:.0f} "
-                                f"batch_s={seconds:.2f} mode={mode} agg={agg} runs={runs} partitions={partitions}")
+                modes = args.modes.split(",")
+                connect = {mode: ({"dataDir": str(tmp / "data")} if mode == "dataDir" else
+                                  {"address": "{}:{}".format(*gw.gateway.metrics_address)}) for mode in modes}
+                parquet = tmp / "parquet"
+                if "parquet" in parts:
+                    t = time.perf_counter()
+                    write_parquet(spark, connect[modes[0]], parquet)
+                    print(f"# wrote them to Parquet in {time.perf_counter() - t:.1f} s (untimed)", flush=True)
+                pruned = args.schema == "pruned"
+                for agg in args.aggs.split(","):
+                    baseline = None
+                    if "parquet" in parts:
+                        seconds, partitions = measure(lambda: spark.read.parquet(str(parquet)), agg, args.records, runs)
+                        baseline = args.records / seconds
+                        line = (f"spark_parquet records={args.records} records_per_s={baseline:.0f} "
+                                f"batch_s={seconds:.2f} agg={agg} runs={runs} partitions={partitions}")
+                        print(line, flush=True)
+                        lines.append(line)
+                    for mode in modes if "source" in parts else ():
+                        seconds, partitions = measure(lambda m=mode, a=agg: source(spark, connect[m], a, pruned), agg,
+                                                      args.records, runs)
+                        rate = args.records / seconds
+                        schema = COLUMNS[agg].replace(" ", ":").replace(",:", ",") if pruned else "all"
+                        line = (f"spark_source records={args.records} records_per_s={rate:.0f} "
+                                f"batch_s={seconds:.2f} mode={mode} agg={agg} runs={runs} partitions={partitions} "
+                                f"columns={schema}" + (f" vs_parquet={rate / baseline:.2f}" if baseline else ""))
                         print(line, flush=True)
                         lines.append(line)
             finally:

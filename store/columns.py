@@ -17,6 +17,7 @@ carries its publisher's client id), so each distinct property block is decoded o
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,9 @@ ARROW_SCHEMA = pa.schema([
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
     pa.field("born_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
+
+# columns cut out of the commitlog record; the others come from the queue name and the index entry
+RECORD_COLUMNS = frozenset({"topic", "key", "properties", "payload", "born_timestamp"})
 
 ENTRY_DTYPE = np.dtype([("position", ">u8"), ("size", ">u4"), ("tag", ">i8"), ("store_ts", ">i8")])
 HEADER_DTYPE = np.dtype([
@@ -68,6 +72,18 @@ class RangeRead:
         return self.next_offset - self.first_offset
 
 
+def schema_of(columns: Iterable[str] | None) -> pa.Schema:
+    """The schema of a read of ``columns`` (None: all), in ``ARROW_SCHEMA`` order; a name that
+    is not a column is a ValueError naming it."""
+    if columns is None:
+        return ARROW_SCHEMA
+    wanted = set(columns)
+    unknown = sorted(wanted - set(ARROW_SCHEMA.names))
+    if unknown:
+        raise ValueError(f"no column {', '.join(map(repr, unknown))}; the columns are {', '.join(ARROW_SCHEMA.names)}")
+    return pa.schema([f for f in ARROW_SCHEMA if f.name in wanted])
+
+
 def clamp(start: int, end: int, low: int, high: int, max_rows: int) -> tuple[int, int]:
     """The offsets a read of [start, end) serves from a queue holding [low, high): it skips what
     is gone (below ``low``), stops at ``high`` and after ``max_rows`` rows. (first, stop)."""
@@ -91,10 +107,11 @@ def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.nd
 
 
 def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int, stop: int,
-               min_position: int) -> RangeRead:
+               min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
     """Rows of ``queue`` (index id ``qid``) for offsets [start, stop), as many BATCH_ROWS-row
-    batches as needed. Entries whose record lies below ``min_position`` (the commitlog's
-    start) are gone: the read starts after them. ``stop`` must not pass the queue's next offset."""
+    batches as needed, with the columns of ``schema`` (``schema_of``). Entries whose record lies
+    below ``min_position`` (the commitlog's start) are gone: the read starts after them. ``stop``
+    must not pass the queue's next offset."""
     first, entries = read_entries(db, qid, start, stop)
     if len(entries):
         kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
@@ -103,17 +120,21 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     result = RangeRead(first, stop if len(entries) else max(first, start))
     entries = _follow_releases(queue, first, entries, log)
     for at in range(0, len(entries), BATCH_ROWS):
-        result.batches.extend(_batches(queue, first + at, entries[at:at + BATCH_ROWS], log))
+        part = entries[at:at + BATCH_ROWS]
+        if RECORD_COLUMNS.isdisjoint(schema.names):
+            result.batches.append(_batch(queue, first + at, part, None, None, None, schema))
+        else:
+            result.batches.extend(_batches(queue, first + at, part, log, schema))
     return result
 
 
 def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue: str, qid: int, start: int,
-                    stop: int) -> RangeRead:
+                    stop: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
-    return read_range(db, log, queue, qid, start, stop, commitlog.min_position)
+    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema)
 
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
@@ -139,7 +160,8 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
     return entries
 
 
-def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> list[pa.RecordBatch]:
+def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
+             schema: pa.Schema) -> list[pa.RecordBatch]:
     positions = entries["position"].astype(np.int64)
     sizes = entries["size"].astype(np.int64)
     seg_size = log.segment_size
@@ -164,14 +186,32 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
             while n > 1 and int(end[at - lo + n - 1] - rel[at - lo]) > _MAX_VIEW_SPAN:
                 n //= 2
             out.append(_batch(queue, first_offset + at, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at:at + n]))
+                              rel[at - lo:at - lo + n], sizes[at:at + n], schema))
             at += n
     return out
 
 
-def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray,
-           sizes: np.ndarray) -> pa.RecordBatch:
+def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray | None,
+           sizes: np.ndarray | None, schema: pa.Schema) -> pa.RecordBatch:
+    """The rows of ``entries`` with the columns of ``schema``; ``buffer`` (the commitlog bytes,
+    records at ``rel``) is None when no column needs a record."""
     n = len(entries)
+    names = schema.names
+    built: dict[str, pa.Array] = {}
+    if "queue" in names:
+        built["queue"] = _constant_string(queue, n)
+    if "offset" in names:
+        built["offset"] = pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))
+    if "timestamp" in names:
+        built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+    if buffer is not None:
+        built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names))
+    return pa.RecordBatch.from_arrays([built[name] for name in names], schema=schema)
+
+
+def _record_columns(queue: str, first_offset: int, buffer, rel: np.ndarray, sizes: np.ndarray,
+                    names: list[str]) -> dict[str, pa.Array]:
+    """The columns of ``names`` that are cut out of the records (RECORD_COLUMNS)."""
     lo = int(rel.min())  # (the first row's, but for released held messages: _follow_releases)
     hi = int((rel + sizes).max())
     block = _Block(np.frombuffer(buffer, np.uint8, hi - lo, lo))  # no copy of the buffer (mostly the map)
@@ -192,18 +232,19 @@ def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.n
     props_at = key_at + key_len
     body_at = starts + sizes - body_len
 
-    has_key = key_len > 0
-    columns = [
-        _constant_string(queue, n),
-        pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-        block.gather(topic_at, topic_len, pa.string_view(), pa.string()),
-        block.gather(key_at, key_len, pa.string_view(), pa.string(), None if has_key.all() else has_key),
-        _properties(block.gather(props_at, props_len, pa.binary_view(), pa.binary())),
-        block.gather(body_at, body_len, pa.binary_view(), pa.binary()),
-        pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC")),
-        pa.array(headers["born"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC")),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    out: dict[str, pa.Array] = {}
+    if "topic" in names:
+        out["topic"] = block.gather(topic_at, topic_len, pa.string_view(), pa.string())
+    if "key" in names:
+        has_key = key_len > 0
+        out["key"] = block.gather(key_at, key_len, pa.string_view(), pa.string(), None if has_key.all() else has_key)
+    if "properties" in names:
+        out["properties"] = _properties(block.gather(props_at, props_len, pa.binary_view(), pa.binary()))
+    if "payload" in names:
+        out["payload"] = block.gather(body_at, body_len, pa.binary_view(), pa.binary())
+    if "born_timestamp" in names:
+        out["born_timestamp"] = pa.array(headers["born"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+    return out
 
 
 # An Arrow view array holds 16 bytes per value: the length, then either the value itself (up to
@@ -275,10 +316,10 @@ def _properties(blocks: pa.Array) -> pa.Array:
     return unique.take(encoded.indices)
 
 
-def arrow_stream(batches: list[pa.RecordBatch]) -> pa.Buffer:
+def arrow_stream(batches: list[pa.RecordBatch], schema: pa.Schema = ARROW_SCHEMA) -> pa.Buffer:
     """Batches as one Arrow IPC stream (schema first, also when there are no batches)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
     return sink.getvalue()

@@ -25,6 +25,9 @@ def start_spark():
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
+        # the source's filter pushdown, also for queries planned in asyncio.to_thread's threads
+        # (no active session there: spark_sinks.register's session setting is not seen)
+        .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .getOrCreate()
     )
@@ -40,3 +43,12 @@ def activate(spark) -> None:
     from pyspark.sql import SparkSession
 
     SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(spark._jsparkSession)
+
+
+def num_partitions(spark, df) -> int:
+    """``df.rdd.getNumPartitions()`` from any thread. ``.rdd`` plans outside the session's scope,
+    so in a thread where no session is active (``asyncio.to_thread``'s) Spark plans with its
+    default settings, and the source's reader (which pushes filters) is refused while
+    ``spark.sql.python.filterPushdown.enabled`` is at its default (false)."""
+    activate(spark)
+    return df.rdd.getNumPartitions()

@@ -31,6 +31,7 @@ from bridge.spark_source import (
 from store.columns import ARROW_SCHEMA
 from store.readonly import StoreReader
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+from tests.spark_support import num_partitions
 
 FILTER = "devices/+/telemetry"
 WILDCARD = "w:devices/+/telemetry"
@@ -208,7 +209,7 @@ async def test_batch_reads_exact_ranges(spark, data_dir: Path, mode: str) -> Non
         expected = sorted((f"t:{topic(i)}", i // 4, topic(i), payload(i)) for i in range(120))
         for per_partition, partitions in (("25", 8), ("70", 2)):
             df = read(topicFilter=FILTER, maxRecordsPerPartition=per_partition)
-            assert await asyncio.to_thread(lambda d=df: d.rdd.getNumPartitions()) == partitions
+            assert await asyncio.to_thread(num_partitions, spark, df) == partitions
             rows = await asyncio.to_thread(lambda d=df: d.collect())
             assert sorted((r.queue, r.offset, r.topic, r.payload) for r in rows) == expected
         counts = await asyncio.to_thread(lambda: dict(read(topicFilter=FILTER).groupBy("topic").count().collect()))

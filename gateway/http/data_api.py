@@ -4,7 +4,7 @@
     GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
-    GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N]  rows of offsets [S, E) as an Arrow IPC stream
+    GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N][&columns=C,D]  rows of offsets [S, E) as an Arrow IPC stream
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
     POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
     POST /data/topics   {"topicFilters": [F, ...]}  the topic queues the filters match, with offsets (data_topics.py)
@@ -19,7 +19,9 @@ headers say where it started and where to go on (``TideMQ-First-Offset``,
 ``TideMQ-Next-Offset``) and the queue's offsets (``TideMQ-Min-Offset``, ``TideMQ-Max-Offset``).
 A first offset past ``start`` means retention removed the messages in between: the reader
 decides whether that is an error (Spark's ``failOnDataLoss``). Offsets offered (max offset) are
-those already dispatched to the index, so everything offered is readable.
+those already dispatched to the index, so everything offered is readable. ``columns`` (names of
+``store.columns.ARROW_SCHEMA``, comma-separated) builds and ships only those columns: a reader
+that needs topics and times does not pay for payloads and properties.
 
 The event loop only looks up the queue (the index's queue cache belongs to the loop thread);
 the bulk part -- an index range scan, commitlog maps and Arrow building -- runs in a worker
@@ -186,6 +188,10 @@ class DataApi:
             raise AdminError(400, "queue is required")
         self.access.check_read_queue(request.get(PRINCIPAL), queue)
         start = _int(query, "start")
+        try:
+            schema = columns.schema_of(query["columns"].split(",") if "columns" in query else None)
+        except ValueError as exc:
+            raise AdminError(400, f"bad columns: {exc}") from None
         max_rows = min(_int(query, "max_rows", DEFAULT_ROWS), MAX_ROWS)
         state = store.index.lookup(queue)
         if state is None:
@@ -197,19 +203,19 @@ class DataApi:
             self._log = CommitLogReader(store.commitlog.directory)
         if first < stop:
             async with self._reads:
-                result, body = await asyncio.to_thread(self._read, store, queue, state.qid, first, stop)
+                result, body = await asyncio.to_thread(self._read, store, queue, state.qid, first, stop, schema)
         else:  # nothing to read: before the first readable offset, or at (or past) the end
-            result, body = columns.RangeRead(first, first), columns.arrow_stream([])
+            result, body = columns.RangeRead(first, first), columns.arrow_stream([], schema)
         headers = {
             "TideMQ-First-Offset": str(result.first_offset), "TideMQ-Next-Offset": str(result.next_offset),
             "TideMQ-Min-Offset": str(low), "TideMQ-Max-Offset": str(high),
         }
         return web.Response(body=memoryview(body), content_type=ARROW_STREAM, headers=headers)
 
-    def _read(self, store, queue: str, qid: int, first: int, stop: int):
+    def _read(self, store, queue: str, qid: int, first: int, stop: int, schema):
         from store import columns
 
         assert self._log is not None
         with self._log_lock:
-            result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop)
-        return result, columns.arrow_stream(result.batches)
+            result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop, schema)
+        return result, columns.arrow_stream(result.batches, schema)
