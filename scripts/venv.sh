@@ -25,9 +25,19 @@ for declarations in sorted(p for folder in folders for p in folder.glob("*.pxd")
 print(digest.hexdigest())
 PY
 )
+# ... and the built extensions must be there (a `git clean` removes them, not the stamp)
+_tidemq_built=$(.venv/bin/python - <<'PY'
+import pathlib, tomllib
+names = tomllib.loads(open("pyproject.toml", "rb").read().decode())["tool"]["tidemq"]["compiled"]
+paths = [pathlib.Path(name.replace(".", "/")) for name in names]
+print("yes" if all(any(p.parent.glob(p.name + ".*.so")) for p in paths) else "no")
+PY
+)
 _tidemq_stamp=".venv/.tidemq-installed-${VENV_EXTRAS:-base}"
 _tidemq_current=no
-if [ "$(cat "$_tidemq_stamp" 2>/dev/null)" = "$_tidemq_hash" ]; then
+if [ "$_tidemq_built" = no ]; then
+    rm -f .venv/.tidemq-installed-*  # (every set of extras needs the build again)
+elif [ "$(cat "$_tidemq_stamp" 2>/dev/null)" = "$_tidemq_hash" ]; then
     _tidemq_current=yes
 elif [ -z "${VENV_EXTRAS:-}" ]; then
     # no extras asked: any install from this pyproject.toml has the base dependencies
@@ -47,4 +57,4 @@ if [ "$_tidemq_current" = no ]; then
     fi
     echo "$_tidemq_hash" > "$_tidemq_stamp"  # (only after pip succeeded: the scripts run with set -e)
 fi
-unset _tidemq_hash _tidemq_stamp _tidemq_current _tidemq_other
+unset _tidemq_hash _tidemq_stamp _tidemq_current _tidemq_other _tidemq_built
