@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .native_support import COMPILED, ROOT
 
-# stands in for python3 and .venv/bin/python: "-m venv" makes the venv, "-m pip" is logged
+# stands in for python3 and .venv/bin/python: "-m venv" makes the venv, "-m pip" is logged and,
+# for an install of the project (-e), "builds" the compiled modules' extensions (empty files)
 FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$1 $2" = "-m venv" ]; then
     mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && exit 0
@@ -18,10 +19,16 @@ fi
 if [ "$1 $2" = "-m pip" ]; then
     echo "pip $*" >> "$PIP_LOG"
     [ -z "$PIP_FAILS" ] || exit 1
+    case " $* " in
+        *" -e "*) for source in $BUILT_SOURCES; do touch "${source%.py}.cpython-311-x86_64-linux-gnu.so"; done ;;
+    esac
     exit 0
 fi
 exec python3 "$@"
 """
+
+
+BUILT_SOURCES = " ".join(name.replace(".", "/") + ".py" for name in COMPILED)
 
 
 def copy_project_files(checkout: Path) -> None:
@@ -40,7 +47,7 @@ def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tu
     log = checkout / "pip.log"
     log.unlink(missing_ok=True)
     env = dict(os.environ, PYTHON=str(checkout / "fake-python"), PIP_LOG=str(log), VENV_EXTRAS=extras,
-               PIP_FAILS="1" if pip_fails else "")
+               PIP_FAILS="1" if pip_fails else "", BUILT_SOURCES=BUILT_SOURCES)
     proc = subprocess.run(["bash", "-c", "set -euo pipefail; . scripts/venv.sh"], cwd=checkout, env=env,
                           capture_output=True, text=True, timeout=60)
     return proc.returncode, log.read_text().splitlines() if log.exists() else []
@@ -81,6 +88,12 @@ def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path)
         fh.write("\n# edited\n")
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    # the builds removed (git clean), the sources not: the install builds them again
+    assert source_venv(tmp_path, "test") == (0, [])
+    next((tmp_path / "store").glob("*.so")).unlink()
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    assert source_venv(tmp_path, "test") == (0, [])
 
 
 def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path) -> None:
