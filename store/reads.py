@@ -80,7 +80,7 @@ def record_at(commitlog: CommitLog, id_prefix: str, position: int) -> StoredMess
 
 def stored_message(view: RecordView, id_prefix: str, position: int, queue: str, offset: int, tag: int) -> StoredMessage:
     return StoredMessage(
-        f"{id_prefix}{position:016X}",
+        None,
         position,
         view.size,
         view.topic,
@@ -95,4 +95,6 @@ def stored_message(view: RecordView, id_prefix: str, position: int, queue: str, 
         offset,
         tag,
         view.flags,
+        None,
+        id_prefix,
     )
