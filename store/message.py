@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .incoming import Message  # (compiled: one per message stored)
 from .record import decode_properties, decode_queues
 from .results import PutResult  # (compiled: one per message stored)
 from .stored import StoredMessage  # (compiled: one per message read)
@@ -22,27 +22,6 @@ def tag_hash(tags: str | None) -> int:
     for i in range(0, len(raw), 2):
         h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
     return h - (1 << 32) if h & 0x80000000 else h
-
-
-@dataclass(slots=True)
-class Message:
-    """A message to store. ``tags`` only feeds the tag hash of its consume-queue entries."""
-
-    topic: str
-    body: bytes
-    properties: Mapping[str, str] | None = None
-    key: str | None = None
-    tags: str | None = None
-    born_timestamp: int | None = None  # ms; the store's clock when None
-    # ``properties`` already encoded (store.encode_properties), for a gateway that sends the
-    # same set with many messages; used instead of ``properties`` when given.
-    encoded_properties: bytes | None = None
-    flag: int = 0  # u32 the store keeps for the application (RocketMQ's Message.flag)
-    # a held message (store/held.py): in no queue until released -- a timer message
-    # (holds.TIMER) at ``hold_due_ms``, a transaction's half message (holds.HALF; its first
-    # check then); 0: an ordinary message, indexed at once
-    hold_kind: int = 0
-    hold_due_ms: int = 0
 
 
 class GetStatus(enum.Enum):
