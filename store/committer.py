@@ -150,7 +150,7 @@ class GroupCommitter:
         if self.tail.readers:
             # The messages are committed whatever happens here.
             try:
-                self.tail.hand(items, records, assigned)
+                self.tail.hand(items, records, placed, store_ts, assigned)
             except Exception:
                 self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
         return put_results(groups, positions, placed, self._id_prefix, store_ts)

@@ -36,6 +36,7 @@ class Message:
     hold_kind = cython.declare(object, visibility="public")
     hold_due_ms = cython.declare(object, visibility="public")
 
+    @cython.annotation_typing(False)  # (the annotations document; the store checks, as before)
     def __init__(self, topic: str, body: bytes, properties: Mapping[str, str] | None = None, key: str | None = None,
                  tags: str | None = None, born_timestamp: int | None = None, encoded_properties: bytes | None = None,
                  flag: int = 0, hold_kind: int = 0, hold_due_ms: int = 0) -> None:

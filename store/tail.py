@@ -3,8 +3,9 @@
 A reader at the end of a queue reads every message straight back after its commit (an index
 multi_get and a commitlog pread per batch). A tail reader (the queue cache) names the queues it
 holds at their end in ``following``; after each commit the committer hands it the new messages
-of those queues, built from the record bytes just written by the code a read uses, as the
-``GetResult`` a read at their first offset would return. Nothing here is persistent, and queues
+of those queues, as the ``GetResult`` a read at their first offset would return (built from
+what the committer holds of each message, batching.tail_message; a release's message is read
+back from its held record, by the code a read uses). Nothing here is persistent, and queues
 nobody follows cost one set intersection per commit.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from .batching import Placed, tail_message
 from .consumequeue import QID_MASK
 from .holds import INDIRECT
 from .message import GetResult, GetStatus, StoredMessage
@@ -46,9 +48,11 @@ class TailHandoff:
         self._read = read  # the commitlog's (a release's held message was written before)
         self.readers: list[TailReader] = []
 
-    def hand(self, items: list[Item], records: list[bytes], heads: dict[str, int]) -> None:
-        """Hand the readers the messages of ``items`` (their ``records``, in order) for the
-        queues they follow; ``heads``: queue -> pack_state(qid, its next offset after them)."""
+    def hand(self, items: list[Item], records: list[bytes], placed: list[Placed], store_ts: int,
+             heads: dict[str, int]) -> None:
+        """Hand the readers the messages of ``items`` (their ``records`` and placements, in
+        order) for the queues they follow; ``heads``: queue -> pack_state(qid, its next offset
+        after them)."""
         wanted: set[str] = set()
         for reader in self.readers:
             if reader.following:
@@ -57,16 +61,18 @@ class TailHandoff:
             return
         built: dict[str, list[StoredMessage]] = {name: [] for name in wanted}
         id_prefix = self._id_prefix
-        for record, (position, size, tag, _, targets, _, _) in zip(records, items):
+        for record, (position, size, tag, _, targets, _, _), (prepared, _, _) in zip(records, items, placed):
             view = None
             for name, _, offset in targets:
                 messages = built.get(name)
-                if messages is not None:
-                    if view is None:  # (no CRC check: these bytes were framed here, never left memory)
-                        view = RecordView(record, 0, verify=False)
-                        if size & INDIRECT:
-                            position, view = released(self._read, view)
-                    messages.append(stored_message(view, id_prefix, position, name, offset, tag))
+                if messages is None:
+                    continue
+                if not size & INDIRECT:
+                    messages.append(tail_message(prepared, record, position, store_ts, name, offset, tag, id_prefix))
+                    continue
+                if view is None:  # a release: its message is the held record (no CRC check: read back just now)
+                    position, view = released(self._read, RecordView(record, 0, verify=False))
+                messages.append(stored_message(view, id_prefix, position, name, offset, tag))
         for name, messages in built.items():
             packed = heads[name]
             end = packed >> 32

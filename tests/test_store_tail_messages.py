@@ -1,0 +1,83 @@
+"""Differential: what the store hands its tail readers (store/tail.py, built from what the
+committer holds of each message: batching.tail_message) is what a read of the same queue and
+offset returns (decoded from the commitlog record), field for field, for any message a producer
+can hand in: topics and keys in any script, properties given as a dict or already encoded, tags,
+flags, birth times, one or several queues, bodies given as bytes, bytearray or memoryview, and
+timer messages released into their queue (read back from the held record)."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import GetResult, Message, MessageStore, StoreOptions, encode_properties
+from store.holds import TIMER
+
+QUEUES = ["q1", "q2", "q3"]
+text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+props = st.dictionaries(text, st.text(st.characters(blacklist_categories=("Cs",)), max_size=8), max_size=3)
+bodies = st.binary(max_size=64).flatmap(lambda b: st.sampled_from([b, bytearray(b), memoryview(b)]))
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> tuple[Message, list[str]]:
+    properties = draw(st.none() | props)
+    encoded = draw(st.booleans()) and properties is not None
+    message = Message(
+        topic=draw(text), body=draw(bodies),
+        properties=None if encoded else properties,
+        encoded_properties=encode_properties(properties) if encoded else None,
+        key=draw(st.none() | text), tags=draw(st.none() | text),
+        born_timestamp=draw(st.none() | st.integers(0, 1 << 45)), flag=draw(st.integers(0, 0xFFFF_FFFF)),
+    )
+    return message, draw(st.lists(st.sampled_from(QUEUES), min_size=1, max_size=3, unique=True))
+
+
+class Recorder:
+    """A tail reader following every queue: what each commit hands it."""
+
+    def __init__(self) -> None:
+        self.following = set(QUEUES)
+        self.taken: list[tuple[str, GetResult]] = []
+
+    def take_tail(self, queue: str, result: GetResult) -> None:
+        self.taken.append((queue, result))
+
+
+async def handed_and_read(batches: list[list[tuple[Message, list[str]]]], timed: bool) -> list[tuple]:
+    with tempfile.TemporaryDirectory() as data_dir:
+        store = await MessageStore.open(StoreOptions(data_dir=Path(data_dir)))
+        try:
+            recorder = Recorder()
+            store.add_tail_reader(recorder)
+            for batch in batches:
+                await store.put_batch(batch)
+            if timed:  # a timer message, released into its queues: its message is the held record
+                held = Message("timed/topic", b"held body", properties={"a": "b"}, key="k", tags="t", flag=7)
+                await store.held.put(held, ["q1", "q2"], TIMER, 1)
+                await store.held.release(store.held.due(TIMER, 2, 10))
+            pairs = []
+            for queue, result in recorder.taken:
+                first = result.messages[0].queue_offset
+                read = store.get_now(queue, first, max_messages=len(result.messages))
+                pairs.append((queue, result, read))
+            return pairs
+        finally:
+            await store.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(messages(), min_size=1, max_size=5), min_size=1, max_size=3), timed=st.booleans())
+def test_tail_readers_get_exactly_what_a_read_returns(batches: list, timed: bool) -> None:
+    pairs = asyncio.run(handed_and_read(batches, timed))
+    handed = sum(len(r.messages) for _, r, _ in pairs)
+    assert handed == sum(len(q) for batch in batches for _, q in batch) + (2 if timed else 0)
+    for queue, result, read in pairs:
+        assert result.messages == read.messages, queue  # every field (StoredMessage.__eq__), msg_id included
+        assert [m.msg_id for m in result.messages] == [m.msg_id for m in read.messages]
+        assert [m.properties for m in result.messages] == [m.properties for m in read.messages]
+        assert result.next_offset == read.next_offset
