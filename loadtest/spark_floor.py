@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from loadtest.bench_spark import COLUMNS, DEVICES, aggregate, start_spark
+from loadtest.bench_spark import COLUMNS, DEVICES, measure, start_spark
 
 _BATCH_ROWS = 65_536
 
@@ -75,18 +74,6 @@ def floor_source(records: int, partitions: int):
     return Floor
 
 
-def best_of(load, agg: str, records: int, runs: int) -> float:
-    rows = aggregate(load(), agg).collect()  # warm-up: Python workers, JIT
-    assert sum(r.n for r in rows) == records, "wrong aggregate"
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        rows = aggregate(load(), agg).collect()
-        best = min(best, time.perf_counter() - started)
-        assert sum(r.n for r in rows) == records
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -101,9 +88,9 @@ def main() -> None:
         parquet = str(tmp / "floor.parquet")
         spark.read.format("tidemqfloor").load().write.parquet(parquet)  # (untimed)
         for agg in args.aggs.split(","):
-            floor_s = best_of(lambda agg=agg: spark.read.format("tidemqfloor").schema(COLUMNS[agg]).load(), agg,
-                              args.records, args.runs)
-            parquet_s = best_of(lambda: spark.read.parquet(parquet), agg, args.records, args.runs)
+            floor_s, _ = measure(lambda agg=agg: spark.read.format("tidemqfloor").schema(COLUMNS[agg]).load(), agg,
+                                 args.records, args.runs)
+            parquet_s, _ = measure(lambda: spark.read.parquet(parquet), agg, args.records, args.runs)
             print(f"spark_floor records={args.records} batch_s={floor_s:.2f} agg={agg} partitions={args.partitions} "
                   f"vs_parquet={parquet_s / floor_s:.2f}", flush=True)
             print(f"spark_parquet records={args.records} batch_s={parquet_s:.2f} agg={agg}", flush=True)
