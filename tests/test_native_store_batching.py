@@ -28,7 +28,8 @@ puts = st.lists(st.lists(st.tuples(messages, st.lists(st.sampled_from(QUEUES), m
 
 
 def fields(p: Any) -> tuple:
-    return (p.body, p.born, p.flag, p.index_keys, list(p.queues), p.size, p.slots, p.static, p.tag_hash)
+    return (p.body, p.born, p.flag, p.index_keys, list(p.queues), p.size, p.slots, p.static, p.tag_hash, p.topic,
+            p.key, p.raw_properties)
 
 
 class QueueStates:
@@ -134,3 +135,30 @@ def test_put_results_read_the_same(prefix: str, position: int, size: int, ts: in
     assert seen[0][0] == f"{prefix}{position:016X}"
     assert built[0] == compiled("store.results").PutResult(prefix, position, size, ts, dict(offsets))
     assert built[0] != compiled("store.results").PutResult(prefix, position + 1, size, ts, dict(offsets))
+
+
+@given(groups=puts)
+def test_put_results_are_a_sequence_read_when_asked(groups: list) -> None:
+    """store/batching.py PutResults: each put's results, built when read, index, slice, iterate
+    and compare as the list of PutResult they stand for, in both builds."""
+    for module in (compiled(BATCHING), interpreted(BATCHING)):
+        prepared = [[module.PreparedMessage(m, q, 4096) for m, q in group] for group in groups]
+        states = QueueStates({})
+        _, placed, _ = module.place(prepared, states.cached, states.resolve, 5)
+        positions = list(range(0, 1000 * len(placed), 1000))
+        out = module.put_results(prepared, positions, placed, "AB", 5)
+        at = 0
+        for group, results in zip(groups, out):
+            as_list = list(results)
+            assert len(results) == len(group) == len(as_list)
+            assert results == as_list and as_list == list(results[:]) and results[-1] == as_list[-1]
+            assert [r.position for r in results] == positions[at:at + len(group)]
+            assert [r.queue_offsets for r in as_list] == [dict(zip(q, placed[at + i][2])) for i, (_, q) in enumerate(group)]
+            assert repr(results) == repr(as_list)
+            at += len(group)
+        try:
+            out[0][len(groups[0])]
+        except IndexError:
+            pass
+        else:
+            raise AssertionError("an index past the end must raise IndexError")
