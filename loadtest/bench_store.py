@@ -50,7 +50,7 @@ async def put_case(data_dir: Path, msg_bytes: int, queues: int, flush: str, writ
     picks = [names[rng.randrange(queues)] for _ in range(messages)]
     body = os.urandom(msg_bytes)
     # The store runs inside the gateway, whose process tunes Python's cyclic GC at start-up
-    # (gateway.server.tune_gc: what exists then is frozen, young collections every 50,000
+    # (gateway.server.tune_gc: what exists then is frozen, young collections every 200,000
     # allocations); the bench does the same, which also keeps the harness's own lists (up to
     # 2M names) out of collections that would charge the store for walking them.
     tune_gc()

@@ -44,16 +44,17 @@ def floor_source(records: int, partitions: int):
             import pyarrow.compute as pc
 
             names = [field.name for field in self.schema.fields]
-            share = records // partitions + (1 if partition.value < records % partitions else 0)
+            # partition i: rows [i * records // partitions, (i + 1) * records // partitions)
+            start = partition.value * records // partitions
+            share = (partition.value + 1) * records // partitions - start
             topics = pa.array([f"devices/d{i:04d}/telemetry" for i in range(DEVICES)])
             payloads = pa.array([b'{"temp": 21.5, "hum": 40, "seq": 123456}'] * 1024, pa.binary())
-            start = partition.value * (records // partitions)
             done = 0
             while done < share:
                 n = min(_BATCH_ROWS, share - done)
                 index = pa.array(range(start + done, start + done + n), pa.int64())
                 columns = {
-                    "topic": pc.take(topics, pc.divide(index, records // DEVICES or 1).cast(pa.int64())),
+                    "topic": pc.take(topics, pc.remainder(index, DEVICES)),
                     "payload": pc.take(payloads, pc.bit_wise_and(index, 1023)),
                     "timestamp": pc.cast(pc.multiply(pc.add(index, 1_700_000_000_000), 1000), pa.timestamp("us", tz="UTC")),
                 }

@@ -71,9 +71,11 @@ class PreparedMessage:
         encoded = message.encoded_properties
         if encoded is not None:
             props = None
+            if type(encoded) is not bytes:  # (a bytearray is the caller's: never extended in place)
+                encoded = bytes(encoded)
         if message.tags:
             if encoded is not None:  # an encoding is a run of pairs: the tags pair can follow
-                encoded += encode_properties({TAGS_PROPERTY: message.tags})
+                encoded = encoded + encode_properties({TAGS_PROPERTY: message.tags})
             else:
                 props = {**(props or {}), TAGS_PROPERTY: message.tags}
             self.tag_hash = tag_hash(message.tags)
@@ -88,9 +90,11 @@ class PreparedMessage:
             message.topic.encode(), message.key.encode() if message.key else b"", raw_properties, len(queues),
             len(body),
         )
-        self.topic = message.topic
-        self.key = message.key or ""
-        self.raw_properties = bytes(raw_properties)
+        # (as a read returns them: a str, not a subclass of it)
+        topic, key = message.topic, message.key or ""
+        self.topic = topic if type(topic) is str else str(topic)
+        self.key = key if type(key) is str else str(key)
+        self.raw_properties = raw_properties
         self.body = body
         born = message.born_timestamp
         if born is None:  # the store's clock (a C division: ~50 ns less per message than on ints)
@@ -166,24 +170,26 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
 
 @cython.cclass
 class PutResults:
-    """What one put returns: a sequence of ``PutResult``, one per message in put order, each
-    built when it is read. Most puts' results are never read (the MQTT and AMQP gateways
+    """What one put returns: a sequence of ``PutResult`` (``collections.abc.Sequence``, not a
+    list: read, index, slice, iterate, compare), one per message in put order, each built when
+    it is read (the queue lists the put named are read then: the callers' own, never changed). Most puts' results are never read (the MQTT and AMQP gateways
     acknowledge a publish by its packet or delivery tag): built up front, a PutResult and its
     offsets dict cost the MQTT fan-in ~0.3 us a message (py-spy, 3.7 % of its samples)."""
 
     _prepared = cython.declare(list)  # the put's PreparedMessages
-    _positions = cython.declare(list)  # the commit's record positions ...
-    _placed = cython.declare(list)  # ... and placements, from _start on for this put
-    _start = cython.declare(cython.Py_ssize_t)
+    _positions = cython.declare(list)  # their records' positions
+    _offsets = cython.declare(list)  # their offsets in their queues
     _id_prefix = cython.declare(str)
     _store_ts = cython.declare(object)
 
+    @cython.locals(start=cython.Py_ssize_t, end=cython.Py_ssize_t)
     def __init__(self, prepared: list[PreparedMessage], positions: list[int], placed: list[Placed], start: int,
                  id_prefix: str, store_ts: int) -> None:
+        # this put's share of the commit only: the results must not keep other puts' messages
+        end = start + len(prepared)
         self._prepared = prepared
-        self._positions = positions
-        self._placed = placed
-        self._start = start
+        self._positions = positions[start:end]
+        self._offsets = [entry[2] for entry in placed[start:end]]
         self._id_prefix = id_prefix
         self._store_ts = store_ts
 
@@ -198,18 +204,27 @@ class PutResults:
         if not 0 <= i < n:
             raise IndexError("put result index out of range")
         p = self._prepared[i]
-        pos = self._positions[self._start + i]
+        pos = self._positions[i]
         if p.hold_kind:  # the held message is the nested record; no offsets yet
             return PutResult(self._id_prefix, pos + NESTED, p.size, self._store_ts, {})
         queues = p.queues
-        offsets = self._placed[self._start + i][2]
+        offsets = self._offsets[i]
         return PutResult(self._id_prefix, pos, p.size, self._store_ts,
                          {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets)))
 
     def __getitem__(self, index: int | slice) -> PutResult | list[PutResult]:
         if isinstance(index, slice):
             return [self._result(i) for i in range(*index.indices(len(self._prepared)))]
-        return self._result(index)
+        try:
+            return self._result(index)
+        except OverflowError:  # (an index past any C size: as out of range as the list's)
+            raise IndexError("put result index out of range") from None
+
+    def index(self, value: object) -> int:
+        return list(self).index(value)
+
+    def count(self, value: object) -> int:
+        return list(self).count(value)
 
     def __iter__(self):  # noqa: ANN204
         return iter([self._result(i) for i in range(len(self._prepared))])
@@ -235,8 +250,11 @@ def tail_message(p: PreparedMessage, record: bytes, position: int, store_ts: int
     tests/test_store_tail_messages.py, holds it to what a read returns)."""
     start = FIXED_SIZE + len(p.static)
     end = p.size - len(p.body)
-    return StoredMessage(None, position, p.size, p.topic, p.key, p.body, p.born, store_ts, p.raw_properties,
-                         record[start:end], len(p.queues), queue, offset, tag, p.flag, None, id_prefix)
+    return StoredMessage(None, position, p.size, p.topic, p.key, p.body, int(p.born), store_ts, p.raw_properties,
+                         record[start:end], len(p.queues), queue, offset, tag, int(p.flag), None, id_prefix)
+
+
+Sequence.register(PutResults)
 
 
 @cython.locals(p=PreparedMessage)

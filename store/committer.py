@@ -26,7 +26,7 @@ from .tail import TailHandoff
 
 log = logging.getLogger("tidemq.store")
 
-Batch = list[tuple[list[PreparedMessage], asyncio.Future[list[PutResult]]]]
+Batch = list[tuple[list[PreparedMessage], asyncio.Future[Sequence[PutResult]]]]
 
 
 class GroupCommitter:
@@ -55,13 +55,13 @@ class GroupCommitter:
         self.closing = True
         self._wakeup.set()
 
-    def submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
+    def submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[Sequence[PutResult]]:
         if self.closing:
             raise StoreClosedError("the store is closing")
         failure = self.failure()
         if failure is not None:
             raise failure
-        fut: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
         self._pending.append((prepared, fut))
         self._pending_since.append(time.perf_counter())
         self.backlog += len(prepared)
@@ -99,7 +99,7 @@ class GroupCommitter:
                     failure = self.failure()
                     if failure is not None:  # (submitted before the failure)
                         raise failure
-                    outcome: list[list[PutResult]] | BaseException = self._commit(batch)
+                    outcome: list[Sequence[PutResult]] | BaseException = self._commit(batch)
                     end = self.commitlog.end_position
                 except Exception as exc:  # never let one bad batch stop the committer
                     if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
@@ -118,7 +118,7 @@ class GroupCommitter:
             if flusher is not None:
                 flusher.stop()
 
-    def _acknowledge(self, entry: tuple[Batch, list[list[PutResult]] | BaseException, list[float]],
+    def _acknowledge(self, entry: tuple[Batch, list[Sequence[PutResult]] | BaseException, list[float]],
                      failure: StoreError | None) -> None:
         """Resolve a batch's futures: with their results, or the batch's or the flusher's failure."""
         batch, outcome, since = entry
@@ -136,7 +136,7 @@ class GroupCommitter:
         for submitted in since:
             observe(now - submitted)
 
-    def _commit(self, batch: Batch) -> list[list[PutResult]]:
+    def _commit(self, batch: Batch) -> list[Sequence[PutResult]]:
         """Write, index and announce ``batch``; what each of its puts returns."""
         store_ts = _now_ms()
         groups = [prepared for prepared, _ in batch]

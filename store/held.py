@@ -50,7 +50,7 @@ class Hold:
 
 
 class HeldMessages:
-    def __init__(self, index: ConsumeQueueIndex, submit: Callable[[list[PreparedMessage]], asyncio.Future[list[PutResult]]],
+    def __init__(self, index: ConsumeQueueIndex, submit: Callable[[list[PreparedMessage]], asyncio.Future[Sequence[PutResult]]],
                  max_message_size: int, changes: dict[int, int], earliest: dict[int, int]) -> None:
         self._index = index
         self._changes = changes  # the dispatcher's: holds begun minus ended, per kind, since open
@@ -69,7 +69,7 @@ class HeldMessages:
         return (await self.put_batch([(message, queues)], kind, due_ms))[0]
 
     def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]], kind: int, due_ms: int | Sequence[int]
-                  ) -> asyncio.Future[list[PutResult]]:
+                  ) -> asyncio.Future[Sequence[PutResult]]:
         """Several held messages in one group commit; ``due_ms`` one for all or one each."""
         if kind not in KINDS:
             raise ValueError(f"unknown hold kind {kind!r}")
@@ -187,7 +187,7 @@ class HeldMessages:
         value = self._index.db.get(key)
         return None if value is None else _hold(key, value)
 
-    def release(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
+    def release(self, holds: Sequence[Hold]) -> asyncio.Future[Sequence[PutResult]]:
         """Index held messages into their queues now (one release record each, one group
         commit); the results give the offsets they got, one per hold not already being settled
         (a hold ends once: a second release would index the message twice)."""
@@ -196,7 +196,7 @@ class HeldMessages:
                                     self._limit, settles=h.key, tag=h.tag_hash) for h in holds]
         return self._settle(holds, prepared)
 
-    def discard(self, holds: Sequence[Hold]) -> asyncio.Future[list[PutResult]]:
+    def discard(self, holds: Sequence[Hold]) -> asyncio.Future[Sequence[PutResult]]:
         """Drop held messages for good (a rolled-back transaction): never indexed."""
         holds = self._claim(holds)
         return self._settle(holds, [_discard(h, self._limit) for h in holds])
@@ -206,9 +206,9 @@ class HeldMessages:
         self._settling.update(h.key for h in claimed)
         return claimed
 
-    def _settle(self, holds: list[Hold], prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
+    def _settle(self, holds: list[Hold], prepared: list[PreparedMessage]) -> asyncio.Future[Sequence[PutResult]]:
         if not prepared:
-            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done
         try:

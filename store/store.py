@@ -189,10 +189,10 @@ class MessageStore:
         """Store one message, indexed into every queue in ``queues``; durable when it returns."""
         return (await self._submit([PreparedMessage(message, queues, self.options.max_message_size)]))[0]
 
-    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
         """Submit messages for one group commit and return at once; the future resolves when
         they are durable per the flush mode. Futures resolve in submission order, so a
         gateway can acknowledge in the order its client sent (no task per message).
@@ -202,13 +202,13 @@ class MessageStore:
         limit = self.options.max_message_size
         prepared = [PreparedMessage(m, q, limit) for m, q in items]
         if not prepared:
-            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done
         return self._submit(prepared)
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None
-                        ) -> tuple[asyncio.Future[list[PutResult]], dict[int, StoreError]]:
+                        ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
         """As ``put_batch_nowait``, for callers whose messages are independent (one client's
         publishes read together): a message the store cannot take (too large, invalid) is left
         out alone and named in the second value (its index in ``items`` -> the error); the
@@ -224,7 +224,7 @@ class MessageStore:
         except (InvalidMessageError, MessageTooLargeError):
             prepared, refused = prepare_each(items, groups, limit)
         if not prepared:
-            done: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done, refused
         return self._submit(prepared), refused
@@ -267,7 +267,7 @@ class MessageStore:
         assert self.committer is not None
         return self.committer.put_latency
 
-    def _submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[list[PutResult]]:
+    def _submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[Sequence[PutResult]]:
         if self.committer is None:
             raise StoreClosedError("the store is not open")
         return self.committer.submit(prepared)

@@ -28,7 +28,7 @@ class PutTarget(Protocol):
     """``store.MessageStore.put_each_nowait`` (and the cluster's ``GatewayStore``)."""
 
     def put_each_nowait(self, items: Items, groups: Sequence[Hashable] | None = None
-                        ) -> tuple[asyncio.Future[list[PutResult]], Refused]: ...
+                        ) -> tuple[asyncio.Future[Sequence[PutResult]], Refused]: ...
 
 
 class PutWatcher(Protocol):
@@ -50,7 +50,7 @@ class PutPipeline:
         self.pending = 0  # publishes submitted, not yet stored
         self.bytes = 0  # their bodies' bytes
 
-    def submit(self, items: Items, on_stored: Callable[[asyncio.Future[list[PutResult]], Refused], None],
+    def submit(self, items: Items, on_stored: Callable[[asyncio.Future[Sequence[PutResult]], Refused], None],
                groups: Sequence[Hashable] | None = None) -> Refused:
         """Hand ``items`` to the store's next group commit; ``on_stored(future, refused)`` runs
         when they are stored (or failed), refused ones (index in ``items`` -> error) left out.
@@ -65,7 +65,7 @@ class PutPipeline:
         if self.watcher is not None and stored:
             self.watcher.watch_put(self.listener, self.who, stored, fut)
 
-        def done(f: asyncio.Future[list[PutResult]]) -> None:
+        def done(f: asyncio.Future[Sequence[PutResult]]) -> None:
             self.pending -= count
             self.bytes -= size
             if self.pending <= MAX_PENDING_PUTS // 2 and self.bytes <= MAX_PENDING_BYTES // 2:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
@@ -242,17 +242,17 @@ class MQTTBroker:
         """Messages the broker itself publishes ($SYS statistics)."""
         self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
 
-    def _put_presence(self, topic: str, body: bytes) -> asyncio.Future[list[PutResult]]:
+    def _put_presence(self, topic: str, body: bytes) -> asyncio.Future[Sequence[PutResult]]:
         # (QoS 1: a persistent subscriber's session keeps them; failures: the presence module logs them)
         return self._put([(Publish(topic, body, 1, False), "")], logged=False)
 
-    def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[list[PutResult]]:
+    def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[Sequence[PutResult]]:
         """Messages published on behalf of ``client_id`` by something that is not an MQTT
         connection (the data API's ``POST /data/publish``): stored, retained and delivered
         exactly as if that client had published them. Resolves when they are durable."""
         return self._put([(p, client_id) for p in publishes])
 
-    def _put(self, publishes: list[tuple[Publish, str]], *, logged: bool = True) -> asyncio.Future[list[PutResult]]:
+    def _put(self, publishes: list[tuple[Publish, str]], *, logged: bool = True) -> asyncio.Future[Sequence[PutResult]]:
         factories: dict[str, StoreMessageFactory] = {}
         items = []
         for p, client_id in publishes:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cache import QueueCache
@@ -349,7 +349,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.stats.messages_received += 1
         own = targets[0]
 
-        def respond(results: list[PutResult]) -> RemotingCommand | None:
+        def respond(results: Sequence[PutResult]) -> RemotingCommand | None:
             if request.is_oneway:
                 return None
             return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
@@ -386,7 +386,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         own = remoting_queue(header.topic, queue_id)
         self.stats.messages_received += len(batch)
 
-        def respond(results: list[PutResult]) -> RemotingCommand | None:
+        def respond(results: Sequence[PutResult]) -> RemotingCommand | None:
             if request.is_oneway:
                 return None
             return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(

@@ -4,7 +4,7 @@ error response, and reading numbers and strings out of ``extFields``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,8 +37,8 @@ class Client(Protocol):
 class Pending:
     """A reply that waits for a store write: ``respond`` turns its results into the response."""
 
-    future: asyncio.Future[list[PutResult]]
-    respond: Callable[[list[PutResult]], RemotingCommand | None]
+    future: asyncio.Future[Sequence[PutResult]]
+    respond: Callable[[Sequence[PutResult]], RemotingCommand | None]
 
 
 Reply = RemotingCommand | Pending | Coroutine[Any, Any, RemotingCommand | None] | None
