@@ -107,11 +107,25 @@ def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.nd
 
 
 def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int, stop: int,
-               min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
+               min_position: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """Rows of ``queue`` (index id ``qid``) for offsets [start, stop), as many BATCH_ROWS-row
     batches as needed, with the columns of ``schema`` (``schema_of``). Entries whose record lies
     below ``min_position`` (the commitlog's start) are gone: the read starts after them. ``stop``
-    must not pass the queue's next offset."""
+    must not pass the queue's next offset.
+
+    ``topic``: the topic every record of the queue has, where the caller knows it from the
+    queue's name (a topic queue: the store knows no queue names). The topic column is then built
+    from it, not cut out of each record; a read whose other columns need neither index entries
+    nor records (topic, queue, offset) reads one index entry, not the range."""
+    names = schema.names
+    from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
+    if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
+        # retention removes a queue's entries from the front only: [start, stop) all exist
+        result = RangeRead(start, stop)
+        for at in range(start, stop, BATCH_ROWS):
+            result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
+                                         schema, topic))
+        return result
     first, entries = read_entries(db, qid, start, stop)
     if len(entries):
         kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
@@ -121,20 +135,29 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     entries = _follow_releases(queue, first, entries, log)
     for at in range(0, len(entries), BATCH_ROWS):
         part = entries[at:at + BATCH_ROWS]
-        if RECORD_COLUMNS.isdisjoint(schema.names):
-            result.batches.append(_batch(queue, first + at, part, None, None, None, schema))
+        if not from_records:
+            result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
         else:
-            result.batches.extend(_batches(queue, first + at, part, log, schema))
+            result.batches.extend(_batches(queue, first + at, part, log, schema, topic))
     return result
 
 
+def _kept(db: Rdict, qid: int, start: int, stop: int, min_position: int) -> bool:
+    """Whether offset ``start``'s entry exists and its record is still in the commitlog (then
+    so are those of the offsets after it: retention works from the front)."""
+    if stop <= start:
+        return True
+    raw = db.get(entry_key(qid, start))
+    return raw is not None and ENTRY_VALUE.unpack(raw)[0] >= min_position
+
+
 def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue: str, qid: int, start: int,
-                    stop: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
+                    stop: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
-    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema)
+    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema, topic)
 
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
@@ -161,7 +184,7 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
 
 
 def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
-             schema: pa.Schema) -> list[pa.RecordBatch]:
+             schema: pa.Schema, topic: str | None) -> list[pa.RecordBatch]:
     positions = entries["position"].astype(np.int64)
     sizes = entries["size"].astype(np.int64)
     seg_size = log.segment_size
@@ -185,17 +208,17 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
             n = hi - at
             while n > 1 and int(end[at - lo + n - 1] - rel[at - lo]) > _MAX_VIEW_SPAN:
                 n //= 2
-            out.append(_batch(queue, first_offset + at, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at:at + n], schema))
+            out.append(_batch(queue, first_offset + at, n, entries[at:at + n], buffer,
+                              rel[at - lo:at - lo + n], sizes[at:at + n], schema, topic))
             at += n
     return out
 
 
-def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray | None,
-           sizes: np.ndarray | None, schema: pa.Schema) -> pa.RecordBatch:
-    """The rows of ``entries`` with the columns of ``schema``; ``buffer`` (the commitlog bytes,
-    records at ``rel``) is None when no column needs a record."""
-    n = len(entries)
+def _batch(queue: str, first_offset: int, n: int, entries: np.ndarray | None, buffer, rel: np.ndarray | None,
+           sizes: np.ndarray | None, schema: pa.Schema, topic: str | None) -> pa.RecordBatch:
+    """``n`` rows from ``first_offset`` with the columns of ``schema``: ``entries`` (their index
+    entries) is None when no column needs them, ``buffer`` (the commitlog bytes, records at
+    ``rel``) when no column needs a record; ``topic``: every row's (``read_range``)."""
     names = schema.names
     built: dict[str, pa.Array] = {}
     if "queue" in names:
@@ -203,15 +226,19 @@ def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.n
     if "offset" in names:
         built["offset"] = pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))
     if "timestamp" in names:
+        assert entries is not None
         built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
     if buffer is not None:
-        built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names))
+        built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names, topic))
+    if topic is not None and "topic" in names and "topic" not in built:
+        built["topic"] = _constant_string(topic, n)
     return pa.RecordBatch.from_arrays([built[name] for name in names], schema=schema)
 
 
 def _record_columns(queue: str, first_offset: int, buffer, rel: np.ndarray, sizes: np.ndarray,
-                    names: list[str]) -> dict[str, pa.Array]:
-    """The columns of ``names`` that are cut out of the records (RECORD_COLUMNS)."""
+                    names: list[str], topic: str | None) -> dict[str, pa.Array]:
+    """The columns of ``names`` that are cut out of the records (RECORD_COLUMNS); the topic
+    only without ``topic`` (every row's), or where a record's topic is not of its length."""
     lo = int(rel.min())  # (the first row's, but for released held messages: _follow_releases)
     hi = int((rel + sizes).max())
     block = _Block(np.frombuffer(buffer, np.uint8, hi - lo, lo))  # no copy of the buffer (mostly the map)
@@ -233,7 +260,7 @@ def _record_columns(queue: str, first_offset: int, buffer, rel: np.ndarray, size
     body_at = starts + sizes - body_len
 
     out: dict[str, pa.Array] = {}
-    if "topic" in names:
+    if "topic" in names and (topic is None or (topic_len != len(topic.encode())).any()):
         out["topic"] = block.gather(topic_at, topic_len, pa.string_view(), pa.string())
     if "key" in names:
         has_key = key_len > 0
