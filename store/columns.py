@@ -1,6 +1,7 @@
 """A queue's offset range as Arrow columns: the one place that turns stored messages into rows
 for bulk readers (the gateway's read API and the co-located ``StoreReader`` both call
-``read_range``). Needs numpy and pyarrow (the ``arrow`` extra); nothing else in the store does.
+``read_range``). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
+(``record_columns``) needs numpy; nothing else in the store does.
 
 Rows: queue, offset, topic, key (null when the message has none), properties (a map),
 payload (binary), timestamp (the store time, UTC), born_timestamp (the producer's time where the
@@ -16,6 +17,7 @@ publisher's client id), so each distinct property block is decoded once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -73,7 +75,11 @@ def schema_of(columns: Iterable[str] | None) -> pa.Schema:
     is not a column is a ValueError naming it."""
     if columns is None:
         return ARROW_SCHEMA
-    wanted = set(columns)
+    return _schema_of(frozenset(columns))
+
+
+@functools.lru_cache(maxsize=256)  # (a reader asks once per fetch: 1,000 short queues, 1,000 times)
+def _schema_of(wanted: frozenset[str]) -> pa.Schema:
     unknown = sorted(wanted - set(ARROW_SCHEMA.names))
     if unknown:
         raise ValueError(f"no column {', '.join(map(repr, unknown))}; the columns are {', '.join(ARROW_SCHEMA.names)}")

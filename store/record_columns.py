@@ -8,8 +8,10 @@ the born timestamps into an int64 array. A record that does not check out is a
 ``RecordCorruptError`` naming its queue and offset, never a read past the buffer. Given the
 topic every record should have (a topic queue's), it compares each record's topic with it and
 builds no topic column when all match. On the compiled path (pyproject.toml ``[tool.tidemq]
-compiled``): per record this is a few loads and a memcpy, where the numpy version before it made
-~25 array calls per batch and Arrow compacted view arrays.
+compiled``) a record costs a few loads and a memcpy: ~80 ns over 1,000 interleaved queues,
+nearly all of it the cache miss of reaching the record, so the numpy gathers it replaced were
+no slower in all; what it adds is the checks (field lengths, the topic byte by byte) in the
+same pass. Interpreted it is a Python loop per record: the reference for the tests only.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ def cut(buf: cython.const[cython.uchar][::1], rel: cython.const[cython.longlong]
         sizes: cython.const[cython.longlong][::1], fields: cython.int, topic: bytes | None,
         queue: str, first_offset: int) -> tuple:
     """The ``fields`` (bits) of the records at ``rel`` (``sizes[i]`` bytes each, as the index
-    says) in ``buf`` (a memoryview of bytes; int64 arrays of positions and sizes). Returns (topic, key, properties, payload, born): each column an
-    (int32 offsets, uint8 data) pair, the key's with a bool validity third (None: all valid),
+    says) in ``buf`` (a memoryview of bytes; int64 arrays of positions and sizes). Returns
+    (topic, key, properties, payload, born): each column an (int32 offsets, uint8 data) pair, the key's with a bool validity third (None: all valid),
     the born times an int64 array (ms); None for a field not asked for, and for the topic when
     ``topic`` (UTF-8) is given and every record has it."""
     n: cython.Py_ssize_t = rel.shape[0]
