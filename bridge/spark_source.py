@@ -62,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store.columns import schema_of
+from store.columns import BATCH_ROWS, schema_of
 
 from .data_client import ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
@@ -119,14 +119,15 @@ class QueueRanges(InputPartition):
 # Rows per batch handed to Spark: a partition's short queue ranges (a topic with a few thousand
 # messages) are joined into batches of about this many rows, as each batch costs Spark's JVM side
 # a fixed amount to take in (1M rows in 1,000-row batches took ~0.15 s more JVM CPU than in
-# 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory.
-SHIP_ROWS = 65_536
+# 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
+# batches (``store.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
+SHIP_ROWS = BATCH_ROWS
 SHIP_BYTES = 32 << 20
 
 
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
     """The rows of a planned partition (a queue range or several) with the query's columns, in
-    batches of about ``SHIP_ROWS`` rows."""
+    batches of at least ``SHIP_ROWS`` rows (but the last)."""
     if isinstance(part, QueueRanges):
         yield from joined(batch for one in part.ranges for batch in read_partition(one, columns))
     elif isinstance(part, QueueRange):
