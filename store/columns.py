@@ -123,7 +123,7 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
     if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
         # retention removes a queue's entries from the front only: [start, stop) all exist
-        result = RangeRead(start, stop)
+        result = RangeRead(start, max(start, stop))
         for at in range(start, stop, BATCH_ROWS):
             result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
                                          schema, topic))
