@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from protocols.queue_names import matching_topic_queues
+from protocols.queue_names import matching_topic_queues, topic_of_queue
 from store import columns as store_columns
 from store.readonly import StoreReader, first_readable_offset
 
@@ -236,7 +236,7 @@ class DirectClient:
         if first >= stop:
             return Fetch(first, first, low, state.next_offset)
         found = store_columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor,
-                                         store_columns.schema_of(columns))
+                                         store_columns.schema_of(columns), topic_of_queue(queue))
         return Fetch(found.first_offset, found.next_offset, low, state.next_offset, found.batches)
 
     def close(self) -> None:

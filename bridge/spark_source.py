@@ -62,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store.columns import schema_of
+from store.columns import BATCH_ROWS, schema_of
 
 from .data_client import ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
@@ -116,14 +116,39 @@ class QueueRanges(InputPartition):
         return f"QueueRanges({self.ranges!r})"
 
 
+# Rows per batch handed to Spark: a partition's short queue ranges (a topic with a few thousand
+# messages) are joined into batches of about this many rows, as each batch costs Spark's JVM side
+# a fixed amount to take in (1M rows in 1,000-row batches took ~0.15 s more JVM CPU than in
+# 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
+# batches (``store.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
+SHIP_ROWS = BATCH_ROWS
+SHIP_BYTES = 32 << 20
+
+
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
-    """The rows of a planned partition (a queue range or several) with the query's columns."""
+    """The rows of a planned partition (a queue range or several) with the query's columns, in
+    batches of at least ``SHIP_ROWS`` rows (but the last)."""
     if isinstance(part, QueueRanges):
-        for one in part.ranges:
-            yield from read_partition(one, columns)
+        yield from joined(batch for one in part.ranges for batch in read_partition(one, columns))
     elif isinstance(part, QueueRange):
-        yield from read_partition(part, columns)
+        yield from joined(read_partition(part, columns))
     # else an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
+
+
+def joined(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` (of one schema) joined into batches of at least ``SHIP_ROWS`` rows (the last
+    may be shorter) or ``SHIP_BYTES`` bytes, in order; a batch as big alone passes as it is."""
+    waiting: list[pa.RecordBatch] = []
+    rows = size = 0
+    for batch in batches:
+        waiting.append(batch)
+        rows += batch.num_rows
+        size += batch.nbytes
+        if rows >= SHIP_ROWS or size >= SHIP_BYTES:
+            yield waiting[0] if len(waiting) == 1 else pa.concat_batches(waiting)
+            waiting, rows, size = [], 0, 0
+    if waiting:
+        yield waiting[0] if len(waiting) == 1 else pa.concat_batches(waiting)
 
 
 def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:

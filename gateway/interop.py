@@ -43,6 +43,7 @@ from protocols.queue_names import (  # noqa: F401
     queue_for_filter,
     remoting_queue,
     remoting_topic_of,
+    topic_of_queue,
     topic_queue,
 )
 

@@ -26,13 +26,18 @@ records, every column, written once to Parquet (untimed) in the same session, an
 queries over it. One untimed run warms the Python workers and the JIT, then ``--runs`` (3;
 ``--quick``: 1) timed runs; a line gives the best::
 
-    spark_parquet records=1000000 records_per_s=... batch_s=... agg=count runs=3 partitions=2
-    spark_source records=1000000 records_per_s=... batch_s=... mode=dataDir agg=count runs=3 partitions=4
-                 columns=topic:STRING,payload:BINARY,timestamp:TIMESTAMP vs_parquet=0.85
+    spark_parquet records=1000000 records_per_s=... batch_s=... cpu_s=... agg=count runs=3 partitions=2
+    spark_source records=1000000 records_per_s=... batch_s=... cpu_s=... mode=dataDir agg=count runs=3
+                 partitions=4 columns=topic:STRING,payload:BINARY,timestamp:TIMESTAMP vs_parquet=0.85
+                 cpu_vs_parquet=0.80
 
 ``batch_s`` is the wall time of the whole job (planning, offsets, reads, aggregation, collect);
 ``records_per_s`` is records / batch_s; ``vs_parquet`` is the source's records_per_s over
-Parquet's for the same query. Spark's session start-up is not counted.
+Parquet's for the same query. ``cpu_s`` is the CPU time a run costs this process and its
+children (Spark's JVM and Python workers, and in ``address`` mode the gateway, a thread here),
+the mean of the timed runs; ``cpu_vs_parquet`` is Parquet's over the source's. On a shared
+machine wall times swing with the neighbours' load (Parquet's own by 2x between sessions);
+CPU time much less. Spark's session start-up is not counted.
 
 End to end (``--parts e2e``): a second, fresh gateway with an MQTT listener; the example job
 ``spark_sinks/jobs/telemetry_agg.py`` (both queries: Parquet aggregates and alerts, on the same
@@ -162,19 +167,41 @@ def source(spark, options: dict[str, str], agg: str, pruned: bool):
     return (reader.schema(COLUMNS[agg]) if pruned else reader).load()
 
 
-def measure(load, agg: str, records: int, runs: int) -> tuple[float, int]:
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and its descendants (Spark's JVM, its Python
+    workers; the gateway is a thread here), from /proc (0 where there is none)."""
+    stats = {}
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = path.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (gone meanwhile)
+        stats[int(path.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0))[1]
+        todo.extend(children.get(pid, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measure(load, agg: str, records: int, runs: int) -> tuple[float, float, int]:
     """Best wall time of ``runs`` runs of the aggregation over ``load()`` (after one untimed
-    warm-up), and the scan's partitions."""
+    warm-up), their mean CPU time (``tree_cpu``) and the scan's partitions."""
     partitions = load().rdd.getNumPartitions()
     rows = aggregate(load(), agg).collect()  # warm-up: Python workers, JIT
     assert len(rows) == min(DEVICES, records) and sum(r.n for r in rows) == records, "wrong aggregate"
     best = float("inf")
+    cpu = tree_cpu()
     for _ in range(runs):
         started = time.perf_counter()
         rows = aggregate(load(), agg).collect()
         best = min(best, time.perf_counter() - started)
         assert sum(r.n for r in rows) == records
-    return best, partitions
+    return best, (tree_cpu() - cpu) / runs, partitions
 
 
 def write_parquet(spark, options: dict[str, str], path: Path) -> None:
@@ -338,20 +365,24 @@ def main() -> None:
                 for agg in args.aggs.split(","):
                     baseline = None
                     if "parquet" in parts:
-                        seconds, partitions = measure(lambda: spark.read.parquet(str(parquet)), agg, args.records, runs)
+                        seconds, base_cpu, partitions = measure(lambda: spark.read.parquet(str(parquet)), agg,
+                                                                args.records, runs)
                         baseline = args.records / seconds
                         line = (f"spark_parquet records={args.records} records_per_s={baseline:.0f} "
-                                f"batch_s={seconds:.2f} agg={agg} runs={runs} partitions={partitions}")
+                                f"batch_s={seconds:.2f} cpu_s={base_cpu:.2f} agg={agg} runs={runs} "
+                                f"partitions={partitions}")
                         print(line, flush=True)
                         lines.append(line)
                     for mode in modes if "source" in parts else ():
-                        seconds, partitions = measure(lambda m=mode, a=agg: source(spark, connect[m], a, pruned), agg,
-                                                      args.records, runs)
+                        seconds, cpu, partitions = measure(lambda m=mode, a=agg: source(spark, connect[m], a, pruned),
+                                                           agg, args.records, runs)
                         rate = args.records / seconds
                         schema = COLUMNS[agg].replace(" ", ":").replace(",:", ",") if pruned else "all"
                         line = (f"spark_source records={args.records} records_per_s={rate:.0f} "
-                                f"batch_s={seconds:.2f} mode={mode} agg={agg} runs={runs} partitions={partitions} "
-                                f"columns={schema}" + (f" vs_parquet={rate / baseline:.2f}" if baseline else ""))
+                                f"batch_s={seconds:.2f} cpu_s={cpu:.2f} mode={mode} agg={agg} runs={runs} "
+                                f"partitions={partitions} columns={schema}"
+                                + (f" vs_parquet={rate / baseline:.2f} cpu_vs_parquet={base_cpu / cpu:.2f}"
+                                   if baseline else ""))
                         print(line, flush=True)
                         lines.append(line)
             finally:

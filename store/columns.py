@@ -1,21 +1,23 @@
 """A queue's offset range as Arrow columns: the one place that turns stored messages into rows
 for bulk readers (the gateway's read API and the co-located ``StoreReader`` both call
-``read_range``). Needs numpy and pyarrow (the ``arrow`` extra); nothing else in the store does.
+``read_range``). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
+(``record_columns``) needs numpy; nothing else in the store does.
 
 Rows: queue, offset, topic, key (null when the message has none), properties (a map),
 payload (binary), timestamp (the store time, UTC), born_timestamp (the producer's time where the
 protocol carries one -- remoting's bornTimestamp --, else the time the gateway accepted the message:
 MQTT and AMQP 0-9-1 publishes carry none). Speed comes from doing no Python work per
-message: index entries come from one RocksDB range scan; record headers are copied out of the
-commitlog map by one numpy gather over a sliding-window view of it and decoded as a structured
-array; every variable-length field is cut out of the map by an Arrow *binary view* array over
-the mapped bytes, which Arrow compacts into a plain column in C++ (a Python slice per field per
-message was 4x slower). Measured: ~2 M rows/s on one core. Properties repeat (an MQTT message
-carries its publisher's client id), so each distinct property block is decoded once.
+message: index entries come from one RocksDB range scan, decoded as a structured numpy array;
+the record fields are cut out of the commitlog map by one pass of the compiled decoder
+(``store/record_columns.py``) straight into Arrow buffers. A topic queue's topic column is its
+name's (the caller says so: ``read_range``), and a read that needs neither entries nor records
+(topic, queue, offset) reads no range at all. Properties repeat (an MQTT message carries its
+publisher's client id), so each distinct property block is decoded once.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,12 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rocksdict import Rdict, ReadOptions
 
+from . import record_columns
 from .commitlog import CommitLog
 from .consumequeue import ENTRY_VALUE, entry_key
 from .errors import RecordCorruptError
 from .holds import INDIRECT, ControlRecord
 from .readonly import CommitLogReader
-from .record import HEADER_SIZE, MAGIC, decode_properties
+from .record import decode_properties
 
 ARROW_SCHEMA = pa.schema([
     pa.field("queue", pa.string(), nullable=False),
@@ -47,15 +50,10 @@ ARROW_SCHEMA = pa.schema([
 RECORD_COLUMNS = frozenset({"topic", "key", "properties", "payload", "born_timestamp"})
 
 ENTRY_DTYPE = np.dtype([("position", ">u8"), ("size", ">u4"), ("tag", ">i8"), ("store_ts", ">i8")])
-HEADER_DTYPE = np.dtype([
-    ("total", ">u4"), ("magic", ">u4"), ("crc", ">u4"), ("flags", ">u4"), ("born", ">i8"), ("store", ">i8"),
-    ("queue_count", ">u2"), ("topic_len", ">u2"), ("key_len", ">u2"), ("props_len", ">u4"), ("body_len", ">u4"),
-])
-assert ENTRY_DTYPE.itemsize == ENTRY_VALUE.size and HEADER_DTYPE.itemsize == HEADER_SIZE
+assert ENTRY_DTYPE.itemsize == ENTRY_VALUE.size
 
 BATCH_ROWS = 32_768  # rows per RecordBatch: big enough to amortise, small enough for memory
-_MAX_VIEW_SPAN = (1 << 31) - 1  # binary-view offsets are int32
-_INLINE = np.arange(12)
+_MAX_COLUMN = (1 << 31) - 1  # bytes of a string or binary column (int32 offsets)
 
 
 @dataclass(slots=True)
@@ -77,7 +75,11 @@ def schema_of(columns: Iterable[str] | None) -> pa.Schema:
     is not a column is a ValueError naming it."""
     if columns is None:
         return ARROW_SCHEMA
-    wanted = set(columns)
+    return _schema_of(frozenset(columns))
+
+
+@functools.lru_cache(maxsize=256)  # (a reader asks once per fetch: 1,000 short queues, 1,000 times)
+def _schema_of(wanted: frozenset[str]) -> pa.Schema:
     unknown = sorted(wanted - set(ARROW_SCHEMA.names))
     if unknown:
         raise ValueError(f"no column {', '.join(map(repr, unknown))}; the columns are {', '.join(ARROW_SCHEMA.names)}")
@@ -107,11 +109,25 @@ def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.nd
 
 
 def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int, stop: int,
-               min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
+               min_position: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """Rows of ``queue`` (index id ``qid``) for offsets [start, stop), as many BATCH_ROWS-row
     batches as needed, with the columns of ``schema`` (``schema_of``). Entries whose record lies
     below ``min_position`` (the commitlog's start) are gone: the read starts after them. ``stop``
-    must not pass the queue's next offset."""
+    must not pass the queue's next offset.
+
+    ``topic``: the topic every record of the queue has, where the caller knows it from the
+    queue's name (a topic queue: the store knows no queue names). The topic column is then built
+    from it, not cut out of each record; a read whose other columns need neither index entries
+    nor records (topic, queue, offset) reads one index entry, not the range."""
+    names = schema.names
+    from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
+    if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
+        # retention removes a queue's entries from the front only: [start, stop) all exist
+        result = RangeRead(start, max(start, stop))
+        for at in range(start, stop, BATCH_ROWS):
+            result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
+                                         schema, topic))
+        return result
     first, entries = read_entries(db, qid, start, stop)
     if len(entries):
         kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
@@ -121,20 +137,29 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     entries = _follow_releases(queue, first, entries, log)
     for at in range(0, len(entries), BATCH_ROWS):
         part = entries[at:at + BATCH_ROWS]
-        if RECORD_COLUMNS.isdisjoint(schema.names):
-            result.batches.append(_batch(queue, first + at, part, None, None, None, schema))
+        if not from_records:
+            result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
         else:
-            result.batches.extend(_batches(queue, first + at, part, log, schema))
+            result.batches.extend(_batches(queue, first + at, part, log, schema, topic))
     return result
 
 
+def _kept(db: Rdict, qid: int, start: int, stop: int, min_position: int) -> bool:
+    """Whether offset ``start``'s entry exists and its record is still in the commitlog (then
+    so are those of the offsets after it: retention works from the front)."""
+    if stop <= start:
+        return True
+    raw = db.get(entry_key(qid, start))
+    return raw is not None and ENTRY_VALUE.unpack(raw)[0] >= min_position
+
+
 def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue: str, qid: int, start: int,
-                    stop: int, schema: pa.Schema = ARROW_SCHEMA) -> RangeRead:
+                    stop: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
-    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema)
+    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema, topic)
 
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
@@ -161,7 +186,7 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
 
 
 def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
-             schema: pa.Schema) -> list[pa.RecordBatch]:
+             schema: pa.Schema, topic: str | None) -> list[pa.RecordBatch]:
     positions = entries["position"].astype(np.int64)
     sizes = entries["size"].astype(np.int64)
     seg_size = log.segment_size
@@ -172,30 +197,28 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
     for lo, hi in itertools.pairwise(cuts):
         seg_start = int(segments[lo]) * seg_size
         rel = positions[lo:hi] - seg_start
-        end = rel + sizes[lo:hi]
-        found = log.span(seg_start, int(rel.min()), int(end.max()))
+        found = log.span(seg_start, int(rel.min()), int((rel + sizes[lo:hi]).max()))
         if found is None:
             raise RecordCorruptError(
                 f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
         buffer, base = found
         rel -= base
-        end -= base
         at = lo
-        while at < hi:  # keep each span under the int32 offsets of a binary view
+        while at < hi:  # a batch's records, so each of its columns, stay within int32 offsets
             n = hi - at
-            while n > 1 and int(end[at - lo + n - 1] - rel[at - lo]) > _MAX_VIEW_SPAN:
+            while n > 1 and int(sizes[at:at + n].sum()) > _MAX_COLUMN:
                 n //= 2
-            out.append(_batch(queue, first_offset + at, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at:at + n], schema))
+            out.append(_batch(queue, first_offset + at, n, entries[at:at + n], buffer,
+                              rel[at - lo:at - lo + n], sizes[at:at + n], schema, topic))
             at += n
     return out
 
 
-def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.ndarray | None,
-           sizes: np.ndarray | None, schema: pa.Schema) -> pa.RecordBatch:
-    """The rows of ``entries`` with the columns of ``schema``; ``buffer`` (the commitlog bytes,
-    records at ``rel``) is None when no column needs a record."""
-    n = len(entries)
+def _batch(queue: str, first_offset: int, n: int, entries: np.ndarray | None, buffer, rel: np.ndarray | None,
+           sizes: np.ndarray | None, schema: pa.Schema, topic: str | None) -> pa.RecordBatch:
+    """``n`` rows from ``first_offset`` with the columns of ``schema``: ``entries`` (their index
+    entries) is None when no column needs them, ``buffer`` (the commitlog bytes, records at
+    ``rel``) when no column needs a record; ``topic``: every row's (``read_range``)."""
     names = schema.names
     built: dict[str, pa.Array] = {}
     if "queue" in names:
@@ -203,92 +226,43 @@ def _batch(queue: str, first_offset: int, entries: np.ndarray, buffer, rel: np.n
     if "offset" in names:
         built["offset"] = pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64))
     if "timestamp" in names:
+        assert entries is not None
         built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
     if buffer is not None:
-        built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names))
+        built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names, topic))
+    if topic is not None and "topic" in names and "topic" not in built:
+        built["topic"] = _constant_string(topic, n)
     return pa.RecordBatch.from_arrays([built[name] for name in names], schema=schema)
 
 
 def _record_columns(queue: str, first_offset: int, buffer, rel: np.ndarray, sizes: np.ndarray,
-                    names: list[str]) -> dict[str, pa.Array]:
-    """The columns of ``names`` that are cut out of the records (RECORD_COLUMNS)."""
+                    names: list[str], topic: str | None) -> dict[str, pa.Array]:
+    """The columns of ``names`` that are cut out of the records (RECORD_COLUMNS,
+    ``store/record_columns.py``); the topic only without ``topic`` (every row's), or where a
+    record's topic is not it."""
     lo = int(rel.min())  # (the first row's, but for released held messages: _follow_releases)
     hi = int((rel + sizes).max())
-    block = _Block(np.frombuffer(buffer, np.uint8, hi - lo, lo))  # no copy of the buffer (mostly the map)
-    starts = rel - lo
-    headers = block.windows(HEADER_SIZE)[starts].view(HEADER_DTYPE)
-    bad = (headers["magic"] != MAGIC) | (headers["total"] != sizes)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise RecordCorruptError(
-            f"queue {queue} offset {first_offset + i}: no valid record at its commitlog position "
-            f"(magic {int(headers['magic'][i]):#x}, size {int(headers['total'][i])}, index says {int(sizes[i])})")
-    topic_len = headers["topic_len"].astype(np.int64)
-    key_len = headers["key_len"].astype(np.int64)
-    props_len = headers["props_len"].astype(np.int64)
-    body_len = headers["body_len"].astype(np.int64)
-    topic_at = starts + HEADER_SIZE
-    key_at = topic_at + topic_len
-    props_at = key_at + key_len
-    body_at = starts + sizes - body_len
-
+    fields = sum(bit for name, bit in _FIELDS.items() if name in names)
+    with memoryview(buffer) as view:  # (no copy of the buffer: mostly the segment's map)
+        cut = record_columns.cut(view[lo:hi], rel - lo, sizes, fields, None if topic is None else topic.encode(),
+                                 queue, first_offset)
+    n = len(rel)
     out: dict[str, pa.Array] = {}
-    if "topic" in names:
-        out["topic"] = block.gather(topic_at, topic_len, pa.string_view(), pa.string())
-    if "key" in names:
-        has_key = key_len > 0
-        out["key"] = block.gather(key_at, key_len, pa.string_view(), pa.string(), None if has_key.all() else has_key)
-    if "properties" in names:
-        out["properties"] = _properties(block.gather(props_at, props_len, pa.binary_view(), pa.binary()))
-    if "payload" in names:
-        out["payload"] = block.gather(body_at, body_len, pa.binary_view(), pa.binary())
-    if "born_timestamp" in names:
-        out["born_timestamp"] = pa.array(headers["born"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+    for name, column, kind in (("topic", cut[0], pa.string()), ("key", cut[1], pa.string()),
+                               ("properties", cut[2], pa.binary()), ("payload", cut[3], pa.binary())):
+        if column is not None:
+            offsets, data, valid = column
+            validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+            out[name] = pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
+    if "properties" in out:
+        out["properties"] = _properties(out["properties"])
+    if cut[4] is not None:
+        out["born_timestamp"] = pa.array(cut[4] * 1000, pa.timestamp("us", tz="UTC"))
     return out
 
 
-# An Arrow view array holds 16 bytes per value: the length, then either the value itself (up to
-# 12 bytes, zero-padded) or its first 4 bytes, a buffer index and an offset into that buffer.
-_VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
-
-
-class _Block:
-    """Commitlog bytes (a map, or a copy of the newest) and ways to cut fields out of them without a
-    Python loop."""
-
-    __slots__ = ("array", "buffer")
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-        self.buffer = pa.py_buffer(array)
-
-    def windows(self, width: int) -> np.ndarray:
-        """Element i is bytes [i, i + width): indexing it with n starts copies n fields in one
-        numpy gather (a 2-D byte gather was 4x slower)."""
-        return np.ndarray((len(self.array) - width + 1,), f"V{width}", buffer=self.array, strides=(1,))
-
-    def gather(self, starts: np.ndarray, lengths: np.ndarray, view_type: pa.DataType, out_type: pa.DataType,
-               valid: np.ndarray | None = None) -> pa.Array:
-        """``lengths[i]`` bytes at ``starts[i]``, as one plain Arrow column (Arrow compacts the
-        view array in C++)."""
-        n = len(starts)
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if valid is not None else None
-        views = np.zeros(n, _VIEW)
-        views["length"] = lengths
-        far = lengths > 12
-        if far.all():
-            views["prefix"] = self.windows(4)[starts]
-            views["offset"] = starts
-        elif lengths.any():
-            rows = np.flatnonzero(far)
-            views["prefix"][rows] = self.windows(4)[starts[rows]]
-            views["offset"][rows] = starts[rows]
-            rows = np.flatnonzero(~far & (lengths > 0))  # short values go inside the view
-            data = self.array[np.minimum(starts[rows, None] + _INLINE, len(self.array) - 1)]
-            data[_INLINE >= lengths[rows, None]] = 0
-            views.view(np.uint8).reshape(n, 16)[rows, 4:16] = data
-        array = pa.Array.from_buffers(view_type, n, [validity, pa.py_buffer(views), self.buffer])
-        return array.cast(out_type)
+_FIELDS = {"topic": record_columns.TOPIC, "key": record_columns.KEY, "properties": record_columns.PROPERTIES,
+           "payload": record_columns.PAYLOAD, "born_timestamp": record_columns.BORN}
 
 
 def _constant_string(value: str, n: int) -> pa.Array:

@@ -40,9 +40,9 @@ def built(monkeypatch) -> list[tuple[tuple[str, ...], int]]:
     seen: list[tuple[tuple[str, ...], int]] = []
     real = columns.read_range
 
-    def read_range(db, log, queue, qid, start, stop, min_position, schema=columns.ARROW_SCHEMA):
+    def read_range(db, log, queue, qid, start, stop, min_position, schema=columns.ARROW_SCHEMA, topic=None):
         seen.append((tuple(schema.names), stop - start))
-        return real(db, log, queue, qid, start, stop, min_position, schema)
+        return real(db, log, queue, qid, start, stop, min_position, schema, topic)
 
     monkeypatch.setattr(columns, "read_range", read_range)
     return seen

@@ -23,8 +23,10 @@ from bridge.data_client import close_clients
 from bridge.spark_options import OptionError, SourceOptions
 from bridge.spark_source import (
     SCHEMA,
+    SHIP_ROWS,
     DataLossError,
     QueueRange,
+    joined,
     rate_limit,
     read_partition,
 )
@@ -417,3 +419,18 @@ async def test_starting_offset_past_the_end_is_named_as_such(spark, data_dir: Pa
         text = await asyncio.to_thread(stream)
         assert f"startingOffsets for queue '{queue}' is 5, past the queue's end (2" in text
         assert "replaced or cut" not in text
+
+
+def test_short_ranges_reach_spark_joined_in_order_and_full_batches_as_they_are() -> None:
+    """A partition of many short queue ranges hands Spark few batches (each costs the JVM a
+    fixed amount), rows in order; a batch as big as the store's passes without a copy."""
+    def batch(first: int, n: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"offset": pa.array(range(first, first + n), pa.int64())})
+
+    full = batch(40_000, SHIP_ROWS)
+    parts = [batch(i * 1000, 1000) for i in range(40)] + [full, batch(40_000 + SHIP_ROWS, 5)]
+    out = list(joined(iter(parts)))
+    assert [b.num_rows for b in out] == [33_000, 7_000 + SHIP_ROWS, 5]
+    assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(40_005 + SHIP_ROWS))
+    assert next(joined(iter([full]))) is full
+    assert list(joined(iter([]))) == []

@@ -41,7 +41,7 @@ from aiohttp import web
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
 
-from ..interop import queue_for_filter
+from ..interop import queue_for_filter, topic_of_queue
 from .data_access import PRINCIPAL, DataAccess
 from .data_topics import TopicListing
 from .errors import AdminError, no_store
@@ -217,5 +217,7 @@ class DataApi:
 
         assert self._log is not None
         with self._log_lock:
-            result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop, schema)
+            # a topic queue's rows all have its topic (the store knows no queue names)
+            result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop, schema,
+                                             topic_of_queue(queue))
         return result, columns.arrow_stream(result.batches, schema)

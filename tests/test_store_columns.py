@@ -1,0 +1,75 @@
+"""Bulk reads as Arrow columns (store/columns.py) against a real store: a topic queue's topic
+column comes from its name (the caller's ``topic``) without reading what the query does not
+need, the records overrule a name that does not fit them, and retention is honoured on the
+short path too."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from store import Message, columns, record_columns
+from store.readonly import CommitLogReader
+
+TOPIC_ONLY = columns.schema_of(["topic"])
+
+
+def rows(read: columns.RangeRead, schema: pa.Schema) -> dict[str, list]:
+    return pa.Table.from_batches(read.batches, schema).to_pydict()
+
+
+async def put(store, topic: str, queue: str, n: int) -> int:
+    results = await store.put_batch([(Message(topic=topic, body=b"%d" % i), [queue]) for i in range(n)])
+    return results[-1].position
+
+
+async def test_a_topic_only_read_of_a_topic_queue_reads_no_range_and_no_record(open_store, monkeypatch) -> None:
+    store = await open_store()
+    await put(store, "a/b", "t:a/b", 40)
+    qid = store.index.lookup("t:a/b").qid
+    log = CommitLogReader(store.commitlog.directory)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("read what the query does not need")
+
+    monkeypatch.setattr(columns, "read_entries", refused)
+    monkeypatch.setattr(record_columns, "cut", refused)
+    read = columns.read_range_live(store.index.db, log, store.commitlog, "t:a/b", qid, 5, 40, TOPIC_ONLY, "a/b")
+    assert (read.first_offset, read.next_offset) == (5, 40)
+    assert rows(read, TOPIC_ONLY) == {"topic": ["a/b"] * 35}
+    schema = columns.schema_of(["queue", "offset", "topic"])
+    read = columns.read_range_live(store.index.db, log, store.commitlog, "t:a/b", qid, 0, 40, schema, "a/b")
+    assert rows(read, schema) == {"queue": ["t:a/b"] * 40, "offset": list(range(40)), "topic": ["a/b"] * 40}
+    with pytest.raises(AssertionError, match="does not need"):  # without the topic, the records are read
+        columns.read_range_live(store.index.db, log, store.commitlog, "t:a/b", qid, 0, 40, TOPIC_ONLY)
+    log.close()
+
+
+async def test_the_records_overrule_a_topic_that_does_not_fit_them(open_store) -> None:
+    """A queue whose records have another topic than the caller says (the gateway never
+    writes one): when the records are read anyway, their topic is the column."""
+    store = await open_store()
+    await put(store, "x/y", "t:a/b", 3)
+    await put(store, "a/b", "t:a/c", 3)  # same length, other bytes
+    log = CommitLogReader(store.commitlog.directory)
+    schema = columns.schema_of(["topic", "payload"])
+    for queue, said in [("t:a/b", "a/b"), ("t:a/c", "a/b"), ("t:a/c", "a/bb")]:
+        qid = store.index.lookup(queue).qid
+        read = columns.read_range_live(store.index.db, log, store.commitlog, queue, qid, 0, 3, schema, said)
+        assert rows(read, schema) == {"topic": ["x/y" if queue == "t:a/b" else "a/b"] * 3,
+                                      "payload": [b"0", b"1", b"2"]}
+    log.close()
+
+
+async def test_retention_is_honoured_without_a_range_read(open_store) -> None:
+    """Entries whose records lie below the commitlog's start are gone: a topic-only read starts
+    after them, as the full read does."""
+    store = await open_store()
+    positions = [await put(store, "a/b", "t:a/b", 1) for _ in range(10)]
+    qid = store.index.lookup("t:a/b").qid
+    log = CommitLogReader(store.commitlog.directory)
+    for schema in (TOPIC_ONLY, columns.schema_of(["topic", "payload"])):
+        read = columns.read_range(store.index.db, log, "t:a/b", qid, 0, 10, positions[4], schema, "a/b")
+        assert (read.first_offset, read.next_offset) == (4, 10)
+        assert rows(read, schema)["topic"] == ["a/b"] * 6
+    log.close()
