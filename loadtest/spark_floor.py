@@ -8,8 +8,10 @@ session (local[2]), the same queries (``bench_spark.aggregate``), best of ``--ru
 
 prints per aggregation::
 
-    spark_floor records=1000000 batch_s=... agg=groupcount partitions=4 vs_parquet=...
-    spark_parquet records=1000000 batch_s=... agg=groupcount
+    spark_floor records=1000000 batch_s=... cpu_s=... agg=groupcount partitions=4 vs_parquet=... cpu_vs_parquet=...
+    spark_parquet records=1000000 batch_s=... cpu_s=... agg=groupcount
+
+(``cpu_s``: bench_spark's, the CPU time of a run across the bench, Spark's JVM and its workers.)
 
 No source that ships its rows through the Python data source API (Python worker -> Arrow ->
 the JVM's rows) can do better than ``spark_floor``: it is the bound of the ``tidemq`` source's
@@ -89,12 +91,15 @@ def main() -> None:
         parquet = str(tmp / "floor.parquet")
         spark.read.format("tidemqfloor").load().write.parquet(parquet)  # (untimed)
         for agg in args.aggs.split(","):
-            floor_s, _ = measure(lambda agg=agg: spark.read.format("tidemqfloor").schema(COLUMNS[agg]).load(), agg,
-                                 args.records, args.runs)
-            parquet_s, _ = measure(lambda: spark.read.parquet(parquet), agg, args.records, args.runs)
-            print(f"spark_floor records={args.records} batch_s={floor_s:.2f} agg={agg} partitions={args.partitions} "
-                  f"vs_parquet={parquet_s / floor_s:.2f}", flush=True)
-            print(f"spark_parquet records={args.records} batch_s={parquet_s:.2f} agg={agg}", flush=True)
+            floor_s, floor_cpu, _ = measure(
+                lambda agg=agg: spark.read.format("tidemqfloor").schema(COLUMNS[agg]).load(), agg, args.records,
+                args.runs)
+            parquet_s, parquet_cpu, _ = measure(lambda: spark.read.parquet(parquet), agg, args.records, args.runs)
+            print(f"spark_floor records={args.records} batch_s={floor_s:.2f} cpu_s={floor_cpu:.2f} agg={agg} "
+                  f"partitions={args.partitions} vs_parquet={parquet_s / floor_s:.2f} "
+                  f"cpu_vs_parquet={parquet_cpu / floor_cpu:.2f}", flush=True)
+            print(f"spark_parquet records={args.records} batch_s={parquet_s:.2f} cpu_s={parquet_cpu:.2f} agg={agg}",
+                  flush=True)
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
