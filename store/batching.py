@@ -172,9 +172,10 @@ def put_results(groups: list[list[PreparedMessage]], positions: list[int], place
 class PutResults:
     """What one put returns: a sequence of ``PutResult`` (``collections.abc.Sequence``, not a
     list: read, index, slice, iterate, compare), one per message in put order, each built when
-    it is read (the queue lists the put named are read then: the callers' own, never changed). Most puts' results are never read (the MQTT and AMQP gateways
-    acknowledge a publish by its packet or delivery tag): built up front, a PutResult and its
-    offsets dict cost the MQTT fan-in ~0.3 us a message (py-spy, 3.7 % of its samples)."""
+    it is read (the queue lists the put named are read then: the callers' own, never changed).
+    Most puts' results are never read (the MQTT and AMQP gateways acknowledge a publish by its
+    packet or delivery tag): built up front, a PutResult and its offsets dict cost the MQTT
+    fan-in ~0.3 us a message (py-spy, 3.7 % of its samples)."""
 
     _prepared = cython.declare(list)  # the put's PreparedMessages
     _positions = cython.declare(list)  # their records' positions
@@ -230,7 +231,7 @@ class PutResults:
         return iter([self._result(i) for i in range(len(self._prepared))])
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (list, tuple)) and type(other).__name__ != "PutResults":
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):  # (either build's PutResults too)
             return NotImplemented
         return list(self) == list(other)  # type: ignore[call-overload]
 
