@@ -379,6 +379,9 @@ class Gateway:
             return "starting or stopping"
         if self.pressure is not None and self.pressure.raised:
             return f"publishers are blocked: {self.pressure.reason}"
+        failure = self.store.write_failure() if self.store is not None else None
+        if failure is not None:
+            return f"the store refuses writes until a restart: {failure}"
         return None
 
     async def stop(self) -> None:

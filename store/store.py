@@ -163,8 +163,11 @@ class MessageStore:
         try:
             await loop.run_in_executor(None, self.commitlog.flush)
             await loop.run_in_executor(None, self.index.flush)
-            self._checkpoint_offsets_now()
-            self.meta.flush()
+            try:
+                self._checkpoint_offsets_now()
+                self.meta.flush()
+            except StoreWriteError as exc:  # (offsets read since the last checkpoint are read again)
+                log.error("offsets not saved at close error=%s", exc)
         finally:
             self.notify.close()
             self._log_limited.flush()
@@ -477,6 +480,13 @@ class MessageStore:
         if not self.retention.enabled:
             return 0
         return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at, self.trimmer)
+
+    def write_failure(self) -> StoreError | None:
+        """Why the store refuses writes until a restart (a failed fdatasync, index or meta
+        write), None when it takes them: a full commitlog disk alone is no such reason (a put
+        that fits once space is free is stored)."""
+        failure = self.committer.failure() if self.committer is not None else None
+        return failure or self.meta.failed
 
     def committer_writable(self) -> bool:
         return self.committer is not None and not self.committer.closing and self.committer.failure() is None

@@ -246,9 +246,9 @@ class AMQPBroker:
         if problem:
             raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
-        self.exchanges[name] = exchange
-        if exchange.durable:
+        if exchange.durable:  # (written first: StoreError leaves no exchange behind)
             self._meta.put(f"x:{name}", exchange.definition())
+        self.exchanges[name] = exchange
 
     def delete_exchange(self, channel: ClientChannel, m: commands.Exchange.Delete) -> None:
         exchange = self.exchanges.get(m.exchange)
@@ -324,7 +324,11 @@ class AMQPBroker:
         definition = QueueDefinition(name, m.durable, m.exclusive, m.auto_delete, arguments)
         queue = self._open_queue(definition, conn if m.exclusive else None)
         if definition.durable and not definition.exclusive:
-            self._meta.put(f"q:{name}", definition.to_json())
+            try:
+                self._meta.put(f"q:{name}", definition.to_json())
+            except StoreError:  # not declared: gone from memory too (a new queue has no consumer yet)
+                del self.queues[name]
+                raise
         # every queue is bound to the default exchange by its name (implicitly: see route())
         conn.last_queue = name
         if m.exclusive:
@@ -389,12 +393,12 @@ class AMQPBroker:
         binding = Binding(queue.name, routing_key, dict(arguments))
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
-        exchange.bindings.append(binding)
-        self._bindings_changed(exchange)
         if exchange.durable and queue.definition.durable and not queue.definition.exclusive:
             self._meta.put("b:" + binding.key(exchange.name), json.dumps(
                 {"exchange": exchange.name, "queue": queue.name, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
+        exchange.bindings.append(binding)
+        self._bindings_changed(exchange)
 
     def unbind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
@@ -422,12 +426,12 @@ class AMQPBroker:
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return
-        src.exchange_bindings.append(binding)
-        self._bindings_changed(src)
         if src.durable and dst.durable:
             self._meta.put("e:" + binding.key(source), json.dumps(
                 {"exchange": source, "queue": destination, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
+        src.exchange_bindings.append(binding)
+        self._bindings_changed(src)
 
     def unbind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
                         arguments: dict[str, Any], method: Any) -> None:

@@ -292,12 +292,17 @@ class MQTTConnection(asyncio.Protocol):
             self.transport.close()  # (it closed while its last bytes waited for its session's write)
 
     def abort(self) -> None:
-        """Its session could not be written: what waited for that write never leaves."""
+        """Its session could not be written: what waited for that write never leaves; a 5.0
+        client is told why (DISCONNECT 0x80), a 3.1.1 one has no way to be: it is closed."""
         self.out.clear()
         if self.closed:
             if self.transport is not None:
                 self.transport.close()
             return
+        if self.conn.version == MQTT_5 and self.conn.state is State.CONNECTED:
+            self.ended = (server_reason(ReasonCode.UNSPECIFIED_ERROR), int(ReasonCode.UNSPECIFIED_ERROR))
+            self.write_now(self.conn.send(Disconnect(ReasonCode.UNSPECIFIED_ERROR,
+                                                     Properties(reason_string="the session could not be stored"))))
         self._close()
 
     def send_packet(self, packet: Packet) -> None:
