@@ -382,7 +382,7 @@ class Gateway:
             return f"publishers are blocked: {self.pressure.reason}"
         failure = self.store.write_failure() if self.store is not None else None
         if failure is not None:
-            return f"the store refuses writes until a restart: {failure}"
+            return f"the store refuses writes: {failure}"
         return None
 
     async def stop(self) -> None:

@@ -24,15 +24,16 @@ _NO_SYNC = WriteOptions()  # (sync off: the WAL is written, not fsynced)
 OFFSET_PREFIX = b"o"
 DROPPED_PREFIX = b"d"  # queue name -> the commitlog position of its drop record (reclaim.py)
 TABLE_PREFIX = b"t"
+PROBE_KEY = b"w"  # written by ``probe``
 SEP = b"\x00"
 _U64 = struct.Struct(">Q")
 
 
 class MetaWrites:
     """Every write to the meta database, translated: RocksDB's failure (a full disk, an I/O
-    error) becomes StoreWriteError. RocksDB refuses every later write once its log failed
-    (it offers no resume here), so the first failure is kept and logged: until a restart, what
-    meta holds (sessions, retained messages, offsets, declarations) is read, not written."""
+    error) becomes StoreWriteError. After a failed log write RocksDB refuses every write until
+    it recovers by itself (from ENOSPC: once space is free), so ``failed`` holds the failure
+    until a write succeeds again; both moments are logged once."""
 
     def __init__(self, db: Rdict) -> None:
         self.db = db
@@ -40,14 +41,18 @@ class MetaWrites:
 
     def __call__(self, write: Callable[..., Any], *args: Any) -> Any:
         try:
-            return write(*args)
+            done = write(*args)
         except Exception as exc:  # (rocksdict raises a plain Exception carrying RocksDB's status)
             failure = StoreWriteError(f"meta write failed: {exc}")
             if self.failed is None:
-                self.failed = failure
-                log.error("meta write failed; sessions, retained messages, offsets and declarations "
-                          "are not written until a restart error=%s", exc)
+                log.error("meta write failed; sessions, retained messages, offsets and declarations are "
+                          "not written until it recovers error=%s", exc)
+            self.failed = failure
             raise failure from None
+        if self.failed is not None:
+            self.failed = None
+            log.warning("meta writes resumed")
+        return done
 
 
 class MetaStore:
@@ -66,8 +71,12 @@ class MetaStore:
 
     @property
     def failed(self) -> StoreWriteError | None:
-        """The write that failed (None: none has): meta takes no writes until a restart."""
+        """Why the last write failed (None: it did not): meta takes no writes meanwhile."""
         return self.writes.failed
+
+    def probe(self) -> None:
+        """One small write, to learn whether meta takes writes again after a failure."""
+        self.writes(self._db.put, PROBE_KEY, b"")
 
     @property
     def db(self) -> Rdict:

@@ -464,6 +464,8 @@ class MessageStore:
         return self.get_offset_now(consumer, queue)
 
     async def _checkpoint_offsets(self) -> None:
+        if self.meta.failed is not None:
+            self.meta.probe()  # (StoreWriteError: still failing; else it took writes again)
         self._checkpoint_offsets_now()
 
     def _checkpoint_offsets_now(self) -> None:
@@ -482,9 +484,10 @@ class MessageStore:
         return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at, self.trimmer)
 
     def write_failure(self) -> StoreError | None:
-        """Why the store refuses writes until a restart (a failed fdatasync, index or meta
-        write), None when it takes them: a full commitlog disk alone is no such reason (a put
-        that fits once space is free is stored)."""
+        """Why the store refuses writes now, None when it takes them: until a restart after a
+        failed fdatasync or index write; until meta recovers (checked with the offset
+        checkpoint) after a failed meta write. A full commitlog disk alone is no such reason
+        (a put that fits once space is free is stored)."""
         failure = self.committer.failure() if self.committer is not None else None
         return failure or self.meta.failed
 

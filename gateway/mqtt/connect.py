@@ -33,7 +33,8 @@ async def connect(connection: Connecting, packet: Connect) -> None:
         accepted = False
         reason = "the gateway could not set up the session"
         if isinstance(exc, StoreError):  # (a full disk: 3.1.1's CONNACK says 0x03 server unavailable)
-            log.warning("CONNECT refused client_id=%s error=%s", packet.client_id, exc)
+            connection.broker.limited_log.log(logging.WARNING, type(exc).__name__, "CONNECT refused client_id=%s error=%s",
+                                              packet.client_id, exc)
             reason = f"the session could not be stored: {exc}"
         else:
             log.exception("CONNECT failed client_id=%s", packet.client_id)

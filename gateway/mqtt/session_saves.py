@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from store import StoreError
@@ -64,7 +64,9 @@ class SessionSaves:
         self._unanswered: dict[str, int] = {}  # client id -> its last write not durable yet (a store node's)
         self._held: dict[Output, list[tuple[int, bytes]]] = {}  # in the order written
         self._failures = RateLimitedLog(log)  # a full disk fails every write until a restart
-        self.failure: BaseException | None = None  # why the last write with sessions in it failed
+        # why the last write with sessions in it failed (None: it did not); persistent sessions'
+        # SUBSCRIBEs are refused meanwhile (subscribe.py)
+        self.failure: BaseException | None = None
 
     # -- what changed --------------------------------------------------------------------------
     def mark_dirty(self, session: Session, *, holds_output: bool = True) -> None:
@@ -131,6 +133,7 @@ class SessionSaves:
             self._failures.log(logging.WARNING, type(exc).__name__, "sessions not saved write=%d error=%s",
                                number, exc)
             self.failure = exc
+            self._write_again(client_id for client_id, _ in items)
             self._finish(number, False)
             return
         if items and answered is None:
@@ -143,15 +146,26 @@ class SessionSaves:
         for client_id, _ in items:
             if client_id not in unheld:
                 self._unanswered[client_id] = number
-        asyncio.ensure_future(answered).add_done_callback(lambda done: self._answered(number, done))
+        written = [client_id for client_id, _ in items]
+        asyncio.ensure_future(answered).add_done_callback(lambda done: self._answered(number, done, written))
 
-    def _answered(self, number: int, done: asyncio.Future[None]) -> None:
+    def _answered(self, number: int, done: asyncio.Future[None], written: list[str]) -> None:
         error = "cancelled" if done.cancelled() else done.exception()
         if error is not None:
             self._failures.log(logging.WARNING, type(error).__name__, "sessions not saved write=%d error=%s",
                                number, error)
+            self._write_again(written)
         self.failure = None if error is None else (error if isinstance(error, BaseException) else StoreError(error))
         self._finish(number, error is None)
+
+    def _write_again(self, client_ids: Iterable[str]) -> None:
+        """Sessions whose write failed are written again with the progress saves, at least a
+        second later (a full disk: until space is back and the store takes them), which also
+        tells ``failure`` when writes succeed again."""
+        self._progressed.update(client_ids)
+        if self._progress_timer is None:
+            self._progress_timer = asyncio.get_running_loop().call_later(max(self.progress_interval_s, 1.0),
+                                                                         self._flush_progress)
 
     def _finish(self, number: int, ok: bool) -> None:
         self._finished.add(number)
