@@ -256,6 +256,9 @@ async def test_amqp_on_a_full_disk(disk: FullDisk, loop_errors: list) -> None:
         assert "541" in str(refused.value) or "INTERNAL_ERROR" in str(refused.value), refused.value
         with pytest.raises(ChannelClosed):  # not declared
             await (await amqp.channel()).declare_queue("q2", passive=True)
+        with pytest.raises(ChannelClosed) as refused:  # a deletion not written: not made either
+            await (await amqp.channel()).queue_delete("q")
+        assert "541" in str(refused.value) or "INTERNAL_ERROR" in str(refused.value), refused.value
         got = await queue.get(timeout=5)  # the other channel reads on
         assert got.body == b"a1"
         await got.ack()

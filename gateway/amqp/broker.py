@@ -350,12 +350,12 @@ class AMQPBroker:
         return self.remove_queue(queue)
 
     def remove_queue(self, queue: QueueRuntime) -> int:
+        self._meta.delete(f"q:{queue.name}")  # (first: StoreError leaves the queue as it was)
         count = queue.ready_count()
         queue.deleted = True
         for consumer in list(queue.consumers.values()):
             consumer.channel.consumer_cancelled(consumer)
         self.queues.pop(queue.name, None)
-        self._meta.delete(f"q:{queue.name}")
         for exchange in list(self.exchanges.values()):
             kept = [b for b in exchange.bindings if b.queue != queue.name]
             for binding in exchange.bindings:
@@ -407,8 +407,8 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
         self.queue_for(channel, queue_name, None)
         key = Binding(queue_name, routing_key, dict(arguments)).key(exchange.name)
+        self._meta.delete("b:" + key)  # (first: StoreError leaves the binding)
         exchange.bindings = [b for b in exchange.bindings if b.key(exchange.name) != key]
-        self._meta.delete("b:" + key)
         self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
 
@@ -440,8 +440,8 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{source if src is None else destination}'",
                                 channel.number, method)
         key = Binding(destination, routing_key, dict(arguments)).key(source)
+        self._meta.delete("e:" + key)  # (first: StoreError leaves the binding)
         src.exchange_bindings = [b for b in src.exchange_bindings if b.key(source) != key]
-        self._meta.delete("e:" + key)
         self._bindings_changed(src)
         self._auto_delete_exchange(src)
 
