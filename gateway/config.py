@@ -72,7 +72,7 @@ class Config:
     index_flush_interval_s: float = 60.0
     segment_size: int = 1 << 30
     # a full MQTT packet (mqtt_max_packet_size) plus room for what is stored with it (its queue
-    # list); AMQP bodies up to this (RabbitMQ 4's limit, 16 MiB, fits). Measured: BENCHMARKS.md
+    # list), and AMQP bodies of RabbitMQ 4's default limit; measured in BENCHMARKS.md (issue 31)
     max_message_size: int = 20 << 20
     queue_cache_entries: int = 1_048_576
     # RocksDB's memory, index and metadata databases together ([rocksdb] section in TOML): one

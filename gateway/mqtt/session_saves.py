@@ -63,7 +63,7 @@ class SessionSaves:
         self._finished: set[int] = set()  # writes durable (or failed) ahead of an earlier one
         self._unanswered: dict[str, int] = {}  # client id -> its last write not durable yet (a store node's)
         self._held: dict[Output, list[tuple[int, bytes]]] = {}  # in the order written
-        self._failures = RateLimitedLog(log)  # a full disk fails every write until a restart
+        self._failures = RateLimitedLog(log)  # a full disk fails every write until space is back
         # why the last write with sessions in it failed (None: it did not); persistent sessions'
         # SUBSCRIBEs are refused meanwhile (subscribe.py)
         self.failure: BaseException | None = None
