@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiohttp
 import pytest
 from aio_pika.exceptions import ChannelClosed, DeliveryError
 
@@ -204,7 +205,7 @@ async def test_retained_publish_whose_retain_cannot_be_recorded(disk: FullDisk, 
     record is not (meta's log has failed): 5.0 PUBACK 0x80, 3.1.1 closed."""
     assert disk.gateway is not None
     await disk.gateway.stop()
-    await disk.start(mqtt_presence_events=False)  # (their records would take the room kept below)
+    await disk.start(mqtt_presence_events=False, metrics_bind="127.0.0.1:0")  # (presence records would take the room kept below)
     port = disk.port("mqtt")
     v5 = PahoClient(port, "pub5", version=MQTT_5)
     await v5.connect()
@@ -223,6 +224,10 @@ async def test_retained_publish_whose_retain_cannot_be_recorded(disk: FullDisk, 
     await v3.connect()
     assert await publish_acked(v3, "r/b", b"new", retain=True) is None
     v3.client.loop_stop()
+    async with aiohttp.ClientSession() as http, http.post(  # the data API: 503, retry
+            "http://{}:{}/data/publish".format(*disk.gateway.metrics_address), params={"retain": "true"},
+            data=b'{"topic": "r/c", "payload": "new"}\n', headers={"Content-Type": "application/x-ndjson"}) as answer:
+        assert answer.status == 503, await answer.text()
     late = PahoClient(port, "late", version=MQTT_5)
     await late.connect()
     await late.subscribe("r/#", 1)

@@ -15,6 +15,8 @@ import json
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from store import StoreError
+
 from . import admin, dashboard, data_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
@@ -76,6 +78,8 @@ class HttpServer:
                 return await handler(request)
             except AdminError as exc:
                 return web.json_response({"error": str(exc)}, status=exc.status)
+            except StoreError as exc:  # (a write the store refused: a full disk)
+                return web.json_response({"error": f"not stored, retry: {exc}"}, status=503)
         return await handler(request)
 
     @staticmethod

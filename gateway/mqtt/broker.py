@@ -267,8 +267,7 @@ class MQTTBroker:
             items.append((factory.message(p, p.topic), self.wildcards.queues_for(p.topic)))
         fut = self.store.put_batch_nowait(items)
         if any(p.retain for p, _ in publishes):
-            entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
-            fut.add_done_callback(lambda f: self.record_retained(entries, f))
+            fut = self._retained_after(fut, [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes])
         if logged:
             fut.add_done_callback(_log_failure)
         return fut
@@ -290,6 +289,25 @@ class MQTTBroker:
                                          topic, exc)
                     return i, exc
         return None
+
+    def _retained_after(self, put: asyncio.Future[Sequence[PutResult]], entries: list[tuple[str, bool] | None]
+                        ) -> asyncio.Future[Sequence[PutResult]]:
+        """``put``'s outcome once its retained messages are recorded: StoreError when one could
+        not be (the messages are stored; the caller retries, as an MQTT client would)."""
+        done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
+
+        def recorded(f: asyncio.Future[Sequence[PutResult]]) -> None:
+            if f.cancelled():
+                done.cancel()
+            elif f.exception() is not None:
+                done.set_exception(f.exception())  # type: ignore[arg-type]
+            elif (failed := self.record_retained(entries, f)) is not None:
+                done.set_exception(failed[1])
+            else:
+                done.set_result(f.result())
+
+        put.add_done_callback(recorded)
+        return done
 
     def set_retained(self, topic: str, position: int | None) -> None:
         self.retained.set(topic, position)
