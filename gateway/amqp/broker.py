@@ -22,6 +22,7 @@ from protocols.amqp.frames import (
     channel_error,
 )
 from store import Message, MessageStore, StoredMessage, StoreError
+from store.log_limit import RateLimitedLog
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
@@ -91,6 +92,7 @@ class AMQPBroker:
         # the one message size limit (max_message_size): a body larger is refused at its
         # content header, a record larger (body, properties, queue list) by the store
         self.max_message_size = store.options.max_message_size
+        self._failures = RateLimitedLog(log)  # housekeeping's writes, failing each second on a full disk
         self.channel_max = channel_max
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
@@ -201,6 +203,8 @@ class AMQPBroker:
             await asyncio.sleep(self.housekeeping_interval_s)
             try:
                 self.sweep(time.monotonic())
+            except StoreError as exc:  # (a full disk: tried again next time, logged once a minute)
+                self._failures.log(logging.ERROR, type(exc).__name__, "amqp housekeeping not stored error=%s", exc)
             except Exception:
                 log.exception("amqp housekeeping failed")
 
