@@ -36,6 +36,7 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
+from .direct_reply import DirectReplies
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
     BUILTIN_EXCHANGES,
@@ -95,6 +96,7 @@ class AMQPBroker:
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
+        self.direct_replies = DirectReplies()  # amq.rabbitmq.reply-to's consumers
         self.connections: set[ClientConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
@@ -361,6 +363,8 @@ class AMQPBroker:
                 exchange.bindings = kept
                 self._bindings_changed(exchange)
             self._auto_delete_exchange(exchange)
+        if queue.group.counts is not None:
+            queue.group.counts.clear()
         # the store keeps the messages until retention; the queue's cursor goes to the end
         self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
                                      self.store.max_offset_now(queue.store_queue))
