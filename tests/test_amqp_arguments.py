@@ -10,13 +10,15 @@ import asyncio
 from pathlib import Path
 
 import aio_pika
+import pika
 import pytest
-from aio_pika.exceptions import ChannelClosed, ChannelNotFoundEntity, ChannelPreconditionFailed
+from aio_pika.exceptions import ChannelClosed, ChannelNotFoundEntity, ChannelPreconditionFailed, DeliveryError
 from pamqp import commands
 
 from protocols.amqp.frames import content_frames, method_frame
 
 from .amqp_support import RawAMQP, port_of
+from .crash_support import free_port, kill9, start_gateway, stop
 from .test_amqp import amqp_gateway, get
 
 TIMEOUT = 5.0
@@ -182,10 +184,52 @@ async def test_a_delivery_count_survives_a_restart(data_dir: Path) -> None:
         await conn.close()
 
 
+def _give_back_once(url: str, *, declare: bool) -> bool:
+    """basic.get from "work" and nack with requeue (True), or find it empty (False)."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    if declare:
+        ch.confirm_delivery()
+        ch.exchange_declare("work-dlx", "fanout", durable=True)
+        ch.queue_declare("work-dead", durable=True)
+        ch.queue_bind("work-dead", "work-dlx")
+        ch.queue_declare("work", durable=True, arguments={"x-delivery-limit": 1, "x-dead-letter-exchange": "work-dlx"})
+        ch.basic_publish("", "work", b"poison", pika.BasicProperties(delivery_mode=2))
+    method, _, _ = ch.basic_get("work", auto_ack=False)
+    if method is not None:
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        ch.queue_declare("work", passive=True)  # (a round trip: the nack was handled)
+    conn.close()
+    return method is not None
+
+
+@pytest.mark.slow
+async def test_a_delivery_count_survives_a_crash(tmp_path: Path) -> None:
+    """As above, with ``kill -9`` in between: the count was written when the message was given back."""
+    data_dir, port = tmp_path / "data", free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    proc = start_gateway(data_dir, amqp_port=port)
+    try:
+        assert await asyncio.to_thread(_give_back_once, url, declare=True)
+    finally:
+        kill9(proc)
+    proc = start_gateway(data_dir, amqp_port=port)
+    try:
+        assert await asyncio.to_thread(_give_back_once, url, declare=False)  # the second time: over the limit
+        assert not await asyncio.to_thread(_give_back_once, url, declare=False)
+        conn = await aio_pika.connect(url)
+        dead = await (await conn.channel()).declare_queue("work-dead", passive=True)
+        assert (await get(dead)).body == b"poison"
+        await conn.close()
+    finally:
+        stop(proc)
+
+
 async def test_direct_reply_to_reaches_the_requesting_channel(data_dir: Path) -> None:
     """The RPC pattern of RabbitMQ's direct reply-to: the client consumes amq.rabbitmq.reply-to
     (no-ack), publishes a request with reply-to amq.rabbitmq.reply-to; the server sees a name of
-    its own and publishes the reply there through the default exchange."""
+    its own and publishes the reply there through the default exchange. Once the client's
+    channel is gone, a mandatory reply is returned (312)."""
     async with amqp_gateway(data_dir) as (_, url):
         server = await aio_pika.connect(url)
         server_ch = await server.channel()
@@ -206,6 +250,11 @@ async def test_direct_reply_to_reaches_the_requesting_channel(data_dir: Path) ->
             aio_pika.Message(b"ping", reply_to="amq.rabbitmq.reply-to", correlation_id="1"), "rpc")
         reply = await asyncio.wait_for(got.get(), TIMEOUT)
         assert (reply.body, reply.correlation_id) == (b"re: ping", "1")
+        await ch.close()  # a reply to a channel that is gone: lost, or returned if mandatory
+        late = await server.channel(publisher_confirms=True, on_return_raises=True)
+        with pytest.raises(DeliveryError) as returned:
+            await late.default_exchange.publish(aio_pika.Message(b"late"), reply.routing_key, mandatory=True)
+        assert returned.value.frame is not None and returned.value.frame.reply_code == 312
         await client.close()
         await server.close()
 
