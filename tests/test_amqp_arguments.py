@@ -32,6 +32,7 @@ async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
     ("x-queue-type", "quorum"), ("x-queue-type", "stream"), ("x-dead-letter-strategy", "at-least-once"),
     ("x-single-active-consumer", True), ("x-max-priority", 10), ("x-max-length-bytes", 1000),
     ("x-max-age", "1D"), ("x-consumer-timeout", 1000), ("x-queue-mode", "fast"), ("x-delivery-limit", "two"),
+    ("x-overflow", "reject-publish-dlx"),
 ])
 async def test_unbuilt_or_invalid_queue_arguments_are_refused_naming_them(data_dir: Path, argument: str,
                                                                           value: object) -> None:

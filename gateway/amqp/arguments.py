@@ -64,7 +64,8 @@ QUEUE_ARGUMENTS: Mapping[str, Argument] = {
     "x-message-ttl": Argument(_ttl),
     "x-expires": Argument(lambda v: _integer(v) and 1 <= v <= MAX_EXPIRY_MS),
     "x-max-length": Argument(_at_least(0)),
-    "x-overflow": Argument(_one_of("drop-head", "reject-publish")),
+    "x-overflow": Argument(_one_of("drop-head", "reject-publish", "reject-publish-dlx"),
+                           lambda v: v == "reject-publish-dlx", "reject-publish-dlx is not built (reject-publish is)"),
     "x-dead-letter-exchange": Argument(_text),
     "x-dead-letter-routing-key": Argument(_text),
     "x-delivery-limit": Argument(_at_least(0)),  # as a quorum queue's, on every queue
