@@ -74,6 +74,11 @@ class Unacked:
 
 
 class Channel:
+    # direct reply-to: its consumer's tag and the name replies to it are published to (class
+    # defaults: set on the few channels that consume their replies)
+    reply_consumer: str | None = None
+    reply_name: str | None = None
+
     def __init__(self, connection: ChannelConnection, number: int) -> None:
         self.connection = connection
         self.broker = connection.broker
@@ -97,8 +102,6 @@ class Channel:
         self._consumer_seq = 0
         self._consumer_queues: dict[str, str] = {}  # consumer tag -> queue name
         self._confirmed = 0  # highest publish sequence number confirmed
-        self.reply_consumer: str | None = None  # direct reply-to: its consumer tag
-        self.reply_name: str | None = None  # ... and the name replies to it are published to
 
     # -- delivery ------------------------------------------------------------------------------
     def can_deliver(self, consumer: Consumer, size: int) -> bool:

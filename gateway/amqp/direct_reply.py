@@ -64,7 +64,7 @@ class DirectReplies:
         """Its reply consumer is cancelled or its channel closes: replies to it are lost."""
         if channel.reply_name is not None:
             self._channels.pop(channel.reply_name, None)
-        channel.reply_consumer = channel.reply_name = None
+            channel.reply_consumer = channel.reply_name = None
 
     def exists(self, name: str) -> bool:
         return name in self._channels
