@@ -275,3 +275,24 @@ async def test_direct_reply_to_refuses_what_rabbitmq_refuses(data_dir: Path) -> 
         with pytest.raises(ChannelPreconditionFailed, match="reply consumer cannot acknowledge"):
             await replies.consume(_ignore, no_ack=False)
         await conn.close()
+
+
+async def test_headers_bindings_match_as_rabbitmq_says_or_are_refused(data_dir: Path) -> None:
+    """x-match any-with-x / all-with-x match the binding's x- arguments too (plain any / all
+    leave them out); an x-match RabbitMQ does not know is refused (406) rather than read as all."""
+    async with amqp_gateway(data_dir) as (_, url):
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel()
+        headers = await ch.declare_exchange("h", aio_pika.ExchangeType.HEADERS)
+        with_x = await ch.declare_queue("with-x")
+        await with_x.bind(headers, arguments={"x-match": "any-with-x", "x-tenant": "blue"})
+        plain = await ch.declare_queue("plain")
+        await plain.bind(headers, arguments={"x-match": "all", "x-tenant": "blue"})  # (no other key: all match)
+        await headers.publish(aio_pika.Message(b"blue", headers={"x-tenant": "blue"}), "")
+        await headers.publish(aio_pika.Message(b"red", headers={"x-tenant": "red"}), "")
+        assert (await get(with_x)).body == b"blue"
+        assert await with_x.get(fail=False) is None
+        assert [(await get(plain)).body, (await get(plain)).body] == [b"blue", b"red"]
+        with pytest.raises(ChannelPreconditionFailed, match="x-match"):
+            await plain.bind(headers, arguments={"x-match": "some"})
+        await conn.close()

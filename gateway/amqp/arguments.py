@@ -1,9 +1,9 @@
-"""The one table of RabbitMQ's optional arguments (queue.declare, basic.consume, exchange.declare):
-for each argument RabbitMQ gives a meaning, the values it accepts, and of those the ones not
-built here, refused with 406 PRECONDITION_FAILED naming the argument rather than accepted and
-ignored. The other accepted values are built, or a no-op whose behaviour is already RabbitMQ's
-(``lazy`` storage: messages are on disk anyway). Arguments RabbitMQ does not know are ignored,
-as RabbitMQ ignores them."""
+"""The one table of RabbitMQ's optional arguments (queue.declare, basic.consume,
+exchange.declare, bindings to headers exchanges): for each argument RabbitMQ gives a meaning, the
+values it accepts, and of those the ones not built here, refused with 406 PRECONDITION_FAILED
+naming the argument rather than accepted and ignored. The other accepted values are built, or a
+no-op whose behaviour is already RabbitMQ's (``lazy`` storage: messages are on disk anyway).
+Arguments RabbitMQ does not know are ignored, as RabbitMQ ignores them."""
 
 from __future__ import annotations
 
@@ -102,6 +102,10 @@ CONSUMER_ARGUMENTS: Mapping[str, Argument] = {
     "x-stream-filter": _not_built(_STREAMS),
     "x-stream-match-unfiltered": _not_built(_STREAMS),
     "x-credit": _not_built(_STREAMS),
+}
+
+BINDING_ARGUMENTS: Mapping[str, Argument] = {  # (of bindings to headers exchanges)
+    "x-match": Argument(_one_of("all", "any", "all-with-x", "any-with-x")),
 }
 
 EXCHANGE_ARGUMENTS: Mapping[str, Argument] = {

@@ -44,6 +44,7 @@ from .model import (
     Binding,
     Exchange,
     QueueDefinition,
+    check_binding,
     check_exchange,
     check_queue_arguments,
     inequivalent,
@@ -390,6 +391,9 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
         if exchange_name == "":
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number)
+        problem = check_binding(exchange, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number)
         binding = Binding(queue.name, routing_key, dict(arguments))
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
@@ -423,6 +427,9 @@ class AMQPBroker:
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number, method)
         if dst.type == DELAYED:  # (its delay applies to publishes to it, not to what other exchanges route on)
             raise channel_error(PRECONDITION_FAILED, f"'{destination}' delays what is published to it only: not a destination", channel.number, method)
+        problem = check_binding(src, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number, method)
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .arguments import EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, argument_problem
+from .arguments import BINDING_ARGUMENTS, EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, argument_problem
 
 ROUTING_TYPES = ("direct", "fanout", "topic", "headers")
 # RabbitMQ's delayed-message plugin: routes as its "x-delayed-type" argument says, and holds a
@@ -46,14 +46,16 @@ def _match(p: list[str], i: int, k: list[str], j: int) -> bool:
 
 
 def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
-    """Headers exchange: x-match all (default) or any over the binding's other arguments."""
+    """Headers exchange: x-match all (default) or any over the binding's other arguments; with
+    all-with-x / any-with-x, its x- arguments count too."""
     headers = headers or {}
     mode = arguments.get("x-match", "all")
-    wanted = [(k, v) for k, v in arguments.items() if not k.startswith("x-")]
+    with_x = mode in ("all-with-x", "any-with-x")
+    wanted = [(k, v) for k, v in arguments.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
     if not wanted:
-        return mode == "all"
+        return not mode.startswith("any")
     hits = [k in headers and (v is None or headers[k] == v) for k, v in wanted]
-    return any(hits) if mode == "any" else all(hits)
+    return any(hits) if mode.startswith("any") else all(hits)
 
 
 @dataclass(slots=True)
@@ -242,6 +244,14 @@ def check_exchange(exchange_type: str, arguments: dict[str, Any]) -> str | None:
     if exchange_type == DELAYED and arguments.get("x-delayed-type") not in ROUTING_TYPES:
         return "Invalid argument, 'x-delayed-type' must be an existing exchange type"
     return None
+
+
+def check_binding(exchange: Exchange, arguments: dict[str, Any]) -> str | None:
+    """A reason a binding to ``exchange`` is refused (406 PRECONDITION_FAILED), or None: a
+    headers exchange's x-match must be one RabbitMQ knows."""
+    if exchange.routing_type != "headers":
+        return None
+    return argument_problem(BINDING_ARGUMENTS, "binding", arguments)
 
 
 def check_queue_arguments(arguments: dict[str, Any]) -> str | None:
