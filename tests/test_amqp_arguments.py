@@ -1,8 +1,8 @@
 """RabbitMQ's optional arguments and the features behind them (issue 31): an argument is built,
 a no-op that is already RabbitMQ's behaviour, or refused with 406 naming it -- never accepted and
-ignored; x-delivery-limit with dead-lettering (its count kept across a restart), consumer
-priorities, a message expiration RabbitMQ would refuse, direct reply-to. Through aio-pika and
-raw frames over real sockets."""
+ignored; x-delivery-limit with dead-lettering (its count kept across a restart and a crash),
+consumer priorities, a message expiration RabbitMQ would refuse, direct reply-to, x-match of
+headers bindings. Through aio-pika, pika and raw frames over real sockets."""
 
 from __future__ import annotations
 
