@@ -143,16 +143,19 @@ async def _poison_queue(ch: aio_pika.abc.AbstractChannel, name: str, limit: int,
 async def test_a_message_given_back_more_than_the_delivery_limit_is_dead_lettered(data_dir: Path) -> None:
     """x-delivery-limit 2, as a quorum queue's: given back by nack, reject and a closed channel
     (3 times, more than 2), the message is dead-lettered with reason delivery_limit after its
-    3rd delivery; a queue without a dead-letter exchange drops it."""
+    3rd delivery; a redelivery carries the count so far in header x-delivery-count; a queue
+    without a dead-letter exchange drops it."""
     async with amqp_gateway(data_dir) as (_, url):
         conn = await aio_pika.connect(url)
         work, dead = await _poison_queue(await conn.channel(), "work", 2)
-        await work.channel.default_exchange.publish(aio_pika.Message(b"poison"), "work")
-        await (await get(work)).nack(requeue=True)
+        await work.channel.default_exchange.publish(aio_pika.Message(b"poison", headers={"k": "v"}), "work")
+        first = await get(work)
+        assert "x-delivery-count" not in first.headers
+        await first.nack(requeue=True)
         await (await get(work)).reject(requeue=True)
         ch = await conn.channel()
         third = await get(await ch.declare_queue("work", passive=True))
-        assert third.redelivered
+        assert third.redelivered and third.headers == {"k": "v", "x-delivery-count": 2}
         await ch.close()  # unacknowledged: given back a third time
         death = await get(dead)
         assert death.body == b"poison"
@@ -179,7 +182,9 @@ async def test_a_delivery_count_survives_a_restart(data_dir: Path) -> None:
         conn = await aio_pika.connect(url)
         ch = await conn.channel()
         work = await ch.declare_queue("work", passive=True)
-        await (await get(work)).nack(requeue=True)
+        again = await get(work)
+        assert again.headers["x-delivery-count"] == 1
+        await again.nack(requeue=True)
         assert await work.get(fail=False) is None
         assert (await get(await ch.declare_queue("work-dead", passive=True))).body == b"poison"
         await conn.close()

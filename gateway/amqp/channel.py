@@ -125,8 +125,8 @@ class Channel:
         self.broker.stats.messages_sent += 1
         self.connection.send(deliver_frame(self.number, consumer.tag, tag, ready.redelivered, view.exchange,
                                            view.routing_key))
-        self.connection.send(content_after_method(self.number, view.raw_properties, message.body,
-                                                  self.connection.frame_max))
+        self.connection.send(content_after_method(self.number, view.counted_properties(ready.delivery_count),
+                                                  message.body, self.connection.frame_max))
         tracer = self.connection.tracer
         if tracer is not None:
             tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
@@ -314,8 +314,8 @@ class Channel:
         method = commands.Basic.GetOk(tag, ready.redelivered, view.exchange, view.routing_key, queue.ready_count())
         self.broker.stats.messages_sent += 1
         self.connection.send(method_frame(self.number, method))
-        self.connection.send(content_after_method(self.number, view.raw_properties, ready.message.body,
-                                                  self.connection.frame_max))
+        self.connection.send(content_after_method(self.number, view.counted_properties(ready.delivery_count),
+                                                  ready.message.body, self.connection.frame_max))
         tracer = self.connection.tracer
         if tracer is not None:
             message = ready.message

@@ -124,6 +124,15 @@ class AMQPView:
             self._properties = decode_properties(self.raw_properties)
         return self._properties
 
+    def counted_properties(self, delivery_count: int) -> bytes:
+        """The encoded properties of a delivery: with ``delivery_count`` (how often it was given
+        back) in header ``x-delivery-count``, as a quorum queue's redeliveries have it."""
+        if not delivery_count:
+            return self.raw_properties
+        properties = commands.Basic.Properties(**dict(self.properties))
+        properties.headers = {**(properties.headers or {}), "x-delivery-count": delivery_count}
+        return encode_properties(properties)
+
     @property
     def expiration(self) -> str | None:
         if len(self.raw_properties) < 2 or not self.raw_properties[0] & EXPIRATION_FLAG:

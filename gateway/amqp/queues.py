@@ -86,6 +86,7 @@ class Ready:
 
     message: StoredMessage
     redelivered: bool
+    delivery_count: int = 0  # times given back (counted with x-delivery-limit only)
 
 
 def _priority(consumer: Consumer) -> int:
@@ -193,7 +194,7 @@ class QueueRuntime:
                 if not peek_only:
                     group.redeliver.pop(0)
                     group.handed_out(message)
-                return Ready(message, True)
+                return Ready(message, True, group.counts.count(message.queue_offset) if group.counts else 0)
             ahead = self._ahead
             if not ahead or ahead[0].queue_offset != cursor.next_offset:
                 ahead.clear()
@@ -208,15 +209,17 @@ class QueueRuntime:
                 cursor.next_offset = message.queue_offset + 1
                 self.broker.dead_letter(self, message, "expired")
                 continue
-            seen = message.queue_offset < self._seen_below
+            # (given back before a restart: a counted message comes from the store again)
+            ready = Ready(message, message.queue_offset < self._seen_below,
+                          group.counts.count(message.queue_offset) if group.counts else 0)
             if peek_only:
-                return Ready(message, seen)
+                return ready
             if message.queue_offset >= self._mark:  # written ahead of the delivery's bytes
                 self._write_mark(message.queue_offset + DELIVERED_STEP)
             ahead.popleft()
             cursor.next_offset = message.queue_offset + 1
             group.handed_out(message)
-            return Ready(message, seen)
+            return ready
 
     def _write_mark(self, offset: int) -> None:
         self._mark = offset

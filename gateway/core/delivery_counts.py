@@ -38,6 +38,10 @@ class DeliveryCounts:
     def __bool__(self) -> bool:
         return bool(self._counts)
 
+    def count(self, offset: int) -> int:
+        """How often the message at ``offset`` was given back so far."""
+        return self._counts.get(offset, 0)
+
     def given_back(self, offset: int) -> int:
         """The message at ``offset`` was given back: how often now."""
         count = self._counts.get(offset, 0) + 1
