@@ -36,6 +36,7 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
+from .direct_reply import DirectReplies
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
     BUILTIN_EXCHANGES,
@@ -43,6 +44,7 @@ from .model import (
     Binding,
     Exchange,
     QueueDefinition,
+    check_binding,
     check_exchange,
     check_queue_arguments,
     inequivalent,
@@ -95,6 +97,7 @@ class AMQPBroker:
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
+        self.direct_replies = DirectReplies()  # amq.rabbitmq.reply-to's consumers
         self.connections: set[ClientConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
@@ -361,6 +364,8 @@ class AMQPBroker:
                 exchange.bindings = kept
                 self._bindings_changed(exchange)
             self._auto_delete_exchange(exchange)
+        if queue.group.counts is not None:
+            queue.group.counts.clear()
         # the store keeps the messages until retention; the queue's cursor goes to the end
         self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
                                      self.store.max_offset_now(queue.store_queue))
@@ -386,6 +391,9 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
         if exchange_name == "":
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number)
+        problem = check_binding(exchange, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number)
         binding = Binding(queue.name, routing_key, dict(arguments))
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
@@ -419,6 +427,9 @@ class AMQPBroker:
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number, method)
         if dst.type == DELAYED:  # (its delay applies to publishes to it, not to what other exchanges route on)
             raise channel_error(PRECONDITION_FAILED, f"'{destination}' delays what is published to it only: not a destination", channel.number, method)
+        problem = check_binding(src, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number, method)
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return

@@ -1,19 +1,27 @@
-"""Where an AMQP publish goes: the checks of its exchange, its routing to queues, the
-reject-publish overflow, the MQTT bridge of amq.topic, and the mandatory flag's return; what is
-left to store, as one store message with its target queues."""
+"""Where an AMQP publish goes: the checks of its exchange and expiration, direct reply-to, its
+routing to queues, the reject-publish overflow, the MQTT bridge of amq.topic, and the mandatory
+flag's return; what is left to store, as one store message with its target queues."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
-from protocols.amqp.frames import ACCESS_REFUSED, NO_ROUTE, NOT_FOUND, ContentReceived, channel_error
+from protocols.amqp.frames import (
+    ACCESS_REFUSED,
+    NO_ROUTE,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    ContentReceived,
+    channel_error,
+)
 from store import Message
 from store.holds import TIMER
 
 from .broker import AMQPBroker
 from .channel import Channel
-from .messages import to_store_message
+from .direct_reply import REPLY_PREFIX
+from .messages import expiration_problem, to_store_message
 
 
 def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
@@ -28,6 +36,18 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived
         raise channel_error(NOT_FOUND, f"no exchange '{m.exchange}'", event.channel, m)
     if exchange is not None and exchange.internal:
         raise channel_error(ACCESS_REFUSED, f"cannot publish to internal exchange '{m.exchange}'", event.channel, m)
+    expiration = event.expiration
+    if expiration is not None:
+        problem = expiration_problem(expiration)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, event.channel, m)
+    broker.direct_replies.name_reply_to(channel, event)
+    if m.exchange == "" and m.routing_key.startswith(REPLY_PREFIX):  # a reply: to its consumer, not stored
+        if not broker.direct_replies.deliver(m.routing_key, event) and m.mandatory:
+            channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.raw_properties, event.body)
+        if channel.confirming:
+            channel.confirm([channel.next_publish_seq()], ok=True)
+        return None
     queues = broker.route(m.exchange, m.routing_key, event.headers)
     for queue in queues:  # (a loop, not any(): this runs for every publish)
         d = queue.definition
