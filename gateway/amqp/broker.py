@@ -48,7 +48,7 @@ from .model import (
     inequivalent,
     routed_queues,
 )
-from .queues import QueueRuntime
+from .queues import QueueRuntime, take_places
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure
@@ -485,7 +485,8 @@ class AMQPBroker:
                                           view.routing_key)
         headers = properties.headers
         properties.expiration = None  # the TTL that expired it must not expire the dead letter
-        targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        routed = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        targets, places = take_places(routed)  # (a full reject-publish queue drops its copy, as RabbitMQ)
         if not targets:
             return
         stored: Message = decoded_to_store_message(exchange, routing_key, properties, message.body)
@@ -494,6 +495,17 @@ class AMQPBroker:
             fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
         except StoreError as exc:  # (its x-death headers may take it over max_message_size)
             log.error("dead letter not stored queue=%s reason=%s error=%s", queue.name, reason, exc)
+            for place in places:
+                place.give_place_back()
             return
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
-            "dead letter not stored queue=%s error=%s", queue.name, f.exception()))
+
+        def done(f: asyncio.Future) -> None:
+            for place in places:
+                place.give_place_back()
+            if f.cancelled() or f.exception() is not None:
+                log.error("dead letter not stored queue=%s error=%s", queue.name,
+                          "cancelled" if f.cancelled() else f.exception())
+            else:
+                self.stored({q.store_queue for q in targets})  # (x-max-length drop-head applies)
+
+        fut.add_done_callback(done)

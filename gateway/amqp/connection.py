@@ -48,7 +48,7 @@ from .broker import AMQPBroker
 from .channel import NOTHING, Channel
 from .login import authenticate, update_secret
 from .permissions import publish_refusal
-from .publishing import route_publish
+from .publishing import Routed, route_publish
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -415,8 +415,9 @@ class AMQPConnection(asyncio.Protocol):
         wait in the channel until tx.commit stores them (``in_commit``, then ``on_done``)."""
         broker = self.broker
         items = []
-        accepted: list[tuple[Channel, int | None]] = []
+        accepted: list[tuple[Channel, int | None, bool]] = []  # (channel, confirm seq, nack it)
         methods = []
+        holding: list[Routed] = []  # those with places in reject-publish queues, until stored
         for event in events:
             channel = self.channels.get(event.channel)
             if channel is None:
@@ -437,15 +438,20 @@ class AMQPConnection(asyncio.Protocol):
                 self._fail(exc)
                 continue
             if routed is not None:
-                items.append(routed)
-                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None))
+                items.append((routed.message, routed.targets))
+                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None,
+                                 routed.refused_by_some))
                 methods.append(m)
+                if routed.places:
+                    holding.append(routed)
         if not items:
             if on_done is not None:
                 on_done(None)
             return
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
+            for routed in holding:  # (stored: counted as ready from now on)
+                routed.give_places_back()
             error = StoreError("cancelled") if fut.cancelled() else fut.exception()
             kept, stored_items = accepted, items
             if refused:
@@ -458,8 +464,10 @@ class AMQPConnection(asyncio.Protocol):
         try:
             # a message the store refuses (larger than max_message_size with its properties
             # and queue list) closes its channel alone; its neighbours are stored
-            refused = self.puts.submit(items, stored, groups=[c.number for c, _ in accepted])
+            refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
         except StoreError as exc:  # the store takes nothing now (closing, failed)
+            for routed in holding:
+                routed.give_places_back()
             self._publishes_done(accepted, set(), exc)
             if on_done is not None:
                 on_done(exc)
@@ -469,16 +477,17 @@ class AMQPConnection(asyncio.Protocol):
             self._fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
         broker.stats.messages_received += len(items) - len(refused)
 
-    def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues: set[str],
+    def _publishes_done(self, accepted: list[tuple[Channel, int | None, bool]], store_queues: set[str],
                         error: BaseException | None) -> None:
         if error is not None:
             log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
-        by_channel: dict[Channel, list[int]] = {}
-        for channel, seq in accepted:
+        by_channel: dict[Channel, tuple[list[int], list[int]]] = {}  # -> (acks, nacks)
+        for channel, seq, refused_by_some in accepted:
             if seq is not None:
-                by_channel.setdefault(channel, []).append(seq)
-        for channel, seqs in by_channel.items():
-            channel.confirm(seqs, ok=error is None)
+                by_channel.setdefault(channel, ([], []))[refused_by_some or error is not None].append(seq)
+        for channel, (acks, nacks) in by_channel.items():
+            channel.confirm(acks, ok=True)
+            channel.confirm(nacks, ok=False)
         if error is None:
             self.broker.stored(store_queues)
         if not self.puts.pending and "ordering" in self.read_pauses and not self.closed:
