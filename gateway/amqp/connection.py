@@ -47,7 +47,7 @@ from ..read_pauses import ReadPauses
 from .broker import AMQPBroker
 from .channel import NOTHING, Channel
 from .login import authenticate, update_secret
-from .permissions import publish_refusal
+from .permissions import publish_refusal, vhost_refusal
 from .publishing import Routed, route_publish
 
 if TYPE_CHECKING:
@@ -363,6 +363,9 @@ class AMQPConnection(asyncio.Protocol):
         elif isinstance(method, commands.Connection.Open) and self.stage == "open":
             if method.virtual_host not in ("/", ""):
                 raise connection_error(NOT_ALLOWED, f"vhost '{method.virtual_host}' not found", 0, method)
+            refusal = vhost_refusal(self)
+            if refusal is not None:
+                raise connection_error(NOT_ALLOWED, refusal, 0, method)
             self.stage = "open-done"
             self.send(method_frame(0, commands.Connection.OpenOk()))
             Deadlines.cancel(self._timer, self)
