@@ -82,8 +82,10 @@ class AMQPBroker:
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
-                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None) -> None:
+                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None,
+                 cluster_name: str = "tidemq") -> None:
         self.store = store
+        self.cluster_name = cluster_name  # the node's name, told to clients in connection.start
         self.cache = cache
         self.authenticator = authenticator
         self.allow_anonymous = allow_anonymous

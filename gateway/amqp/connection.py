@@ -10,8 +10,10 @@ close of the socket, for at most ``CLOSE_TIMEOUT_S``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import platform
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -41,6 +43,7 @@ from protocols.amqp.login import MECHANISMS
 from protocols.amqp.reader import FrameReader
 from store import StoreError
 
+from .. import __version__
 from ..core.ingest import PutPipeline, Refused
 from ..deadlines import Deadlines, Slot
 from ..read_pauses import ReadPauses
@@ -60,15 +63,24 @@ log = logging.getLogger("tidemq.amqp")
 # how long a closed connection waits for the client's close-ok or end of stream
 CLOSE_TIMEOUT_S = 2.0
 
-SERVER_PROPERTIES = {
-    "product": "TideMQ",
-    "platform": "Python/asyncio",
-    "capabilities": {
-        "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
-        "connection.blocked": True, "per_consumer_qos": True, "authentication_failure_close": True,
-        "exchange_exchange_bindings": True,
-    },
-}
+
+@functools.cache
+def server_properties(cluster_name: str) -> dict[str, object]:
+    """connection.start's server properties, with the keys RabbitMQ clients read. A capability
+    is true only for what is built (consumer priorities and direct reply-to are not)."""
+    return {
+        "product": "TideMQ",
+        "version": __version__,
+        "platform": f"Python {platform.python_version()}",
+        "cluster_name": cluster_name,
+        "copyright": "Copyright (c) the TideMQ authors",
+        "information": "Licensed under the Apache License 2.0",
+        "capabilities": {
+            "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
+            "consumer_cancel_notify": True, "connection.blocked": True, "authentication_failure_close": True,
+            "per_consumer_qos": True, "consumer_priorities": False, "direct_reply_to": False,
+        },
+    }
 
 
 class AMQPConnection(asyncio.Protocol):
@@ -290,8 +302,9 @@ class AMQPConnection(asyncio.Protocol):
                 self.send(PROTOCOL_HEADER)  # the version we speak, then close (spec 4.2.2)
                 self.close_transport()
                 return
-            self.send(method_frame(0, commands.Connection.Start(server_properties=SERVER_PROPERTIES,
-                                                                mechanisms=MECHANISMS)))
+            start = commands.Connection.Start(server_properties=server_properties(self.broker.cluster_name),
+                                              mechanisms=MECHANISMS)
+            self.send(method_frame(0, start))
             self.stage = "start-ok"
             return
         if isinstance(event, HeartbeatReceived):
