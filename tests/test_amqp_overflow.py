@@ -15,6 +15,8 @@ from pamqp import commands
 from protocols.amqp.frames import method_frame
 
 from .amqp_support import RawAMQP, port_of, publish
+from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from .test_bridge_mqtt_amqp import amqp_url
 from .test_amqp import amqp_gateway, get
 
 
@@ -175,4 +177,25 @@ async def test_dead_letters_keep_the_newest_in_a_drop_head_queue(data_dir: Path)
         await ch.default_exchange.publish(aio_pika.Message(b"probe"), "work")  # (after the dead letters)
         assert (await get(work)).body == b"probe"
         assert await bodies(parking) == [b"w2"]
+        await conn.close()
+
+
+async def test_mqtt_publishes_through_amq_topic_keep_the_newest_in_a_drop_head_queue(data_dir: Path) -> None:
+    """x-max-length bounds a queue whatever protocol feeds it: MQTT publishes bound in through
+    amq.topic included."""
+    async with running_gateway(data_dir, amqp_bind="127.0.0.1:0") as gw:
+        conn = await aio_pika.connect(amqp_url(gw))
+        ch = await conn.channel()
+        latest = await ch.declare_queue("latest", arguments={"x-max-length": 2})
+        await latest.bind("amq.topic", "sensors.#")
+        device = PahoClient(mqtt_port(gw), "device")
+        await device.connect()
+        for i in range(5):
+            await device.publish("sensors/t", f"m{i}", 1)
+        await device.disconnect()
+        for _ in range(100):  # (the store's notify reaches the queue after the PUBACKs)
+            if await held(ch, "latest") <= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert await bodies(latest) == [b"m3", b"m4"]
         await conn.close()

@@ -170,7 +170,9 @@ class AMQPBroker:
         # queue, the cache trusts that it hears of every later message (basic.get and the next
         # consumer read through it too).
         self.cache.on_notify(store_queue_name, max_offset)
-        if queue.consumers:
+        if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
+            self._bound(queue)
+        elif queue.consumers:
             queue.schedule_pump()
 
     def stored(self, store_queues: set[str]) -> None:
@@ -183,10 +185,14 @@ class AMQPBroker:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))
             if queue.definition.max_length is not None:
-                # the bound is on messages waiting: consumers with room take theirs first
-                if queue.consumers:
-                    queue.pump()
-                queue.enforce_max_length()
+                self._bound(queue)
+
+    def _bound(self, queue: QueueRuntime) -> None:
+        """x-max-length drop-head: the bound is on messages waiting, so consumers with room take
+        theirs first."""
+        if queue.consumers:
+            queue.pump()
+        queue.enforce_max_length()
 
     # -- flow control and housekeeping ---------------------------------------------------------
     @property
