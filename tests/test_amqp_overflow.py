@@ -9,7 +9,8 @@ import asyncio
 from pathlib import Path
 
 import aio_pika
-from aio_pika.exceptions import DeliveryError
+import pytest
+from aio_pika.exceptions import ChannelPreconditionFailed, DeliveryError
 from pamqp import commands
 
 from protocols.amqp.frames import method_frame
@@ -198,4 +199,20 @@ async def test_mqtt_publishes_through_amq_topic_keep_the_newest_in_a_drop_head_q
                 break
             await asyncio.sleep(0.05)
         assert await bodies(latest) == [b"m3", b"m4"]
+        await conn.close()
+
+
+async def test_a_publish_the_store_refuses_gives_its_place_back(data_dir: Path) -> None:
+    limit = 64 << 10
+    async with amqp_gateway(data_dir, max_message_size=limit) as (_, url):
+        conn = await aio_pika.connect(url)
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.declare_queue("one", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+        # a body within the limit, a record (with its properties) over it: refused by the store
+        too_large = aio_pika.Message(b"x" * (limit - 16), headers={"pad": "p" * 1024})
+        with pytest.raises(ChannelPreconditionFailed):
+            await ch.default_exchange.publish(too_large, "one")
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.default_exchange.publish(aio_pika.Message(b"fits"), "one")  # (acked: the place is free)
+        assert await bodies(await ch.get_queue("one")) == [b"fits"]
         await conn.close()
