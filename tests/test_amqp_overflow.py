@@ -1,7 +1,8 @@
-"""x-max-length with x-overflow through aio-pika publishing without waiting (pipelined): a
-reject-publish queue never holds more than its limit however many publishes are on their way,
-a message refused by one full queue still reaches the others it is routed to (nacked under
-confirms, never returned), and drop-head keeps the newest."""
+"""x-max-length with x-overflow, through aio-pika publishing without waiting and raw frames in
+one write: a reject-publish queue never holds more than its limit however many publishes are on
+their way (a refused put gives its place back), a message refused by one full queue still
+reaches the others it is routed to (nacked under confirms, never returned), and drop-head keeps
+the newest whatever feeds the queue (dead letters, MQTT through amq.topic)."""
 
 from __future__ import annotations
 
