@@ -281,7 +281,8 @@ class Gateway:
         # (with MQTT: the bridge through amq.topic, README)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
-                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
+                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
+                               cluster_name=cfg.node_name())
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])

@@ -50,7 +50,7 @@ from .model import (
     inequivalent,
     routed_queues,
 )
-from .queues import QueueRuntime
+from .queues import QueueRuntime, take_places
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure
@@ -84,8 +84,10 @@ class AMQPBroker:
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
-                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None) -> None:
+                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None,
+                 cluster_name: str = "tidemq") -> None:
         self.store = store
+        self.cluster_name = cluster_name  # the node's name, told to clients in connection.start
         self.cache = cache
         self.authenticator = authenticator
         self.allow_anonymous = allow_anonymous
@@ -171,7 +173,9 @@ class AMQPBroker:
         # queue, the cache trusts that it hears of every later message (basic.get and the next
         # consumer read through it too).
         self.cache.on_notify(store_queue_name, max_offset)
-        if queue.consumers:
+        if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
+            self._bound(queue)
+        elif queue.consumers:
             queue.schedule_pump()
 
     def stored(self, store_queues: set[str]) -> None:
@@ -184,10 +188,14 @@ class AMQPBroker:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))
             if queue.definition.max_length is not None:
-                # the bound is on messages waiting: consumers with room take theirs first
-                if queue.consumers:
-                    queue.pump()
-                queue.enforce_max_length()
+                self._bound(queue)
+
+    def _bound(self, queue: QueueRuntime) -> None:
+        """x-max-length drop-head: the bound is on messages waiting, so consumers with room take
+        theirs first."""
+        if queue.consumers:
+            queue.pump()
+        queue.enforce_max_length()
 
     # -- flow control and housekeeping ---------------------------------------------------------
     @property
@@ -496,7 +504,8 @@ class AMQPBroker:
                                           view.routing_key)
         headers = properties.headers
         properties.expiration = None  # the TTL that expired it must not expire the dead letter
-        targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        routed = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        targets, places = take_places(routed)  # (a full reject-publish queue drops its copy, as RabbitMQ)
         if not targets:
             return
         stored: Message = decoded_to_store_message(exchange, routing_key, properties, message.body)
@@ -505,6 +514,17 @@ class AMQPBroker:
             fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
         except StoreError as exc:  # (its x-death headers may take it over max_message_size)
             log.error("dead letter not stored queue=%s reason=%s error=%s", queue.name, reason, exc)
+            for place in places:
+                place.give_place_back()
             return
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
-            "dead letter not stored queue=%s error=%s", queue.name, f.exception()))
+
+        def done(f: asyncio.Future) -> None:
+            for place in places:
+                place.give_place_back()
+            if f.cancelled() or f.exception() is not None:
+                log.error("dead letter not stored queue=%s error=%s", queue.name,
+                          "cancelled" if f.cancelled() else f.exception())
+            else:
+                self.stored({q.store_queue for q in targets})  # (x-max-length drop-head applies)
+
+        fut.add_done_callback(done)

@@ -120,6 +120,7 @@ class QueueRuntime:
         self.deleted = False
         self._pump_scheduled = False
         self._prioritized = 0  # consumers with an x-priority other than 0
+        self.places_taken = 0  # publishes accepted under x-overflow reject-publish, not stored yet
 
     @property
     def consumers(self) -> dict[object, Consumer]:
@@ -276,3 +277,36 @@ class QueueRuntime:
             self.broker.dead_letter(self, ready.message, "maxlen")
             excess -= 1
         self.save()
+
+    def take_place(self) -> bool:
+        """x-max-length with reject-publish: hold a place for a publish on its way to the store,
+        or False when the ready messages and those on their way fill the queue already."""
+        limit = self.definition.max_length
+        if limit is not None and self.ready_count() + self.places_taken >= limit:
+            return False
+        self.places_taken += 1
+        return True
+
+    def give_place_back(self) -> None:
+        """The publish is stored (then counted as ready) or failed."""
+        self.places_taken -= 1
+
+
+def take_places(queues: list[QueueRuntime]) -> tuple[list[QueueRuntime], list[QueueRuntime] | tuple[()]]:
+    """The queues that take a message, and the places it holds in those with x-max-length and
+    reject-publish (a full one refuses it; the others still take it, as RabbitMQ)."""
+    for queue in queues:  # (a loop, not any(): this runs for every publish)
+        d = queue.definition
+        if d.max_length is not None and d.overflow == "reject-publish":
+            break
+    else:
+        return queues, ()
+    taking, places = [], []
+    for queue in queues:
+        d = queue.definition
+        if d.max_length is None or d.overflow != "reject-publish":
+            taking.append(queue)
+        elif queue.take_place():
+            taking.append(queue)
+            places.append(queue)
+    return taking, places
