@@ -43,11 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     query = what.add_parser("query", parents=[after],
                             help="find messages by key (and topic) or by message id (offsetMsgId or the client's msgId)")
     query.add_argument("--key")
-    query.add_argument("--topic", help="the topic the key was stored under")
-    query.add_argument("--msg-id")
+    query.add_argument("--topic", help="the topic the key (or a client's msgId) was stored under")
+    query.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
     trace = what.add_parser("trace", parents=[after],
                             help="the trace of a message (publish, store, deliver, ack) by id or key")
-    trace.add_argument("--msg-id")
+    trace.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
     trace.add_argument("--key", help="a key the message was published with")
 
 
@@ -91,7 +91,9 @@ def _run(args: argparse.Namespace) -> int:
             if not args.msg_id and not (args.key and args.topic):
                 print("tidemq ctl query: give --msg-id, or --key and --topic", file=sys.stderr)
                 return 2
-            params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key, "topic": args.topic}
+            params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key}
+            if args.topic:
+                params["topic"] = args.topic
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
         elif args.what == "clients" and args.id:
             data = _call(args, "GET", "/admin/clients?" + urllib.parse.urlencode({"id": args.id}))

@@ -1,5 +1,6 @@
 """``tidemq ctl`` (a real subprocess) against a running gateway's admin API: clients,
-subscriptions, queues, query by key and by message id, kick, and the admin token."""
+subscriptions, queues, query by key and by message id (the store's and a RocketMQ client's),
+kick, trace, the admin token and an admin user's credentials, options after the command."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aio_pika
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
+from rocketmq import client as rmq
 
 from gateway.auth import PasswordFile
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
-from tests.remoting_support import ons
+from tests.remoting_support import ons, remoting_gateway
 from tests.test_amqp import get
 
 TOKEN = "s3cret"
@@ -238,3 +241,36 @@ async def test_ctl_tables_show_times_as_iso_and_json_keeps_milliseconds(data_dir
         header, row = out.splitlines()
         stored = row.split()[header.split().index("store_timestamp")]
         assert code == 0 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stored), out
+
+
+@pytest.mark.usefixtures("rocketmq_home")
+async def test_ctl_finds_a_message_by_the_msgid_its_rocketmq_client_printed(data_dir: Path) -> None:
+    """RocketMQ clients print the id they made themselves (UNIQ_KEY), not the broker's offsetMsgId:
+    `query --msg-id` and `trace --msg-id` (so /admin/messages and /admin/trace) take both."""
+    async with remoting_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="remoting") as (gw, addr):
+        url = "http://%s:%d" % gw.metrics_address
+        producer = rmq.Producer("PID-ctl")
+        producer.set_namesrv_addr(addr)
+        await asyncio.to_thread(producer.start)
+        try:
+            sent = rmq.Message("CtlOrders")
+            sent.set_body("order body")
+            sent.set_keys("order-1")
+            result = await asyncio.to_thread(producer.send_sync, sent)
+        finally:
+            await asyncio.to_thread(producer.shutdown)
+        [stored] = gw.store.query_by_key("CtlOrders", "order-1")
+        client_id = result.msg_id
+        assert client_id != stored.msg_id and len(client_id) == 32  # the client's own id, as it printed it
+        assert gw.tracer is not None
+        await gw.tracer.flush()
+        for msg_id in (client_id, stored.msg_id, client_id.lower()):
+            code, out, err = await run_ctl(url, "query", "--msg-id", msg_id, "--json")
+            assert code == 0, err
+            assert [(m["msg_id"], m["body"]) for m in json.loads(out)] == [(stored.msg_id, "order body")]
+            code, out, err = await run_ctl(url, "trace", "--msg-id", msg_id, "--json")
+            assert code == 0 and "publish" in [e["type"] for e in json.loads(out)], (out, err)
+        code, out, err = await run_ctl(url, "query", "--msg-id", client_id, "--topic", "CtlOrders", "--json")
+        assert code == 0 and [m["body"] for m in json.loads(out)] == ["order body"], err
+        code, out, err = await run_ctl(url, "query", "--msg-id", client_id, "--topic", "Elsewhere")
+        assert code == 1 and "no message with id" in err

@@ -119,8 +119,8 @@ class HttpServer:
 
     async def _trace(self, request: web.Request) -> web.Response:
         q = request.query
-        return await self._json(admin.trace(self.deps.store, self.deps.traced_listeners, msg_id=q.get("msg_id"),
-                                            key=q.get("key")))
+        return await self._json(await admin.trace(self.deps.store, self.deps.traced_listeners,
+                                                  msg_id=q.get("msg_id"), key=q.get("key")))
 
     async def _kick(self, request: web.Request) -> web.Response:
         try:
