@@ -1,5 +1,5 @@
 """The operator's dashboard in Debian's headless chromium (driven by selenium) against a real
-gateway: it asks for the admin token, follows live MQTT traffic (connections, message counts
+gateway: it asks for the admin token or an admin user's credentials, follows live MQTT traffic (connections, message counts
 and rates, a persistent session's backlog), and looks a message up with its trace timeline --
 or says the trace is not available on a gateway without ``/admin/trace``."""
 
@@ -26,6 +26,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 import gateway.http.dashboard
+from gateway.auth import PasswordFile
 from gateway.http.dashboard import quantile
 from gateway.interop import topic_queue
 from gateway.server import Gateway
@@ -186,6 +187,28 @@ async def test_dashboard_follows_live_mqtt_traffic(data_dir: Path, browser: WebD
 
         await publisher.disconnect()
         await page.until_text(MQTT_CELL.format("connections"), "0")
+
+
+async def test_dashboard_takes_an_admin_users_credentials(data_dir: Path, browser: WebDriver, tmp_path: Path) -> None:
+    users = PasswordFile()
+    for name in ("alice", "root"):
+        users.set(name, "pw-" + name, iterations=1000)
+    users.save(tmp_path / "passwd")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", password_file=str(tmp_path / "passwd"),
+                               allow_anonymous=False, admin_users="root") as gw:
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.until("#status", lambda text: "credentials needed" in text, "that credentials are needed")
+        await page.fill({"#user-input": "alice", "#password-input": "pw-alice"})  # a user, not an admin
+        await page.click("#token-form button")
+        await page.until("#token-error", lambda text: "admin_users" in text, "that alice is no admin user")
+        await page.fill({"#user-input": "root", "#password-input": "pw-root"})
+        await page.click("#token-form button")
+        await page.until_text(MQTT_CELL.format("connections"), "0")
+        device = PahoClient(mqtt_port(gw), "dash-dev", username="alice", password="pw-alice")
+        await device.connect()
+        await page.until('#clients td[data-field="id"]', lambda text: text == "dash-dev", "the client dash-dev")
+        await device.disconnect()
 
 
 MARKUP = '<img src=x onerror="document.title=\'pwned\'">'  # shown as text, never run
