@@ -178,3 +178,16 @@ def test_a_listener_beyond_loopback_without_admin_credentials_does_not_start(tmp
 def test_admin_users_need_the_password_file(tmp_path: Path) -> None:
     proc = serve(tmp_path, "--metrics-bind", "127.0.0.1:0", "--admin-users", "root")
     assert proc.returncode == 2 and "admin_users" in proc.stderr and "password_file" in proc.stderr, proc.stderr
+
+
+async def test_a_user_holds_only_filters_it_may_read(data_dir: Path, tmp_path: Path) -> None:
+    """POST /data/filters makes the gateway index a filter's messages for its reader: a user may
+    ask that only of what the ACL lets it read."""
+    (tmp_path / "acl").write_text("user alice\ntopic read public/#\n")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", password_file=write_users(tmp_path),
+                               acl_file=str(tmp_path / "acl"), allow_anonymous=False) as gw:
+        alice = basic("alice", "pw-alice")
+        for topic_filter, expected in (("secret/#", 403), ("#", 403), ("public/+", 200)):
+            body = json.dumps({"topicFilter": topic_filter, "lease_ms": 60_000}).encode()
+            status, answer = await asyncio.to_thread(http, gw, "POST", "/data/filters", auth=alice, body=body)
+            assert status == expected, (topic_filter, answer)
