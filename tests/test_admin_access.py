@@ -82,12 +82,15 @@ AUTH_SETTINGS = {
 
 @pytest.mark.parametrize("setting", sorted(AUTH_SETTINGS))
 async def test_every_route_but_the_public_ones_refuses_anonymous_requests(data_dir: Path, tmp_path: Path,
-                                                                          setting: str) -> None:
+                                                                          setting: str,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "acl").write_text(ACL)
     (tmp_path / "keys").write_text("AK1 SK1 alice\n")
     os.chmod(tmp_path / "keys", 0o600)
     async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="mqtt",
                                **AUTH_SETTINGS[setting](tmp_path)) as gw:
+        # nobody can be the operator here: start-up said so
+        assert "the admin API refuses every request" in caplog.text and "admin_users" in caplog.text
         registered = routes(gw)
         assert {path for _, path in registered} >= {"/admin/messages", "/admin/trace", "/admin/kick",
                                                      "/admin/overview", "/data/read", "/data/publish"}
