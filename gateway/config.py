@@ -65,7 +65,7 @@ class Config:
     amqp_bind: str = "127.0.0.1:5672"
     remoting_bind: str = "127.0.0.1:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
-    admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (gateway/http/data_access.py)
+    admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
     admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
     trace: str = ""  # listeners whose messages are traced: "mqtt,amqp", "all" (mqtt mqtts ws amqp remoting)
     flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms

@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     kick.add_argument("protocol", choices=("mqtt", "amqp", "remoting"))
     kick.add_argument("client", help="MQTT client id, AMQP peer HOST:PORT, remoting client id or peer")
     query = what.add_parser("query", parents=[after],
-                            help="find messages by key (and topic) or by message id (offsetMsgId or the client's msgId)")
+                            help="find messages by key (and topic) or by message id (the store's or the client's)")
     query.add_argument("--key")
     query.add_argument("--topic", help="the topic the key (or a client's msgId) was stored under")
     query.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     tracing: list[str] = []
     try:
         if args.what == "kick":
-            data = [_call(args, "POST", "/admin/kick", {"protocol": args.protocol, "client": args.client})]
+            data = _call(args, "POST", "/admin/kick", {"protocol": args.protocol, "client": args.client})
         elif args.what == "queues":
             data = _call(args, "GET", "/admin/queues?" + urllib.parse.urlencode(
                 {"prefix": args.prefix, "limit": args.limit}))
@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(f"tidemq ctl query: no message with key {args.key!r} in topic {args.topic!r}", file=sys.stderr)
         return 1
-    print(json.dumps(data, indent=2) if args.json or not isinstance(data, list) else table(data))
+    print(json.dumps(data, indent=2) if args.json else table(data if isinstance(data, list) else [data]))
     sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     return 0
 

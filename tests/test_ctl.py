@@ -81,7 +81,7 @@ async def test_ctl_lists_queries_and_kicks(data_dir: Path) -> None:
         code, _, err = await ctl(url, "kick", "mqtt", "nobody")
         assert code == 1 and "404" in err
         code, out, _ = await ctl(url, "kick", "mqtt", "dev-1", "--json")
-        assert code == 0 and json.loads(out) == [{"kicked": "dev-1"}]
+        assert code == 0 and json.loads(out) == {"kicked": "dev-1"}
         reason = await asyncio.to_thread(device.disconnects.get, True, 5)
         assert reason == 0x98  # DISCONNECT: administrative action
     finally:

@@ -1,7 +1,8 @@
 """The operator's dashboard in Debian's headless chromium (driven by selenium) against a real
-gateway: it asks for the admin token or an admin user's credentials, follows live MQTT traffic (connections, message counts
-and rates, a persistent session's backlog), and looks a message up with its trace timeline --
-or says the trace is not available on a gateway without ``/admin/trace``."""
+gateway: it asks for the admin token or an admin user's credentials, follows live MQTT traffic
+(connections, message counts and rates, a persistent session's backlog), and looks a message up
+with its trace timeline -- or says the trace is not available on a gateway without
+``/admin/trace``."""
 
 from __future__ import annotations
 
