@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
+from rocketmq import client as rmq
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -35,6 +36,7 @@ from protocols.mqtt.packets import MQTT_5
 from store.stats import LatencyHistogram
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from .remoting_support import remoting_gateway
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -260,6 +262,31 @@ async def test_dashboard_looks_up_a_message_and_its_trace(data_dir: Path, browse
         assert await asyncio.to_thread(browser.execute_script,
                                        "return document.querySelectorAll('main img').length") == 0
         assert browser.title == "TideMQ dashboard"
+
+
+@pytest.mark.usefixtures("rocketmq_home")
+async def test_dashboard_looks_up_the_msgid_a_rocketmq_client_printed(data_dir: Path, browser: WebDriver) -> None:
+    async with remoting_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="remoting") as (gw, addr):
+        producer = rmq.Producer("PID-dash")
+        producer.set_namesrv_addr(addr)
+        await asyncio.to_thread(producer.start)
+        try:
+            sent = rmq.Message("DashOrders")
+            sent.set_body("order body")
+            result = await asyncio.to_thread(producer.send_sync, sent)
+        finally:
+            await asyncio.to_thread(producer.shutdown)
+        assert gw.tracer is not None
+        await gw.tracer.flush()
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.fill({"#trace-msg-id": result.msg_id})  # the client's id (UNIQ_KEY), not the store's
+        await page.click("#trace-form button")
+        await page.until_text('#messages td[data-field="body"]', "order body")
+        stored_id = await page.text('#messages td[data-field="msg_id"]')
+        assert stored_id != result.msg_id and stored_id is not None
+        await page.until_text("#trace-status", "2 events")  # publish, store (no consumer)
+        assert await page.texts('#timeline td[data-field="msg_id"]') == [stored_id] * 2
 
 
 async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, browser: WebDriver,
