@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
-    serve.add_argument("--admin-token", metavar="TOKEN", help="require this bearer token on /admin (tidemq ctl)")
+    serve.add_argument("--admin-token", metavar="TOKEN",
+                       help="the operator's bearer token on /admin and /data (tidemq ctl --token)")
+    serve.add_argument("--admin-users", metavar="USER,...",
+                       help="password-file users who are the operator on /admin and /data (HTTP Basic)")
     serve.add_argument("--trace", metavar="LISTENERS",
                        help="trace messages of these listeners: mqtt,mqtts,ws,amqp,remoting or all")
     serve.add_argument("--mqtts-bind", metavar="HOST:PORT", help="MQTT over TLS listener (empty = off)")
@@ -159,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "remoting_bind": args.remoting_bind,
         "metrics_bind": args.metrics_bind,
         "admin_token": args.admin_token,
+        "admin_users": args.admin_users,
         "trace": args.trace,
         "mqtts_bind": args.mqtts_bind,
         "ws_bind": args.ws_bind,

@@ -8,6 +8,7 @@ A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that list
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import tomllib
@@ -64,7 +65,8 @@ class Config:
     amqp_bind: str = "127.0.0.1:5672"
     remoting_bind: str = "127.0.0.1:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
-    admin_token: str = ""  # when set, /admin requests need "Authorization: Bearer <token>"
+    admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
+    admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
     trace: str = ""  # listeners whose messages are traced: "mqtt,amqp", "all" (mqtt mqtts ws amqp remoting)
     flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms
     flush_interval_ms: int = 200
@@ -147,6 +149,10 @@ class Config:
         """node_id, or else ``gateway@`` and the first MQTT listener's bind."""
         first_bind = next((bind for bind in (self.mqtt_bind, self.mqtts_bind, self.ws_bind) if bind), "")
         return self.node_id or f"gateway@{first_bind}"
+
+    def authentication_configured(self) -> bool:
+        """Whether clients are authenticated or authorised at all: then so are HTTP callers."""
+        return bool(self.password_file or self.acl_file or self.access_keys_file or not self.allow_anonymous)
 
     def store_options(self) -> StoreOptions:
         try:
@@ -272,6 +278,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
     for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
         parse_bind(getattr(cfg, name), name)
+    validate_admin_access(cfg)
     if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
         raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file", "mqtts_bind")
     for name in ("mqtt_receive_maximum", "mqtt_max_inflight"):
@@ -339,6 +346,34 @@ def validate(cfg: Config) -> None:
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}", "log_level")
     cfg.store_options()
+
+
+def validate_admin_access(cfg: Config) -> None:
+    """The admin API serves every message body and can kick clients: a listener reachable from
+    other hosts must have admin credentials, and admin users must be users of the password file."""
+    if parse_admin_users(cfg.admin_users) and not cfg.password_file:
+        raise ConfigError("admin_users are users of the password file: set password_file too", "admin_users")
+    metrics = parse_bind(cfg.metrics_bind, "metrics_bind")
+    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or cfg.admin_users):
+        raise ConfigError(f"metrics_bind {cfg.metrics_bind} is reachable beyond this host, and its admin API (every "
+                          "message body, kicking clients) would have no credentials: set admin_token, or admin_users "
+                          "with a password_file, or bind it to 127.0.0.1", "metrics_bind")
+
+
+def parse_admin_users(text: str) -> frozenset[str]:
+    """``"root, ops"`` -> {"root", "ops"}."""
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this host only (a host name other than
+    ``localhost`` is taken as reachable from elsewhere)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

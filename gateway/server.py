@@ -27,7 +27,7 @@ from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, parse_bind, parse_peers
+from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
 from .core.timer import TimerService
 from .http.app import HttpServer
 from .http.data_holds import FilterHolds
@@ -298,7 +298,8 @@ class Gateway:
         """What the HTTP listener serves from (gateway/http/deps.py), once every other listener runs."""
         cfg = self.config
         return HttpDeps(
-            access=HttpAccess(cfg.admin_token, cfg.allow_anonymous, self.passwords, self.authorizer),
+            access=HttpAccess(cfg.admin_token, parse_admin_users(cfg.admin_users), cfg.authentication_configured(),
+                              self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
             cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup),

@@ -1,11 +1,10 @@
 """The admin API behind ``tidemq ctl``, served as JSON on the metrics listener under ``/admin/``:
 clients, MQTT sessions, subscriptions of every protocol, queue statistics, kicking a client,
-and message lookup by key or message id.
+and message lookup by key or message id (the store's, or the client's msgId).
 
 The views here read what they are given (the protocol gateways, the store: ``deps.py``) and
-return plain data; ``app.HttpServer`` routes HTTP to them. When ``admin_token`` is set, every ``/admin`` request needs
-``Authorization: Bearer <token>`` (kicking a client is an action, and the listener may be
-bound beyond loopback).
+return plain data; ``app.HttpServer`` routes HTTP to them, and its guard lets only the
+operator reach them once credentials are required (they show message bodies and kick clients).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lookup.api import IN_DOUBT
 from protocols.mqtt.reason_codes import ReasonCode
+from protocols.remoting.properties import UNIQ_KEY
 from store import StoredMessage
 from store.msgid import decode_msg_id
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from .deps import Brokers, NodePlace
 
 MAX_ROWS = 1000
+MAX_SAME_ID = 16  # messages stored with one client msgId (a send retried after a lost answer)
+MAX_TOPICS_SEARCHED = 100_000  # topics with keys a client msgId is looked for in, when no topic is given
 
 
 def clients(brokers: Brokers) -> list[dict[str, Any]]:
@@ -163,12 +165,34 @@ async def find_messages(store: MessageStore | None, *, key: str | None, topic: s
     if store is None:
         raise no_store()
     if msg_id:
-        check_msg_id(msg_id)
-        message = await store.get_by_id(msg_id)
-        return [message_view(message)] if message is not None else []
+        return [message_view(m) for m in await messages_with_id(store, msg_id, topic)]
     if not key or not topic:
         raise AdminError(400, "give msg_id, or key and topic")
     return [message_view(m) for m in store.query_by_key(topic, key, max_messages=64, begin_ms=begin_ms, end_ms=end_ms)]
+
+
+async def messages_with_id(store: MessageStore, msg_id: str, topic: str | None = None) -> list[StoredMessage]:
+    """The message an id names, in either of RocketMQ's forms: the store's own (offsetMsgId, a
+    commitlog position), or the one a client made and prints as msgId (property UNIQ_KEY,
+    indexed as a key) -- in ``topic``, or in every topic. (A resent message can have two.)"""
+    check_msg_id(msg_id)
+    found: dict[int, StoredMessage] = {}
+    at_position = await store.get_by_id(msg_id)
+    if at_position is not None and topic in (None, at_position.topic):
+        found[at_position.position] = at_position
+    unique = msg_id.upper()  # (clients write it in upper case, as the store its own ids)
+    if topic:
+        candidates, complete = store.query_by_key(topic, unique, max_messages=MAX_SAME_ID), True
+    else:
+        candidates, complete = store.query_by_key_in_every_topic(unique, max_messages=MAX_SAME_ID,
+                                                                 max_topics=MAX_TOPICS_SEARCHED)
+    for message in candidates:
+        if message.properties.get(UNIQ_KEY, "").upper() == unique:
+            found[message.position] = message
+    if not found and not complete:
+        raise AdminError(422, f"msg_id {msg_id}: not found as a stored message's id, and looked for as a client's "
+                              f"msgId in the first {MAX_TOPICS_SEARCHED} topics with keys only: give its topic too")
+    return [found[position] for position in sorted(found)]
 
 
 def check_msg_id(msg_id: str) -> None:
@@ -179,15 +203,19 @@ def check_msg_id(msg_id: str) -> None:
         raise AdminError(400, f"msg_id {msg_id!r}: {exc}") from None
 
 
-def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_id: str | None,
-          key: str | None) -> dict[str, Any]:
-    """The trace events of one message (by id) or of the messages published with a key; the
-    listeners whose traffic is traced."""
+async def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_id: str | None,
+                key: str | None) -> dict[str, Any]:
+    """The trace events of one message (by either form of its id: ``messages_with_id``) or of
+    the messages published with a key; the listeners whose traffic is traced."""
     if store is None:
         raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         events = message_trace.trace_of(store, msg_id)
+        if not events:  # (a client's msgId: the trace is kept under the store's id)
+            for message in await messages_with_id(store, msg_id):
+                if message.msg_id != msg_id:
+                    events.extend(message_trace.trace_of(store, message.msg_id))
     elif key:
         events = message_trace.traces_by_key(store, key)
     else:

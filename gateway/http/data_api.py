@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -71,7 +72,10 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
-    app.router.add_post("/data/filters", holds.hold)
+    async def hold(request: web.Request) -> web.Response:  # (only a filter the caller may read)
+        return await holds.hold(request, partial(access.check_read_queue, request.get(PRINCIPAL)))
+
+    app.router.add_post("/data/filters", hold)
 
 
 def _int(query, name: str, default: int | None = None) -> int:
