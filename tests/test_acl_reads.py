@@ -6,9 +6,6 @@ messages after the ACL changed, and the data API's listings and reads."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -117,10 +114,69 @@ async def test_resumed_session_after_the_acl_narrowed_gets_only_what_it_may_read
         await eve.close()
 
 
-# -- the data API -------------------------------------------------------------------------------
-def http_get(gw, path: str, user: str) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{gw.metrics_address[1]}{path}")
-    credentials = base64.b64encode(f"{user}:pw-{user}".encode()).decode()
-    request.add_header("Authorization", f"Basic {credentials}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+def publish_over_amqp(gw, *routing_keys: str) -> None:
+    import pika
+
+    port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "amqp")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", port, credentials=pika.PlainCredentials("admin", "pw-admin")))
+    channel = conn.channel()
+    channel.confirm_delivery()
+    for key in routing_keys:
+        channel.basic_publish("amq.topic", key, b"amqp")
+    conn.close()
+
+
+async def test_every_mqtt_delivery_path_passes_the_read_check(data_dir: Path, secured: dict) -> None:
+    """Plain and shared subscriptions of eve to everything get, of what admin stores on secret/
+    and public/ -- published over MQTT or AMQP, retained, a will, a delayed publish --, the public
+    half only."""
+    async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", **secured) as gw:
+        await publish_as_admin(gw, ("secret/r", b"retained"), ("public/r", b"retained"), retain=True)
+        plain = PahoClient(mqtt_port(gw), "eve-plain", version=MQTT_5, username="eve", password="pw-eve")
+        shared = PahoClient(mqtt_port(gw), "eve-shared", version=MQTT_5, username="eve", password="pw-eve")
+        for client, topic_filter in ((plain, "#"), (shared, "$share/g/#")):
+            await client.connect()
+            await client.subscribe(topic_filter, 1)
+        expected = [("public/r", b"retained")]
+        assert [(m.topic, m.payload) for m in await plain.receive(1)] == expected  # (none for a shared one)
+        await publish_as_admin(gw, ("secret/p", b"published"), ("public/p", b"published"),
+                               ("$delayed/0/secret/d", b"delayed"), ("$delayed/0/public/d", b"delayed"))
+        await asyncio.to_thread(publish_over_amqp, gw, "secret.a", "public.a")
+        for topic in ("secret/will", "public/will"):
+            dying = PahoClient(mqtt_port(gw), f"admin-{topic}", username="admin", password="pw-admin",
+                               will=(topic, b"will", 1))
+            await dying.connect()
+            dying.drop()
+        expected = {("public/p", b"published"), ("public/d", b"delayed"), ("public/a", b"amqp"),
+                    ("public/will", b"will")}
+        for client in (plain, shared):
+            assert {(m.topic, m.payload) for m in await client.receive(4)} == expected
+            await client.nothing_more()
+            await client.disconnect()
+
+
+# -- the data API (the Spark source's reads) ----------------------------------------------------
+async def test_data_api_reads_pass_the_read_check(data_dir: Path, secured: dict) -> None:
+    """Every /data/ endpoint that lists or reads stored messages: eve sees public/ only."""
+    from bridge.data_client import HttpClient, SourceError
+
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", **secured) as gw:
+        await publish_as_admin(gw, ("secret/r", b"hidden"), ("public/r", b"open"), retain=True)
+        eve = HttpClient(f"http://127.0.0.1:{gw.metrics_address[1]}", username="eve", password="pw-eve")
+
+        def run() -> None:
+            assert eve.topic_queues(["#", "+/r"]) == {"t:public/r": (0, 1)}
+            listed = eve._json("GET", "/data/queues?prefix=t:")
+            assert [row["queue"] for row in listed["queues"]] == ["t:public/r"] and listed["next_after"] is None
+            assert eve._json("GET", "/data/queues?topicFilter=%23")["queues"] == []  # w:# holds secret/ too
+            for queue in ("t:secret/r", "w:#", "w:+/r"):
+                with pytest.raises(SourceError, match="403"):
+                    eve.read(queue, 0, 10, 10)
+                with pytest.raises(SourceError, match="403"):
+                    eve.offsets([queue])
+                with pytest.raises(SourceError, match="403"):
+                    eve.offsets_for_times({queue: 0})
+            assert [b.num_rows for b in eve.read("t:public/r", 0, 10, 10).batches] == [1]
+
+        await asyncio.to_thread(run)
