@@ -71,6 +71,20 @@ async def test_retained_messages_pass_the_read_check(data_dir: Path, secured: di
         await eve.disconnect()
 
 
+async def test_retained_messages_on_a_gateway_node_pass_the_read_check(data_dir: Path, secured: dict) -> None:
+    """In a cluster the retained index is the store node's; the gateway node checks what it sends."""
+    from .test_cluster_mqtt import cluster
+
+    async with cluster(data_dir, **secured) as (_, (a, b)):
+        await publish_as_admin(a, ("secret/r", b"hidden"), ("public/r", b"open"), retain=True)
+        eve = PahoClient(mqtt_port(b), "eve-sub", version=MQTT_5, username="eve", password="pw-eve")
+        await eve.connect()
+        await eve.subscribe("#", 1)
+        assert [(m.topic, m.payload) for m in await eve.receive(1)] == [("public/r", b"open")]
+        await eve.nothing_more()
+        await eve.disconnect()
+
+
 async def test_retained_messages_of_a_plain_filter_denied_are_not_sent(data_dir: Path, secured: dict) -> None:
     """A filter the deny rule covers is refused outright (SUBACK 0x87): no retained message either."""
     async with running_gateway(data_dir, **secured) as gw:
