@@ -19,8 +19,7 @@ from store import StoredMessage
 from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
-from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
-from ..interop import of_dollar_topics
+from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX, of_dollar_topics
 from .errors import AdminError, no_store
 from .queue_pages import queue_page
 

@@ -1,7 +1,7 @@
 """The data read API: bulk reads of store queues as Apache Arrow, for the Spark source
 (``spark_sinks``) and any other Arrow reader, under ``/data/`` on the metrics listener.
 
-    GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N][&after=C]  the queue behind an MQTT filter, or a page of queues by prefix
+    GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N][&after=C]  a filter's queue, or a page of queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N][&columns=C,D]  rows of offsets [S, E) as an Arrow IPC stream
@@ -44,8 +44,8 @@ from store import MessageStore
 from ..interop import queue_for_filter, topic_of_queue
 from .data_access import PRINCIPAL, DataAccess
 from .data_topics import TopicListing
-from .queue_pages import queue_page
 from .errors import AdminError, no_store
+from .queue_pages import queue_page
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader
@@ -128,7 +128,10 @@ class DataApi:
         (data_access.py): left out before the page is cut, so ``limit`` counts readable queues."""
         store = self._store()
         who = request.get(PRINCIPAL)
-        readable = lambda name: self.access.may_read_queue(who, name)  # noqa: E731
+
+        def readable(name: str) -> bool:
+            return self.access.may_read_queue(who, name)
+
         topic_filter = request.query.get("topicFilter")
         next_after = None
         if topic_filter is not None:
