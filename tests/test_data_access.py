@@ -142,7 +142,7 @@ async def test_queue_listing_pages_over_what_the_caller_may_read(data_dir: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``/data/queues?prefix=``: the limit counts the queues the caller may read (the others are
     left out first), and ``next_after`` pages on past any number of the others, to the end."""
-    from gateway.http import queue_pages
+    from gateway.http import data_topics, queue_pages
 
     async with running_gateway(data_dir, **secured) as gw:
         alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
@@ -176,6 +176,11 @@ async def test_queue_listing_pages_over_what_the_caller_may_read(data_dir: Path,
             monkeypatch.setattr(queue_pages, "MAX_SCAN", 5)  # a bounded scan per page: pages on past the rest
             found = pages(3)
             assert [name for page in found for name in page] == sensors and len(found) > 2
+            # a filter's topic queues: their cap counts what bob may read, not the other 12
+            monkeypatch.setattr(data_topics, "MAX_TOPIC_QUEUES", 4)
+            assert sorted(bob.topic_queues(["#"])) == sensors
+            with pytest.raises(SourceError, match="400.*more than 4"):
+                HttpClient(url, username="alice", password="pw-alice").topic_queues(["#"])
 
         await asyncio.to_thread(run)
 
