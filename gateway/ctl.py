@@ -35,8 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
     queues = what.add_parser("queues", parents=[after],
                              help="store queues: offsets, entries stored, backlog, readers")
-    queues.add_argument("--prefix", default="", help="only queues whose name starts so (t: w: q: r: sched:)")
-    queues.add_argument("--limit", type=int, default=100)
+    queues.add_argument("--prefix", default="", help="only queues whose name starts so (t: w: q: r: sched:); "
+                        "those of $ topics (presence events) are listed only with a prefix that names them (t:$)")
+    queues.add_argument("--limit", type=int, default=100, help="queues per page (1 to 1000; default 100)")
+    queues.add_argument("--after", default="", help="start after this queue (a cut listing says where it stopped)")
     kick = what.add_parser("kick", parents=[after], help="disconnect a client")
     kick.add_argument("protocol", choices=("mqtt", "amqp", "remoting"))
     kick.add_argument("client", help="MQTT client id, AMQP peer HOST:PORT, remoting client id or peer")
@@ -81,12 +83,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     tracing: list[str] = []
+    next_after = None  # (queues) where a cut listing goes on
     try:
         if args.what == "kick":
             data = _call(args, "POST", "/admin/kick", {"protocol": args.protocol, "client": args.client})
         elif args.what == "queues":
-            data = _call(args, "GET", "/admin/queues?" + urllib.parse.urlencode(
-                {"prefix": args.prefix, "limit": args.limit}))
+            page = _call(args, "GET", "/admin/queues?" + urllib.parse.urlencode(
+                {"prefix": args.prefix, "after": args.after, "limit": args.limit}))
+            data, next_after = page["queues"], page["next_after"]
         elif args.what == "query":
             if not args.msg_id and not (args.key and args.topic):
                 print("tidemq ctl query: give --msg-id, or --key and --topic", file=sys.stderr)
@@ -123,6 +127,9 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(data, indent=2) if args.json else table(data if isinstance(data, list) else [data]))
     sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+    if next_after is not None:
+        print(f"tidemq ctl queues: the listing was cut after {len(data)} queues; "
+              f"go on with --after {next_after!r}", file=sys.stderr)
     return 0
 
 

@@ -274,3 +274,32 @@ async def test_ctl_finds_a_message_by_the_msgid_its_rocketmq_client_printed(data
         assert code == 0 and [m["body"] for m in json.loads(out)] == ["order body"], err
         code, out, err = await run_ctl(url, "query", "--msg-id", client_id, "--topic", "Elsewhere")
         assert code == 1 and "no message with id" in err
+
+
+async def test_ctl_queues_pages_and_says_when_the_listing_was_cut(data_dir: Path) -> None:
+    """`ctl queues`: a page of `--limit` queues, a note on stderr where a cut listing goes on
+    (`--after`), `$` topics' queues (presence events) only with a prefix that names them, and a
+    limit beyond a page refused rather than cut silently."""
+    config = Config(data_dir=data_dir, mqtt_bind="127.0.0.1:0", amqp_bind="", remoting_bind="",
+                    metrics_bind="127.0.0.1:0", admin_token=TOKEN)
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        url = "http://%s:%d" % gw.metrics_address
+        device = PahoClient(mqtt_port(gw), "dev-1")
+        await device.connect()  # (its presence event: a queue of t:$SYS/...)
+        for i in range(5):
+            await device.publish(f"u/{i}", b"x", qos=1)
+        await device.disconnect()
+
+        code, out, err = await ctl(url, "--json", "queues", "--prefix", "t:", "--limit", "2")
+        assert code == 0 and [q["queue"] for q in json.loads(out)] == ["t:u/0", "t:u/1"], (out, err)
+        assert "cut after 2 queues" in err and "--after 't:u/1'" in err
+        code, out, err = await ctl(url, "--json", "queues", "--prefix", "t:", "--after", "t:u/1", "--limit", "3")
+        assert code == 0 and [q["queue"] for q in json.loads(out)] == ["t:u/2", "t:u/3", "t:u/4"] and err == ""
+        code, out, _ = await ctl(url, "--json", "queues", "--prefix", "t:$")
+        assert code == 0 and json.loads(out) and all(q["queue"].startswith("t:$SYS/") for q in json.loads(out))
+        code, out, err = await ctl(url, "queues", "--limit", "5000")
+        assert code == 2 and "limit must be 1 to 1000" in err and out == ""
+    finally:
+        await gw.stop()

@@ -173,6 +173,37 @@ async def test_view_query_and_send_back_of_denied_messages_refused(data_dir: Pat
         raw.close()
 
 
+async def test_a_popped_message_that_comes_back_is_checked_for_the_member_that_pops_it(data_dir: Path,
+                                                                                     secured: dict) -> None:
+    """Pop: a message alice popped and did not ack comes back to the group; mallory, in the same
+    group, pops it only if the ACL lets her read it (here not: it is passed over, as a new one or
+    a pull's would be)."""
+    from tests.pop_support import PopClient
+
+    async with remoting_gateway(data_dir, **secured) as (gw, addr):
+        clients = {}
+        for user in ("alice", "mallory"):
+            client = clients[user] = await PopClient.open(addr, "GID-pop")
+            call = client.raw.call
+            client.raw.call = (lambda call, user: lambda code, ext=None, body=b"", **kw: call(
+                code, signed(ext or {}, body, user), body, **kw))(call, user)
+        raw = clients["alice"].raw
+        for topic in ("secret", "news"):  # (MQTT topics "secret", denied to mallory, and "news")
+            sent = await raw.call(RequestCode.SEND_MESSAGE, send_header(topic), topic.encode())
+            assert sent.code == 0, sent.remark
+        for topic in ("secret", "news"):
+            assert [p.body for p in await clients["alice"].pop(topic, invisible_ms=200)] == [topic.encode()]
+        for _ in range(100):  # past their invisible time, both come back to the group
+            if gw.remoting.pop.revived == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert gw.remoting.pop.revived == 2
+        assert [p.body for p in await clients["mallory"].pop("news", poll_ms=2000)] == [b"news"]
+        assert await clients["mallory"].pop("secret", poll_ms=500) == []
+        for client in clients.values():
+            client.raw.close()
+
+
 @pytest.mark.usefixtures("rocketmq_home")
 async def test_cpp_client_signs_with_session_credentials(data_dir: Path, secured: dict) -> None:
     async with remoting_gateway(data_dir, **secured) as (gw, addr):

@@ -9,7 +9,8 @@
 Access defaults to readwrite. A matching ``deny`` rule wins over any allow; without a matching
 allow rule access is denied. Subscribing to a filter needs a read rule that covers the whole
 filter (rule ``a/#`` allows subscribing ``a/+/b``; rule ``a/b`` does not allow ``a/#``), and
-when the client's rules deny some reads, every delivered message is checked too.
+when the client's rules deny some reads (or a resumed session holds a subscription no rule
+covers any more), every delivered message is checked too.
 
 The topic rules are the rights of every protocol on MQTT topic space (gateway/auth/authorize.py
 says where each protocol crosses into it). Principals without an MQTT client id (AMQP users,

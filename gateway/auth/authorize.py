@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .acl import Access, Acl
@@ -59,9 +60,15 @@ class Authorizer:
         """A subscription whose messages are then checked one by one (``checks_reads``)."""
         return self.acl is None or self.acl.allows_subscribe(who.username, who.client_id, topic_filter)
 
-    def checks_reads(self, who: Principal) -> bool:
-        """Some deny rule may refuse single messages of an allowed subscription."""
-        return self.acl is not None and self.acl.checks_deliveries(who.username, who.client_id)
+    def checks_reads(self, who: Principal, topic_filters: Iterable[str] = ()) -> bool:
+        """Single messages must be checked (``can_read``): some deny rule may refuse one of an
+        allowed subscription, or one of ``topic_filters`` (subscriptions made under an earlier
+        ACL: a resumed session's) is no longer covered by a read rule."""
+        acl = self.acl
+        if acl is None:
+            return False
+        return acl.checks_deliveries(who.username, who.client_id) or not all(
+            acl.allows_subscribe(who.username, who.client_id, f) for f in topic_filters)
 
     def can_read_all(self, who: Principal, topic_filter: str) -> bool:
         """Every topic of the filter may be read: for readers whose messages cannot be checked
@@ -137,5 +144,5 @@ class MqttAccess:
         # a delivery skipped by a deny rule: the subscription was allowed, no refusal to log
         return self.authorizer.can_read(Principal("mqtt", username, client_id), topic)
 
-    def checks_deliveries(self, username: str | None, client_id: str) -> bool:
-        return self.authorizer.checks_reads(Principal("mqtt", username, client_id))
+    def checks_deliveries(self, username: str | None, client_id: str, topic_filters: Iterable[str] = ()) -> bool:
+        return self.authorizer.checks_reads(Principal("mqtt", username, client_id), topic_filters)

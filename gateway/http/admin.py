@@ -19,8 +19,9 @@ from store import StoredMessage
 from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
-from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX, of_dollar_topics
 from .errors import AdminError, no_store
+from .queue_pages import queue_page
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -94,14 +95,19 @@ def subscriptions(brokers: Brokers) -> list[dict[str, Any]]:
     return rows[:MAX_ROWS]
 
 
-def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-    """Store queues whose name starts with ``prefix``: offsets, entries ``stored`` (max - min
-    offset), the ``backlog`` where one cursor reads the whole queue (an AMQP queue: max offset -
-    its consumer offset), and who reads them. Store queues of AMQP queues that no longer exist
-    (deleted, before a restart too) are left out: the store keeps their entries until
-    retention, but nothing can read them."""
+def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", after: str = "",
+           limit: int = 100) -> dict[str, Any]:
+    """A page of the store queues whose name starts with ``prefix``, past ``after``: offsets,
+    entries ``stored`` (max - min offset), the ``backlog`` where one cursor reads the whole queue
+    (an AMQP queue: max offset - its consumer offset), and who reads them; ``next_after``: the
+    ``after`` of the next page (None: the listing is complete). Left out: store queues of AMQP
+    queues that no longer exist (deleted, before a restart too: the store keeps their entries
+    until retention, but nothing can read them), and those of ``$`` topics (presence events)
+    unless the prefix names them (``t:$``)."""
+    if not 1 <= limit <= MAX_ROWS:
+        raise AdminError(400, f"limit must be 1 to {MAX_ROWS}: page on with after (the answer's next_after)")
     if store is None:
-        return []
+        return {"queues": [], "next_after": None}
     readers: dict[str, int] = {}
     cursors: dict[str, str] = {}  # store queue -> the consumer whose offset is its backlog's start
     if brokers.mqtt is not None:
@@ -110,21 +116,26 @@ def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", limit
         for queue in brokers.amqp.queues.values():
             readers[queue.store_queue] = len(queue.consumers)
             cursors[queue.store_queue] = queue.consumer_name
+    amqp_gone = brokers.amqp is not None
+    dollar = of_dollar_topics(prefix)
+
+    def listed(name: str) -> bool:
+        if amqp_gone and name.startswith(AMQP_STORE_QUEUE_PREFIX) and name not in cursors:
+            return False
+        return dollar or not of_dollar_topics(name)
+
+    page = queue_page(store.index.iter_names, prefix, after, limit, listed)
     rows = []
-    for state, _ in store.index.iter_queues(prefix):
-        if brokers.amqp is not None and state.name.startswith(AMQP_STORE_QUEUE_PREFIX) and state.name not in cursors:
-            continue
-        result = store.get_now(state.name, -1, 1)  # answers with the queue's offsets only
+    for name in page.names:
+        result = store.get_now(name, -1, 1)  # answers with the queue's offsets only
         backlog = None
-        if state.name in cursors:
-            start = store.get_offset_now(cursors[state.name], state.name)
+        if name in cursors:
+            start = store.get_offset_now(cursors[name], name)
             backlog = result.max_offset - max(result.min_offset, start if start is not None else result.max_offset)
-        rows.append({"queue": state.name, "min_offset": result.min_offset, "max_offset": result.max_offset,
+        rows.append({"queue": name, "min_offset": result.min_offset, "max_offset": result.max_offset,
                      "stored": result.max_offset - result.min_offset, "backlog": backlog,
-                     "readers": readers.get(state.name, 0)})
-        if len(rows) >= min(limit, MAX_ROWS):
-            break
-    return rows
+                     "readers": readers.get(name, 0)})
+    return {"queues": rows, "next_after": page.next_after}
 
 
 def kick(brokers: Brokers, protocol: str, client: str) -> dict[str, Any]:

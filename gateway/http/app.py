@@ -110,7 +110,7 @@ class HttpServer:
         except ValueError:
             raise AdminError(400, "limit must be a number") from None
         return await self._json(admin.queues(self.deps.store, self.deps.brokers, request.query.get("prefix", ""),
-                                             limit))
+                                             request.query.get("after", ""), limit))
 
     async def _messages(self, request: web.Request) -> web.Response:
         q = request.query
