@@ -172,7 +172,11 @@ class _HandshakeConnection(ServerConnection):
         try:
             await super().handshake(*args, **kwargs)
         except Exception as exc:  # returning: the server aborts a connection that is not open
-            _log_refused(self.logger.limited, exc, self.remote_address)  # type: ignore[union-attr]
+            # a client that closes before our answer fails the library's send, whichever way (a
+            # refusal is an InvalidHandshake, raised once its answer went, whoever closed then)
+            peer_left = not isinstance(exc, InvalidHandshake) and (
+                isinstance(exc, ConnectionClosed) or self.connection_lost_waiter.done())
+            _log_refused(self.logger.limited, exc, self.remote_address, peer_left)  # type: ignore[union-attr]
             self.protocol.handshake_exc = None
             _drop_tracebacks(exc)
             del exc
@@ -188,11 +192,14 @@ def _host(peer: Any) -> Any:
     return peer[0] if isinstance(peer, tuple) else peer
 
 
-def _log_refused(limited: RateLimitedLog, exc: BaseException, peer: Any) -> None:
+def _log_refused(limited: RateLimitedLog, exc: BaseException, peer: Any, peer_left: bool = False) -> None:
     root = _root(exc)
     host = _host(peer)
     if isinstance(root, EOFError) and isinstance(exc, InvalidMessage):  # connect and close: a health check
         limited.log(logging.DEBUG, "closed_before_request", "websocket closed before a handshake peer=%s", host)
+    elif peer_left:  # a request, then a close before the answer: a health check too
+        limited.log(logging.DEBUG, "closed_before_response", "websocket closed before the handshake's answer "
+                    "peer=%s error=%s", host, json.dumps(f"{type(exc).__name__}: {exc}"))
     elif isinstance(exc, (InvalidHandshake, ConnectionError)):  # the client's mistake, or it left
         reason = json.dumps(str(root) if isinstance(exc, InvalidMessage) else str(exc))  # quoted, ASCII
         limited.log(logging.INFO, type(exc).__name__, "websocket handshake refused peer=%s reason=%s", host, reason)
