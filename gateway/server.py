@@ -137,7 +137,7 @@ class Gateway:
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
-                self.http = HttpServer(self._http_deps())
+                self.http = HttpServer(self._http_deps(), read_timeout_s=self.config.read_timeout_s)
                 self.metrics_address = await self.http.start(*metrics_bind)
                 log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
             self._set_queue_policy()
@@ -214,6 +214,7 @@ class Gateway:
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
             connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
         )
         # the certificate first: a bad one stops start-up before any listener opens
         tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
@@ -281,7 +282,8 @@ class Gateway:
         # (with MQTT: the bridge through amq.topic, README)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
-                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
+                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
+                               read_timeout_s=cfg.read_timeout_s)
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
@@ -335,6 +337,7 @@ class Gateway:
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
             access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
             enable_property_filter=cfg.remoting_enable_property_filter,
+            idle_timeout_s=cfg.remoting_idle_timeout_s, read_timeout_s=cfg.read_timeout_s,
             transactions=TransactionSettings(cfg.remoting_transaction_timeout_s, cfg.remoting_transaction_check_interval_s,
                                              cfg.remoting_transaction_check_max))
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients

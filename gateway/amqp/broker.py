@@ -25,7 +25,7 @@ from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import (
     AMQP_QUEUE_PREFIX,
     TopicSpace,
@@ -82,7 +82,8 @@ class AMQPBroker:
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
-                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None) -> None:
+                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None,
+                 read_timeout_s: float = 60.0) -> None:
         self.store = store
         self.cache = cache
         self.authenticator = authenticator
@@ -101,6 +102,7 @@ class AMQPBroker:
         self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
         self.connect_timeout_s = connect_timeout_s  # the handshake (to connection.open) comes within this
         self.deadlines = Deadlines()  # the connections' handshake timeouts and heartbeats
+        self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
         self.mqtt_topics = mqtt_topics
@@ -150,6 +152,7 @@ class AMQPBroker:
         for queue in self.queues.values():
             queue.close()
         self.deadlines.close()
+        self.stalled.close()
 
     def _queue_of(self, store_queue_name: str) -> QueueRuntime | None:
         """The declared queue whose store queue that is (a reader: store/reclaim.py)."""

@@ -24,7 +24,7 @@ from .metrics import GatewayCollector
 
 
 class HttpServer:
-    def __init__(self, deps: HttpDeps) -> None:
+    def __init__(self, deps: HttpDeps, read_timeout_s: float = 60.0) -> None:
         self.deps = deps
         self.access = DataAccess(deps.access, deps.brokers.amqp)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -48,7 +48,8 @@ class HttpServer:
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
-        self._runner = web.AppRunner(app, access_log=None)
+        # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
         self._site: web.TCPSite | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:

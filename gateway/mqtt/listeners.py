@@ -263,6 +263,8 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
         return _HandshakeConnection(*args, library_log=library_log, **kwargs)
 
     return await serve(handler, host, port, subprotocols=["mqtt"], compression=None,
-                       max_size=settings.max_packet_size + 8, ping_interval=None, logger=library_log,
+                       max_size=settings.max_packet_size + 8, logger=library_log,
+                       # a client stopped in the middle of a frame cannot answer a ping: closed
+                       ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
                        create_connection=create_connection,  # type: ignore[arg-type]
                        process_request=_check_request)
