@@ -2,7 +2,8 @@
 
 The TOML file uses the field names below, either flat (``mqtt_bind = "..."``) or in a
 table whose name is the first word (``[mqtt] bind = "..."``, ``[store] segment_size = ...``).
-A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that listener off.
+A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6; ``localhost`` is both loopbacks, see
+gateway/listen.py); an empty bind turns that listener off.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ class Config:
     redis_url: str = ""
     lookup_heartbeat_s: float = 1.0  # nodes silent 5x this long are gone; answers settle in 2.5x
     data_dir: Path = Path("./data")
-    mqtt_bind: str = "127.0.0.1:1883"
-    amqp_bind: str = "127.0.0.1:5672"
-    remoting_bind: str = "127.0.0.1:9876"
+    mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
+    amqp_bind: str = "localhost:5672"
+    remoting_bind: str = "localhost:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # when set, /admin requests need "Authorization: Bearer <token>"
     trace: str = ""  # listeners whose messages are traced: "mqtt,amqp", "all" (mqtt mqtts ws amqp remoting)

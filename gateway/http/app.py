@@ -15,6 +15,8 @@ import json
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from ..listen import listening_sockets
+
 from . import admin, dashboard, data_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
@@ -50,15 +52,14 @@ class HttpServer:
         app.router.add_get("/admin/trace", self._trace)
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
-        self._site: web.TCPSite | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Serve on the sockets of ``host`` and ``port``; the first one's address (port 0 picks one)."""
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
-        await self._site.start()
-        server = self._site._server  # the bound address (port 0 picks one)
-        sock = server.sockets[0]  # type: ignore[union-attr]
-        return sock.getsockname()[:2]
+        sockets = await listening_sockets(host, port)
+        for sock in sockets:
+            await web.SockSite(self._runner, sock).start()
+        return sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
         await self._runner.cleanup()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 import sys
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 from websockets.http11 import Request, Response
 
@@ -20,6 +21,7 @@ from store.log_limit import RateLimitedLog
 
 from .. import lean_tcp
 from ..config import Config, ConfigError
+from ..listen import Servers, listening_sockets
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -35,8 +37,9 @@ async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContex
     asyncio's); TLS on asyncio's, which does the handshake and record layer."""
     if tls is None:
         return await lean_tcp.serve(lambda: MQTTConnection(broker, tracer), host, port)
-    return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker, tracer), host, port,
-                                                          ssl=tls)
+    loop = asyncio.get_running_loop()
+    return await Servers.serving(await listening_sockets(host, port), lambda sock: loop.create_server(
+        lambda: MQTTConnection(broker, tracer), sock=sock, ssl=tls))
 
 
 def tls_context(cfg: Config) -> ssl.SSLContext:
@@ -230,7 +233,7 @@ def _check_request(connection: ServerConnection, request: Request) -> Response |
     return None
 
 
-async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Server:
+async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Servers:
     settings = broker.settings
 
     async def handler(ws: ServerConnection) -> None:
@@ -262,9 +265,12 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
     def create_connection(*args: Any, **kwargs: Any) -> _HandshakeConnection:
         return _HandshakeConnection(*args, library_log=library_log, **kwargs)
 
-    return await serve(handler, host, port, subprotocols=["mqtt"], compression=None,
-                       max_size=settings.max_packet_size + 8, logger=library_log,
-                       # a client stopped in the middle of a frame cannot answer a ping: closed
-                       ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
-                       create_connection=create_connection,  # type: ignore[arg-type]
-                       process_request=_check_request)
+    def start(sock: socket.socket) -> serve:
+        return serve(handler, sock=sock, subprotocols=["mqtt"], compression=None,
+                     max_size=settings.max_packet_size + 8, logger=library_log,
+                     # a client stopped in the middle of a frame cannot answer a ping: closed
+                     ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
+                     create_connection=create_connection,  # type: ignore[arg-type]
+                     process_request=_check_request)
+
+    return await Servers.serving(await listening_sockets(host, port), start)
