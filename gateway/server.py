@@ -285,7 +285,7 @@ class Gateway:
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
                                connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
-                               read_timeout_s=cfg.read_timeout_s)
+                               cluster_name=cfg.node_name(), read_timeout_s=cfg.read_timeout_s)
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])

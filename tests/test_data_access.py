@@ -19,10 +19,12 @@ from .mqtt_support import PahoClient, mqtt_port, running_gateway
 ACL = """
 user alice
 topic readwrite #
+amqp ".*" ".*" ".*"
 
 user mallory
 topic readwrite #
 topic deny secret/#
+amqp ".*" ".*" ".*"
 """
 
 

@@ -82,15 +82,21 @@ class Authorizer:
         if self.acl is None:
             return True
         rights = self.acl.amqp_permissions(who.username)
-        return rights is None or rights.allows(permission, name or "amq.default")
+        return rights is not None and rights.allows(permission, name or "amq.default")
+
+    def amqp_vhost_allowed(self, who: Principal) -> bool:
+        """Some AMQP permissions were granted (an ``amqp`` line): as RabbitMQ, a user without
+        any may not open the vhost."""
+        return self.acl is None or self.acl.amqp_permissions(who.username) is not None
 
     # -- refusals ------------------------------------------------------------------------------
-    def denied(self, who: Principal, action: str, resource: str) -> str:
-        """Count and log a refusal; the text for the protocol's error."""
+    def denied(self, who: Principal, action: str, resource: str, text: str | None = None) -> str:
+        """Count and log a refusal; the text for the protocol's error (``text`` when given, as a
+        protocol words it)."""
         key = (who.protocol, action)
         self.stats.denied[key] = self.stats.denied.get(key, 0) + 1
         user = who.username if who.username is not None else "(anonymous)"
-        text = f"{action} of {resource!r} refused for user {user!r}"
+        text = text if text is not None else f"{action} of {resource!r} refused for user {user!r}"
         now = time.monotonic()
         log_key = (who.protocol, who.username, action)
         entry = self._logged.get(log_key)
