@@ -16,7 +16,7 @@ from typing import Any
 log = logging.getLogger("tidemq.listen")
 
 LOOPBACK_NAME = "localhost"
-LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
+LOOPBACKS = ((socket.AF_INET, "127.0.0.1", ()), (socket.AF_INET6, "::1", ()))  # family, address, scope
 # what binding an IPv6 socket raises on a system without IPv6 (or without its loopback)
 _NO_IPV6 = frozenset({errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT})
 _SHARED_PORT_TRIES = 5  # port 0: a port free on the first address may be taken on the next
@@ -31,31 +31,34 @@ async def listening_sockets(host: str, port: int, *, backlog: int = 100) -> list
     """Bound, listening, non-blocking sockets for ``host`` and ``port`` (OSError naming the
     address when one cannot be bound)."""
     if host == LOOPBACK_NAME:
-        addresses = [(family, address) for family, address in LOOPBACKS]
+        addresses = list(LOOPBACKS)
     else:
         infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, family=socket.AF_UNSPEC,
                                                              type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        addresses = list(dict.fromkeys((family, address[0]) for family, _, _, _, address in infos))
+        # (an IPv6 address keeps its flow info and scope id: a link-local one needs its interface)
+        addresses = list(dict.fromkeys((family, address[0], tuple(address[2:])) for family, _, _, _, address in infos))
     for attempt in range(_SHARED_PORT_TRIES):
         try:
             return _bind_all(host, addresses, port, backlog)
         except _PortTaken:
             if attempt == _SHARED_PORT_TRIES - 1:
                 raise OSError(errno.EADDRINUSE, f"no port free on every address of {host!r}") from None
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # (the loop returns or raises)
 
 
 class _PortTaken(Exception):
     """Port 0's pick for the first address is taken on a later one: pick again."""
 
 
-def _bind_all(host: str, addresses: Sequence[tuple[int, str]], port: int, backlog: int) -> list[socket.socket]:
+def _bind_all(host: str, addresses: Sequence[tuple[int, str, tuple[int, ...]]], port: int,
+              backlog: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     try:
-        for family, address in addresses:
+        for family, address, scope in addresses:
             shared = sockets[0].getsockname()[1] if sockets and port == 0 else port
             try:
-                sock = _listen(family, address, shared, backlog, dual_stack=address == "::" and len(addresses) == 1)
+                sock = _listen(family, (address, shared, *scope), backlog,
+                               dual_stack=address == "::" and len(addresses) == 1)
             except OSError as exc:
                 if host == LOOPBACK_NAME and family == socket.AF_INET6 and exc.errno in _NO_IPV6:
                     log.warning("no IPv6 loopback: listening on 127.0.0.1 only port=%d error=%s", port,
@@ -73,13 +76,13 @@ def _bind_all(host: str, addresses: Sequence[tuple[int, str]], port: int, backlo
     return sockets
 
 
-def _listen(family: int, address: str, port: int, backlog: int, *, dual_stack: bool) -> socket.socket:
+def _listen(family: int, sockaddr: tuple, backlog: int, *, dual_stack: bool) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
-        sock.bind((address, port))
+        sock.bind(sockaddr)
         sock.listen(backlog)
         sock.setblocking(False)
     except BaseException:
