@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster-token", metavar="TOKEN",
                        help="shared secret gateway nodes present to the store node (set on both)")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
-    for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
+    for proto, default in (("mqtt", "localhost:1883"), ("amqp", "localhost:5672"), ("remoting", "localhost:9876")):
         serve.add_argument(
-            f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
+            f"--{proto}-bind", metavar="HOST:PORT",
+            help=f"{proto} listener (default {default}: 127.0.0.1 and ::1; [::1]:PORT for IPv6; empty = off)"
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
     serve.add_argument("--admin-token", metavar="TOKEN",

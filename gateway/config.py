@@ -2,7 +2,8 @@
 
 The TOML file uses the field names below, either flat (``mqtt_bind = "..."``) or in a
 table whose name is the first word (``[mqtt] bind = "..."``, ``[store] segment_size = ...``).
-A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that listener off.
+A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6; ``localhost`` is both loopbacks, see
+gateway/listen.py); an empty bind turns that listener off.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ class Config:
     redis_url: str = ""
     lookup_heartbeat_s: float = 1.0  # nodes silent 5x this long are gone; answers settle in 2.5x
     data_dir: Path = Path("./data")
-    mqtt_bind: str = "127.0.0.1:1883"
-    amqp_bind: str = "127.0.0.1:5672"
-    remoting_bind: str = "127.0.0.1:9876"
+    mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
+    amqp_bind: str = "localhost:5672"
+    remoting_bind: str = "localhost:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
     admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
@@ -130,6 +131,9 @@ class Config:
     remoting_transaction_check_interval_s: float = 30.0
     remoting_transaction_check_max: int = 15
     remoting_advertise: str = ""  # HOST:PORT clients are sent to; default: the remoting bind
+    # a connection without a request this long is closed (RocketMQ's channelMaxIdleTimeSeconds;
+    # clients heartbeat every 30 s); 0 = never
+    remoting_idle_timeout_s: float = 120.0
     # SQL92 subscriptions (RocketMQ's enablePropertyFilter, off there by default); off: refused
     remoting_enable_property_filter: bool = True
     # resource alarm (RabbitMQ's disk alarm and flow control): publishers are blocked while the
@@ -143,6 +147,9 @@ class Config:
     access_keys_file: str = ""  # RocketMQ AccessKey -> SecretKey, user (gateway/auth/access_keys.py)
     # every listener: a connection's CONNECT / AMQP handshake / first remoting request comes within this
     connect_timeout_s: float = 10.0
+    # every listener: a connection silent this long in the middle of a frame (packet) is closed,
+    # whatever keep-alive or heartbeat it agreed (none, 0, keeps a whole-frame idle connection)
+    read_timeout_s: float = 60.0
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def node_name(self) -> str:
@@ -305,6 +312,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(exc), "retention_topics") from None
     if not 0 < cfg.connect_timeout_s <= 3600:
         raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds", "connect_timeout_s")
+    if not 0 < cfg.read_timeout_s <= 3600:
+        raise ConfigError("read_timeout_s is more than 0 and at most 3600 seconds", "read_timeout_s")
+    if cfg.remoting_idle_timeout_s < 0:
+        raise ConfigError("remoting_idle_timeout_s is 0 (never) or more seconds", "remoting_idle_timeout_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}", "event_loop")
     if cfg.role not in ("embedded", "store", "gateway"):

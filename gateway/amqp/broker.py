@@ -25,7 +25,7 @@ from store import Message, MessageStore, StoredMessage, StoreError
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import (
     AMQP_QUEUE_PREFIX,
     TopicSpace,
@@ -85,7 +85,7 @@ class AMQPBroker:
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
                  connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None,
-                 cluster_name: str = "tidemq") -> None:
+                 cluster_name: str = "tidemq", read_timeout_s: float = 60.0) -> None:
         self.store = store
         self.cluster_name = cluster_name  # the node's name, told to clients in connection.start
         self.cache = cache
@@ -106,6 +106,7 @@ class AMQPBroker:
         self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
         self.connect_timeout_s = connect_timeout_s  # the handshake (to connection.open) comes within this
         self.deadlines = Deadlines()  # the connections' handshake timeouts and heartbeats
+        self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
         self.mqtt_topics = mqtt_topics
@@ -155,6 +156,7 @@ class AMQPBroker:
         for queue in self.queues.values():
             queue.close()
         self.deadlines.close()
+        self.stalled.close()
 
     def _queue_of(self, store_queue_name: str) -> QueueRuntime | None:
         """The declared queue whose store queue that is (a reader: store/reclaim.py)."""

@@ -133,6 +133,8 @@ class AMQPConnection(asyncio.Protocol):
             return  # we sent close-ok: dropped until the client closes the socket
         self.reader.feed(data)  # (dropped by a reader whose framing broke)
         self._process()
+        if self.reader.buffered:
+            self.broker.stalled.watch(self)
 
     def _process(self, held: ContentReceived | MethodReceived | None = None) -> None:
         # a channel error closes that channel only: the frames read after it are still handled
@@ -202,6 +204,7 @@ class AMQPConnection(asyncio.Protocol):
         self.closed = True
         Deadlines.cancel(self._timer, self)
         self._timer = None
+        self.broker.stalled.forget(self)
         self._end_channels()
         self.broker.connections.discard(self)
 
@@ -403,6 +406,18 @@ class AMQPConnection(asyncio.Protocol):
     def deadline_reached(self) -> None:
         self._timer = None
         (self._beat if self._beating else self._handshake_timeout)()
+
+    def stalled_since(self) -> float | None:
+        if self.closed or not self.reader.buffered:
+            return None
+        if self.read_pauses.reasons:  # we are not reading: the rest may wait in the socket
+            self._last_received = time.monotonic()
+        return self._last_received
+
+    def read_timed_out(self) -> None:
+        log.info("amqp frame unfinished, closing peer=%s buffered=%d timeout_s=%s", self.peer, self.reader.buffered,
+                 self.broker.stalled.timeout_s)
+        self.close_transport()
 
     def _handshake_timeout(self) -> None:
         if self.stage != "open-done" and not self.closed:

@@ -18,6 +18,8 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from ..listen import listening_sockets
+
 from . import admin, dashboard, data_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
@@ -31,7 +33,7 @@ PUBLIC_PATHS = frozenset({"/metrics", "/healthz", "/readyz", *dashboard.PUBLIC_P
 
 
 class HttpServer:
-    def __init__(self, deps: HttpDeps) -> None:
+    def __init__(self, deps: HttpDeps, read_timeout_s: float = 60.0) -> None:
         self.deps = deps
         self.access = DataAccess(deps.access, deps.brokers.amqp)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -55,20 +57,20 @@ class HttpServer:
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._site: web.TCPSite | None = None
+        # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Serve on the sockets of ``host`` and ``port``; the first one's address (port 0 picks one)."""
         access = self.deps.access
         if access.requires_credentials and not access.admin_credentials:
             log.warning("the admin API refuses every request: authentication is configured and no operator "
                         "credentials are; set admin_token or admin_users")
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
-        await self._site.start()
-        server = self._site._server  # the bound address (port 0 picks one)
-        sock = server.sockets[0]  # type: ignore[union-attr]
-        return sock.getsockname()[:2]
+        sockets = await listening_sockets(host, port)
+        for sock in sockets:
+            await web.SockSite(self._runner, sock).start()
+        return sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
         await self._runner.cleanup()

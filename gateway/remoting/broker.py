@@ -35,7 +35,7 @@ from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
 
 from ..core.pop import PopService
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import (
     REMOTING_QUEUE_PREFIX,
     SECOND_TOPIC_PROPERTY,
@@ -83,7 +83,8 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                  long_poll_max_s: float = 30.0, access: RemotingAccess | None = None,
                  stats: ProtocolStats | None = None, connect_timeout_s: float = 10.0,
                  mqtt_topics: TopicSpace | None = None, enable_property_filter: bool = True,
-                 transactions: TransactionSettings | None = None) -> None:
+                 transactions: TransactionSettings | None = None, idle_timeout_s: float = 120.0,
+                 read_timeout_s: float = 60.0) -> None:
         self.store = store
         self.cache = cache
         self.broker_addr = ""
@@ -95,7 +96,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.long_poll_max_s = long_poll_max_s
         self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
         self.connect_timeout_s = connect_timeout_s  # a connection's first request comes within this
-        self.deadlines = Deadlines()  # the connections' first-request timeouts
+        self.deadlines = Deadlines()  # the connections' first-request and idle timeouts
+        self.idle_timeout_s = idle_timeout_s  # a connection without a request this long is closed (0: never)
+        self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
@@ -184,6 +187,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
         self.deadlines.close()
+        self.stalled.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if store_queue_name.startswith(REMOTING_QUEUE_PREFIX):
