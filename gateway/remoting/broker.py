@@ -46,7 +46,7 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
-from .access import RemotingAccess
+from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
@@ -103,16 +103,16 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.selectors = Selectors(enable_property_filter=enable_property_filter)  # pull filters (TAG, SQL92)
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
+        self.stats = stats or ProtocolStats()
+        self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
         self.producers = Producers()  # (live producer connections by group: transaction checks)
         self.transactions = TransactionService(store, self.producers, transactions or TransactionSettings(),
-                                               self._half_message)
+                                               self._half_message, self.access)
         # pop consumption (pops.py): check points in the store, revived by one task
         self.pop = PopService(store, self._pop_dead_letter, lambda group: self.max_reconsume_times)
         self.pop.on_ready = self._pop_ready
         self.pop_waiters = PopWaiters()
         self.connections: set[Client] = set()
-        self.stats = stats or ProtocolStats()
-        self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
         # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (README)
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:
@@ -213,6 +213,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                f"request code {request.code} is not supported by TideMQ")
         try:
+            self.access.check_request(conn.principal, request)  # what the request code needs (access.py)
             return handler(conn, request)
         except Exception as exc:
             return self.error_response(request, exc)
@@ -271,7 +272,8 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
     def get_topic_list(self, conn, request: RemotingCommand) -> RemotingCommand:
-        body = {"topicList": sorted(self.topics.topics)}
+        body = {"topicList": sorted(name for name in self.topics.topics
+                                    if self.access.may_use(conn.principal, name, Right.USE))}
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
     def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
