@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from protocols.remoting.codes import RequestCode, ResponseCode
-from protocols.remoting.message_codec import decode_offset_msg_id
+from protocols.remoting.message_codec import decode_messages, decode_offset_msg_id
 from protocols.remoting.properties import encode_properties
 from store.holds import HALF
 from tests.remoting_support import RawRemoting, ons, pull_header, remoting_gateway, send_header
@@ -104,7 +104,8 @@ async def test_every_request_on_a_topic_needs_rights_on_it(data_dir: Path, secur
         props = encode_properties({"KEYS": "k-cmd", "mqttSecondTopic": "/d1/cmd"})
         ext = signed(send_header("devices", properties=props), b"reboot", "alice")
         assert (await raw.call(RequestCode.SEND_MESSAGE, ext, b"reboot")).code == 0
-        query = {"topic": "devices", "key": "k-cmd", "maxNum": "32", "beginTimestamp": "0", "endTimestamp": str(1 << 60)}
+        query = {"topic": "devices", "key": "k-cmd", "maxNum": "32", "beginTimestamp": "0",
+                 "endTimestamp": str(1 << 60)}
         assert await as_mallory(RequestCode.QUERY_MESSAGE, query) == ResponseCode.QUERY_NOT_FOUND
         skipped = await raw.call(RequestCode.PULL_MESSAGE, signed(pull_header("devices", 0), b"", "mallory"))
         assert skipped.code == ResponseCode.PULL_RETRY_IMMEDIATELY and not skipped.body
@@ -155,3 +156,30 @@ async def test_every_request_code_the_broker_handles_has_an_access_rule(data_dir
 
     async with remoting_gateway(data_dir) as (gw, _):
         assert set(gw.remoting.handlers) == set(REQUEST_NEEDS)
+
+
+async def test_a_refused_send_creates_no_topic_and_internal_properties_are_refused(data_dir: Path,
+                                                                                      secured: dict) -> None:
+    async with remoting_gateway(data_dir, **secured) as (gw, addr):
+        raw = await RawRemoting.open(addr)
+        ext = signed(send_header("secret"), b"leak", "mallory")
+        assert (await raw.call(RequestCode.SEND_MESSAGE, ext, b"leak")).code == ResponseCode.NO_PERMISSION
+        assert gw.remoting.topics.get("secret") is None
+        # rmq.ot is the gateway's (the topic a retried message was first on): were a sender's
+        # taken, a cmd message would pass mallory's deny rule as a retry topic's
+        ak, sk = KEYS["alice"]
+        events = await ons({"cmd": "send", "nameSrv": addr, "topic": "devices", "accessKey": ak, "secretKey": sk,
+                            "reportErrors": True, "messages": [
+                                {"body": "reboot", "properties": {"mqttSecondTopic": "/d1/cmd", "rmq.ot": "%RETRY%x"}},
+                                {"body": "fine", "properties": {"mqttSecondTopic": "/d1/status"}}]})
+        assert [(e["event"], e.get("code")) for e in events] == [("error", ResponseCode.MESSAGE_ILLEGAL),
+                                                                 ("sent", None)]
+        assert "rmq.ot is used by the system" in events[0]["message"]
+        got = []
+        for queue_id in range(4):
+            pull = dict(pull_header("devices", 0), queueId=str(queue_id))
+            response = await raw.call(RequestCode.PULL_MESSAGE, signed(pull, b"", "mallory"))
+            got += [m.body for m in decode_messages(response.body)] if response.code == 0 else []
+        assert got == [b"fine"]
+        assert gw.store.max_offset_now("t:devices/d1/cmd") == 0
+        raw.close()

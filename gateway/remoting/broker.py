@@ -27,7 +27,6 @@ from protocols.remoting.properties import (
     SHARDING_KEY,
     UNIQ_KEY,
     decode_batch_body,
-    decode_properties,
 )
 from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
@@ -50,7 +49,7 @@ from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, plain_body, to_store_message, to_wire
+from .messages import Origin, client_properties, plain_body, to_store_message, to_wire
 from .ordering import sharding_queue
 from .pops import PopRequests, PopWaiters
 from .pulls import PullRequests
@@ -325,10 +324,10 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
-        properties = decode_properties(header.properties or "")
+        properties = client_properties(header.properties)
+        self.access.check_send(conn.principal, header.topic, properties)  # (before the topic is created)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums,
                                   properties.get(SHARDING_KEY))
-        self.access.check_send(conn.principal, header.topic, properties)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
         record_topic, queue_id, properties, targets, level_due = self._placement(
@@ -367,20 +366,21 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         items = decode_batch_body(request.body)
         if not items:
             raise BadRequest("the batch is empty", ResponseCode.MESSAGE_ILLEGAL)
-        keys = {decode_properties(item.properties or "").get(SHARDING_KEY) for item in items}
+        item_properties = [client_properties(item.properties) for item in items]
+        keys = {properties.get(SHARDING_KEY) for properties in item_properties}
         if len(keys) > 1:
             raise BadRequest("a batch goes to one queue: its messages need one sharding key (__SHARDINGKEY) or none",
                              ResponseCode.MESSAGE_ILLEGAL)
+        for properties in item_properties:  # (before the topic is created)
+            self.access.check_send(conn.principal, header.topic, properties)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums, keys.pop())
         born = header.born_timestamp or int(time.time() * 1000)
         batch = []
-        for item in items:
-            properties = decode_properties(item.properties or "")
+        for item, properties in zip(items, item_properties):
             if DELAY in properties or any(name in properties for name in TIMER_PROPERTIES):
                 raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
             if is_half(properties, header.sys_flag):
                 raise BadRequest("batch messages cannot be transactional", ResponseCode.MESSAGE_ILLEGAL)
-            self.access.check_send(conn.principal, header.topic, properties)
             message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)

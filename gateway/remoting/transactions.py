@@ -5,8 +5,9 @@ delivered -- or rolls it back -- never delivered. A half message whose transacti
 ended when it is due for a check (``remoting_transaction_timeout_s`` after it was sent, or its
 ``CHECK_IMMUNITY_TIME_IN_SECONDS``, then every ``remoting_transaction_check_interval_s``) is
 asked about with CHECK_TRANSACTION_STATE on a live connection of a producer of its group
-(``PGROUP``) that may write its topic (access.py, as an END_TRANSACTION must), whose answer is an END_TRANSACTION; after ``remoting_transaction_check_max``
-checks it is rolled back and logged. The state is the store's: it survives a restart.
+(``PGROUP``) that may write its topic (access.py, as an END_TRANSACTION must), whose answer is
+an END_TRANSACTION; after ``remoting_transaction_check_max`` checks it is rolled back and
+logged. The state is the store's: it survives a restart.
 """
 
 from __future__ import annotations
