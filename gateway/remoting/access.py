@@ -50,6 +50,7 @@ class Right(enum.Enum):
     READ = "read"  # some read right under T, each message then checked: what a pull needs
     USE = "use"  # some read or write right under T: a route lookup, which creates T
     WRITE = "write"  # write on each message's MQTT topic
+    CONFIGURE = "configure"  # write on every MQTT topic under T: a change of T's queues or permission
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,8 @@ _IN_HANDLER = {right: Needs(right) for right in Right}
 REQUEST_NEEDS: dict[int, Needs] = {
     # name server role: a lookup creates the topic; the list shows the topics one may use
     RequestCode.GET_ROUTEINFO_BY_TOPIC: _ON_TOPIC_FIELD[Right.USE],
-    RequestCode.UPDATE_AND_CREATE_TOPIC: _ON_TOPIC_FIELD[Right.USE],  # (creates only: as a lookup)
+    # (creating T as a lookup would; a change, or other settings: CONFIGURE, in its handler)
+    RequestCode.UPDATE_AND_CREATE_TOPIC: _ON_TOPIC_FIELD[Right.USE],
     RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: _IN_HANDLER[Right.USE],
     RequestCode.GET_BROKER_CLUSTER_INFO: _IN_HANDLER[Right.NONE],
     # sends: each message (check_send); a transaction's end: its half message (check_write)
@@ -154,7 +156,7 @@ class RemotingAccess:
 
     def may_use(self, who: Principal, topic: str, right: Right) -> bool:
         """Whether ``who`` has ``right`` on remoting topic ``topic`` (READ, USE: some right
-        under it; a ``%`` topic's messages are checked one by one)."""
+        under it; CONFIGURE: write on all of it; a ``%`` topic's messages are checked one by one)."""
         if right is Right.NONE or mqtt_topic_of(topic, None) is None:
             return True
         every = f"{topic}/#"  # (matches ``topic`` itself too)
@@ -163,6 +165,8 @@ class RemotingAccess:
             return authorizer.can_read_some(who, every)
         if right is Right.USE:
             return authorizer.can_read_some(who, every) or authorizer.can_write_some(who, every)
+        if right is Right.CONFIGURE:
+            return authorizer.can_write_all(who, every)
         return authorizer.can_write(who, topic)
 
     def check_topic(self, who: Principal, topic: str, right: Right, action: str) -> None:

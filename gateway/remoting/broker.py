@@ -62,6 +62,7 @@ from .schedule import (
     parse_delay_levels,
 )
 from .selectors import Selectors
+from .topic_updates import TopicUpdateRequests
 from .timers import TIMER_PROPERTIES, timer_due_ms
 from .topics import (
     PERM_WRITE,
@@ -75,7 +76,8 @@ log = logging.getLogger("tidemq.remoting")
 DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
-class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests):
+class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests,
+                     TopicUpdateRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
@@ -116,7 +118,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:
             topics_changed = mqtt_topics.join(self.topics.queues_for_mqtt)
-            self.topics.on_created.append(lambda name: topics_changed())
+            self.topics.on_changed.append(lambda name: topics_changed())
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
         self.handlers: dict[int, Callable[[Client, RemotingCommand], Any]] = {
@@ -274,15 +276,6 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         body = {"topicList": sorted(name for name in self.topics.topics
                                     if self.access.may_use(conn.principal, name, Right.USE))}
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
-
-    def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        topic = str_field(ext, "topic")
-        try:
-            self.topics.ensure(topic, int_field(ext, "writeQueueNums", 0) or int_field(ext, "readQueueNums", 0))
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        return response_to(request, ResponseCode.SUCCESS)
 
     # -- sending -------------------------------------------------------------------------------
     def _writable(self, topic: str, queue_id: int, default_queues: int = 0, sharding_key: str | None = None) -> int:
