@@ -203,3 +203,19 @@ async def test_sasl_anonymous(data_dir: Path, tmp_path: Path, allow_anonymous: b
                                         "refused for user 'guest'")
         finally:
             raw.writer.close()
+
+
+async def test_update_secret_of_an_anonymous_login(data_dir: Path, tmp_path: Path) -> None:
+    """An anonymous login's secret is ``guest``: another new secret closes the connection (403)."""
+    async with running_gateway(data_dir, **config(tmp_path, users={"alice": "pw-alice"})) as gw:
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{amqp_port(gw)}/")
+        try:
+            await asyncio.wait_for(conn.update_secret("guest", reason="refresh"), 5)
+            closed = asyncio.get_running_loop().create_future()
+            conn.close_callbacks.add(lambda _, exc: closed.done() or closed.set_result(exc))
+            with pytest.raises(Exception):
+                await asyncio.wait_for(conn.update_secret("something else"), 5)
+            reason = await asyncio.wait_for(closed, 5)
+            assert "new secret refused for user 'guest'" in str(reason)
+        finally:
+            await conn.close()

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from protocols.remoting.codes import RequestCode, ResponseCode
+from tests.mqtt_support import PahoClient, mqtt_port
 from tests.remoting_support import RawRemoting, ons, pull_header, remoting_gateway, send_header
 from tests.test_remoting_access import secured, signed
 
@@ -49,6 +50,28 @@ async def test_growing_the_queues_of_a_topic(data_dir: Path) -> None:
             raw.close()
     async with remoting_gateway(data_dir) as (gw, addr):  # kept in the store
         assert (gw.remoting.topics.get("Orders").read_queues, gw.remoting.topics.get("Orders").write_queues) == (12, 8)
+
+
+async def test_mqtt_publishes_follow_the_change(data_dir: Path) -> None:
+    """An MQTT topic under a remoting topic lands in the queue its hash picks among the write
+    queues as they are now; none when the topic is no longer readable."""
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, addr):
+        raw = await RawRemoting.open(addr)
+        mqtt = PahoClient(mqtt_port(gw), "publisher")
+        await mqtt.connect()
+        try:
+            assert await route(raw, "Sensors") == (4, 4, 6)
+            await mqtt.publish("Sensors/s0", b"of 4 queues", qos=1)  # crc32 % 4 == 3
+            assert (await raw.call(RequestCode.UPDATE_AND_CREATE_TOPIC, topic_header("Sensors", 8, 8))).code == 0
+            await mqtt.publish("Sensors/s0", b"of 8 queues", qos=1)  # crc32 % 8 == 7
+            assert [gw.store.max_offset_now(f"r:Sensors:{q}") for q in (3, 7)] == [1, 1]
+            assert (await raw.call(RequestCode.UPDATE_AND_CREATE_TOPIC, topic_header("Sensors", 8, 8, 2))).code == 0
+            await mqtt.publish("Sensors/s0", b"write-only", qos=1)
+            assert [gw.store.max_offset_now(f"r:Sensors:{q}") for q in (3, 7)] == [1, 1]
+            assert gw.store.max_offset_now("t:Sensors/s0") == 3
+        finally:
+            await mqtt.disconnect()
+            raw.close()
 
 
 async def test_permissions_changed_and_honoured(data_dir: Path) -> None:

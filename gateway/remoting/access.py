@@ -11,7 +11,8 @@ apply, and ``REQUEST_NEEDS`` says what each request code needs of them: a send w
 (pulls, pops and acks, consumer offsets, queue locks, a consumer's subscriptions) needs some
 read right under it, each message then checked unless every one may be read; a message looked
 up by id or key, or given back for a retry, must be one the principal could have pulled; a
-transaction is ended, and checked with, only by who may write its message. Retry and
+transaction is ended, and checked with, only by who may write its message; a topic is created
+by whoever may use it, and changed (queues, permission) only by who may write all of it. Retry and
 dead-letter topics (``%...``) are not MQTT topics, but their messages are checked by the topic
 they were first on (``rmq.ot``). Refusals answer NO_PERMISSION (16), as RocketMQ's broker does.
 
