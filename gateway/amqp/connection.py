@@ -39,7 +39,7 @@ from protocols.amqp.frames import (
     connection_error,
     method_frame,
 )
-from protocols.amqp.login import MECHANISMS
+from protocols.amqp.login import mechanisms
 from protocols.amqp.reader import FrameReader
 from store import StoreError
 
@@ -306,7 +306,7 @@ class AMQPConnection(asyncio.Protocol):
                 self.close_transport()
                 return
             start = commands.Connection.Start(server_properties=server_properties(self.broker.cluster_name),
-                                              mechanisms=MECHANISMS)
+                                              mechanisms=mechanisms(self.broker.allow_anonymous))
             self.send(method_frame(0, start))
             self.stage = "start-ok"
             return

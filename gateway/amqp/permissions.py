@@ -20,6 +20,7 @@ from ..auth.authorize import Principal
 from ..interop import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
 from .broker import AMQPBroker
 from .direct_reply import REPLY_QUEUE
+from .login import login_name
 
 
 class Client(Protocol):
@@ -47,8 +48,9 @@ def principal(conn: Client) -> Principal:
 
 
 def _refused(who: Principal, resource: str) -> str:
-    """RabbitMQ's text of a refusal (after "ACCESS_REFUSED - ")."""
-    return f"access to {resource} in vhost '/' refused for user '{who.username or ''}'"
+    """RabbitMQ's text of a refusal (after "ACCESS_REFUSED - "), naming the login (an
+    anonymous one as ``guest``, as RabbitMQ's)."""
+    return f"access to {resource} in vhost '/' refused for user '{login_name(who.username)}'"
 
 
 def vhost_refusal(conn: Client) -> str | None:
@@ -58,7 +60,8 @@ def vhost_refusal(conn: Client) -> str | None:
     who = principal(conn)
     if not authorizer.enabled or authorizer.amqp_vhost_allowed(who):
         return None
-    return authorizer.denied(who, "amqp vhost", "/", f"access to vhost '/' refused for user '{who.username or ''}'")
+    text = f"access to vhost '/' refused for user '{login_name(who.username)}'"
+    return authorizer.denied(who, "amqp vhost", "/", text)
 
 
 def check_method(channel: ClientChannel, m) -> None:

@@ -177,11 +177,10 @@ class Acl:
                             lambda rule, deny: overlaps(rule, topic_filter) if deny else covers(rule, topic_filter))
 
     def allows_some(self, username: str | None, client_id: str | None, access: Access, topic_filter: str) -> bool:
-        """Whether an allow rule reaches some topic of the filter (single messages are then checked)."""
-        if self.allow_everything:
-            return True
-        return any(rule_access is not Access.DENY and access in rule_access and overlaps(rule_topic, topic_filter)
-                   for rule_access, rule_topic in self._rules(username, client_id))
+        """Whether an allow rule reaches some topic of the filter and no deny rule covers all of
+        it (single messages are then checked)."""
+        return self._allows(username, client_id, access,
+                            lambda rule, deny: covers(rule, topic_filter) if deny else overlaps(rule, topic_filter))
 
     def amqp_permissions(self, username: str | None) -> AmqpPermissions | None:
         """The user's AMQP permissions; None: no ``amqp`` line, no access to the vhost."""

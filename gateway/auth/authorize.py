@@ -79,6 +79,10 @@ class Authorizer:
         """Some topic of the filter may be read (its messages then checked one by one)."""
         return self.acl is None or self.acl.allows_some(who.username, who.client_id, Access.READ, topic_filter)
 
+    def can_write_some(self, who: Principal, topic_filter: str) -> bool:
+        """Some topic of the filter may be written."""
+        return self.acl is None or self.acl.allows_some(who.username, who.client_id, Access.WRITE, topic_filter)
+
     def can_write_all(self, who: Principal, topic_filter: str) -> bool:
         """Every topic of the filter may be written: for routes whose topic is not known yet."""
         return self.acl is None or self.acl.allows_every(who.username, who.client_id, Access.WRITE, topic_filter)
