@@ -188,18 +188,21 @@ async def test_a_popped_message_that_comes_back_is_checked_for_the_member_that_p
             client.raw.call = (lambda call, user: lambda code, ext=None, body=b"", **kw: call(
                 code, signed(ext or {}, body, user), body, **kw))(call, user)
         raw = clients["alice"].raw
-        for topic in ("secret", "news"):  # (MQTT topics "secret", denied to mallory, and "news")
-            sent = await raw.call(RequestCode.SEND_MESSAGE, send_header(topic), topic.encode())
+        # MQTT topics devices/d1/cmd, denied to mallory, and devices/d1/status, in remoting topic
+        # "devices", which mallory may pop from (she may read some of it)
+        for second in ("/d1/cmd", "/d1/status"):
+            header = send_header("devices", properties=encode_properties({"mqttSecondTopic": second}))
+            sent = await raw.call(RequestCode.SEND_MESSAGE, header, second.encode())
             assert sent.code == 0, sent.remark
-        for topic in ("secret", "news"):
-            assert [p.body for p in await clients["alice"].pop(topic, invisible_ms=200)] == [topic.encode()]
+        popped = await clients["alice"].pop("devices", invisible_ms=200)
+        assert sorted(p.body for p in popped) == [b"/d1/cmd", b"/d1/status"]
         for _ in range(100):  # past their invisible time, both come back to the group
             if gw.remoting.pop.revived == 2:
                 break
             await asyncio.sleep(0.1)
         assert gw.remoting.pop.revived == 2
-        assert [p.body for p in await clients["mallory"].pop("news", poll_ms=2000)] == [b"news"]
-        assert await clients["mallory"].pop("secret", poll_ms=500) == []
+        assert [p.body for p in await clients["mallory"].pop("devices", poll_ms=2000)] == [b"/d1/status"]
+        assert await clients["mallory"].pop("devices", poll_ms=500) == []
         for client in clients.values():
             client.raw.close()
 
