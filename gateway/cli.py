@@ -40,12 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster-token", metavar="TOKEN",
                        help="shared secret gateway nodes present to the store node (set on both)")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
-    for proto, default in (("mqtt", "127.0.0.1:1883"), ("amqp", "127.0.0.1:5672"), ("remoting", "127.0.0.1:9876")):
+    for proto, default in (("mqtt", "localhost:1883"), ("amqp", "localhost:5672"), ("remoting", "localhost:9876")):
         serve.add_argument(
-            f"--{proto}-bind", metavar="HOST:PORT", help=f"{proto} listener (default {default}; empty = off)"
+            f"--{proto}-bind", metavar="HOST:PORT",
+            help=f"{proto} listener (default {default}: 127.0.0.1 and ::1; [::1]:PORT for IPv6; empty = off)"
         )
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
-    serve.add_argument("--admin-token", metavar="TOKEN", help="require this bearer token on /admin (tidemq ctl)")
+    serve.add_argument("--admin-token", metavar="TOKEN",
+                       help="the operator's bearer token on /admin and /data (tidemq ctl --token)")
+    serve.add_argument("--admin-users", metavar="USER,...",
+                       help="password-file users who are the operator on /admin and /data (HTTP Basic)")
     serve.add_argument("--trace", metavar="LISTENERS",
                        help="trace messages of these listeners: mqtt,mqtts,ws,amqp,remoting or all")
     serve.add_argument("--mqtts-bind", metavar="HOST:PORT", help="MQTT over TLS listener (empty = off)")
@@ -159,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "remoting_bind": args.remoting_bind,
         "metrics_bind": args.metrics_bind,
         "admin_token": args.admin_token,
+        "admin_users": args.admin_users,
         "trace": args.trace,
         "mqtts_bind": args.mqtts_bind,
         "ws_bind": args.ws_bind,

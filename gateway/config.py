@@ -2,12 +2,14 @@
 
 The TOML file uses the field names below, either flat (``mqtt_bind = "..."``) or in a
 table whose name is the first word (``[mqtt] bind = "..."``, ``[store] segment_size = ...``).
-A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6); an empty bind turns that listener off.
+A bind is ``HOST:PORT`` (``[::1]:1883`` for IPv6; ``localhost`` is both loopbacks, see
+gateway/listen.py); an empty bind turns that listener off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import tomllib
@@ -60,11 +62,12 @@ class Config:
     redis_url: str = ""
     lookup_heartbeat_s: float = 1.0  # nodes silent 5x this long are gone; answers settle in 2.5x
     data_dir: Path = Path("./data")
-    mqtt_bind: str = "127.0.0.1:1883"
-    amqp_bind: str = "127.0.0.1:5672"
-    remoting_bind: str = "127.0.0.1:9876"
+    mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
+    amqp_bind: str = "localhost:5672"
+    remoting_bind: str = "localhost:9876"
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
-    admin_token: str = ""  # when set, /admin requests need "Authorization: Bearer <token>"
+    admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
+    admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
     trace: str = ""  # listeners whose messages are traced: "mqtt,amqp", "all" (mqtt mqtts ws amqp remoting)
     flush: str = "async"  # sync: acknowledge after fdatasync; async: after write, fdatasync every flush_interval_ms
     flush_interval_ms: int = 200
@@ -130,6 +133,9 @@ class Config:
     remoting_transaction_check_interval_s: float = 30.0
     remoting_transaction_check_max: int = 15
     remoting_advertise: str = ""  # HOST:PORT clients are sent to; default: the remoting bind
+    # a connection without a request this long is closed (RocketMQ's channelMaxIdleTimeSeconds;
+    # clients heartbeat every 30 s); 0 = never
+    remoting_idle_timeout_s: float = 120.0
     # SQL92 subscriptions (RocketMQ's enablePropertyFilter, off there by default); off: refused
     remoting_enable_property_filter: bool = True
     # resource alarm (RabbitMQ's disk alarm and flow control): publishers are blocked while the
@@ -143,12 +149,19 @@ class Config:
     access_keys_file: str = ""  # RocketMQ AccessKey -> SecretKey, user (gateway/auth/access_keys.py)
     # every listener: a connection's CONNECT / AMQP handshake / first remoting request comes within this
     connect_timeout_s: float = 10.0
+    # every listener: a connection silent this long in the middle of a frame (packet) is closed,
+    # whatever keep-alive or heartbeat it agreed (none, 0, keeps a whole-frame idle connection)
+    read_timeout_s: float = 60.0
     source: dict[str, str] = field(default_factory=dict, repr=False)  # field -> where its value came from
 
     def node_name(self) -> str:
         """node_id, or else ``gateway@`` and the first MQTT listener's bind."""
         first_bind = next((bind for bind in (self.mqtt_bind, self.mqtts_bind, self.ws_bind) if bind), "")
         return self.node_id or f"gateway@{first_bind}"
+
+    def authentication_configured(self) -> bool:
+        """Whether clients are authenticated or authorised at all: then so are HTTP callers."""
+        return bool(self.password_file or self.acl_file or self.access_keys_file or not self.allow_anonymous)
 
     def store_options(self) -> StoreOptions:
         try:
@@ -274,6 +287,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
     for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
         parse_bind(getattr(cfg, name), name)
+    validate_admin_access(cfg)
     if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
         raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file", "mqtts_bind")
     for name in ("mqtt_receive_maximum", "mqtt_max_inflight"):
@@ -300,6 +314,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(exc), "retention_topics") from None
     if not 0 < cfg.connect_timeout_s <= 3600:
         raise ConfigError("connect_timeout_s is more than 0 and at most 3600 seconds", "connect_timeout_s")
+    if not 0 < cfg.read_timeout_s <= 3600:
+        raise ConfigError("read_timeout_s is more than 0 and at most 3600 seconds", "read_timeout_s")
+    if cfg.remoting_idle_timeout_s < 0:
+        raise ConfigError("remoting_idle_timeout_s is 0 (never) or more seconds", "remoting_idle_timeout_s")
     if cfg.event_loop not in ("auto", "uvloop", "asyncio"):
         raise ConfigError(f"event_loop must be auto, uvloop or asyncio, not {cfg.event_loop!r}", "event_loop")
     if cfg.role not in ("embedded", "store", "gateway"):
@@ -341,6 +359,34 @@ def validate(cfg: Config) -> None:
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}", "log_level")
     cfg.store_options()
+
+
+def validate_admin_access(cfg: Config) -> None:
+    """The admin API serves every message body and can kick clients: a listener reachable from
+    other hosts must have admin credentials, and admin users must be users of the password file."""
+    if parse_admin_users(cfg.admin_users) and not cfg.password_file:
+        raise ConfigError("admin_users are users of the password file: set password_file too", "admin_users")
+    metrics = parse_bind(cfg.metrics_bind, "metrics_bind")
+    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or cfg.admin_users):
+        raise ConfigError(f"metrics_bind {cfg.metrics_bind} is reachable beyond this host, and its admin API (every "
+                          "message body, kicking clients) would have no credentials: set admin_token, or admin_users "
+                          "with a password_file, or bind it to 127.0.0.1", "metrics_bind")
+
+
+def parse_admin_users(text: str) -> frozenset[str]:
+    """``"root, ops"`` -> {"root", "ops"}."""
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this host only (a host name other than
+    ``localhost`` is taken as reachable from elsewhere)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

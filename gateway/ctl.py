@@ -1,10 +1,13 @@
 """``tidemq ctl``: the admin API of a running gateway (its ``--metrics-bind`` listener) from
 the command line -- clients, sessions, subscriptions, queues, kicking a client, and finding a
-message by key or message id, and a message's trace. Plain HTTP with the standard library; tables or ``--json``."""
+message by key or message id, and a message's trace. Plain HTTP with the standard library;
+tables or ``--json``; the admin token or an admin user's name and password as credentials."""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import getpass
 import json
 import os
 import signal
@@ -12,6 +15,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import UTC, datetime
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:9100"
@@ -20,29 +24,51 @@ TIMEOUT_S = 10.0
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ctl = sub.add_parser("ctl", help="inspect and manage a running gateway (its --metrics-bind listener)")
-    ctl.add_argument("--url", default=os.environ.get("TIDEMQ_ADMIN_URL", DEFAULT_URL),
-                     help=f"the gateway's metrics/admin listener (default $TIDEMQ_ADMIN_URL or {DEFAULT_URL})")
-    ctl.add_argument("--token", default=os.environ.get("TIDEMQ_ADMIN_TOKEN", ""),
-                     help="the gateway's admin_token, if it has one (default $TIDEMQ_ADMIN_TOKEN)")
-    ctl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_common_options(ctl, defaults=True)
+    after = argparse.ArgumentParser(add_help=False)  # `tidemq ctl clients --json` as `ctl --json clients`
+    _add_common_options(after, defaults=False)
     what = ctl.add_subparsers(dest="what", metavar="WHAT", required=True)
-    clients = what.add_parser("clients", help="connected clients of every protocol")
+    clients = what.add_parser("clients", parents=[after], help="connected clients of every protocol")
     clients.add_argument("--id", help="where this MQTT client is connected (in a cluster: which node)")
-    what.add_parser("sessions", help="MQTT sessions (connected and persistent)")
-    what.add_parser("subscriptions", help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
-    queues = what.add_parser("queues", help="store queues: offsets, entries stored, backlog, readers")
-    queues.add_argument("--prefix", default="", help="only queues whose name starts so (t: w: q: r: sched:)")
-    queues.add_argument("--limit", type=int, default=100)
-    kick = what.add_parser("kick", help="disconnect a client")
+    what.add_parser("sessions", parents=[after], help="MQTT sessions (connected and persistent)")
+    what.add_parser("subscriptions", parents=[after],
+                    help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
+    queues = what.add_parser("queues", parents=[after],
+                             help="store queues: offsets, entries stored, backlog, readers")
+    queues.add_argument("--prefix", default="", help="only queues whose name starts so (t: w: q: r: sched:); "
+                        "those of $ topics (presence events) are listed only with a prefix that names them (t:$)")
+    queues.add_argument("--limit", type=int, default=100, help="queues per page (1 to 1000; default 100)")
+    queues.add_argument("--after", default="", help="start after this queue (a cut listing says where it stopped)")
+    kick = what.add_parser("kick", parents=[after], help="disconnect a client")
     kick.add_argument("protocol", choices=("mqtt", "amqp", "remoting"))
     kick.add_argument("client", help="MQTT client id, AMQP peer HOST:PORT, remoting client id or peer")
-    query = what.add_parser("query", help="find messages by key (and topic) or by message id")
+    query = what.add_parser("query", parents=[after],
+                            help="find messages by key (and topic) or by message id (the store's or the client's)")
     query.add_argument("--key")
-    query.add_argument("--topic", help="the topic the key was stored under")
-    query.add_argument("--msg-id")
-    trace = what.add_parser("trace", help="the trace of a message (publish, store, deliver, ack) by id or key")
-    trace.add_argument("--msg-id")
+    query.add_argument("--topic", help="the topic the key (or a client's msgId) was stored under")
+    query.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
+    trace = what.add_parser("trace", parents=[after],
+                            help="the trace of a message (publish, store, deliver, ack) by id or key")
+    trace.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
     trace.add_argument("--key", help="a key the message was published with")
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Where the gateway is, the credentials and the output form: given before or after WHAT
+    (after it they take no default, so as not to undo one given before)."""
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    env = os.environ.get
+    parser.add_argument("--url", default=default(env("TIDEMQ_ADMIN_URL", DEFAULT_URL)),
+                        help=f"the gateway's metrics/admin listener (default $TIDEMQ_ADMIN_URL or {DEFAULT_URL})")
+    parser.add_argument("--token", default=default(env("TIDEMQ_ADMIN_TOKEN", "")),
+                        help="the gateway's admin_token (default $TIDEMQ_ADMIN_TOKEN)")
+    parser.add_argument("--user", default=default(env("TIDEMQ_ADMIN_USER", "")),
+                        help="a user of the gateway's admin_users (default $TIDEMQ_ADMIN_USER)")
+    parser.add_argument("--password", default=default(env("TIDEMQ_ADMIN_PASSWORD", "")),
+                        help="that user's password (default $TIDEMQ_ADMIN_PASSWORD; asked for when not given)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,17 +82,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    tracing: list[str] = []
+    next_after = None  # (queues) where a cut listing goes on
     try:
         if args.what == "kick":
             data = _call(args, "POST", "/admin/kick", {"protocol": args.protocol, "client": args.client})
         elif args.what == "queues":
-            data = _call(args, "GET", "/admin/queues?" + urllib.parse.urlencode(
-                {"prefix": args.prefix, "limit": args.limit}))
+            page = _call(args, "GET", "/admin/queues?" + urllib.parse.urlencode(
+                {"prefix": args.prefix, "after": args.after, "limit": args.limit}))
+            data, next_after = page["queues"], page["next_after"]
         elif args.what == "query":
             if not args.msg_id and not (args.key and args.topic):
                 print("tidemq ctl query: give --msg-id, or --key and --topic", file=sys.stderr)
                 return 2
-            params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key, "topic": args.topic}
+            params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key}
+            if args.topic:
+                params["topic"] = args.topic
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
         elif args.what == "clients" and args.id:
             data = _call(args, "GET", "/admin/clients?" + urllib.parse.urlencode({"id": args.id}))
@@ -75,7 +106,8 @@ def _run(args: argparse.Namespace) -> int:
                 print("tidemq ctl trace: give --msg-id or --key", file=sys.stderr)
                 return 2
             params = {"msg_id": args.msg_id} if args.msg_id else {"key": args.key}
-            data = _call(args, "GET", "/admin/trace?" + urllib.parse.urlencode(params))["events"]
+            answer = _call(args, "GET", "/admin/trace?" + urllib.parse.urlencode(params))
+            data, tracing = answer["events"], answer["tracing"]
         else:
             data = _call(args, "GET", f"/admin/{args.what}")
     except CtlError as exc:
@@ -86,15 +118,25 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps(data))
         if args.what == "trace":
             what = f"id {args.msg_id}" if args.msg_id else f"key {args.key!r}"
-            print(f"tidemq ctl trace: no trace events of a message with {what}", file=sys.stderr)
+            print(f"tidemq ctl trace: no trace events of a message with {what}"
+                  + (f" (traced listeners: {', '.join(tracing)})" if tracing else TRACE_OFF), file=sys.stderr)
         elif args.msg_id:
             print(f"tidemq ctl query: no message with id {args.msg_id}", file=sys.stderr)
         else:
             print(f"tidemq ctl query: no message with key {args.key!r} in topic {args.topic!r}", file=sys.stderr)
         return 1
-    print(json.dumps(data, indent=2) if args.json or not isinstance(data, list) else table(data))
+    print(json.dumps(data, indent=2) if args.json else table(data if isinstance(data, list) else [data]))
     sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+    if next_after is not None:
+        print(f"tidemq ctl queues: the listing was cut after {len(data)} queues; "
+              f"go on with --after {next_after!r}", file=sys.stderr)
     return 0
+
+
+TRACE_OFF = (": message trace is off on every listener of this gateway; turn it on with "
+             "`tidemq serve --trace mqtt,amqp,remoting` (or all; trace in TOML, TIDEMQ_TRACE)")
+CREDENTIALS = ("give the admin token (--token, $TIDEMQ_ADMIN_TOKEN) or the credentials of one of its admin_users "
+               "(--user and --password, $TIDEMQ_ADMIN_USER and $TIDEMQ_ADMIN_PASSWORD)")
 
 
 class CtlError(Exception):
@@ -107,8 +149,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     request = urllib.request.Request(args.url.rstrip("/") + path, method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
                                      headers={"Content-Type": "application/json"})
-    if args.token:
-        request.add_header("Authorization", f"Bearer {args.token}")
+    authorization = _authorization(args)
+    if authorization:
+        request.add_header("Authorization", authorization)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             return json.loads(response.read())
@@ -117,27 +160,57 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
             message = json.loads(exc.read()).get("error", exc.reason)
         except ValueError:
             message = exc.reason
+        if exc.code == 401 and not authorization:
+            message = f"{message}; {CREDENTIALS}"
         raise CtlError(f"{exc.code}: {message}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise CtlError(f"cannot reach {args.url} ({reason}); is the gateway running with --metrics-bind?") from None
 
 
+def _authorization(args: argparse.Namespace) -> str:
+    """The Authorization header of the credentials given ("": none): the token, or a user's."""
+    if args.token:
+        return f"Bearer {args.token}"
+    if not args.user:
+        return ""
+    password = args.password
+    if not password:
+        if not sys.stdin.isatty():
+            raise CtlError(f"--user {args.user} needs --password or $TIDEMQ_ADMIN_PASSWORD")
+        password = args.password = getpass.getpass(f"password of {args.user}: ")
+    return "Basic " + base64.b64encode(f"{args.user}:{password}".encode()).decode()
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(none)"
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    cells = [[_cell(column, row.get(column)) for column in columns] for row in rows]
     widths = [max(len(column), *(len(r[i]) for r in cells)) for i, column in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _cell(value: Any) -> str:
+# columns that hold epoch milliseconds: ISO 8601 (UTC) in tables, numbers in JSON
+TIME_COLUMNS = frozenset({"time", "born_timestamp", "store_timestamp"})
+
+
+def _cell(column: str, value: Any) -> str:
     if value is None:
         return "-"
+    if column in TIME_COLUMNS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _iso(value)
     if isinstance(value, (dict, list)):
         text = json.dumps(value)
         return text if len(text) <= 60 else text[:57] + "..."
     return str(value)
+
+
+def _iso(ms: float) -> str:
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

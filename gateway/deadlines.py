@@ -1,7 +1,8 @@
 """Connection deadlines (connect timeouts, keep-alives, heartbeats) on one event-loop timer, as
 a timing wheel: a deadline costs an entry in the set of its tick, not a TimerHandle with its
 copied context and bound method (~300 bytes per connection, most of an idle one's). A deadline
-runs up to one tick late (``TICK_S``); one that is moved or cancelled is left in no set."""
+runs up to one tick late (``TICK_S``); one that is moved or cancelled is left in no set.
+``StalledReads`` closes connections that stop sending in the middle of a frame."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import heapq
 import logging
 import math
+import time
 from typing import Protocol
 
 log = logging.getLogger("tidemq.deadlines")
@@ -82,3 +84,56 @@ class Deadlines:
             self._handle = None
         self._slots.clear()
         self._ticks.clear()
+
+
+class Reading(Protocol):
+    def stalled_since(self) -> float | None:
+        """``time.monotonic()`` of its last bytes while a frame is unfinished (now, while it is
+        not read from); None when no frame is unfinished."""
+
+    def read_timed_out(self) -> None:
+        """No byte of its unfinished frame came for the read timeout: close it."""
+
+
+class StalledReads:
+    """Connections that stopped in the middle of a frame: watched from a read that leaves one
+    unfinished, closed once no byte came for ``timeout_s`` (a sweep every half of it: within
+    1.5 times). Whole-frame idleness is the protocol's keep-alive, heartbeat or idle timeout."""
+
+    __slots__ = ("_handle", "_watched", "timeout_s")
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._watched: set[Reading] = set()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self, conn: Reading) -> None:
+        """``conn`` read part of a frame (cheap to repeat: a set's add)."""
+        self._watched.add(conn)
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.timeout_s / 2, self._sweep)
+
+    def forget(self, conn: Reading) -> None:
+        self._watched.discard(conn)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        now = time.monotonic()
+        for conn in tuple(self._watched):
+            since = conn.stalled_since()
+            if since is None:
+                self._watched.discard(conn)
+            elif now - since >= self.timeout_s:
+                self._watched.discard(conn)
+                try:
+                    conn.read_timed_out()
+                except Exception:  # one connection's failure must not spare the others
+                    log.exception("read timeout failed conn=%r", conn)
+        if self._watched:
+            self._handle = asyncio.get_running_loop().call_later(self.timeout_s / 2, self._sweep)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._watched.clear()

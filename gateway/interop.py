@@ -40,6 +40,7 @@ from protocols.queue_names import (  # noqa: F401
     TOPIC_QUEUE_PREFIX,
     WILDCARD_QUEUE_PREFIX,
     amqp_queue,
+    of_dollar_topics,
     queue_for_filter,
     remoting_queue,
     remoting_topic_of,

@@ -19,6 +19,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from .listen import listening_sockets
+
 log = logging.getLogger("tidemq.tcp")
 
 READ_SIZE = 256 * 1024  # as asyncio's: one recv() per readiness, freed after data_received
@@ -339,30 +341,9 @@ class LeanServer(asyncio.AbstractServer):
             sock.close()
 
 
-async def serve(factory: Callable[[], asyncio.Protocol], host: str | None, port: int, *,
+async def serve(factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
                 backlog: int = 100) -> LeanServer:
-    """Listen on every address ``host`` resolves to (all interfaces for "" or None), as
-    ``loop.create_server`` does: SO_REUSEADDR, IPv6 sockets IPv6-only."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host or None, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _name, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                raise OSError(exc.errno, f"error while attempting to bind on address {address!r}: "
-                                         f"{exc.strerror.lower() if exc.strerror else exc}") from None
-            sock.listen(backlog)
-            sock.setblocking(False)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return LeanServer(loop, factory, sockets, backlog)
+    """Listen on the sockets of ``host`` and ``port`` (gateway/listen.py: ``localhost`` is both
+    loopbacks)."""
+    sockets = await listening_sockets(host, port, backlog=backlog)
+    return LeanServer(asyncio.get_running_loop(), factory, sockets, backlog)

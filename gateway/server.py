@@ -27,7 +27,8 @@ from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, parse_bind, parse_peers
+from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
+from .listen import format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
 from .http.data_holds import FilterHolds
@@ -130,16 +131,13 @@ class Gateway:
                     server = await self._start_amqp(bind)
                 else:
                     server = await self._start_remoting(bind)
-                listener = Listener(protocol, server)
-                self.listeners.append(listener)
-                host, port = listener.address
-                log.info("listener started protocol=%s address=%s:%d", protocol, host, port)
+                self._started(protocol, server)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
-                self.http = HttpServer(self._http_deps())
+                self.http = HttpServer(self._http_deps(), read_timeout_s=self.config.read_timeout_s)
                 self.metrics_address = await self.http.start(*metrics_bind)
-                log.info("listener started protocol=metrics address=%s:%d", *self.metrics_address)
+                log.info("listener started protocol=metrics address=%s", format_address(*self.metrics_address))
             self._set_queue_policy()
         except BaseException:
             await self.stop()
@@ -215,6 +213,7 @@ class Gateway:
             progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
             allow_anonymous=cfg.allow_anonymous,
             connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
         )
         # the certificate first: a bad one stops start-up before any listener opens
         tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
@@ -238,8 +237,12 @@ class Gateway:
             else:
                 server = await listeners.start_tcp(self.mqtt, bind[0], bind[1], tls if name == "mqtts" else None,
                                                    self._tracer_for(name))
-            self.listeners.append(Listener(name, server))
-            log.info("listener started protocol=%s address=%s:%d", name, *self.listeners[-1].address)
+            self._started(name, server)
+
+    def _started(self, protocol: str, server: asyncio.AbstractServer) -> None:
+        self.listeners.append(Listener(protocol, server))
+        for sock in server.sockets:
+            log.info("listener started protocol=%s address=%s", protocol, format_address(*sock.getsockname()[:2]))
 
     def _mqtt_ports(self) -> MQTTPorts:
         """The MQTT gateway's ports (gateway/ports.py), chosen here once: a gateway node's, over
@@ -282,7 +285,8 @@ class Gateway:
         # (with MQTT: the bridge through amq.topic, README)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
-                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards)
+                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
+                               cluster_name=cfg.node_name(), read_timeout_s=cfg.read_timeout_s)
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
@@ -298,7 +302,8 @@ class Gateway:
         """What the HTTP listener serves from (gateway/http/deps.py), once every other listener runs."""
         cfg = self.config
         return HttpDeps(
-            access=HttpAccess(cfg.admin_token, cfg.allow_anonymous, self.passwords, self.authorizer),
+            access=HttpAccess(cfg.admin_token, parse_admin_users(cfg.admin_users), cfg.authentication_configured(),
+                              self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
             cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup),
@@ -336,6 +341,7 @@ class Gateway:
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
             access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
             enable_property_filter=cfg.remoting_enable_property_filter,
+            idle_timeout_s=cfg.remoting_idle_timeout_s, read_timeout_s=cfg.read_timeout_s,
             transactions=TransactionSettings(cfg.remoting_transaction_timeout_s, cfg.remoting_transaction_check_interval_s,
                                              cfg.remoting_transaction_check_max))
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
@@ -358,7 +364,7 @@ class Gateway:
         server = await lean_tcp.serve(lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer),
                                       bind[0], bind[1])
         host, port = server.sockets[0].getsockname()[:2]
-        broker.set_address(cfg.remoting_advertise or f"{cfg.store_host if host in ('0.0.0.0', '::') else host}:{port}")
+        broker.set_address(cfg.remoting_advertise or format_address(cfg.store_host if host in ('0.0.0.0', '::') else host, port))
         return server
 
     async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:

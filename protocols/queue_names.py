@@ -56,6 +56,13 @@ def topic_of_queue(queue: str) -> str | None:
     return queue[len(TOPIC_QUEUE_PREFIX):] if queue.startswith(TOPIC_QUEUE_PREFIX) else None
 
 
+def of_dollar_topics(name: str) -> bool:
+    """Whether a queue (or a name prefix) is of ``$`` topics (``$SYS/...``): a topic or wildcard
+    queue whose topic starts with ``$``, which listings leave out unless asked for, as MQTT's
+    wildcards do (MQTT 4.7.2)."""
+    return name.startswith((TOPIC_QUEUE_PREFIX + "$", WILDCARD_QUEUE_PREFIX + "$"))
+
+
 def topic_queue_prefix(topic_filter: str) -> str:
     """The name prefix every topic queue a (validated) filter matches starts with: its levels
     before the first wildcard. ``a/+/b`` -> ``t:a/``; ``a/#`` -> ``t:a`` (``#`` matches the parent

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs TideMQ into ./.venv (the first time, and again only when pyproject.toml changed: see
-# venv.sh) and runs the gateway on its embedded defaults: data in ./data, MQTT 127.0.0.1:1883,
-# AMQP 127.0.0.1:5672, remoting 127.0.0.1:9876, and the metrics/admin listener (`tidemq ctl`,
-# the dashboard) on 127.0.0.1:9100 -- loopback only, as every default listener.
+# venv.sh) and runs the gateway on its embedded defaults: data in ./data, MQTT localhost:1883,
+# AMQP localhost:5672, remoting localhost:9876, and the metrics/admin listener (`tidemq ctl`,
+# the dashboard) on localhost:9100 -- loopback only (127.0.0.1 and ::1), as every default listener.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV_EXTRAS= . scripts/venv.sh
@@ -10,6 +10,6 @@ VENV_EXTRAS= . scripts/venv.sh
 # file (its metrics_bind), or TIDEMQ_METRICS_BIND (empty: off)
 case " $* " in
     *" --metrics-bind"* | *" --config"*) ;;
-    *) [ -n "${TIDEMQ_CONFIG:-}" ] || export TIDEMQ_METRICS_BIND="${TIDEMQ_METRICS_BIND-127.0.0.1:9100}" ;;
+    *) [ -n "${TIDEMQ_CONFIG:-}" ] || export TIDEMQ_METRICS_BIND="${TIDEMQ_METRICS_BIND-localhost:9100}" ;;
 esac
 exec .venv/bin/tidemq serve "$@"

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .held import HeldMessages
 from .keyindex import scan as scan_keys
+from .keyindex import scan_every_topic
 from .lock import DirectoryLock
 from .log_limit import RateLimitedLog
 from .message import (
@@ -403,6 +404,17 @@ class MessageStore:
         found = (self.read_at(position) for position in positions)
         # (a repair that cut the commitlog can leave entries naming re-used positions: check)
         return [m for m in found if m is not None and m.topic == topic and key in m.key.split(" ")]
+
+    def query_by_key_in_every_topic(self, key: str, *, max_messages: int = 32,
+                                    max_topics: int = 100_000) -> tuple[list[StoredMessage], bool]:
+        """Messages of any topic stored with ``key``, at most ``max_messages``; and False when
+        more than ``max_topics`` topics have keys (the others were not searched)."""
+        positions, stale, complete = scan_every_topic(self.index.db, key, min_position=self.commitlog.min_position,
+                                                      limit=max_messages, max_topics=max_topics)
+        if stale:
+            self.index.delete_keys(stale)
+        found = (self.read_at(position) for position in positions)
+        return [m for m in found if m is not None and m.key and key in m.key.split(" ")], complete
 
     def read_at(self, position: int) -> StoredMessage | None:
         """The message stored at ``position``, or None (removed by retention, or no record there)."""

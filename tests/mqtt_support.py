@@ -53,14 +53,15 @@ class PahoClient:
 
     def __init__(self, port: int, client_id: str, *, version: int = MQTT_3_1_1, clean: bool = True,
                  session_expiry: int | None = None, will: tuple | None = None,
-                 username: str | None = None, password: str | None = None, keepalive: int = 60) -> None:
+                 username: str | None = None, password: str | None = None, keepalive: int = 60,
+                 host: str = "127.0.0.1") -> None:
         proto = paho.MQTTv5 if version == MQTT_5 else paho.MQTTv311
         kwargs: dict[str, Any] = {"client_id": client_id, "protocol": proto}
         if version != MQTT_5:
             kwargs["clean_session"] = clean
         self.client = paho.Client(CallbackAPIVersion.VERSION2, **kwargs)
         self.version = version
-        self.port = port
+        self.host, self.port = host, port
         self.clean = clean
         self.session_expiry = session_expiry
         self.keepalive = keepalive
@@ -88,7 +89,7 @@ class PahoClient:
                 props = PahoProps(PacketTypes.CONNECT)
                 props.SessionExpiryInterval = self.session_expiry
             kwargs["properties"] = props
-        await asyncio.to_thread(self.client.connect, "127.0.0.1", self.port, self.keepalive, **kwargs)
+        await asyncio.to_thread(self.client.connect, self.host, self.port, self.keepalive, **kwargs)
         self.client.loop_start()
         return await asyncio.to_thread(self.connack.get, True, TIMEOUT)
 

@@ -159,7 +159,7 @@ def test_acl_rights_for_principals_without_client_id_and_amqp_lines(tmp_path: Pa
     assert acl.allows_every("dave", None, Access.READ, "alice/open/#")
     rights = acl.amqp_permissions("dave")
     assert rights is not None and rights.allows("configure", "d.q") and not rights.allows("write", "x")
-    assert acl.amqp_permissions("alice") is None  # no amqp line: every AMQP resource
+    assert acl.amqp_permissions("alice") is None  # no amqp line: no access to the vhost (as RabbitMQ)
 
 
 @pytest.mark.parametrize("text", ['amqp ".*" ".*"', 'amqp "(" ".*" ".*"', 'amqp ".*" ".*" ".*"\namqp "" "" ""'])

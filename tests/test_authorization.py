@@ -22,21 +22,30 @@ from .mqtt_support import PahoClient, mqtt_port, running_gateway
 ACL = r"""
 user alice
 topic readwrite #
+amqp ".*" ".*" ".*"
 
 user mallory
 topic readwrite #
 topic deny secret/#
+amqp ".*" ".*" ".*"
 
 user carol
 topic readwrite public/#
 amqp "^carol\." "^carol\.|^amq\.topic$" "^carol\.|^amq\.topic$"
+
+user dan
+topic readwrite #
+amqp "^dan\." "^dan\.x$" ""
+
+user erin
+topic readwrite #
 """
 
 
 @pytest.fixture
 def secured(tmp_path: Path) -> dict:
     users = PasswordFile()
-    for name in ("alice", "mallory", "carol"):
+    for name in ("alice", "mallory", "carol", "dan", "erin"):
         users.set(name, "pw-" + name, iterations=1000)
     users.save(tmp_path / "passwd")
     (tmp_path / "acl").write_text(ACL)
@@ -61,6 +70,15 @@ def refused(call) -> int:
     except ChannelClosedByBroker as exc:
         return exc.reply_code
     return 0
+
+
+def closed_with(call) -> tuple[int, str]:
+    """The reply code and text of the channel close ``call`` ends in ((0, ""): not refused)."""
+    try:
+        call()
+    except ChannelClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    return 0, ""
 
 
 async def subscriber(gw, user: str = "alice") -> PahoClient:
@@ -161,6 +179,7 @@ async def test_pika_other_users_routes_into_and_out_of_denied_topics_refused(dat
             for call in (
                 lambda ch: ch.basic_get("alice.secret"),
                 lambda ch: ch.basic_consume("alice.secret", lambda *a: None),
+                lambda ch: ch.queue_purge("alice.secret"),  # (read, as RabbitMQ: its messages are gone)
                 lambda ch: (ch.queue_declare("mq2"), ch.queue_bind("mq2", "alice.out", "#")),
                 lambda ch: ch.basic_publish("alice.in", "secret.via.fanout", b"leak"),
                 lambda ch: ch.basic_publish("alice.in", "public.via.fanout", b"fine"),
@@ -171,7 +190,7 @@ async def test_pika_other_users_routes_into_and_out_of_denied_topics_refused(dat
             conn.close()
             return codes
 
-        assert await asyncio.to_thread(run) == [403, 403, 403, 403, 0]
+        assert await asyncio.to_thread(run) == [403, 403, 403, 403, 403, 0]
 
 
 # -- the same through kombu -----------------------------------------------------------------------
@@ -215,7 +234,7 @@ async def test_kombu_publish_and_bind_to_denied_topics_refused(data_dir: Path, s
 async def test_amqp_permissions_per_resource(data_dir: Path, secured: dict) -> None:
     async with running_gateway(data_dir, **secured) as gw:
         def run() -> list[int]:
-            alice = pika_connection(gw, "alice")  # no amqp line: every AMQP resource
+            alice = pika_connection(gw, "alice")  # ".*" ".*" ".*": every AMQP resource
             alice.channel().queue_declare("alice.q")
             conn = pika_connection(gw, "carol")
             codes = []
@@ -240,6 +259,49 @@ async def test_amqp_permissions_per_resource(data_dir: Path, secured: dict) -> N
 
         assert await asyncio.to_thread(run) == [403, 0, 403, 403, 403, 403, 0, 403, 403, 0]
         assert gw.authorizer.stats.denied[("amqp", "amqp configure")] == 3
+
+
+async def test_amqp_permissions_need_granting_and_refusals_name_the_resource(data_dir: Path, secured: dict) -> None:
+    """As RabbitMQ: a user without an amqp line has no access to the vhost (connection.open
+    refused); direct reply-to's pseudo-queue is anyone's to consume; queue.declare with a dead-letter exchange needs read on the queue too; an empty
+    regex grants nothing; a refusal's text names the resource as RabbitMQ's does."""
+    async with running_gateway(data_dir, **secured) as gw:
+        def run() -> list[tuple[int, str]]:
+            texts = []
+            for call in (
+                lambda ch: ch.queue_declare("dan.q"),
+                # direct reply-to's pseudo-queue needs no read permission (RabbitMQ's rule)
+                lambda ch: ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True),
+                lambda ch: ch.queue_declare("dan.dl", arguments={"x-dead-letter-exchange": "dan.x"}),
+                lambda ch: ch.basic_get("dan.q"),
+                lambda ch: ch.basic_publish("", "dan.q", b"x"),
+            ):
+                conn = pika_connection(gw, "dan")
+                ch = conn.channel()
+                ch.confirm_delivery()
+                texts.append(closed_with(lambda call=call, ch=ch: call(ch)))
+                conn.close()
+            conn = pika_connection(gw, "mallory")
+            ch = conn.channel()
+            ch.confirm_delivery()
+            texts.append(closed_with(lambda: ch.basic_publish("amq.topic", "secret.amqp", b"leak")))
+            conn.close()
+            try:
+                pika_connection(gw, "erin")
+            except pika.exceptions.ProbableAccessDeniedError as exc:  # (pika's name for a refused open)
+                texts.append((530, str(exc)))
+            return texts
+
+        assert await asyncio.to_thread(run) == [
+            (0, ""),
+            (0, ""),
+            (403, "ACCESS_REFUSED - access to queue 'dan.dl' in vhost '/' refused for user 'dan'"),
+            (403, "ACCESS_REFUSED - access to queue 'dan.q' in vhost '/' refused for user 'dan'"),
+            (403, "ACCESS_REFUSED - access to exchange 'amq.default' in vhost '/' refused for user 'dan'"),
+            (403, "ACCESS_REFUSED - access to topic 'secret.amqp' in exchange 'amq.topic' in vhost '/' "
+                  "refused for user 'mallory'"),
+            (530, 'ConnectionClosedByBroker: (530) "NOT_ALLOWED - access to vhost \'/\' refused for user \'erin\'"'),
+        ]
 
 
 async def test_refusals_counted_and_logged_once_per_interval(data_dir: Path, secured: dict,

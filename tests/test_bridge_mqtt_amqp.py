@@ -73,7 +73,8 @@ async def test_a_wildcard_binding_gets_no_dollar_topics_as_no_mqtt_filter_starti
     the broker's '$SYS' messages (presence events: client ids, addresses) through a '#' binding.
     A binding whose first word is '$SYS' names them, and is judged by its own filter."""
     acl = tmp_path / "acl.conf"
-    acl.write_text("topic write plant/#\nuser reader\ntopic read #\ntopic read $SYS/brokers/#\n")
+    acl.write_text("topic write plant/#\nuser reader\ntopic read #\ntopic read $SYS/brokers/#\n"
+                   'amqp ".*" ".*" ".*"\n')
     async with running_gateway(data_dir, amqp_bind="127.0.0.1:0", acl_file=acl, node_id="n1") as gw:
         conn = await aio_pika.connect(amqp_url(gw).replace("guest:guest", "reader:x"))
         ch = await conn.channel()

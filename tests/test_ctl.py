@@ -1,26 +1,38 @@
 """``tidemq ctl`` (a real subprocess) against a running gateway's admin API: clients,
-subscriptions, queues, query by key and by message id, kick, and the admin token."""
+subscriptions, queues, query by key and by message id (the store's and a RocketMQ client's),
+kick, trace, the admin token and an admin user's credentials, options after the command."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aio_pika
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
+from rocketmq import client as rmq
 
+from gateway.auth import PasswordFile
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
-from tests.mqtt_support import PahoClient, mqtt_port
-from tests.remoting_support import ons
+from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+from tests.remoting_support import ons, remoting_gateway
 from tests.test_amqp import get
 
 TOKEN = "s3cret"
+
+
+def keyed(key: str) -> PahoProperties:
+    props = PahoProperties(PacketTypes.PUBLISH)
+    props.UserProperty = ("key", key)
+    return props
 
 
 async def ctl(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:
@@ -68,7 +80,7 @@ async def test_ctl_lists_queries_and_kicks(data_dir: Path) -> None:
         assert code == 1 and "401" in err
         code, _, err = await ctl(url, "kick", "mqtt", "nobody")
         assert code == 1 and "404" in err
-        code, out, _ = await ctl(url, "kick", "mqtt", "dev-1")
+        code, out, _ = await ctl(url, "kick", "mqtt", "dev-1", "--json")
         assert code == 0 and json.loads(out) == {"kicked": "dev-1"}
         reason = await asyncio.to_thread(device.disconnects.get, True, 5)
         assert reason == 0x98  # DISCONNECT: administrative action
@@ -152,5 +164,142 @@ async def test_ctl_into_a_closed_pipe_ends_quietly(data_dir: Path) -> None:
         os.close(write_end)
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert err.decode() == "" and proc.returncode == 141, err.decode()  # as a tool killed by SIGPIPE
+    finally:
+        await gw.stop()
+
+
+async def run_ctl(url: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`tidemq ctl` with only the credentials given here (no --token of its own)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "ctl", "--url", url, *args, env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_ctl_passes_a_users_credentials_and_takes_its_options_after_the_command(data_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    users = PasswordFile()
+    for name in ("alice", "root"):
+        users.set(name, "pw-" + name, iterations=1000)
+    users.save(tmp_path / "passwd")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", password_file=str(tmp_path / "passwd"),
+                               allow_anonymous=False, admin_users="root") as gw:
+        url = "http://%s:%d" % gw.metrics_address
+        code, _, err = await run_ctl(url, "clients")
+        assert code == 1 and "401" in err and "--user" in err and "--token" in err, err
+        code, out, err = await run_ctl(url, "--user", "root", "--password", "pw-root", "clients")
+        assert code == 0 and out.strip() == "(none)", err
+        code, out, err = await run_ctl(url, "sessions", "--user", "root", "--password", "pw-root", "--json")
+        assert code == 0 and json.loads(out) == [], err
+        code, out, err = await run_ctl(url, "sessions", "--json",
+                                       env={"TIDEMQ_ADMIN_USER": "root", "TIDEMQ_ADMIN_PASSWORD": "pw-root"})
+        assert code == 0 and json.loads(out) == [], err
+        code, _, err = await run_ctl(url, "clients", "--user", "alice", "--password", "pw-alice")
+        assert code == 1 and "403" in err and "admin_users" in err, err
+        code, _, err = await run_ctl(url, "clients", "--user", "root", "--password", "wrong")
+        assert code == 1 and "401" in err, err
+
+
+async def test_ctl_prints_tables_for_kick_and_says_why_a_trace_is_empty(data_dir: Path) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        url = "http://%s:%d" % gw.metrics_address
+        device = PahoClient(mqtt_port(gw), "dev-1", version=MQTT_5)
+        await device.connect()
+        await device.publish("ctl/t", b"x", qos=1, properties=keyed("k-1"))
+        code, out, err = await run_ctl(url, "kick", "mqtt", "dev-1")
+        assert code == 0 and out.split() == ["kicked", "dev-1"], (out, err)  # a table, as every command
+        code, out, err = await run_ctl(url, "kick", "mqtt", "dev-1", "--json")
+        assert code == 1 and "404" in err
+        code, out, err = await run_ctl(url, "trace", "--key", "k-1")
+        assert code == 1 and out == "", out
+        assert "message trace is off" in err and "--trace" in err and "TIDEMQ_TRACE" in err, err
+        code, out, err = await run_ctl(url, "trace", "--key", "k-1", "--json")
+        assert code == 1 and json.loads(out) == [] and "message trace is off" in err
+
+
+async def test_ctl_tables_show_times_as_iso_and_json_keeps_milliseconds(data_dir: Path) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="mqtt") as gw:
+        url = "http://%s:%d" % gw.metrics_address
+        device = PahoClient(mqtt_port(gw), "dev-1", version=MQTT_5)
+        await device.connect()
+        await device.publish("ctl/t", b"x", qos=1, properties=keyed("k-1"))
+        await device.disconnect()
+        assert gw.tracer is not None
+        await gw.tracer.flush()
+        code, out, err = await run_ctl(url, "trace", "--key", "k-1", "--json")
+        events = json.loads(out)
+        assert code == 0 and [e["type"] for e in events] == ["publish", "store"], err
+        assert all(isinstance(e["time"], (int, float)) and e["time"] > 1.7e12 for e in events)
+        code, out, err = await run_ctl(url, "trace", "--key", "k-1")
+        header, *rows = out.splitlines()
+        column = header.split().index("time")
+        iso = datetime.fromtimestamp(events[0]["time"] / 1000, UTC).isoformat(timespec="milliseconds")
+        assert rows[0].split()[column] == iso.replace("+00:00", "Z"), out
+        code, out, err = await run_ctl(url, "query", "--key", "k-1", "--topic", "ctl/t")
+        header, row = out.splitlines()
+        stored = row.split()[header.split().index("store_timestamp")]
+        assert code == 0 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stored), out
+
+
+@pytest.mark.usefixtures("rocketmq_home")
+async def test_ctl_finds_a_message_by_the_msgid_its_rocketmq_client_printed(data_dir: Path) -> None:
+    """RocketMQ clients print the id they made themselves (UNIQ_KEY), not the broker's offsetMsgId:
+    `query --msg-id` and `trace --msg-id` (so /admin/messages and /admin/trace) take both."""
+    async with remoting_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="remoting") as (gw, addr):
+        url = "http://%s:%d" % gw.metrics_address
+        producer = rmq.Producer("PID-ctl")
+        producer.set_namesrv_addr(addr)
+        await asyncio.to_thread(producer.start)
+        try:
+            sent = rmq.Message("CtlOrders")
+            sent.set_body("order body")
+            sent.set_keys("order-1")
+            result = await asyncio.to_thread(producer.send_sync, sent)
+        finally:
+            await asyncio.to_thread(producer.shutdown)
+        [stored] = gw.store.query_by_key("CtlOrders", "order-1")
+        client_id = result.msg_id
+        assert client_id != stored.msg_id and len(client_id) == 32  # the client's own id, as it printed it
+        assert gw.tracer is not None
+        await gw.tracer.flush()
+        for msg_id in (client_id, stored.msg_id, client_id.lower()):
+            code, out, err = await run_ctl(url, "query", "--msg-id", msg_id, "--json")
+            assert code == 0, err
+            assert [(m["msg_id"], m["body"]) for m in json.loads(out)] == [(stored.msg_id, "order body")]
+            code, out, err = await run_ctl(url, "trace", "--msg-id", msg_id, "--json")
+            assert code == 0 and "publish" in [e["type"] for e in json.loads(out)], (out, err)
+        code, out, err = await run_ctl(url, "query", "--msg-id", client_id, "--topic", "CtlOrders", "--json")
+        assert code == 0 and [m["body"] for m in json.loads(out)] == ["order body"], err
+        code, out, err = await run_ctl(url, "query", "--msg-id", client_id, "--topic", "Elsewhere")
+        assert code == 1 and "no message with id" in err
+
+
+async def test_ctl_queues_pages_and_says_when_the_listing_was_cut(data_dir: Path) -> None:
+    """`ctl queues`: a page of `--limit` queues, a note on stderr where a cut listing goes on
+    (`--after`), `$` topics' queues (presence events) only with a prefix that names them, and a
+    limit beyond a page refused rather than cut silently."""
+    config = Config(data_dir=data_dir, mqtt_bind="127.0.0.1:0", amqp_bind="", remoting_bind="",
+                    metrics_bind="127.0.0.1:0", admin_token=TOKEN)
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        url = "http://%s:%d" % gw.metrics_address
+        device = PahoClient(mqtt_port(gw), "dev-1")
+        await device.connect()  # (its presence event: a queue of t:$SYS/...)
+        for i in range(5):
+            await device.publish(f"u/{i}", b"x", qos=1)
+        await device.disconnect()
+
+        code, out, err = await ctl(url, "--json", "queues", "--prefix", "t:", "--limit", "2")
+        assert code == 0 and [q["queue"] for q in json.loads(out)] == ["t:u/0", "t:u/1"], (out, err)
+        assert "cut after 2 queues" in err and "--after 't:u/1'" in err
+        code, out, err = await ctl(url, "--json", "queues", "--prefix", "t:", "--after", "t:u/1", "--limit", "3")
+        assert code == 0 and [q["queue"] for q in json.loads(out)] == ["t:u/2", "t:u/3", "t:u/4"] and err == ""
+        code, out, _ = await ctl(url, "--json", "queues", "--prefix", "t:$")
+        assert code == 0 and json.loads(out) and all(q["queue"].startswith("t:$SYS/") for q in json.loads(out))
+        code, out, err = await ctl(url, "queues", "--limit", "5000")
+        assert code == 2 and "limit must be 1 to 1000" in err and out == ""
     finally:
         await gw.stop()

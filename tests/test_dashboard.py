@@ -1,7 +1,8 @@
 """The operator's dashboard in Debian's headless chromium (driven by selenium) against a real
-gateway: it asks for the admin token, follows live MQTT traffic (connections, message counts
-and rates, a persistent session's backlog), and looks a message up with its trace timeline --
-or says the trace is not available on a gateway without ``/admin/trace``."""
+gateway: it asks for the admin token or an admin user's credentials, follows live MQTT traffic
+(connections, message counts and rates, a persistent session's backlog), and looks a message up
+with its trace timeline -- or says the trace is not available on a gateway without
+``/admin/trace``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from aiohttp import web
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
+from rocketmq import client as rmq
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -26,6 +28,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 import gateway.http.dashboard
+from gateway.auth import PasswordFile
 from gateway.http.dashboard import quantile
 from gateway.interop import topic_queue
 from gateway.server import Gateway
@@ -33,6 +36,7 @@ from protocols.mqtt.packets import MQTT_5
 from store.stats import LatencyHistogram
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from .remoting_support import remoting_gateway
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -188,6 +192,28 @@ async def test_dashboard_follows_live_mqtt_traffic(data_dir: Path, browser: WebD
         await page.until_text(MQTT_CELL.format("connections"), "0")
 
 
+async def test_dashboard_takes_an_admin_users_credentials(data_dir: Path, browser: WebDriver, tmp_path: Path) -> None:
+    users = PasswordFile()
+    for name in ("alice", "root"):
+        users.set(name, "pw-" + name, iterations=1000)
+    users.save(tmp_path / "passwd")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", password_file=str(tmp_path / "passwd"),
+                               allow_anonymous=False, admin_users="root") as gw:
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.until("#status", lambda text: "credentials needed" in text, "that credentials are needed")
+        await page.fill({"#user-input": "alice", "#password-input": "pw-alice"})  # a user, not an admin
+        await page.click("#token-form button")
+        await page.until("#token-error", lambda text: "admin_users" in text, "that alice is no admin user")
+        await page.fill({"#user-input": "root", "#password-input": "pw-root"})
+        await page.click("#token-form button")
+        await page.until_text(MQTT_CELL.format("connections"), "0")
+        device = PahoClient(mqtt_port(gw), "dash-dev", username="alice", password="pw-alice")
+        await device.connect()
+        await page.until('#clients td[data-field="id"]', lambda text: text == "dash-dev", "the client dash-dev")
+        await device.disconnect()
+
+
 MARKUP = '<img src=x onerror="document.title=\'pwned\'">'  # shown as text, never run
 
 
@@ -236,6 +262,31 @@ async def test_dashboard_looks_up_a_message_and_its_trace(data_dir: Path, browse
         assert await asyncio.to_thread(browser.execute_script,
                                        "return document.querySelectorAll('main img').length") == 0
         assert browser.title == "TideMQ dashboard"
+
+
+@pytest.mark.usefixtures("rocketmq_home")
+async def test_dashboard_looks_up_the_msgid_a_rocketmq_client_printed(data_dir: Path, browser: WebDriver) -> None:
+    async with remoting_gateway(data_dir, metrics_bind="127.0.0.1:0", trace="remoting") as (gw, addr):
+        producer = rmq.Producer("PID-dash")
+        producer.set_namesrv_addr(addr)
+        await asyncio.to_thread(producer.start)
+        try:
+            sent = rmq.Message("DashOrders")
+            sent.set_body("order body")
+            result = await asyncio.to_thread(producer.send_sync, sent)
+        finally:
+            await asyncio.to_thread(producer.shutdown)
+        assert gw.tracer is not None
+        await gw.tracer.flush()
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.fill({"#trace-msg-id": result.msg_id})  # the client's id (UNIQ_KEY), not the store's
+        await page.click("#trace-form button")
+        await page.until_text('#messages td[data-field="body"]', "order body")
+        stored_id = await page.text('#messages td[data-field="msg_id"]')
+        assert stored_id != result.msg_id and stored_id is not None
+        await page.until_text("#trace-status", "2 events")  # publish, store (no consumer)
+        assert await page.texts('#timeline td[data-field="msg_id"]') == [stored_id] * 2
 
 
 async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, browser: WebDriver,

@@ -19,17 +19,22 @@ from .mqtt_support import PahoClient, mqtt_port, running_gateway
 ACL = """
 user alice
 topic readwrite #
+amqp ".*" ".*" ".*"
 
 user mallory
 topic readwrite #
 topic deny secret/#
+amqp ".*" ".*" ".*"
+
+user bob
+topic read sensors/#
 """
 
 
 @pytest.fixture
 def secured(tmp_path: Path) -> dict:
     users = PasswordFile()
-    for name in ("alice", "mallory"):
+    for name in ("alice", "mallory", "bob"):
         users.set(name, "pw-" + name, iterations=1000)
     users.save(tmp_path / "passwd")
     (tmp_path / "acl").write_text(ACL)
@@ -133,6 +138,53 @@ async def test_spark_reads_a_list_of_filters_as_far_as_the_acl_allows(spark, dat
         public = [("t:public/news", 0), ("t:public/news", 1), ("t:public/news", 2), ("t:public/sports", 0)]
         assert await asyncio.to_thread(read, "alice") == [*public, ("t:secret/plans", 0), ("t:secret/plans", 1)]
         assert await asyncio.to_thread(read, "mallory") == public
+
+
+async def test_queue_listing_pages_over_what_the_caller_may_read(data_dir: Path, secured: dict,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/data/queues?prefix=``: the limit counts the queues the caller may read (the others are
+    left out first), and ``next_after`` pages on past any number of the others, to the end."""
+    from gateway.http import data_topics, queue_pages
+
+    async with running_gateway(data_dir, **secured) as gw:
+        alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
+        await alice.connect()
+        for topic in [f"a/{i}" for i in range(12)] + [f"sensors/{i}" for i in range(4)]:
+            await alice.publish(topic, b"x", 1)
+        await alice.disconnect()
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
+        bob = HttpClient(url, username="bob", password="pw-bob")
+        sensors = [f"t:sensors/{i}" for i in range(4)]
+
+        def listing(query: str) -> tuple[list[str], str | None]:
+            answer = bob._json("GET", "/data/queues?" + query)
+            return [row["queue"] for row in answer["queues"]], answer["next_after"]
+
+        def pages(limit: int) -> list[list[str]]:
+            found, after = [], ""
+            while True:
+                names, after = listing(f"prefix=t:&limit={limit}&after={after}")
+                found.append(names)
+                if after is None:
+                    return found
+
+        def run() -> None:
+            assert listing("prefix=t:&limit=4") == (sensors, None)
+            assert listing("prefix=t:&limit=2") == (sensors[:2], sensors[1])
+            assert listing(f"prefix=t:&limit=2&after={sensors[1]}") == (sensors[2:], None)
+            assert listing("prefix=t:sensors&limit=10") == (sensors, None)
+            with pytest.raises(SourceError, match="400.*limit"):
+                listing("prefix=t:&limit=10001")
+            monkeypatch.setattr(queue_pages, "MAX_SCAN", 5)  # a bounded scan per page: pages on past the rest
+            found = pages(3)
+            assert [name for page in found for name in page] == sensors and len(found) > 2
+            # a filter's topic queues: their cap counts what bob may read, not the other 12
+            monkeypatch.setattr(data_topics, "MAX_TOPIC_QUEUES", 4)
+            assert sorted(bob.topic_queues(["#"])) == sensors
+            with pytest.raises(SourceError, match="400.*more than 4"):
+                HttpClient(url, username="alice", password="pw-alice").topic_queues(["#"])
+
+        await asyncio.to_thread(run)
 
 
 def test_spark_options_take_a_user_or_the_token() -> None:

@@ -28,13 +28,13 @@ def test_config_precedence_file_then_env_then_flags(tmp_path):
     assert cfg.flush == "async" and cfg.source["flush"] == "environment"
     assert cfg.mqtt_bind == "0.0.0.0:1884" and cfg.store_port == 7000
     assert cfg.amqp_bind == ""  # empty bind: listener off
-    assert cfg.remoting_bind == "127.0.0.1:9876"
+    assert cfg.remoting_bind == "localhost:9876"
 
 
 def test_config_defaults_and_errors(tmp_path):
     cfg = load_config(env={})
     assert (str(cfg.data_dir), cfg.mqtt_bind, cfg.amqp_bind, cfg.remoting_bind) == (
-        "data", "127.0.0.1:1883", "127.0.0.1:5672", "127.0.0.1:9876",
+        "data", "localhost:1883", "localhost:5672", "localhost:9876",
     )
     with pytest.raises(ConfigError, match="unknown setting 'bogus'"):
         load_config(env={"TIDEMQ_BOGUS": "1"})
@@ -48,6 +48,10 @@ def test_config_defaults_and_errors(tmp_path):
         load_config(bad, env={})
     with pytest.raises(ConfigError, match="connect_timeout_s"):
         load_config(env={"TIDEMQ_CONNECT_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match="read_timeout_s"):
+        load_config(env={"TIDEMQ_READ_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match="remoting_idle_timeout_s"):
+        load_config(env={"TIDEMQ_REMOTING_IDLE_TIMEOUT_S": "-1"})
     with pytest.raises(ConfigError, match="needs cluster_token"):  # the store link would bypass the ACL
         load_config(env={}, overrides={"role": "store", "acl_file": "acl"})
 

@@ -35,13 +35,13 @@ def listener_port(gw, protocol: str) -> int:
     return next(listener.address[1] for listener in gw.listeners if listener.protocol == protocol)
 
 
-async def roundtrip(client: paho.Client, port: int) -> list[bytes]:
+async def roundtrip(client: paho.Client, port: int, host: str = "127.0.0.1") -> list[bytes]:
     got: asyncio.Queue[bytes] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     subscribed = loop.create_future()
     client.on_message = lambda c, u, m: loop.call_soon_threadsafe(got.put_nowait, m.payload)
     client.on_subscribe = lambda *a: loop.call_soon_threadsafe(lambda: subscribed.done() or subscribed.set_result(1))
-    await asyncio.to_thread(client.connect, "127.0.0.1", port)
+    await asyncio.to_thread(client.connect, host, port)
     client.loop_start()
     client.subscribe("secure/#", 1)
     await asyncio.wait_for(subscribed, TIMEOUT)

@@ -44,18 +44,44 @@ def status(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
 
 
-def test_malformed_headers_get_400_and_refusals_are_logged_once_per_cause(tmp_path: Path) -> None:
+def start_ws_gateway(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """``tidemq serve`` with only the WebSocket listener, its log on a pipe; and its port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--data-dir", str(tmp_path / "data"), "--mqtt-bind", "",
          "--amqp-bind", "", "--remoting-bind", "", "--ws-bind", "127.0.0.1:0"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any("gateway ready" in line for line in lines):
+        lines.append(proc.stderr.readline())
+    return proc, int(re.search(r"protocol=ws address=127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+
+
+def send_and_close(port: int, request: bytes) -> None:
+    """A client that sends ``request`` and closes without reading the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+
+
+def test_request_then_close_before_the_answer_is_no_error(tmp_path: Path) -> None:
+    proc, port = start_ws_gateway(tmp_path)
     try:
-        lines = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any("gateway ready" in line for line in lines):
-            lines.append(proc.stderr.readline())
-        port = int(re.search(r"protocol=ws address=127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+        for _ in range(20):  # bare GETs (a health check), and a whole handshake, each closed at once
+            send_and_close(port, b"GET /mqtt HTTP/1.1\r\n\r\n")
+            send_and_close(port, b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            send_and_close(port, handshake(b"Sec-WebSocket-Protocol: mqtt\r\n"))
+        assert status(exchange(port, handshake())) == 400  # (and the listener still answers)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest
+    assert "Traceback" not in rest and "level=error" not in rest, rest
+
+
+def test_malformed_headers_get_400_and_refusals_are_logged_once_per_cause(tmp_path: Path) -> None:
+    proc, port = start_ws_gateway(tmp_path)
+    try:
         for _ in range(100):  # health checks: connect, close
             exchange(port, None)
         # header values that are not ASCII: the library itself answers 500, or nothing

@@ -19,6 +19,7 @@ from gateway.queue_policy import QueuePolicy, parse_rules
 from protocols.mqtt.packets import MQTT_3_1_1, Connect, Publish, Subscribe, Subscription
 
 from .mqtt_support import PahoClient, RawClient, mqtt_port, running_gateway
+from .remoting_support import ons, remoting_gateway
 
 IDLE = dict(queue_idle_ttl_hours=1 / 3600, queue_idle_check_interval_s=0.3)  # idle after 1 s
 
@@ -234,3 +235,23 @@ async def test_a_running_spark_stream_reads_its_topics_until_its_lease_lapses(da
             close_clients()
         await wait_until(lambda: gw.store.index.lookup("t:fleet/a/status") is None)  # lapsed, then idle
         await pub.disconnect()
+
+
+async def test_remoting_topics_are_not_light_and_stay_when_idle(data_dir: Path) -> None:
+    """A remoting topic is a normal RocketMQ topic: created on first use, it persists (as
+    RocketMQ's auto-created topics do) however long nobody reads it; the same idle time
+    removes an unread MQTT topic beside it."""
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0", **IDLE) as (gw, addr):
+        sent = await ons({"cmd": "send", "nameSrv": addr, "topic": "Orders", "messages": [{"body": "kept"}]})
+        queue = f"r:Orders:{sent[0]['queueId']}"
+        pub = PahoClient(mqtt_port(gw), "pub")
+        await pub.connect()
+        await pub.publish("unread/topic", b"goes", qos=1)
+        await pub.disconnect()
+        index = gw.store.index
+        await wait_until(lambda: index.lookup("t:unread/topic") is None)  # idle and unread: reclaimed
+        await asyncio.sleep(2 * IDLE["queue_idle_check_interval_s"])  # (and more scans)
+        assert index.lookup(queue) is not None and gw.store.max_offset_now(queue) == 1
+        got = await ons({"cmd": "consume", "nameSrv": addr, "group": "late", "topic": "Orders", "count": 1,
+                         "timeoutMs": 20_000, "fromFirst": True})
+        assert [e["body"] for e in got if e["event"] == "message"] == ["kept"]

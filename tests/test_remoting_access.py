@@ -154,13 +154,13 @@ async def test_view_query_and_send_back_of_denied_messages_refused(data_dir: Pat
                  "endTimestamp": str(1 << 60)}
         assert (await raw.call(RequestCode.QUERY_MESSAGE, signed(query, b"", "alice"))).code == 0
         assert (await raw.call(RequestCode.QUERY_MESSAGE, signed(query, b"", "mallory"))).code == \
-            ResponseCode.QUERY_NOT_FOUND
+            ResponseCode.NO_PERMISSION  # (no right under "secret"; one found but not readable: not found)
         back = {"group": "GID-m", "offset": str(position), "delayLevel": "0", "originMsgId": "x",
                 "originTopic": "secret", "maxReconsumeTimes": "16"}
         assert (await raw.call(RequestCode.CONSUMER_SEND_MSG_BACK, signed(back, b"", "mallory"))).code == \
             ResponseCode.NO_PERMISSION
         pull = await raw.call(RequestCode.PULL_MESSAGE, signed(pull_header("secret", 0), b"", "mallory"))
-        assert pull.code == ResponseCode.PULL_RETRY_IMMEDIATELY and not pull.body  # skipped, offset moves on
+        assert pull.code == ResponseCode.NO_PERMISSION  # (test_remoting_request_rights.py: what each request needs)
         assert (await raw.call(RequestCode.PULL_MESSAGE, signed(pull_header("secret", 0), b"", "alice"))).body
         # alice's retry of it: the retry topic is not an MQTT topic, its message still is secret
         back.update(group="GID-a", delayLevel="1")
@@ -171,6 +171,40 @@ async def test_view_query_and_send_back_of_denied_messages_refused(data_dir: Pat
         pull = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "mallory"))
         assert pull.code == ResponseCode.PULL_RETRY_IMMEDIATELY and not pull.body
         raw.close()
+
+
+async def test_a_popped_message_that_comes_back_is_checked_for_the_member_that_pops_it(data_dir: Path,
+                                                                                     secured: dict) -> None:
+    """Pop: a message alice popped and did not ack comes back to the group; mallory, in the same
+    group, pops it only if the ACL lets her read it (here not: it is passed over, as a new one or
+    a pull's would be)."""
+    from tests.pop_support import PopClient
+
+    async with remoting_gateway(data_dir, **secured) as (gw, addr):
+        clients = {}
+        for user in ("alice", "mallory"):
+            client = clients[user] = await PopClient.open(addr, "GID-pop")
+            call = client.raw.call
+            client.raw.call = (lambda call, user: lambda code, ext=None, body=b"", **kw: call(
+                code, signed(ext or {}, body, user), body, **kw))(call, user)
+        raw = clients["alice"].raw
+        # MQTT topics devices/d1/cmd, denied to mallory, and devices/d1/status, in remoting topic
+        # "devices", which mallory may pop from (she may read some of it)
+        for second in ("/d1/cmd", "/d1/status"):
+            header = send_header("devices", properties=encode_properties({"mqttSecondTopic": second}))
+            sent = await raw.call(RequestCode.SEND_MESSAGE, header, second.encode())
+            assert sent.code == 0, sent.remark
+        popped = await clients["alice"].pop("devices", invisible_ms=200)
+        assert sorted(p.body for p in popped) == [b"/d1/cmd", b"/d1/status"]
+        for _ in range(100):  # past their invisible time, both come back to the group
+            if gw.remoting.pop.revived == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert gw.remoting.pop.revived == 2
+        assert [p.body for p in await clients["mallory"].pop("devices", poll_ms=2000)] == [b"/d1/status"]
+        assert await clients["mallory"].pop("devices", poll_ms=500) == []
+        for client in clients.values():
+            client.raw.close()
 
 
 @pytest.mark.usefixtures("rocketmq_home")
@@ -290,3 +324,4 @@ async def test_timer_message_taken_from_cpp_client_and_half_messages_held(data_d
         assert (await raw.call(RequestCode.SEND_MESSAGE, wildcard, body)).code == ResponseCode.MESSAGE_ILLEGAL
         raw.close()
         assert all(gw.store.max_offset_now(f"r:CppLater:{q}") == 0 for q in range(4))
+

@@ -116,8 +116,8 @@ def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path
         return subprocess.run(["bash", "scripts/serve.sh", *args], cwd=tmp_path, env=environ, check=True,
                               capture_output=True, text=True, timeout=60).stdout.strip()
 
-    assert serve() == "args=serve metrics=127.0.0.1:9100"
-    assert serve("--data-dir", "d") == "args=serve --data-dir d metrics=127.0.0.1:9100"
+    assert serve() == "args=serve metrics=localhost:9100"
+    assert serve("--data-dir", "d") == "args=serve --data-dir d metrics=localhost:9100"
     assert serve("--metrics-bind", "") == "args=serve --metrics-bind  metrics=unset"
     assert serve("--config", "x.toml") == "args=serve --config x.toml metrics=unset"
     assert serve(TIDEMQ_METRICS_BIND="") == "args=serve metrics="

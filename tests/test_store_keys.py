@@ -26,6 +26,26 @@ async def test_query_by_key_finds_each_key_of_a_message(open_store):
     assert [m.body for m in store.query_by_key("orders", "customer-7", max_messages=1)] == [b"o2"]
 
 
+async def test_query_by_key_in_every_topic_says_when_it_searched_only_some(open_store):
+    store = await open_store()
+    await store.put_batch([
+        (Message("a", b"a1", key="id-1"), ["q"]),
+        (Message("ab", b"ab1", key="other id-1x"), ["q"]),
+        (Message("b", b"b1", key="x id-1"), ["q"]),
+        (Message("b/c", b"bc", key="id-2"), ["q"]),
+        (Message("c", b"c1", key="id-1"), ["q"]),
+    ])
+    found, complete = store.query_by_key_in_every_topic("id-1")
+    assert [m.body for m in found] == [b"a1", b"b1", b"c1"] and complete  # whole keys only
+    assert store.query_by_key_in_every_topic("id-3") == ([], True)
+    found, complete = store.query_by_key_in_every_topic("id-1", max_topics=2)  # topics a and ab
+    assert [m.body for m in found] == [b"a1"] and not complete
+    found, complete = store.query_by_key_in_every_topic("id-1", max_messages=2)
+    assert [m.body for m in found] == [b"a1", b"b1"] and complete
+    found, complete = store.query_by_key_in_every_topic("id-1", max_topics=5)  # every topic, just so
+    assert len(found) == 3 and complete
+
+
 async def test_query_by_key_honours_the_time_range(open_store):
     store = await open_store()
     first = await store.put(Message("t", b"a", key="k"), ["q"])

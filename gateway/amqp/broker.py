@@ -26,7 +26,7 @@ from store.log_limit import RateLimitedLog
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import (
     AMQP_QUEUE_PREFIX,
     TopicSpace,
@@ -37,6 +37,7 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
+from .direct_reply import DirectReplies
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
     BUILTIN_EXCHANGES,
@@ -44,12 +45,13 @@ from .model import (
     Binding,
     Exchange,
     QueueDefinition,
+    check_binding,
     check_exchange,
     check_queue_arguments,
     inequivalent,
     routed_queues,
 )
-from .queues import QueueRuntime
+from .queues import QueueRuntime, take_places
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure
@@ -83,8 +85,10 @@ class AMQPBroker:
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
-                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None) -> None:
+                 connect_timeout_s: float = 10.0, mqtt_topics: TopicSpace | None = None,
+                 cluster_name: str = "tidemq", read_timeout_s: float = 60.0) -> None:
         self.store = store
+        self.cluster_name = cluster_name  # the node's name, told to clients in connection.start
         self.cache = cache
         self.authenticator = authenticator
         self.allow_anonymous = allow_anonymous
@@ -97,12 +101,14 @@ class AMQPBroker:
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
+        self.direct_replies = DirectReplies()  # amq.rabbitmq.reply-to's consumers
         self.connections: set[ClientConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
         self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
         self.connect_timeout_s = connect_timeout_s  # the handshake (to connection.open) comes within this
         self.deadlines = Deadlines()  # the connections' handshake timeouts and heartbeats
+        self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.housekeeping_interval_s = housekeeping_interval_s
         # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
         self.mqtt_topics = mqtt_topics
@@ -152,6 +158,7 @@ class AMQPBroker:
         for queue in self.queues.values():
             queue.close()
         self.deadlines.close()
+        self.stalled.close()
 
     def _queue_of(self, store_queue_name: str) -> QueueRuntime | None:
         """The declared queue whose store queue that is (a reader: store/reclaim.py)."""
@@ -170,7 +177,9 @@ class AMQPBroker:
         # queue, the cache trusts that it hears of every later message (basic.get and the next
         # consumer read through it too).
         self.cache.on_notify(store_queue_name, max_offset)
-        if queue.consumers:
+        if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
+            self._bound(queue)
+        elif queue.consumers:
             queue.schedule_pump()
 
     def stored(self, store_queues: set[str]) -> None:
@@ -183,10 +192,14 @@ class AMQPBroker:
                 continue
             self.cache.on_notify(name, self.store.max_offset_now(name))
             if queue.definition.max_length is not None:
-                # the bound is on messages waiting: consumers with room take theirs first
-                if queue.consumers:
-                    queue.pump()
-                queue.enforce_max_length()
+                self._bound(queue)
+
+    def _bound(self, queue: QueueRuntime) -> None:
+        """x-max-length drop-head: the bound is on messages waiting, so consumers with room take
+        theirs first."""
+        if queue.consumers:
+            queue.pump()
+        queue.enforce_max_length()
 
     # -- flow control and housekeeping ---------------------------------------------------------
     @property
@@ -369,6 +382,8 @@ class AMQPBroker:
                 exchange.bindings = kept
                 self._bindings_changed(exchange)
             self._auto_delete_exchange(exchange)
+        if queue.group.counts is not None:
+            queue.group.counts.clear()
         # the store keeps the messages until retention; the queue's cursor goes to the end
         self.store.commit_offset_now(queue.consumer_name, queue.store_queue,
                                      self.store.max_offset_now(queue.store_queue))
@@ -394,6 +409,9 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
         if exchange_name == "":
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number)
+        problem = check_binding(exchange, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number)
         binding = Binding(queue.name, routing_key, dict(arguments))
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
@@ -427,6 +445,9 @@ class AMQPBroker:
             raise channel_error(ACCESS_REFUSED, "the default exchange cannot be bound", channel.number, method)
         if dst.type == DELAYED:  # (its delay applies to publishes to it, not to what other exchanges route on)
             raise channel_error(PRECONDITION_FAILED, f"'{destination}' delays what is published to it only: not a destination", channel.number, method)
+        problem = check_binding(src, arguments)
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, channel.number, method)
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return
@@ -493,7 +514,8 @@ class AMQPBroker:
                                           view.routing_key)
         headers = properties.headers
         properties.expiration = None  # the TTL that expired it must not expire the dead letter
-        targets = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        routed = [q for q in self.route(exchange, routing_key, headers) if q is not queue or reason != "expired"]
+        targets, places = take_places(routed)  # (a full reject-publish queue drops its copy, as RabbitMQ)
         if not targets:
             return
         stored: Message = decoded_to_store_message(exchange, routing_key, properties, message.body)
@@ -502,6 +524,17 @@ class AMQPBroker:
             fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
         except StoreError as exc:  # (its x-death headers may take it over max_message_size)
             log.error("dead letter not stored queue=%s reason=%s error=%s", queue.name, reason, exc)
+            for place in places:
+                place.give_place_back()
             return
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None or log.error(
-            "dead letter not stored queue=%s error=%s", queue.name, f.exception()))
+
+        def done(f: asyncio.Future) -> None:
+            for place in places:
+                place.give_place_back()
+            if f.cancelled() or f.exception() is not None:
+                log.error("dead letter not stored queue=%s error=%s", queue.name,
+                          "cancelled" if f.cancelled() else f.exception())
+            else:
+                self.stored({q.store_queue for q in targets})  # (x-max-length drop-head applies)
+
+        fut.add_done_callback(done)

@@ -29,7 +29,9 @@ from protocols.amqp.frames import (
 )
 from store import StoredMessage
 
+from .arguments import CONSUMER_ARGUMENTS, argument_problem
 from .broker import AMQPBroker
+from .direct_reply import REPLY_QUEUE
 from .permissions import check_method
 from .queues import Consumer, QueueRuntime, Ready
 
@@ -72,6 +74,11 @@ class Unacked:
 
 
 class Channel:
+    # direct reply-to: its consumer's tag and the name replies to it are published to (class
+    # defaults: set on the few channels that consume their replies)
+    reply_consumer: str | None = None
+    reply_name: str | None = None
+
     def __init__(self, connection: ChannelConnection, number: int) -> None:
         self.connection = connection
         self.broker = connection.broker
@@ -118,8 +125,8 @@ class Channel:
         self.broker.stats.messages_sent += 1
         self.connection.send(deliver_frame(self.number, consumer.tag, tag, ready.redelivered, view.exchange,
                                            view.routing_key))
-        self.connection.send(content_after_method(self.number, view.raw_properties, message.body,
-                                                  self.connection.frame_max))
+        self.connection.send(content_after_method(self.number, view.counted_properties(ready.delivery_count),
+                                                  message.body, self.connection.frame_max))
         tracer = self.connection.tracer
         if tracer is not None:
             tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
@@ -163,6 +170,7 @@ class Channel:
     def release(self) -> None:
         """The channel is going away: cancel its consumers, give back what it did not ack."""
         self.closing = True
+        self.broker.direct_replies.cancel(self)
         for consumer in list(self.consumers.values()):
             self._cancel(consumer)
         for tag in list(self.unacked):
@@ -203,6 +211,9 @@ class Channel:
 
     # queue.*
     def _queue_declare(self, m: commands.Queue.Declare) -> None:
+        if m.passive and (m.queue == REPLY_QUEUE or self.broker.direct_replies.exists(m.queue)):
+            self.reply(commands.Queue.DeclareOk(m.queue, 0, 0))  # (a pseudo-queue: always empty)
+            return
         queue = self.broker.declare_queue(self, m)
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue.name, queue.ready_count(), len(queue.consumers)))
@@ -249,29 +260,44 @@ class Channel:
                 queue.schedule_pump()
 
     def _basic_consume(self, m: commands.Basic.Consume) -> None:
+        problem = argument_problem(CONSUMER_ARGUMENTS, "consumer", m.arguments or {})
+        if problem:
+            raise channel_error(PRECONDITION_FAILED, problem, self.number, m)
+        if m.queue == REPLY_QUEUE:
+            tag = self._new_consumer_tag(m)
+            self.broker.direct_replies.consume(self, tag, m)
+            if not m.nowait:
+                self.reply(commands.Basic.ConsumeOk(tag))
+            return
         queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
         if queue.owner is not None and queue.owner is not self.connection:
             raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive to another connection",
                                 self.number, m)
         if any(c.exclusive for c in queue.consumers.values()) or (m.exclusive and queue.consumers):
             raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer", self.number, m)
-        tag = m.consumer_tag
-        if not tag:
-            self._consumer_seq += 1
-            tag = f"amq.ctag-{id(self):x}-{self._consumer_seq}"
-        elif tag in self.consumers:
-            raise connection_error(COMMAND_INVALID, f"consumer tag '{tag}' is already in use", self.number, m)
-        consumer = Consumer(self, tag, m.no_ack, m.exclusive)
+        tag = self._new_consumer_tag(m)
+        consumer = Consumer(self, tag, m.no_ack, m.exclusive, (m.arguments or {}).get("x-priority", 0))
         self.consumers[tag] = consumer
         self._consumer_queues[tag] = queue.name
         if not m.nowait:
             self.reply(commands.Basic.ConsumeOk(tag))
         queue.add_consumer(consumer)
 
+    def _new_consumer_tag(self, m: commands.Basic.Consume) -> str:
+        tag = m.consumer_tag
+        if not tag:
+            self._consumer_seq += 1
+            return f"amq.ctag-{id(self):x}-{self._consumer_seq}"
+        if tag in self.consumers or tag == self.reply_consumer:
+            raise connection_error(COMMAND_INVALID, f"consumer tag '{tag}' is already in use", self.number, m)
+        return tag
+
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
         consumer = self.consumers.get(m.consumer_tag)
         if consumer is not None:
             self._cancel(consumer)
+        elif m.consumer_tag == self.reply_consumer:
+            self.broker.direct_replies.cancel(self)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(m.consumer_tag))
 
@@ -288,8 +314,8 @@ class Channel:
         method = commands.Basic.GetOk(tag, ready.redelivered, view.exchange, view.routing_key, queue.ready_count())
         self.broker.stats.messages_sent += 1
         self.connection.send(method_frame(self.number, method))
-        self.connection.send(content_after_method(self.number, view.raw_properties, ready.message.body,
-                                                  self.connection.frame_max))
+        self.connection.send(content_after_method(self.number, view.counted_properties(ready.delivery_count),
+                                                  ready.message.body, self.connection.frame_max))
         tracer = self.connection.tracer
         if tracer is not None:
             message = ready.message

@@ -10,8 +10,10 @@ close of the socket, for at most ``CLOSE_TIMEOUT_S``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import platform
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,18 +40,19 @@ from protocols.amqp.frames import (
     connection_error,
     method_frame,
 )
-from protocols.amqp.login import MECHANISMS
+from protocols.amqp.login import mechanisms
 from protocols.amqp.reader import FrameReader
 from store import StoreError
 
+from .. import __version__
 from ..core.ingest import PutPipeline, Refused
 from ..deadlines import Deadlines, Slot
 from ..read_pauses import ReadPauses
 from .broker import AMQPBroker
 from .channel import NOTHING, Channel
 from .login import authenticate, update_secret
-from .permissions import publish_refusal
-from .publishing import route_publish
+from .permissions import publish_refusal, vhost_refusal
+from .publishing import Routed, route_publish
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -61,15 +64,24 @@ log = logging.getLogger("tidemq.amqp")
 # how long a closed connection waits for the client's close-ok or end of stream
 CLOSE_TIMEOUT_S = 2.0
 
-SERVER_PROPERTIES = {
-    "product": "TideMQ",
-    "platform": "Python/asyncio",
-    "capabilities": {
-        "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
-        "connection.blocked": True, "per_consumer_qos": True, "authentication_failure_close": True,
-        "exchange_exchange_bindings": True,
-    },
-}
+
+@functools.cache
+def server_properties(cluster_name: str) -> dict[str, object]:
+    """connection.start's server properties, with the keys RabbitMQ clients read. A capability
+    is true only for what is built."""
+    return {
+        "product": "TideMQ",
+        "version": __version__,
+        "platform": f"Python {platform.python_version()}",
+        "cluster_name": cluster_name,
+        "copyright": "Copyright (c) the TideMQ authors",
+        "information": "Licensed under the Apache License 2.0",
+        "capabilities": {
+            "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
+            "consumer_cancel_notify": True, "connection.blocked": True, "authentication_failure_close": True,
+            "per_consumer_qos": True, "consumer_priorities": True, "direct_reply_to": True,
+        },
+    }
 
 
 class AMQPConnection(asyncio.Protocol):
@@ -122,6 +134,8 @@ class AMQPConnection(asyncio.Protocol):
             return  # we sent close-ok: dropped until the client closes the socket
         self.reader.feed(data)  # (dropped by a reader whose framing broke)
         self._process()
+        if self.reader.buffered:
+            self.broker.stalled.watch(self)
 
     def _process(self, held: ContentReceived | MethodReceived | None = None) -> None:
         # a channel error closes that channel only: the frames read after it are still handled
@@ -191,6 +205,7 @@ class AMQPConnection(asyncio.Protocol):
         self.closed = True
         Deadlines.cancel(self._timer, self)
         self._timer = None
+        self.broker.stalled.forget(self)
         self._end_channels()
         self.broker.connections.discard(self)
 
@@ -291,8 +306,9 @@ class AMQPConnection(asyncio.Protocol):
                 self.send(PROTOCOL_HEADER)  # the version we speak, then close (spec 4.2.2)
                 self.close_transport()
                 return
-            self.send(method_frame(0, commands.Connection.Start(server_properties=SERVER_PROPERTIES,
-                                                                mechanisms=MECHANISMS)))
+            start = commands.Connection.Start(server_properties=server_properties(self.broker.cluster_name),
+                                              mechanisms=mechanisms(self.broker.allow_anonymous))
+            self.send(method_frame(0, start))
             self.stage = "start-ok"
             return
         if isinstance(event, HeartbeatReceived):
@@ -366,6 +382,9 @@ class AMQPConnection(asyncio.Protocol):
         elif isinstance(method, commands.Connection.Open) and self.stage == "open":
             if method.virtual_host not in ("/", ""):
                 raise connection_error(NOT_ALLOWED, f"vhost '{method.virtual_host}' not found", 0, method)
+            refusal = vhost_refusal(self)
+            if refusal is not None:
+                raise connection_error(NOT_ALLOWED, refusal, 0, method)
             self.stage = "open-done"
             self.send(method_frame(0, commands.Connection.OpenOk()))
             Deadlines.cancel(self._timer, self)
@@ -390,6 +409,18 @@ class AMQPConnection(asyncio.Protocol):
     def deadline_reached(self) -> None:
         self._timer = None
         (self._beat if self._beating else self._handshake_timeout)()
+
+    def stalled_since(self) -> float | None:
+        if self.closed or not self.reader.buffered:
+            return None
+        if self.read_pauses.reasons:  # we are not reading: the rest may wait in the socket
+            self._last_received = time.monotonic()
+        return self._last_received
+
+    def read_timed_out(self) -> None:
+        log.info("amqp frame unfinished, closing peer=%s buffered=%d timeout_s=%s", self.peer, self.reader.buffered,
+                 self.broker.stalled.timeout_s)
+        self.close_transport()
 
     def _handshake_timeout(self) -> None:
         if self.stage != "open-done" and not self.closed:
@@ -418,8 +449,9 @@ class AMQPConnection(asyncio.Protocol):
         wait in the channel until tx.commit stores them (``in_commit``, then ``on_done``)."""
         broker = self.broker
         items = []
-        accepted: list[tuple[Channel, int | None]] = []
+        accepted: list[tuple[Channel, int | None, bool]] = []  # (channel, confirm seq, nack it)
         methods = []
+        holding: list[Routed] = []  # those with places in reject-publish queues, until stored
         for event in events:
             channel = self.channels.get(event.channel)
             if channel is None:
@@ -440,15 +472,20 @@ class AMQPConnection(asyncio.Protocol):
                 self._fail(exc)
                 continue
             if routed is not None:
-                items.append(routed)
-                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None))
+                items.append((routed.message, routed.targets))
+                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None,
+                                 routed.refused_by_some))
                 methods.append(m)
+                if routed.places:
+                    holding.append(routed)
         if not items:
             if on_done is not None:
                 on_done(None)
             return
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
+            for routed in holding:  # (stored: counted as ready from now on)
+                routed.give_places_back()
             error = StoreError("cancelled") if fut.cancelled() else fut.exception()
             kept, stored_items = accepted, items
             if refused:
@@ -461,8 +498,10 @@ class AMQPConnection(asyncio.Protocol):
         try:
             # a message the store refuses (larger than max_message_size with its properties
             # and queue list) closes its channel alone; its neighbours are stored
-            refused = self.puts.submit(items, stored, groups=[c.number for c, _ in accepted])
+            refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
         except StoreError as exc:  # the store takes nothing now (closing, failed)
+            for routed in holding:
+                routed.give_places_back()
             self._publishes_done(accepted, set(), exc)
             if on_done is not None:
                 on_done(exc)
@@ -472,16 +511,17 @@ class AMQPConnection(asyncio.Protocol):
             self._fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
         broker.stats.messages_received += len(items) - len(refused)
 
-    def _publishes_done(self, accepted: list[tuple[Channel, int | None]], store_queues: set[str],
+    def _publishes_done(self, accepted: list[tuple[Channel, int | None, bool]], store_queues: set[str],
                         error: BaseException | None) -> None:
         if error is not None:
             log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
-        by_channel: dict[Channel, list[int]] = {}
-        for channel, seq in accepted:
+        by_channel: dict[Channel, tuple[list[int], list[int]]] = {}  # -> (acks, nacks)
+        for channel, seq, refused_by_some in accepted:
             if seq is not None:
-                by_channel.setdefault(channel, []).append(seq)
-        for channel, seqs in by_channel.items():
-            channel.confirm(seqs, ok=error is None)
+                by_channel.setdefault(channel, ([], []))[refused_by_some or error is not None].append(seq)
+        for channel, (acks, nacks) in by_channel.items():
+            channel.confirm(acks, ok=True)
+            channel.confirm(nacks, ok=False)
         if error is None:
             self.broker.stored(store_queues)
         if not self.puts.pending and "ordering" in self.read_pauses and not self.closed:

@@ -1,6 +1,8 @@
 """Who an AMQP connection is: the login of connection.start-ok (PLAIN or AMQPLAIN, checked
-against the gateway's password file) and connection.update-secret, which checks the new secret
-as the user's password while the connection stays open (403 and a connection close if wrong)."""
+against the gateway's password file; ANONYMOUS, or ``guest``/``guest`` when ``guest`` is not a
+user of the file, is the ACL's anonymous principal, only when anonymous clients are allowed) and
+connection.update-secret, which checks the new secret as the login's password while the
+connection stays open (403 and a connection close if wrong)."""
 
 from __future__ import annotations
 
@@ -39,11 +41,23 @@ class LoggingIn(Protocol):
 log = logging.getLogger("tidemq.amqp")
 
 
-async def _verify(conn: LoggingIn, password: bytes) -> bool:
-    auth = conn.broker.authenticator
+GUEST = "guest"  # what AMQP clients log in as when the application gives no credentials
+
+
+async def _verify(broker: AMQPBroker, username: str | None, password: bytes) -> tuple[bool, str | None]:
+    """Whether the login is accepted, and the ACL user it is (None: anonymous). Without a
+    password file, other user names are taken as given."""
+    auth = broker.authenticator
+    if username is None or (username == GUEST and (auth is None or GUEST not in auth)):  # type: ignore[operator]
+        return broker.allow_anonymous and (username is None or password == GUEST.encode()), None
     if auth is None:
-        return conn.broker.allow_anonymous
-    return await auth.verify_async(conn.username, password)  # type: ignore[attr-defined]
+        return broker.allow_anonymous, username
+    return await auth.verify_async(username, password), username  # type: ignore[attr-defined]
+
+
+def login_name(username: str | None) -> str:
+    """The user name a client knows its login by (``guest`` when anonymous, as RabbitMQ's)."""
+    return username if username is not None else GUEST
 
 
 async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> None:
@@ -52,14 +66,14 @@ async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> 
     try:
         login = parse_login(method.mechanism, method.response)
         if login is not None:
-            conn.username, password = login
-            ok = await _verify(conn, password)
+            ok, conn.username = await _verify(conn.broker, *login)
     except Exception:
         log.exception("authentication failed with an error peer=%s", conn.peer)
     if conn.closed:
         return
     if not ok:
-        log.info("amqp login refused peer=%s user=%s mechanism=%s", conn.peer, conn.username, method.mechanism)
+        log.info("amqp login refused peer=%s user=%s mechanism=%s", conn.peer, login_name(conn.username),
+                 method.mechanism)
         conn.broker.stats.auth_failures += 1
         text = f"ACCESS_REFUSED - Login was refused using authentication mechanism {method.mechanism}"
         conn.send(method_frame(0, commands.Connection.Close(ACCESS_REFUSED, text[:255], 0, 0)))
@@ -73,21 +87,23 @@ async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> 
 
 
 async def update_secret(conn: LoggingIn, method: commands.Connection.UpdateSecret) -> None:
-    """connection.update-secret: update-secret-ok if the new secret is the user's password
-    now, else connection.close 403 (as RabbitMQ when its backend refuses the new secret)."""
+    """connection.update-secret: update-secret-ok if the new secret is the login's password
+    now (``guest`` for an anonymous login), else connection.close 403 (as RabbitMQ when its
+    backend refuses the new secret)."""
     ok = False
     try:
-        ok = await _verify(conn, secret_bytes(method.new_secret))
+        ok, user = await _verify(conn.broker, login_name(conn.username), secret_bytes(method.new_secret))
+        ok = ok and user == conn.username
     except Exception:
         log.exception("secret check failed with an error peer=%s", conn.peer)
     if conn.closed or conn.stage != "open-done":
         return
     if ok:
-        log.info("amqp secret updated peer=%s user=%s reason=%r", conn.peer, conn.username, method.reason)
+        log.info("amqp secret updated peer=%s user=%s reason=%r", conn.peer, login_name(conn.username), method.reason)
         conn.send(method_frame(0, commands.Connection.UpdateSecretOk()))
         conn.flush()
     else:
         conn.broker.stats.auth_failures += 1
-        conn.fail_channel(connection_error(ACCESS_REFUSED, f"new secret refused for user '{conn.username}'", 0,
-                                           method))
+        text = f"new secret refused for user '{login_name(conn.username)}'"
+        conn.fail_channel(connection_error(ACCESS_REFUSED, text, 0, method))
     conn.read_pauses.resume("auth")

@@ -7,6 +7,7 @@ Messages from MQTT are given exchange ``amq.topic`` and routing key = topic with
 from __future__ import annotations
 
 import base64
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from typing import Any
 
 from pamqp import commands
 
-from protocols.amqp.frames import decode_properties, encode_properties
+from protocols.amqp.frames import EXPIRATION_FLAG, decode_properties, encode_properties
 from store import Message, StoredMessage
 
 from ..interop import AMQP_FLAG, MQTT_FLAG, PERSISTENT_FLAG, mqtt_topic_to_routing_key
+from .arguments import MAX_EXPIRY_MS
 
 EXCHANGE = "amqp.x"
 ROUTING_KEY = "amqp.rk"
@@ -26,7 +28,6 @@ HEADER = "amqp.p"
 DEATHS = "amqp.deaths"
 CONTENT_HEADER_FIXED = 12  # class id, weight, body size: what precedes the properties
 CONTENT_HEADER_PREFIX = struct.pack(">HHQ", 60, 0, 0)  # class basic, weight 0, body size 0 (not kept)
-EXPIRATION_FLAG = 0x01  # expiration is bit 8 of the (big-endian) property flags: bit 0 of their first byte
 EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
 PERSISTENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=2))
 TRANSIENT_PROPERTIES = encode_properties(commands.Basic.Properties(delivery_mode=1))
@@ -52,6 +53,28 @@ def record_death(headers: dict[str, Any], queue: str, reason: str, exchange: str
         headers.setdefault(f"x-first-death-{key}", value)
         headers[f"x-last-death-{key}"] = value
     return headers
+
+
+def expiration_problem(expiration: str) -> str | None:
+    """Why a publish's expiration property is refused (406 PRECONDITION_FAILED, RabbitMQ's
+    text), or None: it must be a whole number of milliseconds, 0 to ``MAX_EXPIRY_MS``."""
+    match = _INTEGER_PREFIX.match(expiration)
+    if match is None:
+        error = "no_integer"
+    elif match.end() < len(expiration):
+        error = f'{{leftover_string,"{expiration[match.end():]}"}}'
+    else:
+        value = int(match.group())
+        if value < 0:
+            error = f"{{value_negative,{value}}}"
+        elif value > MAX_EXPIRY_MS:
+            error = f"{{value_too_large,{value}}}"
+        else:
+            return None
+    return f"invalid expiration '{expiration}': {error}"
+
+
+_INTEGER_PREFIX = re.compile(r"[+-]?[0-9]+")
 
 
 def to_store_message(exchange: str, routing_key: str, raw_properties: bytes, body: bytes, topic: str | None = None,
@@ -100,6 +123,15 @@ class AMQPView:
         if self._properties is None:
             self._properties = decode_properties(self.raw_properties)
         return self._properties
+
+    def counted_properties(self, delivery_count: int) -> bytes:
+        """The encoded properties of a delivery: with ``delivery_count`` (how often it was given
+        back) in header ``x-delivery-count``, as a quorum queue's redeliveries have it."""
+        if not delivery_count:
+            return self.raw_properties
+        properties = commands.Basic.Properties(**dict(self.properties))
+        properties.headers = {**(properties.headers or {}), "x-delivery-count": delivery_count}
+        return encode_properties(properties)
 
     @property
     def expiration(self) -> str | None:

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .arguments import BINDING_ARGUMENTS, EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, argument_problem
+
 ROUTING_TYPES = ("direct", "fanout", "topic", "headers")
 # RabbitMQ's delayed-message plugin: routes as its "x-delayed-type" argument says, and holds a
 # publish with an "x-delay" header (ms) in the store until then (the gateway's one timer); the
@@ -44,14 +46,16 @@ def _match(p: list[str], i: int, k: list[str], j: int) -> bool:
 
 
 def headers_match(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
-    """Headers exchange: x-match all (default) or any over the binding's other arguments."""
+    """Headers exchange: x-match all (default) or any over the binding's other arguments; with
+    all-with-x / any-with-x, its x- arguments count too."""
     headers = headers or {}
     mode = arguments.get("x-match", "all")
-    wanted = [(k, v) for k, v in arguments.items() if not k.startswith("x-")]
+    with_x = mode in ("all-with-x", "any-with-x")
+    wanted = [(k, v) for k, v in arguments.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
     if not wanted:
-        return mode == "all"
+        return not mode.startswith("any")
     hits = [k in headers and (v is None or headers[k] == v) for k, v in wanted]
-    return any(hits) if mode == "any" else all(hits)
+    return any(hits) if mode.startswith("any") else all(hits)
 
 
 @dataclass(slots=True)
@@ -157,9 +161,13 @@ class QueueDefinition:
         return json.dumps(asdict(self), default=str).encode()
 
     def settings(self) -> dict[str, Any]:
-        """What queue.declare sets, for ``inequivalent`` (a redeclaration must match it)."""
+        """What queue.declare sets, for ``inequivalent`` (a redeclaration must match it; saying
+        ``x-queue-type: classic`` or not is the same queue, as with RabbitMQ)."""
+        arguments = self.arguments
+        if arguments.get("x-queue-type") == "classic":
+            arguments = {k: v for k, v in arguments.items() if k != "x-queue-type"}
         return {"durable": self.durable, "exclusive": self.exclusive, "auto_delete": self.auto_delete,
-                "arguments": self.arguments}
+                "arguments": arguments}
 
     @classmethod
     def from_json(cls, raw: bytes) -> QueueDefinition:
@@ -186,6 +194,13 @@ class QueueDefinition:
         return str(self.arguments.get("x-overflow", "drop-head"))
 
     @property
+    def delivery_limit(self) -> int | None:
+        """How often a message may be given back (nack/reject with requeue, its channel closed)
+        before it is dead-lettered (reason ``delivery_limit``) instead, as a quorum queue's."""
+        value = self.arguments.get("x-delivery-limit")
+        return int(value) if value is not None else None
+
+    @property
     def dead_letter_exchange(self) -> str | None:
         value = self.arguments.get("x-dead-letter-exchange")
         return str(value) if value is not None else None
@@ -194,16 +209,6 @@ class QueueDefinition:
     def dead_letter_routing_key(self) -> str | None:
         value = self.arguments.get("x-dead-letter-routing-key")
         return str(value) if value is not None else None
-
-
-# RabbitMQ exchange and queue arguments not built here: refused (406) rather than accepted and ignored
-UNSUPPORTED_EXCHANGE_ARGUMENTS = {"alternate-exchange": "alternate exchanges are not built"}
-# (queue arguments): refused (406) rather than accepted and ignored
-UNSUPPORTED_QUEUE_ARGUMENTS = {
-    "x-max-priority": "priority queues are not built",
-    "x-max-length-bytes": "a length limit in bytes is not built (x-max-length is)",
-    "x-single-active-consumer": "single active consumer is not built",
-}
 
 
 def _shown(value: Any) -> str:
@@ -233,23 +238,22 @@ def check_exchange(exchange_type: str, arguments: dict[str, Any]) -> str | None:
     """A reason a new exchange cannot be declared so (406 PRECONDITION_FAILED), or None."""
     if exchange_type not in EXCHANGE_TYPES:
         return f"unknown exchange type '{exchange_type}'"
-    for argument in UNSUPPORTED_EXCHANGE_ARGUMENTS.keys() & arguments.keys():
-        return f"arg '{argument}' is not supported: {UNSUPPORTED_EXCHANGE_ARGUMENTS[argument]}"
+    problem = argument_problem(EXCHANGE_ARGUMENTS, "exchange", arguments)
+    if problem:
+        return problem
     if exchange_type == DELAYED and arguments.get("x-delayed-type") not in ROUTING_TYPES:
         return "Invalid argument, 'x-delayed-type' must be an existing exchange type"
     return None
 
 
+def check_binding(exchange: Exchange, arguments: dict[str, Any]) -> str | None:
+    """A reason a binding to ``exchange`` is refused (406 PRECONDITION_FAILED), or None: a
+    headers exchange's x-match must be one RabbitMQ knows."""
+    if exchange.routing_type != "headers":
+        return None
+    return argument_problem(BINDING_ARGUMENTS, "binding", arguments)
+
+
 def check_queue_arguments(arguments: dict[str, Any]) -> str | None:
-    """A reason the arguments are invalid (406 PRECONDITION_FAILED), or None."""
-    for name, why in UNSUPPORTED_QUEUE_ARGUMENTS.items():
-        if name in arguments and not (name == "x-single-active-consumer" and arguments[name] is False):
-            return f"arg '{name}' is not supported: {why}"
-    for name in ("x-message-ttl", "x-expires", "x-max-length"):
-        if name in arguments:
-            value = arguments[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "x-expires" else 0):
-                return f"invalid arg '{name}' for queue: {value!r}"
-    if "x-overflow" in arguments and arguments["x-overflow"] not in ("drop-head", "reject-publish"):
-        return f"invalid arg 'x-overflow': {arguments['x-overflow']!r}"
-    return None
+    """A reason the arguments are invalid or not built (406 PRECONDITION_FAILED), or None."""
+    return argument_problem(QUEUE_ARGUMENTS, "queue", arguments)

@@ -6,7 +6,7 @@ routing key; a binding from it -- or from an exchange it feeds -- and a consumer
 feeds read every topic of the binding keys on the way (all of them: a queue's messages cannot be
 checked one by one, so a deny rule that touches a binding refuses it); an exchange bound into it,
 or a queue dead-lettering into it, writes there. Refusals raise 403 ACCESS_REFUSED (channel
-close)."""
+close) worded as RabbitMQ's; a user without AMQP permissions may not open the vhost (530)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 from ..auth.authorize import Principal
 from ..interop import binding_key_to_mqtt_filter, routing_key_to_mqtt_topic
 from .broker import AMQPBroker
+from .direct_reply import REPLY_QUEUE
+from .login import login_name
 
 
 class Client(Protocol):
@@ -45,18 +47,36 @@ def principal(conn: Client) -> Principal:
     return Principal("amqp", conn.username, None, conn.peer)
 
 
+def _refused(who: Principal, resource: str) -> str:
+    """RabbitMQ's text of a refusal (after "ACCESS_REFUSED - "), naming the login (an
+    anonymous one as ``guest``, as RabbitMQ's)."""
+    return f"access to {resource} in vhost '/' refused for user '{login_name(who.username)}'"
+
+
+def vhost_refusal(conn: Client) -> str | None:
+    """Why connection.open is refused (None: allowed): as RabbitMQ, a user needs some AMQP
+    permissions (an ``amqp`` line) on the vhost when an ACL is set."""
+    authorizer = conn.broker.authorizer
+    who = principal(conn)
+    if not authorizer.enabled or authorizer.amqp_vhost_allowed(who):
+        return None
+    text = f"access to vhost '/' refused for user '{login_name(who.username)}'"
+    return authorizer.denied(who, "amqp vhost", "/", text)
+
+
 def check_method(channel: ClientChannel, m) -> None:
     """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
     authorizer = channel.broker.authorizer
     if not authorizer.enabled:
         return
     needs = _NEEDS.get(type(m))
-    if needs is None:
-        return
+    if needs is None or (isinstance(m, commands.Basic.Consume) and m.queue == REPLY_QUEUE):
+        return  # (direct reply-to's pseudo-queue is every user's, as RabbitMQ's)
     who = principal(channel.connection)
     for permission, kind, name in needs(channel, m):
         if not authorizer.amqp_allows(who, permission, name):
-            text = authorizer.denied(who, f"amqp {permission}", f"{kind} {name or 'amq.default'}")
+            resource = f"{kind} '{name or 'amq.default'}'"
+            text = authorizer.denied(who, f"amqp {permission}", resource, _refused(who, resource))
             raise channel_error(ACCESS_REFUSED, text, channel.number, m)
     topics = _TOPICS.get(type(m))
     refusal = topics(channel, who, m) if topics is not None else None
@@ -72,13 +92,16 @@ def publish_refusal(conn: Client, exchange: str, routing_key: str) -> str | None
         return None
     who = principal(conn)
     if not authorizer.amqp_allows(who, "write", exchange):
-        return authorizer.denied(who, "amqp write", f"exchange {exchange or 'amq.default'}")
+        resource = f"exchange '{exchange or 'amq.default'}'"
+        return authorizer.denied(who, "amqp write", resource, _refused(who, resource))
     if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange):
         # (also a key that is no MQTT topic name, "secret.+": it reaches the AMQP readers of
         # bindings that match it as it is, "secret.*" or "#", so its literal topic is checked)
         topic = routing_key_to_mqtt_topic(routing_key)
         if not authorizer.can_write(who, topic):
-            return authorizer.denied(who, "publish", topic)
+            # (RabbitMQ's topic authorisation words it so)
+            return authorizer.denied(who, "publish", topic,
+                                     _refused(who, f"topic '{routing_key}' in exchange '{exchange}'"))
     return None
 
 
@@ -88,17 +111,24 @@ def _queue(channel: ClientChannel, name: str) -> str:
 
 
 def _exchange_declare(channel: ClientChannel, m: commands.Exchange.Declare):
-    return [] if m.passive else [("configure", "exchange", m.exchange)]
+    if m.passive:
+        return []
+    needs = [("configure", "exchange", m.exchange)]
+    alternate = (m.arguments or {}).get("alternate-exchange")
+    if isinstance(alternate, str):  # (then refused as not built: model.py)
+        needs += [("write", "exchange", alternate), ("read", "exchange", m.exchange)]
+    return needs
 
 
 def _queue_declare(channel: ClientChannel, m: commands.Queue.Declare):
     if m.passive:
         return []
     # a server-named queue is named amq.gen-... (RabbitMQ checks the name it generates)
-    needs = [("configure", "queue", m.queue or "amq.gen-")]
+    name = m.queue or "amq.gen-"
+    needs = [("configure", "queue", name)]
     dlx = (m.arguments or {}).get("x-dead-letter-exchange")
-    if isinstance(dlx, str):
-        needs.append(("write", "exchange", dlx))
+    if isinstance(dlx, str):  # its dead letters are written there, and read from the queue
+        needs += [("write", "exchange", dlx), ("read", "queue", name)]
     return needs
 
 
@@ -183,6 +213,11 @@ def _consumes_topics(channel: ClientChannel, who: Principal, queue: str) -> str 
     return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "consume")
 
 
+def _purges_topics(channel: ClientChannel, who: Principal, queue: str) -> str | None:
+    """A purge takes what the queue holds, as a read does (RabbitMQ: read on the queue)."""
+    return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "purge")
+
+
 def _writes_topics(channel: ClientChannel, who: Principal, routing: str | None) -> str | None:
     """Messages routed on into amq.topic with ``routing`` (a binding or routing key; None:
     any key) reach the AMQP readers of MQTT topics."""
@@ -214,6 +249,7 @@ _TOPICS = {
     commands.Queue.Bind: lambda ch, who, m: _reads_topics(ch, who, m.exchange, m.routing_key),
     commands.Basic.Consume: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
     commands.Basic.Get: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
+    commands.Queue.Purge: lambda ch, who, m: _purges_topics(ch, who, m.queue),
     commands.Exchange.Bind: _exchange_bind_topics,
     commands.Queue.Declare: _queue_declare_topics,
 }

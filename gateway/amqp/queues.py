@@ -26,6 +26,8 @@ from typing import Protocol
 from cache import QueueCache
 from store import MessageStore, StoredMessage, StoreError
 
+from ..core import delivery_counts
+from ..core.delivery_counts import DeliveryCounts
 from ..core.group import ConsumerGroup
 from ..interop import amqp_queue
 from .messages import AMQPView
@@ -73,6 +75,7 @@ class Consumer:
     tag: str
     no_ack: bool
     exclusive: bool
+    priority: int = 0  # basic.consume's x-priority: higher ones take messages first, while they can
     unacked: int = 0  # deliveries to it not yet settled (prefetch accounting)
     unacked_bytes: int = 0
 
@@ -83,6 +86,11 @@ class Ready:
 
     message: StoredMessage
     redelivered: bool
+    delivery_count: int = 0  # times given back (counted with x-delivery-limit only)
+
+
+def _priority(consumer: Consumer) -> int:
+    return consumer.priority
 
 
 class QueueRuntime:
@@ -93,9 +101,12 @@ class QueueRuntime:
         self.name = definition.name
         self.store_queue = amqp_queue(definition.name)
         self.consumer_name = f"amqp:{definition.name}"
+        # with x-delivery-limit, how often each message was given back (kept across restarts)
+        counts = None if definition.delivery_limit is None else DeliveryCounts(
+            broker.store.table(delivery_counts.TABLE), self.consumer_name, restored=restored, committed=start_offset)
         # the queue's consumers compete for its messages (the delivery core's consumer group)
         self.group: ConsumerGroup[Consumer] = ConsumerGroup(broker.store, self.consumer_name, self.store_queue,
-                                                            start_offset)
+                                                            start_offset, counts)
         self._ahead: deque[StoredMessage] = deque()  # read ahead from the store, from the cursor on
         # handed out before this run (redelivered), and how far handing out may go before the
         # mark is written further; an earlier queue's mark of the same name is not a new one's
@@ -108,6 +119,8 @@ class QueueRuntime:
         self.last_used = time.monotonic()
         self.deleted = False
         self._pump_scheduled = False
+        self._prioritized = 0  # consumers with an x-priority other than 0
+        self.places_taken = 0  # publishes accepted under x-overflow reject-publish, not stored yet
 
     @property
     def consumers(self) -> dict[object, Consumer]:
@@ -130,11 +143,13 @@ class QueueRuntime:
     # -- consumers -----------------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers[(id(consumer.channel), consumer.tag)] = consumer
+        self._prioritized += consumer.priority != 0
         self.touch()
         self.schedule_pump()
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        self.consumers.pop((id(consumer.channel), consumer.tag), None)
+        if self.consumers.pop((id(consumer.channel), consumer.tag), None) is not None:
+            self._prioritized -= consumer.priority != 0
         self.touch()
 
     def schedule_pump(self) -> None:
@@ -153,7 +168,8 @@ class QueueRuntime:
             if ready is None:
                 break
             size = len(ready.message.body)
-            consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size))
+            consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size),
+                                              _priority if self._prioritized else None)
             if consumer is None:
                 break
             self.take()  # commit the peeked message to this delivery
@@ -179,7 +195,7 @@ class QueueRuntime:
                 if not peek_only:
                     group.redeliver.pop(0)
                     group.handed_out(message)
-                return Ready(message, True)
+                return Ready(message, True, group.counts.count(message.queue_offset) if group.counts else 0)
             ahead = self._ahead
             if not ahead or ahead[0].queue_offset != cursor.next_offset:
                 ahead.clear()
@@ -194,15 +210,17 @@ class QueueRuntime:
                 cursor.next_offset = message.queue_offset + 1
                 self.broker.dead_letter(self, message, "expired")
                 continue
-            seen = message.queue_offset < self._seen_below
+            # (given back before a restart: a counted message comes from the store again)
+            ready = Ready(message, message.queue_offset < self._seen_below,
+                          group.counts.count(message.queue_offset) if group.counts else 0)
             if peek_only:
-                return Ready(message, seen)
+                return ready
             if message.queue_offset >= self._mark:  # written ahead of the delivery's bytes
                 self._write_mark(message.queue_offset + DELIVERED_STEP)
             ahead.popleft()
             cursor.next_offset = message.queue_offset + 1
             group.handed_out(message)
-            return Ready(message, seen)
+            return ready
 
     def _write_mark(self, offset: int) -> None:
         self._mark = offset
@@ -230,14 +248,20 @@ class QueueRuntime:
         self.schedule_pump()
 
     def requeue(self, message: StoredMessage) -> None:
-        """Given back: delivered again first, with ``redelivered`` set (kept in offset order)."""
-        self.group.give_back([message])
+        """Given back: delivered again first, with ``redelivered`` set (kept in offset order);
+        given back more often than x-delivery-limit, dead-lettered (or dropped) instead."""
+        if self.deleted:
+            return  # (its messages went with it)
+        for over in self.group.give_back([message], self.definition.delivery_limit):
+            self.broker.dead_letter(self, over, "delivery_limit")
         self.schedule_pump()
 
     def purge(self) -> int:
         count = self.ready_count()
         self.group.cursor.next_offset = self.broker.store.max_offset_now(self.store_queue)
         self._ahead.clear()
+        for message in self.group.redeliver:
+            self.group.settled(message.queue_offset)  # (its delivery count goes)
         self.group.redeliver.clear()
         self.save(durable=True)
         return count
@@ -256,3 +280,36 @@ class QueueRuntime:
             self.broker.dead_letter(self, ready.message, "maxlen")
             excess -= 1
         self.save()
+
+    def take_place(self) -> bool:
+        """x-max-length with reject-publish: hold a place for a publish on its way to the store,
+        or False when the ready messages and those on their way fill the queue already."""
+        limit = self.definition.max_length
+        if limit is not None and self.ready_count() + self.places_taken >= limit:
+            return False
+        self.places_taken += 1
+        return True
+
+    def give_place_back(self) -> None:
+        """The publish is stored (then counted as ready) or failed."""
+        self.places_taken -= 1
+
+
+def take_places(queues: list[QueueRuntime]) -> tuple[list[QueueRuntime], list[QueueRuntime] | tuple[()]]:
+    """The queues that take a message, and the places it holds in those with x-max-length and
+    reject-publish (a full one refuses it; the others still take it, as RabbitMQ)."""
+    for queue in queues:  # (a loop, not any(): this runs for every publish)
+        d = queue.definition
+        if d.max_length is not None and d.overflow == "reject-publish":
+            break
+    else:
+        return queues, ()
+    taking, places = [], []
+    for queue in queues:
+        d = queue.definition
+        if d.max_length is None or d.overflow != "reject-publish":
+            taking.append(queue)
+        elif queue.take_place():
+            taking.append(queue)
+            places.append(queue)
+    return taking, places

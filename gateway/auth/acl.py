@@ -9,7 +9,8 @@
 Access defaults to readwrite. A matching ``deny`` rule wins over any allow; without a matching
 allow rule access is denied. Subscribing to a filter needs a read rule that covers the whole
 filter (rule ``a/#`` allows subscribing ``a/+/b``; rule ``a/b`` does not allow ``a/#``), and
-when the client's rules deny some reads, every delivered message is checked too.
+when the client's rules deny some reads (or a resumed session holds a subscription no rule
+covers any more), every delivered message is checked too.
 
 The topic rules are the rights of every protocol on MQTT topic space (gateway/auth/authorize.py
 says where each protocol crosses into it). Principals without an MQTT client id (AMQP users,
@@ -18,9 +19,9 @@ remoting AccessKeys, HTTP users) get no ``%c`` patterns.
 ``amqp`` lines give a user (or, before any ``user`` line, anonymous clients) RabbitMQ's three
 permission regexes (``rabbitmqctl set_permissions``) on AMQP exchanges and queues of the one
 vhost ``/``. As RabbitMQ, a regex matches anywhere in the name unless anchored (``^...$``), and
-the default exchange is named ``amq.default``. A principal without an ``amqp`` line has them
-all (``".*" ".*" ".*"``), so the topic rules alone decide what crosses into MQTT topic space.
-Regexes with spaces are written in double quotes.
+the default exchange is named ``amq.default``; an empty regex grants nothing (RabbitMQ's ``^$``).
+As RabbitMQ, a principal without an ``amqp`` line has no permissions on the vhost. Regexes with
+spaces are written in double quotes.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class AmqpPermissions:
 
     def allows(self, permission: str, name: str) -> bool:
         return getattr(self, permission).search(name) is not None
+
+
+AMQP_EVERYTHING = AmqpPermissions(*(re.compile(".*") for _ in AMQP_PERMISSIONS))
 
 
 @dataclass(slots=True)
@@ -173,16 +177,15 @@ class Acl:
                             lambda rule, deny: overlaps(rule, topic_filter) if deny else covers(rule, topic_filter))
 
     def allows_some(self, username: str | None, client_id: str | None, access: Access, topic_filter: str) -> bool:
-        """Whether an allow rule reaches some topic of the filter (single messages are then checked)."""
-        if self.allow_everything:
-            return True
-        return any(rule_access is not Access.DENY and access in rule_access and overlaps(rule_topic, topic_filter)
-                   for rule_access, rule_topic in self._rules(username, client_id))
+        """Whether an allow rule reaches some topic of the filter and no deny rule covers all of
+        it (single messages are then checked)."""
+        return self._allows(username, client_id, access,
+                            lambda rule, deny: covers(rule, topic_filter) if deny else overlaps(rule, topic_filter))
 
     def amqp_permissions(self, username: str | None) -> AmqpPermissions | None:
-        """The user's AMQP permissions; None: no ``amqp`` line, every AMQP resource allowed."""
+        """The user's AMQP permissions; None: no ``amqp`` line, no access to the vhost."""
         if self.allow_everything:
-            return None
+            return AMQP_EVERYTHING
         return self.amqp.get(username)
 
     def checks_deliveries(self, username: str | None, client_id: str | None) -> bool:
@@ -199,8 +202,8 @@ def _parse_amqp(text: str) -> AmqpPermissions:
         raise ValueError(f"amqp: {exc}") from None
     if len(words) != 3:
         raise ValueError("amqp needs three regexes: configure, write, read (as rabbitmqctl set_permissions)")
-    try:
-        return AmqpPermissions(*(re.compile(word) for word in words))
+    try:  # (as RabbitMQ, "" is "^$": it matches no name)
+        return AmqpPermissions(*(re.compile(word or "^$") for word in words))
     except re.error as exc:
         raise ValueError(f"amqp: bad regex: {exc}") from None
 

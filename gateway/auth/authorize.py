@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .acl import Access, Acl
@@ -59,9 +60,15 @@ class Authorizer:
         """A subscription whose messages are then checked one by one (``checks_reads``)."""
         return self.acl is None or self.acl.allows_subscribe(who.username, who.client_id, topic_filter)
 
-    def checks_reads(self, who: Principal) -> bool:
-        """Some deny rule may refuse single messages of an allowed subscription."""
-        return self.acl is not None and self.acl.checks_deliveries(who.username, who.client_id)
+    def checks_reads(self, who: Principal, topic_filters: Iterable[str] = ()) -> bool:
+        """Single messages must be checked (``can_read``): some deny rule may refuse one of an
+        allowed subscription, or one of ``topic_filters`` (subscriptions made under an earlier
+        ACL: a resumed session's) is no longer covered by a read rule."""
+        acl = self.acl
+        if acl is None:
+            return False
+        return acl.checks_deliveries(who.username, who.client_id) or not all(
+            acl.allows_subscribe(who.username, who.client_id, f) for f in topic_filters)
 
     def can_read_all(self, who: Principal, topic_filter: str) -> bool:
         """Every topic of the filter may be read: for readers whose messages cannot be checked
@@ -71,6 +78,10 @@ class Authorizer:
     def can_read_some(self, who: Principal, topic_filter: str) -> bool:
         """Some topic of the filter may be read (its messages then checked one by one)."""
         return self.acl is None or self.acl.allows_some(who.username, who.client_id, Access.READ, topic_filter)
+
+    def can_write_some(self, who: Principal, topic_filter: str) -> bool:
+        """Some topic of the filter may be written."""
+        return self.acl is None or self.acl.allows_some(who.username, who.client_id, Access.WRITE, topic_filter)
 
     def can_write_all(self, who: Principal, topic_filter: str) -> bool:
         """Every topic of the filter may be written: for routes whose topic is not known yet."""
@@ -82,15 +93,21 @@ class Authorizer:
         if self.acl is None:
             return True
         rights = self.acl.amqp_permissions(who.username)
-        return rights is None or rights.allows(permission, name or "amq.default")
+        return rights is not None and rights.allows(permission, name or "amq.default")
+
+    def amqp_vhost_allowed(self, who: Principal) -> bool:
+        """Some AMQP permissions were granted (an ``amqp`` line): as RabbitMQ, a user without
+        any may not open the vhost."""
+        return self.acl is None or self.acl.amqp_permissions(who.username) is not None
 
     # -- refusals ------------------------------------------------------------------------------
-    def denied(self, who: Principal, action: str, resource: str) -> str:
-        """Count and log a refusal; the text for the protocol's error."""
+    def denied(self, who: Principal, action: str, resource: str, text: str | None = None) -> str:
+        """Count and log a refusal; the text for the protocol's error (``text`` when given, as a
+        protocol words it)."""
         key = (who.protocol, action)
         self.stats.denied[key] = self.stats.denied.get(key, 0) + 1
         user = who.username if who.username is not None else "(anonymous)"
-        text = f"{action} of {resource!r} refused for user {user!r}"
+        text = text if text is not None else f"{action} of {resource!r} refused for user {user!r}"
         now = time.monotonic()
         log_key = (who.protocol, who.username, action)
         entry = self._logged.get(log_key)
@@ -131,5 +148,5 @@ class MqttAccess:
         # a delivery skipped by a deny rule: the subscription was allowed, no refusal to log
         return self.authorizer.can_read(Principal("mqtt", username, client_id), topic)
 
-    def checks_deliveries(self, username: str | None, client_id: str) -> bool:
-        return self.authorizer.checks_reads(Principal("mqtt", username, client_id))
+    def checks_deliveries(self, username: str | None, client_id: str, topic_filters: Iterable[str] = ()) -> bool:
+        return self.authorizer.checks_reads(Principal("mqtt", username, client_id), topic_filters)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..listen import Servers, listening_sockets
+
 log = logging.getLogger("tidemq.cluster")
 
 CHUNK = 1 << 16
 
 
-async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.Server:
+async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.AbstractServer:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:
@@ -34,7 +36,7 @@ async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.
             for w in (writer, up_writer):
                 w.close()
 
-    return await asyncio.start_server(serve, host, port)
+    return await Servers.serving(await listening_sockets(host, port), lambda sock: asyncio.start_server(serve, sock=sock))
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

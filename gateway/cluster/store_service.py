@@ -149,6 +149,7 @@ class StoreService:
                 log.warning("store link HELLO with a wrong cluster token peer=%s", conn.peer)
                 return response_to(request, ResponseCode.NO_PERMISSION, "wrong cluster token")
             self._trusted.add(conn)
+        conn.exempt_from_idle_timeout()  # a gateway node's link may be quiet for long
         options = self.store.options
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "idPrefix": self.store.msg_id_prefix, "maxMessageSize": str(options.max_message_size),

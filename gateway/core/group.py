@@ -18,6 +18,7 @@ from typing import Generic, Protocol, TypeVar
 from store import StoredMessage
 
 from .cursor import Cursor
+from .delivery_counts import DeliveryCounts
 
 Member = TypeVar("Member")
 
@@ -52,8 +53,10 @@ def group_start(store: OffsetStore, consumer: str, queue: str, *, resume: bool, 
 
 
 class ConsumerGroup(Generic[Member]):
-    def __init__(self, store: OffsetStore, consumer: str, queue: str, start_offset: int) -> None:
+    def __init__(self, store: OffsetStore, consumer: str, queue: str, start_offset: int,
+                 counts: DeliveryCounts | None = None) -> None:
         self.store = store
+        self.counts = counts  # how often messages were given back (a delivery limit), if counted
         self.consumer = consumer  # the name of its offset in the store
         self.cursor = Cursor(queue, start_offset)
         self.redeliver: list[StoredMessage] = []  # given back, in offset order
@@ -94,13 +97,24 @@ class ConsumerGroup(Generic[Member]):
             self.store.commit_offset_now(self.consumer, self.queue, committed)
 
     # -- members ---------------------------------------------------------------------------------
-    def next_member(self, can_take: Callable[[Member], bool]) -> Member | None:
-        """The next member in turn that can take a message now, or None."""
+    def next_member(self, can_take: Callable[[Member], bool],
+                    priority: Callable[[Member], int] | None = None) -> Member | None:
+        """The next member in turn that can take a message now, or None; with ``priority``,
+        one of the highest priority that can (in turn among equals)."""
         members = list(self.members.values())
-        for i in range(len(members)):
-            member = members[(self._rotation + i) % len(members)]
+        count = len(members)
+        if priority is not None:
+            ranked = sorted(((members[(self._rotation + i) % count], (self._rotation + i) % count)
+                             for i in range(count)), key=lambda pair: priority(pair[0]), reverse=True)
+            for member, index in ranked:
+                if can_take(member):
+                    self._rotation = (index + 1) % count
+                    return member
+            return None
+        for i in range(count):
+            member = members[(self._rotation + i) % count]
             if can_take(member):
-                self._rotation = (self._rotation + i + 1) % len(members)
+                self._rotation = (self._rotation + i + 1) % count
                 return member
         return None
 
@@ -111,12 +125,23 @@ class ConsumerGroup(Generic[Member]):
 
     def settled(self, offset: int) -> None:
         self.cursor.unacked.pop(offset, None)
+        if self.counts:
+            self.counts.forget(offset)
 
-    def give_back(self, messages: Iterable[StoredMessage]) -> None:
-        """Messages a member did not settle go out again first, in offset order."""
+    def give_back(self, messages: Iterable[StoredMessage], limit: int | None = None) -> list[StoredMessage]:
+        """Messages a member did not settle go out again first, in offset order; with a
+        delivery ``limit`` (and counts), those given back more often than that are settled
+        instead and returned (the caller dead-letters or drops them)."""
+        over = []
         for message in messages:
-            self.cursor.unacked.pop(message.queue_offset, None)
+            offset = message.queue_offset
+            self.cursor.unacked.pop(offset, None)
+            if limit is not None and self.counts is not None and self.counts.given_back(offset) > limit:
+                self.counts.forget(offset)
+                over.append(message)
+                continue
             bisect.insort(self.redeliver, message, key=_offset)
+        return over
 
 
 def _offset(message: StoredMessage) -> int:

@@ -89,7 +89,8 @@ class PopService:
             start: Callable[[], int | None] | None = None, now_ms: int | None = None) -> Popped:
         """Hand out up to ``max_messages`` of ``queue`` to one member of ``group``: revived ones
         first, then new ones from the pop offset (``read`` applies the member's filter; ``admit``
-        drops what it may not see: passed over, as a filtered-out message is). Durable (in the
+        drops what it may not see, revived or new: passed over, as a filtered-out message is,
+        for the whole group as a pull's skip is). Durable (in the
         WAL) when it returns. ``start``: where a group new to the queue begins (its pull
         consumer offset), else ``init_mode``. ``now_ms``: the pop time (one for the queues
         of one request: its answer names them all by it)."""
@@ -101,6 +102,9 @@ class PopService:
             if message is None:  # retention removed it while it was out
                 log.warning("popped message gone before it was acked group=%s queue=%s offset=%d", group, queue, cp.offset)
                 self.points.forget(cp)
+                continue
+            if admit is not None and not admit(message):  # (another member popped it before)
+                self.points.forget(cp)  # passed over, as a new one would be
                 continue
             message.queue, message.queue_offset = queue, cp.offset
             revived.append(cp)

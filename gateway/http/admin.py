@@ -1,11 +1,10 @@
 """The admin API behind ``tidemq ctl``, served as JSON on the metrics listener under ``/admin/``:
 clients, MQTT sessions, subscriptions of every protocol, queue statistics, kicking a client,
-and message lookup by key or message id.
+and message lookup by key or message id (the store's, or the client's msgId).
 
 The views here read what they are given (the protocol gateways, the store: ``deps.py``) and
-return plain data; ``app.HttpServer`` routes HTTP to them. When ``admin_token`` is set, every ``/admin`` request needs
-``Authorization: Bearer <token>`` (kicking a client is an action, and the listener may be
-bound beyond loopback).
+return plain data; ``app.HttpServer`` routes HTTP to them, and its guard lets only the
+operator reach them once credentials are required (they show message bodies and kick clients).
 """
 
 from __future__ import annotations
@@ -15,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from lookup.api import IN_DOUBT
 from protocols.mqtt.reason_codes import ReasonCode
+from protocols.remoting.properties import UNIQ_KEY
 from store import StoredMessage
 from store.msgid import decode_msg_id
 
 from .. import trace as message_trace
-from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX
+from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX, of_dollar_topics
 from .errors import AdminError, no_store
+from .queue_pages import queue_page
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .deps import Brokers, NodePlace
 
 MAX_ROWS = 1000
+MAX_SAME_ID = 16  # messages stored with one client msgId (a send retried after a lost answer)
+MAX_TOPICS_SEARCHED = 100_000  # topics with keys a client msgId is looked for in, when no topic is given
 
 
 def clients(brokers: Brokers) -> list[dict[str, Any]]:
@@ -92,14 +95,19 @@ def subscriptions(brokers: Brokers) -> list[dict[str, Any]]:
     return rows[:MAX_ROWS]
 
 
-def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
-    """Store queues whose name starts with ``prefix``: offsets, entries ``stored`` (max - min
-    offset), the ``backlog`` where one cursor reads the whole queue (an AMQP queue: max offset -
-    its consumer offset), and who reads them. Store queues of AMQP queues that no longer exist
-    (deleted, before a restart too) are left out: the store keeps their entries until
-    retention, but nothing can read them."""
+def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", after: str = "",
+           limit: int = 100) -> dict[str, Any]:
+    """A page of the store queues whose name starts with ``prefix``, past ``after``: offsets,
+    entries ``stored`` (max - min offset), the ``backlog`` where one cursor reads the whole queue
+    (an AMQP queue: max offset - its consumer offset), and who reads them; ``next_after``: the
+    ``after`` of the next page (None: the listing is complete). Left out: store queues of AMQP
+    queues that no longer exist (deleted, before a restart too: the store keeps their entries
+    until retention, but nothing can read them), and those of ``$`` topics (presence events)
+    unless the prefix names them (``t:$``)."""
+    if not 1 <= limit <= MAX_ROWS:
+        raise AdminError(400, f"limit must be 1 to {MAX_ROWS}: page on with after (the answer's next_after)")
     if store is None:
-        return []
+        return {"queues": [], "next_after": None}
     readers: dict[str, int] = {}
     cursors: dict[str, str] = {}  # store queue -> the consumer whose offset is its backlog's start
     if brokers.mqtt is not None:
@@ -108,21 +116,26 @@ def queues(store: MessageStore | None, brokers: Brokers, prefix: str = "", limit
         for queue in brokers.amqp.queues.values():
             readers[queue.store_queue] = len(queue.consumers)
             cursors[queue.store_queue] = queue.consumer_name
+    amqp_gone = brokers.amqp is not None
+    dollar = of_dollar_topics(prefix)
+
+    def listed(name: str) -> bool:
+        if amqp_gone and name.startswith(AMQP_STORE_QUEUE_PREFIX) and name not in cursors:
+            return False
+        return dollar or not of_dollar_topics(name)
+
+    page = queue_page(store.index.iter_names, prefix, after, limit, listed)
     rows = []
-    for state, _ in store.index.iter_queues(prefix):
-        if brokers.amqp is not None and state.name.startswith(AMQP_STORE_QUEUE_PREFIX) and state.name not in cursors:
-            continue
-        result = store.get_now(state.name, -1, 1)  # answers with the queue's offsets only
+    for name in page.names:
+        result = store.get_now(name, -1, 1)  # answers with the queue's offsets only
         backlog = None
-        if state.name in cursors:
-            start = store.get_offset_now(cursors[state.name], state.name)
+        if name in cursors:
+            start = store.get_offset_now(cursors[name], name)
             backlog = result.max_offset - max(result.min_offset, start if start is not None else result.max_offset)
-        rows.append({"queue": state.name, "min_offset": result.min_offset, "max_offset": result.max_offset,
+        rows.append({"queue": name, "min_offset": result.min_offset, "max_offset": result.max_offset,
                      "stored": result.max_offset - result.min_offset, "backlog": backlog,
-                     "readers": readers.get(state.name, 0)})
-        if len(rows) >= min(limit, MAX_ROWS):
-            break
-    return rows
+                     "readers": readers.get(name, 0)})
+    return {"queues": rows, "next_after": page.next_after}
 
 
 def kick(brokers: Brokers, protocol: str, client: str) -> dict[str, Any]:
@@ -163,12 +176,34 @@ async def find_messages(store: MessageStore | None, *, key: str | None, topic: s
     if store is None:
         raise no_store()
     if msg_id:
-        check_msg_id(msg_id)
-        message = await store.get_by_id(msg_id)
-        return [message_view(message)] if message is not None else []
+        return [message_view(m) for m in await messages_with_id(store, msg_id, topic)]
     if not key or not topic:
         raise AdminError(400, "give msg_id, or key and topic")
     return [message_view(m) for m in store.query_by_key(topic, key, max_messages=64, begin_ms=begin_ms, end_ms=end_ms)]
+
+
+async def messages_with_id(store: MessageStore, msg_id: str, topic: str | None = None) -> list[StoredMessage]:
+    """The message an id names, in either of RocketMQ's forms: the store's own (offsetMsgId, a
+    commitlog position), or the one a client made and prints as msgId (property UNIQ_KEY,
+    indexed as a key) -- in ``topic``, or in every topic. (A resent message can have two.)"""
+    check_msg_id(msg_id)
+    found: dict[int, StoredMessage] = {}
+    at_position = await store.get_by_id(msg_id)
+    if at_position is not None and topic in (None, at_position.topic):
+        found[at_position.position] = at_position
+    unique = msg_id.upper()  # (clients write it in upper case, as the store its own ids)
+    if topic:
+        candidates, complete = store.query_by_key(topic, unique, max_messages=MAX_SAME_ID), True
+    else:
+        candidates, complete = store.query_by_key_in_every_topic(unique, max_messages=MAX_SAME_ID,
+                                                                 max_topics=MAX_TOPICS_SEARCHED)
+    for message in candidates:
+        if message.properties.get(UNIQ_KEY, "").upper() == unique:
+            found[message.position] = message
+    if not found and not complete:
+        raise AdminError(422, f"msg_id {msg_id}: not found as a stored message's id, and looked for as a client's "
+                              f"msgId in the first {MAX_TOPICS_SEARCHED} topics with keys only: give its topic too")
+    return [found[position] for position in sorted(found)]
 
 
 def check_msg_id(msg_id: str) -> None:
@@ -179,15 +214,19 @@ def check_msg_id(msg_id: str) -> None:
         raise AdminError(400, f"msg_id {msg_id!r}: {exc}") from None
 
 
-def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_id: str | None,
-          key: str | None) -> dict[str, Any]:
-    """The trace events of one message (by id) or of the messages published with a key; the
-    listeners whose traffic is traced."""
+async def trace(store: MessageStore | None, traced_listeners: frozenset[str], *, msg_id: str | None,
+                key: str | None) -> dict[str, Any]:
+    """The trace events of one message (by either form of its id: ``messages_with_id``) or of
+    the messages published with a key; the listeners whose traffic is traced."""
     if store is None:
         raise no_store()
     if msg_id:
         check_msg_id(msg_id)
         events = message_trace.trace_of(store, msg_id)
+        if not events:  # (a client's msgId: the trace is kept under the store's id)
+            for message in await messages_with_id(store, msg_id):
+                if message.msg_id != msg_id:
+                    events.extend(message_trace.trace_of(store, message.msg_id))
     elif key:
         events = message_trace.traces_by_key(store, key)
     else:

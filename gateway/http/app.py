@@ -4,18 +4,23 @@ the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``), the data API u
 (``data_api.py``) and the dashboard (``dashboard.py``).
 
 ``HttpServer`` is built from ``HttpDeps`` (``deps.py``) and hands each module the parts it
-reads. ``admin_token`` guards ``/admin/``; ``/data/`` also takes a user's Basic credentials
-(``data_access.py``); an ``AdminError`` raised by any handler becomes a JSON error answer.
+reads. Every route but ``PUBLIC_PATHS`` (metrics and probes, which carry counts and names but no
+message, and the dashboard's static page) goes through one guard: the caller's credentials
+(``data_access.py``), the operator's for everything but ``/data/``, where users are under the
+ACL. An ``AdminError`` raised by any handler becomes a JSON error answer.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from store import StoreError
+
+from ..listen import listening_sockets
 
 from . import admin, dashboard, data_api
 from .data_access import PRINCIPAL, DataAccess
@@ -24,16 +29,20 @@ from .deps import HttpDeps
 from .errors import AdminError
 from .metrics import GatewayCollector
 
+log = logging.getLogger("tidemq.http")
+
+PUBLIC_PATHS = frozenset({"/metrics", "/healthz", "/readyz", *dashboard.PUBLIC_PATHS})
+
 
 class HttpServer:
-    def __init__(self, deps: HttpDeps) -> None:
+    def __init__(self, deps: HttpDeps, read_timeout_s: float = 60.0) -> None:
         self.deps = deps
         self.access = DataAccess(deps.access, deps.brokers.amqp)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GatewayCollector(  # type: ignore[arg-type]
             deps.brokers, deps.store, authorizer=deps.access.authorizer, status=deps.status, pressure=deps.pressure,
             tracer=deps.tracer, cluster=deps.cluster, timer=deps.timer))
-        app = web.Application(middlewares=[self._admin_guard])
+        app = self.app = web.Application(middlewares=[self._guard])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -50,37 +59,39 @@ class HttpServer:
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._site: web.TCPSite | None = None
+        # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Serve on the sockets of ``host`` and ``port``; the first one's address (port 0 picks one)."""
+        access = self.deps.access
+        if access.requires_credentials and not access.admin_credentials:
+            log.warning("the admin API refuses every request: authentication is configured and no operator "
+                        "credentials are; set admin_token or admin_users")
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
-        await self._site.start()
-        server = self._site._server  # the bound address (port 0 picks one)
-        sock = server.sockets[0]  # type: ignore[union-attr]
-        return sock.getsockname()[:2]
+        sockets = await listening_sockets(host, port)
+        for sock in sockets:
+            await web.SockSite(self._runner, sock).start()
+        return sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
         await self._runner.cleanup()
 
-    # -- admin (tidemq ctl) ---------------------------------------------------------------------
+    # -- who may call --------------------------------------------------------------------------
     @web.middleware
-    async def _admin_guard(self, request: web.Request, handler):
-        if request.path.startswith(("/admin/", "/data/")):
-            token = self.deps.access.admin_token
-            data = request.path.startswith("/data/")  # (also a user's Basic credentials: data_access.py)
-            if not data and token and request.headers.get("Authorization") != f"Bearer {token}":
-                return web.json_response({"error": "a valid admin token is needed"}, status=401)
-            try:
-                if data:
-                    request[PRINCIPAL] = await self.access.authenticate(request)
-                return await handler(request)
-            except AdminError as exc:
-                return web.json_response({"error": str(exc)}, status=exc.status)
-            except StoreError as exc:  # (a write the store refused: a full disk)
-                return web.json_response({"error": f"not stored, retry: {exc}"}, status=503)
-        return await handler(request)
+    async def _guard(self, request: web.Request, handler):
+        if request.path in PUBLIC_PATHS:
+            return await handler(request)
+        try:
+            who = await self.access.authenticate(request)
+            if who is not None and not request.path.startswith("/data/"):
+                raise AdminError(403, f"user {who.username!r} is not one of admin_users")
+            request[PRINCIPAL] = who
+            return await handler(request)
+        except AdminError as exc:
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        except StoreError as exc:  # (a write the store refused: a full disk)
+            return web.json_response({"error": f"not stored, retry: {exc}"}, status=503)
 
     @staticmethod
     async def _json(data) -> web.Response:
@@ -105,7 +116,7 @@ class HttpServer:
         except ValueError:
             raise AdminError(400, "limit must be a number") from None
         return await self._json(admin.queues(self.deps.store, self.deps.brokers, request.query.get("prefix", ""),
-                                             limit))
+                                             request.query.get("after", ""), limit))
 
     async def _messages(self, request: web.Request) -> web.Response:
         q = request.query
@@ -114,8 +125,8 @@ class HttpServer:
 
     async def _trace(self, request: web.Request) -> web.Response:
         q = request.query
-        return await self._json(admin.trace(self.deps.store, self.deps.traced_listeners, msg_id=q.get("msg_id"),
-                                            key=q.get("key")))
+        return await self._json(await admin.trace(self.deps.store, self.deps.traced_listeners,
+                                                  msg_id=q.get("msg_id"), key=q.get("key")))
 
     async def _kick(self, request: web.Request) -> web.Response:
         try:

@@ -3,7 +3,8 @@ plain HTML, CSS and JavaScript) at ``/dashboard``, and ``/admin/overview``, the 
 every second: connections and cumulative counters per protocol, store figures, the longest backlogs.
 
 The page computes rates from two successive overviews, so the server keeps no history.
-``/admin/overview`` sits under ``/admin/`` and so needs the admin token when one is set.
+``/admin/overview`` sits under ``/admin/`` and so needs an operator's credentials when any are
+required (the admin token, or an admin user's Basic credentials: ``app.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MAX_SESSIONS_SCANNED = 10_000  # MQTT sessions whose cursors one overview reads 
 
 # The page's files, served from memory (read once; a handful of kilobytes).
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# served to anyone: the page holds no data, and asks for credentials when /admin/overview wants them
+PUBLIC_PATHS = ("/", "/dashboard", *(f"/dashboard/static/{name}" for name in STATIC if name != "index.html"))
 HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",

@@ -2,9 +2,11 @@
 (gateway/auth/authorize.py; the API itself: data_api.py, data_publish.py).
 
     Authorization: Bearer <admin_token>     the operator: every queue and topic
-    Authorization: Basic <user:password>    a user of the password file, under the ACL
-    (nothing)                               anonymous: the ACL's anonymous rules, when
-                                            allow_anonymous and no admin_token is set
+    Authorization: Basic <user:password>    a user of the password file: under the ACL, or
+                                            the operator if ``admin_users`` names it
+    (nothing)                               the operator while no credentials are required
+                                            (no admin_token, no authentication configured);
+                                            else refused (401)
 
 A queue is read as what it holds: ``t:{topic}`` that MQTT topic, ``w:{filter}`` every topic of
 the filter (a reader of a queue cannot have single rows checked, so a deny rule touching the
@@ -44,11 +46,12 @@ class DataAccess:
         self.amqp = amqp
 
     async def authenticate(self, request: web.Request) -> Principal | None:
-        """The request's principal (None: the operator); AdminError 401 when its credentials fail."""
+        """The request's principal (None: the operator); AdminError 401 when credentials are
+        required and missing, or refused."""
         header = request.headers.get("Authorization", "")
-        token = self.access.admin_token
-        peer = request.remote or ""
-        if header.startswith("Bearer ") and token:  # (without an admin token, a Bearer header means nothing)
+        access = self.access
+        token = access.admin_token
+        if header.startswith("Bearer ") and token:
             if hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
                 return None
             raise AdminError(401, "a valid admin token is needed")
@@ -57,17 +60,13 @@ class DataAccess:
                 user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 raise AdminError(401, "malformed Basic credentials") from None
-            passwords = self.access.passwords
+            passwords = access.passwords
             if not sep or passwords is None or not await passwords.verify_async(user, password):
                 raise AdminError(401, "user name or password refused")
-            return Principal("http", user, None, peer)
-        if token:
-            raise AdminError(401, "a valid admin token (Bearer) or a user's Basic credentials are needed")
-        if self.access.passwords is not None and not self.access.allow_anonymous:
-            raise AdminError(401, "Basic credentials of a user are needed")
-        if not self.authorizer.enabled:
-            return None  # no ACL: nothing to check (as before there were principals)
-        return Principal("http", None, None, peer)
+            return None if user in access.admin_users else Principal("http", user, None, request.remote or "")
+        if access.requires_credentials:
+            raise AdminError(401, "credentials are needed: the admin token (Bearer) or a user's Basic credentials")
+        return None  # nothing configured: every caller may do everything, as every client
 
     def may_read_queue(self, who: Principal | None, queue: str) -> bool:
         authorizer = self.authorizer

@@ -1,7 +1,7 @@
 """The data read API: bulk reads of store queues as Apache Arrow, for the Spark source
 (``spark_sinks``) and any other Arrow reader, under ``/data/`` on the metrics listener.
 
-    GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N]  the queue behind an MQTT filter, or queues by prefix
+    GET  /data/queues?topicFilter=F | ?prefix=P[&limit=N][&after=C]  a filter's queue, or a page of queues by prefix
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N][&columns=C,D]  rows of offsets [S, E) as an Arrow IPC stream
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -45,6 +46,7 @@ from ..interop import queue_for_filter, topic_of_queue
 from .data_access import PRINCIPAL, DataAccess
 from .data_topics import TopicListing
 from .errors import AdminError, no_store
+from .queue_pages import queue_page
 
 if TYPE_CHECKING:
     from store.readonly import CommitLogReader
@@ -57,6 +59,7 @@ DEFAULT_ROWS = 65_536
 MAX_ROWS = 262_144
 MAX_CONCURRENT_READS = 1  # one bulk read at a time: the gateway gives analytics at most ~1 core
 MAX_QUEUES = 10_000  # per offsets or queues request
+DEFAULT_QUEUES = 1000  # per page of /data/queues
 
 
 def add_routes(app: web.Application, store: MessageStore | None, access: DataAccess, publish: PublishApi,
@@ -71,7 +74,18 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
-    app.router.add_post("/data/filters", holds.hold)
+    async def hold(request: web.Request) -> web.Response:  # (only a filter the caller may read)
+        return await holds.hold(request, partial(access.check_read_queue, request.get(PRINCIPAL)))
+
+    app.router.add_post("/data/filters", hold)
+
+
+def _limit(query, default: int, most: int) -> int:
+    """A listing's ``limit``: 1 to ``most`` (more is refused, not cut silently)."""
+    limit = _int(query, "limit", default)
+    if not 1 <= limit <= most:
+        raise AdminError(400, f"limit must be 1 to {most}: page on with after= (the answer's next_after)")
+    return limit
 
 
 def _int(query, name: str, default: int | None = None) -> int:
@@ -112,29 +126,34 @@ class DataApi:
 
     async def queues(self, request: web.Request) -> web.Response:
         """The queue an MQTT topic filter reads (its wildcard queue, which exists once a client has
-        subscribed to the filter, or the topic queue of a plain topic), or queues by name prefix."""
+        subscribed to the filter, or the topic queue of a plain topic), or a page of the queues
+        whose name starts with a prefix (``next_after``: the ``after`` of the next page, null
+        when the listing is complete). What a principal may not read, it is not shown either
+        (data_access.py): left out before the page is cut, so ``limit`` counts readable queues."""
         store = self._store()
+        who = request.get(PRINCIPAL)
+
+        def readable(name: str) -> bool:
+            return self.access.may_read_queue(who, name)
+
         topic_filter = request.query.get("topicFilter")
+        next_after = None
         if topic_filter is not None:
             try:
                 validate_topic_filter(topic_filter)
             except ValueError as exc:
                 raise AdminError(400, f"bad topicFilter: {exc}") from None
-            names = [queue_for_filter(topic_filter)]
+            names = [name for name in [queue_for_filter(topic_filter)] if readable(name)]
         else:
-            limit = min(_int(request.query, "limit", 1000), MAX_QUEUES)
-            # iter_queues yields (state, position of its newest entry) pairs
-            names = [state.name for (state, _), _ in zip(store.index.iter_queues(request.query.get("prefix", "")),
-                                                         range(limit))]
+            page = queue_page(store.index.iter_names, request.query.get("prefix", ""), request.query.get("after", ""),
+                              _limit(request.query, DEFAULT_QUEUES, MAX_QUEUES), readable)
+            names, next_after = page.names, page.next_after
         rows = []
-        who = request.get(PRINCIPAL)
         for name in names:
-            if not self.access.may_read_queue(who, name):
-                continue  # (what a principal may not read, it is not shown either: data_access.py)
             offsets = await self._offsets(name)
             if offsets is not None:
                 rows.append({"queue": name, **offsets})
-        return web.json_response({"queues": rows})
+        return web.json_response({"queues": rows, "next_after": next_after})
 
     async def offsets(self, request: web.Request) -> web.Response:
         if request.method == "POST":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -79,7 +80,8 @@ class FilterHolds:
             log.info("data filter holds restored count=%d", len(self._expiry))
             self._schedule()
 
-    async def hold(self, request: web.Request) -> web.Response:
+    async def hold(self, request: web.Request, may_read: Callable[[str], None] | None = None) -> web.Response:
+        """``may_read`` raises AdminError when the caller may not read the queue of the filter."""
         try:
             body = await request.json()
             topic_filter, lease_ms = body["topicFilter"], body.get("lease_ms", 600_000)
@@ -96,6 +98,8 @@ class FilterHolds:
         if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
             raise AdminError(400, f"lease_ms must be {MIN_LEASE_MS}..{MAX_LEASE_MS}, not {lease_ms}")
         queue = queue_for_filter(topic_filter)
+        if may_read is not None:
+            may_read(queue)
         if not index:  # a reader of the filter's topic queues (a Spark stream), no wildcard queue
             self._readers[topic_filter] = max(self._readers.get(topic_filter, 0.0), time.time() + lease_ms / 1000)
             self._schedule()

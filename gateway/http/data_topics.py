@@ -9,8 +9,8 @@ Every MQTT publish is indexed into its topic's queue whoever subscribes, so thes
 everything stored that matches, from retention's start; a reader reads them with offsets per
 queue (read amplification) and needs no wildcard queue (no write amplification). Listing scans
 the queue names under each filter's literal prefix (``protocols.queue_names``) in a worker
-thread -- 100,000 names in ~70 ms, matching included -- then looks the matches' offsets up on
-the loop (the index's queue cache is the loop's), giving the loop back every ``YIELD_EVERY``.
+thread, matching and the principal's read check included, then looks the matches' offsets up
+on the loop (the index's queue cache is the loop's), giving the loop back every ``YIELD_EVERY``.
 """
 
 from __future__ import annotations
@@ -58,18 +58,22 @@ of a queue (None: not in the store) and its access checks."""
             except ValueError as exc:
                 raise AdminError(400, f"bad topic filter {topic_filter!r}: {exc}") from None
         store = self.store()
-        # (the database only: iter_names touches no cache of the loop's)
-        names = await asyncio.to_thread(matching_topic_queues, filters, store.index.iter_names)
+        who, access = request.get(PRINCIPAL), self.access
+
+        def readable_names() -> list[str]:
+            # what the principal may not read is not listed (as /data/queues), nor counted
+            # against the cap; (the database only: iter_names touches no cache of the loop's)
+            names = matching_topic_queues(filters, store.index.iter_names)
+            return [name for name in names if access.may_read_queue(who, name)]
+
+        names = await asyncio.to_thread(readable_names)
         if len(names) > MAX_TOPIC_QUEUES:
             raise AdminError(400, f"the filters match {len(names)} topic queues, more than {MAX_TOPIC_QUEUES} "
                              "in one listing: read with narrower filters")
-        who, access = request.get(PRINCIPAL), self.access
         rows: list[dict[str, Any]] = []
         for i, name in enumerate(names):
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            if not access.may_read_queue(who, name):
-                continue  # what the principal may not read is not listed (as /data/queues)
             offsets = await self.offsets(name)
             if offsets is not None:
                 rows.append({"queue": name, **offsets})

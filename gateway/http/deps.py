@@ -73,9 +73,21 @@ class HttpAccess:
     """Who may use ``/admin/`` and ``/data/`` (``data_access.py``)."""
 
     admin_token: str  # "" : none set
-    allow_anonymous: bool
+    admin_users: frozenset[str]  # password-file users who are the operator
+    authentication_configured: bool  # a password file, ACL or access keys, or anonymous clients refused
     passwords: PasswordFile | None
     authorizer: Authorizer
+
+    @property
+    def requires_credentials(self) -> bool:
+        """Anonymous callers are refused (else they are the operator, as on a gateway without any
+        authentication every client may do everything)."""
+        return bool(self.admin_token) or self.authentication_configured
+
+    @property
+    def admin_credentials(self) -> bool:
+        """Some caller can be the operator when credentials are required."""
+        return bool(self.admin_token or self.admin_users)
 
 
 class NodePlace(Protocol):

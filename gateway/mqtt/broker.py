@@ -18,7 +18,7 @@ from store import PutResult, StoredMessage, StoreError
 from store.log_limit import RateLimitedLog
 
 from ..core.group import group_start
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
@@ -59,6 +59,7 @@ class MQTTBroker:
         self.cache = cache
         self.deliveries = DeliveryMemo()  # one Delivery per cached message object, for every reader
         self.deadlines = Deadlines()  # the connections' connect timeouts and keep-alives
+        self.stalled = StalledReads(settings.read_timeout_s)  # connections silent in the middle of a packet
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
@@ -123,6 +124,7 @@ class MQTTBroker:
                                          "session not saved at stop client_id=%s error=%s", session.client_id, exc)
         self.saves.stop()
         self.deadlines.close()
+        self.stalled.close()
 
     # -- sessions ------------------------------------------------------------------------------
     def restore_session(self, client_id: str, raw: bytes) -> Session | None:

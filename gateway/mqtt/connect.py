@@ -115,9 +115,6 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
         return False
     connection.client_id = client_id
     connection.username = packet.username
-    acl = broker.acl
-    if acl is not None and acl.checks_deliveries(connection.username, client_id):  # type: ignore[attr-defined]
-        connection.read_check = acl.allows_read  # type: ignore[attr-defined]
     unavailable = broker.stored_sessions.unavailable()
     if unavailable is not None:
         log.info("connection refused client_id=%s error=%s", client_id, unavailable)
@@ -147,6 +144,11 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
         session.expiry_interval = expiry
     session.disconnected_at = None
     connection.session = session
+    acl = broker.acl
+    # (a resumed session's subscriptions were allowed under the ACL of their time: each is asked again)
+    if acl is not None and acl.checks_deliveries(  # type: ignore[attr-defined]
+            connection.username, client_id, [state.topic_filter for state in session.subscriptions.values()]):
+        connection.read_check = acl.allows_read  # type: ignore[attr-defined]
     broker.connections[client_id] = connection
     connection.will = packet.will
     connection.conn.accepted(packet)  # the limits the client asked for apply from now on

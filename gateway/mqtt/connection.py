@@ -143,6 +143,8 @@ class MQTTConnection(asyncio.Protocol):
         self.last_received = time.monotonic()
         self.conn.receive_data(data)
         self.process()
+        if self.conn.buffered:
+            self.broker.stalled.watch(self)
 
     def process(self, held: Publish | None = None) -> None:
         try:
@@ -245,6 +247,7 @@ class MQTTConnection(asyncio.Protocol):
         self.conn.closed()
         Deadlines.cancel(self._timer, self)
         self._timer = None
+        self.broker.stalled.forget(self)
         self._leave_gate()
         detach(self)
 
@@ -396,6 +399,18 @@ class MQTTConnection(asyncio.Protocol):
                 self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
                 return
             self._timer = self.broker.deadlines.later(limit - idle + 0.05, self)
+
+    def stalled_since(self) -> float | None:
+        if self.closed or not self.conn.buffered:
+            return None
+        if self.read_pauses.reasons:  # we are not reading: the rest may wait in the socket
+            self.last_received = time.monotonic()
+        return self.last_received
+
+    def read_timed_out(self) -> None:
+        log.info("packet unfinished, closing client_id=%s peer=%s buffered=%d timeout_s=%s", self.client_id or "-",
+                 self.peer, self.conn.buffered, self.settings.read_timeout_s)
+        self.close()
 
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:

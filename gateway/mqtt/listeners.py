@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 import sys
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 from websockets.http11 import Request, Response
 
@@ -20,6 +21,7 @@ from store.log_limit import RateLimitedLog
 
 from .. import lean_tcp
 from ..config import Config, ConfigError
+from ..listen import Servers, listening_sockets
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -35,8 +37,9 @@ async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContex
     asyncio's); TLS on asyncio's, which does the handshake and record layer."""
     if tls is None:
         return await lean_tcp.serve(lambda: MQTTConnection(broker, tracer), host, port)
-    return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(broker, tracer), host, port,
-                                                          ssl=tls)
+    loop = asyncio.get_running_loop()
+    return await Servers.serving(await listening_sockets(host, port), lambda sock: loop.create_server(
+        lambda: MQTTConnection(broker, tracer), sock=sock, ssl=tls))
 
 
 def tls_context(cfg: Config) -> ssl.SSLContext:
@@ -172,7 +175,11 @@ class _HandshakeConnection(ServerConnection):
         try:
             await super().handshake(*args, **kwargs)
         except Exception as exc:  # returning: the server aborts a connection that is not open
-            _log_refused(self.logger.limited, exc, self.remote_address)  # type: ignore[union-attr]
+            # a client that closes before our answer fails the library's send, whichever way (a
+            # refusal is an InvalidHandshake, raised once its answer went, whoever closed then)
+            peer_left = not isinstance(exc, InvalidHandshake) and (
+                isinstance(exc, ConnectionClosed) or self.connection_lost_waiter.done())
+            _log_refused(self.logger.limited, exc, self.remote_address, peer_left)  # type: ignore[union-attr]
             self.protocol.handshake_exc = None
             _drop_tracebacks(exc)
             del exc
@@ -188,11 +195,14 @@ def _host(peer: Any) -> Any:
     return peer[0] if isinstance(peer, tuple) else peer
 
 
-def _log_refused(limited: RateLimitedLog, exc: BaseException, peer: Any) -> None:
+def _log_refused(limited: RateLimitedLog, exc: BaseException, peer: Any, peer_left: bool = False) -> None:
     root = _root(exc)
     host = _host(peer)
     if isinstance(root, EOFError) and isinstance(exc, InvalidMessage):  # connect and close: a health check
         limited.log(logging.DEBUG, "closed_before_request", "websocket closed before a handshake peer=%s", host)
+    elif peer_left:  # a request, then a close before the answer: a health check too
+        limited.log(logging.DEBUG, "closed_before_response", "websocket closed before the handshake's answer "
+                    "peer=%s error=%s", host, json.dumps(f"{type(exc).__name__}: {exc}"))
     elif isinstance(exc, (InvalidHandshake, ConnectionError)):  # the client's mistake, or it left
         reason = json.dumps(str(root) if isinstance(exc, InvalidMessage) else str(exc))  # quoted, ASCII
         limited.log(logging.INFO, type(exc).__name__, "websocket handshake refused peer=%s reason=%s", host, reason)
@@ -223,7 +233,7 @@ def _check_request(connection: ServerConnection, request: Request) -> Response |
     return None
 
 
-async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Server:
+async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Tracer | None = None) -> Servers:
     settings = broker.settings
 
     async def handler(ws: ServerConnection) -> None:
@@ -255,7 +265,12 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
     def create_connection(*args: Any, **kwargs: Any) -> _HandshakeConnection:
         return _HandshakeConnection(*args, library_log=library_log, **kwargs)
 
-    return await serve(handler, host, port, subprotocols=["mqtt"], compression=None,
-                       max_size=settings.max_packet_size + 8, ping_interval=None, logger=library_log,
-                       create_connection=create_connection,  # type: ignore[arg-type]
-                       process_request=_check_request)
+    def start(sock: socket.socket) -> serve:
+        return serve(handler, sock=sock, subprotocols=["mqtt"], compression=None,
+                     max_size=settings.max_packet_size + 8, logger=library_log,
+                     # a client stopped in the middle of a frame cannot answer a ping: closed
+                     ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
+                     create_connection=create_connection,  # type: ignore[arg-type]
+                     process_request=_check_request)
+
+    return await Servers.serving(await listening_sockets(host, port), start)

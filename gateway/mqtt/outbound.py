@@ -87,8 +87,8 @@ class Delivery(Pusher):
             if inflight.position not in messages:
                 continue  # sent while they were read (a shared group's delivery): not a resend
             message = messages[inflight.position]
-            if message is None:  # removed by retention meanwhile
-                self.settle(inflight.packet_id)
+            if message is None or not self.may_read(message.topic):  # removed by retention, or the
+                self.settle(inflight.packet_id)  # ACL changed since it was sent: not sent again
                 continue
             message.queue, message.queue_offset = inflight.queue, inflight.offset
             if not self.send_message(message, self.deliveries(message), inflight.qos, None, inflight.packet_id,
@@ -97,6 +97,8 @@ class Delivery(Pusher):
         self.connection.flush()
 
     def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None:
+        if not self.may_read(message.topic):
+            return  # a wildcard's retained message on a topic the ACL does not let this client read
         delivery = self.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
@@ -132,10 +134,8 @@ class Delivery(Pusher):
                        state: SubscriptionState, remaining: int | None) -> bool:
         session = self.connection.session
         assert session is not None
-        connection = self.connection
-        read_check = connection.read_check
-        if read_check is not None and not read_check(connection.username, connection.client_id, message.topic):
-            return False  # an ACL deny rule: this member does not get it (the group moves on)
+        if not self.may_read(message.topic):
+            return False  # the ACL does not let this member read it (the group moves on)
         packet_id = None
         if qos:
             packet_id = session.allocate_packet_id()

@@ -329,8 +329,8 @@ class Pusher:
             if unacked and key in unacked:  # restored QoS 2 inflight, resent from the inflight table
                 self._next = offset + 1
                 continue
-            if read_check is not None and not read_check(connection.username, client_id, message.topic):
-                self._next = offset + 1  # a deny rule of the ACL: not for this client
+            if read_check is not None and not self.may_read(message.topic):
+                self._next = offset + 1  # the ACL does not let this client read it
                 continue
             delivery = deliveries(message)
             if fixed:
@@ -388,6 +388,15 @@ class Pusher:
         return True
 
     # -- one PUBLISH -------------------------------------------------------------------------------
+    @cython.ccall
+    def may_read(self, topic: object) -> cython.bint:
+        """Whether the ACL lets this client have a message on ``topic``: asked by every path that
+        hands it a stored message (queued, shared, retained, resent); no check is set when no
+        single message can be refused (connect.py)."""
+        connection = self.connection
+        read_check = connection.read_check
+        return read_check is None or read_check(connection.username, connection.client_id, topic)
+
     def send_message(self, message: object, delivery: MessageDelivery, qos: int, sub_ids: tuple[int, ...] | None,
                      packet_id: int | None, *, retain: bool = False, dup: bool = False,
                      remaining: int | None = None) -> bool:

@@ -14,6 +14,7 @@ class MQTTSettings:
     max_queued_messages: int = 1000  # QoS 0 backlog per subscription before messages are dropped
     max_keepalive: int = 0  # 0: accept what the client asks; else the Server Keep Alive cap
     connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0  # a connection silent this long in the middle of a packet is closed
     allow_anonymous: bool = True
     expiry_check_interval_s: float = 30.0
     # how long the read progress of a persistent session (its queue offsets after deliveries

@@ -27,7 +27,6 @@ from protocols.remoting.properties import (
     SHARDING_KEY,
     UNIQ_KEY,
     decode_batch_body,
-    decode_properties,
 )
 from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
 from store.errors import InvalidMessageError, MessageTooLargeError
@@ -35,7 +34,7 @@ from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
 
 from ..core.pop import PopService
-from ..deadlines import Deadlines
+from ..deadlines import Deadlines, StalledReads
 from ..interop import (
     REMOTING_QUEUE_PREFIX,
     SECOND_TOPIC_PROPERTY,
@@ -46,11 +45,11 @@ from ..interop import (
 )
 from ..stats import ProtocolStats
 from ..tasks import cancel_and_wait
-from .access import RemotingAccess
+from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, plain_body, to_store_message, to_wire
+from .messages import Origin, client_properties, plain_body, to_store_message, to_wire
 from .ordering import sharding_queue
 from .pops import PopRequests, PopWaiters
 from .pulls import PullRequests
@@ -63,6 +62,7 @@ from .schedule import (
     parse_delay_levels,
 )
 from .selectors import Selectors
+from .topic_updates import TopicUpdateRequests
 from .timers import TIMER_PROPERTIES, timer_due_ms
 from .topics import (
     PERM_WRITE,
@@ -76,14 +76,16 @@ log = logging.getLogger("tidemq.remoting")
 DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
-class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests):
+class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests,
+                     TopicUpdateRequests):
     def __init__(self, store: MessageStore, *, cache: QueueCache, broker_addr: str = "127.0.0.1:9876",
                  broker_name: str = "tidemq", cluster: str = "DefaultCluster", default_queues: int = 4,
                  delay_levels: list[float] | None = None, max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
                  long_poll_max_s: float = 30.0, access: RemotingAccess | None = None,
                  stats: ProtocolStats | None = None, connect_timeout_s: float = 10.0,
                  mqtt_topics: TopicSpace | None = None, enable_property_filter: bool = True,
-                 transactions: TransactionSettings | None = None) -> None:
+                 transactions: TransactionSettings | None = None, idle_timeout_s: float = 120.0,
+                 read_timeout_s: float = 60.0) -> None:
         self.store = store
         self.cache = cache
         self.broker_addr = ""
@@ -95,7 +97,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.long_poll_max_s = long_poll_max_s
         self.limited_log = RateLimitedLog(log)  # what a client can repeat per connection (bad frames)
         self.connect_timeout_s = connect_timeout_s  # a connection's first request comes within this
-        self.deadlines = Deadlines()  # the connections' first-request timeouts
+        self.deadlines = Deadlines()  # the connections' first-request and idle timeouts
+        self.idle_timeout_s = idle_timeout_s  # a connection without a request this long is closed (0: never)
+        self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.topics = TopicRegistry(store.table(TOPICS_TABLE), default_queues=default_queues)
         self.groups = ConsumerGroups()
         self.groups.on_members_changed = self._members_changed
@@ -103,21 +107,21 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.selectors = Selectors(enable_property_filter=enable_property_filter)  # pull filters (TAG, SQL92)
         self.schedule = ScheduleService(store, delay_levels or parse_delay_levels(DEFAULT_DELAY_LEVELS),
                                         self._deliver_delayed)
+        self.stats = stats or ProtocolStats()
+        self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
         self.producers = Producers()  # (live producer connections by group: transaction checks)
         self.transactions = TransactionService(store, self.producers, transactions or TransactionSettings(),
-                                               self._half_message)
+                                               self._half_message, self.access)
         # pop consumption (pops.py): check points in the store, revived by one task
         self.pop = PopService(store, self._pop_dead_letter, lambda group: self.max_reconsume_times)
         self.pop.on_ready = self._pop_ready
         self.pop_waiters = PopWaiters()
         self.connections: set[Client] = set()
-        self.stats = stats or ProtocolStats()
-        self.access = access or RemotingAccess(stats=self.stats)  # who may do what (access.py)
         # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (README)
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:
             topics_changed = mqtt_topics.join(self.topics.queues_for_mqtt)
-            self.topics.on_created.append(lambda name: topics_changed())
+            self.topics.on_changed.append(lambda name: topics_changed())
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
         self.handlers: dict[int, Callable[[Client, RemotingCommand], Any]] = {
@@ -184,6 +188,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
         self.deadlines.close()
+        self.stalled.close()
 
     def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
         if store_queue_name.startswith(REMOTING_QUEUE_PREFIX):
@@ -213,6 +218,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                f"request code {request.code} is not supported by TideMQ")
         try:
+            self.access.check_request(conn.principal, request)  # what the request code needs (access.py)
             return handler(conn, request)
         except Exception as exc:
             return self.error_response(request, exc)
@@ -272,17 +278,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
     def get_topic_list(self, conn, request: RemotingCommand) -> RemotingCommand:
-        body = {"topicList": sorted(self.topics.topics)}
+        body = {"topicList": sorted(name for name in self.topics.topics
+                                    if self.access.may_use(conn.principal, name, Right.USE))}
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
-
-    def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
-        ext = request.ext_fields
-        topic = str_field(ext, "topic")
-        try:
-            self.topics.ensure(topic, int_field(ext, "writeQueueNums", 0) or int_field(ext, "readQueueNums", 0))
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        return response_to(request, ResponseCode.SUCCESS)
 
     # -- sending -------------------------------------------------------------------------------
     def _writable(self, topic: str, queue_id: int, default_queues: int = 0, sharding_key: str | None = None) -> int:
@@ -324,10 +322,10 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
-        properties = decode_properties(header.properties or "")
+        properties = client_properties(header.properties)
+        self.access.check_send(conn.principal, header.topic, properties)  # (before the topic is created)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums,
                                   properties.get(SHARDING_KEY))
-        self.access.check_send(conn.principal, header.topic, properties)
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
             else self.max_reconsume_times
         record_topic, queue_id, properties, targets, level_due = self._placement(
@@ -366,20 +364,21 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         items = decode_batch_body(request.body)
         if not items:
             raise BadRequest("the batch is empty", ResponseCode.MESSAGE_ILLEGAL)
-        keys = {decode_properties(item.properties or "").get(SHARDING_KEY) for item in items}
+        item_properties = [client_properties(item.properties) for item in items]
+        keys = {properties.get(SHARDING_KEY) for properties in item_properties}
         if len(keys) > 1:
             raise BadRequest("a batch goes to one queue: its messages need one sharding key (__SHARDINGKEY) or none",
                              ResponseCode.MESSAGE_ILLEGAL)
+        for properties in item_properties:  # (before the topic is created)
+            self.access.check_send(conn.principal, header.topic, properties)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums, keys.pop())
         born = header.born_timestamp or int(time.time() * 1000)
         batch = []
-        for item in items:
-            properties = decode_properties(item.properties or "")
+        for item, properties in zip(items, item_properties):
             if DELAY in properties or any(name in properties for name in TIMER_PROPERTIES):
                 raise BadRequest("batch messages cannot be delayed", ResponseCode.MESSAGE_ILLEGAL)
             if is_half(properties, header.sys_flag):
                 raise BadRequest("batch messages cannot be transactional", ResponseCode.MESSAGE_ILLEGAL)
-            self.access.check_send(conn.principal, header.topic, properties)
             message = to_store_message(self._record_topic(header.topic, properties), item.body, properties,
                                        flag=item.flag, sys_flag=header.sys_flag, born_timestamp=born,
                                        born_host=conn.peer)

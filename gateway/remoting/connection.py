@@ -4,7 +4,9 @@ send durable (a callback, no task), or from a task for a request that may wait (
 must not stop the sends behind it); responses ready together go out in one write. It also
 sends the broker's own requests to the client (one-way NOTIFY_CONSUMER_IDS_CHANGED). A
 malformed or oversized frame closes only this connection, and so does a first request that does
-not come within ``connect_timeout_s`` (as MQTT's CONNECT and AMQP's handshake)."""
+not come within ``connect_timeout_s`` (as MQTT's CONNECT and AMQP's handshake), no request for
+the broker's ``idle_timeout_s`` after it (clients heartbeat), or a frame left unfinished for
+its ``stalled`` reads' timeout."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from protocols.remoting.codes import RequestCode, ResponseCode
@@ -47,7 +50,11 @@ class RemotingConnection(asyncio.Protocol):
         self.client_id = ""
         self.principal: Principal = ANONYMOUS  # of the request being dispatched (access.py)
         self.closed = False
-        self._first_request: Slot | None = None  # its timeout's (broker.deadlines: no TimerHandle each)
+        self._timer: Slot | None = None  # the first request's timeout, then the idle one's (broker.deadlines)
+        self._spoke = False  # a frame came: the timer is the idle timeout's
+        self._idle_timeout_s = broker.idle_timeout_s  # (0: none)
+        self.last_received = 0.0  # time.monotonic() of the last bytes read
+        self._last_frame = 0.0  # ... and of the last whole frame
         # requests being served by a task of their own (long polling); made with the first: an
         # empty set is 216 bytes, and most connections never have one
         self._tasks: set[asyncio.Task[None]] | None = None
@@ -62,16 +69,46 @@ class RemotingConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else ""
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
-        self._first_request = self.broker.deadlines.later(self.broker.connect_timeout_s, self)
+        self._timer = self.broker.deadlines.later(self.broker.connect_timeout_s, self)
 
     def deadline_reached(self) -> None:
-        """No request came in time."""
-        self._first_request = None
-        log.info("remoting no request in time, closing peer=%s timeout_s=%s", self.peer, self.broker.connect_timeout_s)
+        """No first request in time, or (then) none for the idle timeout?"""
+        self._timer = None
+        if self.closed:
+            return
+        if not self._spoke:
+            log.info("remoting no request in time, closing peer=%s timeout_s=%s", self.peer,
+                     self.broker.connect_timeout_s)
+            self.close()
+            return
+        if not self._idle_timeout_s:
+            return
+        idle = time.monotonic() - self._last_frame
+        if idle >= self._idle_timeout_s:
+            log.info("remoting connection idle, closing peer=%s client_id=%s idle_timeout_s=%s", self.peer,
+                     self.client_id or "-", self._idle_timeout_s)
+            self.close()
+            return
+        self._timer = self.broker.deadlines.later(self._idle_timeout_s - idle, self)
+
+    def exempt_from_idle_timeout(self) -> None:
+        """A peer node's link (the store link): quiet while its node is; the lookup and the
+        link's own requests watch that node, not this timeout."""
+        self._idle_timeout_s = 0.0
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
+
+    def stalled_since(self) -> float | None:
+        return self.last_received if self.reader.buffered and not self.closed else None
+
+    def read_timed_out(self) -> None:
+        log.info("remoting frame unfinished, closing peer=%s buffered=%d timeout_s=%s", self.peer,
+                 self.reader.buffered, self.broker.stalled.timeout_s)
         self.close()
 
     def data_received(self, data: bytes) -> None:
         self.broker.stats.bytes_received += len(data)
+        self.last_received = now = time.monotonic()
         try:
             commands = self.reader.feed(data)
         except RemotingProtocolError as exc:
@@ -79,9 +116,16 @@ class RemotingConnection(asyncio.Protocol):
                                         self.peer, json.dumps(str(exc)))
             self.close()
             return
-        if commands and self._first_request is not None:
-            Deadlines.cancel(self._first_request, self)
-            self._first_request = None
+        if commands:
+            self._last_frame = now
+            if not self._spoke:
+                self._spoke = True
+                Deadlines.cancel(self._timer, self)
+                self._timer = None
+                if self._idle_timeout_s:
+                    self._timer = self.broker.deadlines.later(self._idle_timeout_s, self)
+        if self.reader.buffered:
+            self.broker.stalled.watch(self)
         for command in commands:
             if not command.is_response:
                 self._dispatch(command)
@@ -144,8 +188,9 @@ class RemotingConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        Deadlines.cancel(self._first_request, self)
-        self._first_request = None
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
+        self.broker.stalled.forget(self)
         for waiter in self._waiting.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("the connection closed"))

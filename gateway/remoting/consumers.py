@@ -11,6 +11,7 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 
 from ..interop import remoting_queue
+from .access import Right
 from .groups import Subscription
 from .requests import CONSUMER_PREFIX, BadRequest, Client, str_field
 from .topics import retry_topic
@@ -25,8 +26,13 @@ class ConsumerRequests:
         if not isinstance(data, dict):
             raise BadRequest("the heartbeat body is not a JSON object")
         client_id = str(data.get("clientID") or "")
+        consumers = data.get("consumerDataSet") or []
+        for consumer in consumers:  # (all checked before any is registered)
+            for sub in consumer.get("subscriptionDataSet") or []:
+                if sub.get("topic"):
+                    self.access.check_topic(conn.principal, str(sub["topic"]), Right.READ, "subscribe")
         conn.client_id = client_id or conn.client_id
-        for consumer in data.get("consumerDataSet") or []:
+        for consumer in consumers:
             group = str(consumer.get("groupName") or "")
             if not group:
                 continue
@@ -99,6 +105,8 @@ class ConsumerRequests:
             wanted = [(str(mq["topic"]), int(mq["queueId"]), mq) for mq in data.get("mqSet") or []]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadRequest(f"bad lock request body: {exc}") from None
+        for topic in {topic for topic, _, _ in wanted}:
+            self.access.check_topic(conn.principal, topic, Right.READ, "lock")
         now = time.monotonic()
         locked = []
         for topic, qid, mq in wanted:
@@ -112,11 +120,13 @@ class ConsumerRequests:
         try:
             data = json.loads(request.body or b"{}")
             group, client = str(data["consumerGroup"]), str(data["clientId"])
-            for mq in data.get("mqSet") or []:
-                key = (group, str(mq["topic"]), int(mq["queueId"]))
-                if self._locks.get(key, ("",))[0] == client:
-                    del self._locks[key]
+            keys = [(group, str(mq["topic"]), int(mq["queueId"])) for mq in data.get("mqSet") or []]
         except (ValueError, KeyError, TypeError) as exc:
             raise BadRequest(f"bad unlock request body: {exc}") from None
+        for topic in {topic for _, topic, _ in keys}:
+            self.access.check_topic(conn.principal, topic, Right.READ, "unlock")
+        for key in keys:
+            if self._locks.get(key, ("",))[0] == client:
+                del self._locks[key]
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
 

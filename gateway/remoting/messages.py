@@ -25,7 +25,7 @@ from protocols.remoting.message_codec import (
     TRANSACTION_ROLLBACK_TYPE,
     WireMessage,
 )
-from protocols.remoting.properties import DELAY, KEYS, TAGS, TRAN_MSG, UNIQ_KEY
+from protocols.remoting.properties import DELAY, KEYS, TAGS, TRAN_MSG, UNIQ_KEY, decode_properties
 from store import Message, StoredMessage
 
 from ..interop import SECOND_TOPIC_PROPERTY
@@ -58,6 +58,18 @@ class Origin:
         except OSError:
             packed = b"\x7f\x00\x00\x01"
         return cls(packed, port)
+
+
+def client_properties(text: str | None) -> dict[str, str]:
+    """A send's properties; MESSAGE_ILLEGAL for a name of the gateway's internal ones (``rmq.*``,
+    the other protocols'): only the gateway sets those (the ACL judges readers by ``rmq.ot``),
+    as RocketMQ's client refuses the names its system uses."""
+    properties = decode_properties(text or "")
+    internal = sorted(name for name in properties if name.startswith(INTERNAL_PREFIXES))
+    if internal:
+        raise BadRequest(f"the property {internal[0]} is used by the system (names starting "
+                         f"{', '.join(INTERNAL_PREFIXES)}), input another please", ResponseCode.MESSAGE_ILLEGAL)
+    return properties
 
 
 def record_key(properties: dict[str, str]) -> str | None:

@@ -31,6 +31,7 @@ from store.popstate import CheckPoint
 
 from ..core.pop import Popped
 from ..interop import remoting_queue, remoting_topic_of
+from .access import Right
 from .messages import ORIGIN_TOPIC_PROPERTY, RECONSUME_PROPERTY, origin_topic, restore, to_wire, user_properties
 from .pulls import PERM_READ
 from .requests import CONSUMER_PREFIX, BadRequest, Client, Reply, int_field, str_field
@@ -246,20 +247,19 @@ class PopRequests:
         return response_to(request, ResponseCode.SUCCESS, "FOUND", ext_fields=ext, body=b"".join(body))
 
     # -- ack / change --------------------------------------------------------------------------
-    def _acked_queue(self, conn: Client, topic: str, queue_id: int) -> str:
+    def _acked_queue(self, topic: str, queue_id: int) -> str:
         config = self.topics.get(topic)
         if config is None:
             raise BadRequest(f"topic[{topic}] not exist, apply first please!", ResponseCode.TOPIC_NOT_EXIST)
         if not 0 <= queue_id < config.read_queues:
             raise BadRequest(f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:"
                              f"[{config.read_queues}]", ResponseCode.MESSAGE_ILLEGAL)
-        self.access.read_filter(conn.principal, topic)  # (refuses who may read nothing of it)
         return remoting_queue(topic, queue_id)
 
     def ack_message(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
-        queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
+        queue = self._acked_queue(topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
         offset = _in_range(int_field(ext, "offset"), "offset")
         acked = self.pop.ack(group, queue, offset, pop_time + invisible) if retry == NORMAL else None
@@ -282,7 +282,8 @@ class PopRequests:
             for ack in acks:
                 get = _batch_ack_field(ack)
                 group, topic = _group(str(get("c", "consumerGroup"))), str(get("t", "topic"))
-                queue = self._acked_queue(conn, topic, int(get("q", "queueId")))
+                self.access.check_topic(conn.principal, topic, Right.READ, "batch_ack_message")
+                queue = self._acked_queue(topic, int(get("q", "queueId")))
                 start = _in_range(int(get("so", "startOffset")), "startOffset")
                 due = _in_range(int(get("pt", "popTime")), "popTime") + _in_range(int(get("it", "invisibleTime")),
                                                                                   "invisibleTime")
@@ -306,7 +307,7 @@ class PopRequests:
     def change_invisible_time(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
-        queue = self._acked_queue(conn, topic, int_field(ext, "queueId"))
+        queue = self._acked_queue(topic, int_field(ext, "queueId"))
         pop_time, invisible, retry = _extra_info(str_field(ext, "extraInfo"))
         new_invisible = _in_range(int_field(ext, "invisibleTime"), "invisibleTime")
         new_pop_time = None if retry != NORMAL else \

@@ -65,24 +65,32 @@ class TopicRegistry:
                 self.topics[name] = TopicConfig(**json.loads(raw))
             except (ValueError, TypeError):
                 continue  # an unreadable row: the topic is created again on use
-        self.on_created: list = []  # callbacks(name) when a topic is created
+        self.on_changed: list = []  # callbacks(name) when a topic is created or changed
 
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
-    def ensure(self, name: str, queues: int | None = None) -> TopicConfig:
-        """The topic, created with ``queues`` (default: the configured count) when new.
+    def new_config(self, name: str, queues: int | None = None) -> TopicConfig:
+        """The topic as ``ensure`` creates it, with ``queues`` (default: the configured count).
         Raises ValueError for a name RocketMQ would refuse."""
-        topic = self.topics.get(name)
-        if topic is not None:
-            return topic
         if not valid_topic(name):
             raise ValueError(f"topic name {name!r} is not valid (at most 127 of [%|a-zA-Z0-9_-])")
         count = queues if queues and queues > 0 else self.default_queues
-        topic = self.topics[name] = TopicConfig(name, count, count)
-        self._table.put(name, json.dumps(asdict(topic)).encode())
-        for callback in self.on_created:
-            callback(name)
+        return TopicConfig(name, count, count)
+
+    def ensure(self, name: str, queues: int | None = None) -> TopicConfig:
+        """The topic, created as ``new_config`` makes it when new."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        return self.put(self.new_config(name, queues))
+
+    def put(self, topic: TopicConfig) -> TopicConfig:
+        """Create or change a topic (its checks are the caller's: topic_updates.py)."""
+        self.topics[topic.name] = topic
+        self._table.put(topic.name, json.dumps(asdict(topic)).encode())
+        for callback in self.on_changed:
+            callback(topic.name)
         return topic
 
     # -- the MQTT mapping ---------------------------------------------------------------------

@@ -5,8 +5,9 @@ delivered -- or rolls it back -- never delivered. A half message whose transacti
 ended when it is due for a check (``remoting_transaction_timeout_s`` after it was sent, or its
 ``CHECK_IMMUNITY_TIME_IN_SECONDS``, then every ``remoting_transaction_check_interval_s``) is
 asked about with CHECK_TRANSACTION_STATE on a live connection of a producer of its group
-(``PGROUP``), whose answer is an END_TRANSACTION; after ``remoting_transaction_check_max``
-checks it is rolled back and logged. The state is the store's: it survives a restart.
+(``PGROUP``) that may write its topic (access.py, as an END_TRANSACTION must), whose answer is
+an END_TRANSACTION; after ``remoting_transaction_check_max`` checks it is rolled back and
+logged. The state is the store's: it survives a restart.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from store.held import Hold
 from store.holds import HALF
 
 from ..tasks import cancel_and_wait
+from .access import RemotingAccess
 from .requests import BadRequest, Client, int_field, str_field
 
 log = logging.getLogger("tidemq.remoting")
@@ -75,16 +77,17 @@ class Producers:
             if not members:
                 del self._groups[group]
 
-    def any(self, group: str) -> Any | None:
+    def any(self, group: str, may_ask: Callable[[Any], bool]) -> Any | None:
+        """A live connection of the group's producers that ``may_ask``."""
         for connection in (self._groups.get(group) or {}).values():
-            if not connection.closed:
+            if not connection.closed and may_ask(connection):
                 return connection
         return None
 
 
 class TransactionService:
     def __init__(self, store: MessageStore, producers: Producers, settings: TransactionSettings,
-                 message_of: Callable[[StoredMessage, str], tuple[WireMessage, str]]) -> None:
+                 message_of: Callable[[StoredMessage, str], tuple[WireMessage, str]], access: RemotingAccess) -> None:
         self.store = store
         self.producers = producers
         self.timeout_s = settings.timeout_s
@@ -92,6 +95,7 @@ class TransactionService:
         self.check_max = settings.check_max
         # (half message, its store queue) -> the wire message a check carries, its offsetMsgId
         self._message_of = message_of
+        self.access = access
         self._task: asyncio.Task[None] | None = None
         self.checks_sent = 0
         self.rolled_back_unchecked = 0
@@ -129,6 +133,7 @@ class TransactionService:
         message = self.store.read_at(hold.target)
         if message is None or message.properties.get(PGROUP) != group:
             raise BadRequest("The producer group wrong")
+        self.access.check_write(conn.principal, message, "end_transaction")
         try:
             if kind == TRANSACTION_COMMIT_TYPE:
                 await self.store.held.release([hold])
@@ -173,7 +178,8 @@ class TransactionService:
         if message is None:
             return
         props = message.properties
-        producer = self.producers.any(props.get(PGROUP, ""))
+        producer = self.producers.any(props.get(PGROUP, ""),
+                                      lambda connection: self.access.may_write(connection.principal, message))
         if producer is None:  # none connected: counted as a check (RocketMQ's too)
             log.info("no producer to check a transaction group=%s position=%d", props.get(PGROUP), hold.target)
             return

@@ -24,6 +24,8 @@ FRAME_END = 0xCE
 FRAME_OVERHEAD = 8  # 7-byte frame header + frame-end octet
 MIN_FRAME_MAX = 4096
 HEADERS_FLAG = 0x20  # the headers property: bit 13 of the (big-endian) property flags, in their first byte
+REPLY_TO_FLAG = 0x02  # reply-to: bit 9, in their first byte
+EXPIRATION_FLAG = 0x01  # expiration: bit 8, in their first byte
 
 # reply codes (AMQP 0-9-1 section 1.1 constants)
 REPLY_SUCCESS = 200
@@ -139,6 +141,25 @@ class ContentReceived:
         if self._properties is None and not self._raw[0] & HEADERS_FLAG:  # type: ignore[index]
             return None
         return self.properties.headers
+
+    @property
+    def expiration(self) -> str | None:
+        """The expiration property (None, undecoded, when the flags say it is absent)."""
+        if self._properties is None and not self._raw[0] & EXPIRATION_FLAG:  # type: ignore[index]
+            return None
+        return self.properties.expiration
+
+    @property
+    def reply_to(self) -> str | None:
+        """The reply-to property (None, undecoded, when the flags say it is absent)."""
+        if self._properties is None and not self._raw[0] & REPLY_TO_FLAG:  # type: ignore[index]
+            return None
+        return self.properties.reply_to
+
+    def set_reply_to(self, reply_to: str) -> None:
+        """Rewrite the reply-to property (its encoded properties are made again)."""
+        self.properties.reply_to = reply_to
+        self._raw = None
 
     def __repr__(self) -> str:
         return (f"ContentReceived(channel={self.channel}, method={self.method!r}, body={self.body!r}, "

@@ -1,5 +1,6 @@
 """AMQP 0-9-1 SASL login responses without I/O: the mechanisms the server offers in
-connection.start and the (user, password) a client's connection.start-ok response carries."""
+connection.start and the (user, password) a client's connection.start-ok response carries
+(no user for ANONYMOUS, RFC 4505: its response, a trace token, is no credential)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from pamqp import decode
 
 # PLAIN (RFC 4616) and AMQPLAIN (RabbitMQ's; py-amqp and kombu use it by default)
 MECHANISMS = "PLAIN AMQPLAIN"
+ANONYMOUS = "ANONYMOUS"
+
+
+def mechanisms(anonymous: bool) -> str:
+    """What connection.start offers: ANONYMOUS too when anonymous clients are allowed."""
+    return f"{MECHANISMS} {ANONYMOUS}" if anonymous else MECHANISMS
 
 
 def _raw(response: str | bytes | None) -> bytes:
@@ -18,8 +25,11 @@ def _raw(response: str | bytes | None) -> bytes:
     return response.encode("latin-1", "replace") if isinstance(response, str) else bytes(response)
 
 
-def parse_login(mechanism: str, response: str | bytes | None) -> tuple[str, bytes] | None:
-    """The (user, password) of a start-ok response, or None when it cannot be read."""
+def parse_login(mechanism: str, response: str | bytes | None) -> tuple[str | None, bytes] | None:
+    """The (user, password) of a start-ok response ((None, b"") for ANONYMOUS), or None when
+    it cannot be read."""
+    if mechanism == ANONYMOUS:
+        return None, b""
     raw = _raw(response)
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")

@@ -9,6 +9,9 @@
 //    "expressionType": "SQL92"}   (without expressionType the expression is a TAG one)
 //   {"cmd": "route", "nameSrv": ..., "topic": "t"}
 //   {"cmd": "query", "nameSrv": ..., "topic": "t", "key": "k1"}   (QUERY_MESSAGE over ali-ons' remoting client)
+//   {"cmd": "api", "nameSrv": ..., "calls": [["getMaxOffset", "$broker", "t", 0, 3000], ...]}
+//    (ali-ons' own request methods (mq_client_api.js) in turn, "$broker" the broker's address: one
+//    {"event": "result", "value"} or {"event": "error", "code", "message"} each)
 // Any command: "accessKey" and "secretKey" sign every request (RocketMQ ACL); "send" with
 // "reportErrors": true reports a refused message as {"event": "error", "code", "message"} and goes on
 // ("consume": a refused pull, e.g. a SQL92 expression that does not parse).
@@ -16,6 +19,7 @@
 const { Producer, Consumer, Message } = require('ali-ons');
 const RemotingCommand = require('ali-ons/lib/protocol/command/remoting_command');
 const MessageDecoder = require('ali-ons/lib/message/message_decoder');
+const MQClientAPI = require('ali-ons/lib/mq_client_api');
 const ByteBuffer = require('byte');
 
 const spec = JSON.parse(process.argv[2]);
@@ -128,7 +132,24 @@ async function query() {
   await producer.close();
 }
 
-const commands = { send, consume, route, query };
+async function api() {
+  const producer = new Producer(Object.assign({ producerGroup: 'ons-api' }, common));
+  await producer.ready();
+  const client = producer._mqClient;
+  const broker = spec.nameSrv; // (TideMQ's one node is name server and broker)
+  for (const [name, ...args] of spec.calls) {
+    try {
+      // (MQClientAPI's own: MQClient overrides some with other signatures)
+      const value = await MQClientAPI.prototype[name].apply(client, args.map(arg => (arg === '$broker' ? broker : arg)));
+      out({ event: 'result', value: value === undefined ? null : value });
+    } catch (err) {
+      out({ event: 'error', code: err.code ?? null, message: err.message });
+    }
+  }
+  await producer.close();
+}
+
+const commands = { send, consume, route, query, api };
 const deadline = setTimeout(() => { console.error('ons_client: deadline passed'); process.exit(3); },
   (spec.timeoutMs || 20000) + 15000);
 commands[spec.cmd]().then(() => { clearTimeout(deadline); process.exit(0); }, err => {

@@ -5,10 +5,10 @@
 
 const POLL_MS = 1000;
 const MAX_CLIENT_ROWS = 50;
-const TOKEN_KEY = "tidemq.adminToken";
+const CREDENTIALS_KEY = "tidemq.adminAuthorization"; // the Authorization header: Bearer or Basic
 
 let previous = null; // the last overview, for rates
-let paused = false; // waiting for a token
+let paused = false; // waiting for credentials
 
 class HttpError extends Error {
   constructor(status, message) {
@@ -20,8 +20,8 @@ class HttpError extends Error {
 // -- the admin API --------------------------------------------------------------------------
 async function api(path) {
   const headers = { Accept: "application/json" };
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  if (token) headers.Authorization = "Bearer " + token;
+  const credentials = sessionStorage.getItem(CREDENTIALS_KEY);
+  if (credentials) headers.Authorization = credentials;
   const response = await fetch(path, { headers, cache: "no-store" });
   if (!response.ok) {
     let message = response.status + " " + response.statusText;
@@ -34,13 +34,20 @@ async function api(path) {
   return response.json();
 }
 
-function needToken(refused) {
+// 401: no credentials, or refused ones; 403: a user who is not one of admin_users
+function needCredentials(error) {
   paused = true;
   const form = document.getElementById("token-form");
   form.hidden = false;
-  document.getElementById("token-error").textContent = refused ? "that token was refused" : "";
-  setStatus("error", "admin token needed");
+  const refused = Boolean(sessionStorage.getItem(CREDENTIALS_KEY));
+  document.getElementById("token-error").textContent = refused ? "refused: " + error.message : "";
+  setStatus("error", "admin token or an admin user's credentials needed");
   document.getElementById("token-input").focus();
+}
+
+function basicCredentials(user, password) {
+  const bytes = new TextEncoder().encode(user + ":" + password);
+  return "Basic " + btoa(String.fromCharCode(...bytes));
 }
 
 function setStatus(state, text) {
@@ -200,8 +207,8 @@ async function poll() {
     previous = overview;
     setStatus("live", "live · " + clock(overview.time));
   } catch (error) {
-    if (error.status === 401) {
-      needToken(Boolean(sessionStorage.getItem(TOKEN_KEY)));
+    if (error.status === 401 || error.status === 403) {
+      needCredentials(error);
     } else {
       setStatus("error", "cannot read the gateway: " + error.message);
     }
@@ -282,7 +289,7 @@ async function lookUp(event) {
     return;
   }
   // the store finds messages by key within a topic; the trace finds them by key alone
-  const byId = { msg_id: msgId };
+  const byId = { msg_id: msgId, topic }; // (a client's msgId is looked for in every topic without one)
   const found = msgId ? api("admin/messages?" + query(byId)) :
     topic ? api("admin/messages?" + query({ key, topic })) : Promise.resolve(null);
   setText("message-status", "looking up…");
@@ -290,7 +297,7 @@ async function lookUp(event) {
   status.textContent = "looking up…";
   const [messages, trace] = await Promise.allSettled([
     found,
-    api("admin/trace?" + query(msgId ? byId : { key })),
+    api("admin/trace?" + query(msgId ? { msg_id: msgId } : { key })),
   ]);
   if (messages.status === "fulfilled" && messages.value === null) {
     document.querySelector("#messages tbody").replaceChildren();
@@ -300,7 +307,7 @@ async function lookUp(event) {
   } else {
     document.querySelector("#messages tbody").replaceChildren();
     setText("message-status", "lookup failed: " + messages.reason.message);
-    if (messages.reason.status === 401) needToken(true);
+    if (messages.reason.status === 401 || messages.reason.status === 403) needCredentials(messages.reason);
   }
   if (trace.status === "fulfilled") {
     renderTimeline(trace.value);
@@ -321,10 +328,12 @@ function start() {
   document.getElementById("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const token = document.getElementById("token-input").value.trim();
-    if (!token) return;
-    sessionStorage.setItem(TOKEN_KEY, token);
+    const user = document.getElementById("user-input").value.trim();
+    const password = document.getElementById("password-input").value;
+    if (!token && !(user && password)) return;
+    sessionStorage.setItem(CREDENTIALS_KEY, token ? "Bearer " + token : basicCredentials(user, password));
     document.getElementById("token-form").hidden = true;
-    document.getElementById("token-input").value = "";
+    for (const id of ["token-input", "user-input", "password-input"]) document.getElementById(id).value = "";
     paused = false;
     setStatus("starting", "connecting…");
     poll();
