@@ -74,7 +74,9 @@ class Config:
     checkpoint_interval_s: float = 5.0
     index_flush_interval_s: float = 60.0
     segment_size: int = 1 << 30
-    max_message_size: int = 4 << 20
+    # a full MQTT packet (mqtt_max_packet_size) plus room for what is stored with it (its queue
+    # list), and AMQP bodies of RabbitMQ 4's default limit; measured in BENCHMARKS.md (issue 31)
+    max_message_size: int = 20 << 20
     queue_cache_entries: int = 1_048_576
     # RocksDB's memory, index and metadata databases together ([rocksdb] section in TOML): one
     # block cache that also holds the index and bloom-filter blocks of every table file, and a
@@ -108,7 +110,7 @@ class Config:
     # window, so a window far smaller than what publishers bring in one loop turn lets ingest
     # outrun a busy subscriber (fan-in: 1,024 -> 8,192 kept the rate, p50 8.9 s -> 0.3 s)
     mqtt_max_inflight: int = 8192
-    mqtt_max_packet_size: int = 1 << 20
+    mqtt_max_packet_size: int = 16 << 20  # as RabbitMQ 4.1 (EMQX: 1 MB, Mosquitto: no limit)
     mqtt_topic_alias_maximum: int = 64
     mqtt_max_queued_messages: int = 1000
     mqtt_max_keepalive: int = 0

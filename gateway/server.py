@@ -202,7 +202,8 @@ class Gateway:
         settings = MQTTSettings(
             receive_maximum=cfg.mqtt_receive_maximum,
             max_inflight=cfg.mqtt_max_inflight,
-            max_packet_size=cfg.mqtt_max_packet_size,
+            # (a store of small segments takes smaller messages: no packet it would refuse is read)
+            max_packet_size=min(cfg.mqtt_max_packet_size, cfg.store_options().max_message_size),
             topic_alias_maximum=cfg.mqtt_topic_alias_maximum,
             max_queued_messages=cfg.mqtt_max_queued_messages,
             max_keepalive=cfg.mqtt_max_keepalive,
@@ -385,6 +386,9 @@ class Gateway:
             return "starting or stopping"
         if self.pressure is not None and self.pressure.raised:
             return f"publishers are blocked: {self.pressure.reason}"
+        failure = self.store.write_failure() if self.store is not None else None
+        if failure is not None:
+            return f"the store refuses writes: {failure}"
         return None
 
     async def stop(self) -> None:

@@ -7,21 +7,52 @@ the store runs in ``sync`` flush mode.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
+from .errors import StoreWriteError
 from .rocks import META_SHARE, RocksMemory
+
+log = logging.getLogger("tidemq.store")
 
 _NO_SYNC = WriteOptions()  # (sync off: the WAL is written, not fsynced)
 OFFSET_PREFIX = b"o"
 DROPPED_PREFIX = b"d"  # queue name -> the commitlog position of its drop record (reclaim.py)
 TABLE_PREFIX = b"t"
+PROBE_KEY = b"w"  # written by ``probe``
 SEP = b"\x00"
 _U64 = struct.Struct(">Q")
+
+
+class MetaWrites:
+    """Every write to the meta database, translated: RocksDB's failure (a full disk, an I/O
+    error) becomes StoreWriteError. After a failed log write RocksDB refuses every write until
+    it recovers by itself (from ENOSPC: once space is free), so ``failed`` holds the failure
+    until a write succeeds again; both moments are logged once."""
+
+    def __init__(self, db: Rdict) -> None:
+        self.db = db
+        self.failed: StoreWriteError | None = None
+
+    def __call__(self, write: Callable[..., Any], *args: Any) -> Any:
+        try:
+            done = write(*args)
+        except Exception as exc:  # (rocksdict raises a plain Exception carrying RocksDB's status)
+            failure = StoreWriteError(f"meta write failed: {exc}")
+            if self.failed is None:
+                log.error("meta write failed; sessions, retained messages, offsets and declarations are "
+                          "not written until it recovers error=%s", exc)
+            self.failed = failure
+            raise failure from None
+        if self.failed is not None:
+            self.failed = None
+            log.warning("meta writes resumed")
+        return done
 
 
 class MetaStore:
@@ -36,6 +67,16 @@ class MetaStore:
         wo = WriteOptions()
         wo.sync = sync
         self._db.set_write_options(wo)
+        self.writes = MetaWrites(self._db)
+
+    @property
+    def failed(self) -> StoreWriteError | None:
+        """Why the last write failed (None: it did not): meta takes no writes meanwhile."""
+        return self.writes.failed
+
+    def probe(self) -> None:
+        """One small write, to learn whether meta takes writes again after a failure."""
+        self.writes(self._db.put, PROBE_KEY, b"")
 
     @property
     def db(self) -> Rdict:
@@ -44,7 +85,7 @@ class MetaStore:
     def table(self, name: str) -> "KvTable":
         if not name or "\x00" in name:
             raise ValueError("table names are non-empty and have no NUL")
-        return KvTable(self._db, TABLE_PREFIX + name.encode() + SEP, self._before_write)
+        return KvTable(self._db, TABLE_PREFIX + name.encode() + SEP, self._before_write, self.writes)
 
     # -- consumer offsets -----------------------------------------------------------------
     @staticmethod
@@ -60,11 +101,11 @@ class MetaStore:
         for (consumer, queue), offset in offsets.items():
             batch.put(self._offset_key(consumer, queue), _U64.pack(offset))
         self._before_write()
-        self._db.write(batch)
+        self.writes(self._db.write, batch)
 
     def delete_offsets(self, consumer: str) -> None:
         prefix = OFFSET_PREFIX + consumer.encode() + SEP
-        self._db.delete_range(prefix, prefix[:-1] + b"\x01")
+        self.writes(self._db.delete_range, prefix, prefix[:-1] + b"\x01")
 
     def iter_offsets(self, consumer: str) -> Iterator[tuple[str, int]]:
         prefix = OFFSET_PREFIX + consumer.encode() + SEP
@@ -91,7 +132,7 @@ class MetaStore:
         for name in doomed:
             batch.put(DROPPED_PREFIX + name.encode(), _U64.pack(position))
         self._before_write()
-        self._db.write(batch)
+        self.writes(self._db.write, batch)
 
     def forget_drops_below(self, position: int) -> None:
         """Markers of drops the index has made durable (re-dispatch starts after them)."""
@@ -102,22 +143,28 @@ class MetaStore:
             if _U64.unpack(raw)[0] <= position:
                 batch.delete(key)
         if batch.len():
-            self._db.write(batch)
+            self.writes(self._db.write, batch)
 
     def flush(self) -> None:
-        self._db.flush(True)
+        self.writes(self._db.flush, True)
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:  # (after a failed write RocksDB reports it again, and closes)
+            if self.writes.failed is None:
+                raise
+            log.warning("meta closed after a failed write error=%s", exc)
 
 
 class KvTable:
     """A named durable map of str -> bytes (retained messages, sessions, metadata)."""
 
-    def __init__(self, db: Rdict, prefix: bytes, before_write: Callable[[], None]) -> None:
+    def __init__(self, db: Rdict, prefix: bytes, before_write: Callable[[], None], writes: MetaWrites) -> None:
         self._db = db
         self._prefix = prefix
         self._before_write = before_write
+        self._writes = writes
 
     def get(self, key: str) -> bytes | None:
         return self._db.get(self._prefix + key.encode())
@@ -128,13 +175,13 @@ class KvTable:
 
     def put(self, key: str, value: bytes) -> None:
         self._before_write()
-        self._db.put(self._prefix + key.encode(), bytes(value))
+        self._writes(self._db.put, self._prefix + key.encode(), bytes(value))
 
     def put_hint(self, key: str, value: bytes) -> None:
         """``put`` without waiting for the disk, whatever the flush mode: in the WAL, so it
         survives a crash of the process, not always one of the machine. For what only hints (an
         AMQP queue's delivered mark): in ``sync`` mode a put is an fsync on the caller's thread."""
-        self._db.put(self._prefix + key.encode(), bytes(value), _NO_SYNC)
+        self._writes(self._db.put, self._prefix + key.encode(), bytes(value), _NO_SYNC)
 
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Several puts in one write (one WAL record: all or none after a crash)."""
@@ -142,10 +189,10 @@ class KvTable:
         for key, value in items:
             batch.put(self._prefix + key.encode(), bytes(value))
         self._before_write()
-        self._db.write(batch)
+        self._writes(self._db.write, batch)
 
     def delete(self, key: str) -> None:
-        self._db.delete(self._prefix + key.encode())
+        self._writes(self._db.delete, self._prefix + key.encode())
 
     def names(self, prefix: str = "") -> Iterator[str]:
         return (key for key, _ in self.items(prefix))

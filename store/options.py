@@ -19,7 +19,7 @@ class StoreOptions:
     flush_interval: float = 0.2  # seconds between fdatasyncs in async mode
     checkpoint_interval: float = 5.0  # consumer offsets
     index_flush_interval: float = 60.0  # bounds the re-dispatch work of a crash recovery
-    max_message_size: int = 4 << 20
+    max_message_size: int = 20 << 20  # a record: body, topic, properties and queue list
     queue_cache_entries: int = 1_048_576  # hot queue states kept in memory
     # RocksDB's memory (index and meta together, store/rocks.py): one block cache that also
     # holds index and bloom-filter blocks, and a budget for memtables

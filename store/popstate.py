@@ -21,8 +21,9 @@ them -- the meta WAL is ordered, so a lost pop takes its check points with it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -80,8 +81,10 @@ def _upper(prefix: bytes) -> bytes:
 class PopCheckPoints:
     """The pop state of every (group, queue), over the meta store's RocksDB."""
 
-    def __init__(self, db: Rdict) -> None:
+    def __init__(self, db: Rdict, writes: Callable[..., Any] | None = None) -> None:
         self._db = db
+        # ``MetaStore.writes``: a failed write raises StoreWriteError (a full disk)
+        self._write = writes or _call
 
     # -- reads ---------------------------------------------------------------------------------
     def pop_offset(self, group: str, queue: str) -> int | None:
@@ -148,24 +151,24 @@ class PopCheckPoints:
             batch.put(invisible_key(due_ms, group, queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
         if pop_offset is not None:
             batch.put(OFFSET_PREFIX + _owner(group, queue), _U64.pack(pop_offset))
-        self._db.write(batch, _NO_SYNC)
+        self._write(self._db.write, batch, _NO_SYNC)
 
     def forget(self, cp: CheckPoint) -> None:
         """A ready message that cannot be served again (retention removed its record)."""
-        self._db.delete(ready_key(cp.group, cp.queue, cp.offset), _NO_SYNC)
+        self._write(self._db.delete, ready_key(cp.group, cp.queue, cp.offset), _NO_SYNC)
 
     def ack(self, points: Iterable[CheckPoint]) -> None:
         batch = WriteBatch(raw_mode=True)
         for cp in points:
             batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
-        self._db.write(batch, _NO_SYNC)
+        self._write(self._db.write, batch, _NO_SYNC)
 
     def change(self, cp: CheckPoint, due_ms: int) -> None:
         """Invisible until ``due_ms`` instead (CHANGE_MESSAGE_INVISIBLETIME)."""
         batch = WriteBatch(raw_mode=True)
         batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
         batch.put(invisible_key(due_ms, cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
-        self._db.write(batch, _NO_SYNC)
+        self._write(self._db.write, batch, _NO_SYNC)
 
     def revive(self, points: Iterable[CheckPoint]) -> None:
         """Due check points into their ready sets, one attempt more."""
@@ -173,7 +176,11 @@ class PopCheckPoints:
         for cp in points:
             batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
             batch.put(ready_key(cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, min(cp.attempts + 1, 0xFFFF)))
-        self._db.write(batch, _NO_SYNC)
+        self._write(self._db.write, batch, _NO_SYNC)
+
+
+def _call(write: Callable[..., Any], *args: Any) -> Any:
+    return write(*args)
 
 
 def _invisible(key: bytes, value: bytes) -> CheckPoint:

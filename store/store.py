@@ -164,8 +164,11 @@ class MessageStore:
         try:
             await loop.run_in_executor(None, self.commitlog.flush)
             await loop.run_in_executor(None, self.index.flush)
-            self._checkpoint_offsets_now()
-            self.meta.flush()
+            try:
+                self._checkpoint_offsets_now()
+                self.meta.flush()
+            except StoreWriteError as exc:  # (offsets read since the last checkpoint are read again)
+                log.error("offsets not saved at close error=%s", exc)
         finally:
             self.notify.close()
             self._log_limited.flush()
@@ -473,6 +476,8 @@ class MessageStore:
         return self.get_offset_now(consumer, queue)
 
     async def _checkpoint_offsets(self) -> None:
+        if self.meta.failed is not None:
+            self.meta.probe()  # (StoreWriteError: still failing; else it took writes again)
         self._checkpoint_offsets_now()
 
     def _checkpoint_offsets_now(self) -> None:
@@ -489,6 +494,14 @@ class MessageStore:
         if not self.retention.enabled:
             return 0
         return await apply_retention(self.retention, self.commitlog, self.index, self.held, self.read_at, self.trimmer)
+
+    def write_failure(self) -> StoreError | None:
+        """Why the store refuses writes now, None when it takes them: until a restart after a
+        failed fdatasync or index write; until meta recovers (checked with the offset
+        checkpoint) after a failed meta write. A full commitlog disk alone is no such reason
+        (a put that fits once space is free is stored)."""
+        failure = self.committer.failure() if self.committer is not None else None
+        return failure or self.meta.failed
 
     def committer_writable(self) -> bool:
         return self.committer is not None and not self.committer.closing and self.committer.failure() is None

@@ -35,7 +35,7 @@ async def closed_with(client: RawClient) -> list[tuple[type, int]]:
     ("wildcard in topic", encode(Publish("a/+", b"x"), MQTT_5), [(Disconnect, 0x90)]),
     ("second CONNECT", encode(Connect("again", MQTT_5), MQTT_5), [(Disconnect, 0x82)]),
     ("malformed packet", b"\x30\x04\x00\x02\xc3\x28", [(Disconnect, 0x81)]),
-    ("oversized packet", fixed_header(0x30, 2 << 20), [(Disconnect, 0x95)]),
+    ("oversized packet", fixed_header(0x30, 16 << 20), [(Disconnect, 0x95)]),  # (the default limit: 16 MiB)
     ("unknown topic alias", encode(Publish("", b"x", properties=Properties(topic_alias=3)), MQTT_5),
      [(Disconnect, 0x82)]),
     ("topic alias above maximum", encode(Publish("t", b"x", properties=Properties(topic_alias=1000)), MQTT_5),

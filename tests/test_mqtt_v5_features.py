@@ -199,7 +199,7 @@ async def test_connack_limits_and_response_information(data_dir: Path) -> None:
         p = ack.properties
         assert p.response_information == "response/asker"
         assert p.server_keep_alive == 30  # capped
-        assert (p.receive_maximum, p.maximum_packet_size) == (1024, 1 << 20)
+        assert (p.receive_maximum, p.maximum_packet_size) == (1024, 16 << 20)
         await client.close()
 
 

@@ -8,6 +8,7 @@ import asyncio
 
 from gateway.mqtt.session import Session
 from gateway.mqtt.session_saves import SessionSaves
+from store import StoreWriteError
 
 
 class LateRepository:
@@ -77,3 +78,28 @@ async def test_a_failed_write_drops_what_waited_for_it_and_holds_no_other_sessio
     repository.writes[0][1].set_exception(ConnectionError("store node gone"))
     await asyncio.sleep(0)
     assert failing.aborted and failing.written == [] and not saves.holds(failing)
+
+
+class FullDiskRepository:
+    """A local store on a full disk: every ``save`` raises at once."""
+
+    keeps_offline = True
+
+    def save(self, sessions):
+        raise StoreWriteError("meta write failed: No space left on device")
+
+
+async def test_a_write_refused_at_once_drops_what_waited_and_holds_nothing_unheld() -> None:
+    sessions = {c: Session(c, 5, 60) for c in ("a", "b")}
+    saves = SessionSaves(FullDiskRepository(), sessions, 1.0, lambda _: None)  # type: ignore[arg-type]
+    suback, connack = Output(), Output()
+    saves.mark_dirty(sessions["a"])
+    saves.write(suback, b"SUBACK", "a")
+    saves.mark_dirty(sessions["b"], holds_output=False)  # a connect's bookkeeping
+    saves.write(connack, b"CONNACK", "b")
+    assert connack.written == [b"CONNACK"]
+    await asyncio.sleep(0)  # the write fails: no exception escapes the loop's callback
+    assert suback.aborted and suback.written == [] and not saves.holds(suback)
+    assert isinstance(saves.failure, StoreWriteError)
+    saves.write(connack, b"PUBLISH", "b")
+    assert connack.written == [b"CONNACK", b"PUBLISH"] and not connack.aborted

@@ -22,6 +22,7 @@ from protocols.amqp.frames import (
     channel_error,
 )
 from store import Message, MessageStore, StoredMessage, StoreError
+from store.log_limit import RateLimitedLog
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
@@ -95,6 +96,7 @@ class AMQPBroker:
         # the one message size limit (max_message_size): a body larger is refused at its
         # content header, a record larger (body, properties, queue list) by the store
         self.max_message_size = store.options.max_message_size
+        self._failures = RateLimitedLog(log)  # housekeeping's writes, failing each second on a full disk
         self.channel_max = channel_max
         self.heartbeat = heartbeat
         self.exchanges: dict[str, Exchange] = {}
@@ -214,6 +216,8 @@ class AMQPBroker:
             await asyncio.sleep(self.housekeeping_interval_s)
             try:
                 self.sweep(time.monotonic())
+            except StoreError as exc:  # (a full disk: tried again next time, logged once a minute)
+                self._failures.log(logging.ERROR, type(exc).__name__, "amqp housekeeping not stored error=%s", exc)
             except Exception:
                 log.exception("amqp housekeeping failed")
 
@@ -259,9 +263,9 @@ class AMQPBroker:
         if problem:
             raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
-        self.exchanges[name] = exchange
-        if exchange.durable:
+        if exchange.durable:  # (written first: StoreError leaves no exchange behind)
             self._meta.put(f"x:{name}", exchange.definition())
+        self.exchanges[name] = exchange
 
     def delete_exchange(self, channel: ClientChannel, m: commands.Exchange.Delete) -> None:
         exchange = self.exchanges.get(m.exchange)
@@ -337,7 +341,11 @@ class AMQPBroker:
         definition = QueueDefinition(name, m.durable, m.exclusive, m.auto_delete, arguments)
         queue = self._open_queue(definition, conn if m.exclusive else None)
         if definition.durable and not definition.exclusive:
-            self._meta.put(f"q:{name}", definition.to_json())
+            try:
+                self._meta.put(f"q:{name}", definition.to_json())
+            except StoreError:  # not declared: gone from memory too (a new queue has no consumer yet)
+                del self.queues[name]
+                raise
         # every queue is bound to the default exchange by its name (implicitly: see route())
         conn.last_queue = name
         if m.exclusive:
@@ -359,12 +367,12 @@ class AMQPBroker:
         return self.remove_queue(queue)
 
     def remove_queue(self, queue: QueueRuntime) -> int:
+        self._meta.delete(f"q:{queue.name}")  # (first: StoreError leaves the queue as it was)
         count = queue.ready_count()
         queue.deleted = True
         for consumer in list(queue.consumers.values()):
             consumer.channel.consumer_cancelled(consumer)
         self.queues.pop(queue.name, None)
-        self._meta.delete(f"q:{queue.name}")
         for exchange in list(self.exchanges.values()):
             kept = [b for b in exchange.bindings if b.queue != queue.name]
             for binding in exchange.bindings:
@@ -407,12 +415,12 @@ class AMQPBroker:
         binding = Binding(queue.name, routing_key, dict(arguments))
         if any(b.key(exchange.name) == binding.key(exchange.name) for b in exchange.bindings):
             return
-        exchange.bindings.append(binding)
-        self._bindings_changed(exchange)
         if exchange.durable and queue.definition.durable and not queue.definition.exclusive:
             self._meta.put("b:" + binding.key(exchange.name), json.dumps(
                 {"exchange": exchange.name, "queue": queue.name, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
+        exchange.bindings.append(binding)
+        self._bindings_changed(exchange)
 
     def unbind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
@@ -421,8 +429,8 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{exchange_name}'", channel.number)
         self.queue_for(channel, queue_name, None)
         key = Binding(queue_name, routing_key, dict(arguments)).key(exchange.name)
+        self._meta.delete("b:" + key)  # (first: StoreError leaves the binding)
         exchange.bindings = [b for b in exchange.bindings if b.key(exchange.name) != key]
-        self._meta.delete("b:" + key)
         self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
 
@@ -443,12 +451,12 @@ class AMQPBroker:
         binding = Binding(destination, routing_key, dict(arguments))
         if any(b.key(source) == binding.key(source) for b in src.exchange_bindings):
             return
-        src.exchange_bindings.append(binding)
-        self._bindings_changed(src)
         if src.durable and dst.durable:
             self._meta.put("e:" + binding.key(source), json.dumps(
                 {"exchange": source, "queue": destination, "routing_key": routing_key,
                  "arguments": binding.arguments}, default=str).encode())
+        src.exchange_bindings.append(binding)
+        self._bindings_changed(src)
 
     def unbind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
                         arguments: dict[str, Any], method: Any) -> None:
@@ -457,8 +465,8 @@ class AMQPBroker:
             raise channel_error(NOT_FOUND, f"no exchange '{source if src is None else destination}'",
                                 channel.number, method)
         key = Binding(destination, routing_key, dict(arguments)).key(source)
+        self._meta.delete("e:" + key)  # (first: StoreError leaves the binding)
         src.exchange_bindings = [b for b in src.exchange_bindings if b.key(source) != key]
-        self._meta.delete("e:" + key)
         self._bindings_changed(src)
         self._auto_delete_exchange(src)
 

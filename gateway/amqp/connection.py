@@ -26,6 +26,7 @@ from protocols.amqp.frames import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     HEARTBEAT_FRAME,
+    INTERNAL_ERROR,
     NOT_ALLOWED,
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
@@ -359,6 +360,8 @@ class AMQPConnection(asyncio.Protocol):
             raise
         except (ValueError, TypeError, KeyError) as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc), number, method) from None
+        except StoreError as exc:  # (a declaration not written: a full disk) the channel closes, as RabbitMQ's
+            raise channel_error(INTERNAL_ERROR, f"not stored: {exc}", number, method) from None
 
     def _connection_method(self, method) -> None:
         if isinstance(method, commands.Connection.StartOk) and self.stage == "start-ok":

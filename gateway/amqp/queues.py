@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cache import QueueCache
-from store import MessageStore, StoredMessage
+from store import MessageStore, StoredMessage, StoreError
 
 from ..core import delivery_counts
 from ..core.delivery_counts import DeliveryCounts
@@ -224,7 +224,10 @@ class QueueRuntime:
 
     def _write_mark(self, offset: int) -> None:
         self._mark = offset
-        self._marks.put_hint(self.name, str(offset).encode())  # (a hint: no fsync on the loop in sync mode)
+        try:
+            self._marks.put_hint(self.name, str(offset).encode())  # (a hint: no fsync on the loop in sync mode)
+        except StoreError:  # (a full disk, logged by the store) after a crash, "redelivered" may be missing
+            pass
 
     def close(self) -> None:
         """The node stops: the committed offset, and the exact delivered mark (nothing handed out

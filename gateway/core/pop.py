@@ -60,7 +60,7 @@ class Popped:
 class PopService:
     def __init__(self, store: MessageStore, dead_letter: DeadLetter, max_attempts: Callable[[str], int]) -> None:
         self.store = store
-        self.points = PopCheckPoints(store.meta.db)
+        self.points = PopCheckPoints(store.meta.db, store.meta.writes)
         self._dead_letter = dead_letter
         self._max_attempts = max_attempts  # group -> revivals allowed before the dead letter
         self.on_ready: Callable[[str, str], None] = lambda group, queue: None  # (wake its held pops)

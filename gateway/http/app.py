@@ -18,6 +18,8 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from store import StoreError
+
 from ..listen import listening_sockets
 
 from . import admin, dashboard, data_api
@@ -88,6 +90,8 @@ class HttpServer:
             return await handler(request)
         except AdminError as exc:
             return web.json_response({"error": str(exc)}, status=exc.status)
+        except StoreError as exc:  # (a write the store refused: a full disk)
+            return web.json_response({"error": f"not stored, retry: {exc}"}, status=503)
 
     @staticmethod
     async def _json(data) -> web.Response:

@@ -308,12 +308,18 @@ class PublishApi:
                     answer.pop("at", None)
                     return web.json_response({**answer, "duplicate": True, "key": key})
                 answer = await self._publish(request, qos, retain, f"data-api:{writer}")
-                table.put(key, json.dumps({**answer, "at": time.time()}).encode())
+                try:
+                    table.put(key, json.dumps({**answer, "at": time.time()}).encode())
+                except StoreError as exc:  # stored, key not remembered: a retry stores again (at least once)
+                    log.warning("data publish key not remembered key=%s error=%s", key, exc)
         finally:
             entry.users -= 1
             if not entry.users:
                 del self._keys[key]
-        self._prune(table, writer or "", int(query["batch"]), key)
+        try:
+            self._prune(table, writer or "", int(query["batch"]), key)
+        except StoreError:  # (a full disk) the keys are forgotten by a later batch or their age
+            pass
         return web.json_response({**answer, "duplicate": False, "key": key})
 
     async def _publish(self, request: web.Request, qos: int, retain: bool, client_id: str) -> dict[str, Any]:

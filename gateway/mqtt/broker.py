@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
-from store import PutResult, StoredMessage
+from store import PutResult, StoredMessage, StoreError
 from store.log_limit import RateLimitedLog
 
 from ..core.group import group_start
@@ -117,7 +117,11 @@ class MQTTBroker:
             if session.persistent:
                 if session.disconnected_at is None:
                     session.disconnected_at = now
-                self.stored_sessions.put(session.client_id, session.to_json())
+                try:
+                    self.stored_sessions.put(session.client_id, session.to_json())
+                except StoreError as exc:  # (the last save stands: what was read since is read again)
+                    self.limited_log.log(logging.ERROR, type(exc).__name__,
+                                         "session not saved at stop client_id=%s error=%s", session.client_id, exc)
         self.saves.stop()
         self.deadlines.close()
         self.stalled.close()
@@ -170,10 +174,10 @@ class MQTTBroker:
     def release_filter(self, session: Session, topic_filter: str) -> None:
         self.wildcards.release(topic_filter, session.client_id)
 
-    def mark_dirty(self, session: Session) -> None:
+    def mark_dirty(self, session: Session, *, holds_output: bool = True) -> None:
         """Write the session at the end of this turn; its connection's output waits for the write
-        (session_saves.py)."""
-        self.saves.mark_dirty(session)
+        unless ``holds_output`` is False (session_saves.py)."""
+        self.saves.mark_dirty(session, holds_output=holds_output)
 
     def mark_progress(self, session: Session) -> None:
         """Write the session's read progress within ``progress_save_interval_s`` (session_saves.py)."""
@@ -189,14 +193,15 @@ class MQTTBroker:
             self.sessions.pop(client_id, None)  # stored: whichever node its client comes back to loads it
 
     def end_session(self, session: Session) -> None:
-        """Forget a session: its shared deliveries, its subscriptions, its wildcard references,
-        its stored state."""
+        """Forget a session: its stored state, then its shared deliveries, its subscriptions, its
+        wildcard references. StoreError: the stored state could not be deleted, and nothing
+        changed (else it would come back at the next start)."""
+        self.stored_sessions.delete(session.client_id)
         self.end_shared(session)
         self.sessions.pop(session.client_id, None)
         for sub in session.subscriptions.values():
             self.release_filter(session, sub.topic_filter)
         session.subscriptions.clear()
-        self.stored_sessions.delete(session.client_id)
         self.saves.forget(session.client_id)
         handle = self._pending_wills.pop(session.client_id, None)
         if handle is not None:  # the session ends before the will delay: publish it now
@@ -264,22 +269,47 @@ class MQTTBroker:
             items.append((factory.message(p, p.topic), self.wildcards.queues_for(p.topic)))
         fut = self.store.put_batch_nowait(items)
         if any(p.retain for p, _ in publishes):
-            entries = [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes]
-            fut.add_done_callback(lambda f: self.record_retained(entries, f))
+            fut = self._retained_after(fut, [(p.topic, bool(p.payload)) if p.retain else None for p, _ in publishes])
         if logged:
             fut.add_done_callback(_log_failure)
         return fut
 
     # -- retained messages ---------------------------------------------------------------------
-    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> None:
+    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> tuple[int, StoreError] | None:
         """Done-callback of a put: remember (or clear, for an empty payload) the retained
-        messages among the stored ones; ``entries`` lines up with the put's messages."""
+        messages among the stored ones; ``entries`` lines up with the put's messages. When one
+        could not be written: its index and the error (neither it nor those after it are retained)."""
         if fut.cancelled() or fut.exception() is not None:
-            return
-        for entry, result in zip(entries, fut.result()):
+            return None
+        for i, (entry, result) in enumerate(zip(entries, fut.result())):
             if entry is not None:
                 topic, keep = entry
-                self.set_retained(topic, result.position if keep else None)
+                try:
+                    self.set_retained(topic, result.position if keep else None)
+                except StoreError as exc:
+                    self.limited_log.log(logging.ERROR, type(exc).__name__, "retained message not recorded topic=%s error=%s",
+                                         topic, exc)
+                    return i, exc
+        return None
+
+    def _retained_after(self, put: asyncio.Future[Sequence[PutResult]], entries: list[tuple[str, bool] | None]
+                        ) -> asyncio.Future[Sequence[PutResult]]:
+        """``put``'s outcome once its retained messages are recorded: StoreError when one could
+        not be (the messages are stored; the caller retries, as an MQTT client would)."""
+        done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
+
+        def recorded(f: asyncio.Future[Sequence[PutResult]]) -> None:
+            if f.cancelled():
+                done.cancel()
+            elif f.exception() is not None:
+                done.set_exception(f.exception())  # type: ignore[arg-type]
+            elif (failed := self.record_retained(entries, f)) is not None:
+                done.set_exception(failed[1])
+            else:
+                done.set_result(f.result())
+
+        put.add_done_callback(recorded)
+        return done
 
     def set_retained(self, topic: str, position: int | None) -> None:
         self.retained.set(topic, position)

@@ -29,13 +29,20 @@ async def connect(connection: Connecting, packet: Connect) -> None:
     session had in flight and read on."""
     try:
         accepted = await accept(connection, packet)
-    except Exception:
-        log.exception("CONNECT failed client_id=%s", packet.client_id)
+    except Exception as exc:
         accepted = False
+        reason = "the gateway could not set up the session"
+        if isinstance(exc, StoreError):  # (a full disk: 3.1.1's CONNACK says 0x03 server unavailable)
+            connection.broker.limited_log.log(logging.WARNING, type(exc).__name__, "CONNECT refused client_id=%s error=%s",
+                                              packet.client_id, exc)
+            reason = f"the session could not be stored: {exc}"
+        else:
+            log.exception("CONNECT failed client_id=%s", packet.client_id)
         if connection.conn.state is State.CONNECTED:  # it failed after its CONNACK: no second one
-            connection.disconnect(ReasonCode.UNSPECIFIED_ERROR, "the gateway could not set up the session")
+            connection.disconnect(ReasonCode.UNSPECIFIED_ERROR, reason)
         elif not connection.closed:
-            connection.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR))
+            props = Properties(reason_string=reason[:200]) if connection.conn.version == MQTT_5 else Properties()
+            connection.send_packet(ConnAck(False, ReasonCode.UNSPECIFIED_ERROR, props))
             connection.close()
     resend: dict[int, StoredMessage | None] = {}
     session = connection.session
@@ -171,7 +178,10 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
     for key, state in session.subscriptions.items():
         if state.share_group is not None:
             broker.join_share(key, connection)
-    broker.mark_dirty(session)
+    # Neither the CONNACK nor what follows waits for this write: it commits the client to nothing
+    # a crash could contradict (the session reported is the stored one, or a new one a crash
+    # leaves absent), so on a full disk a persistent session still reads what is stored.
+    broker.mark_dirty(session, holds_output=False)
     log.debug("client connected client_id=%s peer=%s version=%d", client_id, connection.peer, version)
     return True
 
@@ -219,7 +229,10 @@ def detach(connection: Connecting) -> None:
     will, connection.will = connection.will, None
     broker.presence.disconnected(connection, will=will is not None)  # (stored ahead of the will)
     if session.expiry_interval == 0:
-        broker.end_session(session)
+        try:
+            broker.end_session(session)
+        except StoreError as exc:  # its stored state stays: the expiry sweep ends it later
+            log.warning("ended session not deleted client_id=%s error=%s", connection.client_id, exc)
     else:
         broker.mark_dirty(session)
     broker.flush_sessions()  # written now: another node of a cluster may load it next

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.mqtt")
 
 _PINGRESP = encode(PingResp())
+LINGER_S = 2.0  # after refusing an oversized packet, the longest its rest is read and dropped
 
 
 class MQTTConnection(asyncio.Protocol):
@@ -136,6 +137,8 @@ class MQTTConnection(asyncio.Protocol):
         self.broker.stats.connections_total += 1
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # (lingering after an oversized packet: the rest of it is dropped)
+            return
         self.broker.stats.bytes_received += len(data)
         self.last_received = time.monotonic()
         self.conn.receive_data(data)
@@ -295,12 +298,17 @@ class MQTTConnection(asyncio.Protocol):
             self.transport.close()  # (it closed while its last bytes waited for its session's write)
 
     def abort(self) -> None:
-        """Its session could not be written: what waited for that write never leaves."""
+        """Its session could not be written: what waited for that write never leaves; a 5.0
+        client is told why (DISCONNECT 0x80), a 3.1.1 one has no way to be: it is closed."""
         self.out.clear()
         if self.closed:
             if self.transport is not None:
                 self.transport.close()
             return
+        if self.conn.version == MQTT_5 and self.conn.state is State.CONNECTED:
+            self.ended = (server_reason(ReasonCode.UNSPECIFIED_ERROR), int(ReasonCode.UNSPECIFIED_ERROR))
+            self.write_now(self.conn.send(Disconnect(ReasonCode.UNSPECIFIED_ERROR,
+                                                     Properties(reason_string="the session could not be stored"))))
         self._close()
 
     def send_packet(self, packet: Packet) -> None:
@@ -317,7 +325,12 @@ class MQTTConnection(asyncio.Protocol):
                 self.ended = (SERVER_CLOSED, None)
             self.closed = True
             self.conn.closed()
-            if not self.broker.saves.holds(self):  # (else once what it holds is written: released)
+            if self.ended[1] == ReasonCode.PACKET_TOO_LARGE:
+                # The client is most likely still writing that packet: closing now, with its
+                # bytes unread, would reset the connection and lose the DISCONNECT 0x95 on the
+                # way, so the rest is read and dropped until the client closes, or LINGER_S.
+                asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+            elif not self.broker.saves.holds(self):  # (else once what it holds is written: released)
                 self.transport.close()
             self._leave_gate()
             detach(self)

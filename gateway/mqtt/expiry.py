@@ -11,6 +11,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from store import StoreError
+from store.log_limit import RateLimitedLog
 from store.meta import KvTable
 
 from .session import Session
@@ -24,6 +26,7 @@ class SessionExpiry:
     def __init__(self, candidates: Callable[[], Iterable[Session]], end: Callable[[Session], None]) -> None:
         self.candidates = candidates
         self.end = end
+        self._failures = RateLimitedLog(log)
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -36,7 +39,12 @@ class SessionExpiry:
         ended = []
         for session in [s for s in self.candidates() if s.expired(now)]:
             log.debug("session expired client_id=%s", session.client_id)
-            self.end(session)
+            try:
+                self.end(session)
+            except StoreError as exc:  # not deleted: kept, and ended by a later sweep
+                self._failures.log(logging.WARNING, type(exc).__name__, "expired session not ended client_id=%s error=%s",
+                                   session.client_id, exc)
+                continue
             ended.append(session.client_id)
         if ended:
             log.info("sessions expired count=%d", len(ended))

@@ -98,9 +98,13 @@ class Inbound:
 
     def _stored(self, batch: list[tuple[Publish, str]], fut: asyncio.Future, refused: Refused) -> None:
         """Acknowledge in the order the publishes came (MQTT 4.6), each refused one where it was."""
+        not_retained: set[int] = set()  # stored, but their retain flag could not be recorded
         if any(p.retain for p, _ in batch):
-            stored = [publish for i, publish in enumerate(batch) if i not in refused] if refused else batch
-            self.broker.record_retained([(topic, bool(p.payload)) if p.retain else None for p, topic in stored], fut)
+            kept = [i for i in range(len(batch)) if i not in refused]
+            failed = self.broker.record_retained(
+                [(batch[i][1], bool(batch[i][0].payload)) if batch[i][0].retain else None for i in kept], fut)
+            if failed is not None:
+                not_retained = {i for i in kept[failed[0]:] if batch[i][0].retain}
         if fut.cancelled() or fut.exception() is not None:
             self._failed(batch, fut.exception() if not fut.cancelled() else None)
             return
@@ -111,6 +115,14 @@ class Inbound:
                 self._refused(packet, topic, refused[i])
                 if self.connection.closed:
                     return
+            elif i in not_retained:
+                if not packet.qos:
+                    continue
+                # 5.0: a negative acknowledgement; 3.1.1 has none, so it closes and the client resends
+                if self.conn.version != MQTT_5:
+                    self.connection.close()
+                    return
+                self._ack(packet, ReasonCode.UNSPECIFIED_ERROR)
             elif packet.qos:
                 self._ack(packet, ReasonCode.SUCCESS)
         self.connection.flush()

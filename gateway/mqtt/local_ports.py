@@ -41,7 +41,8 @@ class StoredSessions:
         self.table.put_many(sessions)  # one write (one fsync in sync flush mode) for a turn's sessions
 
     def delete(self, client_id: str) -> None:
-        self.table.delete(client_id)
+        if self.table.get(client_id) is not None:  # (a clean session was never written: no write)
+            self.table.delete(client_id)
 
     def client_gone(self, client_id: str) -> None:
         pass

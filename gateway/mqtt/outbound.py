@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from protocols.mqtt.connection import PubRecAnswer
 from protocols.mqtt.packets import PubRec, PubRel
 from protocols.mqtt.reason_codes import ReasonCode
-from store import StoredMessage
+from store import StoredMessage, StoreError
 
 from .messages import Delivery as MessageDelivery
 from .push import Pusher
@@ -102,7 +102,10 @@ class Delivery(Pusher):
         delivery = self.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
-            self.broker.set_retained(message.topic, None)  # an expired retained message is gone
+            try:
+                self.broker.set_retained(message.topic, None)  # an expired retained message is gone
+            except StoreError:  # (still retained, never sent: cleared by a later try)
+                pass
             return
         qos = min(state.options.qos, delivery.qos)
         session = self.connection.session

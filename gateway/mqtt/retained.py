@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 from protocols.mqtt.topics import matches
-from store import MessageStore, StoredMessage
+from store import MessageStore, StoredMessage, StoreError
 
 RETAINED_TABLE = "mqtt.retained"
 _POSITION = struct.Struct(">Q")
@@ -33,13 +33,24 @@ class RetainedIndex:
         return topic in self.positions
 
     def set(self, topic: str, position: int | None) -> None:
-        """Retain the message at ``position`` for ``topic``; None clears it (empty payload)."""
+        """Retain the message at ``position`` for ``topic``; None clears it (empty payload).
+        Written first: StoreError when that failed, and nothing changed."""
         if position is None:
-            if self.positions.pop(topic, None) is not None:
+            if topic in self.positions:
                 self._table.delete(topic)
+                del self.positions[topic]
         else:
-            self.positions[topic] = position
             self._table.put(topic, _POSITION.pack(position))
+            self.positions[topic] = position
+
+    def forget(self, topic: str) -> None:
+        """The retained message of ``topic`` is gone (removed by retention, expired): no longer
+        retained; its stored entry is deleted if it can be (else the next start finds it gone)."""
+        if self.positions.pop(topic, None) is not None:
+            try:
+                self._table.delete(topic)
+            except StoreError:
+                pass
 
     def matching(self, topic_filter: str) -> list[StoredMessage]:
         """The retained messages of the topics ``topic_filter`` matches (a scan of the topics)."""
@@ -47,7 +58,7 @@ class RetainedIndex:
         for topic in [t for t in self.positions if matches(topic_filter, t)]:
             message = self.store.read_at(self.positions[topic])
             if message is None:  # removed by retention: the retained message is gone too
-                self.set(topic, None)
+                self.forget(topic)
                 continue
             found.append(message)
         return found

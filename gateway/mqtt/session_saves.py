@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
+
+from store import StoreError
+from store.log_limit import RateLimitedLog
 
 from ..ports import SessionRepository
 from .session import Session
@@ -50,6 +53,7 @@ class SessionSaves:
         self.progress_interval_s = progress_interval_s
         self._saved = saved
         self._dirty: set[str] = set()  # written at the end of this turn; their connections' output waits
+        self._unheld: set[str] = set()  # written at the end of this turn; nothing waits for them
         self._flush_scheduled = False
         self._progressed: set[str] = set()  # read progress waiting for the interval
         self._progress_timer: asyncio.TimerHandle | None = None
@@ -59,14 +63,19 @@ class SessionSaves:
         self._finished: set[int] = set()  # writes durable (or failed) ahead of an earlier one
         self._unanswered: dict[str, int] = {}  # client id -> its last write not durable yet (a store node's)
         self._held: dict[Output, list[tuple[int, bytes]]] = {}  # in the order written
+        self._failures = RateLimitedLog(log)  # a full disk fails every write until space is back
+        # why the last write with sessions in it failed (None: it did not); persistent sessions'
+        # SUBSCRIBEs are refused meanwhile (subscribe.py)
+        self.failure: BaseException | None = None
 
     # -- what changed --------------------------------------------------------------------------
-    def mark_dirty(self, session: Session) -> None:
+    def mark_dirty(self, session: Session, *, holds_output: bool = True) -> None:
         """Write the session at the end of this turn (once, however many changes); its
-        connection's output waits for that write."""
+        connection's output waits for that write, unless the change commits the client to
+        nothing (``holds_output`` False: a connect's bookkeeping; its failure closes nothing)."""
         if not session.persistent:
             return  # (nothing of it outlives its connection: no crash can lose it)
-        self._dirty.add(session.client_id)
+        (self._dirty if holds_output else self._unheld).add(session.client_id)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -92,9 +101,11 @@ class SessionSaves:
     def forget(self, client_id: str) -> None:
         """The session ended (its stored state is deleted): nothing of it is written any more."""
         self._dirty.discard(client_id)
+        self._unheld.discard(client_id)
 
     def stop(self) -> None:
         self._dirty.clear()
+        self._unheld.clear()
         self._progressed.clear()
         if self._progress_timer is not None:
             self._progress_timer.cancel()
@@ -106,30 +117,55 @@ class SessionSaves:
         write; the output held for them goes out once it is durable."""
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
+        unheld, self._unheld = self._unheld - dirty, set()
         if self._progressed:
-            self._progressed -= dirty
+            self._progressed -= dirty | unheld
         items = []
-        for client_id in dirty:
+        for client_id in (*dirty, *unheld):
             session = self.sessions.get(client_id)
             if session is not None and session.persistent:
                 items.append((client_id, session.to_json()))
         number = self._next
         self._next += 1
-        answered = self.repository.save(items) if items else None
+        try:
+            answered = self.repository.save(items) if items else None
+        except StoreError as exc:  # (a local store: the disk refused; the held output is dropped)
+            self._failures.log(logging.WARNING, type(exc).__name__, "sessions not saved write=%d error=%s",
+                               number, exc)
+            self.failure = exc
+            self._write_again(client_id for client_id, _ in items)
+            self._finish(number, False)
+            return
+        if items and answered is None:
+            self.failure = None
         for client_id, _ in items:
             self._saved(client_id)
         if answered is None:
             self._finish(number, True)
             return
         for client_id, _ in items:
-            self._unanswered[client_id] = number
-        asyncio.ensure_future(answered).add_done_callback(lambda done: self._answered(number, done))
+            if client_id not in unheld:
+                self._unanswered[client_id] = number
+        written = [client_id for client_id, _ in items]
+        asyncio.ensure_future(answered).add_done_callback(lambda done: self._answered(number, done, written))
 
-    def _answered(self, number: int, done: asyncio.Future[None]) -> None:
+    def _answered(self, number: int, done: asyncio.Future[None], written: list[str]) -> None:
         error = "cancelled" if done.cancelled() else done.exception()
         if error is not None:
-            log.warning("sessions not saved write=%d error=%s", number, error)
+            self._failures.log(logging.WARNING, type(error).__name__, "sessions not saved write=%d error=%s",
+                               number, error)
+            self._write_again(written)
+        self.failure = None if error is None else (error if isinstance(error, BaseException) else StoreError(error))
         self._finish(number, error is None)
+
+    def _write_again(self, client_ids: Iterable[str]) -> None:
+        """Sessions whose write failed are written again with the progress saves, at least a
+        second later (a full disk: until space is back and the store takes them), which also
+        tells ``failure`` when writes succeed again."""
+        self._progressed.update(client_ids)
+        if self._progress_timer is None:
+            self._progress_timer = asyncio.get_running_loop().call_later(max(self.progress_interval_s, 1.0),
+                                                                         self._flush_progress)
 
     def _finish(self, number: int, ok: bool) -> None:
         self._finished.add(number)

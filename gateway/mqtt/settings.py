@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class MQTTSettings:
     receive_maximum: int = 1024  # inbound QoS 1/2 publishes a client may have unacknowledged
     max_inflight: int = 8192  # outbound window for clients that announce no Receive Maximum (3.1.1)
-    max_packet_size: int = 1 << 20  # bytes, whole packet; larger inbound packets are refused
+    max_packet_size: int = 16 << 20  # bytes, whole packet; larger inbound packets are refused
     topic_alias_maximum: int = 64  # inbound topic aliases a 5.0 client may use
     max_queued_messages: int = 1000  # QoS 0 backlog per subscription before messages are dropped
     max_keepalive: int = 0  # 0: accept what the client asks; else the Server Keep Alive cap

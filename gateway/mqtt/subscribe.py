@@ -28,6 +28,12 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
     codes: list[int] = []
     identifier = packet.properties.subscription_identifiers[0] if packet.properties.subscription_identifiers else None
     retained_to_send: list[tuple[SubscriptionState, list[StoredMessage]]] = []
+    failure = broker.saves.failure if session.persistent else None
+    if failure is not None:  # its sessions cannot be stored now (a full disk): nothing is subscribed
+        log.info("subscribe refused client_id=%s error=%s", connection.client_id, failure)
+        code = ReasonCode.UNSPECIFIED_ERROR if connection.conn.version == MQTT_5 else SUBACK_FAILURE_V3
+        connection.send_packet(SubAck(packet.packet_id, [code] * len(packet.subscriptions)))
+        return
     for request in packet.subscriptions:
         # thousands of clients subscribe to the same filters: they share one copy of its text and
         # of its queue's name (a subscribed idle client keeps both), not one each

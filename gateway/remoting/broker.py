@@ -230,8 +230,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"bad request: {exc}")
         if isinstance(exc, (MessageTooLargeError, InvalidMessageError)):
             return response_to(request, ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        if isinstance(exc, StoreError):
-            log.error("remoting store error code=%d error=%s", request.code, exc)
+        if isinstance(exc, StoreError):  # (a full disk fails every send: logged once a minute)
+            self.limited_log.log(logging.ERROR, type(exc).__name__, "remoting store error code=%d error=%s",
+                                 request.code, exc)
             return response_to(request, ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
         log.error("remoting request failed code=%d", request.code, exc_info=exc)
         return response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
