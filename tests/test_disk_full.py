@@ -286,7 +286,7 @@ async def test_remoting_send_on_a_full_disk(disk: FullDisk, loop_errors: list) -
     raw = await RawRemoting.open(addr)  # what ali-ons was answered
     answer = await raw.call(RequestCode.SEND_MESSAGE, send_header("Full"), b"x" * LARGE)
     raw.close()
-    assert answer.code == ResponseCode.SYSTEM_ERROR and "No space left" in answer.remark, answer
+    assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE and "No space left" in answer.remark, answer
     got = await ons({"cmd": "consume", "nameSrv": addr, "group": "g", "topic": "Full", "count": 1,
                      "fromFirst": True, "timeoutMs": 20000})
     assert [e["body"] for e in got if e["event"] == "message"] == ["r1"]

@@ -28,7 +28,7 @@ from protocols.remoting.properties import (
     UNIQ_KEY,
     decode_batch_body,
 )
-from store import GetStatus, MessageStore, PutResult, StoredMessage, StoreError
+from store import GetStatus, MessageStore, PutResult, StoreClosedError, StoredMessage, StoreError, StoreWriteError
 from store.errors import InvalidMessageError, MessageTooLargeError
 from store.holds import HALF, TIMER
 from store.log_limit import RateLimitedLog
@@ -233,7 +233,11 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         if isinstance(exc, StoreError):  # (a full disk fails every send: logged once a minute)
             self.limited_log.log(logging.ERROR, type(exc).__name__, "remoting store error code=%d error=%s",
                                  request.code, exc)
-            return response_to(request, ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
+            # (as RocketMQ's broker answers when its store is not writeable: a full disk, a
+            # failed flush; its clients retry another broker)
+            code = ResponseCode.SERVICE_NOT_AVAILABLE if isinstance(exc, (StoreWriteError, StoreClosedError)) \
+                else ResponseCode.SYSTEM_ERROR
+            return response_to(request, code, f"store error: {exc}")
         log.error("remoting request failed code=%d", request.code, exc_info=exc)
         return response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
 
