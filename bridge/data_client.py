@@ -4,13 +4,13 @@
   library only, one keep-alive connection. Works from any host; the gateway sees everything it
   has indexed, so offsets are current. A gateway that is away (a restart) is tried again with
   backoff for ``retryTimeoutMs``.
-- ``DirectClient``: the data directory on this host through ``store.readonly.StoreReader`` (a
+- ``DirectClient``: the data directory on this host through ``store.read.readonly.StoreReader`` (a
   RocksDB secondary and read-only commitlog maps). No network hop and no load on the gateway,
   but only for co-located executors, and it sees what the gateway's index has flushed (up to
   ``index_flush_interval_s`` behind): offsets it offers are what it can read.
 
 Both answer a read with the same ``Fetch`` and build rows with the same code
-(``store.columns``). Spark reuses its Python workers across tasks, so ``client_for`` keeps one
+(``store.read.columns``). Spark reuses its Python workers across tasks, so ``client_for`` keeps one
 client per connection per process (opening a secondary costs a few ms and a file per SST).
 The sink (``spark_sinks/writer.py``) publishes through a subclass of ``HttpClient``.
 """
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from protocols.queue_names import matching_topic_queues, topic_of_queue
-from store import columns as store_columns
-from store.readonly import StoreReader, first_readable_offset
+from store.read import columns as store_columns
+from store.read.readonly import StoreReader, first_readable_offset
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
 

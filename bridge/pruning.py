@@ -10,7 +10,7 @@ what it needs with a schema of its own, which Spark hands to ``reader(schema)`` 
 Any subset of the source's columns (native, or ``schema=kafka``'s), in any order, with the
 source's names (case-sensitive) and types, is accepted; any other field is refused with an
 ``OptionError`` naming it (never a column of nulls nobody asked for). Only the store columns
-behind the chosen ones are read (``store.columns.read_range`` builds nothing else; over HTTP the
+behind the chosen ones are read (``store.read.columns.read_range`` builds nothing else; over HTTP the
 ``columns`` parameter of ``/data/read``), so a count by topic never decodes payloads or
 property blocks, and one over offsets and times never reads the commitlog.
 """

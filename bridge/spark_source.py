@@ -16,7 +16,7 @@ topics that start matching while it runs at their earliest offset (``bridge/plan
 Partitions: queue ranges longer than ``maxRecordsPerPartition`` (or than needed for
 ``minPartitions``) split, so executors read in parallel, and consecutive short ranges share a
 partition up to that size (many topics with a few messages each make a few tasks); ``read()``
-yields Arrow record batches built without per-row Python work (``store/columns.py``).
+yields Arrow record batches built without per-row Python work (``store/read/columns.py``).
 
 Data loss (retention removed offsets a query still needs, or a queue now ends before an offset
 the query has already read): with ``failOnDataLoss`` true (default) the query fails with
@@ -62,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store.columns import BATCH_ROWS, schema_of
+from store.read.columns import BATCH_ROWS, schema_of
 
 from .data_client import ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
@@ -120,7 +120,7 @@ class QueueRanges(InputPartition):
 # messages) are joined into batches of about this many rows, as each batch costs Spark's JVM side
 # a fixed amount to take in (1M rows in 1,000-row batches took ~0.15 s more JVM CPU than in
 # 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
-# batches (``store.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
+# batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
 SHIP_ROWS = BATCH_ROWS
 SHIP_BYTES = 32 << 20
 
@@ -365,7 +365,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
-        # the gateway counts the query as a reader of its topics while it runs (store/reclaim.py)
+        # the gateway counts the query as a reader of its topics while it runs (store/retention/reclaim.py)
         self._lease = ReadingLease(options.connection, options.topic_filters, options.filter_lease_s)
 
     def initialOffset(self) -> dict:

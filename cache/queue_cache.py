@@ -84,7 +84,7 @@ class QueueCache:
         self._answers: OrderedDict[tuple[str, int], _Answer] = OrderedDict()  # (queue, offset), oldest first
         self.stats = CacheStats()
         # Queues whose window ends where the queue ends (as the last store read said): the
-        # local store hands this cache what it commits to them (store/tail.py, ``take_tail``).
+        # local store hands this cache what it commits to them (store/read/tail.py, ``take_tail``).
         self.following: set[str] = set()
         add_tail_reader = getattr(store, "add_tail_reader", None)  # the local store has it; a store link not
         if add_tail_reader is not None:
@@ -225,7 +225,7 @@ class QueueCache:
         self.stats.messages_from_store += len(result.messages)
         return result
 
-    # -- messages the store hands in as committed (store/tail.py) -------------------------------
+    # -- messages the store hands in as committed (store/read/tail.py) -------------------------------
     def take_tail(self, queue: str, result: GetResult) -> None:
         """The messages the store just committed to ``queue``, a queue in ``following``: appended
         as if a read at the window's end had returned them, when they continue the window and

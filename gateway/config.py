@@ -91,7 +91,7 @@ class Config:
     # the environment gives it as JSON (gateway/queue_policy.py)
     retention_topics: str = ""
     # light queues (MQTT topics and filters, AMQP queues) with no new message for this long and no
-    # reader are removed (store/reclaim.py); 0 = never
+    # reader are removed (store/retention/reclaim.py); 0 = never
     queue_idle_ttl_hours: float = 24.0
     queue_idle_check_interval_s: float = 600.0
     store_host: str = "127.0.0.1"  # IPv4 encoded in message ids

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from protocols.mqtt.packets import Subscribe
 from store import GetResult, Message, PutResult, StoredMessage, StoreError
-from store.notify import NotifySubscription
+from store import NotifySubscription
 
 
 class KeyValueTable(Protocol):

@@ -1,5 +1,5 @@
-"""Per-queue settings the store asks for (store/policy.py): per-topic retention rules from the
-configuration, and which queues are *light* -- removed when idle and unread (store/reclaim.py).
+"""Per-queue settings the store asks for (store/retention/policy.py): per-topic retention rules from the
+configuration, and which queues are *light* -- removed when idle and unread (store/retention/reclaim.py).
 
 Rules are MQTT topic filters -> an age and/or a size, written in TOML as
 

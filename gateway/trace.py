@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any
 
 from store import Message, MessageStore, PutResult, StoredMessage, StoreError
-from store.msgid import decode_msg_id
+from store import decode_msg_id
 
 log = logging.getLogger("tidemq.trace")
 

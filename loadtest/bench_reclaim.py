@@ -1,4 +1,4 @@
-"""What the store's idle-queue scan (store/reclaim.py) costs the event loop, at many queues.
+"""What the store's idle-queue scan (store/retention/reclaim.py) costs the event loop, at many queues.
 
     python -m loadtest.bench_reclaim [--queues 200000] [--data-dir DIR]
 

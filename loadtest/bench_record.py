@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import gateway  # noqa: F401 - first: selects the build (gateway/native.py)
 from gateway.native import is_compiled
-from store import record as R
-from store.batching import PreparedMessage
-from store.message import Message
-from store.reads import stored_message
+from store.log import record as R
+from store.write.batching import PreparedMessage
+from store.messages import Message
+from store.read.reads import stored_message
 
 MAX_SIZE = 4 << 20
 PROPS = {"TAGS": "tag-a", "content-type": "application/octet-stream", "x-trace": "0123456789abcdef"}

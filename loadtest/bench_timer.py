@@ -33,7 +33,7 @@ import psutil
 from gateway.core.timer import TimerService
 from gateway.server import tune_gc
 from store import GetStatus, Message, MessageStore, StoreOptions
-from store.holds import TIMER
+from store.holds.codec import TIMER
 
 BATCH = 1000
 QUEUES = 100

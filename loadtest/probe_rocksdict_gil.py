@@ -25,7 +25,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 SECONDS = 2.0
 ENTRIES = 50_000
-KEY = struct.Struct(">cIQ")  # the consume-queue entry key, store/consumequeue.py
+KEY = struct.Struct(">cIQ")  # the consume-queue entry key, store/index/consumequeue.py
 VALUE = struct.Struct(">QIqq").pack(1, 2, 3, 4)
 
 

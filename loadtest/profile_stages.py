@@ -83,18 +83,19 @@ def rule(stage: str, path: str, func: str | None = None) -> Rule:
     return Rule(stage, re.compile(path), re.compile(func) if func else None)
 
 
-# The store's rules, for every profile. The read side first: store/store.py, commitlog.py,
-# record.py and consumequeue.py serve both the put and the read path, told apart by function;
+# The store's rules, for every profile. The read side first: store/store.py, store/log/commitlog.py,
+# store/log/record.py and store/index/consumequeue.py serve both the put and the read path, told apart by function;
 # what neither names (a queue lookup, say) passes on to its caller.
 STORE_RULES = (
     rule(READ, r"^store/store\.py$", r"\.(_?get_now|_get_filtered|read_at|max_offset_now|min_offset_now|_min_offset)$"),
     rule(COMMIT, r"^store/store\.py$", r"\.(put_\w+|_submit)"),
-    rule(READ, r"^store/(reads|readonly)\.py$"),
-    rule(READ, r"^store/commitlog\.py$", r"\.(read|records)$"),
-    rule(READ, r"^store/record\.py$", r"RecordView|decode_|peek_size"),
-    rule(READ, r"^store/consumequeue\.py$", r"\.(entries|entry|first_offset\w*|_bisect)$"),
-    rule(COMMIT, r"^store/consumequeue\.py$", r"\.(commit|new_batch|resolve|flush|trim_cache)$"),
-    rule(COMMIT, r"^store/(committer|commitlog|dispatcher|durable|fsync_loop|notify|record|rocks|keyindex|msgid)\.py$"),
+    rule(READ, r"^store/read/(reads|readonly)\.py$"),
+    rule(READ, r"^store/log/commitlog\.py$", r"\.(read|records)$"),
+    rule(READ, r"^store/log/record\.py$", r"RecordView|decode_|peek_size"),
+    rule(READ, r"^store/index/consumequeue\.py$", r"\.(entries|entry|first_offset\w*|_bisect)$"),
+    rule(COMMIT, r"^store/index/consumequeue\.py$", r"\.(commit|new_batch|resolve|flush|trim_cache)$"),
+    rule(COMMIT, r"^store/(write/(committer|durable|fsync_loop)|log/(commitlog|record|msgid)"
+                 r"|index/(dispatcher|notify|keyindex)|rocks)\.py$"),
     rule(READ, r"^cache/"),
     rule(READ, r"^gateway/core/cursor\.py$"),
 )

@@ -1,7 +1,12 @@
 """The unified store: one commitlog, consume-queue indexes in RocksDB, offsets and KV tables.
 
-A library that knows no protocol: gateways hand it messages and queue names and read
-back by (queue, offset).
+A library that knows no protocol: gateways hand it messages and queue names and read back by
+(queue, offset). This module is its front door: other layers import the store from here only,
+besides the bulk readers' entry points ``store.read.readonly`` and ``store.read.columns``
+(an import-linter contract in pyproject.toml says so). Inside, the sub-packages are the
+commitlog (``log``), the consume-queue index and dispatch (``index``), writing (``write``),
+reading (``read``), the meta tables (``meta``), held messages (``holds``), retention and
+reclaim (``retention``) and the message records (``messages``).
 """
 
 from .errors import (
@@ -15,25 +20,42 @@ from .errors import (
     StoreLockedError,
     StoreWriteError,
 )
-from .message import GetResult, GetStatus, Message, PutResult, StoredMessage, tag_hash
-from .msgid import decode_msg_id, encode_msg_id
-from .notify import NotifySubscription
+from .holds.codec import HALF, HELD, TIMER
+from .holds.held_messages import Hold
+from .index.notify import NotifyHub, NotifySubscription
+from .log.msgid import decode_msg_id, encode_msg_id
+from .log.record import RecordView, decode_properties, encode_properties
+from .log_limit import RateLimitedLog
+from .messages import GetResult, GetStatus, Message, PutResult, StoredMessage, tag_hash
+from .meta.popstate import CheckPoint, PopCheckPoints
+from .meta.tables import KvTable
 from .options import FlushMode, StoreOptions
-from .record import decode_properties, encode_properties
+from .stats import LatencyHistogram
 from .store import MessageStore
 
 __all__ = [
+    "HALF",
+    "HELD",
+    "TIMER",
+    "CheckPoint",
     "FlushMode",
     "GetResult",
     "GetStatus",
+    "Hold",
     "InvalidMessageError",
+    "KvTable",
+    "LatencyHistogram",
     "Message",
     "MessageStore",
     "MessageTooLargeError",
+    "NotifyHub",
     "NotifySubscription",
+    "PopCheckPoints",
     "PositionNotLoadedError",
     "PutResult",
+    "RateLimitedLog",
     "RecordCorruptError",
+    "RecordView",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreError",

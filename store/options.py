@@ -31,7 +31,7 @@ class StoreOptions:
     retention_hours: float = 72.0  # 0 = keep by age forever
     retention_bytes: int = 0  # 0 = no size limit
     retention_check_interval: float = 60.0
-    queue_idle_check_interval: float = 600.0  # how often idle light queues are looked for (reclaim.py)
+    queue_idle_check_interval: float = 600.0  # how often idle light queues are looked for (retention/reclaim.py)
     identity_host: str = "127.0.0.1"  # encoded in message ids (RocketMQ offsetMsgId)
     identity_port: int = 10911
     repair: bool = False

@@ -1,6 +1,6 @@
 """MessageStore: the unified store's public API (put, get, offsets, notify, KV tables).
 
-Writes go through one committer task (group commit, committer.py): every ``put`` waiting when
+Writes go through one committer task (group commit, write/committer.py): every ``put`` waiting when
 the committer wakes is encoded, appended to the commitlog in one write, indexed in one RocksDB
 WriteBatch and announced on notify; it is acknowledged once durable per the flush mode (in
 ``sync`` mode after an fdatasync, while readers may already have it from the page cache).
@@ -14,16 +14,16 @@ import shutil
 import time
 from collections.abc import Hashable, Iterable, Sequence
 
-from .batching import PreparedMessage
-from .commitlog import CommitLog
-from .committer import GroupCommitter, prepare_each
-from .consumequeue import (
+from .write.batching import PreparedMessage
+from .log.commitlog import CommitLog
+from .write.committer import GroupCommitter, prepare_each
+from .index.consumequeue import (
     ENTRY_VALUE,
     ConsumeQueueIndex,
     QueueState,
 )
-from .dispatcher import Dispatcher
-from .first_offsets import FirstOffsets
+from .index.dispatcher import Dispatcher
+from .index.first_offsets import FirstOffsets
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -31,32 +31,32 @@ from .errors import (
     StoreError,
     StoreWriteError,
 )
-from .held import HeldMessages
-from .keyindex import scan as scan_keys
-from .keyindex import scan_every_topic
+from .holds.held_messages import HeldMessages
+from .index.keyindex import scan as scan_keys
+from .index.keyindex import scan_every_topic
 from .lock import DirectoryLock
 from .log_limit import RateLimitedLog
-from .message import (
+from .messages import (
     GetResult,
     GetStatus,
     Message,
     PutResult,
     StoredMessage,
 )
-from .meta import KvTable, MetaStore
-from .msgid import decode_msg_id, make_store_identity, msg_id_prefix
-from .notify import NotifyHub, NotifySubscription
-from .offsets import ConsumerOffsets
+from .meta.tables import KvTable, MetaStore
+from .log.msgid import decode_msg_id, make_store_identity, msg_id_prefix
+from .index.notify import NotifyHub, NotifySubscription
+from .meta.offsets import ConsumerOffsets
 from .options import StoreOptions
-from .reads import read_entries, record_at
-from .recovery import RecoveryReport, recover
-from .policy import QueuePolicy
-from .queue_retention import QueueTrimmer
-from .reclaim import QueueReclaimer
-from .retention import RetentionPolicy, apply_retention
+from .read.reads import read_entries, record_at
+from .log.recovery import RecoveryReport, recover
+from .retention.policy import QueuePolicy
+from .retention.queues import QueueTrimmer
+from .retention.reclaim import QueueReclaimer
+from .retention.segments import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
-from .tail import TailHandoff, TailReader
+from .read.tail import TailHandoff, TailReader
 
 log = logging.getLogger("tidemq.store")
 
@@ -77,7 +77,7 @@ class MessageStore:
         self._id_prefix = msg_id_prefix(self._identity)
         self.notify = NotifyHub()
         self._log_limited = RateLimitedLog(log)  # failures that repeat with every commit (a full disk)
-        self.committer: GroupCommitter | None = None  # the writer (committer.py), once the files are open
+        self.committer: GroupCommitter | None = None  # the writer (write/committer.py), once the files are open
         self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
         self.memory_release_latency = LatencyHistogram()  # release_free_memory, on the event loop
         self._closed = False
@@ -286,7 +286,7 @@ class MessageStore:
 
     def _flush_delivered(self) -> None:
         # Sync mode, before a durable metadata write: readers get messages before their fdatasync
-        # (committer.py), so offsets and sessions may name messages a machine crash loses, whose
+        # (write/committer.py), so offsets and sessions may name messages a machine crash loses, whose
         # offsets other messages would then get, and their readers skip.
         if self.commitlog.flushed_position < self.commitlog.end_position:
             self.commitlog.flush()
@@ -448,7 +448,7 @@ class MessageStore:
         return self.index.first_offset_at_or_after_time(state.qid, low, state.next_offset, timestamp_ms)
 
     def add_tail_reader(self, reader: TailReader) -> None:
-        """Hand ``reader`` the messages of every commit to the queues it follows (tail.py):
+        """Hand ``reader`` the messages of every commit to the queues it follows (read/tail.py):
         a reader at a queue's end gets them without reading them back."""
         self.tail.readers.append(reader)
 
@@ -507,8 +507,8 @@ class MessageStore:
         return self.committer is not None and not self.committer.closing and self.committer.failure() is None
 
     def set_queue_policy(self, policy: QueuePolicy | None) -> None:
-        """The gateway's per-queue settings: per-topic retention (queue_retention.py) and idle
-        light queues removed (reclaim.py)."""
+        """The gateway's per-queue settings: per-topic retention (retention/queues.py) and idle
+        light queues removed (retention/reclaim.py)."""
         self.reclaimer.policy = policy
         self.retention.queues = policy
 

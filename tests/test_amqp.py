@@ -379,7 +379,7 @@ async def test_bad_frames_close_only_that_connection(data_dir: Path) -> None:
 
 async def test_a_consumer_gets_every_message_of_concurrent_publishers_once_in_order(data_dir: Path) -> None:
     """Three channels publish at once into a queue a consumer reads at its end: every message
-    once, each channel's in order (the newest taken as committed, store/tail.py)."""
+    once, each channel's in order (the newest taken as committed, store/read/tail.py)."""
     async with amqp_gateway(data_dir) as (gw, url):
         conn = await aio_pika.connect(url)
         ch = await conn.channel()

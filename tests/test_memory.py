@@ -18,7 +18,7 @@ import pytest
 from gateway.config import Config, ConfigError, load_config
 from gateway.mqtt.messages import Delivery, DeliveryMemo
 from store import Message, MessageStore, StoredMessage
-from store.consumequeue import ConsumeQueueIndex
+from store.index.consumequeue import ConsumeQueueIndex
 from store.rocks import ARENA_BLOCK_BYTES, RocksMemory, fix_mmap_threshold
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 

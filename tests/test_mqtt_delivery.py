@@ -405,7 +405,7 @@ async def test_delivery_leaves_the_shared_store_records_as_the_store_made_them(d
 async def test_fan_in_from_several_publishers_reaches_the_subscriber_once_and_in_order(data_dir: Path) -> None:
     """Four publishers at once into one wildcard subscriber (QoS 1) and one at QoS 0: each gets
     every message once, each publisher's in its order, the newest taken as committed (the
-    store writes through to the cache window at the queue's end, store/tail.py)."""
+    store writes through to the cache window at the queue's end, store/read/tail.py)."""
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
         subs = [PahoClient(port, f"sub{qos}") for qos in (0, 1)]

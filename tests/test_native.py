@@ -68,14 +68,15 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_extension_older_than_a_declaration_file_of_its_folder_is_refused(tmp_path: Path) -> None:
-    """store/record.py cimports store/zlib_crc.pxd: an edited .pxd makes the extension stale too."""
+    """store/log/record.py cimports store/log/zlib_crc.pxd: an edited .pxd makes the extension stale too."""
     for package in ("gateway", "store"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
-    extension = next(p for p in (tmp_path / "store").iterdir() if p.name.startswith("record.") and p.suffix == ".so")
-    declarations = next((tmp_path / "store").glob("*.pxd"))
-    assert run("import gateway, store.record", pure=False, path=tmp_path).returncode == 0
+    log = tmp_path / "store/log"
+    extension = next(p for p in log.iterdir() if p.name.startswith("record.") and p.suffix == ".so")
+    declarations = next(log.glob("*.pxd"))
+    assert run("import gateway, store.log.record", pure=False, path=tmp_path).returncode == 0
     os.utime(declarations, (extension.stat().st_mtime + 10, extension.stat().st_mtime + 10))
-    result = run("import gateway, store.record", pure=False, path=tmp_path)
+    result = run("import gateway, store.log.record", pure=False, path=tmp_path)
     assert result.returncode != 0 and f"is older than {declarations}" in result.stderr
 
 

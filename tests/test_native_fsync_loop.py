@@ -1,4 +1,4 @@
-"""Differential tests of the flusher thread's loop (store/fsync_loop.py): the C extension (which
+"""Differential tests of the flusher thread's loop (store/write/fsync_loop.py): the C extension (which
 runs without the GIL) and the interpreted reference answer the same requests the same way:
 fdatasync of the named files, the errno of a failed one, a refused oversize request, and a
 thread that ends on ``stop()``."""
@@ -15,7 +15,7 @@ import pytest
 
 from .native_support import compiled, interpreted, outcome
 
-MODULE = "store.fsync_loop"
+MODULE = "store.write.fsync_loop"
 NOT_OPEN = 1 << 20
 
 

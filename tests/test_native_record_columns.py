@@ -1,6 +1,6 @@
-"""Differential tests of the bulk readers' record decoder (store/record_columns.py): the C
+"""Differential tests of the bulk readers' record decoder (store/log/record_columns.py): the C
 extension, the interpreted reference (the same ``.py``) and the one-record decoder
-(``store.record.RecordView``, the layout's other reader) give the same fields for any records;
+(``store.log.record.RecordView``, the layout's other reader) give the same fields for any records;
 for damaged, truncated or misplaced records both builds give the same ``RecordCorruptError``
 (never a read past the buffer, never a crash)."""
 
@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store.errors import RecordCorruptError
-from store.record import RecordView, encode_properties, encode_record
+from store.log.record import RecordView, encode_properties, encode_record
 
 from .native_support import compiled, damage, interpreted, outcome
 
-MODULE = "store.record_columns"
+MODULE = "store.log.record_columns"
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ALL = 1 | 2 | 4 | 8 | 16
 

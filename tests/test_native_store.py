@@ -1,4 +1,4 @@
-"""Differential tests of the compiled record codec (store/record.py): the C extension and the
+"""Differential tests of the compiled record codec (store/log/record.py): the C extension and the
 interpreted reference (the same ``.py``) frame the same bytes for any message, and give the same
 fields, or the same error type and message, for valid, damaged, truncated and random records,
 read from bytes or from a map as recovery reads a segment."""
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from .native_support import compiled, interpreted, outcome
 
-RECORD = "store.record"
+RECORD = "store.log.record"
 I64 = st.integers(-(2**63), 2**63 - 1)
 U64 = st.integers(0, 2**64 - 1)
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,5 +1,5 @@
-"""Differential tests of the committer's compiled bookkeeping (store/batching.py) and of the
-dispatcher (store/dispatcher.py): the C extension and the interpreted reference give the same
+"""Differential tests of the committer's compiled bookkeeping (store/write/batching.py) and of the
+dispatcher (store/index/dispatcher.py): the C extension and the interpreted reference give the same
 prepared messages, offsets, records, put results, index writes and notifications."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from store import Message
 
 from .native_support import compiled, interpreted, outcome
 
-BATCHING, DISPATCHER = "store.batching", "store.dispatcher"
+BATCHING, DISPATCHER = "store.write.batching", "store.index.dispatcher"
 QUEUES = [f"q{i}" for i in range(6)] + ["t:a/b", "w:a/+"]
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=10)
@@ -127,19 +127,19 @@ def test_the_dispatcher_writes_and_notifies_the_same(groups: list, known: dict[s
        size=st.integers(0, 1 << 32), ts=st.integers(0, 1 << 45),
        offsets=st.dictionaries(st.sampled_from(QUEUES), st.integers(0, 1 << 40), min_size=1, max_size=3))
 def test_put_results_read_the_same(prefix: str, position: int, size: int, ts: int, offsets: dict[str, int]) -> None:
-    """store/results.py: the message id (formatted when read), the fields, equality and repr."""
+    """store/messages/put_result.py: the message id (formatted when read), the fields, equality and repr."""
     built = [module.PutResult(prefix, position, size, ts, dict(offsets))
-             for module in (compiled("store.results"), interpreted("store.results"))]
+             for module in (compiled("store.messages.put_result"), interpreted("store.messages.put_result"))]
     seen = [(r.msg_id, r.position, r.size, r.store_timestamp, r.queue_offsets, repr(r)) for r in built]
     assert seen[0] == seen[1]
     assert seen[0][0] == f"{prefix}{position:016X}"
-    assert built[0] == compiled("store.results").PutResult(prefix, position, size, ts, dict(offsets))
-    assert built[0] != compiled("store.results").PutResult(prefix, position + 1, size, ts, dict(offsets))
+    assert built[0] == compiled("store.messages.put_result").PutResult(prefix, position, size, ts, dict(offsets))
+    assert built[0] != compiled("store.messages.put_result").PutResult(prefix, position + 1, size, ts, dict(offsets))
 
 
 @given(groups=puts)
 def test_put_results_are_a_sequence_read_when_asked(groups: list) -> None:
-    """store/batching.py PutResults: each put's results, built when read, index, slice, iterate
+    """store/write/batching.py PutResults: each put's results, built when read, index, slice, iterate
     and compare as the list of PutResult they stand for, in both builds."""
     for module in (compiled(BATCHING), interpreted(BATCHING)):
         prepared = [[module.PreparedMessage(m, q, 4096) for m, q in group] for group in groups]

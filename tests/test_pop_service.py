@@ -8,7 +8,7 @@ import asyncio
 
 from gateway.core.pop import PopService
 from store import Message
-from store.popstate import CheckPoint
+from store.meta.popstate import CheckPoint
 
 QUEUE = "r:Jobs:0"
 

@@ -18,11 +18,11 @@ def test_innermost_claimed_frame_decides_and_every_sample_counts_once() -> None:
         stack(READ_READY, "MQTTConnection.data_received (gateway/mqtt/connection.py:109)",
               "PacketReader.packets (protocols/mqtt/reader.py:80)", "_fast_decode (protocols/mqtt/reader.py:413)",
               count=5),
-        # a record read under the delivery: store/record.py's RecordView is the read side
+        # a record read under the delivery: store/log/record.py's RecordView is the read side
         stack("Delivery.pump (gateway/mqtt/outbound.py:300)", "QueueCache.read (cache/queue_cache.py:200)",
-              "read_entries (store/reads.py:40)", "RecordView.__init__ (store/record.py:202)", count=3),
+              "read_entries (store/read/reads.py:40)", "RecordView.__init__ (store/log/record.py:202)", count=3),
         # record assembly under the committer: the same file, the commit side
-        stack("GroupCommitter._commit (store/committer.py:150)", "assemble (store/record.py:148)", count=7),
+        stack("GroupCommitter._commit (store/write/committer.py:150)", "assemble (store/log/record.py:148)", count=7),
         # a socket write passes through the connection's output to whoever wrote
         stack("Inbound._stored (gateway/mqtt/inbound.py:101)", "MQTTConnection.flush (gateway/mqtt/connection.py:223)",
               "MQTTConnection.write_now (gateway/mqtt/connection.py:233)",

@@ -24,7 +24,7 @@ async def put(store, queue: str, n: int, start: int = 0, size: int = 0) -> list[
 
 class Link:
     """A source that only reads (as a gateway node's store link): the store's write-through to
-    its tail readers (store/tail.py) left out, for what the cache does on its own."""
+    its tail readers (store/read/tail.py) left out, for what the cache does on its own."""
 
     def __init__(self, store) -> None:
         self.get_now = store.get_now

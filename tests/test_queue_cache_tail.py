@@ -1,4 +1,4 @@
-"""The store's write-through to the queue cache (store/tail.py, QueueCache.take_tail): readers at a
+"""The store's write-through to the queue cache (store/read/tail.py, QueueCache.take_tail): readers at a
 queue's end get what is committed without a store read, the same messages a read returns, and
 nothing changes for readers elsewhere (lagging, after retention, queues nobody reads)."""
 

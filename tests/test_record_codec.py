@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store.errors import RecordCorruptError
-from store.record import RecordView, encode_properties, encode_record
+from store.log.record import RecordView, encode_properties, encode_record
 
 text = st.text(max_size=40)
 queue_names = st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=5)

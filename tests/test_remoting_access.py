@@ -20,7 +20,7 @@ from rocketmq.exceptions import RocketMQException
 from gateway.auth import PasswordFile
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.properties import encode_properties
-from store.holds import HALF, TIMER
+from store.holds.codec import HALF, TIMER
 from tests.mqtt_support import PahoClient
 from tests.remoting_support import ons, remoting_gateway
 from tests.test_remoting_wire import RawRemoting, pull_header, send_header

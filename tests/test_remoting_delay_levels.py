@@ -12,7 +12,7 @@ from pathlib import Path
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.message_codec import decode_messages
 from protocols.remoting.properties import encode_properties
-from store.holds import TIMER
+from store.holds.codec import TIMER
 
 from .remoting_support import RawRemoting, pull_header, remoting_gateway, send_header
 

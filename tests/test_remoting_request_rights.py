@@ -12,7 +12,7 @@ from pathlib import Path
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.message_codec import decode_messages, decode_offset_msg_id
 from protocols.remoting.properties import encode_properties
-from store.holds import HALF
+from store.holds.codec import HALF
 from tests.remoting_support import RawRemoting, ons, pull_header, remoting_gateway, send_header
 from tests.test_remoting_access import KEYS, secured, signed
 

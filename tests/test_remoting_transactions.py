@@ -18,7 +18,7 @@ from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY
 from protocols.remoting.message_codec import decode_messages, decode_offset_msg_id
 from protocols.remoting.properties import encode_properties
-from store.holds import HALF
+from store.holds.codec import HALF
 
 from .crash_support import free_port, kill9, start_gateway, stop
 from .remoting_support import RawRemoting, pull_header, remoting_gateway, send_header

@@ -84,13 +84,13 @@ def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path)
         fh.write("\n# edited\n")
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
-    with next((tmp_path / "store").glob("*.pxd")).open("a") as fh:  # a declaration file a module cimports
+    with next((tmp_path / "store/log").glob("*.pxd")).open("a") as fh:  # a declaration file a module cimports
         fh.write("\n# edited\n")
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
     # the builds removed (git clean), the sources not: the install builds them again
     assert source_venv(tmp_path, "test") == (0, [])
-    next((tmp_path / "store").glob("*.so")).unlink()
+    next((tmp_path / "store/log").glob("*.so")).unlink()
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
     assert source_venv(tmp_path, "test") == (0, [])

@@ -144,7 +144,7 @@ async def test_born_timestamp_is_the_producers_time_where_there_is_one(open_stor
 
 
 def test_kafka_rows_from_native_rows() -> None:
-    from store.columns import ARROW_SCHEMA
+    from store.read.columns import ARROW_SCHEMA
 
     stamp = pa.array([1_000_000, 2_000_000], pa.timestamp("us", tz="UTC"))
     native = pa.RecordBatch.from_arrays([

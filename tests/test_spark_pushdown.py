@@ -18,7 +18,7 @@ from bridge.kafka_options import KafkaOptions
 from bridge.pruning import projection
 from bridge.spark_options import OptionError
 from bridge.spark_source import QueueRange, read_partition
-from store import columns
+from store.read import columns
 from tests.spark_support import num_partitions
 from tests.test_spark_source import (
     FILTER,

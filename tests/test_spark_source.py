@@ -30,8 +30,8 @@ from bridge.spark_source import (
     rate_limit,
     read_partition,
 )
-from store.columns import ARROW_SCHEMA
-from store.readonly import StoreReader
+from store.read.columns import ARROW_SCHEMA
+from store.read.readonly import StoreReader
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 from tests.spark_support import num_partitions
 
@@ -127,7 +127,7 @@ def test_rate_limit_shares_offsets_by_backlog() -> None:
 
 
 def test_the_read_api_needs_no_pyspark() -> None:
-    code = ("import sys, gateway.server, gateway.http.data_api, store.columns, store.readonly; "
+    code = ("import sys, gateway.server, gateway.http.data_api, store.read.columns, store.read.readonly; "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 

@@ -255,7 +255,7 @@ async def test_queue_rows_of_an_earlier_version_still_say_where_a_queue_ends(ope
     """Data dirs written before queue heads kept a queue's next offset in its name row only."""
     from rocksdict import Options, Rdict
 
-    from store.consumequeue import NAME_PREFIX, QUEUE_ROW, head_key
+    from store.index.consumequeue import NAME_PREFIX, QUEUE_ROW, head_key
 
     store = await open_store()
     results = await store.put_batch([(Message("t", f"{i}".encode()), ["legacy"]) for i in range(5)])
@@ -299,7 +299,7 @@ async def test_a_queue_ends_at_its_newest_entry_or_head_whichever_is_further(ope
     head beside every queue. Reloaded from the index, a queue ends after the furthest."""
     from rocksdict import Options, Rdict
 
-    from store.consumequeue import QUEUE_HEAD, head_key
+    from store.index.consumequeue import QUEUE_HEAD, head_key
 
     store = await open_store()
     await store.put_batch([(Message("t", f"{i}".encode()), ["behind"]) for i in range(5)])

@@ -1,4 +1,4 @@
-"""Bulk reads as Arrow columns (store/columns.py) against a real store: a topic queue's topic
+"""Bulk reads as Arrow columns (store/read/columns.py) against a real store: a topic queue's topic
 column comes from its name (the caller's ``topic``) without reading what the query does not
 need, the records overrule a name that does not fit them, and retention is honoured on the
 short path too."""
@@ -8,8 +8,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from store import Message, columns, record_columns
-from store.readonly import CommitLogReader
+from store import Message
+from store.log import record_columns
+from store.read import columns
+from store.read.readonly import CommitLogReader
 
 TOPIC_ONLY = columns.schema_of(["topic"])
 

@@ -15,10 +15,10 @@ import pytest
 import pyarrow as pa  # (the arrow extra, which the test extra installs)
 
 from store import Message, StoreWriteError
-from store import columns
-from store import commitlog as commitlog_module
-from store.commitlog import CommitLog
-from store.readonly import CommitLogReader
+from store.read import columns
+from store.log import commitlog as commitlog_module
+from store.log.commitlog import CommitLog
+from store.read.readonly import CommitLogReader
 
 STEP = 64 << 10  # the map step the tests run with: small, so a few hundred KiB cross it often
 

@@ -1,4 +1,4 @@
-"""Held messages in the store (store/held.py, store/holds.py): written once, in no queue until
+"""Held messages in the store (store/holds/held_messages.py, store/holds/codec.py): written once, in no queue until
 released, then read as any message; discarded ones never; all of it rebuilt after a crash."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from store import GetStatus, Message, columns
-from store.holds import HALF, TIMER
-from store.readonly import CommitLogReader
+from store import GetStatus, Message
+from store.read import columns
+from store.holds.codec import HALF, TIMER
+from store.read.readonly import CommitLogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,7 @@ async def test_tail_readers_get_the_released_message(open_store):
 CRASHER = textwrap.dedent("""
     import asyncio, os, sys
     from store import Message, MessageStore, StoreOptions
-    from store.holds import HALF, TIMER
+    from store.holds.codec import HALF, TIMER
 
     async def main():
         store = await MessageStore.open(StoreOptions(data_dir=sys.argv[1], flush="sync", index_flush_interval=3600.0))

@@ -1,4 +1,4 @@
-"""Idle light queues removed (store/reclaim.py) and per-queue retention (store/queue_retention.py),
+"""Idle light queues removed (store/retention/reclaim.py) and per-queue retention (store/retention/queues.py),
 at the store: which queues go, that a name written again starts a new queue, and that both
 survive a crash the same way (the drop records re-dispatched)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from store import GetStatus, InvalidMessageError, Message
-from store.holds import HOLD_TOPIC
+from store.holds.codec import HOLD_TOPIC
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -182,7 +182,7 @@ async def test_a_longer_rule_keeps_segments_and_the_rest_follows_the_global_age(
 
 
 async def test_a_size_rule_counts_released_held_messages_at_their_own_size(open_store):
-    from store.holds import TIMER
+    from store.holds.codec import TIMER
 
     store = await open_store()
     for i in range(8):

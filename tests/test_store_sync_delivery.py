@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from store import GetStatus, Message, StoreWriteError
-from store.commitlog import CommitLog
-from store.durable import SyncFlusher
+from store.log.commitlog import CommitLog
+from store.write.durable import SyncFlusher
 
 NOT_OPEN = 1 << 20  # a file descriptor number beyond any this process opens
 

@@ -1,4 +1,4 @@
-"""Differential: what the store hands its tail readers (store/tail.py, built from what the
+"""Differential: what the store hands its tail readers (store/read/tail.py, built from what the
 committer holds of each message: batching.tail_message) is what a read of the same queue and
 offset returns (decoded from the commitlog record), field for field, for any message a producer
 can hand in: topics and keys in any script, properties given as a dict or already encoded, tags,
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import GetResult, Message, MessageStore, StoreOptions, encode_properties
-from store.holds import TIMER
+from store.holds.codec import TIMER
 
 QUEUES = ["q1", "q2", "q3"]
 text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)

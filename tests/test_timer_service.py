@@ -8,7 +8,7 @@ import time
 
 from gateway.core.timer import TimerService
 from store import GetStatus, Message
-from store.holds import TIMER
+from store.holds.codec import TIMER
 
 
 def now_ms() -> int:

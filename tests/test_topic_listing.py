@@ -16,7 +16,7 @@ from bridge.data_client import DirectClient, HttpClient
 from bridge.planning import CheckpointError, pack
 from bridge.spark_options import OptionError, SourceOptions
 from protocols.queue_names import matching_topic_queues, topic_queue_prefix
-from store.message import Message
+from store.messages import Message
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 TOPICS = ["a", "a/x/b", "a/y/b", "a/x/c", "a/x/b/deep", "ab/x/b", "$SYS/a/x/b", "z/x/b"]

@@ -22,7 +22,7 @@ from protocols.amqp.frames import (
     channel_error,
 )
 from store import Message, MessageStore, StoredMessage, StoreError
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
@@ -161,7 +161,7 @@ class AMQPBroker:
         self.stalled.close()
 
     def _queue_of(self, store_queue_name: str) -> QueueRuntime | None:
-        """The declared queue whose store queue that is (a reader: store/reclaim.py)."""
+        """The declared queue whose store queue that is (a reader: store/retention/reclaim.py)."""
         if not store_queue_name.startswith(AMQP_QUEUE_PREFIX):
             return None
         return self.queues.get(store_queue_name[len(AMQP_QUEUE_PREFIX):])

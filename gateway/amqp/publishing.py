@@ -17,7 +17,7 @@ from protocols.amqp.frames import (
     channel_error,
 )
 from store import Message
-from store.holds import TIMER
+from store import TIMER
 
 from .broker import AMQPBroker
 from .channel import Channel

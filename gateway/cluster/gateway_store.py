@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, 
 
 from cache import QueueCache
 from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoredMessage, StoreError
-from store.notify import NotifyHub, NotifySubscription
+from store import NotifyHub, NotifySubscription
 
 from .remote_store import RemoteStore, RemoteStoreError
 

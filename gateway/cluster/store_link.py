@@ -14,7 +14,7 @@ PUT request body, per message (big endian; strings UTF-8 with a u16 length, blob
 PUT response body, per message: position (u64), size (u32), store ms (i64), queue count (u16),
     then (queue name, offset i64) per queue the message was indexed into
 GET response body, per message: position (u64), queue offset (i64), tag hash (i32), record
-    (blob: the commitlog record as stored, decoded by the client with ``store.record``)
+    (blob: the commitlog record as stored, decoded by the client with ``store.log.record``)
 
 The commitlog record travels as it is stored, so the store node does no per-message encoding
 and the gateway node decodes with the store's own reader. Notify events reach a subscribed
@@ -39,7 +39,7 @@ from store import (
     StoredMessage,
 )
 from store import encode_properties as encode_store_properties
-from store.record import RecordView
+from store import RecordView
 
 from protocols.remoting.errors import RemotingProtocolError
 

@@ -11,7 +11,7 @@ TABLE = "core.delivery_counts"  # "{group}\x00{offset:020d}" -> times given back
 
 
 class CountTable(Protocol):
-    """A durable str -> bytes table (``store.meta.KvTable`` is one)."""
+    """A durable str -> bytes table (``store.meta.tables.KvTable`` is one)."""
 
     def put_hint(self, key: str, value: bytes) -> None: ...
 

@@ -3,7 +3,7 @@ of one queue at once (message-level load balancing: each pop hands out messages 
 holds), each invisible for its invisible time; an ack ends it; one not acked in time comes
 back (revive), its attempts + 1; past the group's maximum it goes to the caller's dead letter.
 
-The state is store/popstate.py's (pop offset and check points, one WAL batch per change); a
+The state is store/meta/popstate.py's (pop offset and check points, one WAL batch per change); a
 pop reads and records without awaiting in between, so two pops of one queue never overlap.
 One revive task per gateway looks every ``LOOK_S`` (sooner when a pop's check point is due
 sooner); it never walks the check points to find the next one: acked ones leave tombstones
@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from store import GetResult, GetStatus, MessageStore, StoredMessage, StoreError
-from store.log_limit import RateLimitedLog
-from store.popstate import CheckPoint, PopCheckPoints
+from store import RateLimitedLog
+from store import CheckPoint, PopCheckPoints
 
 from ..tasks import cancel_and_wait
 

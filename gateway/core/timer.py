@@ -1,4 +1,4 @@
-"""The one timer of the gateway: releases held timer messages (store/held.py) into their queues
+"""The one timer of the gateway: releases held timer messages (store/holds/held_messages.py) into their queues
 at their due time, for every protocol that schedules them (RocketMQ's timer properties, MQTT's
 ``$delayed/``, AMQP's ``x-delayed-message``).
 
@@ -17,8 +17,8 @@ import logging
 import time
 
 from store import MessageStore, StoreError
-from store.holds import TIMER
-from store.stats import LatencyHistogram
+from store import TIMER
+from store import LatencyHistogram
 
 from ..tasks import cancel_and_wait
 
@@ -40,7 +40,7 @@ class TimerService:
         self.store = store
         self._next_due: int | None = None  # ms; None: not known yet (look in the store)
         # every hold due before this was released (ms): where the store's keys are looked up from,
-        # not their start, where the released ones' tombstones lie (held.py take_earliest)
+        # not their start, where the released ones' tombstones lie (store/holds/held_messages.py take_earliest)
         self._released_to = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

@@ -16,7 +16,7 @@ from lookup.api import IN_DOUBT
 from protocols.mqtt.reason_codes import ReasonCode
 from protocols.remoting.properties import UNIQ_KEY
 from store import StoredMessage
-from store.msgid import decode_msg_id
+from store import decode_msg_id
 
 from .. import trace as message_trace
 from ..interop import AMQP_QUEUE_PREFIX as AMQP_STORE_QUEUE_PREFIX, of_dollar_topics

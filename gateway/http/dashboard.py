@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from store.stats import LatencyHistogram
+from store import LatencyHistogram
 
 if TYPE_CHECKING:
     from store import MessageStore

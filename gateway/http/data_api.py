@@ -20,7 +20,7 @@ headers say where it started and where to go on (``TideMQ-First-Offset``,
 A first offset past ``start`` means retention removed the messages in between: the reader
 decides whether that is an error (Spark's ``failOnDataLoss``). Offsets offered (max offset) are
 those already dispatched to the index, so everything offered is readable. ``columns`` (names of
-``store.columns.ARROW_SCHEMA``, comma-separated) builds and ships only those columns: a reader
+``store.read.columns.ARROW_SCHEMA``, comma-separated) builds and ships only those columns: a reader
 that needs topics and times does not pay for payloads and properties.
 
 The event loop only looks up the queue (the index's queue cache belongs to the loop thread);
@@ -49,7 +49,7 @@ from .errors import AdminError, no_store
 from .queue_pages import queue_page
 
 if TYPE_CHECKING:
-    from store.readonly import CommitLogReader
+    from store.read.readonly import CommitLogReader
 
     from .data_holds import FilterHolds
     from .data_publish import PublishApi
@@ -196,8 +196,8 @@ class DataApi:
 
     async def read(self, request: web.Request) -> web.StreamResponse:
         try:
-            from store import columns
-            from store.readonly import CommitLogReader
+            from store.read import columns
+            from store.read.readonly import CommitLogReader
         except ImportError as exc:
             raise AdminError(501, f"the read API needs numpy and pyarrow (pip install 'tidemq[arrow]'): {exc}") from None
         store = self._store()
@@ -232,7 +232,7 @@ class DataApi:
         return web.Response(body=memoryview(body), content_type=ARROW_STREAM, headers=headers)
 
     def _read(self, store, queue: str, qid: int, first: int, stop: int, schema):
-        from store import columns
+        from store.read import columns
 
         assert self._log is not None
         with self._log_lock:

@@ -14,7 +14,7 @@ their leases. Holds are stored (table ``data_filter_holds``: filter -> expiry, U
 restored when the gateway starts, so a gateway restart does not open a gap in the queue.
 
 A hold also makes the topic queues its filter matches *read* (``reads``): idle light queues are
-removed only when nobody reads them (store/reclaim.py). A reader-only hold (``"index": false``,
+removed only when nobody reads them (store/retention/reclaim.py). A reader-only hold (``"index": false``,
 a running Spark stream's) does only that: no wildcard queue, not stored (a restarted gateway
 hears from the stream again within a third of its lease). A concrete filter's hold is kept for
 that alone as well (its topic queue gets every publish anyway).
@@ -125,7 +125,7 @@ class FilterHolds:
         return web.json_response({"topicFilter": topic_filter, "queue": queue, "held": wildcard})
 
     def reads(self, queue: str) -> bool:
-        """Whether a held filter matches the topic of this topic queue (a reader: store/reclaim.py)."""
+        """Whether a held filter matches the topic of this topic queue (a reader: store/retention/reclaim.py)."""
         if not (self._expiry or self._readers) or not queue.startswith(TOPIC_QUEUE_PREFIX):
             return False
         topic = queue[len(TOPIC_QUEUE_PREFIX):]

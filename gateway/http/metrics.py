@@ -19,7 +19,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from store.stats import LatencyHistogram
+from store import LatencyHistogram
 
 if TYPE_CHECKING:
     from store import MessageStore

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
 from store import PutResult, StoredMessage, StoreError
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 from ..core.group import group_start
 from ..deadlines import Deadlines, StalledReads
@@ -367,7 +367,7 @@ class MQTTBroker:
 
     # -- readers and notify --------------------------------------------------------------------
     def reads_queue(self, queue: str) -> bool:
-        """Whether anything here reads the store queue (a reader: store/reclaim.py): a subscription
+        """Whether anything here reads the store queue (a reader: store/retention/reclaim.py): a subscription
         or hold of its filter, a connection or group at it, or a shared-subscription group kept
         (or restored) with deliveries its members did not acknowledge: its cursor is there."""
         if self.wildcards.reads(queue) or queue in self.readers:

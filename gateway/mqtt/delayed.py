@@ -1,6 +1,6 @@
 """Delayed publish, as EMQX has it: a PUBLISH to ``$delayed/{seconds}/{topic}`` is stored at once
 (acknowledged once durable) and delivered to ``topic``'s subscribers ``seconds`` later, through
-the gateway's one timer (core/timer.py, store/held.py), so it survives a restart like any stored
+the gateway's one timer (core/timer.py, store/holds/held_messages.py), so it survives a restart like any stored
 message. The delay is a whole number of seconds up to 4,294,967 (EMQX's limit: 2**32 ms);
 ``topic`` must be a topic name a client may publish to (no wildcards, not ``$``-prefixed)."""
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from store import StoreError
-from store.log_limit import RateLimitedLog
-from store.meta import KvTable
+from store import RateLimitedLog
+from store import KvTable
 
 from .session import Session
 

@@ -14,7 +14,7 @@ from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoreError
-from store.holds import TIMER
+from store import TIMER
 
 from ..core.ingest import PutPipeline, Refused
 from .delayed import PREFIX as DELAYED_PREFIX

@@ -17,7 +17,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 from websockets.http11 import Request, Response
 
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 from .. import lean_tcp
 from ..config import Config, ConfigError

@@ -9,7 +9,7 @@ from typing import Any
 
 from protocols.mqtt.packets import Subscribe
 from store import MessageStore, StoredMessage
-from store.meta import KvTable
+from store import KvTable
 
 from ..ports import MQTTPorts
 from .queues import WildcardQueues

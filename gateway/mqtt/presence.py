@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from protocols.mqtt.packets import MQTT_3_1
 from protocols.mqtt.reason_codes import ReasonCode
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 # Held by every node that publishes the events, so that its wildcard queue holds all of them from
 # the node's start (the Spark source reads it with topicFilter; README, Presence events).

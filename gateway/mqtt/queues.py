@@ -77,7 +77,7 @@ class WildcardQueues:
         return topic in self._concrete or not self.subscribers_known
 
     def reads(self, queue: str) -> bool:
-        """Whether a subscription or a hold reads the store queue (a reader: store/reclaim.py)."""
+        """Whether a subscription or a hold reads the store queue (a reader: store/retention/reclaim.py)."""
         if queue.startswith(TOPIC_QUEUE_PREFIX):
             return self.subscribed(queue[len(TOPIC_QUEUE_PREFIX):])
         if queue.startswith(WILDCARD_QUEUE_PREFIX):

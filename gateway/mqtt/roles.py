@@ -14,7 +14,7 @@ from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.packets import Packet, Will
 from protocols.mqtt.reason_codes import ReasonCode
 from store import StoredMessage
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 from ..ports import FilterRegistry, QueueStore, SessionRepository
 from ..read_pauses import ReadPauses

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from store import StoreError
-from store.log_limit import RateLimitedLog
+from store import RateLimitedLog
 
 from ..ports import SessionRepository
 from .session import Session

@@ -29,9 +29,9 @@ from protocols.remoting.properties import (
     decode_batch_body,
 )
 from store import GetStatus, MessageStore, PutResult, StoreClosedError, StoredMessage, StoreError, StoreWriteError
-from store.errors import InvalidMessageError, MessageTooLargeError
-from store.holds import HALF, TIMER
-from store.log_limit import RateLimitedLog
+from store import InvalidMessageError, MessageTooLargeError
+from store import HALF, TIMER
+from store import RateLimitedLog
 
 from ..core.pop import PopService
 from ..deadlines import Deadlines, StalledReads

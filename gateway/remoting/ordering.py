@@ -7,7 +7,7 @@ consumers then hold the queue's lock (LOCK_BATCH_MQ, consumers.py) while they co
 
 from __future__ import annotations
 
-from store.message import tag_hash as java_string_hash
+from store import tag_hash as java_string_hash
 
 _M64 = (1 << 64) - 1
 _LCG = 2862933555777941757  # Guava's LinearCongruentialGenerator

@@ -27,7 +27,7 @@ from protocols.remoting.headers import get_bool
 from protocols.remoting.message_codec import encode_message
 from protocols.remoting.properties import ORIGIN_MESSAGE_ID, RETRY_TOPIC
 from store import StoredMessage
-from store.popstate import CheckPoint
+from store import CheckPoint
 
 from ..core.pop import Popped
 from ..interop import remoting_queue, remoting_topic_of

@@ -7,7 +7,7 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.message_codec import encode_message
 from store import StoredMessage
-from store.holds import HELD
+from store import HELD
 
 from ..interop import remoting_topic_of
 from .messages import to_wire

@@ -20,7 +20,7 @@ from protocols.remoting.properties import (
     RETRY_TOPIC,
 )
 from store import StoredMessage
-from store.holds import TIMER
+from store import TIMER
 
 from ..interop import remoting_queue
 from .messages import (

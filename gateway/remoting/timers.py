@@ -25,7 +25,7 @@ def timer_due_ms(properties: dict[str, str], now_ms: int) -> int | None:
     """The due time (ms) a message's properties ask for, or None: deliver now. Sets
     ``TIMER_OUT_MS`` (what RocketMQ's consumers see) when there is one. Any delay is taken
     (RocketMQ's broker caps it at timerMaxDelaySec, 3 days by default; the store has no wheel
-    to outgrow, store/holds.py)."""
+    to outgrow, store/holds/codec.py)."""
     name = next((n for n in TIMER_PROPERTIES if n in properties), None)
     if name is None:
         return None

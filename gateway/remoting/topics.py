@@ -16,7 +16,7 @@ import re
 import zlib
 from dataclasses import asdict, dataclass
 
-from store.meta import KvTable
+from store import KvTable
 
 from ..interop import DLQ_PREFIX, RETRY_PREFIX, remoting_queue
 

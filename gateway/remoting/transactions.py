@@ -1,5 +1,5 @@
 """Transactional messages, as RocketMQ's TransactionMQProducer uses them: a half message (property
-``TRAN_MSG=true``, sysFlag PREPARED) is stored held (store/held.py: written once, in no queue)
+``TRAN_MSG=true``, sysFlag PREPARED) is stored held (store/holds/held_messages.py: written once, in no queue)
 and SEND_OK names it; END_TRANSACTION commits it -- then it is indexed into its queue and
 delivered -- or rolls it back -- never delivered. A half message whose transaction has not
 ended when it is due for a check (``remoting_transaction_timeout_s`` after it was sent, or its
@@ -32,8 +32,8 @@ from protocols.remoting.message_codec import (
 )
 from protocols.remoting.properties import PGROUP, TRAN_MSG, TRANSACTION_ID, UNIQ_KEY
 from store import MessageStore, StoredMessage, StoreError
-from store.held import Hold
-from store.holds import HALF
+from store import Hold
+from store import HALF
 
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
@@ -99,7 +99,8 @@ class TransactionService:
         self._task: asyncio.Task[None] | None = None
         self.checks_sent = 0
         self.rolled_back_unchecked = 0
-        self._checked_to = 0  # (ms) where the half messages' keys are looked up from (held.py take_earliest)
+        # (ms) where the half messages' keys are looked up from (store/holds/held_messages.py take_earliest)
+        self._checked_to = 0
 
     def first_check_ms(self, properties: dict[str, str], now_ms: int) -> int:
         immunity = properties.get(CHECK_IMMUNITY)
