@@ -29,11 +29,12 @@ succeeds, and that is announced to the other nodes at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from typing import Any
+
+from common.tasks import cancel_and_wait
 
 from .api import (
     IN_DOUBT,
@@ -98,11 +99,7 @@ class EmbeddedLookup(Lookup):
         if self._closed:
             return
         self._closed = True
-        for task in (self._task, self._announce):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(task for task in (self._task, self._announce) if task is not None)
         outboxes = list(self._outboxes.values())
         self._outboxes.clear()
         for outbox in outboxes:

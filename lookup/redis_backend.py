@@ -28,7 +28,6 @@ under; while any node is re-registering.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -40,6 +39,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from common.tasks import cancel_and_wait
 
 from .api import (
     IN_DOUBT,
@@ -263,11 +264,7 @@ class RedisLookup(InterestLookup):
         if self._closed:
             return
         self._closed = True
-        for task in (self._task, self._kick):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(task for task in (self._task, self._kick) if task is not None)
         if leave:
             await self._script("leave", self.node_id)
         await self._redis.aclose()

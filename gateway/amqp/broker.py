@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 
 from cache import QueueCache
+from common.tasks import cancel_and_wait
 from protocols.amqp.frames import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -36,7 +37,6 @@ from ..interop import (
     valid_mqtt_topic,
 )
 from ..stats import ProtocolStats
-from ..tasks import cancel_and_wait
 from .direct_reply import DirectReplies
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (

@@ -20,6 +20,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
+from common.tasks import cancel_and_wait
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from store import MessageStore, PutResult, StoredMessage
@@ -29,7 +30,6 @@ from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
 from ..mqtt.session import SESSIONS_TABLE, Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
-from ..tasks import cancel_and_wait
 from .notify_router import NotifyRouter
 from .store_link import (
     WILDCARD_TARGETS,

@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
+from common.tasks import cancel_and_wait
 from protocols.mqtt.packets import Publish, Will
 from store import PutResult, StoredMessage, StoreError
 from store.log_limit import RateLimitedLog
@@ -22,7 +23,6 @@ from ..deadlines import Deadlines, StalledReads
 from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
-from ..tasks import cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory

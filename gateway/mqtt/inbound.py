@@ -10,6 +10,7 @@ import json
 import logging
 import time
 
+from common.clock import now_ms
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
 from protocols.mqtt.reason_codes import ReasonCode
@@ -175,5 +176,5 @@ def _delayed(make, packet: Publish, topic: str, queues_for) -> tuple:
     """A ``$delayed/`` publish (checked by ``receive``): stored now for its topic, held until its time."""
     delay, target = parse_delayed(topic)
     message = make(packet, target)
-    message.hold_kind, message.hold_due_ms = TIMER, time.time_ns() // 1_000_000 + delay * 1000
+    message.hold_kind, message.hold_due_ms = TIMER, now_ms() + delay * 1000
     return message, queues_for(target)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cache import QueueCache
+from common.tasks import cancel_and_wait
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -44,7 +45,6 @@ from ..interop import (
     remoting_topic_of,
 )
 from ..stats import ProtocolStats
-from ..tasks import cancel_and_wait
 from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups

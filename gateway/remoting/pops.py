@@ -18,9 +18,9 @@ import base64
 import itertools
 import json
 import re
-import time
 from dataclasses import dataclass
 
+from common.clock import now_ms
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.headers import get_bool
@@ -182,7 +182,7 @@ class PopRequests:
         def pop_once() -> list[tuple[int, Popped]]:
             out = []
             room = max_messages
-            now = time.time_ns() // 1_000_000  # (one pop time: the answer's popTime names every queue's)
+            now = now_ms()  # (one pop time: the answer's popTime names every queue's)
             for queue_id in queue_ids:
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,

@@ -17,9 +17,9 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
+from common.tasks import cancel_and_wait
 from store import GetStatus, MessageStore, StoredMessage
 
-from ..tasks import cancel_and_wait
 
 log = logging.getLogger("tidemq.remoting")
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.tasks import cancel_and_wait
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from protocols.remoting.message_codec import (
@@ -35,7 +36,6 @@ from store import MessageStore, StoredMessage, StoreError
 from store.held import Hold
 from store.holds import HALF
 
-from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .requests import BadRequest, Client, int_field, str_field
 

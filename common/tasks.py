@@ -1,4 +1,4 @@
-"""Background tasks of the gateway's parts: stopping them is one thing, done one way."""
+"""Background tasks: stopping them is one thing, done one way, in every layer."""
 
 from __future__ import annotations
 
