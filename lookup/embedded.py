@@ -47,6 +47,7 @@ from .api import (
     LookupStats,
     smallest,
 )
+from .heartbeats import beat_until_closed
 from .outbox import SYNC, Outbox, Result, resolve
 from .ring import Membership
 from .table import OwnerTable
@@ -111,12 +112,7 @@ class EmbeddedLookup(Lookup):
         await self._transport.close()
 
     async def _run(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.options.heartbeat_s)
-            try:
-                await self.heartbeat()
-            except Exception:  # a bug here must not stop the heartbeats
-                log.exception("lookup heartbeat failed node=%s", self.node_id)
+        await beat_until_closed(lambda: self._closed, self.options.heartbeat_s, self.heartbeat, self.node_id)
 
     async def heartbeat(self) -> None:
         peers = self._transport.peers() - {self.node_id}

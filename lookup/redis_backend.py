@@ -53,6 +53,7 @@ from .api import (
     LookupStats,
     smallest,
 )
+from .heartbeats import beat_until_closed
 
 log = logging.getLogger("tidemq.lookup")
 
@@ -270,12 +271,7 @@ class RedisLookup(InterestLookup):
         await self._redis.aclose()
 
     async def _run(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.options.heartbeat_s)
-            try:
-                await self.heartbeat()
-            except Exception:  # a bug here must not stop the heartbeats
-                log.exception("lookup heartbeat failed node=%s", self.node_id)
+        await beat_until_closed(lambda: self._closed, self.options.heartbeat_s, self.heartbeat, self.node_id)
 
     async def heartbeat(self) -> None:
         async with self._beat:
