@@ -25,6 +25,7 @@ import os
 import threading
 import time
 import urllib.parse
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +42,31 @@ log = logging.getLogger("tidemq.spark")
 TIMEOUT_S = 60.0
 RETRY_BACKOFF_S = (0.25, 5.0)  # first and longest wait between attempts (doubling)
 RETRY_STATUSES = frozenset({502, 503, 504})  # the gateway (or a proxy in front) is starting or stopping
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """When ``HttpClient.exchange`` tries a request again: after a connection error or an answer
+    of one of ``statuses``, waiting ``first_s``, then ``factor`` times longer up to ``longest_s``,
+    until ``attempts`` were made or ``timeout_s`` has passed (None: no such bound). ``at_once``:
+    the first retry goes without waiting."""
+
+    statuses: Container[int]
+    first_s: float
+    factor: float
+    longest_s: float
+    attempts: int | None = None
+    timeout_s: float | None = None
+    at_once: bool = False
+
+
+class GaveUp(Exception):
+    """``HttpClient.exchange`` spent its retries; ``problem`` says what the last attempt met."""
+
+    def __init__(self, problem: str, attempts: int) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.attempts = attempts
 
 
 class SourceError(RuntimeError):
@@ -110,8 +136,21 @@ class HttpClient:
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        deadline = time.monotonic() + self.retry_timeout_s
-        delay, attempt = RETRY_BACKOFF_S[0], 0
+        try:
+            retries = Retries(RETRY_STATUSES, RETRY_BACKOFF_S[0], 2, RETRY_BACKOFF_S[1],
+                              timeout_s=self.retry_timeout_s, at_once=True)
+            return self.exchange(method, path, payload, headers, retries, "source")
+        except GaveUp as exc:
+            raise SourceError(f"tidemq source: {exc.problem} (gave up after {exc.attempts} attempts in "
+                              f"{self.retry_timeout_s:g} s; option retryTimeoutMs)") from None
+
+    def exchange(self, method: str, path: str, payload: bytes | None, headers: dict[str, str], retries: Retries,
+                 who: str) -> tuple[int, http.client.HTTPResponse, bytes]:
+        """``method path`` (below the client's base path) on the kept-alive connection, tried
+        again as ``retries`` says, each retry logged for ``who``; the first answer of a status
+        not to retry, or ``GaveUp``."""
+        deadline = None if retries.timeout_s is None else time.monotonic() + retries.timeout_s
+        delay, attempt = retries.first_s, 0
         while True:
             attempt += 1
             conn = self._connection()
@@ -124,20 +163,23 @@ class HttpClient:
                 self._conn = None
                 problem = f"cannot reach the gateway at {self.url}: {exc}"
             else:
-                if response.status not in RETRY_STATUSES:
+                if response.status not in retries.statuses:
                     return response.status, response, data
                 problem = f"{self.url}{path.split('?')[0]} answered {response.status}: {error_text(data)}"
-            if attempt == 1:
+            if attempt == 1 and retries.at_once:
                 continue  # a kept-alive connection the gateway closed while idle: once more, afresh, at once
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SourceError(f"tidemq source: {problem} (gave up after {attempt} attempts in "
-                                  f"{self.retry_timeout_s:g} s; option retryTimeoutMs)")
-            wait = min(delay, left)
-            log.warning("tidemq source: gateway not answering, retrying attempt=%d in_s=%.2f left_s=%.0f error=%s",
-                        attempt, wait, left, problem)
+            if retries.attempts is not None and attempt >= retries.attempts:
+                raise GaveUp(problem, attempt)
+            wait = delay
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise GaveUp(problem, attempt)
+                wait = min(delay, left)
+            log.warning("tidemq %s: gateway not answering, retrying attempt=%d in_s=%.2f error=%s",
+                        who, attempt, wait, problem)
             time.sleep(wait)
-            delay = min(delay * 2, RETRY_BACKOFF_S[1])
+            delay = min(delay * retries.factor, retries.longest_s)
 
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, _, data = self._request(method, path, body)

@@ -14,7 +14,7 @@ queues and persistent messages (delivery_mode 2); every scenario declares its ow
 deletes them at its end; a broker that died is started again for the next scenario. A broker
 that is not installed or does not start gets ``skipped reason=...`` lines; the other goes on.
 
-Load generator: forked processes on raw sockets (``loadtest.amqp_wire``). pamqp encodes the
+Load generator: forked processes on raw sockets (``loadtest.clients.amqp_wire``). pamqp encodes the
 handshake and one publish (method, content header and 64-byte body frames) once; a publisher
 writes that publish N times from one pre-built buffer, and incoming frames are walked on their
 boundaries, reading only basic.ack/nack (confirms, multiple flag) and basic.deliver + header +
@@ -46,7 +46,7 @@ and read) covers many deliveries. The scenarios:
 - latency: one durable queue, one consumer connection (prefetch 100, manual acks, basic.consume
   before the publisher starts) and one confirming publisher connection paced at 1,000 msgs/s
   (window 1,000: confirms never hold the pace back) for 10 s (3 s with --quick). Each body
-  starts with the publisher's send time (``loadtest.stamps``, as bench_mqtt's latency
+  starts with the publisher's send time (``loadtest.clients.stamps``, as bench_mqtt's latency
   scenario; CLOCK_MONOTONIC is one clock for every process); the consumer records send ->
   delivery received for each message. Both read on readiness, not every millisecond.
   ``p50_ms`` / ``p99_ms`` over every message, ``msgs_per_s`` = received / (first send .. last
@@ -76,15 +76,11 @@ divides by the deliveries across its 100 queues.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import time
-from typing import Any
 
-from loadtest.amqp_load import BODY
-from loadtest.amqp_scenarios import FULL, QUICK, RUNNERS, Plan
-from loadtest.amqp_wire import AMQPClientError
+from loadtest import runner
 from loadtest.brokers import (
     Broker,
     BrokerUnavailable,
@@ -93,7 +89,10 @@ from loadtest.brokers import (
     raise_fd_limit,
     start_amqp_broker,
 )
+from loadtest.clients.amqp_load import BODY
+from loadtest.clients.amqp_wire import AMQPClientError
 from loadtest.harness import parse_list, quote
+from loadtest.scenarios.amqp_scenarios import FULL, QUICK, RUNNERS, Plan
 
 BROKERS = ("tidemq", "rabbitmq")
 SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic", "latency")
@@ -105,16 +104,14 @@ BENIGN_LOG_LINES = ("rebuilding indices from scratch",)  # RabbitMQ's first boot
 class Run:
     """Prints the lines (and appends them to --out) and runs one broker's scenarios."""
 
-    def __init__(self, plan: Plan, out: Any) -> None:
+    def __init__(self, plan: Plan, out: runner.Lines) -> None:
         self.plan = plan
         self.out = out
         self.lines = self.errors = 0
         self.log_offset = 0  # where the current broker's log was when it became ready
 
     def emit(self, line: str) -> None:
-        print(line, flush=True)
-        self.out.write(line + "\n")
-        self.out.flush()
+        self.out.emit(line)
 
     def broker(self, name: str, scenarios: list[str]) -> None:
         suffix = " quick=1" if self.plan.quick else ""
@@ -177,12 +174,9 @@ class Run:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="3 s per scenario and 30,000 messages to consume: under 90 s for both brokers")
+    parser = runner.parser(__doc__, quick="3 s per scenario and 30,000 messages to consume: under 90 s for both brokers")
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
-    parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     brokers = parse_list(args.brokers, BROKERS, "broker")
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
@@ -197,7 +191,7 @@ def main() -> None:
     header = (f"# bench_amqp tidemq={tidemq} rabbitmq-server={rabbitmq_version() or 'missing'} "
               f"cores={os.cpu_count()} fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]} "
               f"body_bytes={len(BODY)} persistent=1 durable=1 tidemq_flush=sync" + (" quick=1" if plan.quick else ""))
-    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
+    with runner.Lines(args.out) as out:
         run = Run(plan, out)
         run.emit(header)
         for name in brokers:

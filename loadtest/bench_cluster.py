@@ -7,7 +7,7 @@ Each case starts a fresh cluster of real processes on 127.0.0.1 (``python -m gat
 one ``--role store`` node, ``--flush async``, and N ``--role gateway`` nodes, each with its
 metrics listener; ``TIDEMQ_*`` variables of the caller's environment are not passed on) and
 stops every process of it by PID at its end, on errors too. The load is bench_mqtt's: raw-socket
-MQTT 3.1.1 clients in forked worker processes (``loadtest.mqtt_wire``), QoS 1 (fanout_nodes: QoS 0
+MQTT 3.1.1 clients in forked worker processes (``loadtest.clients.mqtt_wire``), QoS 1 (fanout_nodes: QoS 0
 and 1), 64-byte payloads.
 
 - spread, for N in 2, 4, 8 and for each notify routing of the store node (``targeted``: only to
@@ -86,7 +86,6 @@ send and one after the subscribers stopped):
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import signal
@@ -96,12 +95,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadtest import runner
 from loadtest.bench_mqtt import FANOUT_AHEAD_DELIVERIES, FANOUT_POLL_S
 from loadtest.brokers import ScenarioError, raise_fd_limit
-from loadtest.cluster_load import Outcome, PubSpec, SubSpec, counts, run_flow, tail
-from loadtest.cluster_nodes import Cluster, complaints, delta, start_cluster, stop_cluster
+from loadtest.clients.cluster_load import Outcome, PubSpec, SubSpec, counts, run_flow, tail
+from loadtest.clients.mqtt_load import Load
 from loadtest.harness import parse_list, quote
-from loadtest.mqtt_load import Load
+from loadtest.scenarios.cluster_nodes import Cluster, complaints, delta, start_cluster, stop_cluster
 
 SCENARIOS = ("spread", "fanout", "fanout_nodes")
 SPREAD_READERS = 2  # nodes reading each topic (one subscriber on each)
@@ -335,17 +335,14 @@ def node_counts(text: str, flag: str, minimum: int) -> tuple[int, ...]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="N in 2,4, 100 topics, 3 s; 500 fan-out subscribers; "
-                             "fanout_nodes: N in 1,4, 400 subscribers, 5 s")
+    parser = runner.parser(__doc__, quick="N in 2,4, 100 topics, 3 s; 500 fan-out subscribers; "
+                                          "fanout_nodes: N in 1,4, 400 subscribers, 5 s")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
     parser.add_argument("--nodes", help="gateway node counts of the spread scenario, comma-separated "
                                         "(default 2,4,8; --quick: 2,4)")
     parser.add_argument("--fanout-nodes", help="gateway node counts of the fanout_nodes scenario, comma-separated "
                                                "(default 1,2,4; --quick: 1,4)")
     parser.add_argument("--fanout-qos", help="QoS levels of the fanout_nodes scenario, comma-separated (default 0,1)")
-    parser.add_argument("--out", help="also append the lines to this file")
     parser.add_argument("--keep-logs", type=Path, metavar="DIR", help="copy every node's console log here")
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
@@ -361,23 +358,18 @@ def main() -> None:
     started = time.perf_counter()
     header = (f"# bench_cluster cores={os.cpu_count()} fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
               + (" quick=1" if plan.quick else ""))
-    print(header, flush=True)
     lines = errors = 0
     rates: dict[tuple[int, int], Outcome] = {}  # fanout_nodes: (qos, nodes) -> its outcome
-    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
-        out.write(header + "\n")
+    with runner.Lines(args.out) as out:
+        out.emit(header)
         for case in cases(scenarios, plan):
             for line in run_case(case, plan, args.keep_logs, rates):
                 lines += not line.startswith("#")
                 errors += ' error="' in line
-                print(line, flush=True)
-                out.write(line + "\n")
-                out.flush()
+                out.emit(line)
         for qos in (0, 1):
             if (qos, 1) in rates and (qos, 4) in rates:
-                line = scaling_line(qos, rates[(qos, 1)], rates[(qos, 4)])
-                print(line, flush=True)
-                out.write(line + "\n")
+                out.emit(scaling_line(qos, rates[(qos, 1)], rates[(qos, 4)]))
     print(f"# {lines} lines ({errors} with errors) in {time.perf_counter() - started:.0f} s "
           f"on {os.cpu_count()} cores", flush=True)
 

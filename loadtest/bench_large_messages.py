@@ -9,7 +9,6 @@ defaults (``mqtt_max_packet_size``, ``max_message_size``) are chosen from; not a
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import shutil
@@ -26,6 +25,7 @@ import pika
 import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
+from loadtest import runner
 from loadtest.brokers import free_port
 
 HOST = "127.0.0.1"
@@ -132,7 +132,7 @@ def run_amqp(port: int, size: int, count: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = runner.parser(__doc__, out=False, whole_doc=True)
     parser.add_argument("--sizes-mib", default="1,4,16,64")
     parser.add_argument("--bytes-per-size-mib", type=int, default=256, help="messages per size: this many MiB of them (at least 4)")
     parser.add_argument("--protocols", default="mqtt,amqp")

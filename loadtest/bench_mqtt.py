@@ -9,7 +9,7 @@ Each scenario gets a fresh broker on a free 127.0.0.1 port (TideMQ with persiste
 Mosquitto with ``persistence false`` and ``max_queued_messages`` 10,000,000; RabbitMQ 3.10's
 MQTT plugin on a private node, its defaults (durable session queues for clean_session=0, none
 here); amqtt in its own process), stopped at its end. The load generator runs in separate processes on raw sockets with packets
-pre-encoded by ``protocols.mqtt`` (``loadtest.mqtt_load``, on ``loadtest.mqtt_wire``). The scenarios:
+pre-encoded by ``protocols.mqtt`` (``loadtest.clients.mqtt_load``, on ``loadtest.clients.mqtt_wire``). The scenarios:
 
 - fanin: 8 publishers (topics bench/fanin/N, 2 processes) -> 1 subscriber of bench/fanin/+,
   64-byte payloads, at QoS 0 and 1, for 10 s. At QoS 1 each publisher keeps 1,000 PUBLISHes
@@ -46,7 +46,6 @@ missing had not arrived yet, a broker that acknowledges faster than it delivers)
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import time
@@ -55,6 +54,7 @@ from pathlib import Path
 
 import psutil
 
+from loadtest import runner
 from loadtest.brokers import (
     MOSQUITTO_QUEUE,
     TIDEMQ_TRACED,
@@ -65,6 +65,12 @@ from loadtest.brokers import (
     raise_fd_limit,
     start_broker,
 )
+from loadtest.clients.mqtt_load import (
+    Load,
+    idle_worker,
+    publisher_worker,
+    subscriber_worker,
+)
 from loadtest.harness import (
     SLACK_S,
     CpuSampler,
@@ -73,12 +79,6 @@ from loadtest.harness import (
     parse_list,
     quote,
     split,
-)
-from loadtest.mqtt_load import (
-    Load,
-    idle_worker,
-    publisher_worker,
-    subscriber_worker,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,21 +304,19 @@ def run_case(broker_name: str, scenario: str, qos: int | None, plan: Plan,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="short runs, 100 fan-out subscribers, 1,000 idle connections: under 90 s for all brokers")
+    parser = runner.parser(__doc__, quick="short runs, 100 fan-out subscribers, 1,000 idle connections: "
+                                          "under 90 s for all brokers")
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
     parser.add_argument("--trace", choices=("off", "on", "both"), default="off",
                         help="message trace on TideMQ's MQTT listener; both: TideMQ without and with it, "
                              f"side by side (broker {TIDEMQ_TRACED})")
-    parser.add_argument("--out", help="also append the lines to this file")
     parser.add_argument("--soak-minutes", type=float, metavar="N",
-                        help="instead: a soak of N minutes against TideMQ (see loadtest/soak_mqtt.py)")
+                        help="instead: a soak of N minutes against TideMQ (see loadtest/scenarios/soak_mqtt.py)")
     parser.add_argument("--soak-rate", type=float, default=2000.0, help="QoS 1 publishes per second in the soak")
     args = parser.parse_args()
     if args.soak_minutes:
-        from loadtest import soak_mqtt
+        from loadtest.scenarios import soak_mqtt
 
         raise SystemExit(soak_mqtt.main(["--minutes", str(args.soak_minutes), "--rate", str(args.soak_rate)]))
     brokers = parse_list(args.brokers, BROKERS, "broker")
@@ -332,19 +330,16 @@ def main() -> None:
     header = (f"# bench_mqtt {broker_versions()} cores={os.cpu_count()} "
               f"fd_limit={resource.getrlimit(resource.RLIMIT_NOFILE)[0]} "
               f"mosquitto_max_queued_messages={MOSQUITTO_QUEUE}" + (" quick=1" if plan.quick else ""))
-    print(header, flush=True)
     lines = errors = 0
     unavailable: dict[str, str] = {}
-    with open(args.out, "a") if args.out else open(os.devnull, "w") as out:
-        out.write(header + "\n")
+    with runner.Lines(args.out) as out:
+        out.emit(header)
         for broker_name in brokers:
             for scenario, qos in cases(scenarios):
                 line = run_case(broker_name, scenario, qos, plan, unavailable)
                 lines += 1
                 errors += ' error="' in line
-                print(line, flush=True)
-                out.write(line + "\n")
-                out.flush()
+                out.emit(line)
     print(f"# {lines} lines ({errors} with errors) for {','.join(brokers)} in "
           f"{time.perf_counter() - started:.0f} s on {os.cpu_count()} cores", flush=True)
 

@@ -22,7 +22,6 @@ time spent waiting for a core is not the code's. Figures are not tests; take the
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.packets import ConnAck, Connect, PubAck, Publish
 from protocols.mqtt.reason_codes import ReasonCode
+
+from loadtest import runner
 
 TOPIC = "sensors/r1/temp"
 PAYLOAD = bytes(64)
@@ -128,7 +129,7 @@ def run(messages: int, repeat: int, per_read: int, version: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = runner.parser(__doc__, out=False, whole_doc=True)
     parser.add_argument("--messages", type=int, default=50_000, help="at most 65,535 (one packet id each)")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--per-read", type=int, default=16)

@@ -20,17 +20,16 @@ bench_remoting's: ``pop case=... consumers=... msgs_per_s=... broker_cpu_us_per_
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
-import multiprocessing as mp
 import sys
 import time
 from typing import Any
 
+from loadtest import runner
 from loadtest.bench_remoting import FrameScanner, connect, count_messages, pull_frame, send_frame, start_tidemq
-from loadtest.harness import CpuSampler
-from loadtest.mqtt_wire import receive
+from loadtest.clients.mqtt_wire import receive
+from loadtest.harness import run_timed
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import RemotingCommand, decode_frame, encode
 
@@ -154,36 +153,16 @@ def fill(port: int, count: int) -> None:
 
 def run_case(case: str, duration: float, quick: bool) -> str:
     broker = start_tidemq()
-    ctx = mp.get_context("fork")
-    go, results = ctx.Event(), ctx.Queue()
     consumers = 1 if case == "pull" else 4
     try:
         fill_count = (40_000 if quick else 200_000) // 32 * 32
         fill(broker.port, fill_count)
-        procs = []
-        for i in range(consumers):
-            args: tuple = ((broker.port, fill_count, duration, go, results) if case == "pull"
-                           else (i, broker.port, case == "pop-batch-ack", duration, go, results))
-            proc = ctx.Process(target=pull_worker if case == "pull" else pop_worker, args=args, daemon=True)
-            proc.start()
-            procs.append(proc)
-        time.sleep(0.3)
-        sampler = CpuSampler([p.pid for p in procs] + [broker.pid])
-        sampler.start()
-        go.set()
-        outcomes = [results.get(timeout=duration + 60) for _ in procs]
-        sampler.stop()
-        for proc in procs:
-            proc.join(10)
-        count = sum(o[0] for o in outcomes)
-        start, end = min(o[1] for o in outcomes), max(o[2] for o in outcomes)
-        seconds = end - start
-        start_ns, end_ns = int(start * 1e9), int(end * 1e9)
-        cpu = sampler.shares([p.pid for p in procs], broker.pid, start_ns, end_ns)
-        us = sampler.us_per_msg([broker.pid], start_ns, end_ns, count)
-        return (f"pop case={case} consumers={consumers} msgs_per_s={count / seconds:.0f} "
-                f"broker_cpu_us_per_msg={us:.2f} messages={count} fill={fill_count} seconds={seconds:.2f} "
-                f"quick={int(quick)} {cpu}")
+        jobs = [(pull_worker, (broker.port, fill_count, duration)) if case == "pull"
+                else (pop_worker, (i, broker.port, case == "pop-batch-ack", duration)) for i in range(consumers)]
+        timed = run_timed(jobs, broker.pid, duration + 60)
+        return (f"pop case={case} consumers={consumers} msgs_per_s={timed.count / timed.seconds:.0f} "
+                f"broker_cpu_us_per_msg={timed.us_per_msg:.2f} messages={timed.count} fill={fill_count} "
+                f"seconds={timed.seconds:.2f} quick={int(quick)} {timed.cpu}")
     except Exception as exc:  # noqa: BLE001 -- the run goes on with the next case
         return f'pop case={case} error="{type(exc).__name__}: {exc}" log="{broker.log_tail()}"'
     finally:
@@ -191,21 +170,16 @@ def run_case(case: str, duration: float, quick: bool) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 s per case")
+    parser = runner.parser(__doc__, quick="2 s per case")
     parser.add_argument("--cases", default="pop-ack,pop-batch-ack,pull")
     parser.add_argument("--duration", type=float, default=None, help="seconds per case (default 10, quick 2)")
-    parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     duration = args.duration or (2.0 if args.quick else 10.0)
-    for case in args.cases.split(","):
-        if case not in ("pop-ack", "pop-batch-ack", "pull"):
-            parser.error(f"unknown case {case!r}")
-        line = run_case(case, duration, args.quick)
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a") as out:
-                out.write(line + "\n")
+    with runner.Lines(args.out) as out:
+        for case in args.cases.split(","):
+            if case not in ("pop-ack", "pop-batch-ack", "pull"):
+                parser.error(f"unknown case {case!r}")
+            out.emit(run_case(case, duration, args.quick))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ them, and a third, an idle time later, removes them. Prints one line per scan:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
 
 from store import Message, MessageStore, StoreOptions
+
+from loadtest import runner
 
 BATCH = 10_000
 
@@ -80,7 +81,7 @@ async def main(queues: int, data_dir: str | None) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--queues", type=int, default=200_000)
     parser.add_argument("--data-dir", help="where the temporary store goes (default: the system's temp dir)")
     args = parser.parse_args()

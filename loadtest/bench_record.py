@@ -13,7 +13,6 @@ Lines (CPU time, best of R repetitions, each over N messages of 64 B):
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +23,8 @@ from store.log import record as R
 from store.write.batching import PreparedMessage
 from store.messages import Message
 from store.read.reads import stored_message
+
+from loadtest import runner
 
 MAX_SIZE = 4 << 20
 PROPS = {"TAGS": "tag-a", "content-type": "application/octet-stream", "x-trace": "0123456789abcdef"}
@@ -90,7 +91,7 @@ def cases(messages: int, repeat: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()

@@ -30,8 +30,6 @@ batch of 32 counts 32).
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing as mp
 import os
 import socket
 import struct
@@ -41,9 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtest import runner
 from loadtest.brokers import Broker, free_port, launch
-from loadtest.harness import CpuSampler
-from loadtest.mqtt_wire import receive
+from loadtest.clients.mqtt_wire import receive
+from loadtest.harness import run_timed
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import RemotingCommand, decode_frame, encode
 from protocols.remoting.properties import BatchItem, encode_batch_body
@@ -216,8 +215,6 @@ def fill(port: int, per_queue: int) -> None:
 
 def run_case(scenario: str, batch: int, duration: float, quick: bool) -> str:
     broker = start_tidemq()
-    ctx = mp.get_context("fork")
-    go, results = ctx.Event(), ctx.Queue()
     try:
         fill_per_queue = 0
         if scenario == "pull":
@@ -225,30 +222,11 @@ def run_case(scenario: str, batch: int, duration: float, quick: bool) -> str:
             fill(broker.port, fill_per_queue)
         target = send_worker if scenario == "send" else pull_worker
         extra = () if scenario == "send" else (fill_per_queue,)
-        procs = []
-        for i in range(PROCESSES):
-            args = (i, broker.port, batch, duration, *extra, go, results)
-            proc = ctx.Process(target=target, args=args, daemon=True)
-            proc.start()
-            procs.append(proc)
-        time.sleep(0.3)  # connected
-        sampler = CpuSampler([p.pid for p in procs] + [broker.pid])
-        sampler.start()
-        go.set()
-        outcomes = [results.get(timeout=duration + 60) for _ in procs]
-        sampler.stop()
-        for proc in procs:
-            proc.join(10)
-        count = sum(o[0] for o in outcomes)
-        start = min(o[1] for o in outcomes)
-        end = max(o[2] for o in outcomes)
-        seconds = end - start
-        start_ns, end_ns = int(start * 1e9), int(end * 1e9)
-        cpu = sampler.shares([p.pid for p in procs], broker.pid, start_ns, end_ns)
-        us = sampler.us_per_msg([broker.pid], start_ns, end_ns, count)
-        return (f"remoting scenario={scenario} batch={batch} msgs_per_s={count / seconds:.0f} "
-                f"broker_cpu_us_per_msg={us:.2f} messages={count} "
-                f"seconds={seconds:.2f} processes={PROCESSES} quick={int(quick)} {cpu}")
+        timed = run_timed([(target, (i, broker.port, batch, duration, *extra)) for i in range(PROCESSES)],
+                          broker.pid, duration + 60)
+        return (f"remoting scenario={scenario} batch={batch} msgs_per_s={timed.count / timed.seconds:.0f} "
+                f"broker_cpu_us_per_msg={timed.us_per_msg:.2f} messages={timed.count} "
+                f"seconds={timed.seconds:.2f} processes={PROCESSES} quick={int(quick)} {timed.cpu}")
     except Exception as exc:  # the run goes on with the next case
         return f'remoting scenario={scenario} batch={batch} error="{type(exc).__name__}: {exc}" log="{broker.log_tail()}"'
     finally:
@@ -256,25 +234,20 @@ def run_case(scenario: str, batch: int, duration: float, quick: bool) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 s per case")
+    parser = runner.parser(__doc__, quick="2 s per case")
     parser.add_argument("--scenarios", default="send,pull")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--duration", type=float, default=None, help="seconds per case (default 10, quick 2)")
-    parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     duration = args.duration or (2.0 if args.quick else 10.0)
-    for scenario in args.scenarios.split(","):
-        if scenario not in ("send", "pull"):
-            parser.error(f"unknown scenario {scenario!r}")
-        for batch in (int(b) for b in args.batches.split(",")):
-            if batch not in (1, 32):
-                parser.error("batches are 1 or 32")
-            line = run_case(scenario, batch, duration, args.quick)
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as out:
-                    out.write(line + "\n")
+    with runner.Lines(args.out) as out:
+        for scenario in args.scenarios.split(","):
+            if scenario not in ("send", "pull"):
+                parser.error(f"unknown scenario {scenario!r}")
+            for batch in (int(b) for b in args.batches.split(",")):
+                if batch not in (1, 32):
+                    parser.error("batches are 1 or 32")
+                out.emit(run_case(scenario, batch, duration, args.quick))
 
 
 if __name__ == "__main__":

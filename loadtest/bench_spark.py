@@ -56,7 +56,6 @@ then for its micro-batch (read, decode, publish through ``POST /data/publish``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
@@ -67,6 +66,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from loadtest import runner
 
 DEVICES = 1000
 PUT_BATCH = 20_000
@@ -317,9 +318,7 @@ def _seconds(trigger: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed run per mode, 100 readings end to end "
-                        "(under 120 s)")
+    parser = runner.parser(__doc__, quick="one timed run per mode, 100 readings end to end (under 120 s)")
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, help="timed runs per mode (default 3, --quick 1)")
     parser.add_argument("--modes", default="dataDir,address")
@@ -335,13 +334,12 @@ def main() -> None:
     parser.add_argument("--e2e-rate", type=float, default=20.0, help="readings published per second")
     parser.add_argument("--trigger", default="1 second", help="the job's processing-time trigger")
     parser.add_argument("--aggregates-trigger", help="the aggregation's own trigger (default: --trigger)")
-    parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     parts = args.parts.split(",")
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-bench-spark-"))
-    lines: list[str] = []
+    out = runner.Lines(args.out)
     try:
         t = time.perf_counter()
         spark = start_spark()
@@ -371,8 +369,7 @@ def main() -> None:
                         line = (f"spark_parquet records={args.records} records_per_s={baseline:.0f} "
                                 f"batch_s={seconds:.2f} cpu_s={base_cpu:.2f} agg={agg} runs={runs} "
                                 f"partitions={partitions}")
-                        print(line, flush=True)
-                        lines.append(line)
+                        out.emit(line)
                     for mode in modes if "source" in parts else ():
                         seconds, cpu, partitions = measure(lambda m=mode, a=agg: source(spark, connect[m], a, pruned),
                                                            agg, args.records, runs)
@@ -383,21 +380,16 @@ def main() -> None:
                                 f"partitions={partitions} columns={schema}"
                                 + (f" vs_parquet={rate / baseline:.2f} cpu_vs_parquet={base_cpu / cpu:.2f}"
                                    if baseline else ""))
-                        print(line, flush=True)
-                        lines.append(line)
+                        out.emit(line)
             finally:
                 gw.stop()
         if "e2e" in parts:
             readings = args.e2e_readings or (100 if args.quick else 600)
-            line = e2e(spark, tmp, readings, args.e2e_rate, args.trigger, args.aggregates_trigger)
-            print(line, flush=True)
-            lines.append(line)
+            out.emit(e2e(spark, tmp, readings, args.e2e_rate, args.trigger, args.aggregates_trigger))
         spark.stop()
     finally:
+        out.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    if args.out:
-        with open(args.out, "a") as out:
-            out.writelines(line + "\n" for line in lines)
     print(f"# {time.perf_counter() - started:.0f} s on {os.cpu_count()} cores", flush=True)
 
 

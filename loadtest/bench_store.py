@@ -35,6 +35,8 @@ import psutil
 from gateway.server import tune_gc
 from store import GetStatus, Message, MessageStore, StoreOptions
 
+from loadtest import runner
+
 BATCH = 1000
 GET_BATCH = 32
 
@@ -195,22 +197,16 @@ def run_case(case: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a reduced set that runs in under a minute")
-    parser.add_argument("--out", help="also append the lines to this file")
+    parser = runner.parser(__doc__, quick="a reduced set that runs in under a minute")
     parser.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         run_case(args.case)
         return
-    out = open(args.out, "a") if args.out else None
     started = time.perf_counter()
-    for case in plan(args.quick):
-        line = run_child(case)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    with runner.Lines(args.out) as out:
+        for case in plan(args.quick):
+            out.emit(run_child(case))
     print(f"# {len(plan(args.quick))} cases in {time.perf_counter() - started:.0f} s on {os.cpu_count()} cores",
           flush=True)
 

@@ -19,7 +19,6 @@ end (those due while scheduling ran are released under that load and counted apa
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import shutil
@@ -34,6 +33,8 @@ from gateway.core.timer import TimerService
 from gateway.server import tune_gc
 from store import GetStatus, Message, MessageStore, StoreOptions
 from store.holds.codec import TIMER
+
+from loadtest import runner
 
 BATCH = 1000
 QUEUES = 100
@@ -101,12 +102,10 @@ async def run(data_dir: Path, messages: int, spread_s: float, slice_s: float) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="100,000 messages over 60 s, a 10 s slice")
+    parser = runner.parser(__doc__, quick="100,000 messages over 60 s, a 10 s slice")
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--spread-s", type=float, default=600.0)
     parser.add_argument("--slice-s", type=float, default=30.0)
-    parser.add_argument("--out", help="also append the lines to this file")
     args = parser.parse_args()
     if args.quick:
         args.messages, args.spread_s, args.slice_s = 100_000, 60.0, 10.0
@@ -116,11 +115,9 @@ def main() -> None:
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     head = f"# bench_timer cores={psutil.cpu_count()} python={sys.version.split()[0]}" + (" quick=1" if args.quick else "")
-    for line in [head, *lines]:
-        print(line, flush=True)
-    if args.out:
-        with open(args.out, "a") as out:
-            out.write("\n".join([head, *lines]) + "\n")
+    with runner.Lines(args.out) as out:
+        for line in [head, *lines]:
+            out.emit(line)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from loadtest.amqp_wire import AMQPClientError, Conn
-from loadtest.mqtt_wire import HOST
+from loadtest.clients.amqp_wire import AMQPClientError, Conn
+from loadtest.clients.mqtt_wire import HOST
 
 ROOT = Path(__file__).resolve().parent.parent
 MOSQUITTO_QUEUE = 10_000_000

@@ -11,6 +11,7 @@ import selectors
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,42 @@ class CpuSampler:
             return 0.0
         before, after = self._window(start_ns, end_ns)
         return 1e6 * sum(after[1][p] - before[1][p] for p in pids) / messages
+
+
+@dataclass(slots=True)
+class Timed:
+    """What ``run_timed`` measured: messages handled between the first worker's start and the
+    last one's end, the CPU shares of that window and the broker's CPU per message."""
+
+    count: int
+    seconds: float
+    cpu: str
+    us_per_msg: float
+
+
+def run_timed(jobs: list[tuple[Callable[..., None], tuple]], broker_pid: int, timeout_s: float) -> Timed:
+    """Forks a process per (target, args) of ``jobs``, called with ``(*args, go, results)``: each
+    connects, waits for ``go``, works and puts (count, start, end) on ``results``."""
+    ctx = mp.get_context("fork")
+    go, results = ctx.Event(), ctx.Queue()
+    procs = []
+    for target, args in jobs:
+        proc = ctx.Process(target=target, args=(*args, go, results), daemon=True)
+        proc.start()
+        procs.append(proc)
+    time.sleep(0.3)  # connected
+    sampler = CpuSampler([p.pid for p in procs] + [broker_pid])
+    sampler.start()
+    go.set()
+    outcomes = [results.get(timeout=timeout_s) for _ in procs]
+    sampler.stop()
+    for proc in procs:
+        proc.join(10)
+    count = sum(o[0] for o in outcomes)
+    start, end = min(o[1] for o in outcomes), max(o[2] for o in outcomes)
+    start_ns, end_ns = int(start * 1e9), int(end * 1e9)
+    return Timed(count, end - start, sampler.shares([p.pid for p in procs], broker_pid, start_ns, end_ns),
+                 sampler.us_per_msg([broker_pid], start_ns, end_ns, count))
 
 
 # -- worker processes ------------------------------------------------------------------------------

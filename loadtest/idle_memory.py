@@ -10,7 +10,6 @@ allocations per allocation site and the live objects per type. A diagnostic, not
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import subprocess
@@ -26,15 +25,17 @@ import psutil
 from gateway.config import Config
 from gateway.server import Gateway, tune_gc
 
+from loadtest import runner
+
 # The child: opens the connections, says how many, holds them until its stdin closes.
 _CLIENTS = {
     "mqtt": """
-        from loadtest.mqtt_wire import open_sessions
+        from loadtest.clients.mqtt_wire import open_sessions
         s = open_sessions(PORT, [f"idle-{i}" for i in range(N)], keep_alive=600, timeout_s=120, subscribe=SUB)
         socks = s.sockets
     """,
     "amqp": """
-        from loadtest.amqp_wire import Conn
+        from loadtest.clients.amqp_wire import Conn
         socks = []
         for i in range(N):
             c = Conn(PORT, 30.0)
@@ -144,7 +145,7 @@ def _short(filename: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = runner.parser(__doc__, out=False)
     ap.add_argument("--protocol", choices=sorted(_CLIENTS), default="mqtt")
     ap.add_argument("--connections", type=int, default=2000)
     ap.add_argument("--tracemalloc", action="store_true")
@@ -159,8 +160,8 @@ def main() -> None:
         import uvloop
 
         factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full, args.subscribe))
+    with asyncio.Runner(loop_factory=factory) as loop_runner:
+        loop_runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full, args.subscribe))
 
 
 if __name__ == "__main__":

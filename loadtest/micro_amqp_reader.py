@@ -12,7 +12,6 @@ message id, timestamp, a headers table).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -21,7 +20,8 @@ from datetime import UTC, datetime
 
 import gateway  # noqa: F401 - routes the imports to the build TIDEMQ_PURE_PYTHON selects
 from gateway.native import PURE_PYTHON_ENV, is_compiled, pure_python_selected
-from loadtest.amqp_wire import publish_frames
+from loadtest import runner
+from loadtest.clients.amqp_wire import publish_frames
 from protocols.amqp import frames, reader
 
 CHUNK = 65_536  # about what one socket read gives
@@ -82,7 +82,7 @@ def run_here(messages: int, repeat: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--build", choices=["both", "compiled", "interpreted"], default="both")

@@ -53,8 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loadtest import amqp_scenarios, bench_mqtt
+from loadtest import bench_mqtt, runner
 from loadtest.brokers import Broker, raise_fd_limit, start_amqp_broker, start_broker
+from loadtest.scenarios import amqp_scenarios
 
 DECODE = "inbound decode"
 INBOUND = "inbound handling"
@@ -324,7 +325,7 @@ def profile_once(profile: Profile, args: argparse.Namespace, py_spy: str, raw_di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, from " + ",".join(PROFILES))
     parser.add_argument("--seconds", type=float, default=8.0, help="how long the publishers send, each run")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")

@@ -25,7 +25,6 @@ was not received.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -36,8 +35,9 @@ from pathlib import Path
 import aio_pika
 import psutil
 
+from loadtest import runner
 from loadtest.brokers import Broker, free_port, launch
-from loadtest.soak_mqtt import client, gauges, subscriber
+from loadtest.scenarios.soak_mqtt import client, gauges, subscriber
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.packets import MQTT_3_1_1, PubAck, Publish
 
@@ -222,7 +222,7 @@ async def soak(minutes: int, qos1_rate: float, qos0_rate: float, amqp_rate: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--minutes", type=int, default=30)
     parser.add_argument("--qos1-rate", type=float, default=1000.0, help="MQTT QoS 1 publishes per second")
     parser.add_argument("--qos0-rate", type=float, default=500.0, help="MQTT QoS 0 publishes per second")

@@ -29,11 +29,11 @@ succeeds, and that is announced to the other nodes at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from typing import Any
+
 
 from .api import (
     IN_DOUBT,
@@ -46,6 +46,7 @@ from .api import (
     LookupStats,
     smallest,
 )
+from .heartbeats import beat_until_closed, stop_tasks
 from .outbox import SYNC, Outbox, Result, resolve
 from .ring import Membership
 from .table import OwnerTable
@@ -98,11 +99,7 @@ class EmbeddedLookup(Lookup):
         if self._closed:
             return
         self._closed = True
-        for task in (self._task, self._announce):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks(task for task in (self._task, self._announce) if task is not None)
         outboxes = list(self._outboxes.values())
         self._outboxes.clear()
         for outbox in outboxes:
@@ -114,12 +111,7 @@ class EmbeddedLookup(Lookup):
         await self._transport.close()
 
     async def _run(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.options.heartbeat_s)
-            try:
-                await self.heartbeat()
-            except Exception:  # a bug here must not stop the heartbeats
-                log.exception("lookup heartbeat failed node=%s", self.node_id)
+        await beat_until_closed(lambda: self._closed, self.options.heartbeat_s, self.heartbeat, self.node_id)
 
     async def heartbeat(self) -> None:
         peers = self._transport.peers() - {self.node_id}

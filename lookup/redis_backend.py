@@ -28,7 +28,6 @@ under; while any node is re-registering.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -41,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+
 from .api import (
     IN_DOUBT,
     ClientList,
@@ -52,6 +52,7 @@ from .api import (
     LookupStats,
     smallest,
 )
+from .heartbeats import beat_until_closed, stop_tasks
 
 log = logging.getLogger("tidemq.lookup")
 
@@ -263,22 +264,13 @@ class RedisLookup(InterestLookup):
         if self._closed:
             return
         self._closed = True
-        for task in (self._task, self._kick):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks(task for task in (self._task, self._kick) if task is not None)
         if leave:
             await self._script("leave", self.node_id)
         await self._redis.aclose()
 
     async def _run(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.options.heartbeat_s)
-            try:
-                await self.heartbeat()
-            except Exception:  # a bug here must not stop the heartbeats
-                log.exception("lookup heartbeat failed node=%s", self.node_id)
+        await beat_until_closed(lambda: self._closed, self.options.heartbeat_s, self.heartbeat, self.node_id)
 
     async def heartbeat(self) -> None:
         async with self._beat:

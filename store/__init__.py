@@ -9,6 +9,7 @@ reading (``read``), the meta tables (``meta``), held messages (``holds``), reten
 reclaim (``retention``) and the message records (``messages``).
 """
 
+from .clock import now_ms
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
@@ -67,5 +68,6 @@ __all__ = [
     "decode_properties",
     "encode_msg_id",
     "encode_properties",
+    "now_ms",
     "tag_hash",
 ]

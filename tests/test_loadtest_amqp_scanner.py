@@ -1,4 +1,4 @@
-"""The AMQP load generator's frame scanner (``loadtest.amqp_wire.Conn.scan``) reads the send-time
+"""The AMQP load generator's frame scanner (``loadtest.clients.amqp_wire.Conn.scan``) reads the send-time
 stamp of every delivery (bench_amqp's latency scenario) however reads split the stream: the
 one-step path (deliver, header and body complete in the buffer) and the frame-by-frame path
 must both count each message once, with its latency, and find the duplicates."""
@@ -16,8 +16,8 @@ from pamqp import frame as pframe
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from loadtest.amqp_wire import Conn
-from loadtest.stamps import PAYLOAD_SIZE, STAMP, StampLog
+from loadtest.clients.amqp_wire import Conn
+from loadtest.clients.stamps import PAYLOAD_SIZE, STAMP, StampLog
 
 NOW_NS = 10**12
 # (channel, publisher, sequence, sent ns); small sequence ranges make duplicates

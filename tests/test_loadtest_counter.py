@@ -1,4 +1,4 @@
-"""The load generator's subscriber-side counter (``loadtest.mqtt_wire.PublishCounter``) counts
+"""The load generator's subscriber-side counter (``loadtest.clients.mqtt_wire.PublishCounter``) counts
 what the project's own codec says is in the stream, however reads split it: deliveries,
 duplicates, the PUBACKs owed and the latencies. It has a fast path for runs of PUBLISHes of one
 shape and a frame-by-frame path for everything else; both must agree with the codec."""
@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest.mqtt_wire import PAYLOAD_SIZE, STAMP, PublishCounter
+from loadtest.clients.mqtt_wire import PAYLOAD_SIZE, STAMP, PublishCounter
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.packets import MQTT_3_1_1, PingResp, PubAck, Publish
 

@@ -51,8 +51,8 @@ from protocols.remoting.properties import (
     encode_batch_body,
     encode_properties,
 )
-from protocols.remoting.tags import parse_subscription, subscription_codes, tag_hash
-from store import tag_hash as store_tag_hash  # the consume-queue side of the same code
+from protocols.remoting.tags import parse_subscription, subscription_codes
+from store import tag_hash  # the consume-queue side of the codes (tests/test_java_hash.py)
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -69,14 +69,6 @@ commands = st.builds(
     version=st.integers(0, 65535),
     serialize_type=st.sampled_from([SERIALIZE_JSON, SERIALIZE_ROCKETMQ]),
 )
-
-
-def _java_hash(s: str) -> int:
-    """String.hashCode by its definition: s[0]*31^(n-1) + ... over UTF-16 code units."""
-    raw = s.encode("utf-16-be", "surrogatepass")
-    units = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
-    h = sum(u * 31 ** (len(units) - 1 - i) for i, u in enumerate(units)) % 2**32
-    return h - 2**32 if h >= 2**31 else h
 
 
 def _json_frame(header: dict | bytes, body: bytes = b"") -> bytes:
@@ -465,24 +457,6 @@ def test_offset_message_id_vectors() -> None:
 
 
 # -- tags ----------------------------------------------------------------------------------
-def test_tag_hash_is_java_string_hash_code() -> None:
-    assert tag_hash("TagA") == 2598919  # 84*31^3 + 97*31^2 + 103*31 + 65
-    assert tag_hash("") == 0
-    assert tag_hash("hello world") == 1794106052
-    assert tag_hash("polygenelubricants") == -(2**31)  # wraps to Integer.MIN_VALUE
-    assert tag_hash("\U0001f600") == 0xD83D * 31 + 0xDE00  # two UTF-16 code units
-
-
-@given(st.text(max_size=30))
-def test_tag_hash_matches_its_definition(tag: str) -> None:
-    assert tag_hash(tag) == _java_hash(tag)
-
-
-def test_store_and_protocol_agree_on_tag_codes() -> None:
-    for tag in ("TagA", "\u4e2d\u6587\u6807\u7b7e", "\U0001f600x", "polygenelubricants"):
-        assert store_tag_hash(tag) == tag_hash(tag)
-
-
 def test_subscription_expressions() -> None:
     assert parse_subscription(None) is None and parse_subscription("") is None and parse_subscription("*") is None
     assert parse_subscription("TagA") == {"TagA"}

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from store import GetResult, GetStatus, MessageStore, StoredMessage, StoreError
 from store import RateLimitedLog
+from store import now_ms as clock_ms
 from store import CheckPoint, PopCheckPoints
-
 from ..tasks import cancel_and_wait
+
 
 log = logging.getLogger("tidemq.pop")
 
@@ -94,7 +94,7 @@ class PopService:
         WAL) when it returns. ``start``: where a group new to the queue begins (its pull
         consumer offset), else ``init_mode``. ``now_ms``: the pop time (one for the queues
         of one request: its answer names them all by it)."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = clock_ms() if now_ms is None else now_ms
         popped = Popped(queue, now, invisible_ms)
         revived = []
         for cp in self.points.ready(group, queue, max_messages):
@@ -164,7 +164,7 @@ class PopService:
         cp = self.points.invisible(group, queue, offset, due_ms)
         if cp is None or (group, queue, offset) in self._settling:
             return None
-        now = _now_ms()
+        now = clock_ms()
         self.points.change(cp, now + invisible_ms)
         self._scheduled(now + invisible_ms)
         return now
@@ -181,7 +181,7 @@ class PopService:
     async def revive_due(self) -> int:
         """Revive what is due now: into the ready set, or past its group's maximum, the dead
         letter. How many were handled."""
-        now = _now_ms()
+        now = clock_ms()
         start = max(0, self._revived_to - CLOCK_SLACK_MS)
         due = self.points.due(now, REVIVE_BATCH, start)
         reached = now if len(due) < REVIVE_BATCH else due[-1].due_ms
@@ -226,14 +226,11 @@ class PopService:
                                    exc_info=not isinstance(exc, StoreError))
                 await asyncio.sleep(RETRY_S)
                 continue
-            self._wake_at = _now_ms() + LOOK_MS
-            while (delay := (self._wake_at - _now_ms()) / 1000) > 0:
+            self._wake_at = clock_ms() + LOOK_MS
+            while (delay := (self._wake_at - clock_ms()) / 1000) > 0:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 except TimeoutError:
                     pass
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -16,11 +16,11 @@ import asyncio
 import logging
 import time
 
-from store import MessageStore, StoreError
+from store import MessageStore, StoreError, now_ms
 from store import TIMER
 from store import LatencyHistogram
-
 from ..tasks import cancel_and_wait
+
 
 log = logging.getLogger("tidemq.timer")
 
@@ -68,14 +68,14 @@ class TimerService:
 
     def due_within(self) -> list[tuple[float, int]]:
         """(seconds, pending timer messages due within them from now), per DUE_BOUNDS_S."""
-        counts = self.store.held.due_within(TIMER, _now_ms(), DUE_BOUNDS_S, DUE_SCAN_LIMIT)
+        counts = self.store.held.due_within(TIMER, now_ms(), DUE_BOUNDS_S, DUE_SCAN_LIMIT)
         return list(zip(DUE_BOUNDS_S, counts))
 
     async def _run(self) -> None:
         held = self.store.held
         while True:
             self._wake.clear()
-            now = _now_ms()
+            now = now_ms()
             earliest = held.take_earliest(TIMER)
             if earliest is not None and earliest < self._released_to:
                 self._released_to = earliest
@@ -87,19 +87,16 @@ class TimerService:
                     log.warning("timer release failed; retried count=%d error=%s", len(due), exc)
                     await asyncio.sleep(RETRY_S)
                     continue
-                released_at = _now_ms()
+                released_at = now_ms()
                 for hold in due:
                     self.due_lag.observe(max(0, released_at - hold.due_ms) / 1000)
                 self.released += len(due)
                 self._released_to = due[-1].due_ms  # (not past it: more of that ms may be left)
                 continue  # more may be due
             self._next_due = held.next_due_ms(TIMER, self._released_to)
-            delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - _now_ms()) / 1000))
+            delay = LOOK_S if self._next_due is None else min(LOOK_S, max(0.0, (self._next_due - now_ms()) / 1000))
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
             except TimeoutError:
                 pass
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

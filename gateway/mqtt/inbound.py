@@ -13,7 +13,7 @@ import time
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
 from protocols.mqtt.reason_codes import ReasonCode
-from store import StoreError
+from store import StoreError, now_ms
 from store import TIMER
 
 from ..core.ingest import PutPipeline, Refused
@@ -175,5 +175,5 @@ def _delayed(make, packet: Publish, topic: str, queues_for) -> tuple:
     """A ``$delayed/`` publish (checked by ``receive``): stored now for its topic, held until its time."""
     delay, target = parse_delayed(topic)
     message = make(packet, target)
-    message.hold_kind, message.hold_due_ms = TIMER, time.time_ns() // 1_000_000 + delay * 1000
+    message.hold_kind, message.hold_due_ms = TIMER, now_ms() + delay * 1000
     return message, queues_for(target)

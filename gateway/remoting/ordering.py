@@ -7,7 +7,7 @@ consumers then hold the queue's lock (LOCK_BATCH_MQ, consumers.py) while they co
 
 from __future__ import annotations
 
-from store import tag_hash as java_string_hash
+from protocols.java_hash import string_hash
 
 _M64 = (1 << 64) - 1
 _LCG = 2862933555777941757  # Guava's LinearCongruentialGenerator
@@ -35,4 +35,4 @@ def consistent_hash(value: int, buckets: int) -> int:
 
 def sharding_queue(key: str, write_queues: int) -> int:
     """The queue id a message of sharding key ``key`` goes to."""
-    return consistent_hash(java_string_hash(key), write_queues)
+    return consistent_hash(string_hash(key), write_queues)

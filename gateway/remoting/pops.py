@@ -18,7 +18,6 @@ import base64
 import itertools
 import json
 import re
-import time
 from dataclasses import dataclass
 
 from protocols.remoting.codes import ResponseCode
@@ -26,7 +25,7 @@ from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.headers import get_bool
 from protocols.remoting.message_codec import encode_message
 from protocols.remoting.properties import ORIGIN_MESSAGE_ID, RETRY_TOPIC
-from store import StoredMessage
+from store import StoredMessage, now_ms
 from store import CheckPoint
 
 from ..core.pop import Popped
@@ -182,7 +181,7 @@ class PopRequests:
         def pop_once() -> list[tuple[int, Popped]]:
             out = []
             room = max_messages
-            now = time.time_ns() // 1_000_000  # (one pop time: the answer's popTime names every queue's)
+            now = now_ms()  # (one pop time: the answer's popTime names every queue's)
             for queue_id in queue_ids:
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from store import GetStatus, MessageStore, StoredMessage
-
 from ..tasks import cancel_and_wait
+
 
 log = logging.getLogger("tidemq.remoting")
 

@@ -38,6 +38,7 @@ from store import HALF
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .requests import BadRequest, Client, int_field, str_field
+from ..tasks import cancel_and_wait
 
 log = logging.getLogger("tidemq.remoting")
 

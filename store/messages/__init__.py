@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from protocols.java_hash import string_hash
+
 from .message import Message  # (compiled: one per message stored)
 from ..log.record import decode_properties, decode_queues
 from .put_result import PutResult  # (compiled: one per message stored)
@@ -15,13 +17,7 @@ TAGS_PROPERTY = "TAGS"  # RocketMQ's property name; the tag hash of an entry is 
 
 def tag_hash(tags: str | None) -> int:
     """Java's ``String.hashCode`` of the tags, as RocketMQ keeps it in consume-queue entries."""
-    if not tags:
-        return 0
-    h = 0
-    raw = tags.encode("utf-16-be")
-    for i in range(0, len(raw), 2):
-        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
+    return string_hash(tags) if tags else 0
 
 
 class GetStatus(enum.Enum):

@@ -13,11 +13,13 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 
+
 from .batching import PreparedMessage, dispatch_items, place, put_results
 from ..log.commitlog import CommitLog
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from .durable import SyncFlusher
+from ..clock import now_ms
 from ..errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
 from ..log_limit import RateLimitedLog
 from ..messages import Message, PutResult
@@ -138,7 +140,7 @@ class GroupCommitter:
 
     def _commit(self, batch: Batch) -> list[Sequence[PutResult]]:
         """Write, index and announce ``batch``; what each of its puts returns."""
-        store_ts = _now_ms()
+        store_ts = now_ms()
         groups = [prepared for prepared, _ in batch]
         records, placed, assigned = place(groups, self.index.cache.get, self.index.resolve, store_ts)
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
@@ -178,6 +180,3 @@ def _fail(batch: Batch, exc: BaseException) -> None:
         if not fut.done():
             fut.set_exception(exc)
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

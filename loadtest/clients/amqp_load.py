@@ -1,6 +1,6 @@
 """The load generator processes of ``bench_amqp``: publishers (confirmed or not, bounded or
 paced, bodies stamped with the send time or not) and consumers (prefetch, manual acks, reading
-the stamps or not), each a forked process on raw sockets (``loadtest.amqp_wire``), reporting to
+the stamps or not), each a forked process on raw sockets (``loadtest.clients.amqp_wire``), reporting to
 the coordinator through ``loadtest.harness.Workers``."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from pamqp import commands
 
-from loadtest.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
+from loadtest.clients.amqp_wire import AMQPClientError, Conn, method_frame, publish_frames
+from loadtest.clients.stamps import PAYLOAD_SIZE, StampedFrames, StampLog, latency_result
 from loadtest.harness import (
     DELIVERED,
     SLACK_S,
@@ -21,7 +22,6 @@ from loadtest.harness import (
     drain_stop,
     ready_events,
 )
-from loadtest.stamps import PAYLOAD_SIZE, StampedFrames, StampLog, latency_result
 
 BODY = bytes(i % 256 for i in range(PAYLOAD_SIZE))  # 64 bytes, as bench_mqtt's payloads
 POLL_S = 0.001  # sockets are read every POLL_S (see bench_mqtt.POLL_S)

@@ -22,8 +22,8 @@ from pamqp import frame as pframe
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from loadtest.mqtt_wire import HOST, RECV_SIZE, receive
-from loadtest.stamps import STAMP, StampLog
+from loadtest.clients.mqtt_wire import HOST, RECV_SIZE, receive
+from loadtest.clients.stamps import STAMP, StampLog
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -74,7 +74,7 @@ class Conn:
       numbers (individual or multiple basic.ack / basic.nack), ``last_confirm_ns``;
     - deliveries: ``delivered`` complete messages (method, header and the body's last frame),
       ``last_tag`` per channel, which ``acks`` turns into basic.ack multiple frames; with
-      ``stamps`` set, each body's stamp (``loadtest.stamps``) goes into it as the body arrives.
+      ``stamps`` set, each body's stamp (``loadtest.clients.stamps``) goes into it as the body arrives.
     """
 
     def __init__(self, port: int, timeout_s: float, product: str = "tidemq-bench") -> None:

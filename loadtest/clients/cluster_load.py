@@ -1,5 +1,5 @@
 """The load of ``bench_cluster``: MQTT publishers and subscribers spread over the gateway nodes
-of a cluster (forked worker processes driven by ``loadtest.mqtt_load``'s pumps), and one
+of a cluster (forked worker processes driven by ``loadtest.clients.mqtt_load``'s pumps), and one
 publish/subscribe run on a cluster with its counts, CPU shares and the nodes' metrics before
 and after (``run_flow``)."""
 
@@ -10,7 +10,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.cluster_nodes import Cluster, Samples, scrape
+from loadtest.clients.mqtt_load import KEEP_ALIVE, Load, pump_publishers
+from loadtest.clients.mqtt_load import pump_subscribers as pump_received
+from loadtest.clients.mqtt_wire import PublishBatch, Publisher, Subscriber, open_sessions
 from loadtest.harness import (
     MACHINE,
     SLACK_S,
@@ -20,9 +22,7 @@ from loadtest.harness import (
     deliveries,
     split,
 )
-from loadtest.mqtt_load import KEEP_ALIVE, Load, pump_publishers
-from loadtest.mqtt_load import pump_subscribers as pump_received
-from loadtest.mqtt_wire import PublishBatch, Publisher, Subscriber, open_sessions
+from loadtest.scenarios.cluster_nodes import Cluster, Samples, scrape
 
 SUB_PROCS = 2
 

@@ -1,6 +1,6 @@
 """The scenarios of ``bench_amqp`` as the coordinator runs them: what to run (``Plan``), queue
 set-up and clean-up on its own AMQP connection, the queue-count polls, and one function per
-scenario that starts the load generator processes (``loadtest.amqp_load``), samples the CPU
+scenario that starts the load generator processes (``loadtest.clients.amqp_load``), samples the CPU
 and returns the scenario's line. ``RUNNERS`` maps scenario names to them."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from pamqp import commands
 
-from loadtest.amqp_load import (
+from loadtest.brokers import Broker, ScenarioError
+from loadtest.clients.amqp_load import (
     BODY,
     IDLE_FOR_S,
     PubLoad,
@@ -20,8 +21,7 @@ from loadtest.amqp_load import (
     consumer_worker,
     publisher_worker,
 )
-from loadtest.amqp_wire import Conn, publish_frames
-from loadtest.brokers import Broker, ScenarioError
+from loadtest.clients.amqp_wire import Conn, publish_frames
 from loadtest.harness import (
     DELIVERED,
     SLACK_S,

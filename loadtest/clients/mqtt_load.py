@@ -1,6 +1,6 @@
 """The load generator processes of ``bench_mqtt`` (and ``bench_cluster``): publishers (windowed,
 paced or bounded by what the subscribers received), subscribers and idle connections, on raw
-sockets with packets pre-encoded by ``loadtest.mqtt_wire``, reporting to the coordinator
+sockets with packets pre-encoded by ``loadtest.clients.mqtt_wire``, reporting to the coordinator
 through ``loadtest.harness.Workers``."""
 
 from __future__ import annotations
@@ -12,6 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadtest.clients.mqtt_wire import (
+    PublishBatch,
+    Publisher,
+    Subscriber,
+    open_sessions,
+)
+from loadtest.clients.stamps import latency_result
 from loadtest.harness import (
     DELIVERED,
     SLACK_S,
@@ -20,13 +27,6 @@ from loadtest.harness import (
     drain_stop,
     ready_events,
 )
-from loadtest.mqtt_wire import (
-    PublishBatch,
-    Publisher,
-    Subscriber,
-    open_sessions,
-)
-from loadtest.stamps import latency_result
 
 KEEP_ALIVE = 600  # no PINGREQs in the load: the longest scenario is far shorter
 IDLE_FOR_S = 2.0  # subscribers stop once the publishers are done and nothing came for this long

@@ -19,7 +19,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.brokers import ROOT, Broker, BrokerUnavailable, free_port
-from loadtest.mqtt_wire import HOST
+from loadtest.clients.mqtt_wire import HOST
 
 NODE_START_S = 60.0  # 9 Python processes starting at once on 2 cores take a while
 COMPLAINT_MARKERS = ("level=warning", "level=error", "level=critical", "Traceback")

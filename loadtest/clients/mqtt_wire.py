@@ -15,7 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from loadtest.stamps import PAYLOAD_SIZE, STAMP, StampedFrames, StampLog
+from loadtest.clients.stamps import PAYLOAD_SIZE, STAMP, StampedFrames, StampLog
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.errors import MalformedPacket, MQTTError
 from protocols.mqtt.packets import (

@@ -1,7 +1,7 @@
 """MQTT soak: a constant load for a bounded time, watching the gateway for leaks.
 
     python -m loadtest.bench_mqtt --soak-minutes 10 [--soak-rate 2000]
-    python -m loadtest.soak_mqtt --minutes 10 [--rate 2000]        (the same)
+    python -m loadtest.scenarios.soak_mqtt --minutes 10 [--rate 2000]        (the same)
 
 A fresh TideMQ (persistence on, metrics listener on) gets ``rate`` QoS 1 PUBLISHes per second
 from 4 publishers (topics soak/0..3, 64-byte payloads) and one subscriber of ``soak/+`` that
@@ -22,7 +22,6 @@ constant load -- or when acknowledged messages were not received.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from loadtest import runner
 from loadtest.brokers import Broker, free_port, launch
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.packets import (
@@ -228,7 +228,7 @@ async def soak(minutes: float, rate: float, max_growth: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = runner.parser(__doc__, out=False)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=2000.0, help="QoS 1 publishes per second, in all")
     parser.add_argument("--max-growth-mib-per-min", type=float, default=1.0)
