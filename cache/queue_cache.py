@@ -5,7 +5,8 @@ first reader to reach a window's end reads the store once and appends; the rest 
 A source that answers later (a gateway node's store link) hands its answer to ``offer``; the
 read at that offset takes it (see ``QueueCache.offer``). The local store writes through: the
 messages it commits to a queue whose window ends at the queue's end are appended as committed
-(``take_tail``), so readers at the tail never read them back.
+(``take_tail``), so readers at the tail never read them back. The cache hears the source's
+notify events itself (``listen_notify``), before any reader is woken by them.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class QueueCache:
         add_tail_reader = getattr(store, "add_tail_reader", None)  # the local store has it; a store link not
         if add_tail_reader is not None:
             add_tail_reader(self)
+        # The cache hears every notify event itself, before any reader is woken by it: no
+        # protocol's notify handler has to remember to tell it (``on_notify``'s contract).
+        listen_notify = getattr(store, "listen_notify", None)
+        if listen_notify is not None:
+            listen_notify(self._notified)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
@@ -341,9 +347,10 @@ class QueueCache:
     def on_notify(self, queue: str, max_offset: int) -> None:
         """Record that ``queue`` now ends at ``max_offset``; reads the store later, lazily, if at all.
 
-        Contract: once called for a queue, the notify handler calls it for every later notify
-        event of that queue (before waking the queue's readers) until ``drop(queue)``; the cache
-        then answers "nothing new" at the known end without a store read.
+        Contract: once called for a queue, it is called for every later notify event of that
+        queue (before the queue's readers are woken) until ``drop(queue)``; the cache then
+        answers "nothing new" at the known end without a store read. The cache's own listener
+        of the source's notify events keeps it (``_notified``).
         """
         window = self._windows.get(queue)
         if window is None:
@@ -358,6 +365,14 @@ class QueueCache:
         window.max_offset = max(window.max_offset, max_offset)
         window.notified = True
         window.wakes += 1
+
+    def _notified(self, events: dict[str, int]) -> None:
+        """The source's notify events as it publishes them: each queue with a window learns its
+        new end (a queue no one here reads has none, and needs none)."""
+        windows = self._windows
+        for queue, max_offset in events.items():
+            if queue in windows:
+                self.on_notify(queue, max_offset)
 
     def drop(self, queue: str) -> None:
         """Forget a queue (removed, or no local subscriber left)."""
