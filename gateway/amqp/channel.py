@@ -74,8 +74,7 @@ class Channel:
     # defaults: set on the few channels that consume their replies)
     reply_consumer: str | None = None
     reply_name: str | None = None
-
-    confirms: Confirms | None = None  # publisher confirms (confirm.select): set on the channels that ask
+    confirms: Confirms | None = None  # publisher confirms: set by confirm.select
 
     def __init__(self, connection: ChannelConnection, number: int, inbound: Inbound) -> None:
         self.connection = connection
