@@ -93,6 +93,7 @@ class QueueCache:
         # The cache hears every notify event itself, before any reader is woken by it: no
         # protocol's notify handler has to remember to tell it (``on_notify``'s contract).
         listen_notify = getattr(store, "listen_notify", None)
+        self._hears_notify = listen_notify is not None
         if listen_notify is not None:
             listen_notify(self._notified)
 
@@ -193,9 +194,7 @@ class QueueCache:
         # when the reader is at the queue's end (a window to wait at for new messages).
         if status is GetStatus.FOUND or status is GetStatus.NO_NEW_MESSAGE and offset == result.max_offset:
             if window is None:
-                window = self._windows[queue] = Window()
-                self.stats.queues += 1
-                self.stats.bytes += WINDOW_OVERHEAD
+                window = self._windows[queue] = self._new_window()
             else:
                 self._windows.move_to_end(queue)
                 self._reset(window)
@@ -280,9 +279,7 @@ class QueueCache:
         """
         window = self._windows.get(queue)
         if window is None:
-            window = self._windows[queue] = Window()
-            self.stats.queues += 1
-            self.stats.bytes += WINDOW_OVERHEAD
+            window = self._windows[queue] = self._new_window()
         else:
             self._windows.move_to_end(queue)  # about to be read
         self._hold(queue, window, offset, result)
@@ -466,6 +463,15 @@ class QueueCache:
         del costs[-count:]
         window.bytes -= freed
         self.stats.bytes -= freed
+
+    def _new_window(self) -> Window:
+        """A window for a queue read here. When the cache hears every notify event itself, its
+        end is trusted from the start: every later growth of the queue will be heard."""
+        window = Window()
+        window.notified = self._hears_notify
+        self.stats.queues += 1
+        self.stats.bytes += WINDOW_OVERHEAD
+        return window
 
     def _reset(self, window: Window) -> None:
         # (a reset window is re-placed, or left unplaced: ``take_tail`` checks where it ends)

@@ -23,8 +23,8 @@ async def put(store, queue: str, n: int, start: int = 0, size: int = 0) -> list[
 
 
 class Link:
-    """A source that only reads (as a gateway node's store link): the store's write-through to
-    its tail readers (store/tail.py) left out, for what the cache does on its own."""
+    """A source that only reads: the store's write-through to its tail readers (store/tail.py)
+    and its notify events left out, for what the cache does on its own."""
 
     def __init__(self, store) -> None:
         self.get_now = store.get_now
@@ -92,11 +92,12 @@ async def test_a_thousand_readers_of_one_queue_cost_one_store_read_per_batch(ope
 
 
 async def test_without_notify_each_reader_at_the_end_asks_the_store(open_store):
-    # Without on_notify the cache cannot know the store has nothing new, so a reader that
-    # reaches the window's end asks the store once; the batches themselves are still read once.
+    # Without on_notify (a source whose notify events the cache does not hear) the cache cannot
+    # know the store has nothing new, so a reader that reaches the window's end asks the store
+    # once; the batches themselves are still read once.
     store = await open_store()
     bodies = await put(store, "hot", 200)
-    cache = QueueCache(store)
+    cache = QueueCache(Link(store))
     readers = [0] * 10
     got: list[list[bytes]] = [[] for _ in readers]
     active = set(range(10))
@@ -299,7 +300,7 @@ async def test_retention_trims_the_window_and_drops_one_it_emptied(open_store):
     store = await open_store(segment_size=8192, retention_bytes=20_000, retention_hours=0)
     old = await put(store, "old", 8, size=700)
     bodies = await put(store, "q", 60, size=700)
-    cache = QueueCache(store, window_messages=40)
+    cache = QueueCache(Link(store), window_messages=40)  # (told of "q" only: "old" is not trusted at its end)
     assert [b for _, b in read_to_end(cache, "old")[0]] == old
     assert [b for _, b in read_to_end(cache, "q")[0]] == bodies
     cache.on_notify("q", 60)
