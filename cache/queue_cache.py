@@ -5,7 +5,8 @@ first reader to reach a window's end reads the store once and appends; the rest 
 A source that answers later (a gateway node's store link) hands its answer to ``offer``; the
 read at that offset takes it (see ``QueueCache.offer``). The local store writes through: the
 messages it commits to a queue whose window ends at the queue's end are appended as committed
-(``take_tail``), so readers at the tail never read them back.
+(``take_tail``), so readers at the tail never read them back. The cache hears the source's
+notify events itself (``listen_notify``), before any reader is woken by them.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ class QueueCache:
         add_tail_reader = getattr(store, "add_tail_reader", None)  # the local store has it; a store link not
         if add_tail_reader is not None:
             add_tail_reader(self)
+        # The cache hears every notify event itself, before any reader is woken by it: no
+        # protocol's notify handler has to remember to tell it (``on_notify``'s contract).
+        listen_notify = getattr(store, "listen_notify", None)
+        self._hears_notify = listen_notify is not None
+        if listen_notify is not None:
+            listen_notify(self._notified)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
@@ -187,9 +194,7 @@ class QueueCache:
         # when the reader is at the queue's end (a window to wait at for new messages).
         if status is GetStatus.FOUND or status is GetStatus.NO_NEW_MESSAGE and offset == result.max_offset:
             if window is None:
-                window = self._windows[queue] = Window()
-                self.stats.queues += 1
-                self.stats.bytes += WINDOW_OVERHEAD
+                window = self._windows[queue] = self._new_window()
             else:
                 self._windows.move_to_end(queue)
                 self._reset(window)
@@ -274,9 +279,7 @@ class QueueCache:
         """
         window = self._windows.get(queue)
         if window is None:
-            window = self._windows[queue] = Window()
-            self.stats.queues += 1
-            self.stats.bytes += WINDOW_OVERHEAD
+            window = self._windows[queue] = self._new_window()
         else:
             self._windows.move_to_end(queue)  # about to be read
         self._hold(queue, window, offset, result)
@@ -341,9 +344,10 @@ class QueueCache:
     def on_notify(self, queue: str, max_offset: int) -> None:
         """Record that ``queue`` now ends at ``max_offset``; reads the store later, lazily, if at all.
 
-        Contract: once called for a queue, the notify handler calls it for every later notify
-        event of that queue (before waking the queue's readers) until ``drop(queue)``; the cache
-        then answers "nothing new" at the known end without a store read.
+        Contract: once called for a queue, it is called for every later notify event of that
+        queue (before the queue's readers are woken) until ``drop(queue)``; the cache then
+        answers "nothing new" at the known end without a store read. The cache's own listener
+        of the source's notify events keeps it (``_notified``).
         """
         window = self._windows.get(queue)
         if window is None:
@@ -358,6 +362,14 @@ class QueueCache:
         window.max_offset = max(window.max_offset, max_offset)
         window.notified = True
         window.wakes += 1
+
+    def _notified(self, events: dict[str, int]) -> None:
+        """The source's notify events as it publishes them: each queue with a window learns its
+        new end (a queue no one here reads has none, and needs none)."""
+        windows = self._windows
+        for queue, max_offset in events.items():
+            if queue in windows:
+                self.on_notify(queue, max_offset)
 
     def drop(self, queue: str) -> None:
         """Forget a queue (removed, or no local subscriber left)."""
@@ -451,6 +463,15 @@ class QueueCache:
         del costs[-count:]
         window.bytes -= freed
         self.stats.bytes -= freed
+
+    def _new_window(self) -> Window:
+        """A window for a queue read here. When the cache hears every notify event itself, its
+        end is trusted from the start: every later growth of the queue will be heard."""
+        window = Window()
+        window.notified = self._hears_notify
+        self.stats.queues += 1
+        self.stats.bytes += WINDOW_OVERHEAD
+        return window
 
     def _reset(self, window: Window) -> None:
         # (a reset window is re-placed, or left unplaced: ``take_tail`` checks where it ends)

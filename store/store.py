@@ -12,7 +12,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from .write.batching import PreparedMessage
 from .log.commitlog import CommitLog
@@ -455,6 +455,11 @@ class MessageStore:
     def subscribe_notify(self) -> NotifySubscription:
         """Coalesced ``(queue, max_offset)`` events, after each dispatch."""
         return self.notify.subscribe()
+
+    def listen_notify(self, listener: Callable[[dict[str, int]], None]) -> None:
+        """Call ``listener`` with each dispatch's ``{queue: max_offset}`` events as they are
+        published, before any subscription is woken (the queue cache)."""
+        self.notify.listen(listener)
 
     # -- consumer offsets and tables ----------------------------------------------------------
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:

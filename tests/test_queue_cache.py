@@ -24,10 +24,19 @@ async def put(store, queue: str, n: int, start: int = 0, size: int = 0) -> list[
 
 class Link:
     """A source that only reads (as a gateway node's store link): the store's write-through to
-    its tail readers (store/read/tail.py) left out, for what the cache does on its own."""
+    its tail readers (store/read/tail.py) and its notify events left out, for what the cache does
+    on its own."""
 
     def __init__(self, store) -> None:
         self.get_now = store.get_now
+
+
+class Unheard:
+    """The store, but for its notify events: the cache reads it and takes its write-through."""
+
+    def __init__(self, store) -> None:
+        self.get_now = store.get_now
+        self.add_tail_reader = store.add_tail_reader
 
 
 def cost(queue: str, body: bytes) -> int:
@@ -53,7 +62,7 @@ async def test_a_thousand_readers_of_one_queue_cost_one_store_read_per_batch(ope
     store = await open_store()
     bodies = await put(store, "hot", 200)
     cache = QueueCache(store)
-    cache.on_notify("hot", 200)  # what the gateway's notify handler does after the puts
+    cache.on_notify("hot", 200)  # what the cache hears of the puts (here before it was made)
     readers = 1000
     offsets = [0] * readers
     got: list[list[tuple[int, bytes]]] = [[] for _ in range(readers)]
@@ -92,11 +101,12 @@ async def test_a_thousand_readers_of_one_queue_cost_one_store_read_per_batch(ope
 
 
 async def test_without_notify_each_reader_at_the_end_asks_the_store(open_store):
-    # Without on_notify the cache cannot know the store has nothing new, so a reader that
-    # reaches the window's end asks the store once; the batches themselves are still read once.
+    # Without on_notify (a source whose notify events the cache does not hear) the cache cannot
+    # know the store has nothing new, so a reader that reaches the window's end asks the store
+    # once; the batches themselves are still read once.
     store = await open_store()
     bodies = await put(store, "hot", 200)
-    cache = QueueCache(store)
+    cache = QueueCache(Link(store))
     readers = [0] * 10
     got: list[list[bytes]] = [[] for _ in readers]
     active = set(range(10))
@@ -299,7 +309,7 @@ async def test_retention_trims_the_window_and_drops_one_it_emptied(open_store):
     store = await open_store(segment_size=8192, retention_bytes=20_000, retention_hours=0)
     old = await put(store, "old", 8, size=700)
     bodies = await put(store, "q", 60, size=700)
-    cache = QueueCache(store, window_messages=40)
+    cache = QueueCache(Link(store), window_messages=40)  # (told of "q" only: "old" is not trusted at its end)
     assert [b for _, b in read_to_end(cache, "old")[0]] == old
     assert [b for _, b in read_to_end(cache, "q")[0]] == bodies
     cache.on_notify("q", 60)
@@ -330,21 +340,19 @@ async def test_retention_trims_the_window_and_drops_one_it_emptied(open_store):
 
 @pytest.mark.parametrize("notify", [True, False], ids=["notified", "unnotified"])
 async def test_random_reads_match_the_store(open_store, notify):
-    # Every answer equals the store's: with on_notify after every put (as the gateway does) and
-    # without it (then the cache asks the store whenever a reader reaches a window's end).
+    # Every answer equals the store's: hearing the store's notify events (as the cache does by
+    # itself) and not (then the cache asks the store whenever a reader reaches a window's end).
     rng = random.Random(7)
     store = await open_store()
     queues = ["r0", "r1", "r2"]
     ends = dict.fromkeys(queues, 0)
-    cache = QueueCache(store, max_bytes=24 * MESSAGE_OVERHEAD, window_messages=7)
+    cache = QueueCache(store if notify else Unheard(store), max_bytes=24 * MESSAGE_OVERHEAD, window_messages=7)
     readers = {(q, k): 0 for q in queues for k in range(4)}
     for _ in range(600):
         if rng.random() < 0.3:
             q = rng.choice(queues)
             await store.put(Message(f"t/{q}", bytes(rng.randrange(1, 300))), [q])
             ends[q] += 1
-            if notify:
-                cache.on_notify(q, ends[q])
             continue
         key = rng.choice(list(readers))
         q = key[0]

@@ -174,25 +174,19 @@ class AMQPBroker:
         queue = self._queue_of(store_queue_name)
         if queue is None:
             return
-        # Every notify of a queue goes to the cache, with consumers or not: once told of a
-        # queue, the cache trusts that it hears of every later message (basic.get and the next
-        # consumer read through it too).
-        self.cache.on_notify(store_queue_name, max_offset)
+        # (the queue cache heard of the event first, by itself: reads see the new end)
         if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
             self._bound(queue)
         elif queue.consumers:
             queue.schedule_pump()
 
     def stored(self, store_queues: set[str]) -> None:
-        """A connection's publishes to these store queues are stored: the cache learns their new
-        ends now, before the notify loop runs, so that the publisher's next basic.get (or
-        queue.declare's count) sees them; x-max-length applies."""
+        """A connection's publishes to these store queues are stored: x-max-length applies now,
+        before the notify loop runs, so that the publisher's next basic.get (or queue.declare's
+        count) sees the bound queue (the queue cache knew their new ends at once)."""
         for name in store_queues:
             queue = self._queue_of(name)
-            if queue is None:
-                continue
-            self.cache.on_notify(name, self.store.max_offset_now(name))
-            if queue.definition.max_length is not None:
+            if queue is not None and queue.definition.max_length is not None:
                 self._bound(queue)
 
     def _bound(self, queue: QueueRuntime) -> None:

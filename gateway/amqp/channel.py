@@ -1,13 +1,12 @@
-"""One AMQP channel: its consumers, prefetch (basic.qos), unacknowledged deliveries, publisher
-confirms and flow; and the handlers of the channel's methods (exchange.*, queue.*, basic.*,
-confirm.*). Protocol errors raise AMQPError, which the connection turns into channel.close or
-connection.close with the reply code."""
+"""One AMQP channel: its consumers, prefetch (basic.qos), unacknowledged deliveries, the state of
+its publisher confirms and transaction, and flow; and the handlers of the channel's methods
+(exchange.*, queue.*, basic.*, confirm.*, tx.*). Protocol errors raise AMQPError, which the
+connection turns into channel.close or connection.close with the reply code."""
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,7 +14,6 @@ from pamqp import commands
 
 from protocols.amqp.frames import (
     COMMAND_INVALID,
-    INTERNAL_ERROR,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
@@ -31,6 +29,7 @@ from store import StoredMessage
 
 from .arguments import CONSUMER_ARGUMENTS, argument_problem
 from .broker import AMQPBroker
+from .confirms import Confirms
 from .direct_reply import REPLY_QUEUE
 from .permissions import check_method
 from .queues import Consumer, QueueRuntime, Ready
@@ -41,6 +40,7 @@ NOTHING: frozenset = frozenset()
 
 if TYPE_CHECKING:
     from ..trace import Tracer
+    from .inbound import Inbound
 
 
 class ChannelConnection(Protocol):
@@ -58,10 +58,6 @@ class ChannelConnection(Protocol):
 
     def flush(self) -> None: ...
 
-    def fail_channel(self, exc: AMQPError) -> None: ...
-
-    def store_publishes(self, events: list[ContentReceived], *, in_commit: bool = False,
-                        on_done: Callable[[BaseException | None], None] | None = None) -> None: ...
 
 log = logging.getLogger("tidemq.amqp")
 
@@ -78,9 +74,11 @@ class Channel:
     # defaults: set on the few channels that consume their replies)
     reply_consumer: str | None = None
     reply_name: str | None = None
+    confirms: Confirms | None = None  # publisher confirms: set by confirm.select
 
-    def __init__(self, connection: ChannelConnection, number: int) -> None:
+    def __init__(self, connection: ChannelConnection, number: int, inbound: Inbound) -> None:
         self.connection = connection
+        self.inbound = inbound  # the connection's publishes: tx.commit stores this channel's there
         self.broker = connection.broker
         self.number = number
         self.consumers: dict[str, Consumer] = {}
@@ -91,17 +89,14 @@ class Channel:
         self.prefetch_count = 0  # per consumer (global=False) or per channel (global=True)
         self.prefetch_size = 0
         self.prefetch_global = False
-        self.confirming = False
         self.tx = False  # tx.select: publishes and settlements wait for tx.commit
-        self.tx_publishes: list = []
+        self.tx_publishes: list[ContentReceived] = []
         self.tx_settles: list[tuple[str, list[int], bool]] = []  # ("ack" | "reject", tags, requeue)
         self._tx_tags: set[int] | frozenset[int] = NOTHING  # (made by the first deferred settle)
-        self.publish_seq = 0
         self.active = True  # channel.flow
         self.closing = False
         self._consumer_seq = 0
         self._consumer_queues: dict[str, str] = {}  # consumer tag -> queue name
-        self._confirmed = 0  # highest publish sequence number confirmed
 
     # -- delivery ------------------------------------------------------------------------------
     def can_deliver(self, consumer: Consumer, size: int) -> bool:
@@ -385,7 +380,8 @@ class Channel:
     def _confirm_select(self, m: commands.Confirm.Select) -> None:
         if self.tx:
             raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", self.number, m)
-        self.confirming = True
+        if self.confirms is None:
+            self.confirms = Confirms()
         if not m.nowait:
             self.reply(commands.Confirm.SelectOk())
 
@@ -400,7 +396,7 @@ class Channel:
 
     # tx.*: publishes and acknowledgements of a transactional channel wait for tx.commit
     def _tx_select(self, m: commands.Tx.Select) -> None:
-        if self.confirming:
+        if self.confirms is not None:
             raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", self.number, m)
         self.tx = True
         self.reply(commands.Tx.SelectOk())
@@ -408,7 +404,6 @@ class Channel:
     def _tx_commit(self, m: commands.Tx.Commit) -> None:
         if not self.tx:
             raise channel_error(PRECONDITION_FAILED, "channel is not transactional", self.number, m)
-        publishes, self.tx_publishes = self.tx_publishes, []
         settles, self.tx_settles = self.tx_settles, []
         self._tx_tags = NOTHING
         for kind, tags, requeue in settles:
@@ -416,16 +411,7 @@ class Channel:
                 self._settle(tags)
             else:
                 self._reject(tags, requeue)
-
-        def committed(error: BaseException | None) -> None:
-            if self.closing:
-                return  # closed meanwhile (a publish of the commit was refused)
-            if error is not None:
-                self.connection.fail_channel(channel_error(INTERNAL_ERROR, f"commit not stored: {error}", self.number, m))
-            else:
-                self.reply(commands.Tx.CommitOk())
-            self.connection.flush()
-        self.connection.store_publishes(publishes, in_commit=True, on_done=committed)
+        self.inbound.commit(self, m)  # its publishes: stored, then commit-ok
 
     def _tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx:
@@ -447,24 +433,6 @@ class Channel:
         self._tx_tags.update(tags)  # type: ignore[union-attr]
         self.tx_settles.append((kind, tags, requeue))
         return True
-
-    # -- publishing ----------------------------------------------------------------------------
-    def next_publish_seq(self) -> int:
-        self.publish_seq += 1
-        return self.publish_seq
-
-    def confirm(self, seqs: list[int], ok: bool) -> None:
-        """basic.ack / basic.nack for published sequence numbers (multiple where contiguous)."""
-        if not seqs or self.closing:
-            return
-        if len(seqs) > 1 and seqs == list(range(seqs[0], seqs[-1] + 1)) and seqs[0] == self._confirmed + 1:
-            method = commands.Basic.Ack(seqs[-1], True) if ok else commands.Basic.Nack(seqs[-1], True, False)
-            self.reply(method)
-        else:
-            for seq in seqs:
-                self.reply(commands.Basic.Ack(seq) if ok else commands.Basic.Nack(seq, False, False))
-        self._confirmed = max(self._confirmed, seqs[-1])
-
 
 _HANDLERS = {
     commands.Exchange.Declare: Channel._exchange_declare,

@@ -1,7 +1,8 @@
 """One AMQP 0-9-1 connection: an asyncio Protocol that feeds the sans-IO frame reader,
 negotiates (start/start-ok with PLAIN or AMQPLAIN, tune, open; update-secret), keeps heartbeats
 both ways, opens and closes channels, turns AMQPError into channel.close / connection.close with
-its reply code, and stores publishes (one group commit per read, confirms when durable).
+its reply code, and hands the publishes it reads to its inbound side (inbound.py: one group
+commit per read, confirms once stored).
 
 After a connection.close (either side's) the connection is not read into memory any more: as
 RabbitMQ, what the client still sends is dropped until close-ok (ours to wait for) or its own
@@ -15,13 +16,11 @@ import itertools
 import logging
 import platform
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pamqp import commands
 
 from protocols.amqp.frames import (
-    ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
     CONNECTION_FORCED,
@@ -45,14 +44,13 @@ from protocols.amqp.reader import FrameReader
 from store import StoreError
 
 from .. import __version__
-from ..core.ingest import PutPipeline, Refused
 from ..deadlines import Deadlines, Slot
 from ..read_pauses import ReadPauses
 from .broker import AMQPBroker
 from .channel import NOTHING, Channel
+from .inbound import Inbound
 from .login import authenticate, update_secret
-from .permissions import publish_refusal, vhost_refusal
-from .publishing import Routed, route_publish
+from .permissions import vhost_refusal
 
 if TYPE_CHECKING:
     from ..trace import Tracer
@@ -110,7 +108,7 @@ class AMQPConnection(asyncio.Protocol):
         self._held: ContentReceived | MethodReceived | None = None
         self.told_blocked = False
         self.read_pauses = ReadPauses()  # "auth", "puts" (too many on their way), "alarm"
-        self.puts = PutPipeline(broker.store, self.read_pauses, listener="amqp", watcher=tracer)  # the ingest path
+        self.inbound = Inbound(self)  # its publishes: routed, stored, confirmed
         self._out: list[bytes] = []
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
@@ -122,7 +120,7 @@ class AMQPConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.read_pauses.transport = self.transport
         peer = transport.get_extra_info("peername")
-        self.peer = self.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer = self.inbound.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.broker.connections.add(self)
         self.broker.stats.connections_total += 1
         self._timer = self.broker.deadlines.later(self.broker.connect_timeout_s, self)
@@ -163,9 +161,9 @@ class AMQPConnection(asyncio.Protocol):
                         publishes.append(event)
                     continue
                 if publishes:
-                    self.store_publishes(publishes)
+                    self.inbound.receive(publishes)
                     publishes = []
-                if self.puts.pending and _reads_stored_state(event):
+                if self.inbound.pending and _reads_stored_state(event):
                     # answered from the store: this connection's publishes before it must be
                     # stored first (a channel reads its own writes, as on RabbitMQ)
                     self._held = event
@@ -177,11 +175,11 @@ class AMQPConnection(asyncio.Protocol):
         except AMQPError as exc:
             events.close()  # the reader keeps what follows the failed frame
             if publishes:
-                self.store_publishes(publishes)
-            self._fail(exc)
+                self.inbound.receive(publishes)
+            self.fail(exc)
             return self.reader.failed
         if publishes:
-            self.store_publishes(publishes)
+            self.inbound.receive(publishes)
         return True
 
     # -- flow control --------------------------------------------------------------------------
@@ -270,11 +268,12 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- errors --------------------------------------------------------------------------------
     def fail_channel(self, exc: AMQPError) -> None:
-        """An error found outside the frame loop (a failed tx.commit, a refused new secret)."""
-        self._fail(exc)
+        """An error found outside the frame loop (a refused new secret)."""
+        self.fail(exc)
         self.flush()
 
-    def _fail(self, exc: AMQPError) -> None:
+    def fail(self, exc: AMQPError) -> None:
+        """Close the channel (channel.close) or the connection (connection.close) ``exc`` names."""
         if self.stage in ("closing", "closed"):
             return  # one close per connection, logged once; the rest is dropped until it ends
         open_or_closing = exc.channel in self.channels or exc.channel in self.closing_channels
@@ -338,7 +337,7 @@ class AMQPConnection(asyncio.Protocol):
                 raise connection_error(CHANNEL_ERROR, f"channel {number} is already open", number, method)
             if number > self.channel_max:
                 raise connection_error(CHANNEL_ERROR, f"channel {number} above channel_max", number, method)
-            self.channels[number] = Channel(self, number)
+            self.channels[number] = Channel(self, number, self.inbound)
             self.send(method_frame(number, commands.Channel.OpenOk()))
             return
         channel = self.channels.get(number)
@@ -443,88 +442,10 @@ class AMQPConnection(asyncio.Protocol):
         self._timer = self.broker.deadlines.later(self.heartbeat / 2, self)
 
     # -- publishing ----------------------------------------------------------------------------
-    def store_publishes(self, events: list[ContentReceived], *, in_commit: bool = False,
-                        on_done: Callable[[BaseException | None], None] | None = None) -> None:
-        """Route and store publishes in one group commit. A transactional channel's publishes
-        wait in the channel until tx.commit stores them (``in_commit``, then ``on_done``)."""
-        broker = self.broker
-        items = []
-        accepted: list[tuple[Channel, int | None, bool]] = []  # (channel, confirm seq, nack it)
-        methods = []
-        holding: list[Routed] = []  # those with places in reject-publish queues, until stored
-        for event in events:
-            channel = self.channels.get(event.channel)
-            if channel is None:
-                if event.channel not in self.closing_channels:
-                    self._fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
-                continue
-            m = event.method
-            refusal = None if in_commit else publish_refusal(self, m.exchange, m.routing_key)
-            if refusal is not None:  # the user's permissions (gateway/auth/authorize.py)
-                self._fail(channel_error(ACCESS_REFUSED, refusal, event.channel, m))
-                continue
-            if channel.tx and not in_commit:
-                channel.tx_publishes.append(event)
-                continue
-            try:
-                routed = route_publish(broker, channel, event)
-            except AMQPError as exc:
-                self._fail(exc)
-                continue
-            if routed is not None:
-                items.append((routed.message, routed.targets))
-                accepted.append((channel, channel.next_publish_seq() if channel.confirming else None,
-                                 routed.refused_by_some))
-                methods.append(m)
-                if routed.places:
-                    holding.append(routed)
-        if not items:
-            if on_done is not None:
-                on_done(None)
-            return
-
-        def stored(fut: asyncio.Future, refused: Refused) -> None:
-            for routed in holding:  # (stored: counted as ready from now on)
-                routed.give_places_back()
-            error = StoreError("cancelled") if fut.cancelled() else fut.exception()
-            kept, stored_items = accepted, items
-            if refused:
-                kept = [a for i, a in enumerate(accepted) if i not in refused]
-                stored_items = [item for i, item in enumerate(items) if i not in refused]
-            self._publishes_done(kept, {q for _, targets in stored_items for q in targets}, error)
-            if on_done is not None:
-                on_done(error)
-
-        try:
-            # a message the store refuses (larger than max_message_size with its properties
-            # and queue list) closes its channel alone; its neighbours are stored
-            refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
-        except StoreError as exc:  # the store takes nothing now (closing, failed)
-            for routed in holding:
-                routed.give_places_back()
-            self._publishes_done(accepted, set(), exc)
-            if on_done is not None:
-                on_done(exc)
-            return
-        for i in sorted(refused):
-            channel = accepted[i][0]
-            self._fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
-        broker.stats.messages_received += len(items) - len(refused)
-
-    def _publishes_done(self, accepted: list[tuple[Channel, int | None, bool]], store_queues: set[str],
-                        error: BaseException | None) -> None:
-        if error is not None:
-            log.error("amqp publish not stored peer=%s count=%d error=%s", self.peer, len(accepted), error)
-        by_channel: dict[Channel, tuple[list[int], list[int]]] = {}  # -> (acks, nacks)
-        for channel, seq, refused_by_some in accepted:
-            if seq is not None:
-                by_channel.setdefault(channel, ([], []))[refused_by_some or error is not None].append(seq)
-        for channel, (acks, nacks) in by_channel.items():
-            channel.confirm(acks, ok=True)
-            channel.confirm(nacks, ok=False)
-        if error is None:
-            self.broker.stored(store_queues)
-        if not self.puts.pending and "ordering" in self.read_pauses and not self.closed:
+    def publishes_stored(self) -> None:
+        """The inbound side's publishes were stored and confirmed: a method held until they
+        were is handled now."""
+        if not self.inbound.pending and "ordering" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("ordering")
             self._process(held)

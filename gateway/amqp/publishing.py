@@ -1,6 +1,7 @@
 """Where an AMQP publish goes: the checks of its exchange and expiration, direct reply-to, its
 routing to queues, the reject-publish overflow, the MQTT bridge of amq.topic, and the mandatory
-flag's return; what is left to store, as one store message with its target queues."""
+flag's return; what is left to store, as one store message with its target queues. The
+inbound side (inbound.py) acts on the answer: it stores, returns and confirms."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 
 from protocols.amqp.frames import (
     ACCESS_REFUSED,
-    NO_ROUTE,
     NOT_FOUND,
     PRECONDITION_FAILED,
     ContentReceived,
@@ -20,33 +20,35 @@ from store import Message
 from store import TIMER
 
 from .broker import AMQPBroker
-from .channel import Channel
-from .direct_reply import REPLY_PREFIX
+from .direct_reply import REPLY_PREFIX, ReplyChannel
 from .messages import expiration_problem, to_store_message
 from .queues import QueueRuntime, take_places
 
 
 @dataclass(slots=True)
 class Routed:
-    """A publish to store: the message, its store queues, the places it holds in reject-publish
-    queues until the put is done (``give_places_back``), and whether a full queue refused it
-    (then nacked under confirms once stored in the others, as RabbitMQ)."""
+    """Where a publish goes: the message to store and its store queues (none: nothing to store),
+    the places it holds in reject-publish queues until the put is done (``give_places_back``),
+    whether a full queue refused it (then nacked under confirms, once stored in the others, as
+    RabbitMQ), and whether it is returned to its publisher (mandatory, and no one took it)."""
 
-    message: Message
+    message: Message | None
     targets: Sequence[str]
     places: Sequence[QueueRuntime] = ()
     refused_by_some: bool = False
+    returned: bool = False
 
     def give_places_back(self) -> None:
         for queue in self.places:
             queue.give_place_back()
 
 
-def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived) -> Routed | None:
-    """What to store; None when nothing is to be stored (a publish returned or refused by every
-    queue it reaches, confirmed or nacked here). AMQPError: the channel fails (no such
-    exchange, an internal one). Under confirms, the publish's sequence number is taken here only
-    when nothing is stored; the caller takes it otherwise."""
+NOWHERE = Routed(None, ())  # a direct reply delivered: nothing to store, nothing to return
+
+
+def route_publish(broker: AMQPBroker, channel: ReplyChannel, event: ContentReceived) -> Routed:
+    """Where a publish goes (``Routed``): a direct reply is delivered to its consumer here, never
+    stored. AMQPError: the channel fails (no such exchange, an internal one, a bad expiration)."""
     m = event.method
     exchange = broker.exchanges.get(m.exchange)
     if exchange is None and m.exchange != "":
@@ -61,10 +63,8 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived) 
     broker.direct_replies.name_reply_to(channel, event)
     if m.exchange == "" and m.routing_key.startswith(REPLY_PREFIX):  # a reply: to its consumer, not stored
         if not broker.direct_replies.deliver(m.routing_key, event) and m.mandatory:
-            channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.raw_properties, event.body)
-        if channel.confirming:
-            channel.confirm([channel.next_publish_seq()], ok=True)
-        return None
+            return Routed(None, (), returned=True)
+        return NOWHERE
     routed = broker.route(m.exchange, m.routing_key, event.headers)
     queues, places = take_places(routed)
     targets = [q.store_queue for q in queues]
@@ -73,18 +73,14 @@ def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived) 
         topic, mqtt_targets, read = broker.mqtt_route(m.routing_key)
         targets = list(dict.fromkeys(targets + mqtt_targets))
         taken = taken or read
-    if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
-        channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.raw_properties, event.body)
-        targets = []
     refused_by_some = len(queues) != len(routed)
+    if not taken and m.mandatory:  # unroutable: returned, then confirmed (as RabbitMQ)
+        return Routed(None, (), refused_by_some=refused_by_some, returned=True)
     if not targets:
-        if channel.confirming:
-            channel.confirm([channel.next_publish_seq()], ok=not refused_by_some)
-        return None
+        return Routed(None, (), refused_by_some=refused_by_some)  # (every queue refused it: no places held)
     message = to_store_message(m.exchange, m.routing_key, event.raw_properties, event.body, topic,
                                delivery_mode=event.delivery_mode, message_id=event.message_id)
     delay = exchange.delay_ms(event.headers) if exchange is not None else 0
     if delay:  # an x-delayed-message exchange's: stored now, in its queues at its time (core/timer.py)
         message.hold_kind, message.hold_due_ms = TIMER, time.time_ns() // 1_000_000 + delay
     return Routed(message, targets, places, refused_by_some)
-

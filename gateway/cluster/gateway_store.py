@@ -146,6 +146,10 @@ class GatewayStore:
     def subscribe_notify(self) -> NotifySubscription:
         return self.notify.subscribe()
 
+    def listen_notify(self, listener: Callable[[dict[str, int]], None]) -> None:
+        """``MessageStore.listen_notify``: the events this node publishes, as they are published."""
+        self.notify.listen(listener)
+
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
         return self.remote.put_batch_nowait(items)

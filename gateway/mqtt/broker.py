@@ -399,8 +399,7 @@ class MQTTBroker:
         readers = self.readers.get(queue)
         if not readers:
             return
-        self.cache.on_notify(queue, max_offset)
-        for reader in readers:
+        for reader in readers:  # (the queue cache heard of the event first, by itself)
             reader.schedule_pump()
 
     def wake(self, reader: Reader) -> None:

@@ -7,7 +7,10 @@ costs one dict entry per queue, never a backlog of events.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
+
+log = logging.getLogger("tidemq.store")
 
 
 class NotifySubscription:
@@ -71,6 +74,7 @@ class NotifySubscription:
 class NotifyHub:
     def __init__(self) -> None:
         self._subscriptions: set[NotifySubscription] = set()
+        self._listeners: list[Callable[[dict[str, int]], None]] = []
         self.events_published = 0  # (queue, max offset) events sent to subscribers
 
     def subscribe(self) -> NotifySubscription:
@@ -78,12 +82,22 @@ class NotifyHub:
         self._subscriptions.add(sub)
         return sub
 
+    def listen(self, listener: Callable[[dict[str, int]], None]) -> None:
+        """Call ``listener(events)`` at each publish, before any subscription is woken: for a
+        party that must know every queue's end before anyone else acts on the events."""
+        self._listeners.append(listener)
+
     @property
     def active(self) -> bool:
-        return bool(self._subscriptions)
+        return bool(self._subscriptions) or bool(self._listeners)
 
     def publish(self, events: dict[str, int]) -> None:
         self.events_published += len(events)
+        for listener in self._listeners:
+            try:
+                listener(events)
+            except Exception:  # the events are published whatever a listener does
+                log.exception("notify listener failed")
         for sub in self._subscriptions:
             sub._publish(events)
 

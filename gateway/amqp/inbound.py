@@ -1,0 +1,172 @@
+"""The inbound side of an AMQP connection (``Inbound``, a component it owns): a client's
+publishes checked against its permissions, routed (publishing.py), put to the store in one
+submission per read through the ingest path (core/ingest.py), then confirmed (confirms.py) or
+returned; a transactional channel's publishes kept until tx.commit stores them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from protocols.amqp.frames import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    INTERNAL_ERROR,
+    NO_ROUTE,
+    PRECONDITION_FAILED,
+    AMQPError,
+    ContentReceived,
+    channel_error,
+    connection_error,
+)
+from store import StoreError
+
+from ..core.ingest import PutPipeline, Refused
+from .permissions import publish_refusal
+from .publishing import Routed, route_publish
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .connection import AMQPConnection
+
+log = logging.getLogger("tidemq.amqp")
+
+# what each publish put to the store waits for: its channel, its confirm sequence number (None
+# when the channel does not confirm) and whether to nack it (a reject-publish queue refused it)
+Accepted = tuple["Channel", "int | None", bool]
+
+
+class Inbound:
+    __slots__ = ("broker", "connection", "puts")
+
+    def __init__(self, connection: AMQPConnection) -> None:
+        self.connection = connection
+        self.broker = connection.broker
+        # the ingest path; it pauses the connection's reading while too many puts are on their way
+        self.puts = PutPipeline(connection.broker.store, connection.read_pauses, listener="amqp",
+                                watcher=connection.tracer)
+
+    @property
+    def pending(self) -> int:
+        """Publishes submitted to the store and not stored yet."""
+        return self.puts.pending
+
+    def receive(self, events: list[ContentReceived]) -> None:
+        """Publishes read together: routed and stored in one group commit (a transactional
+        channel's wait for its tx.commit)."""
+        self._store(events, in_commit=False, on_done=None)
+
+    def commit(self, channel: Channel, method: commands.Tx.Commit) -> None:
+        """tx.commit's publishes: stored in one group commit, then tx.commit-ok (a commit the
+        store did not take closes the channel)."""
+        publishes, channel.tx_publishes = channel.tx_publishes, []
+        connection = self.connection
+
+        def committed(error: BaseException | None) -> None:
+            if channel.closing:
+                return  # closed meanwhile (a publish of the commit was refused)
+            if error is not None:
+                connection.fail(channel_error(INTERNAL_ERROR, f"commit not stored: {error}", channel.number, method))
+            else:
+                channel.reply(commands.Tx.CommitOk())
+            connection.flush()
+        self._store(publishes, in_commit=True, on_done=committed)
+
+    def _store(self, events: list[ContentReceived], *, in_commit: bool,
+               on_done: Callable[[BaseException | None], None] | None) -> None:
+        connection = self.connection
+        broker = self.broker
+        items = []
+        accepted: list[Accepted] = []
+        methods = []
+        holding: list[Routed] = []  # those with places in reject-publish queues, until stored
+        for event in events:
+            channel = connection.channels.get(event.channel)
+            if channel is None:
+                if event.channel not in connection.closing_channels:
+                    connection.fail(connection_error(CHANNEL_ERROR, f"channel {event.channel} is not open", event.channel))
+                continue
+            m = event.method
+            refusal = None if in_commit else publish_refusal(connection, m.exchange, m.routing_key)
+            if refusal is not None:  # the user's permissions (gateway/auth/authorize.py)
+                connection.fail(channel_error(ACCESS_REFUSED, refusal, event.channel, m))
+                continue
+            if channel.tx and not in_commit:
+                channel.tx_publishes.append(event)
+                continue
+            try:
+                routed = route_publish(broker, channel, event)
+            except AMQPError as exc:
+                connection.fail(exc)
+                continue
+            if routed.returned:
+                channel.send_return(NO_ROUTE, "NO_ROUTE", m.exchange, m.routing_key, event.raw_properties, event.body)
+            confirms = channel.confirms
+            if routed.message is None:  # nothing to store: confirmed at once
+                if confirms is not None:
+                    self._confirm(channel, [confirms.next_seq()], ok=not routed.refused_by_some)
+                continue
+            items.append((routed.message, routed.targets))
+            accepted.append((channel, confirms.next_seq() if confirms is not None else None, routed.refused_by_some))
+            methods.append(m)
+            if routed.places:
+                holding.append(routed)
+        if not items:
+            if on_done is not None:
+                on_done(None)
+            return
+
+        def stored(fut: asyncio.Future, refused: Refused) -> None:
+            for routed in holding:  # (stored: counted as ready from now on)
+                routed.give_places_back()
+            error = StoreError("cancelled") if fut.cancelled() else fut.exception()
+            kept, stored_items = accepted, items
+            if refused:
+                kept = [a for i, a in enumerate(accepted) if i not in refused]
+                stored_items = [item for i, item in enumerate(items) if i not in refused]
+            self._done(kept, {q for _, targets in stored_items for q in targets}, error)
+            if on_done is not None:
+                on_done(error)
+
+        try:
+            # a message the store refuses (larger than max_message_size with its properties
+            # and queue list) closes its channel alone; its neighbours are stored
+            refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
+        except StoreError as exc:  # the store takes nothing now (closing, failed)
+            for routed in holding:
+                routed.give_places_back()
+            self._done(accepted, set(), exc)
+            if on_done is not None:
+                on_done(exc)
+            return
+        for i in sorted(refused):
+            channel = accepted[i][0]
+            connection.fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
+        broker.stats.messages_received += len(items) - len(refused)
+
+    def _done(self, accepted: list[Accepted], store_queues: set[str], error: BaseException | None) -> None:
+        """Publishes stored (or not: ``error``): confirmed in order, per channel."""
+        if error is not None:
+            log.error("amqp publish not stored peer=%s count=%d error=%s", self.connection.peer, len(accepted), error)
+        by_channel: dict[Channel, tuple[list[int], list[int]]] = {}  # -> (acks, nacks)
+        for channel, seq, refused_by_some in accepted:
+            if seq is not None:
+                by_channel.setdefault(channel, ([], []))[refused_by_some or error is not None].append(seq)
+        for channel, (acks, nacks) in by_channel.items():
+            self._confirm(channel, acks, ok=True)
+            self._confirm(channel, nacks, ok=False)
+        if error is None:
+            self.broker.stored(store_queues)
+        self.connection.publishes_stored()
+
+    @staticmethod
+    def _confirm(channel: Channel, seqs: list[int], ok: bool) -> None:
+        confirms = channel.confirms
+        if not seqs or channel.closing or confirms is None:
+            return
+        for method in confirms.methods(seqs, ok):
+            channel.reply(method)
