@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-anonymous", choices=("true", "false"), help="accept clients without credentials")
     serve.add_argument("--password-file", metavar="FILE", help="user database (see `tidemq passwd`)")
     serve.add_argument("--acl-file", metavar="FILE", help="access control list (Mosquitto acl_file format)")
-    serve.add_argument("--access-keys-file", metavar="FILE", help="RocketMQ AccessKeys and SecretKeys (README)")
+    serve.add_argument("--access-keys-file", metavar="FILE", help="RocketMQ AccessKeys and SecretKeys (docs/authorization.md)")
     passwd = sub.add_parser("passwd", help="manage a password file (as mosquitto_passwd)")
     passwd.add_argument("-c", dest="create", action="store_true", help="create the file (overwrites it)")
     passwd.add_argument("-b", dest="batch", action="store_true", help="take the password from the command line")
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def event_loop_factory(choice: str):
-    """uvloop when asked or, for "auto", when installed (measured faster, see BENCHMARKS.md);
-    None: asyncio's own loop."""
+    """uvloop when asked or, for "auto", when installed; None: asyncio's own loop (the default:
+    docs/benchmarks/ records why)."""
     if choice == "asyncio":
         return None
     try:

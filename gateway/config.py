@@ -75,7 +75,7 @@ class Config:
     index_flush_interval_s: float = 60.0
     segment_size: int = 1 << 30
     # a full MQTT packet (mqtt_max_packet_size) plus room for what is stored with it (its queue
-    # list), and AMQP bodies of RabbitMQ 4's default limit; measured in BENCHMARKS.md (issue 31)
+    # list), and AMQP bodies of RabbitMQ 4's default limit (what larger messages cost: docs/operations.md)
     max_message_size: int = 20 << 20
     queue_cache_entries: int = 1_048_576
     # RocksDB's memory, index and metadata databases together ([rocksdb] section in TOML): one
@@ -83,7 +83,7 @@ class Config:
     # budget for write buffers (memtables are flushed early when together they reach it)
     rocksdb_cache_bytes: int = 32 << 20
     rocksdb_write_buffer_bytes: int = 32 << 20
-    memory_release_interval_s: float = 10.0  # free malloc pages back to the system (README, Memory); 0 = never
+    memory_release_interval_s: float = 10.0  # free malloc pages back to the system (docs/store.md, Memory); 0 = never
     retention_hours: float = 72.0
     retention_bytes: int = 0
     retention_check_interval_s: float = 60.0
@@ -99,7 +99,7 @@ class Config:
     repair: bool = False
     log_level: str = "INFO"
     shutdown_timeout_s: float = 10.0
-    event_loop: str = "asyncio"  # asyncio, uvloop, or auto (uvloop when installed); uvloop measured no faster here (BENCHMARKS.md)
+    event_loop: str = "asyncio"  # asyncio, uvloop, or auto (uvloop when installed); asyncio is the default (docs/benchmarks/ records why)
     # MQTT: more listeners (empty = off) and limits ([mqtt] section in TOML)
     mqtts_bind: str = ""  # MQTT over TLS; needs tls_cert_file and tls_key_file
     ws_bind: str = ""  # MQTT over WebSocket (subprotocol "mqtt"), path /mqtt

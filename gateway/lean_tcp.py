@@ -1,8 +1,8 @@
 """The plain TCP listeners (MQTT, AMQP, remoting), whose connections cost little while idle:
 per connection, one slotted transport and the accepted socket. asyncio's selector transport
 also keeps an extra-info dict with a TransportSocket and the peer and socket names, a weak
-registry entry, its accept task's future, a write buffer and two bound methods: ~0.9 KiB of an
-idle MQTT connection's ~2.3 (BENCHMARKS.md, "Issue 21: idle connections").
+registry entry, its accept task's future, a write buffer and two bound methods, which this
+transport does without (BENCHMARKS.md: idle connections).
 
 The transport behaves as asyncio's ``_SelectorSocketTransport`` (send at once, buffer the rest,
 pause_writing above the high-water mark, close once the buffer drained, abort, EOF, fatal

@@ -282,7 +282,7 @@ class Gateway:
         assert self.store is not None
         cfg = self.config
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
-        # (with MQTT: the bridge through amq.topic, README)
+        # (with MQTT: the bridge through amq.topic, docs/amqp.md)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
                                connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
@@ -335,7 +335,7 @@ class Gateway:
         stats = ProtocolStats()
         access = RemotingAccess(self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
                                 required=required, allow_anonymous=cfg.allow_anonymous, stats=stats)
-        # (with MQTT: a remoting topic is an MQTT first level, README)
+        # (with MQTT: a remoting topic is an MQTT first level, docs/remoting.md)
         self.remoting = RemotingBroker(
             self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
             max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,

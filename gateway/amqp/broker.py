@@ -111,7 +111,7 @@ class AMQPBroker:
         self.deadlines = Deadlines()  # the connections' handshake timeouts and heartbeats
         self.stalled = StalledReads(read_timeout_s)  # connections silent in the middle of a frame
         self.housekeeping_interval_s = housekeeping_interval_s
-        # the MQTT bridge through amq.topic (RabbitMQ's convention, see README), when MQTT runs
+        # the MQTT bridge through amq.topic (RabbitMQ's convention, see docs/amqp.md), when MQTT runs
         self.mqtt_topics = mqtt_topics
         self._amq_topic_changed = mqtt_topics.join(self.amq_topic_queues) if mqtt_topics is not None else None
         self._meta = store.table(META_TABLE)

@@ -40,7 +40,7 @@ class ClientChannel(Protocol):
     connection: Client
 
 
-BRIDGE_EXCHANGE = "amq.topic"  # the exchange of MQTT topic space (README: the MQTT bridge)
+BRIDGE_EXCHANGE = "amq.topic"  # the exchange of MQTT topic space (docs/amqp.md: the MQTT bridge)
 
 
 def principal(conn: Client) -> Principal:

@@ -41,7 +41,7 @@ log = logging.getLogger("tidemq.cluster")
 
 # Each gateway node would run its own copy of a $share group over the one committed offset in
 # the store node: a message once per node, not once per group (MQTT 5.0 section 4.8.2). Lifted
-# when a group has one owner in the cluster (README, Cluster).
+# when a group has one owner in the cluster (docs/cluster.md).
 SHARED_REFUSAL = "a gateway node of a cluster; a shared group needs one owner in the cluster"
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]

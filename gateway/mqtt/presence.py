@@ -18,7 +18,7 @@ from protocols.mqtt.reason_codes import ReasonCode
 from store import RateLimitedLog
 
 # Held by every node that publishes the events, so that its wildcard queue holds all of them from
-# the node's start (the Spark source reads it with topicFilter; README, Presence events).
+# the node's start (the Spark source reads it with topicFilter; docs/mqtt.md, Presence events).
 PRESENCE_FILTER = "$SYS/brokers/+/clients/+/+"
 PRESENCE_HOLDER = "$presence"
 

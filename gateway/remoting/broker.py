@@ -117,7 +117,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.pop.on_ready = self._pop_ready
         self.pop_waiters = PopWaiters()
         self.connections: set[Client] = set()
-        # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (README)
+        # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (docs/remoting.md)
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:
             topics_changed = mqtt_topics.join(self.topics.queues_for_mqtt)

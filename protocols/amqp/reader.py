@@ -1,6 +1,6 @@
 """AMQP 0-9-1 frame reader without I/O: ``FrameReader`` is fed bytes and yields the events of
 ``frames`` (the protocol header, methods, whole messages, heartbeats). A compiled module
-(Cython's pure-Python mode, see README "The compiled message path").
+(Cython's pure-Python mode, see docs/compiled.md).
 
 The publish hot path (basic.publish, its content header, its body frames) is read straight
 from the buffer, and the properties are kept as the client encoded them (decoded only when

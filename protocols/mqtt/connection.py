@@ -9,8 +9,8 @@ nothing more. What outlives the connection (a session's inflight table and its i
 packet ids, ``awaiting_release``) is the caller's, persisted with the session; the methods
 here take and change those structures so the rules stay in one place.
 
-Compiled by Cython (pyproject.toml ``[tool.tidemq] compiled``, README "The compiled message
-path"): ``ServerConnection`` is an extension type whose counters and limits are C integers;
+Compiled by Cython (pyproject.toml ``[tool.tidemq] compiled``, docs/compiled.md):
+``ServerConnection`` is an extension type whose counters and limits are C integers;
 the same file runs interpreted with ``TIDEMQ_PURE_PYTHON=1``. Its annotations are for readers
 and type checkers only (``annotation_typing=False``, first line): compiled, a ``str``, ``bytes``
 or ``set`` annotation would refuse None, subclasses and other types the interpreted build takes.

@@ -1,4 +1,4 @@
-"""Device uptime per day, from the presence events the MQTT gateway stores (README, Presence
+"""Device uptime per day, from the presence events the MQTT gateway stores (docs/mqtt.md, Presence
 events): each connection of a client is the interval from its ``connected_at`` to its
 ``disconnected_at``, and a device's uptime on a day (UTC) is how much of that day its
 connections cover, overlaps (a takeover, two sessions at once) counted once.

@@ -3,7 +3,7 @@ eventfd, fdatasync the files the event loop named, say so on another eventfd.
 
 Written in Python, the thread took the GIL after each of its system calls, so every fdatasync
 cost the event loop's thread two or three GIL hand-offs and context switches in the middle of
-its work (about 100 us of its CPU per message at 1,000 msgs/s, BENCHMARKS.md). Compiled, the
+its work. Compiled, the
 thread never takes the GIL between ``run()`` and ``stop()``; interpreted (``TIDEMQ_PURE_PYTHON``)
 the same file does the same with ``os`` calls.
 """
