@@ -251,7 +251,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                 return await reply
         except Exception as exc:
             return self.error_response(request, exc)
-        return reply  # type: ignore[return-value]
+        return reply
 
     # -- name server role ----------------------------------------------------------------------
     def route_data(self, topic: str) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def _bit_set_offsets(start: int, bits: bytes) -> list[int]:
     8j + i); its zero bytes are skipped at C speed (a pop's offsets may lie far apart)."""
     if len(bits) > MAX_BIT_SET_BYTES:
         raise BadRequest(f"a bit set of {len(bits)} bytes (at most {MAX_BIT_SET_BYTES})", ResponseCode.INVALID_PARAMETER)
-    offsets = []
+    offsets: list[int] = []
     for match in _SET_BYTES.finditer(bits):
         at, byte = match.start(), bits[match.start()]
         offsets.extend(start + at * 8 + b for b in range(8) if byte >> b & 1)
