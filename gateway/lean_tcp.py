@@ -135,7 +135,7 @@ class LeanTransport(asyncio.Transport):
             self.close()
 
     # -- writing -------------------------------------------------------------------------------
-    def write(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}")
         if not data:

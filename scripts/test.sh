@@ -22,6 +22,8 @@ npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
 
 # the layer contracts in pyproject.toml ([tool.importlinter])
 .venv/bin/lint-imports
+# the type check of the product packages ([tool.mypy] in pyproject.toml)
+.venv/bin/mypy
 
 # The suite runs twice: against the compiled build of the message path (the C extensions the
 # install built from the modules pyproject.toml lists under [tool.tidemq] compiled), then against

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -55,29 +55,13 @@ from .queues import QueueRuntime, take_places
 from ..tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from .channel import Channel
+    from .connection import AMQPConnection
     from ..pressure import StorePressure
 
 log = logging.getLogger("tidemq.amqp")
 
 
-class ClientConnection(Protocol):
-    """What the node's AMQP state needs of a client's connection (``connection.AMQPConnection``)."""
-
-    last_queue: str  # the queue an empty queue name stands for (the connection's last declared)
-    exclusive_queues: set[str] | frozenset[str]
-
-    def shutdown(self) -> None: ...
-
-    def resource_alarm(self, reason: str | None) -> None: ...
-
-
-class ClientChannel(Protocol):
-    """What it needs of a channel (``channel.Channel``): its number, for errors, and its connection."""
-
-    number: int
-
-    @property
-    def connection(self) -> ClientConnection: ...
 META_TABLE = "amqp.meta"
 
 
@@ -103,7 +87,7 @@ class AMQPBroker:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueRuntime] = {}
         self.direct_replies = DirectReplies()  # amq.rabbitmq.reply-to's consumers
-        self.connections: set[ClientConnection] = set()
+        self.connections: set[AMQPConnection] = set()
         self.pressure = pressure
         self.stats = ProtocolStats()
         self.authorizer = authorizer or Authorizer(None)  # the ACL and AMQP permissions
@@ -238,7 +222,7 @@ class AMQPBroker:
         return cached
 
     # -- exchanges -----------------------------------------------------------------------------
-    def declare_exchange(self, channel: ClientChannel, m: commands.Exchange.Declare) -> None:
+    def declare_exchange(self, channel: Channel, m: commands.Exchange.Declare) -> None:
         name = m.exchange
         existing = self.exchanges.get(name)
         if m.passive:
@@ -262,7 +246,7 @@ class AMQPBroker:
             self._meta.put(f"x:{name}", exchange.definition())
         self.exchanges[name] = exchange
 
-    def delete_exchange(self, channel: ClientChannel, m: commands.Exchange.Delete) -> None:
+    def delete_exchange(self, channel: Channel, m: commands.Exchange.Delete) -> None:
         exchange = self.exchanges.get(m.exchange)
         if exchange is None:
             return  # RabbitMQ: deleting a missing exchange succeeds
@@ -298,7 +282,7 @@ class AMQPBroker:
         queue = self.queues[definition.name] = QueueRuntime(self, definition, start, owner, restored=restored)
         return queue
 
-    def queue_for(self, channel: ClientChannel, name: str, method: Any) -> QueueRuntime:
+    def queue_for(self, channel: Channel, name: str, method: Any) -> QueueRuntime:
         queue = self.queues.get(name)
         if queue is None:
             raise channel_error(NOT_FOUND, f"no queue '{name}'", channel.number, method)
@@ -307,7 +291,7 @@ class AMQPBroker:
                                 channel.number, method)
         return queue
 
-    def declare_queue(self, channel: ClientChannel, m: commands.Queue.Declare) -> QueueRuntime:
+    def declare_queue(self, channel: Channel, m: commands.Queue.Declare) -> QueueRuntime:
         name = m.queue or f"amq.gen-{uuid.uuid4().hex[:22]}"
         conn = channel.connection
         existing = self.queues.get(name)
@@ -344,12 +328,13 @@ class AMQPBroker:
         # every queue is bound to the default exchange by its name (implicitly: see route())
         conn.last_queue = name
         if m.exclusive:
-            if not conn.exclusive_queues:
-                conn.exclusive_queues = set()  # (its first: until then the shared empty one)
-            conn.exclusive_queues.add(name)
+            owned = conn.exclusive_queues
+            if not isinstance(owned, set):
+                owned = conn.exclusive_queues = set()  # (its first: until then the shared empty one)
+            owned.add(name)
         return queue
 
-    def delete_queue(self, channel: ClientChannel, m: commands.Queue.Delete) -> int:
+    def delete_queue(self, channel: Channel, m: commands.Queue.Delete) -> int:
         name = m.queue or channel.connection.last_queue
         queue = self.queues.get(name)
         if queue is None:
@@ -396,7 +381,7 @@ class AMQPBroker:
             self._meta.delete(f"x:{exchange.name}")
 
     # -- bindings ------------------------------------------------------------------------------
-    def bind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
+    def bind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
              arguments: dict[str, Any]) -> None:
         queue = self.queue_for(channel, queue_name, None)
         exchange = self.exchanges.get(exchange_name)
@@ -417,7 +402,7 @@ class AMQPBroker:
         exchange.bindings.append(binding)
         self._bindings_changed(exchange)
 
-    def unbind(self, channel: ClientChannel, queue_name: str, exchange_name: str, routing_key: str,
+    def unbind(self, channel: Channel, queue_name: str, exchange_name: str, routing_key: str,
                arguments: dict[str, Any]) -> None:
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
@@ -429,7 +414,7 @@ class AMQPBroker:
         self._bindings_changed(exchange)
         self._auto_delete_exchange(exchange)
 
-    def bind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
+    def bind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
                       arguments: dict[str, Any], method: Any) -> None:
         """exchange.bind: what ``source`` routes by this binding goes on through ``destination``."""
         src, dst = self.exchanges.get(source), self.exchanges.get(destination)
@@ -453,7 +438,7 @@ class AMQPBroker:
         src.exchange_bindings.append(binding)
         self._bindings_changed(src)
 
-    def unbind_exchange(self, channel: ClientChannel, destination: str, source: str, routing_key: str,
+    def unbind_exchange(self, channel: Channel, destination: str, source: str, routing_key: str,
                         arguments: dict[str, Any], method: Any) -> None:
         src = self.exchanges.get(source)
         if src is None or destination not in self.exchanges:
@@ -514,7 +499,7 @@ class AMQPBroker:
         if not targets:
             return
         stored: Message = decoded_to_store_message(exchange, routing_key, properties, message.body)
-        stored.properties = {**(stored.properties or {}), DEATHS: reason}  # type: ignore[dict-item]
+        stored.properties = {**(stored.properties or {}), DEATHS: reason}
         try:
             fut = self.store.put_batch_nowait([(stored, [q.store_queue for q in targets])])
         except StoreError as exc:  # (its x-death headers may take it over max_message_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pamqp import commands
 
@@ -28,7 +28,6 @@ from protocols.amqp.frames import (
 from store import StoredMessage
 
 from .arguments import CONSUMER_ARGUMENTS, argument_problem
-from .broker import AMQPBroker
 from .confirms import Confirms
 from .direct_reply import REPLY_QUEUE
 from .permissions import check_method
@@ -39,24 +38,8 @@ from .queues import Consumer, QueueRuntime, Ready
 NOTHING: frozenset = frozenset()
 
 if TYPE_CHECKING:
-    from ..trace import Tracer
+    from .connection import AMQPConnection
     from .inbound import Inbound
-
-
-class ChannelConnection(Protocol):
-    """The connection a channel belongs to (``connection.AMQPConnection`` is it)."""
-
-    broker: AMQPBroker
-    frame_max: int
-    last_queue: str
-    peer: str
-    username: str | None
-    tracer: Tracer | None
-    writing_paused: bool
-
-    def send(self, data: bytes) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 log = logging.getLogger("tidemq.amqp")
@@ -76,7 +59,7 @@ class Channel:
     reply_name: str | None = None
     confirms: Confirms | None = None  # publisher confirms: set by confirm.select
 
-    def __init__(self, connection: ChannelConnection, number: int, inbound: Inbound) -> None:
+    def __init__(self, connection: AMQPConnection, number: int, inbound: Inbound) -> None:
         self.connection = connection
         self.inbound = inbound  # the connection's publishes: tx.commit stores this channel's there
         self.broker = connection.broker

@@ -7,7 +7,7 @@ gone (a mandatory one is returned then), as RabbitMQ does."""
 from __future__ import annotations
 
 import secrets
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pamqp import commands
 
@@ -19,38 +19,20 @@ from protocols.amqp.frames import (
     deliver_frame,
 )
 
+if TYPE_CHECKING:
+    from .channel import Channel
+
 REPLY_QUEUE = "amq.rabbitmq.reply-to"
 REPLY_PREFIX = REPLY_QUEUE + "."
-
-
-class ReplyConnection(Protocol):
-    frame_max: int
-
-    def send(self, data: bytes) -> None: ...
-
-    def flush(self) -> None: ...
-
-
-class ReplyChannel(Protocol):
-    """A channel that may consume its replies (``channel.Channel`` is one)."""
-
-    number: int
-    next_tag: int
-    closing: bool
-    reply_consumer: str | None  # the consumer tag of its reply consumer
-    reply_name: str | None  # the name its replies are published to
-
-    @property
-    def connection(self) -> ReplyConnection: ...
 
 
 class DirectReplies:
     """The node's reply consumers, by the name their replies are published to."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, ReplyChannel] = {}
+        self._channels: dict[str, Channel] = {}
 
-    def consume(self, channel: ReplyChannel, tag: str, m: commands.Basic.Consume) -> None:
+    def consume(self, channel: Channel, tag: str, m: commands.Basic.Consume) -> None:
         """basic.consume from ``amq.rabbitmq.reply-to``: no-ack only, one per channel."""
         if not m.no_ack:
             raise channel_error(PRECONDITION_FAILED, "reply consumer cannot acknowledge", channel.number, m)
@@ -60,7 +42,7 @@ class DirectReplies:
         channel.reply_name = REPLY_PREFIX + secrets.token_urlsafe(18)
         self._channels[channel.reply_name] = channel
 
-    def cancel(self, channel: ReplyChannel) -> None:
+    def cancel(self, channel: Channel) -> None:
         """Its reply consumer is cancelled or its channel closes: replies to it are lost."""
         if channel.reply_name is not None:
             self._channels.pop(channel.reply_name, None)
@@ -70,7 +52,7 @@ class DirectReplies:
         return name in self._channels
 
     @staticmethod
-    def name_reply_to(channel: ReplyChannel, event: ContentReceived) -> None:
+    def name_reply_to(channel: Channel, event: ContentReceived) -> None:
         """A publish asking for replies to ``amq.rabbitmq.reply-to`` names its channel's reply
         consumer instead; without one it is refused (406), as RabbitMQ does."""
         if event.reply_to != REPLY_QUEUE:

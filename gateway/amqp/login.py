@@ -7,36 +7,18 @@ connection stays open (403 and a connection close if wrong)."""
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from protocols.amqp.frames import ACCESS_REFUSED, AMQPError, connection_error, method_frame
+from protocols.amqp.frames import ACCESS_REFUSED, connection_error, method_frame
 from protocols.amqp.login import parse_login, secret_bytes
 
-from ..read_pauses import ReadPauses
 from .broker import AMQPBroker
 
+if TYPE_CHECKING:
+    from .connection import AMQPConnection
 
-class LoggingIn(Protocol):
-    """The connection being logged in (``connection.AMQPConnection`` is one)."""
-
-    broker: AMQPBroker
-    username: str | None
-    peer: str
-    closed: bool
-    stage: str
-    channel_max: int
-    frame_max: int
-    read_pauses: ReadPauses
-
-    def send(self, data: bytes) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close_transport(self) -> None: ...
-
-    def fail_channel(self, exc: AMQPError) -> None: ...
 
 log = logging.getLogger("tidemq.amqp")
 
@@ -60,7 +42,7 @@ def login_name(username: str | None) -> str:
     return username if username is not None else GUEST
 
 
-async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> None:
+async def authenticate(conn: AMQPConnection, method: commands.Connection.StartOk) -> None:
     """Check start-ok's credentials; tune on success, close (403) otherwise."""
     ok = False
     try:
@@ -86,7 +68,7 @@ async def authenticate(conn: LoggingIn, method: commands.Connection.StartOk) -> 
     conn.read_pauses.resume("auth")
 
 
-async def update_secret(conn: LoggingIn, method: commands.Connection.UpdateSecret) -> None:
+async def update_secret(conn: AMQPConnection, method: commands.Connection.UpdateSecret) -> None:
     """connection.update-secret: update-secret-ok if the new secret is the login's password
     now (``guest`` for an anonymous login), else connection.close 403 (as RabbitMQ when its
     backend refuses the new secret)."""

@@ -10,7 +10,7 @@ close) worded as RabbitMQ's; a user without AMQP permissions may not open the vh
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pamqp import commands
 
@@ -22,28 +22,15 @@ from .broker import AMQPBroker
 from .direct_reply import REPLY_QUEUE
 from .login import login_name
 
-
-class Client(Protocol):
-    """Who is asking (``connection.AMQPConnection`` is one): its login and the node's state."""
-
-    username: str | None
-    peer: str
-    last_queue: str
-    broker: AMQPBroker
-
-
-class ClientChannel(Protocol):
-    """A channel of a client (``channel.Channel`` is one)."""
-
-    number: int
-    broker: AMQPBroker
-    connection: Client
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .connection import AMQPConnection
 
 
 BRIDGE_EXCHANGE = "amq.topic"  # the exchange of MQTT topic space (docs/amqp.md: the MQTT bridge)
 
 
-def principal(conn: Client) -> Principal:
+def principal(conn: AMQPConnection) -> Principal:
     return Principal("amqp", conn.username, None, conn.peer)
 
 
@@ -53,7 +40,7 @@ def _refused(who: Principal, resource: str) -> str:
     return f"access to {resource} in vhost '/' refused for user '{login_name(who.username)}'"
 
 
-def vhost_refusal(conn: Client) -> str | None:
+def vhost_refusal(conn: AMQPConnection) -> str | None:
     """Why connection.open is refused (None: allowed): as RabbitMQ, a user needs some AMQP
     permissions (an ``amqp`` line) on the vhost when an ACL is set."""
     authorizer = conn.broker.authorizer
@@ -64,7 +51,7 @@ def vhost_refusal(conn: Client) -> str | None:
     return authorizer.denied(who, "amqp vhost", "/", text)
 
 
-def check_method(channel: ClientChannel, m) -> None:
+def check_method(channel: Channel, m) -> None:
     """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
     authorizer = channel.broker.authorizer
     if not authorizer.enabled:
@@ -84,7 +71,7 @@ def check_method(channel: ClientChannel, m) -> None:
         raise channel_error(ACCESS_REFUSED, refusal, channel.number, m)
 
 
-def publish_refusal(conn: Client, exchange: str, routing_key: str) -> str | None:
+def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> str | None:
     """Why this publish is refused (None: allowed): write on the exchange, and on the MQTT
     topic of its routing key when it goes to amq.topic."""
     authorizer = conn.broker.authorizer
@@ -106,11 +93,11 @@ def publish_refusal(conn: Client, exchange: str, routing_key: str) -> str | None
 
 
 # -- AMQP permissions per method -------------------------------------------------------------
-def _queue(channel: ClientChannel, name: str) -> str:
+def _queue(channel: Channel, name: str) -> str:
     return name or channel.connection.last_queue
 
 
-def _exchange_declare(channel: ClientChannel, m: commands.Exchange.Declare):
+def _exchange_declare(channel: Channel, m: commands.Exchange.Declare):
     if m.passive:
         return []
     needs = [("configure", "exchange", m.exchange)]
@@ -120,7 +107,7 @@ def _exchange_declare(channel: ClientChannel, m: commands.Exchange.Declare):
     return needs
 
 
-def _queue_declare(channel: ClientChannel, m: commands.Queue.Declare):
+def _queue_declare(channel: Channel, m: commands.Queue.Declare):
     if m.passive:
         return []
     # a server-named queue is named amq.gen-... (RabbitMQ checks the name it generates)
@@ -196,12 +183,12 @@ def queue_topics_readable(broker: AMQPBroker, who: Principal, queue: str) -> boo
     return _unreadable_key(broker, who, _bridge_keys(broker, queue=queue)) is None
 
 
-def _reads_keys(channel: ClientChannel, who: Principal, keys: list[str], action: str) -> str | None:
+def _reads_keys(channel: Channel, who: Principal, keys: list[str], action: str) -> str | None:
     unreadable = _unreadable_key(channel.broker, who, keys)
     return None if unreadable is None else channel.broker.authorizer.denied(who, action, unreadable)
 
 
-def _reads_topics(channel: ClientChannel, who: Principal, source: str, binding_key: str) -> str | None:
+def _reads_topics(channel: Channel, who: Principal, source: str, binding_key: str) -> str | None:
     """A binding from ``source``: from amq.topic, its key's topics; from an exchange amq.topic
     feeds, the topics of the keys on the way there."""
     if source == BRIDGE_EXCHANGE:
@@ -209,16 +196,16 @@ def _reads_topics(channel: ClientChannel, who: Principal, source: str, binding_k
     return _reads_keys(channel, who, _bridge_keys(channel.broker, exchange=source), "bind")
 
 
-def _consumes_topics(channel: ClientChannel, who: Principal, queue: str) -> str | None:
+def _consumes_topics(channel: Channel, who: Principal, queue: str) -> str | None:
     return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "consume")
 
 
-def _purges_topics(channel: ClientChannel, who: Principal, queue: str) -> str | None:
+def _purges_topics(channel: Channel, who: Principal, queue: str) -> str | None:
     """A purge takes what the queue holds, as a read does (RabbitMQ: read on the queue)."""
     return _reads_keys(channel, who, _bridge_keys(channel.broker, queue=_queue(channel, queue)), "purge")
 
 
-def _writes_topics(channel: ClientChannel, who: Principal, routing: str | None) -> str | None:
+def _writes_topics(channel: Channel, who: Principal, routing: str | None) -> str | None:
     """Messages routed on into amq.topic with ``routing`` (a binding or routing key; None:
     any key) reach the AMQP readers of MQTT topics."""
     topic_filter = "#" if routing is None else binding_key_to_mqtt_filter(routing)
@@ -228,7 +215,7 @@ def _writes_topics(channel: ClientChannel, who: Principal, routing: str | None) 
     return None
 
 
-def _exchange_bind_topics(channel: ClientChannel, who: Principal, m: commands.Exchange.Bind) -> str | None:
+def _exchange_bind_topics(channel: Channel, who: Principal, m: commands.Exchange.Bind) -> str | None:
     refusal = _reads_topics(channel, who, m.source, m.routing_key)
     if refusal is None and m.destination == BRIDGE_EXCHANGE:
         source = channel.broker.exchanges.get(m.source)
@@ -237,7 +224,7 @@ def _exchange_bind_topics(channel: ClientChannel, who: Principal, m: commands.Ex
     return refusal
 
 
-def _queue_declare_topics(channel: ClientChannel, who: Principal, m: commands.Queue.Declare) -> str | None:
+def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.Declare) -> str | None:
     arguments = m.arguments or {}
     if m.passive or arguments.get("x-dead-letter-exchange") != BRIDGE_EXCHANGE:
         return None

@@ -5,6 +5,8 @@ inbound side (inbound.py) acts on the answer: it stores, returns and confirms.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,9 +22,12 @@ from store import Message
 from store import TIMER
 
 from .broker import AMQPBroker
-from .direct_reply import REPLY_PREFIX, ReplyChannel
+from .direct_reply import REPLY_PREFIX
 from .messages import expiration_problem, to_store_message
 from .queues import QueueRuntime, take_places
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 
 @dataclass(slots=True)
@@ -46,7 +51,7 @@ class Routed:
 NOWHERE = Routed(None, ())  # a direct reply delivered: nothing to store, nothing to return
 
 
-def route_publish(broker: AMQPBroker, channel: ReplyChannel, event: ContentReceived) -> Routed:
+def route_publish(broker: AMQPBroker, channel: Channel, event: ContentReceived) -> Routed:
     """Where a publish goes (``Routed``): a direct reply is delivered to its consumer here, never
     stored. AMQPError: the channel fails (no such exchange, an internal one, a bad expiration)."""
     m = event.method

@@ -21,17 +21,19 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from cache import QueueCache
-from store import MessageStore, StoredMessage, StoreError
+from store import StoredMessage, StoreError
 
 from ..core import delivery_counts
 from ..core.delivery_counts import DeliveryCounts
 from ..core.group import ConsumerGroup
 from ..interop import amqp_queue
-from .messages import AMQPView
 from .model import QueueDefinition
+
+if TYPE_CHECKING:
+    from .broker import AMQPBroker
+    from .channel import Channel
 
 log = logging.getLogger("tidemq.amqp")
 
@@ -41,37 +43,9 @@ DELIVERED_STEP = 256  # the mark is written this far ahead of the deliveries
 FLUSH_EVERY = 16  # deliveries written to the socket together while a pump goes on
 
 
-class QueueHost(Protocol):
-    """What a queue needs from the node's AMQP state (``broker.AMQPBroker`` is it)."""
-
-    store: MessageStore
-    cache: QueueCache
-
-    def view(self, message: StoredMessage) -> AMQPView: ...
-
-    def dead_letter(self, queue: QueueRuntime, message: StoredMessage, reason: str) -> None: ...
-
-
-class Flushable(Protocol):
-    def flush(self) -> None: ...
-
-
-class ConsumerChannel(Protocol):
-    """What a queue needs from the channel of a consumer (``channel.Channel`` is one)."""
-
-    @property
-    def connection(self) -> Flushable: ...
-
-    def can_deliver(self, consumer: Consumer, size: int) -> bool: ...
-
-    def deliver(self, consumer: Consumer, queue: QueueRuntime, ready: Ready) -> None: ...
-
-    def consumer_cancelled(self, consumer: Consumer) -> None: ...
-
-
 @dataclass(slots=True)
 class Consumer:
-    channel: ConsumerChannel
+    channel: Channel
     tag: str
     no_ack: bool
     exclusive: bool
@@ -94,7 +68,7 @@ def _priority(consumer: Consumer) -> int:
 
 
 class QueueRuntime:
-    def __init__(self, broker: QueueHost, definition: QueueDefinition, start_offset: int,
+    def __init__(self, broker: AMQPBroker, definition: QueueDefinition, start_offset: int,
                  owner: object | None = None, *, restored: bool = False) -> None:
         self.broker = broker
         self.definition = definition
@@ -161,7 +135,7 @@ class QueueRuntime:
         self._pump_scheduled = False
         if self.deleted or not self.consumers:
             return
-        touched: set[ConsumerChannel] = set()
+        touched: set[Channel] = set()
         delivered = 0
         while True:
             ready = self.take(peek_only=True)

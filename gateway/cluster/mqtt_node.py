@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cache import QueueCache
 from lookup.api import IN_DOUBT, InDoubt, InterestLookup, Lookup
@@ -37,6 +37,9 @@ from ..ports import MQTTPorts
 from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
+if TYPE_CHECKING:
+    from ..mqtt.roles import Client
+
 log = logging.getLogger("tidemq.cluster")
 
 # Each gateway node would run its own copy of a $share group over the one committed offset in
@@ -45,10 +48,6 @@ log = logging.getLogger("tidemq.cluster")
 SHARED_REFUSAL = "a gateway node of a cluster; a shared group needs one owner in the cluster"
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
-
-
-class Client(Protocol):
-    def disconnect(self, reason: ReasonCode, message: str) -> None: ...
 
 
 class Clients(Protocol):

@@ -188,7 +188,8 @@ class PopService:
         if not due:
             self._revived_to = reached
             return 0
-        back, dead = [], []
+        back: list[CheckPoint] = []
+        dead: list[CheckPoint] = []
         for cp in due:
             (dead if cp.attempts + 1 > self._max_attempts(cp.group) else back).append(cp)
         if back:

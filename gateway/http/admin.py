@@ -58,7 +58,7 @@ async def locate_client(mqtt: MQTTBroker | None, node: NodePlace, client_id: str
     lookup = node.lookup
     if lookup is not None and not here:
         found = await lookup.where_is(client_id)
-        where = "in doubt" if found is IN_DOUBT else found  # type: ignore[assignment]
+        where = "in doubt" if found is IN_DOUBT else found
     return [{"protocol": "mqtt", "id": client_id, "node": where or "offline", "here": here}]
 
 

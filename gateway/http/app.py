@@ -39,7 +39,7 @@ class HttpServer:
         self.deps = deps
         self.access = DataAccess(deps.access, deps.brokers.amqp)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GatewayCollector(  # type: ignore[arg-type]
+        self.registry.register(GatewayCollector(
             deps.brokers, deps.store, authorizer=deps.access.authorizer, status=deps.status, pressure=deps.pressure,
             tracer=deps.tracer, cluster=deps.cluster, timer=deps.timer))
         app = self.app = web.Application(middlewares=[self._guard])
@@ -55,7 +55,7 @@ class HttpServer:
         # /data/: bulk reads as Arrow, and publishing (data_api.py, data_publish.py)
         publish = PublishApi(deps.brokers.mqtt, self.access, deps.status, deps.pressure)
         data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
-        self.registry.register(publish.collector())  # type: ignore[arg-type]  # tidemq_data_publish_*
+        self.registry.register(publish.collector())  # tidemq_data_publish_*
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)

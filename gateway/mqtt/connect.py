@@ -103,7 +103,7 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
             refuse = ReasonCode.TOPIC_NAME_INVALID
         else:
             acl = broker.acl
-            if packet.will.topic.startswith("$") or (acl is not None and not acl.allows_publish(  # type: ignore[attr-defined]
+            if packet.will.topic.startswith("$") or (acl is not None and not acl.allows_publish(
                     packet.username, client_id, packet.will.topic)):
                 refuse = ReasonCode.NOT_AUTHORIZED
     if connection.closed:
@@ -146,9 +146,9 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
     connection.session = session
     acl = broker.acl
     # (a resumed session's subscriptions were allowed under the ACL of their time: each is asked again)
-    if acl is not None and acl.checks_deliveries(  # type: ignore[attr-defined]
+    if acl is not None and acl.checks_deliveries(
             connection.username, client_id, [state.topic_filter for state in session.subscriptions.values()]):
-        connection.read_check = acl.allows_read  # type: ignore[attr-defined]
+        connection.read_check = acl.allows_read
     broker.connections[client_id] = connection
     connection.will = packet.will
     connection.conn.accepted(packet)  # the limits the client asked for apply from now on
@@ -203,7 +203,7 @@ async def authenticate(connection: Connecting, packet: Connect, client_id: str) 
         return ReasonCode.NOT_AUTHORIZED
     if auth is None:
         return None if connection.settings.allow_anonymous else ReasonCode.BAD_USER_NAME_OR_PASSWORD
-    ok = await auth.verify_async(packet.username or "", packet.password or b"")  # type: ignore[attr-defined]
+    ok = await auth.verify_async(packet.username or "", packet.password or b"")
     if not ok:
         connection.broker.stats.auth_failures += 1
     return None if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD

@@ -256,7 +256,7 @@ class MQTTConnection(asyncio.Protocol):
         if "subscribers" in self.read_pauses and not self.closed:
             held, self._held = self._held, None
             self.read_pauses.resume("subscribers")
-            self.process(held)  # type: ignore[arg-type]
+            self.process(held)
 
     def resource_alarm(self, reason: str | None) -> None:
         """The store's resource alarm was raised (a reason) or cleared (None). A client that

@@ -50,7 +50,7 @@ class IngestGate:
 
     def forget(self, conn: object) -> None:
         """A connection closed: neither held nor waited for."""
-        self.held.discard(conn)  # type: ignore[arg-type]
+        self.held.discard(conn)
         self.done(conn)
 
     def _release(self) -> None:

@@ -58,8 +58,8 @@ class Delivery(Pusher):
         first = inflight is not None and not inflight.released
         answer = self.conn.pubrec(packet, session.inflight)
         if answer is PubRecAnswer.RELEASE:
-            if first and inflight.share is not None:  # type: ignore[union-attr]
-                self.shared_settled(inflight, session)  # type: ignore[arg-type]
+            if first and inflight.share is not None:
+                self.shared_settled(inflight, session)
             self.broker.mark_dirty(session)
             self.connection.send_packet(PubRel(packet.packet_id))
         elif answer is PubRecAnswer.REFUSED:  # the client refused it: the exchange ends here

@@ -36,9 +36,10 @@ from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
 from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
 from .messages import origin_topic
-from .requests import BadRequest, Client
+from .requests import BadRequest
 
 if TYPE_CHECKING:
+    from .connection import RemotingConnection
     from ..stats import ProtocolStats
 
 ANONYMOUS = Principal("remoting", None)
@@ -117,7 +118,7 @@ class RemotingAccess:
         self.unsigned_codes: set[int] = set()  # the store link's (its own cluster token)
 
     # -- authentication ------------------------------------------------------------------------
-    def authenticate(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
+    def authenticate(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         """Set ``conn.principal`` for this request; or the NO_PERMISSION response refusing it."""
         if not self.required or request.code in self.unsigned_codes:
             conn.principal = ANONYMOUS

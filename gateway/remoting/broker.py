@@ -3,7 +3,7 @@
 One node answers route lookups with itself as the only broker, stores sends into its topic
 queues (``r:{topic}:{queueId}``), serves pulls from them with long polling, keeps consumer
 offsets and groups, and does retries, dead letters and delayed messages as RocketMQ does.
-Requests come from ``Client``; each handler takes the request and returns the
+Requests come from ``RemotingConnection``; each handler takes the request and returns the
 response (None for one-way requests).
 """
 
@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
 from protocols.remoting.codes import RequestCode, ResponseCode
@@ -54,7 +54,7 @@ from .ordering import sharding_queue
 from .pops import PopRequests, PopWaiters
 from .pulls import PullRequests
 from .queries import QueryRequests
-from .requests import CONSUMER_PREFIX, BadRequest, Client, Pending, Reply, int_field, str_field
+from .requests import CONSUMER_PREFIX, BadRequest, Pending, Reply, int_field, str_field
 from .retries import RetryRequests
 from .schedule import (
     DEFAULT_DELAY_LEVELS,
@@ -70,6 +70,9 @@ from .topics import (
     TopicRegistry,
 )
 from .transactions import Producers, TransactionService, TransactionSettings, is_half
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -116,7 +119,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.pop = PopService(store, self._pop_dead_letter, lambda group: self.max_reconsume_times)
         self.pop.on_ready = self._pop_ready
         self.pop_waiters = PopWaiters()
-        self.connections: set[Client] = set()
+        self.connections: set[RemotingConnection] = set()
         # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (docs/remoting.md)
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:
@@ -124,7 +127,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             self.topics.on_changed.append(lambda name: topics_changed())
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
-        self.handlers: dict[int, Callable[[Client, RemotingCommand], Any]] = {
+        self.handlers: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self.get_route_info,
             RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
@@ -207,7 +210,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                     del self._locks[key]
 
     # -- dispatch ------------------------------------------------------------------------------
-    def dispatch(self, conn: Client, request: RemotingCommand) -> Reply:
+    def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         """The reply to ``request``: a response, None (one-way), a ``Pending`` store write whose
         completion makes the response, or a coroutine to run (a long-polled pull)."""
         refusal = self.access.authenticate(conn, request)  # sets conn.principal
@@ -241,7 +244,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         log.error("remoting request failed code=%d", request.code, exc_info=exc)
         return response_to(request, ResponseCode.SYSTEM_ERROR, "internal error")
 
-    async def handle(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
+    async def handle(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         """``dispatch`` awaited to its response (for callers that do not batch)."""
         reply = self.dispatch(conn, request)
         try:
@@ -251,7 +254,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                 return await reply
         except Exception as exc:
             return self.error_response(request, exc)
-        return reply  # type: ignore[return-value]
+        return reply
 
     # -- name server role ----------------------------------------------------------------------
     def route_data(self, topic: str) -> dict[str, Any]:
@@ -322,7 +325,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
     def _record_topic(self, topic: str, properties: dict[str, str]) -> str:
         return mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY)) or topic
 
-    def send_message(self, conn: Client, request: RemotingCommand) -> Reply:
+    def send_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
@@ -360,7 +363,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                 transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
         return Pending(future, respond)
 
-    def send_batch(self, conn: Client, request: RemotingCommand,
+    def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:
         header = header or SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.topic.startswith("%RETRY%"):

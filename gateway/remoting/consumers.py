@@ -4,6 +4,8 @@ consumers. Mixed into ``RemotingBroker``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import time
 
@@ -13,12 +15,15 @@ from protocols.remoting.frames import RemotingCommand, response_to
 from ..interop import remoting_queue
 from .access import Right
 from .groups import Subscription
-from .requests import CONSUMER_PREFIX, BadRequest, Client, str_field
+from .requests import CONSUMER_PREFIX, BadRequest, str_field
 from .topics import retry_topic
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 
 class ConsumerRequests:
-    def heartbeat(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
+    def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = json.loads(request.body or b"{}")
         except ValueError as exc:

@@ -13,6 +13,8 @@ retry flag is always 0); orderly pop (``order=true``) is refused.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 import base64
 import itertools
@@ -33,8 +35,11 @@ from ..interop import remoting_queue, remoting_topic_of
 from .access import Right
 from .messages import ORIGIN_TOPIC_PROPERTY, RECONSUME_PROPERTY, origin_topic, restore, to_wire, user_properties
 from .pulls import PERM_READ
-from .requests import CONSUMER_PREFIX, BadRequest, Client, Reply, int_field, str_field
+from .requests import CONSUMER_PREFIX, BadRequest, Reply, int_field, str_field
 from .topics import dlq_topic
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 MAX_POP_MESSAGES = 32  # RocketMQ's broker refuses more
 MAX_GROUP_CHARS = 255
@@ -58,7 +63,7 @@ def _bit_set_offsets(start: int, bits: bytes) -> list[int]:
     8j + i); its zero bytes are skipped at C speed (a pop's offsets may lie far apart)."""
     if len(bits) > MAX_BIT_SET_BYTES:
         raise BadRequest(f"a bit set of {len(bits)} bytes (at most {MAX_BIT_SET_BYTES})", ResponseCode.INVALID_PARAMETER)
-    offsets = []
+    offsets: list[int] = []
     for match in _SET_BYTES.finditer(bits):
         at, byte = match.start(), bits[match.start()]
         offsets.extend(start + at * 8 + b for b in range(8) if byte >> b & 1)
@@ -77,7 +82,7 @@ def _in_range(value: int, name: str) -> int:
 class PopAsk:
     """What a pop's answer is built from, whenever it comes (at once, or after a hold)."""
 
-    conn: Client
+    conn: RemotingConnection
     request: RemotingCommand
     group: str
     topic: str
@@ -162,7 +167,7 @@ class PopRequests:
         first = next(self._pop_turn)  # queueId -1: every queue, from a different one each time
         return [(first + i) % config.read_queues for i in range(config.read_queues)]
 
-    def pop_message(self, conn: Client, request: RemotingCommand) -> Reply:
+    def pop_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         ext = request.ext_fields
         group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         max_messages = int_field(ext, "maxMsgNums")
@@ -255,7 +260,7 @@ class PopRequests:
                              f"[{config.read_queues}]", ResponseCode.MESSAGE_ILLEGAL)
         return remoting_queue(topic, queue_id)
 
-    def ack_message(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
+    def ack_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         queue = self._acked_queue(topic, int_field(ext, "queueId"))
@@ -268,7 +273,7 @@ class PopRequests:
         return response_to(request, ResponseCode.NO_MESSAGE, "no such check point: acked already, or its invisible "
                                                              "time ran out and the message came back")
 
-    def batch_ack_message(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
+    def batch_ack_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         """BatchAckMessageRequestBody: per (queue, pop) a start offset and a bit set of acked
         offsets (fastjson: base64 of BitSet.toByteArray, little-endian bits). Read whole
         before any ack is applied: a bad one refuses them all."""
@@ -303,7 +308,7 @@ class PopRequests:
                                                                  "gone: acked already, or their messages came back")
         return response_to(request, ResponseCode.SUCCESS)
 
-    def change_invisible_time(self, conn: Client, request: RemotingCommand) -> RemotingCommand:
+    def change_invisible_time(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         group, topic = _group(str_field(ext, "consumerGroup")), str_field(ext, "topic")
         queue = self._acked_queue(topic, int_field(ext, "queueId"))
@@ -319,7 +324,7 @@ class PopRequests:
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "popTime": str(new_pop_time), "invisibleTime": str(new_invisible), "reviveQid": "0"})
 
-    def _trace_acks(self, conn: Client, group: str, acked: list[CheckPoint]) -> None:
+    def _trace_acks(self, conn: RemotingConnection, group: str, acked: list[CheckPoint]) -> None:
         if conn.tracer is not None:
             client = f"{group}@{conn.client_id or conn.peer}"
             for cp in acked:

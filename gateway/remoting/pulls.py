@@ -11,6 +11,8 @@ keeps a pull waiting while what arrives does not match).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 
 from protocols.remoting.codes import ResponseCode
@@ -22,9 +24,12 @@ from store import GetResult, GetStatus
 
 from ..interop import remoting_queue
 from .messages import shown_properties, to_wire
-from .requests import CONSUMER_PREFIX, BadRequest, Client, Reply
+from .requests import CONSUMER_PREFIX, BadRequest, Reply
 from .selectors import Selector
 from .topics import PERM_READ
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 # PullSysFlag
 FLAG_COMMIT_OFFSET = 0x1
@@ -89,7 +94,7 @@ class PullRequests:
             if scanned >= SQL_SCAN_MESSAGES or scanned_bytes >= SQL_SCAN_BYTES:
                 return GetResult(GetStatus.NO_MATCHED_MESSAGE, [], offset, result.min_offset, result.max_offset)
 
-    def pull_message(self, conn: Client, request: RemotingCommand) -> Reply:
+    def pull_message(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         """Answered at once when there is data (or no suspend asked); else a coroutine that
         holds the pull until the store's notify or its timeout."""
         header = PullMessageHeader.from_ext_fields(request.ext_fields)
@@ -107,7 +112,7 @@ class PullRequests:
             return self._held_pull(conn, request, header, queue, max_messages, selector, timeout, result, reads)
         return self._pull_response(conn, request, result, offset, header, reads)
 
-    async def _held_pull(self, conn: Client, request: RemotingCommand, header: PullMessageHeader, queue: str,
+    async def _held_pull(self, conn: RemotingConnection, request: RemotingCommand, header: PullMessageHeader, queue: str,
                          max_messages: int, selector: Selector, timeout: float, result: GetResult,
                          reads) -> RemotingCommand:
         offset = header.queue_offset
@@ -123,7 +128,7 @@ class PullRequests:
                 break
         return self._pull_response(conn, request, result, offset, header, reads)
 
-    def _pull_response(self, conn: Client, request: RemotingCommand, result: GetResult, offset: int,
+    def _pull_response(self, conn: RemotingConnection, request: RemotingCommand, result: GetResult, offset: int,
                        header: PullMessageHeader, reads=None) -> RemotingCommand:
         topic, queue_id = header.topic, header.queue_id
         status = result.status

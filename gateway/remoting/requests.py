@@ -6,31 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand
 from store import PutResult
 
-from ..auth.authorize import Principal
-
-if TYPE_CHECKING:
-    from ..trace import Tracer
-
 CONSUMER_PREFIX = "rmq:"  # store consumer name of a consumer group
-
-
-class Client(Protocol):
-    """A client's connection as the request handlers see it (``connection.RemotingConnection``)."""
-
-    peer: str
-    client_id: str
-    principal: Principal  # of the request being dispatched (access.py)
-    tracer: Tracer | None
-
-    def close(self) -> None: ...
-
-    def notify_consumer_ids_changed(self, group: str) -> None: ...
 
 
 @dataclass(slots=True)

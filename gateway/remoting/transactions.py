@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
@@ -37,8 +37,11 @@ from store import HALF
 
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
-from .requests import BadRequest, Client, int_field, str_field
+from .requests import BadRequest, int_field, str_field
 from ..tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -120,7 +123,7 @@ class TransactionService:
             self._task = None
 
     # -- END_TRANSACTION -----------------------------------------------------------------------
-    async def end(self, conn: Client, request: RemotingCommand) -> RemotingCommand | None:
+    async def end(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
         kind = int_field(ext, "commitOrRollback", TRANSACTION_NOT_TYPE) & TRANSACTION_ROLLBACK_TYPE
         position = int_field(ext, "commitLogOffset", -1)

@@ -123,7 +123,7 @@ def _encode_binary_header(command: RemotingCommand) -> bytes:
         if not 0 <= value <= 0xFFFF:
             raise ValueError(f"{name} {value} does not fit the ROCKETMQ header's 16 bits")
     remark = command.remark.encode() if command.remark else b""
-    parts = []
+    parts: list[bytes] = []
     for key, value in command.ext_fields.items():
         k, v = key.encode(), _wire_text(value).encode()
         if len(k) > 0x7FFF:

@@ -108,7 +108,7 @@ class BatchItem:
 
 def encode_batch_body(items: list[BatchItem]) -> bytes:
     """What a producer sends as a SEND_BATCH_MESSAGE body (MessageDecoder.encodeMessages)."""
-    parts = []
+    parts: list[bytes] = []
     for item in items:
         props = item.properties.encode()
         if len(props) > 0x7FFF:

@@ -87,7 +87,7 @@ class HeldMessages:
         start = kind_prefix(kind)
         opts = ReadOptions()
         opts.set_iterate_upper_bound(start + (now_ms + 1).to_bytes(8, "big"))
-        out = []
+        out: list[Hold] = []
         for key, value in self._index.db.items(from_key=start + from_ms.to_bytes(8, "big"), read_opt=opts):
             if len(out) >= limit:
                 break

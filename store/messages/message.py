@@ -60,7 +60,7 @@ class Message:
             return NotImplemented
         return self._fields() == other._fields()
 
-    __hash__ = None  # type: ignore[assignment]  (mutable, as the dataclass it replaces)
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
 
     def __repr__(self) -> str:
         return (f"Message(topic={self.topic!r}, body={self.body!r}, properties={self.properties!r}, "

@@ -42,7 +42,7 @@ class PutResult:
             return NotImplemented
         return self._fields() == other._fields()
 
-    __hash__ = None  # type: ignore[assignment]  (mutable contents, as the dataclass it replaces)
+    __hash__ = None  # type: ignore[assignment]  # mutable contents, as the dataclass it replaces
 
     def __repr__(self) -> str:
         return (f"PutResult(msg_id={self.msg_id!r}, position={self.position!r}, size={self.size!r}, "

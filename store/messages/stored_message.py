@@ -90,7 +90,7 @@ class StoredMessage:
             return NotImplemented
         return self._fields() == other._fields()
 
-    __hash__ = None  # type: ignore[assignment]  (mutable, as the dataclass it replaces)
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
 
     def __repr__(self) -> str:
         return (f"StoredMessage(msg_id={self.msg_id!r}, position={self.position!r}, topic={self.topic!r}, "

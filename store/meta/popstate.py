@@ -96,7 +96,7 @@ class PopCheckPoints:
         prefix = READY_PREFIX + _owner(group, queue)
         opts = ReadOptions()
         opts.set_iterate_upper_bound(_upper(prefix))
-        out = []
+        out: list[CheckPoint] = []
         for key, value in self._db.items(from_key=prefix, read_opt=opts):
             if len(out) >= limit:
                 break
@@ -118,7 +118,7 @@ class PopCheckPoints:
         earliest first, at most ``limit``."""
         opts = ReadOptions()
         opts.set_iterate_upper_bound(INVISIBLE_PREFIX + _U64.pack(now_ms + 1))
-        out = []
+        out: list[CheckPoint] = []
         for key, value in self._db.items(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
             if len(out) >= limit:
                 break

@@ -233,7 +233,7 @@ class PutResults:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):  # (either build's PutResults too)
             return NotImplemented
-        return list(self) == list(other)  # type: ignore[call-overload]
+        return list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]
 

@@ -32,7 +32,7 @@ class Constant(Node):
         self.depth = depth
 
     @property
-    def boolean(self) -> bool:  # type: ignore[override]  (TRUE, FALSE and NULL literals)
+    def boolean(self) -> bool:  # type: ignore[override]  # TRUE, FALSE and NULL literals
         return self.value is None or type(self.value) is bool
 
     def evaluate(self, props: Properties) -> Any:

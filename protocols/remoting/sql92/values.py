@@ -107,25 +107,25 @@ def compare(lv: object, rv: object) -> int:
             elif rt is float:
                 lv = float(lv)
             elif rt is str:
-                rv = parse_int(rv, 32 if lt is Int32 else 64)  # type: ignore[arg-type]
+                rv = parse_int(rv, 32 if lt is Int32 else 64)
             else:
                 return -1
         elif lt is float:
             if rt is Int32 or rt is int:
-                rv = float(rv)  # type: ignore[arg-type]
+                rv = float(rv)
             elif rt is str:
-                rv = parse_double(rv)  # type: ignore[arg-type]
+                rv = parse_double(rv)
             else:
                 return -1
         elif lt is str:
             if rt is bool:
-                lv = lv.lower() == "true"  # type: ignore[union-attr]  (Boolean.valueOf)
+                lv = lv.lower() == "true"  # Boolean.valueOf
             elif rt is Int32:
-                lv = parse_int(lv, 32)  # type: ignore[arg-type]
+                lv = parse_int(lv, 32)
             elif rt is int:
-                lv = parse_int(lv, 64)  # type: ignore[arg-type]
+                lv = parse_int(lv, 64)
             elif rt is float:
-                lv = parse_double(lv)  # type: ignore[arg-type]
+                lv = parse_double(lv)
             else:
                 return -1
         else:
