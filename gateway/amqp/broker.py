@@ -24,7 +24,6 @@ from protocols.amqp.frames import (
 from store import Message, MessageStore, StoredMessage, StoreError
 from store import RateLimitedLog
 
-from ..tasks import cancel_and_wait
 from ..auth.authorize import Authorizer
 from ..core.group import group_start
 from ..deadlines import Deadlines, StalledReads
@@ -37,6 +36,7 @@ from ..interop import (
     valid_mqtt_topic,
 )
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .direct_reply import DirectReplies
 from .messages import DEATHS, AMQPView, decoded_to_store_message, record_death
 from .model import (
@@ -52,7 +52,6 @@ from .model import (
     routed_queues,
 )
 from .queues import QueueRuntime, take_places
-from ..tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from .channel import Channel

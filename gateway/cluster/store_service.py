@@ -24,12 +24,12 @@ from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from store import MessageStore, PutResult, StoredMessage
 
-from ..tasks import cancel_and_wait
 from ..mqtt.expiry import SessionExpiry, stored_sessions
 from ..mqtt.queues import WildcardQueues
 from ..mqtt.retained import RetainedIndex
 from ..mqtt.session import SESSIONS_TABLE, Session
 from ..remoting.requests import BadRequest, Pending, Reply, int_field, str_field
+from ..tasks import cancel_and_wait
 from .notify_router import NotifyRouter
 from .store_link import (
     WILDCARD_TARGETS,

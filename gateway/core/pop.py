@@ -21,6 +21,7 @@ from store import GetResult, GetStatus, MessageStore, StoredMessage, StoreError
 from store import RateLimitedLog
 from store import now_ms as clock_ms
 from store import CheckPoint, PopCheckPoints
+
 from ..tasks import cancel_and_wait
 
 

@@ -19,6 +19,7 @@ import time
 from store import MessageStore, StoreError, now_ms
 from store import TIMER
 from store import LatencyHistogram
+
 from ..tasks import cancel_and_wait
 
 

@@ -17,12 +17,12 @@ from protocols.mqtt.packets import Publish, Will
 from store import PutResult, StoredMessage, StoreError
 from store import RateLimitedLog
 
-from ..tasks import cancel_and_wait
 from ..core.group import group_start
 from ..deadlines import Deadlines, StalledReads
 from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
@@ -34,7 +34,6 @@ from .settings import MQTTSettings
 from .share_refusal import SharedRefusal
 from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
-from ..tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from ..pressure import StorePressure

@@ -33,7 +33,6 @@ from store import InvalidMessageError, MessageTooLargeError
 from store import HALF, TIMER
 from store import RateLimitedLog
 
-from ..tasks import cancel_and_wait
 from ..core.pop import PopService
 from ..deadlines import Deadlines, StalledReads
 from ..interop import (
@@ -45,6 +44,7 @@ from ..interop import (
     remoting_topic_of,
 )
 from ..stats import ProtocolStats
+from ..tasks import cancel_and_wait
 from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups

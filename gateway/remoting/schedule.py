@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from store import GetStatus, MessageStore, StoredMessage
+
 from ..tasks import cancel_and_wait
 
 

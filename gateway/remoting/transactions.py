@@ -38,7 +38,6 @@ from store import HALF
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .requests import BadRequest, int_field, str_field
-from ..tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from .connection import RemotingConnection
