@@ -2,8 +2,8 @@
 are also compiled to C extensions by Cython when the package is built (``pip install``,
 ``pip install -e .``, or ``python setup.py build_ext --inplace`` in a checkout).
 
-One source of truth: each ``.py`` file here is what runs interpreted (``TIDEMQ_PURE_PYTHON=1``,
-see ``gateway/native.py``) and what Cython compiles; its ``import cython`` annotations give C
+One source of truth: each ``.py`` file here is what Cython compiles and what the tests also run
+interpreted (``TIDEMQ_PURE_PYTHON=1``, see ``tests/builds.py``); its ``import cython`` annotations give C
 types to the compiled build and are no-ops interpreted. A failed compilation fails the build:
 a machine that cannot compile must not silently run the slow path.
 """

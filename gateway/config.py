@@ -21,14 +21,13 @@ from typing import Any
 
 from store import StoreOptions
 
-from .native import PURE_PYTHON_ENV
 from .queue_policy import RuleError, parse_rules
 from .trace import parse_listeners
 
 ENV_PREFIX = "TIDEMQ_"
-# TIDEMQ_* names that are not settings: the config file's path, and the process's choice of the
-# compiled or interpreted build (gateway/native.py), made before any configuration is read
-NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", PURE_PYTHON_ENV})
+# TIDEMQ_* names that are not settings: the config file's path, and the test set-up's choice of
+# the compiled or interpreted build (tests/builds.py), which a gateway the tests start inherits
+NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", ENV_PREFIX + "PURE_PYTHON"})
 # settings whose TOML value is a table (kept as its JSON; gateway/queue_policy.py reads it)
 TABLE_SETTINGS = frozenset({"retention_topics"})
 

@@ -4,7 +4,7 @@ fan-in QoS 1 path, without sockets or the store: microseconds of CPU per message
     python -m loadtest.bench_mqtt_connection [--messages N] [--repeat R] [--per-read K] [--version 4|5]
     python -m loadtest.bench_mqtt_connection --both     (runs itself compiled, then interpreted)
 
-The build is the process's (``TIDEMQ_PURE_PYTHON=1``: interpreted; gateway/native.py). Cases,
+The build is the process's (``TIDEMQ_PURE_PYTHON=1``: interpreted; tests/builds.py). Cases,
 each the best of R runs over N messages, fed K frames per ``receive_data`` (one TCP read):
 
 - reader: PacketReader alone, PUBLISH frames in, packets out (what the connection adds is the
@@ -27,8 +27,10 @@ import subprocess
 import sys
 import time
 
-import gateway  # noqa: F401 - before protocols: selects the build (gateway/native.py)
-from gateway.native import PURE_PYTHON_ENV, compiled_modules, pure_python_selected
+from tests.builds import PURE_PYTHON_ENV, compiled_modules, pure_python_selected, select_from_environment
+
+select_from_environment()  # before protocols: the build TIDEMQ_PURE_PYTHON selects (tests/builds.py)
+
 from protocols.mqtt.codec import PacketReader, encode
 from protocols.mqtt.connection import ServerConnection
 from protocols.mqtt.packets import ConnAck, Connect, PubAck, Publish

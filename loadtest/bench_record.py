@@ -17,8 +17,10 @@ import os
 import time
 from collections.abc import Callable
 
-import gateway  # noqa: F401 - first: selects the build (gateway/native.py)
-from gateway.native import is_compiled
+from tests.builds import is_compiled, select_from_environment
+
+select_from_environment()  # before store: the build TIDEMQ_PURE_PYTHON selects (tests/builds.py)
+
 from store.log import record as R
 from store.write.batching import PreparedMessage
 from store.messages import Message

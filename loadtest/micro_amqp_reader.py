@@ -4,7 +4,7 @@ each (``to_store_message``), in the compiled and the interpreted build.
 
     python -m loadtest.micro_amqp_reader [--messages 100000] [--repeat 5] [--build both|compiled|interpreted]
 
-Each build runs in its own process (``TIDEMQ_PURE_PYTHON`` selects it, gateway/native.py);
+Each build runs in its own process (``TIDEMQ_PURE_PYTHON`` selects it, tests/builds.py);
 the best of ``--repeat`` runs is printed, in microseconds per message, for two kinds of
 properties: delivery_mode only (the benchmarks' publish) and a richer set (content type,
 message id, timestamp, a headers table).
@@ -18,8 +18,10 @@ import sys
 import time
 from datetime import UTC, datetime
 
-import gateway  # noqa: F401 - routes the imports to the build TIDEMQ_PURE_PYTHON selects
-from gateway.native import PURE_PYTHON_ENV, is_compiled, pure_python_selected
+from tests.builds import PURE_PYTHON_ENV, is_compiled, pure_python_selected, select_from_environment
+
+select_from_environment()  # before protocols: the build TIDEMQ_PURE_PYTHON selects (tests/builds.py)
+
 from loadtest import runner
 from loadtest.clients.amqp_wire import publish_frames
 from protocols.amqp import frames, reader

@@ -27,8 +27,9 @@ npm ci --prefix tests/remoting_js --no-audit --no-fund --loglevel=error
 
 # The suite runs twice: against the compiled build of the message path (the C extensions the
 # install built from the modules pyproject.toml lists under [tool.tidemq] compiled), then against
-# the same modules interpreted (TIDEMQ_PURE_PYTHON=1, gateway/native.py), the reference. The
-# differential tests (tests/test_native_*.py) compare the two builds within each run.
+# the same modules interpreted (TIDEMQ_PURE_PYTHON=1: the test set-up, tests/builds.py, imports
+# them from their .py files), the reference. The test set-up stops at once if an extension is
+# older than its source (`bash scripts/venv.sh` rebuilds it). The differential tests (tests/test_native_*.py) compare the two builds within each run.
 # TEST_BUILDS=compiled (or interpreted) runs one of them only, for a quicker local run.
 status=0
 for build in ${TEST_BUILDS:-compiled interpreted}; do

@@ -48,6 +48,9 @@ elif [ -z "${VENV_EXTRAS:-}" ]; then
     done
 fi
 if [ "$_tidemq_current" = no ]; then
+    if [ "$_tidemq_built" = yes ] && [ -f "$_tidemq_stamp" ]; then
+        echo "scripts/venv.sh: pyproject.toml, setup.py or a compiled module's source changed since the build; building again" >&2
+    fi
     rm -f "$_tidemq_stamp"
     .venv/bin/python -m pip install --quiet --upgrade pip
     if [ -n "${VENV_EXTRAS:-}" ]; then

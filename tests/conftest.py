@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-import gateway  # noqa: F401  (first: it selects the compiled or interpreted build, gateway/native.py)
-from store import MessageStore, StoreOptions
+from .builds import REBUILD_HINT, pure_python_selected, select_interpreted, stale_extensions, with_site
+
+# Before the project is imported: the build this run tests (tests/builds.py), in this process and,
+# through tests/site/sitecustomize.py, in every process the tests start.
+if pure_python_selected():
+    select_interpreted()
+os.environ.update(with_site(dict(os.environ)))
+
+from store import MessageStore, StoreOptions  # noqa: E402
 
 # Property tests check behaviour, not speed: no per-example deadline (a loaded 2-core CI
 # machine once took 376 ms for an example, and speed is measured by the benchmarks instead).
@@ -19,6 +27,12 @@ settings.load_profile("tidemq")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A stale extension stops the run: the tests would judge the code an edit replaced."""
+    if stale := stale_extensions():
+        pytest.exit("stale compiled extensions (" + "; ".join(stale) + f"): {REBUILD_HINT}", returncode=3)
 
 
 @pytest.fixture

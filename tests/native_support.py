@@ -1,7 +1,7 @@
 """Both builds of a compiled module in one process, for the differential tests: the C extension
 Cython built from it, and the same ``.py`` interpreted (the reference).
 
-Whichever build the process selected (``TIDEMQ_PURE_PYTHON``, gateway/native.py) is the one in
+Whichever build the process selected (``TIDEMQ_PURE_PYTHON``, tests/builds.py) is the one in
 ``sys.modules``; the other is loaded beside it here, so the differential tests compare the two
 in either mode of the suite.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import tomllib
 from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader
 from pathlib import Path
 from types import ModuleType
@@ -19,10 +18,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gateway.native import is_compiled
+from .builds import ROOT, is_compiled, listed_modules
 
-ROOT = Path(__file__).resolve().parent.parent
-COMPILED: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["tidemq"]["compiled"]
+COMPILED: list[str] = listed_modules()
 _INTERPRETED_ALIAS = "__interpreted"
 
 

@@ -43,14 +43,34 @@ def copy_project_files(checkout: Path) -> None:
             shutil.copy(declarations, checkout / source.parent / declarations.name)
 
 
-def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tuple[int, list[str]]:
-    log = checkout / "pip.log"
-    log.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHON=str(checkout / "fake-python"), PIP_LOG=str(log), VENV_EXTRAS=extras,
-               PIP_FAILS="1" if pip_fails else "", BUILT_SOURCES=BUILT_SOURCES)
-    proc = subprocess.run(["bash", "-c", "set -euo pipefail; . scripts/venv.sh"], cwd=checkout, env=env,
+def run_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> subprocess.CompletedProcess[str]:
+    (checkout / "pip.log").unlink(missing_ok=True)
+    env = dict(os.environ, PYTHON=str(checkout / "fake-python"), PIP_LOG=str(checkout / "pip.log"),
+               VENV_EXTRAS=extras, PIP_FAILS="1" if pip_fails else "", BUILT_SOURCES=BUILT_SOURCES)
+    return subprocess.run(["bash", "-c", "set -euo pipefail; . scripts/venv.sh"], cwd=checkout, env=env,
                           capture_output=True, text=True, timeout=60)
+
+
+def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tuple[int, list[str]]:
+    proc = run_venv(checkout, extras, pip_fails)
+    log = checkout / "pip.log"
     return proc.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_install_script_says_when_a_compiled_module_is_built_again(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    first = run_venv(tmp_path, "test")  # a fresh clone: an install, nothing to say
+    assert first.returncode == 0 and "building again" not in first.stderr
+    with (tmp_path / (COMPILED[0].replace(".", "/") + ".py")).open("a") as fh:
+        fh.write("\n# edited\n")
+    rebuilt = run_venv(tmp_path, "test")
+    assert rebuilt.returncode == 0
+    assert "a compiled module's source changed since the build; building again" in rebuilt.stderr
 
 
 def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path) -> None:
