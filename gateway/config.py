@@ -366,7 +366,7 @@ def validate_admin_access(cfg: Config) -> None:
     if parse_admin_users(cfg.admin_users) and not cfg.password_file:
         raise ConfigError("admin_users are users of the password file: set password_file too", "admin_users")
     metrics = parse_bind(cfg.metrics_bind, "metrics_bind")
-    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or cfg.admin_users):
+    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or parse_admin_users(cfg.admin_users)):
         raise ConfigError(f"metrics_bind {cfg.metrics_bind} is reachable beyond this host, and its admin API (every "
                           "message body, kicking clients) would have no credentials: set admin_token, or admin_users "
                           "with a password_file, or bind it to 127.0.0.1", "metrics_bind")

@@ -178,6 +178,13 @@ def test_a_listener_beyond_loopback_without_admin_credentials_does_not_start(tmp
     assert not (tmp_path / "data").exists()  # refused before anything opened
 
 
+def test_blank_admin_users_are_no_admin_credentials(tmp_path: Path) -> None:
+    """``admin_users = ","`` names nobody: beyond loopback it does not stand in for credentials."""
+    proc = serve(tmp_path, "--metrics-bind", "0.0.0.0:0", "--admin-users", " , ")
+    assert proc.returncode == 2 and "metrics_bind" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_admin_users_need_the_password_file(tmp_path: Path) -> None:
     proc = serve(tmp_path, "--metrics-bind", "127.0.0.1:0", "--admin-users", "root")
     assert proc.returncode == 2 and "admin_users" in proc.stderr and "password_file" in proc.stderr, proc.stderr

@@ -250,3 +250,19 @@ def test_access_keys_file(tmp_path: Path) -> None:
         path.write_text(bad)
         with pytest.raises(AuthConfigError, match=rf"keys:\d: .*{message}"):
             AccessKeys.load(path)
+
+
+async def test_a_wildcard_in_a_client_id_does_not_widen_a_pattern(data_dir: Path, secured: dict) -> None:
+    """`pattern readwrite devices/%c/#` for client id "+" would be devices/+/#, every device's
+    topics: as Mosquitto (CVE-2017-7650), a pattern does not apply to a name with + or #."""
+    async with running_gateway(data_dir, **secured) as gw:
+        port = mqtt_port(gw)
+        for client_id in ("+", "#", "a+b"):
+            bob, ack = await RawClient.connected(port, Connect(client_id, MQTT_5, username="bob",
+                                                               password=b"builder"))
+            assert ack.reason_code == 0
+            bob.send(Subscribe(1, [Subscription("devices/+/#", 1), Subscription("devices/dev9/#", 1)]))
+            assert (await bob.recv()).reason_codes == [0x87, 0x87], client_id
+            bob.send(Publish("devices/dev9/t", b"forged", 1, packet_id=2))
+            assert (await bob.recv()).reason_code == 0x87, client_id
+            await bob.close()

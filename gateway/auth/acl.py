@@ -69,6 +69,8 @@ class Rule:
             return None  # a %u pattern never applies to anonymous clients
         if "%c" in self.topic and client_id is None:
             return None  # nor a %c pattern to a principal without an MQTT client id
+        if any(c in value for value in (username or "", client_id or "") for c in "+#"):
+            return None  # a wildcard in a name would widen the rule to others' topics (as Mosquitto)
         return self.topic.replace("%u", username or "").replace("%c", client_id or "")
 
 
