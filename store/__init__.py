@@ -13,6 +13,8 @@ from .clock import now_ms
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
+    NotLeaderError,
+    NotReplicatedError,
     PositionNotLoadedError,
     RecordCorruptError,
     StoreClosedError,
@@ -49,6 +51,8 @@ __all__ = [
     "Message",
     "MessageStore",
     "MessageTooLargeError",
+    "NotLeaderError",
+    "NotReplicatedError",
     "NotifyHub",
     "NotifySubscription",
     "PopCheckPoints",

@@ -47,3 +47,13 @@ class PositionNotLoadedError(StoreError):
     def __init__(self, position: int) -> None:
         super().__init__(f"the message at position {position} is not loaded here")
         self.position = position
+
+
+class NotLeaderError(StoreWriteError):
+    """This store is a follower of a replicated group (or has lost its leadership): writes go
+    to the leader. Nothing was stored."""
+
+
+class NotReplicatedError(StoreWriteError):
+    """Fewer replicas than the group's ``min_insync`` are in sync, or they did not confirm the
+    write in time: the write is not acknowledged (it may still be kept and delivered later)."""

@@ -27,6 +27,7 @@ from .index.first_offsets import FirstOffsets
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
+    NotLeaderError,
     StoreClosedError,
     StoreError,
     StoreWriteError,
@@ -57,6 +58,9 @@ from .retention.segments import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
 from .read.tail import TailHandoff, TailReader
+from .replica.epochs import EpochHistory
+from .replica.follower import FollowerLog
+from .replica.leader import LeaderLog
 
 log = logging.getLogger("tidemq.store")
 
@@ -100,6 +104,7 @@ class MessageStore:
         self._lock.acquire()
         try:
             self.commitlog = CommitLog(opts.data_dir / "commitlog", opts.segment_size)
+            self.epochs = EpochHistory(opts.data_dir)
             self.rocks_memory = RocksMemory(opts.rocksdb_cache_bytes, opts.rocksdb_write_buffer_bytes)
             self.index = ConsumeQueueIndex(opts.data_dir / "index", cache_entries=opts.queue_cache_entries,
                                            memory=self.rocks_memory)
@@ -302,6 +307,23 @@ class MessageStore:
         started = time.perf_counter()
         if release_free_memory():
             self.memory_release_latency.observe(time.perf_counter() - started)
+
+    # -- replication (store/replica/) ---------------------------------------------------------
+    def follow(self) -> FollowerLog:
+        """Stop taking writes (they go to the leader) and return the log a follower writes the
+        leader's bytes through."""
+        assert self.committer is not None
+        self.committer.not_leader = NotLeaderError("this store follows the group's leader")
+        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs)
+
+    def lead(self, epoch: int, token: str = "") -> LeaderLog:
+        """Take writes again as the leader of ``epoch`` (newer than any this log has seen): the
+        bytes written from here on are that epoch's."""
+        assert self.committer is not None
+        if epoch > self.epochs.current:
+            self.epochs.begin(epoch, self.commitlog.end_position)
+        self.committer.not_leader = None
+        return LeaderLog(self.commitlog, self.epochs, token)
 
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,

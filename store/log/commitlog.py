@@ -161,6 +161,31 @@ class CommitLog:
         self._end = pos
         return positions
 
+    def append_at(self, position: int, data: bytes) -> None:
+        """Write a leader's bytes where its log holds them (a follower, store/replica/): at the
+        end, or at the start of the next segment when the leader rolled there. ``data`` never
+        crosses a segment's end. All or nothing, as ``append``."""
+        size = self.segment_size
+        seg_start = position - position % size
+        current = self._end - self._end % size
+        if position != self._end and not (position == seg_start == current + size):
+            raise StoreWriteError(f"replicated bytes at {position} do not follow the log's end {self._end}")
+        if position - seg_start + len(data) > size:
+            raise StoreWriteError(f"replicated bytes at {position} cross the end of their segment")
+        seg = self._segments.get(seg_start)
+        created = seg is None
+        before = {start: s.length for start, s in self._segments.items() if start >= self._order[-1]}
+        try:
+            if seg is None:
+                seg = self._create_segment(seg_start)
+            _pwrite_all(seg.fd, data, position - seg_start)
+        except OSError as exc:
+            self._roll_back(before, [seg_start] if created and seg_start in self._segments else [])
+            raise StoreWriteError(f"commitlog write failed: {os.strerror(exc.errno or errno.EIO)}") from exc
+        seg.length = position - seg_start + len(data)
+        self._dirty.add(seg_start)
+        self._end = position + len(data)
+
     def _roll_back(self, before: dict[int, int], created: list[int]) -> None:
         for start in created:
             seg = self._segments.pop(start)

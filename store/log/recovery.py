@@ -56,7 +56,7 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
     start = max(log_.min_position, checkpoint - checkpoint % log_.segment_size)
     report.scanned_from = start
     segments = [s for s in log_.segments() if s.start + log_.segment_size > start]
-    pending: list[DispatchItem] = []
+    replay = Replay(index, dispatcher)
     end = start
     damage: _Damage | None = None
     for i, seg in enumerate(segments):
@@ -68,18 +68,7 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
             report.records_verified += 1
             end = pos + view.size
             if pos >= checkpoint:
-                # a queue removed (retention/reclaim.py); (a control record has no queue slots of its own:
-                # an earlier version let clients publish to HOLD_TOPIC)
-                if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
-                    report.records_redispatched += _flush(dispatcher, pending, pos)
-                    pending = []
-                    dispatcher.drop([parse_drop(view.body)[2]], end)
-                    report.records_redispatched += 1
-                    continue
-                pending.append(_dispatch_item(index, pos, view))
-                if len(pending) >= REDISPATCH_BATCH:
-                    report.records_redispatched += _flush(dispatcher, pending, end)
-                    pending = []
+                replay.add(pos, view)
         if damage is not None:
             break
         end = seg.start + seg.length if seg.length else end
@@ -107,8 +96,8 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
                 position=damage.offset,
             )
         end = at
-    if pending:
-        report.records_redispatched += _flush(dispatcher, pending, end)
+    replay.flush(end)
+    report.records_redispatched = replay.dispatched
     if index.dispatched_position > end:
         report.index_entries_removed = index.truncate_beyond(end)
         log.warning(
@@ -117,6 +106,38 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
         )
     report.end_position = log_.end_position
     return report
+
+
+class Replay:
+    """Records read back from the commitlog, indexed as the committer indexed them when it wrote
+    them: by recovery, and by a follower for the bytes its leader sends (store/replica/)."""
+
+    def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher) -> None:
+        self._index = index
+        self._dispatcher = dispatcher
+        self._pending: list[DispatchItem] = []
+        self.dispatched = 0  # records indexed (or dropping a queue) so far
+
+    def add(self, position: int, view: RecordView) -> None:
+        """The record at ``position``: indexed by the next ``flush``, or at once when it is the
+        drop record of a queue (retention/reclaim.py; a control record has no queue slots of its
+        own: an earlier version let clients publish to HOLD_TOPIC)."""
+        end = position + view.size
+        if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
+            self.flush(position)
+            self._dispatcher.drop([parse_drop(view.body)[2]], end)
+            self.dispatched += 1
+            return
+        self._pending.append(_dispatch_item(self._index, position, view))
+        if len(self._pending) >= REDISPATCH_BATCH:
+            self.flush(end)
+
+    def flush(self, end: int) -> None:
+        """Index what was added; the index's checkpoint moves to ``end``."""
+        if self._pending:
+            self._dispatcher.dispatch(self._pending, end)
+            self.dispatched += len(self._pending)
+            self._pending = []
 
 
 def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
@@ -146,12 +167,6 @@ def view_tags(view: RecordView) -> str | None:
     if not view.raw_properties:
         return None
     return decode_properties(view.raw_properties).get(TAGS_PROPERTY)
-
-
-def _flush(dispatcher: Dispatcher, items: list[DispatchItem], end: int) -> int:
-    if items:
-        dispatcher.dispatch(items, end)
-    return len(items)
 
 
 def _scan(seg: Segment, offset: int, is_last: bool) -> Iterator[tuple[int, RecordView | None, _Damage | None]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 
 from .batching import PreparedMessage, dispatch_items, place, put_results
@@ -52,6 +52,8 @@ class GroupCommitter:
         self.closing = False
         self._write_failure: StoreError | None = None
         self._flusher = SyncFlusher(commitlog, self._acknowledge) if sync else None
+        self.not_leader: StoreError | None = None  # set while the store follows a leader (store/replica/)
+        self.on_write: Callable[[], None] | None = None  # told after each write and flush (replication)
 
     def close(self) -> None:
         self.closing = True
@@ -78,6 +80,8 @@ class GroupCommitter:
         return self._write_failure
 
     def failure(self) -> StoreError | None:
+        if self.not_leader is not None:
+            return self.not_leader
         if self._write_failure is not None:
             return StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
         return self._flusher.failed if self._flusher is not None else None
@@ -110,6 +114,8 @@ class GroupCommitter:
                         self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
                     outcome = exc if isinstance(exc, StoreError) else StoreWriteError(str(exc))
                 entry = (batch, outcome, since)
+                if self.on_write is not None and end is not None:
+                    self.on_write()
                 if flusher is not None:
                     flusher.wait(end, entry)
                 else:
@@ -124,6 +130,8 @@ class GroupCommitter:
                      failure: StoreError | None) -> None:
         """Resolve a batch's futures: with their results, or the batch's or the flusher's failure."""
         batch, outcome, since = entry
+        if self.on_write is not None and self._flusher is not None:
+            self.on_write()  # (the flush moved the durable position)
         if failure is not None:
             outcome = failure
         if isinstance(outcome, BaseException):

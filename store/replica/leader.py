@@ -1,0 +1,61 @@
+"""A leader's side of replication, without I/O of its own: the answer to a follower's HELLO,
+the bytes to send it next, and the confirmed position -- the end of what enough replicas hold.
+
+The confirmed position (Kafka's high watermark, RocketMQ's confirm offset) is what every
+in-sync replica holds, while at least ``min_insync`` replicas are in sync.
+"""
+
+from __future__ import annotations
+
+from ..log.commitlog import CommitLog
+from .epochs import EpochHistory, common_end
+from .wire import Data, Hello, Refuse, Welcome
+
+
+class LeaderLog:
+    def __init__(self, commitlog: CommitLog, epochs: EpochHistory, token: str = "") -> None:
+        self._log = commitlog
+        self.epochs = epochs
+        self._token = token
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs.current
+
+    def welcome(self, hello: Hello) -> Welcome | Refuse:
+        """Where the follower's log stops agreeing with this one, or why it may not follow."""
+        if self._token and hello.token != self._token:
+            return Refuse("wrong replication token")
+        if hello.segment_size != self._log.segment_size:
+            return Refuse(f"segment size {hello.segment_size} differs from the leader's {self._log.segment_size}")
+        if hello.epochs and hello.epochs[-1][0] > self.epoch:
+            return Refuse(f"the follower has seen epoch {hello.epochs[-1][0]}, newer than this leader's {self.epoch}")
+        agreed = common_end(self.epochs.entries, self._log.end_position, hello.epochs, hello.log_end)
+        if agreed < self._log.min_position:
+            return Refuse(f"the follower's log ends at {agreed}, before the leader's oldest position "
+                          f"{self._log.min_position}: it must be seeded")
+        return Welcome(self.epoch, agreed, self._log.min_position, list(self.epochs.entries))
+
+    def next_data(self, position: int, confirmed: int, max_bytes: int) -> Data:
+        """The bytes from ``position`` on (at most ``max_bytes``, within one segment); empty at the
+        end of the log (a heartbeat carrying ``confirmed``)."""
+        log_ = self._log
+        end = log_.end_position
+        size = log_.segment_size
+        while position < end:
+            seg = log_.segment_of(position)
+            if seg is not None and position < seg.start + seg.length:
+                payload = log_.read(position, min(max_bytes, seg.start + seg.length - position, end - position))
+                return Data(self.epoch, position, confirmed, bytes(payload))
+            position = position - position % size + size  # the rest of that segment is unused
+        return Data(self.epoch, min(position, end), confirmed, b"")
+
+
+def confirmed_position(own: int, followers: dict[str, int], in_sync: frozenset[str], min_insync: int) -> int | None:
+    """What every in-sync replica holds: the lowest position among the leader (``own``) and
+    its in-sync followers (a follower not heard from counts as 0); None while fewer than
+    ``min_insync`` replicas, the leader included, are in sync. Any in-sync replica may be the
+    next leader, so all of them must hold what is confirmed (Kafka's rule)."""
+    if 1 + len(in_sync) < min_insync:
+        return None
+    return min([own, *(followers.get(node, 0) for node in in_sync)])

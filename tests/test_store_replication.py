@@ -1,0 +1,189 @@
+"""Commitlog replication between real stores over loopback sockets (store/replica/): a follower
+holds the leader's bytes at the leader's positions and reads back the same messages; a
+rejoining replica cuts the tail its old epoch wrote and no leader confirmed; older epochs are
+fenced off."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from store import GetStatus, Message, MessageStore, NotLeaderError, StoreOptions
+from store.replica.epochs import EpochHistory, common_end
+from store.replica.link import FollowerService, InSyncSet, LeaderService
+
+
+async def _open(path: Path, **options) -> MessageStore:
+    options.setdefault("segment_size", 64 << 10)
+    return await MessageStore.open(StoreOptions(data_dir=path, **options))
+
+
+async def _read_all(store: MessageStore, queue: str) -> list[bytes]:
+    out, offset = [], 0
+    while True:
+        res = await store.get(queue, offset, 256)
+        if res.status is not GetStatus.FOUND:
+            return out
+        out.extend(m.body for m in res.messages)
+        offset = res.next_offset
+
+
+def _log_bytes(store: MessageStore) -> bytes:
+    return b"".join(store.commitlog.read(seg.start, seg.length) for seg in store.commitlog.segments())
+
+
+class Group:
+    """A leader and its followers in this process, each a real store in its own directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.stores: dict[str, MessageStore] = {}
+        self.leader: LeaderService | None = None
+        self.port = 0
+        self.followers: dict[str, FollowerService] = {}
+
+    async def open(self, name: str, **options) -> MessageStore:
+        self.stores[name] = store = await _open(self.root / name, **options)
+        return store
+
+    async def lead(self, name: str, epoch: int, *, min_insync: int = 1, members=frozenset()) -> LeaderService:
+        store = self.stores[name]
+        leader_log = store.lead(epoch)
+        service = LeaderService(leader_log, store.commitlog, InSyncSet(frozenset(members)), min_insync=min_insync,
+                                own_position=lambda: store.commitlog.end_position, durable_acks=False, lag_s=1.0)
+        store.committer.on_write = service.written
+        self.port = await service.start("127.0.0.1", 0)
+        self.leader = service
+        return service
+
+    def follow(self, name: str) -> FollowerService:
+        store = self.stores[name]
+        service = FollowerService(store.follow(), store.commitlog, name, lambda: ("127.0.0.1", self.port), flush=False)
+        service.start()
+        self.followers[name] = service
+        return service
+
+    async def caught_up(self, name: str, timeout: float = 10.0) -> None:
+        leader = next(s for s in self.stores.values() if s.committer.not_leader is None)
+        store = self.stores[name]
+        async with asyncio.timeout(timeout):
+            while store.commitlog.end_position < leader.commitlog.end_position:
+                await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        for service in self.followers.values():
+            await service.stop()
+        if self.leader is not None:
+            await self.leader.stop()
+        for store in self.stores.values():
+            await store.close()
+
+
+@pytest.fixture
+async def group(tmp_path: Path):
+    g = Group(tmp_path)
+    yield g
+    await g.close()
+
+
+async def _put_many(store: MessageStore, n: int, prefix: str = "m", queues: int = 5) -> list[tuple[str, bytes]]:
+    sent = []
+    for start in range(0, n, 50):
+        items = []
+        for i in range(start, min(n, start + 50)):
+            queue = f"q{i % queues}"
+            body = f"{prefix}{i}".encode() + os.urandom(i % 700)
+            items.append((Message("t", body), [queue]))
+            sent.append((queue, body))
+        await store.put_batch(items)
+    return sent
+
+
+async def test_a_follower_holds_the_leaders_bytes_and_reads_the_same_messages(group):
+    leader = await group.open("a")
+    follower = await group.open("b")
+    await group.lead("a", 1)
+    group.follow("b")
+    sent = await _put_many(leader, 3000)  # ~1 MiB: several 64 KiB segments, so rolls are replicated
+    await group.caught_up("b")
+    assert len(leader.commitlog.segments()) > 5
+    assert [s.start for s in follower.commitlog.segments()] == [s.start for s in leader.commitlog.segments()]
+    assert _log_bytes(follower) == _log_bytes(leader)
+    for q in range(5):
+        expected = [body for queue, body in sent if queue == f"q{q}"]
+        assert await _read_all(follower, f"q{q}") == expected
+    with pytest.raises(NotLeaderError):
+        await follower.put(Message("t", b"x"), ["q0"])
+
+
+async def test_a_restarted_follower_goes_on_from_its_own_end(group):
+    await group.open("a")
+    await group.open("b")
+    await group.lead("a", 1)
+    group.follow("b")
+    sent = await _put_many(group.stores["a"], 500)
+    await group.caught_up("b")
+    await group.followers.pop("b").stop()
+    await group.stores.pop("b").close()
+    sent += await _put_many(group.stores["a"], 500, prefix="n")
+    follower = await group.open("b")
+    group.follow("b")
+    await group.caught_up("b")
+    assert _log_bytes(follower) == _log_bytes(group.stores["a"])
+    assert await _read_all(follower, "q1") == [body for queue, body in sent if queue == "q1"]
+
+
+async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
+    """a leads epoch 1; b follows, then a writes alone (b stopped); b becomes leader of epoch 2
+    and takes new writes; a rejoins as follower: its unconfirmed epoch-1 tail is cut and it
+    ends with b's log, byte for byte."""
+    a = await group.open("a")
+    b = await group.open("b")
+    await group.lead("a", 1)
+    group.follow("b")
+    shared = await _put_many(a, 300)
+    await group.caught_up("b")
+    await group.followers.pop("b").stop()
+    await _put_many(a, 200, prefix="lost")  # never replicated
+    await group.leader.stop()
+    a.follow()
+    await group.lead("b", 2)
+    newer = await _put_many(b, 300, prefix="new")
+    group.follow("a")
+    await group.caught_up("a")
+    assert _log_bytes(a) == _log_bytes(b)
+    assert a.epochs.entries == b.epochs.entries == [(1, 0), (2, b.epochs.entries[1][1])]
+    expected = [body for queue, body in shared + newer if queue == "q3"]
+    assert await _read_all(a, "q3") == expected
+    assert not any(body.startswith(b"lost") for body in await _read_all(a, "q3"))
+
+
+async def test_a_leader_of_an_older_epoch_is_refused(group):
+    a = await group.open("a")
+    b = await group.open("b")
+    b.lead(5)  # b has seen epoch 5
+    await group.lead("a", 3)
+    service = group.follow("b")
+    await _put_many(a, 10)
+    async with asyncio.timeout(5):
+        while service.refused is None:
+            await asyncio.sleep(0.01)
+    assert "newer than this leader" in service.refused
+    assert b.commitlog.end_position == 0
+
+
+def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):
+    assert common_end([(1, 0), (2, 100)], 150, [(1, 0), (2, 100), (4, 180)], 300) == 150
+    assert common_end([(1, 0), (3, 100)], 150, [(1, 0), (2, 100)], 300) == 100
+    assert common_end([(1, 0)], 50, [(1, 0), (2, 100)], 200) == 50
+    assert common_end([], 0, [(1, 0)], 10) == 0
+    history = EpochHistory(tmp_path)
+    history.begin(1, 0)
+    history.begin(3, 100)
+    history.cut(100, [(1, 0), (2, 100), (4, 180)])
+    assert EpochHistory(tmp_path).entries == [(1, 0), (2, 100), (4, 180)]
+    with pytest.raises(Exception):
+        history.begin(4, 200)
