@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from store import GetStatus, Message, MessageStore, NotLeaderError, StoreOptions
+from store import GetStatus, Message, MessageStore, NotLeaderError, NotReplicatedError, StoreOptions
 from store.replica.epochs import EpochHistory, common_end
-from store.replica.link import FollowerService, InSyncSet, LeaderService
+from store.replica.link import InSyncSet
+from store.replica.node import ReplicaNode, ReplicaSettings
 
 
 async def _open(path: Path, **options) -> MessageStore:
@@ -41,45 +42,40 @@ class Group:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.stores: dict[str, MessageStore] = {}
-        self.leader: LeaderService | None = None
+        self.nodes: dict[str, ReplicaNode] = {}
+        self.in_sync = InSyncSet()
         self.port = 0
-        self.followers: dict[str, FollowerService] = {}
 
-    async def open(self, name: str, **options) -> MessageStore:
+    async def open(self, name: str, *, mode="sync", min_insync=1, **options) -> MessageStore:
         self.stores[name] = store = await _open(self.root / name, **options)
+        settings = ReplicaSettings(name, mode=mode, min_insync=min_insync, lag_s=1.0, timeout_s=3.0)
+        self.nodes[name] = ReplicaNode(store, settings, self.in_sync)
         return store
 
-    async def lead(self, name: str, epoch: int, *, min_insync: int = 1, members=frozenset()) -> LeaderService:
-        store = self.stores[name]
-        leader_log = store.lead(epoch)
-        service = LeaderService(leader_log, store.commitlog, InSyncSet(frozenset(members)), min_insync=min_insync,
-                                own_position=lambda: store.commitlog.end_position, durable_acks=False, lag_s=1.0)
-        store.committer.on_write = service.written
-        self.port = await service.start("127.0.0.1", 0)
-        self.leader = service
-        return service
+    async def lead(self, name: str, epoch: int) -> ReplicaNode:
+        node = self.nodes[name]
+        self.port = await node.lead(epoch, "127.0.0.1", 0)
+        return node
 
-    def follow(self, name: str) -> FollowerService:
-        store = self.stores[name]
-        service = FollowerService(store.follow(), store.commitlog, name, lambda: ("127.0.0.1", self.port), flush=False)
-        service.start()
-        self.followers[name] = service
-        return service
+    async def follow(self, name: str) -> ReplicaNode:
+        node = self.nodes[name]
+        await node.follow(lambda: ("127.0.0.1", self.port))
+        return node
+
+    async def stop(self, name: str) -> None:
+        await self.nodes.pop(name).stop()
+        await self.stores.pop(name).close()
 
     async def caught_up(self, name: str, timeout: float = 10.0) -> None:
-        leader = next(s for s in self.stores.values() if s.committer.not_leader is None)
+        leader = next(n.store for n in self.nodes.values() if n.role == "leader")
         store = self.stores[name]
         async with asyncio.timeout(timeout):
             while store.commitlog.end_position < leader.commitlog.end_position:
                 await asyncio.sleep(0.01)
 
     async def close(self) -> None:
-        for service in self.followers.values():
-            await service.stop()
-        if self.leader is not None:
-            await self.leader.stop()
-        for store in self.stores.values():
-            await store.close()
+        for name in list(self.nodes):
+            await self.stop(name)
 
 
 @pytest.fixture
@@ -106,7 +102,7 @@ async def test_a_follower_holds_the_leaders_bytes_and_reads_the_same_messages(gr
     leader = await group.open("a")
     follower = await group.open("b")
     await group.lead("a", 1)
-    group.follow("b")
+    await group.follow("b")
     sent = await _put_many(leader, 3000)  # ~1 MiB: several 64 KiB segments, so rolls are replicated
     await group.caught_up("b")
     assert len(leader.commitlog.segments()) > 5
@@ -123,14 +119,13 @@ async def test_a_restarted_follower_goes_on_from_its_own_end(group):
     await group.open("a")
     await group.open("b")
     await group.lead("a", 1)
-    group.follow("b")
+    await group.follow("b")
     sent = await _put_many(group.stores["a"], 500)
     await group.caught_up("b")
-    await group.followers.pop("b").stop()
-    await group.stores.pop("b").close()
+    await group.stop("b")
     sent += await _put_many(group.stores["a"], 500, prefix="n")
     follower = await group.open("b")
-    group.follow("b")
+    await group.follow("b")
     await group.caught_up("b")
     assert _log_bytes(follower) == _log_bytes(group.stores["a"])
     assert await _read_all(follower, "q1") == [body for queue, body in sent if queue == "q1"]
@@ -140,19 +135,18 @@ async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
     """a leads epoch 1; b follows, then a writes alone (b stopped); b becomes leader of epoch 2
     and takes new writes; a rejoins as follower: its unconfirmed epoch-1 tail is cut and it
     ends with b's log, byte for byte."""
-    a = await group.open("a")
-    b = await group.open("b")
+    a = await group.open("a", mode="async")
+    b = await group.open("b", mode="async")
     await group.lead("a", 1)
-    group.follow("b")
+    await group.follow("b")
     shared = await _put_many(a, 300)
     await group.caught_up("b")
-    await group.followers.pop("b").stop()
-    await _put_many(a, 200, prefix="lost")  # never replicated
-    await group.leader.stop()
-    a.follow()
+    await group.nodes["b"].stop()
+    await _put_many(a, 200, prefix="lost")  # never replicated (async mode: acknowledged alone)
+    await group.nodes["a"].stop()
     await group.lead("b", 2)
     newer = await _put_many(b, 300, prefix="new")
-    group.follow("a")
+    await group.follow("a")
     await group.caught_up("a")
     assert _log_bytes(a) == _log_bytes(b)
     assert a.epochs.entries == b.epochs.entries == [(1, 0), (2, b.epochs.entries[1][1])]
@@ -164,15 +158,45 @@ async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
 async def test_a_leader_of_an_older_epoch_is_refused(group):
     a = await group.open("a")
     b = await group.open("b")
-    b.lead(5)  # b has seen epoch 5
+    await group.lead("b", 5)  # b has seen epoch 5
     await group.lead("a", 3)
-    service = group.follow("b")
+    node = await group.follow("b")
+    service = node.follower
     await _put_many(a, 10)
     async with asyncio.timeout(5):
         while service.refused is None:
             await asyncio.sleep(0.01)
     assert "newer than this leader" in service.refused
     assert b.commitlog.end_position == 0
+
+
+async def test_sync_replication_acknowledges_and_shows_only_what_the_in_sync_replicas_hold(group):
+    a = await group.open("a", min_insync=2)
+    await group.open("b", min_insync=2)
+    await group.lead("a", 1)
+    with pytest.raises(NotReplicatedError):  # alone: fewer than min_insync replicas in sync
+        await asyncio.sleep(0.2)
+        await a.put(Message("t", b"alone"), ["q"])
+    await group.follow("b")
+    async with asyncio.timeout(5):
+        while "b" not in group.in_sync.members:
+            await asyncio.sleep(0.01)
+    await a.put(Message("t", b"one"), ["q"])  # acknowledged: b holds it
+    assert await _read_all(group.stores["b"], "q") == [b"one"]
+    await group.nodes["b"].follower.stop()  # b is silent but still in sync for lag_s
+    pending = asyncio.ensure_future(a.put(Message("t", b"two"), ["q"]))
+    await asyncio.sleep(0.3)
+    assert not pending.done()
+    assert await _read_all(a, "q") == [b"one"]  # not shown before it is confirmed
+    await group.follow("b")
+    await pending
+    assert await _read_all(a, "q") == [b"one", b"two"]
+    await group.nodes["b"].follower.stop()
+    with pytest.raises(NotReplicatedError):  # b leaves the in-sync set after lag_s: refused
+        for _ in range(100):
+            await a.put(Message("t", b"more"), ["q"])
+            await asyncio.sleep(0.05)
+    assert group.in_sync.members == frozenset()
 
 
 def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):

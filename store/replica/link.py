@@ -61,7 +61,8 @@ class LeaderService:
 
     def __init__(self, leader: LeaderLog, commitlog: CommitLog, in_sync: InSyncSet, *, min_insync: int,
                  own_position: Callable[[], int], durable_acks: bool, lag_s: float = 2.0,
-                 on_confirmed: Callable[[int], None] | None = None) -> None:
+                 on_confirmed: Callable[[int], None] | None = None,
+                 on_in_sync: Callable[[frozenset[str]], None] | None = None) -> None:
         self.leader = leader
         self._log = commitlog
         self.in_sync = in_sync
@@ -70,26 +71,30 @@ class LeaderService:
         self._durable_acks = durable_acks
         self.lag_s = lag_s
         self._on_confirmed = on_confirmed
+        self._on_in_sync = on_in_sync
         self.followers: dict[str, _Follower] = {}
         self.confirmed = 0 if min_insync > 1 else own_position()
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # one per follower link
+        self._lag: asyncio.Task[None] | None = None
         self._changing = False
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._serve, host, port)
-        self._tasks.add(asyncio.get_running_loop().create_task(self._watch_lag(), name="replica-lag"))
+        self._lag = asyncio.get_running_loop().create_task(self._watch_lag(), name="replica-lag")
+        if self._on_in_sync is not None:
+            self._on_in_sync(self.in_sync.members)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._lag is not None:
+            self._lag.cancel()
         for follower in self.followers.values():
             if follower.writer is not None:
-                follower.writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+                follower.writer.close()  # (its link's task sees the end and returns)
+        await asyncio.gather(*(t for t in (self._lag, *self._tasks) if t is not None), return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -211,6 +216,8 @@ class LeaderService:
             new = edit(old)
             if new != old and await self.in_sync.replace(old, new):
                 log.info("in-sync set changed members=%s", sorted(new))
+                if self._on_in_sync is not None:
+                    self._on_in_sync(new)
         finally:
             self._changing = False
 

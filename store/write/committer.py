@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Hashable, Sequence
 
 
-from .batching import PreparedMessage, dispatch_items, place, put_results
+from .batching import Placed, PreparedMessage, dispatch_items, place, put_results
 from ..log.commitlog import CommitLog
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from .durable import SyncFlusher
+from .replicated import ReplicatedRelease
 from ..clock import now_ms
 from ..errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
 from ..log_limit import RateLimitedLog
@@ -54,6 +56,10 @@ class GroupCommitter:
         self._flusher = SyncFlusher(commitlog, self._acknowledge) if sync else None
         self.not_leader: StoreError | None = None  # set while the store follows a leader (store/replica/)
         self.on_write: Callable[[], None] | None = None  # told after each write and flush (replication)
+        # sync replication: batches published and acknowledged once confirmed (write/replicated.py)
+        self.replicated: ReplicatedRelease | None = None
+        self.unavailable: StoreError | None = None  # why writes are refused meanwhile (too few in sync)
+        self._placing: dict[str, int] = {}  # queues' heads after batches written and not yet published
 
     def close(self) -> None:
         self.closing = True
@@ -82,6 +88,8 @@ class GroupCommitter:
     def failure(self) -> StoreError | None:
         if self.not_leader is not None:
             return self.not_leader
+        if self.unavailable is not None:
+            return self.unavailable
         if self._write_failure is not None:
             return StoreWriteError(f"the store refuses writes after an index failure: {self._write_failure}")
         return self._flusher.failed if self._flusher is not None else None
@@ -105,7 +113,7 @@ class GroupCommitter:
                     failure = self.failure()
                     if failure is not None:  # (submitted before the failure)
                         raise failure
-                    outcome: list[Sequence[PutResult]] | BaseException = self._commit(batch)
+                    outcome: list[Sequence[PutResult]] | Written | BaseException = self._commit(batch)
                     end = self.commitlog.end_position
                 except Exception as exc:  # never let one bad batch stop the committer
                     if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
@@ -113,15 +121,24 @@ class GroupCommitter:
                     else:
                         self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
                     outcome = exc if isinstance(exc, StoreError) else StoreWriteError(str(exc))
-                entry = (batch, outcome, since)
                 if self.on_write is not None and end is not None:
                     self.on_write()
-                if flusher is not None:
-                    flusher.wait(end, entry)
+                if isinstance(outcome, Written):
+                    assert self.replicated is not None
+                    self.replicated.wait(end, (batch, outcome, since))
+                    if flusher is not None:
+                        flusher.wait(end, None)  # (the leader's own durability: part of what it confirms)
+                    continue
+                if self.replicated is not None:  # (a failed batch: answered in its turn)
+                    self.replicated.wait(None, (batch, outcome, since))
+                elif flusher is not None:
+                    flusher.wait(end, (batch, outcome, since))
                 else:
-                    self._acknowledge(entry, None)
+                    self._acknowledge((batch, outcome, since), None)
             if flusher is not None:  # closing: what was written is acknowledged before the end
                 await flusher.drained()
+            if self.replicated is not None:  # closing: what no replica confirmed is not acknowledged
+                self.replicated.abandon(StoreClosedError("the store closed before the in-sync replicas confirmed it"))
         finally:
             if flusher is not None:
                 flusher.stop()
@@ -129,9 +146,11 @@ class GroupCommitter:
     def _acknowledge(self, entry: tuple[Batch, list[Sequence[PutResult]] | BaseException, list[float]],
                      failure: StoreError | None) -> None:
         """Resolve a batch's futures: with their results, or the batch's or the flusher's failure."""
-        batch, outcome, since = entry
         if self.on_write is not None and self._flusher is not None:
             self.on_write()  # (the flush moved the durable position)
+        if entry is None:  # (a flush asked for by a replicated batch, answered by ``release``)
+            return
+        batch, outcome, since = entry
         if failure is not None:
             outcome = failure
         if isinstance(outcome, BaseException):
@@ -146,15 +165,59 @@ class GroupCommitter:
         for submitted in since:
             observe(now - submitted)
 
-    def _commit(self, batch: Batch) -> list[Sequence[PutResult]]:
-        """Write, index and announce ``batch``; what each of its puts returns."""
+    def _commit(self, batch: Batch) -> list[Sequence[PutResult]] | Written:
+        """Write, index and announce ``batch``; what each of its puts returns. Under sync
+        replication, write only: ``release`` publishes it once confirmed."""
         store_ts = now_ms()
         groups = [prepared for prepared, _ in batch]
-        records, placed, assigned = place(groups, self.index.cache.get, self.index.resolve, store_ts)
+        if self.replicated is None:
+            records, placed, assigned = place(groups, self.index.cache.get, self.index.resolve, store_ts)
+        else:
+            placing, cached = self._placing, self.index.cache.get
+            records, placed, assigned = place(groups, lambda name: placing.get(name) or cached(name),
+                                              self.index.resolve, store_ts)
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
+        if self.replicated is not None:
+            self._placing.update(assigned)
+            return Written(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
+        return self._publish(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
+
+    def release(self, entry: tuple[Batch, Written | BaseException, list[float]], error: StoreError | None,
+                answered: bool) -> None:
+        """ReplicatedRelease's answer for a written batch: publish it and acknowledge its puts
+        (``answered``: they were answered already, publish only), or answer them with ``error``."""
+        batch, written, since = entry
+        if not isinstance(written, Written):  # a batch that failed to write, answered in its turn
+            self._acknowledge((batch, written, since), None)
+            return
+        if error is not None:
+            self._acknowledge((batch, error, since), None)
+            return
+        try:
+            results: list[Sequence[PutResult]] | BaseException = self._publish(
+                written.groups, written.records, written.placed, written.assigned, written.positions, written.end,
+                written.store_ts)
+        except StoreError as exc:
+            results = exc
+        finally:
+            for name, packed in written.assigned.items():
+                if self._placing.get(name) == packed:
+                    del self._placing[name]
+        if not answered:
+            self._acknowledge((batch, results, since), None)
+
+    def forget_unpublished(self) -> None:
+        """Leadership was lost: the written batches no one confirmed are the new leader's to keep
+        or cut; placement starts again from what was published."""
+        self._placing.clear()
+
+    def _publish(self, groups: list[list[PreparedMessage]], records: list[bytes], placed: list[Placed],
+                 assigned: dict[str, int], positions: list[int], end: int, store_ts: int) -> list[Sequence[PutResult]]:
+        """Index (the checkpoint to ``end``, where the records end) and announce written records;
+        what each put returns."""
         try:
             items = dispatch_items(positions, placed, store_ts)
-            self.dispatcher.dispatch(items, self.commitlog.end_position, assigned)
+            self.dispatcher.dispatch(items, end, assigned)
         except Exception as exc:
             raise self.refuse_writes(exc) from exc
         if self.tail.readers:
@@ -164,6 +227,19 @@ class GroupCommitter:
             except Exception:
                 self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
         return put_results(groups, positions, placed, self._id_prefix, store_ts)
+
+
+@dataclass(slots=True)
+class Written:
+    """A batch in the commitlog and not yet published (sync replication): what ``_publish``
+    needs once the in-sync replicas confirm it."""
+    groups: list[list[PreparedMessage]]
+    records: list[bytes]
+    placed: list[Placed]
+    assigned: dict[str, int]
+    positions: list[int]
+    end: int
+    store_ts: int
 
 
 def prepare_each(items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None,

@@ -1,0 +1,75 @@
+"""The committer's wait for the in-sync replicas (``replication = "sync"``): a written batch is
+published (indexed, announced, handed to tail readers) and acknowledged only once the group's
+confirmed position covers it, so no reader and no client sees a message a failover could take
+away (RocketMQ's confirm offset in controller mode, Kafka's high watermark).
+
+Batches are released in the order they were written. One that waits longer than ``timeout_s``
+is answered with NotReplicatedError but stays queued: its records are in the log, and it is
+published in its turn once confirmed (a client told "not stored" may see its message later, as
+with Kafka's and RocketMQ's timeouts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import NotReplicatedError, StoreError
+
+
+@dataclass(slots=True)
+class _Waiting:
+    end: int | None  # the commitlog's end after the batch; None: the batch failed before writing
+    entry: Any  # the committer's entry
+    since: float = field(default_factory=time.monotonic)
+    answered: bool = False
+
+
+class ReplicatedRelease:
+    """``wait`` queues a written batch; ``confirm`` releases those the confirmed position covers
+    (``release(entry, None)``); ``expire`` answers those waiting too long (``release(entry,
+    error)`` now, ``release(entry, None)`` later still publishes them without answering)."""
+
+    def __init__(self, release: Callable[[Any, StoreError | None, bool], None], timeout_s: float) -> None:
+        self._release = release
+        self.timeout_s = timeout_s
+        self.confirmed = 0
+        self._waiting: deque[_Waiting] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def wait(self, end: int | None, entry: Any) -> None:
+        self._waiting.append(_Waiting(end, entry))
+        self.confirm(self.confirmed)
+
+    def confirm(self, position: int) -> None:
+        self.confirmed = max(self.confirmed, position)
+        waiting = self._waiting
+        while waiting and (waiting[0].end is None or waiting[0].end <= self.confirmed):
+            item = waiting.popleft()
+            self._release(item.entry, None, item.answered)
+
+    def expire(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for item in self._waiting:
+            if item.answered or now - item.since < self.timeout_s:
+                continue
+            item.answered = True
+            self._release(item.entry, NotReplicatedError(
+                f"not confirmed by the in-sync replicas within {self.timeout_s:g} s"), False)
+
+    def abandon(self, error: StoreError) -> list[Any]:
+        """Leadership is lost: answer everything waiting with ``error``; return the entries
+        (their records are the new leader's to keep or cut)."""
+        entries = []
+        while self._waiting:
+            item = self._waiting.popleft()
+            if not item.answered:
+                self._release(item.entry, error, False)
+            entries.append(item.entry)
+        return entries
