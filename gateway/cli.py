@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", metavar="URL", help="Redis for the lookup (redis://host:port/db)")
     serve.add_argument("--cluster-token", metavar="TOKEN",
                        help="shared secret gateway nodes present to the store node (set on both)")
+    serve.add_argument("--replication-group", metavar="NAME",
+                       help="a replicated store: store nodes of this group elect their leader in etcd "
+                            "(--etcd); gateway nodes follow it (docs/replication.md)")
+    serve.add_argument("--etcd", dest="etcd_endpoint", metavar="HOST:PORT", help="etcd's client URL (replication)")
+    serve.add_argument("--replication-bind", metavar="HOST:PORT",
+                       help="where this store node's followers read its commitlog (replication)")
     serve.add_argument("--data-dir", metavar="DIR", help="where the store keeps its files (default ./data)")
     for proto, default in (("mqtt", "localhost:1883"), ("amqp", "localhost:5672"), ("remoting", "localhost:9876")):
         serve.add_argument(
@@ -157,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lookup_bind": args.lookup_bind,
         "peers": args.peers,
         "redis_url": args.redis_url,
+        "replication_group": args.replication_group,
+        "etcd_endpoint": args.etcd_endpoint,
+        "replication_bind": args.replication_bind,
         "data_dir": args.data_dir,
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,

@@ -60,6 +60,19 @@ class Config:
     peers: str = ""
     redis_url: str = ""
     lookup_heartbeat_s: float = 1.0  # nodes silent 5x this long are gone; answers settle in 2.5x
+    # a replicated store (docs/replication.md): store nodes of one replication_group elect their
+    # leader in etcd (etcd_endpoint HOST:PORT); followers copy the leader's commitlog, which it
+    # streams from replication_bind. Gateway nodes with a replication_group find the leader there
+    # (store_address is then not needed). Empty: one store node, no etcd.
+    replication_group: str = ""
+    etcd_endpoint: str = ""
+    replication_bind: str = ""
+    replication_advertise: str = ""  # HOST:PORT followers reach replication_bind at (default: the bind)
+    replication: str = "sync"  # sync: acknowledged once every in-sync replica holds it; async: once the leader does
+    min_insync_replicas: int = 2  # sync: replicas (the leader among them) that must be in sync to take writes
+    replication_lease_s: float = 2.0  # a leader silent this long in etcd loses its leadership
+    replication_lag_s: float = 2.0  # a follower behind this long leaves the in-sync set
+    replication_timeout_s: float = 5.0  # a write not confirmed by the in-sync replicas within this is refused
     data_dir: Path = Path("./data")
     mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
     amqp_bind: str = "localhost:5672"
@@ -331,8 +344,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError("the embedded lookup (peers) needs lookup_bind, this node's lookup HOST:PORT", "peers")
     if cfg.lookup_backend == "redis" and not cfg.redis_url:
         raise ConfigError("lookup_backend redis needs redis_url (redis://host:port/db)", "lookup_backend")
+    validate_replication(cfg)
     if cfg.role == "gateway":
-        if parse_bind(cfg.store_address, "store_address") is None:
+        if not cfg.replication_group and parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT", "role")
         if "remoting_bind" in cfg.source and cfg.remoting_bind:
             raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes", "remoting_bind")
@@ -358,6 +372,32 @@ def validate(cfg: Config) -> None:
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, not {cfg.log_level!r}", "log_level")
     cfg.store_options()
+
+
+def validate_replication(cfg: Config) -> None:
+    """A replicated group's settings, when a replication_group is set."""
+    if not cfg.replication_group:
+        return
+    if cfg.role not in ("store", "gateway"):
+        raise ConfigError("replication_group: a replicated store is served by role store nodes (gateway nodes "
+                          "follow its leader)", "replication_group")
+    if parse_bind(cfg.etcd_endpoint, "etcd_endpoint") is None:
+        raise ConfigError("replication_group needs etcd_endpoint, the HOST:PORT of etcd's client URL", "etcd_endpoint")
+    if cfg.role == "gateway":
+        return
+    if not cfg.node_id:
+        raise ConfigError("a store node of a replication_group needs its node_id, unique in the group", "node_id")
+    if parse_bind(cfg.replication_bind, "replication_bind") is None:
+        raise ConfigError("a store node of a replication_group needs replication_bind, where followers read "
+                          "its commitlog", "replication_bind")
+    if cfg.replication not in ("sync", "async"):
+        raise ConfigError(f"replication must be sync or async, not {cfg.replication!r}", "replication")
+    if not 1 <= cfg.min_insync_replicas <= 16:
+        raise ConfigError("min_insync_replicas is 1..16", "min_insync_replicas")
+    if not 1 <= cfg.replication_lease_s <= 60:
+        raise ConfigError("replication_lease_s is 1..60 seconds (etcd leases are whole seconds)", "replication_lease_s")
+    if not 0.1 <= cfg.replication_lag_s <= 600 or not 0.1 <= cfg.replication_timeout_s <= 600:
+        raise ConfigError("replication_lag_s and replication_timeout_s are 0.1..600 seconds", "replication_lag_s")
 
 
 def validate_admin_access(cfg: Config) -> None:

@@ -26,6 +26,7 @@ from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
+from .cluster.store_group import StoreGroupMember
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
 from .listen import format_address
@@ -91,6 +92,7 @@ class Gateway:
         self.gateway_store: GatewayStore | None = None  # --role gateway: the store node's store
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
+        self.store_group: StoreGroupMember | None = None  # --role store in a replication group
         self.store_lookup: RedisLookup | None = None  # a store node's lookup client (Redis), for notify routing
         # where MQTT publishes find their target queues, for the other protocols to join: a
         # standalone node's MQTT gateway's (made with it), a store node's for the cluster (its
@@ -112,6 +114,36 @@ class Gateway:
             await self._connect_store_node()
         else:
             await self._open_store()
+        if self.config.role == "store" and self.config.replication_group:
+            try:
+                await self._join_store_group()
+            except BaseException:
+                await self.stop()
+                raise
+            return
+        try:
+            await self._serve()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _join_store_group(self) -> None:
+        """A store node of a replicated group: it serves only while it leads (cluster/store_group.py)."""
+        assert self.store is not None
+        cfg = self.config
+        advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind}
+        self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve)
+        await self.store_group.start()
+        self.ready = True
+        log.info("store node joined its replication group group=%s node_id=%s", cfg.replication_group, cfg.node_id)
+
+    async def _serve(self) -> None:
+        """Start the timer, the listeners and the HTTP listener over the open store (or store link)."""
+        if self.store is not None:
+            self.timer = TimerService(self.store)  # (on the node with the store: a gateway node's are there)
+            self.timer.start()
+            if self.config.role == "store":
+                self.wildcards = WildcardQueues(subscribers_known=False)
         if self._traced and self.store is not None:
             self.tracer = Tracer(self.store)
             self.tracer.start()
@@ -140,15 +172,13 @@ class Gateway:
                 log.info("listener started protocol=metrics address=%s", format_address(*self.metrics_address))
             self._set_queue_policy()
         except BaseException:
-            await self.stop()
+            await self._unserve()
             raise
         self.ready = True
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
 
     async def _open_store(self) -> None:
         self.store = await MessageStore.open(self.config.store_options())
-        self.timer = TimerService(self.store)  # (on the node with the store: a gateway node's are there)
-        self.timer.start()
         self.pressure = StorePressure(self.store, disk_free_limit=self.config.disk_free_limit,
                                       backlog_limit=self.config.store_backlog_limit)
         self.pressure.check()
@@ -394,6 +424,30 @@ class Gateway:
     async def stop(self) -> None:
         """Stop accepting, then flush, checkpoint and close the store, within the shutdown timeout."""
         self.ready = False
+        if self.store_group is not None:
+            await self.store_group.stop()  # (stops serving first, when it leads)
+            self.store_group = None
+        await self._unserve()
+        if self._pressure_task is not None:
+            self._pressure_task.cancel()
+            self._pressure_task = None
+        if self.node is not None:
+            await self.node.close()
+            self.node = None
+        if self.gateway_store is not None:
+            await self.gateway_store.close()
+            self.gateway_store = None
+        if self.store is not None:
+            try:
+                await asyncio.wait_for(self.store.close(), self.config.shutdown_timeout_s)
+            except TimeoutError:
+                log.error("store did not close in time timeout_s=%s", self.config.shutdown_timeout_s)
+            self.store = None
+        log.info("gateway stopped")
+
+    async def _unserve(self) -> None:
+        """Close the listeners and stop what ``_serve`` started (every broker saves what it must);
+        the store stays open."""
         if self._lag_task is not None:
             self._lag_task.cancel()
             self._lag_task = None
@@ -402,9 +456,6 @@ class Gateway:
             self.http = None
         for listener in self.listeners:
             listener.server.close()
-        if self._pressure_task is not None:
-            self._pressure_task.cancel()
-            self._pressure_task = None
         if self._filter_holds is not None:
             await self._filter_holds.close()
             self._filter_holds = None
@@ -429,12 +480,6 @@ class Gateway:
         for listener in self.listeners:
             await listener.server.wait_closed()
         self.listeners.clear()
-        if self.node is not None:
-            await self.node.close()
-            self.node = None
-        if self.gateway_store is not None:
-            await self.gateway_store.close()
-            self.gateway_store = None
         if self.tracer is not None:
             try:
                 await self.tracer.stop()  # the last events, before the store closes
@@ -442,12 +487,9 @@ class Gateway:
                 log.warning("last trace events not written error=%s", exc)
             self.tracer = None
         if self.store is not None:
-            try:
-                await asyncio.wait_for(self.store.close(), self.config.shutdown_timeout_s)
-            except TimeoutError:
-                log.error("store did not close in time timeout_s=%s", self.config.shutdown_timeout_s)
-            self.store = None
-        log.info("gateway stopped")
+            self.store.reclaimer.checks.clear()  # (_set_queue_policy's, for this serving's brokers)
+            self.store.reclaimer.on_removed.clear()
+            self.store.trimmer.on_cut.clear()
 
 
 def tune_gc() -> None:

@@ -58,6 +58,10 @@ from .retention.segments import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
 from .read.tail import TailHandoff, TailReader
+from .clock import now_ms
+from .holds.codec import HOLD_TOPIC
+from .log.record import encode_record
+from .meta.journal import MetaBatch
 from .replica.epochs import EpochHistory
 from .replica.follower import FollowerLog
 from .replica.leader import LeaderLog
@@ -87,6 +91,7 @@ class MessageStore:
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
+        self.meta_position = 0  # where the last meta change record ends (a replicated leader's)
         self.retention = RetentionPolicy(options.retention_hours, options.retention_bytes)
         self.tail = TailHandoff(self._id_prefix, lambda qid, end: self.first_offsets.of(qid, end),
                                 lambda at, n: self.commitlog.read(at, n))
@@ -114,7 +119,8 @@ class MessageStore:
             self.dispatcher = Dispatcher(self.index, self.notify)
             self.dispatcher.on_drop = lambda names, position: self.meta.delete_offsets_of(set(names), position)
             started = time.monotonic()
-            self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair)
+            self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair,
+                                    on_meta=self.apply_meta_changes)
             if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
                 self.commitlog.flush()
                 self.index.flush()
@@ -311,19 +317,48 @@ class MessageStore:
     # -- replication (store/replica/) ---------------------------------------------------------
     def follow(self) -> FollowerLog:
         """Stop taking writes (they go to the leader) and return the log a follower writes the
-        leader's bytes through."""
+        leader's bytes through; the leader's meta changes are applied as they arrive."""
         assert self.committer is not None
         self.committer.not_leader = NotLeaderError("this store follows the group's leader")
-        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs)
+        self.meta.writes.journal = None
+        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.apply_meta_changes)
 
     def lead(self, epoch: int, token: str = "") -> LeaderLog:
         """Take writes again as the leader of ``epoch`` (newer than any this log has seen): the
-        bytes written from here on are that epoch's."""
+        bytes written from here on are that epoch's, meta changes among them."""
         assert self.committer is not None
+        if epoch < self.epochs.current:
+            raise StoreError(f"epoch {epoch} is older than this log's {self.epochs.current}")
         if epoch > self.epochs.current:
             self.epochs.begin(epoch, self.commitlog.end_position)
         self.committer.not_leader = None
+        self.meta.writes.journal = self._journal_meta
         return LeaderLog(self.commitlog, self.epochs, token)
+
+    async def meta_settled(self) -> None:
+        """Returns once every meta change made so far is held as the store promises (a
+        replicated leader in ``sync`` mode: by its in-sync replicas; raises NotReplicatedError
+        or NotLeaderError when that fails). Await it before acknowledging what a client asked to
+        keep (a declaration, a subscription, an offset)."""
+        release = self.committer.replicated if self.committer is not None else None
+        if release is not None and self.meta_position > release.confirmed:
+            await release.reached(self.meta_position)
+
+    def apply_meta_changes(self, body: bytes) -> None:
+        """A meta change record's changes (another replica's writes, or this one's own again
+        after a crash: applied in log order, they leave the same state)."""
+        self.meta.writes.apply(MetaBatch.decode(body), journal=False)
+
+    def _journal_meta(self, batch: MetaBatch) -> None:
+        """A replicated leader's meta change, into the commitlog for the followers (before it is
+        applied here: the log is what every replica agrees on)."""
+        now = now_ms()
+        record = encode_record(topic=HOLD_TOPIC.encode(), key=b"", properties=b"", queues=[], offsets=[],
+                               body=batch.encode(), born_ts=now, store_ts=now)
+        self.commitlog.append([record])  # StoreWriteError: neither logged nor applied
+        self.meta_position = self.commitlog.end_position
+        if self.committer is not None and self.committer.on_write is not None:
+            self.committer.on_write()
 
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,

@@ -199,6 +199,52 @@ async def test_sync_replication_acknowledges_and_shows_only_what_the_in_sync_rep
     assert group.in_sync.members == frozenset()
 
 
+async def test_meta_changes_reach_the_followers_through_the_log(group):
+    """Sessions, offsets, declarations live in meta: a follower holds them as the leader does,
+    by the time the leader's write is confirmed, and after the follower restarts."""
+    a = await group.open("a", min_insync=2)
+    b = await group.open("b", min_insync=2)
+    await group.lead("a", 1)
+    await group.follow("b")
+    async with asyncio.timeout(5):
+        while "b" not in group.in_sync.members:
+            await asyncio.sleep(0.01)
+    sessions = a.meta.table("sessions")
+    sessions.put("dev-1", b"state-1")
+    sessions.put_many([("dev-2", b"state-2"), ("dev-3", b"state-3")])
+    a.meta.save_offsets({("group", "q1"): 42})
+    await a.meta_settled()
+    assert dict(b.meta.table("sessions").items()) == {"dev-1": b"state-1", "dev-2": b"state-2", "dev-3": b"state-3"}
+    assert b.meta.load_offset("group", "q1") == 42
+    sessions.delete("dev-2")
+    a.meta.delete_offsets("group")
+    await a.meta_settled()
+    assert b.meta.table("sessions").get("dev-2") is None
+    assert b.meta.load_offset("group", "q1") is None
+    await group.stop("b")
+    b = await group.open("b", min_insync=2)
+    assert dict(b.meta.table("sessions").items()) == {"dev-1": b"state-1", "dev-3": b"state-3"}
+
+
+async def test_a_promoted_follower_has_the_leaders_state(group):
+    a = await group.open("a", min_insync=2)
+    b = await group.open("b", min_insync=2)
+    await group.lead("a", 1)
+    await group.follow("b")
+    async with asyncio.timeout(5):
+        while "b" not in group.in_sync.members:
+            await asyncio.sleep(0.01)
+    a.meta.table("declarations").put("queue:orders", b"durable")
+    sent = await _put_many(a, 200)
+    await a.meta_settled()
+    await group.stop("a")  # the leader is gone
+    group.in_sync.members = frozenset()
+    await group.lead("b", 2)
+    assert b.meta.table("declarations").get("queue:orders") == b"durable"
+    assert await _read_all(b, "q2") == [body for queue, body in sent if queue == "q2"]
+    b.meta.table("declarations").put("queue:more", b"x")  # b leads: its writes are journaled
+
+
 def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):
     assert common_end([(1, 0), (2, 100)], 150, [(1, 0), (2, 100), (4, 180)], 300) == 150
     assert common_end([(1, 0), (3, 100)], 150, [(1, 0), (2, 100)], 300) == 100

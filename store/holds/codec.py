@@ -44,6 +44,7 @@ HOLD = ord("H")
 RELEASE = ord("R")
 DISCARD = ord("D")
 DROP = ord("Q")  # a queue removed (retention/reclaim.py): its qid, next offset and name
+META = ord("M")  # changes to the meta database, for followers to apply (meta/journal.py)
 
 HELD = (1 << 64) - 1  # the queue offset of a held message's nested record: none given yet
 INDIRECT = 1 << 31  # in an index entry's size: the entry's record is a release; read its target

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,7 +20,7 @@ from .commitlog import CommitLog, Segment
 from ..index.consumequeue import QID_MASK, ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher, DispatchItem
 from ..errors import RecordCorruptError, StoreCorruptError
-from ..holds.codec import (DROP, HOLD, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes,
+from ..holds.codec import (DROP, HOLD, META, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes,
                     nested_offset, parse_drop)
 from ..index.keyindex import key_prefixes
 from ..messages import TAGS_PROPERTY, tag_hash
@@ -29,6 +30,7 @@ log = logging.getLogger("tidemq.store.recovery")
 
 REDISPATCH_BATCH = 8192
 DROP_OP = bytes((DROP,))
+META_OP = bytes((META,))
 
 
 @dataclass(slots=True)
@@ -50,13 +52,16 @@ class _Damage:
     torn: bool
 
 
-def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, repair: bool) -> RecoveryReport:
+def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, repair: bool,
+            on_meta: Callable[[bytes], None] | None = None) -> RecoveryReport:
+    """Verify the log from the index's checkpoint, cut a torn tail, index what the index lacks
+    and apply the meta change records after the checkpoint (``on_meta``: replicated stores)."""
     report = RecoveryReport()
     checkpoint = index.dispatched_position
     start = max(log_.min_position, checkpoint - checkpoint % log_.segment_size)
     report.scanned_from = start
     segments = [s for s in log_.segments() if s.start + log_.segment_size > start]
-    replay = Replay(index, dispatcher)
+    replay = Replay(index, dispatcher, on_meta)
     end = start
     damage: _Damage | None = None
     for i, seg in enumerate(segments):
@@ -112,9 +117,11 @@ class Replay:
     """Records read back from the commitlog, indexed as the committer indexed them when it wrote
     them: by recovery, and by a follower for the bytes its leader sends (store/replica/)."""
 
-    def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher) -> None:
+    def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher,
+                 on_meta: Callable[[bytes], None] | None = None) -> None:
         self._index = index
         self._dispatcher = dispatcher
+        self._on_meta = on_meta  # told each meta change record's body (meta/journal.py)
         self._pending: list[DispatchItem] = []
         self.dispatched = 0  # records indexed (or dropping a queue) so far
 
@@ -123,6 +130,10 @@ class Replay:
         drop record of a queue (retention/reclaim.py; a control record has no queue slots of its
         own: an earlier version let clients publish to HOLD_TOPIC)."""
         end = position + view.size
+        if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count:
+            if self._on_meta is not None:
+                self._on_meta(view.body)
+            return
         if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
             self.flush(position)
             self._dispatcher.drop([parse_drop(view.body)[2]], end)

@@ -21,13 +21,14 @@ them -- the meta WAL is ordered, so a lost pop takes its check points with it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Rdict, ReadOptions
 
-_NO_SYNC = WriteOptions()
+from .journal import MetaBatch
+from .tables import MetaWrites
+
 OFFSET_PREFIX = b"pO"
 INVISIBLE_PREFIX = b"pT"
 READY_PREFIX = b"pR"
@@ -81,10 +82,14 @@ def _upper(prefix: bytes) -> bytes:
 class PopCheckPoints:
     """The pop state of every (group, queue), over the meta store's RocksDB."""
 
-    def __init__(self, db: Rdict, writes: Callable[..., Any] | None = None) -> None:
+    def __init__(self, db: Rdict, writes: MetaWrites) -> None:
         self._db = db
-        # ``MetaStore.writes``: a failed write raises StoreWriteError (a full disk)
-        self._write = writes or _call
+        # ``MetaStore.writes``: a failed write raises StoreWriteError (a full disk); a replicated
+        # leader's followers get each change (meta/journal.py)
+        self._writes = writes
+
+    def _write(self, batch: MetaBatch) -> None:
+        self._writes.apply(batch, sync=False)
 
     # -- reads ---------------------------------------------------------------------------------
     def pop_offset(self, group: str, queue: str) -> int | None:
@@ -143,7 +148,7 @@ class PopCheckPoints:
                pop_offset: int | None) -> None:
         """Messages handed out, invisible until ``due_ms``: ``revived`` ones leave the ready set,
         ``new`` ones were read at the pop offset, which moves to ``pop_offset`` (None: unchanged)."""
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for cp in revived:
             batch.delete(ready_key(group, queue, cp.offset))
             batch.put(invisible_key(due_ms, group, queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
@@ -151,36 +156,32 @@ class PopCheckPoints:
             batch.put(invisible_key(due_ms, group, queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
         if pop_offset is not None:
             batch.put(OFFSET_PREFIX + _owner(group, queue), _U64.pack(pop_offset))
-        self._write(self._db.write, batch, _NO_SYNC)
+        self._write(batch)
 
     def forget(self, cp: CheckPoint) -> None:
         """A ready message that cannot be served again (retention removed its record)."""
-        self._write(self._db.delete, ready_key(cp.group, cp.queue, cp.offset), _NO_SYNC)
+        self._write(MetaBatch().delete(ready_key(cp.group, cp.queue, cp.offset)))
 
     def ack(self, points: Iterable[CheckPoint]) -> None:
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for cp in points:
             batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
-        self._write(self._db.write, batch, _NO_SYNC)
+        self._write(batch)
 
     def change(self, cp: CheckPoint, due_ms: int) -> None:
         """Invisible until ``due_ms`` instead (CHANGE_MESSAGE_INVISIBLETIME)."""
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
         batch.put(invisible_key(due_ms, cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
-        self._write(self._db.write, batch, _NO_SYNC)
+        self._write(batch)
 
     def revive(self, points: Iterable[CheckPoint]) -> None:
         """Due check points into their ready sets, one attempt more."""
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for cp in points:
             batch.delete(invisible_key(cp.due_ms, cp.group, cp.queue, cp.offset))
             batch.put(ready_key(cp.group, cp.queue, cp.offset), _VALUE.pack(cp.position, min(cp.attempts + 1, 0xFFFF)))
-        self._write(self._db.write, batch, _NO_SYNC)
-
-
-def _call(write: Callable[..., Any], *args: Any) -> Any:
-    return write(*args)
+        self._write(batch)
 
 
 def _invisible(key: bytes, value: bytes) -> CheckPoint:

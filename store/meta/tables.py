@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from rocksdict import Rdict, WriteBatch, WriteOptions
+from rocksdict import Rdict, WriteOptions
 
 from ..errors import StoreWriteError
+from .journal import MetaBatch
 from ..rocks import META_SHARE, RocksMemory
 
 log = logging.getLogger("tidemq.store")
@@ -30,16 +31,31 @@ _U64 = struct.Struct(">Q")
 
 
 class MetaWrites:
-    """Every write to the meta database, translated: RocksDB's failure (a full disk, an I/O
-    error) becomes StoreWriteError. After a failed log write RocksDB refuses every write until
-    it recovers by itself (from ENOSPC: once space is free), so ``failed`` holds the failure
-    until a write succeeds again; both moments are logged once."""
+    """Every write to the meta database, as a MetaBatch (meta/journal.py): told to ``journal``
+    first when set (a replicated leader puts it in the commitlog for its followers), then applied.
+    RocksDB's failure (a full disk, an I/O error) becomes StoreWriteError. After a failed log
+    write RocksDB refuses every write until it recovers by itself (from ENOSPC: once space is
+    free), so ``failed`` holds the failure until a write succeeds again; both moments are logged
+    once."""
 
     def __init__(self, db: Rdict) -> None:
         self.db = db
         self.failed: StoreWriteError | None = None
+        self.journal: Callable[[MetaBatch], None] | None = None
 
-    def __call__(self, write: Callable[..., Any], *args: Any) -> Any:
+    def apply(self, batch: MetaBatch, *, sync: bool | None = None, journal: bool = True) -> None:
+        """Apply ``batch`` (``sync`` False: the WAL is not fsynced, whatever the flush mode;
+        ``journal`` False: housekeeping every replica does by itself, not told to followers)."""
+        if not batch.changes:
+            return
+        if journal and self.journal is not None:
+            self.journal(batch)
+        self._call(self.db.write, batch.write_batch(), *((_NO_SYNC,) if sync is False else ()))
+
+    def flush(self) -> None:
+        self._call(self.db.flush, True)
+
+    def _call(self, write: Callable[..., Any], *args: Any) -> Any:
         try:
             done = write(*args)
         except Exception as exc:  # (rocksdict raises a plain Exception carrying RocksDB's status)
@@ -76,7 +92,7 @@ class MetaStore:
 
     def probe(self) -> None:
         """One small write, to learn whether meta takes writes again after a failure."""
-        self.writes(self._db.put, PROBE_KEY, b"")
+        self.writes.apply(MetaBatch().put(PROBE_KEY, b""), journal=False)
 
     @property
     def db(self) -> Rdict:
@@ -97,15 +113,15 @@ class MetaStore:
         return _U64.unpack(raw)[0] if raw is not None else None
 
     def save_offsets(self, offsets: dict[tuple[str, str], int]) -> None:
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for (consumer, queue), offset in offsets.items():
             batch.put(self._offset_key(consumer, queue), _U64.pack(offset))
         self._before_write()
-        self.writes(self._db.write, batch)
+        self.writes.apply(batch)
 
     def delete_offsets(self, consumer: str) -> None:
         prefix = OFFSET_PREFIX + consumer.encode() + SEP
-        self.writes(self._db.delete_range, prefix, prefix[:-1] + b"\x01")
+        self.writes.apply(MetaBatch().delete_range(prefix, prefix[:-1] + b"\x01"))
 
     def iter_offsets(self, consumer: str) -> Iterator[tuple[str, int]]:
         prefix = OFFSET_PREFIX + consumer.encode() + SEP
@@ -123,7 +139,7 @@ class MetaStore:
                   if (raw := self._db.get(DROPPED_PREFIX + name.encode())) is None or _U64.unpack(raw)[0] < position}
         if not doomed:
             return
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for key in self._db.keys(from_key=OFFSET_PREFIX):
             if not key.startswith(OFFSET_PREFIX):
                 break
@@ -132,21 +148,20 @@ class MetaStore:
         for name in doomed:
             batch.put(DROPPED_PREFIX + name.encode(), _U64.pack(position))
         self._before_write()
-        self.writes(self._db.write, batch)
+        self.writes.apply(batch, journal=False)  # (every replica does it when it indexes the drop records)
 
     def forget_drops_below(self, position: int) -> None:
         """Markers of drops the index has made durable (re-dispatch starts after them)."""
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for key, raw in self._db.items(from_key=DROPPED_PREFIX):
             if not key.startswith(DROPPED_PREFIX):
                 break
             if _U64.unpack(raw)[0] <= position:
                 batch.delete(key)
-        if batch.len():
-            self.writes(self._db.write, batch)
+        self.writes.apply(batch, journal=False)
 
     def flush(self) -> None:
-        self.writes(self._db.flush, True)
+        self.writes.flush()
 
     def close(self) -> None:
         try:
@@ -175,24 +190,24 @@ class KvTable:
 
     def put(self, key: str, value: bytes) -> None:
         self._before_write()
-        self._writes(self._db.put, self._prefix + key.encode(), bytes(value))
+        self._writes.apply(MetaBatch().put(self._prefix + key.encode(), value))
 
     def put_hint(self, key: str, value: bytes) -> None:
         """``put`` without waiting for the disk, whatever the flush mode: in the WAL, so it
         survives a crash of the process, not always one of the machine. For what only hints (an
         AMQP queue's delivered mark): in ``sync`` mode a put is an fsync on the caller's thread."""
-        self._writes(self._db.put, self._prefix + key.encode(), bytes(value), _NO_SYNC)
+        self._writes.apply(MetaBatch().put(self._prefix + key.encode(), value), sync=False)
 
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Several puts in one write (one WAL record: all or none after a crash)."""
-        batch = WriteBatch(raw_mode=True)
+        batch = MetaBatch()
         for key, value in items:
-            batch.put(self._prefix + key.encode(), bytes(value))
+            batch.put(self._prefix + key.encode(), value)
         self._before_write()
-        self._writes(self._db.write, batch)
+        self._writes.apply(batch)
 
     def delete(self, key: str) -> None:
-        self._writes(self._db.delete, self._prefix + key.encode())
+        self._writes.apply(MetaBatch().delete(self._prefix + key.encode()))
 
     def names(self, prefix: str = "") -> Iterator[str]:
         return (key for key, _ in self.items(prefix))

@@ -9,6 +9,7 @@ is a store that has been indexing all along, with nothing to rebuild.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..errors import RecordCorruptError, StoreError
 from ..index.consumequeue import ConsumeQueueIndex
@@ -28,10 +29,10 @@ class StaleEpochError(StoreError):
 
 class FollowerLog:
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 epochs: EpochHistory) -> None:
+                 epochs: EpochHistory, on_meta: Callable[[bytes], None] | None = None) -> None:
         self._log = commitlog
         self._index = index
-        self._replay = Replay(index, dispatcher)
+        self._replay = Replay(index, dispatcher, on_meta)
         self.epochs = epochs
         self.leader_epoch = 0  # the epoch of the leader this log follows now
         self.confirmed = 0  # the leader's confirmed position, as last heard

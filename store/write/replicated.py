@@ -11,6 +11,7 @@ with Kafka's and RocketMQ's timeouts).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ class ReplicatedRelease:
         self.timeout_s = timeout_s
         self.confirmed = 0
         self._waiting: deque[_Waiting] = deque()
+        self._positions: list[tuple[int, asyncio.Future[None], float]] = []  # ``reached`` waiters, since when
 
     @property
     def waiting(self) -> int:
@@ -47,8 +49,27 @@ class ReplicatedRelease:
         self._waiting.append(_Waiting(end, entry))
         self.confirm(self.confirmed)
 
+    def reached(self, position: int) -> asyncio.Future[None]:
+        """Resolves once the confirmed position reaches ``position`` (what a meta change record
+        ends at: its acknowledgement waits for it, as a put's does)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if position <= self.confirmed:
+            fut.set_result(None)
+        else:
+            self._positions.append((position, fut, time.monotonic()))
+        return fut
+
     def confirm(self, position: int) -> None:
         self.confirmed = max(self.confirmed, position)
+        if self._positions:
+            still = []
+            for at, fut, since in self._positions:
+                if at <= self.confirmed:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    still.append((at, fut, since))
+            self._positions = still
         waiting = self._waiting
         while waiting and (waiting[0].end is None or waiting[0].end <= self.confirmed):
             item = waiting.popleft()
@@ -56,6 +77,10 @@ class ReplicatedRelease:
 
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        for _, fut, since in self._positions:
+            if now - since >= self.timeout_s and not fut.done():
+                fut.set_exception(NotReplicatedError(f"not confirmed by the in-sync replicas within {self.timeout_s:g} s"))
+        self._positions = [p for p in self._positions if not p[1].done()]
         for item in self._waiting:
             if item.answered or now - item.since < self.timeout_s:
                 continue
@@ -66,6 +91,10 @@ class ReplicatedRelease:
     def abandon(self, error: StoreError) -> list[Any]:
         """Leadership is lost: answer everything waiting with ``error``; return the entries
         (their records are the new leader's to keep or cut)."""
+        for _, fut, _ in self._positions:
+            if not fut.done():
+                fut.set_exception(error)
+        self._positions = []
         entries = []
         while self._waiting:
             item = self._waiting.popleft()
