@@ -362,3 +362,45 @@ async def test_timer_message_taken_from_cpp_client_and_half_messages_held(data_d
         raw.close()
         assert all(gw.store.max_offset_now(f"r:CppLater:{q}") == 0 for q in range(4))
 
+
+
+async def test_sends_to_retry_and_dlq_topics_need_read_on_the_topic_they_were_first_on(data_dir: Path,
+                                                                                     secured: dict) -> None:
+    """A send straight to a group's %RETRY% or %DLQ% topic (the Java consumer's fallback when its
+    send-back fails) needs what the send-back needs: read on the topic the message was first on,
+    which its RETRY_TOPIC property names; the group's readers are then checked by that topic. An
+    MQTT publish to a topic named like one does not reach it."""
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0", **secured) as (gw, addr):
+        raw = await RawRemoting.open(addr)
+
+        async def send(user: str, topic: str, body: bytes, code=RequestCode.SEND_MESSAGE, **props: str) -> int:
+            header = send_header(topic, properties=encode_properties(props) if props else "")
+            return (await raw.call(code, signed(header, body, user), body)).code
+
+        for topic in ("%RETRY%GID-victim", "%DLQ%GID-victim"):
+            assert await send("mallory", topic, b"forged") == ResponseCode.NO_PERMISSION
+            assert await send("mallory", topic, b"forged", RETRY_TOPIC="secret") == ResponseCode.NO_PERMISSION
+            assert await send("mallory", topic, b"forged", RETRY_TOPIC="devices",
+                              mqttSecondTopic="/d1/cmd") == ResponseCode.NO_PERMISSION
+            assert await send("alice", topic, b"secret retry", RETRY_TOPIC="secret") == 0
+            assert await send("mallory", topic, b"status retry", RETRY_TOPIC="devices",
+                              mqttSecondTopic="/d1/status") == 0
+        assert gw.store.max_offset_now("r:%RETRY%GID-victim:0") == 2
+        # what the group's members may pull: by the topic each message was first on
+        retry = pull_header("%RETRY%GID-victim", 0)
+        got = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "mallory"))
+        assert got.code == 0 and b"status retry" in got.body and b"secret retry" not in got.body
+        got = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "alice"))
+        assert got.code == 0 and b"status retry" in got.body and b"secret retry" in got.body
+        # MQTT topic "%RETRY%GID-victim" (alice may write any) is no remoting topic, the group's
+        # retry topic made (again) by a consumer's heartbeat or not
+        victim = (await _pop_clients(addr, ("alice",), "GID-victim"))["alice"]
+        assert (await victim.heartbeat("devices", "client-victim")).code == 0
+        victim.close()
+        mqtt = PahoClient(next(lsn.address[1] for lsn in gw.listeners if lsn.protocol == "mqtt"), "alice-mqtt",
+                          username="alice", password="pw-alice")
+        await mqtt.connect()
+        await mqtt.publish("%RETRY%GID-victim", b"from mqtt", 1)
+        await mqtt.disconnect()
+        assert sum(gw.store.max_offset_now(f"r:%RETRY%GID-victim:{i}") for i in range(8)) == 2
+        raw.close()

@@ -35,8 +35,8 @@ from store import StoredMessage
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
 from ..core.pop import Admission
-from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
-from .messages import origin_topic
+from ..interop import DLQ_PREFIX, REMOTING_QUEUE_PREFIX, RETRY_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
+from .messages import origin_topic, resent_from
 from .requests import BadRequest
 
 if TYPE_CHECKING:
@@ -178,7 +178,15 @@ class RemotingAccess:
 
     # -- sends ---------------------------------------------------------------------------------
     def check_send(self, who: Principal, topic: str, properties: dict[str, str]) -> None:
-        """Raise BadRequest when this message may not be sent (as it is) to ``topic``."""
+        """Raise BadRequest when this message may not be sent (as it is) to ``topic``: a group's
+        retry or dead-letter topic takes only what a send-back would, a message the sender may
+        read on the topic it was first on (messages.resent_from)."""
+        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+            if self.authorizer.enabled:
+                origin = resent_from(topic, properties)
+                if origin is None or not self.authorizer.can_read(who, origin):
+                    raise BadRequest(self.authorizer.denied(who, "send", origin or topic), ResponseCode.NO_PERMISSION)
+            return
         mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
         if mqtt_topic is None:
             return
