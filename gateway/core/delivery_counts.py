@@ -33,7 +33,10 @@ class DeliveryCounts:
         self._prefix = group + "\x00"
         self._counts: dict[int, int] = {}
         for key, raw in list(table.items(self._prefix)):
-            offset = int(key[len(self._prefix):])
+            rest = key[len(self._prefix):]
+            if len(rest) != 20 or not rest.isdigit():
+                continue  # another group's, whose name goes on from this one's and a NUL
+            offset = int(rest)
             if restored and offset >= committed:
                 self._counts[offset] = int(raw)
             else:
