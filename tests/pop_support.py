@@ -146,5 +146,15 @@ class PopClient:
                                topic, parts[5], int(parts[6]), int(parts[7]))
         return response, new
 
+    async def heartbeat(self, topic: str, client_id: str) -> RemotingCommand:
+        """HEART_BEAT as MQClientInstance.sendHeartbeatToAllBroker sends it for a pop consumer
+        of ``topic`` (HeartbeatData: clientID and its consumers' groups and subscriptions)."""
+        consumer = {"groupName": self.group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                    "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+                    "subscriptionDataSet": [{"topic": topic, "subString": "*", "expressionType": "TAG",
+                                             "tagsSet": [], "codeSet": [], "subVersion": int(time.time() * 1000)}]}
+        body = json.dumps({"clientID": client_id, "consumerDataSet": [consumer], "producerDataSet": []})
+        return await self.raw.call(RequestCode.HEART_BEAT, {}, body.encode())
+
     def close(self) -> None:
         self.raw.close()

@@ -196,3 +196,39 @@ async def test_data_api_reads_pass_the_read_check(data_dir: Path, secured: dict)
             assert [b.num_rows for b in eve.read("t:public/r", 0, 10, 10).batches] == [1]
 
         await asyncio.to_thread(run)
+
+
+async def test_a_shared_message_a_member_may_not_read_goes_to_one_that_may(data_dir: Path, secured: dict) -> None:
+    """A $share group of eve and admin: whatever member's turn it is, a message on a topic eve
+    may not read goes to admin; nothing is lost, and eve gets only what she may read."""
+    async with running_gateway(data_dir, **secured) as gw:
+        eve = PahoClient(mqtt_port(gw), "eve-member", version=MQTT_5, username="eve", password="pw-eve")
+        admin = PahoClient(mqtt_port(gw), "admin-member", version=MQTT_5, username="admin", password="pw-admin")
+        for client in (eve, admin):
+            await client.connect()
+            await client.subscribe("$share/g/#", 1)
+        sent = [(f"{kind}/{i}", b"m") for i in range(6) for kind in ("secret", "public")]
+        await publish_as_admin(gw, *sent)
+        for _ in range(100):  # (each message goes to one member: until all came, or none more does)
+            if eve.messages.qsize() + admin.messages.qsize() >= len(sent):
+                break
+            await asyncio.sleep(0.1)
+        got_eve = [m.topic for m in await eve.receive(eve.messages.qsize())]
+        got_admin = [m.topic for m in await admin.receive(admin.messages.qsize())]
+        assert sorted(got_eve + got_admin) == sorted(topic for topic, _ in sent)
+        assert got_eve and all(topic.startswith("public/") for topic in got_eve)
+        for client in (eve, admin):
+            await client.disconnect()
+
+
+async def test_a_shared_message_no_member_may_read_is_passed_over(data_dir: Path, secured: dict) -> None:
+    """A $share group of eve alone: what she may not read is passed over, and the group goes on
+    with what comes after it."""
+    async with running_gateway(data_dir, **secured) as gw:
+        eve = PahoClient(mqtt_port(gw), "eve-alone", version=MQTT_5, username="eve", password="pw-eve")
+        await eve.connect()
+        await eve.subscribe("$share/g/#", 1)
+        await publish_as_admin(gw, ("secret/1", b"s"), ("public/1", b"p"), ("secret/2", b"s"), ("public/2", b"p"))
+        assert [m.topic for m in await eve.receive(2)] == ["public/1", "public/2"]
+        await eve.nothing_more()
+        await eve.disconnect()

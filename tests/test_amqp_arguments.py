@@ -301,3 +301,29 @@ async def test_headers_bindings_match_as_rabbitmq_says_or_are_refused(data_dir: 
         with pytest.raises(ChannelPreconditionFailed, match="x-match"):
             await plain.bind(headers, arguments={"x-match": "some"})
         await conn.close()
+
+
+async def test_a_queue_or_exchange_name_with_a_nul_is_refused(data_dir: Path) -> None:
+    """A NUL in a name would make the store keys of one queue (its consumer offset, its delivery
+    counts) read as another's -- ``work`` and ``work\\x00x`` -- so it is refused, 406 naming it;
+    nothing is created. (pika sends any name; aio-pika refuses it itself.)"""
+    def run(url: str) -> list[tuple[int, str]]:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.channel().queue_declare("work", arguments={"x-delivery-limit": 1})
+        closes = []
+        for call in (lambda ch: ch.queue_declare("work\x00x", arguments={"x-delivery-limit": 1}),
+                     lambda ch: ch.queue_declare("work\x00x", passive=True),
+                     lambda ch: ch.exchange_declare("x\x00y", "fanout"),
+                     lambda ch: ch.exchange_declare("x\x00y", "fanout", passive=True)):
+            try:
+                call(conn.channel())
+                closes.append((0, ""))
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                closes.append((exc.reply_code, exc.reply_text))
+        conn.close()
+        return closes
+
+    async with amqp_gateway(data_dir) as (_, url):
+        closes = await asyncio.to_thread(run, url)
+    assert [code for code, _ in closes] == [406, 404, 406, 404], closes
+    assert "NUL" in closes[0][1] and "NUL" in closes[2][1]

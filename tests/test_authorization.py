@@ -321,3 +321,44 @@ async def test_refusals_counted_and_logged_once_per_interval(data_dir: Path, sec
         async with aiohttp.ClientSession() as http, http.get(url) as response:
             text = await response.text()
         assert 'tidemq_authorization_denied_total{action="publish",protocol="mqtt"} 30.0' in text
+
+
+async def test_pika_dead_letter_routes_into_and_out_of_denied_topics_refused(data_dir: Path, secured: dict) -> None:
+    """Dead-lettering is a route like a binding: mallory may not declare a queue whose dead
+    letters reach amq.topic through an exchange bound into it, publish where a queue dead-letters
+    her routing key on into it, nor read (bind to, consume) where alice's queue of secret/#
+    dead-letters to."""
+    async with running_gateway(data_dir, **secured) as gw:
+        def run() -> list[int]:
+            alice = pika_connection(gw, "alice").channel()
+            alice.exchange_declare("alice.in", "fanout")
+            alice.exchange_bind("amq.topic", "alice.in", "")
+            alice.exchange_declare("alice.direct", "direct")  # its queue dead-letters with the key it came with
+            alice.queue_declare("alice.dl", arguments={"x-dead-letter-exchange": "amq.topic"})
+            alice.queue_bind("alice.dl", "alice.direct", "secret.x")
+            alice.queue_bind("alice.dl", "alice.direct", "public.x")
+            alice.exchange_declare("alice.dlx", "fanout")  # where alice's queue of secret/# dead-letters to
+            alice.queue_declare("alice.secret", arguments={"x-dead-letter-exchange": "alice.dlx"})
+            alice.queue_bind("alice.secret", "amq.topic", "secret.#")
+            alice.queue_declare("alice.dead")
+            alice.queue_bind("alice.dead", "alice.dlx", "")
+            conn = pika_connection(gw, "mallory")
+            codes = []
+            for call in (
+                lambda ch: ch.queue_declare("mq.dl", arguments={  # alice.in feeds amq.topic
+                    "x-dead-letter-exchange": "alice.in", "x-dead-letter-routing-key": "secret.leak"}),
+                lambda ch: ch.queue_declare("mq.dl2", arguments={"x-dead-letter-exchange": "alice.in"}),
+                lambda ch: ch.basic_publish("alice.direct", "secret.x", b"leak"),  # dead-lettered as secret/x
+                lambda ch: (ch.queue_declare("mq.dead"), ch.queue_bind("mq.dead", "alice.dlx", "")),
+                lambda ch: ch.basic_get("alice.dead"),
+                lambda ch: ch.queue_declare("mq.dl3", arguments={
+                    "x-dead-letter-exchange": "alice.in", "x-dead-letter-routing-key": "public.dead"}),
+                lambda ch: ch.basic_publish("alice.direct", "public.x", b"fine"),
+            ):
+                ch = conn.channel()
+                ch.confirm_delivery()
+                codes.append(refused(lambda call=call, ch=ch: call(ch)))
+            conn.close()
+            return codes
+
+        assert await asyncio.to_thread(run) == [403, 403, 403, 403, 403, 0, 0]

@@ -294,3 +294,24 @@ async def test_remoting_send_on_a_full_disk(disk: FullDisk, loop_errors: list) -
     sent = await ons({"cmd": "send", "nameSrv": addr, "topic": "Full", "messages": [{"body": "r2"}]})
     assert [e["sendStatus"] for e in sent if e["event"] == "sent"] == ["SEND_OK"]
     assert not loop_errors, loop_errors
+
+
+async def test_amqp_message_given_back_on_a_full_disk_is_not_lost(disk: FullDisk, loop_errors: list) -> None:
+    """A queue with a delivery limit counts each give-back in the meta database: when that
+    write fails (the disk full, RocksDB refusing writes), the message still goes back to the
+    queue and comes again."""
+    async with await aio_pika.connect(disk.amqp_url) as amqp:
+        channel = await amqp.channel()
+        queue = await channel.declare_queue("limited", durable=True, arguments={"x-delivery-limit": 5})
+        await channel.default_exchange.publish(aio_pika.Message(b"m1"), routing_key="limited")
+        got = await queue.get(timeout=5)
+        disk.fill()
+        with pytest.raises(ChannelClosed):  # (a write of the meta database fails: it refuses writes now)
+            await (await amqp.channel()).declare_queue("q2", durable=True, arguments={"x-note": "n" * LARGE})
+        await got.nack(requeue=True)
+        again = await queue.get(timeout=5)
+        assert again.body == b"m1" and again.redelivered
+        await again.ack()
+        disk.free()
+        await disk.recovered()
+    assert not loop_errors, loop_errors

@@ -173,27 +173,61 @@ async def test_view_query_and_send_back_of_denied_messages_refused(data_dir: Pat
         raw.close()
 
 
-async def test_a_popped_message_that_comes_back_is_checked_for_the_member_that_pops_it(data_dir: Path,
-                                                                                     secured: dict) -> None:
-    """Pop: a message alice popped and did not ack comes back to the group; mallory, in the same
-    group, pops it only if the ACL lets her read it (here not: it is passed over, as a new one or
-    a pull's would be)."""
+async def _pop_clients(addr: str, users: tuple[str, ...], group: str = "GID-pop") -> dict:
+    """Pop consumers of ``group`` signing as ``users``."""
     from tests.pop_support import PopClient
 
+    clients = {}
+    for user in users:
+        client = clients[user] = await PopClient.open(addr, group)
+        call = client.raw.call
+        client.raw.call = (lambda call, user: lambda code, ext=None, body=b"", **kw: call(
+            code, signed(ext or {}, body, user), body, **kw))(call, user)
+    return clients
+
+
+async def _send_devices(raw, *seconds: str) -> None:
+    """To remoting topic "devices", MQTT topics devices/d1/cmd (denied to mallory) or
+    devices/d1/status (which she may read: she may pop from "devices")."""
+    for second in seconds:
+        header = send_header("devices", properties=encode_properties({"mqttSecondTopic": second}))
+        sent = await raw.call(RequestCode.SEND_MESSAGE, header, second.encode())
+        assert sent.code == 0, sent.remark
+
+
+async def test_a_popped_message_a_member_may_not_read_waits_for_a_member_that_may(data_dir: Path,
+                                                                                  secured: dict) -> None:
+    """Pop: a message mallory may not read, new or come back to the group, is left for alice,
+    a member of the group (by her heartbeat) that may read it: mallory gets only what she may."""
     async with remoting_gateway(data_dir, **secured) as (gw, addr):
-        clients = {}
-        for user in ("alice", "mallory"):
-            client = clients[user] = await PopClient.open(addr, "GID-pop")
-            call = client.raw.call
-            client.raw.call = (lambda call, user: lambda code, ext=None, body=b"", **kw: call(
-                code, signed(ext or {}, body, user), body, **kw))(call, user)
-        raw = clients["alice"].raw
-        # MQTT topics devices/d1/cmd, denied to mallory, and devices/d1/status, in remoting topic
-        # "devices", which mallory may pop from (she may read some of it)
-        for second in ("/d1/cmd", "/d1/status"):
-            header = send_header("devices", properties=encode_properties({"mqttSecondTopic": second}))
-            sent = await raw.call(RequestCode.SEND_MESSAGE, header, second.encode())
-            assert sent.code == 0, sent.remark
+        clients = await _pop_clients(addr, ("alice", "mallory"))
+        for user, client in clients.items():
+            assert (await client.heartbeat("devices", f"client-{user}")).code == 0
+        await _send_devices(clients["alice"].raw, "/d1/cmd", "/d1/status")
+        assert [p.body for p in await clients["mallory"].pop("devices")] == [b"/d1/status"]
+        assert [p.body for p in await clients["alice"].pop("devices")] == [b"/d1/cmd"]
+        # one alice popped and did not ack comes back to the group: mallory leaves it too
+        await _send_devices(clients["alice"].raw, "/d1/cmd")
+        assert [p.body for p in await clients["alice"].pop("devices", invisible_ms=200)] == [b"/d1/cmd"]
+        for _ in range(100):
+            if gw.remoting.pop.revived == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert gw.remoting.pop.revived == 1
+        assert await clients["mallory"].pop("devices", poll_ms=500) == []
+        assert [p.body for p in await clients["alice"].pop("devices")] == [b"/d1/cmd"]
+        for client in clients.values():
+            client.raw.close()
+
+
+async def test_a_popped_message_no_member_may_read_is_passed_over(data_dir: Path, secured: dict) -> None:
+    """Pop: a message alice popped and did not ack comes back to the group; mallory, the only
+    member of the group (alice sent no heartbeat), pops it only if the ACL lets her read it
+    (here not: it is passed over, as a new one she may not read is)."""
+    async with remoting_gateway(data_dir, **secured) as (gw, addr):
+        clients = await _pop_clients(addr, ("alice", "mallory"))
+        assert (await clients["mallory"].heartbeat("devices", "client-mallory")).code == 0
+        await _send_devices(clients["alice"].raw, "/d1/cmd", "/d1/status")
         popped = await clients["alice"].pop("devices", invisible_ms=200)
         assert sorted(p.body for p in popped) == [b"/d1/cmd", b"/d1/status"]
         for _ in range(100):  # past their invisible time, both come back to the group
@@ -202,7 +236,10 @@ async def test_a_popped_message_that_comes_back_is_checked_for_the_member_that_p
             await asyncio.sleep(0.1)
         assert gw.remoting.pop.revived == 2
         assert [p.body for p in await clients["mallory"].pop("devices", poll_ms=2000)] == [b"/d1/status"]
+        await _send_devices(clients["alice"].raw, "/d1/cmd", "/d1/status")
+        assert [p.body for p in await clients["mallory"].pop("devices", poll_ms=2000)] == [b"/d1/status"]
         assert await clients["mallory"].pop("devices", poll_ms=500) == []
+        assert await clients["alice"].pop("devices", poll_ms=500) == []  # (nothing left over)
         for client in clients.values():
             client.raw.close()
 
@@ -325,3 +362,45 @@ async def test_timer_message_taken_from_cpp_client_and_half_messages_held(data_d
         raw.close()
         assert all(gw.store.max_offset_now(f"r:CppLater:{q}") == 0 for q in range(4))
 
+
+
+async def test_sends_to_retry_and_dlq_topics_need_read_on_the_topic_they_were_first_on(data_dir: Path,
+                                                                                     secured: dict) -> None:
+    """A send straight to a group's %RETRY% or %DLQ% topic (the Java consumer's fallback when its
+    send-back fails) needs what the send-back needs: read on the topic the message was first on,
+    which its RETRY_TOPIC property names; the group's readers are then checked by that topic. An
+    MQTT publish to a topic named like one does not reach it."""
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0", **secured) as (gw, addr):
+        raw = await RawRemoting.open(addr)
+
+        async def send(user: str, topic: str, body: bytes, code=RequestCode.SEND_MESSAGE, **props: str) -> int:
+            header = send_header(topic, properties=encode_properties(props) if props else "")
+            return (await raw.call(code, signed(header, body, user), body)).code
+
+        for topic in ("%RETRY%GID-victim", "%DLQ%GID-victim"):
+            assert await send("mallory", topic, b"forged") == ResponseCode.NO_PERMISSION
+            assert await send("mallory", topic, b"forged", RETRY_TOPIC="secret") == ResponseCode.NO_PERMISSION
+            assert await send("mallory", topic, b"forged", RETRY_TOPIC="devices",
+                              mqttSecondTopic="/d1/cmd") == ResponseCode.NO_PERMISSION
+            assert await send("alice", topic, b"secret retry", RETRY_TOPIC="secret") == 0
+            assert await send("mallory", topic, b"status retry", RETRY_TOPIC="devices",
+                              mqttSecondTopic="/d1/status") == 0
+        assert gw.store.max_offset_now("r:%RETRY%GID-victim:0") == 2
+        # what the group's members may pull: by the topic each message was first on
+        retry = pull_header("%RETRY%GID-victim", 0)
+        got = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "mallory"))
+        assert got.code == 0 and b"status retry" in got.body and b"secret retry" not in got.body
+        got = await raw.call(RequestCode.PULL_MESSAGE, signed(retry, b"", "alice"))
+        assert got.code == 0 and b"status retry" in got.body and b"secret retry" in got.body
+        # MQTT topic "%RETRY%GID-victim" (alice may write any) is no remoting topic, the group's
+        # retry topic made (again) by a consumer's heartbeat or not
+        victim = (await _pop_clients(addr, ("alice",), "GID-victim"))["alice"]
+        assert (await victim.heartbeat("devices", "client-victim")).code == 0
+        victim.close()
+        mqtt = PahoClient(next(lsn.address[1] for lsn in gw.listeners if lsn.protocol == "mqtt"), "alice-mqtt",
+                          username="alice", password="pw-alice")
+        await mqtt.connect()
+        await mqtt.publish("%RETRY%GID-victim", b"from mqtt", 1)
+        await mqtt.disconnect()
+        assert sum(gw.store.max_offset_now(f"r:%RETRY%GID-victim:{i}") for i in range(8)) == 2
+        raw.close()

@@ -49,6 +49,7 @@ from .model import (
     check_exchange,
     check_queue_arguments,
     inequivalent,
+    name_problem,
     routed_queues,
 )
 from .queues import QueueRuntime, take_places
@@ -237,7 +238,7 @@ class AMQPBroker:
             return
         if name.startswith("amq.") or not name:
             raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' is reserved", channel.number, m)
-        problem = check_exchange(m.exchange_type, dict(m.arguments or {}))
+        problem = name_problem("exchange", name) or check_exchange(m.exchange_type, dict(m.arguments or {}))
         if problem:
             raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
         exchange = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(m.arguments or {}))
@@ -313,7 +314,7 @@ class AMQPBroker:
             return existing
         if name.startswith("amq.") and m.queue:
             raise channel_error(ACCESS_REFUSED, f"queue name '{name}' is reserved", channel.number, m)
-        problem = check_queue_arguments(arguments)
+        problem = name_problem("queue", name) or check_queue_arguments(arguments)
         if problem:
             raise channel_error(PRECONDITION_FAILED, problem, channel.number, m)
         definition = QueueDefinition(name, m.durable, m.exclusive, m.auto_delete, arguments)

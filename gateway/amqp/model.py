@@ -234,6 +234,16 @@ def inequivalent(kind: str, name: str, current: dict[str, Any], received: dict[s
     return None
 
 
+def name_problem(kind: str, name: str) -> str | None:
+    """A reason a new exchange or queue cannot have ``name`` (406 PRECONDITION_FAILED), or None:
+    a NUL, which RabbitMQ takes, would make the store keys of one queue (its consumer offset,
+    its delivery counts, its bindings) read as another's."""
+    if "\x00" in name:
+        shown = name.replace("\x00", "\\x00")
+        return f"{kind} name '{shown}' has a NUL character, which TideMQ does not accept"
+    return None
+
+
 def check_exchange(exchange_type: str, arguments: dict[str, Any]) -> str | None:
     """A reason a new exchange cannot be declared so (406 PRECONDITION_FAILED), or None."""
     if exchange_type not in EXCHANGE_TYPES:

@@ -5,7 +5,9 @@ them, and the MQTT topic rights of what crosses into or out of MQTT topic space 
 routing key; a binding from it -- or from an exchange it feeds -- and a consumer of a queue it
 feeds read every topic of the binding keys on the way (all of them: a queue's messages cannot be
 checked one by one, so a deny rule that touches a binding refuses it); an exchange bound into it,
-or a queue dead-lettering into it, writes there. Refusals raise 403 ACCESS_REFUSED (channel
+or a queue dead-lettering into it (or into an exchange routing on into it), writes there.
+Dead-lettering is a route as a binding is: a queue's dead letters reach its dead-letter
+exchange, with the key they came with unless it sets one. Refusals raise 403 ACCESS_REFUSED (channel
 close) worded as RabbitMQ's; a user without AMQP permissions may not open the vhost (530)."""
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def publish_refusal(conn: AMQPConnection, exchange: str, routing_key: str) -> st
     if not authorizer.amqp_allows(who, "write", exchange):
         resource = f"exchange '{exchange or 'amq.default'}'"
         return authorizer.denied(who, "amqp write", resource, _refused(who, resource))
-    if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange):
+    if exchange == BRIDGE_EXCHANGE or _reaches_bridge(conn.broker, exchange, routing_key):
         # (also a key that is no MQTT topic name, "secret.+": it reaches the AMQP readers of
         # bindings that match it as it is, "secret.*" or "#", so its literal topic is checked)
         topic = routing_key_to_mqtt_topic(routing_key)
@@ -135,38 +137,76 @@ _NEEDS = {
 
 
 # -- MQTT topic space through amq.topic ------------------------------------------------------
-def _reaches_bridge(broker: AMQPBroker, exchange: str) -> bool:
-    """Whether messages published to ``exchange`` can be routed on into amq.topic."""
+def _reaches_bridge(broker: AMQPBroker, exchange: str, routing_key: str | None = None) -> bool:
+    """Whether messages published to ``exchange`` (with ``routing_key``, for the default
+    exchange; None: any) can be routed on into amq.topic with the key they came with: through
+    exchanges bound on, and queues that dead-letter them keeping their key (a dead-letter
+    routing key was checked when its queue was declared)."""
     pending, seen = [exchange], {exchange}
     while pending:
-        source = broker.exchanges.get(pending.pop())
+        name = pending.pop()
+        onward = []
+        source = broker.exchanges.get(name)
         for binding in source.exchange_bindings if source is not None else ():
-            if binding.queue == BRIDGE_EXCHANGE:
+            onward.append(binding.queue)
+        for queue in _queues_of(broker, name, routing_key if name == exchange else None):
+            definition = queue.definition
+            if definition.dead_letter_exchange is not None and definition.dead_letter_routing_key is None:
+                onward.append(definition.dead_letter_exchange)
+        for target in onward:
+            if target == BRIDGE_EXCHANGE:
                 return True
-            if binding.queue not in seen:
-                seen.add(binding.queue)
-                pending.append(binding.queue)
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
     return False
 
 
+def _queues_of(broker: AMQPBroker, exchange: str, routing_key: str | None) -> list:
+    """The queues ``exchange`` may route to (the default exchange: the one ``routing_key``
+    names; None: any)."""
+    if exchange == "":
+        if routing_key is None:
+            return list(broker.queues.values())
+        queue = broker.queues.get(routing_key)
+        return [queue] if queue is not None else []
+    source = broker.exchanges.get(exchange)
+    return [broker.queues[b.queue] for b in source.bindings if b.queue in broker.queues] if source is not None else []
+
+
 def _bridge_keys(broker: AMQPBroker, *, queue: str | None = None, exchange: str | None = None) -> list[str]:
-    """The amq.topic binding keys whose messages reach this queue or exchange, directly or
-    through exchanges bound from amq.topic (a superset of what really gets there)."""
+    """The amq.topic binding keys whose messages reach this queue or exchange, directly, through
+    exchanges bound from amq.topic, or as dead letters of queues they reach (a superset of what
+    really gets there)."""
     keys: list[str] = []
-    pending: list[tuple[str | None, str | None]] = [(queue, exchange)]
-    seen: set[str] = set()
+    start = ("queue", queue) if queue is not None else ("exchange", exchange)
+    pending: list[tuple[str, str | None]] = [start]
+    seen = {start}
+
+    def visit(node: tuple[str, str | None]) -> None:
+        if node not in seen:
+            seen.add(node)
+            pending.append(node)
+
     while pending:
-        to_queue, to_exchange = pending.pop()
+        kind, name = pending.pop()
         for source in broker.exchanges.values():
-            bindings = source.bindings if to_queue is not None else source.exchange_bindings
+            bindings = source.bindings if kind == "queue" else source.exchange_bindings
             for binding in bindings:
-                if binding.queue != (to_queue if to_queue is not None else to_exchange):
+                if binding.queue != name:
                     continue
                 if source.name == BRIDGE_EXCHANGE:
                     keys.append(binding.routing_key)
-                elif source.name not in seen:
-                    seen.add(source.name)
-                    pending.append((None, source.name))
+                else:
+                    visit(("exchange", source.name))
+        for dead in broker.queues.values():  # queues that dead-letter here
+            definition = dead.definition
+            if kind == "exchange":
+                feeds = definition.dead_letter_exchange == name
+            else:  # (through the default exchange: by the dead-letter key, or the key they came with)
+                feeds = definition.dead_letter_exchange == "" and definition.dead_letter_routing_key in (None, name)
+            if feeds:
+                visit(("queue", dead.name))
     return keys
 
 
@@ -226,10 +266,14 @@ def _exchange_bind_topics(channel: Channel, who: Principal, m: commands.Exchange
 
 def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.Declare) -> str | None:
     arguments = m.arguments or {}
-    if m.passive or arguments.get("x-dead-letter-exchange") != BRIDGE_EXCHANGE:
-        return None
+    dlx = arguments.get("x-dead-letter-exchange")
     key = arguments.get("x-dead-letter-routing-key")
-    return _writes_topics(channel, who, key if isinstance(key, str) else None)
+    key = key if isinstance(key, str) else None
+    if m.passive or not isinstance(dlx, str):
+        return None
+    if dlx != BRIDGE_EXCHANGE and not _reaches_bridge(channel.broker, dlx, key):
+        return None
+    return _writes_topics(channel, who, key)
 
 
 _TOPICS = {

@@ -135,10 +135,12 @@ class ConsumerGroup(Generic[Member]):
         over = []
         for message in messages:
             offset = message.queue_offset
+            # (counted while still handed out: were the count to raise, the message is not lost)
+            counted = limit is not None and self.counts is not None and self.counts.given_back(offset) > limit
             self.cursor.unacked.pop(offset, None)
-            if limit is not None and self.counts is not None and self.counts.given_back(offset) > limit:
-                self.counts.forget(offset)
+            if counted:
                 over.append(message)
+                self.settled(offset)
                 continue
             bisect.insort(self.redeliver, message, key=_offset)
         return over

@@ -13,6 +13,7 @@ there, which a walk per pop would step over again and again.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,14 @@ INIT_MIN, INIT_MAX = 0, 1  # where a group new to a queue starts (RocketMQ's Con
 Reader = Callable[[str, int, int], GetResult]
 # (check point, its message, attempts) -> stored into the group's dead letter queue
 DeadLetter = Callable[[CheckPoint, StoredMessage, int], Awaitable[None]]
+
+
+class Admission(enum.Enum):
+    """What becomes of a message for the member that pops it."""
+
+    TAKE = "take"  # handed to this member
+    LEAVE = "leave"  # not this member's to read, another member's: it waits, ready, for one
+    PASS = "pass"  # no member of the group may read it: passed over, as a filtered-out message is
 
 
 @dataclass(slots=True)
@@ -86,15 +95,15 @@ class PopService:
 
     # -- pop / ack / change --------------------------------------------------------------------
     def pop(self, group: str, queue: str, max_messages: int, invisible_ms: int, read: Reader,
-            admit: Callable[[StoredMessage], bool] | None = None, init_mode: int = INIT_MIN,
+            admit: Callable[[StoredMessage], Admission] | None = None, init_mode: int = INIT_MIN,
             start: Callable[[], int | None] | None = None, now_ms: int | None = None) -> Popped:
         """Hand out up to ``max_messages`` of ``queue`` to one member of ``group``: revived ones
         first, then new ones from the pop offset (``read`` applies the member's filter; ``admit``
-        drops what it may not see, revived or new: passed over, as a filtered-out message is,
-        for the whole group as a pull's skip is). Durable (in the
-        WAL) when it returns. ``start``: where a group new to the queue begins (its pull
-        consumer offset), else ``init_mode``. ``now_ms``: the pop time (one for the queues
-        of one request: its answer names them all by it)."""
+        says, of each, revived or new, whether this member takes it, leaves it ready for another
+        member, or the group passes over it). Durable (in the WAL) when it returns. ``start``:
+        where a group new to the queue begins (its pull consumer offset), else ``init_mode``.
+        ``now_ms``: the pop time (one for the queues of one request: its answer names them all
+        by it)."""
         now = clock_ms() if now_ms is None else now_ms
         popped = Popped(queue, now, invisible_ms)
         revived = []
@@ -104,14 +113,18 @@ class PopService:
                 log.warning("popped message gone before it was acked group=%s queue=%s offset=%d", group, queue, cp.offset)
                 self.points.forget(cp)
                 continue
-            if admit is not None and not admit(message):  # (another member popped it before)
+            admission = Admission.TAKE if admit is None else admit(message)
+            if admission is Admission.PASS:  # (another member popped it before)
                 self.points.forget(cp)  # passed over, as a new one would be
                 continue
+            if admission is Admission.LEAVE:
+                continue  # (stays ready)
             message.queue, message.queue_offset = queue, cp.offset
             revived.append(cp)
             popped.messages.append(message)
             popped.points.append(cp)
         new: list[CheckPoint] = []
+        left: list[CheckPoint] = []  # new ones another member is to pop: ready at once
         offset = self.points.pop_offset(group, queue)
         moved = offset is None
         if offset is None:
@@ -128,9 +141,13 @@ class PopService:
                 result = read(queue, offset, room)
             if result.status is GetStatus.FOUND or result.next_offset > offset:
                 for message in result.messages:
-                    if admit is not None and not admit(message):
+                    admission = Admission.TAKE if admit is None else admit(message)
+                    if admission is Admission.PASS:
                         continue
                     cp = CheckPoint(group, queue, message.queue_offset, message.position, 0)
+                    if admission is Admission.LEAVE:
+                        left.append(cp)
+                        continue
                     new.append(cp)
                     popped.messages.append(message)
                     popped.points.append(cp)
@@ -138,8 +155,10 @@ class PopService:
             popped.rest = max(0, result.max_offset - offset)
             popped.next_offset = offset
         if popped.points or moved:
-            self.points.popped(group, queue, popped.due_ms, revived, new, offset if moved else None)
+            self.points.popped(group, queue, popped.due_ms, revived, new, offset if moved else None, left)
             self._scheduled(popped.due_ms)
+        if left:
+            self.on_ready(group, queue)
         return popped
 
     def ack(self, group: str, queue: str, offset: int, due_ms: int) -> CheckPoint | None:

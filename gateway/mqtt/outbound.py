@@ -132,10 +132,10 @@ class Delivery(Pusher):
 
     def deliver_shared(self, key: str, message: StoredMessage, delivery: MessageDelivery, qos: int,
                        state: SubscriptionState, remaining: int | None) -> bool:
+        """Send ``message`` to this member, which the group chose (it may read it, and has
+        room); False when it was dropped (too large for the client): the group moves on."""
         session = self.connection.session
         assert session is not None
-        if not self.may_read(message.topic):
-            return False  # the ACL does not let this member read it (the group moves on)
         packet_id = None
         if qos:
             packet_id = session.allocate_packet_id()

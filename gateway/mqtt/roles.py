@@ -20,7 +20,7 @@ from ..ports import FilterRegistry, QueueStore, SessionRepository
 from ..read_pauses import ReadPauses
 from ..stats import ProtocolStats
 from .ingest_gate import IngestGate
-from .messages import DeliveryMemo
+from .messages import Delivery as MessageDelivery, DeliveryMemo
 from .presence import Presence
 from .session import Session, SubscriptionState
 from .settings import MQTTSettings
@@ -137,8 +137,10 @@ class MemberDelivery(Protocol):
 
     def has_window(self) -> bool: ...
 
-    def deliver_shared(self, key: str, message: StoredMessage, qos: int, state: SubscriptionState,
-                       remaining: int | None) -> bool: ...
+    def may_read(self, topic: str) -> bool: ...
+
+    def deliver_shared(self, key: str, message: StoredMessage, delivery: MessageDelivery, qos: int,
+                       state: SubscriptionState, remaining: int | None) -> bool: ...
 
 
 class Member(Protocol):

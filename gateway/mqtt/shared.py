@@ -194,9 +194,13 @@ class ShareGroup(ConsumerGroup[Member]):
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:
             return True  # expired: consumed without delivery
-        conn = self.next_member(lambda member: self._can_take(member, delivery.qos))
+        topic = message.topic
+        conn = self.next_member(lambda member: self._can_take(member, delivery.qos)
+                                and member.delivery.may_read(topic))
         if conn is None:
-            return False
+            # none can take it now: it waits for one that may read it, unless no member may
+            # (then it is passed over, as a plain subscription's read check skips it)
+            return not any(member.delivery.may_read(topic) for member in self.members.values())
         state = conn.delivery.shared_subscription(self.key)
         assert state is not None
         qos = min(delivery.qos, state.options.qos)

@@ -23,7 +23,7 @@ transactions.py.)
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,8 +34,9 @@ from store import StoredMessage
 
 from ..auth.access_keys import ACCESS_KEY, AccessKeys
 from ..auth.authorize import Authorizer, Principal
-from ..interop import REMOTING_QUEUE_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
-from .messages import origin_topic
+from ..core.pop import Admission
+from ..interop import DLQ_PREFIX, REMOTING_QUEUE_PREFIX, RETRY_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
+from .messages import origin_topic, resent_from
 from .requests import BadRequest
 
 if TYPE_CHECKING:
@@ -177,7 +178,15 @@ class RemotingAccess:
 
     # -- sends ---------------------------------------------------------------------------------
     def check_send(self, who: Principal, topic: str, properties: dict[str, str]) -> None:
-        """Raise BadRequest when this message may not be sent (as it is) to ``topic``."""
+        """Raise BadRequest when this message may not be sent (as it is) to ``topic``: a group's
+        retry or dead-letter topic takes only what a send-back would, a message the sender may
+        read on the topic it was first on (messages.resent_from)."""
+        if topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+            if self.authorizer.enabled:
+                origin = resent_from(topic, properties)
+                if origin is None or not self.authorizer.can_read(who, origin):
+                    raise BadRequest(self.authorizer.denied(who, "send", origin or topic), ResponseCode.NO_PERMISSION)
+            return
         mqtt_topic = mqtt_topic_of(topic, properties.get(SECOND_TOPIC_PROPERTY))
         if mqtt_topic is None:
             return
@@ -199,6 +208,25 @@ class RemotingAccess:
             return None
         # (a retry or dead-letter topic holds messages of other topics: each by its first topic)
         return lambda message: self._may_read_topic(who, origin_topic(message))
+
+    def pop_admission(self, who: Principal, topic: str, members: Callable[[], Iterable[Principal]]
+                      ) -> Callable[[StoredMessage], Admission] | None:
+        """For a pop of ``topic`` by ``who``: None (every message is its to take), or what
+        becomes of each: taken when ``who`` may read it, else left for another member of the
+        group (``members``: who they are) that may, else passed over for the group."""
+        mine = self.read_filter(who, topic)
+        if mine is None:
+            return None
+
+        def admit(message: StoredMessage) -> Admission:
+            if mine(message):
+                return Admission.TAKE
+            for member in members():
+                theirs = self.read_filter(member, topic)
+                if theirs is None or theirs(message):
+                    return Admission.LEAVE
+            return Admission.PASS
+        return admit
 
     def _may_read_topic(self, who: Principal, topic: str) -> bool:
         return topic.startswith("%") or self.authorizer.can_read(who, topic)

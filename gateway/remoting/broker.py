@@ -49,7 +49,7 @@ from .access import RemotingAccess, Right
 from .consumers import ConsumerRequests
 from .groups import ConsumerGroups
 from .long_poll import PullHolds
-from .messages import Origin, client_properties, plain_body, to_store_message, to_wire
+from .messages import Origin, client_properties, plain_body, to_store_message, to_wire, with_origin
 from .ordering import sharding_queue
 from .pops import PopRequests, PopWaiters
 from .pulls import PullRequests
@@ -331,6 +331,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return self.send_batch(conn, request, header)
         properties = client_properties(header.properties)
         self.access.check_send(conn.principal, header.topic, properties)  # (before the topic is created)
+        properties = with_origin(header.topic, properties)
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums,
                                   properties.get(SHARDING_KEY))
         max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
@@ -378,6 +379,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                              ResponseCode.MESSAGE_ILLEGAL)
         for properties in item_properties:  # (before the topic is created)
             self.access.check_send(conn.principal, header.topic, properties)
+        item_properties = [with_origin(header.topic, properties) for properties in item_properties]
         queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums, keys.pop())
         born = header.born_timestamp or int(time.time() * 1000)
         batch = []

@@ -48,7 +48,8 @@ class ConsumerRequests:
             if model == "CLUSTERING":
                 self.topics.ensure(retry_topic(group), 1)
             self.groups.heartbeat(group, client_id, conn, subs, model,
-                                  str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"))
+                                  str(consumer.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"),
+                                  principal=conn.principal)
         for producer in data.get("producerDataSet") or []:  # (transaction checks ask one of them)
             group = str(producer.get("groupName") or "")
             if group:

@@ -28,6 +28,7 @@ class Member:
     client_id: str
     connection: Any  # the RemotingConnection it sent its heartbeat over
     last_heartbeat: float
+    principal: Any = None  # who signed its heartbeat (access.py: what its pops may read)
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     message_model: str = "CLUSTERING"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
@@ -40,13 +41,15 @@ class ConsumerGroups:
         self.on_members_changed: Callable[[str, list[Member]], None] | None = None
 
     def heartbeat(self, group: str, client_id: str, connection: Any, subscriptions: list[Subscription],
-                  message_model: str, consume_from_where: str, now: float | None = None) -> None:
+                  message_model: str, consume_from_where: str, now: float | None = None,
+                  principal: Any = None) -> None:
         members = self.groups.setdefault(group, {})
         member = members.get(client_id)
         changed = member is None or member.connection is not connection
         if member is None:
             member = members[client_id] = Member(client_id, connection, 0.0)
         member.connection = connection
+        member.principal = principal
         member.last_heartbeat = time.monotonic() if now is None else now
         member.subscriptions = {s.topic: s for s in subscriptions}
         member.message_model = message_model

@@ -25,10 +25,11 @@ from protocols.remoting.message_codec import (
     TRANSACTION_ROLLBACK_TYPE,
     WireMessage,
 )
-from protocols.remoting.properties import DELAY, KEYS, TAGS, TRAN_MSG, UNIQ_KEY, decode_properties
+from protocols.mqtt.topics import TopicError, validate_topic_name
+from protocols.remoting.properties import DELAY, KEYS, RETRY_TOPIC, TAGS, TRAN_MSG, UNIQ_KEY, decode_properties
 from store import Message, StoredMessage
 
-from ..interop import SECOND_TOPIC_PROPERTY
+from ..interop import DLQ_PREFIX, RETRY_PREFIX, SECOND_TOPIC_PROPERTY, mqtt_topic_of
 from .requests import BadRequest
 
 REMOTING_FLAG = 0x400  # record flag marker: a remoting message whose own flag is in FLAG_PROPERTY
@@ -116,6 +117,28 @@ def plain_body(body: bytes, sys_flag: int, max_size: int) -> tuple[bytes, int]:
 def origin_topic(message: StoredMessage) -> str:
     """The topic the ACL judges a message by: the one it was first stored on."""
     return message.properties.get(ORIGIN_TOPIC_PROPERTY) or message.topic
+
+
+def resent_from(topic: str, properties: dict[str, str]) -> str | None:
+    """For a message sent straight to a group's retry or dead-letter topic (what a consumer
+    whose send-back failed does): the MQTT topic it was first on, from its ``RETRY_TOPIC``
+    property (and ``mqttSecondTopic``); None when it names none, or ``topic`` is no such topic."""
+    first = properties.get(RETRY_TOPIC)
+    if not first or not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+        return None
+    origin = mqtt_topic_of(first, properties.get(SECOND_TOPIC_PROPERTY))
+    try:
+        validate_topic_name(origin or "")
+    except TopicError:
+        return None
+    return origin
+
+
+def with_origin(topic: str, properties: dict[str, str]) -> dict[str, str]:
+    """A send's properties as stored: one resent to a retry or dead-letter topic keeps the
+    topic it was first on, by which its readers are checked (access.py)."""
+    origin = resent_from(topic, properties)
+    return properties if origin is None else {**properties, ORIGIN_TOPIC_PROPERTY: origin}
 
 
 def user_properties(message: StoredMessage) -> dict[str, str]:

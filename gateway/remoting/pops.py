@@ -39,6 +39,7 @@ from .requests import CONSUMER_PREFIX, BadRequest, Reply, int_field, str_field
 from .topics import dlq_topic
 
 if TYPE_CHECKING:
+    from ..auth.authorize import Principal
     from .connection import RemotingConnection
 
 MAX_POP_MESSAGES = 32  # RocketMQ's broker refuses more
@@ -180,7 +181,7 @@ class PopRequests:
         _in_range(invisible_ms, "invisibleTime")
         queue_ids = self._pop_queues(topic, int_field(ext, "queueId"))
         selector = self.selectors.get(ext.get("exp") or None, ext.get("expType") or None)
-        reads = self.access.read_filter(conn.principal, topic)
+        admit = self.access.pop_admission(conn.principal, topic, lambda: self._popping_members(group, topic))
         init_mode = int_field(ext, "initMode", 0)
 
         def pop_once() -> list[tuple[int, Popped]]:
@@ -190,7 +191,7 @@ class PopRequests:
             for queue_id in queue_ids:
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,
-                                      lambda q, offset, n: self._read(q, topic, offset, n, selector), reads, init_mode,
+                                      lambda q, offset, n: self._read(q, topic, offset, n, selector), admit, init_mode,
                                       lambda queue=queue: self._pull_offset(group, queue), now)
                 out.append((queue_id, popped))
                 if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
@@ -205,6 +206,11 @@ class PopRequests:
         if any(p.messages for _, p in found) or poll_ms <= 0:
             return self._pop_response(answer, found)
         return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
+
+    def _popping_members(self, group: str, topic: str) -> list[Principal]:
+        """Who the members of ``group`` subscribed to ``topic`` are (by their heartbeats)."""
+        return [member.principal for member in self.groups.members(group)
+                if member.principal is not None and topic in member.subscriptions]
 
     def _pull_offset(self, group: str, queue: str) -> int | None:
         """Where a group new to popping a queue starts: where its pulls got to, if they did."""

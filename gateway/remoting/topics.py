@@ -98,6 +98,8 @@ class TopicRegistry:
         """Store queues an MQTT publish to ``mqtt_topic`` is also indexed into: one queue of
         the remoting topic named by its first level, if there is one."""
         first = mqtt_topic.split("/", 1)[0]
+        if first.startswith("%"):  # (retry, dead-letter and system topics are no MQTT topics: interop.py)
+            return []
         topic = self.topics.get(first)
         if topic is None or not topic.perm & PERM_READ:
             return []

@@ -145,10 +145,13 @@ class PopCheckPoints:
 
     # -- changes (one WriteBatch each) ---------------------------------------------------------
     def popped(self, group: str, queue: str, due_ms: int, revived: Iterable[CheckPoint], new: Iterable[CheckPoint],
-               pop_offset: int | None) -> None:
+               pop_offset: int | None, ready: Iterable[CheckPoint] = ()) -> None:
         """Messages handed out, invisible until ``due_ms``: ``revived`` ones leave the ready set,
-        ``new`` ones were read at the pop offset, which moves to ``pop_offset`` (None: unchanged)."""
+        ``new`` ones were read at the pop offset, which moves to ``pop_offset`` (None: unchanged);
+        ``ready`` ones, read there too, go to the ready set for another pop."""
         batch = MetaBatch()
+        for cp in ready:
+            batch.put(ready_key(group, queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
         for cp in revived:
             batch.delete(ready_key(group, queue, cp.offset))
             batch.put(invisible_key(due_ms, group, queue, cp.offset), _VALUE.pack(cp.position, cp.attempts))
