@@ -122,7 +122,7 @@ async def test_offsets_and_tables_are_written_only_after_the_messages_they_may_n
             durable_at_write.append(store.commitlog.flushed_position)
             return self.db.write(batch, *args)
 
-    store.meta._db = Spy(store.meta._db)
+    store.meta._db = store.meta.writes.db = Spy(store.meta._db)
     store.commit_offset_now("reader", "q", 1)
     store._checkpoint_offsets_now()  # the periodic checkpoint
     assert durable_at_write == [end]
