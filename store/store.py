@@ -340,9 +340,17 @@ class MessageStore:
         replicated leader in ``sync`` mode: by its in-sync replicas; raises NotReplicatedError
         or NotLeaderError when that fails). Await it before acknowledging what a client asked to
         keep (a declaration, a subscription, an offset)."""
+        settling = self.meta_settling()
+        if settling is not None:
+            await settling
+
+    def meta_settling(self) -> asyncio.Future[None] | None:
+        """``meta_settled`` for callers that must not await: None when nothing is left to settle
+        (always, unless this store leads a group in ``sync`` mode), else a future."""
         release = self.committer.replicated if self.committer is not None else None
         if release is not None and self.meta_position > release.confirmed:
-            await release.reached(self.meta_position)
+            return release.reached(self.meta_position)
+        return None
 
     def apply_meta_changes(self, body: bytes) -> None:
         """A meta change record's changes (another replica's writes, or this one's own again

@@ -26,9 +26,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway") -> subprocess.Popen:
+def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway",
+           ready: str = "gateway ready") -> subprocess.Popen:
     """Start ``python -m gateway serve ARGS`` from this checkout and return once it logged
-    ``gateway ready``; its stderr is drained from then on so that it never blocks on a full pipe."""
+    ``ready``; its stderr is drained from then on so that it never blocks on a full pipe."""
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **(env or {})})
@@ -37,7 +38,7 @@ def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "g
     while time.monotonic() < deadline:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         lines.append(line)
-        if "gateway ready" in line:
+        if ready in line:
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
             return proc
         if not line and proc.poll() is not None:

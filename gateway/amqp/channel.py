@@ -176,14 +176,23 @@ class Channel:
     def reply(self, method) -> None:
         self.connection.send(method_frame(self.number, method))
 
+    def _kept(self) -> None:
+        """What the last method declared, bound or deleted is answered once the store keeps it as
+        it promises (a replicated store: once its in-sync replicas hold the change)."""
+        settling = self.broker.store.meta_settling()
+        if settling is not None:
+            self.connection.hold_output(settling)
+
     # exchange.*
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
         self.broker.declare_exchange(self, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self.broker.delete_exchange(self, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
@@ -193,36 +202,43 @@ class Channel:
             self.reply(commands.Queue.DeclareOk(m.queue, 0, 0))  # (a pseudo-queue: always empty)
             return
         queue = self.broker.declare_queue(self, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue.name, queue.ready_count(), len(queue.consumers)))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
         self.broker.bind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.BindOk())
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         self.broker.unbind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.UnbindOk())
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
         self.broker.bind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        self._kept()
         if not m.nowait:
             self.reply(commands.Queue.BindOk())
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
         self.broker.unbind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        self._kept()
         self.reply(commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
         queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
         count = queue.purge()
+        self._kept()
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(count))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
         count = self.broker.delete_queue(self, m)
+        self._kept()
         if not m.nowait:
             self.reply(commands.Queue.DeleteOk(count))
 

@@ -110,6 +110,7 @@ class AMQPConnection(asyncio.Protocol):
         self.read_pauses = ReadPauses()  # "auth", "puts" (too many on their way), "alarm"
         self.inbound = Inbound(self)  # its publishes: routed, stored, confirmed
         self._out: list[bytes] = []
+        self._output_held: asyncio.Future[None] | None = None  # frames wait for it (hold_output)
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
         self._timer: Slot | None = None  # the handshake timeout's, then the heartbeat's (broker.deadlines)
@@ -248,7 +249,26 @@ class AMQPConnection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         self._out.append(data)
 
+    def hold_output(self, settling: asyncio.Future[None]) -> None:
+        """Frames sent from now on wait until ``settling`` is done: a reply that says a declaration
+        is kept, until the in-sync replicas hold it (a replicated store). If they do not, the
+        connection closes: its client cannot be told the declaration is kept."""
+        self._output_held = settling
+        settling.add_done_callback(self._output_settled)
+
+    def _output_settled(self, settling: asyncio.Future[None]) -> None:
+        if self._output_held is settling:
+            self._output_held = None
+        error = settling.exception()
+        if error is not None:
+            self._out.clear()
+            self.send(method_frame(0, commands.Connection.Close(
+                INTERNAL_ERROR, f"INTERNAL_ERROR - not kept by the store's replicas: {error}"[:255], 0, 0)))
+        self.flush()
+
     def flush(self) -> None:
+        if self._output_held is not None:
+            return
         if self._out and self.transport is not None and not self.closed:
             data = b"".join(self._out)
             self.broker.stats.bytes_sent += len(data)
