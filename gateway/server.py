@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from cache import QueueCache
@@ -26,6 +27,7 @@ from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
 from .cluster.remote_store import RemoteStore, RemoteStoreError
+from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
@@ -93,6 +95,8 @@ class Gateway:
         self.node: GatewayNode | None = None
         self.store_service: StoreService | None = None  # --role store
         self.store_group: StoreGroupMember | None = None  # --role store in a replication group
+        self.leader_finder: LeaderFinder | None = None  # --role gateway over a replication group
+        self._store_address: Callable[[str], Awaitable[tuple[str, int]]] = self._no_store_address
         self.store_lookup: RedisLookup | None = None  # a store node's lookup client (Redis), for notify routing
         # where MQTT publishes find their target queues, for the other protocols to join: a
         # standalone node's MQTT gateway's (made with it), a store node's for the cluster (its
@@ -185,21 +189,53 @@ class Gateway:
         self._pressure_task = asyncio.get_running_loop().create_task(self.pressure.watch(), name="store-pressure")
 
     async def _connect_store_node(self) -> None:
-        """A gateway node: no store of its own, the store node's over the store link."""
-        address = parse_bind(self.config.store_address, "store_address")
-        assert address is not None
-        node_id = self.config.node_name()
+        """A gateway node: no store of its own, the store node's over the store link (a
+        replicated store's: its leader's, found in etcd again at each reconnect)."""
+        cfg = self.config
+        node_id = cfg.node_name()
+        token = cfg.cluster_token
+        address = self._store_address = self._store_node_address()
+
+        async def connect() -> RemoteStore:
+            return await RemoteStore.connect(*(await address("remoting")), name=node_id, token=token)
+
         try:
-            remote = await RemoteStore.connect(*address, name=node_id, token=self.config.cluster_token)
+            remote = await connect()
         except OSError as exc:
-            raise ConfigError(f"cannot reach the store node at {self.config.store_address}: {exc}") from None
+            raise ConfigError(f"cannot reach the store node ({cfg.store_address or cfg.replication_group}): "
+                              f"{exc}") from None
         except RemoteStoreError as exc:
-            raise ConfigError(f"the store node at {self.config.store_address} refused this node: {exc}") from None
-        token = self.config.cluster_token
-        self.gateway_store = GatewayStore(remote, lambda: RemoteStore.connect(*address, name=node_id, token=token))
+            raise ConfigError(f"the store node refused this node: {exc}") from None
+        self.gateway_store = GatewayStore(remote, connect, relink_s=0.1 if self.leader_finder else 0.5)
         await self.gateway_store.start(node_id)
         self.node = GatewayNode(self.gateway_store, node_id, await self._start_lookup(node_id))
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
+
+    @staticmethod
+    async def _no_store_address(service: str) -> tuple[str, int]:
+        raise OSError("not a gateway node")
+
+    def _store_node_address(self) -> Callable[[str], Awaitable[tuple[str, int]]]:
+        """The store node's address of a service ("remoting": the store link, or "amqp"): the
+        configured store_address, or a replicated store's leader, from etcd."""
+        cfg = self.config
+        if cfg.replication_group:
+            etcd = parse_bind(cfg.etcd_endpoint, "etcd_endpoint")
+            assert etcd is not None
+            finder = self.leader_finder = LeaderFinder(etcd, cfg.replication_group)
+            return lambda service: finder.address(service, timeout_s=cfg.replication_lease_s * 5)
+        fixed = parse_bind(cfg.store_address, "store_address")
+        assert fixed is not None
+
+        async def configured(service: str) -> tuple[str, int]:
+            if service == "amqp":
+                assert self.gateway_store is not None
+                port = self.gateway_store.remote.amqp_port
+                if not port:
+                    raise OSError("the store node has no AMQP listener to relay to")
+                return fixed[0], port
+            return fixed
+        return configured
 
     def _lookup_options(self) -> LookupOptions:
         beat = self.config.lookup_heartbeat_s
@@ -342,11 +378,9 @@ class Gateway:
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
         assert self.gateway_store is not None
-        port = self.gateway_store.remote.amqp_port
-        if not port:
+        if not self.leader_finder and not self.gateway_store.remote.amqp_port:
             raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
-        host = parse_bind(self.config.store_address, "store_address")[0]  # type: ignore[index]
-        return await start_relay(bind[0], bind[1], (host, port))
+        return await start_relay(bind[0], bind[1], lambda: self._store_address("amqp"))
 
     async def _start_remoting(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
@@ -437,6 +471,9 @@ class Gateway:
         if self.gateway_store is not None:
             await self.gateway_store.close()
             self.gateway_store = None
+        if self.leader_finder is not None:
+            await self.leader_finder.close()
+            self.leader_finder = None
         if self.store is not None:
             try:
                 await asyncio.wait_for(self.store.close(), self.config.shutdown_timeout_s)

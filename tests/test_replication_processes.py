@@ -15,6 +15,7 @@ import pytest
 
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
+from .mqtt_support import PahoClient
 
 GROUP = "g1"
 
@@ -115,3 +116,76 @@ async def test_confirmed_messages_and_their_queue_survive_kill9_of_the_leader(tm
             stop(node.proc)
 
 
+
+
+async def receive_all(client: PahoClient, wanted: set[int], timeout_s: float = 20.0) -> set[int]:
+    got: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= got and time.monotonic() < deadline:
+        try:
+            for message in await client.receive(1, timeout=1.0):
+                got.add(int(message.payload))
+        except AssertionError:
+            continue
+    return got
+
+
+async def publish_until_acknowledged(port: int, client_id: str, numbers: list[int], timeout_s: float = 30.0) -> None:
+    """QoS 1, each until its PUBACK: reconnecting through the gateway node while the store fails over."""
+    deadline = time.monotonic() + timeout_s
+    client: PahoClient | None = None
+    pending = list(numbers)
+    while pending:
+        try:
+            if client is None:
+                client = PahoClient(port, client_id)
+                await client.connect()
+            await client.publish("line/1", str(pending[0]), 1)
+            pending.pop(0)
+        except (AssertionError, OSError, TimeoutError, ValueError, RuntimeError):
+            if time.monotonic() > deadline:
+                raise
+            if client is not None:
+                client.client.loop_stop()
+                client = None
+            await asyncio.sleep(0.1)
+    if client is not None:
+        await client.disconnect()
+
+
+async def test_mqtt_through_a_gateway_node_loses_nothing_acknowledged_when_the_store_leader_dies(
+        tmp_path: Path, etcd) -> None:
+    nodes = start_group(tmp_path, etcd.endpoint)
+    mqtt_port = free_port()
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        subscriber = PahoClient(mqtt_port, "watcher", clean=False)
+        await subscriber.connect()
+        await subscriber.subscribe("line/#", 1)
+        await publish_until_acknowledged(mqtt_port, "counter", list(range(100)))  # (refused until a follower is in sync)
+        leader = await wait_leader(etcd)
+        kill9(nodes[leader["node"]].proc)
+        killed_at = time.monotonic()
+        await publish_until_acknowledged(mqtt_port, "counter", list(range(100, 200)))
+        print(f"200 QoS 1 publishes acknowledged, the last 100 {time.monotonic() - killed_at:.2f} s after kill -9")
+        subscriber.client.loop_stop()
+        back = PahoClient(mqtt_port, "watcher", clean=False)  # its node dropped it when the store link broke
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                flags, _, _ = await back.connect()
+                break
+            except (OSError, AssertionError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        assert flags.session_present  # the session was kept by the store's replicas
+        missing = set(range(200)) - (await receive_all(subscriber, set(range(200)), 0.5)
+                                     | await receive_all(back, set(range(200))))
+        assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
+        await back.disconnect()
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)

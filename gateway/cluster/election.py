@@ -119,6 +119,33 @@ class EtcdGroup:
         return out
 
 
+class LeaderFinder:
+    """Where a group's leader serves, for gateway nodes: its store link (remoting) address and
+    its AMQP address, read from the leader key; waits for an election when there is none."""
+
+    def __init__(self, endpoint: tuple[str, int], group: str) -> None:
+        self._group = EtcdGroup(endpoint, group, node="")
+
+    async def address(self, service: str, timeout_s: float) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                leader = await self._group.leader()
+            except Exception as exc:  # (etcd down: as no leader, until the deadline)
+                log.warning("etcd unreachable error=%s", exc)
+                leader = None
+            text = str((leader or {}).get(service) or "")
+            if text:
+                host, _, port = text.rpartition(":")
+                return host.strip("[]"), int(port)
+            if time.monotonic() >= deadline:
+                raise OSError(f"the replication group has no leader serving {service} (etcd {self._group.endpoint})")
+            await asyncio.sleep(POLL_S)
+
+    async def close(self) -> None:
+        await self._group.close()
+
+
 class EtcdInSyncSet(InSyncSet):
     """The in-sync set of the group's state in etcd, changed by compare-and-swap while this
     node leads ``epoch``."""

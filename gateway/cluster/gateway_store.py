@@ -45,9 +45,11 @@ MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
 
 class GatewayStore:
-    def __init__(self, remote: RemoteStore, reconnect: Callable[[], Awaitable[RemoteStore]] | None = None) -> None:
+    def __init__(self, remote: RemoteStore, reconnect: Callable[[], Awaitable[RemoteStore]] | None = None,
+                 relink_s: float = 0.5) -> None:
         self.remote = remote
         self._reconnect = reconnect  # a new link to the store node, when this one is lost
+        self._relink_s = relink_s  # the first wait before linking again (then doubling, up to 5 s)
         self.on_lost: Callable[[], None] | None = None  # the link went down (the node drops its clients)
         self.node_id = ""
         self._closing = False
@@ -86,7 +88,7 @@ class GatewayStore:
     async def _keep_linked(self) -> None:
         """When the link to the store node goes down: forget what was learned through it, have
         the node drop its clients (they reconnect, through any node, to the sessions as last
-        saved), and link again, every 0.5 s at first, then up to every 5 s."""
+        saved), and link again, every ``relink_s`` at first, then up to every 5 s."""
         assert self._reconnect is not None
         while True:
             await asyncio.shield(self.remote.link.closed)  # (a cancel here must not cancel the link's future)
@@ -96,7 +98,7 @@ class GatewayStore:
             self._forget()
             if self.on_lost is not None:
                 self.on_lost()
-            delay = 0.5
+            delay = self._relink_s
             while True:
                 await asyncio.sleep(delay)
                 try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from ..listen import Servers, listening_sockets
 
@@ -21,13 +22,16 @@ log = logging.getLogger("tidemq.cluster")
 CHUNK = 1 << 16
 
 
-async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.AbstractServer:
+async def start_relay(host: str, port: int,
+                      target: Callable[[], Awaitable[tuple[str, int]]]) -> asyncio.AbstractServer:
+    """``target()``: the store node's AMQP address now (a replicated store's leader changes)."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:
-            up_reader, up_writer = await asyncio.open_connection(*target)
+            address = await target()
+            up_reader, up_writer = await asyncio.open_connection(*address)
         except OSError as exc:
-            log.warning("relay: store node unreachable peer=%s target=%s:%d error=%s", peer, *target, exc)
+            log.warning("relay: store node unreachable peer=%s error=%s", peer, exc)
             writer.close()
             return
         try:
