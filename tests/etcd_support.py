@@ -66,9 +66,16 @@ class EtcdServer:
 
     async def leader(self, group: str) -> dict | None:
         """The group's leader record (gateway/cluster/election.py), or None."""
+        return await self._get(f"/tidemq/groups/{group}/leader")
+
+    async def state(self, group: str) -> dict | None:
+        """The group's state: epoch, leader, in_sync."""
+        return await self._get(f"/tidemq/groups/{group}/state")
+
+    async def _get(self, key: str) -> dict | None:
         client = aetcd.Client(host="127.0.0.1", port=self.port, timeout=5)
         try:
-            got = await client.get(f"/tidemq/groups/{group}/leader".encode())
+            got = await client.get(key.encode())
             return json.loads(got.value) if got is not None else None
         finally:
             await client.close()

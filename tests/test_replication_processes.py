@@ -5,6 +5,9 @@ declared on survive ``kill -9`` of the leader, on the follower elected in its pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -189,3 +192,66 @@ async def test_mqtt_through_a_gateway_node_loses_nothing_acknowledged_when_the_s
         stop(gateway)
         for node in nodes.values():
             stop(node.proc)
+
+
+async def test_a_leader_stopped_past_its_lease_steps_down_and_acknowledges_nothing(tmp_path: Path, etcd) -> None:
+    """SIGSTOP of the leader: another is elected; a publish its client sent meanwhile is never
+    confirmed by the deposed leader once it runs again (SIGCONT): it closes its listeners and
+    follows the new epoch, and the group keeps every confirmed message."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    try:
+        leader = await wait_leader(etcd)
+        first = nodes[leader["node"]]
+        connection = await connect(first.amqp_port)
+        channel = await connection.channel()
+        await channel.declare_queue("orders", durable=True)
+        await publish_confirmed(channel, [b"before-%d" % i for i in range(50)])
+        os.kill(first.proc.pid, signal.SIGSTOP)
+        try:
+            successor = await wait_leader(etcd, not_node=first.name)
+            late = asyncio.ensure_future(channel.default_exchange.publish(aio_pika.Message(b"late"), routing_key="orders"))
+            await asyncio.sleep(0.2)
+        finally:
+            os.kill(first.proc.pid, signal.SIGCONT)
+        done, _ = await asyncio.wait([late], timeout=15)
+        assert done, "the deposed leader neither confirmed nor refused the publish"
+        assert late.exception() is not None, "the deposed leader confirmed a publish"
+        second = nodes[successor["node"]]
+        connection2 = await connect(second.amqp_port)
+        channel2 = await connection2.channel()
+        await publish_confirmed(channel2, [b"after"])
+        queue = await channel2.declare_queue("orders", durable=True, passive=True)
+        got = []
+        while (message := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+            got.append(message.body)
+        assert got[:50] == [b"before-%d" % i for i in range(50)] and got[-1] == b"after"
+        assert b"late" not in got
+        deadline = time.monotonic() + 20
+        while True:  # the deposed leader rejoined: back in the in-sync set of the new epoch
+            state = await etcd.state(GROUP)
+            if state["epoch"] == successor["epoch"] and first.name in state["in_sync"]:
+                break
+            assert time.monotonic() < deadline, f"the deposed leader did not rejoin: {state}"
+            await asyncio.sleep(0.1)
+        for conn in (connection, connection2):
+            with contextlib.suppress(Exception):
+                await conn.close()
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def publish_confirmed(channel, bodies: list[bytes], timeout_s: float = 20.0) -> None:
+    """Each body to the queue "orders", persistent, retried while the group refuses writes (no
+    follower in sync yet)."""
+    deadline = time.monotonic() + timeout_s
+    for body in bodies:
+        while True:
+            try:
+                await channel.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key="orders")
+                break
+            except aio_pika.exceptions.DeliveryError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
