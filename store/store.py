@@ -321,7 +321,8 @@ class MessageStore:
         assert self.committer is not None
         self.committer.not_leader = NotLeaderError("this store follows the group's leader")
         self.meta.writes.journal = None
-        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.apply_meta_changes)
+        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.apply_meta_changes,
+                           self.undo_meta_changes)
 
     def lead(self, epoch: int, token: str = "") -> LeaderLog:
         """Take writes again as the leader of ``epoch`` (newer than any this log has seen): the
@@ -356,6 +357,10 @@ class MessageStore:
         """A meta change record's changes (another replica's writes, or this one's own again
         after a crash: applied in log order, they leave the same state)."""
         self.meta.writes.apply(MetaBatch.decode(body), journal=False)
+
+    def undo_meta_changes(self, body: bytes) -> None:
+        """Put back what a meta change record changed (its log tail is being cut)."""
+        self.meta.writes.apply(MetaBatch.decode(body).undo(), journal=False)
 
     def _journal_meta(self, batch: MetaBatch) -> None:
         """A replicated leader's meta change, into the commitlog for the followers (before it is

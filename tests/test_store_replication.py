@@ -10,8 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import GetStatus, Message, MessageStore, NotLeaderError, NotReplicatedError, StoreOptions
+from store.meta.journal import PUT, MetaBatch
 from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
 from store.replica.node import ReplicaNode, ReplicaSettings
@@ -141,8 +144,17 @@ async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
     await group.follow("b")
     shared = await _put_many(a, 300)
     await group.caught_up("b")
+    a.meta.table("sessions").put("kept", b"1")
+    a.meta.table("sessions").put("changed", b"old")
+    shared += await _put_many(a, 10, prefix="sync")
+    await group.caught_up("b")
     await group.nodes["b"].stop()
     await _put_many(a, 200, prefix="lost")  # never replicated (async mode: acknowledged alone)
+    sessions = a.meta.table("sessions")
+    sessions.put("changed", b"new")  # meta changes of the lost tail: undone when it is cut
+    sessions.put("added", b"x")
+    sessions.delete("kept")
+    a.meta.delete_offsets("nobody")
     await group.nodes["a"].stop()
     await group.lead("b", 2)
     newer = await _put_many(b, 300, prefix="new")
@@ -153,6 +165,8 @@ async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
     expected = [body for queue, body in shared + newer if queue == "q3"]
     assert await _read_all(a, "q3") == expected
     assert not any(body.startswith(b"lost") for body in await _read_all(a, "q3"))
+    assert dict(a.meta.table("sessions").items()) == dict(b.meta.table("sessions").items()) == \
+        {"kept": b"1", "changed": b"old"}
 
 
 async def test_a_leader_of_an_older_epoch_is_refused(group):
@@ -257,3 +271,41 @@ def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):
     assert EpochHistory(tmp_path).entries == [(1, 0), (2, 100), (4, 180)]
     with pytest.raises(Exception):
         history.begin(4, 200)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["put", "delete", "range"]), st.binary(min_size=1, max_size=3),
+                          st.binary(max_size=4)), max_size=12))
+def test_a_journaled_meta_batch_round_trips_and_undoes_exactly(ops):
+    before = {b"a": b"1", b"b": b"2", b"\x01": b"x"}
+    state = dict(before)
+    batch = MetaBatch()
+    for op, key, value in ops:
+        if op == "put":
+            batch.put(key, value)
+        elif op == "delete":
+            batch.delete(key)
+        else:
+            batch.delete_range(key, key + b"\xff")
+    intended = dict(state)  # what the batch means, applied as RocksDB applies a WriteBatch
+    for op, key, value in ops:
+        if op == "put":
+            intended[key] = value
+        elif op == "delete":
+            intended.pop(key, None)
+        else:
+            for k in [k for k in intended if key <= k < key + b"\xff"]:
+                del intended[k]
+    journaled = batch.with_before(state.get, lambda lo, hi: sorted(k for k in state if lo <= k < hi))
+    for op, key, value, _ in MetaBatch.decode(journaled.encode()).changes:  # applied as a follower would
+        if op == PUT:
+            state[key] = value
+        else:
+            state.pop(key, None)
+    assert state == intended
+    for op, key, value, _ in journaled.undo().changes:
+        if op == PUT:
+            state[key] = value
+        else:
+            state.pop(key, None)
+    assert state == before
+    assert MetaBatch.decode(journaled.encode()).changes == journaled.changes

@@ -49,8 +49,16 @@ class MetaWrites:
         if not batch.changes:
             return
         if journal and self.journal is not None:
+            batch = batch.with_before(self.db.get, self._keys_in)
             self.journal(batch)
         self._call(self.db.write, batch.write_batch(), *((_NO_SYNC,) if sync is False else ()))
+
+    def _keys_in(self, start: bytes, end: bytes) -> Iterator[bytes]:
+        for key in self.db.keys(from_key=start):
+            assert isinstance(key, bytes)  # (the database is opened with raw keys)
+            if key >= end:
+                break
+            yield key
 
     def flush(self) -> None:
         self._call(self.db.flush, True)

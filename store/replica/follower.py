@@ -9,14 +9,15 @@ is a store that has been indexing all along, with nothing to rebuild.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..errors import RecordCorruptError, StoreError
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from ..log.commitlog import CommitLog
 from ..log.record import HEADER_SIZE, RecordView
-from ..log.recovery import Replay
+from ..holds.codec import HOLD_TOPIC
+from ..log.recovery import META_OP, Replay
 from .epochs import EpochHistory
 from .wire import Ack, Data, Hello, Welcome
 
@@ -29,10 +30,12 @@ class StaleEpochError(StoreError):
 
 class FollowerLog:
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 epochs: EpochHistory, on_meta: Callable[[bytes], None] | None = None) -> None:
+                 epochs: EpochHistory, on_meta: Callable[[bytes], None] | None = None,
+                 undo_meta: Callable[[bytes], None] | None = None) -> None:
         self._log = commitlog
         self._index = index
         self._replay = Replay(index, dispatcher, on_meta)
+        self._undo_meta = undo_meta  # undoes one meta change record (a tail being cut)
         self.epochs = epochs
         self.leader_epoch = 0  # the epoch of the leader this log follows now
         self.confirmed = 0  # the leader's confirmed position, as last heard
@@ -51,6 +54,11 @@ class FollowerLog:
             raise StaleEpochError(f"leader epoch {frame.epoch} is older than this replica's {self.epochs.current}")
         end = self._log.end_position
         if frame.agreed_end < end:
+            if self._undo_meta is not None:  # (before the log: a crash redoes them at recovery, then undoes again)
+                changes = [view.body for _, view in self._records(frame.agreed_end, end)
+                           if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count]
+                for body in reversed(changes):
+                    self._undo_meta(body)
             dropped = self._log.truncate(frame.agreed_end)
             removed = self._index.truncate_beyond(frame.agreed_end)
             log.warning("replica log cut back to the leader's position=%d bytes_dropped=%d index_entries_removed=%d",
@@ -72,12 +80,23 @@ class FollowerLog:
         return Ack(self._log.end_position, self._log.flushed_position)
 
     def _index_new_records(self) -> None:
+        at = self._parsed
+        for position, view in self._records(at, self._log.end_position):
+            self._replay.add(position, view)
+            at = position + view.size
+        if at == self._parsed:
+            return
+        self._replay.flush(at)
+        self._parsed = at
+
+    def _records(self, start: int, end: int) -> Iterator[tuple[int, RecordView]]:
+        """The whole records from ``start`` (a record's start) up to ``end``, across segment rolls."""
         log_ = self._log
         size = log_.segment_size
-        at, end = self._parsed, log_.end_position
+        at = start
         while at < end:
             seg = log_.segment_of(at)
-            seg_end = seg.start + seg.length if seg is not None else at
+            seg_end = min(seg.start + seg.length, end) if seg is not None else at
             if at >= seg_end:  # the rest of this segment is unused: the leader rolled
                 at = at - at % size + size
                 continue
@@ -91,10 +110,8 @@ class FollowerLog:
                     view = RecordView(buf, off)
                 except RecordCorruptError as exc:
                     raise StoreError(f"replicated record at {at + off} is damaged: {exc}") from None
-                self._replay.add(at + off, view)
+                yield at + off, view
                 off += total
             at += off
             if at < seg_end:  # a record the next frame completes
-                break
-        self._replay.flush(at)
-        self._parsed = at
+                return
