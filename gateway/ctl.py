@@ -31,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     clients = what.add_parser("clients", parents=[after], help="connected clients of every protocol")
     clients.add_argument("--id", help="where this MQTT client is connected (in a cluster: which node)")
     what.add_parser("sessions", parents=[after], help="MQTT sessions (connected and persistent)")
+    what.add_parser("cluster", parents=[after],
+                    help="the replicated store group: roles, epoch, in-sync set, each follower's lag")
     what.add_parser("subscriptions", parents=[after],
                     help="MQTT subscriptions, AMQP consumers, remoting group subscriptions")
     queues = what.add_parser("queues", parents=[after],

@@ -372,7 +372,10 @@ class Gateway:
                               self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
-            cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup),
+            cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup,
+                                 group_view=self.store_group.view if self.store_group is not None else
+                                 self.leader_finder.view if self.leader_finder is not None else None,
+                                 replica=self.store_group.replica if self.store_group is not None else None),
             filter_holds=self.filter_holds(), timer=self.timer)
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:

@@ -6,7 +6,7 @@ besides the bulk readers' entry points ``store.read.readonly`` and ``store.read.
 (an import-linter contract in pyproject.toml says so). Inside, the sub-packages are the
 commitlog (``log``), the consume-queue index and dispatch (``index``), writing (``write``),
 reading (``read``), the meta tables (``meta``), held messages (``holds``), retention and
-reclaim (``retention``) and the message records (``messages``).
+reclaim (``retention``), the message records (``messages``) and replication (``replica``).
 """
 
 from .clock import now_ms
@@ -33,6 +33,8 @@ from .messages import GetResult, GetStatus, Message, PutResult, StoredMessage, t
 from .meta.popstate import CheckPoint, PopCheckPoints
 from .meta.tables import KvTable
 from .options import FlushMode, StoreOptions
+from .replica.link import InSyncSet
+from .replica.node import ReplicaNode, ReplicaSettings
 from .stats import LatencyHistogram
 from .store import MessageStore
 
@@ -46,6 +48,7 @@ __all__ = [
     "GetStatus",
     "Hold",
     "InvalidMessageError",
+    "InSyncSet",
     "KvTable",
     "LatencyHistogram",
     "Message",
@@ -61,6 +64,8 @@ __all__ = [
     "RateLimitedLog",
     "RecordCorruptError",
     "RecordView",
+    "ReplicaNode",
+    "ReplicaSettings",
     "StoreClosedError",
     "StoreCorruptError",
     "StoreError",

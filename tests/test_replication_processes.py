@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
+import urllib.request
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +30,19 @@ GROUP = "g1"
 class StoreNode:
     name: str
     amqp_port: int
+    metrics_port: int
     proc: subprocess.Popen
 
 
 def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3")) -> dict[str, StoreNode]:
     nodes = {}
     for name in names:
-        amqp = free_port()
+        amqp, metrics = free_port(), free_port()
         args = ["--role", "store", "--node-id", name, "--replication-group", GROUP, "--etcd", etcd_endpoint,
                 "--replication-bind", f"127.0.0.1:{free_port()}", "--remoting-bind", f"127.0.0.1:{free_port()}",
-                "--amqp-bind", f"127.0.0.1:{amqp}", "--data-dir", str(tmp_path / name)]
-        nodes[name] = StoreNode(name, amqp, launch(args, name=name, ready="joined its replication group"))
+                "--amqp-bind", f"127.0.0.1:{amqp}", "--metrics-bind", f"127.0.0.1:{metrics}",
+                "--data-dir", str(tmp_path / name)]
+        nodes[name] = StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group"))
     return nodes
 
 
@@ -255,3 +260,37 @@ async def publish_confirmed(channel, bodies: list[bytes], timeout_s: float = 20.
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
+
+
+async def test_ctl_cluster_and_the_metrics_show_the_group(tmp_path: Path, etcd) -> None:
+    nodes = start_group(tmp_path, etcd.endpoint)
+    try:
+        leader = nodes[(await wait_leader(etcd))["node"]]
+        url = f"http://127.0.0.1:{leader.metrics_port}"
+        deadline = time.monotonic() + 20
+        while True:  # both followers join the in-sync set once they hold the leader's log
+            state = await etcd.state(GROUP)
+            if len(state["in_sync"]) == 2:
+                break
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)  # (node records are renewed every quarter lease)
+        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gateway", "ctl", "--url", url, "cluster",
+                                                       "--json"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        rows = {row["node"]: row for row in json.loads(out.stdout)}
+        assert set(rows) == set(nodes)
+        assert rows[leader.name]["role"] == "leader" and rows[leader.name]["in_sync"] == "leader"
+        for name in set(nodes) - {leader.name}:
+            assert rows[name]["role"] == "follower" and rows[name]["in_sync"] is True
+            assert rows[name]["lag_bytes"] == 0 and rows[name]["epoch"] == rows[leader.name]["epoch"]
+        table = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gateway", "ctl", "--url", url,
+                                                         "cluster"], capture_output=True, text=True, timeout=30)
+        assert "leader" in table.stdout and "follower" in table.stdout
+        metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+        assert "tidemq_replication_leader 1.0" in metrics
+        assert "tidemq_replication_in_sync_replicas 3.0" in metrics
+        assert 'tidemq_replication_follower_lag_bytes{follower="' in metrics
+    finally:
+        for node in nodes.values():
+            stop(node.proc)

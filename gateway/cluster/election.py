@@ -20,7 +20,7 @@ from typing import Any
 
 import aetcd
 
-from store.replica.link import InSyncSet
+from store import InSyncSet
 
 log = logging.getLogger("tidemq.cluster.election")
 
@@ -118,6 +118,31 @@ class EtcdGroup:
             out[kv.key[len(self.node_prefix):].decode()] = json.loads(kv.value)
         return out
 
+    async def view(self) -> list[dict[str, Any]]:
+        """One row per store node the group knows (its own record, or only its place in the
+        state when it is down): role, epoch, in sync or not, log end, and as the leader sees
+        it each follower's lag in bytes and seconds (``tidemq ctl cluster``)."""
+        state, _ = await self.state()
+        nodes = await self.nodes()
+        leader = nodes.get(state.leader, {}) if state is not None else {}
+        lags = leader.get("followers", {}) if leader.get("role") == "leader" else {}
+        names = sorted(set(nodes) | ({state.leader} | state.in_sync if state is not None else set()))
+        rows = []
+        for name in names:
+            record = nodes.get(name)
+            lag = lags.get(name, {})
+            rows.append({
+                "node": name, "role": record.get("role", "?") if record else "down",
+                "epoch": record.get("epoch") if record else None,
+                "group_epoch": state.epoch if state is not None else None,
+                "in_sync": "leader" if state is not None and name == state.leader else
+                           (state is not None and name in state.in_sync),
+                "end": record.get("end") if record else None,
+                "lag_bytes": lag.get("lag_bytes"), "lag_s": lag.get("lag_s"),
+                "replication": record.get("replication") if record else None,
+            })
+        return rows
+
 
 class LeaderFinder:
     """Where a group's leader serves, for gateway nodes: its store link (remoting) address and
@@ -141,6 +166,9 @@ class LeaderFinder:
             if time.monotonic() >= deadline:
                 raise OSError(f"the replication group has no leader serving {service} (etcd {self._group.endpoint})")
             await asyncio.sleep(POLL_S)
+
+    async def view(self) -> list[dict[str, Any]]:
+        return await self._group.view()
 
     async def close(self) -> None:
         await self._group.close()

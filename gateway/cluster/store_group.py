@@ -14,9 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from store import MessageStore
-from store.replica.link import InSyncSet
-from store.replica.node import ReplicaNode, ReplicaSettings
+from store import InSyncSet, MessageStore, ReplicaNode, ReplicaSettings
 
 from ..config import Config, parse_bind
 from .election import Elector, EtcdGroup, EtcdInSyncSet, GroupState
@@ -70,6 +68,10 @@ class StoreGroupMember:
             self.serving = False
         await self.replica.stop()
         await self.group.close()
+
+    async def view(self) -> list[dict[str, Any]]:
+        """The group as etcd holds it (``tidemq ctl cluster``)."""
+        return await self.group.view()
 
     def leader_address(self) -> tuple[str, int] | None:
         info = self.elector.leader_info

@@ -59,6 +59,7 @@ class HttpServer:
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
+        app.router.add_get("/admin/cluster", self._cluster)
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
 
@@ -122,6 +123,16 @@ class HttpServer:
         q = request.query
         return await self._json(await admin.find_messages(self.deps.store, key=q.get("key"), topic=q.get("topic"),
                                                           msg_id=q.get("msg_id")))
+
+    async def _cluster(self, request: web.Request) -> web.Response:
+        """The replicated store group this node belongs to or follows, as etcd holds it."""
+        view = self.deps.cluster.group_view
+        if view is None:
+            raise AdminError(404, "this node is not part of a replicated store group (replication_group)")
+        try:
+            return await self._json(await view())
+        except OSError as exc:
+            raise AdminError(503, f"etcd did not answer: {exc}") from None
 
     async def _trace(self, request: web.Request) -> web.Response:
         q = request.query

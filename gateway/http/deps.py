@@ -9,13 +9,13 @@ event-loop lag) is read on each request through ``Status``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from lookup.api import Lookup
-    from store import MessageStore
+    from store import MessageStore, ReplicaNode
 
     from ..amqp.broker import AMQPBroker
     from ..auth import PasswordFile
@@ -125,6 +125,10 @@ class ClusterParts:
     gateway_store: GatewayStore | None = None  # a gateway node: the store node's store
     store_service: StoreService | None = None  # a store node: the store link's service
     store_lookup: Lookup | None = None  # a store node: the lookup that routes notify events
+    # a replicated store: the group as etcd holds it (a store node's or a gateway node's), and a
+    # store node's own replica (role, epoch, followers' lag)
+    group_view: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+    replica: ReplicaNode | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -64,6 +64,7 @@ class GatewayCollector:
         yield from self._trace()
         yield from self._timer()
         yield from self._cluster()
+        yield from self._replication()
         yield from self._backlogs()
 
     def _protocol_stats(self) -> Iterator[tuple[str, ProtocolGateway, ProtocolStats]]:
@@ -178,6 +179,31 @@ class GatewayCollector:
                                   value=tracer.rows_dropped)
         yield GaugeMetricFamily("tidemq_trace_rows_pending", "Message trace rows not yet written",
                                 value=tracer.pending)
+
+    def _replication(self) -> Iterator[Metric]:
+        replica = self.cluster.replica
+        if replica is None:
+            return
+        status = replica.status()
+        yield GaugeMetricFamily("tidemq_replication_leader", "1 while this store node leads its group",
+                                value=1 if status["role"] == "leader" else 0)
+        yield GaugeMetricFamily("tidemq_replication_epoch", "The newest epoch this store node's log holds",
+                                value=replica.epoch)
+        in_sync = status.get("in_sync")
+        if isinstance(in_sync, list):
+            yield GaugeMetricFamily("tidemq_replication_in_sync_replicas",
+                                    "Replicas in sync, the leader among them", value=1 + len(in_sync))
+        followers = status.get("followers")
+        if isinstance(followers, dict):
+            lag_bytes = GaugeMetricFamily("tidemq_replication_follower_lag_bytes",
+                                          "Commitlog bytes a follower lacks", labels=["follower"])
+            lag_s = GaugeMetricFamily("tidemq_replication_follower_lag_seconds",
+                                      "How long a follower has been behind", labels=["follower"])
+            for name, follower in sorted(followers.items()):
+                lag_bytes.add_metric([name], follower["lag_bytes"])
+                lag_s.add_metric([name], follower["lag_s"])
+            yield lag_bytes
+            yield lag_s
 
     def _cluster(self) -> Iterator[Metric]:
         service = self.cluster.store_service

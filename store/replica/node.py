@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -144,7 +145,10 @@ class ReplicaNode:
             end = self.store.commitlog.end_position
             out["confirmed"] = self.leader.confirmed
             out["in_sync"] = sorted(self.in_sync.members)
-            out["followers"] = {n: {"position": f.position, "lag_bytes": end - f.position, "connected": f.connected}
+            now = time.monotonic()
+            out["followers"] = {n: {"position": f.position, "lag_bytes": max(0, end - f.position),
+                                    "lag_s": round(now - f.behind_since, 3) if f.behind_since is not None else 0.0,
+                                    "connected": f.connected}
                                 for n, f in self.leader.followers.items()}
         if self.follower is not None:
             out["confirmed"] = self.follower.follower.confirmed
