@@ -294,3 +294,34 @@ async def test_ctl_cluster_and_the_metrics_show_the_group(tmp_path: Path, etcd) 
     finally:
         for node in nodes.values():
             stop(node.proc)
+
+
+async def test_a_group_restarted_whole_keeps_every_confirmed_message(tmp_path: Path, etcd) -> None:
+    """All three store nodes stopped and started again: one of them (the last leader or an
+    in-sync follower) is elected, with the queue and every confirmed message."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    try:
+        leader = await wait_leader(etcd)
+        connection = await connect(nodes[leader["node"]].amqp_port)
+        channel = await connection.channel()
+        await channel.declare_queue("orders", durable=True)
+        bodies = [b"order-%d" % i for i in range(100)]
+        await publish_confirmed(channel, bodies)
+        await connection.close()
+        for node in nodes.values():
+            stop(node.proc)
+        nodes = start_group(tmp_path, etcd.endpoint)  # (the same data dirs)
+        successor = await wait_leader(etcd)
+        assert successor["epoch"] > leader["epoch"]
+        connection = await connect(nodes[successor["node"]].amqp_port)
+        channel = await connection.channel()
+        queue = await channel.declare_queue("orders", durable=True, passive=True)
+        got = []
+        while (message := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+            got.append(message.body)
+        assert got == bodies
+        await publish_confirmed(channel, [b"after"])
+        await connection.close()
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
