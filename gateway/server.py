@@ -136,7 +136,8 @@ class Gateway:
         assert self.store is not None
         cfg = self.config
         advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind}
-        self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve)
+        self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve,
+                                            self._reopen_store)
         await self.store_group.start()
         self.ready = True
         log.info("store node joined its replication group group=%s node_id=%s", cfg.replication_group, cfg.node_id)
@@ -180,6 +181,17 @@ class Gateway:
             raise
         self.ready = True
         log.info("gateway ready data_dir=%s flush=%s", self.config.data_dir, self.config.flush)
+
+    async def _reopen_store(self) -> MessageStore:
+        """Close the store and open it again (a replica installing its leader's seed)."""
+        if self._pressure_task is not None:
+            self._pressure_task.cancel()
+            self._pressure_task = None
+        if self.store is not None:
+            await self.store.close()
+        await self._open_store()
+        assert self.store is not None
+        return self.store
 
     async def _open_store(self) -> None:
         self.store = await MessageStore.open(self.config.store_options())

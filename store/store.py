@@ -65,6 +65,7 @@ from .meta.journal import MetaBatch
 from .replica.epochs import EpochHistory
 from .replica.follower import FollowerLog
 from .replica.leader import LeaderLog
+from .replica.seed import install_seed
 
 log = logging.getLogger("tidemq.store")
 
@@ -108,6 +109,8 @@ class MessageStore:
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         try:
+            if install_seed(opts.data_dir):  # (a replica seeded by its leader: replica/seed.py)
+                log.warning("store files replaced by the seed its replication leader sent data_dir=%s", opts.data_dir)
             self.commitlog = CommitLog(opts.data_dir / "commitlog", opts.segment_size)
             self.epochs = EpochHistory(opts.data_dir)
             self.rocks_memory = RocksMemory(opts.rocksdb_cache_bytes, opts.rocksdb_write_buffer_bytes)

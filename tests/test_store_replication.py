@@ -29,6 +29,9 @@ async def _read_all(store: MessageStore, queue: str) -> list[bytes]:
     out, offset = [], 0
     while True:
         res = await store.get(queue, offset, 256)
+        if res.status is GetStatus.OFFSET_TOO_SMALL:  # (retention took the start: read from the oldest kept)
+            offset = res.next_offset
+            continue
         if res.status is not GetStatus.FOUND:
             return out
         out.extend(m.body for m in res.messages)
@@ -62,8 +65,19 @@ class Group:
 
     async def follow(self, name: str) -> ReplicaNode:
         node = self.nodes[name]
+        node.on_seeded = lambda: asyncio.get_running_loop().create_task(self._reopen(name))
         await node.follow(lambda: ("127.0.0.1", self.port))
         return node
+
+    async def _reopen(self, name: str) -> None:
+        """As a store node does once its seed is complete: the store opened again, then following."""
+        old = self.nodes[name]
+        await old.stop()
+        options = self.stores[name].options
+        await self.stores[name].close()
+        self.stores[name] = store = await MessageStore.open(options)
+        self.nodes[name] = ReplicaNode(store, old.settings, self.in_sync)
+        await self.follow(name)
 
     async def stop(self, name: str) -> None:
         await self.nodes.pop(name).stop()
@@ -257,6 +271,37 @@ async def test_a_promoted_follower_has_the_leaders_state(group):
     assert b.meta.table("declarations").get("queue:orders") == b"durable"
     assert await _read_all(b, "q2") == [body for queue, body in sent if queue == "q2"]
     b.meta.table("declarations").put("queue:more", b"x")  # b leads: its writes are journaled
+
+
+async def test_a_follower_behind_the_leaders_retention_is_seeded_and_follows(group):
+    """A new (or wiped) replica, where the leader's retention removed the log's start: it gets
+    the leader's index, meta and segments, opens them, and streams from their end."""
+    a = await group.open("a", min_insync=1, retention_bytes=300 << 10)
+    await group.lead("a", 1)
+    await _put_many(a, 3000)
+    a.meta.table("sessions").put("dev-1", b"state")
+    a.meta.save_offsets({("group", "q1"): 7})
+    await a.apply_retention()
+    assert a.commitlog.min_position > 0
+    await group.open("b", min_insync=1)
+    await group.follow("b")
+    async with asyncio.timeout(20):
+        while group.stores["b"].commitlog.end_position < a.commitlog.end_position or group.nodes["b"].role != "follower":
+            await asyncio.sleep(0.02)
+    more = await _put_many(a, 200, prefix="more")
+    await group.caught_up("b")
+    b = group.stores["b"]
+    assert b.commitlog.min_position == a.commitlog.min_position
+    assert _log_bytes(b) == _log_bytes(a)
+    assert b.epochs.entries == a.epochs.entries
+    assert b.meta.table("sessions").get("dev-1") == b"state"
+    assert b.meta.load_offset("group", "q1") == 7
+    for q in range(5):
+        kept = await _read_all(b, f"q{q}")
+        assert kept == await _read_all(a, f"q{q}")
+        newest = [body for queue, body in more if queue == f"q{q}"]
+        assert len(kept) > len(newest) and kept[-len(newest):] == newest
+    assert group.nodes["a"].leader.seeds_sent == 1
 
 
 def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):

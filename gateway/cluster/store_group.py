@@ -39,20 +39,42 @@ class StoreGroupMember:
     node's addresses for clients and gateway nodes (remoting, AMQP), published when it leads."""
 
     def __init__(self, cfg: Config, store: MessageStore, advertised: dict[str, str],
-                 serve: Callable[[], Awaitable[None]], unserve: Callable[[], Awaitable[None]]) -> None:
+                 serve: Callable[[], Awaitable[None]], unserve: Callable[[], Awaitable[None]],
+                 reopen: Callable[[], Awaitable[MessageStore]]) -> None:
         bind = parse_bind(cfg.replication_bind, "replication_bind")
         etcd = parse_bind(cfg.etcd_endpoint, "etcd_endpoint")
         assert bind is not None and etcd is not None
         self._bind = bind
         self._advertise = cfg.replication_advertise
-        self.replica = ReplicaNode(store, replica_settings(cfg), InSyncSet())
+        self.replica = self._replica(store, replica_settings(cfg))
         self.group = EtcdGroup(etcd, cfg.replication_group, cfg.node_id)
         self._advertised = advertised
         self._serve = serve
         self._unserve = unserve
+        self._reopen = reopen  # close the store and open it again (installs a seed)
+        self._reseeding: asyncio.Task[None] | None = None
         self.serving = False
         self.elector = Elector(self.group, {}, lease_s=cfg.replication_lease_s, on_lead=self._lead,
-                               on_follow=self._follow, on_lost=self._lost, status=self.replica.status)
+                               on_follow=self._follow, on_lost=self._lost, status=lambda: self.replica.status())
+
+    def _replica(self, store: MessageStore, settings: ReplicaSettings) -> ReplicaNode:
+        replica = ReplicaNode(store, settings, InSyncSet())
+        replica.on_seeded = self._seeded
+        return replica
+
+    def _seeded(self) -> None:
+        self._reseeding = asyncio.get_running_loop().create_task(self._open_seed(), name="replica-seed")
+
+    async def _open_seed(self) -> None:
+        """The leader's seed is complete: stop following, open the store again (which installs
+        it) and follow from its end."""
+        settings = self.replica.settings
+        await self.replica.stop()
+        store = await self._reopen()
+        self.replica = self._replica(store, settings)
+        await self.replica.follow(self.leader_address)
+        log.info("store opened from the leader's seed and following again node=%s end=%d", self.group.node,
+                 store.commitlog.end_position)
 
     async def start(self) -> None:
         # followers must be able to reach the leader's replication listener before it can win:
@@ -62,6 +84,8 @@ class StoreGroupMember:
         self.elector.start()
 
     async def stop(self) -> None:
+        if self._reseeding is not None:
+            await self._reseeding
         await self.elector.stop()
         if self.serving:
             await self._unserve()

@@ -31,10 +31,12 @@ class LeaderLog:
         if hello.epochs and hello.epochs[-1][0] > self.epoch:
             return Refuse(f"the follower has seen epoch {hello.epochs[-1][0]}, newer than this leader's {self.epoch}")
         agreed = common_end(self.epochs.entries, self._log.end_position, hello.epochs, hello.log_end)
-        if agreed < self._log.min_position:
-            return Refuse(f"the follower's log ends at {agreed}, before the leader's oldest position "
-                          f"{self._log.min_position}: it must be seeded")
         return Welcome(self.epoch, agreed, self._log.min_position, list(self.epochs.entries))
+
+    def needs_seed(self, welcome: Welcome) -> bool:
+        """The follower agrees with this log only before its oldest position: it is seeded
+        (replica/seed.py) rather than streamed to."""
+        return welcome.agreed_end < self._log.min_position
 
     def next_data(self, position: int, confirmed: int, max_bytes: int) -> Data:
         """The bytes from ``position`` on (at most ``max_bytes``, within one segment); empty at the

@@ -16,12 +16,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import StoreError
 from ..log.commitlog import CommitLog
 from .follower import FollowerLog
 from .leader import LeaderLog, confirmed_position
-from .wire import Ack, Data, FrameReader, Hello, Refuse, Welcome, WireError, encode
+from .seed import SeedWriter, Snapshot
+from .wire import Ack, Data, FrameReader, Hello, Refuse, SeedDone, SeedFile, Welcome, WireError, encode
 
 log = logging.getLogger("tidemq.store.replica")
 
@@ -62,7 +64,8 @@ class LeaderService:
     def __init__(self, leader: LeaderLog, commitlog: CommitLog, in_sync: InSyncSet, *, min_insync: int,
                  own_position: Callable[[], int], durable_acks: bool, lag_s: float = 2.0,
                  on_confirmed: Callable[[int], None] | None = None,
-                 on_in_sync: Callable[[frozenset[str]], None] | None = None) -> None:
+                 on_in_sync: Callable[[frozenset[str]], None] | None = None,
+                 snapshot: Callable[[], Snapshot] | None = None) -> None:
         self.leader = leader
         self._log = commitlog
         self.in_sync = in_sync
@@ -72,6 +75,8 @@ class LeaderService:
         self.lag_s = lag_s
         self._on_confirmed = on_confirmed
         self._on_in_sync = on_in_sync
+        self._snapshot = snapshot  # the leader's files, to seed a follower it cannot stream to
+        self.seeds_sent = 0
         self.followers: dict[str, _Follower] = {}
         self.confirmed = 0 if min_insync > 1 else own_position()
         self._server: asyncio.Server | None = None
@@ -125,11 +130,16 @@ class LeaderService:
             if not isinstance(hello, Hello):
                 raise WireError("a follower starts with HELLO")
             answer = self.leader.welcome(hello)
-            writer.write(encode(answer))
-            await writer.drain()
             if isinstance(answer, Refuse):
+                writer.write(encode(answer))
+                await writer.drain()
                 log.warning("follower refused node=%s reason=%s", hello.node, answer.reason)
                 return
+            if self.leader.needs_seed(answer):
+                await self._seed(hello.node, writer)
+                return
+            writer.write(encode(answer))
+            await writer.drain()
             follower = self.followers.get(hello.node) or _Follower(hello.node)
             if follower.writer is not None:
                 follower.writer.close()  # (a reconnect: the older link is dead or about to be)
@@ -151,6 +161,37 @@ class LeaderService:
                 follower.connected, follower.writer = False, None
             writer.close()
             self._tasks.discard(task)
+
+    async def _seed(self, node: str, writer: asyncio.StreamWriter) -> None:
+        """Send the follower this store's files (replica/seed.py) and end the link: it installs
+        them and says HELLO again, from the seed's end."""
+        if self._snapshot is None:
+            writer.write(encode(Refuse("the follower must be seeded and this leader cannot")))
+            await writer.drain()
+            return
+        seed = self._snapshot()
+        started, sent = time.monotonic(), 0
+        log.info("seeding follower node=%s files=%d end=%d", node, len(seed.files), seed.end)
+        try:
+            for name, path, size in seed.files:
+                with open(path, "rb") as fh:
+                    offset = 0
+                    while offset < size or offset == 0:
+                        data = fh.read(min(CHUNK, size - offset))
+                        writer.write(encode(SeedFile(name, offset, data)))
+                        offset += len(data)
+                        sent += len(data)
+                        await writer.drain()
+                        if not data:
+                            break
+            writer.write(encode(SeedDone(self.leader.epoch, seed.end)))
+            await writer.drain()
+        finally:
+            seed.discard()
+        self.seeds_sent += 1
+        seconds = time.monotonic() - started
+        log.info("follower seeded node=%s bytes=%d seconds=%.2f mb_per_s=%.0f", node, sent, seconds,
+                 sent / 1e6 / max(seconds, 1e-6))
 
     async def _send(self, follower: _Follower, writer: asyncio.StreamWriter, position: int) -> None:
         wakeup = follower.wakeup
@@ -228,7 +269,8 @@ class FollowerService:
     as held (the ``sync`` flush policy)."""
 
     def __init__(self, follower: FollowerLog, commitlog: CommitLog, node: str, address: Callable[[], tuple[str, int] | None],
-                 *, token: str = "", flush: bool, on_error: Callable[[BaseException], Awaitable[None]] | None = None) -> None:
+                 *, token: str = "", flush: bool, on_error: Callable[[BaseException], Awaitable[None]] | None = None,
+                 data_dir: Path | None = None, on_seeded: Callable[[], None] | None = None) -> None:
         self.follower = follower
         self._log = commitlog
         self.node = node
@@ -239,6 +281,8 @@ class FollowerService:
         self.connected = asyncio.Event()
         self.refused: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._data_dir = data_dir  # where a seed is written (None: this follower cannot be seeded)
+        self._on_seeded = on_seeded  # a seed is complete: the store must be opened again to use it
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-follower")
@@ -255,7 +299,8 @@ class FollowerService:
             address = self._address()
             if address is not None:
                 try:
-                    await self._follow(*address)
+                    if await self._follow(*address):
+                        return  # seeded: the owner opens the store again and follows anew
                     delay = 0.05
                 except (OSError, asyncio.IncompleteReadError, WireError) as exc:
                     log.info("replication link to the leader ended address=%s:%d reason=%s", *address, exc)
@@ -269,12 +314,15 @@ class FollowerService:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _follow(self, host: str, port: int) -> None:
+    async def _follow(self, host: str, port: int) -> bool:
+        """Follow until the link ends; True when it ended with a complete seed."""
         reader, writer = await asyncio.open_connection(host, port)
         try:
             frames = FrameReader()
             writer.write(encode(self.follower.hello(self.node, self._token)))
             answer = await _read_one(reader, frames)
+            if isinstance(answer, SeedFile):
+                return await self._take_seed(answer, reader, frames)
             if isinstance(answer, Refuse):
                 self.refused = answer.reason
                 raise WireError(f"refused: {answer.reason}")
@@ -304,6 +352,23 @@ class FollowerService:
                 writer.write(encode(Ack(ack.written, self._log.flushed_position)))
         finally:
             writer.close()
+
+
+    async def _take_seed(self, first: SeedFile, reader: asyncio.StreamReader, frames: FrameReader) -> bool:
+        if self._data_dir is None or self._on_seeded is None:
+            raise StoreError("the leader sent a seed and this follower cannot take one")
+        seed = SeedWriter(self._data_dir)
+        log.warning("this replica is seeded by the leader (its log cannot be streamed to) node=%s", self.node)
+        frame: object = first
+        while not isinstance(frame, SeedDone):
+            if not isinstance(frame, SeedFile):
+                raise WireError(f"a seed is SEED_FILE frames, not {type(frame).__name__}")
+            seed.write(frame.name, frame.offset, frame.payload)
+            frame = await _read_one(reader, frames)
+        seed.complete(frame.end)
+        log.info("seed received node=%s bytes=%d end=%d", self.node, seed.bytes, frame.end)
+        self._on_seeded()
+        return True
 
 
 async def _read_one(reader: asyncio.StreamReader, frames: FrameReader) -> object:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import NotLeaderError, NotReplicatedError
 from ..write.replicated import ReplicatedRelease
 from .link import FollowerService, InSyncSet, LeaderService
+from .seed import snapshot
 
 if TYPE_CHECKING:
     from ..store import MessageStore
@@ -45,6 +46,9 @@ class ReplicaNode:
         self.leader: LeaderService | None = None
         self.follower: FollowerService | None = None
         self._watch: asyncio.Task[None] | None = None
+        # a follower received a seed (replica/seed.py): its owner closes the store and opens it
+        # again, which installs the seed, then follows with a new ReplicaNode
+        self.on_seeded: Callable[[], None] | None = None
         assert store.committer is not None
         store.committer.not_leader = NotLeaderError("the group has not chosen this store as its leader")
 
@@ -70,7 +74,9 @@ class ReplicaNode:
         service = LeaderService(leader_log, commitlog, self.in_sync, min_insync=settings.min_insync if sync else 1,
                                 own_position=own_position, durable_acks=flush_sync, lag_s=settings.lag_s,
                                 on_confirmed=release.confirm if release is not None else None,
-                                on_in_sync=self._in_sync_changed if sync else None)
+                                on_in_sync=self._in_sync_changed if sync else None,
+                                snapshot=lambda: snapshot(store.options.data_dir, store.index.db, store.meta.db,
+                                                          commitlog))
         committer.replicated = release
         committer.on_write = service.written
         bound = await service.start(host, port)
@@ -85,7 +91,8 @@ class ReplicaNode:
         await self._stop_role()
         store = self.store
         service = FollowerService(store.follow(), store.commitlog, self.settings.node, address,
-                                  token=self.settings.token, flush=store.options.flush == "sync")
+                                  token=self.settings.token, flush=store.options.flush == "sync",
+                                  data_dir=store.options.data_dir, on_seeded=self.on_seeded)
         service.start()
         self.follower, self.role = service, "follower"
         log.info("store follows node=%s", self.settings.node)

@@ -6,7 +6,9 @@ history) or REFUSE (why). Then the leader sends DATA frames (commitlog bytes at 
 under its epoch, with the confirmed position) and the follower ACK frames (how far it has
 written and made durable). Every frame: u32 length of what follows, u8 kind, the fields.
 Every DATA carries the leader's epoch: a follower refuses bytes from an epoch older than one it
-has seen (the fencing token).
+has seen (the fencing token). A follower whose log the leader cannot stream to is answered with
+a seed instead of WELCOME: SEED_FILE frames (its files, replica/seed.py), then SEED_DONE; it
+installs them and says HELLO again.
 """
 
 from __future__ import annotations
@@ -70,8 +72,22 @@ class Ack:
     durable: int
 
 
-Frame = Hello | Welcome | Refuse | Data | Ack
-_KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Refuse: 3, Data: 4, Ack: 5}
+@dataclass(slots=True, frozen=True)
+class SeedFile:
+    name: str  # relative to the data directory: commitlog/..., index/..., meta/..., EPOCHS
+    offset: int
+    payload: bytes
+
+
+@dataclass(slots=True, frozen=True)
+class SeedDone:
+    epoch: int
+    end: int  # the commitlog position the seed reaches
+
+
+Frame = Hello | Welcome | Refuse | Data | Ack | SeedFile | SeedDone
+_KINDS: dict[type, int] = {Hello: 1, Welcome: 2, Refuse: 3, Data: 4, Ack: 5, SeedFile: 6, SeedDone: 7}
+_SEED_FILE = struct.Struct(">Q")  # offset; then the name, then the bytes
 
 
 def encode(frame: Frame) -> bytes:
@@ -89,6 +105,10 @@ def _encode_body(frame: Frame) -> bytes:
                 + _text(frame.node) + _text(frame.token) + _epochs(frame.epochs))
     if isinstance(frame, Welcome):
         return _WELCOME.pack(frame.epoch, frame.agreed_end, frame.log_start) + _epochs(frame.epochs)
+    if isinstance(frame, SeedFile):
+        return _SEED_FILE.pack(frame.offset) + _text(frame.name) + frame.payload
+    if isinstance(frame, SeedDone):
+        return _PAIR.pack(frame.epoch, frame.end)
     return _text(frame.reason)
 
 
@@ -142,6 +162,13 @@ def _decode(kind: int, body: bytes) -> Frame:
             reason, at = _read_text(body, 0)
             _at_end(body, at)
             return Refuse(reason)
+        if kind == 6:
+            (offset,) = _SEED_FILE.unpack_from(body)
+            name, at = _read_text(body, _SEED_FILE.size)
+            return SeedFile(name, offset, body[at:])
+        if kind == 7:
+            epoch, end = _PAIR.unpack(body)
+            return SeedDone(epoch, end)
     except (struct.error, UnicodeDecodeError) as exc:
         raise WireError(f"bad frame of kind {kind}: {exc}") from None
     raise WireError(f"unknown frame kind {kind}")
