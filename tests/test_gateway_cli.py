@@ -160,3 +160,23 @@ def test_serve_refuses_a_corrupt_store_until_repair(tmp_path):
     repaired.send_signal(signal.SIGTERM)
     repaired.communicate(timeout=30)
     assert repaired.returncode == 0
+
+
+def test_a_replication_group_needs_its_settings_and_a_role_that_replicates():
+    base = {"TIDEMQ_REPLICATION_GROUP": "g1", "TIDEMQ_ETCD_ENDPOINT": "127.0.0.1:2379"}
+    with pytest.raises(ConfigError, match="role store"):
+        load_config(env=base)  # (role embedded: one node, nothing to replicate)
+    store = {**base, "TIDEMQ_ROLE": "store", "TIDEMQ_REMOTING_BIND": "127.0.0.1:9876", "TIDEMQ_MQTT_BIND": ""}
+    with pytest.raises(ConfigError, match="node_id"):
+        load_config(env=store)
+    with pytest.raises(ConfigError, match="replication_bind"):
+        load_config(env={**store, "TIDEMQ_NODE_ID": "s1"})
+    full = {**store, "TIDEMQ_NODE_ID": "s1", "TIDEMQ_REPLICATION_BIND": "127.0.0.1:10911"}
+    with pytest.raises(ConfigError, match="replication must be sync or async"):
+        load_config(env={**full, "TIDEMQ_REPLICATION": "quorum"})
+    with pytest.raises(ConfigError, match="etcd_endpoint"):
+        load_config(env={**full, "TIDEMQ_ETCD_ENDPOINT": ""})
+    cfg = load_config(env=full)
+    assert (cfg.replication, cfg.min_insync_replicas, cfg.replication_lease_s) == ("sync", 2, 2.0)
+    gateway = load_config(env={**base, "TIDEMQ_ROLE": "gateway"})  # (no store_address: the leader is in etcd)
+    assert gateway.store_address == ""
