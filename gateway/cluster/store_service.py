@@ -140,12 +140,7 @@ class StoreService:
                 log.warning("store link request without the cluster token refused code=%d peer=%s",
                             code, conn.peer)
                 return response_to(request, ResponseCode.NO_PERMISSION, "say HELLO with the cluster token first")
-            reply = handler(conn, request)
-            if code in _META_WRITES:
-                settling = self.store.meta_settling()
-                if settling is not None:
-                    return _after(settling, reply)
-            return reply
+            return handler(conn, request)
         return guarded
 
     def hello(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
@@ -366,14 +361,3 @@ class StoreService:
         finally:
             subscription.close()
 
-
-# the requests that change meta (sessions, offsets, filters, retained messages): answered once a
-# replicated store's in-sync replicas hold the change (MessageStore.meta_settled)
-_META_WRITES = frozenset({StoreCode.COMMIT_OFFSET, StoreCode.KV_PUT, StoreCode.KV_DELETE, StoreCode.FILTER_HOLD,
-                          StoreCode.FILTER_RELEASE, StoreCode.RETAINED_SET})
-
-
-async def _after(settling: asyncio.Future[None], reply: Reply) -> RemotingCommand | None:
-    await settling
-    assert reply is None or isinstance(reply, RemotingCommand)  # (these handlers answer at once)
-    return reply

@@ -222,9 +222,24 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                                f"request code {request.code} is not supported by TideMQ")
         try:
             self.access.check_request(conn.principal, request)  # what the request code needs (access.py)
-            return handler(conn, request)
+            reply = handler(conn, request)
         except Exception as exc:
             return self.error_response(request, exc)
+        if isinstance(reply, RemotingCommand):  # (a put's Pending comes after the meta changes in the log)
+            settling = self.store.meta_settling()
+            if settling is not None:  # a replicated store: answered once the in-sync replicas hold them
+                return self._after_meta(request, settling, reply)
+        return reply
+
+    async def _after_meta(self, request: RemotingCommand, settling: asyncio.Future[None],
+                          reply: RemotingCommand) -> RemotingCommand:
+        """``reply``, once the meta changes made before it (a topic, an offset, a session) are
+        held as the store promises; the store's error instead when they are not."""
+        try:
+            await settling
+        except StoreError as exc:
+            return self.error_response(request, exc)
+        return reply
 
     def error_response(self, request: RemotingCommand, exc: BaseException) -> RemotingCommand:
         if isinstance(exc, BadRequest):
