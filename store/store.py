@@ -50,7 +50,7 @@ from .index.notify import NotifyHub, NotifySubscription
 from .meta.offsets import ConsumerOffsets
 from .options import StoreOptions
 from .read.reads import read_entries, record_at
-from .log.recovery import RecoveryReport, recover
+from .log.recovery import RecoveryReport, Replay, records, recover
 from .retention.policy import QueuePolicy
 from .retention.queues import QueueTrimmer
 from .retention.reclaim import QueueReclaimer
@@ -61,9 +61,9 @@ from .read.tail import TailHandoff, TailReader
 from .clock import now_ms
 from .holds.codec import HOLD_TOPIC
 from .log.record import encode_record
-from .meta.journal import MetaBatch
+from .meta.journal import MetaBatch, MetaReplay
 from .replica.epochs import EpochHistory
-from .replica.follower import FollowerLog
+from .replica.follower import FollowerLog, is_meta
 from .replica.leader import LeaderLog
 from .replica.seed import install_seed
 
@@ -122,8 +122,11 @@ class MessageStore:
             self.dispatcher = Dispatcher(self.index, self.notify)
             self.dispatcher.on_drop = lambda names, position: self.meta.delete_offsets_of(set(names), position)
             started = time.monotonic()
+            meta = self.meta
+            self.meta_replay = MetaReplay(lambda batch: meta.writes.apply(batch, journal=False))
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair,
-                                    on_meta=self.apply_meta_changes)
+                                    on_meta=self.meta_replay.apply)
+            self.meta_replay.applied = self.commitlog.end_position
             if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
                 self.commitlog.flush()
                 self.index.flush()
@@ -324,20 +327,46 @@ class MessageStore:
         assert self.committer is not None
         self.committer.not_leader = NotLeaderError("this store follows the group's leader")
         self.meta.writes.journal = None
-        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.apply_meta_changes,
-                           self.undo_meta_changes)
+        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.meta_replay)
 
     def lead(self, epoch: int, token: str = "") -> LeaderLog:
-        """Take writes again as the leader of ``epoch`` (newer than any this log has seen): the
-        bytes written from here on are that epoch's, meta changes among them."""
-        assert self.committer is not None
+        """Take writes again as the leader of ``epoch`` (no older than any this log has seen):
+        the bytes written from here on are that epoch's, meta changes among them. What a
+        follower received and was not told confirmed -- its unpublished tail -- is kept: its meta
+        changes are applied now, its records published once confirmed in this epoch (before any
+        new write; the committer places new writes after them). A record the old leader's
+        stream cut short is dropped."""
+        committer = self.committer
+        assert committer is not None
         if epoch < self.epochs.current:
             raise StoreError(f"epoch {epoch} is older than this log's {self.epochs.current}")
+        start = self.index.dispatched_position
+        whole = list(records(self.commitlog, start, self.commitlog.end_position))
+        end = whole[-1][0] + whole[-1][1].size if whole else start
+        if end < self.commitlog.end_position:
+            log.warning("a record cut short by the old leader's stream dropped position=%d bytes=%d", end,
+                        self.commitlog.end_position - end)
+            self.commitlog.truncate(end)
         if epoch > self.epochs.current:
             self.epochs.begin(epoch, self.commitlog.end_position)
-        self.committer.not_leader = None
+        heads: dict[str, int] = {}
+        for position, view in whole:
+            if is_meta(view) and position >= self.meta_replay.applied:
+                self.meta_replay.apply(view.body, position + view.size)
+            for name, offset in view.queues():
+                heads[name] = (offset + 1) << 32 | self.index.resolve(name) & 0xFFFF_FFFF
+        committer.not_leader = None
         self.meta.writes.journal = self._journal_meta
+        if whole:
+            committer.adopt_tail(end, heads, lambda: self._publish_tail(start, end))
         return LeaderLog(self.commitlog, self.epochs, token)
+
+    def _publish_tail(self, start: int, end: int) -> None:
+        """Index a promoted follower's tail, now confirmed (its meta changes are applied)."""
+        replay = Replay(self.index, self.dispatcher)
+        for position, view in records(self.commitlog, start, end):
+            replay.add(position, view)
+        replay.flush(end)
 
     async def meta_settled(self) -> None:
         """Returns once every meta change made so far is held as the store promises (a
@@ -356,15 +385,6 @@ class MessageStore:
             return release.reached(self.meta_position)
         return None
 
-    def apply_meta_changes(self, body: bytes) -> None:
-        """A meta change record's changes (another replica's writes, or this one's own again
-        after a crash: applied in log order, they leave the same state)."""
-        self.meta.writes.apply(MetaBatch.decode(body), journal=False)
-
-    def undo_meta_changes(self, body: bytes) -> None:
-        """Put back what a meta change record changed (its log tail is being cut)."""
-        self.meta.writes.apply(MetaBatch.decode(body).undo(), journal=False)
-
     def _journal_meta(self, batch: MetaBatch) -> None:
         """A replicated leader's meta change, into the commitlog for the followers (before it is
         applied here: the log is what every replica agrees on)."""
@@ -372,7 +392,7 @@ class MessageStore:
         record = encode_record(topic=HOLD_TOPIC.encode(), key=b"", properties=b"", queues=[], offsets=[],
                                body=batch.encode(), born_ts=now, store_ts=now)
         self.commitlog.append([record])  # StoreWriteError: neither logged nor applied
-        self.meta_position = self.commitlog.end_position
+        self.meta_position = self.meta_replay.applied = self.commitlog.end_position
         if self.committer is not None and self.committer.on_write is not None:
             self.committer.on_write()
 

@@ -19,7 +19,7 @@ from typing import Iterator
 from .commitlog import CommitLog, Segment
 from ..index.consumequeue import QID_MASK, ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher, DispatchItem
-from ..errors import RecordCorruptError, StoreCorruptError
+from ..errors import RecordCorruptError, StoreCorruptError, StoreError
 from ..holds.codec import (DROP, HOLD, META, HOLD_TOPIC, INDIRECT, RELEASE, ControlRecord, hold_key, hold_value, hold_writes,
                     nested_offset, parse_drop)
 from ..index.keyindex import key_prefixes
@@ -53,7 +53,7 @@ class _Damage:
 
 
 def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, repair: bool,
-            on_meta: Callable[[bytes], None] | None = None) -> RecoveryReport:
+            on_meta: Callable[[bytes, int], None] | None = None) -> RecoveryReport:
     """Verify the log from the index's checkpoint, cut a torn tail, index what the index lacks
     and apply the meta change records after the checkpoint (``on_meta``: replicated stores)."""
     report = RecoveryReport()
@@ -118,10 +118,10 @@ class Replay:
     them: by recovery, and by a follower for the bytes its leader sends (store/replica/)."""
 
     def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 on_meta: Callable[[bytes], None] | None = None) -> None:
+                 on_meta: Callable[[bytes, int], None] | None = None) -> None:
         self._index = index
         self._dispatcher = dispatcher
-        self._on_meta = on_meta  # told each meta change record's body (meta/journal.py)
+        self._on_meta = on_meta  # told each meta change record's body and end (meta/journal.py)
         self._pending: list[DispatchItem] = []
         self.dispatched = 0  # records indexed (or dropping a queue) so far
 
@@ -132,7 +132,7 @@ class Replay:
         end = position + view.size
         if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count:
             if self._on_meta is not None:
-                self._on_meta(view.body)
+                self._on_meta(view.body, end)
             return
         if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
             self.flush(position)
@@ -149,6 +149,34 @@ class Replay:
             self._dispatcher.dispatch(self._pending, end)
             self.dispatched += len(self._pending)
             self._pending = []
+
+
+def records(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, RecordView]]:
+    """The whole records from ``start`` (a record's start) up to ``end``, across segment rolls; a
+    record cut short at ``end`` (a replica receiving its leader's bytes) is not yielded."""
+    size = log_.segment_size
+    at = start
+    while at < end:
+        seg = log_.segment_of(at)
+        seg_end = min(seg.start + seg.length, end) if seg is not None else at
+        if at >= seg_end:  # the rest of this segment is unused: the log rolled
+            at = at - at % size + size
+            continue
+        buf = log_.read(at, seg_end - at)
+        off = 0
+        while len(buf) - off >= HEADER_SIZE:
+            total = int.from_bytes(buf[off:off + 4], "big")
+            if len(buf) - off < total:
+                break
+            try:
+                view = RecordView(buf, off)
+            except RecordCorruptError as exc:
+                raise StoreError(f"record at {at + off} is damaged: {exc}") from None
+            yield at + off, view
+            off += total
+        at += off
+        if at < seg_end:  # a record the next bytes complete
+            return
 
 
 def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:

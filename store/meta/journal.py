@@ -123,3 +123,21 @@ def _changes(body: bytes) -> Iterator[Change]:
         at += n_key + n_value
         yield op, key, value, body[at:at + n_before] if had else None
         at += n_before
+
+
+class MetaReplay:
+    """The meta change records of the log, applied and undone in place, and how far the meta
+    database reflects the log (``applied``: the end of the last record applied, or of the log
+    after recovery, which applies every record after the index's checkpoint)."""
+
+    def __init__(self, apply: Callable[[MetaBatch], None]) -> None:
+        self._apply = apply  # MetaWrites.apply, without the journal
+        self.applied = 0
+
+    def apply(self, body: bytes, end: int) -> None:
+        self._apply(MetaBatch.decode(body))
+        self.applied = max(self.applied, end)
+
+    def undo(self, body: bytes) -> None:
+        """Put back what a record changed (its tail of the log is being cut)."""
+        self._apply(MetaBatch.decode(body).undo())

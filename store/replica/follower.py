@@ -1,23 +1,24 @@
 """A follower's side of replication, without I/O of its own: the leader's bytes written where
-the leader holds them and indexed as recovery indexes (``Replay``), the log cut back where it
-stopped agreeing with the leader's, and the fencing of older epochs.
+the leader holds them and, once confirmed, indexed as recovery indexes (``Replay``); the log cut
+back where it stopped agreeing with the leader's; the fencing of older epochs.
 
 ``FollowerLog`` works on the store's own commitlog, index and dispatcher: a promoted follower
-is a store that has been indexing all along, with nothing to rebuild.
+is a store that has been indexing all along; only its unconfirmed tail is left to publish
+(``MessageStore.lead``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 
-from ..errors import RecordCorruptError, StoreError
+from ..errors import StoreError
+from ..holds.codec import HOLD_TOPIC
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from ..log.commitlog import CommitLog
-from ..log.record import HEADER_SIZE, RecordView
-from ..holds.codec import HOLD_TOPIC
-from ..log.recovery import META_OP, Replay
+from ..log.record import RecordView
+from ..log.recovery import META_OP, Replay, records
+from ..meta.journal import MetaReplay
 from .epochs import EpochHistory
 from .wire import Ack, Data, Hello, Welcome
 
@@ -29,36 +30,46 @@ class StaleEpochError(StoreError):
 
 
 class FollowerLog:
+    """A follower indexes (and applies the meta changes of) only what the leader has said is
+    confirmed: a reader of a promoted follower never sees a record the group could still lose."""
+
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 epochs: EpochHistory, on_meta: Callable[[bytes], None] | None = None,
-                 undo_meta: Callable[[bytes], None] | None = None) -> None:
+                 epochs: EpochHistory, meta: MetaReplay | None = None) -> None:
         self._log = commitlog
         self._index = index
-        self._replay = Replay(index, dispatcher, on_meta)
-        self._undo_meta = undo_meta  # undoes one meta change record (a tail being cut)
+        self._meta = meta
+        self._replay = Replay(index, dispatcher, meta.apply if meta is not None else None)
         self.epochs = epochs
         self.leader_epoch = 0  # the epoch of the leader this log follows now
         self.confirmed = 0  # the leader's confirmed position, as last heard
         self._parsed = index.dispatched_position  # the next record to index starts here
+
+    @property
+    def indexed(self) -> int:
+        """Where the next record to index starts (what is before it is indexed)."""
+        return self._parsed
 
     def hello(self, node: str, token: str) -> Hello:
         return Hello(node, token, self._log.segment_size, self._log.end_position, self._log.min_position,
                      list(self.epochs.entries))
 
     def welcome(self, frame: Welcome) -> int:
-        """Take the leader's answer: cut the log back to where it agrees with the leader's (log
-        first, then the index, then the epoch file: a crash between them leaves the index ahead
-        of the log, which recovery cuts back, and epochs that hold nothing); return the position
-        the leader streams from. Bytes cut are bytes no in-sync set ever confirmed."""
+        """Take the leader's answer: cut the log back to where it agrees with the leader's, and
+        return the position the leader streams from. In this order: the meta changes of the cut
+        records that were applied are undone, newest first; then the log is cut, then the index,
+        then the epoch file. A crash between them leaves what recovery repairs: changes applied
+        again from the log (and undone at the next cut), an index ahead of the log (cut back),
+        epochs that hold nothing. Bytes cut are bytes no in-sync set ever confirmed."""
         if frame.epoch < self.epochs.current:
             raise StaleEpochError(f"leader epoch {frame.epoch} is older than this replica's {self.epochs.current}")
         end = self._log.end_position
         if frame.agreed_end < end:
-            if self._undo_meta is not None:  # (before the log: a crash redoes them at recovery, then undoes again)
-                changes = [view.body for _, view in self._records(frame.agreed_end, end)
-                           if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count]
+            if self._meta is not None and self._meta.applied > frame.agreed_end:
+                changes = [view.body for _, view in records(self._log, frame.agreed_end, min(end, self._meta.applied))
+                           if is_meta(view)]
                 for body in reversed(changes):
-                    self._undo_meta(body)
+                    self._meta.undo(body)
+                self._meta.applied = frame.agreed_end
             dropped = self._log.truncate(frame.agreed_end)
             removed = self._index.truncate_beyond(frame.agreed_end)
             log.warning("replica log cut back to the leader's position=%d bytes_dropped=%d index_entries_removed=%d",
@@ -69,49 +80,27 @@ class FollowerLog:
         return self._log.end_position
 
     def apply(self, frame: Data) -> Ack:
-        """Write and index one DATA frame's bytes; what to acknowledge (durability is the
-        caller's: ``Ack.durable`` says what the commitlog's last flush covers)."""
+        """Write one DATA frame's bytes and index what is confirmed; what to acknowledge
+        (durability is the caller's: ``Ack.durable`` says what the commitlog's last flush covers)."""
         if frame.epoch != self.leader_epoch:
             raise StaleEpochError(f"bytes of epoch {frame.epoch} while following epoch {self.leader_epoch}")
-        self.confirmed = max(self.confirmed, frame.confirmed)
         if frame.payload:
             self._log.append_at(frame.position, frame.payload)
-            self._index_new_records()
+        if frame.confirmed > self.confirmed or frame.payload:
+            self.confirmed = max(self.confirmed, frame.confirmed)
+            self._index_confirmed()
         return Ack(self._log.end_position, self._log.flushed_position)
 
-    def _index_new_records(self) -> None:
+    def _index_confirmed(self) -> None:
         at = self._parsed
-        for position, view in self._records(at, self._log.end_position):
+        for position, view in records(self._log, at, min(self.confirmed, self._log.end_position)):
             self._replay.add(position, view)
             at = position + view.size
-        if at == self._parsed:
-            return
-        self._replay.flush(at)
-        self._parsed = at
+        if at != self._parsed:
+            self._replay.flush(at)
+            self._parsed = at
 
-    def _records(self, start: int, end: int) -> Iterator[tuple[int, RecordView]]:
-        """The whole records from ``start`` (a record's start) up to ``end``, across segment rolls."""
-        log_ = self._log
-        size = log_.segment_size
-        at = start
-        while at < end:
-            seg = log_.segment_of(at)
-            seg_end = min(seg.start + seg.length, end) if seg is not None else at
-            if at >= seg_end:  # the rest of this segment is unused: the leader rolled
-                at = at - at % size + size
-                continue
-            buf = log_.read(at, seg_end - at)
-            off = 0
-            while len(buf) - off >= HEADER_SIZE:
-                total = int.from_bytes(buf[off:off + 4], "big")
-                if len(buf) - off < total:
-                    break
-                try:
-                    view = RecordView(buf, off)
-                except RecordCorruptError as exc:
-                    raise StoreError(f"replicated record at {at + off} is damaged: {exc}") from None
-                yield at + off, view
-                off += total
-            at += off
-            if at < seg_end:  # a record the next frame completes
-                return
+
+def is_meta(view: RecordView) -> bool:
+    """A meta change record (meta/journal.py)."""
+    return view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count

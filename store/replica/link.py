@@ -81,6 +81,8 @@ class LeaderService:
         self.confirmed = 0 if min_insync > 1 else own_position()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # one per follower link
+        self._links: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # each link's writer, to end it
+        self._stopping = False
         self._lag: asyncio.Task[None] | None = None
         self._changing = False
 
@@ -94,11 +96,11 @@ class LeaderService:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        self._stopping = True
         if self._lag is not None:
             self._lag.cancel()
-        for follower in self.followers.values():
-            if follower.writer is not None:
-                follower.writer.close()  # (its link's task sees the end and returns)
+        for writer in self._links.values():
+            writer.close()  # (its link's task sees the end and returns)
         await asyncio.gather(*(t for t in (self._lag, *self._tasks) if t is not None), return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
@@ -122,7 +124,11 @@ class LeaderService:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if self._stopping:
+            writer.close()
+            return
         self._tasks.add(task)
+        self._links[task] = writer
         frames = FrameReader()
         follower: _Follower | None = None
         try:
@@ -161,6 +167,7 @@ class LeaderService:
                 follower.connected, follower.writer = False, None
             writer.close()
             self._tasks.discard(task)
+            self._links.pop(task, None)
 
     async def _seed(self, node: str, writer: asyncio.StreamWriter) -> None:
         """Send the follower this store's files (replica/seed.py) and end the link: it installs

@@ -62,7 +62,6 @@ class ReplicaNode:
         store, settings = self.store, self.settings
         committer = store.committer
         assert committer is not None
-        leader_log = store.lead(epoch, settings.token)
         sync = settings.mode == "sync"
         flush_sync = store.options.flush == "sync"
         commitlog = store.commitlog
@@ -71,13 +70,14 @@ class ReplicaNode:
             return commitlog.flushed_position if flush_sync else commitlog.end_position
 
         release = ReplicatedRelease(committer.release, settings.timeout_s) if sync else None
+        committer.replicated = release  # (before the store leads: its unpublished tail waits for confirmation)
+        leader_log = store.lead(epoch, settings.token)
         service = LeaderService(leader_log, commitlog, self.in_sync, min_insync=settings.min_insync if sync else 1,
                                 own_position=own_position, durable_acks=flush_sync, lag_s=settings.lag_s,
                                 on_confirmed=release.confirm if release is not None else None,
                                 on_in_sync=self._in_sync_changed if sync else None,
                                 snapshot=lambda: snapshot(store.options.data_dir, store.index.db, store.meta.db,
                                                           commitlog))
-        committer.replicated = release
         committer.on_write = service.written
         bound = await service.start(host, port)
         self.leader, self.role = service, "leader"

@@ -182,10 +182,21 @@ class GroupCommitter:
             return Written(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
         return self._publish(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
 
-    def release(self, entry: tuple[Batch, Written | BaseException, list[float]], error: StoreError | None,
+    def release(self, entry: tuple[Batch, Written | BaseException, list[float]] | _Tail, error: StoreError | None,
                 answered: bool) -> None:
         """ReplicatedRelease's answer for a written batch: publish it and acknowledge its puts
         (``answered``: they were answered already, publish only), or answer them with ``error``."""
+        if isinstance(entry, _Tail):
+            if error is None:  # (abandoned: the next leader keeps or cuts it)
+                try:
+                    entry.publish()
+                except Exception as exc:
+                    raise self.refuse_writes(exc) from exc
+                finally:
+                    for name, packed in entry.heads.items():
+                        if self._placing.get(name) == packed:
+                            del self._placing[name]
+            return
         batch, written, since = entry
         if not isinstance(written, Written):  # a batch that failed to write, answered in its turn
             self._acknowledge((batch, written, since), None)
@@ -205,6 +216,16 @@ class GroupCommitter:
                     del self._placing[name]
         if not answered:
             self._acknowledge((batch, results, since), None)
+
+    def adopt_tail(self, end: int, heads: dict[str, int], publish: Callable[[], None]) -> None:
+        """A promoted follower's unpublished records, up to ``end``: new writes are placed after
+        them (``heads``: each queue's packed state after them), and ``publish`` indexes them --
+        under sync replication once confirmed, before any later batch; at once otherwise."""
+        if self.replicated is None:
+            publish()
+            return
+        self._placing.update(heads)
+        self.replicated.wait(end, _Tail(publish, heads))
 
     def forget_unpublished(self) -> None:
         """Leadership was lost: the written batches no one confirmed are the new leader's to keep
@@ -227,6 +248,13 @@ class GroupCommitter:
             except Exception:
                 self._log_limited.log(logging.ERROR, "tail", "hand-off to tail readers failed", exc_info=True)
         return put_results(groups, positions, placed, self._id_prefix, store_ts)
+
+
+@dataclass(slots=True)
+class _Tail:
+    """A promoted follower's unpublished records, waiting for confirmation (``adopt_tail``)."""
+    publish: Callable[[], None]
+    heads: dict[str, int]
 
 
 @dataclass(slots=True)
