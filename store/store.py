@@ -393,8 +393,10 @@ class MessageStore:
                                body=batch.encode(), born_ts=now, store_ts=now)
         self.commitlog.append([record])  # StoreWriteError: neither logged nor applied
         self.meta_position = self.meta_replay.applied = self.commitlog.end_position
-        if self.committer is not None and self.committer.on_write is not None:
-            self.committer.on_write()
+        if self.committer is not None:
+            self.committer.make_durable(self.meta_position)
+            if self.committer.on_write is not None:
+                self.committer.on_write()
 
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,

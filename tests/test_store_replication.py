@@ -261,6 +261,22 @@ async def test_meta_changes_reach_the_followers_through_the_log(group):
     assert dict(b.meta.table("sessions").items()) == {"dev-1": b"state-1", "dev-3": b"state-3"}
 
 
+async def test_a_lone_meta_change_is_confirmed_when_every_replica_must_fsync(group):
+    """flush = "sync": the leader counts only what it has made durable, so a meta change with
+    no write after it must be fdatasynced by itself (found by the chaos script)."""
+    a = await group.open("a", min_insync=2, flush="sync")
+    await group.open("b", min_insync=2, flush="sync")
+    await group.lead("a", 1)
+    await group.follow("b")
+    async with asyncio.timeout(5):
+        while "b" not in group.in_sync.members:
+            await asyncio.sleep(0.01)
+    a.meta.table("declarations").put("queue:orders", b"durable")
+    async with asyncio.timeout(2):  # (not replication_timeout_s: the fsync is asked at once)
+        await a.meta_settled()
+    assert a.commitlog.flushed_position == a.commitlog.end_position
+
+
 async def test_a_promoted_follower_has_the_leaders_state(group):
     a = await group.open("a", min_insync=2)
     b = await group.open("b", min_insync=2)
@@ -324,6 +340,36 @@ async def test_a_follower_behind_the_leaders_retention_is_seeded_and_follows(gro
         newest = [body for queue, body in more if queue == f"q{q}"]
         assert len(kept) > len(newest) and kept[-len(newest):] == newest
     assert group.nodes["a"].leader.seeds_sent == 1
+
+
+async def test_a_follower_leaves_a_leader_that_went_silent(group):
+    """A leader stopped (SIGSTOP, a frozen VM) keeps its sockets open and sends nothing: its
+    follower must not wait on it forever but link again, to whoever leads now."""
+    accepted = []
+
+    async def silent(reader, writer):  # accepts, reads the HELLO, answers nothing
+        accepted.append(writer)
+        await reader.read(1024)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    silent_port = server.sockets[0].getsockname()[1]
+    a = await group.open("a", min_insync=1)
+    b = await group.open("b", min_insync=1)
+    await group.lead("a", 1)
+    await _put_many(a, 50)
+    where = {"port": silent_port}
+    node = group.nodes["b"]
+    await node.follow(lambda: ("127.0.0.1", where["port"]))
+    async with asyncio.timeout(5):
+        while len(accepted) < 2:  # gave up on the silent one and tried again
+            await asyncio.sleep(0.05)
+    where["port"] = group.port  # the group now knows the real leader
+    node.follower.relink()
+    await group.caught_up("b")
+    assert _log_bytes(b) == _log_bytes(a)
+    server.close()
+    for writer in accepted:
+        writer.close()
 
 
 def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):

@@ -113,6 +113,8 @@ class StoreGroupMember:
     async def _follow(self, leader: dict[str, Any]) -> None:
         if self.replica.role != "follower":
             await self.replica.follow(self.leader_address)
+        elif self.replica.follower is not None:
+            self.replica.follower.relink()  # (a link to the old leader may still look alive: it is stopped)
 
     async def _lost(self) -> None:
         log.warning("leadership lost: clients are closed and the store follows the next leader node=%s",

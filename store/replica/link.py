@@ -29,6 +29,7 @@ log = logging.getLogger("tidemq.store.replica")
 
 CHUNK = 1 << 20  # bytes per DATA frame at most
 HEARTBEAT_S = 0.2
+SILENCE_S = 1.0  # a follower ends a link on which its leader sent nothing this long (stopped, cut off)
 
 
 class InSyncSet:
@@ -290,6 +291,7 @@ class FollowerService:
         self._task: asyncio.Task[None] | None = None
         self._data_dir = data_dir  # where a seed is written (None: this follower cannot be seeded)
         self._on_seeded = on_seeded  # a seed is complete: the store must be opened again to use it
+        self._writer: asyncio.StreamWriter | None = None  # the current link's
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-follower")
@@ -321,13 +323,19 @@ class FollowerService:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    def relink(self) -> None:
+        """The group has another leader: end the current link (the next one asks ``address()``)."""
+        if self._writer is not None:
+            self._writer.close()
+
     async def _follow(self, host: str, port: int) -> bool:
         """Follow until the link ends; True when it ended with a complete seed."""
         reader, writer = await asyncio.open_connection(host, port)
+        self._writer = writer
         try:
             frames = FrameReader()
             writer.write(encode(self.follower.hello(self.node, self._token)))
-            answer = await _read_one(reader, frames)
+            answer = await _read_within(reader, frames)
             if isinstance(answer, SeedFile):
                 return await self._take_seed(answer, reader, frames)
             if isinstance(answer, Refuse):
@@ -342,7 +350,10 @@ class FollowerService:
             while True:
                 ready = frames.frames()
                 if not ready:
-                    chunk = await reader.read(1 << 20)
+                    try:  # (the leader sends at least a heartbeat every HEARTBEAT_S)
+                        chunk = await asyncio.wait_for(reader.read(1 << 20), SILENCE_S)
+                    except asyncio.TimeoutError:
+                        raise ConnectionError(f"the leader sent nothing for {SILENCE_S} s") from None
                     if not chunk:
                         raise ConnectionError("the leader closed the link")
                     frames.feed(chunk)
@@ -371,11 +382,19 @@ class FollowerService:
             if not isinstance(frame, SeedFile):
                 raise WireError(f"a seed is SEED_FILE frames, not {type(frame).__name__}")
             seed.write(frame.name, frame.offset, frame.payload)
-            frame = await _read_one(reader, frames)
+            frame = await _read_within(reader, frames)
         seed.complete(frame.end)
         log.info("seed received node=%s bytes=%d end=%d", self.node, seed.bytes, frame.end)
         self._on_seeded()
         return True
+
+
+async def _read_within(reader: asyncio.StreamReader, frames: FrameReader) -> object:
+    """A follower's next frame from its leader, which never stays silent for SILENCE_S."""
+    try:
+        return await asyncio.wait_for(_read_one(reader, frames), SILENCE_S)
+    except asyncio.TimeoutError:
+        raise ConnectionError(f"the leader sent nothing for {SILENCE_S} s") from None
 
 
 async def _read_one(reader: asyncio.StreamReader, frames: FrameReader) -> object:

@@ -217,6 +217,13 @@ class GroupCommitter:
         if not answered:
             self._acknowledge((batch, results, since), None)
 
+    def make_durable(self, end: int) -> None:
+        """Bytes written around the committer (a meta change record, store.py) must become durable
+        too: in ``sync`` flush mode ask the flusher for an fdatasync covering ``end``, as for a
+        batch (a replicated leader counts only what it has made durable)."""
+        if self._flusher is not None:
+            self._flusher.wait(end, None)
+
     def adopt_tail(self, end: int, heads: dict[str, int], publish: Callable[[], None]) -> None:
         """A promoted follower's unpublished records, up to ``end``: new writes are placed after
         them (``heads``: each queue's packed state after them), and ``publish`` indexes them --
