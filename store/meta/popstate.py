@@ -27,6 +27,8 @@ from typing import Any
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from ..rocks import raw_items
+
 _NO_SYNC = WriteOptions()
 OFFSET_PREFIX = b"pO"
 INVISIBLE_PREFIX = b"pT"
@@ -97,7 +99,7 @@ class PopCheckPoints:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(_upper(prefix))
         out: list[CheckPoint] = []
-        for key, value in self._db.items(from_key=prefix, read_opt=opts):
+        for key, value in raw_items(self._db, prefix, opts):
             if len(out) >= limit:
                 break
             position, attempts = _VALUE.unpack(value)
@@ -119,7 +121,7 @@ class PopCheckPoints:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(INVISIBLE_PREFIX + _U64.pack(now_ms + 1))
         out: list[CheckPoint] = []
-        for key, value in self._db.items(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
+        for key, value in raw_items(self._db, INVISIBLE_PREFIX + _U64.pack(from_ms), opts):
             if len(out) >= limit:
                 break
             out.append(_invisible(key, value))
@@ -130,7 +132,7 @@ class PopCheckPoints:
         for prefix in (INVISIBLE_PREFIX, READY_PREFIX):
             opts = ReadOptions()
             opts.set_iterate_upper_bound(_upper(prefix))
-            for key, value in self._db.items(from_key=prefix, read_opt=opts):
+            for key, value in raw_items(self._db, prefix, opts):
                 if prefix == INVISIBLE_PREFIX:
                     yield _invisible(key, value)
                 else:
