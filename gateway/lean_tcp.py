@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from .listen import listening_sockets
+from .listen import ListeningServer, listening_sockets
 
 log = logging.getLogger("tidemq.tcp")
 
@@ -262,7 +262,7 @@ class LeanTransport(asyncio.Transport):
         return self._sock.fileno()  # type: ignore[union-attr]
 
 
-class LeanServer(asyncio.AbstractServer):
+class LeanServer(ListeningServer):
     """The listening sockets and their accept callbacks. Its connections are their protocols'
     to close (the brokers say goodbye to their clients on shutdown): ``wait_closed`` returns
     once the listening sockets are closed, as asyncio's Server does on Python 3.11."""
@@ -297,6 +297,9 @@ class LeanServer(asyncio.AbstractServer):
 
     async def wait_closed(self) -> None:
         return None
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError  # (as asyncio.AbstractServer's: the gateway awaits its own shutdown)
 
     def _listen(self, sock: socket.socket) -> None:
         if sock in self._sockets:  # (not closed while accepting paused)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..listen import Servers, listening_sockets
+from ..listen import ListeningServer, Servers, listening_sockets
 
 log = logging.getLogger("tidemq.cluster")
 
 CHUNK = 1 << 16
 
 
-async def start_relay(host: str, port: int, target: tuple[str, int]) -> asyncio.AbstractServer:
+async def start_relay(host: str, port: int, target: tuple[str, int]) -> ListeningServer:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:

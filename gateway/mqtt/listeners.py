@@ -14,6 +14,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.typing import Subprotocol
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 from websockets.http11 import Request, Response
 
@@ -21,7 +22,7 @@ from store import RateLimitedLog
 
 from .. import lean_tcp
 from ..config import Config, ConfigError
-from ..listen import Servers, listening_sockets
+from ..listen import ListeningServer, Servers, listening_sockets
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -32,7 +33,7 @@ log = logging.getLogger("tidemq.mqtt")
 
 
 async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContext | None = None,
-                    tracer: Tracer | None = None) -> asyncio.AbstractServer:
+                    tracer: Tracer | None = None) -> ListeningServer:
     """Plain TCP on lean_tcp's transports (an idle client costs ~0.9 KiB less than on
     asyncio's); TLS on asyncio's, which does the handshake and record layer."""
     if tls is None:
@@ -266,7 +267,7 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
         return _HandshakeConnection(*args, library_log=library_log, **kwargs)
 
     def start(sock: socket.socket) -> serve:
-        return serve(handler, sock=sock, subprotocols=["mqtt"], compression=None,
+        return serve(handler, sock=sock, subprotocols=[Subprotocol("mqtt")], compression=None,
                      max_size=settings.max_packet_size + 8, logger=library_log,
                      # a client stopped in the middle of a frame cannot answer a ping: closed
                      ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
