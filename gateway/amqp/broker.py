@@ -20,6 +20,7 @@ from protocols.amqp.frames import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     channel_error,
+    copy_properties,
 )
 from store import Message, MessageStore, StoredMessage, StoreError
 from store import RateLimitedLog
@@ -488,7 +489,7 @@ class AMQPBroker:
             return
         view = self.view(message)
         routing_key = queue.definition.dead_letter_routing_key or view.routing_key
-        properties = commands.Basic.Properties(**dict(view.properties))
+        properties = copy_properties(view.properties)
         properties.headers = record_death(dict(properties.headers or {}), queue.name, reason, view.exchange,
                                           view.routing_key)
         headers = properties.headers

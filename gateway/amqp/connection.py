@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pamqp import commands
+from pamqp.common import FieldTable
 
 from protocols.amqp.frames import (
     CHANNEL_ERROR,
@@ -64,7 +65,7 @@ CLOSE_TIMEOUT_S = 2.0
 
 
 @functools.cache
-def server_properties(cluster_name: str) -> dict[str, object]:
+def server_properties(cluster_name: str) -> FieldTable:
     """connection.start's server properties, with the keys RabbitMQ clients read. A capability
     is true only for what is built."""
     return {

@@ -10,9 +10,11 @@ close) worded as RabbitMQ's; a user without AMQP permissions may not open the vh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
+from pamqp.base import Frame
 
 from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 
@@ -232,7 +234,8 @@ def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.De
     return _writes_topics(channel, who, key if isinstance(key, str) else None)
 
 
-_TOPICS = {
+# (a method class -> the check of that class's methods: Any, as no type pairs key and value)
+_TOPICS: dict[type[Frame], Callable[[Channel, Principal, Any], str | None]] = {
     commands.Queue.Bind: lambda ch, who, m: _reads_topics(ch, who, m.exchange, m.routing_key),
     commands.Basic.Consume: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
     commands.Basic.Get: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
