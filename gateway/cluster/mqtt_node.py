@@ -38,7 +38,7 @@ from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
 if TYPE_CHECKING:
-    from ..mqtt.roles import Client
+    from ..mqtt.connection import MQTTConnection
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -55,7 +55,7 @@ class Clients(Protocol):
     store node is lost (``gateway.mqtt.broker.MQTTBroker`` is one)."""
 
     @property
-    def connections(self) -> Mapping[str, Client]: ...
+    def connections(self) -> Mapping[str, MQTTConnection]: ...
 
     @property
     def cache(self) -> QueueCache: ...
@@ -80,6 +80,9 @@ class RemoteWildcards:
 
     def queues_for(self, topic: str) -> list[str]:
         return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
+
+    def reads(self, queue: str) -> bool:
+        raise NotImplementedError  # (never asked: a gateway node has no store to reclaim from)
 
 
 class RemoteRetained:

@@ -146,14 +146,14 @@ class MQTTConnection(asyncio.Protocol):
         if self.conn.buffered:
             self.broker.stalled.watch(self)
 
-    def process(self, held: Publish | None = None) -> None:
+    def process(self, held: Publish | Subscribe | None = None) -> None:
         try:
             self._process(held)
         finally:
             if self._delivery is not None:
                 self._delivery.acks_done()  # the read progress of the PUBACKs read, marked once
 
-    def _process(self, held: Publish | None) -> None:
+    def _process(self, held: Publish | Subscribe | None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
@@ -377,8 +377,8 @@ class MQTTConnection(asyncio.Protocol):
         if acl is None:
             return True
         if write:
-            return acl.allows_publish(self.username, self.client_id, topic)  # type: ignore[attr-defined]
-        return acl.allows_subscribe(self.username, self.client_id, topic)  # type: ignore[attr-defined]
+            return acl.allows_publish(self.username, self.client_id, topic)
+        return acl.allows_subscribe(self.username, self.client_id, topic)
 
     def deadline_reached(self) -> None:
         """The connect timeout, or the keep alive's (then: is it still alive?)."""
