@@ -14,6 +14,7 @@ from protocols.remoting.frames import RemotingCommand, response_to
 
 from ..interop import remoting_queue
 from .access import Right
+from .broker_parts import BrokerParts
 from .groups import Subscription
 from .requests import CONSUMER_PREFIX, BadRequest, str_field
 from .topics import retry_topic
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .connection import RemotingConnection
 
 
-class ConsumerRequests:
+class ConsumerRequests(BrokerParts):
     def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = json.loads(request.body or b"{}")

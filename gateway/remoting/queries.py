@@ -10,11 +10,12 @@ from store import StoredMessage
 from store import HELD
 
 from ..interop import remoting_topic_of
+from .broker_parts import BrokerParts
 from .messages import to_wire
 from .requests import int_field, str_field
 
 
-class QueryRequests:
+class QueryRequests(BrokerParts):
     def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
         for queue, offset in message.queues:
             place = remoting_topic_of(queue)

@@ -23,6 +23,7 @@ from store import StoredMessage
 from store import TIMER
 
 from ..interop import remoting_queue
+from .broker_parts import BrokerParts
 from .messages import (
     INTERNAL_PREFIXES,
     ORIGIN_TOPIC_PROPERTY,
@@ -37,7 +38,7 @@ from .topics import dlq_topic, retry_topic
 log = logging.getLogger("tidemq.remoting")
 
 
-class RetryRequests:
+class RetryRequests(BrokerParts):
     def _placement(self, topic: str, queue_id: int, properties: dict[str, str], reconsume_times: int,
                    max_reconsume: int) -> tuple[str, int, dict[str, str], list[str], int | None]:
         """(record topic, queue id, properties, store queues, due time) for a message about to be

@@ -14,6 +14,7 @@ from protocols.remoting.frames import RemotingCommand, response_to
 
 from ..interop import remoting_queue
 from .access import Right
+from .broker_parts import BrokerParts
 from .requests import BadRequest, int_field, str_field
 from .topics import PERM_READ, PERM_WRITE, TopicConfig
 
@@ -52,7 +53,7 @@ def requested_config(ext: dict[str, str], base: TopicConfig) -> TopicConfig:
     return replace(base, read_queues=read, write_queues=write, perm=perm)
 
 
-class TopicUpdateRequests:
+class TopicUpdateRequests(BrokerParts):
     def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         name = str_field(ext, "topic")
