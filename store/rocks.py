@@ -14,7 +14,7 @@ import ctypes
 import functools
 import logging
 from collections.abc import Iterable, Iterator
-from typing import cast
+from typing import Any, cast
 
 from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBufferManager
 
@@ -69,6 +69,11 @@ def raw_items(db: Rdict, from_key: bytes, read_opt: ReadOptions | None = None) -
 def raw_keys(db: Rdict, from_key: bytes, read_opt: ReadOptions | None = None) -> Iterator[bytes]:
     """``db.keys`` from ``from_key`` of a database opened in raw mode (see ``raw_items``)."""
     return cast("Iterator[bytes]", db.keys(from_key=from_key, read_opt=read_opt))
+
+
+def raw_multi_get(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """``db[keys]`` of a database opened in raw mode: each key's value, None where it has none."""
+    return cast("list[bytes | None]", db[cast("list[Any]", keys)])
 
 
 def property_sum(dbs: Iterable[Rdict], name: str) -> int:
