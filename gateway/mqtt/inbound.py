@@ -52,6 +52,7 @@ class Inbound:
         assert session is not None
         topic = self.conn.inbound_publish(packet, session.awaiting_release)
         if topic is None:
+            assert packet.packet_id is not None  # (a QoS 2 PUBLISH has one)
             self.connection.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
             return
         props = packet.properties

@@ -88,7 +88,7 @@ def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
 def unsubscribe(connection: MQTTConnection, packet: Unsubscribe) -> None:
     session = connection.session
     assert session is not None
-    codes = []
+    codes: list[int] = []
     for topic_filter in packet.topic_filters:
         state = session.subscriptions.pop(topic_filter, None)
         if state is None:
