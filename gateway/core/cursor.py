@@ -46,7 +46,8 @@ class Cursor:
     def __init__(self, queue: str, next_offset: int, unacked: dict[int, object] | None = None) -> None:
         self.queue = queue
         self.next_offset = next_offset
-        self.unacked: dict[int, object] = unacked if unacked is not None else {}
+        self.unacked: dict[int, object] = (  # type: ignore[no-redef]  # (declared for Cython)
+            unacked if unacked is not None else {})
 
     @property
     def committed(self) -> int:

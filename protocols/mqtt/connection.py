@@ -151,12 +151,13 @@ class ServerConnection:
         self.alias_max_out = 0
         # made on first use (None until then): most connections never use topic aliases or
         # QoS 2, and an idle one should cost a few hundred bytes, not three empty containers
-        self._aliases_in: dict[int, str] | None = None
-        self._aliases_out: dict[str, int] | None = None
+        self._aliases_in: dict[int, str] | None = None  # type: ignore[no-redef]  # (declared for Cython)
+        self._aliases_out: dict[str, int] | None = None  # type: ignore[no-redef]
         # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
         # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
         self.inbound_unacked = 0
-        self._unreleased: set[int] | None = None  # QoS 2 packet ids PUBRECed on this connection
+        # QoS 2 packet ids PUBRECed on this connection
+        self._unreleased: set[int] | None = None  # type: ignore[no-redef]  # (declared for Cython)
 
     # -- reading -------------------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -338,6 +339,7 @@ class ServerConnection:
         elif cls is ConnAck:
             if state is _CLOSED:
                 raise LocalProtocolError("CONNACK on a closed connection")
+            assert isinstance(packet, ConnAck)  # (its class is; this tells the type checker)
             if packet.reason_code >= 0x80:
                 self.state = _CLOSED
             elif state is _CONNECTING:
