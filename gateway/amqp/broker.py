@@ -55,6 +55,7 @@ from .model import (
 from .queues import QueueRuntime, take_places
 
 if TYPE_CHECKING:
+    from ..auth.passwords import PasswordFile
     from .channel import Channel
     from .connection import AMQPConnection
     from ..pressure import StorePressure
@@ -66,7 +67,7 @@ META_TABLE = "amqp.meta"
 
 
 class AMQPBroker:
-    def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: object | None = None,
+    def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: PasswordFile | None = None,
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,

@@ -168,14 +168,14 @@ class Channel:
         return self._consumer_queues.get(consumer.tag, "")
 
     # -- method dispatch -----------------------------------------------------------------------
-    def handle(self, method) -> None:
+    def handle(self, method: Frame) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise connection_error(NOT_IMPLEMENTED, f"{method.name} is not implemented", self.number, method)
         check_method(self, method)  # the user's permissions (gateway/auth/authorize.py)
         handler(self, method)
 
-    def reply(self, method) -> None:
+    def reply(self, method: Frame) -> None:
         self.connection.send(method_frame(self.number, method))
 
     # exchange.*
@@ -310,7 +310,7 @@ class Channel:
             self.unacked[tag] = Unacked(queue, ready.message, None)
         queue.save()
 
-    def _tags(self, tag: int, multiple: bool, method) -> list[int]:
+    def _tags(self, tag: int, multiple: bool, method: Frame) -> list[int]:
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         else:
@@ -411,7 +411,7 @@ class Channel:
         self._tx_tags = NOTHING
         self.reply(commands.Tx.RollbackOk())
 
-    def _defer_settle(self, kind: str, tags: list[int], requeue: bool, method) -> bool:
+    def _defer_settle(self, kind: str, tags: list[int], requeue: bool, method: Frame) -> bool:
         """In a transaction, remember an ack/nack/reject for tx.commit (True: deferred)."""
         if not self.tx:
             return False

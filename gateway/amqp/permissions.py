@@ -53,7 +53,7 @@ def vhost_refusal(conn: AMQPConnection) -> str | None:
     return authorizer.denied(who, "amqp vhost", "/", text)
 
 
-def check_method(channel: Channel, m) -> None:
+def check_method(channel: Channel, m: Frame) -> None:
     """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
     authorizer = channel.broker.authorizer
     if not authorizer.enabled:
