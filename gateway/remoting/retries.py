@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -34,6 +35,9 @@ from .messages import (
 from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .topics import dlq_topic, retry_topic
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 log = logging.getLogger("tidemq.remoting")
 
@@ -72,7 +76,7 @@ class RetryRequests(BrokerParts):
         await self.store.put(restore(message, self._record_topic(topic, user), user),
                              self.targets(topic, queue_id, user))
 
-    def send_back(self, conn, request: RemotingCommand):
+    def send_back(self, conn: RemotingConnection, request: RemotingCommand):
         """The message at commitlog ``offset`` into the group's retry topic (or its DLQ); only
         a message the sender could have pulled (access.py)."""
         position = int_field(request.ext_fields, "offset")
