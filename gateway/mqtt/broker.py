@@ -312,8 +312,8 @@ class MQTTBroker:
         def recorded(f: asyncio.Future[Sequence[PutResult]]) -> None:
             if f.cancelled():
                 done.cancel()
-            elif f.exception() is not None:
-                done.set_exception(f.exception())  # type: ignore[arg-type]
+            elif (exc := f.exception()) is not None:
+                done.set_exception(exc)
             elif (failed := self.record_retained(entries, f)) is not None:
                 done.set_exception(failed[1])
             else:

@@ -31,7 +31,7 @@ _ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "+": "%2B", "#": "%23"})
 
 # Why the server closed a connection, by the reason code it sent (5.0) or would have (3.1.1);
 # EMQX's words where it has one. Any other code is a fault of the client's: protocol_error.
-_SERVER_REASONS = {
+_SERVER_REASONS: dict[int, str] = {
     ReasonCode.SESSION_TAKEN_OVER: "takenover",
     ReasonCode.KEEP_ALIVE_TIMEOUT: "keepalive_timeout",
     ReasonCode.SERVER_SHUTTING_DOWN: "server_shutdown",
@@ -47,7 +47,7 @@ SERVER_CLOSED = "server_error"  # the gateway closed it without a reason code (a
 
 
 def server_reason(code: int) -> str:
-    return _SERVER_REASONS.get(code, "protocol_error")  # type: ignore[call-overload]
+    return _SERVER_REASONS.get(code, "protocol_error")
 
 
 def topic_level(name: str) -> str:

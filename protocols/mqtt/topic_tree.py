@@ -39,9 +39,10 @@ class TopicTree(Generic[V]):
     def _find(self, topic_filter: str) -> _Node[V] | None:
         node = self._root
         for level in topic_filter.split("/"):
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node
 
     def __setitem__(self, topic_filter: str, value: V) -> None:
