@@ -110,7 +110,7 @@ class LeanTransport(asyncio.Transport):
         if self._conn_lost:
             return
         try:
-            data = self._sock.recv(READ_SIZE)  # type: ignore[union-attr]
+            data = self._sock.recv(READ_SIZE)  # type: ignore[union-attr]  # (None only once _conn_lost)
         except (BlockingIOError, InterruptedError):
             return
         except (SystemExit, KeyboardInterrupt):
@@ -147,7 +147,7 @@ class LeanTransport(asyncio.Transport):
             return
         if self._buffer is None:
             try:  # nothing waits: straight to the socket
-                sent = self._sock.send(data)  # type: ignore[union-attr]
+                sent = self._sock.send(data)  # type: ignore[union-attr]  # (None only once _conn_lost)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except (SystemExit, KeyboardInterrupt):
@@ -168,7 +168,7 @@ class LeanTransport(asyncio.Transport):
         if self._conn_lost or buffer is None:
             return
         try:
-            sent = self._sock.send(buffer)  # type: ignore[union-attr]
+            sent = self._sock.send(buffer)  # type: ignore[union-attr]  # (None only once _conn_lost)
         except (BlockingIOError, InterruptedError):
             return
         except (SystemExit, KeyboardInterrupt):
@@ -235,7 +235,7 @@ class LeanTransport(asyncio.Transport):
         if not isinstance(exc, OSError):  # (a reset peer is ordinary; a bug in the protocol is not)
             self._loop.call_exception_handler({"message": message, "exception": exc, "transport": self,
                                                "protocol": self._protocol})
-        self._force_close(exc)  # type: ignore[arg-type]
+        self._force_close(exc)  # type: ignore[arg-type]  # (connection_lost takes it as asyncio does)
 
     def _force_close(self, exc: Exception | None) -> None:
         if self._conn_lost:
@@ -259,7 +259,7 @@ class LeanTransport(asyncio.Transport):
             self._protocol = None
 
     def _fd(self) -> int:
-        return self._sock.fileno()  # type: ignore[union-attr]
+        return self._sock.fileno()  # type: ignore[union-attr]  # (None only once _conn_lost)
 
 
 class LeanServer(ListeningServer):

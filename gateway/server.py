@@ -181,7 +181,7 @@ class Gateway:
         if cfg.lookup_backend == "redis" and cfg.redis_url:
             lookup = RedisLookup(node_id, cfg.redis_url, self._lookup_options())
         elif cfg.lookup_backend == "embedded" and cfg.peers:
-            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]
+            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]  # (config requires it with peers)
             peers = {peer: address for peer, address in parse_peers(cfg.peers).items() if peer != node_id}
             lookup = EmbeddedLookup(node_id, TcpTransport(node_id, host, port, peers), self._lookup_options())
         else:
@@ -315,6 +315,7 @@ class Gateway:
         port = self.gateway_store.remote.amqp_port
         if not port:
             raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
+        # (required by the gateway role)
         host = parse_bind(self.config.store_address, "store_address")[0]  # type: ignore[index]
         return await start_relay(bind[0], bind[1], (host, port))
 

@@ -120,7 +120,7 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a Transport: every listener gives one)
         self.read_pauses.transport = self.transport
         peer = transport.get_extra_info("peername")
         self.peer = self.inbound.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"

@@ -125,13 +125,14 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a Transport: every listener gives one)
         self.read_pauses.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         settings = self.broker.settings
-        # (low given, not computed by the transport: an int above 256 is 32 bytes per connection)
+        # (low given, not computed by the transport: an int above 256 is 32 bytes per connection;
+        # the ignore: a Transport, as every listener gives)
         transport.set_write_buffer_limits(high=settings.write_buffer_high, low=settings.write_buffer_low)  # type: ignore[attr-defined]
         self._timer = self.broker.deadlines.later(settings.connect_timeout_s, self)
         self.broker.stats.connections_total += 1

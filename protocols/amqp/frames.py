@@ -127,33 +127,33 @@ class ContentReceived:
     @property
     def raw_properties(self) -> bytes:
         if self._raw is None:
-            self._raw = encode_properties(self._properties)  # type: ignore[arg-type]
+            self._raw = encode_properties(self._properties)  # type: ignore[arg-type]  # (one of the two is set)
         return self._raw
 
     @property
     def properties(self) -> commands.Basic.Properties:
         if self._properties is None:
-            self._properties = decode_properties(self._raw)  # type: ignore[arg-type]
+            self._properties = decode_properties(self._raw)  # type: ignore[arg-type]  # (one of the two is set)
         return self._properties
 
     @property
     def headers(self) -> dict | None:
         """The headers property (None without decoding the others when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & HEADERS_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & HEADERS_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.headers
 
     @property
     def expiration(self) -> str | None:
         """The expiration property (None, undecoded, when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & EXPIRATION_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & EXPIRATION_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.expiration
 
     @property
     def reply_to(self) -> str | None:
         """The reply-to property (None, undecoded, when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & REPLY_TO_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & REPLY_TO_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.reply_to
 

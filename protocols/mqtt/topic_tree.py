@@ -85,7 +85,7 @@ class TopicTree(Generic[V]):
         while stack:
             node, levels = stack.pop()
             if node.has_value and levels:
-                yield "/".join(levels), node.value  # type: ignore[misc]
+                yield "/".join(levels), node.value  # type: ignore[misc]  # (has_value: a V)
             for level, child in node.children.items():
                 stack.append((child, levels + [level]))
 
@@ -101,10 +101,10 @@ class TopicTree(Generic[V]):
             children = node.children
             hash_node = children.get("#")
             if hash_node is not None and hash_node.has_value and not (dollar and depth == 0):
-                yield "/".join(path + ("#",)), hash_node.value  # type: ignore[misc]
+                yield "/".join(path + ("#",)), hash_node.value  # type: ignore[misc]  # (has_value: a V)
             if depth == last:
                 if node.has_value:
-                    yield "/".join(path), node.value  # type: ignore[misc]
+                    yield "/".join(path), node.value  # type: ignore[misc]  # (has_value: a V)
                 continue
             level = levels[depth]
             exact = children.get(level)

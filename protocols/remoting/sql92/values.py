@@ -149,4 +149,4 @@ def java_repr(value: object) -> str:
         return "'" + value.replace("'", "''") + "'"
     if type(value) is float:
         return repr(value).replace("e", "E").replace("inf", "Infinity")
-    return str(int(value))  # type: ignore[call-overload]
+    return str(int(value))  # type: ignore[call-overload]  # (an int or Int32 by now)
