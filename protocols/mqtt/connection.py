@@ -211,7 +211,7 @@ class ServerConnection:
         self.state = _CLOSED
 
     # -- inbound PUBLISH and its acknowledgement ------------------------------------------------
-    def inbound_publish(self, packet: Publish, awaiting_release: set[int]) -> str | None:
+    def inbound_publish(self, packet: Publish, awaiting_release: Container[int]) -> str | None:
         """The topic of a client's PUBLISH, its alias resolved, counted against our Receive
         Maximum until ``ack_publish``; None for a QoS 2 PUBLISH sent again whose first copy
         was taken (``awaiting_release``): answer it with ``PubRec`` again, nothing more."""
@@ -244,7 +244,8 @@ class ServerConnection:
                                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         return topic
 
-    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
+    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode,
+                    awaiting_release: set[int] | frozenset[int]) -> bytes:
         """PUBACK (QoS 1) or PUBREC (QoS 2) for a publish ``inbound_publish`` counted. A QoS 2
         one taken (code below 0x80) joins ``awaiting_release`` and stays counted until PUBREL."""
         if qos == 1 or code >= 0x80:
@@ -258,15 +259,17 @@ class ServerConnection:
                 return _PUBACK(0x40, 0x02, packet_id)
             return encode(PubAck(packet_id, code), self.version)
         if code < 0x80:
+            assert isinstance(awaiting_release, set)  # (a QoS 2 one's is the session's own set)
             awaiting_release.add(packet_id)
         return encode(PubRec(packet_id, code), self.version)
 
-    def release(self, packet_id: int, awaiting_release: set[int]) -> ReasonCode:
+    def release(self, packet_id: int, awaiting_release: set[int] | frozenset[int]) -> ReasonCode:
         """A PUBREL: the reason code of its PUBCOMP (SUCCESS: ``awaiting_release`` lost the id)."""
         if self._unreleased is not None and packet_id in self._unreleased:
             self._unreleased.discard(packet_id)
             self.inbound_unacked -= 1
         if packet_id in awaiting_release:
+            assert isinstance(awaiting_release, set)  # (the shared empty frozenset holds no id)
             awaiting_release.discard(packet_id)
             return ReasonCode.SUCCESS
         return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
