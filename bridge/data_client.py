@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import pyarrow as pa
 
@@ -118,7 +118,7 @@ class HttpClient:
         self.retry_timeout_s = retry_timeout_s
 
     @classmethod
-    def of(cls, connection: Connection) -> HttpClient:
+    def of(cls, connection: Connection) -> Self:
         """A client with ``connection``'s address, credentials and retry timeout (the one place
         a Connection is turned into a client: positional arguments went astray before)."""
         return cls(connection.url, token=connection.token, username=connection.username,
@@ -221,7 +221,11 @@ class HttpClient:
             return Fetch(start, start, 0, 0, exists=False)
         if status != 200:
             raise SourceError(f"tidemq source: reading {queue!r} from {self.url} failed with {status}: {error_text(data)}")
-        header = response.getheader
+        def header(name: str) -> str:
+            value = response.getheader(name)
+            assert value is not None, f"the gateway's answer has no {name}"  # (it sends all four)
+            return value
+
         batches = list(pa.ipc.open_stream(pa.py_buffer(data))) if data else []
         return Fetch(int(header("TideMQ-First-Offset")), int(header("TideMQ-Next-Offset")),
                      int(header("TideMQ-Min-Offset")), int(header("TideMQ-Max-Offset")), batches)
@@ -256,11 +260,15 @@ class DirectClient:
 
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
         self.reader.refresh()
-        reader, out = self.reader, {}
+        reader = self.reader
+        out: dict[str, int | None] = {}
         for queue, at in times.items():
             state = reader.queue(queue)
-            low = None if state is None else first_readable_offset(reader.index, state, reader.commitlog.min_position)
-            out[queue] = None if state is None else reader.index.offset_for_time(state.qid, low, state.next_offset, at)
+            if state is None:
+                out[queue] = None
+                continue
+            low = first_readable_offset(reader.index, state, reader.commitlog.min_position)
+            out[queue] = reader.index.offset_for_time(state.qid, low, state.next_offset, at)
         return out
 
     def read(self, queue: str, start: int, end: int, max_rows: int,
@@ -323,7 +331,7 @@ class ReadingLease:
         return {"connection": self.connection, "topic_filters": self.topic_filters, "lease_s": self.lease_s}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["connection"], state["topic_filters"], state["lease_s"])
+        type(self).__init__(self, state["connection"], state["topic_filters"], state["lease_s"])
 
 
 _CLIENTS: dict[Connection, StoreClient] = {}

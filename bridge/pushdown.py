@@ -97,7 +97,7 @@ def push(filters: Sequence[Filter], queues: Iterable[str] | None) -> tuple[Pushe
         column = getattr(f, "attribute", None)
         value = getattr(f, "value", None)
         if column == ("topic",) and isinstance(f, (EqualTo, In)):
-            values = (value,) if isinstance(f, EqualTo) else tuple(value)
+            values = (f.value,) if isinstance(f, EqualTo) else tuple(f.value)
             if not all(isinstance(v, str) for v in values):
                 back.append(f)
                 continue

@@ -287,7 +287,7 @@ class _Planner:
                 out[queue] = min(low, stop)
         return out
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[QueueRange]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         opts = self.options
         if opts.kafka.schema == "kafka":
             check_partitions(end)
@@ -296,7 +296,7 @@ class _Planner:
         size = opts.max_records_per_partition
         if opts.min_partitions and total:
             size = max(1, min(size, math.ceil(total / opts.min_partitions)))
-        parts = []
+        parts: list[QueueRange] = []
         for queue, s, e in ranges:
             pieces = math.ceil((e - s) / size)
             step = math.ceil((e - s) / pieces)
@@ -327,7 +327,7 @@ class TideMQBatchReader(DataSourceReader):
         self.pushed, back = push(filters, None if options.topic_filters else options.queues)
         return back
 
-    def partitions(self) -> list[QueueRange]:
+    def partitions(self) -> list[InputPartition]:
         planner = self.planner
         offsets = planner.offsets(must_exist=True)
         kafka = planner.options.kafka
@@ -407,8 +407,8 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             target = high if self._target is None else min(high, self._target.get(queue, high))
             latest[queue] = max(at, target)
         # Trigger.AvailableNow (a target) waits for nothing: what is left up to it is all there is
-        paced = self._pacer is not None and self._target is None and not isinstance(limit, ReadAllAvailable)
-        if paced and not self._pacer.admit(sum(high - begin.get(q, 0) for q, high in latest.items())):
+        pacer = self._pacer if self._target is None and not isinstance(limit, ReadAllAvailable) else None
+        if pacer is not None and not pacer.admit(sum(high - begin.get(q, 0) for q, high in latest.items())):
             return dict(start)  # fewer than minOffsetsPerTrigger, within maxTriggerDelay: no batch
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)

@@ -62,4 +62,4 @@ def resolve_end(client: StoreClient, options: KafkaOptions, offsets: dict[str, t
     name = "endingTimestamp" if options.ending_timestamp is not None else "endingOffsetsByTimestamp"
     times = _times(offsets, options.ending_timestamp, options.ending_by_timestamp, name)
     found = client.offsets_for_times(times) if times else {}
-    return {queue: high if found.get(queue) is None else found[queue] for queue, (_, high) in offsets.items()}
+    return {queue: high if (at := found.get(queue)) is None else at for queue, (_, high) in offsets.items()}

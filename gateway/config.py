@@ -180,7 +180,7 @@ class Config:
             return StoreOptions(
                 data_dir=self.data_dir,
                 segment_size=self.segment_size,
-                flush=self.flush,  # type: ignore[arg-type]
+                flush=self.flush,  # type: ignore[arg-type]  # (one of the modes: validated on load)
                 flush_interval=self.flush_interval_ms / 1000.0,
                 checkpoint_interval=self.checkpoint_interval_s,
                 index_flush_interval=self.index_flush_interval_s,

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from .listen import listening_sockets
+from .listen import ListeningServer, listening_sockets
 
 log = logging.getLogger("tidemq.tcp")
 
@@ -110,7 +110,7 @@ class LeanTransport(asyncio.Transport):
         if self._conn_lost:
             return
         try:
-            data = self._sock.recv(READ_SIZE)  # type: ignore[union-attr]
+            data = self._sock.recv(READ_SIZE)  # type: ignore[union-attr]  # (None only once _conn_lost)
         except (BlockingIOError, InterruptedError):
             return
         except (SystemExit, KeyboardInterrupt):
@@ -147,7 +147,7 @@ class LeanTransport(asyncio.Transport):
             return
         if self._buffer is None:
             try:  # nothing waits: straight to the socket
-                sent = self._sock.send(data)  # type: ignore[union-attr]
+                sent = self._sock.send(data)  # type: ignore[union-attr]  # (None only once _conn_lost)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except (SystemExit, KeyboardInterrupt):
@@ -168,7 +168,7 @@ class LeanTransport(asyncio.Transport):
         if self._conn_lost or buffer is None:
             return
         try:
-            sent = self._sock.send(buffer)  # type: ignore[union-attr]
+            sent = self._sock.send(buffer)  # type: ignore[union-attr]  # (None only once _conn_lost)
         except (BlockingIOError, InterruptedError):
             return
         except (SystemExit, KeyboardInterrupt):
@@ -235,7 +235,7 @@ class LeanTransport(asyncio.Transport):
         if not isinstance(exc, OSError):  # (a reset peer is ordinary; a bug in the protocol is not)
             self._loop.call_exception_handler({"message": message, "exception": exc, "transport": self,
                                                "protocol": self._protocol})
-        self._force_close(exc)  # type: ignore[arg-type]
+        self._force_close(exc)  # type: ignore[arg-type]  # (connection_lost takes it as asyncio does)
 
     def _force_close(self, exc: Exception | None) -> None:
         if self._conn_lost:
@@ -259,10 +259,10 @@ class LeanTransport(asyncio.Transport):
             self._protocol = None
 
     def _fd(self) -> int:
-        return self._sock.fileno()  # type: ignore[union-attr]
+        return self._sock.fileno()  # type: ignore[union-attr]  # (None only once _conn_lost)
 
 
-class LeanServer(asyncio.AbstractServer):
+class LeanServer(ListeningServer):
     """The listening sockets and their accept callbacks. Its connections are their protocols'
     to close (the brokers say goodbye to their clients on shutdown): ``wait_closed`` returns
     once the listening sockets are closed, as asyncio's Server does on Python 3.11."""
@@ -297,6 +297,9 @@ class LeanServer(asyncio.AbstractServer):
 
     async def wait_closed(self) -> None:
         return None
+
+    async def serve_forever(self) -> None:
+        raise NotImplementedError  # (as asyncio.AbstractServer's: the gateway awaits its own shutdown)
 
     def _listen(self, sock: socket.socket) -> None:
         if sock in self._sockets:  # (not closed while accepting paused)

@@ -30,13 +30,16 @@ def format_address(host: str, port: int) -> str:
 async def listening_sockets(host: str, port: int, *, backlog: int = 100) -> list[socket.socket]:
     """Bound, listening, non-blocking sockets for ``host`` and ``port`` (OSError naming the
     address when one cannot be bound)."""
+    addresses: list[tuple[int, str, tuple[int, ...]]]
     if host == LOOPBACK_NAME:
         addresses = list(LOOPBACKS)
     else:
         infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, family=socket.AF_UNSPEC,
                                                              type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         # (an IPv6 address keeps its flow info and scope id: a link-local one needs its interface)
-        addresses = list(dict.fromkeys((family, address[0], tuple(address[2:])) for family, _, _, _, address in infos))
+        # (an inet address's host is a str: getaddrinfo's type allows an AF_CAN one's int too)
+        addresses = list(dict.fromkeys((family, str(address[0]), tuple(address[2:]))
+                                       for family, _, _, _, address in infos))
     for attempt in range(_SHARED_PORT_TRIES):
         try:
             return _bind_all(host, addresses, port, backlog)
@@ -91,7 +94,16 @@ def _listen(family: int, sockaddr: tuple, backlog: int, *, dual_stack: bool) -> 
     return sock
 
 
-class Servers(asyncio.AbstractServer):
+class ListeningServer(asyncio.AbstractServer):
+    """A listener's server, which names its listening sockets (as asyncio's Server does; its
+    AbstractServer names none)."""
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        raise NotImplementedError
+
+
+class Servers(ListeningServer):
     """One listener's servers, one per socket: asyncio's, websockets' and aiohttp's servers each
     take a single ready socket."""
 

@@ -116,6 +116,11 @@ class FilterRegistry(Protocol):
 
     def queues_for(self, topic: str) -> list[str]: ...
 
+    def reads(self, queue: str) -> bool:
+        """Whether a subscription or a hold reads the store queue (asked by the reclaim of a
+        store this node has)."""
+        ...
+
 
 class RetainedStore(Protocol):
     """Retained messages by topic (on a gateway node, the store node's: matched beforehand by

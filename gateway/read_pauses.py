@@ -19,18 +19,20 @@ class ReadPauses:
         self.reasons: set[str] | frozenset[str] = _READING
 
     def pause(self, why: str) -> None:
-        if not self.reasons:
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.pause_reading()
-            self.reasons = {why}
-        else:
-            self.reasons.add(why)  # type: ignore[union-attr]
+        if isinstance(self.reasons, set):  # (paused: a set of its own is never empty)
+            self.reasons.add(why)
+            return
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self.reasons = {why}
 
     def resume(self, why: str) -> None:
-        if why not in self.reasons:
+        reasons = self.reasons
+        if why not in reasons:
             return
-        self.reasons.discard(why)  # type: ignore[union-attr]
-        if not self.reasons:
+        assert isinstance(reasons, set)  # (only a pause's own set holds a reason)
+        reasons.discard(why)
+        if not reasons:
             self.reasons = _READING
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()

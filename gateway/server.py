@@ -31,7 +31,7 @@ from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_service import StoreService
 from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
-from .listen import format_address
+from .listen import ListeningServer, format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
 from .http.data_holds import FilterHolds
@@ -63,7 +63,7 @@ MQTT_LISTENERS = ("mqtt", "mqtts", "ws")  # config fields {name}_bind
 @dataclass(slots=True)
 class Listener:
     protocol: str
-    server: asyncio.AbstractServer
+    server: ListeningServer
 
     @property
     def address(self) -> tuple[str, int]:
@@ -259,7 +259,7 @@ class Gateway:
         if cfg.lookup_backend == "redis" and cfg.redis_url:
             lookup = RedisLookup(node_id, cfg.redis_url, self._lookup_options())
         elif cfg.lookup_backend == "embedded" and cfg.peers:
-            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]
+            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]  # (config requires it with peers)
             peers = {peer: address for peer, address in parse_peers(cfg.peers).items() if peer != node_id}
             lookup = EmbeddedLookup(node_id, TcpTransport(node_id, host, port, peers), self._lookup_options())
         else:
@@ -310,14 +310,14 @@ class Gateway:
                     log.info("listener off protocol=mqtt")
                 continue
             if name == "ws":
-                server: asyncio.AbstractServer = await listeners.start_websocket(
+                server: ListeningServer = await listeners.start_websocket(
                     self.mqtt, bind[0], bind[1], self._tracer_for("ws"))
             else:
                 server = await listeners.start_tcp(self.mqtt, bind[0], bind[1], tls if name == "mqtts" else None,
                                                    self._tracer_for(name))
             self._started(name, server)
 
-    def _started(self, protocol: str, server: asyncio.AbstractServer) -> None:
+    def _started(self, protocol: str, server: ListeningServer) -> None:
         self.listeners.append(Listener(protocol, server))
         for sock in server.sockets:
             log.info("listener started protocol=%s address=%s", protocol, format_address(*sock.getsockname()[:2]))
@@ -356,7 +356,7 @@ class Gateway:
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None
 
-    async def _start_amqp(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+    async def _start_amqp(self, bind: tuple[str, int]) -> ListeningServer:
         assert self.store is not None
         cfg = self.config
         cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
@@ -390,14 +390,14 @@ class Gateway:
                                  replica=self.store_group.replica if self.store_group is not None else None),
             filter_holds=self.filter_holds(), timer=self.timer)
 
-    async def _start_amqp_relay(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+    async def _start_amqp_relay(self, bind: tuple[str, int]) -> ListeningServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
         assert self.gateway_store is not None
         if not self.leader_finder and not self.gateway_store.remote.amqp_port:
             raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
         return await start_relay(bind[0], bind[1], lambda: self._store_address("amqp"))
 
-    async def _start_remoting(self, bind: tuple[str, int]) -> asyncio.AbstractServer:
+    async def _start_remoting(self, bind: tuple[str, int]) -> ListeningServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
         assert self.store is not None
         cfg = self.config
@@ -431,6 +431,7 @@ class Gateway:
                 await self.store_lookup.start()
             nodes_for = self.store_lookup.nodes_for if self.store_lookup is not None else None
             router = NotifyRouter(nodes_for, broadcast=cfg.notify_routing == "broadcast")
+            assert self.wildcards is not None  # (a store node keeps one from the start)
             amqp_port = next((l.address[1] for l in self.listeners if l.protocol == "amqp"), 0)
             self.store_service = StoreService(self.store, self.wildcards, retained, router, cfg.cluster_token,
                                               amqp_port=amqp_port)

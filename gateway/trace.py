@@ -87,13 +87,13 @@ class Tracer:
         self.rows_dropped = 0
 
     # -- producers: called on the message paths, each a tuple append ------------------------
-    def watch_put(self, protocol: str, client: str, items: list[tuple[Message, Sequence[str]]],
+    def watch_put(self, protocol: str, client: str, items: Sequence[tuple[Message, Sequence[str]]],
                   put: asyncio.Future[Sequence[PutResult]]) -> None:
         """Record the publish and store events of ``items`` (a client's messages, read now)
         when ``put`` (their store put) has made them durable."""
         put.add_done_callback(partial(self._stored, protocol, client, items, time.time()))
 
-    def _stored(self, protocol: str, client: str, items: list[tuple[Message, Sequence[str]]], received_at: float,
+    def _stored(self, protocol: str, client: str, items: Sequence[tuple[Message, Sequence[str]]], received_at: float,
                 put: asyncio.Future[Sequence[PutResult]]) -> None:
         if put.cancelled() or put.exception() is not None:
             return

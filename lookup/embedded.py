@@ -181,6 +181,7 @@ class EmbeddedLookup(Lookup):
         self.stats.lookups += 1
         reason = self._local_doubt()
         owner = self._membership.ring.owner(key)
+        assert owner is not None  # (the membership always holds this node)
         if reason is None and self._unsynced(owner):
             reason = FallbackReason.UNSYNCED
         if reason is None:

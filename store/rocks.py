@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
-from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict, WriteBufferManager
+from rocksdict import BlockBasedIndexType, BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBufferManager
 
 log = logging.getLogger("tidemq.store.rocks")
 
@@ -57,6 +58,22 @@ def fix_mmap_threshold() -> bool:
     if not done:
         log.warning("could not fix the malloc mmap threshold bytes=%d", MMAP_THRESHOLD_BYTES)
     return done
+
+
+def raw_items(db: Rdict, from_key: bytes, read_opt: ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """``db.items`` from ``from_key`` of a database opened in raw mode, whose keys and values
+    are bytes (rocksdict types them as any key it can encode)."""
+    return cast("Iterator[tuple[bytes, bytes]]", db.items(from_key=from_key, read_opt=read_opt))
+
+
+def raw_keys(db: Rdict, from_key: bytes, read_opt: ReadOptions | None = None) -> Iterator[bytes]:
+    """``db.keys`` from ``from_key`` of a database opened in raw mode (see ``raw_items``)."""
+    return cast("Iterator[bytes]", db.keys(from_key=from_key, read_opt=read_opt))
+
+
+def raw_multi_get(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """``db[keys]`` of a database opened in raw mode: each key's value, None where it has none."""
+    return cast("list[bytes | None]", db[cast("list[Any]", keys)])
 
 
 def property_sum(dbs: Iterable[Rdict], name: str) -> int:

@@ -20,6 +20,7 @@ from protocols.amqp.frames import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     channel_error,
+    copy_properties,
 )
 from store import Message, MessageStore, StoredMessage, StoreError
 from store import RateLimitedLog
@@ -55,6 +56,7 @@ from .model import (
 from .queues import QueueRuntime, take_places
 
 if TYPE_CHECKING:
+    from ..auth.passwords import PasswordFile
     from .channel import Channel
     from .connection import AMQPConnection
     from ..pressure import StorePressure
@@ -66,7 +68,7 @@ META_TABLE = "amqp.meta"
 
 
 class AMQPBroker:
-    def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: object | None = None,
+    def __init__(self, store: MessageStore, *, cache: QueueCache, authenticator: PasswordFile | None = None,
                  allow_anonymous: bool = True, frame_max: int = 131_072, channel_max: int = 2047,
                  heartbeat: int = 60, pressure: StorePressure | None = None,
                  housekeeping_interval_s: float = 1.0, authorizer: Authorizer | None = None,
@@ -489,7 +491,7 @@ class AMQPBroker:
             return
         view = self.view(message)
         routing_key = queue.definition.dead_letter_routing_key or view.routing_key
-        properties = commands.Basic.Properties(**dict(view.properties))
+        properties = copy_properties(view.properties)
         properties.headers = record_death(dict(properties.headers or {}), queue.name, reason, view.exchange,
                                           view.routing_key)
         headers = properties.headers

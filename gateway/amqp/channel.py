@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
+from pamqp.base import Frame
 
 from protocols.amqp.frames import (
     COMMAND_INVALID,
@@ -166,14 +168,14 @@ class Channel:
         return self._consumer_queues.get(consumer.tag, "")
 
     # -- method dispatch -----------------------------------------------------------------------
-    def handle(self, method) -> None:
+    def handle(self, method: Frame) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise connection_error(NOT_IMPLEMENTED, f"{method.name} is not implemented", self.number, method)
         check_method(self, method)  # the user's permissions (gateway/auth/authorize.py)
         handler(self, method)
 
-    def reply(self, method) -> None:
+    def reply(self, method: Frame) -> None:
         self.connection.send(method_frame(self.number, method))
 
     def _kept(self) -> None:
@@ -270,7 +272,9 @@ class Channel:
         if any(c.exclusive for c in queue.consumers.values()) or (m.exclusive and queue.consumers):
             raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer", self.number, m)
         tag = self._new_consumer_tag(m)
-        consumer = Consumer(self, tag, m.no_ack, m.exclusive, (m.arguments or {}).get("x-priority", 0))
+        priority = (m.arguments or {}).get("x-priority", 0)
+        assert isinstance(priority, int)  # (CONSUMER_ARGUMENTS let an integer through only)
+        consumer = Consumer(self, tag, m.no_ack, m.exclusive, priority)
         self.consumers[tag] = consumer
         self._consumer_queues[tag] = queue.name
         if not m.nowait:
@@ -287,6 +291,7 @@ class Channel:
         return tag
 
     def _basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        assert m.consumer_tag is not None  # (a decoded method has every field)
         consumer = self.consumers.get(m.consumer_tag)
         if consumer is not None:
             self._cancel(consumer)
@@ -321,7 +326,7 @@ class Channel:
             self.unacked[tag] = Unacked(queue, ready.message, None)
         queue.save()
 
-    def _tags(self, tag: int, multiple: bool, method) -> list[int]:
+    def _tags(self, tag: int, multiple: bool, method: Frame) -> list[int]:
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
         else:
@@ -367,6 +372,7 @@ class Channel:
             self._reject(tags, m.requeue)
 
     def _basic_reject(self, m: commands.Basic.Reject) -> None:
+        assert m.delivery_tag is not None  # (a decoded method has every field)
         tags = self._tags(m.delivery_tag, False, m)
         if not self._defer_settle("reject", tags, m.requeue, m):
             self._reject(tags, m.requeue)
@@ -385,6 +391,7 @@ class Channel:
             self.reply(commands.Confirm.SelectOk())
 
     def _channel_flow(self, m: commands.Channel.Flow) -> None:
+        assert m.active is not None  # (a decoded method has every field)
         self.active = m.active
         self.reply(commands.Channel.FlowOk(m.active))
         if self.active:
@@ -420,20 +427,21 @@ class Channel:
         self._tx_tags = NOTHING
         self.reply(commands.Tx.RollbackOk())
 
-    def _defer_settle(self, kind: str, tags: list[int], requeue: bool, method) -> bool:
+    def _defer_settle(self, kind: str, tags: list[int], requeue: bool, method: Frame) -> bool:
         """In a transaction, remember an ack/nack/reject for tx.commit (True: deferred)."""
         if not self.tx:
             return False
         if self._tx_tags.intersection(tags):
             raise channel_error(PRECONDITION_FAILED, "delivery tag already settled in this transaction",
                                 self.number, method)
-        if not self._tx_tags:
+        if isinstance(self._tx_tags, frozenset):  # (NOTHING, until the first)
             self._tx_tags = set()
-        self._tx_tags.update(tags)  # type: ignore[union-attr]
+        self._tx_tags.update(tags)
         self.tx_settles.append((kind, tags, requeue))
         return True
 
-_HANDLERS = {
+# (a method class -> its handler: Any, as no type pairs key and value)
+_HANDLERS: dict[type[Frame], Callable[[Channel, Any], None]] = {
     commands.Exchange.Declare: Channel._exchange_declare,
     commands.Exchange.Delete: Channel._exchange_delete,
     commands.Exchange.Bind: Channel._exchange_bind,

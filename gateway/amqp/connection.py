@@ -19,6 +19,8 @@ import time
 from typing import TYPE_CHECKING
 
 from pamqp import commands
+from pamqp.base import Frame
+from pamqp.common import FieldTable
 
 from protocols.amqp.frames import (
     CHANNEL_ERROR,
@@ -32,6 +34,7 @@ from protocols.amqp.frames import (
     SYNTAX_ERROR,
     AMQPError,
     ContentReceived,
+    Event,
     HeartbeatReceived,
     MethodReceived,
     ProtocolHeaderReceived,
@@ -64,7 +67,7 @@ CLOSE_TIMEOUT_S = 2.0
 
 
 @functools.cache
-def server_properties(cluster_name: str) -> dict[str, object]:
+def server_properties(cluster_name: str) -> FieldTable:
     """connection.start's server properties, with the keys RabbitMQ clients read. A capability
     is true only for what is built."""
     return {
@@ -118,7 +121,7 @@ class AMQPConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a Transport: every listener gives one)
         self.read_pauses.transport = self.transport
         peer = transport.get_extra_info("peername")
         self.peer = self.inbound.puts.who = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -220,7 +223,7 @@ class AMQPConnection(asyncio.Protocol):
                 self.broker.remove_queue(queue)
         self.exclusive_queues = NOTHING
 
-    def _closing(self, stage: str, method) -> None:
+    def _closing(self, stage: str, method: Frame) -> None:
         """Send connection.close (stage closing: only close-ok is looked for in what comes) or
         close-ok (stage closed: what comes is dropped unread) and end the session; the socket is
         closed by close-ok, the client, or ``CLOSE_TIMEOUT_S``."""
@@ -313,13 +316,13 @@ class AMQPConnection(asyncio.Protocol):
         if channel is not None:
             channel.release()
         self.reader.forget_channel(exc.channel)
-        if not self.closing_channels:
+        if isinstance(self.closing_channels, frozenset):  # (NOTHING, until the first)
             self.closing_channels = set()
-        self.closing_channels.add(exc.channel)  # type: ignore[union-attr]
+        self.closing_channels.add(exc.channel)
         self.send(method_frame(exc.channel, commands.Channel.Close(*exc.close_arguments())))
 
     # -- events --------------------------------------------------------------------------------
-    def _event(self, event) -> None:
+    def _event(self, event: Event) -> None:
         if isinstance(event, ProtocolHeaderReceived):
             if not event.ok:
                 self.send(PROTOCOL_HEADER)  # the version we speak, then close (spec 4.2.2)
@@ -346,9 +349,11 @@ class AMQPConnection(asyncio.Protocol):
             return
         if self.stage != "open-done":
             raise connection_error(COMMAND_INVALID, "channel method before connection.open", number, method)
-        if number in self.closing_channels:
+        closing = self.closing_channels
+        if number in closing:
             if isinstance(method, commands.Channel.CloseOk):
-                self.closing_channels.discard(number)  # type: ignore[union-attr]
+                assert isinstance(closing, set)  # (NOTHING holds no channel)
+                closing.discard(number)
             elif isinstance(method, commands.Channel.Close):
                 self.send(method_frame(number, commands.Channel.CloseOk()))
             return  # discarded until close-ok (spec 2.2.5)
@@ -382,7 +387,7 @@ class AMQPConnection(asyncio.Protocol):
         except StoreError as exc:  # (a declaration not written: a full disk) the channel closes, as RabbitMQ's
             raise channel_error(INTERNAL_ERROR, f"not stored: {exc}", number, method) from None
 
-    def _connection_method(self, method) -> None:
+    def _connection_method(self, method: Frame) -> None:
         if isinstance(method, commands.Connection.StartOk) and self.stage == "start-ok":
             self.stage = "authenticating"
             capabilities = (method.client_properties or {}).get("capabilities") or {}

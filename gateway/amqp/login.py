@@ -30,11 +30,11 @@ async def _verify(broker: AMQPBroker, username: str | None, password: bytes) -> 
     """Whether the login is accepted, and the ACL user it is (None: anonymous). Without a
     password file, other user names are taken as given."""
     auth = broker.authenticator
-    if username is None or (username == GUEST and (auth is None or GUEST not in auth)):  # type: ignore[operator]
+    if username is None or (username == GUEST and (auth is None or GUEST not in auth)):
         return broker.allow_anonymous and (username is None or password == GUEST.encode()), None
     if auth is None:
         return broker.allow_anonymous, username
-    return await auth.verify_async(username, password), username  # type: ignore[attr-defined]
+    return await auth.verify_async(username, password), username
 
 
 def login_name(username: str | None) -> str:

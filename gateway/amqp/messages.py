@@ -16,7 +16,7 @@ from typing import Any
 
 from pamqp import commands
 
-from protocols.amqp.frames import EXPIRATION_FLAG, decode_properties, encode_properties
+from protocols.amqp.frames import EXPIRATION_FLAG, copy_properties, decode_properties, encode_properties
 from store import Message, StoredMessage
 
 from ..interop import AMQP_FLAG, MQTT_FLAG, PERSISTENT_FLAG, mqtt_topic_to_routing_key
@@ -129,7 +129,7 @@ class AMQPView:
         back) in header ``x-delivery-count``, as a quorum queue's redeliveries have it."""
         if not delivery_count:
             return self.raw_properties
-        properties = commands.Basic.Properties(**dict(self.properties))
+        properties = copy_properties(self.properties)
         properties.headers = {**(properties.headers or {}), "x-delivery-count": delivery_count}
         return encode_properties(properties)
 

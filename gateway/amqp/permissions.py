@@ -12,9 +12,11 @@ close) worded as RabbitMQ's; a user without AMQP permissions may not open the vh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
+from pamqp.base import Frame
 
 from protocols.amqp.frames import ACCESS_REFUSED, channel_error
 
@@ -53,7 +55,7 @@ def vhost_refusal(conn: AMQPConnection) -> str | None:
     return authorizer.denied(who, "amqp vhost", "/", text)
 
 
-def check_method(channel: Channel, m) -> None:
+def check_method(channel: Channel, m: Frame) -> None:
     """Raise ACCESS_REFUSED when the connection's user may not do ``m`` (before it is done)."""
     authorizer = channel.broker.authorizer
     if not authorizer.enabled:
@@ -276,7 +278,8 @@ def _queue_declare_topics(channel: Channel, who: Principal, m: commands.Queue.De
     return _writes_topics(channel, who, key)
 
 
-_TOPICS = {
+# (a method class -> the check of that class's methods: Any, as no type pairs key and value)
+_TOPICS: dict[type[Frame], Callable[[Channel, Principal, Any], str | None]] = {
     commands.Queue.Bind: lambda ch, who, m: _reads_topics(ch, who, m.exchange, m.routing_key),
     commands.Basic.Consume: lambda ch, who, m: _consumes_topics(ch, who, m.queue),
     commands.Basic.Get: lambda ch, who, m: _consumes_topics(ch, who, m.queue),

@@ -155,7 +155,8 @@ class Acl:
             if rule_access is Access.DENY:
                 if test(rule_topic, deny=True):
                     return False
-            elif access in rule_access and test(rule_topic, deny=False):
+            # (mypy narrows a Flag to its other members here, and then refuses ``in``)
+            elif access in rule_access and test(rule_topic, deny=False):  # type: ignore[operator]
                 allowed = True
         return allowed
 

@@ -136,11 +136,10 @@ class GatewayStore:
             if end is not None and end >= offset:
                 continue  # (nothing this node did not know)
             known[queue] = offset
-            key = (queue, end)
-            if end is None or key in fetching:
+            if end is None or (queue, end) in fetching:
                 now[queue] = offset
                 continue
-            fetching.add(key)
+            fetching.add((queue, end))
             self._spawn(self._fetch(queue, end, min(max(offset - end, PREFETCH_MESSAGES), MAX_FETCH_MESSAGES)))
         if now:
             self.notify.publish(now)
@@ -153,16 +152,16 @@ class GatewayStore:
         self.notify.listen(listener)
 
     # -- writing ------------------------------------------------------------------------------
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
         return self.remote.put_batch_nowait(items)
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None,
-                        ) -> tuple[asyncio.Future[list[PutResult]], dict[int, StoreError]]:
+                        ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
         """``MessageStore.put_each_nowait``'s shape; the store node's limits are checked there,
         so here the batch is one put: a message it refuses fails the batch (weaker than embedded)."""
         return self.remote.put_batch_nowait(items), {}
 
-    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.remote.put_batch_nowait(items)
 
     # -- reading ------------------------------------------------------------------------------

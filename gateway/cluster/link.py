@@ -54,7 +54,7 @@ class Link(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # (a Transport: a TCP connection's)
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -21,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from cache import QueueCache
 from lookup.api import IN_DOUBT, InDoubt, InterestLookup, Lookup
 from protocols.mqtt.packets import RetainHandling, Subscribe
 from protocols.mqtt.reason_codes import ReasonCode
@@ -38,7 +37,7 @@ from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
 if TYPE_CHECKING:
-    from ..mqtt.roles import Client
+    from ..mqtt.broker import MQTTBroker
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -48,19 +47,6 @@ log = logging.getLogger("tidemq.cluster")
 SHARED_REFUSAL = "a gateway node of a cluster; a shared group needs one owner in the cluster"
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
-
-
-class Clients(Protocol):
-    """What the node does to the MQTT gateway's clients when another node takes one, or the
-    store node is lost (``gateway.mqtt.broker.MQTTBroker`` is one)."""
-
-    @property
-    def connections(self) -> Mapping[str, Client]: ...
-
-    @property
-    def cache(self) -> QueueCache: ...
-
-    def flush_sessions(self) -> None: ...
 
 
 class RemoteWildcards:
@@ -80,6 +66,9 @@ class RemoteWildcards:
 
     def queues_for(self, topic: str) -> list[str]:
         return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
+
+    def reads(self, queue: str) -> bool:
+        raise NotImplementedError  # (never asked: a gateway node has no store to reclaim from)
 
 
 class RemoteRetained:
@@ -264,7 +253,7 @@ class GatewayNode:
         self.retained = RemoteRetained(store)
         self.sessions = ClusterSessions(store, node_id, lookup, self._spawn)
         self.reads = ClusterReads(store, self.retained, lookup, self._spawn)
-        self._clients: Clients | None = None
+        self._clients: MQTTBroker | None = None
 
     @property
     def takeovers(self) -> Counter[str]:
@@ -274,7 +263,7 @@ class GatewayNode:
         return MQTTPorts(self.store, self.sessions, self.wildcards, self.retained, self.reads,
                          shared_refusal=SHARED_REFUSAL)
 
-    def attach(self, clients: Clients) -> None:
+    def attach(self, clients: MQTTBroker) -> None:
         """The MQTT gateway built on ``ports()``: the store link's kicks and loss reach its
         clients, and what the link fetches reaches its queue cache (the node's one cache)."""
         self._clients = clients

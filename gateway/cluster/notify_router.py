@@ -107,16 +107,17 @@ class NotifyRouter:
         return known | hinted if hinted else known
 
     def _ask(self, queue: str) -> None:
-        if queue in self._asking or self.nodes_for is None:
+        nodes_for = self.nodes_for
+        if queue in self._asking or nodes_for is None:
             return
         self._asking.add(queue)
-        task = asyncio.get_running_loop().create_task(self._answer(queue))
+        task = asyncio.get_running_loop().create_task(self._answer(queue, nodes_for))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, queue: str) -> None:
+    async def _answer(self, queue: str, nodes_for: NodesFor) -> None:
         try:
-            nodes = await self.nodes_for(queue)  # type: ignore[misc]
+            nodes = await nodes_for(queue)
         except Exception as exc:  # noqa: BLE001 -- a lookup must never stop notify: in doubt, that is all
             log.warning("lookup failed queue=%s error=%s", queue, exc)
             nodes = None

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..listen import Servers, listening_sockets
+from ..listen import ListeningServer, Servers, listening_sockets
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -23,7 +23,7 @@ CHUNK = 1 << 16
 
 
 async def start_relay(host: str, port: int,
-                      target: Callable[[], Awaitable[tuple[str, int]]]) -> asyncio.AbstractServer:
+                      target: Callable[[], Awaitable[tuple[str, int]]]) -> ListeningServer:
     """``target()``: the store node's AMQP address now (a replicated store's leader changes)."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

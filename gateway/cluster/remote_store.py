@@ -71,9 +71,9 @@ class RemoteStore:
         await self.link.closed
 
     # -- writing ------------------------------------------------------------------------------
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[list[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
         response = self.link.request(StoreCode.PUT, body=encode_put(items))
-        result: asyncio.Future[list[PutResult]] = asyncio.get_running_loop().create_future()
+        result: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[RemotingCommand]) -> None:
             if result.done():
@@ -89,7 +89,7 @@ class RemoteStore:
         response.add_done_callback(done)
         return result
 
-    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> list[PutResult]:
+    async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
     async def put(self, message: Message, queues: Sequence[str]) -> PutResult:

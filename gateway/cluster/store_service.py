@@ -18,7 +18,8 @@ import asyncio
 import hmac
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
@@ -45,6 +46,8 @@ from .store_link import (
 
 if TYPE_CHECKING:
     from ..remoting.connection import RemotingConnection
+
+    Handler = Callable[[RemotingConnection, RemotingCommand], Any]  # (as the remoting broker's handlers)
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -108,9 +111,9 @@ class StoreService:
             self._filters.delete(f"{hold[0]}\x00{hold[1]}")
             self.wildcards.remove(hold[0])
 
-    def handlers(self) -> dict[int, object]:
+    def handlers(self) -> dict[int, Handler]:
         """The store link's request handlers, each behind the cluster token check."""
-        handlers = {
+        handlers: dict[int, Handler] = {
             StoreCode.HELLO: self.hello,
             StoreCode.PUT: self.put,
             StoreCode.GET: self.get,
@@ -132,10 +135,10 @@ class StoreService:
         }
         return {code: self._guarded(code, handler) for code, handler in handlers.items()}
 
-    def _guarded(self, code: int, handler):
+    def _guarded(self, code: int, handler: Handler) -> Handler:
         """With a cluster token, a link must start with a HELLO that carries it; anything else
         on a link that has not is refused (RocketMQ's NO_PERMISSION)."""
-        def guarded(conn: RemotingConnection, request: RemotingCommand):
+        def guarded(conn: RemotingConnection, request: RemotingCommand) -> Any:
             if self.token and conn not in self._trusted and code != StoreCode.HELLO:
                 log.warning("store link request without the cluster token refused code=%d peer=%s",
                             code, conn.peer)
@@ -165,7 +168,7 @@ class StoreService:
                 queues.extend(q for q in self.wildcards.queues_for(message.topic) if q not in queues)
         future = self.store.put_batch_nowait(items)
 
-        def respond(results: list[PutResult]) -> RemotingCommand:
+        def respond(results: Sequence[PutResult]) -> RemotingCommand:
             return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results))
         return Pending(future, respond)
 

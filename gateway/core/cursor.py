@@ -11,21 +11,18 @@ whose ``next_offset`` is a C integer; the same file runs interpreted with ``TIDE
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import cython
 
 from store import GetResult, GetStatus
 
+if TYPE_CHECKING:
+    from cache import QueueCache
+
 _FOUND = cython.declare(object, GetStatus.FOUND)
 _TOO_SMALL = cython.declare(object, GetStatus.OFFSET_TOO_SMALL)
 _OVERFLOW = cython.declare(object, GetStatus.OFFSET_OVERFLOW)
-
-
-class QueueReader(Protocol):
-    """Reads like ``MessageStore.get_now`` (``cache.QueueCache`` is the one readers use)."""
-
-    def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult: ...
 
 
 Moved = Callable[["Cursor", int, int], None]  # (cursor, from offset, to offset)
@@ -46,7 +43,8 @@ class Cursor:
     def __init__(self, queue: str, next_offset: int, unacked: dict[int, object] | None = None) -> None:
         self.queue = queue
         self.next_offset = next_offset
-        self.unacked: dict[int, object] = unacked if unacked is not None else {}
+        self.unacked: dict[int, object] = (  # type: ignore[no-redef]  # (declared for Cython)
+            unacked if unacked is not None else {})
 
     @property
     def committed(self) -> int:
@@ -54,7 +52,7 @@ class Cursor:
             return min(offset, self.next_offset)
         return self.next_offset
 
-    def read(self, source: QueueReader, max_messages: int, moved: Moved | None = None) -> GetResult | None:
+    def read(self, source: QueueCache, max_messages: int, moved: Moved | None = None) -> GetResult | None:
         """The messages from ``next_offset`` on (a FOUND result), or None when there is nothing
         new. The cursor does not advance: the reader moves ``next_offset`` past what it takes."""
         while True:

@@ -6,26 +6,15 @@ is given back all the same, and a crash then can only make it come more often.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from store import KvTable
 
 from store import StoreError
 
 TABLE = "core.delivery_counts"  # "{group}\x00{offset:020d}" -> times given back
 
 
-class CountTable(Protocol):
-    """A durable str -> bytes table (``store.meta.tables.KvTable`` is one)."""
-
-    def put_hint(self, key: str, value: bytes) -> None: ...
-
-    def delete(self, key: str) -> None: ...
-
-    def items(self, prefix: str = "") -> Iterable[tuple[str, bytes]]: ...
-
-
 class DeliveryCounts:
-    def __init__(self, table: CountTable, group: str, *, restored: bool, committed: int) -> None:
+    def __init__(self, table: KvTable, group: str, *, restored: bool, committed: int) -> None:
         """The counts of ``group``: those saved (``restored``: the group existed before this
         run; counts of messages below ``committed`` are settled and dropped), or none (a new
         group: what an earlier group of the same name left is not its)."""

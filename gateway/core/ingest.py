@@ -14,6 +14,7 @@ from typing import Protocol
 from store import Message, PutResult, StoreError
 
 from ..read_pauses import ReadPauses
+from ..trace import Tracer
 
 # A connection is not read from while more than this many of its publishes are on their way
 # to the store, or more than this many bytes of their bodies; reading resumes at half.
@@ -31,17 +32,11 @@ class PutTarget(Protocol):
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], Refused]: ...
 
 
-class PutWatcher(Protocol):
-    """The message trace (``gateway.trace.Tracer``)."""
-
-    def watch_put(self, listener: str, who: str, items: Items, fut: asyncio.Future) -> None: ...
-
-
 class PutPipeline:
     __slots__ = ("bytes", "listener", "pending", "read_pauses", "store", "watcher", "who")
 
     def __init__(self, store: PutTarget, read_pauses: ReadPauses, *, listener: str,
-                 watcher: PutWatcher | None = None) -> None:
+                 watcher: Tracer | None = None) -> None:
         self.store = store
         self.read_pauses = read_pauses
         self.listener = listener  # for the trace: which listener the messages came in by

@@ -221,12 +221,12 @@ class PopService:
             message = self.store.read_at(cp.position)
             if message is not None:
                 message.queue, message.queue_offset = cp.queue, cp.offset
-                owner = (cp.group, cp.queue, cp.offset)
-                self._settling.add(owner)
+                settling = (cp.group, cp.queue, cp.offset)
+                self._settling.add(settling)
                 try:
                     await self._dead_letter(cp, message, cp.attempts + 1)  # (a crash before the ack: twice)
                 finally:
-                    self._settling.discard(owner)
+                    self._settling.discard(settling)
                 self.dead_lettered += 1
             else:
                 log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",

@@ -41,12 +41,13 @@ def clients(brokers: Brokers) -> list[dict[str, Any]]:
             rows.append({"protocol": "mqtt", "id": client_id, "peer": conn.peer, "username": conn.username,
                          "mqtt_version": conn.version})
     if brokers.amqp is not None:
-        for conn in brokers.amqp.connections:
-            rows.append({"protocol": "amqp", "id": conn.peer, "peer": conn.peer, "username": conn.username,
-                         "channels": len(conn.channels)})
+        for amqp_conn in brokers.amqp.connections:
+            rows.append({"protocol": "amqp", "id": amqp_conn.peer, "peer": amqp_conn.peer,
+                         "username": amqp_conn.username, "channels": len(amqp_conn.channels)})
     if brokers.remoting is not None:
-        for conn in brokers.remoting.connections:
-            rows.append({"protocol": "remoting", "id": conn.client_id or conn.peer, "peer": conn.peer})
+        for remoting_conn in brokers.remoting.connections:
+            rows.append({"protocol": "remoting", "id": remoting_conn.client_id or remoting_conn.peer,
+                         "peer": remoting_conn.peer})
     return rows[:MAX_ROWS]
 
 
@@ -88,10 +89,10 @@ def subscriptions(brokers: Brokers) -> list[dict[str, Any]]:
     if brokers.remoting is not None:
         for group, members in brokers.remoting.groups.groups.items():
             for member in members.values():
-                for sub in member.subscriptions.values():
+                for remoting_sub in member.subscriptions.values():
                     rows.append({"protocol": "remoting", "client": member.client_id, "group": group,
-                                 "topic": sub.topic, "expression": sub.expression,
-                                 "expression_type": sub.expression_type})
+                                 "topic": remoting_sub.topic, "expression": remoting_sub.expression,
+                                 "expression_type": remoting_sub.expression_type})
     return rows[:MAX_ROWS]
 
 

@@ -141,7 +141,7 @@ class GatewayCollector:
                                 value=1 if pressure is not None and pressure.raised else 0)
 
     def _cache(self) -> Iterator[Metric]:
-        caches = {id(b.cache): b.cache for _, b, _ in self._protocol_stats() if getattr(b, "cache", None)}
+        caches = {id(c): c for _, b, _ in self._protocol_stats() if (c := getattr(b, "cache", None))}
         if not caches:
             return
         hits = sum(c.stats.hits for c in caches.values())
@@ -227,13 +227,13 @@ class GatewayCollector:
         node = self.cluster.node
         lookup = node.lookup if node.lookup is not None else self.cluster.store_lookup
         if lookup is not None:
-            stats = lookup.stats
+            lookup_stats = lookup.stats
             yield CounterMetricFamily("tidemq_lookup_calls", "Lookups of where a client or a queue's readers are",
-                                      value=stats.lookups)
+                                      value=lookup_stats.lookups)
             doubt = CounterMetricFamily("tidemq_lookup_in_doubt",
                                         "Lookup answers in doubt (notify broadcast, takeover asked everywhere)",
                                         labels=["reason"])
-            for reason, count in sorted(stats.broadcast_fallbacks.items()):
+            for reason, count in sorted(lookup_stats.broadcast_fallbacks.items()):
                 doubt.add_metric([reason], count)
             yield doubt
         sent = node.takeovers

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cache import QueueCache
 from protocols.mqtt.packets import Publish, Will
@@ -27,7 +27,6 @@ from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
 from .presence import PRESENCE_FILTER, PRESENCE_HOLDER, Presence
-from .roles import Client, Reader
 from .session import Session
 from .session_saves import SessionSaves
 from .settings import MQTTSettings
@@ -36,9 +35,21 @@ from .shared import ShareGroup
 from .sys_topics import publish_sys_topics
 
 if TYPE_CHECKING:
+    from ..auth.authorize import MqttAccess
+    from ..auth.passwords import PasswordFile
     from ..pressure import StorePressure
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
+
+
+class Reader(Protocol):
+    """A reader of queues that a notify wakes (``wake``): a connection's delivery
+    (``outbound.Delivery``), a shared group (``shared.ShareGroup``)."""
+
+    def schedule_pump(self) -> None: ...
+
+    def pump(self) -> None: ...
 
 
 class MQTTBroker:
@@ -47,7 +58,7 @@ class MQTTBroker:
     name in ``$SYS/brokers/{node}/...``."""
 
     def __init__(self, ports: MQTTPorts, settings: MQTTSettings, *, cache: QueueCache,
-                 authenticator: object | None = None, acl: object | None = None,
+                 authenticator: PasswordFile | None = None, acl: MqttAccess | None = None,
                  pressure: StorePressure | None = None, node: str = "tidemq") -> None:
         self.store = ports.store
         self.stored_sessions = ports.sessions
@@ -63,7 +74,7 @@ class MQTTBroker:
         self.authenticator = authenticator
         self.acl = acl
         self.sessions: dict[str, Session] = {}
-        self.connections: dict[str, Client] = {}
+        self.connections: dict[str, MQTTConnection] = {}
         self.readers: dict[str, set[Reader]] = {}  # queue -> who reads it here (a connection's delivery, a group)
         self.share_groups: dict[str, ShareGroup] = {}  # "$share/{group}/{filter}" -> group
         # restored sessions holding shared deliveries, by group, until the group is made again
@@ -301,8 +312,8 @@ class MQTTBroker:
         def recorded(f: asyncio.Future[Sequence[PutResult]]) -> None:
             if f.cancelled():
                 done.cancel()
-            elif f.exception() is not None:
-                done.set_exception(f.exception())  # type: ignore[arg-type]
+            elif (exc := f.exception()) is not None:
+                done.set_exception(exc)
             elif (failed := self.record_retained(entries, f)) is not None:
                 done.set_exception(failed[1])
             else:
@@ -347,14 +358,14 @@ class MQTTBroker:
             if state is not None and state.share_group is not None and not inflight.released:
                 self.share_group(state.share_group, state.topic_filter).session_ended(session, inflight)
 
-    def join_share(self, key: str, conn: Client) -> None:
+    def join_share(self, key: str, conn: MQTTConnection) -> None:
         state = conn.delivery.shared_subscription(key)
         assert state is not None and state.share_group is not None
         group = self.share_group(state.share_group, state.topic_filter)
         group.join(conn)
         self.add_reader(group.queue, group)
 
-    def leave_share(self, key: str, conn: Client, unacked: list[tuple[int, int]]) -> None:
+    def leave_share(self, key: str, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
         """``unacked``: (queue offset, commitlog position) of what ``conn`` did not acknowledge."""
         group = self.share_groups.get(key)
         if group is None:

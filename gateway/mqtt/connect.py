@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from protocols.mqtt.connection import State
 from protocols.mqtt.errors import ProtocolViolation
@@ -18,13 +19,15 @@ from protocols.mqtt.topics import TopicError, validate_topic_name
 from store import StoredMessage, StoreError
 
 from .presence import CLIENT_DISCONNECT
-from .roles import Connecting
 from .session import NEVER_EXPIRES, Session
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-async def connect(connection: Connecting, packet: Connect) -> None:
+async def connect(connection: MQTTConnection, packet: Connect) -> None:
     """Handle the CONNECT (the connection's reading paused meanwhile), then resend what the
     session had in flight and read on."""
     try:
@@ -64,7 +67,7 @@ async def connect(connection: Connecting, packet: Connect) -> None:
     connection.process()  # packets that arrived behind the CONNECT (and the CONNACK, written)
 
 
-def disconnect_received(connection: Connecting, packet: Disconnect) -> None:
+def disconnect_received(connection: MQTTConnection, packet: Disconnect) -> None:
     """The client's DISCONNECT: a 5.0 one may change the session's expiry, and keep the will."""
     session = connection.session
     assert session is not None
@@ -79,7 +82,7 @@ def disconnect_received(connection: Connecting, packet: Disconnect) -> None:
     connection.close()
 
 
-async def accept(connection: Connecting, packet: Connect) -> bool:
+async def accept(connection: MQTTConnection, packet: Connect) -> bool:
     """Authenticate, authorize the will, take the session over (from another connection or
     node), answer CONNACK; False when refused (the connection is closed then)."""
     broker = connection.broker
@@ -186,7 +189,7 @@ async def accept(connection: Connecting, packet: Connect) -> bool:
     return True
 
 
-def take_over(connection: Connecting, client_id: str) -> None:
+def take_over(connection: MQTTConnection, client_id: str) -> None:
     """The newest connection of a client id wins: the one before it on this node is disconnected."""
     old = connection.broker.connections.get(client_id)
     if old is not None and old is not connection:
@@ -194,7 +197,7 @@ def take_over(connection: Connecting, client_id: str) -> None:
         old.disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
 
 
-async def authenticate(connection: Connecting, packet: Connect, client_id: str) -> ReasonCode | None:
+async def authenticate(connection: MQTTConnection, packet: Connect, client_id: str) -> ReasonCode | None:
     auth = connection.broker.authenticator
     if packet.username is None and packet.password is None:
         if connection.settings.allow_anonymous:
@@ -209,7 +212,7 @@ async def authenticate(connection: Connecting, packet: Connect, client_id: str) 
     return None if ok else ReasonCode.BAD_USER_NAME_OR_PASSWORD
 
 
-def detach(connection: Connecting) -> None:
+def detach(connection: MQTTConnection) -> None:
     """The connection ended: the session is saved (or ended), the will published or scheduled."""
     session = connection.session
     if session is None:

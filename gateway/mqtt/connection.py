@@ -125,13 +125,14 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # (a Transport: every listener gives one)
         self.read_pauses.transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         settings = self.broker.settings
-        # (low given, not computed by the transport: an int above 256 is 32 bytes per connection)
+        # (low given, not computed by the transport: an int above 256 is 32 bytes per connection;
+        # the ignore: a Transport, as every listener gives)
         transport.set_write_buffer_limits(high=settings.write_buffer_high, low=settings.write_buffer_low)  # type: ignore[attr-defined]
         self._timer = self.broker.deadlines.later(settings.connect_timeout_s, self)
         self.broker.stats.connections_total += 1
@@ -146,14 +147,14 @@ class MQTTConnection(asyncio.Protocol):
         if self.conn.buffered:
             self.broker.stalled.watch(self)
 
-    def process(self, held: Publish | None = None) -> None:
+    def process(self, held: Publish | Subscribe | None = None) -> None:
         try:
             self._process(held)
         finally:
             if self._delivery is not None:
                 self._delivery.acks_done()  # the read progress of the PUBACKs read, marked once
 
-    def _process(self, held: Publish | None) -> None:
+    def _process(self, held: Publish | Subscribe | None) -> None:
         batch: list = []
         pressure = self.broker.pressure
         gate = self.broker.gate
@@ -377,8 +378,8 @@ class MQTTConnection(asyncio.Protocol):
         if acl is None:
             return True
         if write:
-            return acl.allows_publish(self.username, self.client_id, topic)  # type: ignore[attr-defined]
-        return acl.allows_subscribe(self.username, self.client_id, topic)  # type: ignore[attr-defined]
+            return acl.allows_publish(self.username, self.client_id, topic)
+        return acl.allows_subscribe(self.username, self.client_id, topic)
 
     def deadline_reached(self) -> None:
         """The connect timeout, or the keep alive's (then: is it still alive?)."""

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, PubComp, Publish, PubRec, PubRel
@@ -20,7 +21,9 @@ from ..core.ingest import PutPipeline, Refused
 from .delayed import PREFIX as DELAYED_PREFIX
 from .delayed import DelayedTopicError, parse_delayed
 from .messages import StoreMessageFactory
-from .roles import Publisher
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
@@ -32,7 +35,7 @@ class Inbound:
 
     __slots__ = ("_messages", "broker", "conn", "connection", "puts")
 
-    def __init__(self, connection: Publisher) -> None:
+    def __init__(self, connection: MQTTConnection) -> None:
         self.connection = connection
         # fixed for the connection's life: kept here, off the per-message attribute chain
         self.broker = connection.broker
@@ -49,6 +52,7 @@ class Inbound:
         assert session is not None
         topic = self.conn.inbound_publish(packet, session.awaiting_release)
         if topic is None:
+            assert packet.packet_id is not None  # (a QoS 2 PUBLISH has one)
             self.connection.send_packet(PubRec(packet.packet_id))  # a resent QoS 2 PUBLISH: stored once already
             return
         props = packet.properties

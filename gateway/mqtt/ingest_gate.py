@@ -14,14 +14,12 @@ subscriber that keeps up later (its backlog waits in the store), never cut.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
-
-
-class Publisher(Protocol):
-    def ingest_open(self) -> None:
-        """The gate opened: go on with the held publish and what follows it."""
 
 
 class IngestGate:
@@ -29,7 +27,7 @@ class IngestGate:
 
     def __init__(self) -> None:
         self.waiting: set[object] = set()  # subscribers with a QoS 0 backlog and a full socket
-        self.held: set[Publisher] = set()  # publishers not read until ``waiting`` is empty
+        self.held: set[MQTTConnection] = set()  # publishers not read until ``waiting`` is empty
 
     @property
     def shut(self) -> bool:
@@ -45,7 +43,7 @@ class IngestGate:
             if not self.waiting:
                 self._release()
 
-    def hold(self, publisher: Publisher) -> None:
+    def hold(self, publisher: MQTTConnection) -> None:
         self.held.add(publisher)
 
     def forget(self, conn: object) -> None:

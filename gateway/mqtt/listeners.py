@@ -14,6 +14,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.typing import Subprotocol
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 from websockets.http11 import Request, Response
 
@@ -21,7 +22,7 @@ from store import RateLimitedLog
 
 from .. import lean_tcp
 from ..config import Config, ConfigError
-from ..listen import Servers, listening_sockets
+from ..listen import ListeningServer, Servers, listening_sockets
 from .broker import MQTTBroker
 from .connection import MQTTConnection
 
@@ -32,7 +33,7 @@ log = logging.getLogger("tidemq.mqtt")
 
 
 async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContext | None = None,
-                    tracer: Tracer | None = None) -> asyncio.AbstractServer:
+                    tracer: Tracer | None = None) -> ListeningServer:
     """Plain TCP on lean_tcp's transports (an idle client costs ~0.9 KiB less than on
     asyncio's); TLS on asyncio's, which does the handshake and record layer."""
     if tls is None:
@@ -88,7 +89,7 @@ class _WebSocketTransport(asyncio.Transport):
             return None
         return default
 
-    def write(self, data: bytes) -> None:  # type: ignore[override]
+    def write(self, data: bytes) -> None:  # type: ignore[override]  # (bytes only: MQTT packets)
         if self._closing:
             return
         self._buffered += len(data)
@@ -179,6 +180,7 @@ class _HandshakeConnection(ServerConnection):
             # refusal is an InvalidHandshake, raised once its answer went, whoever closed then)
             peer_left = not isinstance(exc, InvalidHandshake) and (
                 isinstance(exc, ConnectionClosed) or self.connection_lost_waiter.done())
+            # (our _LibraryLog)
             _log_refused(self.logger.limited, exc, self.remote_address, peer_left)  # type: ignore[union-attr]
             self.protocol.handshake_exc = None
             _drop_tracebacks(exc)
@@ -226,7 +228,7 @@ def _check_request(connection: ServerConnection, request: Request) -> Response |
     for name, value in request.headers.raw_items():
         if not value.isascii() or not name.isascii():
             reason = f"header {name!a} is not ASCII"
-            limited = connection.logger.limited  # type: ignore[union-attr]
+            limited = connection.logger.limited  # type: ignore[union-attr]  # (our _LibraryLog)
             limited.log(logging.INFO, "NotASCII", "websocket handshake refused peer=%s reason=%s",
                         _host(connection.remote_address), json.dumps(reason))
             return connection.respond(HTTPStatus.BAD_REQUEST, reason + "\n")
@@ -266,11 +268,11 @@ async def start_websocket(broker: MQTTBroker, host: str, port: int, tracer: Trac
         return _HandshakeConnection(*args, library_log=library_log, **kwargs)
 
     def start(sock: socket.socket) -> serve:
-        return serve(handler, sock=sock, subprotocols=["mqtt"], compression=None,
+        return serve(handler, sock=sock, subprotocols=[Subprotocol("mqtt")], compression=None,
                      max_size=settings.max_packet_size + 8, logger=library_log,
                      # a client stopped in the middle of a frame cannot answer a ping: closed
                      ping_interval=settings.read_timeout_s, ping_timeout=settings.read_timeout_s,
-                     create_connection=create_connection,  # type: ignore[arg-type]
+                     create_connection=create_connection,  # type: ignore[arg-type]  # (a ServerConnection subclass)
                      process_request=_check_request)
 
     return await Servers.serving(await listening_sockets(host, port), start)

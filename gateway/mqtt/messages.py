@@ -139,6 +139,7 @@ class Delivery:
         """The PUBLISH bytes of one variant: topic (or "" with a Topic Alias), QoS, retain,
         version and, in 5.0, the Subscription Identifiers, the Message Expiry Interval left
         (None: as published) and the Topic Alias that the copy carries."""
+        props_key: tuple[object, ...]
         if version == _V5:
             props_key = (sub_ids, remaining, alias)
         else:

@@ -22,10 +22,10 @@ from store import StoredMessage, StoreError
 
 from .messages import Delivery as MessageDelivery
 from .push import Pusher
-from .roles import Owner
 from .session import Inflight, Session, SubscriptionState
 
 if TYPE_CHECKING:
+    from .connection import MQTTConnection
     from ..trace import Tracer
 
 log = logging.getLogger("tidemq.mqtt")
@@ -41,7 +41,7 @@ class Delivery(Pusher):
     __slots__ = ("_paused_at", "_stall_timer", "settings")
     tracer: Tracer | None
 
-    def __init__(self, connection: Owner) -> None:
+    def __init__(self, connection: MQTTConnection) -> None:
         super().__init__(connection)
         self.settings = connection.settings
         # (Pusher.slow:) made after the CONNECT was handled (by a first SUBSCRIBE), it starts

@@ -11,11 +11,14 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from protocols.mqtt.packets import MQTT_3_1
 from protocols.mqtt.reason_codes import ReasonCode
 from store import RateLimitedLog
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
 
 # Held by every node that publishes the events, so that its wildcard queue holds all of them from
 # the node's start (the Spark source reads it with topicFilter; docs/mqtt.md, Presence events).
@@ -28,7 +31,7 @@ _ESCAPES = str.maketrans({"%": "%25", "/": "%2F", "+": "%2B", "#": "%23"})
 
 # Why the server closed a connection, by the reason code it sent (5.0) or would have (3.1.1);
 # EMQX's words where it has one. Any other code is a fault of the client's: protocol_error.
-_SERVER_REASONS = {
+_SERVER_REASONS: dict[int, str] = {
     ReasonCode.SESSION_TAKEN_OVER: "takenover",
     ReasonCode.KEEP_ALIVE_TIMEOUT: "keepalive_timeout",
     ReasonCode.SERVER_SHUTTING_DOWN: "server_shutdown",
@@ -44,7 +47,7 @@ SERVER_CLOSED = "server_error"  # the gateway closed it without a reason code (a
 
 
 def server_reason(code: int) -> str:
-    return _SERVER_REASONS.get(code, "protocol_error")  # type: ignore[call-overload]
+    return _SERVER_REASONS.get(code, "protocol_error")
 
 
 def topic_level(name: str) -> str:
@@ -53,22 +56,6 @@ def topic_level(name: str) -> str:
 
 def presence_topic(node: str, client_id: str, event: str) -> str:
     return f"$SYS/brokers/{topic_level(node)}/clients/{topic_level(client_id)}/{event}"
-
-
-class Present(Protocol):
-    """The connection an event is about (``connection.MQTTConnection``)."""
-
-    client_id: str
-    username: str | None
-    keep_alive: int
-    connected_at: int | None  # ms since the epoch; set when its connected event is made
-    ended: tuple[str, int | None] | None  # (reason, reason code) once its end is known
-
-    @property
-    def version(self) -> int: ...
-
-    @property
-    def transport(self) -> asyncio.BaseTransport | None: ...
 
 
 Publish = Callable[[str, bytes], "asyncio.Future[Any]"]  # (topic, JSON body): stored QoS 1, not retained
@@ -84,7 +71,7 @@ class Presence:
         self._publish = publish
         self._failures = failures
 
-    def connected(self, conn: Present, *, clean_start: bool, session_present: bool, expiry_interval: int) -> None:
+    def connected(self, conn: MQTTConnection, *, clean_start: bool, session_present: bool, expiry_interval: int) -> None:
         conn.connected_at = now = int(time.time() * 1000)
         if not self.enabled:
             return
@@ -92,7 +79,7 @@ class Presence:
             "clean_start": clean_start, "session_present": session_present,
             "expiry_interval": expiry_interval, "connected_at": now, "ts": now})
 
-    def disconnected(self, conn: Present, *, will: bool) -> None:
+    def disconnected(self, conn: MQTTConnection, *, will: bool) -> None:
         """``will``: the connection's will is published (or scheduled, for its delay)."""
         if not self.enabled or conn.connected_at is None:  # (no connected event: no disconnected one)
             return
@@ -102,7 +89,7 @@ class Presence:
             "reason": reason, "reason_code": code, "will": will,
             "connected_at": conn.connected_at, "disconnected_at": now, "ts": now})
 
-    def _send(self, conn: Present, event: str, fields: dict[str, Any]) -> None:
+    def _send(self, conn: MQTTConnection, event: str, fields: dict[str, Any]) -> None:
         transport = conn.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         sock = transport.get_extra_info("sockname") if transport is not None else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from store import StoreError
 from store import RateLimitedLog
@@ -25,21 +25,10 @@ from store import RateLimitedLog
 from ..ports import SessionRepository
 from .session import Session
 
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
+
 log = logging.getLogger("tidemq.mqtt")
-
-
-class Output(Protocol):
-    """A connection's bytes on their way to its socket (``connection.MQTTConnection``)."""
-
-    def write_now(self, data: bytes) -> None: ...
-
-    def released(self) -> None:
-        """Nothing of it is held any more (a connection that closed meanwhile closes its socket now)."""
-        ...
-
-    def abort(self) -> None:
-        """A write it waited for failed: what it held is dropped, and it closes."""
-        ...
 
 
 class SessionSaves:
@@ -62,7 +51,7 @@ class SessionSaves:
         self._durable = 0  # every write up to this number is durable
         self._finished: set[int] = set()  # writes durable (or failed) ahead of an earlier one
         self._unanswered: dict[str, int] = {}  # client id -> its last write not durable yet (a store node's)
-        self._held: dict[Output, list[tuple[int, bytes]]] = {}  # in the order written
+        self._held: dict[MQTTConnection, list[tuple[int, bytes]]] = {}  # in the order written
         self._failures = RateLimitedLog(log)  # a full disk fails every write until space is back
         # why the last write with sessions in it failed (None: it did not); persistent sessions'
         # SUBSCRIBEs are refused meanwhile (subscribe.py)
@@ -193,7 +182,7 @@ class SessionSaves:
                 output.released()
 
     # -- the output that waits -------------------------------------------------------------------
-    def write(self, output: Output, data: bytes, client_id: str) -> None:
+    def write(self, output: MQTTConnection, data: bytes, client_id: str) -> None:
         """``data`` goes to ``output`` now, or -- while the session of ``client_id`` has changes
         not yet durable -- once they are (and always behind what ``output`` holds already)."""
         if client_id in self._dirty:
@@ -210,9 +199,9 @@ class SessionSaves:
             held = self._held[output] = []
         held.append((need, data))
 
-    def holds(self, output: Output) -> bool:
+    def holds(self, output: MQTTConnection) -> bool:
         return output in self._held
 
-    def drop(self, output: Output) -> None:
+    def drop(self, output: MQTTConnection) -> None:
         """Its socket is gone: what it holds never leaves."""
         self._held.pop(output, None)

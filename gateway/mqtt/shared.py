@@ -21,24 +21,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from store import PositionNotLoadedError, StoredMessage, StoreError
 
 from ..core.group import ConsumerGroup
 from ..interop import queue_for_filter
 from .push import PULL_BATCH
-from .roles import GroupHost, Member
 from .session import Inflight, Session
+
+if TYPE_CHECKING:
+    from .broker import MQTTBroker
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-class ShareGroup(ConsumerGroup[Member]):
+class ShareGroup(ConsumerGroup["MQTTConnection"]):
     """A ``$share`` group: the delivery core's consumer group over its filter's queue, with the
     group's members (connections, by client id) and MQTT's choice of a member that can take a
     message now (its subscription's QoS, its send window, a socket that is not full)."""
 
-    def __init__(self, broker: GroupHost, group: str, topic_filter: str, start_offset: int,
+    def __init__(self, broker: MQTTBroker, group: str, topic_filter: str, start_offset: int,
                  sessions: Iterable[Session] = ()) -> None:
         key = f"$share/{group}/{topic_filter}"
         super().__init__(broker.store, key, queue_for_filter(topic_filter), start_offset)
@@ -65,11 +69,11 @@ class ShareGroup(ConsumerGroup[Member]):
         self.passed.update(offset for offset in session.shared_done.get(self.key, ()) if offset >= start)
 
     # -- membership ----------------------------------------------------------------------------
-    def join(self, conn: Member) -> None:
+    def join(self, conn: MQTTConnection) -> None:
         self.members[conn.client_id] = conn
         self.schedule_pump()
 
-    def leave(self, conn: Member, unacked: list[tuple[int, int]]) -> None:
+    def leave(self, conn: MQTTConnection, unacked: list[tuple[int, int]]) -> None:
         """A member went away (or unsubscribed); what it had not acknowledged -- (queue offset,
         commitlog position) pairs -- goes to another."""
         if self.members.get(conn.client_id) is conn:
@@ -151,7 +155,7 @@ class ShareGroup(ConsumerGroup[Member]):
             self._pump_scheduled = True
             self.broker.wake(self)
 
-    def _can_take(self, conn: Member, qos: int) -> bool:
+    def _can_take(self, conn: MQTTConnection, qos: int) -> bool:
         state = conn.delivery.shared_subscription(self.key)
         if state is None or conn.closed or conn.delivery.writing_paused:
             return False
@@ -161,7 +165,7 @@ class ShareGroup(ConsumerGroup[Member]):
         self._pump_scheduled = False
         if not self.members:
             return
-        touched: set[Member] = set()
+        touched: set[MQTTConnection] = set()
         while self.redeliver:
             if not self._send(self.redeliver[0], touched):
                 break
@@ -189,7 +193,7 @@ class ShareGroup(ConsumerGroup[Member]):
             conn.flush()
         self.save()
 
-    def _send(self, message: StoredMessage, touched: set[Member]) -> bool:
+    def _send(self, message: StoredMessage, touched: set[MQTTConnection]) -> bool:
         delivery = self.broker.deliveries(message)
         remaining = delivery.remaining_expiry()
         if remaining is not None and remaining <= 0:

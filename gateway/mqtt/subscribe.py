@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from protocols.mqtt.errors import ProtocolViolation
 from protocols.mqtt.packets import MQTT_5, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe
@@ -15,13 +16,15 @@ from store import StoredMessage
 
 from ..core.cursor import Cursor
 from ..interop import queue_for_filter
-from .roles import Subscriber
 from .session import SubscriptionState
+
+if TYPE_CHECKING:
+    from .connection import MQTTConnection
 
 log = logging.getLogger("tidemq.mqtt")
 
 
-def subscribe(connection: Subscriber, packet: Subscribe) -> None:
+def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
     session = connection.session
     assert session is not None
     broker = connection.broker
@@ -82,10 +85,10 @@ def subscribe(connection: Subscriber, packet: Subscribe) -> None:
     connection.delivery.schedule_pump()
 
 
-def unsubscribe(connection: Subscriber, packet: Unsubscribe) -> None:
+def unsubscribe(connection: MQTTConnection, packet: Unsubscribe) -> None:
     session = connection.session
     assert session is not None
-    codes = []
+    codes: list[int] = []
     for topic_filter in packet.topic_filters:
         state = session.subscriptions.pop(topic_filter, None)
         if state is None:

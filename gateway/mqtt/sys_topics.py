@@ -5,42 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sized
 from importlib.metadata import PackageNotFoundError, version
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from cache import QueueCache
-
-from ..stats import ProtocolStats
-from .session import Session
-from .settings import MQTTSettings
-
-
-class Statistics(Protocol):
-    """What the statistics are read from and published by (``MQTTBroker`` is one)."""
-
-    @property
-    def stats(self) -> ProtocolStats: ...
-
-    @property
-    def sessions(self) -> Mapping[str, Session]: ...
-
-    @property
-    def connections(self) -> Sized: ...
-
-    @property
-    def retained(self) -> Sized: ...
-
-    @property
-    def cache(self) -> QueueCache: ...
-
-    @property
-    def settings(self) -> MQTTSettings: ...
-
-    @property
-    def started_at(self) -> float: ...
-
-    def publish_internal(self, messages: list[tuple[str, bytes]], *, retain: bool = False) -> None: ...
+if TYPE_CHECKING:
+    from .broker import MQTTBroker
 
 
 def _version() -> str:
@@ -50,7 +19,7 @@ def _version() -> str:
         return "tidemq"
 
 
-def sys_values(broker: Statistics) -> dict[str, str]:
+def sys_values(broker: MQTTBroker) -> dict[str, str]:
     stats = broker.stats
     subscriptions = sum(len(s.subscriptions) for s in broker.sessions.values())
     values = {
@@ -75,7 +44,7 @@ def sys_values(broker: Statistics) -> dict[str, str]:
     return values
 
 
-async def publish_sys_topics(broker: Statistics) -> None:
+async def publish_sys_topics(broker: MQTTBroker) -> None:
     last: dict[str, str] = {}
     while True:
         changed = [(topic, value) for topic, value in sys_values(broker).items() if last.get(topic) != value]

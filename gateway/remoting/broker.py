@@ -283,7 +283,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             "filterServerTable": {},
         }
 
-    def get_route_info(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_route_info(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         topic = str_field(request.ext_fields, "topic")
         try:
             data = self.route_data(topic)
@@ -291,7 +291,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return response_to(request, ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic} ({exc})")
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(data).encode())
 
-    def get_cluster_info(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_cluster_info(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         body = {
             "brokerAddrTable": {self.broker_name: {"cluster": self.cluster, "brokerName": self.broker_name,
                                                    "brokerAddrs": {"0": self.broker_addr}}},
@@ -299,7 +299,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         }
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
 
-    def get_topic_list(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_topic_list(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         body = {"topicList": sorted(name for name in self.topics.topics
                                     if self.access.may_use(conn.principal, name, Right.USE))}
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps(body).encode())
@@ -426,7 +426,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         topic = str_field(ext, "topic")
         return topic, remoting_queue(topic, int_field(ext, "queueId"))
 
-    def query_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def query_consumer_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         group = str_field(ext, "consumerGroup")
         _, queue = self._queue_of(ext)
@@ -445,7 +445,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         result = self.store.get_now(queue, -1, 1)
         return result.min_offset
 
-    def update_consumer_offset(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+    def update_consumer_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
         group = str_field(ext, "consumerGroup")
         _, queue = self._queue_of(ext)
@@ -454,21 +454,21 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, offset)
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
 
-    def get_max_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_max_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         _, queue = self._queue_of(request.ext_fields)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(self.store.max_offset_now(queue))})
 
-    def get_min_offset(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_min_offset(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         _, queue = self._queue_of(request.ext_fields)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(self._min_offset(queue))})
 
-    async def search_offset_by_timestamp(self, conn, request: RemotingCommand) -> RemotingCommand:
+    async def search_offset_by_timestamp(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         _, queue = self._queue_of(ext)
         offset = await self.store.offset_for_timestamp(queue, int_field(ext, "timestamp"))
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
 
-    def get_earliest_store_time(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_earliest_store_time(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         _, queue = self._queue_of(request.ext_fields)
         first = self.store.get_now(queue, self._min_offset(queue), 1)
         if first.status is not GetStatus.FOUND:

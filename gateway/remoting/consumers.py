@@ -14,6 +14,7 @@ from protocols.remoting.frames import RemotingCommand, response_to
 
 from ..interop import remoting_queue
 from .access import Right
+from .broker_parts import BrokerParts
 from .groups import Subscription
 from .requests import CONSUMER_PREFIX, BadRequest, str_field
 from .topics import retry_topic
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .connection import RemotingConnection
 
 
-class ConsumerRequests:
+class ConsumerRequests(BrokerParts):
     def heartbeat(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = json.loads(request.body or b"{}")
@@ -57,7 +58,7 @@ class ConsumerRequests:
         # (Java clients read this map unchecked after a heartbeat; we do not do HeartbeatV2)
         return response_to(request, ResponseCode.SUCCESS, ext_fields={"IS_SUPPORT_HEART_BEAT_V2": "false"})
 
-    def check_client_config(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def check_client_config(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         """CHECK_CLIENT_CONFIG: a Java push consumer asks at start-up whether the broker can
         filter by its non-TAG subscription (MQClientInstance.checkClientInBroker); a bad
         expression fails the consumer's start with the parser's message."""
@@ -71,14 +72,14 @@ class ConsumerRequests:
             self.selectors.get(None if expression is None else str(expression), str(kind or "") or None)
         return response_to(request, ResponseCode.SUCCESS)
 
-    def unregister_client(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+    def unregister_client(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
         group = ext.get("consumerGroup")
         if group:
             self.groups.unregister(group, ext.get("clientID", ""))
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
 
-    def get_consumer_list(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def get_consumer_list(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         group = str_field(request.ext_fields, "consumerGroup")
         ids = self.groups.client_ids(group)
         if not ids:
@@ -104,7 +105,7 @@ class ConsumerRequests:
         for member in members:
             member.connection.notify_consumer_ids_changed(group)
 
-    def lock_batch(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def lock_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = json.loads(request.body or b"{}")
             group, client = str(data["consumerGroup"]), str(data["clientId"])
@@ -122,7 +123,7 @@ class ConsumerRequests:
                 locked.append(mq)
         return response_to(request, ResponseCode.SUCCESS, body=json.dumps({"lockOKMQSet": locked}).encode())
 
-    def unlock_batch(self, conn, request: RemotingCommand) -> RemotingCommand | None:
+    def unlock_batch(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         try:
             data = json.loads(request.body or b"{}")
             group, client = str(data["consumerGroup"]), str(data["clientId"])

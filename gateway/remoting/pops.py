@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import asyncio
 import base64
+import functools
 import itertools
 import json
 import re
@@ -33,6 +34,7 @@ from store import CheckPoint
 from ..core.pop import Popped
 from ..interop import remoting_queue, remoting_topic_of
 from .access import Right
+from .broker_parts import BrokerParts
 from .messages import ORIGIN_TOPIC_PROPERTY, RECONSUME_PROPERTY, origin_topic, restore, to_wire, user_properties
 from .pulls import PERM_READ
 from .requests import CONSUMER_PREFIX, BadRequest, Reply, int_field, str_field
@@ -151,7 +153,7 @@ def _batch_ack_field(ack: dict):
     return lambda short, long: ack[short] if short in ack else ack[long]
 
 
-class PopRequests:
+class PopRequests(BrokerParts):
     _pop_turn = itertools.count()
 
     def _pop_queues(self, topic: str, queue_id: int) -> list[int]:
@@ -192,7 +194,7 @@ class PopRequests:
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,
                                       lambda q, offset, n: self._read(q, topic, offset, n, selector), admit, init_mode,
-                                      lambda queue=queue: self._pull_offset(group, queue), now)
+                                      functools.partial(self._pull_offset, group, queue), now)
                 out.append((queue_id, popped))
                 if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
                     self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, popped.next_offset)

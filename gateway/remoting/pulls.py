@@ -23,6 +23,7 @@ from protocols.remoting.sql92 import SqlFilter
 from store import GetResult, GetStatus
 
 from ..interop import remoting_queue
+from .broker_parts import BrokerParts
 from .messages import shown_properties, to_wire
 from .requests import CONSUMER_PREFIX, BadRequest, Reply
 from .selectors import Selector
@@ -42,7 +43,7 @@ SQL_SCAN_MESSAGES = 800
 SQL_SCAN_BYTES = 16 << 20
 
 
-class PullRequests:
+class PullRequests(BrokerParts):
     def _readable(self, topic: str, queue_id: int) -> str:
         config = self.topics.get(topic)
         if config is None:

@@ -3,6 +3,8 @@ VIEW_MESSAGE_BY_ID (by commitlog offset). Mixed into ``RemotingBroker``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.message_codec import encode_message
@@ -10,11 +12,15 @@ from store import StoredMessage
 from store import HELD
 
 from ..interop import remoting_topic_of
+from .broker_parts import BrokerParts
 from .messages import to_wire
 from .requests import int_field, str_field
 
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
-class QueryRequests:
+
+class QueryRequests(BrokerParts):
     def _wire_of(self, message: StoredMessage, topic_hint: str | None = None):
         for queue, offset in message.queues:
             place = remoting_topic_of(queue)
@@ -24,7 +30,7 @@ class QueryRequests:
                 return to_wire(message, place[0], place[1], self.origin)
         return to_wire(message, topic_hint or message.topic, 0, self.origin)
 
-    def query_message(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def query_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         topic, key = str_field(ext, "topic"), str_field(ext, "key")
         max_num = max(1, min(int_field(ext, "maxNum", 32), 64))
@@ -39,7 +45,7 @@ class QueryRequests:
             "indexLastUpdateTimestamp": str(found[-1].store_timestamp),
             "indexLastUpdatePhyoffset": str(found[-1].position)})
 
-    def view_message(self, conn, request: RemotingCommand) -> RemotingCommand:
+    def view_message(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         position = int_field(request.ext_fields, "offset")
         message = self.store.read_at(position)
         if message is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
@@ -23,6 +24,7 @@ from store import StoredMessage
 from store import TIMER
 
 from ..interop import remoting_queue
+from .broker_parts import BrokerParts
 from .messages import (
     INTERNAL_PREFIXES,
     ORIGIN_TOPIC_PROPERTY,
@@ -34,10 +36,13 @@ from .messages import origin_topic as first_topic
 from .requests import int_field, str_field
 from .topics import dlq_topic, retry_topic
 
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
+
 log = logging.getLogger("tidemq.remoting")
 
 
-class RetryRequests:
+class RetryRequests(BrokerParts):
     def _placement(self, topic: str, queue_id: int, properties: dict[str, str], reconsume_times: int,
                    max_reconsume: int) -> tuple[str, int, dict[str, str], list[str], int | None]:
         """(record topic, queue id, properties, store queues, due time) for a message about to be
@@ -71,7 +76,7 @@ class RetryRequests:
         await self.store.put(restore(message, self._record_topic(topic, user), user),
                              self.targets(topic, queue_id, user))
 
-    def send_back(self, conn, request: RemotingCommand):
+    def send_back(self, conn: RemotingConnection, request: RemotingCommand):
         """The message at commitlog ``offset`` into the group's retry topic (or its DLQ); only
         a message the sender could have pulled (access.py)."""
         position = int_field(request.ext_fields, "offset")

@@ -8,14 +8,19 @@ leaves out keep the topic as it is (or as a lookup would create it). Mixed into
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from protocols.remoting.codes import ResponseCode
 from protocols.remoting.frames import RemotingCommand, response_to
 
 from ..interop import remoting_queue
 from .access import Right
+from .broker_parts import BrokerParts
 from .requests import BadRequest, int_field, str_field
 from .topics import PERM_READ, PERM_WRITE, TopicConfig
+
+if TYPE_CHECKING:
+    from .connection import RemotingConnection
 
 MAX_QUEUES = 1024  # per topic: every consumer rebalances over them
 BUILT_PERMS = PERM_READ | PERM_WRITE
@@ -52,8 +57,8 @@ def requested_config(ext: dict[str, str], base: TopicConfig) -> TopicConfig:
     return replace(base, read_queues=read, write_queues=write, perm=perm)
 
 
-class TopicUpdateRequests:
-    def create_topic(self, conn, request: RemotingCommand) -> RemotingCommand:
+class TopicUpdateRequests(BrokerParts):
+    def create_topic(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         ext = request.ext_fields
         name = str_field(ext, "topic")
         current = self.topics.get(name)

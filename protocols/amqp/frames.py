@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from pamqp import commands
 from pamqp import frame as pframe
@@ -110,7 +111,7 @@ class ContentReceived:
 
     __slots__ = ("_properties", "_raw", "body", "channel", "delivery_mode", "message_id", "method")
 
-    def __init__(self, channel: int, method: Frame, body: bytes, raw_properties: bytes | None,
+    def __init__(self, channel: int, method: commands.Basic.Publish, body: bytes, raw_properties: bytes | None,
                  properties: commands.Basic.Properties | None = None, delivery_mode: int | None = None,
                  message_id: str | None = None) -> None:
         if raw_properties is None and properties is None:
@@ -126,33 +127,33 @@ class ContentReceived:
     @property
     def raw_properties(self) -> bytes:
         if self._raw is None:
-            self._raw = encode_properties(self._properties)  # type: ignore[arg-type]
+            self._raw = encode_properties(self._properties)  # type: ignore[arg-type]  # (one of the two is set)
         return self._raw
 
     @property
     def properties(self) -> commands.Basic.Properties:
         if self._properties is None:
-            self._properties = decode_properties(self._raw)  # type: ignore[arg-type]
+            self._properties = decode_properties(self._raw)  # type: ignore[arg-type]  # (one of the two is set)
         return self._properties
 
     @property
     def headers(self) -> dict | None:
         """The headers property (None without decoding the others when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & HEADERS_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & HEADERS_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.headers
 
     @property
     def expiration(self) -> str | None:
         """The expiration property (None, undecoded, when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & EXPIRATION_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & EXPIRATION_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.expiration
 
     @property
     def reply_to(self) -> str | None:
         """The reply-to property (None, undecoded, when the flags say it is absent)."""
-        if self._properties is None and not self._raw[0] & REPLY_TO_FLAG:  # type: ignore[index]
+        if self._properties is None and not self._raw[0] & REPLY_TO_FLAG:  # type: ignore[index]  # (one of the two is set)
             return None
         return self.properties.reply_to
 
@@ -206,6 +207,12 @@ def decode_properties(raw: bytes) -> commands.Basic.Properties:
     header = pheader.ContentHeader()
     header.unmarshal(struct.pack(">HHQ", 60, 0, 0) + raw)
     return header.properties
+
+
+def copy_properties(properties: commands.Basic.Properties) -> commands.Basic.Properties:
+    """A new Properties with the same values (to change one, as a delivery or a dead letter does)."""
+    values: dict[str, Any] = dict(properties)  # (each field as its own type: pamqp's __iter__ types none)
+    return commands.Basic.Properties(**values)
 
 
 def _shortstr(text: str) -> bytes:

@@ -57,6 +57,7 @@ def table_value(value: common.FieldValue) -> bytes:
 
 
 def install() -> None:
+    # (the patch is the point)
     pheader.ContentHeader._get_flags = staticmethod(content_header_flags)  # type: ignore[method-assign]
     decode.METHODS["array"] = field_array
     decode.TABLE_MAPPING[b"A"] = field_array

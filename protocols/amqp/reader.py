@@ -65,7 +65,7 @@ _MAX_TIMESTAMP_MS = 253_402_000_000_000
 class _Pending:
     """A basic.publish whose content is being received."""
 
-    method: object
+    method: commands.Basic.Publish
     raw_properties: object  # bytes, or None when pamqp decoded them (``properties``)
     properties: object
     delivery_mode: object
@@ -74,7 +74,7 @@ class _Pending:
     parts: list
     received: cython.Py_ssize_t
 
-    def __init__(self, method: object) -> None:
+    def __init__(self, method: commands.Basic.Publish) -> None:
         self.method = method
         self.raw_properties = None
         self.properties = None
@@ -101,7 +101,7 @@ class FrameReader:
     failed = cython.declare(cython.bint, visibility="public")
     _header_seen: cython.bint
     _pending: dict
-    _dropping: set  # channels whose content is dropped (closed by the server); None until the first
+    _dropping: set | None  # channels whose content is dropped (closed by the server); None until the first
     _methods_only: cython.bint  # after connection.close: only close-ok matters
 
     def __init__(self, frame_max: int = 131_072, max_body: int = 128 << 20) -> None:

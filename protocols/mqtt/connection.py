@@ -151,12 +151,13 @@ class ServerConnection:
         self.alias_max_out = 0
         # made on first use (None until then): most connections never use topic aliases or
         # QoS 2, and an idle one should cost a few hundred bytes, not three empty containers
-        self._aliases_in: dict[int, str] | None = None
-        self._aliases_out: dict[str, int] | None = None
+        self._aliases_in: dict[int, str] | None = None  # type: ignore[no-redef]  # (declared for Cython)
+        self._aliases_out: dict[str, int] | None = None  # type: ignore[no-redef]
         # inbound QoS 1 publishes until their PUBACK, QoS 2 until their PUBCOMP (or a refusing
         # PUBREC): what counts against our Receive Maximum (MQTT 5.0 sections 3.3.4, 4.9)
         self.inbound_unacked = 0
-        self._unreleased: set[int] | None = None  # QoS 2 packet ids PUBRECed on this connection
+        # QoS 2 packet ids PUBRECed on this connection
+        self._unreleased: set[int] | None = None  # type: ignore[no-redef]  # (declared for Cython)
 
     # -- reading -------------------------------------------------------------------------------
     def receive_data(self, data: bytes) -> None:
@@ -210,7 +211,7 @@ class ServerConnection:
         self.state = _CLOSED
 
     # -- inbound PUBLISH and its acknowledgement ------------------------------------------------
-    def inbound_publish(self, packet: Publish, awaiting_release: set[int]) -> str | None:
+    def inbound_publish(self, packet: Publish, awaiting_release: Container[int]) -> str | None:
         """The topic of a client's PUBLISH, its alias resolved, counted against our Receive
         Maximum until ``ack_publish``; None for a QoS 2 PUBLISH sent again whose first copy
         was taken (``awaiting_release``): answer it with ``PubRec`` again, nothing more."""
@@ -243,7 +244,8 @@ class ServerConnection:
                                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
         return topic
 
-    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode, awaiting_release: set[int]) -> bytes:
+    def ack_publish(self, qos: int, packet_id: int, code: ReasonCode,
+                    awaiting_release: set[int] | frozenset[int]) -> bytes:
         """PUBACK (QoS 1) or PUBREC (QoS 2) for a publish ``inbound_publish`` counted. A QoS 2
         one taken (code below 0x80) joins ``awaiting_release`` and stays counted until PUBREL."""
         if qos == 1 or code >= 0x80:
@@ -257,15 +259,17 @@ class ServerConnection:
                 return _PUBACK(0x40, 0x02, packet_id)
             return encode(PubAck(packet_id, code), self.version)
         if code < 0x80:
+            assert isinstance(awaiting_release, set)  # (a QoS 2 one's is the session's own set)
             awaiting_release.add(packet_id)
         return encode(PubRec(packet_id, code), self.version)
 
-    def release(self, packet_id: int, awaiting_release: set[int]) -> ReasonCode:
+    def release(self, packet_id: int, awaiting_release: set[int] | frozenset[int]) -> ReasonCode:
         """A PUBREL: the reason code of its PUBCOMP (SUCCESS: ``awaiting_release`` lost the id)."""
         if self._unreleased is not None and packet_id in self._unreleased:
             self._unreleased.discard(packet_id)
             self.inbound_unacked -= 1
         if packet_id in awaiting_release:
+            assert isinstance(awaiting_release, set)  # (the shared empty frozenset holds no id)
             awaiting_release.discard(packet_id)
             return ReasonCode.SUCCESS
         return ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
@@ -338,6 +342,7 @@ class ServerConnection:
         elif cls is ConnAck:
             if state is _CLOSED:
                 raise LocalProtocolError("CONNACK on a closed connection")
+            assert isinstance(packet, ConnAck)  # (its class is; this tells the type checker)
             if packet.reason_code >= 0x80:
                 self.state = _CLOSED
             elif state is _CONNECTING:

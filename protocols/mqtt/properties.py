@@ -124,7 +124,7 @@ class _EmptyProperties(Properties):
             return NotImplemented
         return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Properties))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # (mutable, as a dataclass's eq)
 
 
 EMPTY_PROPERTIES: Properties = _EmptyProperties()

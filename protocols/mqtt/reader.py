@@ -54,8 +54,8 @@ from .reason_codes import CONNACK_V3_FOR, ReasonCode
 from .writer import FIXED_FLAGS
 
 _TYPES = (None, *PacketType)  # PacketType by value, without an enum call per packet
-_ACK_CLASSES = {PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec,
-                PacketType.PUBREL: PubRel, PacketType.PUBCOMP: PubComp}
+_ACK_CLASSES: dict[PacketType, type[PubAck | PubRec | PubRel | PubComp]] = {
+    PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec, PacketType.PUBREL: PubRel, PacketType.PUBCOMP: PubComp}
 
 
 # -- decoding --------------------------------------------------------------------------------
@@ -314,7 +314,7 @@ class PacketReader:
     header included), checked from the fixed header before the body is buffered.
     """
 
-    _buffer: bytearray  # (None while nothing is buffered)
+    _buffer: bytearray | None  # (None while nothing is buffered)
     max_packet_size = cython.declare(cython.Py_ssize_t, visibility="public")
     version = cython.declare(object, visibility="public")
 
@@ -337,7 +337,7 @@ class PacketReader:
     @cython.locals(pos=cython.Py_ssize_t, size=cython.Py_ssize_t, i=cython.Py_ssize_t, remaining=cython.Py_ssize_t,
                    shift=cython.int, byte=cython.int, first=cython.int, total=cython.Py_ssize_t, end=cython.Py_ssize_t)
     def packets(self) -> Iterator[Packet]:
-        buf: bytearray = self._buffer
+        buf: bytearray | None = self._buffer
         if buf is None:
             return
         pos = 0
@@ -396,7 +396,7 @@ def _puback(packet_id: object) -> object:
     """``PubAck(packet_id, 0, EMPTY_PROPERTIES)`` without running the dataclass's Python
     ``__init__`` (a subscriber sends one per delivery): the object, its three slots set."""
     ack = PubAck.__new__(PubAck)
-    ack.packet_id = packet_id
+    ack.packet_id = packet_id  # type: ignore[assignment]  # (an int: the caller's C int as an object)
     ack.reason_code = 0
     ack.properties = EMPTY_PROPERTIES
     return ack

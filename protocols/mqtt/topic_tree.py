@@ -39,9 +39,10 @@ class TopicTree(Generic[V]):
     def _find(self, topic_filter: str) -> _Node[V] | None:
         node = self._root
         for level in topic_filter.split("/"):
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node
 
     def __setitem__(self, topic_filter: str, value: V) -> None:
@@ -84,7 +85,7 @@ class TopicTree(Generic[V]):
         while stack:
             node, levels = stack.pop()
             if node.has_value and levels:
-                yield "/".join(levels), node.value  # type: ignore[misc]
+                yield "/".join(levels), node.value  # type: ignore[misc]  # (has_value: a V)
             for level, child in node.children.items():
                 stack.append((child, levels + [level]))
 
@@ -100,10 +101,10 @@ class TopicTree(Generic[V]):
             children = node.children
             hash_node = children.get("#")
             if hash_node is not None and hash_node.has_value and not (dollar and depth == 0):
-                yield "/".join(path + ("#",)), hash_node.value  # type: ignore[misc]
+                yield "/".join(path + ("#",)), hash_node.value  # type: ignore[misc]  # (has_value: a V)
             if depth == last:
                 if node.has_value:
-                    yield "/".join(path), node.value  # type: ignore[misc]
+                    yield "/".join(path), node.value  # type: ignore[misc]  # (has_value: a V)
                 continue
             level = levels[depth]
             exact = children.get(level)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from rocksdict import ReadOptions, WriteBatch
 
+from ..rocks import raw_items, raw_keys
 from ..write.batching import PreparedMessage
 from ..index.consumequeue import ConsumeQueueIndex
 from .codec import (
@@ -88,7 +89,7 @@ class HeldMessages:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(start + (now_ms + 1).to_bytes(8, "big"))
         out: list[Hold] = []
-        for key, value in self._index.db.items(from_key=start + from_ms.to_bytes(8, "big"), read_opt=opts):
+        for key, value in raw_items(self._index.db, start + from_ms.to_bytes(8, "big"), opts):
             if len(out) >= limit:
                 break
             if key not in self._settling:
@@ -99,7 +100,7 @@ class HeldMessages:
         """The earliest due time of ``kind``'s held messages (from ``from_ms`` on), or None."""
         opts = ReadOptions()
         opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
-        for key in self._index.db.keys(from_key=kind_prefix(kind) + from_ms.to_bytes(8, "big"), read_opt=opts):
+        for key in raw_keys(self._index.db, kind_prefix(kind) + from_ms.to_bytes(8, "big"), opts):
             return parse_hold_key(key)[1]
         return None
 
@@ -115,7 +116,7 @@ class HeldMessages:
         if counted is None:
             opts = ReadOptions()
             opts.set_iterate_upper_bound(bytes((HOLD_PREFIX[0], kind + 1)))
-            counted = self._counted[kind] = (sum(1 for _ in self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts)),
+            counted = self._counted[kind] = (sum(1 for _ in raw_keys(self._index.db, kind_prefix(kind), opts)),
                                              self._changes.get(kind, 0))
         return counted[0] + self._changes.get(kind, 0) - counted[1]
 
@@ -125,7 +126,7 @@ class HeldMessages:
         counts = [0] * len(bounds_s)
         opts = ReadOptions()
         opts.set_iterate_upper_bound(kind_prefix(kind) + (now_ms + int(bounds_s[-1] * 1000) + 1).to_bytes(8, "big"))
-        for n, key in enumerate(self._index.db.keys(from_key=kind_prefix(kind), read_opt=opts)):
+        for n, key in enumerate(raw_keys(self._index.db, kind_prefix(kind), opts)):
             if n >= limit:
                 break
             due_in = (parse_hold_key(key)[1] - now_ms) / 1000

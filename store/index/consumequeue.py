@@ -31,7 +31,7 @@ from typing import Iterator
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
-from ..rocks import INDEX_SHARE, RocksMemory
+from ..rocks import INDEX_SHARE, RocksMemory, raw_items, raw_keys, raw_multi_get
 
 ENTRY_PREFIX = b"q"
 NAME_PREFIX = b"n"
@@ -114,7 +114,7 @@ class ConsumeQueueIndex:
         opts.set_max_background_jobs(2)
         self._db = Rdict(str(path), opts)
         wo = WriteOptions()
-        wo.disable_wal = True
+        wo.disable_wal = True  # type: ignore[method-assign, assignment]  # (a property: rocksdict's stub calls it a method)
         self._db.set_write_options(wo)
         # name -> pack_state(qid, next_offset); the dispatcher and committer use it directly.
         self.cache: dict[str, int] = {}
@@ -194,7 +194,7 @@ class ConsumeQueueIndex:
         queue, for listings that look at names before offsets."""
         start = NAME_PREFIX + prefix.encode()
         first = max(start, NAME_PREFIX + after.encode() + b"\x00") if after else start
-        for key in self._db.keys(from_key=first):
+        for key in raw_keys(self._db, first):
             if not key.startswith(start):
                 break
             yield key[1:].decode()
@@ -203,7 +203,7 @@ class ConsumeQueueIndex:
         """Every queue (whose name starts with ``prefix``) in the table, in name order, with the
         position of its newest entry (database rows)."""
         start = NAME_PREFIX + prefix.encode()
-        for key, raw in self._db.items(from_key=start):
+        for key, raw in raw_items(self._db, start):
             if not key.startswith(start):
                 break
             qid = _QID.unpack_from(raw)[0]
@@ -236,7 +236,7 @@ class ConsumeQueueIndex:
     # -- reading ---------------------------------------------------------------------------
     def entries(self, qid: int, offset: int, count: int) -> list[bytes | None]:
         keys = [ENTRY_KEY.pack(ENTRY_PREFIX, qid, o) for o in range(offset, offset + count)]
-        return self._db[keys]
+        return raw_multi_get(self._db, keys)
 
     def entry(self, qid: int, offset: int) -> tuple[int, int, int, int] | None:
         raw = self._db.get(ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset))

@@ -277,6 +277,7 @@ class CommitLog:
         if offset >= end:
             return b""
         if end <= seg.mapped:
+            assert seg.view is not None  # (mapped > 0 only while the view is open)
             return seg.view[offset:end]
         if widen_map(seg.mapped, seg.length, end - offset, seg.start < self._order[-1]):
             view = mmap.mmap(seg.fd, seg.length, access=mmap.ACCESS_READ)

@@ -67,7 +67,7 @@ def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *
     for i, seg in enumerate(segments):
         is_last = i == len(segments) - 1
         for pos, view, bad in _scan(seg, max(start, seg.start) - seg.start, is_last):
-            if bad is not None:
+            if view is None:  # (damage: ``bad`` says where and why)
                 damage = bad
                 break
             report.records_verified += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from rocksdict import Rdict, ReadOptions
 
+from ..rocks import raw_items
 from .journal import MetaBatch
 from .tables import MetaWrites
 
@@ -102,7 +103,7 @@ class PopCheckPoints:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(_upper(prefix))
         out: list[CheckPoint] = []
-        for key, value in self._db.items(from_key=prefix, read_opt=opts):
+        for key, value in raw_items(self._db, prefix, opts):
             if len(out) >= limit:
                 break
             position, attempts = _VALUE.unpack(value)
@@ -124,7 +125,7 @@ class PopCheckPoints:
         opts = ReadOptions()
         opts.set_iterate_upper_bound(INVISIBLE_PREFIX + _U64.pack(now_ms + 1))
         out: list[CheckPoint] = []
-        for key, value in self._db.items(from_key=INVISIBLE_PREFIX + _U64.pack(from_ms), read_opt=opts):
+        for key, value in raw_items(self._db, INVISIBLE_PREFIX + _U64.pack(from_ms), opts):
             if len(out) >= limit:
                 break
             out.append(_invisible(key, value))
@@ -135,7 +136,7 @@ class PopCheckPoints:
         for prefix in (INVISIBLE_PREFIX, READY_PREFIX):
             opts = ReadOptions()
             opts.set_iterate_upper_bound(_upper(prefix))
-            for key, value in self._db.items(from_key=prefix, read_opt=opts):
+            for key, value in raw_items(self._db, prefix, opts):
                 if prefix == INVISIBLE_PREFIX:
                     yield _invisible(key, value)
                 else:

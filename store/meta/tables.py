@@ -16,8 +16,8 @@ from typing import Any, Iterable, Iterator
 from rocksdict import Rdict, WriteOptions
 
 from ..errors import StoreWriteError
+from ..rocks import META_SHARE, RocksMemory, raw_items, raw_keys
 from .journal import MetaBatch
-from ..rocks import META_SHARE, RocksMemory
 
 log = logging.getLogger("tidemq.store")
 
@@ -54,8 +54,7 @@ class MetaWrites:
         self._call(self.db.write, batch.write_batch(), *((_NO_SYNC,) if sync is False else ()))
 
     def _keys_in(self, start: bytes, end: bytes) -> Iterator[bytes]:
-        for key in self.db.keys(from_key=start):
-            assert isinstance(key, bytes)  # (the database is opened with raw keys)
+        for key in raw_keys(self.db, start):
             if key >= end:
                 break
             yield key
@@ -133,7 +132,7 @@ class MetaStore:
 
     def iter_offsets(self, consumer: str) -> Iterator[tuple[str, int]]:
         prefix = OFFSET_PREFIX + consumer.encode() + SEP
-        for key, raw in self._db.items(from_key=prefix):
+        for key, raw in raw_items(self._db, prefix):
             if not key.startswith(prefix):
                 break
             yield key[len(prefix) :].decode(), _U64.unpack(raw)[0]
@@ -148,7 +147,7 @@ class MetaStore:
         if not doomed:
             return
         batch = MetaBatch()
-        for key in self._db.keys(from_key=OFFSET_PREFIX):
+        for key in raw_keys(self._db, OFFSET_PREFIX):
             if not key.startswith(OFFSET_PREFIX):
                 break
             if key[key.index(SEP) + 1:].decode() in doomed:
@@ -161,7 +160,7 @@ class MetaStore:
     def forget_drops_below(self, position: int) -> None:
         """Markers of drops the index has made durable (re-dispatch starts after them)."""
         batch = MetaBatch()
-        for key, raw in self._db.items(from_key=DROPPED_PREFIX):
+        for key, raw in raw_items(self._db, DROPPED_PREFIX):
             if not key.startswith(DROPPED_PREFIX):
                 break
             if _U64.unpack(raw)[0] <= position:
@@ -223,7 +222,7 @@ class KvTable:
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         start = self._prefix + prefix.encode()
         cut = len(self._prefix)
-        for key, value in self._db.items(from_key=start):
+        for key, value in raw_items(self._db, start):
             if not key.startswith(start):
                 break
             yield key[cut:].decode(), value

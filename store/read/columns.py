@@ -229,6 +229,7 @@ def _batch(queue: str, first_offset: int, n: int, entries: np.ndarray | None, bu
         assert entries is not None
         built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
     if buffer is not None:
+        assert rel is not None and sizes is not None  # (given with the buffer)
         built.update(_record_columns(queue, first_offset, buffer, rel, sizes, names, topic))
     if topic is not None and "topic" in names and "topic" not in built:
         built["topic"] = _constant_string(topic, n)

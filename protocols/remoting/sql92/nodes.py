@@ -18,6 +18,7 @@ Properties = Mapping[str, str]
 
 class Node:
     __slots__ = ("depth",)
+    depth: int  # the height of the tree below and with this node (the parser's limit)
     boolean = False  # a BooleanExpression in RocketMQ's terms
 
     def evaluate(self, props: Properties) -> Any:
