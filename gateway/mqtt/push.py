@@ -4,9 +4,9 @@ gives a session (the skip rules, its QoS, a packet id, the inflight record, its 
 appended to the connection's output buffer), and the end of a delivery (PUBACK / PUBCOMP: settle).
 
 Compiled by Cython (pyproject.toml ``[tool.tidemq] compiled``); the same file runs interpreted
-with ``TIDEMQ_PURE_PYTHON=1``. ``Pusher`` is the base of ``outbound.Delivery``, the asyncio side
-(when to pump, the socket's drain, retained and shared deliveries, resends), which keeps no
-per-message work of its own. Annotations are for readers (``annotation_typing=False``): compiled,
+with ``TIDEMQ_PURE_PYTHON=1``. A ``Pusher`` is owned by an ``outbound.Delivery``, the asyncio side
+(the socket's drain, retained and shared deliveries, resends), which calls it and keeps no
+per-message work of its own; the Pusher never calls back into it. Annotations are for readers (``annotation_typing=False``): compiled,
 C types come from ``cython.declare`` and ``cython.locals`` only.
 """
 
@@ -80,10 +80,12 @@ def _allocate(session: object, inflight: object) -> object:
     return found
 
 
+@cython.final  # composed, not extended: its own calls need no vtable
 @cython.cclass
 class Pusher:
-    """The compiled half of one connection's outbound side (``outbound.Delivery`` extends it):
-    it writes into the connection's output buffer, and reads its session and client id."""
+    """The compiled core of one connection's outbound side (``outbound.Delivery.pusher``): the
+    reader the broker wakes (``schedule_pump``, ``pump``) and the settler of PUBACK / PUBCOMP. It
+    writes into the connection's output buffer, and reads its session and client id."""
 
     if cython.compiled:
         connection = cython.declare(object, visibility="public")

@@ -259,8 +259,11 @@ class Publisher(Connection, Protocol):
     def tracer(self) -> Tracer | None: ...
 
 
-class SubscriberDelivery(MemberDelivery, Reader, Protocol):
-    """A subscriber's outbound side (``outbound.Delivery``)."""
+class SubscriberDelivery(MemberDelivery, Protocol):
+    """A subscriber's outbound side (``outbound.Delivery``); its pusher is the reader the broker wakes."""
+
+    @property
+    def pusher(self) -> Reader: ...
 
     def send_retained(self, state: SubscriptionState, message: StoredMessage) -> None: ...
 
