@@ -34,7 +34,12 @@ _V5 = cython.declare(cython.int, MQTT_5)
 @cython.no_gc  # not tracked by the cyclic GC, one per message (ints and strings: it can be in no cycle)
 @cython.cclass
 class Inflight:
-    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP."""
+    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP.
+
+    A session record (``session.py`` exports it, and its users import it from there), defined
+    here because the pusher makes one per QoS 1/2 delivery and drops it at its ack: as an
+    interpreted class in ``session.py`` it made the delivery core measurably slower per message,
+    and ``session.py`` (persistence, not per-message work) is no module to compile."""
 
     if cython.compiled:
         packet_id = cython.declare(cython.int, visibility="public")
