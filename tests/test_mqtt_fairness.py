@@ -115,7 +115,7 @@ async def test_subscriber_that_stops_reading_is_cut_and_holds_nobody(data_dir: P
         # the publishers waited for the stalled subscriber once, until it counted as stalled
         assert received == PUBLISHERS * 5_000
         conn = gw.mqtt.connections["stalled"]
-        assert conn.delivery.slow and not gw.mqtt.gate.waiting and not gw.mqtt.gate.held
+        assert conn.delivery.pusher.slow and not gw.mqtt.gate.waiting and not gw.mqtt.gate.held
         assert gw.mqtt.stats.publish_dropped > 0
         assert conn.transport.get_write_buffer_size() <= 2 << 20  # bounded, not the 20 MB sent
         await stalled.close()

@@ -162,7 +162,7 @@ class Channel:
         queue = self.broker.queues.get(self.broker_queue_name(consumer))
         if queue is not None:
             queue.remove_consumer(consumer)
-            self.broker.after_consumer_left(queue)
+            self.broker.declarations.after_consumer_left(queue)
 
     def broker_queue_name(self, consumer: Consumer) -> str:
         return self._consumer_queues.get(consumer.tag, "")
@@ -187,13 +187,13 @@ class Channel:
 
     # exchange.*
     def _exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        self.broker.declare_exchange(self, m)
+        self.broker.declarations.declare_exchange(self, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self.broker.delete_exchange(self, m)
+        self.broker.declarations.delete_exchange(self, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
@@ -203,43 +203,43 @@ class Channel:
         if m.passive and (m.queue == REPLY_QUEUE or self.broker.direct_replies.exists(m.queue)):
             self.reply(commands.Queue.DeclareOk(m.queue, 0, 0))  # (a pseudo-queue: always empty)
             return
-        queue = self.broker.declare_queue(self, m)
+        queue = self.broker.declarations.declare_queue(self, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(queue.name, queue.ready_count(), len(queue.consumers)))
 
     def _exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self.broker.bind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        self.broker.declarations.bind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.BindOk())
 
     def _exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self.broker.unbind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
+        self.broker.declarations.unbind_exchange(self, m.destination, m.source, m.routing_key, m.arguments or {}, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Exchange.UnbindOk())
 
     def _queue_bind(self, m: commands.Queue.Bind) -> None:
-        self.broker.bind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        self.broker.declarations.bind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
         self._kept()
         if not m.nowait:
             self.reply(commands.Queue.BindOk())
 
     def _queue_unbind(self, m: commands.Queue.Unbind) -> None:
-        self.broker.unbind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
+        self.broker.declarations.unbind(self, m.queue or self.connection.last_queue, m.exchange, m.routing_key, m.arguments or {})
         self._kept()
         self.reply(commands.Queue.UnbindOk())
 
     def _queue_purge(self, m: commands.Queue.Purge) -> None:
-        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        queue = self.broker.declarations.queue_for(self, m.queue or self.connection.last_queue, m)
         count = queue.purge()
         self._kept()
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(count))
 
     def _queue_delete(self, m: commands.Queue.Delete) -> None:
-        count = self.broker.delete_queue(self, m)
+        count = self.broker.declarations.delete_queue(self, m)
         self._kept()
         if not m.nowait:
             self.reply(commands.Queue.DeleteOk(count))
@@ -265,7 +265,7 @@ class Channel:
             if not m.nowait:
                 self.reply(commands.Basic.ConsumeOk(tag))
             return
-        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        queue = self.broker.declarations.queue_for(self, m.queue or self.connection.last_queue, m)
         if queue.owner is not None and queue.owner is not self.connection:
             raise channel_error(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive to another connection",
                                 self.number, m)
@@ -301,7 +301,7 @@ class Channel:
             self.reply(commands.Basic.CancelOk(m.consumer_tag))
 
     def _basic_get(self, m: commands.Basic.Get) -> None:
-        queue = self.broker.queue_for(self, m.queue or self.connection.last_queue, m)
+        queue = self.broker.declarations.queue_for(self, m.queue or self.connection.last_queue, m)
         queue.touch()
         ready = queue.take()
         if ready is None:

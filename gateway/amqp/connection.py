@@ -220,7 +220,7 @@ class AMQPConnection(asyncio.Protocol):
         for name in list(self.exclusive_queues):
             queue = self.broker.queues.get(name)
             if queue is not None:
-                self.broker.remove_queue(queue)
+                self.broker.declarations.remove_queue(queue)
         self.exclusive_queues = NOTHING
 
     def _closing(self, stage: str, method: Frame) -> None:

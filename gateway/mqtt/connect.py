@@ -63,7 +63,7 @@ async def connect(connection: MQTTConnection, packet: Connect) -> None:
     connection.read_pauses.resume("connect")
     if had:
         connection.delivery.resend_inflight(resend)
-        connection.delivery.pump()
+        connection.delivery.pusher.pump()
     connection.process()  # packets that arrived behind the CONNECT (and the CONNACK, written)
 
 
@@ -177,7 +177,7 @@ async def accept(connection: MQTTConnection, packet: Connect) -> bool:
     broker.presence.connected(connection, clean_start=packet.clean_start, session_present=session_present,
                               expiry_interval=expiry)
     for queue in session.queues_read():
-        broker.add_reader(queue, connection.delivery)
+        broker.add_reader(queue, connection.delivery.pusher)
     for key, state in session.subscriptions.items():
         if state.share_group is not None:
             broker.join_share(key, connection)
@@ -224,7 +224,7 @@ def detach(connection: MQTTConnection) -> None:
         return  # taken over: the session belongs to the new connection now
     del broker.connections[connection.client_id]
     for queue in session.queues_read():
-        broker.remove_reader(queue, connection.delivery)
+        broker.remove_reader(queue, connection.delivery.pusher)
     for key, state in list(session.subscriptions.items()):
         if state.share_group is not None:
             broker.leave_share(key, connection, connection.delivery.take_shared_inflight(key, session))

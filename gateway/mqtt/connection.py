@@ -152,7 +152,7 @@ class MQTTConnection(asyncio.Protocol):
             self._process(held)
         finally:
             if self._delivery is not None:
-                self._delivery.acks_done()  # the read progress of the PUBACKs read, marked once
+                self._delivery.pusher.acks_done()  # the read progress of the PUBACKs read, marked once
 
     def _process(self, held: Publish | Subscribe | None) -> None:
         batch: list = []
@@ -160,7 +160,7 @@ class MQTTConnection(asyncio.Protocol):
         gate = self.broker.gate
         packets = self.conn.events()
         receive = self._inbound.receive if self._inbound is not None else None
-        on_ack = self._delivery.on_ack if self._delivery is not None else None
+        on_ack = self._delivery.pusher.on_ack if self._delivery is not None else None
         try:
             for packet in itertools.chain((held,), packets) if held is not None else packets:
                 if self.closed:
@@ -170,7 +170,7 @@ class MQTTConnection(asyncio.Protocol):
                         self.inbound.submit(batch)
                         batch = []
                     if on_ack is None:
-                        on_ack = self.delivery.on_ack
+                        on_ack = self.delivery.pusher.on_ack
                     on_ack(packet)
                     continue
                 if packet.__class__ is Connect:  # (the only packet before CONNACK: conn gates them)
@@ -208,7 +208,7 @@ class MQTTConnection(asyncio.Protocol):
                                 asyncio.get_running_loop().create_task(self._prepared(fetching))
                                 break
                     if self._delivery is not None:
-                        self._delivery.acks_done()  # (marked before anything else is handled, as each ack was)
+                        self._delivery.pusher.acks_done()  # (marked before anything else is handled, as each ack was)
                     self._dispatch(packet)
         except MQTTError as exc:
             if batch:
@@ -416,7 +416,7 @@ class MQTTConnection(asyncio.Protocol):
     # -- packet dispatch -----------------------------------------------------------------------
     def _dispatch(self, packet: Packet) -> None:
         if isinstance(packet, (PubAck, PubComp)):
-            self.delivery.on_ack(packet)
+            self.delivery.pusher.on_ack(packet)
         elif isinstance(packet, PubRec):
             self.delivery.on_pubrec(packet)
         elif isinstance(packet, PubRel):

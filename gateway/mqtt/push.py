@@ -4,9 +4,9 @@ gives a session (the skip rules, its QoS, a packet id, the inflight record, its 
 appended to the connection's output buffer), and the end of a delivery (PUBACK / PUBCOMP: settle).
 
 Compiled by Cython (pyproject.toml ``[tool.tidemq] compiled``); the same file runs interpreted
-with ``TIDEMQ_PURE_PYTHON=1``. ``Pusher`` is the base of ``outbound.Delivery``, the asyncio side
-(when to pump, the socket's drain, retained and shared deliveries, resends), which keeps no
-per-message work of its own. Annotations are for readers (``annotation_typing=False``): compiled,
+with ``TIDEMQ_PURE_PYTHON=1``. A ``Pusher`` is owned by an ``outbound.Delivery``, the asyncio side
+(the socket's drain, retained and shared deliveries, resends), which calls it and keeps no
+per-message work of its own; the Pusher never calls back into it. Annotations are for readers (``annotation_typing=False``): compiled,
 C types come from ``cython.declare`` and ``cython.locals`` only.
 """
 
@@ -34,7 +34,12 @@ _V5 = cython.declare(cython.int, MQTT_5)
 @cython.no_gc  # not tracked by the cyclic GC, one per message (ints and strings: it can be in no cycle)
 @cython.cclass
 class Inflight:
-    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP."""
+    """A QoS 1/2 PUBLISH sent to the client, waiting for PUBACK / PUBREC / PUBCOMP.
+
+    A session record (``session.py`` exports it, and its users import it from there), defined
+    here because the pusher makes one per QoS 1/2 delivery and drops it at its ack: as an
+    interpreted class in ``session.py`` it made the delivery core measurably slower per message,
+    and ``session.py`` (persistence, not per-message work) is no module to compile."""
 
     if cython.compiled:
         packet_id = cython.declare(cython.int, visibility="public")
@@ -80,10 +85,12 @@ def _allocate(session: object, inflight: object) -> object:
     return found
 
 
+@cython.final  # composed, not extended: its own calls need no vtable
 @cython.cclass
 class Pusher:
-    """The compiled half of one connection's outbound side (``outbound.Delivery`` extends it):
-    it writes into the connection's output buffer, and reads its session and client id."""
+    """The compiled core of one connection's outbound side (``outbound.Delivery.pusher``): the
+    reader the broker wakes (``schedule_pump``, ``pump``) and the settler of PUBACK / PUBCOMP. It
+    writes into the connection's output buffer, and reads its session and client id."""
 
     if cython.compiled:
         connection = cython.declare(object, visibility="public")

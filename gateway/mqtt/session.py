@@ -16,7 +16,7 @@ from typing import Any
 from protocols.mqtt.packets import Subscription, Will
 
 from ..core.cursor import Cursor
-from .push import Inflight, allocate_packet_id
+from .push import Inflight, allocate_packet_id  # (a session record compiled with the pusher: push.py says why)
 
 __all__ = ["NEVER_EXPIRES", "SESSIONS_TABLE", "Inflight", "Session", "SubscriptionState"]
 

@@ -70,7 +70,7 @@ def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
             else:
                 if queue not in session.cursors:
                     session.add_cursor(Cursor(queue, broker.store.max_offset_now(queue)))
-                broker.add_reader(queue, connection.delivery)
+                broker.add_reader(queue, connection.delivery.pusher)
         codes.append(request.qos)
         rh = request.retain_handling
         # retained messages are not sent for shared subscriptions (MQTT 5.0 section 4.8.2)
@@ -82,7 +82,7 @@ def subscribe(connection: MQTTConnection, packet: Subscribe) -> None:
         for message in messages:
             connection.delivery.send_retained(state, message)
     broker.mark_dirty(session)
-    connection.delivery.schedule_pump()
+    connection.delivery.pusher.schedule_pump()
 
 
 def unsubscribe(connection: MQTTConnection, packet: Unsubscribe) -> None:
@@ -101,7 +101,7 @@ def unsubscribe(connection: MQTTConnection, packet: Unsubscribe) -> None:
             continue
         if state.queue not in session.queues_read():
             cursor = session.cursors.pop(state.queue, None)
-            connection.broker.remove_reader(state.queue, connection.delivery)
+            connection.broker.remove_reader(state.queue, connection.delivery.pusher)
             if cursor is not None:  # inflight messages of that queue finish, without a cursor
                 cursor.unacked.clear()
     connection.send_packet(UnsubAck(packet.packet_id, codes if connection.conn.version == MQTT_5 else []))

@@ -1,4 +1,8 @@
-"""The store's public records: what a producer hands in, what a put returns, what a read returns."""
+"""The store's public records, one for each moment of a message's life, in RocketMQ's terms:
+``Message``, what a producer hands in (its content, no place yet); ``PutResult``, the receipt
+of a put (where the record went: position, size, store time, an offset per queue; no content);
+``StoredMessage``, what a read returns (the content as stored, its place, and the one queue and
+offset it was read through). ``GetResult`` is a queue read's answer."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""What a producer hands in (``Message``), compiled: every gateway builds one per message it
-stores, on the publish path, so it is a C object built without a ``__dict__`` or a dataclass's
-Python ``__init__`` (0.32 -> 0.1 us a message), and not tracked by the cyclic garbage collector
-(it refers to strings, bytes, ints and a dict of strings: it can be in no cycle). It behaves as
-the dataclass it replaces: keyword or positional fields, equality by fields, a readable repr."""
+"""What a producer hands in (``Message``): a message's content before the store gives it a place
+(a ``PutResult`` says where it went, a ``StoredMessage`` is what reads give back). Compiled: every
+gateway builds one per message it stores, so it is a C object without a ``__dict__``, not tracked
+by the cyclic garbage collector (it refers to strings, bytes, ints and a dict of strings: it can
+be in no cycle). It behaves as a dataclass: keyword or positional fields, equality by fields."""
 
 from __future__ import annotations
 

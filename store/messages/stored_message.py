@@ -1,9 +1,8 @@
-"""What a read returns (``StoredMessage``), compiled: one is built per message read or handed to
-a tail reader, on the delivery path, and the queue cache keeps thousands of them. As a C object
-it is built without a ``__dict__`` or keyword parsing, and it is not tracked by the cyclic
-garbage collector (it refers to strings, bytes, ints and a dict of strings only, so it can be in
-no cycle): the collector's passes over the cache's messages cost the MQTT fan-in ~8 % of its CPU
-(py-spy, ``loadtest/profile_stages.py``)."""
+"""What a read returns (``StoredMessage``): a record read back from the commitlog -- the content a
+``Message`` had, as stored (properties and queues still encoded, the tags as their hash), the
+place a ``PutResult`` reported, and the one queue and offset it was read through. Compiled: one
+is built per message read, and the queue cache keeps thousands, so it is a C object without a
+``__dict__``, not tracked by the cyclic garbage collector (it can be in no cycle)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from ..log.record import decode_properties, decode_queues
 @cython.no_gc
 @cython.cclass
 class StoredMessage:
-    """A message read back from the store, with its place in the queue it was read from.
+    """A message read back from the store, with its place in the commitlog and in the queue it
+    was read from.
 
     Weakly referenceable, so that a reader can keep what it derives from a message (the MQTT
     gateway's encoded PUBLISH) beside it for exactly as long as the message lives."""
@@ -64,7 +64,7 @@ class StoredMessage:
     @property
     def msg_id(self) -> str:
         """RocketMQ's offsetMsgId: given, or the store's identity then the position (store/log/msgid.py),
-        formatted when first read (most readers never read it: 0.19 us a message)."""
+        formatted when first read (most readers never read it)."""
         if self._msg_id is None:
             self._msg_id = f"{self.id_prefix}{self.position:016X}"
         return self._msg_id
