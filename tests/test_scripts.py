@@ -143,3 +143,26 @@ def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path
     assert serve(TIDEMQ_METRICS_BIND="") == "args=serve metrics="
     assert serve(TIDEMQ_CONFIG="x.toml") == "args=serve metrics=unset"
     assert not (tmp_path / "pip.log").exists()  # and no pip on these starts
+
+
+def test_an_extension_older_than_its_source_is_built_again_though_the_content_is_the_same(tmp_path: Path) -> None:
+    """A checkout that puts a source's content back leaves the hash as it was and the extension
+    older than the source, which the test set-up refuses naming venv.sh: venv.sh must build it."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    assert source_venv(tmp_path, "test") == (0, [])
+    source = tmp_path / (COMPILED[0].replace(".", "/") + ".py")
+    extension = next(source.parent.glob(source.stem + ".*.so"))
+    built = extension.stat().st_mtime
+    os.utime(source, (built + 60, built + 60))  # same content, touched after the build
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    os.utime(source, (built - 60, built - 60))  # the build (the fake's touch) is newer again
+    assert source_venv(tmp_path, "test") == (0, [])
+    assert source_venv(tmp_path) == (0, [])  # serve.sh afterwards: nothing to do
