@@ -61,7 +61,12 @@ if [ "$_tidemq_current" = no ]; then
         echo "scripts/venv.sh: pyproject.toml, setup.py or a compiled module's source changed since the build; building again" >&2
     fi
     rm -f "$_tidemq_stamp"
-    .venv/bin/python -m pip install --quiet --upgrade pip
+    # pip, and the build requirements (pyproject.toml's build-system: setuptools, Cython), so that
+    # `.venv/bin/python setup.py build_ext --inplace` (docs/compiled.md, the test set-up's rebuild
+    # hint) runs in the venv too: the setuptools a venv starts with cannot read pyproject.toml
+    # shellcheck disable=SC2046  # (one word per requirement)
+    .venv/bin/python -m pip install --quiet --upgrade pip $(.venv/bin/python -c \
+        'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
     if [ -n "${VENV_EXTRAS:-}" ]; then
         .venv/bin/python -m pip install --quiet -e ".[$VENV_EXTRAS]"
     else

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 from .native_support import COMPILED, ROOT
@@ -166,3 +167,20 @@ def test_an_extension_older_than_its_source_is_built_again_though_the_content_is
     os.utime(source, (built - 60, built - 60))  # the build (the fake's touch) is newer again
     assert source_venv(tmp_path, "test") == (0, [])
     assert source_venv(tmp_path) == (0, [])  # serve.sh afterwards: nothing to do
+
+
+def test_the_venv_can_rebuild_in_place_as_the_test_set_up_says(tmp_path: Path) -> None:
+    """The rebuild hint's `.venv/bin/python setup.py build_ext --inplace` needs the build-system's
+    setuptools in the venv: the one a venv starts with refuses pyproject.toml's license field."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    assert read_configuration(ROOT / "pyproject.toml")["project"]["name"] == "tidemq"
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    code, pip = source_venv(tmp_path)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert code == 0 and any(line.split()[-len(requires):] == requires for line in pip), pip
