@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(realpath -m "${1:-./local-group}")
 mkdir -p "$dir"
-[ -x .venv/bin/python ] || . scripts/venv.sh
+VENV_EXTRAS= . scripts/venv.sh  # (quick when current; installs again when pyproject.toml changed)
 command -v etcd >/dev/null || bash scripts/system-deps.sh
 python=.venv/bin/python
 pids=()

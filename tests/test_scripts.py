@@ -184,3 +184,33 @@ def test_the_venv_can_rebuild_in_place_as_the_test_set_up_says(tmp_path: Path) -
     code, pip = source_venv(tmp_path)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     assert code == 0 and any(line.split()[-len(requires):] == requires for line in pip), pip
+
+
+def test_the_local_group_installs_what_a_changed_pyproject_asks_before_it_starts(tmp_path: Path) -> None:
+    """scripts/local-group.sh on a checkout whose venv predates a new dependency: it must
+    install it, as serve.sh does, instead of starting nodes that cannot import it."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("venv.sh", "local-group.sh"):
+        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    assert source_venv(tmp_path)[0] == 0  # an installed venv
+    with (tmp_path / "pyproject.toml").open("a") as fh:
+        fh.write("\n# a dependency added\n")
+    (tmp_path / "pip.log").unlink(missing_ok=True)
+    bin_dir = tmp_path / "bin"  # an etcd that starts nothing
+    bin_dir.mkdir()
+    (bin_dir / "etcd").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (bin_dir / "etcd").chmod(0o755)
+    (tmp_path / ".venv" / "bin" / "python").write_text(  # the nodes: each says it started
+        FAKE_PYTHON.replace('exec python3 "$@"', '[ "$1 $2" != "-m gateway" ] || { echo "$*" >> "$NODES_LOG"; exit 0; }\n'
+                                                 'exec python3 "$@"'))
+    env = dict(os.environ, PYTHON=str(fake), PIP_LOG=str(tmp_path / "pip.log"), BUILT_SOURCES=BUILT_SOURCES,
+               NODES_LOG=str(tmp_path / "nodes.log"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    subprocess.run(["bash", "scripts/local-group.sh", str(tmp_path / "group")], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, text=True, timeout=60)
+    pip = (tmp_path / "pip.log").read_text().splitlines() if (tmp_path / "pip.log").exists() else []
+    assert any(line.endswith("-e .") for line in pip), pip
+    assert len((tmp_path / "nodes.log").read_text().splitlines()) == 4  # three store nodes, a gateway node
