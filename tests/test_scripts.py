@@ -4,6 +4,7 @@ pyproject.toml, setup.py or a compiled module's source changes, not on every sta
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tomllib
@@ -213,4 +214,7 @@ def test_the_local_group_installs_what_a_changed_pyproject_asks_before_it_starts
                    capture_output=True, text=True, timeout=60)
     pip = (tmp_path / "pip.log").read_text().splitlines() if (tmp_path / "pip.log").exists() else []
     assert any(line.endswith("-e .") for line in pip), pip
-    assert len((tmp_path / "nodes.log").read_text().splitlines()) == 4  # three store nodes, a gateway node
+    nodes = (tmp_path / "nodes.log").read_text().splitlines()
+    assert len(nodes) == 4  # three store nodes, a gateway node
+    binds = [address for line in nodes for address in re.findall(r"--[a-z-]+-bind (\S+)", line)]
+    assert len(binds) == len(set(binds)), binds  # a leader's listeners must not meet the gateway node's
