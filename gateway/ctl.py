@@ -180,7 +180,10 @@ def _authorization(args: argparse.Namespace) -> str:
     if not password:
         if not sys.stdin.isatty():
             raise CtlError(f"--user {args.user} needs --password or $TIDEMQ_ADMIN_PASSWORD")
-        password = args.password = getpass.getpass(f"password of {args.user}: ")
+        try:
+            password = args.password = getpass.getpass(f"password of {args.user}: ")
+        except EOFError:  # Ctrl-D at the prompt
+            raise CtlError(f"no password given for --user {args.user}") from None
     return "Basic " + base64.b64encode(f"{args.user}:{password}".encode()).decode()
 
 

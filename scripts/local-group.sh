@@ -6,13 +6,14 @@
 #   bash scripts/local-group.sh [DIR]        (default DIR: ./local-group)
 #
 # MQTT clients: 127.0.0.1:1883 (the gateway node); AMQP: 127.0.0.1:5672 (relayed to the leader);
-# each store node's admin API: 127.0.0.1:9101..9103 (`tidemq ctl --url http://127.0.0.1:9101 cluster`).
+# each store node's admin API: 127.0.0.1:9101..9103 (`tidemq ctl --url http://127.0.0.1:9101 cluster`), its
+# AMQP (while it leads) 127.0.0.1:5681..5683, apart from the gateway node's 5672.
 # Kill the leader (its pid is in DIR/sN.pid) and watch another take over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(realpath -m "${1:-./local-group}")
 mkdir -p "$dir"
-[ -x .venv/bin/python ] || . scripts/venv.sh
+VENV_EXTRAS= . scripts/venv.sh  # (quick when current; installs again when pyproject.toml changed)
 command -v etcd >/dev/null || bash scripts/system-deps.sh
 python=.venv/bin/python
 pids=()
@@ -29,7 +30,7 @@ etcd --name local --data-dir "$dir/etcd" --listen-client-urls http://127.0.0.1:2
 pids+=($!)
 for i in 1 2 3; do
     $python -m gateway serve --role store --node-id "s$i" --replication-group local --etcd 127.0.0.1:2379 \
-        --replication-bind "127.0.0.1:1090$i" --remoting-bind "127.0.0.1:987$i" --amqp-bind "127.0.0.1:567$i" \
+        --replication-bind "127.0.0.1:1090$i" --remoting-bind "127.0.0.1:987$i" --amqp-bind "127.0.0.1:568$i" \
         --metrics-bind "127.0.0.1:910$i" --data-dir "$dir/s$i" >"$dir/s$i.log" 2>&1 &
     pids+=($!)
     echo $! >"$dir/s$i.pid"

@@ -25,18 +25,27 @@ for declarations in sorted(p for folder in folders for p in folder.glob("*.pxd")
 print(digest.hexdigest())
 PY
 )
-# ... and the built extensions must be there (a `git clean` removes them, not the stamp)
+# ... and the built extensions must be there (a `git clean` removes them, not the stamp), each
+# no older than its source and the .pxd files of its folder: a checkout that puts a source's
+# content back leaves the hash as it was and the extension older, which the tests refuse
+# (tests/builds.py, stale_extensions), naming this script as the cure
 _tidemq_built=$(.venv/bin/python - <<'PY'
 import pathlib, tomllib
 names = tomllib.loads(open("pyproject.toml", "rb").read().decode())["tool"]["tidemq"]["compiled"]
-paths = [pathlib.Path(name.replace(".", "/")) for name in names]
-print("yes" if all(any(p.parent.glob(p.name + ".*.so")) for p in paths) else "no")
+def state(source):
+    extensions = list(source.parent.glob(source.stem + ".*.so"))
+    newest = max(path.stat().st_mtime for path in [source, *source.parent.glob("*.pxd")])
+    return "missing" if not extensions else "yes" if any(e.stat().st_mtime >= newest for e in extensions) else "stale"
+states = {state(pathlib.Path(name.replace(".", "/") + ".py")) for name in names}
+print("missing" if "missing" in states else "stale" if "stale" in states else "yes")
 PY
 )
 _tidemq_stamp=".venv/.tidemq-installed-${VENV_EXTRAS:-base}"
 _tidemq_current=no
-if [ "$_tidemq_built" = no ]; then
+if [ "$_tidemq_built" = missing ]; then
     rm -f .venv/.tidemq-installed-*  # (every set of extras needs the build again)
+elif [ "$_tidemq_built" = stale ]; then
+    :  # built again, whatever the stamp says
 elif [ "$(cat "$_tidemq_stamp" 2>/dev/null)" = "$_tidemq_hash" ]; then
     _tidemq_current=yes
 elif [ -z "${VENV_EXTRAS:-}" ]; then
@@ -48,11 +57,16 @@ elif [ -z "${VENV_EXTRAS:-}" ]; then
     done
 fi
 if [ "$_tidemq_current" = no ]; then
-    if [ "$_tidemq_built" = yes ] && [ -f "$_tidemq_stamp" ]; then
+    if [ "$_tidemq_built" != missing ] && [ -f "$_tidemq_stamp" ]; then
         echo "scripts/venv.sh: pyproject.toml, setup.py or a compiled module's source changed since the build; building again" >&2
     fi
     rm -f "$_tidemq_stamp"
-    .venv/bin/python -m pip install --quiet --upgrade pip
+    # pip, and the build requirements (pyproject.toml's build-system: setuptools, Cython), so that
+    # `.venv/bin/python setup.py build_ext --inplace` (docs/compiled.md, the test set-up's rebuild
+    # hint) runs in the venv too: the setuptools a venv starts with cannot read pyproject.toml
+    # shellcheck disable=SC2046  # (one word per requirement)
+    .venv/bin/python -m pip install --quiet --upgrade pip $(.venv/bin/python -c \
+        'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
     if [ -n "${VENV_EXTRAS:-}" ]; then
         .venv/bin/python -m pip install --quiet -e ".[$VENV_EXTRAS]"
     else

@@ -303,3 +303,28 @@ async def test_ctl_queues_pages_and_says_when_the_listing_was_cut(data_dir: Path
         assert code == 2 and "limit must be 1 to 1000" in err and out == ""
     finally:
         await gw.stop()
+
+
+def test_ctl_asked_for_a_password_and_given_none_says_so_without_a_traceback() -> None:
+    """`tidemq ctl --user root clients` on a terminal, answered with Ctrl-D (end of input)."""
+    import pty
+    import subprocess
+
+    controller, terminal = pty.openpty()
+    try:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
+        proc = subprocess.Popen(  # a session of its own: no /dev/tty, so getpass reads the pty
+            [sys.executable, "-m", "gateway", "ctl", "--url", "http://127.0.0.1:9", "--user", "root", "clients"],
+            stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean, start_new_session=True)
+        os.close(terminal)
+        assert proc.stderr is not None
+        prompt = b""
+        while b"password of root" not in prompt:  # (getpass prompts on stderr without a /dev/tty)
+            prompt += proc.stderr.read1(100) or pytest.fail(f"no prompt: {prompt!r}")
+        os.write(controller, b"\x04")  # Ctrl-D: the end of input
+        _, rest = proc.communicate(timeout=30)
+        err = prompt + rest
+    finally:
+        os.close(controller)
+    assert proc.returncode == 1 and "Traceback" not in err.decode(), err.decode()
+    assert "no password" in err.decode(), err.decode()

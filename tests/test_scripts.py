@@ -4,8 +4,10 @@ pyproject.toml, setup.py or a compiled module's source changes, not on every sta
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 from .native_support import COMPILED, ROOT
@@ -143,3 +145,76 @@ def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path
     assert serve(TIDEMQ_METRICS_BIND="") == "args=serve metrics="
     assert serve(TIDEMQ_CONFIG="x.toml") == "args=serve metrics=unset"
     assert not (tmp_path / "pip.log").exists()  # and no pip on these starts
+
+
+def test_an_extension_older_than_its_source_is_built_again_though_the_content_is_the_same(tmp_path: Path) -> None:
+    """A checkout that puts a source's content back leaves the hash as it was and the extension
+    older than the source, which the test set-up refuses naming venv.sh: venv.sh must build it."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    assert source_venv(tmp_path, "test") == (0, [])
+    source = tmp_path / (COMPILED[0].replace(".", "/") + ".py")
+    extension = next(source.parent.glob(source.stem + ".*.so"))
+    built = extension.stat().st_mtime
+    os.utime(source, (built + 60, built + 60))  # same content, touched after the build
+    code, pip = source_venv(tmp_path, "test")
+    assert code == 0 and any('-e .[test]' in line for line in pip), pip
+    os.utime(source, (built - 60, built - 60))  # the build (the fake's touch) is newer again
+    assert source_venv(tmp_path, "test") == (0, [])
+    assert source_venv(tmp_path) == (0, [])  # serve.sh afterwards: nothing to do
+
+
+def test_the_venv_can_rebuild_in_place_as_the_test_set_up_says(tmp_path: Path) -> None:
+    """The rebuild hint's `.venv/bin/python setup.py build_ext --inplace` needs the build-system's
+    setuptools in the venv: the one a venv starts with refuses pyproject.toml's license field."""
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    assert read_configuration(ROOT / "pyproject.toml")["project"]["name"] == "tidemq"
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    code, pip = source_venv(tmp_path)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert code == 0 and any(line.split()[-len(requires):] == requires for line in pip), pip
+
+
+def test_the_local_group_installs_what_a_changed_pyproject_asks_before_it_starts(tmp_path: Path) -> None:
+    """scripts/local-group.sh on a checkout whose venv predates a new dependency: it must
+    install it, as serve.sh does, instead of starting nodes that cannot import it."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("venv.sh", "local-group.sh"):
+        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    copy_project_files(tmp_path)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    assert source_venv(tmp_path)[0] == 0  # an installed venv
+    with (tmp_path / "pyproject.toml").open("a") as fh:
+        fh.write("\n# a dependency added\n")
+    (tmp_path / "pip.log").unlink(missing_ok=True)
+    bin_dir = tmp_path / "bin"  # an etcd that starts nothing
+    bin_dir.mkdir()
+    (bin_dir / "etcd").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (bin_dir / "etcd").chmod(0o755)
+    (tmp_path / ".venv" / "bin" / "python").write_text(  # the nodes: each says it started
+        FAKE_PYTHON.replace('exec python3 "$@"', '[ "$1 $2" != "-m gateway" ] || { echo "$*" >> "$NODES_LOG"; exit 0; }\n'
+                                                 'exec python3 "$@"'))
+    env = dict(os.environ, PYTHON=str(fake), PIP_LOG=str(tmp_path / "pip.log"), BUILT_SOURCES=BUILT_SOURCES,
+               NODES_LOG=str(tmp_path / "nodes.log"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    subprocess.run(["bash", "scripts/local-group.sh", str(tmp_path / "group")], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, text=True, timeout=60)
+    pip = (tmp_path / "pip.log").read_text().splitlines() if (tmp_path / "pip.log").exists() else []
+    assert any(line.endswith("-e .") for line in pip), pip
+    nodes = (tmp_path / "nodes.log").read_text().splitlines()
+    assert len(nodes) == 4  # three store nodes, a gateway node
+    binds = [address for line in nodes for address in re.findall(r"--[a-z-]+-bind (\S+)", line)]
+    assert len(binds) == len(set(binds)), binds  # a leader's listeners must not meet the gateway node's
