@@ -1,20 +1,28 @@
 """Chaos and throughput of a replicated store: faults injected into a 3-replica group under load.
 
     python -m loadtest.chaos_replication [--rounds 2] [--faults leader_kill9,leader_sigstop,follower_kill9,restart_all]
-                                         [--protocols mqtt,amqp] [--seed N] [--flush async] [--log-dir DIR] [--out FILE]
-    python -m loadtest.chaos_replication --throughput [--messages 4000] [--publishers 4] [--protocols mqtt,amqp]
+                                         [--protocols mqtt,amqp,remoting] [--seed N] [--flush async]
+                                         [--log-dir DIR] [--out FILE]
+    python -m loadtest.chaos_replication --throughput [--messages 20000] [--publishers 4] [--protocols mqtt,amqp]
 
 Real processes on 127.0.0.1: etcd (tests/etcd_support.py), three ``--role store`` nodes of the
 replication group g1 (``replication = sync``, ``min_insync_replicas = 2``) and one ``--role
-gateway`` node that follows the leader. Each store node's and the gateway node's stderr is
-appended to ``NAME.log`` under ``--log-dir`` (default: a new temp dir, printed at the start).
+gateway`` node that follows the leader. The stderr of each node and client process is appended
+to ``NAME.log`` under ``--log-dir`` (default: a new temp dir, printed at the start).
 
-Chaos (the default): for each round and each fault, QoS 1 MQTT publishers (paho, clean
-sessions, one message in flight) through the gateway node, and an AMQP publisher with
-confirms to the durable queue ``chaos`` through the gateway node's AMQP (relayed to the
-leader), publish numbered messages, each again until acknowledged; a persistent-session QoS 1
-MQTT subscriber and an AMQP consumer with manual acks receive them all the run long. After 1-2 s
-of load (seeded) the fault:
+Chaos (the default): for each round and each fault, numbered messages, each published again
+until acknowledged, one in flight per publisher:
+
+- mqtt: two QoS 1 publishers (paho, clean sessions) through the gateway node; a persistent
+  session (clean_session false) subscribed to ``chaos/#`` at QoS 1 receives them;
+- amqp: a publisher with confirms to the durable queue ``chaos`` through the gateway node's
+  AMQP (relayed to the leader); a consumer (basic.consume, manual acks) receives them;
+- remoting: ali-ons (loadtest/chaos_remoting.js under node, tests/remoting_js's packages) with
+  the three store nodes' remoting addresses as name servers: a producer (SEND_OK) and a push
+  consumer from the topic's first offset.
+
+Consumers run the whole run long and reconnect when dropped. After 1-2 s of load (seeded) the
+fault:
 
 - ``leader_kill9``: kill -9 of the leader; once another leads, it is started again;
 - ``leader_sigstop``: SIGSTOP of the leader until another leads (at least 1.5 leases), then SIGCONT;
@@ -27,27 +35,29 @@ One line per round, fault and protocol:
 
     chaos fault=NAME protocol=P acked=N received=N lost=N duplicated=N unavailable_s=S
 
-acked: distinct messages acknowledged (PUBACK, confirm); received: those the consumer got;
-lost: acked - received; duplicated: deliveries beyond the first of a message; unavailable_s:
-the longest time without an acknowledgement from the fault to the end of the load (from the
-fault to the first acknowledgement after it, unless one in flight at the fault came through
-first; ``never``: none came). Lines
-starting with ``#`` say more: the seed, the round's leaders and the time the group took to be
-whole again, and ``# DEFECT`` for an acknowledged message lost, a group that is not whole again
-within 60 s or a protocol that never acknowledged again, with how to replay it (``--seed``).
-``# note`` lines count repeats delivered without the redelivered/DUP flag, and those of a
-message its publisher sent once (not explained by a publisher's own retry).
+acked: distinct messages acknowledged (PUBACK, confirm, SEND_OK); received: those the consumer
+got; lost: acked - received; duplicated: deliveries beyond the first of a message;
+unavailable_s: the longest time without an acknowledgement from the fault to the end of the
+load (from the fault to the first acknowledgement after it, unless one in flight at the fault
+came through first; ``never``: none came). Lines starting with ``#`` say more: the seed, the
+leaders, the time the group took to be whole again, the connections clients had to open again,
+and ``# DEFECT`` for an acknowledged message lost, a group not whole again within 60 s or a
+protocol that never acknowledged again, with how to replay it (``--seed``). ``# note`` lines
+count repeats delivered without the redelivered/DUP flag (remoting: reconsumeTimes 0), and
+those of a message its publisher sent once (not explained by the publisher's own retry; ali-ons'
+internal retries are not seen). The exit status is 1 when there was a defect.
 
-Throughput (``--throughput``): per protocol, ``--messages`` QoS 1 publishes / confirmed
-publishes split over ``--publishers`` concurrent clients (64 unacknowledged each) against the
-group (MQTT through the gateway node, as store nodes serve no MQTT; AMQP straight to the
-leader), then against one standalone node (``python -m gateway serve``, fresh data dir, same
-``--flush``). One line per protocol:
+Throughput (``--throughput``): per protocol (mqtt, amqp), ``--messages`` QoS 1 publishes /
+confirmed publishes split over ``--publishers`` concurrent clients (64 unacknowledged each)
+against the group (MQTT through the gateway node, as store nodes serve no MQTT; AMQP straight
+to the leader), then against one standalone node (``python -m gateway serve``, fresh data dir,
+same ``--flush``). One line per protocol:
 
-    replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N
-        leader_cpu_us_per_msg=N single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N]
+    replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N leader_cpu_us_per_msg=N
+        single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N] gen_cpu_us_per_msg=N
 
-CPU figures: user + system seconds of the process (psutil) over the run, per message.
+CPU figures: user + system seconds of the process (psutil) over the run, per message;
+``gen``: this script's own (the clients), for telling a client-bound run.
 """
 
 from __future__ import annotations
@@ -618,21 +628,28 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
     protocols = args.protocols.split(",")
     lines.emit(f"# chaos seed={seed} rounds={args.rounds} faults={args.faults} protocols={args.protocols} "
                f"flush={args.flush} logs={log_dir}")
+    replay = (f"replay: python -m loadtest.chaos_replication --seed {seed} --rounds {args.rounds} "
+              f"--faults {args.faults} --protocols {args.protocols} --flush {args.flush}; node logs in {log_dir}")
     group = Group(workdir, log_dir, args.flush)
     consumers = Consumers({protocol: {} for protocol in protocols})
     defects = 0
     try:
-        await asyncio.to_thread(group.start)
-        if await group.wait_whole() is None:
-            raise RuntimeError("the group did not become whole at the start")
-        if "mqtt" in protocols:
-            consumers.mqtt = MqttSubscriber(group.mqtt_port, consumers.tallies["mqtt"], consumers.connections)
-            await asyncio.to_thread(consumers.mqtt.start)
-        if "amqp" in protocols:
-            consumers.amqp_task = asyncio.ensure_future(
-                amqp_consumer(group.amqp_port, consumers.tallies["amqp"], consumers.halt, consumers.connections))
-        if "remoting" in protocols:
-            consumers.ons = await start_ons_consumer(group, consumers.tallies["remoting"])
+        try:
+            await asyncio.to_thread(group.start)
+            if await group.wait_whole() is None:
+                raise RuntimeError("the group did not become whole at the start")
+            if "mqtt" in protocols:
+                consumers.mqtt = MqttSubscriber(group.mqtt_port, consumers.tallies["mqtt"], consumers.connections)
+                await asyncio.to_thread(consumers.mqtt.start)
+            if "amqp" in protocols:
+                consumers.amqp_task = asyncio.ensure_future(
+                    amqp_consumer(group.amqp_port, consumers.tallies["amqp"], consumers.halt, consumers.connections))
+            if "remoting" in protocols:
+                consumers.ons = await start_ons_consumer(group, consumers.tallies["remoting"])
+        except (RuntimeError, TimeoutError, AssertionError) as exc:  # (AssertionError: a node did not start)
+            lines.emit(f"# DEFECT at the start, before any fault: {exc or type(exc).__name__}; {replay}")
+            defects += 1
+            return 1
         for round_no in range(args.rounds):
             for fault in faults:
                 tag = f"r{round_no}{fault}"
@@ -652,9 +669,7 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                         missing = [f"{m} sent={tally.sent[m]} acked_at={tally.acked_at[m] - fault_at:+.2f}s"
                                    for m in sorted(tally.missing())[:10]]
                         lines.emit(f"# DEFECT fault={fault} protocol={protocol} round={tag}: lost={got.lost} "
-                                   f"(e.g. {missing}) unavailable_s={got.unavailable_s}; replay: "
-                                   f"python -m loadtest.chaos_replication --seed {seed} --rounds {args.rounds} "
-                                   f"--faults {args.faults} --protocols {args.protocols}; store node logs in {log_dir}")
+                                   f"(e.g. {missing}) unavailable_s={got.unavailable_s}; {replay}")
         if consumers.mqtt is not None and consumers.mqtt.sessions_lost:
             lines.emit(f"# DEFECT the MQTT subscriber's persistent session was lost {consumers.mqtt.sessions_lost} times")
             defects += 1
@@ -667,7 +682,7 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
         if consumers.mqtt is not None:
             await asyncio.to_thread(consumers.mqtt.close)
         await asyncio.to_thread(group.close)
-    lines.emit(f"# chaos done: defects={defects} seed={seed} logs={log_dir}")
+        lines.emit(f"# chaos done: defects={defects} seed={seed} logs={log_dir}")
     return 1 if defects else 0
 
 
@@ -761,8 +776,9 @@ async def ready_for_writes(protocol: str, port: int) -> None:
 
 
 async def measure(protocol: str, port: int, pids: list[int], messages: int, publishers: int) -> tuple[float, list[float]]:
-    """msgs/s and each pid's CPU microseconds per message."""
+    """msgs/s and each pid's CPU microseconds per message, this process's (the clients') last."""
     await ready_for_writes(protocol, port)
+    pids = [*pids, os.getpid()]
     before = [cpu_s(pid) for pid in pids]
     if protocol == "mqtt":
         elapsed = await asyncio.to_thread(mqtt_burst, port, messages, publishers)
@@ -780,7 +796,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     lines.emit(f"# throughput messages={args.messages} publishers={args.publishers} flush={args.flush} logs={log_dir}")
-    replicated: dict[str, tuple[float, list[float]]] = {}
+    replicated: dict[str, tuple[float, list[float]] | str] = {}
     group = Group(workdir / "group", log_dir, args.flush)
     try:
         await asyncio.to_thread(group.start, "mqtt" in protocols)
@@ -790,30 +806,45 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
         leader_pid = group.nodes[leader["node"]].proc.pid
         for protocol in protocols:
             if protocol == "mqtt":
-                replicated[protocol] = await measure("mqtt", group.mqtt_port, [leader_pid, group.gateway.pid],
-                                                     args.messages, args.publishers)
+                port, pids = group.mqtt_port, [leader_pid, group.gateway.pid]
             else:
-                replicated[protocol] = await measure("amqp", group.nodes[leader["node"]].amqp_port, [leader_pid],
-                                                     args.messages, args.publishers)
+                port, pids = group.nodes[leader["node"]].amqp_port, [leader_pid]
+            replicated[protocol] = await measured_or_error(measure(protocol, port, pids, args.messages,
+                                                                   args.publishers))
     finally:
         await asyncio.to_thread(group.close)
     mqtt_port, amqp_port = free_port(), free_port()
     single = await asyncio.to_thread(start_gateway, workdir / "single", mqtt_port=mqtt_port, amqp_port=amqp_port,
                                      flush=args.flush)
+    failed = False
     try:
         for protocol in protocols:
-            rate, cpu = await measure(protocol, mqtt_port if protocol == "mqtt" else amqp_port, [single.pid],
-                                      args.messages, args.publishers)
-            group_rate, group_cpu = replicated[protocol]
+            alone = await measured_or_error(measure(protocol, mqtt_port if protocol == "mqtt" else amqp_port,
+                                                    [single.pid], args.messages, args.publishers))
+            together = replicated[protocol]
+            if isinstance(together, str) or isinstance(alone, str):
+                failed = True
+                lines.emit(f"replication mode=sync protocol={protocol} error=\"group: {together if isinstance(together, str) else 'ok'}; "
+                           f"single node: {alone if isinstance(alone, str) else 'ok'}\"")
+                continue
+            (group_rate, group_cpu), (rate, cpu) = together, alone
             line = (f"replication mode=sync protocol={protocol} msgs_per_s={group_rate:.0f} "
                     f"single_node_msgs_per_s={rate:.0f} leader_cpu_us_per_msg={group_cpu[0]:.0f} "
                     f"single_node_cpu_us_per_msg={cpu[0]:.0f}")
             if protocol == "mqtt":
                 line += f" gateway_node_cpu_us_per_msg={group_cpu[1]:.0f}"
-            lines.emit(line)
+            lines.emit(f"{line} gen_cpu_us_per_msg={group_cpu[-1]:.0f}")
     finally:
         await asyncio.to_thread(stop, single)
-    return 0
+    return 1 if failed else 0
+
+
+async def measured_or_error(run) -> tuple[float, list[float]] | str:
+    """A measurement, or what made it fail (the run goes on with the next case)."""
+    try:
+        return await run
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}".replace('"', "'")
 
 
 def main() -> None:
@@ -825,7 +856,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="the random source's seed (to replay a run)")
     parser.add_argument("--flush", choices=("sync", "async"), default="async", help="every node's flush (default async)")
     parser.add_argument("--log-dir", help="where the nodes' stderr goes (NAME.log; default: in a temp dir)")
-    parser.add_argument("--messages", type=int, default=4000, help="throughput: messages per protocol and run")
+    parser.add_argument("--messages", type=int, default=20000, help="throughput: messages per protocol and run")
     parser.add_argument("--publishers", type=int, default=4, help="throughput: concurrent publishers")
     args = parser.parse_args()
     for noisy in ("aio_pika", "aiormq"):  # every dropped connection is expected here
