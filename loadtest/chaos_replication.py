@@ -17,7 +17,7 @@ until acknowledged, one in flight per publisher:
   session (clean_session false) subscribed to ``chaos/#`` at QoS 1 receives them;
 - amqp: a publisher with confirms to the durable queue ``chaos`` through the gateway node's
   AMQP (relayed to the leader); a consumer (basic.consume, manual acks) receives them;
-- remoting: ali-ons (loadtest/chaos_remoting.js under node, tests/remoting_js's packages) with
+- remoting: ali-ons (loadtest/clients/chaos_remoting.js under node, tests/remoting_js's packages) with
   the three store nodes' remoting addresses as name servers: a producer (SEND_OK) and a push
   consumer from the topic's first offset.
 
@@ -63,18 +63,14 @@ CPU figures: user + system seconds of the process (psutil) over the run, per mes
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import random
 import signal
-import subprocess
 import tempfile
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,457 +82,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest import runner
 from loadtest.chaos_tally import Figures, Tally
-from tests.crash_support import ROOT, free_port, kill9, launch, start_gateway, stop
-from tests.etcd_support import EtcdServer
+from loadtest.clients.chaos_clients import (
+    ACK_TIMEOUT_S, Connections, MqttPublisher, MqttSubscriber, OnsDriver, amqp_connect, amqp_consumer, amqp_publisher,
+    start_ons_consumer, start_ons_producer)
+from loadtest.scenarios.replication_group import FAULTS, GROUP, HOST, RECOVERY_S, Group, inject
+from tests.crash_support import free_port, start_gateway, stop
 
-HOST = "127.0.0.1"
-GROUP = "g1"
-NODES = ("s1", "s2", "s3")
-FAULTS = ("leader_kill9", "leader_sigstop", "follower_kill9", "restart_all")
 PROTOCOLS = ("mqtt", "amqp", "remoting")
 THROUGHPUT_PROTOCOLS = ("mqtt", "amqp")
-LEASE_S = 2.0  # replication_lease_s's default
-RECOVERY_S = 60.0
 DRAIN_S = 30.0
-ACK_TIMEOUT_S = 10.0
 MQTT_PUBLISHERS = 2
-AMQP_QUEUE = "chaos"
-REMOTING_TOPIC = "chaos"
-ONS_DRIVER = Path(__file__).with_name("chaos_remoting.js")
-NODE_MODULES = ROOT / "tests" / "remoting_js" / "node_modules"
 WINDOW = 64
-
-
-class Connections:
-    """How many times each client connected: a client a failover dropped connects again."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-
-    def made(self, client: str) -> None:
-        with self._lock:
-            self._counts[client] = self._counts.get(client, 0) + 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-
-# -- the processes -----------------------------------------------------------------------------
-@dataclass
-class StoreNode:
-    name: str
-    args: list[str]
-    amqp_port: int
-    remoting_port: int
-    proc: subprocess.Popen | None = None
-
-
-@dataclass
-class Group:
-    """etcd, the three store nodes and a gateway node; nodes keep their ports and data dirs
-    across restarts."""
-
-    workdir: Path
-    log_dir: Path
-    flush: str
-    etcd: EtcdServer = field(init=False)
-    nodes: dict[str, StoreNode] = field(init=False)
-    gateway: subprocess.Popen | None = None
-    mqtt_port: int = 0
-    amqp_port: int = 0
-
-    def __post_init__(self) -> None:
-        self.etcd = EtcdServer(self.workdir / "etcd")
-        self.nodes = {}
-        for name in NODES:
-            amqp, remoting = free_port(), free_port()
-            args = ["--role", "store", "--node-id", name, "--replication-group", GROUP, "--etcd", "",
-                    "--replication-bind", f"{HOST}:{free_port()}", "--remoting-bind", f"{HOST}:{remoting}",
-                    "--amqp-bind", f"{HOST}:{amqp}", "--metrics-bind", f"{HOST}:{free_port()}",
-                    "--data-dir", str(self.workdir / name), "--flush", self.flush]
-            self.nodes[name] = StoreNode(name, args, amqp, remoting)
-
-    def start(self, with_gateway: bool = True) -> None:
-        self.etcd.start()
-        for node in self.nodes.values():
-            node.args[node.args.index("--etcd") + 1] = self.etcd.endpoint
-        self.start_nodes(list(self.nodes))
-        if with_gateway:
-            self.mqtt_port, self.amqp_port = free_port(), free_port()
-            self.gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP,
-                                   "--etcd", self.etcd.endpoint, "--mqtt-bind", f"{HOST}:{self.mqtt_port}",
-                                   "--amqp-bind", f"{HOST}:{self.amqp_port}", "--metrics-bind",
-                                   f"{HOST}:{free_port()}", "--data-dir", str(self.workdir / "gw1"),
-                                   "--flush", self.flush], name="gw1", log=self.log_dir / "gw1.log")
-
-    @property
-    def name_servers(self) -> list[str]:
-        """Every store node's remoting address: whichever leads answers RocketMQ clients."""
-        return [f"{HOST}:{node.remoting_port}" for node in self.nodes.values()]
-
-    def start_nodes(self, names: list[str]) -> None:
-        """Start these store nodes together; each returns once it joined the group."""
-        def one(name: str) -> None:
-            node = self.nodes[name]
-            with open(self.log_dir / f"{name}.log", "a") as log:
-                log.write(f"=== chaos: start at {time.strftime('%H:%M:%S')}\n")
-            node.proc = launch(node.args, name=name, ready="joined its replication group",
-                               log=self.log_dir / f"{name}.log")
-
-        with ThreadPoolExecutor(len(names)) as pool:
-            list(pool.map(one, names))
-
-    def stop_nodes(self, names: list[str]) -> None:
-        with ThreadPoolExecutor(len(names)) as pool:
-            list(pool.map(lambda name: stop(self.nodes[name].proc), names))
-
-    def close(self) -> None:
-        if self.gateway is not None:
-            stop(self.gateway)
-        for node in self.nodes.values():
-            if node.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.proc.pid, signal.SIGCONT)
-                stop(node.proc)
-        self.etcd.stop()
-
-    async def leader(self) -> dict | None:
-        with contextlib.suppress(Exception):
-            return await self.etcd.leader(GROUP)
-        return None
-
-    async def wait_leader(self, not_node: str | None = None, timeout_s: float = RECOVERY_S) -> dict | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            leader = await self.leader()
-            if leader is not None and leader["node"] != not_node:
-                return leader
-            await asyncio.sleep(0.05)
-        return None
-
-    async def wait_whole(self, timeout_s: float = RECOVERY_S) -> dict | None:
-        """Until a leader leads the newest epoch with both others in sync; its state, or None."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                leader, state = await self.etcd.leader(GROUP), await self.etcd.state(GROUP)
-                if (leader is not None and state is not None and state.get("leader") == leader["node"]
-                        and state.get("epoch") == leader["epoch"]
-                        and set(state.get("in_sync", ())) | {leader["node"]} == set(NODES)):
-                    return state
-            await asyncio.sleep(0.1)
-        return None
-
-
-# -- the faults --------------------------------------------------------------------------------
-async def inject(fault: str, group: Group, rng: random.Random, say) -> float:
-    """Do ``fault`` and start again what it stopped; returns the moment of the fault."""
-    leader = await group.wait_leader()
-    if leader is None:
-        raise RuntimeError("no leader before the fault")
-    name = leader["node"]
-    say(f"# fault={fault} leader={name} epoch={leader['epoch']}")
-    if fault == "leader_kill9":
-        kill9(group.nodes[name].proc)
-        at = time.monotonic()
-        successor = await group.wait_leader(not_node=name)
-        say(f"# leader_kill9: new leader {successor and successor['node']} after {time.monotonic() - at:.2f} s")
-        await asyncio.to_thread(group.start_nodes, [name])
-        return at
-    if fault == "leader_sigstop":
-        proc = group.nodes[name].proc
-        os.kill(proc.pid, signal.SIGSTOP)
-        at = time.monotonic()
-        try:
-            successor = await group.wait_leader(not_node=name)
-            await asyncio.sleep(max(0.0, at + 1.5 * LEASE_S - time.monotonic()))
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
-        say(f"# leader_sigstop: new leader {successor and successor['node']}, SIGCONT after {time.monotonic() - at:.2f} s")
-        return at
-    if fault == "follower_kill9":
-        follower = rng.choice(sorted(set(NODES) - {name}))
-        say(f"# follower_kill9: {follower}")
-        kill9(group.nodes[follower].proc)
-        at = time.monotonic()
-        await asyncio.sleep(1.0)
-        await asyncio.to_thread(group.start_nodes, [follower])
-        return at
-    if fault == "restart_all":
-        at = time.monotonic()
-        await asyncio.to_thread(group.stop_nodes, list(NODES))
-        say(f"# restart_all: stopped in {time.monotonic() - at:.2f} s")
-        await asyncio.to_thread(group.start_nodes, list(NODES))
-        return at
-    raise ValueError(f"unknown fault {fault}")
-
-
-# -- MQTT --------------------------------------------------------------------------------------
-def message_round(message_id: str) -> str:
-    """The round tag of a message id ``TAG/PUBLISHER/SEQ``."""
-    return message_id.split("/", 1)[0]
-
-
-class MqttPublisher(threading.Thread):
-    """QoS 1, one message in flight, each message again (a new PUBLISH) until its PUBACK; a
-    new clean connection after a disconnect or ACK_TIMEOUT_S without PUBACK."""
-
-    def __init__(self, port: int, name: str, tag: str, tally: Tally, connections: Connections) -> None:
-        super().__init__(daemon=True)
-        self.port, self.name_, self.tag, self.tally = port, name, tag, tally
-        self.connections = connections
-        self.halt = threading.Event()
-        self._event = threading.Event()
-        self._lost = False
-
-    def _connect(self) -> paho.Client | None:
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"chaos-{self.name_}", clean_session=True)
-        connected = threading.Event()
-        client.on_connect = lambda c, u, flags, rc, props: (not rc.is_failure) and connected.set()
-        client.on_publish = lambda c, u, mid, rc, props: self._event.set()
-
-        def lost(c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
-            self._lost = True
-            self._event.set()
-
-        client.on_disconnect = lost
-        try:
-            client.connect(HOST, self.port, keepalive=10)
-        except OSError:
-            return None
-        self._lost = False
-        client.loop_start()
-        if not connected.wait(5) or self._lost:
-            self._close(client)
-            return None
-        self.connections.made("mqtt_publishers")
-        return client
-
-    @staticmethod
-    def _close(client: paho.Client) -> None:
-        with contextlib.suppress(Exception):
-            client.disconnect()
-        client.loop_stop()
-
-    def run(self) -> None:
-        seq, pending = 0, None
-        while not self.halt.is_set():
-            client = self._connect()
-            if client is None:
-                time.sleep(0.1)
-                continue
-            try:
-                while not self.halt.is_set() and not self._lost:
-                    if pending is None:
-                        pending, seq = f"{self.tag}/{self.name_}/{seq}", seq + 1
-                    self._event.clear()
-                    self.tally.on_sent(pending)
-                    info = client.publish(f"chaos/{self.tag}/{self.name_}", pending, qos=1)
-                    self._event.wait(ACK_TIMEOUT_S)
-                    if not info.is_published():
-                        break
-                    self.tally.on_acked(pending, time.monotonic())
-                    pending = None
-            finally:
-                self._close(client)
-
-
-class MqttSubscriber:
-    """A persistent session (clean_session false) subscribed to chaos/# at QoS 1, reconnected
-    by paho; each delivery goes to the tally of its round."""
-
-    def __init__(self, port: int, tallies: dict[str, Tally], connections: Connections) -> None:
-        self.tallies = tallies
-        self.connections = connections
-        self.sessions_lost = 0
-        self._connected_once = False
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id="chaos-subscriber", clean_session=False)
-        self.client.reconnect_delay_set(0.1, 1)
-        self.client.on_connect = self._on_connect
-        self.subscribed = threading.Event()
-        self.client.on_subscribe = lambda c, u, mid, codes, props: self.subscribed.set()
-        self.client.on_message = self._on_message
-        self.port = port
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
-        if rc.is_failure:
-            return
-        if not flags.session_present:
-            if self._connected_once:
-                self.sessions_lost += 1
-            client.subscribe("chaos/#", 1)
-        self._connected_once = True
-        self.connections.made("mqtt_subscriber")
-
-    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        message_id = message.payload.decode()
-        tally = self.tallies.get(message_round(message_id))
-        if tally is not None:
-            tally.on_delivered(message_id, bool(message.dup))
-
-    def start(self, timeout_s: float = RECOVERY_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.client.connect(HOST, self.port, keepalive=10)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        self.client.loop_start()
-        if not self.subscribed.wait(timeout_s):  # messages published before the SUBACK are not ours to count
-            raise RuntimeError("the MQTT subscriber's SUBSCRIBE was not acknowledged")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.client.disconnect()
-        self.client.loop_stop()
-
-
-# -- AMQP --------------------------------------------------------------------------------------
-async def amqp_connect(port: int) -> aio_pika.abc.AbstractConnection:
-    return await asyncio.wait_for(aio_pika.connect(f"amqp://guest:guest@{HOST}:{port}/", timeout=5), 10)
-
-
-async def amqp_publisher(port: int, tag: str, tally: Tally, halt: asyncio.Event, connections: Connections) -> None:
-    """Persistent messages to the durable queue, confirms on, one in flight, each again until
-    confirmed; a new connection after anything but a nack."""
-    seq, pending = 0, None
-    while not halt.is_set():
-        connection = None
-        try:
-            connection = await amqp_connect(port)
-            channel = await connection.channel()
-            await channel.declare_queue(AMQP_QUEUE, durable=True)
-            connections.made("amqp_publisher")
-            while not halt.is_set():
-                if pending is None:
-                    pending, seq = f"{tag}/amqp/{seq}", seq + 1
-                tally.on_sent(pending)
-                message = aio_pika.Message(pending.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-                try:
-                    await asyncio.wait_for(channel.default_exchange.publish(message, routing_key=AMQP_QUEUE),
-                                           ACK_TIMEOUT_S)
-                except aio_pika.exceptions.DeliveryError:  # nack: not replicated (yet)
-                    await asyncio.sleep(0.05)
-                    continue
-                tally.on_acked(pending, time.monotonic())
-                pending = None
-        except Exception:  # noqa: BLE001 (any failure of the connection: connect again)
-            await asyncio.sleep(0.1)
-        finally:
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(connection.close(), 5)
-
-
-async def amqp_consumer(port: int, tallies: dict[str, Tally], halt: asyncio.Event,
-                        connections: Connections) -> None:
-    """basic.consume with manual acks on the durable queue, connected again whenever it drops."""
-    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        message_id = message.body.decode()
-        tally = tallies.get(message_round(message_id))
-        if tally is not None:
-            tally.on_delivered(message_id, bool(message.redelivered))
-        await message.ack()
-
-    while not halt.is_set():
-        connection = None
-        try:
-            connection = await amqp_connect(port)
-            channel = await connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=200)
-            queue = await channel.declare_queue(AMQP_QUEUE, durable=True)
-            await queue.consume(on_message)
-            connections.made("amqp_consumer")
-            while not halt.is_set() and not channel.is_closed and not connection.is_closed:
-                await asyncio.sleep(0.2)
-        except Exception:  # noqa: BLE001
-            await asyncio.sleep(0.2)
-        finally:
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(connection.close(), 5)
-
-
-# -- RocketMQ remoting (ali-ons) ----------------------------------------------------------------
-class OnsDriver:
-    """One loadtest/chaos_remoting.js process (ali-ons under node); each JSON line it prints
-    goes to ``on_event`` as it comes. It runs until its stdin is closed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.Task) -> None:
-        self.proc, self.reader = proc, reader
-
-    @classmethod
-    async def start(cls, spec: dict[str, Any], on_event, home: Path, log: Path) -> OnsDriver:
-        if not (NODE_MODULES / "ali-ons").is_dir():
-            raise RuntimeError("ali-ons is not installed: npm ci --prefix tests/remoting_js")
-        with open(log, "a") as stderr:
-            proc = await asyncio.create_subprocess_exec(
-                "node", str(ONS_DRIVER), json.dumps(spec), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=stderr,
-                env={**os.environ, "NODE_PATH": str(NODE_MODULES), "HOME": str(home)})
-
-        async def read() -> None:
-            assert proc.stdout is not None
-            while line := await proc.stdout.readline():
-                on_event(json.loads(line))
-
-        return cls(proc, asyncio.ensure_future(read()))
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(Exception):
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout_s)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-        await asyncio.wait([self.reader], timeout=5)
-
-
-def on_producer_event(tally: Tally):
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "sending":
-            tally.on_sent(event["id"])
-        elif event["event"] == "sent":
-            tally.on_acked(event["id"], time.monotonic())
-    return on_event
-
-
-def on_consumer_event(tallies: dict[str, Tally], ready: asyncio.Event):
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "ready":
-            ready.set()
-        elif event["event"] == "message":
-            tally = tallies.get(message_round(event["id"]))
-            if tally is not None:
-                tally.on_delivered(event["id"], event["reconsumeTimes"] > 0)
-    return on_event
-
-
-async def start_ons_consumer(group: Group, tallies: dict[str, Tally]) -> OnsDriver:
-    """The topic made by a first SEND_OK, then a push consumer from its first offset."""
-    warmup = Tally()
-    producer = await OnsDriver.start({"cmd": "produce", "nameSrv": group.name_servers, "topic": REMOTING_TOPIC,
-                                      "tag": "warmup"}, on_producer_event(warmup), group.workdir,
-                                     group.log_dir / "ons-producer.log")
-    deadline = time.monotonic() + RECOVERY_S
-    while not warmup.acked_at and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    await producer.stop()
-    if not warmup.acked_at:
-        raise RuntimeError("ali-ons: no SEND_OK at the start")
-    ready = asyncio.Event()
-    consumer = await OnsDriver.start({"cmd": "consume", "nameSrv": group.name_servers, "topic": REMOTING_TOPIC,
-                                      "group": "chaos-consumer"}, on_consumer_event(tallies, ready), group.workdir,
-                                     group.log_dir / "ons-consumer.log")
-    await asyncio.wait_for(ready.wait(), RECOVERY_S)
-    return consumer
 
 
 # -- a chaos round -----------------------------------------------------------------------------
@@ -570,9 +126,7 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
     fault_at = time.monotonic()
     ons = None
     if "remoting" in protocols:
-        ons = await OnsDriver.start({"cmd": "produce", "nameSrv": group.name_servers, "topic": REMOTING_TOPIC,
-                                     "tag": tag}, on_producer_event(tallies["remoting"]), group.workdir,
-                                    group.log_dir / "ons-producer.log")
+        ons = await start_ons_producer(group.name_servers, tag, tallies["remoting"], group.workdir, group.log_dir)
     try:
         await asyncio.sleep(rng.uniform(1.0, 2.0))
         connected_before = consumers.connections.snapshot()
@@ -645,7 +199,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                 consumers.amqp_task = asyncio.ensure_future(
                     amqp_consumer(group.amqp_port, consumers.tallies["amqp"], consumers.halt, consumers.connections))
             if "remoting" in protocols:
-                consumers.ons = await start_ons_consumer(group, consumers.tallies["remoting"])
+                consumers.ons = await start_ons_consumer(group.name_servers, consumers.tallies["remoting"],
+                                                         group.workdir, group.log_dir)
         except (RuntimeError, TimeoutError, AssertionError) as exc:  # (AssertionError: a node did not start)
             lines.emit(f"# DEFECT at the start, before any fault: {exc or type(exc).__name__}; {replay}")
             defects += 1
@@ -867,8 +422,18 @@ def main() -> None:
         if unknown:
             parser.error(f"--{name}: unknown {','.join(sorted(unknown))}")
     with runner.Lines(args.out) as lines:
-        status = asyncio.run(throughput(args, lines) if args.throughput else chaos(args, lines))
+        status = asyncio.run(stopped_by_sigterm(throughput(args, lines) if args.throughput else chaos(args, lines)))
     raise SystemExit(status)
+
+
+async def stopped_by_sigterm(run) -> int:
+    """``run``, cancelled by SIGTERM as by Ctrl-C: its cleanup stops every process it started."""
+    task = asyncio.ensure_future(run)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return 130
 
 
 if __name__ == "__main__":
