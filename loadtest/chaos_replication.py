@@ -45,7 +45,9 @@ and ``# DEFECT`` for an acknowledged message lost, a group not whole again withi
 protocol that never acknowledged again, with how to replay it (``--seed``). ``# note`` lines
 count repeats delivered without the redelivered/DUP flag (remoting: reconsumeTimes 0), and
 those of a message its publisher sent once (not explained by the publisher's own retry; ali-ons'
-internal retries are not seen). The exit status is 1 when there was a defect.
+internal retries are not seen). At the end, one ``# summary`` line per fault and protocol adds
+up its rounds (acked, lost, duplicated, the median and worst unavailable_s). The exit status is
+1 when there was a defect.
 
 Throughput (``--throughput``): per protocol (mqtt, amqp), ``--messages`` QoS 1 publishes /
 confirmed publishes split over ``--publishers`` concurrent clients (64 unacknowledged each)
@@ -81,7 +83,7 @@ import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
 from loadtest import runner
-from loadtest.chaos_tally import Figures, Tally
+from loadtest.chaos_tally import Figures, Tally, summary_lines
 from loadtest.clients.chaos_clients import (
     ACK_TIMEOUT_S, Connections, MqttPublisher, MqttSubscriber, OnsDriver, amqp_connect, amqp_consumer, amqp_publisher,
     start_ons_consumer, start_ons_producer)
@@ -187,6 +189,7 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
     group = Group(workdir, log_dir, args.flush)
     consumers = Consumers({protocol: {} for protocol in protocols})
     defects = 0
+    runs: list[tuple[str, str, Figures]] = []
     try:
         try:
             await asyncio.to_thread(group.start)
@@ -213,6 +216,7 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                     defects += 1
                 figures, fault_at = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit)
                 for protocol, got in figures.items():
+                    runs.append((fault, protocol, got))
                     lines.emit(got.line(fault, protocol))
                     if got.unflagged_duplicates:
                         lines.emit(f"# note fault={fault} protocol={protocol}: {got.unflagged_duplicates} repeats "
@@ -237,6 +241,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
         if consumers.mqtt is not None:
             await asyncio.to_thread(consumers.mqtt.close)
         await asyncio.to_thread(group.close)
+        for line in summary_lines(runs):
+            lines.emit(line)
         lines.emit(f"# chaos done: defects={defects} seed={seed} logs={log_dir}")
     return 1 if defects else 0
 

@@ -4,6 +4,7 @@ from these the figures of a chaos line: acked, received, lost, duplicated, unava
 
 from __future__ import annotations
 
+import statistics
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -81,3 +82,26 @@ class Tally:
             unexplained = sum(n for m, n in self.unflagged_repeats.items() if self.sent[m] <= 1)
         return Figures(len(acked), received, len(acked) - received, duplicated, unflagged, unexplained,
                        self.longest_silence(fault_at, load_end))
+
+
+def summary_lines(runs: list[tuple[str, str, Figures]]) -> list[str]:
+    """One line per fault and protocol over every round of it (fault, protocol, figures): the
+    sums, and the median and worst unavailability (``never`` when a round had no acknowledgement
+    after its fault)."""
+    grouped: dict[tuple[str, str], list[Figures]] = {}
+    for fault, protocol, figures in runs:
+        grouped.setdefault((fault, protocol), []).append(figures)
+    lines = []
+    for (fault, protocol), rounds in grouped.items():
+        waits = [f.unavailable_s for f in rounds]
+        if any(wait is None for wait in waits):
+            median = worst = "never"
+        else:
+            median = f"{statistics.median(waits):.2f}"  # type: ignore[type-var]
+            worst = f"{max(waits):.2f}"  # type: ignore[type-var]
+        lines.append(f"# summary fault={fault} protocol={protocol} rounds={len(rounds)} "
+                     f"acked={sum(f.acked for f in rounds)} lost={sum(f.lost for f in rounds)} "
+                     f"duplicated={sum(f.duplicated for f in rounds)} "
+                     f"unflagged_duplicates={sum(f.unflagged_duplicates for f in rounds)} "
+                     f"unavailable_s_median={median} unavailable_s_max={worst}")
+    return lines

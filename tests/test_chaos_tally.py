@@ -3,7 +3,7 @@ flagged and unexplained repeats, and the unavailability after a fault."""
 
 from __future__ import annotations
 
-from loadtest.chaos_tally import Figures, Tally
+from loadtest.chaos_tally import Figures, Tally, summary_lines
 
 
 def test_lost_counts_acknowledged_messages_never_delivered() -> None:
@@ -51,3 +51,18 @@ def test_the_line_is_the_documented_format() -> None:
     assert Figures(5, 4, 1, 2, 0, 0, 1.5).line("leader_kill9", "mqtt") == (
         "chaos fault=leader_kill9 protocol=mqtt acked=5 received=4 lost=1 duplicated=2 unavailable_s=1.50")
     assert Figures(0, 0, 0, 0, 0, 0, None).line("restart_all", "amqp").endswith("unavailable_s=never")
+
+
+def test_the_summary_adds_up_the_rounds_of_each_fault_and_protocol() -> None:
+    runs = [("leader_kill9", "mqtt", Figures(10, 10, 0, 2, 1, 0, 4.0)),
+            ("leader_kill9", "amqp", Figures(7, 6, 1, 0, 0, 0, 2.5)),
+            ("leader_kill9", "mqtt", Figures(5, 5, 0, 1, 1, 1, 3.0)),
+            ("leader_kill9", "mqtt", Figures(4, 4, 0, 0, 0, 0, 6.0)),
+            ("restart_all", "amqp", Figures(3, 3, 0, 0, 0, 0, None))]
+    assert summary_lines(runs) == [
+        "# summary fault=leader_kill9 protocol=mqtt rounds=3 acked=19 lost=0 duplicated=3 unflagged_duplicates=2 "
+        "unavailable_s_median=4.00 unavailable_s_max=6.00",
+        "# summary fault=leader_kill9 protocol=amqp rounds=1 acked=7 lost=1 duplicated=0 unflagged_duplicates=0 "
+        "unavailable_s_median=2.50 unavailable_s_max=2.50",
+        "# summary fault=restart_all protocol=amqp rounds=1 acked=3 lost=0 duplicated=0 unflagged_duplicates=0 "
+        "unavailable_s_median=never unavailable_s_max=never"]
