@@ -1,6 +1,7 @@
 """Chaos and throughput of a replicated store: faults injected into a 3-replica group under load.
 
     python -m loadtest.chaos_replication [--rounds 2] [--faults leader_kill9,leader_sigstop,follower_kill9,restart_all]
+                                         [--sigstop-s S] [--max-unavailable-s 10]
                                          [--protocols mqtt,amqp,remoting] [--seed N] [--flush async]
                                          [--log-dir DIR] [--out FILE]
     python -m loadtest.chaos_replication --throughput [--messages 20000] [--publishers 4] [--protocols mqtt,amqp]
@@ -25,7 +26,8 @@ Consumers run the whole run long and reconnect when dropped. After 1-2 s of load
 fault:
 
 - ``leader_kill9``: kill -9 of the leader; once another leads, it is started again;
-- ``leader_sigstop``: SIGSTOP of the leader until another leads (at least 1.5 leases), then SIGCONT;
+- ``leader_sigstop``: SIGSTOP of the leader until another leads (at least 1.5 leases, or
+  ``--sigstop-s``), then SIGCONT;
 - ``follower_kill9``: kill -9 of a follower (seeded pick), started again 1 s later;
 - ``restart_all``: SIGTERM of the three store nodes, then all started again.
 
@@ -42,7 +44,8 @@ load (from the fault to the first acknowledgement after it, unless one in flight
 came through first; ``never``: none came). Lines starting with ``#`` say more: the seed, the
 leaders, the time the group took to be whole again, the connections clients had to open again,
 and ``# DEFECT`` for an acknowledged message lost, a group not whole again within 60 s or a
-protocol that never acknowledged again, with how to replay it (``--seed``). ``# note`` lines
+protocol unavailable longer than ``--max-unavailable-s`` (10 s) or for good, with how to replay
+it (``--seed``). ``# note`` lines
 count repeats delivered without the redelivered/DUP flag (remoting: reconsumeTimes 0), and
 those of a message its publisher sent once (not explained by the publisher's own retry; ali-ons'
 internal retries are not seen). At the end, one ``# summary`` line per fault and protocol adds
@@ -109,7 +112,7 @@ class Consumers:
 
 
 async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], consumers: Consumers,
-                      rng: random.Random, say) -> tuple[dict[str, Figures], float]:
+                      rng: random.Random, say, sigstop_s: float = 0.0) -> tuple[dict[str, Figures], float]:
     """One fault under load; each protocol's figures and the moment of the fault."""
     tallies = {protocol: Tally() for protocol in protocols}
     for protocol, tally in tallies.items():
@@ -132,7 +135,7 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
     try:
         await asyncio.sleep(rng.uniform(1.0, 2.0))
         connected_before = consumers.connections.snapshot()
-        fault_at = await inject(fault, group, rng, say)
+        fault_at = await inject(fault, group, rng, say, sigstop_s)
         deadline = fault_at + RECOVERY_S
         while time.monotonic() < deadline and any(t.first_ack_after(fault_at) is None for t in tallies.values()):
             await asyncio.sleep(0.1)
@@ -185,7 +188,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
     lines.emit(f"# chaos seed={seed} rounds={args.rounds} faults={args.faults} protocols={args.protocols} "
                f"flush={args.flush} logs={log_dir}")
     replay = (f"replay: python -m loadtest.chaos_replication --seed {seed} --rounds {args.rounds} "
-              f"--faults {args.faults} --protocols {args.protocols} --flush {args.flush}; node logs in {log_dir}")
+              f"--faults {args.faults} --protocols {args.protocols} --flush {args.flush} --sigstop-s {args.sigstop_s} "
+              f"--max-unavailable-s {args.max_unavailable_s}; node logs in {log_dir}")
     group = Group(workdir, log_dir, args.flush)
     consumers = Consumers({protocol: {} for protocol in protocols})
     defects = 0
@@ -214,7 +218,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                 if await group.wait_whole() is None:
                     lines.emit(f"# DEFECT before {tag}: the group is not whole: {await group.etcd.state(GROUP)}")
                     defects += 1
-                figures, fault_at = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit)
+                figures, fault_at = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit,
+                                                      args.sigstop_s)
                 for protocol, got in figures.items():
                     runs.append((fault, protocol, got))
                     lines.emit(got.line(fault, protocol))
@@ -222,13 +227,21 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                         lines.emit(f"# note fault={fault} protocol={protocol}: {got.unflagged_duplicates} repeats "
                                    f"without the redelivered/DUP flag, {got.unexplained_duplicates} of a message "
                                    f"its publisher sent once")
-                    if got.lost or got.unavailable_s is None:
-                        defects += 1
+                    problems = []
+                    if got.lost:
                         tally = consumers.tallies[protocol][tag]
                         missing = [f"{m} sent={tally.sent[m]} acked_at={tally.acked_at[m] - fault_at:+.2f}s"
                                    for m in sorted(tally.missing())[:10]]
-                        lines.emit(f"# DEFECT fault={fault} protocol={protocol} round={tag}: lost={got.lost} "
-                                   f"(e.g. {missing}) unavailable_s={got.unavailable_s}; {replay}")
+                        problems.append(f"{got.lost} acknowledged messages lost, e.g. {missing}")
+                    if got.unavailable_s is None:
+                        problems.append("nothing acknowledged after the fault")
+                    elif got.unavailable_s > args.max_unavailable_s:
+                        problems.append(f"no acknowledgement for {got.unavailable_s:.2f} s "
+                                        f"(over --max-unavailable-s {args.max_unavailable_s:g})")
+                    if problems:
+                        defects += 1
+                        lines.emit(f"# DEFECT fault={fault} protocol={protocol} round={tag}: {'; '.join(problems)}; "
+                                   f"{replay}")
         if consumers.mqtt is not None and consumers.mqtt.sessions_lost:
             lines.emit(f"# DEFECT the MQTT subscriber's persistent session was lost {consumers.mqtt.sessions_lost} times")
             defects += 1
@@ -414,6 +427,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every fault (default 2)")
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of " + ",".join(FAULTS))
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated, of " + ",".join(PROTOCOLS))
+    parser.add_argument("--sigstop-s", type=float, default=0.0,
+                        help="leader_sigstop keeps the leader stopped at least this long (default: until another "
+                             "leads, at least 1.5 leases)")
+    parser.add_argument("--max-unavailable-s", type=float, default=10.0,
+                        help="a longer unavailable_s is reported as a defect (default 10)")
     parser.add_argument("--seed", type=int, help="the random source's seed (to replay a run)")
     parser.add_argument("--flush", choices=("sync", "async"), default="async", help="every node's flush (default async)")
     parser.add_argument("--log-dir", help="where the nodes' stderr goes (NAME.log; default: in a temp dir)")

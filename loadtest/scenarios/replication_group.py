@@ -134,8 +134,9 @@ class Group:
 
 
 # -- the faults --------------------------------------------------------------------------------
-async def inject(fault: str, group: Group, rng: random.Random, say) -> float:
-    """Do ``fault`` and start again what it stopped; returns the moment of the fault."""
+async def inject(fault: str, group: Group, rng: random.Random, say, sigstop_s: float = 0.0) -> float:
+    """Do ``fault`` and start again what it stopped; returns the moment of the fault.
+    ``sigstop_s``: leader_sigstop keeps the leader stopped at least this long."""
     leader = await group.wait_leader()
     if leader is None:
         raise RuntimeError("no leader before the fault")
@@ -154,7 +155,7 @@ async def inject(fault: str, group: Group, rng: random.Random, say) -> float:
         at = time.monotonic()
         try:
             successor = await group.wait_leader(not_node=name)
-            await asyncio.sleep(max(0.0, at + 1.5 * LEASE_S - time.monotonic()))
+            await asyncio.sleep(max(0.0, at + max(1.5 * LEASE_S, sigstop_s) - time.monotonic()))
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         say(f"# leader_sigstop: new leader {successor and successor['node']}, SIGCONT after {time.monotonic() - at:.2f} s")
