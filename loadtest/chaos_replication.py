@@ -102,7 +102,16 @@ WINDOW = 64
 
 # -- a chaos round -----------------------------------------------------------------------------
 @dataclass
+class Round:
+    figures: dict[str, Figures]  # per protocol
+    fault_at: float
+    whole: bool  # every node in sync again within RECOVERY_S
+
+
+@dataclass
 class Consumers:
+    """What runs the whole run long: the consumers, each round's tallies, the clients' connections."""
+
     tallies: dict[str, dict[str, Tally]]  # protocol -> round tag -> tally
     mqtt: MqttSubscriber | None = None
     amqp_task: asyncio.Task | None = None
@@ -112,8 +121,9 @@ class Consumers:
 
 
 async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], consumers: Consumers,
-                      rng: random.Random, say, sigstop_s: float = 0.0) -> tuple[dict[str, Figures], float]:
-    """One fault under load; each protocol's figures and the moment of the fault."""
+                      rng: random.Random, say, sigstop_s: float = 0.0) -> Round:
+    """One fault under load: each protocol's figures, the moment of the fault, and whether the
+    group was whole again in time."""
     tallies = {protocol: Tally() for protocol in protocols}
     for protocol, tally in tallies.items():
         consumers.tallies[protocol][tag] = tally
@@ -129,6 +139,7 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
         amqp_task = asyncio.ensure_future(amqp_publisher(group.amqp_port, tag, tallies["amqp"], amqp_halt,
                                                          consumers.connections))
     fault_at = time.monotonic()
+    whole = False
     ons = None
     if "remoting" in protocols:
         ons = await start_ons_producer(group.name_servers, tag, tallies["remoting"], group.workdir, group.log_dir)
@@ -140,6 +151,7 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
         while time.monotonic() < deadline and any(t.first_ack_after(fault_at) is None for t in tallies.values()):
             await asyncio.sleep(0.1)
         state = await group.wait_whole(max(1.0, deadline - time.monotonic()))
+        whole = state is not None
         if state is None:
             say(f"# DEFECT fault={fault} round={tag}: the group is not whole {RECOVERY_S:.0f} s after the fault: "
                 f"state={await group.etcd.state(GROUP)}")
@@ -164,7 +176,7 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
     drain_until = time.monotonic() + DRAIN_S
     while time.monotonic() < drain_until and any(t.missing() for t in tallies.values()):
         await asyncio.sleep(0.2)
-    return {protocol: tally.figures(fault_at, load_end) for protocol, tally in tallies.items()}, fault_at
+    return Round({protocol: tally.figures(fault_at, load_end) for protocol, tally in tallies.items()}, fault_at, whole)
 
 
 def quiet_about_dropped_connections(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -218,9 +230,11 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                 if await group.wait_whole() is None:
                     lines.emit(f"# DEFECT before {tag}: the group is not whole: {await group.etcd.state(GROUP)}")
                     defects += 1
-                figures, fault_at = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit,
-                                                      args.sigstop_s)
-                for protocol, got in figures.items():
+                done = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit, args.sigstop_s)
+                fault_at = done.fault_at
+                if not done.whole:
+                    defects += 1
+                for protocol, got in done.figures.items():
                     runs.append((fault, protocol, got))
                     lines.emit(got.line(fault, protocol))
                     if got.unflagged_duplicates:
