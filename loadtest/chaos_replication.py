@@ -4,7 +4,7 @@
                                          [--sigstop-s S] [--max-unavailable-s 10]
                                          [--protocols mqtt,amqp,remoting] [--seed N] [--flush async]
                                          [--log-dir DIR] [--out FILE]
-    python -m loadtest.chaos_replication --throughput [--messages 20000] [--publishers 4] [--protocols mqtt,amqp]
+    python -m loadtest.chaos_replication --throughput [--seconds 5] [--protocols mqtt,amqp] [--flush async]
 
 Real processes on 127.0.0.1: etcd (tests/etcd_support.py), three ``--role store`` nodes of the
 replication group g1 (``replication = sync``, ``min_insync_replicas = 2``) and one ``--role
@@ -52,52 +52,53 @@ internal retries are not seen). At the end, one ``# summary`` line per fault and
 up its rounds (acked, lost, duplicated, the median and worst unavailable_s). The exit status is
 1 when there was a defect.
 
-Throughput (``--throughput``): per protocol (mqtt, amqp), ``--messages`` QoS 1 publishes /
-confirmed publishes split over ``--publishers`` concurrent clients (64 unacknowledged each)
-against the group (MQTT through the gateway node, as store nodes serve no MQTT; AMQP straight
-to the leader), then against one standalone node (``python -m gateway serve``, fresh data dir,
-same ``--flush``). One line per protocol:
+Throughput (``--throughput``): per protocol (mqtt, amqp), the benchmarks' own load generators
+(forked raw-socket clients) for ``--seconds``: bench_mqtt's QoS 1 fan-in (8 publishers, 1,000
+unacknowledged each, one subscriber) through the gateway node (store nodes serve no MQTT), and
+bench_amqp's confirmed publish (4 publishers, 1,000 unconfirmed each) straight to the leader;
+then the same against one standalone node (``python -m gateway serve``, fresh data dir, same
+``--flush``). One line per protocol:
 
     replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N leader_cpu_us_per_msg=N
-        single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N] gen_cpu_us_per_msg=N
+        followers_cpu_us_per_msg=N single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N]
 
-CPU figures: user + system seconds of the process (psutil) over the run, per message;
-``gen``: this script's own (the clients), for telling a client-bound run.
+msgs_per_s: messages received by the subscriber (MQTT) or confirmed (AMQP) per second, as the
+benchmarks count them. CPU figures: user + system seconds of the process (psutil) over the case,
+set-up included, per message counted; followers: the two together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
+import re
 import signal
+import subprocess
 import tempfile
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aio_pika
-import paho.mqtt.client as paho
 import psutil
-from paho.mqtt.enums import CallbackAPIVersion
 
-from loadtest import runner
+from loadtest import bench_mqtt, runner
+from loadtest.brokers import Broker
+from loadtest.scenarios import amqp_scenarios
 from loadtest.chaos_tally import Figures, Tally, summary_lines
 from loadtest.clients.chaos_clients import (
     ACK_TIMEOUT_S, Connections, MqttPublisher, MqttSubscriber, OnsDriver, amqp_connect, amqp_consumer, amqp_publisher,
     start_ons_consumer, start_ons_producer)
-from loadtest.scenarios.replication_group import FAULTS, GROUP, HOST, RECOVERY_S, Group, inject
+from loadtest.scenarios.replication_group import FAULTS, GROUP, RECOVERY_S, Group, inject
 from tests.crash_support import free_port, start_gateway, stop
 
 PROTOCOLS = ("mqtt", "amqp", "remoting")
 THROUGHPUT_PROTOCOLS = ("mqtt", "amqp")
 DRAIN_S = 30.0
 MQTT_PUBLISHERS = 2
-WINDOW = 64
 
 
 # -- a chaos round -----------------------------------------------------------------------------
@@ -280,100 +281,52 @@ def cpu_s(pid: int) -> float:
     return times.user + times.system
 
 
-def mqtt_burst(port: int, messages: int, publishers: int) -> float:
-    """``messages`` QoS 1 publishes over ``publishers`` paho clients (WINDOW in flight each);
-    the seconds from the first publish to the last PUBACK."""
-    share = messages // publishers
-    clients, done = [], []
-    for i in range(publishers):
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"burst-{i}-{time.monotonic_ns()}")
-        client.max_inflight_messages_set(WINDOW)
-        finished, count = threading.Event(), [0]
-
-        def acked(c: Any, u: Any, mid: Any, rc: Any, props: Any, count: list[int] = count,
-                  finished: threading.Event = finished) -> None:
-            count[0] += 1
-            if count[0] == share:
-                finished.set()
-
-        client.on_publish = acked
-        client.connect(HOST, port, keepalive=30)
-        client.loop_start()
-        clients.append(client)
-        done.append(finished)
-    started = time.monotonic()
-    for i, client in enumerate(clients):
-        for n in range(share):
-            client.publish(f"burst/{i}", b"x" * 64, qos=1)
-    for finished in done:
-        if not finished.wait(120):
-            raise RuntimeError("MQTT publishes not all acknowledged within 120 s")
-    elapsed = time.monotonic() - started
-    for client in clients:
-        client.disconnect()
-        client.loop_stop()
-    return elapsed
+def figure(line: str, name: str) -> float:
+    """A ``name=N`` figure of a benchmark's result line."""
+    found = re.search(rf"\b{name}=([0-9.]+)", line)
+    if found is None:
+        raise RuntimeError(f"no {name} in: {line}")
+    return float(found.group(1))
 
 
-async def amqp_burst(port: int, messages: int, publishers: int) -> float:
-    """``messages`` confirmed persistent publishes over ``publishers`` connections (WINDOW
-    unconfirmed each); the seconds from the first publish to the last confirm."""
-    share = messages // publishers
-    connections = [await amqp_connect(port) for _ in range(publishers)]
-    channels = [await connection.channel() for connection in connections]
-    await channels[0].declare_queue("burst", durable=True)
-
-    async def publish(channel: Any) -> None:
-        window = asyncio.Semaphore(WINDOW)
-
-        async def one() -> None:
-            try:
-                await channel.default_exchange.publish(
-                    aio_pika.Message(b"x" * 64, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key="burst")
-            finally:
-                window.release()
-
-        tasks = []
-        for _ in range(share):
-            await window.acquire()
-            tasks.append(asyncio.ensure_future(one()))
-        await asyncio.gather(*tasks)
-
-    started = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*(publish(channel) for channel in channels)), 120)
-    elapsed = time.monotonic() - started
-    for connection in connections:
-        await connection.close()
-    return elapsed
+def burst(protocol: str, target: Broker, seconds: float) -> tuple[float, float]:
+    """bench_mqtt's QoS 1 fan-in (8 publishers, 1 subscriber) or bench_amqp's confirmed publish
+    (4 publishers) against ``target`` for ``seconds``: msgs/s and the messages counted."""
+    if protocol == "mqtt":
+        line = bench_mqtt.fanin(target, replace(bench_mqtt.QUICK, fanin_seconds=seconds), 1)
+        return figure(line, "msgs_per_s"), figure(line, "received")
+    line = amqp_scenarios.publish_confirm(target, replace(amqp_scenarios.QUICK, seconds=seconds))
+    return figure(line, "msgs_per_s"), figure(line, "confirmed")
 
 
-async def ready_for_writes(protocol: str, port: int) -> None:
-    """Until one publish is acknowledged (a group refuses writes until a follower is in sync)."""
+def measure(protocol: str, target: Broker, pids: list[int], seconds: float) -> tuple[float, list[float]]:
+    """msgs/s and each pid's CPU microseconds per message (setup included)."""
+    before = [cpu_s(pid) for pid in pids]
+    rate, messages = burst(protocol, target, seconds)
+    return rate, [(cpu_s(pid) - b) * 1e6 / max(1.0, messages) for pid, b in zip(pids, before)]
+
+
+async def ready_for_writes(port: int) -> None:
+    """Until one confirmed AMQP publish (a group refuses writes until a follower is in sync)."""
     deadline = time.monotonic() + RECOVERY_S
     while True:
         try:
-            if protocol == "mqtt":
-                await asyncio.to_thread(mqtt_burst, port, 1, 1)
-            else:
-                await amqp_burst(port, 1, 1)
-            return
+            connection = await amqp_connect(port)
+            try:
+                channel = await connection.channel()
+                await channel.default_exchange.publish(aio_pika.Message(b"ready"), routing_key="ready")
+                return
+            finally:
+                await connection.close()
         except Exception:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
 
 
-async def measure(protocol: str, port: int, pids: list[int], messages: int, publishers: int) -> tuple[float, list[float]]:
-    """msgs/s and each pid's CPU microseconds per message, this process's (the clients') last."""
-    await ready_for_writes(protocol, port)
-    pids = [*pids, os.getpid()]
-    before = [cpu_s(pid) for pid in pids]
-    if protocol == "mqtt":
-        elapsed = await asyncio.to_thread(mqtt_burst, port, messages, publishers)
-    else:
-        elapsed = await amqp_burst(port, messages, publishers)
-    sent = messages // publishers * publishers
-    return sent / elapsed, [(cpu_s(pid) - b) * 1e6 / sent for pid, b in zip(pids, before)]
+def as_broker(name: str, port: int, proc: subprocess.Popen, workdir: Path, log: Path) -> Broker:
+    """A node started here, as the benchmarks' scenarios take a broker."""
+    return Broker(name, port, proc, workdir, log)  # type: ignore[arg-type]
 
 
 async def throughput(args: Any, lines: runner.Lines) -> int:
@@ -383,7 +336,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tidemq-chaos-throughput-"))
     log_dir = Path(args.log_dir) if args.log_dir else workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    lines.emit(f"# throughput messages={args.messages} publishers={args.publishers} flush={args.flush} logs={log_dir}")
+    lines.emit(f"# throughput seconds={args.seconds:g} flush={args.flush} logs={log_dir}")
     replicated: dict[str, tuple[float, list[float]] | str] = {}
     group = Group(workdir / "group", log_dir, args.flush)
     try:
@@ -391,14 +344,18 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
         if await group.wait_whole() is None:
             raise RuntimeError("the group did not become whole")
         leader = await group.wait_leader()
-        leader_pid = group.nodes[leader["node"]].proc.pid
+        node = group.nodes[leader["node"]]
+        followers = [other.proc.pid for other in group.nodes.values() if other is not node]
+        await ready_for_writes(node.amqp_port)
         for protocol in protocols:
             if protocol == "mqtt":
-                port, pids = group.mqtt_port, [leader_pid, group.gateway.pid]
+                target = as_broker("gw1", group.mqtt_port, group.gateway, workdir, log_dir / "gw1.log")
+                pids = [node.proc.pid, *followers, group.gateway.pid]
             else:
-                port, pids = group.nodes[leader["node"]].amqp_port, [leader_pid]
-            replicated[protocol] = await measured_or_error(measure(protocol, port, pids, args.messages,
-                                                                   args.publishers))
+                target = as_broker(node.name, node.amqp_port, node.proc, workdir, log_dir / f"{node.name}.log")
+                pids = [node.proc.pid, *followers]
+            replicated[protocol] = await measured_or_error(asyncio.to_thread(measure, protocol, target, pids,
+                                                                             args.seconds))
     finally:
         await asyncio.to_thread(group.close)
     mqtt_port, amqp_port = free_port(), free_port()
@@ -407,21 +364,24 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     failed = False
     try:
         for protocol in protocols:
-            alone = await measured_or_error(measure(protocol, mqtt_port if protocol == "mqtt" else amqp_port,
-                                                    [single.pid], args.messages, args.publishers))
+            port = mqtt_port if protocol == "mqtt" else amqp_port
+            target = as_broker("single", port, single, workdir, log_dir / "single.log")
+            alone = await measured_or_error(asyncio.to_thread(measure, protocol, target, [single.pid], args.seconds))
             together = replicated[protocol]
             if isinstance(together, str) or isinstance(alone, str):
                 failed = True
-                lines.emit(f"replication mode=sync protocol={protocol} error=\"group: {together if isinstance(together, str) else 'ok'}; "
+                lines.emit(f"replication mode=sync protocol={protocol} error=\"group: "
+                           f"{together if isinstance(together, str) else 'ok'}; "
                            f"single node: {alone if isinstance(alone, str) else 'ok'}\"")
                 continue
             (group_rate, group_cpu), (rate, cpu) = together, alone
             line = (f"replication mode=sync protocol={protocol} msgs_per_s={group_rate:.0f} "
-                    f"single_node_msgs_per_s={rate:.0f} leader_cpu_us_per_msg={group_cpu[0]:.0f} "
-                    f"single_node_cpu_us_per_msg={cpu[0]:.0f}")
+                    f"single_node_msgs_per_s={rate:.0f} leader_cpu_us_per_msg={group_cpu[0]:.1f} "
+                    f"followers_cpu_us_per_msg={group_cpu[1] + group_cpu[2]:.1f} "
+                    f"single_node_cpu_us_per_msg={cpu[0]:.1f}")
             if protocol == "mqtt":
-                line += f" gateway_node_cpu_us_per_msg={group_cpu[1]:.0f}"
-            lines.emit(f"{line} gen_cpu_us_per_msg={group_cpu[-1]:.0f}")
+                line += f" gateway_node_cpu_us_per_msg={group_cpu[3]:.1f}"
+            lines.emit(line)
     finally:
         await asyncio.to_thread(stop, single)
     return 1 if failed else 0
@@ -449,8 +409,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, help="the random source's seed (to replay a run)")
     parser.add_argument("--flush", choices=("sync", "async"), default="async", help="every node's flush (default async)")
     parser.add_argument("--log-dir", help="where the nodes' stderr goes (NAME.log; default: in a temp dir)")
-    parser.add_argument("--messages", type=int, default=20000, help="throughput: messages per protocol and run")
-    parser.add_argument("--publishers", type=int, default=4, help="throughput: concurrent publishers")
+    parser.add_argument("--seconds", type=float, default=5.0, help="throughput: how long each case publishes")
     args = parser.parse_args()
     for noisy in ("aio_pika", "aiormq"):  # every dropped connection is expected here
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
