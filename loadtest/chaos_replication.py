@@ -1,7 +1,7 @@
 """Chaos and throughput of a replicated store: faults injected into a 3-replica group under load.
 
     python -m loadtest.chaos_replication [--rounds 2] [--faults leader_kill9,leader_sigstop,follower_kill9,restart_all]
-                                         [--sigstop-s S] [--max-unavailable-s 10]
+                                         [--window 1] [--sigstop-s S] [--max-unavailable-s 10]
                                          [--protocols mqtt,amqp,remoting] [--seed N] [--flush async]
                                          [--log-dir DIR] [--out FILE]
     python -m loadtest.chaos_replication --throughput [--seconds 5] [--protocols mqtt,amqp] [--flush async]
@@ -12,7 +12,7 @@ gateway`` node that follows the leader. The stderr of each node and client proce
 to ``NAME.log`` under ``--log-dir`` (default: a new temp dir, printed at the start).
 
 Chaos (the default): for each round and each fault, numbered messages, each published again
-until acknowledged, one in flight per publisher:
+until acknowledged, one in flight per publisher (MQTT and AMQP: ``--window`` N in flight):
 
 - mqtt: two QoS 1 publishers (paho, clean sessions) through the gateway node; a persistent
   session (clean_session false) subscribed to ``chaos/#`` at QoS 1 receives them;
@@ -122,7 +122,7 @@ class Consumers:
 
 
 async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], consumers: Consumers,
-                      rng: random.Random, say, sigstop_s: float = 0.0) -> Round:
+                      rng: random.Random, say, sigstop_s: float = 0.0, window: int = 1) -> Round:
     """One fault under load: each protocol's figures, the moment of the fault, and whether the
     group was whole again in time."""
     tallies = {protocol: Tally() for protocol in protocols}
@@ -132,13 +132,13 @@ async def chaos_round(tag: str, fault: str, group: Group, protocols: list[str], 
     amqp_halt = asyncio.Event()
     amqp_task = None
     if "mqtt" in protocols:
-        publishers = [MqttPublisher(group.mqtt_port, f"p{i}", tag, tallies["mqtt"], consumers.connections)
+        publishers = [MqttPublisher(group.mqtt_port, f"p{i}", tag, tallies["mqtt"], consumers.connections, window)
                       for i in range(MQTT_PUBLISHERS)]
         for publisher in publishers:
             publisher.start()
     if "amqp" in protocols:
         amqp_task = asyncio.ensure_future(amqp_publisher(group.amqp_port, tag, tallies["amqp"], amqp_halt,
-                                                         consumers.connections))
+                                                         consumers.connections, window))
     fault_at = time.monotonic()
     whole = False
     ons = None
@@ -201,7 +201,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
     lines.emit(f"# chaos seed={seed} rounds={args.rounds} faults={args.faults} protocols={args.protocols} "
                f"flush={args.flush} logs={log_dir}")
     replay = (f"replay: python -m loadtest.chaos_replication --seed {seed} --rounds {args.rounds} "
-              f"--faults {args.faults} --protocols {args.protocols} --flush {args.flush} --sigstop-s {args.sigstop_s} "
+              f"--faults {args.faults} --protocols {args.protocols} --flush {args.flush} --window {args.window} "
+              f"--sigstop-s {args.sigstop_s} "
               f"--max-unavailable-s {args.max_unavailable_s}; node logs in {log_dir}")
     group = Group(workdir, log_dir, args.flush)
     consumers = Consumers({protocol: {} for protocol in protocols})
@@ -231,7 +232,8 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                 if await group.wait_whole() is None:
                     lines.emit(f"# DEFECT before {tag}: the group is not whole: {await group.etcd.state(GROUP)}")
                     defects += 1
-                done = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit, args.sigstop_s)
+                done = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit, args.sigstop_s,
+                                         args.window)
                 fault_at = done.fault_at
                 if not done.whole:
                     defects += 1
@@ -401,6 +403,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every fault (default 2)")
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of " + ",".join(FAULTS))
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated, of " + ",".join(PROTOCOLS))
+    parser.add_argument("--window", type=int, default=1,
+                        help="chaos: messages each MQTT and AMQP publisher keeps unacknowledged (default 1)")
     parser.add_argument("--sigstop-s", type=float, default=0.0,
                         help="leader_sigstop keeps the leader stopped at least this long (default: until another "
                              "leads, at least 1.5 leases)")

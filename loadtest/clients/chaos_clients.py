@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -53,26 +54,29 @@ def message_round(message_id: str) -> str:
 
 
 class MqttPublisher(threading.Thread):
-    """QoS 1, one message in flight, each message again (a new PUBLISH) until its PUBACK; a
-    new clean connection after a disconnect or ACK_TIMEOUT_S without PUBACK."""
+    """QoS 1, ``window`` messages in flight, each message again (a new PUBLISH) until its
+    PUBACK; a new clean connection after a disconnect or ACK_TIMEOUT_S without any PUBACK."""
 
-    def __init__(self, port: int, name: str, tag: str, tally: Tally, connections: Connections) -> None:
+    def __init__(self, port: int, name: str, tag: str, tally: Tally, connections: Connections,
+                 window: int = 1) -> None:
         super().__init__(daemon=True)
         self.port, self.name_, self.tag, self.tally = port, name, tag, tally
-        self.connections = connections
+        self.connections, self.window = connections, window
         self.halt = threading.Event()
-        self._event = threading.Event()
+        self._acked: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._lost = False
 
     def _connect(self) -> paho.Client | None:
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"chaos-{self.name_}", clean_session=True)
+        client.max_inflight_messages_set(self.window)
         connected = threading.Event()
+        acked: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # this connection's PUBACKs (None: lost)
         client.on_connect = lambda c, u, flags, rc, props: (not rc.is_failure) and connected.set()
-        client.on_publish = lambda c, u, mid, rc, props: self._event.set()
+        client.on_publish = lambda c, u, mid, rc, props: acked.put(mid)
 
         def lost(c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
             self._lost = True
-            self._event.set()
+            acked.put(None)
 
         client.on_disconnect = lost
         try:
@@ -80,6 +84,7 @@ class MqttPublisher(threading.Thread):
         except OSError:
             return None
         self._lost = False
+        self._acked = acked
         client.loop_start()
         if not connected.wait(5) or self._lost:
             self._close(client)
@@ -94,26 +99,39 @@ class MqttPublisher(threading.Thread):
         client.loop_stop()
 
     def run(self) -> None:
-        seq, pending = 0, None
+        seq = 0
+        again: list[str] = []  # sent on a connection that ended before their PUBACK
         while not self.halt.is_set():
             client = self._connect()
             if client is None:
                 time.sleep(0.1)
                 continue
+            inflight: dict[int, str] = {}  # packet id -> message id
             try:
                 while not self.halt.is_set() and not self._lost:
-                    if pending is None:
-                        pending, seq = f"{self.tag}/{self.name_}/{seq}", seq + 1
-                    self._event.clear()
-                    self.tally.on_sent(pending)
-                    info = client.publish(f"chaos/{self.tag}/{self.name_}", pending, qos=1)
-                    self._event.wait(ACK_TIMEOUT_S)
-                    if not info.is_published():
+                    while len(inflight) < self.window:
+                        if again:
+                            message_id = again.pop(0)
+                        else:
+                            message_id, seq = f"{self.tag}/{self.name_}/{seq}", seq + 1
+                        self.tally.on_sent(message_id)
+                        info = client.publish(f"chaos/{self.tag}/{self.name_}", message_id, qos=1)
+                        inflight[info.mid] = message_id
+                    try:
+                        mid = self._acked.get(timeout=ACK_TIMEOUT_S)
+                    except queue.Empty:
                         break
-                    self.tally.on_acked(pending, time.monotonic())
-                    pending = None
+                    while mid is not None:
+                        message_id = inflight.pop(mid, None)
+                        if message_id is not None:
+                            self.tally.on_acked(message_id, time.monotonic())
+                        try:
+                            mid = self._acked.get_nowait()
+                        except queue.Empty:
+                            break
             finally:
                 self._close(client)
+                again = [*inflight.values(), *again]
 
 
 class MqttSubscriber:
@@ -174,33 +192,52 @@ async def amqp_connect(port: int) -> aio_pika.abc.AbstractConnection:
     return await asyncio.wait_for(aio_pika.connect(f"amqp://guest:guest@{HOST}:{port}/", timeout=5), 10)
 
 
-async def amqp_publisher(port: int, tag: str, tally: Tally, halt: asyncio.Event, connections: Connections) -> None:
-    """Persistent messages to the durable queue, confirms on, one in flight, each again until
-    confirmed; a new connection after anything but a nack."""
-    seq, pending = 0, None
+async def amqp_publisher(port: int, tag: str, tally: Tally, halt: asyncio.Event, connections: Connections,
+                         window: int = 1) -> None:
+    """Persistent messages to the durable queue, confirms on, ``window`` unconfirmed at most,
+    each again until confirmed; a new connection after anything but a nack."""
+    seq = 0
+    again: list[str] = []  # nacked, or sent on a connection that ended before their confirm
     while not halt.is_set():
         connection = None
+        inflight: dict[asyncio.Future, str] = {}
         try:
             connection = await amqp_connect(port)
             channel = await connection.channel()
             await channel.declare_queue(AMQP_QUEUE, durable=True)
             connections.made("amqp_publisher")
             while not halt.is_set():
-                if pending is None:
-                    pending, seq = f"{tag}/amqp/{seq}", seq + 1
-                tally.on_sent(pending)
-                message = aio_pika.Message(pending.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-                try:
-                    await asyncio.wait_for(channel.default_exchange.publish(message, routing_key=AMQP_QUEUE),
-                                           ACK_TIMEOUT_S)
-                except aio_pika.exceptions.DeliveryError:  # nack: not replicated (yet)
-                    await asyncio.sleep(0.05)
-                    continue
-                tally.on_acked(pending, time.monotonic())
-                pending = None
+                while len(inflight) < window:
+                    if again:
+                        message_id = again.pop(0)
+                    else:
+                        message_id, seq = f"{tag}/amqp/{seq}", seq + 1
+                    tally.on_sent(message_id)
+                    message = aio_pika.Message(message_id.encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+                    confirm = asyncio.ensure_future(asyncio.wait_for(
+                        channel.default_exchange.publish(message, routing_key=AMQP_QUEUE), ACK_TIMEOUT_S))
+                    inflight[confirm] = message_id
+                done, _ = await asyncio.wait(list(inflight), return_when=asyncio.FIRST_COMPLETED)
+                broken = None
+                for confirm in done:
+                    message_id = inflight.pop(confirm)
+                    error = confirm.exception()
+                    if error is None:
+                        tally.on_acked(message_id, time.monotonic())
+                    else:
+                        again.append(message_id)
+                        if not isinstance(error, aio_pika.exceptions.DeliveryError):  # (a nack: not replicated)
+                            broken = error
+                if broken is not None:
+                    raise broken
+                if len(again) >= window:
+                    await asyncio.sleep(0.05)  # nacked: the group refuses writes for now
         except Exception:  # noqa: BLE001 (any failure of the connection: connect again)
             await asyncio.sleep(0.1)
         finally:
+            for confirm in inflight:
+                confirm.cancel()
+            again = [*inflight.values(), *again]
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 5)
