@@ -232,8 +232,13 @@ async def chaos(args: Any, lines: runner.Lines) -> int:
                 if await group.wait_whole() is None:
                     lines.emit(f"# DEFECT before {tag}: the group is not whole: {await group.etcd.state(GROUP)}")
                     defects += 1
-                done = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit, args.sigstop_s,
-                                         args.window)
+                try:
+                    done = await chaos_round(tag, fault, group, protocols, consumers, rng, lines.emit,
+                                             args.sigstop_s, args.window)
+                except (RuntimeError, AssertionError) as exc:  # (AssertionError: a node did not start again)
+                    lines.emit(f"# DEFECT fault={fault} round={tag}: the fault did not complete: {exc}; {replay}")
+                    defects += 1
+                    return 1
                 fault_at = done.fault_at
                 if not done.whole:
                     defects += 1
