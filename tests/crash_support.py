@@ -27,9 +27,11 @@ def free_port() -> int:
 
 
 def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway",
-           ready: str = "gateway ready") -> subprocess.Popen:
+           ready: str = "gateway ready", log: Path | None = None) -> subprocess.Popen:
     """Start ``python -m gateway serve ARGS`` from this checkout and return once it logged
-    ``ready``; its stderr is drained from then on so that it never blocks on a full pipe."""
+    ``ready``; its stderr is drained from then on so that it never blocks on a full pipe
+    (appended to ``log`` when given, the lines before ``ready`` included)."""
+    sink = open(log, "a", buffering=1) if log is not None else None  # noqa: SIM115 (closed by the drain)
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **(env or {})})
@@ -38,14 +40,28 @@ def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "g
     while time.monotonic() < deadline:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         lines.append(line)
+        if sink is not None:
+            sink.write(line)
         if ready in line:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            threading.Thread(target=_drain, args=(proc, sink), daemon=True).start()
             return proc
         if not line and proc.poll() is not None:
             break
     proc.kill()
     proc.wait()
+    if sink is not None:
+        sink.close()
     raise AssertionError(f"{name} did not start: {''.join(lines[-5:])}")
+
+
+def _drain(proc: subprocess.Popen, sink) -> None:
+    """Read the process's stderr to its end, into ``sink`` when there is one."""
+    if sink is None:
+        proc.stderr.read()  # type: ignore[union-attr]
+        return
+    with sink:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            sink.write(line)
 
 
 def start_gateway(data_dir: Path, *, mqtt_port: int | None = None, amqp_port: int | None = None,

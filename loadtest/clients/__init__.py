@@ -1,2 +1,3 @@
-"""The load the benchmarks generate: raw-socket MQTT and AMQP clients, send-time stamps, and the
-forked publisher and subscriber processes built from them."""
+"""The load the benchmarks generate: raw-socket MQTT and AMQP clients, send-time stamps, the
+forked publisher and subscriber processes built from them, and the reconnecting clients of the
+chaos script."""
