@@ -188,3 +188,17 @@ class RawClient:
         self.writer.close()
         with contextlib.suppress(Exception):
             await self.writer.wait_closed()
+
+
+async def receive_numbers(client: PahoClient, wanted: set[int], timeout_s: float = 20.0) -> set[int]:
+    """The numbers (message payloads) ``client`` receives until it has all of ``wanted`` or the
+    time is up."""
+    got: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= got and time.monotonic() < deadline:
+        try:
+            for message in await client.receive(1, timeout=1.0):
+                got.add(int(message.payload))
+        except AssertionError:
+            continue
+    return got

@@ -20,7 +20,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .crash_support import free_port, kill9, launch, stop
-from .mqtt_support import PahoClient
+from .mqtt_support import PahoClient, receive_numbers
 
 
 @dataclass
@@ -62,18 +62,6 @@ def cluster(tmp_path: Path, gateways: int = 3) -> Iterator[tuple[Node, list[Node
         store.stop()
 
 
-async def receive_all(client: PahoClient, wanted: set[int], timeout_s: float = 20.0) -> set[int]:
-    got: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while not wanted <= got and time.monotonic() < deadline:
-        try:
-            for message in await client.receive(1, timeout=1.0):
-                got.add(int(message.payload))
-        except AssertionError:
-            continue
-    return got
-
-
 @pytest.mark.slow
 async def test_kill_9_of_a_gateway_node_loses_no_acknowledged_qos1_message(tmp_path: Path) -> None:
     with cluster(tmp_path) as (_, (g0, g1, g2)):
@@ -100,7 +88,7 @@ async def test_kill_9_of_a_gateway_node_loses_no_acknowledged_qos1_message(tmp_p
         acknowledged = {sent[mid] for mid in list(acked)}
         assert 100 < len(acknowledged), "the kill came too early to prove anything"
         await asyncio.to_thread(orphan.client.loop_stop)  # its node is gone
-        before = await receive_all(orphan, set(range(1500)), timeout_s=1.0)  # what it got before the kill
+        before = await receive_numbers(orphan, set(range(1500)), timeout_s=1.0)  # what it got before the kill
         assert before and len(before) < 1500, "the orphan should have been mid-stream"
 
         # the publisher sends what was not acknowledged again, through another node
@@ -110,12 +98,12 @@ async def test_kill_9_of_a_gateway_node_loses_no_acknowledged_qos1_message(tmp_p
             await again.publish(f"line/{i % 5}/count", str(i), 1)
         everything = set(range(1500))
 
-        got = await receive_all(survivor, everything)
+        got = await receive_numbers(survivor, everything)
         assert not everything - got, f"{len(everything - got)} lost on a surviving node, e.g. {sorted(everything - got)[:10]}"
         back = PahoClient(g2.port, "orphan", clean=False)  # the dead node's subscriber, elsewhere
         flags, _, _ = await back.connect()
         assert flags.session_present
-        got = await receive_all(back, everything - before)
+        got = await receive_numbers(back, everything - before)
         missing = everything - before - got
         assert not missing, f"{len(missing)} lost for the dead node's subscriber, e.g. {sorted(missing)[:10]}"
         for client in (survivor, back, again):

@@ -22,7 +22,7 @@ import pytest
 
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
-from .mqtt_support import PahoClient
+from .mqtt_support import PahoClient, receive_numbers
 
 GROUP = "g1"
 
@@ -133,18 +133,6 @@ async def test_confirmed_messages_and_their_queue_survive_kill9_of_the_leader(tm
 
 
 
-async def receive_all(client: PahoClient, wanted: set[int], timeout_s: float = 20.0) -> set[int]:
-    got: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while not wanted <= got and time.monotonic() < deadline:
-        try:
-            for message in await client.receive(1, timeout=1.0):
-                got.add(int(message.payload))
-        except AssertionError:
-            continue
-    return got
-
-
 async def publish_until_acknowledged(port: int, client_id: str, numbers: list[int], timeout_s: float = 30.0) -> None:
     """QoS 1, each until its PUBACK: reconnecting through the gateway node while the store fails over."""
     deadline = time.monotonic() + timeout_s
@@ -196,8 +184,8 @@ async def test_mqtt_through_a_gateway_node_loses_nothing_acknowledged_when_the_s
                     raise
                 await asyncio.sleep(0.2)
         assert flags.session_present  # the session was kept by the store's replicas
-        missing = set(range(200)) - (await receive_all(subscriber, set(range(200)), 0.5)
-                                     | await receive_all(back, set(range(200))))
+        missing = set(range(200)) - (await receive_numbers(subscriber, set(range(200)), 0.5)
+                                     | await receive_numbers(back, set(range(200))))
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:10]}"
         await back.disconnect()
     finally:

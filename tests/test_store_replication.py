@@ -80,6 +80,12 @@ class Group:
         self.nodes[name] = ReplicaNode(store, old.settings, self.in_sync)
         await self.follow(name)
 
+    async def in_sync_with(self, name: str, timeout: float = 10.0) -> None:
+        """Until the leader has added ``name`` to the in-sync set (it holds all that is confirmed)."""
+        async with asyncio.timeout(timeout):
+            while name not in self.in_sync.members:
+                await asyncio.sleep(0.01)
+
     async def stop(self, name: str) -> None:
         await self.nodes.pop(name).stop()
         await self.stores.pop(name).close()
@@ -209,9 +215,7 @@ async def test_sync_replication_acknowledges_and_shows_only_what_the_in_sync_rep
         await asyncio.sleep(0.2)
         await a.put(Message("t", b"alone"), ["q"])
     await group.follow("b")
-    async with asyncio.timeout(5):
-        while "b" not in group.in_sync.members:
-            await asyncio.sleep(0.01)
+    await group.in_sync_with("b")
     await a.put(Message("t", b"one"), ["q"])  # acknowledged: b holds it
     assert group.stores["b"].commitlog.end_position >= a.commitlog.end_position
     await group.caught_up("b")  # (and shows it once it hears that it is confirmed)
@@ -239,9 +243,7 @@ async def test_meta_changes_reach_the_followers_through_the_log(group):
     b = await group.open("b", min_insync=2)
     await group.lead("a", 1)
     await group.follow("b")
-    async with asyncio.timeout(5):
-        while "b" not in group.in_sync.members:
-            await asyncio.sleep(0.01)
+    await group.in_sync_with("b")
     sessions = a.meta.table("sessions")
     sessions.put("dev-1", b"state-1")
     sessions.put_many([("dev-2", b"state-2"), ("dev-3", b"state-3")])
@@ -268,9 +270,7 @@ async def test_a_lone_meta_change_is_confirmed_when_every_replica_must_fsync(gro
     await group.open("b", min_insync=2, flush="sync")
     await group.lead("a", 1)
     await group.follow("b")
-    async with asyncio.timeout(5):
-        while "b" not in group.in_sync.members:
-            await asyncio.sleep(0.01)
+    await group.in_sync_with("b")
     a.meta.table("declarations").put("queue:orders", b"durable")
     async with asyncio.timeout(2):  # (not replication_timeout_s: the fsync is asked at once)
         await a.meta_settled()
@@ -282,9 +282,7 @@ async def test_a_promoted_follower_has_the_leaders_state(group):
     b = await group.open("b", min_insync=2)
     await group.lead("a", 1)
     await group.follow("b")
-    async with asyncio.timeout(5):
-        while "b" not in group.in_sync.members:
-            await asyncio.sleep(0.01)
+    await group.in_sync_with("b")
     a.meta.table("declarations").put("queue:orders", b"durable")
     sent = await _put_many(a, 200)
     await a.meta_settled()
@@ -299,9 +297,7 @@ async def test_a_promoted_follower_has_the_leaders_state(group):
         await b.put(Message("t", b"refused"), ["q2"])
     await group.open("c", min_insync=2)
     await group.follow("c")  # a second replica: b's tail is confirmed, writes are taken
-    async with asyncio.timeout(10):
-        while "c" not in group.in_sync.members:
-            await asyncio.sleep(0.01)
+    await group.in_sync_with("c")
     await b.put(Message("t", b"new"), ["q2"])  # placed after b's tail
     assert await _read_all(b, "q2") == expected + [b"new"]
     b.meta.table("declarations").put("queue:more", b"x")  # b leads: its writes are journaled

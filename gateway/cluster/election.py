@@ -22,6 +22,8 @@ import aetcd
 
 from store import InSyncSet
 
+from ..tasks import cancel_and_wait
+
 log = logging.getLogger("tidemq.cluster.election")
 
 POLL_S = 0.1  # how often the leader key is read while waiting
@@ -223,9 +225,7 @@ class Elector:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
 
     async def _run(self) -> None:
         while True:

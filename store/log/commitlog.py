@@ -111,7 +111,7 @@ class CommitLog:
 
     def _create_segment(self, start: int) -> Segment:
         seg = self._add_segment(start, self._path(start))
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return seg
 
     # -- writing -----------------------------------------------------------------------
@@ -304,7 +304,7 @@ class CommitLog:
             seg.length = keep
         self._end = position
         self._flushed = min(self._flushed, position)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return dropped
 
     def delete_segment(self, start: int) -> int:
@@ -348,7 +348,8 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         offset += n
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a directory's entries (files created, renamed, removed) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -367,7 +368,7 @@ def _fixed_segment_size(directory: Path, wanted: int) -> int:
         with tmp.open("rb") as fh:
             os.fsync(fh.fileno())
         tmp.replace(path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return wanted
     except ValueError:
         raise StoreError(f"{path} is damaged: it must hold the segment size in bytes") from None

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..errors import StoreError
+from ..log.commitlog import fsync_dir
 
 FILE_NAME = "EPOCHS"
 
@@ -58,11 +59,7 @@ class EpochHistory:
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self._path)
-        fd = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self._path.parent)
         self.entries = entries
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from rocksdict import Checkpoint, Rdict
 
 from ..errors import StoreError
-from ..log.commitlog import CommitLog
+from ..log.commitlog import CommitLog, fsync_dir
 from .epochs import FILE_NAME as EPOCHS_FILE
 
 SEED_DIR = ".seed"
@@ -92,9 +92,9 @@ class SeedWriter:
             if path.is_file():
                 with open(path, "rb") as fh:
                     os.fsync(fh.fileno())
-        _fsync_tree(self.root)
+        fsync_dir(self.root)
         (self.root / COMPLETE).write_text(f"{end}\n")
-        _fsync_tree(self.root)
+        fsync_dir(self.root)
 
     def _path(self, name: str) -> Path:
         path = (self.root / name).resolve()
@@ -118,14 +118,6 @@ def install_seed(data_dir: Path) -> bool:
         elif old.exists():
             old.unlink()
         (seed / part).rename(old)
-        _fsync_tree(data_dir)
+        fsync_dir(data_dir)
     shutil.rmtree(seed)
     return True
-
-
-def _fsync_tree(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
