@@ -33,6 +33,18 @@ exec python3 "$@"
 BUILT_SOURCES = " ".join(name.replace(".", "/") + ".py" for name in COMPILED)
 
 
+def fake_checkout(checkout: Path, scripts: tuple[str, ...] = ("venv.sh",)) -> None:
+    """A checkout with ``scripts``, the project files venv.sh reads, and a fake python that
+    logs what pip is asked to do (FAKE_PYTHON)."""
+    (checkout / "scripts").mkdir()
+    for name in scripts:
+        shutil.copy(ROOT / "scripts" / name, checkout / "scripts" / name)
+    copy_project_files(checkout)
+    fake = checkout / "fake-python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+
+
 def copy_project_files(checkout: Path) -> None:
     """What venv.sh reads: pyproject.toml, setup.py and the compiled modules' sources."""
     shutil.copy(ROOT / "pyproject.toml", checkout / "pyproject.toml")
@@ -60,12 +72,7 @@ def source_venv(checkout: Path, extras: str = "", pip_fails: bool = False) -> tu
 
 
 def test_the_install_script_says_when_a_compiled_module_is_built_again(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path)
     first = run_venv(tmp_path, "test")  # a fresh clone: an install, nothing to say
     assert first.returncode == 0 and "building again" not in first.stderr
     with (tmp_path / (COMPILED[0].replace(".", "/") + ".py")).open("a") as fh:
@@ -76,12 +83,7 @@ def test_the_install_script_says_when_a_compiled_module_is_built_again(tmp_path:
 
 
 def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path)
 
     code, pip = source_venv(tmp_path, "test")  # a fresh clone (CI): everything is installed
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
@@ -119,13 +121,7 @@ def test_pip_runs_only_when_the_venv_is_new_or_pyproject_changed(tmp_path: Path)
 
 
 def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
-    for name in ("venv.sh", "serve.sh"):
-        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path, ("venv.sh", "serve.sh"))
     assert source_venv(tmp_path)[0] == 0  # an installed venv
     (tmp_path / "pip.log").unlink()
     tidemq = tmp_path / ".venv" / "bin" / "tidemq"  # says what it was started with
@@ -134,7 +130,7 @@ def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path
 
     def serve(*args: str, **env: str) -> str:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMQ_")}
-        environ.update(env, PYTHON=str(fake), PIP_LOG=str(tmp_path / "pip.log"))
+        environ.update(env, PYTHON=str(tmp_path / "fake-python"), PIP_LOG=str(tmp_path / "pip.log"))
         return subprocess.run(["bash", "scripts/serve.sh", *args], cwd=tmp_path, env=environ, check=True,
                               capture_output=True, text=True, timeout=60).stdout.strip()
 
@@ -150,12 +146,7 @@ def test_serve_turns_the_loopback_metrics_listener_on_unless_told(tmp_path: Path
 def test_an_extension_older_than_its_source_is_built_again_though_the_content_is_the_same(tmp_path: Path) -> None:
     """A checkout that puts a source's content back leaves the hash as it was and the extension
     older than the source, which the test set-up refuses naming venv.sh: venv.sh must build it."""
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path)
     code, pip = source_venv(tmp_path, "test")
     assert code == 0 and any('-e .[test]' in line for line in pip), pip
     assert source_venv(tmp_path, "test") == (0, [])
@@ -176,12 +167,7 @@ def test_the_venv_can_rebuild_in_place_as_the_test_set_up_says(tmp_path: Path) -
     from setuptools.config.pyprojecttoml import read_configuration
 
     assert read_configuration(ROOT / "pyproject.toml")["project"]["name"] == "tidemq"
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "venv.sh", tmp_path / "scripts" / "venv.sh")
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path)
     code, pip = source_venv(tmp_path)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     assert code == 0 and any(line.split()[-len(requires):] == requires for line in pip), pip
@@ -190,13 +176,7 @@ def test_the_venv_can_rebuild_in_place_as_the_test_set_up_says(tmp_path: Path) -
 def test_the_local_group_installs_what_a_changed_pyproject_asks_before_it_starts(tmp_path: Path) -> None:
     """scripts/local-group.sh on a checkout whose venv predates a new dependency: it must
     install it, as serve.sh does, instead of starting nodes that cannot import it."""
-    (tmp_path / "scripts").mkdir()
-    for name in ("venv.sh", "local-group.sh"):
-        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
-    copy_project_files(tmp_path)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
+    fake_checkout(tmp_path, ("venv.sh", "local-group.sh"))
     assert source_venv(tmp_path)[0] == 0  # an installed venv
     with (tmp_path / "pyproject.toml").open("a") as fh:
         fh.write("\n# a dependency added\n")
@@ -208,7 +188,7 @@ def test_the_local_group_installs_what_a_changed_pyproject_asks_before_it_starts
     (tmp_path / ".venv" / "bin" / "python").write_text(  # the nodes: each says it started
         FAKE_PYTHON.replace('exec python3 "$@"', '[ "$1 $2" != "-m gateway" ] || { echo "$*" >> "$NODES_LOG"; exit 0; }\n'
                                                  'exec python3 "$@"'))
-    env = dict(os.environ, PYTHON=str(fake), PIP_LOG=str(tmp_path / "pip.log"), BUILT_SOURCES=BUILT_SOURCES,
+    env = dict(os.environ, PYTHON=str(tmp_path / "fake-python"), PIP_LOG=str(tmp_path / "pip.log"), BUILT_SOURCES=BUILT_SOURCES,
                NODES_LOG=str(tmp_path / "nodes.log"), PATH=f"{bin_dir}:{os.environ['PATH']}")
     subprocess.run(["bash", "scripts/local-group.sh", str(tmp_path / "group")], cwd=tmp_path, env=env, check=True,
                    capture_output=True, text=True, timeout=60)
