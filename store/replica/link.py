@@ -213,8 +213,9 @@ class LeaderService:
                     await writer.drain()
                 continue
             await writer.drain()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), HEARTBEAT_S)
+            with contextlib.suppress(TimeoutError):  # (asyncio.timeout: wait_for can swallow a cancel)
+                async with asyncio.timeout(HEARTBEAT_S):
+                    await wakeup.wait()
 
     async def _receive(self, follower: _Follower, reader: asyncio.StreamReader, frames: FrameReader) -> None:
         while True:
@@ -350,9 +351,11 @@ class FollowerService:
             while True:
                 ready = frames.frames()
                 if not ready:
-                    try:  # (the leader sends at least a heartbeat every HEARTBEAT_S)
-                        chunk = await asyncio.wait_for(reader.read(1 << 20), SILENCE_S)
-                    except asyncio.TimeoutError:
+                    try:  # (the leader sends at least a heartbeat every HEARTBEAT_S; asyncio.timeout,
+                        # not wait_for, which in 3.11 can swallow a cancel that comes as the read ends)
+                        async with asyncio.timeout(SILENCE_S):
+                            chunk = await reader.read(1 << 20)
+                    except TimeoutError:
                         raise ConnectionError(f"the leader sent nothing for {SILENCE_S} s") from None
                     if not chunk:
                         raise ConnectionError("the leader closed the link")
@@ -392,8 +395,9 @@ class FollowerService:
 async def _read_within(reader: asyncio.StreamReader, frames: FrameReader) -> object:
     """A follower's next frame from its leader, which never stays silent for SILENCE_S."""
     try:
-        return await asyncio.wait_for(_read_one(reader, frames), SILENCE_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(SILENCE_S):
+            return await _read_one(reader, frames)
+    except TimeoutError:
         raise ConnectionError(f"the leader sent nothing for {SILENCE_S} s") from None
 
 
