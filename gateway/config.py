@@ -387,9 +387,14 @@ def validate_replication(cfg: Config) -> None:
         return
     if not cfg.node_id:
         raise ConfigError("a store node of a replication_group needs its node_id, unique in the group", "node_id")
-    if parse_bind(cfg.replication_bind, "replication_bind") is None:
+    replication = parse_bind(cfg.replication_bind, "replication_bind")
+    if replication is None:
         raise ConfigError("a store node of a replication_group needs replication_bind, where followers read "
                           "its commitlog", "replication_bind")
+    if not is_loopback(replication[0]) and not cfg.cluster_token:
+        raise ConfigError(f"replication_bind {cfg.replication_bind} is reachable beyond this host and streams every "
+                          "message, session and offset to whoever connects: set cluster_token (on every node of "
+                          "the group) or bind it to 127.0.0.1", "replication_bind")
     if cfg.replication not in ("sync", "async"):
         raise ConfigError(f"replication must be sync or async, not {cfg.replication!r}", "replication")
     if not 1 <= cfg.min_insync_replicas <= 16:

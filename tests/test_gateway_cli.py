@@ -178,5 +178,9 @@ def test_a_replication_group_needs_its_settings_and_a_role_that_replicates():
         load_config(env={**full, "TIDEMQ_ETCD_ENDPOINT": ""})
     cfg = load_config(env=full)
     assert (cfg.replication, cfg.min_insync_replicas, cfg.replication_lease_s) == ("sync", 2, 2.0)
+    wide = {**full, "TIDEMQ_REPLICATION_BIND": "0.0.0.0:10911"}
+    with pytest.raises(ConfigError, match="cluster_token"):  # (the link streams every message to whoever asks)
+        load_config(env=wide)
+    assert load_config(env={**wide, "TIDEMQ_CLUSTER_TOKEN": "t"}).cluster_token == "t"
     gateway = load_config(env={**base, "TIDEMQ_ROLE": "gateway"})  # (no store_address: the leader is in etcd)
     assert gateway.store_address == ""

@@ -368,6 +368,30 @@ async def test_a_follower_leaves_a_leader_that_went_silent(group):
         writer.close()
 
 
+async def test_a_follower_without_the_groups_token_gets_nothing(tmp_path):
+    """The replication link streams every message, session and offset: with a cluster token, a
+    follower that does not present it is refused before any byte of the log."""
+    leader = await _open(tmp_path / "a")
+    intruder = await _open(tmp_path / "b")
+    in_sync = InSyncSet()
+    leading = ReplicaNode(leader, ReplicaSettings("a", min_insync=1, token="secret"), in_sync)
+    following = ReplicaNode(intruder, ReplicaSettings("b", min_insync=1, token="guess"), in_sync)
+    try:
+        port = await leading.lead(1, "127.0.0.1", 0)
+        await _put_many(leader, 20)
+        await following.follow(lambda: ("127.0.0.1", port))
+        async with asyncio.timeout(5):
+            while following.follower.refused is None:
+                await asyncio.sleep(0.01)
+        assert following.follower.refused == "wrong replication token"
+        assert intruder.commitlog.end_position == 0 and not leading.leader.followers
+    finally:
+        await following.stop()
+        await leading.stop()
+        await leader.close()
+        await intruder.close()
+
+
 def test_common_end_is_the_end_of_the_newest_shared_epoch(tmp_path):
     assert common_end([(1, 0), (2, 100)], 150, [(1, 0), (2, 100), (4, 180)], 300) == 150
     assert common_end([(1, 0), (3, 100)], 150, [(1, 0), (2, 100)], 300) == 100

@@ -7,6 +7,8 @@ in-sync replica holds, while at least ``min_insync`` replicas are in sync.
 
 from __future__ import annotations
 
+import hmac
+
 from ..log.commitlog import CommitLog
 from .epochs import EpochHistory, common_end
 from .wire import Data, Hello, Refuse, Welcome
@@ -24,7 +26,7 @@ class LeaderLog:
 
     def welcome(self, hello: Hello) -> Welcome | Refuse:
         """Where the follower's log stops agreeing with this one, or why it may not follow."""
-        if self._token and hello.token != self._token:
+        if self._token and not hmac.compare_digest(hello.token.encode(), self._token.encode()):
             return Refuse("wrong replication token")
         if hello.segment_size != self._log.segment_size:
             return Refuse(f"segment size {hello.segment_size} differs from the leader's {self._log.segment_size}")
