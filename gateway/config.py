@@ -196,6 +196,7 @@ class Config:
                 identity_host=self.store_host,
                 identity_port=self.store_port,
                 repair=self.repair,
+                replicated=bool(self.replication_group) and self.role == "store",
             )
         except ValueError as exc:  # StoreOptions' messages start with the field's name (flush, segment_size)
             raise ConfigError(str(exc), str(exc).split(" ", 1)[0]) from None

@@ -35,6 +35,9 @@ class StoreOptions:
     identity_host: str = "127.0.0.1"  # encoded in message ids (RocketMQ offsetMsgId)
     identity_port: int = 10911
     repair: bool = False
+    # a replica of a replicated group (store/replica/): recovery indexes nothing beyond the index's
+    # checkpoint, which never passes what the group confirmed; the rest waits for the group to say
+    replicated: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)

@@ -53,7 +53,7 @@ class Group:
         self.port = 0
 
     async def open(self, name: str, *, mode="sync", min_insync=1, **options) -> MessageStore:
-        self.stores[name] = store = await _open(self.root / name, **options)
+        self.stores[name] = store = await _open(self.root / name, replicated=True, **options)
         settings = ReplicaSettings(name, mode=mode, min_insync=min_insync, lag_s=1.0, timeout_s=3.0)
         self.nodes[name] = ReplicaNode(store, settings, self.in_sync)
         return store
@@ -155,6 +155,38 @@ async def test_a_restarted_follower_goes_on_from_its_own_end(group):
     await group.caught_up("b")
     assert _log_bytes(follower) == _log_bytes(group.stores["a"])
     assert await _read_all(follower, "q1") == [body for queue, body in sent if queue == "q1"]
+
+
+async def test_a_restarted_follower_shows_only_what_was_confirmed(group):
+    """b holds a record the group has not confirmed (c, in sync, lacks it) and restarts: its
+    recovery must not show that record (the group may still lose it); b shows it once the
+    leader says it is confirmed."""
+    a = await group.open("a", min_insync=3)
+    await group.open("b", min_insync=3)
+    await group.open("c", min_insync=3)
+    await group.lead("a", 1)
+    await group.follow("b")
+    await group.follow("c")
+    await group.in_sync_with("b")
+    await group.in_sync_with("c")
+    await a.put(Message("t", b"one"), ["q"])
+    await group.caught_up("b")
+    await group.nodes["c"].follower.stop()  # c is silent, still in sync for lag_s
+    one_end = a.commitlog.end_position
+    pending = asyncio.ensure_future(a.put(Message("t", b"two"), ["q"]))
+    async with asyncio.timeout(5):
+        while not one_end < a.commitlog.end_position == group.stores["b"].commitlog.end_position:
+            await asyncio.sleep(0.01)
+    await group.stop("b")
+    b = await group.open("b", min_insync=3)
+    assert b.commitlog.end_position == a.commitlog.end_position  # it holds the record ...
+    assert await _read_all(b, "q") == [b"one"]  # ... and does not show it
+    assert not pending.done()
+    await group.follow("b")
+    await group.follow("c")
+    await pending
+    await group.caught_up("b")
+    assert await _read_all(b, "q") == [b"one", b"two"]
 
 
 async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
@@ -295,6 +327,9 @@ async def test_a_promoted_follower_has_the_leaders_state(group):
     assert shown == expected[:len(shown)]
     with pytest.raises(NotReplicatedError):  # alone: writes refused
         await b.put(Message("t", b"refused"), ["q2"])
+    async with asyncio.timeout(5):  # alone in sync, its log is the group's: shown, not acknowledged
+        while await _read_all(b, "q2") != expected:
+            await asyncio.sleep(0.02)
     await group.open("c", min_insync=2)
     await group.follow("c")  # a second replica: b's tail is confirmed, writes are taken
     await group.in_sync_with("c")
@@ -305,6 +340,37 @@ async def test_a_promoted_follower_has_the_leaders_state(group):
     await group.caught_up("c")
     assert group.stores["c"].meta.table("declarations").get("queue:more") == b"x"
     assert await _read_all(group.stores["c"], "q2") == expected + [b"new"]
+
+
+async def test_a_new_leader_drops_an_in_sync_replica_it_never_hears_from(group):
+    """The leader and one follower die: the survivor leads with the dead follower still in the
+    in-sync set it inherits. It must leave the set (after lag_s), or it would hold the confirmed
+    position at 0 for good: the survivor then shows all it holds, and takes writes as soon as
+    a second replica is in sync."""
+    a = await group.open("a", min_insync=2)
+    await group.open("b", min_insync=2)
+    await group.open("c", min_insync=2)
+    await group.lead("a", 1)
+    await group.follow("b")
+    await group.follow("c")
+    await group.in_sync_with("b")
+    await group.in_sync_with("c")
+    sent = await _put_many(a, 100)
+    await group.caught_up("b")
+    await group.stop("a")
+    await group.stop("c")
+    group.in_sync.members = frozenset({"c"})  # (as the group's state in etcd: b's epoch inherits c)
+    await group.lead("b", 2)
+    b = group.stores["b"]
+    expected = [body for queue, body in sent if queue == "q0"]
+    async with asyncio.timeout(5):
+        while group.in_sync.members or await _read_all(b, "q0") != expected:
+            await asyncio.sleep(0.02)
+    await group.open("d", min_insync=2)
+    await group.follow("d")
+    await group.in_sync_with("d")
+    await b.put(Message("t", b"new"), ["q0"])
+    assert await _read_all(b, "q0") == expected + [b"new"]
 
 
 async def test_a_follower_behind_the_leaders_retention_is_seeded_and_follows(group):

@@ -53,15 +53,17 @@ class _Damage:
 
 
 def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, repair: bool,
-            on_meta: Callable[[bytes, int], None] | None = None) -> RecoveryReport:
+            on_meta: Callable[[bytes, int], None] | None = None, index_tail: bool = True) -> RecoveryReport:
     """Verify the log from the index's checkpoint, cut a torn tail, index what the index lacks
-    and apply the meta change records after the checkpoint (``on_meta``: replicated stores)."""
+    and apply the meta change records after the checkpoint (``on_meta``: replicated stores).
+    ``index_tail`` False (a replica): what the index lacks is left unindexed, for the group to
+    confirm first (store/replica/); meta changes are still applied, and undone if it is cut."""
     report = RecoveryReport()
     checkpoint = index.dispatched_position
     start = max(log_.min_position, checkpoint - checkpoint % log_.segment_size)
     report.scanned_from = start
     segments = [s for s in log_.segments() if s.start + log_.segment_size > start]
-    replay = Replay(index, dispatcher, on_meta)
+    replay = Replay(index, dispatcher, on_meta, meta_only=not index_tail)
     end = start
     damage: _Damage | None = None
     for i, seg in enumerate(segments):
@@ -118,10 +120,11 @@ class Replay:
     them: by recovery, and by a follower for the bytes its leader sends (store/replica/)."""
 
     def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 on_meta: Callable[[bytes, int], None] | None = None) -> None:
+                 on_meta: Callable[[bytes, int], None] | None = None, meta_only: bool = False) -> None:
         self._index = index
         self._dispatcher = dispatcher
         self._on_meta = on_meta  # told each meta change record's body and end (meta/journal.py)
+        self._meta_only = meta_only  # apply meta change records, index nothing
         self._pending: list[DispatchItem] = []
         self.dispatched = 0  # records indexed (or dropping a queue) so far
 
@@ -133,6 +136,8 @@ class Replay:
         if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count:
             if self._on_meta is not None:
                 self._on_meta(view.body, end)
+            return
+        if self._meta_only:
             return
         if view.topic == HOLD_TOPIC and view.body[:1] == DROP_OP and not view.queue_count:
             self.flush(position)

@@ -135,8 +135,12 @@ class MetaReplay:
         self.applied = 0
 
     def apply(self, body: bytes, end: int) -> None:
+        """Apply the record ending at ``end``, unless it is applied already (a replica's
+        recovery applies its whole log; its follower then reads the confirmed part again)."""
+        if end <= self.applied:
+            return
         self._apply(MetaBatch.decode(body))
-        self.applied = max(self.applied, end)
+        self.applied = end
 
     def undo(self, body: bytes) -> None:
         """Put back what a record changed (its tail of the log is being cut)."""

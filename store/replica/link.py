@@ -60,11 +60,12 @@ class _Follower:
 class LeaderService:
     """Streams the commitlog to followers; ``confirmed`` is what every in-sync replica holds.
     ``own_position()``: the leader's own position under the flush policy; ``on_confirmed``:
-    told each new confirmed position (the committer acknowledges up to it)."""
+    told each new confirmed position and whether ``min_insync`` replicas hold it (the committer
+    shows what is confirmed, and acknowledges it only when enough replicas hold it)."""
 
     def __init__(self, leader: LeaderLog, commitlog: CommitLog, in_sync: InSyncSet, *, min_insync: int,
                  own_position: Callable[[], int], durable_acks: bool, lag_s: float = 2.0,
-                 on_confirmed: Callable[[int], None] | None = None,
+                 on_confirmed: Callable[[int, bool], None] | None = None,
                  on_in_sync: Callable[[frozenset[str]], None] | None = None,
                  snapshot: Callable[[], Snapshot] | None = None) -> None:
         self.leader = leader
@@ -80,6 +81,7 @@ class LeaderService:
         self.seeds_sent = 0
         self.followers: dict[str, _Follower] = {}
         self.confirmed = 0 if min_insync > 1 else own_position()
+        self.acknowledged = self.confirmed  # the confirmed position when min_insync replicas held it
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # one per follower link
         self._links: dict[asyncio.Task[None], asyncio.StreamWriter] = {}  # each link's writer, to end it
@@ -92,6 +94,7 @@ class LeaderService:
         self._lag = asyncio.get_running_loop().create_task(self._watch_lag(), name="replica-lag")
         if self._on_in_sync is not None:
             self._on_in_sync(self.in_sync.members)
+        self.recompute()  # (alone in sync: what it holds is confirmed now)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -114,12 +117,14 @@ class LeaderService:
         self.recompute()
 
     def recompute(self) -> None:
-        confirmed = confirmed_position(self._own_position(), {n: f.position for n, f in self.followers.items()},
-                                       self.in_sync.members, self.min_insync)
-        if confirmed is not None and confirmed > self.confirmed:
-            self.confirmed = confirmed
+        confirmed, enough = confirmed_position(self._own_position(), {n: f.position for n, f in self.followers.items()},
+                                               self.in_sync.members, self.min_insync)
+        if confirmed > self.confirmed or enough and confirmed > self.acknowledged:
+            self.confirmed = max(self.confirmed, confirmed)
+            if enough:
+                self.acknowledged = confirmed
             if self._on_confirmed is not None:
-                self._on_confirmed(confirmed)
+                self._on_confirmed(confirmed, enough)
 
     # -- one follower ------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -245,7 +250,9 @@ class LeaderService:
             lagging = set()
             for node in self.in_sync.members:
                 follower = self.followers.get(node)
-                if follower is None or follower.position >= end:
+                if follower is None:  # in sync under the last leader, not heard from since
+                    follower = self.followers[node] = _Follower(node, connected=False)
+                if follower.position >= end:
                     continue
                 if follower.behind_since is None:
                     follower.behind_since = now

@@ -6,7 +6,9 @@ away (RocketMQ's confirm offset in controller mode, Kafka's high watermark).
 Batches are released in the order they were written. One that waits longer than ``timeout_s``
 is answered with NotReplicatedError but stays queued: its records are in the log, and it is
 published in its turn once confirmed (a client told "not stored" may see its message later, as
-with Kafka's and RocketMQ's timeouts).
+with Kafka's and RocketMQ's timeouts). Likewise a batch confirmed while fewer than
+``min_insync`` replicas are in sync (every in-sync replica holds it, so it is shown; too few
+hold it to acknowledge it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class _Waiting:
 class ReplicatedRelease:
     """``wait`` queues a written batch; ``confirm`` releases those the confirmed position covers
     (``release(entry, None)``); ``expire`` answers those waiting too long (``release(entry,
-    error)`` now, ``release(entry, None)`` later still publishes them without answering)."""
+    error)`` now, ``release(entry, None)`` later still publishes them without answering).
+    ``confirmed``: how far writes may be acknowledged (held by ``min_insync`` replicas)."""
 
     def __init__(self, release: Callable[[Any, StoreError | None, bool], None], timeout_s: float) -> None:
         self._release = release
@@ -59,20 +62,28 @@ class ReplicatedRelease:
             self._positions.append((position, fut, time.monotonic()))
         return fut
 
-    def confirm(self, position: int) -> None:
-        self.confirmed = max(self.confirmed, position)
+    def confirm(self, position: int, enough: bool = True) -> None:
+        """Every in-sync replica holds up to ``position``; ``enough``: at least ``min_insync``
+        replicas are in sync (else what it covers is shown, and answered NotReplicatedError)."""
+        if enough:
+            self.confirmed = max(self.confirmed, position)
         if self._positions:
             still = []
             for at, fut, since in self._positions:
-                if at <= self.confirmed:
-                    if not fut.done():
-                        fut.set_result(None)
-                else:
+                if at > position:
                     still.append((at, fut, since))
+                elif not fut.done():
+                    if at <= self.confirmed:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(_too_few())
             self._positions = still
         waiting = self._waiting
-        while waiting and (waiting[0].end is None or waiting[0].end <= self.confirmed):
+        while waiting and (waiting[0].end is None or waiting[0].end <= position):
             item = waiting.popleft()
+            if not item.answered and item.end is not None and item.end > self.confirmed:
+                item.answered = True
+                self._release(item.entry, _too_few(), False)
             self._release(item.entry, None, item.answered)
 
     def expire(self, now: float | None = None) -> None:
@@ -102,3 +113,7 @@ class ReplicatedRelease:
                 self._release(item.entry, error, False)
             entries.append(item.entry)
         return entries
+
+
+def _too_few() -> NotReplicatedError:
+    return NotReplicatedError("fewer replicas than min_insync_replicas were in sync to hold it")
