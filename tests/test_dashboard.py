@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,7 @@ from aiohttp import web
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from rocketmq import client as rmq
-from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 import gateway.http.dashboard
 from gateway.auth import PasswordFile
@@ -35,88 +29,11 @@ from gateway.server import Gateway
 from protocols.mqtt.packets import MQTT_5
 from store.stats import LatencyHistogram
 
+from .browser_support import TOKEN, Page, browser  # noqa: F401 (browser: a fixture)
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .remoting_support import remoting_gateway
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-WAIT_S = 10.0  # the page polls every second
-TOKEN = "dash-s3cret"
 MQTT_CELL = '#protocols tr[data-protocol="mqtt"] td[data-field="{}"]'
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    """One headless chromium for the module (starting one takes about a second)."""
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:
-        pytest.fail(f"{' and '.join(missing)} not found: the dashboard test needs Debian's chromium and "
-                    "chromium-driver (run scripts/system-deps.sh as root)", pytrace=False)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # given, so that selenium-manager never looks for one
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1400,1100",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-class Page:
-    """The browser seen from an async test: selenium blocks, and the gateway serving the page
-    runs on this event loop, so every browser call goes through a thread."""
-
-    def __init__(self, driver: WebDriver, base: str) -> None:
-        self.driver = driver
-        self.base = base
-
-    async def open(self, path: str) -> str:
-        await asyncio.to_thread(self.driver.get, self.base + path)
-        return self.driver.current_url
-
-    def _text(self, css: str) -> str | None:
-        # read in one script: the page rebuilds its tables every second (no stale elements)
-        return self.driver.execute_script(
-            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css)
-
-    async def text(self, css: str) -> str | None:
-        return await asyncio.to_thread(self._text, css)
-
-    async def texts(self, css: str) -> list[str]:
-        return await asyncio.to_thread(self.driver.execute_script,
-                                       "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent);",
-                                       css)
-
-    async def until(self, css: str, check: Callable[[str], bool], what: str) -> str:
-        """Wait (bounded) until the text of ``css`` passes ``check``; that text."""
-        def condition(_driver: WebDriver) -> str | bool:
-            text = self._text(css)
-            return text if text is not None and check(text) else False
-
-        try:
-            return await asyncio.to_thread(WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1).until, condition)
-        except TimeoutException:
-            raise AssertionError(f"after {WAIT_S} s the page does not show {what}: {css} is {self._text(css)!r} "
-                                 f"(status: {self._text('#status')!r})") from None
-
-    async def until_text(self, css: str, expected: str) -> str:
-        return await self.until(css, lambda text: text == expected, repr(expected))
-
-    async def fill(self, values: dict[str, str]) -> None:
-        def _fill() -> None:
-            for css, value in values.items():
-                field = self.driver.find_element("css selector", css)
-                field.clear()
-                if value:
-                    field.send_keys(value)
-        await asyncio.to_thread(_fill)
-
-    async def click(self, css: str) -> None:
-        await asyncio.to_thread(lambda: self.driver.find_element("css selector", css).click())
 
 
 def dashboard(gw: Gateway, driver: WebDriver) -> Page:
@@ -151,6 +68,7 @@ async def test_dashboard_follows_live_mqtt_traffic(data_dir: Path, browser: WebD
         await page.click("#token-form button")
         await page.until_text(MQTT_CELL.format("connections"), "0")
         assert await page.text("#status") != "admin token needed"
+        assert not await page.shown("#group-section")  # (no replicated store group here)
 
         publisher = PahoClient(mqtt_port(gw), "dash-pub")
         await publisher.connect()

@@ -1,4 +1,5 @@
-// The TideMQ dashboard: polls /admin/overview and /admin/clients every second, turns two
+// The TideMQ dashboard: polls /admin/overview, /admin/clients and /admin/cluster (a replicated
+// store group, where there is one) every second, turns two
 // successive overviews into rates, and looks messages up (/admin/messages) with their trace
 // (/admin/trace). Data reaches the DOM through textContent only, never as markup.
 "use strict";
@@ -195,11 +196,43 @@ function renderClients(clients) {
     "… and " + count(clients.length - MAX_CLIENT_ROWS) + " more (tidemq ctl clients lists them all)" : "");
 }
 
+// rows of /admin/cluster; null: this node is in no replicated group (the section stays hidden)
+function renderGroup(rows) {
+  const section = document.getElementById("group-section");
+  section.hidden = rows === null;
+  if (rows === null) return;
+  const body = document.querySelector("#group tbody");
+  body.replaceChildren();
+  for (const r of rows) {
+    const row = body.insertRow();
+    row.dataset.node = r.node;
+    cell(row, r.node, "node");
+    cell(row, r.role, "role");
+    cell(row, r.epoch === null ? "–" : count(r.epoch), "epoch");
+    cell(row, r.in_sync === "leader" ? "leader" : r.in_sync ? "yes" : "no", "in_sync");
+    cell(row, r.end === null ? "–" : bytes(r.end), "end");
+    cell(row, r.lag_bytes === null || r.lag_bytes === undefined ? "–" : bytes(r.lag_bytes), "lag_bytes");
+    cell(row, r.lag_s === null || r.lag_s === undefined ? "–" : decimal.format(r.lag_s), "lag_s");
+  }
+}
+
+async function pollGroup() {
+  try {
+    renderGroup(await api("admin/cluster"));
+  } catch (error) {
+    if (error.status === 404) {
+      renderGroup(null);
+    } else {
+      setText("group-note", "cannot read the group: " + error.message);
+    }
+  }
+}
+
 // -- polling --------------------------------------------------------------------------------
 async function poll() {
   if (paused) return;
   try {
-    const [overview, clients] = await Promise.all([api("admin/overview"), api("admin/clients")]);
+    const [overview, clients] = await Promise.all([api("admin/overview"), api("admin/clients"), pollGroup()]);
     renderProtocols(overview);
     renderStore(overview);
     renderBacklogs(overview);
