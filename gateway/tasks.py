@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
+from typing import Any
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task]) -> None:
@@ -13,3 +14,10 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task]) -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def all_done(waiting: Iterable[Awaitable[Any]]) -> None:
+    """Await every one (none is left unawaited, whatever fails); raise the first failure."""
+    for result in await asyncio.gather(*waiting, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

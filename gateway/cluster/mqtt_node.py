@@ -33,6 +33,7 @@ from store import StoredMessage
 from ..interop import TOPIC_QUEUE_PREFIX, queue_for_filter
 from ..mqtt.session import SESSIONS_TABLE
 from ..ports import MQTTPorts
+from ..tasks import all_done
 from .gateway_store import GatewayStore
 from .store_link import WILDCARD_TARGETS
 
@@ -87,8 +88,9 @@ class RemoteRetained:
     def __contains__(self, topic: str) -> bool:
         return False
 
-    def set(self, topic: str, position: int | None) -> None:
-        self.store.remote.retained_set(topic, position)
+    def set(self, topic: str, position: int | None) -> asyncio.Future[None]:
+        """Answered once the store node holds it as its store promises (replicated: confirmed)."""
+        return self.store.remote.retained_set(topic, position)
 
     def matching(self, topic_filter: str) -> list[StoredMessage]:
         return self._matched.pop(topic_filter, [])
@@ -145,7 +147,7 @@ class ClusterSessions:
         """Sent now, in order on the link; done once the store node has written every one (its
         table's writes go through its WAL before it answers)."""
         remote = self.store.remote
-        return _all([remote.kv_put_sent(SESSIONS_TABLE, client_id, raw) for client_id, raw in sessions])
+        return all_done([remote.kv_put_sent(SESSIONS_TABLE, client_id, raw) for client_id, raw in sessions])
 
     def delete(self, client_id: str) -> None:
         self.table.delete(client_id)
@@ -159,13 +161,6 @@ class ClusterSessions:
                 if self._going.get(client_id) is done:
                     del self._going[client_id]
             task.add_done_callback(gone)
-
-
-async def _all(answers: list[Coroutine[Any, Any, None]]) -> None:
-    """Await every one (none is left unawaited); raise the first failure."""
-    for result in await asyncio.gather(*answers, return_exceptions=True):
-        if isinstance(result, BaseException):
-            raise result
 
 
 class ClusterReads:

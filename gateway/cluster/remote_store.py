@@ -173,9 +173,11 @@ class RemoteStore:
     def filter_release(self, topic_filter: str, holder: str) -> None:
         self._oneway(StoreCode.FILTER_RELEASE, {"filter": topic_filter, "holder": holder})
 
-    def retained_set(self, topic: str, position: int | None) -> None:
-        self._oneway(StoreCode.RETAINED_SET, {"topic": topic, "position": str(-1 if position is None
-                                                                                   else position)})
+    def retained_set(self, topic: str, position: int | None) -> asyncio.Future[None]:
+        """Sent now, in order on the link; the future resolves once the store node answers
+        (after the change is held as its store promises), or fails (RemoteStoreError)."""
+        return asyncio.ensure_future(self._answer(self.link.request(
+            StoreCode.RETAINED_SET, {"topic": topic, "position": str(-1 if position is None else position)})))
 
     async def retained_match(self, topic_filter: str) -> list[StoredMessage]:
         reply = _check(await self._call(StoreCode.RETAINED_MATCH, {"filter": topic_filter}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cache import QueueCache
@@ -22,7 +22,7 @@ from ..deadlines import Deadlines, StalledReads
 from ..interop import queue_for_filter
 from ..ports import MQTTPorts
 from ..stats import ProtocolStats
-from ..tasks import cancel_and_wait
+from ..tasks import all_done, cancel_and_wait
 from .expiry import SessionExpiry
 from .ingest_gate import IngestGate
 from .messages import DeliveryMemo, StoreMessageFactory
@@ -286,17 +286,21 @@ class MQTTBroker:
         return fut
 
     # -- retained messages ---------------------------------------------------------------------
-    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future) -> tuple[int, StoreError] | None:
+    def record_retained(self, entries: list[tuple[str, bool] | None], fut: asyncio.Future,
+                        settling: list[Awaitable[None]]) -> tuple[int, StoreError] | None:
         """Done-callback of a put: remember (or clear, for an empty payload) the retained
         messages among the stored ones; ``entries`` lines up with the put's messages. When one
-        could not be written: its index and the error (neither it nor those after it are retained)."""
+        could not be written: its index and the error (neither it nor those after it are retained).
+        What the acknowledgement must wait for (``RetainedStore.set``) is added to ``settling``."""
         if fut.cancelled() or fut.exception() is not None:
             return None
         for i, (entry, result) in enumerate(zip(entries, fut.result())):
             if entry is not None:
                 topic, keep = entry
                 try:
-                    self.set_retained(topic, result.position if keep else None)
+                    waiting = self.set_retained(topic, result.position if keep else None)
+                    if waiting is not None:
+                        settling.append(waiting)
                 except StoreError as exc:
                     self.limited_log.log(logging.ERROR, type(exc).__name__, "retained message not recorded topic=%s error=%s",
                                          topic, exc)
@@ -310,20 +314,29 @@ class MQTTBroker:
         done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
 
         def recorded(f: asyncio.Future[Sequence[PutResult]]) -> None:
+            settling: list[Awaitable[None]] = []
             if f.cancelled():
                 done.cancel()
             elif (exc := f.exception()) is not None:
                 done.set_exception(exc)
-            elif (failed := self.record_retained(entries, f)) is not None:
+            elif (failed := self.record_retained(entries, f, settling)) is not None:
                 done.set_exception(failed[1])
+            elif settling:
+                def settled(s: asyncio.Future[None]) -> None:
+                    failure = s.exception()
+                    if failure is not None:
+                        done.set_exception(failure)
+                    else:
+                        done.set_result(f.result())
+                asyncio.ensure_future(all_done(settling)).add_done_callback(settled)
             else:
                 done.set_result(f.result())
 
         put.add_done_callback(recorded)
         return done
 
-    def set_retained(self, topic: str, position: int | None) -> None:
-        self.retained.set(topic, position)
+    def set_retained(self, topic: str, position: int | None) -> Awaitable[None] | None:
+        return self.retained.set(topic, position)
 
     def retained_matching(self, topic_filter: str) -> list[StoredMessage]:
         return self.retained.matching(topic_filter)
@@ -432,3 +445,4 @@ class MQTTBroker:
 def _log_failure(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.error("broker publish not stored error=%s", fut.exception())
+

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from protocols.mqtt.errors import ProtocolViolation
@@ -18,6 +19,7 @@ from store import StoreError, now_ms
 from store import TIMER
 
 from ..core.ingest import PutPipeline, Refused
+from ..tasks import all_done
 from .delayed import PREFIX as DELAYED_PREFIX
 from .delayed import DelayedTopicError, parse_delayed
 from .messages import StoreMessageFactory
@@ -105,10 +107,13 @@ class Inbound:
         not_retained: set[int] = set()  # stored, but their retain flag could not be recorded
         if any(p.retain for p, _ in batch):
             kept = [i for i in range(len(batch)) if i not in refused]
+            settling: list[Awaitable[None]] = []
             failed = self.broker.record_retained(
-                [(batch[i][1], bool(batch[i][0].payload)) if batch[i][0].retain else None for i in kept], fut)
+                [(batch[i][1], bool(batch[i][0].payload)) if batch[i][0].retain else None for i in kept], fut, settling)
             if failed is not None:
                 not_retained = {i for i in kept[failed[0]:] if batch[i][0].retain}
+            if settling:  # (the acknowledgements below wait: session_saves.py's write-ahead rule)
+                self.broker.saves.hold_output(self.connection.client_id, all_done(settling))
         if fut.cancelled() or fut.exception() is not None:
             self._failed(batch, fut.exception() if not fut.cancelled() else None)
             return

@@ -7,6 +7,7 @@ nodes set and query over the store link.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 from protocols.mqtt.topics import matches
@@ -32,16 +33,19 @@ class RetainedIndex:
     def __contains__(self, topic: str) -> bool:
         return topic in self.positions
 
-    def set(self, topic: str, position: int | None) -> None:
+    def set(self, topic: str, position: int | None) -> asyncio.Future[None] | None:
         """Retain the message at ``position`` for ``topic``; None clears it (empty payload).
-        Written first: StoreError when that failed, and nothing changed."""
+        Written first: StoreError when that failed, and nothing changed. A future when the
+        store holds it as promised only later (``MessageStore.meta_settling``)."""
         if position is None:
-            if topic in self.positions:
-                self._table.delete(topic)
-                del self.positions[topic]
+            if topic not in self.positions:
+                return None
+            self._table.delete(topic)
+            del self.positions[topic]
         else:
             self._table.put(topic, _POSITION.pack(position))
             self.positions[topic] = position
+        return self.store.meta_settling()
 
     def forget(self, topic: str) -> None:
         """The retained message of ``topic`` is gone (removed by retention, expired): no longer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from store import StoreError
@@ -86,6 +86,17 @@ class SessionSaves:
         self._dirty |= self._progressed
         self._progressed = set()
         self.flush()
+
+    def hold_output(self, client_id: str, answered: Awaitable[None]) -> None:
+        """What the connection of ``client_id`` writes from now on waits for ``answered``, a
+        change other than its session's that its next packets rely on (a retained message a
+        replicated store has yet to confirm); if that fails, the output is dropped and the
+        connection closed, as for a session write that failed (the client retries)."""
+        number = self._next
+        self._next += 1
+        self._unanswered[client_id] = number
+        asyncio.ensure_future(answered).add_done_callback(
+            lambda done: self._finish(number, not done.cancelled() and done.exception() is None))
 
     def forget(self, client_id: str) -> None:
         """The session ended (its stored state is deleted): nothing of it is written any more."""
