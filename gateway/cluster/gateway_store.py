@@ -19,6 +19,14 @@ at its end, a shared group's committed offset -- is fetched first with the ``ens
 coroutines by the node's ports (``gateway.cluster.mqtt_node.ClusterReads``: the connection is
 not read meanwhile), and the synchronous call then finds it here.
 
+When the link goes down (the store node restarts; a replicated store's leader dies and another
+is elected), the node keeps its clients for up to ``failover_s`` while it links again: writes
+(puts, session writes, retained entries) wait and are sent again on the new link, in the order
+they were first sent; reads wait; once linked, the node says again what the store node kept
+for the old link only (notify routing, clean sessions' wildcard filters: ``on_relinked``) and its
+readers read afresh. A write whose answer the lost link never brought may have been done: it
+is sent again (at least once). Past ``failover_s`` the node drops its clients (``on_lost``).
+
 A fetched batch goes to the node's queue cache (``answers``: its ``offer``), for the read at
 the offset it was fetched for: the answer comes back asynchronously, the cache reads
 synchronously, so the cache holds it, counted against its memory bound, until that read takes
@@ -29,16 +37,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from cache import QueueCache
-from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoredMessage, StoreError
+from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoreClosedError, StoredMessage, StoreError
 from store import NotifyHub, NotifySubscription
 
 from .remote_store import RemoteStore, RemoteStoreError
 
 log = logging.getLogger("tidemq.cluster")
 
+T = TypeVar("T")
+
+FAILOVER_S = 15.0  # clients are kept this long while the link to the store node is down
+RETRY_S = 0.2  # a write the (new) store node answered "not now" is sent again after this
 READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
 MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
@@ -46,11 +61,16 @@ MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
 class GatewayStore:
     def __init__(self, remote: RemoteStore, reconnect: Callable[[], Awaitable[RemoteStore]] | None = None,
-                 relink_s: float = 0.5) -> None:
+                 relink_s: float = 0.5, failover_s: float = FAILOVER_S) -> None:
         self.remote = remote
         self._reconnect = reconnect  # a new link to the store node, when this one is lost
         self._relink_s = relink_s  # the first wait before linking again (then doubling, up to 5 s)
-        self.on_lost: Callable[[], None] | None = None  # the link went down (the node drops its clients)
+        self.failover_s = failover_s  # how long clients are kept while linking again
+        self.linked = asyncio.Event()  # set while the link is up
+        self.on_lost: Callable[[], None] | None = None  # no link for failover_s (the node drops its clients)
+        self.on_relinked: Callable[[], None] | None = None  # linked again (the node says again what it holds)
+        self.relinks = 0  # links made again after a loss (metrics, tests)
+        self._parked: list[_Retry] = []  # writes waiting for the next link, in order
         self.node_id = ""
         self._closing = False
         self.msg_id_prefix = remote.msg_id_prefix
@@ -71,6 +91,7 @@ class GatewayStore:
     async def start(self, node_id: str) -> None:
         self.node_id = node_id
         await self.remote.subscribe_notify(self._on_notify, node_id)
+        self.linked.set()
         if self._reconnect is not None:
             self._spawn(self._keep_linked())
 
@@ -80,27 +101,39 @@ class GatewayStore:
 
     async def close(self) -> None:
         self._closing = True
+        for retry in self._parked:
+            if not retry.out.done():
+                retry.out.set_exception(StoreClosedError("the gateway node is closing"))
+        self._parked = []
         for task in list(self._tasks):
             task.cancel()
         self.notify.close()
         await self.remote.close()
 
     async def _keep_linked(self) -> None:
-        """When the link to the store node goes down: forget what was learned through it, have
-        the node drop its clients (they reconnect, through any node, to the sessions as last
-        saved), and link again, every ``relink_s`` at first, then up to every 5 s."""
+        """When the link to the store node goes down: forget what was learned through it and
+        link again, every ``relink_s`` at first, then up to every 5 s. Clients are kept
+        meanwhile; past ``failover_s`` the node drops them (``on_lost``: they reconnect, through
+        any node, to the sessions as last saved)."""
         assert self._reconnect is not None
         while True:
             await asyncio.shield(self.remote.link.closed)  # (a cancel here must not cancel the link's future)
             if self._closing:
                 return
+            self.linked.clear()
+            lost_at = time.monotonic()
+            dropped = False
             log.error("lost the link to the store node node_id=%s", self.node_id)
             self._forget()
-            if self.on_lost is not None:
-                self.on_lost()
             delay = self._relink_s
             while True:
                 await asyncio.sleep(delay)
+                self._expire_parked()
+                if not dropped and time.monotonic() - lost_at >= self.failover_s:
+                    dropped = True
+                    log.error("no store node for %.0f s: clients dropped node_id=%s", self.failover_s, self.node_id)
+                    if self.on_lost is not None:
+                        self.on_lost()
                 try:
                     remote = await self._reconnect()
                     await remote.subscribe_notify(self._on_notify, self.node_id)
@@ -110,13 +143,27 @@ class GatewayStore:
                     delay = min(delay * 2, 5.0)
             remote.on_kick = self.remote.on_kick
             self.remote, self.msg_id_prefix = remote, remote.msg_id_prefix
-            log.info("linked to the store node again node_id=%s", self.node_id)
+            self.relinks += 1
+            log.info("linked to the store node again node_id=%s after_s=%.2f", self.node_id, time.monotonic() - lost_at)
+            self._relinked()
+
+    def _relinked(self) -> None:
+        """On the new link, in this order: what the store node kept for the old link only (the
+        node's ``on_relinked``: notify routing, filter holds), the writes that waited, the
+        consumer offsets committed here (a one-way commit the old link took may be lost); the
+        node's session writes follow at the end of this turn."""
+        if self.on_relinked is not None:
+            self.on_relinked()
+        self.linked.set()
+        self._send_parked()
+        for (consumer, queue), offset in self._consumer_offsets.items():
+            if offset is not None:
+                self.remote.commit_offset_nowait(consumer, queue, offset)
 
     def _forget(self) -> None:
         self._max.clear()
         self._min.clear()
         self._fetching.clear()
-        self._consumer_offsets.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
         """The store node says queues grew. For a queue whose end this node knew, the new part
@@ -153,16 +200,76 @@ class GatewayStore:
 
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
-        return self.remote.put_batch_nowait(items)
+        batch = list(items)
+        return self.through_failover(lambda remote: remote.put_batch_nowait(batch))
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None,
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
         """``MessageStore.put_each_nowait``'s shape; the store node's limits are checked there,
         so here the batch is one put: a message it refuses fails the batch (weaker than embedded)."""
-        return self.remote.put_batch_nowait(items), {}
+        return self.put_batch_nowait(items), {}
 
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
-        return await self.remote.put_batch_nowait(items)
+        return await self.put_batch_nowait(items)
+
+    def through_failover(self, send: Callable[[RemoteStore], Awaitable[T]]) -> asyncio.Future[T]:
+        """``send(remote)`` now; when it fails because the store node was not reached or said
+        "not now", sent again -- on the next link (the new leader) as soon as it is made, ahead
+        of anything else and in the order the first sends failed, or after ``RETRY_S`` on this
+        one -- until ``failover_s`` after the first failure."""
+        if self._reconnect is None:
+            return asyncio.ensure_future(send(self.remote))
+        retry = _Retry(send, asyncio.get_running_loop().create_future(), time.monotonic() + self.failover_s)
+        self._send(retry)
+        return retry.out
+
+    def _send(self, retry: _Retry) -> None:
+        asyncio.ensure_future(retry.send(self.remote)).add_done_callback(lambda f: self._sent(retry, f))
+
+    def _sent(self, retry: _Retry, f: asyncio.Future[Any]) -> None:
+        out = retry.out
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+            return
+        exc = f.exception()
+        if exc is None:
+            out.set_result(f.result())
+        elif not isinstance(exc, RemoteStoreError) or not exc.retryable or self._closing:
+            out.set_exception(exc)
+        elif time.monotonic() >= retry.deadline:
+            out.set_exception(exc)
+        else:
+            retry.error = exc
+            if self.linked.is_set() and self.remote.link.is_open:  # "not now": this link, a little later
+                asyncio.get_running_loop().call_later(RETRY_S, self._send, retry)
+            else:
+                self._parked.append(retry)
+
+    def _send_parked(self) -> None:
+        """On a new link: what waited for it, in order; what waited too long fails."""
+        parked, self._parked = self._parked, []
+        now = time.monotonic()
+        for retry in parked:
+            if retry.out.done():
+                continue
+            if now >= retry.deadline:
+                retry.out.set_exception(retry.error or RemoteStoreError("no store node", retryable=True))
+            else:
+                self._send(retry)
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        kept = []
+        for retry in self._parked:
+            if retry.out.done():
+                continue
+            if now >= retry.deadline:
+                retry.out.set_exception(retry.error or RemoteStoreError("no store node", retryable=True))
+            else:
+                kept.append(retry)
+        self._parked = kept
 
     # -- reading ------------------------------------------------------------------------------
     def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
@@ -172,7 +279,7 @@ class GatewayStore:
         low = self._min.get(queue, 0)
         if high is not None and offset == high:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, high)
-        if key not in self._fetching:
+        if key not in self._fetching and self.linked.is_set():  # (linked again: every reader is woken)
             self._fetching.add(key)
             self._spawn(self._fetch(queue, offset, max(max_messages, PREFETCH_MESSAGES), max_bytes, tag_hashes))
         # not here yet: "nothing new"; the fetch's notify wakes the readers
@@ -184,7 +291,7 @@ class GatewayStore:
             result = await self.remote.get(queue, offset, max_messages, max_bytes, tag_hashes)
         except RemoteStoreError as exc:
             log.warning("store read failed queue=%s offset=%d error=%s", queue, offset, exc)
-            if queue in self._max:  # the readers try for themselves (a notify may wait on this fetch)
+            if queue in self._max and self.linked.is_set():  # the readers try for themselves (a notify may wait on this fetch)
                 self.notify.publish({queue: self._max[queue]})
             return
         finally:
@@ -265,6 +372,13 @@ class GatewayStore:
         self._consumer_offsets[(consumer, queue)] = offset
         self.remote.commit_offset_nowait(consumer, queue, offset, durable=True)
 
+    def kv_put_sent(self, table: str, key: str, value: bytes) -> asyncio.Future[None]:
+        """``RemoteStore.kv_put_sent`` through a failover (``through_failover``)."""
+        return self.through_failover(lambda remote: remote.kv_put_sent(table, key, value))
+
+    def retained_set(self, topic: str, position: int | None) -> asyncio.Future[None]:
+        return self.through_failover(lambda remote: remote.retained_set(topic, position))
+
     def table(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
         if table is None:
@@ -275,6 +389,15 @@ class GatewayStore:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+@dataclass(slots=True)
+class _Retry:
+    """A write sent through a failover (``GatewayStore.through_failover``)."""
+    send: Callable[[RemoteStore], Awaitable[Any]]
+    out: asyncio.Future[Any]
+    deadline: float
+    error: RemoteStoreError | None = None
 
 
 class RemoteTable:

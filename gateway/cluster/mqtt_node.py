@@ -56,14 +56,22 @@ class RemoteWildcards:
 
     def __init__(self, store: GatewayStore) -> None:
         self.store = store
+        self._holds: dict[tuple[str, str], bool] = {}  # (filter, holder) -> durable: held from here
 
     def hold(self, topic_filter: str, holder: str, durable: bool) -> None:
         if is_wildcard(topic_filter):  # (a concrete filter's queue is written anyway)
+            self._holds[(topic_filter, holder)] = durable
             self.store.remote.filter_hold(topic_filter, holder, durable)
 
     def release(self, topic_filter: str, holder: str) -> None:
         if is_wildcard(topic_filter):
+            self._holds.pop((topic_filter, holder), None)
             self.store.remote.filter_release(topic_filter, holder)
+
+    def hold_again(self) -> None:
+        """On a new link: the store node keeps a clean session's holds only for its node's link."""
+        for (topic_filter, holder), durable in self._holds.items():
+            self.store.remote.filter_hold(topic_filter, holder, durable)
 
     def queues_for(self, topic: str) -> list[str]:
         return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
@@ -90,7 +98,7 @@ class RemoteRetained:
 
     def set(self, topic: str, position: int | None) -> asyncio.Future[None]:
         """Answered once the store node holds it as its store promises (replicated: confirmed)."""
-        return self.store.remote.retained_set(topic, position)
+        return self.store.retained_set(topic, position)
 
     def matching(self, topic_filter: str) -> list[StoredMessage]:
         return self._matched.pop(topic_filter, [])
@@ -146,8 +154,8 @@ class ClusterSessions:
     def save(self, sessions: Sequence[tuple[str, bytes]]) -> Coroutine[Any, Any, None]:
         """Sent now, in order on the link; done once the store node has written every one (its
         table's writes go through its WAL before it answers)."""
-        remote = self.store.remote
-        return all_done([remote.kv_put_sent(SESSIONS_TABLE, client_id, raw) for client_id, raw in sessions])
+        store = self.store
+        return all_done([store.kv_put_sent(SESSIONS_TABLE, client_id, raw) for client_id, raw in sessions])
 
     def delete(self, client_id: str) -> None:
         self.table.delete(client_id)
@@ -197,6 +205,11 @@ class ClusterReads:
         self.store.remote.interest(queue, False)
         if self.interests is not None:
             self._spawn(self.interests.remove_interest(queue))
+
+    def interest_again(self) -> None:
+        """On a new link: the store node routes notify events by what each link said it reads."""
+        for queue in self._reading:
+            self.store.remote.interest(queue, True)
 
     def prepare_subscribe(self, packet: Subscribe) -> Coroutine[Any, Any, None] | None:
         queues: list[str] = []
@@ -265,10 +278,30 @@ class GatewayNode:
         self.store.answers = clients.cache
         self.store.remote.on_kick = self.kick
         self.store.on_lost = self.store_lost
+        self.store.on_relinked = self.store_relinked
+
+    def store_relinked(self) -> None:
+        """Linked again (a store node restarted, or a new leader): the clients stayed. What the
+        store node kept for the old link only is said again, every connected persistent
+        session is written again (a one-way write the old link took may be lost), and every
+        reader reads afresh (what the cache knows of queues' ends may be behind the new node's)."""
+        clients = self._clients
+        assert clients is not None
+        self.wildcards.hold_again()
+        self.reads.interest_again()
+        for client_id in list(clients.connections):
+            session = clients.sessions.get(client_id)
+            if session is not None:
+                clients.saves.mark_dirty(session, holds_output=False)
+        clients.cache.clear()
+        for readers in list(clients.readers.values()):
+            for reader in list(readers):
+                reader.schedule_pump()
+        log.info("store node linked again: clients kept connections=%d", len(clients.connections))
 
     def store_lost(self) -> None:
-        """No store node: every client of this node is disconnected (they reconnect, to any
-        node, once one has its store again); what this node cached is stale."""
+        """No store node for ``failover_s``: every client of this node is disconnected (they
+        reconnect, to any node, once one has its store again); what this node cached is stale."""
         clients = self._clients
         assert clients is not None
         for conn in list(clients.connections.values()):

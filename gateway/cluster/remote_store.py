@@ -34,13 +34,28 @@ log = logging.getLogger("tidemq.cluster")
 
 
 class RemoteStoreError(StoreError):
-    """The store node refused a request or could not be reached."""
+    """The store node refused a request or could not be reached. ``retryable``: it was not
+    reached, or said to try again (not the leader now, too few replicas in sync): the same
+    request may succeed on the next link (``GatewayStore`` retries it through a failover)."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+# a store node's answers that mean "not now": another link (the new leader) may take the request
+_TRY_AGAIN = frozenset({ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.SYSTEM_BUSY})
 
 
 def _check(response: RemotingCommand) -> RemotingCommand:
     if response.code != ResponseCode.SUCCESS:
-        raise RemoteStoreError(f"store node answered {response.code}: {response.remark}")
+        raise RemoteStoreError(f"store node answered {response.code}: {response.remark}",
+                               retryable=response.code in _TRY_AGAIN)
     return response
+
+
+def _unreachable(exc: BaseException) -> RemoteStoreError:
+    return RemoteStoreError(f"store node not reachable: {exc}", retryable=True)
 
 
 class RemoteStore:
@@ -85,7 +100,8 @@ class RemoteStore:
                 reply = _check(f.result())
                 result.set_result(decode_put_results(reply.body, self.msg_id_prefix))
             except (ConnectionError, StoreError, StoreLinkError) as exc:
-                result.set_exception(exc if isinstance(exc, StoreError) else RemoteStoreError(str(exc)))
+                result.set_exception(exc if isinstance(exc, StoreError) else
+                                     _unreachable(exc) if isinstance(exc, ConnectionError) else RemoteStoreError(str(exc)))
         response.add_done_callback(done)
         return result
 
@@ -232,10 +248,10 @@ class RemoteStore:
             _check(await asyncio.wait_for(asyncio.shield(sent), DEFAULT_TIMEOUT_S))
         except (ConnectionError, TimeoutError) as exc:
             sent.cancel()
-            raise RemoteStoreError(f"store node not reachable: {exc}") from None
+            raise _unreachable(exc) from None
 
     async def _call(self, code: int, ext_fields: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
         try:
             return await self.link.call(code, ext_fields, body)
         except (ConnectionError, TimeoutError) as exc:
-            raise RemoteStoreError(f"store node not reachable: {exc}") from None
+            raise _unreachable(exc) from None

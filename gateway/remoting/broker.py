@@ -28,7 +28,17 @@ from protocols.remoting.properties import (
     UNIQ_KEY,
     decode_batch_body,
 )
-from store import GetStatus, MessageStore, PutResult, StoreClosedError, StoredMessage, StoreError, StoreWriteError
+from store import (
+    GetStatus,
+    MessageStore,
+    NotLeaderError,
+    NotReplicatedError,
+    PutResult,
+    StoreClosedError,
+    StoredMessage,
+    StoreError,
+    StoreWriteError,
+)
 from store import InvalidMessageError, MessageTooLargeError
 from store import HALF, TIMER
 from store import RateLimitedLog
@@ -252,8 +262,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             self.limited_log.log(logging.ERROR, type(exc).__name__, "remoting store error code=%d error=%s",
                                  request.code, exc)
             # (as RocketMQ's broker answers when its store is not writeable: a full disk, a
-            # failed flush; its clients retry another broker)
-            code = ResponseCode.SERVICE_NOT_AVAILABLE if isinstance(exc, (StoreWriteError, StoreClosedError)) \
+            # failed flush, a replica that no longer leads or too few in sync; its clients retry)
+            code = ResponseCode.SERVICE_NOT_AVAILABLE if isinstance(exc, (StoreWriteError, StoreClosedError,
+                                                                           NotLeaderError, NotReplicatedError)) \
                 else ResponseCode.SYSTEM_ERROR
             return response_to(request, code, f"store error: {exc}")
         log.error("remoting request failed code=%d", request.code, exc_info=exc)
