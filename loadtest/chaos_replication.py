@@ -62,6 +62,14 @@ then the same against one standalone node (``python -m gateway serve``, fresh da
     replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N leader_cpu_us_per_msg=N
         followers_cpu_us_per_msg=N single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N]
 
+Then, per protocol, publish-to-delivery latency at a paced 1,000 msgs/s (bench_mqtt's QoS 1
+latency through the gateway node, bench_amqp's with confirms straight to the leader), group and
+one node:
+
+    replication_latency mode=sync protocol=P rate=1000 p50_ms=N p99_ms=N single_node_p50_ms=N
+        single_node_p99_ms=N extra_p50_ms=N via=gateway_node|leader
+
+(MQTT's extra includes the gateway node's store link, AMQP's only the replication.)
 msgs_per_s: messages received by the subscriber (MQTT) or confirmed (AMQP) per second, as the
 benchmarks count them. CPU figures: user + system seconds of the process (psutil) over the case,
 set-up included, per message counted; followers: the two together.
@@ -306,6 +314,16 @@ def burst(protocol: str, target: Broker, seconds: float) -> tuple[float, float]:
     return figure(line, "msgs_per_s"), figure(line, "confirmed")
 
 
+def latency(protocol: str, target: Broker, seconds: float) -> tuple[float, float]:
+    """p50 and p99 milliseconds from publish to delivery at a paced 1,000 msgs/s (bench_mqtt's
+    QoS 1 latency, bench_amqp's with confirms): a replicated message is delivered once confirmed."""
+    if protocol == "mqtt":
+        line = bench_mqtt.latency(target, replace(bench_mqtt.QUICK, latency_seconds=seconds))
+    else:
+        line = amqp_scenarios.latency(target, replace(amqp_scenarios.QUICK, latency_seconds=seconds))
+    return figure(line, "p50_ms"), figure(line, "p99_ms")
+
+
 def measure(protocol: str, target: Broker, pids: list[int], seconds: float) -> tuple[float, list[float]]:
     """msgs/s and each pid's CPU microseconds per message (setup included)."""
     before = [cpu_s(pid) for pid in pids]
@@ -345,6 +363,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     lines.emit(f"# throughput seconds={args.seconds:g} flush={args.flush} logs={log_dir}")
     replicated: dict[str, tuple[float, list[float]] | str] = {}
+    delays: dict[str, tuple[float, float] | str] = {}  # p50, p99 ms
     group = Group(workdir / "group", log_dir, args.flush)
     try:
         await asyncio.to_thread(group.start, "mqtt" in protocols)
@@ -363,6 +382,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
                 pids = [node.proc.pid, *followers]
             replicated[protocol] = await measured_or_error(asyncio.to_thread(measure, protocol, target, pids,
                                                                              args.seconds))
+            delays[protocol] = await measured_or_error(asyncio.to_thread(latency, protocol, target, args.seconds))
     finally:
         await asyncio.to_thread(group.close)
     mqtt_port, amqp_port = free_port(), free_port()
@@ -389,6 +409,19 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
             if protocol == "mqtt":
                 line += f" gateway_node_cpu_us_per_msg={group_cpu[3]:.1f}"
             lines.emit(line)
+            alone_delay = await measured_or_error(asyncio.to_thread(latency, protocol, target, args.seconds))
+            together_delay = delays[protocol]
+            if isinstance(together_delay, str) or isinstance(alone_delay, str):
+                failed = True
+                lines.emit(f"replication_latency mode=sync protocol={protocol} error=\"group: "
+                           f"{together_delay if isinstance(together_delay, str) else 'ok'}; "
+                           f"single node: {alone_delay if isinstance(alone_delay, str) else 'ok'}\"")
+                continue
+            lines.emit(f"replication_latency mode=sync protocol={protocol} rate=1000 p50_ms={together_delay[0]:.2f} "
+                       f"p99_ms={together_delay[1]:.2f} single_node_p50_ms={alone_delay[0]:.2f} "
+                       f"single_node_p99_ms={alone_delay[1]:.2f} "
+                       f"extra_p50_ms={together_delay[0] - alone_delay[0]:.2f}"
+                       + (" via=gateway_node" if protocol == "mqtt" else " via=leader"))
     finally:
         await asyncio.to_thread(stop, single)
     return 1 if failed else 0
