@@ -27,7 +27,6 @@ from .index.first_offsets import FirstOffsets
 from .errors import (
     InvalidMessageError,
     MessageTooLargeError,
-    NotLeaderError,
     StoreClosedError,
     StoreError,
     StoreWriteError,
@@ -50,7 +49,7 @@ from .index.notify import NotifyHub, NotifySubscription
 from .meta.offsets import ConsumerOffsets
 from .options import StoreOptions
 from .read.reads import read_entries, record_at
-from .log.recovery import RecoveryReport, Replay, records, recover
+from .log.recovery import RecoveryReport, recover
 from .retention.policy import QueuePolicy
 from .retention.queues import QueueTrimmer
 from .retention.reclaim import QueueReclaimer
@@ -58,13 +57,8 @@ from .retention.segments import RetentionPolicy, apply_retention
 from .rocks import RocksMemory, property_sum, release_free_memory
 from .stats import LatencyHistogram
 from .read.tail import TailHandoff, TailReader
-from .clock import now_ms
-from .holds.codec import HOLD_TOPIC
-from .log.record import encode_record
-from .meta.journal import MetaBatch, MetaReplay
+from .meta.journal import MetaReplay
 from .replica.epochs import EpochHistory
-from .replica.follower import FollowerLog, is_meta
-from .replica.leader import LeaderLog
 from .replica.seed import install_seed
 
 log = logging.getLogger("tidemq.store")
@@ -320,54 +314,7 @@ class MessageStore:
         if release_free_memory():
             self.memory_release_latency.observe(time.perf_counter() - started)
 
-    # -- replication (store/replica/) ---------------------------------------------------------
-    def follow(self) -> FollowerLog:
-        """Stop taking writes (they go to the leader) and return the log a follower writes the
-        leader's bytes through; the leader's meta changes are applied as they arrive."""
-        assert self.committer is not None
-        self.committer.not_leader = NotLeaderError("this store follows the group's leader")
-        self.meta.writes.journal = None
-        return FollowerLog(self.commitlog, self.index, self.dispatcher, self.epochs, self.meta_replay)
-
-    def lead(self, epoch: int, token: str = "") -> LeaderLog:
-        """Take writes again as the leader of ``epoch`` (no older than any this log has seen):
-        the bytes written from here on are that epoch's, meta changes among them. What a
-        follower received and was not told confirmed -- its unpublished tail -- is kept: its meta
-        changes are applied now, its records published once confirmed in this epoch (before any
-        new write; the committer places new writes after them). A record the old leader's
-        stream cut short is dropped."""
-        committer = self.committer
-        assert committer is not None
-        if epoch < self.epochs.current:
-            raise StoreError(f"epoch {epoch} is older than this log's {self.epochs.current}")
-        start = self.index.dispatched_position
-        whole = list(records(self.commitlog, start, self.commitlog.end_position))
-        end = whole[-1][0] + whole[-1][1].size if whole else start
-        if end < self.commitlog.end_position:
-            log.warning("a record cut short by the old leader's stream dropped position=%d bytes=%d", end,
-                        self.commitlog.end_position - end)
-            self.commitlog.truncate(end)
-        if epoch > self.epochs.current:
-            self.epochs.begin(epoch, self.commitlog.end_position)
-        heads: dict[str, int] = {}
-        for position, view in whole:
-            if is_meta(view) and position >= self.meta_replay.applied:
-                self.meta_replay.apply(view.body, position + view.size)
-            for name, offset in view.queues():
-                heads[name] = (offset + 1) << 32 | self.index.resolve(name) & 0xFFFF_FFFF
-        committer.not_leader = None
-        self.meta.writes.journal = self._journal_meta
-        if whole:
-            committer.adopt_tail(end, heads, lambda: self._publish_tail(start, end))
-        return LeaderLog(self.commitlog, self.epochs, token)
-
-    def _publish_tail(self, start: int, end: int) -> None:
-        """Index a promoted follower's tail, now confirmed (its meta changes are applied)."""
-        replay = Replay(self.index, self.dispatcher)
-        for position, view in records(self.commitlog, start, end):
-            replay.add(position, view)
-        replay.flush(end)
-
+    # -- replication (store/replica/roles.py: following, leading) ----------------------------
     async def meta_settled(self) -> None:
         """Returns once every meta change made so far is held as the store promises (a
         replicated leader in ``sync`` mode: by its in-sync replicas; raises NotReplicatedError
@@ -384,19 +331,6 @@ class MessageStore:
         if release is not None and self.meta_position > release.confirmed:
             return release.reached(self.meta_position)
         return None
-
-    def _journal_meta(self, batch: MetaBatch) -> None:
-        """A replicated leader's meta change, into the commitlog for the followers (before it is
-        applied here: the log is what every replica agrees on)."""
-        now = now_ms()
-        record = encode_record(topic=HOLD_TOPIC.encode(), key=b"", properties=b"", queues=[], offsets=[],
-                               body=batch.encode(), born_ts=now, store_ts=now)
-        self.commitlog.append([record])  # StoreWriteError: neither logged nor applied
-        self.meta_position = self.meta_replay.applied = self.commitlog.end_position
-        if self.committer is not None:
-            self.committer.make_durable(self.meta_position)
-            if self.committer.on_write is not None:
-                self.committer.on_write()
 
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,

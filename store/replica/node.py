@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import NotLeaderError, NotReplicatedError
 from ..write.replicated import ReplicatedRelease
+from . import roles
 from .link import FollowerService, InSyncSet, LeaderService
 from .seed import snapshot
 
@@ -71,7 +72,7 @@ class ReplicaNode:
 
         release = ReplicatedRelease(committer.release, settings.timeout_s) if sync else None
         committer.replicated = release  # (before the store leads: its unpublished tail waits for confirmation)
-        leader_log = store.lead(epoch, settings.token)
+        leader_log = roles.lead(store, epoch, settings.token)
         service = LeaderService(leader_log, commitlog, self.in_sync, min_insync=settings.min_insync if sync else 1,
                                 own_position=own_position, durable_acks=flush_sync, lag_s=settings.lag_s,
                                 on_confirmed=release.confirm if release is not None else None,
@@ -90,7 +91,7 @@ class ReplicaNode:
         """Follow the leader at ``address()`` (asked again at each reconnect)."""
         await self._stop_role()
         store = self.store
-        service = FollowerService(store.follow(), store.commitlog, self.settings.node, address,
+        service = FollowerService(roles.follow(store), store.commitlog, self.settings.node, address,
                                   token=self.settings.token, flush=store.options.flush == "sync",
                                   data_dir=store.options.data_dir, on_seeded=self.on_seeded)
         service.start()
