@@ -80,18 +80,19 @@ class FollowerLog:
         return self._log.end_position
 
     def apply(self, frame: Data) -> Ack:
-        """Write one DATA frame's bytes and index what is confirmed; what to acknowledge
-        (durability is the caller's: ``Ack.durable`` says what the commitlog's last flush covers)."""
+        """Write one DATA frame's bytes and take its confirmed position; what to acknowledge
+        (durability is the caller's: ``Ack.durable`` says what the commitlog's last flush covers).
+        ``index_confirmed`` indexes, once for the frames read together."""
         if frame.epoch != self.leader_epoch:
             raise StaleEpochError(f"bytes of epoch {frame.epoch} while following epoch {self.leader_epoch}")
         if frame.payload:
             self._log.append_at(frame.position, frame.payload)
-        if frame.confirmed > self.confirmed or frame.payload:
-            self.confirmed = max(self.confirmed, frame.confirmed)
-            self._index_confirmed()
+        if frame.confirmed > self.confirmed:
+            self.confirmed = frame.confirmed
         return Ack(self._log.end_position, self._log.flushed_position)
 
-    def _index_confirmed(self) -> None:
+    def index_confirmed(self) -> None:
+        """Index (and apply the meta changes of) the whole records up to the confirmed position."""
         at = self._parsed
         for position, view in records(self._log, at, min(self.confirmed, self._log.end_position)):
             self._replay.add(position, view)

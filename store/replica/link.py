@@ -375,6 +375,7 @@ class FollowerService:
                     ack = self.follower.apply(frame)
                 if ack is None:
                     continue
+                self.follower.index_confirmed()
                 if self._flush and ack.written > self._log.flushed_position:
                     await loop.run_in_executor(None, self._log.flush)
                 writer.write(encode(Ack(ack.written, self._log.flushed_position)))
