@@ -246,23 +246,39 @@ class Elector:
             await asyncio.sleep(POLL_S)
 
     async def _hold(self, lease: Any) -> None:
-        """While the lease lives: renew it, publish this node, follow or campaign."""
+        """While the lease lives: renew it (every sixth of it, so that one slow answer of a busy
+        etcd does not end it), publish this node (beside, never in the way of the renewal),
+        follow or campaign."""
         renewed = time.monotonic()
-        last_refresh = 0.0
-        while True:
-            now = time.monotonic()
-            if now - renewed > self.lease_s * 0.8:  # (a process stopped past its lease: it may have lapsed)
-                raise TimeoutError(f"lease not renewed for {now - renewed:.1f} s")
-            if now - last_refresh >= self.lease_s / 4:
-                answer = await lease.refresh()
-                if getattr(answer, "TTL", 1) <= 0:
-                    raise TimeoutError("the lease expired")
-                renewed = last_refresh = now
-                if self._status is not None:
-                    await self.group.publish_node(lease, {**self.info, **self._status()})
-            if self.state is None:
-                await self._elect(lease)
-            await asyncio.sleep(POLL_S)
+        last_refresh = last_publish = 0.0
+        publishing: asyncio.Task[None] | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                if now - renewed > self.lease_s * 0.8:  # (a process stopped past its lease: it may have lapsed)
+                    raise TimeoutError(f"lease not renewed for {now - renewed:.1f} s")
+                if now - last_refresh >= self.lease_s / 6:
+                    answer = await lease.refresh()
+                    if getattr(answer, "TTL", 1) <= 0:
+                        raise TimeoutError("the lease expired")
+                    renewed = last_refresh = now  # (when it was asked: etcd renewed it after that)
+                    if self._status is not None and now - last_publish >= self.lease_s / 4 and \
+                            (publishing is None or publishing.done()):
+                        last_publish = now
+                        publishing = asyncio.get_running_loop().create_task(self._publish(lease))
+                if self.state is None:
+                    await self._elect(lease)
+                await asyncio.sleep(POLL_S)
+        finally:
+            if publishing is not None:
+                await cancel_and_wait([publishing])
+
+    async def _publish(self, lease: Any) -> None:
+        assert self._status is not None
+        try:
+            await self.group.publish_node(lease, {**self.info, **self._status()})
+        except Exception as exc:
+            log.warning("node record not published error=%s", exc)
 
     async def _elect(self, lease: Any) -> None:
         leader = await self.group.leader()
