@@ -200,8 +200,9 @@ class GatewayStore:
 
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
+        """Results carry positions, not queue offsets (the MQTT gateway reads no queue offset)."""
         batch = list(items)
-        return self.through_failover(lambda remote: remote.put_batch_nowait(batch))
+        return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False))
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None,
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:

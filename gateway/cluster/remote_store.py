@@ -54,6 +54,9 @@ def _check(response: RemotingCommand) -> RemotingCommand:
     return response
 
 
+_POSITIONS_ONLY = {"offsets": "0"}
+
+
 def _unreachable(exc: BaseException) -> RemoteStoreError:
     return RemoteStoreError(f"store node not reachable: {exc}", retryable=True)
 
@@ -86,8 +89,11 @@ class RemoteStore:
         await self.link.closed
 
     # -- writing ------------------------------------------------------------------------------
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
-        response = self.link.request(StoreCode.PUT, body=encode_put(items))
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, queue_offsets: bool = True
+                         ) -> asyncio.Future[Sequence[PutResult]]:
+        """``queue_offsets`` False: results without them (cheaper on both nodes), for callers
+        that read only positions (an MQTT gateway node)."""
+        response = self.link.request(StoreCode.PUT, None if queue_offsets else _POSITIONS_ONLY, encode_put(items))
         result: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[RemotingCommand]) -> None:

@@ -1,3 +1,4 @@
+# cython: annotation_typing=False
 """The store link, sans-IO: how a gateway node (``--role gateway``) uses the store of a store
 node (``--role store``) over the RocketMQ remoting protocol.
 
@@ -12,7 +13,8 @@ PUT request body, per message (big endian; strings UTF-8 with a u16 length, blob
     A queue named ``WILDCARD_TARGETS`` stands for "and every wildcard queue whose filter
     matches the topic": the store node holds the cluster's wildcard filters and expands it.
 PUT response body, per message: position (u64), size (u32), store ms (i64), queue count (u16),
-    then (queue name, offset i64) per queue the message was indexed into
+    then (queue name, offset i64) per queue the message was indexed into (none when the PUT's
+    ext field ``offsets`` is ``0``: callers that only need positions)
 GET response body, per message: position (u64), queue offset (i64), tag hash (i32), record
     (blob: the commitlog record as stored, decoded by the client with ``store.log.record``)
 
@@ -171,8 +173,18 @@ def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
     return items
 
 
-def encode_put_results(results: Sequence[PutResult]) -> bytes:
+_NO_OFFSETS = _U16.pack(0)
+
+
+def encode_put_results(results: Sequence[PutResult], queue_offsets: bool = True) -> bytes:
+    """``queue_offsets`` False (a PUT that asked ``offsets=0``): each result with no queue offsets,
+    which an MQTT gateway node never reads (the same layout: a queue count of 0)."""
     out = []
+    if not queue_offsets:
+        for result in results:
+            out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
+            out.append(_NO_OFFSETS)
+        return b"".join(out)
     for result in results:
         out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
         out.append(_U16.pack(len(result.queue_offsets)))

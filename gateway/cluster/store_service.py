@@ -167,9 +167,10 @@ class StoreService:
                 queues.remove(WILDCARD_TARGETS)
                 queues.extend(q for q in self.wildcards.queues_for(message.topic) if q not in queues)
         future = self.store.put_batch_nowait(items)
+        offsets = request.ext_fields.get("offsets") != "0"
 
         def respond(results: Sequence[PutResult]) -> RemotingCommand:
-            return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results))
+            return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results, offsets))
         return Pending(future, respond)
 
     def get(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
