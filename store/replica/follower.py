@@ -17,7 +17,7 @@ from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from ..log.commitlog import CommitLog
 from ..log.record import RecordView
-from ..log.recovery import META_OP, Replay, records
+from ..log.replay import META_OP, Replay, records
 from ..meta.journal import MetaReplay
 from .epochs import EpochHistory
 from .wire import Ack, Data, Hello, Welcome

@@ -12,7 +12,7 @@ from ..clock import now_ms
 from ..errors import NotLeaderError, StoreError
 from ..holds.codec import HOLD_TOPIC
 from ..log.record import encode_record
-from ..log.recovery import Replay, records
+from ..log.replay import Replay, records
 from ..meta.journal import MetaBatch
 from .follower import FollowerLog, is_meta
 from .leader import LeaderLog
