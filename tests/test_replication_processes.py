@@ -24,6 +24,7 @@ from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
 from .mqtt_support import PahoClient, receive_numbers
+from .remoting_support import ons
 
 GROUP = "g1"
 
@@ -34,6 +35,7 @@ class StoreNode:
     amqp_port: int
     metrics_port: int
     proc: subprocess.Popen
+    remoting_port: int = 0
 
 
 def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
@@ -42,12 +44,13 @@ def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
 
 
 def start_store_node(tmp_path: Path, etcd_endpoint: str, name: str, env: dict[str, str] | None = None) -> StoreNode:
-    amqp, metrics = free_port(), free_port()
+    amqp, metrics, remoting = free_port(), free_port(), free_port()
     args = ["--role", "store", "--node-id", name, "--replication-group", GROUP, "--etcd", etcd_endpoint,
-            "--replication-bind", f"127.0.0.1:{free_port()}", "--remoting-bind", f"127.0.0.1:{free_port()}",
+            "--replication-bind", f"127.0.0.1:{free_port()}", "--remoting-bind", f"127.0.0.1:{remoting}",
             "--amqp-bind", f"127.0.0.1:{amqp}", "--metrics-bind", f"127.0.0.1:{metrics}",
             "--data-dir", str(tmp_path / name)]
-    return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env))
+    return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env),
+                     remoting)
 
 
 async def wait_in_sync(etcd: EtcdServer, members: set[str], timeout_s: float = 30.0) -> dict:
@@ -199,6 +202,45 @@ async def test_mqtt_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
         stop(gateway)
         for node in nodes.values():
             stop(node.proc)
+
+
+async def test_rocketmq_sends_the_leader_acknowledged_survive_its_kill9(tmp_path: Path, etcd) -> None:
+    """ali-ons with the three store nodes as name servers: every SEND_OK of the old leader is
+    read back from the new one, with what was sent after the failover."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        name_servers = [f"127.0.0.1:{node.remoting_port}" for node in nodes.values()]
+        before = await send_until_acknowledged(name_servers, [f"before-{i}" for i in range(20)])
+        kill9(nodes[leader["node"]].proc)
+        after = await send_until_acknowledged(name_servers, [f"after-{i}" for i in range(20)])
+        events = await ons({"cmd": "consume", "nameSrv": name_servers, "group": "crash-readers", "topic": "crash",
+                            "count": 40, "timeoutMs": 30000, "fromFirst": True}, timeout=60)
+        got = {event["body"] for event in events if event["event"] == "message"}
+        missing = set(before + after) - got
+        assert not missing, f"{len(missing)} messages sent with SEND_OK not read back, e.g. {sorted(missing)[:5]}"
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def send_until_acknowledged(name_servers: list[str], bodies: list[str]) -> list[str]:
+    """Send the bodies with ali-ons, again those not answered SEND_OK (writes are refused while
+    a group has no leader, or too few replicas in sync), until each was; the bodies."""
+    deadline = time.monotonic() + 30
+    waiting = list(bodies)
+    while waiting:
+        events = await ons({"cmd": "send", "nameSrv": name_servers, "topic": "crash", "reportErrors": True,
+                            "messages": [{"body": body} for body in waiting]}, timeout=30)
+        outcomes = [e for e in events if e["event"] in ("sent", "error")]  # (one per message, in order)
+        assert len(outcomes) == len(waiting), events
+        waiting = [body for body, e in zip(waiting, outcomes, strict=True)
+                   if not (e["event"] == "sent" and e["sendStatus"] == "SEND_OK")]
+        assert time.monotonic() < deadline or not waiting, f"no SEND_OK for {waiting[:5]}: {events[-3:]}"
+        if waiting:
+            await asyncio.sleep(0.2)
+    return bodies
 
 
 async def test_a_leader_stopped_past_its_lease_steps_down_and_acknowledges_nothing(tmp_path: Path, etcd) -> None:
