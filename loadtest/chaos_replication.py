@@ -397,9 +397,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
             together = replicated[protocol]
             if isinstance(together, str) or isinstance(alone, str):
                 failed = True
-                lines.emit(f"replication mode=sync protocol={protocol} error=\"group: "
-                           f"{together if isinstance(together, str) else 'ok'}; "
-                           f"single node: {alone if isinstance(alone, str) else 'ok'}\"")
+                lines.emit(error_line("replication", protocol, together, alone))
                 continue
             (group_rate, group_cpu), (rate, cpu) = together, alone
             line = (f"replication mode=sync protocol={protocol} msgs_per_s={group_rate:.0f} "
@@ -413,9 +411,7 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
             together_delay = delays[protocol]
             if isinstance(together_delay, str) or isinstance(alone_delay, str):
                 failed = True
-                lines.emit(f"replication_latency mode=sync protocol={protocol} error=\"group: "
-                           f"{together_delay if isinstance(together_delay, str) else 'ok'}; "
-                           f"single node: {alone_delay if isinstance(alone_delay, str) else 'ok'}\"")
+                lines.emit(error_line("replication_latency", protocol, together_delay, alone_delay))
                 continue
             lines.emit(f"replication_latency mode=sync protocol={protocol} rate=1000 p50_ms={together_delay[0]:.2f} "
                        f"p99_ms={together_delay[1]:.2f} single_node_p50_ms={alone_delay[0]:.2f} "
@@ -425,6 +421,12 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     finally:
         await asyncio.to_thread(stop, single)
     return 1 if failed else 0
+
+
+def error_line(kind: str, protocol: str, together: object, alone: object) -> str:
+    """The line of a case that failed, on the group or the single node (``str``: what failed)."""
+    return (f"{kind} mode=sync protocol={protocol} error=\"group: {together if isinstance(together, str) else 'ok'}; "
+            f"single node: {alone if isinstance(alone, str) else 'ok'}\"")
 
 
 async def measured_or_error(run) -> tuple[float, list[float]] | str:

@@ -80,6 +80,18 @@ class Group:
         self.nodes[name] = ReplicaNode(store, old.settings, self.in_sync)
         await self.follow(name)
 
+    async def three(self, min_insync: int) -> MessageStore:
+        """a leads epoch 1, b and c follow and are in sync; a's store."""
+        a = await self.open("a", min_insync=min_insync)
+        await self.open("b", min_insync=min_insync)
+        await self.open("c", min_insync=min_insync)
+        await self.lead("a", 1)
+        for name in ("b", "c"):
+            await self.follow(name)
+        for name in ("b", "c"):
+            await self.in_sync_with(name)
+        return a
+
     async def in_sync_with(self, name: str, timeout: float = 10.0) -> None:
         """Until the leader has added ``name`` to the in-sync set (it holds all that is confirmed)."""
         async with asyncio.timeout(timeout):
@@ -161,14 +173,7 @@ async def test_a_restarted_follower_shows_only_what_was_confirmed(group):
     """b holds a record the group has not confirmed (c, in sync, lacks it) and restarts: its
     recovery must not show that record (the group may still lose it); b shows it once the
     leader says it is confirmed."""
-    a = await group.open("a", min_insync=3)
-    await group.open("b", min_insync=3)
-    await group.open("c", min_insync=3)
-    await group.lead("a", 1)
-    await group.follow("b")
-    await group.follow("c")
-    await group.in_sync_with("b")
-    await group.in_sync_with("c")
+    a = await group.three(min_insync=3)
     await a.put(Message("t", b"one"), ["q"])
     await group.caught_up("b")
     await group.nodes["c"].follower.stop()  # c is silent, still in sync for lag_s
@@ -347,14 +352,7 @@ async def test_a_new_leader_drops_an_in_sync_replica_it_never_hears_from(group):
     in-sync set it inherits. It must leave the set (after lag_s), or it would hold the confirmed
     position at 0 for good: the survivor then shows all it holds, and takes writes as soon as
     a second replica is in sync."""
-    a = await group.open("a", min_insync=2)
-    await group.open("b", min_insync=2)
-    await group.open("c", min_insync=2)
-    await group.lead("a", 1)
-    await group.follow("b")
-    await group.follow("c")
-    await group.in_sync_with("b")
-    await group.in_sync_with("c")
+    a = await group.three(min_insync=2)
     sent = await _put_many(a, 100)
     await group.caught_up("b")
     await group.stop("a")

@@ -250,15 +250,10 @@ class GatewayStore:
 
     def _send_parked(self) -> None:
         """On a new link: what waited for it, in order; what waited too long fails."""
+        self._expire_parked()
         parked, self._parked = self._parked, []
-        now = time.monotonic()
         for retry in parked:
-            if retry.out.done():
-                continue
-            if now >= retry.deadline:
-                retry.out.set_exception(retry.error or RemoteStoreError("no store node", retryable=True))
-            else:
-                self._send(retry)
+            self._send(retry)
 
     def _expire_parked(self) -> None:
         now = time.monotonic()
