@@ -204,6 +204,52 @@ async def test_mqtt_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
             stop(node.proc)
 
 
+async def test_a_new_mqtt_session_survives_kill9_of_the_leader_and_of_its_gateway_node(tmp_path: Path, etcd) -> None:
+    """SUBACK of a new persistent session, then kill -9 of the store leader and of the gateway
+    node at once: another gateway node finds the session on the new leader (its write was
+    confirmed by the in-sync replicas before the SUBACK left) and delivers to it."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    ports = [free_port(), free_port()]
+
+    def gateway_node(name: str, port: int) -> subprocess.Popen:
+        return launch(["--role", "gateway", "--node-id", name, "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                       "--mqtt-bind", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / name)], name=name)
+
+    gateways = [gateway_node("gw1", ports[0])]
+    try:
+        await publish_until_acknowledged(ports[0], "warm-up", [0])  # (refused until a follower is in sync)
+        device = PahoClient(ports[0], "fresh", clean=False)
+        await device.connect()
+        await device.subscribe("line/#", 1)
+        leader = await wait_leader(etcd)
+        kill9(nodes[leader["node"]].proc)
+        kill9(gateways[0])
+        device.client.loop_stop()
+        gateways.append(gateway_node("gw2", ports[1]))
+        deadline = time.monotonic() + 20
+        while True:
+            back = PahoClient(ports[1], "fresh", clean=False)
+            try:
+                flags, rc, _ = await back.connect()
+                if rc == 0:
+                    break
+            except (OSError, AssertionError):
+                pass
+            back.client.loop_stop()
+            assert time.monotonic() < deadline, "the new gateway node never took the client"
+            await asyncio.sleep(0.2)
+        assert flags.session_present, "the acknowledged session was lost with the leader"
+        await publish_until_acknowledged(ports[1], "after", list(range(1, 6)))
+        missing = set(range(1, 6)) - await receive_numbers(back, set(range(1, 6)))
+        assert not missing, f"the session's subscription did not survive: {sorted(missing)} not delivered"
+        await back.disconnect()
+    finally:
+        for proc in gateways:
+            stop(proc)
+        for node in nodes.values():
+            stop(node.proc)
+
+
 async def test_rocketmq_sends_the_leader_acknowledged_survive_its_kill9(tmp_path: Path, etcd) -> None:
     """ali-ons with the three store nodes as name servers: every SEND_OK of the old leader is
     read back from the new one, with what was sent after the failover."""
