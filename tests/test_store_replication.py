@@ -194,6 +194,47 @@ async def test_a_restarted_follower_shows_only_what_was_confirmed(group):
     assert await _read_all(b, "q") == [b"one", b"two"]
 
 
+class SlowInSyncSet(InSyncSet):
+    """As etcd's: the compare-and-swap takes a round trip before the members change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joining = asyncio.Event()
+
+    async def replace(self, old: frozenset[str], new: frozenset[str]) -> bool:
+        if self.members != old:
+            return False
+        if new - old:
+            self.joining.set()
+        await asyncio.sleep(0.3)
+        return await super().replace(old, new)
+
+
+async def test_a_follower_joining_the_in_sync_set_holds_every_write_acknowledged_meanwhile(group):
+    """While the leader's request to add c to the in-sync set is on its way, c counts as in
+    sync: a write is acknowledged only once c holds it too (else c, in sync once the request
+    lands, could be elected without it)."""
+    group.in_sync = SlowInSyncSet()
+    a = await group.open("a", min_insync=2)
+    await group.open("b", min_insync=2)
+    c = await group.open("c", min_insync=2)
+    await group.lead("a", 1)
+    await group.follow("b")
+    await group.in_sync_with("b")
+    await a.put(Message("t", b"one"), ["q"])
+    group.in_sync.joining.clear()
+    await group.follow("c")
+    await group.in_sync.joining.wait()  # the leader asked to add c
+    await group.nodes["c"].follower.stop()  # c falls silent for a moment
+    pending = asyncio.ensure_future(a.put(Message("t", b"two"), ["q"]))
+    await group.in_sync_with("c")
+    await asyncio.sleep(0.2)
+    assert not pending.done(), "acknowledged while a member of the in-sync set lacks it"
+    await group.follow("c")
+    result = await pending
+    assert c.commitlog.end_position >= result.position + result.size
+
+
 async def test_a_deposed_leader_cuts_the_tail_no_one_confirmed(group):
     """a leads epoch 1; b follows, then a writes alone (b stopped); b becomes leader of epoch 2
     and takes new writes; a rejoins as follower: its unconfirmed epoch-1 tail is cut and it

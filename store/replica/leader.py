@@ -55,10 +55,14 @@ class LeaderLog:
         return Data(self.epoch, min(position, end), confirmed, b"")
 
 
-def confirmed_position(own: int, followers: dict[str, int], in_sync: frozenset[str], min_insync: int) -> tuple[int, bool]:
-    """What every in-sync replica holds -- the lowest position among the leader (``own``) and
-    its in-sync followers (a follower not heard from counts as 0) -- and whether at least
-    ``min_insync`` replicas, the leader included, are in sync. Any in-sync replica may be the
-    next leader, so all of them must hold what is shown to readers (Kafka's high watermark);
-    a write is acknowledged only when enough of them do (Kafka's min.insync.replicas)."""
-    return min([own, *(followers.get(node, 0) for node in in_sync)]), 1 + len(in_sync) >= min_insync
+def confirmed_position(own: int, followers: dict[str, int], in_sync: frozenset[str], min_insync: int,
+                       joining: frozenset[str] = frozenset()) -> tuple[int, bool]:
+    """What every in-sync replica holds -- the lowest position among the leader (``own``), its
+    in-sync followers and those being added to the set (a follower not heard from counts as 0)
+    -- and whether at least ``min_insync`` replicas, the leader included, are in sync (the ones
+    being added not yet). Any in-sync replica may be the next leader, so all of them must hold
+    what is shown to readers (Kafka's high watermark); a write is acknowledged only when enough
+    of them do (Kafka's min.insync.replicas). A follower counts from the moment the request to
+    add it is sent: once added, it may lead (Kafka's maximal in-sync set)."""
+    members = in_sync | joining
+    return min([own, *(followers.get(node, 0) for node in members)]), 1 + len(in_sync) >= min_insync

@@ -88,6 +88,7 @@ class LeaderService:
         self._stopping = False
         self._lag: asyncio.Task[None] | None = None
         self._changing = False
+        self._joining: frozenset[str] = frozenset()  # followers the set is being changed to take
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._serve, host, port)
@@ -118,7 +119,7 @@ class LeaderService:
 
     def recompute(self) -> None:
         confirmed, enough = confirmed_position(self._own_position(), {n: f.position for n, f in self.followers.items()},
-                                               self.in_sync.members, self.min_insync)
+                                               self.in_sync.members, self.min_insync, self._joining)
         if confirmed > self.confirmed or enough and confirmed > self.acknowledged:
             self.confirmed = max(self.confirmed, confirmed)
             if enough:
@@ -271,11 +272,13 @@ class LeaderService:
         try:
             old = self.in_sync.members
             new = edit(old)
+            self._joining = new - old  # (held to what they hold from now: once added, they may lead)
             if new != old and await self.in_sync.replace(old, new):
                 log.info("in-sync set changed members=%s", sorted(new))
                 if self._on_in_sync is not None:
                     self._on_in_sync(new)
         finally:
+            self._joining = frozenset()
             self._changing = False
 
 
