@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -211,14 +212,24 @@ class Gateway:
         async def connect() -> RemoteStore:
             return await RemoteStore.connect(*(await address("remoting")), name=node_id, token=token)
 
-        try:
-            remote = await connect()
-        except OSError as exc:
-            raise ConfigError(f"cannot reach the store node ({cfg.store_address or cfg.replication_group}): "
-                              f"{exc}") from None
-        except RemoteStoreError as exc:
-            raise ConfigError(f"the store node refused this node: {exc}") from None
-        self.gateway_store = GatewayStore(remote, connect, relink_s=0.1 if self.leader_finder else 0.5)
+        # a replicated store's leader key may still name a leader that just died: look again
+        # until a new one is elected (the lease runs out), then give up
+        deadline = time.monotonic() + (cfg.replication_lease_s * 5 if cfg.replication_group else 0)
+        while True:
+            try:
+                remote = await connect()
+                break
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise ConfigError(f"cannot reach the store node ({cfg.store_address or cfg.replication_group}): "
+                                      f"{exc}") from None
+                log.warning("store group leader unreachable, looking again error=%s", exc)
+                await asyncio.sleep(0.2)
+            except RemoteStoreError as exc:
+                raise ConfigError(f"the store node refused this node: {exc}") from None
+        finder = self.leader_finder
+        leader = (lambda: finder.address("remoting", timeout_s=0.5)) if finder is not None else None
+        self.gateway_store = GatewayStore(remote, connect, relink_s=0.1 if finder else 0.5, leader=leader)
         await self.gateway_store.start(node_id)
         self.node = GatewayNode(self.gateway_store, node_id, await self._start_lookup(node_id))
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)

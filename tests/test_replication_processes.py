@@ -204,6 +204,43 @@ async def test_mqtt_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
             stop(node.proc)
 
 
+async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
+    """SIGSTOP of the store leader: its link stays open (nothing closes it), yet the gateway node
+    moves to the leader etcd elects in its place, and its client's publishes are acknowledged
+    there on the same connection."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    mqtt_port = free_port()
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    stopped = None
+    try:
+        await publish_until_acknowledged(mqtt_port, "warm-up", [0])  # (refused until a follower is in sync)
+        subscriber = PahoClient(mqtt_port, "watcher", clean=False)
+        await subscriber.connect()
+        await subscriber.subscribe("line/#", 1)
+        publisher = PahoClient(mqtt_port, "steady")
+        await publisher.connect()
+        leader = await wait_leader(etcd)
+        stopped = nodes[leader["node"]].proc
+        stopped.send_signal(signal.SIGSTOP)
+        for n in range(1, 21):
+            info = publisher.client.publish("line/1", str(n), 1)
+            await asyncio.to_thread(info.wait_for_publish, 30)
+            assert info.is_published(), f"publish {n} never acknowledged while the old leader is stopped"
+        assert (await wait_leader(etcd))["node"] != leader["node"]
+        missing = set(range(1, 21)) - await receive_numbers(subscriber, set(range(1, 21)))
+        assert not missing, f"acknowledged and not delivered: {sorted(missing)}"
+        assert publisher.disconnects.empty() and subscriber.disconnects.empty()
+        await publisher.disconnect()
+        await subscriber.disconnect()
+    finally:
+        if stopped is not None:
+            stopped.send_signal(signal.SIGCONT)
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
 async def test_a_new_mqtt_session_survives_kill9_of_the_leader_and_of_its_gateway_node(tmp_path: Path, etcd) -> None:
     """SUBACK of a new persistent session, then kill -9 of the store leader and of the gateway
     node at once: another gateway node finds the session on the new leader (its write was

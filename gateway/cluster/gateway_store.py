@@ -36,6 +36,8 @@ it (into the window, or around it for a reader behind the window). One cache on 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
@@ -54,6 +56,7 @@ T = TypeVar("T")
 
 FAILOVER_S = 15.0  # clients are kept this long while the link to the store node is down
 RETRY_S = 0.2  # a write the (new) store node answered "not now" is sent again after this
+WATCH_S = 0.5  # how often a replicated store's leader is looked up (a link to an old one is left)
 READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
 MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
@@ -61,16 +64,24 @@ MAX_FETCH_MESSAGES = 1024  # and at most this many (the store node's own limit)
 
 class GatewayStore:
     def __init__(self, remote: RemoteStore, reconnect: Callable[[], Awaitable[RemoteStore]] | None = None,
-                 relink_s: float = 0.5, failover_s: float = FAILOVER_S) -> None:
+                 relink_s: float = 0.5, failover_s: float = FAILOVER_S,
+                 leader: Callable[[], Awaitable[tuple[str, int]]] | None = None) -> None:
         self.remote = remote
         self._reconnect = reconnect  # a new link to the store node, when this one is lost
+        # where a replicated store's leader serves now (etcd): a link elsewhere is left, even one
+        # that looks alive (a stopped or cut-off old leader never closes it)
+        self._leader = leader
         self._relink_s = relink_s  # the first wait before linking again (then doubling, up to 5 s)
         self.failover_s = failover_s  # how long clients are kept while linking again
         self.linked = asyncio.Event()  # set while the link is up
         self.on_lost: Callable[[], None] | None = None  # no link for failover_s (the node drops its clients)
         self.on_relinked: Callable[[], None] | None = None  # linked again (the node says again what it holds)
         self.relinks = 0  # links made again after a loss (metrics, tests)
-        self._parked: list[_Retry] = []  # writes waiting for the next link, in order
+        self._parked: list[_Retry] = []  # writes waiting to be sent again, in first-send order
+        self._seq = itertools.count()
+        self._newest: dict[Hashable, _Retry] = {}  # key -> its newest write not yet answered
+        self._resend: asyncio.TimerHandle | None = None  # the parked writes go again on this link
+        self._dropped = False  # no store node for failover_s: the clients were dropped
         self.node_id = ""
         self._closing = False
         self.msg_id_prefix = remote.msg_id_prefix
@@ -94,6 +105,8 @@ class GatewayStore:
         self.linked.set()
         if self._reconnect is not None:
             self._spawn(self._keep_linked())
+        if self._leader is not None:
+            self._spawn(self._leave_old_leaders())
 
     @property
     def connected(self) -> bool:
@@ -122,15 +135,17 @@ class GatewayStore:
                 return
             self.linked.clear()
             lost_at = time.monotonic()
-            dropped = False
             log.error("lost the link to the store node node_id=%s", self.node_id)
             self._forget()
             delay = self._relink_s
             while True:
                 await asyncio.sleep(delay)
                 self._expire_parked()
-                if not dropped and time.monotonic() - lost_at >= self.failover_s:
-                    dropped = True
+                if not self._dropped and time.monotonic() - lost_at >= self.failover_s:
+                    # what waited is not sent later: its clients never had its answer, and may
+                    # be on another node by then, with newer sessions
+                    self._dropped = True
+                    self._expire_parked(everything=True)
                     log.error("no store node for %.0f s: clients dropped node_id=%s", self.failover_s, self.node_id)
                     if self.on_lost is not None:
                         self.on_lost()
@@ -147,11 +162,31 @@ class GatewayStore:
             log.info("linked to the store node again node_id=%s after_s=%.2f", self.node_id, time.monotonic() - lost_at)
             self._relinked()
 
+    async def _leave_old_leaders(self) -> None:
+        """Every WATCH_S: when the group's leader is not the node this link goes to, close the
+        link (``_keep_linked`` then links to the leader)."""
+        assert self._leader is not None
+        while True:
+            await asyncio.sleep(WATCH_S)
+            remote = self.remote
+            if not self.linked.is_set() or not remote.link.is_open:
+                continue
+            try:
+                leader = await self._leader()
+            except (OSError, StoreError) as exc:  # (no leader now, or etcd away: nothing to say)
+                log.debug("store group leader unknown error=%s", exc)
+                continue
+            if remote is self.remote and remote.address is not None and leader != remote.address:
+                log.warning("the store group has another leader: leaving the old one node_id=%s old=%s new=%s",
+                            self.node_id, remote.address, leader)
+                remote.link.close()
+
     def _relinked(self) -> None:
         """On the new link, in this order: what the store node kept for the old link only (the
         node's ``on_relinked``: notify routing, filter holds), the writes that waited, the
         consumer offsets committed here (a one-way commit the old link took may be lost); the
         node's session writes follow at the end of this turn."""
+        self._dropped = False
         if self.on_relinked is not None:
             self.on_relinked()
         self.linked.set()
@@ -213,22 +248,41 @@ class GatewayStore:
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
-    def through_failover(self, send: Callable[[RemoteStore], Awaitable[T]]) -> asyncio.Future[T]:
+    def through_failover(self, send: Callable[[RemoteStore], Awaitable[T]], key: Hashable | None = None
+                         ) -> asyncio.Future[T]:
         """``send(remote)`` now; when it fails because the store node was not reached or said
         "not now", sent again -- on the next link (the new leader) as soon as it is made, ahead
-        of anything else and in the order the first sends failed, or after ``RETRY_S`` on this
-        one -- until ``failover_s`` after the first failure."""
+        of anything else, or after ``RETRY_S`` on this one -- until ``failover_s`` after the
+        first failure. Writes keep the order they were first sent in: while some wait to be
+        sent again, a new one waits behind them. Writes of one ``key`` (a session, a retained
+        topic) are values, the newest wins: an older one still waiting is dropped for it (and
+        answered as it is)."""
         if self._reconnect is None:
             return asyncio.ensure_future(send(self.remote))
-        retry = _Retry(send, asyncio.get_running_loop().create_future(), time.monotonic() + self.failover_s)
-        self._send(retry)
-        return retry.out
+        out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if self._dropped:  # (no store node for failover_s: the clients were dropped)
+            out.set_exception(RemoteStoreError("no store node", retryable=True))
+            return out
+        retry = _Retry(next(self._seq), send, out, time.monotonic() + self.failover_s, key)
+        if key is not None:
+            self._newest[key] = retry
+            for older in [r for r in self._parked if r.key == key]:
+                self._parked.remove(older)
+                _answer_as(older, retry)
+        if self._parked:
+            self._park(retry)
+        else:
+            self._send(retry)
+        return out
 
     def _send(self, retry: _Retry) -> None:
         asyncio.ensure_future(retry.send(self.remote)).add_done_callback(lambda f: self._sent(retry, f))
 
     def _sent(self, retry: _Retry, f: asyncio.Future[Any]) -> None:
         out = retry.out
+        if retry.key is not None and self._newest.get(retry.key) is retry and (
+                f.cancelled() or f.exception() is None or not self._may_retry(retry, f.exception())):
+            del self._newest[retry.key]
         if out.done():
             return
         if f.cancelled():
@@ -237,31 +291,45 @@ class GatewayStore:
         exc = f.exception()
         if exc is None:
             out.set_result(f.result())
-        elif not isinstance(exc, RemoteStoreError) or not exc.retryable or self._closing:
-            out.set_exception(exc)
-        elif time.monotonic() >= retry.deadline:
+        elif not self._may_retry(retry, exc):
             out.set_exception(exc)
         else:
+            assert isinstance(exc, RemoteStoreError)
             retry.error = exc
-            if self.linked.is_set() and self.remote.link.is_open:  # "not now": this link, a little later
-                asyncio.get_running_loop().call_later(RETRY_S, self._send, retry)
-            else:
-                self._parked.append(retry)
+            newer = self._newest.get(retry.key) if retry.key is not None else None
+            if newer is not None and newer is not retry:  # a newer value of its key was sent since
+                _answer_as(retry, newer)
+                return
+            self._park(retry)
+
+    def _may_retry(self, retry: _Retry, exc: BaseException | None) -> bool:
+        return isinstance(exc, RemoteStoreError) and exc.retryable and not self._closing and not self._dropped \
+            and time.monotonic() < retry.deadline
+
+    def _park(self, retry: _Retry) -> None:
+        """Wait to be sent again, in first-send order: after RETRY_S on this link when it is up
+        (the store node said "not now"), else on the next link."""
+        bisect.insort(self._parked, retry, key=lambda r: r.seq)
+        if self._resend is None and self.linked.is_set() and self.remote.link.is_open:
+            self._resend = asyncio.get_running_loop().call_later(RETRY_S, self._send_parked)
 
     def _send_parked(self) -> None:
-        """On a new link: what waited for it, in order; what waited too long fails."""
+        """What waited, in order (on a new link, or again on this one); what waited too long fails."""
+        if self._resend is not None:
+            self._resend.cancel()
+            self._resend = None
         self._expire_parked()
         parked, self._parked = self._parked, []
         for retry in parked:
             self._send(retry)
 
-    def _expire_parked(self) -> None:
+    def _expire_parked(self, everything: bool = False) -> None:
         now = time.monotonic()
         kept = []
         for retry in self._parked:
             if retry.out.done():
                 continue
-            if now >= retry.deadline:
+            if everything or now >= retry.deadline:
                 retry.out.set_exception(retry.error or RemoteStoreError("no store node", retryable=True))
             else:
                 kept.append(retry)
@@ -369,11 +437,12 @@ class GatewayStore:
         self.remote.commit_offset_nowait(consumer, queue, offset, durable=True)
 
     def kv_put_sent(self, table: str, key: str, value: bytes) -> asyncio.Future[None]:
-        """``RemoteStore.kv_put_sent`` through a failover (``through_failover``)."""
-        return self.through_failover(lambda remote: remote.kv_put_sent(table, key, value))
+        """``RemoteStore.kv_put_sent`` through a failover (``through_failover``: the newest value
+        of a key wins)."""
+        return self.through_failover(lambda remote: remote.kv_put_sent(table, key, value), ("kv", table, key))
 
     def retained_set(self, topic: str, position: int | None) -> asyncio.Future[None]:
-        return self.through_failover(lambda remote: remote.retained_set(topic, position))
+        return self.through_failover(lambda remote: remote.retained_set(topic, position), ("retained", topic))
 
     def table(self, name: str) -> RemoteTable:
         table = self._tables.get(name)
@@ -390,10 +459,26 @@ class GatewayStore:
 @dataclass(slots=True)
 class _Retry:
     """A write sent through a failover (``GatewayStore.through_failover``)."""
+    seq: int  # the order it was first sent in
     send: Callable[[RemoteStore], Awaitable[Any]]
     out: asyncio.Future[Any]
     deadline: float
+    key: Hashable | None = None
     error: RemoteStoreError | None = None
+
+
+def _answer_as(older: _Retry, newer: _Retry) -> None:
+    """``older`` is answered as ``newer`` will be (a newer value of the same key replaced it)."""
+    def copy(done: asyncio.Future[Any]) -> None:
+        if older.out.done():
+            return
+        if done.cancelled():
+            older.out.cancel()
+        elif (exc := done.exception()) is not None:
+            older.out.set_exception(exc)
+        else:
+            older.out.set_result(done.result())
+    newer.out.add_done_callback(copy)
 
 
 class RemoteTable:

@@ -71,6 +71,7 @@ class RemoteStore:
         # disconnect a client here and save its session (in order on the link) before the answer
         self.on_kick: Callable[[str], bool] | None = None
         link.on_request = self._on_request
+        self.address: tuple[str, int] | None = None  # where it was linked to (connect)
 
     @classmethod
     async def connect(cls, host: str, port: int, name: str = "store", token: str = "") -> RemoteStore:
@@ -79,6 +80,7 @@ class RemoteStore:
             hello = _check(await link.call(StoreCode.HELLO, {"token": token} if token else None))
             store = cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
             store.amqp_port = int(hello.ext_fields.get("amqpPort") or 0)
+            store.address = (host, port)
             return store
         except BaseException:
             link.close()

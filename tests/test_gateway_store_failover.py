@@ -1,0 +1,93 @@
+"""The order of a gateway node's writes sent again through a failover (GatewayStore's
+``through_failover``), against a scripted store link: what waits goes again in the order it was
+first sent, new writes queue behind it, and the newest value of a key (a session) wins -- an
+older one waiting, or failing after a newer one was sent, is never sent after it. The real
+failovers are in test_replication_processes.py and test_cluster_mqtt.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.cluster.gateway_store import RETRY_S, GatewayStore
+from gateway.cluster.remote_store import RemoteStoreError
+
+
+class ScriptedLink:
+    def __init__(self) -> None:
+        self.is_open = True
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class ScriptedRemote:
+    """Each write is written down and answered when the test says."""
+
+    msg_id_prefix = "P"
+
+    def __init__(self) -> None:
+        self.link = ScriptedLink()
+        self.sent: list[bytes] = []
+        self.answers: list[asyncio.Future[None]] = []
+
+    def kv_put_sent(self, table: str, key: str, value: bytes) -> asyncio.Future[None]:
+        self.sent.append(value)
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.answers.append(answer)
+        return answer
+
+
+def not_now() -> RemoteStoreError:
+    return RemoteStoreError("store node answered 14: too few replicas in sync", retryable=True)
+
+
+async def store() -> tuple[GatewayStore, ScriptedRemote]:
+    remote = ScriptedRemote()
+
+    async def reconnect() -> Any:
+        raise OSError("not in these tests")
+
+    gateway_store = GatewayStore(remote, reconnect)  # type: ignore[arg-type]
+    gateway_store.linked.set()  # (as start() leaves it)
+    return gateway_store, remote
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_newer_value_replaces_an_older_one_waiting_to_be_sent_again() -> None:
+    gateway_store, remote = await store()
+    first = gateway_store.kv_put_sent("sessions", "c1", b"S1")
+    remote.answers[0].set_exception(not_now())
+    await settle()
+    second = gateway_store.kv_put_sent("sessions", "c1", b"S2")
+    remote.answers[1].set_result(None)
+    await asyncio.gather(first, second)
+    await asyncio.sleep(RETRY_S * 2)
+    assert remote.sent == [b"S1", b"S2"]  # S1 is never sent again, after S2
+
+
+async def test_an_older_value_failing_after_a_newer_one_was_sent_is_not_sent_again() -> None:
+    gateway_store, remote = await store()
+    first = gateway_store.kv_put_sent("sessions", "c1", b"S1")
+    second = gateway_store.kv_put_sent("sessions", "c1", b"S2")
+    remote.answers[0].set_exception(not_now())
+    remote.answers[1].set_result(None)
+    await asyncio.gather(first, second)
+    await asyncio.sleep(RETRY_S * 2)
+    assert remote.sent == [b"S1", b"S2"]
+
+
+async def test_writes_sent_again_keep_their_order_and_new_ones_wait_behind_them() -> None:
+    gateway_store, remote = await store()
+    a = gateway_store.kv_put_sent("sessions", "a", b"A")
+    remote.answers[0].set_exception(not_now())
+    await settle()
+    b = gateway_store.kv_put_sent("sessions", "b", b"B")  # behind A, which waits
+    assert remote.sent == [b"A"]
+    await asyncio.sleep(RETRY_S * 1.5)
+    assert remote.sent == [b"A", b"A", b"B"]
+    for answer in remote.answers[1:]:
+        answer.set_result(None)
+    await asyncio.gather(a, b)
