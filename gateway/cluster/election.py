@@ -258,7 +258,8 @@ class Elector:
                 if now - renewed > self.lease_s * 0.8:  # (a process stopped past its lease: it may have lapsed)
                     raise TimeoutError(f"lease not renewed for {now - renewed:.1f} s")
                 if now - last_refresh >= self.lease_s / 6:
-                    answer = await lease.refresh()
+                    async with asyncio.timeout(max(0.0, renewed + self.lease_s * 0.8 - now)):  # (a hung etcd)
+                        answer = await lease.refresh()
                     if getattr(answer, "TTL", 1) <= 0:
                         raise TimeoutError("the lease expired")
                     renewed = last_refresh = now  # (when it was asked: etcd renewed it after that)

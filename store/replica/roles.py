@@ -54,8 +54,11 @@ def lead(store: MessageStore, epoch: int, token: str = "") -> LeaderLog:
         store.epochs.begin(epoch, commitlog.end_position)
     heads: dict[str, int] = {}
     for position, view in whole:
-        if is_meta(view) and position >= store.meta_replay.applied:
-            store.meta_replay.apply(view.body, position + view.size)
+        if is_meta(view):
+            if position >= store.meta_replay.applied:
+                store.meta_replay.apply(view.body, position + view.size)
+            # (replies that follow these changes wait until this epoch confirms them: meta_settling)
+            store.meta_position = max(store.meta_position, position + view.size)
         for name, offset in view.queues():
             heads[name] = (offset + 1) << 32 | index.resolve(name) & 0xFFFF_FFFF
     committer.not_leader = None
