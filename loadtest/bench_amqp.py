@@ -3,7 +3,7 @@
     bash scripts/bench-setup.sh && .venv/bin/python -m loadtest.bench_amqp --quick
     python -m loadtest.bench_amqp [--quick] [--brokers tidemq,rabbitmq]
                                   [--scenarios publish_confirm,publish,consume,...,latency (SCENARIOS)]
-                                  [--out FILE]
+                                  [--seconds S] [--consume-messages N] [--out FILE]
 
 Brokers (``loadtest.brokers.start_amqp_broker``), one per broker for all its scenarios, each on a
 free 127.0.0.1 port and stopped by PID at the end: TideMQ (``python -m gateway serve`` with only
@@ -96,6 +96,7 @@ import os
 import re
 import resource
 import time
+from dataclasses import replace
 
 from loadtest import runner
 from loadtest.brokers import (
@@ -218,10 +219,17 @@ def main() -> None:
     parser = runner.parser(__doc__, quick="3 s per scenario and 30,000 messages to consume: under 90 s for both brokers")
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--seconds", type=float, help="how long the publishers send (instead of 15, 3 with --quick)")
+    parser.add_argument("--consume-messages", type=int, help="messages a consume scenario's queue is filled with "
+                        "(instead of 300,000, 30,000 with --quick)")
     args = parser.parse_args()
     brokers = parse_list(args.brokers, BROKERS, "broker")
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     plan = QUICK if args.quick else FULL
+    if args.seconds:
+        plan = replace(plan, seconds=args.seconds)
+    if args.consume_messages:
+        plan = replace(plan, consume_messages=args.consume_messages)
     raise_fd_limit()
     started = time.perf_counter()
     try:
