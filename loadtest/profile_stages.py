@@ -218,7 +218,7 @@ def amqp_confirm(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Ca
 def amqp_consume(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
     broker = start_amqp_broker("tidemq")
     plan = replace(amqp_scenarios.FULL, consume_messages=100_000, drain_s=5.0, handshake_s=10.0)
-    return broker, lambda: amqp_scenarios.consume(broker, plan, filled=attach)
+    return broker, lambda: amqp_scenarios.consume(broker, plan, on_filled=attach)
 
 
 def amqp_fanout(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:

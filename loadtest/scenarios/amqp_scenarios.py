@@ -290,8 +290,8 @@ def prefill(conn: Conn, queue: str, count: int, timeout_s: float) -> int:
     return queued
 
 
-def consume(broker: Broker, plan: Plan, filled: Callable[[], None] | None = None, acks: Acks = ACK_READ) -> str:
-    """``filled()``, if given, is called once the queue is filled (a profiler attaches there)."""
+def consume(broker: Broker, plan: Plan, on_filled: Callable[[], None] | None = None, acks: Acks = ACK_READ) -> str:
+    """``on_filled()``, if given, is called once the queue is filled (a profiler attaches there)."""
     queue = "bench.consume"
     conn = setup_conn(broker, plan)
     w = Workers(1)
@@ -301,8 +301,8 @@ def consume(broker: Broker, plan: Plan, filled: Callable[[], None] | None = None
         t0 = time.monotonic()
         filled = prefill(conn, queue, plan.consume_messages, plan.consume_timeout_s)
         fill_s = time.monotonic() - t0
-        if filled is not None:
-            filled()
+        if on_filled is not None:
+            on_filled()
         load = SubLoad(plan.prefetch, consume_on_go=True, timeout_s=plan.consume_timeout_s,
                        handshake_s=plan.handshake_s, ack_every=acks.every, no_ack=acks.no_ack)
         w.start(consumer_worker, broker.port, [queue], load)
