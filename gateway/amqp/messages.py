@@ -16,7 +16,7 @@ from typing import Any
 
 from pamqp import commands
 
-from protocols.amqp.frames import EXPIRATION_FLAG, copy_properties, decode_properties, encode_properties
+from protocols.amqp.frames import EXPIRATION_FLAG, copy_properties, decode_properties, encode_properties, shortstr
 from store import Message, StoredMessage
 
 from ..interop import AMQP_FLAG, MQTT_FLAG, PERSISTENT_FLAG, mqtt_topic_to_routing_key
@@ -26,6 +26,7 @@ EXCHANGE = "amqp.x"
 ROUTING_KEY = "amqp.rk"
 HEADER = "amqp.p"
 DEATHS = "amqp.deaths"
+KNOWN_VIEWS = 4096  # views shared between messages alike, at most (AMQPView.of's ``known``)
 CONTENT_HEADER_FIXED = 12  # class id, weight, body size: what precedes the properties
 CONTENT_HEADER_PREFIX = struct.pack(">HHQ", 60, 0, 0)  # class basic, weight 0, body size 0 (not kept)
 EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
@@ -106,14 +107,30 @@ class AMQPView:
     routing_key: str
     raw_properties: bytes
     _properties: commands.Basic.Properties | None = None
+    _route: bytes | None = None
+
+    @property
+    def route(self) -> bytes:
+        """The exchange and routing key as basic.deliver carries them (two short strings)."""
+        if self._route is None:
+            self._route = shortstr(self.exchange) + shortstr(self.routing_key)
+        return self._route
 
     @classmethod
-    def of(cls, message: StoredMessage) -> AMQPView:
+    def of(cls, message: StoredMessage, known: dict[tuple[str, str, str], AMQPView] | None = None) -> AMQPView:
+        """The view of ``message``; ``known`` holds views already made, by exchange, routing key
+        and encoded header (a view depends on nothing else, so messages alike share one)."""
         if message.flag & AMQP_FLAG:
             sp = message.properties
-            raw = sp.get(HEADER)
-            encoded = base64.b64decode(raw)[CONTENT_HEADER_FIXED:] if raw else EMPTY_PROPERTIES
-            return cls(sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), encoded)
+            key = (sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), sp.get(HEADER) or "")
+            view = known.get(key) if known is not None else None
+            if view is None:
+                raw = key[2]
+                encoded = base64.b64decode(raw)[CONTENT_HEADER_FIXED:] if raw else EMPTY_PROPERTIES
+                view = cls(key[0], key[1], encoded)
+                if known is not None and len(known) < KNOWN_VIEWS:
+                    known[key] = view
+            return view
         persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
         return cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
                    PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
