@@ -132,8 +132,14 @@ class AMQPView:
                     known[key] = view
             return view
         persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
-        return cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
-                   PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
+        key = ("", message.topic, "mqtt persistent" if persistent else "mqtt")  # (no AMQP header is either)
+        view = known.get(key) if known is not None else None
+        if view is None:
+            view = cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
+                       PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
+            if known is not None and len(known) < KNOWN_VIEWS:
+                known[key] = view
+        return view
 
     @property
     def properties(self) -> commands.Basic.Properties:
@@ -158,6 +164,8 @@ class AMQPView:
 
     def expired(self, message: StoredMessage, queue_ttl_ms: int | None, now_ms: int | None = None) -> bool:
         """Per-queue x-message-ttl and per-message expiration, counted from the store time."""
+        if queue_ttl_ms is None and (len(self.raw_properties) < 2 or not self.raw_properties[0] & EXPIRATION_FLAG):
+            return False  # (most messages: neither limit)
         limits = []
         if queue_ttl_ms is not None:
             limits.append(queue_ttl_ms)
