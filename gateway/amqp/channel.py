@@ -111,7 +111,7 @@ class Channel:
             tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
                              0 if consumer.no_ack else 1)
         if consumer.no_ack:
-            queue.settle(message.queue_offset)
+            queue.settle_sent(message.queue_offset)
         else:
             self.unacked[tag] = Unacked(queue, message, consumer)
             size = len(message.body)

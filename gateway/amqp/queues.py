@@ -247,6 +247,10 @@ class QueueRuntime:
         self.group.settled(offset)
         self.schedule_pump()
 
+    def settle_sent(self, offset: int) -> None:
+        """A no-ack delivery, settled as it goes out: the pump that made it goes on by itself."""
+        self.group.settled(offset)
+
     def settle_many(self, offsets: list[int]) -> None:
         """Acknowledged deliveries (a ``multiple`` ack), then the committed offset recorded."""
         settled = self.group.settled
