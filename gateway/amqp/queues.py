@@ -149,12 +149,18 @@ class QueueRuntime:
             if ready is None:
                 break
             size = len(ready.message.body)
-            consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size),
-                                              _priority if self._prioritized else None)
+            lone = len(self.consumers) == 1
+            consumer: Consumer | None
+            if lone:  # (no turns to take)
+                consumer = next(iter(self.consumers.values()))
+                if not consumer.channel.can_deliver(consumer, size):
+                    break
+            else:
+                consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size),
+                                                  _priority if self._prioritized else None)
             if consumer is None:
                 break
             channel = consumer.channel
-            lone = len(self.consumers) == 1
             while True:
                 self.hand_out(ready)
                 channel.deliver(consumer, self, ready)
