@@ -159,7 +159,7 @@ AMQP_DELIVERY_RULES = (
     rule(SETTLE, r"^gateway/amqp/channel\.py$", r"\.(_basic_ack|_settle|_tags|_pop_unacked|_basic_nack|_reject)$"),
     rule(SETTLE, r"^gateway/amqp/queues\.py$", r"\.(settle|save)$"),
     rule(SETTLE, r"^gateway/core/(group|delivery_counts)\.py$", r"\.(settled|save|committed|forget)$"),
-    rule(READ, r"^gateway/amqp/queues\.py$", r"\.take$"),
+    rule(READ, r"^gateway/amqp/queues\.py$", r"\.(take|peek|hand_out|_write_mark)$"),
     rule(READ, r"^gateway/amqp/messages\.py$"),
     rule(READ, r"^gateway/amqp/broker\.py$", r"\.view$"),
     rule(ENCODE, r"^gateway/amqp/channel\.py$", r"\.(deliver|can_deliver)$"),

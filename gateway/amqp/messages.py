@@ -117,29 +117,29 @@ class AMQPView:
         return self._route
 
     @classmethod
-    def of(cls, message: StoredMessage, known: dict[tuple[str, str, str], AMQPView] | None = None) -> AMQPView:
-        """The view of ``message``; ``known`` holds views already made, by exchange, routing key
-        and encoded header (a view depends on nothing else, so messages alike share one)."""
-        if message.flag & AMQP_FLAG:
-            sp = message.properties
-            key = (sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), sp.get(HEADER) or "")
-            view = known.get(key) if known is not None else None
-            if view is None:
-                raw = key[2]
-                encoded = base64.b64decode(raw)[CONTENT_HEADER_FIXED:] if raw else EMPTY_PROPERTIES
-                view = cls(key[0], key[1], encoded)
-                if known is not None and len(known) < KNOWN_VIEWS:
-                    known[key] = view
-            return view
-        persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
-        key = ("", message.topic, "mqtt persistent" if persistent else "mqtt")  # (no AMQP header is either)
-        view = known.get(key) if known is not None else None
+    def of(cls, message: StoredMessage, known: dict[tuple[int, str, bytes], AMQPView] | None = None) -> AMQPView:
+        """The view of ``message``; ``known`` holds views already made, by what a view depends on
+        (the store flag, topic and store properties, still encoded): messages alike share one."""
+        if known is None:
+            return cls._made(message)
+        key = (message.flag, message.topic, message.raw_properties)
+        view = known.get(key)
         if view is None:
-            view = cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
-                       PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
-            if known is not None and len(known) < KNOWN_VIEWS:
+            view = cls._made(message)
+            if len(known) < KNOWN_VIEWS:
                 known[key] = view
         return view
+
+    @classmethod
+    def _made(cls, message: StoredMessage) -> AMQPView:
+        if message.flag & AMQP_FLAG:
+            sp = message.properties
+            raw = sp.get(HEADER)
+            encoded = base64.b64decode(raw)[CONTENT_HEADER_FIXED:] if raw else EMPTY_PROPERTIES
+            return cls(sp.get(EXCHANGE, ""), sp.get(ROUTING_KEY, message.topic), encoded)
+        persistent = bool(message.flag & MQTT_FLAG) and message.flag & 0x03 > 0
+        return cls("amq.topic", mqtt_topic_to_routing_key(message.topic),
+                   PERSISTENT_PROPERTIES if persistent else TRANSIENT_PROPERTIES)
 
     @property
     def properties(self) -> commands.Basic.Properties:
