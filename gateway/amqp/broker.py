@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -43,7 +42,6 @@ log = logging.getLogger("tidemq.amqp")
 
 
 META_TABLE = "amqp.meta"
-VIEWS_BY_POSITION = 8192  # the views of the messages read last, by position
 
 
 class AMQPBroker:
@@ -82,10 +80,7 @@ class AMQPBroker:
         self.queues: dict[str, QueueRuntime] = self.declarations.queues
         if mqtt_topics is not None:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
-        # a message's view by its position (the queues of a fan-out read the same record), and
-        # the views by what they depend on (the messages alike share one)
-        self._views: OrderedDict[int, AMQPView] = OrderedDict()
-        self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}
+        self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
         self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -191,12 +186,7 @@ class AMQPBroker:
 
     def view(self, message: StoredMessage) -> AMQPView:
         """What an AMQP consumer is told of ``message`` (shared by the messages alike)."""
-        cached = self._views.get(message.position)
-        if cached is None:
-            cached = self._views[message.position] = AMQPView.of(message, self._known_views)
-            if len(self._views) > VIEWS_BY_POSITION:
-                self._views.popitem(last=False)
-        return cached
+        return AMQPView.of(message, self._known_views)
 
     # -- the MQTT bridge -----------------------------------------------------------------------
     def amq_topic_queues(self, mqtt_topic: str) -> list[str]:
