@@ -2,8 +2,8 @@
 
     bash scripts/bench-setup.sh && .venv/bin/python -m loadtest.bench_amqp --quick
     python -m loadtest.bench_amqp [--quick] [--brokers tidemq,rabbitmq]
-                                  [--scenarios publish_confirm,publish,consume,fanout_topic,latency]
-                                  [--out FILE]
+                                  [--scenarios publish_confirm,publish,consume,...,latency (SCENARIOS)]
+                                  [--seconds S] [--consume-messages N] [--out FILE]
 
 Brokers (``loadtest.brokers.start_amqp_broker``), one per broker for all its scenarios, each on a
 free 127.0.0.1 port and stopped by PID at the end: TideMQ (``python -m gateway serve`` with only
@@ -36,6 +36,10 @@ and read) covers many deliveries. The scenarios:
   consumer connection, basic.qos prefetch 100, manual acks; ``msgs_per_s`` = consumed /
   (basic.consume .. last delivery). ``lost`` = pre-filled - consumed - what the queue still
   counts after the consumer closed.
+- consume_ack_each, consume_multiple25, consume_no_ack: the same with other client patterns
+  (``acks=`` on the line): a basic.ack per delivery (pika's, aio-pika's, kombu's default), a
+  ``multiple`` ack every 25 deliveries, no-ack consumers. ``consume`` itself acks ``multiple``
+  once per channel and read (``acks=read``).
 - fanout_topic: a durable topic exchange, 100 durable queues bound with the same pattern
   (``bench.fanout.#``), one consumer channel each (prefetch 100, manual acks; 10 channels a
   connection, 2 processes); one confirming publisher (window 100) sends persistent messages
@@ -43,6 +47,12 @@ and read) covers many deliveries. The scenarios:
   the average queue's consumer. ``deliveries_per_s`` = deliveries counted across the 100 queues /
   (first send .. last delivery); ``lost`` = confirmed x 100 - deliveries. Consumers read every
   5 ms here (100 channels share the deliveries: prefetch never binds).
+  Manual acks of persistent messages are what RabbitMQ's fan-out deliveries cost most in
+  (see BENCHMARKS.md, issue 37): a pattern real consumers use, so it stays, labelled ``acks=read``.
+- fanout_topic_ack_each: the same with an ack per delivery and the 100 consumer channels on 2
+  connections (50 each). fanout_topic_no_ack: the independent raw-frame generator's pattern:
+  no-ack consumers on 2 connections and a publisher keeping 2,000 publishes unconfirmed with
+  no bound on how far ahead of the consumers it runs.
 - latency: one durable queue, one consumer connection (prefetch 100, manual acks, basic.consume
   before the publisher starts) and one confirming publisher connection paced at 1,000 msgs/s
   (window 1,000: confirms never hold the pace back) for 10 s (3 s with --quick). Each body
@@ -64,6 +74,12 @@ and all scenarios in well under 90 s (35 s here); its lines say ``quick=1``. One
     amqp broker=B scenario=... error="..."             (the scenario failed; the run goes on)
     amqp broker=B scenario=... skipped reason="..."    (the broker is missing or did not start)
 
+After the brokers, one line per scenario that both ran puts their CPU per message side by side:
+
+    amqp compare scenario=S tidemq_us=... rabbitmq_us=... cpu_ratio=... tidemq_rate=... rabbitmq_rate=... rate_ratio=...
+
+(``cpu_ratio`` = TideMQ's CPU per message / RabbitMQ's; ``rate_ratio`` = TideMQ's rate / RabbitMQ's).
+
 ``gen_cpu`` is all load generator processes, ``broker_cpu`` the broker (TideMQ's Python process,
 RabbitMQ's beam.smp), ``other_cpu`` the rest of the machine (other jobs; high values disturb the
 figures; the coordinator's psutil sampling and count polls land there too), sampled with psutil
@@ -77,8 +93,10 @@ divides by the deliveries across its 100 queues.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import time
+from dataclasses import replace
 
 from loadtest import runner
 from loadtest.brokers import (
@@ -95,7 +113,8 @@ from loadtest.harness import parse_list, quote
 from loadtest.scenarios.amqp_scenarios import FULL, QUICK, RUNNERS, Plan
 
 BROKERS = ("tidemq", "rabbitmq")
-SCENARIOS = ("publish_confirm", "publish", "consume", "fanout_topic", "latency")
+SCENARIOS = ("publish_confirm", "publish", "consume", "consume_ack_each", "consume_multiple25", "consume_no_ack",
+             "fanout_topic", "fanout_topic_ack_each", "fanout_topic_no_ack", "latency")
 # What a fresh broker always logs as a warning: not worth a log_complaints line.
 BENIGN_LOG_LINES = ("rebuilding indices from scratch",)  # RabbitMQ's first boot of a message store
 
@@ -108,6 +127,7 @@ class Run:
         self.plan = plan
         self.out = out
         self.lines = self.errors = 0
+        self.figures: dict[str, dict[str, tuple[float, float]]] = {}  # scenario -> broker -> (rate, us)
         self.log_offset = 0  # where the current broker's log was when it became ready
 
     def emit(self, line: str) -> None:
@@ -153,6 +173,9 @@ class Run:
                 self.lines += 1
                 self.errors += 'error="' in body
                 self.emit(f"{head} {body}{suffix}")
+                figures = rate_and_cpu(body)
+                if figures is not None:
+                    self.figures.setdefault(scenario, {})[name] = figures
         finally:
             if broker is not None:
                 self.complaints(broker)
@@ -173,14 +196,40 @@ class Run:
             self.emit(f'# broker={broker.name} log_complaints="{quote(" | ".join(found[:5]))}"{more}')
 
 
+def rate_and_cpu(body: str) -> tuple[float, float] | None:
+    """A scenario line's rate and broker CPU microseconds per message (or delivery), if it has them."""
+    rate = re.search(r"(?:^| )(?:msgs|deliveries)_per_s=([0-9.]+)", body)
+    cpu = re.search(r"(?:^| )broker_cpu_us_per_(?:msg|delivery)=([0-9.]+)", body)
+    return (float(rate[1]), float(cpu[1])) if rate and cpu else None
+
+
+def compare_lines(figures: dict[str, dict[str, tuple[float, float]]]) -> list[str]:
+    """TideMQ beside RabbitMQ, for each scenario both ran."""
+    out = []
+    for scenario, by_broker in figures.items():
+        if "tidemq" in by_broker and "rabbitmq" in by_broker:
+            (t_rate, t_us), (r_rate, r_us) = by_broker["tidemq"], by_broker["rabbitmq"]
+            out.append(f"amqp compare scenario={scenario} tidemq_us={t_us:.2f} rabbitmq_us={r_us:.2f} "
+                       f"cpu_ratio={t_us / r_us if r_us else 0:.2f} tidemq_rate={t_rate:.0f} "
+                       f"rabbitmq_rate={r_rate:.0f} rate_ratio={t_rate / r_rate if r_rate else 0:.2f}")
+    return out
+
+
 def main() -> None:
     parser = runner.parser(__doc__, quick="3 s per scenario and 30,000 messages to consume: under 90 s for both brokers")
     parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated, from " + ",".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS))
+    parser.add_argument("--seconds", type=float, help="how long the publishers send (instead of 15, 3 with --quick)")
+    parser.add_argument("--consume-messages", type=int, help="messages a consume scenario's queue is filled with "
+                        "(instead of 300,000, 30,000 with --quick)")
     args = parser.parse_args()
     brokers = parse_list(args.brokers, BROKERS, "broker")
     scenarios = parse_list(args.scenarios, SCENARIOS, "scenario")
     plan = QUICK if args.quick else FULL
+    if args.seconds:
+        plan = replace(plan, seconds=args.seconds)
+    if args.consume_messages:
+        plan = replace(plan, consume_messages=args.consume_messages)
     raise_fd_limit()
     started = time.perf_counter()
     try:
@@ -196,6 +245,8 @@ def main() -> None:
         run.emit(header)
         for name in brokers:
             run.broker(name, scenarios)
+        for line in compare_lines(run.figures):
+            run.emit(line)
         run.emit(f"# {run.lines} lines ({run.errors} with errors) for {','.join(brokers)} in "
                  f"{time.perf_counter() - started:.0f} s on {os.cpu_count()} cores")
 

@@ -147,6 +147,36 @@ AMQP_RULES = (
     rule(CONFIRM, r"^(asyncio/selector_events|gateway/lean_tcp)\.py$", r"_write_ready"),
 )
 
+# A delivery out of a queue: taking messages (cursor, cache, store reads), framing basic.deliver
+# and its content and writing them, and settling the consumer's acks (decoding them, the
+# unacked bookkeeping, the committed offset).
+SETTLE = "ack settle"
+AMQP_DELIVERY_RULES = (
+    rule(SETTLE, r"^store/store\.py$", r"\.(commit_offset\w*|save_offset\w*)$"),
+    *STORE_RULES,
+    rule(COMMIT, r"^gateway/amqp/(publishing|inbound|confirms)\.py$"),
+    rule(CONFIRM, r"^gateway/amqp/channel\.py$", r"\.confirm"),
+    rule(SETTLE, r"^gateway/amqp/channel\.py$", r"\.(_basic_ack|_settle|_tags|_pop_unacked|_basic_nack|_reject)$"),
+    rule(SETTLE, r"^gateway/amqp/queues\.py$", r"\.(settle|save)$"),
+    rule(SETTLE, r"^gateway/core/(group|delivery_counts)\.py$", r"\.(settled|save|committed|forget)$"),
+    rule(READ, r"^gateway/amqp/queues\.py$", r"\.(take|peek|hand_out|_write_mark)$"),
+    rule(READ, r"^gateway/amqp/messages\.py$"),
+    rule(READ, r"^gateway/amqp/broker\.py$", r"\.view$"),
+    rule(ENCODE, r"^gateway/amqp/channel\.py$", r"\.(deliver|can_deliver)$"),
+    rule(ENCODE, r"^protocols/amqp/frames\.py$", r"^(deliver_frame|content_after_method|delivery|shortstr)$"),
+    rule(ENCODE, r"^gateway/amqp/connection\.py$", r"\.(send|flush)$"),
+    rule(ENCODE, r"^gateway/amqp/queues\.py$", r"\.pump$"),
+    rule(ENCODE, r"^gateway/core/group\.py$", r"\.next_member$"),
+    rule(PASS, r"^pamqp/", r"(^|\.)(marshal|_marshal\w*|encode\w*)$"),
+    rule(DECODE, r"^pamqp/"),
+    rule(DECODE, r"^protocols/amqp/(frames|reader|pamqp_guards)\.py$"),
+    rule(DECODE, r"^gateway/amqp/connection\.py$", r"\._process_until_error$"),
+    rule(INBOUND, r"^gateway/amqp/"),
+    rule(INBOUND, r"^gateway/core/ingest\.py$"),
+    *LOOP_RULES,
+    rule(ENCODE, r"^(asyncio/selector_events|gateway/lean_tcp)\.py$", r"_write_ready"),
+)
+
 IDLE_LEAVES = (rule("idle", r"^concurrent/futures/thread\.py$", r"^_worker$"),)  # waiting for work
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
@@ -158,28 +188,43 @@ class Profile:
     what: str
     stages: tuple[str, ...]
     rules: tuple[Rule, ...]
-    run: Callable[[float], tuple[Broker, Callable[[], str]]]  # seconds -> broker, scenario
+    # (seconds, attach) -> broker, scenario; a scenario with an untimed set-up (a queue filled
+    # first) calls attach() when its measured part starts, else the profiler attaches before it
+    run: Callable[[float, Callable[[], None]], tuple[Broker, Callable[[], str]]]
     rate_key: str  # the scenario line's rate field
     other_key: str  # its field of the rest of the machine's CPU (other jobs: a noisy run)
     us_key: str = "broker_cpu_us_per_msg"  # its field of the broker's CPU per message (or delivery)
+    attaches_itself: bool = False  # its scenario calls attach() after an untimed set-up
 
 
-def mqtt_fanin(seconds: float) -> tuple[Broker, Callable[[], str]]:
+def mqtt_fanin(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
     broker = start_broker("tidemq")
     plan = replace(bench_mqtt.FULL, fanin_seconds=seconds, drain_s=5.0, handshake_s=10.0)
     return broker, lambda: bench_mqtt.fanin(broker, plan, 1)
 
 
-def mqtt_fanout(seconds: float) -> tuple[Broker, Callable[[], str]]:
+def mqtt_fanout(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
     broker = start_broker("tidemq")
     plan = replace(bench_mqtt.FULL, fanout_seconds=seconds, drain_s=5.0, handshake_s=10.0)
     return broker, lambda: bench_mqtt.fanout(broker, plan)
 
 
-def amqp_confirm(seconds: float) -> tuple[Broker, Callable[[], str]]:
+def amqp_confirm(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
     broker = start_amqp_broker("tidemq")
     plan = replace(amqp_scenarios.FULL, seconds=seconds, drain_s=5.0, handshake_s=10.0)
     return broker, lambda: amqp_scenarios.publish_confirm(broker, plan)
+
+
+def amqp_consume(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
+    broker = start_amqp_broker("tidemq")
+    plan = replace(amqp_scenarios.FULL, consume_messages=100_000, drain_s=5.0, handshake_s=10.0)
+    return broker, lambda: amqp_scenarios.consume(broker, plan, on_filled=attach)
+
+
+def amqp_fanout(seconds: float, attach: Callable[[], None]) -> tuple[Broker, Callable[[], str]]:
+    broker = start_amqp_broker("tidemq")
+    plan = replace(amqp_scenarios.FULL, seconds=seconds, drain_s=5.0, handshake_s=10.0)
+    return broker, lambda: amqp_scenarios.fanout_topic(broker, plan)
 
 
 PROFILES = {
@@ -192,6 +237,12 @@ PROFILES = {
     "amqp_confirm": Profile("amqp_confirm", "AMQP publish with confirms, 4 publishers -> 1 durable queue, --flush sync",
                             (DECODE, INBOUND, COMMIT, CONFIRM, OTHER), AMQP_RULES, amqp_confirm, "msgs_per_s",
                             "other_cpu"),
+    "amqp_consume": Profile("amqp_consume", "AMQP consume, 100,000 prefilled persistent messages, 1 consumer, "
+                            "prefetch 100, manual ack", (DECODE, SETTLE, READ, ENCODE, INBOUND, OTHER),
+                            AMQP_DELIVERY_RULES, amqp_consume, "msgs_per_s", "other_cpu", attaches_itself=True),
+    "amqp_fanout": Profile("amqp_fanout", "AMQP topic fan-out, 1 confirming publisher -> 100 queues (per delivery)",
+                           (DECODE, INBOUND, COMMIT, CONFIRM, SETTLE, READ, ENCODE, OTHER), AMQP_DELIVERY_RULES,
+                           amqp_fanout, "deliveries_per_s", "other_cpu", "broker_cpu_us_per_delivery"),
 }
 
 
@@ -279,7 +330,7 @@ def py_spy_path(given: str | None) -> str:
 
 
 def plain_run(profile: Profile, seconds: float) -> str:
-    broker, scenario = profile.run(seconds)
+    broker, scenario = profile.run(seconds, lambda: None)
     try:
         return scenario()
     finally:
@@ -287,15 +338,23 @@ def plain_run(profile: Profile, seconds: float) -> str:
 
 
 def profiled_run(profile: Profile, seconds: float, py_spy: str, rate: int, raw: Path, native: bool = False) -> str:
-    broker, scenario = profile.run(seconds)
     spy: subprocess.Popen[bytes] | None = None
-    try:
+
+    def attach() -> None:
+        nonlocal spy
+        if spy is not None:
+            return
         spy = subprocess.Popen([py_spy, "record", "-p", str(broker.pid), "-f", "raw", "-o", str(raw),
-                                "-r", str(rate), *(["--native"] if native else [])], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+                                "-r", str(rate), *(["--native"] if native else [])], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # attached before the first send
         if spy.poll() is not None:
             raise SystemExit(f"py-spy exited: {spy.stderr.read().decode(errors='replace') if spy.stderr else ''}")
+
+    broker, scenario = profile.run(seconds, attach)
+    try:
+        if not profile.attaches_itself:
+            attach()
         return scenario()
     finally:
         if spy is not None and spy.poll() is None:

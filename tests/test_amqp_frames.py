@@ -10,7 +10,9 @@ from protocols.amqp.frames import (
     content_after_method,
     decode_properties,
     deliver_frame,
+    delivery,
     encode_properties,
+    shortstr,
 )
 
 short = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
@@ -39,3 +41,14 @@ def test_content_frames_match_pamqp(channel, props, payload, frame_max):
     pamqp_round_trip = header.ContentHeader()
     pamqp_round_trip.unmarshal(header.ContentHeader(0, 0, props).marshal())
     assert decode_properties(encode_properties(props)) == pamqp_round_trip.properties
+
+
+@given(st.integers(0, 65535), short, st.integers(0, 2**63 - 1), st.booleans(), exchange_name, short, properties,
+       st.binary(max_size=9000), st.sampled_from([4096, 131072]))
+def test_whole_delivery_is_deliver_and_content_frames(channel, consumer_tag, delivery_tag, redelivered, exchange,
+                                                      routing_key, props, payload, frame_max):
+    raw = encode_properties(props)
+    expected = deliver_frame(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key) + \
+        content_after_method(channel, raw, payload, frame_max)
+    assert delivery(channel, shortstr(consumer_tag), delivery_tag, redelivered,
+                    shortstr(exchange) + shortstr(routing_key), raw, payload, frame_max) == expected

@@ -51,6 +51,38 @@ async def test_a_group_commits_its_oldest_unsettled_message_and_redelivers_in_or
     assert store.get_offset_now("g", "q") == 11
 
 
+async def test_the_committed_offset_is_the_oldest_unsettled_even_when_taken_again_out_of_order(open_store) -> None:
+    store = await open_store()
+    group: ConsumerGroup[str] = ConsumerGroup(store, "g", "q", group_start(store, "g", "q", resume=True))
+    await fill(store, 6)
+    result = group.cursor.read(QueueCache(store), 32)
+    assert result is not None
+    first, second, *rest = result.messages
+    for message in (first, second):
+        group.handed_out(message, "a")
+    group.cursor.next_offset = 2
+    group.give_back([first])  # first given back, second still out
+    for message in rest:  # later ones handed out meanwhile
+        group.handed_out(message, "a")
+    group.cursor.next_offset = 6
+    group.redeliver.pop(0)
+    group.handed_out(first, "b")  # taken again: held after offsets above it
+    assert group.committed == 0
+    group.settled(1)
+    group.settled(2)
+    assert group.committed == 0
+    group.settled(0)
+    assert group.committed == 3
+    for offset in (3, 4, 5):
+        group.settled(offset)
+    assert group.committed == 6
+    group.hold(6, "a")
+    group.hold(7, "a")
+    group.cursor.next_offset = 8
+    group.settled(6)
+    assert group.committed == 7
+
+
 async def test_a_new_group_ignores_what_a_group_of_the_same_name_left(open_store) -> None:
     store = await open_store()
     await fill(store, 3)

@@ -3,6 +3,7 @@ stamp of every delivery (bench_amqp's latency scenario) however reads split the 
 one-step path (deliver, header and body complete in the buffer) and the frame-by-frame path
 must both count each message once, with its latency, and find the duplicates."""
 
+import itertools
 import socket
 from collections import Counter
 from collections.abc import Iterator
@@ -66,3 +67,24 @@ def test_reads_every_stamp_once_however_reads_split_the_stream(data: st.DataObje
     assert c.stamps.duplicates == sum(n - 1 for n in seen.values())
     assert sorted(c.stamps.latencies) == sorted(NOW_NS - sent for *_, sent in deliveries)
     assert not c.inbuf
+
+
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=8), st.sampled_from([0, 1, 25]))
+def test_acks_cover_each_delivery_once_in_the_pattern_asked(reads: list[int], every: int) -> None:
+    """``Conn.acks``: per read (one multiple ack), per delivery, or a multiple ack every N."""
+    with scanner() as c:
+        acked: list[tuple[int, bool]] = []
+        received = 0
+        for count in reads:
+            received += count
+            c.last_tag[1] = received
+            out = c.acks(every)
+            for pos in range(0, len(out), 21):  # a basic.ack frame is 21 bytes
+                _, _, method = pframe.unmarshal(out[pos:pos + 21])
+                acked.append((method.delivery_tag, method.multiple))
+        if every == 1:
+            assert acked == [(tag, False) for tag in range(1, received + 1)]
+        elif every == 0:
+            assert [tag for tag, _ in acked] == list(itertools.accumulate(reads)) and all(m for _, m in acked)
+        else:
+            assert acked == [(tag, True) for tag in range(every, received + 1, every)]

@@ -93,7 +93,11 @@ def publishes(draw: st.DrawFn, valid: bool = False) -> bytes:
 
 
 others = st.one_of(
-    st.builds(lambda c, t: pframe.marshal(commands.Basic.Ack(t, True), c), channels, st.integers(0, 2 ** 63 - 1)),
+    st.builds(lambda c, t, m: pframe.marshal(commands.Basic.Ack(t, m), c), channels, st.integers(0, 2 ** 63 - 1),
+              st.booleans()),
+    # basic.ack built by hand: any tag (top bit set too), any bits, a payload cut short or too long
+    st.builds(lambda c, t, bits, cut: frame(1, c, (struct.pack(">HHQ", 60, 80, t) + bytes((bits,)) + b"\0\0")[:cut]),
+              channels, st.integers(0, 2 ** 64 - 1), st.integers(0, 255), st.sampled_from([12, 13, 13, 14, 15])),
     st.builds(lambda c: pframe.marshal(commands.Channel.Open(), c), channels),
     st.builds(lambda c, q: pframe.marshal(commands.Queue.Declare(queue=q), c), channels,
               st.text(alphabet="abc.-_", max_size=10)),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -81,7 +80,8 @@ class AMQPBroker:
         self.queues: dict[str, QueueRuntime] = self.declarations.queues
         if mqtt_topics is not None:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
-        self._views: OrderedDict[int, AMQPView] = OrderedDict()
+        self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
+        self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -172,13 +172,21 @@ class AMQPBroker:
             if not queue.consumers and queue.ready_count():
                 queue.expire_head()
 
+    def flush_soon(self, connection: AMQPConnection) -> None:
+        """Write the connection's output once the queues woken together have made their
+        deliveries: one write for all its channels' queues, not one a queue."""
+        if not self._to_flush:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._to_flush.add(connection)
+
+    def _flush(self) -> None:
+        connections, self._to_flush = self._to_flush, set()
+        for connection in connections:
+            connection.flush()
+
     def view(self, message: StoredMessage) -> AMQPView:
-        cached = self._views.get(message.position)
-        if cached is None:
-            cached = self._views[message.position] = AMQPView.of(message)
-            if len(self._views) > 8192:
-                self._views.popitem(last=False)
-        return cached
+        """What an AMQP consumer is told of ``message`` (shared by the messages alike)."""
+        return AMQPView.of(message, self._known_views)
 
     # -- the MQTT bridge -----------------------------------------------------------------------
     def amq_topic_queues(self, mqtt_topic: str) -> list[str]:

@@ -24,7 +24,7 @@ from protocols.amqp.frames import (
     channel_error,
     connection_error,
     content_after_method,
-    deliver_frame,
+    delivery,
     method_frame,
 )
 from store import StoredMessage
@@ -101,18 +101,17 @@ class Channel:
         tag = self.next_tag
         self.next_tag += 1
         message = ready.message
-        view = self.broker.view(message)
+        view = ready.view or self.broker.view(message)
         self.broker.stats.messages_sent += 1
-        self.connection.send(deliver_frame(self.number, consumer.tag, tag, ready.redelivered, view.exchange,
-                                           view.routing_key))
-        self.connection.send(content_after_method(self.number, view.counted_properties(ready.delivery_count),
-                                                  message.body, self.connection.frame_max))
+        self.connection.send(delivery(self.number, consumer.encoded_tag, tag, ready.redelivered, view.route,
+                                      view.counted_properties(ready.delivery_count), message.body,
+                                      self.connection.frame_max))
         tracer = self.connection.tracer
         if tracer is not None:
             tracer.delivered("amqp", self.connection.peer, message.position, message.queue, message.queue_offset,
                              0 if consumer.no_ack else 1)
         if consumer.no_ack:
-            queue.settle(message.queue_offset)
+            queue.settle_sent(message.queue_offset)
         else:
             self.unacked[tag] = Unacked(queue, message, consumer)
             size = len(message.body)
@@ -328,7 +327,14 @@ class Channel:
 
     def _tags(self, tag: int, multiple: bool, method: Frame) -> list[int]:
         if multiple:
-            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
+            if tag:
+                tags = []
+                for t in self.unacked:  # (in tag order: entries are only ever added with a higher tag)
+                    if t > tag:
+                        break
+                    tags.append(t)
+            else:
+                tags = list(self.unacked)
         else:
             tags = [tag] if tag in self.unacked else []
         if not tags and not (multiple and tag == 0):
@@ -341,17 +347,20 @@ class Channel:
             self._settle(tags)
 
     def _settle(self, tags: list[int]) -> None:
-        touched = set()
+        settled: dict[QueueRuntime, list[int]] = {}
         tracer = self.connection.tracer
         for tag in tags:
             entry = self._pop_unacked(tag)
             message = entry.message
-            entry.queue.settle(message.queue_offset)
-            touched.add(entry.queue)
+            offsets = settled.get(entry.queue)
+            if offsets is None:
+                settled[entry.queue] = [message.queue_offset]
+            else:
+                offsets.append(message.queue_offset)
             if tracer is not None:
                 tracer.acked("amqp", self.connection.peer, message.position, message.queue, message.queue_offset)
-        for queue in touched:
-            queue.save()
+        for queue, offsets in settled.items():
+            queue.settle_many(offsets)
 
     def _reject(self, tags: list[int], requeue: bool) -> None:
         touched = set()

@@ -16,7 +16,7 @@ from typing import Any
 
 from pamqp import commands
 
-from protocols.amqp.frames import EXPIRATION_FLAG, copy_properties, decode_properties, encode_properties
+from protocols.amqp.frames import EXPIRATION_FLAG, copy_properties, decode_properties, encode_properties, shortstr
 from store import Message, StoredMessage
 
 from ..interop import AMQP_FLAG, MQTT_FLAG, PERSISTENT_FLAG, mqtt_topic_to_routing_key
@@ -26,6 +26,7 @@ EXCHANGE = "amqp.x"
 ROUTING_KEY = "amqp.rk"
 HEADER = "amqp.p"
 DEATHS = "amqp.deaths"
+KNOWN_VIEWS = 4096  # views shared between messages alike, at most (AMQPView.of's ``known``)
 CONTENT_HEADER_FIXED = 12  # class id, weight, body size: what precedes the properties
 CONTENT_HEADER_PREFIX = struct.pack(">HHQ", 60, 0, 0)  # class basic, weight 0, body size 0 (not kept)
 EMPTY_PROPERTIES = encode_properties(commands.Basic.Properties())
@@ -106,9 +107,31 @@ class AMQPView:
     routing_key: str
     raw_properties: bytes
     _properties: commands.Basic.Properties | None = None
+    _route: bytes | None = None
+
+    @property
+    def route(self) -> bytes:
+        """The exchange and routing key as basic.deliver carries them (two short strings)."""
+        if self._route is None:
+            self._route = shortstr(self.exchange) + shortstr(self.routing_key)
+        return self._route
 
     @classmethod
-    def of(cls, message: StoredMessage) -> AMQPView:
+    def of(cls, message: StoredMessage, known: dict[tuple[int, str, bytes], AMQPView] | None = None) -> AMQPView:
+        """The view of ``message``; ``known`` holds views already made, by what a view depends on
+        (the store flag, topic and store properties, still encoded): messages alike share one."""
+        if known is None:
+            return cls._made(message)
+        key = (message.flag, message.topic, message.raw_properties)
+        view = known.get(key)
+        if view is None:
+            view = cls._made(message)
+            if len(known) < KNOWN_VIEWS:
+                known[key] = view
+        return view
+
+    @classmethod
+    def _made(cls, message: StoredMessage) -> AMQPView:
         if message.flag & AMQP_FLAG:
             sp = message.properties
             raw = sp.get(HEADER)
@@ -141,6 +164,8 @@ class AMQPView:
 
     def expired(self, message: StoredMessage, queue_ttl_ms: int | None, now_ms: int | None = None) -> bool:
         """Per-queue x-message-ttl and per-message expiration, counted from the store time."""
+        if queue_ttl_ms is None and (len(self.raw_properties) < 2 or not self.raw_properties[0] & EXPIRATION_FLAG):
+            return False  # (most messages: neither limit)
         limits = []
         if queue_ttl_ms is not None:
             limits.append(queue_ttl_ms)

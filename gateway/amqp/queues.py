@@ -20,15 +20,17 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from protocols.amqp.frames import shortstr
 from store import StoredMessage, StoreError
 
 from ..core import delivery_counts
 from ..core.delivery_counts import DeliveryCounts
 from ..core.group import ConsumerGroup
 from ..interop import amqp_queue
+from .messages import AMQPView
 from .model import QueueDefinition
 
 if TYPE_CHECKING:
@@ -52,6 +54,10 @@ class Consumer:
     priority: int = 0  # basic.consume's x-priority: higher ones take messages first, while they can
     unacked: int = 0  # deliveries to it not yet settled (prefetch accounting)
     unacked_bytes: int = 0
+    encoded_tag: bytes = field(init=False)  # the tag as basic.deliver carries it (a short string)
+
+    def __post_init__(self) -> None:
+        self.encoded_tag = shortstr(self.tag)
 
 
 @dataclass(slots=True)
@@ -61,6 +67,7 @@ class Ready:
     message: StoredMessage
     redelivered: bool
     delivery_count: int = 0  # times given back (counted with x-delivery-limit only)
+    view: AMQPView | None = None  # what the consumer is told of it, when looked up already
 
 
 def _priority(consumer: Consumer) -> int:
@@ -135,40 +142,59 @@ class QueueRuntime:
         self._pump_scheduled = False
         if self.deleted or not self.consumers:
             return
-        touched: set[Channel] = set()
+        flush_soon = self.broker.flush_soon
         delivered = 0
         while True:
-            ready = self.take(peek_only=True)
+            ready = self.peek()
             if ready is None:
                 break
             size = len(ready.message.body)
-            consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size),
-                                              _priority if self._prioritized else None)
+            lone = len(self.consumers) == 1
+            consumer: Consumer | None
+            if lone:  # (no turns to take)
+                consumer = next(iter(self.consumers.values()))
+                if not consumer.channel.can_deliver(consumer, size):
+                    break
+            else:
+                consumer = self.group.next_member(lambda c: c.channel.can_deliver(c, size),
+                                                  _priority if self._prioritized else None)
             if consumer is None:
                 break
-            self.take()  # commit the peeked message to this delivery
-            consumer.channel.deliver(consumer, self, ready)
-            touched.add(consumer.channel)
-            delivered += 1
-            if delivered % FLUSH_EVERY == 0:
-                # the client starts on (and acks) the first deliveries while the rest are made
-                for channel in touched:
+            channel = consumer.channel
+            while True:
+                self.hand_out(ready)
+                channel.deliver(consumer, self, ready)
+                delivered += 1
+                if delivered % FLUSH_EVERY == 0:
+                    # the client starts on (and acks) the first deliveries while the rest are made
                     channel.connection.flush()
-        for channel in touched:
-            channel.connection.flush()
+                # a lone consumer takes what it has room for without taking turns
+                if not lone:
+                    break
+                ready = self.peek()
+                if ready is None or not channel.can_deliver(consumer, len(ready.message.body)):
+                    break
+            flush_soon(channel.connection)
+            if ready is None:
+                break
         self.save()
 
     # -- taking messages -----------------------------------------------------------------------
-    def take(self, *, peek_only: bool = False) -> Ready | None:
-        """The next message to hand out (expired ones are dead-lettered on the way)."""
+    def take(self) -> Ready | None:
+        """The next message to hand out, handed out (expired ones are dead-lettered on the way)."""
+        ready = self.peek()
+        if ready is not None:
+            self.hand_out(ready)
+        return ready
+
+    def peek(self) -> Ready | None:
+        """The next message to hand out, not handed out yet (``hand_out`` does, as long as nothing
+        else took or gave back a message in between); expired ones are dead-lettered on the way."""
         group = self.group
         cursor = group.cursor
         while True:
             if group.redeliver:
                 message = group.redeliver[0]
-                if not peek_only:
-                    group.redeliver.pop(0)
-                    group.handed_out(message)
                 return Ready(message, True, group.counts.count(message.queue_offset) if group.counts else 0)
             ahead = self._ahead
             if not ahead or ahead[0].queue_offset != cursor.next_offset:
@@ -185,16 +211,22 @@ class QueueRuntime:
                 self.broker.dead_letter(self, message, "expired")
                 continue
             # (given back before a restart: a counted message comes from the store again)
-            ready = Ready(message, message.queue_offset < self._seen_below,
-                          group.counts.count(message.queue_offset) if group.counts else 0)
-            if peek_only:
-                return ready
-            if message.queue_offset >= self._mark:  # written ahead of the delivery's bytes
-                self._write_mark(message.queue_offset + DELIVERED_STEP)
-            ahead.popleft()
-            cursor.next_offset = message.queue_offset + 1
-            group.handed_out(message)
-            return ready
+            return Ready(message, message.queue_offset < self._seen_below,
+                         group.counts.count(message.queue_offset) if group.counts else 0, view)
+
+    def hand_out(self, ready: Ready) -> None:
+        """The message ``peek`` returned goes to a consumer."""
+        group = self.group
+        message = ready.message
+        if group.redeliver and group.redeliver[0] is message:
+            group.redeliver.pop(0)
+        else:
+            offset = message.queue_offset
+            if offset >= self._mark:  # written ahead of the delivery's bytes
+                self._write_mark(offset + DELIVERED_STEP)
+            self._ahead.popleft()
+            group.cursor.next_offset = offset + 1
+        group.handed_out(message)
 
     def _write_mark(self, offset: int) -> None:
         self._mark = offset
@@ -212,7 +244,7 @@ class QueueRuntime:
     def expire_head(self) -> None:
         """Dead-letter the expired messages at the head (take() does it on its way)."""
         if not self.group.redeliver:
-            self.take(peek_only=True)
+            self.peek()
             self.save()
 
     # -- settling ------------------------------------------------------------------------------
@@ -220,6 +252,18 @@ class QueueRuntime:
         """An acknowledged (or dropped) delivery."""
         self.group.settled(offset)
         self.schedule_pump()
+
+    def settle_sent(self, offset: int) -> None:
+        """A no-ack delivery, settled as it goes out: the pump that made it goes on by itself."""
+        self.group.settled(offset)
+
+    def settle_many(self, offsets: list[int]) -> None:
+        """Acknowledged deliveries (a ``multiple`` ack), then the committed offset recorded."""
+        settled = self.group.settled
+        for offset in offsets:
+            settled(offset)
+        self.schedule_pump()
+        self.save()
 
     def requeue(self, message: StoredMessage) -> None:
         """Given back: delivered again first, with ``redelivered`` set (kept in offset order);

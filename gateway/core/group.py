@@ -64,6 +64,9 @@ class ConsumerGroup(Generic[Member]):
         self._rotation = 0
         self._saved = start_offset
         self._written: int | None = None  # the committed offset last written through (save durable)
+        # an offset was held below one still unsettled (given back and taken again): the oldest
+        # unsettled one is no longer the first in ``cursor.unacked``
+        self._out_of_order = False
 
     @property
     def queue(self) -> str:
@@ -72,8 +75,9 @@ class ConsumerGroup(Generic[Member]):
     @property
     def committed(self) -> int:
         low = self.cursor.next_offset
-        if self.cursor.unacked:
-            low = min(low, min(self.cursor.unacked))  # given back and taken again: not in order
+        unacked = self.cursor.unacked
+        if unacked:
+            low = min(low, min(unacked) if self._out_of_order else next(iter(unacked)))
         if self.redeliver:
             low = min(low, self.redeliver[0].queue_offset)
         return low
@@ -121,10 +125,20 @@ class ConsumerGroup(Generic[Member]):
     # -- handing out and settling ----------------------------------------------------------------
     def handed_out(self, message: StoredMessage, holder: object = None) -> None:
         """``message`` went to a member and waits to be settled."""
-        self.cursor.unacked[message.queue_offset] = holder
+        self.hold(message.queue_offset, holder)
+
+    def hold(self, offset: int, holder: object = None) -> None:
+        """``offset`` waits to be settled by ``holder``."""
+        unacked = self.cursor.unacked
+        if unacked and offset < next(reversed(unacked)):
+            self._out_of_order = True
+        unacked[offset] = holder
 
     def settled(self, offset: int) -> None:
-        self.cursor.unacked.pop(offset, None)
+        unacked = self.cursor.unacked
+        unacked.pop(offset, None)
+        if not unacked:
+            self._out_of_order = False
         if self.counts:
             self.counts.forget(offset)
 
@@ -137,7 +151,7 @@ class ConsumerGroup(Generic[Member]):
             offset = message.queue_offset
             # (counted while still handed out: were the count to raise, the message is not lost)
             counted = limit is not None and self.counts is not None and self.counts.given_back(offset) > limit
-            self.cursor.unacked.pop(offset, None)
+            self.cursor.unacked.pop(offset, None)  # (order: a later hold says; an emptied dict is in order)
             if counted:
                 over.append(message)
                 self.settled(offset)

@@ -65,7 +65,7 @@ class ShareGroup(ConsumerGroup["MQTTConnection"]):
             if inflight.share == self.key and inflight.offset >= start:
                 self.passed.add(inflight.offset)
                 if not inflight.released:
-                    self.cursor.unacked[inflight.offset] = session.client_id
+                    self.hold(inflight.offset, session.client_id)
         self.passed.update(offset for offset in session.shared_done.get(self.key, ()) if offset >= start)
 
     # -- membership ----------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class PubLoad:
 
 @dataclass(frozen=True, slots=True)
 class SubLoad:
-    """What a consumer process does: one channel per queue, CHANNELS_PER_CONN to a connection."""
+    """What a consumer process does: one channel per queue, ``channels_per_conn`` to a connection."""
 
     prefetch: int
     consume_on_go: bool  # basic.consume when told to go (consume), or before ready (fanout_topic)
@@ -60,6 +60,11 @@ class SubLoad:
     handshake_s: float
     poll_s: float = POLL_S  # 0: read on readiness
     stamps: bool = False  # read each body's stamp: latencies, duplicates
+    # how the consumer acknowledges (``Conn.acks``): 0 one multiple ack per channel and read,
+    # 1 an ack per delivery, N a multiple ack every N deliveries; no_ack: basic.consume no-ack
+    ack_every: int = 0
+    no_ack: bool = False
+    channels_per_conn: int = CHANNELS_PER_CONN
 
 
 # -- worker processes ------------------------------------------------------------------------------
@@ -163,14 +168,15 @@ def pump_publishers(w: Workers, conns: list[Conn], load: PubLoad) -> dict[str, A
 def consumer_worker(w: Workers, index: int, port: int, queues: list[str], load: SubLoad) -> None:
     conns: list[tuple[Conn, list[tuple[int, str]]]] = []
     try:
-        for group in [queues[i:i + CHANNELS_PER_CONN] for i in range(0, len(queues), CHANNELS_PER_CONN)]:
+        per = load.channels_per_conn
+        for group in [queues[i:i + per] for i in range(0, len(queues), per)]:
             conn = Conn(port, load.handshake_s)
             channels = list(enumerate(group, 1))
             conns.append((conn, channels))
             for number, queue in channels:
-                conn.open_channel(number, prefetch=load.prefetch)
+                conn.open_channel(number, prefetch=0 if load.no_ack else load.prefetch)
                 if not load.consume_on_go:
-                    conn.rpc(number, commands.Basic.Consume(queue=queue), commands.Basic.ConsumeOk)
+                    conn.rpc(number, commands.Basic.Consume(queue=queue, no_ack=load.no_ack), commands.Basic.ConsumeOk)
         w.report("ready", "consumer", index)
         if not w.go.wait(WORKER_WAIT_S) or w.release.is_set():
             return
@@ -188,7 +194,8 @@ def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[in
     started = time.monotonic_ns()
     if load.consume_on_go:
         for conn, channels in conns:
-            conn.sock.sendall(b"".join(method_frame(n, commands.Basic.Consume(queue=q)) for n, q in channels))
+            conn.sock.sendall(b"".join(method_frame(n, commands.Basic.Consume(queue=q, no_ack=load.no_ack))
+                                       for n, q in channels))
     sel = selectors.DefaultSelector()
     for conn, _ in conns:
         conn.nonblocking()
@@ -212,7 +219,7 @@ def pump_consumers(w: Workers, index: int, conns: list[tuple[Conn, list[tuple[in
             c = key.data
             if events & selectors.EVENT_READ:
                 got += c.on_readable(now)
-                acks = c.acks()
+                acks = b"" if load.no_ack else c.acks(load.ack_every)
                 if acks:
                     if c.pending is None:
                         c.write(acks)

@@ -73,7 +73,7 @@ class Conn:
     - publisher confirms of the one confirming channel: ``confirmed`` / ``nacked`` sequence
       numbers (individual or multiple basic.ack / basic.nack), ``last_confirm_ns``;
     - deliveries: ``delivered`` complete messages (method, header and the body's last frame),
-      ``last_tag`` per channel, which ``acks`` turns into basic.ack multiple frames; with
+      ``last_tag`` per channel, which ``acks`` turns into basic.ack frames; with
       ``stamps`` set, each body's stamp (``loadtest.clients.stamps``) goes into it as the body arrives.
     """
 
@@ -344,11 +344,22 @@ class Conn:
             return
         self.pending = self.pending[sent:] if sent < len(self.pending) else None
 
-    def acks(self) -> bytes:
-        """basic.ack multiple frames for what each channel received since its last ack."""
+    def acks(self, every: int = 0) -> bytes:
+        """basic.ack frames for what each channel received since its last ack: ``every`` 0, one
+        ``multiple`` ack up to the last complete delivery; 1, one ack per delivery (not
+        multiple); N, a ``multiple`` ack each time N more deliveries are complete (the rest wait).
+        Delivery tags of a channel count up by one, so the tags in between are known."""
         out = []
         for channel, tag in self.last_tag.items():
-            if tag > self.acked_tag.get(channel, 0):
+            acked = self.acked_tag.get(channel, 0)
+            if tag <= acked:
+                continue
+            if every == 0:
                 out.append(ack_frame(channel, tag))
-                self.acked_tag[channel] = tag
+            elif every == 1:
+                out.extend(ack_frame(channel, t, multiple=False) for t in range(acked + 1, tag + 1))
+            else:
+                tag = acked + (tag - acked) // every * every
+                out.extend(ack_frame(channel, t) for t in range(acked + every, tag + 1, every))
+            self.acked_tag[channel] = tag
         return b"".join(out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
 from pamqp import commands
@@ -15,6 +16,7 @@ from pamqp import commands
 from loadtest.brokers import Broker, ScenarioError
 from loadtest.clients.amqp_load import (
     BODY,
+    CHANNELS_PER_CONN,
     IDLE_FOR_S,
     PubLoad,
     SubLoad,
@@ -41,6 +43,7 @@ FANOUT_PROCS = 2
 # per read and prefetch 100 never binds, while each read of a connection costs a recv and an
 # ack write; reading every 1 ms cost the generator ~9 us per delivery (RabbitMQ, 25k/s).
 FANOUT_POLL_S = 0.005
+FANOUT_FEW_CONNS = 50  # channels (queues) a consumer connection in the "few connections" patterns: 2 in all
 
 
 # -- what to run -----------------------------------------------------------------------------------
@@ -73,6 +76,33 @@ class Plan:
 FULL = Plan(quick=False)
 QUICK = replace(FULL, quick=True, seconds=3.0, consume_messages=30_000, consume_timeout_s=15.0, drain_s=5.0,
                 handshake_s=10.0, latency_seconds=3.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Acks:
+    """How consumers acknowledge, as real clients do (``SubLoad.ack_every`` / ``no_ack``): ``read``
+    one ``multiple`` ack per channel for what a read brought, ``each`` an ack per delivery (what
+    pika, aio-pika and kombu do by default), ``multipleN`` a ``multiple`` ack every N deliveries,
+    ``none`` no-ack consumers."""
+
+    name: str
+    every: int = 0
+    no_ack: bool = False
+
+
+ACK_READ, ACK_EACH, ACK_25, NO_ACK = Acks("read"), Acks("each", 1), Acks("multiple25", 25), Acks("none", no_ack=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """A fan-out's client pattern: how its consumers acknowledge and how many channels (queues)
+    share a consumer connection; and its publisher's confirm window and how far it may run
+    ahead of the average queue's consumer (0: no bound)."""
+
+    acks: Acks
+    channels_per_conn: int
+    window: int
+    ahead: int
 
 
 # -- the coordinator's side ------------------------------------------------------------------------
@@ -260,7 +290,8 @@ def prefill(conn: Conn, queue: str, count: int, timeout_s: float) -> int:
     return queued
 
 
-def consume(broker: Broker, plan: Plan) -> str:
+def consume(broker: Broker, plan: Plan, on_filled: Callable[[], None] | None = None, acks: Acks = ACK_READ) -> str:
+    """``on_filled()``, if given, is called once the queue is filled (a profiler attaches there)."""
     queue = "bench.consume"
     conn = setup_conn(broker, plan)
     w = Workers(1)
@@ -270,8 +301,10 @@ def consume(broker: Broker, plan: Plan) -> str:
         t0 = time.monotonic()
         filled = prefill(conn, queue, plan.consume_messages, plan.consume_timeout_s)
         fill_s = time.monotonic() - t0
+        if on_filled is not None:
+            on_filled()
         load = SubLoad(plan.prefetch, consume_on_go=True, timeout_s=plan.consume_timeout_s,
-                       handshake_s=plan.handshake_s)
+                       handshake_s=plan.handshake_s, ack_every=acks.every, no_ack=acks.no_ack)
         w.start(consumer_worker, broker.port, [queue], load)
         w.collect("consumer", 1, "ready", plan.handshake_s + SLACK_S)
         sampler = CpuSampler([broker.pid, *w.pids])
@@ -293,13 +326,13 @@ def consume(broker: Broker, plan: Plan) -> str:
     if not consumed:
         raise ScenarioError(f"nothing consumed of {filled} ({sub['outcome']})")
     start, last = sub["start_ns"], sub["last_delivery_ns"]
-    return (f"prefetch={plan.prefetch} messages={filled} msgs_per_s={consumed / max(1, last - start) * 1e9:.0f} "
+    return (f"prefetch={plan.prefetch} acks={acks.name} messages={filled} msgs_per_s={consumed / max(1, last - start) * 1e9:.0f} "
             f"{broker_us(sampler, broker.pid, start, last, consumed)} consumed={consumed} remaining={remaining} "
             f"lost={max(0, filled - consumed - remaining)} "
             f"prefill_s={fill_s:.1f} {cpu_fields(sampler, pids, broker.pid, start, last)} drain={sub['outcome']}")
 
 
-def fanout_topic(broker: Broker, plan: Plan) -> str:
+def fanout_topic(broker: Broker, plan: Plan, pattern: Fanout | None = None) -> str:
     exchange = "bench.fanout"
     queues = [f"bench.fanout.q{i:03d}" for i in range(plan.fanout_queues)]
     conn = setup_conn(broker, plan)
@@ -312,17 +345,19 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
                      commands.Queue.BindOk)
     finally:
         conn.close()
+    pattern = pattern or Fanout(ACK_READ, CHANNELS_PER_CONN, plan.fanout_window, plan.fanout_ahead)
     groups = split(queues, FANOUT_PROCS)
     w = Workers(len(groups))  # consumers first: worker i counts into DELIVERED + i
     sampler: CpuSampler | None = None
     try:
         sub_load = SubLoad(plan.prefetch, consume_on_go=False, timeout_s=plan.seconds + 2 * plan.drain_s,
-                           handshake_s=plan.handshake_s, poll_s=FANOUT_POLL_S)
+                           handshake_s=plan.handshake_s, poll_s=FANOUT_POLL_S, ack_every=pattern.acks.every,
+                           no_ack=pattern.acks.no_ack, channels_per_conn=pattern.channels_per_conn)
         for group in groups:
             w.start(consumer_worker, broker.port, group, sub_load)
         w.collect("consumer", len(groups), "ready", plan.handshake_s + SLACK_S)
-        pub_load = PubLoad(exchange, FANOUT_KEY, confirm=True, window=plan.fanout_window, seconds=plan.seconds,
-                           drain_s=plan.drain_s, handshake_s=plan.handshake_s, ahead=plan.fanout_ahead,
+        pub_load = PubLoad(exchange, FANOUT_KEY, confirm=True, window=pattern.window, seconds=plan.seconds,
+                           drain_s=plan.drain_s, handshake_s=plan.handshake_s, ahead=pattern.ahead,
                            consumer_channels=len(queues))
         w.start(publisher_worker, broker.port, 1, pub_load)
         w.collect("publisher", 1, "ready", plan.handshake_s + SLACK_S)
@@ -347,7 +382,9 @@ def fanout_topic(broker: Broker, plan: Plan) -> str:
     expected = pub["confirmed"] * len(queues)
     drain = drain_outcome({r["outcome"] for r in subs})
     elapsed = max(1, last - first) / 1e9
-    return (f"queues={len(queues)} seconds={plan.seconds:g} deliveries_per_s={deliveries / elapsed:.0f} "
+    conns = sum(-(-len(g) // pattern.channels_per_conn) for g in groups)
+    return (f"queues={len(queues)} acks={pattern.acks.name} consumer_conns={conns} window={pattern.window} "
+            f"ahead={pattern.ahead} seconds={plan.seconds:g} deliveries_per_s={deliveries / elapsed:.0f} "
             f"{broker_us(sampler, broker.pid, first, last, deliveries, 'delivery')} "
             f"published_per_s={pub['confirmed'] / elapsed:.0f} sent={pub['sent']} confirmed={pub['confirmed']} "
             f"expected={expected} delivered={deliveries} lost={max(0, expected - deliveries)} "
@@ -398,5 +435,21 @@ def latency(broker: Broker, plan: Plan) -> str:
             + blocked_note([pub]))
 
 
-RUNNERS = {"publish_confirm": publish_confirm, "publish": publish, "consume": consume, "fanout_topic": fanout_topic,
-           "latency": latency}
+# Each consume and fan-out scenario is one client pattern (``Acks``, ``Fanout``): its line says which.
+# fanout_topic's manual acks are what makes RabbitMQ's deliveries dear (persistent messages it
+# must settle in its queue index): a real pattern, kept; fanout_topic_no_ack is the independent
+# generator's (no-ack consumers, 50 queues a connection, 2,000 unconfirmed publishes).
+RUNNERS: dict[str, Callable[[Broker, Plan], str]] = {
+    "publish_confirm": publish_confirm,
+    "publish": publish,
+    "consume": consume,
+    "consume_ack_each": lambda broker, plan: consume(broker, plan, acks=ACK_EACH),
+    "consume_multiple25": lambda broker, plan: consume(broker, plan, acks=ACK_25),
+    "consume_no_ack": lambda broker, plan: consume(broker, plan, acks=NO_ACK),
+    "fanout_topic": fanout_topic,
+    "fanout_topic_ack_each": lambda broker, plan: fanout_topic(
+        broker, plan, Fanout(ACK_EACH, FANOUT_FEW_CONNS, plan.fanout_window, plan.fanout_ahead)),
+    "fanout_topic_no_ack": lambda broker, plan: fanout_topic(
+        broker, plan, Fanout(NO_ACK, FANOUT_FEW_CONNS, 2000, 0)),
+    "latency": latency,
+}

@@ -215,18 +215,27 @@ def copy_properties(properties: commands.Basic.Properties) -> commands.Basic.Pro
     return commands.Basic.Properties(**values)
 
 
-def _shortstr(text: str) -> bytes:
+def shortstr(text: str) -> bytes:
+    """An AMQP short string: a length octet and the UTF-8 bytes (at most 255)."""
     raw = text.encode()
     if len(raw) > 255:
         raise ValueError("a short string is at most 255 bytes")
     return bytes((len(raw),)) + raw
 
+# What a whole delivery packs around its variable parts: basic.deliver's frame head with its
+# class and method ids; the delivery tag and redelivered octet; the method's frame end with the
+# content header's frame head and fixed fields; the header's frame end with the body's frame head.
+_DELIVER_METHOD_HEAD = struct.Struct(">BHIHH")
+_TAG_REDELIVERED = struct.Struct(">QB")
+_END_HEADER_HEAD = struct.Struct(">BBHIHHQ")
+_END_BODY_HEAD = struct.Struct(">BBHI")
+
 
 def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
                   routing_key: str) -> bytes:
     """basic.deliver, byte for byte as pamqp writes it."""
-    payload = b"".join((_BASIC_DELIVER, _shortstr(consumer_tag), struct.pack(">QB", delivery_tag, redelivered),
-                        _shortstr(exchange), _shortstr(routing_key)))
+    payload = b"".join((_BASIC_DELIVER, shortstr(consumer_tag), struct.pack(">QB", delivery_tag, redelivered),
+                        shortstr(exchange), shortstr(routing_key)))
     return _DELIVER_HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + _FRAME_END_BYTE
 
 
@@ -239,6 +248,23 @@ def content_after_method(channel: int, raw_properties: bytes, body: bytes, frame
         chunk = body[start:start + step]
         parts += (_DELIVER_HEAD.pack(FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END_BYTE)
     return b"".join(parts)
+
+
+def delivery(channel: int, consumer_tag: bytes, delivery_tag: int, redelivered: bool, route: bytes,
+             raw_properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """One whole delivery: basic.deliver, its content header and body frames, the same bytes as
+    ``deliver_frame`` + ``content_after_method``; ``consumer_tag`` is already a short string and
+    ``route`` the exchange's and routing key's short strings (both encoded once, not per message)."""
+    size = len(body)
+    if not 0 < size <= frame_max - FRAME_OVERHEAD:
+        return (_DELIVER_METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(route), 60, 60)
+                + consumer_tag + _TAG_REDELIVERED.pack(delivery_tag, redelivered) + route + _FRAME_END_BYTE
+                + content_after_method(channel, raw_properties, body, frame_max))
+    return b"".join((
+        _DELIVER_METHOD_HEAD.pack(FRAME_METHOD, channel, 13 + len(consumer_tag) + len(route), 60, 60),
+        consumer_tag, _TAG_REDELIVERED.pack(delivery_tag, redelivered), route,
+        _END_HEADER_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(raw_properties), 60, 0, size),
+        raw_properties, _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, _FRAME_END_BYTE))
 
 
 HEARTBEAT_FRAME = pframe.marshal(pheartbeat.Heartbeat(), 0)

@@ -44,6 +44,7 @@ from .frames import (
 )
 
 _PUBLISH = commands.Basic.Publish
+_ACK = commands.Basic.Ack
 _CHANNEL_OPEN = commands.Channel.Open
 _NEW = object.__new__
 # property flags of basic's content header, in the order of its property list (bit 15 first)
@@ -197,7 +198,9 @@ class FrameReader:
         if kind == FRAME_METHOD:
             value = _publish(buf, start, end)
             if value is None:
-                value = self._unmarshal(buf, start, end, channel)
+                value = _ack(buf, start, end)
+                if value is None:
+                    value = self._unmarshal(buf, start, end, channel)
             if found is not None:
                 raise connection_error(UNEXPECTED_FRAME, "method frame in the middle of content", channel)
             if isinstance(value, _PUBLISH):
@@ -319,6 +322,19 @@ def _publish(buf: bytearray, start: cython.Py_ssize_t, end: cython.Py_ssize_t) -
     method.routing_key = buf[exchange_end + 1:key_end].decode()
     method.mandatory = bool(bits & 1)
     method.immediate = bool(bits & 2)
+    return method
+
+
+@cython.cfunc
+def _ack(buf: bytearray, start: cython.Py_ssize_t, end: cython.Py_ssize_t) -> object:
+    """basic.ack: class 60, method 80, delivery tag, the multiple bit (a consumer may send one a
+    delivery). A tag with its top bit set (pamqp reads it signed) is left to pamqp."""
+    if (end - start != 13 or buf[start] != 0 or buf[start + 1] != 60 or buf[start + 2] != 0 or buf[start + 3] != 80
+            or buf[start + 4] & 0x80):
+        return None
+    method = _NEW(_ACK)  # (its __init__ validates, pamqp's decoding does not)
+    method.delivery_tag = _u64(buf, start + 4)
+    method.multiple = bool(buf[start + 12] & 1)
     return method
 
 
