@@ -64,7 +64,7 @@ from pyspark.sql.types import StructType
 
 from store.read.columns import BATCH_ROWS, schema_of
 
-from .data_client import ReadingLease, StoreClient, client_for
+from .data_client import RANGES_PER_READ, Fetch, ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue
@@ -129,9 +129,9 @@ def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBat
     """The rows of a planned partition (a queue range or several) with the query's columns, in
     batches of at least ``SHIP_ROWS`` rows (but the last)."""
     if isinstance(part, QueueRanges):
-        yield from joined(batch for one in part.ranges for batch in read_partition(one, columns))
+        yield from joined(read_ranges(part.ranges, columns))
     elif isinstance(part, QueueRange):
-        yield from joined(read_partition(part, columns))
+        yield from joined(read_ranges([part], columns))
     # else an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
 
 
@@ -162,33 +162,52 @@ def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:
 
 
 def read_partition(part: QueueRange, columns: Projection | None = None) -> Iterator[pa.RecordBatch]:
-    """Executor side: the rows of one queue range, in fetches of ``fetch_rows``, with the
-    query's columns (all native ones without ``columns``); only the store columns they need
+    """Executor side: the rows of one queue range (``read_ranges``)."""
+    return read_ranges([part], columns)
+
+
+def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> Iterator[pa.RecordBatch]:
+    """Executor side: the rows of queue ranges (of one connection), in order, with the query's
+    columns (all native ones without ``columns``). The ranges not yet read to their end are
+    asked for together, ``fetch_rows`` rows a request; only the store columns the query needs
     are fetched (``bridge/pruning.py``)."""
     columns = columns or projection(None, KafkaOptions())
     native = schema_of(columns.fetch)
-    client = client_for(part.connection)
-    at = part.start
-    while at < part.end:
-        fetch = client.read(part.queue, at, part.end, part.fetch_rows, columns.fetch)
-        if fetch.first_offset > at:
-            lost_to = min(fetch.first_offset, part.end)
-            data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
-                      f"retention removed them (the earliest offset still stored is {fetch.min_offset})")
-            at = lost_to
-            if not fetch.batches:
-                continue  # the whole fetch was gone: read on from the first offset still stored
-        if fetch.next_offset <= at:
-            if at < part.end:  # the queue no longer reaches the end of the range
-                why = ("the queue is gone from the store" if not fetch.exists else
-                       f"the queue now ends at offset {fetch.max_offset} (was the store replaced or cut?)")
-                data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
-            return
-        for batch in fetch.batches:
-            if not batch.schema.equals(native):
-                batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
-            yield columns.shape(batch, part.queue)
-        at = fetch.next_offset
+    client = client_for(parts[0].connection)
+    pending = [(part, part.start) for part in parts if part.start < part.end]
+    while pending:
+        fetches = client.read_many([(part.queue, at, part.end) for part, at in pending[:RANGES_PER_READ]],
+                                   parts[0].fetch_rows, columns.fetch)
+        assert fetches, "a read of several ranges served none"
+        after = []
+        for (part, at), fetch in zip(pending, fetches):
+            at, batches = advance(part, at, fetch)
+            for batch in batches:
+                if not batch.schema.equals(native):
+                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
+                yield columns.shape(batch, part.queue)
+            if at < part.end:
+                after.append((part, at))
+        pending = after + pending[len(fetches):]
+
+
+def advance(part: QueueRange, at: int, fetch: Fetch) -> tuple[int, list[pa.RecordBatch]]:
+    """Where a range read up to ``at`` goes on after ``fetch`` (its end: nothing more to read),
+    and the fetch's rows. Offsets lost meanwhile are reported (``data_loss``) and skipped."""
+    if fetch.first_offset > at:
+        lost_to = min(fetch.first_offset, part.end)
+        data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
+                  f"retention removed them (the earliest offset still stored is {fetch.min_offset})")
+        at = lost_to
+        if not fetch.batches:
+            return at, []  # the whole fetch was gone: read on from the first offset still stored
+    if fetch.next_offset <= at:
+        if at < part.end:  # the queue no longer reaches the end of the range
+            why = ("the queue is gone from the store" if not fetch.exists else
+                   f"the queue now ends at offset {fetch.max_offset} (was the store replaced or cut?)")
+            data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
+        return part.end, []
+    return fetch.next_offset, fetch.batches
 
 
 def past_end(queue: str, start: int, high: int) -> None:

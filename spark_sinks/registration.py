@@ -11,10 +11,15 @@ a ``ConcurrentHashMap``, whose serialised form stays whole under concurrent writ
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSource
+
 DATA_SOURCE_CLASS = "org.apache.spark.sql.execution.datasources.v2.python.UserDefinedPythonDataSource"
 
 
-def register_data_source(spark, source_class: type) -> None:
+def register_data_source(spark, source_class: type[DataSource]) -> None:
     """As ``spark.dataSource.register(source_class)``, with an environment map that is safe to
     serialise while Spark writes to it."""
     from pyspark.core.rdd import _prepare_for_python_RDD
