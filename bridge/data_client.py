@@ -87,8 +87,20 @@ class Fetch:
     exists: bool = True
 
 
+@dataclass(slots=True)
+class TopicListing:
+    """Topic queues the filters match, with (first readable, next) offsets: all of them
+    (``complete``), or those that changed since the listing whose ``cursor`` was asked with.
+    ``cursor`` (None: the client offers none) is what to ask the next listing with."""
+
+    queues: dict[str, tuple[int, int]]
+    cursor: str | None = None
+    complete: bool = True
+
+
 class StoreClient(Protocol):
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing: ...
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
@@ -193,8 +205,17 @@ class HttpClient:
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
         """(first readable, next) offset of each topic queue the filters match and the
         connection's user may read (``gateway/http/data_topics.py``)."""
-        answer = self._json("POST", "/data/topics", {"topicFilters": topic_filters})["queues"]
-        return {row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer}
+        return self.topic_listing(topic_filters).queues
+
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
+        """``topic_queues``, or with ``since`` (an earlier listing's cursor) those that got
+        messages since then, unless the gateway answers with all (``complete``)."""
+        body: dict[str, Any] = {"topicFilters": topic_filters}
+        if since is not None:
+            body["since"] = since
+        answer = self._json("POST", "/data/topics", body)
+        return TopicListing({row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer["queues"]},
+                            answer.get("cursor"), answer.get("complete", True))
 
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
         """Tell the gateway the filters' topic queues are read, for ``lease_s`` (a reader-only
@@ -283,6 +304,10 @@ class DirectClient:
         names = matching_topic_queues(topic_filters, self.reader.index.iter_names)
         found = {name: self.reader.offsets(name) for name in names}
         return {name: offsets for name, offsets in found.items() if offsets is not None}
+
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
+        """Always every queue (the files keep no record of what changed)."""
+        return TopicListing(self.topic_queues(topic_filters))
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()

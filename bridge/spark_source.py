@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -122,6 +123,8 @@ class QueueRanges(InputPartition):
 # 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
 # batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
 SHIP_ROWS = BATCH_ROWS
+# A stream lists its filter's topic queues in full this often (in between: what changed)
+FULL_LISTING_S = 30.0
 SHIP_BYTES = 32 << 20
 
 
@@ -226,6 +229,9 @@ class _Planner:
         self.options = options
         self._matched: bool | None = None  # did the topicFilter match a topic when last listed?
         self._last: dict[str, tuple[int, int]] | None = None  # the stream's listing of this trigger
+        self._known: dict[str, tuple[int, int]] | None = None  # the filter's queues as last listed
+        self._cursor: str | None = None  # ... and the cursor to ask for what changed since
+        self._full_at = 0.0  # when the filter's queues were last listed in full (monotonic)
 
     def listed(self) -> dict[str, tuple[int, int]]:
         """The offsets the stream's latestOffset listed in this trigger, or fresh ones (a query
@@ -254,8 +260,20 @@ class _Planner:
         return {q: o if o is not None else (0, 0) for q, o in found.items()}
 
     def _filter_offsets(self) -> dict[str, tuple[int, int]]:
+        """The filter's topic queues: what changed since the last listing merged into it (the
+        gateway's ``since``), all of them every ``FULL_LISTING_S`` (first offsets move with
+        retention, removed queues leave no change behind) or when the gateway says so."""
         filters = self.options.topic_filters
-        found = self.client.topic_queues(list(filters))
+        now = time.monotonic()
+        incremental = self._known is not None and self._cursor is not None and now - self._full_at < FULL_LISTING_S
+        listing = self.client.topic_listing(list(filters), self._cursor if incremental else None)
+        if listing.complete:
+            self._known, self._full_at = dict(listing.queues), now
+        else:
+            assert self._known is not None
+            self._known.update(listing.queues)
+        self._cursor = listing.cursor
+        found = dict(self._known)
         matched = bool(found)
         if matched != self._matched:  # said once, and again when it changes
             if matched:
@@ -271,8 +289,8 @@ class _Planner:
                         found[queue] = (0, 0)
         return found
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_last": None}  # (a listing may be large: executors need none)
+    def __getstate__(self) -> dict:  # (a listing may be large: executors need none)
+        return {**self.__dict__, "_last": None, "_known": None, "_cursor": None}
 
     def check_checkpoint(self, offsets: dict, what: str) -> None:
         """A filter query's offsets from Spark (checkpoint) must be those of its topic queues."""
