@@ -1,7 +1,7 @@
 """Restart loop of a two-query Spark job over the ``tidemq`` source: how many restarts fail, and
 whether the outputs stay exact.
 
-    python -m loadtest.spark_restarts [--restarts N] [--fresh-jvm] [--readings N] [--out FILE]
+    python -m loadtest.spark_restarts [--restarts N] [--budget-s S] [--fresh-jvm] [--readings N] [--out FILE]
 
 The job (``spark_telemetry.py``'s telemetry readings, ``sensors/+/+/temp``, ``schema=kafka``)
 has two streaming queries over the source, each with its own checkpoint: the per-site 1-minute
@@ -118,6 +118,8 @@ def check(spark, work: Path, readings: int) -> tuple[bool, bool, str]:
 def main() -> None:
     parser = runner.parser(__doc__)
     parser.add_argument("--restarts", type=int, default=15)
+    parser.add_argument("--budget-s", type=float, default=480, help="no restart begins after this many seconds "
+                        "(the drain and the checks follow)")
     parser.add_argument("--readings", type=int, default=60_000, help="stored before the first start")
     parser.add_argument("--more", type=int, default=4_000, help="readings stored at each restart")
     parser.add_argument("--fresh-jvm", action="store_true", help="a new driver per restart, killed with -9")
@@ -140,7 +142,12 @@ def main() -> None:
 
         failed: list[str] = []
         rng = random.Random(36)
+        began = time.monotonic()
+        restarts = 0
         for i in range(args.restarts):
+            if time.monotonic() - began > args.budget_s:
+                break
+            restarts += 1
             seconds = rng.uniform(1, 4)
             if args.fresh_jvm:
                 proc = subprocess.Popen([sys.executable, "-m", "loadtest.spark_restarts", "--child", str(tmp),
@@ -163,7 +170,7 @@ def main() -> None:
         for q in start_queries(spark, address, tmp, available_now=True):
             q.awaitTermination()
         raw_ok, windows_ok, detail = check(spark, tmp, stored)
-        out.emit(f"spark_restarts restarts={args.restarts} failed={len(failed)} "
+        out.emit(f"spark_restarts restarts={restarts} failed={len(failed)} "
                  f"mode={'fresh-jvm' if args.fresh_jvm else 'session'} readings={stored} "
                  f"raw_exact={'yes' if raw_ok else 'no'} windows_exact={'yes' if windows_ok else 'no'} {detail}")
         for error in sorted(set(failed)):
