@@ -123,6 +123,9 @@ class QueueRanges(InputPartition):
 # 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
 # batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
 SHIP_ROWS = BATCH_ROWS
+# Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
+# topic ranges packed into one task would leave all but one core idle
+STREAM_TASK_ROWS = 16_384
 # A stream lists its filter's topic queues in full this often (in between: what changed)
 FULL_LISTING_S = 30.0
 SHIP_BYTES = 32 << 20
@@ -324,7 +327,9 @@ class _Planner:
                 out[queue] = min(low, stop)
         return out
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int], *, stream: bool = False) -> list[InputPartition]:
+        """The ranges [start, end) as partitions; a stream's micro-batch without ``minPartitions``
+        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it."""
         opts = self.options
         if opts.kafka.schema == "kafka":
             check_partitions(end)
@@ -333,6 +338,8 @@ class _Planner:
         size = opts.max_records_per_partition
         if opts.min_partitions and total:
             size = max(1, min(size, math.ceil(total / opts.min_partitions)))
+        elif stream:
+            size = min(size, STREAM_TASK_ROWS)
         parts: list[QueueRange] = []
         for queue, s, e in ranges:
             pieces = math.ceil((e - s) / size)
@@ -466,7 +473,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a queue new to the query starts at its earliest offset (as latestOffset planned it)
         first = {q: start[q] if q in start else offsets.get(q, (0, 0))[0] for q in end}
         begin = self.planner.check_start(first, end, offsets)
-        return self.planner.partitions({**start, **begin}, end)
+        return self.planner.partitions({**start, **begin}, end, stream=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_any(partition, self.columns)

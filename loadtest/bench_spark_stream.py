@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--per-trigger", type=int, default=50_000)
     parser.add_argument("--sources", default="tidemq,file")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--min-partitions", type=int, help="the tidemq source's minPartitions")
     args = parser.parse_args()
     total = 50_000 if args.quick else args.readings
     out = runner.Lines(args.out)
@@ -138,7 +139,8 @@ def main() -> None:
         spark = start_spark(MASTERS[args.mode])
         for source in args.sources.split(","):
             if source == "tidemq":
-                df = parsed(tidemq_readings(spark, address, args.per_trigger))
+                extra = {"minPartitions": str(args.min_partitions)} if args.min_partitions else {}
+                df = parsed(tidemq_readings(spark, address, args.per_trigger, **extra))
             else:
                 df = file_readings(spark, tmp / "files", args.per_trigger)
             progress = run(spark, f"{source}_averages", df, total, 600)

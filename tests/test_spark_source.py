@@ -491,3 +491,22 @@ def test_short_ranges_reach_spark_joined_in_order_and_full_batches_as_they_are()
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(40_005 + SHIP_ROWS))
     assert next(joined(iter([full]))) is full
     assert list(joined(iter([]))) == []
+
+
+def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
+    """Without minPartitions a micro-batch of many short topic ranges is a few tasks of at most
+    STREAM_TASK_ROWS rows (every range once, in order), not one task; minPartitions decides
+    when given."""
+    from bridge.spark_source import STREAM_TASK_ROWS, TideMQStreamReader
+
+    def planned(extra: dict[str, str]) -> list[list[tuple[str, int, int]]]:
+        reader = TideMQStreamReader(SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "d/+", **extra}))
+        queues = {f"t:d/{i:03d}": (0, 500) for i in range(100)}  # 50,000 rows in 100 ranges
+        reader.planner._last = queues
+        parts = reader.partitions({q: 0 for q in queues}, {q: 500 for q in queues})
+        return [[(r.queue, r.start, r.end) for r in getattr(p, "ranges", [p])] for p in parts]
+
+    tasks = planned({})
+    assert len(tasks) == 4 and all(sum(e - s for _, s, e in t) <= STREAM_TASK_ROWS for t in tasks)
+    assert [r for t in tasks for r in t] == [(f"t:d/{i:03d}", 0, 500) for i in range(100)]
+    assert len(planned({"minPartitions": "2"})) == 2
