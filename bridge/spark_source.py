@@ -15,8 +15,9 @@ topics that start matching while it runs at their earliest offset (``bridge/plan
 
 Partitions: queue ranges longer than ``maxRecordsPerPartition`` (or than needed for
 ``minPartitions``) split, so executors read in parallel, and consecutive short ranges share a
-partition up to that size (many topics with a few messages each make a few tasks); ``read()``
-yields Arrow record batches built without per-row Python work (``store/read/columns.py``).
+partition up to that size (many topics with a few messages each make a few tasks; a stream's
+micro-batch, ``STREAM_TASK_ROWS``), and a task asks for its ranges together (``read_ranges``);
+``read()`` yields Arrow record batches built without per-row Python work (``store/read/columns.py``).
 
 Data loss (retention removed offsets a query still needs, or a queue now ends before an offset
 the query has already read): with ``failOnDataLoss`` true (default) the query fails with
@@ -123,12 +124,12 @@ class QueueRanges(InputPartition):
 # 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
 # batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
 SHIP_ROWS = BATCH_ROWS
+SHIP_BYTES = 32 << 20
 # Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
 # topic ranges packed into one task would leave all but one core idle
 STREAM_TASK_ROWS = 16_384
 # A stream lists its filter's topic queues in full this often (in between: what changed)
 FULL_LISTING_S = 30.0
-SHIP_BYTES = 32 << 20
 
 
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
