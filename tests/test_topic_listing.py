@@ -226,3 +226,18 @@ def test_stream_merges_what_changed_into_its_listing_and_lists_all_now_and_then(
     client.topics = {"t:a/1": (3, 7), "t:a/2": (0, 5), "t:a/3": (1, 2)}
     assert reader.latestOffset(end, ReadAllAvailable()) == {"t:a/1": 7, "t:a/2": 5, "t:a/3": 2}
     assert client.full == 2
+
+
+def test_changes_older_than_what_is_remembered_ask_for_a_full_listing(monkeypatch) -> None:
+    from gateway.http import topic_changes
+
+    monkeypatch.setattr(topic_changes, "MAX_TRACKED", 2)
+    listeners = []
+    changes = topic_changes.TopicChanges()
+    old = changes.cursor(listeners.append)
+    for queue in ("t:a", "t:b", "w:x", "t:c"):
+        listeners[0]({queue: 1})
+    assert changes.since(old) is None  # t:a's change is forgotten: the reader must list all
+    recent = changes.cursor(listeners.append)
+    listeners[0]({"t:b": 2})
+    assert changes.since(recent) == ["t:b"] and len(listeners) == 1

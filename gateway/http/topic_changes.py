@@ -17,6 +17,7 @@ from collections.abc import Callable
 from protocols.queue_names import TOPIC_QUEUE_PREFIX
 
 Listen = Callable[[Callable[[dict[str, int]], None]], None]
+MAX_TRACKED = 1_000_000  # topic queues remembered; older changes are forgotten (their cursors list all)
 
 
 class TopicChanges:
@@ -27,6 +28,7 @@ class TopicChanges:
         self.epoch = secrets.token_hex(6)
         self._seq = 0
         self._changed: OrderedDict[str, int] = OrderedDict()
+        self._forgotten = 0  # changes up to this count are no longer all remembered
         self._listening = False
 
     def cursor(self, listen: Listen) -> str:
@@ -43,12 +45,16 @@ class TopicChanges:
             if queue.startswith(TOPIC_QUEUE_PREFIX):
                 changed[queue] = self._seq
                 changed.move_to_end(queue)
+        while len(changed) > MAX_TRACKED:  # (queues removed long ago, mostly)
+            _, self._forgotten = changed.popitem(last=False)
 
     def since(self, cursor: str) -> list[str] | None:
         """The topic queues changed after ``cursor``, sorted; None when the cursor is not one of
         this gateway's since it listens (the reader must list everything)."""
         epoch, _, seq = cursor.partition(":")
         if not self._listening or epoch != self.epoch or not seq.isdigit() or int(seq) > self._seq:
+            return None
+        if int(seq) < self._forgotten:
             return None
         after = int(seq)
         found = []
