@@ -2,8 +2,8 @@
 source and the same job over Spark's file stream source (the same readings as JSON files), in
 one Spark session.
 
-    python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N]
-                                          [--per-trigger N] [--sources tidemq,file] [--out FILE]
+    python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
+                                          [--sources tidemq,file] [--min-partitions N] [--profile] [--out FILE]
 
 A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
 (200,000) straight into its store, 1,000 devices on 10 sites; the same readings are written as
