@@ -41,7 +41,8 @@ log = logging.getLogger("tidemq.spark")
 
 TIMEOUT_S = 60.0
 RETRY_BACKOFF_S = (0.25, 5.0)  # first and longest wait between attempts (doubling)
-RETRY_STATUSES = frozenset({502, 503, 504})  # the gateway (or a proxy in front) is starting or stopping
+RETRY_STATUSES = frozenset({502, 503, 504})
+RANGES_PER_READ = 10_000  # the most ranges a gateway serves in one POST /data/read  # the gateway (or a proxy in front) is starting or stopping
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +87,27 @@ class Fetch:
     exists: bool = True
 
 
+@dataclass(slots=True)
+class TopicListing:
+    """Topic queues the filters match, with (first readable, next) offsets: all of them
+    (``complete``), or those that changed since the listing whose ``cursor`` was asked with.
+    ``cursor`` (None: the client offers none) is what to ask the next listing with."""
+
+    queues: dict[str, tuple[int, int]]
+    cursor: str | None = None
+    complete: bool = True
+
+
 class StoreClient(Protocol):
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing: ...
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool: ...
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]: ...
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]: ...
     def read(self, queue: str, start: int, end: int, max_rows: int,
              columns: tuple[str, ...] | None = None) -> Fetch: ...
+    def read_many(self, ranges: list[tuple[str, int, int]], max_rows: int,
+                  columns: tuple[str, ...] | None = None) -> list[Fetch]: ...
     def close(self) -> None: ...
 
 
@@ -190,8 +205,17 @@ class HttpClient:
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
         """(first readable, next) offset of each topic queue the filters match and the
         connection's user may read (``gateway/http/data_topics.py``)."""
-        answer = self._json("POST", "/data/topics", {"topicFilters": topic_filters})["queues"]
-        return {row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer}
+        return self.topic_listing(topic_filters).queues
+
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
+        """``topic_queues``, or with ``since`` (an earlier listing's cursor) those that got
+        messages since then, unless the gateway answers with all (``complete``)."""
+        body: dict[str, Any] = {"topicFilters": topic_filters}
+        if since is not None:
+            body["since"] = since
+        answer = self._json("POST", "/data/topics", body)
+        return TopicListing({row["queue"]: (row["min_offset"], row["max_offset"]) for row in answer["queues"]},
+                            answer.get("cursor"), answer.get("complete", True))
 
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
         """Tell the gateway the filters' topic queues are read, for ``lease_s`` (a reader-only
@@ -230,6 +254,36 @@ class HttpClient:
         return Fetch(int(header("TideMQ-First-Offset")), int(header("TideMQ-Next-Offset")),
                      int(header("TideMQ-Min-Offset")), int(header("TideMQ-Max-Offset")), batches)
 
+    def read_many(self, ranges: list[tuple[str, int, int]], max_rows: int,
+                  columns: tuple[str, ...] | None = None) -> list[Fetch]:
+        """Several ranges (queue, start, end) in one request, up to ``max_rows`` rows in all: a
+        Fetch for each range served, in order (a prefix of ``ranges``: ask again for the rest)."""
+        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows}
+        if columns is not None:
+            body["columns"] = list(columns)
+        status, _, data = self._request("POST", "/data/read", body)
+        if status == 405:  # a gateway from before POST /data/read: the first range alone
+            return [self.read(*ranges[0], max_rows, columns)]
+        if status != 200:
+            raise SourceError(f"tidemq source: reading {len(ranges)} ranges from {self.url} failed with {status}: "
+                              f"{error_text(data)}")
+        size = int.from_bytes(data[:4], "big")
+        served = json.loads(data[4:4 + size])["ranges"]
+        batches = iter(pa.ipc.open_stream(pa.py_buffer(memoryview(data)[4 + size:])))
+        out = []
+        for (queue, start, _), meta in zip(ranges, served):
+            if meta is None:
+                out.append(Fetch(start, start, 0, 0, exists=False))
+                continue
+            fetch = Fetch(meta["first"], meta["next"], meta["min"], meta["max"])
+            rows = 0
+            while rows < meta["rows"]:  # (no batch holds rows of two ranges)
+                batch = next(batches)
+                fetch.batches.append(batch)
+                rows += batch.num_rows
+            out.append(fetch)
+        return out
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -250,6 +304,10 @@ class DirectClient:
         names = matching_topic_queues(topic_filters, self.reader.index.iter_names)
         found = {name: self.reader.offsets(name) for name in names}
         return {name: offsets for name, offsets in found.items() if offsets is not None}
+
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
+        """Always every queue (the files keep no record of what changed)."""
+        return TopicListing(self.topic_queues(topic_filters))
 
     def offsets(self, queues: list[str]) -> dict[str, tuple[int, int] | None]:
         self.reader.refresh()
@@ -288,6 +346,18 @@ class DirectClient:
         found = store_columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor,
                                          store_columns.schema_of(columns), topic_of_queue(queue))
         return Fetch(found.first_offset, found.next_offset, low, state.next_offset, found.batches)
+
+    def read_many(self, ranges: list[tuple[str, int, int]], max_rows: int,
+                  columns: tuple[str, ...] | None = None) -> list[Fetch]:
+        """As ``HttpClient.read_many``, one range after the other from the files."""
+        out: list[Fetch] = []
+        for queue, start, end in ranges:
+            if max_rows <= 0:
+                break
+            fetch = self.read(queue, start, end, max_rows, columns)
+            max_rows -= fetch.next_offset - fetch.first_offset
+            out.append(fetch)
+        return out
 
     def close(self) -> None:
         self.reader.close()

@@ -15,8 +15,9 @@ topics that start matching while it runs at their earliest offset (``bridge/plan
 
 Partitions: queue ranges longer than ``maxRecordsPerPartition`` (or than needed for
 ``minPartitions``) split, so executors read in parallel, and consecutive short ranges share a
-partition up to that size (many topics with a few messages each make a few tasks); ``read()``
-yields Arrow record batches built without per-row Python work (``store/read/columns.py``).
+partition up to that size (many topics with a few messages each make a few tasks; a stream's
+micro-batch, ``STREAM_TASK_ROWS``), and a task asks for its ranges together (``read_ranges``);
+``read()`` yields Arrow record batches built without per-row Python work (``store/read/columns.py``).
 
 Data loss (retention removed offsets a query still needs, or a queue now ends before an offset
 the query has already read): with ``failOnDataLoss`` true (default) the query fails with
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -64,7 +66,7 @@ from pyspark.sql.types import StructType
 
 from store.read.columns import BATCH_ROWS, schema_of
 
-from .data_client import ReadingLease, StoreClient, client_for
+from .data_client import RANGES_PER_READ, Fetch, ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue
@@ -123,15 +125,20 @@ class QueueRanges(InputPartition):
 # batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
 SHIP_ROWS = BATCH_ROWS
 SHIP_BYTES = 32 << 20
+# Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
+# topic ranges packed into one task would leave all but one core idle
+STREAM_TASK_ROWS = 16_384
+# A stream lists its filter's topic queues in full this often (in between: what changed)
+FULL_LISTING_S = 30.0
 
 
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
     """The rows of a planned partition (a queue range or several) with the query's columns, in
     batches of at least ``SHIP_ROWS`` rows (but the last)."""
     if isinstance(part, QueueRanges):
-        yield from joined(batch for one in part.ranges for batch in read_partition(one, columns))
+        yield from joined(read_ranges(part.ranges, columns))
     elif isinstance(part, QueueRange):
-        yield from joined(read_partition(part, columns))
+        yield from joined(read_ranges([part], columns))
     # else an empty plan (start == end everywhere): PySpark runs one InputPartition(None) instead
 
 
@@ -162,33 +169,52 @@ def data_loss(queue: str, start: int, end: int, fail: bool, why: str) -> None:
 
 
 def read_partition(part: QueueRange, columns: Projection | None = None) -> Iterator[pa.RecordBatch]:
-    """Executor side: the rows of one queue range, in fetches of ``fetch_rows``, with the
-    query's columns (all native ones without ``columns``); only the store columns they need
+    """Executor side: the rows of one queue range (``read_ranges``)."""
+    return read_ranges([part], columns)
+
+
+def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> Iterator[pa.RecordBatch]:
+    """Executor side: the rows of queue ranges (of one connection), in order, with the query's
+    columns (all native ones without ``columns``). The ranges not yet read to their end are
+    asked for together, ``fetch_rows`` rows a request; only the store columns the query needs
     are fetched (``bridge/pruning.py``)."""
     columns = columns or projection(None, KafkaOptions())
     native = schema_of(columns.fetch)
-    client = client_for(part.connection)
-    at = part.start
-    while at < part.end:
-        fetch = client.read(part.queue, at, part.end, part.fetch_rows, columns.fetch)
-        if fetch.first_offset > at:
-            lost_to = min(fetch.first_offset, part.end)
-            data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
-                      f"retention removed them (the earliest offset still stored is {fetch.min_offset})")
-            at = lost_to
-            if not fetch.batches:
-                continue  # the whole fetch was gone: read on from the first offset still stored
-        if fetch.next_offset <= at:
-            if at < part.end:  # the queue no longer reaches the end of the range
-                why = ("the queue is gone from the store" if not fetch.exists else
-                       f"the queue now ends at offset {fetch.max_offset} (was the store replaced or cut?)")
-                data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
-            return
-        for batch in fetch.batches:
-            if not batch.schema.equals(native):
-                batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
-            yield columns.shape(batch, part.queue)
-        at = fetch.next_offset
+    client = client_for(parts[0].connection)
+    pending = [(part, part.start) for part in parts if part.start < part.end]
+    while pending:
+        fetches = client.read_many([(part.queue, at, part.end) for part, at in pending[:RANGES_PER_READ]],
+                                   parts[0].fetch_rows, columns.fetch)
+        assert fetches, "a read of several ranges served none"
+        after = []
+        for (part, at), fetch in zip(pending, fetches):
+            at, batches = advance(part, at, fetch)
+            for batch in batches:
+                if not batch.schema.equals(native):
+                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
+                yield columns.shape(batch, part.queue)
+            if at < part.end:
+                after.append((part, at))
+        pending = after + pending[len(fetches):]
+
+
+def advance(part: QueueRange, at: int, fetch: Fetch) -> tuple[int, list[pa.RecordBatch]]:
+    """Where a range read up to ``at`` goes on after ``fetch`` (its end: nothing more to read),
+    and the fetch's rows. Offsets lost meanwhile are reported (``data_loss``) and skipped."""
+    if fetch.first_offset > at:
+        lost_to = min(fetch.first_offset, part.end)
+        data_loss(part.queue, at, lost_to, part.fail_on_data_loss,
+                  f"retention removed them (the earliest offset still stored is {fetch.min_offset})")
+        at = lost_to
+        if not fetch.batches:
+            return at, []  # the whole fetch was gone: read on from the first offset still stored
+    if fetch.next_offset <= at:
+        if at < part.end:  # the queue no longer reaches the end of the range
+            why = ("the queue is gone from the store" if not fetch.exists else
+                   f"the queue now ends at offset {fetch.max_offset} (was the store replaced or cut?)")
+            data_loss(part.queue, at, part.end, part.fail_on_data_loss, why)
+        return part.end, []
+    return fetch.next_offset, fetch.batches
 
 
 def past_end(queue: str, start: int, high: int) -> None:
@@ -207,6 +233,9 @@ class _Planner:
         self.options = options
         self._matched: bool | None = None  # did the topicFilter match a topic when last listed?
         self._last: dict[str, tuple[int, int]] | None = None  # the stream's listing of this trigger
+        self._known: dict[str, tuple[int, int]] | None = None  # the filter's queues as last listed
+        self._cursor: str | None = None  # ... and the cursor to ask for what changed since
+        self._full_at = 0.0  # when the filter's queues were last listed in full (monotonic)
 
     def listed(self) -> dict[str, tuple[int, int]]:
         """The offsets the stream's latestOffset listed in this trigger, or fresh ones (a query
@@ -235,8 +264,20 @@ class _Planner:
         return {q: o if o is not None else (0, 0) for q, o in found.items()}
 
     def _filter_offsets(self) -> dict[str, tuple[int, int]]:
+        """The filter's topic queues: what changed since the last listing merged into it (the
+        gateway's ``since``), all of them every ``FULL_LISTING_S`` (first offsets move with
+        retention, removed queues leave no change behind) or when the gateway says so."""
         filters = self.options.topic_filters
-        found = self.client.topic_queues(list(filters))
+        now = time.monotonic()
+        incremental = self._known is not None and self._cursor is not None and now - self._full_at < FULL_LISTING_S
+        listing = self.client.topic_listing(list(filters), self._cursor if incremental else None)
+        if listing.complete:
+            self._known, self._full_at = dict(listing.queues), now
+        else:
+            assert self._known is not None
+            self._known.update(listing.queues)
+        self._cursor = listing.cursor
+        found = dict(self._known)
         matched = bool(found)
         if matched != self._matched:  # said once, and again when it changes
             if matched:
@@ -252,8 +293,8 @@ class _Planner:
                         found[queue] = (0, 0)
         return found
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_last": None}  # (a listing may be large: executors need none)
+    def __getstate__(self) -> dict:  # (a listing may be large: executors need none)
+        return {**self.__dict__, "_last": None, "_known": None, "_cursor": None}
 
     def check_checkpoint(self, offsets: dict, what: str) -> None:
         """A filter query's offsets from Spark (checkpoint) must be those of its topic queues."""
@@ -287,7 +328,9 @@ class _Planner:
                 out[queue] = min(low, stop)
         return out
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int], *, stream: bool = False) -> list[InputPartition]:
+        """The ranges [start, end) as partitions; a stream's micro-batch without ``minPartitions``
+        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it."""
         opts = self.options
         if opts.kafka.schema == "kafka":
             check_partitions(end)
@@ -296,6 +339,8 @@ class _Planner:
         size = opts.max_records_per_partition
         if opts.min_partitions and total:
             size = max(1, min(size, math.ceil(total / opts.min_partitions)))
+        elif stream:
+            size = min(size, STREAM_TASK_ROWS)
         parts: list[QueueRange] = []
         for queue, s, e in ranges:
             pieces = math.ceil((e - s) / size)
@@ -429,7 +474,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a queue new to the query starts at its earliest offset (as latestOffset planned it)
         first = {q: start[q] if q in start else offsets.get(q, (0, 0))[0] for q in end}
         begin = self.planner.check_start(first, end, offsets)
-        return self.planner.partitions({**start, **begin}, end)
+        return self.planner.partitions({**start, **begin}, end, stream=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_any(partition, self.columns)

@@ -14,6 +14,10 @@ use them; sources that do not are unaffected. A query planned in a thread where 
 not active (a thread pool's, as ``asyncio.to_thread``) reads Spark's defaults instead of the
 session's settings, so set it when building the session as well
 (``.config("spark.sql.python.filterPushdown.enabled", "true")``), as ``tests/spark_support.py`` does.
+
+It registers the format through ``registration.py`` rather than ``spark.dataSource.register``:
+several streaming queries over the format in one driver (each started from its checkpoint) must
+not break each other's tasks, which PySpark's own registration allows.
 """
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -21,7 +25,8 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 def register(spark) -> None:
     """Register the ``tidemq`` data source (read and write) with a SparkSession."""
+    from .registration import register_data_source
     from .writer import TideMQDataSource
 
-    spark.dataSource.register(TideMQDataSource)
+    register_data_source(spark, TideMQDataSource)
     spark.conf.set(PUSHDOWN_CONF, "true")

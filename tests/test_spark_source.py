@@ -26,10 +26,14 @@ from bridge.spark_source import (
     SHIP_ROWS,
     DataLossError,
     QueueRange,
+    QueueRanges,
     joined,
     rate_limit,
+    read_any,
     read_partition,
 )
+from bridge.kafka_options import KafkaOptions
+from bridge.pruning import projection
 from store.read.columns import ARROW_SCHEMA
 from store.read.readonly import StoreReader
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
@@ -159,6 +163,59 @@ async def test_read_api_serves_arrow_and_respects_the_admin_token(data_dir: Path
             async with http.get(f"{base}/data/read", params={"queue": "t:nope", "start": 0},
                                 headers=auth) as response:
                 assert response.status == 404
+
+
+async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> None:
+    """POST /data/read: the ranges in order up to max_rows in all (a prefix served, the last one
+    perhaps in part), a queue not in the store as null, the caller's read rights checked."""
+    async with spark_gateway(data_dir, admin_token="s3cret") as gw:
+        await publish(gw, 0, 40)  # 10 messages on each of the 4 topics
+        base = "http://{}:{}".format(*gw.metrics_address)
+        auth = {"Authorization": "Bearer s3cret"}
+        ranges = [["t:devices/1/telemetry", 2, 5], ["t:nope", 0, 3], ["t:devices/3/telemetry", 0, 10],
+                  ["t:devices/0/telemetry", 0, 10]]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/data/read", json={"ranges": ranges}) as response:
+                assert response.status == 401
+            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8,
+                                                            "columns": ["topic", "offset", "payload"]},
+                                 headers=auth) as response:
+                assert response.status == 200
+                body = await response.read()
+            async with http.post(f"{base}/data/read", json={"ranges": "t:a"}, headers=auth) as response:
+                assert response.status == 400
+        size = int.from_bytes(body[:4], "big")
+        assert json.loads(body[4:4 + size]) == {"ranges": [
+            {"first": 2, "next": 5, "min": 0, "max": 10, "rows": 3}, None,
+            {"first": 0, "next": 5, "min": 0, "max": 10, "rows": 5}]}  # 8 rows in all: devices/0 not served
+        table = pa.ipc.open_stream(body[4 + size:]).read_all()
+        assert sorted(table.column_names) == ["offset", "payload", "topic"]  # (in the store schema's order)
+        assert list(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist())) == [
+            (topic(1), 2), (topic(1), 3), (topic(1), 4), *((topic(3), o) for o in range(5))]
+        assert table.column("payload").to_pylist()[:3] == [payload(i) for i in (9, 13, 17)]
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_short_ranges_of_a_partition_are_read_together_exactly(data_dir: Path, mode: str) -> None:
+    """A partition of many short ranges (QueueRanges) reads them in requests of several ranges,
+    fetchRows rows a request: every offset once, in the planned order, lost offsets reported."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 40)
+        await flush_index(gw)
+        conn = SourceOptions.parse({**connection(gw, mode), "queues": "t:a"}).connection
+        planned = [("t:devices/2/telemetry", 3, 10), ("t:devices/0/telemetry", 0, 4), ("t:devices/1/telemetry", 5, 6),
+                   ("t:devices/3/telemetry", 0, 10)]
+
+        def read(ranges) -> list[tuple[str, int]]:
+            parts = QueueRanges([QueueRange(q, s, e, conn, True, fetch_rows=4) for q, s, e in ranges])
+            return [(t, o) for batch in read_any(parts, projection(None, KafkaOptions()))
+                    for t, o in zip(batch.column("topic").to_pylist(), batch.column("offset").to_pylist())]
+
+        assert await asyncio.to_thread(read, planned) == [
+            (q.removeprefix("t:"), o) for q, s, e in planned for o in range(s, e)]
+        with pytest.raises(DataLossError, match="t:devices/9/telemetry"):
+            await asyncio.to_thread(read, [*planned, ("t:devices/9/telemetry", 0, 2)])
+        close_clients()
 
 
 async def test_store_reader_reads_while_the_gateway_writes_and_changes_nothing(data_dir: Path) -> None:
@@ -434,3 +491,22 @@ def test_short_ranges_reach_spark_joined_in_order_and_full_batches_as_they_are()
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(40_005 + SHIP_ROWS))
     assert next(joined(iter([full]))) is full
     assert list(joined(iter([]))) == []
+
+
+def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
+    """Without minPartitions a micro-batch of many short topic ranges is a few tasks of at most
+    STREAM_TASK_ROWS rows (every range once, in order), not one task; minPartitions decides
+    when given."""
+    from bridge.spark_source import STREAM_TASK_ROWS, TideMQStreamReader
+
+    def planned(extra: dict[str, str]) -> list[list[tuple[str, int, int]]]:
+        reader = TideMQStreamReader(SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "d/+", **extra}))
+        queues = {f"t:d/{i:03d}": (0, 500) for i in range(100)}  # 50,000 rows in 100 ranges
+        reader.planner._last = queues
+        parts = reader.partitions({q: 0 for q in queues}, {q: 500 for q in queues})
+        return [[(r.queue, r.start, r.end) for r in getattr(p, "ranges", [p])] for p in parts]
+
+    tasks = planned({})
+    assert len(tasks) == 4 and all(sum(e - s for _, s, e in t) <= STREAM_TASK_ROWS for t in tasks)
+    assert [r for t in tasks for r in t] == [(f"t:d/{i:03d}", 0, 500) for i in range(100)]
+    assert len(planned({"minPartitions": "2"})) == 2

@@ -5,6 +5,8 @@ short path too."""
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 
@@ -74,4 +76,35 @@ async def test_retention_is_honoured_without_a_range_read(open_store) -> None:
         read = columns.read_range(store.index.db, log, "t:a/b", qid, 0, 10, positions[4], schema, "a/b")
         assert (read.first_offset, read.next_offset) == (4, 10)
         assert rows(read, schema)["topic"] == ["a/b"] * 6
+    log.close()
+
+
+async def test_records_far_apart_are_read_apart_and_exactly(open_store, monkeypatch) -> None:
+    """A topic queue whose records lie among other topics' records (more than GATHER_GAP apart)
+    is read record by record: the bytes copied are about its own, not everything in between,
+    and the rows are exact; records close together are still read in one piece."""
+    store = await open_store()
+    filler = b"f" * 20_000
+    for i in range(12):  # t:a/b's records 100 KB apart, t:a/c's close together after them
+        await store.put_batch([(Message(topic="a/b", body=b"r%d" % i), ["t:a/b"]),
+                               *[(Message(topic="z", body=filler), ["t:z"]) for _ in range(5)]])
+    await store.put_batch([(Message(topic="a/c", body=b"c%d" % i), ["t:a/c"]) for i in range(5)])
+    log = CommitLogReader(store.commitlog.directory)
+    copied: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, n: int, at: int) -> bytes:
+        copied.append(n)
+        return real_pread(fd, n, at)
+
+    monkeypatch.setattr(os, "pread", counting_pread)  # (the active segment's bytes come by pread)
+    schema = columns.schema_of(["offset", "payload"])
+    qid = store.index.lookup("t:a/b").qid
+    read = columns.read_range_live(store.index.db, log, store.commitlog, "t:a/b", qid, 2, 12, schema, "a/b")
+    assert rows(read, schema) == {"offset": list(range(2, 12)), "payload": [b"r%d" % i for i in range(2, 12)]}
+    assert len(copied) == 10 and sum(copied) < 2_000, copied  # not the ~1 MB between its first and last
+    copied.clear()
+    qid = store.index.lookup("t:a/c").qid
+    read = columns.read_range_live(store.index.db, log, store.commitlog, "t:a/c", qid, 0, 5, schema, "a/c")
+    assert rows(read, schema)["payload"] == [b"c%d" % i for i in range(5)] and len(copied) == 1
     log.close()

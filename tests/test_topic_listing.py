@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bridge.data_client import DirectClient, HttpClient
+from bridge.data_client import DirectClient, HttpClient, TopicListing
 from bridge.planning import CheckpointError, pack
 from bridge.spark_options import OptionError, SourceOptions
 from protocols.queue_names import matching_topic_queues, topic_queue_prefix
@@ -119,9 +119,9 @@ class ListingClient:
         self.topics: dict[str, tuple[int, int]] = {}
         self.listings = 0
 
-    def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]:
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
         self.listings += 1
-        return dict(self.topics)
+        return TopicListing(dict(self.topics))
 
     def hold_reading(self, topic_filters: tuple[str, ...], lease_s: float) -> bool:
         return False  # (no gateway: nothing to hold)
@@ -159,3 +159,85 @@ def test_stream_plans_new_topics_from_their_earliest_offset_with_one_listing_a_t
     client.topics = {"t:a/2": (2, 6)}  # t:a/1 gone from the listing: kept where it was
     end, ranges = trigger(end)
     assert end == {"t:a/1": 5, "t:a/2": 6} and ranges == [("t:a/2", 4, 6)] and client.listings == 3
+
+
+async def test_listing_since_a_cursor_names_only_the_topics_that_changed(data_dir: Path) -> None:
+    """POST /data/topics with ``since``: the matching topic queues that got messages after the
+    cursor (a new topic included), readable ones only; an unknown cursor gets everything."""
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        pub = PahoClient(mqtt_port(gw), "pub")
+        await pub.connect()
+        for t in ("a/x/b", "a/y/b", "z/x/b"):
+            await pub.publish(t, b"1", qos=1)
+        client = HttpClient("http://{}:{}".format(*gw.metrics_address))
+        try:
+            first = await asyncio.to_thread(client.topic_listing, ["a/+/b"])
+            assert first.complete and first.queues == {"t:a/x/b": (0, 1), "t:a/y/b": (0, 1)}
+            nothing = await asyncio.to_thread(client.topic_listing, ["a/+/b"], first.cursor)
+            assert not nothing.complete and nothing.queues == {}
+            for t in ("a/y/b", "a/y/b", "a/new/b", "z/x/b", "a/x/c"):
+                await pub.publish(t, b"2", qos=1)
+            changed = await asyncio.to_thread(client.topic_listing, ["a/+/b"], nothing.cursor)
+            assert not changed.complete and changed.queues == {"t:a/new/b": (0, 1), "t:a/y/b": (0, 3)}
+            again = await asyncio.to_thread(client.topic_listing, ["a/+/b"], changed.cursor)
+            assert again.queues == {}
+            unknown = await asyncio.to_thread(client.topic_listing, ["a/+/b"], "0:0")  # (another gateway's)
+            assert unknown.complete and set(unknown.queues) == {"t:a/x/b", "t:a/y/b", "t:a/new/b"}
+        finally:
+            client.close()
+            await pub.disconnect()
+
+
+class ChangesClient(ListingClient):
+    """A listing client with cursors: what changed since the last listing, or all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed: dict[str, tuple[int, int]] = {}
+        self.full = 0
+
+    def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing:
+        self.listings += 1
+        if since is None:
+            self.full += 1
+            return TopicListing(dict(self.topics), "c", True)
+        changed, self.changed = self.changed, {}
+        return TopicListing(changed, "c", False)
+
+
+def test_stream_merges_what_changed_into_its_listing_and_lists_all_now_and_then(monkeypatch) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from bridge import data_client, spark_source
+    from bridge.spark_source import TideMQStreamReader
+
+    options = SourceOptions.parse({"address": "127.0.0.1:1", "topicFilter": "a/+"})
+    client = ChangesClient()
+    monkeypatch.setitem(data_client._CLIENTS, options.connection, client)
+    reader = TideMQStreamReader(options)
+    client.topics = {"t:a/1": (0, 3), "t:a/2": (0, 2)}
+    start = reader.initialOffset()
+    assert start == {"t:a/1": 3, "t:a/2": 2} and client.full == 1
+    client.changed = {"t:a/2": (0, 5), "t:a/3": (1, 2)}  # t:a/1 unchanged: not in the answer
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"t:a/1": 3, "t:a/2": 5, "t:a/3": 2} and client.full == 1
+    assert reader.reportLatestOffset() == {"t:a/1": 3, "t:a/2": 5, "t:a/3": 2}
+    monkeypatch.setattr(spark_source, "FULL_LISTING_S", 0.0)  # time for a full listing
+    client.topics = {"t:a/1": (3, 7), "t:a/2": (0, 5), "t:a/3": (1, 2)}
+    assert reader.latestOffset(end, ReadAllAvailable()) == {"t:a/1": 7, "t:a/2": 5, "t:a/3": 2}
+    assert client.full == 2
+
+
+def test_changes_older_than_what_is_remembered_ask_for_a_full_listing(monkeypatch) -> None:
+    from gateway.http import topic_changes
+
+    monkeypatch.setattr(topic_changes, "MAX_TRACKED", 2)
+    listeners = []
+    changes = topic_changes.TopicChanges()
+    old = changes.cursor(listeners.append)
+    for queue in ("t:a", "t:b", "w:x", "t:c"):
+        listeners[0]({queue: 1})
+    assert changes.since(old) is None  # t:a's change is forgotten: the reader must list all
+    recent = changes.cursor(listeners.append)
+    listeners[0]({"t:b": 2})
+    assert changes.since(recent) == ["t:b"] and len(listeners) == 1

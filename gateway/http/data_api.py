@@ -5,6 +5,7 @@
     GET  /data/offsets?queue=A&queue=B  (or POST {"queues": [...]})  first readable and next offset per queue
     POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N][&columns=C,D]  rows of offsets [S, E) as an Arrow IPC stream
+    POST /data/read  {"ranges": [[Q, S, E], ...], "max_rows": N, "columns": [C, ...]}  several ranges in one answer
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
     POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
     POST /data/topics   {"topicFilters": [F, ...]}  the topic queues the filters match, with offsets (data_topics.py)
@@ -23,6 +24,13 @@ those already dispatched to the index, so everything offered is readable. ``colu
 ``store.read.columns.ARROW_SCHEMA``, comma-separated) builds and ships only those columns: a reader
 that needs topics and times does not pay for payloads and properties.
 
+``POST /data/read`` reads several queue ranges in one request (a Spark task reading the few new
+messages of each of many topics makes one request, not one a topic): the ranges in order, up to
+``max_rows`` rows in all. The answer is a 4-byte big-endian length, that many bytes of JSON --
+``{"ranges": [{"first", "next", "min", "max", "rows"} or null, ...]}``, one per range served (a
+prefix of those asked: ask again for the rest), null for a queue not in the store -- then one
+Arrow IPC stream of the served ranges' rows in order, no batch holding rows of two ranges.
+
 The event loop only looks up the queue (the index's queue cache belongs to the loop thread);
 the bulk part -- an index range scan, commitlog maps and Arrow building -- runs in a worker
 thread (``asyncio.to_thread``), one read at a time (more would only contend for the GIL; the
@@ -33,6 +41,7 @@ others wait on the loop, not in the thread pool the store flushes from), in chun
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -71,6 +80,7 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_post("/data/times", api.times)
     app.router.add_post("/data/topics", TopicListing(api._store, api._offsets, access).topics)  # a filter's history: data_topics.py
     app.router.add_get("/data/read", api.read)
+    app.router.add_post("/data/read", api.read_many)
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
@@ -231,7 +241,79 @@ class DataApi:
         }
         return web.Response(body=memoryview(body), content_type=ARROW_STREAM, headers=headers)
 
-    def _read(self, store, queue: str, qid: int, first: int, stop: int, schema):
+    async def read_many(self, request: web.Request) -> web.Response:
+        """Several queue ranges in one answer (the module's docstring says its form)."""
+        try:
+            from store.read import columns
+            from store.read.readonly import CommitLogReader
+        except ImportError as exc:
+            raise AdminError(501, f"the read API needs numpy and pyarrow (pip install 'tidemq[arrow]'): {exc}") from None
+        store = self._store()
+        try:
+            body = await request.json()
+            ranges = [(str(q), int(s), int(e)) for q, s, e in body["ranges"]]
+            names = body.get("columns")
+            if not all(isinstance(r[0], str) and r[1] >= 0 and r[2] >= 0 for r in body["ranges"]):
+                raise TypeError
+            max_rows = min(int(body.get("max_rows", DEFAULT_ROWS)), MAX_ROWS)
+        except (ValueError, KeyError, TypeError):
+            raise AdminError(400, 'send {"ranges": [["queue", start, end], ...], "max_rows": N, '
+                                  '"columns": ["name", ...]}') from None
+        if not 1 <= len(ranges) <= MAX_QUEUES:
+            raise AdminError(400, f"1 to {MAX_QUEUES} ranges per request")
+        try:
+            schema = columns.schema_of(names)
+        except ValueError as exc:
+            raise AdminError(400, f"bad columns: {exc}") from None
+        for queue, _, _ in ranges:
+            self.access.check_read_queue(request.get(PRINCIPAL), queue)
+        if self._log is None:
+            self._log = CommitLogReader(store.commitlog.directory)
+        planned: list[tuple[str, int, int, int, int, int] | None] = []  # (queue, qid, first, stop, low, high)
+        left = max_rows
+        for queue, start, end in ranges:  # on the loop: the index's queue cache is the loop's
+            if left <= 0:
+                break
+            state = store.index.lookup(queue)
+            if state is None:
+                planned.append(None)
+                continue
+            low, high = await store.min_offset(queue), state.next_offset
+            first, stop = columns.clamp(start, end, low, high, left)
+            planned.append((queue, state.qid, first, stop, low, high))
+            left -= stop - first
+        async with self._reads:
+            results = await asyncio.to_thread(self._read_ranges, store, planned, schema)
+        served: list[dict[str, int] | None] = []
+        batches: list = []
+        for plan, result in zip(planned, results):
+            if plan is None or result is None:
+                served.append(None)
+                continue
+            rows = sum(b.num_rows for b in result.batches)
+            batches.extend(result.batches)
+            served.append({"first": result.first_offset, "next": result.next_offset, "min": plan[4], "max": plan[5],
+                           "rows": rows})
+        meta = json.dumps({"ranges": served}).encode()
+        stream = columns.arrow_stream(batches, schema)
+        return web.Response(body=len(meta).to_bytes(4, "big") + meta + memoryview(stream),
+                            content_type="application/octet-stream")
+
+    def _read_ranges(self, store, planned: list, schema) -> list:
+        """The planned ranges' reads, in a worker thread (empty ones without touching the store)."""
+        from store.read import columns
+
+        results: list[Any] = []
+        for plan in planned:
+            if plan is None:
+                results.append(None)
+                continue
+            queue, qid, first, stop = plan[:4]
+            results.append(self._read(store, queue, qid, first, stop, schema, encode=False)[0] if first < stop else
+                           columns.RangeRead(first, first))
+        return results
+
+    def _read(self, store, queue: str, qid: int, first: int, stop: int, schema, encode: bool = True):
         from store.read import columns
 
         assert self._log is not None
@@ -239,4 +321,4 @@ class DataApi:
             # a topic queue's rows all have its topic (the store knows no queue names)
             result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop, schema,
                                              topic_of_queue(queue))
-        return result, columns.arrow_stream(result.batches, schema)
+        return result, columns.arrow_stream(result.batches, schema) if encode else None

@@ -3,7 +3,15 @@ whole history (the Spark source's ``topicFilter``): one queue per concrete topic
 store's queue names, those the principal may not read left out.
 
     POST /data/topics  {"topicFilters": ["a/+/b", "c/#"]}
-      -> {"queues": [{"queue": "t:a/x/b", "min_offset": 0, "max_offset": 42}, ...]}
+      -> {"queues": [{"queue": "t:a/x/b", "min_offset": 0, "max_offset": 42}, ...], "cursor": C, "complete": true}
+    POST /data/topics  {"topicFilters": [...], "since": C}
+      -> {"queues": [the matching topic queues that changed since C], "cursor": C2, "complete": false}
+
+``since`` (the ``cursor`` of an earlier answer) lists only the matching topic queues that got
+messages since then (``topic_changes.py``): a streaming reader's listing each trigger costs
+what changed. A cursor the gateway does not know (it restarted) gets the full listing,
+``complete`` true. A reader still lists everything now and then: first offsets move with
+retention and removed queues leave no change behind.
 
 Every MQTT publish is indexed into its topic's queue whoever subscribes, so these queues hold
 everything stored that matches, from retention's start; a reader reads them with offsets per
@@ -26,6 +34,7 @@ from protocols.queue_names import matching_topic_queues
 
 from .data_access import PRINCIPAL, DataAccess
 from .errors import AdminError
+from .topic_changes import TopicChanges
 
 if TYPE_CHECKING:
     from store import MessageStore
@@ -42,14 +51,19 @@ of a queue (None: not in the store) and its access checks."""
     def __init__(self, store: Callable[[], MessageStore], offsets: Callable[[str], Awaitable[dict[str, int] | None]],
                  access: DataAccess) -> None:
         self.store, self.offsets, self.access = store, offsets, access
+        self.changes = TopicChanges()
 
     async def topics(self, request: web.Request) -> web.Response:
         try:
-            filters = (await request.json())["topicFilters"]
+            body = await request.json()
+            filters, since = body["topicFilters"], body.get("since")
             if not isinstance(filters, list) or not filters or not all(isinstance(f, str) for f in filters):
                 raise TypeError
+            if since is not None and not isinstance(since, str):
+                raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise AdminError(400, 'send {"topicFilters": ["a/+/b", ...]} (one filter at least)') from None
+            raise AdminError(400, 'send {"topicFilters": ["a/+/b", ...]} (one filter at least), and "since": a '
+                                  'cursor of an earlier answer if any') from None
         if len(filters) > MAX_FILTERS:
             raise AdminError(400, f"at most {MAX_FILTERS} topic filters per request")
         for topic_filter in filters:
@@ -59,6 +73,8 @@ of a queue (None: not in the store) and its access checks."""
                 raise AdminError(400, f"bad topic filter {topic_filter!r}: {exc}") from None
         store = self.store()
         who, access = request.get(PRINCIPAL), self.access
+        cursor = self.changes.cursor(store.listen_notify)  # (before listing: a change meanwhile comes again)
+        changed = None if since is None else self.changes.since(since)
 
         def readable_names() -> list[str]:
             # what the principal may not read is not listed (as /data/queues), nor counted
@@ -66,7 +82,11 @@ of a queue (None: not in the store) and its access checks."""
             names = matching_topic_queues(filters, store.index.iter_names)
             return [name for name in names if access.may_read_queue(who, name)]
 
-        names = await asyncio.to_thread(readable_names)
+        if changed is None:
+            names = await asyncio.to_thread(readable_names)
+        else:
+            names = [name for name in matching_topic_queues(filters, lambda prefix: (
+                q for q in changed if q.startswith(prefix))) if access.may_read_queue(who, name)]
         if len(names) > MAX_TOPIC_QUEUES:
             raise AdminError(400, f"the filters match {len(names)} topic queues, more than {MAX_TOPIC_QUEUES} "
                              "in one listing: read with narrower filters")
@@ -77,4 +97,4 @@ of a queue (None: not in the store) and its access checks."""
             offsets = await self.offsets(name)
             if offsets is not None:
                 rows.append({"queue": name, **offsets})
-        return web.json_response({"queues": rows})
+        return web.json_response({"queues": rows, "cursor": cursor, "complete": changed is None})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from mmap import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,9 @@ assert ENTRY_DTYPE.itemsize == ENTRY_VALUE.size
 
 BATCH_ROWS = 32_768  # rows per RecordBatch: big enough to amortise, small enough for memory
 _MAX_COLUMN = (1 << 31) - 1  # bytes of a string or binary column (int32 offsets)
+# Records of a run further apart than this are read apart (``_gather``): a topic queue's records
+# lie among other topics' records, and one read from its first to its last would copy them all
+GATHER_GAP = 64 << 10
 
 
 @dataclass(slots=True)
@@ -197,7 +201,12 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
     for lo, hi in itertools.pairwise(cuts):
         seg_start = int(segments[lo]) * seg_size
         rel = positions[lo:hi] - seg_start
-        found = log.span(seg_start, int(rel.min()), int((rel + sizes[lo:hi]).max()))
+        span = int((rel + sizes[lo:hi]).max()) - int(rel.min())
+        found: tuple[mmap | bytes, int] | None
+        if span - int(sizes[lo:hi].sum()) > GATHER_GAP:
+            found = _gather(log, seg_start, rel, sizes[lo:hi])
+        else:
+            found = log.span(seg_start, int(rel.min()), int((rel + sizes[lo:hi]).max()))
         if found is None:
             raise RecordCorruptError(
                 f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
@@ -212,6 +221,29 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
                               rel[at - lo:at - lo + n], sizes[at:at + n], schema, topic))
             at += n
     return out
+
+
+def _gather(log: CommitLogReader, seg_start: int, rel: np.ndarray, sizes: np.ndarray) -> tuple[bytes, int] | None:
+    """Records of one segment (at ``rel``, in order) that lie far apart, copied together: one
+    read per cluster of records less than ``GATHER_GAP`` apart. As ``CommitLogReader.span``
+    answers, (buffer, base), with the records now at ``rel - base`` once ``rel`` is rewritten
+    to their places in the copy (done here, in place); None if the segment is short."""
+    ends = rel + sizes
+    apart = np.flatnonzero((rel[1:] - ends[:-1] > GATHER_GAP) | (rel[1:] < ends[:-1])) + 1
+    cuts = list(itertools.pairwise([0, *apart.tolist(), len(rel)]))
+    starts, stops = rel.tolist(), ends.tolist()
+    clusters = log.pieces(seg_start, [(min(starts[lo:hi]), max(stops[lo:hi])) for lo, hi in cuts])
+    if clusters is None:
+        return None
+    parts = []
+    for (lo, hi), data in zip(cuts, clusters):
+        if hi - lo == 1:
+            parts.append(data)
+            continue
+        base = min(starts[lo:hi])
+        parts.extend(data[at - base:end - base] for at, end in zip(starts[lo:hi], stops[lo:hi]))
+    rel[:] = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
+    return b"".join(parts), 0
 
 
 def _batch(queue: str, first_offset: int, n: int, entries: np.ndarray | None, buffer, rel: np.ndarray | None,

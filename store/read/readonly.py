@@ -91,6 +91,28 @@ class CommitLogReader:
         self._maps[start] = mapped  # the old, shorter map closes when nothing uses it
         return mapped, 0
 
+    def pieces(self, start: int, spans: list[tuple[int, int]]) -> list[bytes] | None:
+        """Bytes [lo, hi) of the segment starting at ``start`` for each span, copied: from its
+        map where that holds them, else a ``pread`` each through one opening of the file (for
+        records far apart, where ``span`` would copy everything between them). None when the
+        segment is gone or does not hold them all."""
+        if not spans:
+            return []
+        top = max(hi for _, hi in spans)
+        mapped = self._maps.get(start)
+        if mapped is not None and len(mapped) >= top:
+            return [mapped[lo:hi] for lo, hi in spans]
+        try:
+            fd = os.open(self.directory / f"{start:0{SEGMENT_NAME_DIGITS}d}", os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            if os.fstat(fd).st_size < top:
+                return None
+            return [os.pread(fd, hi - lo, lo) for lo, hi in spans]
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         self._maps.clear()
 

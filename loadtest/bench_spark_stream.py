@@ -1,0 +1,158 @@
+"""Spark streaming benchmark: the telemetry job (``spark_telemetry.py``) over the ``tidemq``
+source and the same job over Spark's file stream source (the same readings as JSON files), in
+one Spark session.
+
+    python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
+                                          [--sources tidemq,file] [--min-partitions N] [--profile] [--out FILE]
+
+A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
+(200,000) straight into its store, 1,000 devices on 10 sites; the same readings are written as
+JSON-lines files of 10,000 readings. Each query averages the temperature per site per 1-minute
+window under a 1-minute watermark into a memory sink (append), reading at most
+``--per-trigger`` (50,000) readings a micro-batch: ``maxOffsetsPerTrigger`` for tidemq
+(``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files. ``--mode
+cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
+
+    spark_stream source=tidemq mode=local rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=...
+        latest_offset_ms=... planning_ms=... get_batch_ms=... add_batch_ms=... commit_ms=...
+
+``rows_per_s``: readings over the wall time of the micro-batches after the first (steady);
+``first_batch_s``: the first micro-batch's wall time (Python workers start there); the ``_ms``
+fields: the mean per micro-batch of the parts Spark's progress reports (``latestOffset``,
+``queryPlanning``, ``getBatch``, ``addBatch`` -- the read, the Python worker, the Arrow transfer
+and the aggregation -- and the WAL and commit writes), steady batches only. A fresh query per
+source; the tidemq query runs first (the Python workers' start is its cost, as a user's first
+query pays it). ``--profile`` adds a line splitting a batch read's time: the data API's reads
+alone (``read_s``) and the same ranges read through Spark (``spark_read_s``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from loadtest import runner
+from loadtest.bench_spark import GatewayThread
+from loadtest.spark_telemetry import (
+    READING_SCHEMA,
+    fill_store,
+    parsed,
+    site_averages,
+    start_spark,
+    tidemq_readings,
+    write_files,
+)
+
+SITES, DEVICES = 10, 1000
+PER_FILE = 10_000
+MASTERS = {"local": "local[2]", "cluster": "local-cluster[2,1,1024]"}
+PARTS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
+
+
+def file_readings(spark, folder: Path, per_trigger: int):
+    from pyspark.sql import functions as F
+
+    return (spark.readStream.schema(READING_SCHEMA).option("maxFilesPerTrigger", max(1, per_trigger // PER_FILE))
+            .json(str(folder)).withColumn("event_time", F.col("ts").cast("timestamp")))
+
+
+def run(spark, name: str, readings_df, total: int, timeout_s: float) -> list[dict]:
+    """Run the job to the end of ``total`` readings; the progress of its micro-batches with rows."""
+    query = (site_averages(readings_df).writeStream.format("memory").queryName(name).outputMode("append")
+             .start())
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+            if sum(p["numInputRows"] for p in progress) >= total:
+                return progress
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, f"{name}: {sum(p['numInputRows'] for p in progress)} of {total}"
+            time.sleep(0.05)
+    finally:
+        query.stop()
+
+
+def line(source: str, mode: str, progress: list[dict], total: int) -> str:
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
+    steady, rows = progress[1:], sum(p["numInputRows"] for p in progress[1:])
+    steady_s = sum(durations[1:])
+    parts = " ".join(f"{snake(k)}_ms={sum(p['durationMs'].get(k, 0) for p in steady) / max(1, len(steady)):.0f}"
+                     for k in PARTS)
+    return (f"spark_stream source={source} mode={mode} rows_per_s={rows / steady_s if steady_s else 0:.0f} "
+            f"first_batch_s={durations[0]:.2f} batches={len(progress)} "
+            f"overall_rows_per_s={total / sum(durations):.0f} batch_s={','.join(f'{d:.2f}' for d in durations)} "
+            f"{parts}")
+
+
+def snake(name: str) -> str:
+    return {"latestOffset": "latest_offset", "queryPlanning": "planning", "getBatch": "get_batch",
+            "addBatch": "add_batch", "walCommit": "wal_commit", "commitOffsets": "commit"}[name]
+
+
+def profile(spark, address: str, total: int, per_trigger: int) -> str:
+    """A batch read of ``per_trigger`` readings: the data API alone (this process, one client)
+    and through Spark (count of the Kafka-shaped rows), both warm."""
+    from bridge.data_client import HttpClient
+
+    client = HttpClient(f"http://{address}")
+    queues = client.topic_queues(["sensors/+/+/temp"])
+    share = per_trigger / total
+    ranges = {q: (low, low + max(1, int((high - low) * share))) for q, (low, high) in queues.items()}
+    started = time.perf_counter()
+    rows = 0
+    for queue, (start, end) in ranges.items():
+        fetch = client.read(queue, start, end, 100_000, ("topic", "payload", "timestamp", "offset"))
+        rows += sum(b.num_rows for b in fetch.batches)
+    read_s = time.perf_counter() - started
+    starting = "{%s}" % ",".join(f'"{q}":{s}' for q, (s, _) in ranges.items())
+    ending = "{%s}" % ",".join(f'"{q}":{e}' for q, (_, e) in ranges.items())
+    df = (spark.read.format("tidemq").option("address", address).option("topicFilter", "sensors/+/+/temp")
+          .option("schema", "kafka").option("startingOffsets", starting).option("endingOffsets", ending).load())
+    df.count()  # warm
+    started = time.perf_counter()
+    spark_rows = df.select("value").count()
+    spark_s = time.perf_counter() - started
+    return (f"spark_stream_profile rows={rows} spark_rows={spark_rows} queues={len(ranges)} read_s={read_s:.2f} "
+            f"spark_read_s={spark_s:.2f}")
+
+
+def main() -> None:
+    parser = runner.parser(__doc__, quick="50,000 readings")
+    parser.add_argument("--mode", choices=sorted(MASTERS), default="local")
+    parser.add_argument("--readings", type=int, default=200_000)
+    parser.add_argument("--per-trigger", type=int, default=50_000)
+    parser.add_argument("--sources", default="tidemq,file")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--min-partitions", type=int, help="the tidemq source's minPartitions")
+    args = parser.parse_args()
+    total = 50_000 if args.quick else args.readings
+    out = runner.Lines(args.out)
+    tmp = Path(tempfile.mkdtemp(prefix="tidemq-stream-bench-"))
+    gateway = GatewayThread(tmp / "data")
+    try:
+        address = "{}:{}".format(*gateway.gateway.metrics_address)
+        gateway.call(fill_store(gateway.gateway.store, 0, total, SITES, DEVICES))
+        write_files(tmp / "files", 0, total, SITES, DEVICES, PER_FILE)
+        spark = start_spark(MASTERS[args.mode])
+        for source in args.sources.split(","):
+            if source == "tidemq":
+                extra = {"minPartitions": str(args.min_partitions)} if args.min_partitions else {}
+                df = parsed(tidemq_readings(spark, address, args.per_trigger, **extra))
+            else:
+                df = file_readings(spark, tmp / "files", args.per_trigger)
+            progress = run(spark, f"{source}_averages", df, total, 600)
+            out.emit(line(source, args.mode, progress, total))
+        if args.profile:
+            out.emit(profile(spark, address, total, args.per_trigger))
+        spark.stop()
+    finally:
+        gateway.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
