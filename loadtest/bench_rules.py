@@ -36,7 +36,7 @@ def telemetry(i: int, rng: random.Random) -> dict[str, Any]:
     line = f"line{rng.randrange(12)}"
     topic = f"factory/{line}/{device}/telemetry"
     return {
-        "specversion": "1.0", "id": f"0A0000010000{i:016X}", "source": f"/tidemq/mqtt/{device}",
+        "specversion": "1.0", "id": f"0A0000010000{i:016X}", "source": f"/mqtt/clients/{device}",
         "type": "tidemq.mqtt.message", "time": "2026-11-29T10:00:00.000Z", "subject": topic,
         "datacontenttype": "application/json", "protocol": "mqtt", "topic": topic, "clientid": device,
         "qos": 1, "topiclevels": topic.split("/"),
@@ -52,25 +52,30 @@ def telemetry(i: int, rng: random.Random) -> dict[str, Any]:
 
 
 def mixed_rules(count: int, rng: random.Random) -> dict[str, dict[str, Any]]:
-    """``count`` rules cycling through the operators, as a fleet's rules look: per device and
-    per line, thresholds, site and firmware filters, address blocks, absent fields, $or."""
+    """``count`` rules cycling through the operators, each with its own values, as a fleet's
+    rules look: per device and per line, thresholds, site and firmware filters, address
+    blocks, absent fields, $or."""
+    def device() -> str:
+        return f"dev-{rng.randrange(DEVICES):04d}"
+
     makers: list[Callable[[int], dict[str, Any]]] = [
-        lambda k: {"data": {"device": [f"dev-{rng.randrange(DEVICES):04d}"], "temp": [{"numeric": [">", 30]}]}},
-        lambda k: {"subject": [{"prefix": f"factory/line{k % 12}/"}], "data": {"status": ["fault"]}},
-        lambda k: {"data": {"temp": [{"numeric": [">=", 40 + k % 7, "<", 60]}]}},
-        lambda k: {"data": {"battery": [{"numeric": ["<", 5 + k % 10]}], "status": [{"anything-but": ["ok"]}]}},
-        lambda k: {"topic": [{"wildcard": f"factory/line{k % 12}/*/telemetry"}], "data": {"humidity": [
-            {"numeric": [">", 90]}]}},
-        lambda k: {"properties": {"site": [{"equals-ignore-case": SITES[k % len(SITES)].upper()}]},
-                   "data": {"alarms": ["overheat"]}},
-        lambda k: {"data": {"ip": [{"cidr": f"10.{k % 4}.{k % 256}.0/24"}]}},
-        lambda k: {"data": {"status": [{"anything-but": {"prefix": "o"}}], "device": [{"suffix": f"{k % 10}"}]}},
-        lambda k: {"type": ["tidemq.mqtt.message"], "properties": {"fw": [{"prefix": f"1.{k % 6}."}]},
-                   "data": {"location": {"lat": [{"numeric": [">", 55]}]}}},
-        lambda k: {"$or": [{"data": {"temp": [{"numeric": ["<", -k % 5]}]}},
-                           {"data": {"alarms": ["power"], "battery": [{"numeric": ["<", 20]}]}}]},
-        lambda k: {"clientid": [f"dev-{rng.randrange(DEVICES):04d}"], "data": {"error": [{"exists": False}]}},
-        lambda k: {"source": [{"prefix": {"equals-ignore-case": f"/TIDEMQ/MQTT/DEV-00{k % 10}"}}]},
+        lambda k: {"data": {"device": [device()], "temp": [{"numeric": [">", rng.randrange(20, 35)]}]}},
+        lambda k: {"subject": [{"prefix": f"factory/line{rng.randrange(12)}/"}], "data": {"status": ["fault"]}},
+        lambda k: {"data": {"temp": [{"numeric": [">=", rng.randrange(35, 45), "<", 60]}]}},
+        lambda k: {"data": {"battery": [{"numeric": ["<", rng.randrange(2, 15)]}],
+                            "status": [{"anything-but": ["ok"]}]}},
+        lambda k: {"topic": [{"wildcard": f"factory/line{rng.randrange(12)}/*/telemetry"}],
+                   "data": {"humidity": [{"numeric": [">", rng.randrange(85, 95)]}]}},
+        lambda k: {"properties": {"site": [{"equals-ignore-case": rng.choice(SITES).upper()}]},
+                   "data": {"alarms": [rng.choice(["overheat", "door", "vibration"])]}},
+        lambda k: {"data": {"ip": [{"cidr": f"10.{rng.randrange(4)}.{rng.randrange(256)}.0/24"}]}},
+        lambda k: {"data": {"status": [{"anything-but": {"prefix": "o"}}], "device": [{"suffix": f"{k % 100:02d}"}]}},
+        lambda k: {"type": ["tidemq.mqtt.message"], "properties": {"fw": [{"prefix": f"1.{rng.randrange(6)}."}]},
+                   "data": {"location": {"lat": [{"numeric": [">", rng.randrange(40, 58)]}]}}},
+        lambda k: {"$or": [{"data": {"temp": [{"numeric": ["<", rng.randrange(-10, 5)]}]}},
+                           {"data": {"alarms": ["power"], "battery": [{"numeric": ["<", rng.randrange(5, 20)]}]}}]},
+        lambda k: {"clientid": [device()], "data": {"error": [{"exists": False}]}},
+        lambda k: {"source": [{"prefix": {"equals-ignore-case": f"/MQTT/CLIENTS/DEV-00{rng.randrange(10)}"}}]},
     ]
     return {f"rule-{k:03d}": makers[k % len(makers)](k) for k in range(count)}
 

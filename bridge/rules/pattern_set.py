@@ -104,10 +104,10 @@ def branches(node: ObjectNode) -> list[list[FieldNode]] | None:
 
 
 def anchors(fields: list[FieldNode], shared: Mapping[tuple[Any, ...], int]) -> list[Anchor]:
-    """Up to ANCHORS of a branch's fields, the most selective: by the kind of their matchers,
-    then by how few other branches test the same field the same way (``shared``: a value
-    every rule asks for, such as one event type, selects no rule in particular). A field that
-    only asks for a value to be there (anything-but, wildcard, exists:true) is taken only when
+    """Up to ANCHORS of a branch's fields, the most selective: first those that fewest other
+    branches test the same way (``shared``: a value every rule asks for, such as one event
+    type, selects no rule in particular), then by the kind of their matchers. A field that only
+    asks for a value to be there (anything-but, wildcard, exists:true) is taken only when
     nothing better is."""
     ranked = [Anchor(f.path, f.matchers, rank) for f in fields if (rank := _rank(f.matchers)) is not None]
     ranked.sort(key=lambda a: (shared.get(_anchor_key(a), 0), a.rank))
@@ -117,6 +117,19 @@ def anchors(fields: list[FieldNode], shared: Mapping[tuple[Any, ...], int]) -> l
 
 def _anchor_key(anchor: Anchor) -> tuple[Any, ...]:
     return (anchor.path, anchor.matchers)
+
+
+def _index_decides(way: list[FieldNode], chosen: list[Anchor]) -> bool:
+    """Whether the index's hits are the whole test of a pattern of one branch: every field is
+    indexed, by a lookup that is exactly its matchers (no field that only asks for a value to
+    be there), and the fields cannot be met in different elements of one list of objects (one
+    field, or fields of the event's top level), which the pattern would refuse."""
+    return (len(chosen) == len(way) and all(a.rank < 3 for a in chosen)
+            and (len(way) == 1 or all(len(a.path) == 1 for a in chosen)))
+
+
+def _matched(event: Any) -> bool:
+    return True
 
 
 class _FieldIndex:
@@ -388,7 +401,7 @@ class PatternSet:
 
     def _build(self) -> Callable[[Any], list[str]]:
         names = list(self._patterns)
-        tests = [p.matches for p in self._patterns.values()]
+        tests = [p.check for p in self._patterns.values()]  # (the event is made a dict first)
         fields: dict[tuple[str, ...], _FieldIndex] = {}
         owners: list[tuple[int, int]] = []  # anchor id -> (pattern ordinal, the other anchor of its branch or -1)
         always: set[int] = set()
@@ -405,6 +418,8 @@ class PatternSet:
                 if not chosen:
                     always.add(ordinal)
                     break
+                if ways is not None and len(ways) == 1 and _index_decides(way, chosen):
+                    tests[ordinal] = _matched
                 ids = list(range(len(owners), len(owners) + len(chosen)))
                 for anchor_id, anchor in zip(ids, chosen):
                     fields.setdefault(anchor.path, _FieldIndex(anchor.path)).add(anchor_id, anchor)
@@ -414,7 +429,9 @@ class PatternSet:
         always_set = frozenset(always)
 
         def match(event: Any) -> list[str]:
-            hits = collect_hits(event if type(event) is dict else {})
+            if type(event) is not dict:
+                event = {}
+            hits = collect_hits(event)
             selected = set(always_set)
             for anchor_id in hits:
                 ordinal, partner = owners[anchor_id]

@@ -603,18 +603,29 @@ def _compile_nested(sub: Callable[[dict[str, Any]], bool]) -> FieldTest:
 
 
 def _compile_object(node: ObjectNode) -> Callable[[dict[str, Any]], bool]:
-    pairs = tuple((key, _compile_field(child) if isinstance(child, FieldNode)
-                   else _compile_nested(_compile_object(child)))
-                  for key, child in sorted(node.fields, key=_order))
+    """The test of an object: each field's (a nested object's own test called straight away
+    when the event has an object there, the common case), then one of the $or alternatives."""
+    entries: list[tuple[str, FieldTest, Callable[[dict[str, Any]], bool] | None]] = []
+    for key, child in sorted(node.fields, key=_order):
+        if isinstance(child, FieldNode):
+            entries.append((key, _compile_field(child), None))
+        else:
+            sub = _compile_object(child)
+            entries.append((key, _compile_nested(sub), sub))
+    pairs = tuple(entries)
     alternatives = tuple(_compile_object(a) for a in node.alternatives)
-    if len(pairs) == 1 and not alternatives:
-        ((key, test),) = pairs
+    if len(pairs) == 1 and not alternatives and pairs[0][2] is None:
+        ((key, test, _),) = pairs
         return lambda obj: test(obj.get(key, MISSING))
 
     def check(obj: dict[str, Any]) -> bool:
         get = obj.get
-        for key, test in pairs:
-            if not test(get(key, MISSING)):
+        for key, test, sub in pairs:
+            v = get(key, MISSING)
+            if sub is not None and type(v) is dict:
+                if not sub(v):
+                    return False
+            elif not test(v):
                 return False
         if alternatives:
             for alternative in alternatives:
@@ -626,14 +637,15 @@ def _compile_object(node: ObjectNode) -> Callable[[dict[str, Any]], bool]:
 
 
 class CompiledPattern:
-    """A pattern checked and compiled: ``matches(event)`` tests a decoded event (a dict)."""
+    """A pattern checked and compiled: ``matches(event)`` tests a decoded event (normally a
+    dict); ``check(event)`` is the same for an event known to be a dict."""
 
-    __slots__ = ("source", "tree", "matches")
+    __slots__ = ("source", "tree", "check", "matches")
 
     def __init__(self, tree: ObjectNode, source: Any) -> None:
         self.source = source  # the pattern as decoded JSON
         self.tree = tree
-        check = _compile_object(tree)
+        self.check = check = _compile_object(tree)
         empty = _EMPTY
 
         def matches(event: Any) -> bool:
