@@ -103,6 +103,8 @@ def _leaf(matcher: Any, x: Any) -> bool:
     if not isinstance(matcher, dict):
         return _same(matcher, x)
     ((op, arg),) = matcher.items()
+    if op == "contains":
+        return isinstance(x, str) and arg in x
     if op in ("prefix", "suffix", "equals-ignore-case", "wildcard"):
         return _string_op(op, arg, x)
     if op == "numeric":
@@ -174,6 +176,7 @@ operators = st.one_of(
     st.builds(lambda t: {"suffix": t}, texts),
     st.builds(lambda t: {"suffix": {"equals-ignore-case": t}}, texts),
     st.builds(lambda t: {"equals-ignore-case": t}, texts),
+    st.builds(lambda t: {"contains": t}, texts),
     st.builds(lambda w: {"wildcard": w}, wildcards),
     st.builds(lambda n: {"numeric": n}, numeric),
     st.builds(lambda b: {"exists": b}, st.booleans()),
@@ -238,6 +241,8 @@ CASES = [
     ({"data": {"state": [{"suffix": "ing"}]}}, True),
     ({"data": {"state": [{"suffix": {"equals-ignore-case": "ING"}}]}}, True),
     ({"properties": {"site": [{"equals-ignore-case": "berlin"}]}}, True),
+    ({"data": {"file": [{"contains": "/lib/"}]}}, True),
+    ({"data": {"file": [{"contains": "/bin/"}]}}, False),
     ({"properties": {"fw": ["1.3.0"]}}, True),  # any value of a list
     ({"subject": [{"wildcard": "factory/*/telemetry"}]}, True),
     ({"subject": [{"wildcard": "factory/*/status"}]}, False),
@@ -287,6 +292,7 @@ BAD = [
     ('{"a": {}}', "$.a", "at least one field"),
     ('{"a": [[1]]}', "$.a[0]", "a value or an operator object"),
     ('{"a": [{"prefix": 1}]}', "$.a[0].prefix", "takes a string"),
+    ('{"a": [{"contains": ["x"]}]}', "$.a[0].contains", "takes a string"),
     ('{"a": [{"prefix": "x", "suffix": "y"}]}', "$.a[0]", "exactly one operator"),
     ('{"a": [{"regex": "x"}]}', "$.a[0].regex", "unknown operator"),
     ('{"a": [{"numeric": [">", 5, "<", 2]}]}', "$.a[0].numeric[3]", "holds no number"),

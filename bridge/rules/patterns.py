@@ -21,7 +21,8 @@ from typing import Any
 MAX_DEPTH = 32  # nesting of objects and $or in one pattern (the compiler recurses on it)
 OR = "$or"
 NUMERIC_OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
-OPERATORS = ("prefix", "suffix", "anything-but", "numeric", "exists", "cidr", "equals-ignore-case", "wildcard")
+OPERATORS = ("prefix", "suffix", "contains", "anything-but", "numeric", "exists", "cidr", "equals-ignore-case",
+             "wildcard")
 
 
 class _Missing:
@@ -128,6 +129,17 @@ class Suffix:
             return lambda v: type(v) is str and v.casefold().endswith(folded)
         text = self.text
         return lambda v: type(v) is str and v.endswith(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Contains:
+    """A string with ``text`` in it (rocketmq-eventbridge's ``contains``)."""
+
+    text: str
+
+    def compile(self) -> Test:
+        text = self.text
+        return lambda v: type(v) is str and text in v
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +250,7 @@ class Exists:
         raise TypeError("exists is tested on the field, not on a value")
 
 
-Matcher = Exact | IgnoreCase | Prefix | Suffix | Wildcard | Numeric | Cidr | AnythingBut | Exists
+Matcher = Exact | IgnoreCase | Prefix | Suffix | Contains | Wildcard | Numeric | Cidr | AnythingBut | Exists
 
 
 # -- the parsed pattern --------------------------------------------------------------------------
@@ -393,6 +405,8 @@ def _parse_operator(obj: Mapping[str, Any], path: str) -> Matcher:
         return kind(_string(value, here, name))
     if name == "equals-ignore-case":
         return IgnoreCase(_strings(value, here, name))
+    if name == "contains":
+        return Contains(_string(value, here, name))
     if name == "wildcard":
         return Wildcard(tuple(_parse_wildcard(p, here) for p in _strings(value, here, name)))
     if name == "anything-but":
