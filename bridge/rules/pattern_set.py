@@ -1,0 +1,446 @@
+"""Many named patterns matched at once (``PatternSet``). Each pattern is split into branches
+(one per way through its ``$or`` lists); a branch is indexed by up to two fields it needs
+(exact values and equals-ignore-case in hash tables, prefixes and suffixes by length, numeric
+ranges and CIDR blocks in sorted tables of bounds). An event reads each indexed field once, and
+only the patterns of branches whose indexed fields all hit are tested in full."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .patterns import (
+    MISSING,
+    Cidr,
+    CompiledPattern,
+    Exact,
+    Exists,
+    FieldNode,
+    IgnoreCase,
+    Matcher,
+    Numeric,
+    ObjectNode,
+    Prefix,
+    Suffix,
+    address_value,
+    compile_pattern,
+    leaf_values,
+    objects_in,
+)
+
+MAX_BRANCHES = 16  # a pattern whose $or lists multiply to more is tested against every event
+ANCHORS = 2  # fields indexed per branch
+
+Collect = Callable[[Any, set[int]], None]  # a leaf value -> add the ordinals it selects
+
+
+def _path_values(event: Any, path: tuple[str, ...]) -> list[Any]:
+    """The leaf values at ``path``, objects in lists along the way and lists at the end
+    flattened as the matchers see them."""
+    current = [event]
+    for key in path:
+        nxt: list[Any] = []
+        for node in current:
+            for obj in (node,) if type(node) is dict else objects_in(node) if type(node) is list else ():
+                if key in obj:
+                    nxt.append(obj[key])
+        if not nxt:
+            return nxt
+        current = nxt
+    return leaf_values(current)
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A field a branch needs, as the index looks it up; ``rank``: how selective (lower: more)."""
+
+    path: tuple[str, ...]
+    matchers: tuple[Matcher, ...]
+    rank: int
+
+
+def _rank(matchers: tuple[Matcher, ...]) -> int | None:
+    """How selective a field's matchers are as an index key (None: not usable: exists:false
+    matches an absent field, which no lookup of a value finds)."""
+    worst = 0
+    for m in matchers:
+        if isinstance(m, Exists) and not m.present:
+            return None
+        rank = (0 if isinstance(m, (Exact, IgnoreCase)) else 1 if isinstance(m, (Prefix, Suffix))
+                else 2 if isinstance(m, (Numeric, Cidr)) else 3)
+        worst = max(worst, rank)
+    return worst
+
+
+def branches(node: ObjectNode) -> list[list[FieldNode]] | None:
+    """The AND-ed leaf fields of each way through the pattern's $or lists (None: more than
+    MAX_BRANCHES ways)."""
+    ways: list[list[FieldNode]] = [[]]
+    for _, child in node.fields:
+        if isinstance(child, FieldNode):
+            for way in ways:
+                way.append(child)
+            continue
+        inner = branches(child)
+        if inner is None:
+            return None
+        ways = [way + extra for way in ways for extra in inner]
+        if len(ways) > MAX_BRANCHES:
+            return None
+    if node.alternatives:
+        options: list[list[FieldNode]] = []
+        for alternative in node.alternatives:
+            inner = branches(alternative)
+            if inner is None:
+                return None
+            options.extend(inner)
+        ways = [way + extra for way in ways for extra in options]
+        if len(ways) > MAX_BRANCHES:
+            return None
+    return ways
+
+
+def anchors(fields: list[FieldNode], shared: Mapping[tuple[Any, ...], int]) -> list[Anchor]:
+    """Up to ANCHORS of a branch's fields, the most selective: first those that fewest other
+    branches test the same way (``shared``: a value every rule asks for, such as one event
+    type, selects no rule in particular), then by the kind of their matchers. A field that only
+    asks for a value to be there (anything-but, wildcard, exists:true) is taken only when
+    nothing better is."""
+    ranked = [Anchor(f.path, f.matchers, rank) for f in fields if (rank := _rank(f.matchers)) is not None]
+    ranked.sort(key=lambda a: (shared.get(_anchor_key(a), 0), a.rank))
+    good = [a for a in ranked if a.rank < 3]
+    return good[:ANCHORS] if good else ranked[:1]
+
+
+def _anchor_key(anchor: Anchor) -> tuple[Any, ...]:
+    return (anchor.path, anchor.matchers)
+
+
+def _index_decides(way: list[FieldNode], chosen: list[Anchor]) -> bool:
+    """Whether the index's hits are the whole test of a pattern of one branch: every field is
+    indexed, by a lookup that is exactly its matchers (no field that only asks for a value to
+    be there), and the fields cannot be met in different elements of one list of objects (one
+    field, or fields of the event's top level), which the pattern would refuse."""
+    return (len(chosen) == len(way) and all(a.rank < 3 for a in chosen)
+            and (len(way) == 1 or all(len(a.path) == 1 for a in chosen)))
+
+
+def _matched(event: Any) -> bool:
+    return True
+
+
+class _FieldIndex:
+    """The anchors on one field, by what their matchers accept; ``compile`` makes the function
+    that adds the ids of the anchors a leaf value hits."""
+
+    def __init__(self, path: tuple[str, ...]) -> None:
+        self.path = path
+        self.strings: dict[str, list[int]] = {}
+        self.numbers: dict[int | float, list[int]] = {}
+        self.constants: dict[str, list[int]] = {}  # true, false, null (apart: True == 1 in Python)
+        self.folded: dict[str, list[int]] = {}
+        self.prefixes: dict[tuple[int, bool], dict[str, list[int]]] = {}  # by (length, ignore case)
+        self.suffixes: dict[tuple[int, bool], dict[str, list[int]]] = {}
+        self.ranges: list[tuple[tuple[float, bool, float, bool], int]] = []
+        self.networks: dict[int, list[tuple[tuple[float, bool, float, bool], int]]] = {4: [], 6: []}
+        self.present: list[int] = []  # hit by any leaf value
+
+    def add(self, anchor_id: int, anchor: Anchor) -> None:
+        for m in anchor.matchers:
+            if isinstance(m, Exact):
+                for v in m.values:
+                    if type(v) is str:
+                        self.strings.setdefault(v, []).append(anchor_id)
+                    elif type(v) in (int, float):
+                        self.numbers.setdefault(v, []).append(anchor_id)
+                    else:
+                        self.constants.setdefault(_constant_key(v), []).append(anchor_id)
+            elif isinstance(m, IgnoreCase):
+                for t in m.texts:
+                    self.folded.setdefault(t.casefold(), []).append(anchor_id)
+            elif isinstance(m, (Prefix, Suffix)):
+                text = m.text.casefold() if m.ignore_case else m.text
+                table = self.prefixes if isinstance(m, Prefix) else self.suffixes
+                table.setdefault((len(text), m.ignore_case), {}).setdefault(text, []).append(anchor_id)
+            elif isinstance(m, Numeric):
+                self.ranges.extend((interval, anchor_id) for interval in m.intervals)
+            elif isinstance(m, Cidr):
+                first, last = int(m.network.network_address), int(m.network.broadcast_address)
+                self.networks[m.network.version].append(((first, True, last, True), anchor_id))
+            else:
+                self.present.append(anchor_id)
+
+    def only_strings(self) -> bool:
+        """Every anchor here is an exact string (the common case: one lookup per value)."""
+        return not (self.numbers or self.constants or self.folded or self.prefixes or self.suffixes or self.ranges
+                    or self.networks[4] or self.networks[6] or self.present)
+
+    def compile(self) -> Collect:
+        strings, numbers, constants, folded = self.strings, self.numbers, self.constants, self.folded
+        prefixes = tuple((length, ignore, table) for (length, ignore), table in self.prefixes.items())
+        suffixes = tuple((length, ignore, table) for (length, ignore), table in self.suffixes.items())
+        in_range = _range_lookup(self.ranges)
+        in_network = {version: _range_lookup(ranges) for version, ranges in self.networks.items() if ranges}
+        present = self.present
+        text_tables = bool(folded or prefixes or suffixes or in_network)
+
+        def collect(v: Any, out: set[int]) -> None:
+            tv = type(v)
+            if present:
+                out.update(present)
+            if tv is str:
+                hit = strings.get(v)
+                if hit:
+                    out.update(hit)
+                if not text_tables:
+                    return
+                if folded:
+                    hit = folded.get(v.casefold())
+                    if hit:
+                        out.update(hit)
+                for length, ignore, table in prefixes:
+                    hit = table.get((v.casefold() if ignore else v)[:length])
+                    if hit:
+                        out.update(hit)
+                for length, ignore, table in suffixes:
+                    text = v.casefold() if ignore else v
+                    if length <= len(text):
+                        hit = table.get(text[len(text) - length:])
+                        if hit:
+                            out.update(hit)
+                if in_network:
+                    address = address_value(v)
+                    if address is not None:
+                        lookup = in_network.get(address[0])
+                        if lookup is not None:
+                            out.update(lookup(address[1]))
+            elif tv is int or tv is float:
+                hit = numbers.get(v)
+                if hit:
+                    out.update(hit)
+                if in_range is not None:
+                    out.update(in_range(v))
+            else:
+                hit = constants.get(_constant_key(v))
+                if hit:
+                    out.update(hit)
+        return collect
+
+
+def _constant_key(v: object) -> str:
+    return "true" if v is True else "false" if v is False else "null"
+
+
+def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
+                  ) -> Callable[[float], tuple[int, ...]] | None:
+    """A number -> the ids of the ranges holding it, by bisection over the bounds: each bound
+    (a point) and each open gap between two bounds has its answer precomputed (a range's own
+    bounds are among them, so a gap is wholly inside a range or wholly outside)."""
+    if not ranges:
+        return None
+    bounds = sorted({b for (lo, _, hi, _), _ in ranges for b in (lo, hi) if math.isfinite(b)})
+    count = len(bounds)
+    answers: list[set[int]] = [set() for _ in range(2 * count + 1)]  # 2j: the gap below bounds[j]; 2j+1: bounds[j]
+    for (lo, lo_in, hi, hi_in), anchor_id in ranges:
+        for j, b in enumerate(bounds):
+            if (b > lo or (lo_in and b == lo)) and (b < hi or (hi_in and b == hi)):
+                answers[2 * j + 1].add(anchor_id)
+        for j in range(count + 1):
+            left = bounds[j - 1] if j else -math.inf
+            right = bounds[j] if j < count else math.inf
+            if lo <= left and right <= hi:
+                answers[2 * j].add(anchor_id)
+    frozen = [tuple(sorted(a)) for a in answers]
+    search = bisect.bisect_left
+
+    def lookup(v: float) -> tuple[int, ...]:
+        if v != v:  # NaN: in no range
+            return ()
+        i = search(bounds, v)
+        if i < count and bounds[i] == v:
+            return frozen[2 * i + 1]
+        return frozen[2 * i]
+    return lookup
+
+
+def _generate_collector(indexes: list[_FieldIndex]) -> Callable[[dict[str, Any]], set[int]]:
+    """One function that reads every indexed field of an event once and returns the ids of the
+    anchors its values hit: generated as straight-line Python (field names as literals made by
+    ``repr``, tables bound by name), so that the common case -- a string or a number in an
+    object -- costs dictionary lookups and no call. Lists of values or objects, and the string
+    operators other than exact values, go through each index's general ``collect``."""
+    namespace: dict[str, Any] = {"MISSING": MISSING, "path_values": _path_values}
+    lines = ["def collect_hits(event):", "    hits = set()", "    update = hits.update", "    get = event.get"]
+    by_first: dict[str, list[tuple[int, _FieldIndex]]] = {}
+    for n, index in enumerate(indexes):
+        namespace[f"C{n}"] = index.compile()
+        if len(index.path) > 2:
+            namespace[f"P{n}"] = index.path
+            lines += [f"    for x in path_values(event, P{n}):", f"        C{n}(x, hits)"]
+        else:
+            by_first.setdefault(index.path[0], []).append((n, index))
+    for g, (first, entries) in enumerate(by_first.items()):
+        lines.append(f"    v = get({first!r}, MISSING)")
+        for n, index in entries:
+            if len(index.path) == 1:
+                lines += _field_lines(n, index, "v", "    ", namespace)
+        nested = [(n, index) for n, index in entries if len(index.path) == 2]
+        if nested:
+            lines += ["    tv = type(v)", "    if tv is dict:", "        vget = v.get"]
+            for n, index in nested:
+                lines.append(f"        x{n} = vget({index.path[1]!r}, MISSING)")
+                lines += _field_lines(n, index, f"x{n}", "        ", namespace)
+            lines.append("    elif tv is list:")
+            for n, index in nested:
+                namespace[f"K{n}"] = (index.path[1],)
+                lines += [f"        for x in path_values(v, K{n}):", f"            C{n}(x, hits)"]
+    lines.append("    return hits")
+    exec(compile("\n".join(lines), "<pattern_set collector>", "exec"), namespace)
+    return namespace["collect_hits"]
+
+
+MEMO_SIZE = 4096  # string values remembered per field (cleared when full)
+
+
+class _StringMemo:
+    """A field's string values -> the anchor ids they hit, remembered: telemetry repeats its
+    values (device ids, sites, statuses), and prefix, suffix, case-folded and CIDR lookups of a
+    string cost more than one dictionary lookup."""
+
+    def __init__(self, collect: Collect) -> None:
+        self.known: dict[str, tuple[int, ...]] = {}
+        self._collect = collect
+
+    def __call__(self, value: str) -> tuple[int, ...]:
+        out: set[int] = set()
+        self._collect(value, out)
+        if len(self.known) >= MEMO_SIZE:
+            self.known.clear()
+        found = self.known[value] = tuple(out)
+        return found
+
+
+def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: dict[str, Any]) -> list[str]:
+    """The code that adds what the value in ``var`` (a field's value, or MISSING) hits: a
+    string is one lookup (the exact table, or the memo), a number the exact table and the
+    ranges; lists, null and booleans go through the field's general collect."""
+    simple_strings = not (index.folded or index.prefixes or index.suffixes or index.networks[4]
+                          or index.networks[6] or index.present)
+    out = [f"if type({var}) is str:"]
+    if simple_strings:
+        if index.strings:
+            namespace[f"S{n}"] = index.strings.get
+            out += [f"    h = S{n}({var})", "    if h:", "        update(h)"]
+        else:
+            out.append("    pass")
+    else:
+        memo = _StringMemo(namespace[f"C{n}"])
+        namespace[f"M{n}"], namespace[f"F{n}"] = memo.known.get, memo
+        out += [f"    h = M{n}({var})", "    if h is None:", f"        h = F{n}({var})", "    if h:",
+                "        update(h)"]
+    out.append(f"elif type({var}) is int or type({var}) is float:")
+    if not index.present:
+        body = []
+        if index.numbers:
+            namespace[f"N{n}"] = index.numbers.get
+            body += [f"    h = N{n}({var})", "    if h:", "        update(h)"]
+        lookup = _range_lookup(index.ranges)
+        if lookup is not None:
+            namespace[f"R{n}"] = lookup
+            body += [f"    h = R{n}({var})", "    if h:", "        update(h)"]
+        out += body or ["    pass"]
+    else:
+        out.append(f"    C{n}({var}, hits)")
+    out += [f"elif type({var}) is list:",
+            f"    for y in leaf_values({var}):",
+            f"        C{n}(y, hits)",
+            f"elif {var} is not MISSING and type({var}) is not dict:",
+            f"    C{n}({var}, hits)"]
+    namespace["leaf_values"] = leaf_values
+    return [indent + line for line in out]
+
+
+class PatternSet:
+    """Named patterns; ``match(event)`` names those that match, in the order they were added."""
+
+    def __init__(self, patterns: Mapping[str, CompiledPattern | str | Mapping[str, Any]] | None = None) -> None:
+        self._patterns: dict[str, CompiledPattern] = {}
+        self._match: Callable[[Any], list[str]] | None = None
+        for name, pattern in (patterns or {}).items():
+            self.add(name, pattern)
+
+    def add(self, name: str, pattern: CompiledPattern | str | Mapping[str, Any]) -> CompiledPattern:
+        """Add (or replace) ``name``; a pattern not yet compiled is (PatternError if bad)."""
+        compiled = pattern if isinstance(pattern, CompiledPattern) else compile_pattern(pattern)
+        self._patterns.pop(name, None)
+        self._patterns[name] = compiled
+        self._match = None
+        return compiled
+
+    def remove(self, name: str) -> None:
+        del self._patterns[name]
+        self._match = None
+
+    def __len__(self) -> int:
+        return len(self._patterns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._patterns
+
+    def names(self) -> Iterable[str]:
+        return iter(self._patterns)
+
+    def match(self, event: Any) -> list[str]:
+        """The names of the patterns ``event`` (a decoded event, normally a dict) matches."""
+        if self._match is None:
+            self._match = self._build()
+        return self._match(event)
+
+    def _build(self) -> Callable[[Any], list[str]]:
+        names = list(self._patterns)
+        tests = [p.check for p in self._patterns.values()]  # (the event is made a dict first)
+        fields: dict[tuple[str, ...], _FieldIndex] = {}
+        owners: list[tuple[int, int]] = []  # anchor id -> (pattern ordinal, the other anchor of its branch or -1)
+        always: set[int] = set()
+        ways_of = [branches(pattern.tree) for pattern in self._patterns.values()]
+        shared: dict[tuple[Any, ...], int] = {}  # how many branches test a field the same way
+        for ways in ways_of:
+            for way in ways or []:
+                for f in way:
+                    key = (f.path, f.matchers)
+                    shared[key] = shared.get(key, 0) + 1
+        for ordinal, ways in enumerate(ways_of):
+            for way in ways if ways is not None else [[]]:
+                chosen = anchors(way, shared)
+                if not chosen:
+                    always.add(ordinal)
+                    break
+                if ways is not None and len(ways) == 1 and _index_decides(way, chosen):
+                    tests[ordinal] = _matched
+                ids = list(range(len(owners), len(owners) + len(chosen)))
+                for anchor_id, anchor in zip(ids, chosen):
+                    fields.setdefault(anchor.path, _FieldIndex(anchor.path)).add(anchor_id, anchor)
+                    partner = [i for i in ids if i != anchor_id]
+                    owners.append((ordinal, partner[0] if partner else -1))
+        collect_hits = _generate_collector(list(fields.values()))
+        always_set = frozenset(always)
+
+        def match(event: Any) -> list[str]:
+            if type(event) is not dict:
+                event = {}
+            hits = collect_hits(event)
+            selected = set(always_set)
+            for anchor_id in hits:
+                ordinal, partner = owners[anchor_id]
+                if partner < 0 or partner in hits:
+                    selected.add(ordinal)
+            if not selected:
+                return []
+            if len(selected) == 1:
+                (only,) = selected
+                return [names[only]] if tests[only](event) else []
+            return [names[i] for i in sorted(selected) if tests[i](event)]
+        return match
