@@ -14,6 +14,8 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.client import ClientConfiguration, Credentials
+from rocketmq.v5.consumer import SimpleConsumer
+from rocketmq.v5.model import FilterExpression
 from rocketmq.v5.producer import Producer
 
 from gateway.server import Gateway
@@ -41,6 +43,20 @@ async def official_producer(endpoint: str, *topics: str) -> AsyncIterator[Produc
         yield producer
     finally:
         await asyncio.to_thread(producer.shutdown)
+
+
+@contextlib.asynccontextmanager
+async def official_simple_consumer(endpoint: str, group: str, topic: str, expression: str = "*", *,
+                                   await_s: int = 2) -> AsyncIterator[SimpleConsumer]:
+    """The official client's SimpleConsumer of ``topic`` (a TAG expression), long-polling
+    ``await_s`` seconds per receive, started and shut down."""
+    consumer = SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group,
+                              {topic: FilterExpression(expression)}, await_duration=await_s)
+    await asyncio.to_thread(consumer.startup)
+    try:
+        yield consumer
+    finally:
+        await asyncio.to_thread(consumer.shutdown)
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 from rocketmq import client as rmq
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -17,7 +18,7 @@ from rocketmq.v5.model import Message
 
 from gateway.config import ConfigError, load_config
 from protocols.mqtt.packets import MQTT_5
-from tests.grpc_support import grpc_gateway, grpc_port, official_producer, raw_stub
+from tests.grpc_support import grpc_gateway, grpc_port, official_producer, official_simple_consumer, raw_stub
 from tests.mqtt_support import PahoClient, mqtt_port
 from tests.test_remoting_cpp import push_consumer
 
@@ -120,11 +121,52 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.ReceiveMessage(rpc.ReceiveMessageRequest()).read()
+                await stub.ChangeInvisibleDuration(rpc.ChangeInvisibleDurationRequest())
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored
         assert missing.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+async def receive_all(consumer, count: int, invisible_s: int = 30) -> list[Message]:
+    got: list[Message] = []
+    for _ in range(10):
+        if len(got) >= count:
+            break
+        got.extend(await asyncio.to_thread(consumer.receive, 16, invisible_s))
+    return got
+
+
+async def test_simple_consumer_receives_and_acks_what_the_producer_sent(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir) as (gw, endpoint, _):
+        async with official_producer(endpoint, "GrpcJobs") as producer:
+            receipts = {(await asyncio.to_thread(producer.send, normal_message(
+                "GrpcJobs", f"job-{i}".encode(), tag="paid" if i < 3 else "open", keys=(f"k{i}",), step=str(i))
+            )).message_id: i for i in range(5)}
+        async with official_simple_consumer(endpoint, "GID-jobs", "GrpcJobs", "paid") as consumer:
+            got = await receive_all(consumer, 3)
+            assert sorted(m.body for m in got) == [b"job-0", b"job-1", b"job-2"]  # (the TAG filter)
+            for m in got:
+                i = receipts[m.message_id]
+                assert (m.tag, m.keys, m.properties, m.delivery_attempt) == ("paid", {f"k{i}"}, {"step": str(i)}, 1)
+                await asyncio.to_thread(consumer.ack, m)
+            assert await asyncio.to_thread(consumer.receive, 16, 30) == []  # MESSAGE_NOT_FOUND, after the wait
+        async with raw_stub(endpoint) as stub:
+            again = await stub.AckMessage(rpc.AckMessageRequest(
+                group=pb.Resource(name="GID-jobs"), topic=pb.Resource(name="GrpcJobs"),
+                entries=[rpc.AckMessageEntry(message_id=got[0].message_id, receipt_handle=got[0].receipt_handle),
+                         rpc.AckMessageEntry(message_id="x", receipt_handle="not ours")]))
+            empty = [r async for r in stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="GID-jobs"), message_queue=pb.MessageQueue(topic=pb.Resource(name="GrpcJobs")),
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="paid"), batch_size=4,
+                invisible_duration=Duration(seconds=30)))]
+            unknown = [r async for r in stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="GID-jobs"), message_queue=pb.MessageQueue(topic=pb.Resource(name="Nope")),
+                batch_size=4, invisible_duration=Duration(seconds=30)))]
+        assert again.status.code == pb.INVALID_RECEIPT_HANDLE  # acked already; and not a handle of ours
+        assert [e.status.code for e in again.entries] == [pb.INVALID_RECEIPT_HANDLE] * 2
+        assert [r.status.code for r in empty] == [pb.MESSAGE_NOT_FOUND]
+        assert [r.status.code for r in unknown] == [pb.TOPIC_NOT_FOUND]
 
 
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:

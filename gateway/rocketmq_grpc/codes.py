@@ -17,6 +17,8 @@ from store import (
 
 _OF_REMOTING: dict[int, int] = {
     ResponseCode.NO_PERMISSION: pb.FORBIDDEN,
+    ResponseCode.TOPIC_NOT_EXIST: pb.TOPIC_NOT_FOUND,
+    ResponseCode.INVALID_PARAMETER: pb.BAD_REQUEST,
     # (what the remoting side refuses as MESSAGE_ILLEGAL once the topic name is valid: a
     # property -- an internal name, an mqttSecondTopic that makes no MQTT topic)
     ResponseCode.MESSAGE_ILLEGAL: pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
@@ -24,7 +26,7 @@ _OF_REMOTING: dict[int, int] = {
 
 
 def grpc_code_of_remoting(code: int) -> int:
-    """The gRPC code of a remoting response code raised by the shared send path."""
+    """The gRPC code of a remoting response code raised by the shared send and pop paths."""
     return _OF_REMOTING.get(code, pb.INTERNAL_ERROR)
 
 

@@ -22,6 +22,7 @@ from ..remoting.broker import RemotingBroker
 from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
 from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
+from . import consumption
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 
 log = logging.getLogger("tidemq.grpc")
@@ -84,12 +85,22 @@ class MessagingService(MessagingServiceServicer):
         settings.backoff_policy.exponential_backoff.multiplier = 2.0
         return settings
 
+    # -- SimpleConsumer: receive and ack (consumption.py) ---------------------------------------
+    async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        async for answer in consumption.receive(self.broker, _principal(context), request):
+            yield answer
+
+    async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
+                         ) -> rpc.AckMessageResponse:
+        return consumption.ack(self.broker, request)
+
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
                           ) -> rpc.SendMessageResponse:
         if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
             return rpc.SendMessageResponse(status=status(pb.UNSUPPORTED, "send one message per request"))
-        who = Principal("grpc", None, None, context.peer())
+        who = _principal(context)
         try:
             send = grpc_send(request.messages[0])
             if not valid_topic(send.topic):
@@ -108,3 +119,9 @@ class MessagingService(MessagingServiceServicer):
         entry = rpc.SendResultEntry(status=status(pb.OK), message_id=send.message_id,
                                     offset=results[0].queue_offsets.get(sent.own, -1))
         return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
+
+
+def _principal(context: grpc.aio.ServicerContext) -> Principal:
+    """Who calls: anonymous (AccessKey signatures are not checked over gRPC yet; config.py
+    refuses grpc_bind where they would be needed)."""
+    return Principal("grpc", None, None, context.peer())
