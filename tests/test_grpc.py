@@ -1,7 +1,9 @@
-"""RocketMQ 5 clients over gRPC (``grpc_bind``): the official Python client's Producer sends
-through a real socket, and MQTT subscribers and a remoting consumer (the C++ client) read what
-it sent; route queries create unknown topics as remoting does; refusals carry the protocol's
-own status codes (through grpcio stubs, for what the client checks before sending)."""
+"""RocketMQ 5 clients over gRPC (``grpc_bind``), through the official Python client over real
+sockets: its Producer's sends are read by MQTT subscribers and a remoting consumer (the C++
+client); its SimpleConsumer receives and acks them, and MQTT publishes, by the pop machinery
+(invisible until acked, back after their invisible time); route queries create unknown topics
+as remoting does; refusals carry the protocol's own status codes (through grpcio stubs, for
+what the client checks before sending)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from google.protobuf.duration_pb2 import Duration
 from rocketmq import client as rmq
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.v5.exception import BadRequestException
 from rocketmq.v5.model import Message
 
 from gateway.config import ConfigError, load_config
@@ -167,6 +170,24 @@ async def test_simple_consumer_receives_and_acks_what_the_producer_sent(data_dir
         assert [e.status.code for e in again.entries] == [pb.INVALID_RECEIPT_HANDLE] * 2
         assert [r.status.code for r in empty] == [pb.MESSAGE_NOT_FOUND]
         assert [r.status.code for r in unknown] == [pb.TOPIC_NOT_FOUND]
+
+
+async def test_simple_consumer_gets_mqtt_publishes_and_unacked_messages_come_back(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, endpoint, _):
+        async with official_simple_consumer(endpoint, "GID-devices", "GrpcDevices") as consumer:
+            device = PahoClient(mqtt_port(gw), "dev-7", version=MQTT_5)
+            await device.connect()
+            await device.publish("GrpcDevices/dev-7/temp", b"21.5", qos=1)
+            await device.disconnect()
+            first = await receive_all(consumer, 1, invisible_s=1)  # not acked: back after a second
+            assert [(m.body, m.properties["mqttSecondTopic"], m.delivery_attempt) for m in first] == [
+                (b"21.5", "/dev-7/temp", 1)]
+            again = await receive_all(consumer, 1)
+            assert [(m.body, m.message_id, m.delivery_attempt) for m in again] == [
+                (b"21.5", first[0].message_id, 2)]
+            await asyncio.to_thread(consumer.ack, again[0])
+            with pytest.raises(BadRequestException, match="INVALID_RECEIPT_HANDLE"):  # its first receipt is gone
+                await asyncio.to_thread(consumer.ack, first[0])
 
 
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:
