@@ -158,7 +158,9 @@ def _batch_ack_field(ack: dict):
 class PopRequests(BrokerParts):
     _pop_turn = itertools.count()
 
-    def _pop_queues(self, topic: str, queue_id: int) -> list[int]:
+    def pop_queues(self, topic: str, queue_id: int) -> list[int]:
+        """The queue ids a pop of ``queue_id`` reads (-1: every queue of the topic, from a
+        different one each time); BadRequest for an unknown or unreadable topic or queue."""
         config = self.topics.get(topic)
         if config is None:
             raise BadRequest(f"topic[{topic}] not exist, apply first please!", ResponseCode.TOPIC_NOT_EXIST)
@@ -183,7 +185,7 @@ class PopRequests(BrokerParts):
         if not 0 < max_messages <= MAX_POP_MESSAGES:
             raise BadRequest(f"the pop message's num must be 1 to {MAX_POP_MESSAGES}", ResponseCode.INVALID_PARAMETER)
         _in_range(invisible_ms, "invisibleTime")
-        queue_ids = self._pop_queues(topic, int_field(ext, "queueId"))
+        queue_ids = self.pop_queues(topic, int_field(ext, "queueId"))
         selector = self.selectors.get(ext.get("exp") or None, ext.get("expType") or None)
         pop_once = self.pop_round(conn.principal, group, topic, queue_ids, max_messages, invisible_ms, selector,
                                   int_field(ext, "initMode", 0))

@@ -74,7 +74,7 @@ async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessa
         selector = broker.selectors.get(expression.expression or None, kind)
     except BadRequest as exc:
         raise GrpcRequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
-    queue_ids = broker._pop_queues(topic, -1)  # (every queue of the topic, as the proxy pops them)
+    queue_ids = broker.pop_queues(topic, -1)  # (every queue of the topic, as the proxy pops them)
     pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector)
     found = pop_once()
     if not any(p.messages for _, p in found) and poll_ms > 0:
