@@ -462,7 +462,7 @@ class Gateway:
         host = bind[0]
         advertised = self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" \
             else host
-        self.grpc = GrpcServer(self.remoting)
+        self.grpc = GrpcServer(self.remoting, self.pressure)
         address = await self.grpc.start(host, bind[1], advertised)
         log.info("listener started protocol=grpc address=%s", format_address(*address))
 

@@ -131,6 +131,20 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
         assert missing.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
+async def test_sends_under_the_resource_alarm_are_too_many_requests(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir) as (gw, endpoint, _):
+        assert gw.pressure is not None
+        gw.pressure.disk_free_limit = 1 << 62  # no free space is enough: the alarm
+        gw.pressure.check()
+        async with raw_stub(endpoint) as stub:
+            blocked = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
+            gw.pressure.disk_free_limit = 0
+            gw.pressure.check()
+            sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
+        assert blocked.status.code == pb.TOO_MANY_REQUESTS and "blocked" in blocked.status.message
+        assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # the refused one was not stored
+
+
 async def receive_all(consumer, count: int, invisible_s: int = 30) -> list[Message]:
     got: list[Message] = []
     for _ in range(10):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
 
+from ..pressure import StorePressure
 from ..remoting.broker import RemotingBroker
 from .service import MessagingService
 
@@ -13,8 +14,9 @@ STOP_GRACE_S = 2.0
 
 
 class GrpcServer:
-    def __init__(self, broker: RemotingBroker) -> None:
+    def __init__(self, broker: RemotingBroker, pressure: StorePressure | None = None) -> None:
         self.broker = broker
+        self.pressure = pressure
         self.server: grpc.aio.Server | None = None
         self.address: tuple[str, int] = ("", 0)
 
@@ -25,7 +27,7 @@ class GrpcServer:
         if bound == 0:
             raise OSError(f"grpc_bind: cannot listen on {host}:{port}")
         self.address = (advertised_host, bound)
-        add_MessagingServiceServicer_to_server(MessagingService(self.broker, self.address), self.server)
+        add_MessagingServiceServicer_to_server(MessagingService(self.broker, self.address, self.pressure), self.server)
         await self.server.start()
         return self.address
 

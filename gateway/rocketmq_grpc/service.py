@@ -18,6 +18,7 @@ from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, 
 from store import StoreError
 
 from ..auth.authorize import Principal
+from ..pressure import StorePressure
 from ..remoting.broker import RemotingBroker
 from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
@@ -31,8 +32,10 @@ MAX_BODY_SIZE_DEFAULT = 4 << 20  # (clamped to the store's limit)
 
 
 class MessagingService(MessagingServiceServicer):
-    def __init__(self, broker: RemotingBroker, advertised: tuple[str, int]) -> None:
+    def __init__(self, broker: RemotingBroker, advertised: tuple[str, int], pressure: StorePressure | None = None
+                 ) -> None:
         self.broker = broker
+        self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
         self._next_queue = itertools.count()  # round robin over a topic's queues for sends
 
@@ -100,6 +103,9 @@ class MessagingService(MessagingServiceServicer):
                           ) -> rpc.SendMessageResponse:
         if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
             return rpc.SendMessageResponse(status=status(pb.UNSUPPORTED, "send one message per request"))
+        if self.pressure is not None and self.pressure.raised:
+            return rpc.SendMessageResponse(status=status(pb.TOO_MANY_REQUESTS,
+                                                         f"publishers are blocked: {self.pressure.reason}"))
         who = _principal(context)
         try:
             send = grpc_send(request.messages[0])
