@@ -124,7 +124,7 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.ChangeInvisibleDuration(rpc.ChangeInvisibleDurationRequest())
+                await stub.EndTransaction(rpc.EndTransactionRequest())
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored
@@ -200,8 +200,26 @@ async def test_simple_consumer_gets_mqtt_publishes_and_unacked_messages_come_bac
             assert [(m.body, m.message_id, m.delivery_attempt) for m in again] == [
                 (b"21.5", first[0].message_id, 2)]
             await asyncio.to_thread(consumer.ack, again[0])
-            with pytest.raises(BadRequestException, match="INVALID_RECEIPT_HANDLE"):  # its first receipt is gone
+            with pytest.raises(BadRequestException) as gone:  # its first receipt is gone
                 await asyncio.to_thread(consumer.ack, first[0])
+        assert gone.value.code == pb.INVALID_RECEIPT_HANDLE
+
+
+async def test_a_changed_invisible_duration_keeps_the_message_away(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir) as (_, endpoint, _):
+        async with official_producer(endpoint, "GrpcSlow") as producer:
+            await asyncio.to_thread(producer.send, normal_message("GrpcSlow", b"slow job"))
+        async with official_simple_consumer(endpoint, "GID-slow", "GrpcSlow") as consumer:
+            [message] = await receive_all(consumer, 1, invisible_s=1)
+            first_handle = message.receipt_handle
+            await asyncio.to_thread(consumer.change_invisible_duration, message, 30)  # (takes the new handle)
+            await asyncio.sleep(1.5)  # past the first invisible time
+            assert await asyncio.to_thread(consumer.receive, 16, 30) == []  # still invisible
+            await asyncio.to_thread(consumer.ack, message)
+            message.receipt_handle = first_handle
+            with pytest.raises(BadRequestException) as gone:
+                await asyncio.to_thread(consumer.change_invisible_duration, message, 30)
+        assert gone.value.code == pb.INVALID_RECEIPT_HANDLE
 
 
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:

@@ -1,4 +1,4 @@
-"""ReceiveMessage and AckMessage of RocketMQ 5's SimpleConsumer over the remoting node's pop
+"""ReceiveMessage, AckMessage and ChangeInvisibleDuration of RocketMQ 5's SimpleConsumer over the remoting node's pop
 consumption (gateway/remoting/pops.py, gateway/core/pop.py): a receive pops every queue of the
 topic for the group, long-polled; its messages stay invisible until acked or their invisible
 duration runs out (then they come back). An empty receive is MESSAGE_NOT_FOUND."""
@@ -12,7 +12,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from protocols.remoting.tags import EXPRESSION_SQL92, EXPRESSION_TAG
 from protocols.rocketmq_grpc.messages import GrpcRequestError, status
-from protocols.rocketmq_grpc.receipts import decode_receipt
+from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
 
 from ..auth.authorize import Principal
 from ..interop import remoting_queue
@@ -86,18 +86,17 @@ def ack(broker: RemotingBroker, request: rpc.AckMessageRequest) -> rpc.AckMessag
     """Each entry acked by its receipt handle; INVALID_RECEIPT_HANDLE for one not this
     gateway's, or whose check point is gone (acked already, or the message came back)."""
     group, topic = request.group.name, request.topic.name
-    config = broker.topics.get(topic)
-    if config is None:
-        return rpc.AckMessageResponse(status=status(pb.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist"))
-    if not group:
-        return rpc.AckMessageResponse(status=status(pb.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty"))
+    try:
+        read_queues = _read_queues(broker, group, topic)
+    except GrpcRequestError as exc:
+        return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
     results = []
     for entry in request.entries:
-        receipt = decode_receipt(entry.receipt_handle)
-        if receipt is None or receipt.queue_id >= config.read_queues:
+        receipt = _receipt(entry.receipt_handle, read_queues)
+        if receipt is None:
             code, why = pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic"
         elif broker.pop.ack(group, remoting_queue(topic, receipt.queue_id), receipt.offset, receipt.due_ms) is None:
-            code, why = pb.INVALID_RECEIPT_HANDLE, "acked already, or its invisible time ran out and it came back"
+            code, why = pb.INVALID_RECEIPT_HANDLE, GONE
         else:
             code, why = pb.OK, ""
         results.append(rpc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
@@ -105,3 +104,45 @@ def ack(broker: RemotingBroker, request: rpc.AckMessageRequest) -> rpc.AckMessag
     codes = {r.status.code for r in results}
     overall = codes.pop() if len(codes) == 1 else pb.MULTIPLE_RESULTS
     return rpc.AckMessageResponse(status=status(overall), entries=results)
+
+
+def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisibleDurationRequest
+                              ) -> rpc.ChangeInvisibleDurationResponse:
+    """A received message made invisible for the new duration from now; its new receipt
+    handle (the old one is gone)."""
+    group, topic = request.group.name, request.topic.name
+    invisible_ms = request.invisible_duration.ToMilliseconds()
+    try:
+        read_queues = _read_queues(broker, group, topic)
+        if invisible_ms <= 0:
+            raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
+        receipt = _receipt(request.receipt_handle, read_queues)
+        if receipt is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
+        pop_time = broker.pop.change(group, remoting_queue(topic, receipt.queue_id), receipt.offset, receipt.due_ms,
+                                     invisible_ms)
+        if pop_time is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, GONE)
+    except GrpcRequestError as exc:
+        return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
+    changed = Receipt(receipt.queue_id, receipt.offset, pop_time + invisible_ms)
+    return rpc.ChangeInvisibleDurationResponse(status=status(pb.OK), receipt_handle=changed.encode())
+
+
+GONE = "acked already, or its invisible time ran out and it came back"
+
+
+def _read_queues(broker: RemotingBroker, group: str, topic: str) -> int:
+    """The read queue count of the topic an ack or change names; GrpcRequestError when it
+    or the group is unknown or empty."""
+    config = broker.topics.get(topic)
+    if config is None:
+        raise GrpcRequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+    if not group:
+        raise GrpcRequestError(pb.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty")
+    return config.read_queues
+
+
+def _receipt(text: str, read_queues: int) -> Receipt | None:
+    receipt = decode_receipt(text)
+    return receipt if receipt is not None and receipt.queue_id < read_queues else None

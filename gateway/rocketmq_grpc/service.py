@@ -88,7 +88,7 @@ class MessagingService(MessagingServiceServicer):
         settings.backoff_policy.exponential_backoff.multiplier = 2.0
         return settings
 
-    # -- SimpleConsumer: receive and ack (consumption.py) ---------------------------------------
+    # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
         async for answer in consumption.receive(self.broker, _principal(context), request):
@@ -97,6 +97,10 @@ class MessagingService(MessagingServiceServicer):
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
         return consumption.ack(self.broker, request)
+
+    async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
+                                      context: grpc.aio.ServicerContext) -> rpc.ChangeInvisibleDurationResponse:
+        return consumption.change_invisible_duration(self.broker, request)
 
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
