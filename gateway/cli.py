@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{proto}-bind", metavar="HOST:PORT",
             help=f"{proto} listener (default {default}: 127.0.0.1 and ::1; [::1]:PORT for IPv6; empty = off)"
         )
+    serve.add_argument("--grpc-bind", metavar="HOST:PORT",
+                       help="RocketMQ 5 clients over gRPC (default off; needs the remoting listener)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
     serve.add_argument("--admin-token", metavar="TOKEN",
                        help="the operator's bearer token on /admin and /data (tidemq ctl --token)")
@@ -170,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mqtt_bind": args.mqtt_bind,
         "amqp_bind": args.amqp_bind,
         "remoting_bind": args.remoting_bind,
+        "grpc_bind": args.grpc_bind,
         "metrics_bind": args.metrics_bind,
         "admin_token": args.admin_token,
         "admin_users": args.admin_users,

@@ -77,6 +77,8 @@ class Config:
     mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
     amqp_bind: str = "localhost:5672"
     remoting_bind: str = "localhost:9876"
+    # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
+    grpc_bind: str = ""
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
     admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
@@ -298,7 +300,7 @@ def load_config(
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
-    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
+    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "grpc_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
         parse_bind(getattr(cfg, name), name)
     validate_admin_access(cfg)
     if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
@@ -346,6 +348,7 @@ def validate(cfg: Config) -> None:
     if cfg.lookup_backend == "redis" and not cfg.redis_url:
         raise ConfigError("lookup_backend redis needs redis_url (redis://host:port/db)", "lookup_backend")
     validate_replication(cfg)
+    validate_grpc(cfg)
     if cfg.role == "gateway":
         if not cfg.replication_group and parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT", "role")
@@ -432,6 +435,22 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def validate_grpc(cfg: Config) -> None:
+    """The gRPC listener is served by the remoting node (embedded or store), and checks no
+    AccessKey signature yet: refused where requests must be authenticated."""
+    if not cfg.grpc_bind:
+        return
+    if cfg.role == "gateway":
+        raise ConfigError("grpc_bind: RocketMQ 5 clients connect to the store node, not to gateway nodes yet",
+                          "grpc_bind")
+    if not cfg.remoting_bind:
+        raise ConfigError("grpc_bind needs remoting_bind: the gRPC calls are answered by the remoting node",
+                          "grpc_bind")
+    if cfg.password_file or cfg.acl_file or cfg.access_keys_file:
+        raise ConfigError("grpc_bind: gRPC requests are not authenticated yet (no AccessKey signature check), so "
+                          "it cannot be served with a password file, ACL or access keys", "grpc_bind")
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from lookup.api import Lookup, LookupOptions
@@ -52,6 +53,9 @@ from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .remoting.transactions import TransactionSettings
+
+if TYPE_CHECKING:
+    from .rocketmq_grpc.server import GrpcServer
 from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
 
@@ -84,6 +88,7 @@ class Gateway:
         self.mqtt: MQTTBroker | None = None
         self.amqp: AMQPBroker | None = None
         self.remoting: RemotingBroker | None = None
+        self.grpc: GrpcServer | None = None  # RocketMQ 5 clients (grpc_bind)
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -170,6 +175,9 @@ class Gateway:
                 else:
                     server = await self._start_remoting(bind)
                 self._started(protocol, server)
+            grpc_bind = parse_bind(self.config.grpc_bind, "grpc_bind")
+            if grpc_bind is not None and self.remoting is not None:
+                await self._start_grpc(grpc_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
@@ -458,6 +466,17 @@ class Gateway:
         broker.set_address(cfg.remoting_advertise or format_address(cfg.store_host if host in ('0.0.0.0', '::') else host, port))
         return server
 
+    async def _start_grpc(self, bind: tuple[str, int]) -> None:
+        """The gRPC listener of RocketMQ 5 clients, answered by the remoting node."""
+        from .rocketmq_grpc.server import GrpcServer  # (grpcio and the generated modules: only when asked for)
+        assert self.remoting is not None
+        host = bind[0]
+        advertised = self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" \
+            else host
+        self.grpc = GrpcServer(self.remoting, self.pressure)
+        address = await self.grpc.start(host, bind[1], advertised)
+        log.info("listener started protocol=grpc address=%s", format_address(*address))
+
     async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:
         """Event-loop lag: how much later than asked a sleep wakes up (a busy or blocked loop)."""
         loop = asyncio.get_running_loop()
@@ -529,6 +548,9 @@ class Gateway:
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None
+        if self.grpc is not None:
+            await self.grpc.stop()
+            self.grpc = None
         if self.remoting is not None:
             await self.remoting.stop()
             self.remoting = None

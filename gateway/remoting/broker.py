@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +40,11 @@ from store import (
     StoreError,
     StoreWriteError,
 )
-from store import InvalidMessageError, MessageTooLargeError
+from store import InvalidMessageError, Message, MessageTooLargeError
 from store import HALF, TIMER
 from store import RateLimitedLog
 
+from ..auth.authorize import Principal
 from ..core.pop import PopService
 from ..deadlines import Deadlines, StalledReads
 from ..interop import (
@@ -87,6 +89,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.remoting")
 
 DEFAULT_MAX_RECONSUME_TIMES = 16
+
+
+@dataclass(slots=True)
+class Sent:
+    """A message handed to the store by ``put_message``: its put, the topic queue it went to
+    (``own``, the store queue) and the properties it was stored with."""
+
+    future: asyncio.Future[Sequence[PutResult]]
+    queue_id: int
+    own: str
+    properties: dict[str, str]
+    batch: list[tuple[Message, list[str]]]
 
 
 class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests, QueryRequests,
@@ -355,40 +369,49 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         header = SendMessageHeader.from_ext_fields(request.code, request.ext_fields)
         if header.batch:
             return self.send_batch(conn, request, header)
-        properties = client_properties(header.properties)
-        self.access.check_send(conn.principal, header.topic, properties)  # (before the topic is created)
-        properties = with_origin(header.topic, properties)
-        queue_id = self._writable(header.topic, header.queue_id, header.default_topic_queue_nums,
-                                  properties.get(SHARDING_KEY))
-        max_reconsume = header.max_reconsume_times if header.max_reconsume_times is not None \
-            else self.max_reconsume_times
-        record_topic, queue_id, properties, targets, level_due = self._placement(
-            header.topic, queue_id, properties, header.reconsume_times or 0, max_reconsume)
         body, sys_flag = plain_body(request.body, header.sys_flag, self.store.options.max_message_size)
+        sent = self.put_message(conn.principal, header.topic, body, client_properties(header.properties),
+                                queue_id=header.queue_id, default_queues=header.default_topic_queue_nums,
+                                flag=header.flag, sys_flag=sys_flag, born_timestamp=header.born_timestamp,
+                                born_host=conn.peer, reconsume_times=header.reconsume_times or 0,
+                                max_reconsume=header.max_reconsume_times)
+        if conn.tracer is not None:
+            conn.tracer.watch_put("remoting", conn.client_id or conn.peer, sent.batch, sent.future)
+
+        def respond(results: Sequence[PutResult]) -> RemotingCommand | None:
+            if request.is_oneway:
+                return None
+            return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
+                self.msg_id(results[0].position), sent.queue_id, results[0].queue_offsets.get(sent.own, -1),
+                transaction_id=sent.properties.get(UNIQ_KEY)).to_ext_fields())
+        return Pending(sent.future, respond)
+
+    def put_message(self, who: Principal, topic: str, body: bytes, properties: dict[str, str], *, queue_id: int,
+                    default_queues: int = 0, flag: int = 0, sys_flag: int = 0, born_timestamp: int = 0,
+                    born_host: str = "", reconsume_times: int = 0, max_reconsume: int | None = None) -> Sent:
+        """Store one message sent to remoting topic ``topic`` (by a remoting or gRPC client):
+        the sender's rights, the topic's queue (created when new), retries, delay levels, timers
+        and transactions' half messages as RocketMQ's broker does. Raises BadRequest."""
+        self.access.check_send(who, topic, properties)  # (before the topic is created)
+        properties = with_origin(topic, properties)
+        queue_id = self._writable(topic, queue_id, default_queues, properties.get(SHARDING_KEY))
+        max_reconsume = max_reconsume if max_reconsume is not None else self.max_reconsume_times
+        record_topic, queue_id, properties, targets, level_due = self._placement(
+            topic, queue_id, properties, reconsume_times, max_reconsume)
         now = int(time.time() * 1000)
         half = is_half(properties, sys_flag)
         if half and level_due is not None:
             raise BadRequest("a transaction's half message cannot have a delay level", ResponseCode.MESSAGE_ILLEGAL)
         due = timer_due_ms(properties, now) if not half else self.transactions.first_check_ms(properties, now)
         due = level_due if level_due is not None else due
-        message = to_store_message(record_topic, body, properties, flag=header.flag, sys_flag=sys_flag,
-                                   born_timestamp=header.born_timestamp or now,
-                                   born_host=conn.peer, reconsume_times=header.reconsume_times or 0)
+        message = to_store_message(record_topic, body, properties, flag=flag, sys_flag=sys_flag,
+                                   born_timestamp=born_timestamp or now, born_host=born_host,
+                                   reconsume_times=reconsume_times)
         if due is not None:  # held in the store: until then (timers.py), or its transaction's end
             message.hold_kind, message.hold_due_ms = HALF if half else TIMER, due
-        future = self.store.put_batch_nowait([(message, targets)])
-        if conn.tracer is not None:
-            conn.tracer.watch_put("remoting", conn.client_id or conn.peer, [(message, targets)], future)
+        batch = [(message, targets)]
         self.stats.messages_received += 1
-        own = targets[0]
-
-        def respond(results: Sequence[PutResult]) -> RemotingCommand | None:
-            if request.is_oneway:
-                return None
-            return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
-                self.msg_id(results[0].position), queue_id, results[0].queue_offsets.get(own, -1),
-                transaction_id=properties.get(UNIQ_KEY)).to_ext_fields())
-        return Pending(future, respond)
+        return Sent(self.store.put_batch_nowait(batch), queue_id, targets[0], properties, batch)
 
     def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:

@@ -65,7 +65,12 @@ def client_properties(text: str | None) -> dict[str, str]:
     """A send's properties; MESSAGE_ILLEGAL for a name of the gateway's internal ones (``rmq.*``,
     the other protocols'): only the gateway sets those (the ACL judges readers by ``rmq.ot``),
     as RocketMQ's client refuses the names its system uses."""
-    properties = decode_properties(text or "")
+    return checked_properties(decode_properties(text or ""))
+
+
+def checked_properties(properties: dict[str, str]) -> dict[str, str]:
+    """``properties`` of a send, refused (MESSAGE_ILLEGAL) when one is named as the gateway's
+    internal ones are."""
     internal = sorted(name for name in properties if name.startswith(INTERNAL_PREFIXES))
     if internal:
         raise BadRequest(f"the property {internal[0]} is used by the system (names starting "

@@ -13,6 +13,7 @@ retry flag is always 0); orderly pop (``order=true``) is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import asyncio
@@ -43,6 +44,7 @@ from .topics import dlq_topic
 if TYPE_CHECKING:
     from ..auth.authorize import Principal
     from .connection import RemotingConnection
+    from .selectors import Selector
 
 MAX_POP_MESSAGES = 32  # RocketMQ's broker refuses more
 MAX_GROUP_CHARS = 255
@@ -156,7 +158,9 @@ def _batch_ack_field(ack: dict):
 class PopRequests(BrokerParts):
     _pop_turn = itertools.count()
 
-    def _pop_queues(self, topic: str, queue_id: int) -> list[int]:
+    def pop_queues(self, topic: str, queue_id: int) -> list[int]:
+        """The queue ids a pop of ``queue_id`` reads (-1: every queue of the topic, from a
+        different one each time); BadRequest for an unknown or unreadable topic or queue."""
         config = self.topics.get(topic)
         if config is None:
             raise BadRequest(f"topic[{topic}] not exist, apply first please!", ResponseCode.TOPIC_NOT_EXIST)
@@ -181,10 +185,21 @@ class PopRequests(BrokerParts):
         if not 0 < max_messages <= MAX_POP_MESSAGES:
             raise BadRequest(f"the pop message's num must be 1 to {MAX_POP_MESSAGES}", ResponseCode.INVALID_PARAMETER)
         _in_range(invisible_ms, "invisibleTime")
-        queue_ids = self._pop_queues(topic, int_field(ext, "queueId"))
+        queue_ids = self.pop_queues(topic, int_field(ext, "queueId"))
         selector = self.selectors.get(ext.get("exp") or None, ext.get("expType") or None)
-        admit = self.access.pop_admission(conn.principal, topic, lambda: self._popping_members(group, topic))
-        init_mode = int_field(ext, "initMode", 0)
+        pop_once = self.pop_round(conn.principal, group, topic, queue_ids, max_messages, invisible_ms, selector,
+                                  int_field(ext, "initMode", 0))
+        found = pop_once()
+        answer = PopAsk(conn, request, group, topic, invisible_ms)
+        if any(p.messages for _, p in found) or poll_ms <= 0:
+            return self._pop_response(answer, found)
+        return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
+
+    def pop_round(self, who: Principal, group: str, topic: str, queue_ids: list[int], max_messages: int,
+                  invisible_ms: int, selector: Selector, init_mode: int = 0) -> Callable[[], list[tuple[int, Popped]]]:
+        """One pop over ``queue_ids`` of ``topic`` for ``group`` (a remoting or gRPC consumer),
+        to call now and again after a hold: (queue id, what it popped) per queue visited."""
+        admit = self.access.pop_admission(who, topic, lambda: self._popping_members(group, topic))
 
         def pop_once() -> list[tuple[int, Popped]]:
             out = []
@@ -202,12 +217,7 @@ class PopRequests(BrokerParts):
                 if room <= 0:
                     break
             return out
-
-        found = pop_once()
-        answer = PopAsk(conn, request, group, topic, invisible_ms)
-        if any(p.messages for _, p in found) or poll_ms <= 0:
-            return self._pop_response(answer, found)
-        return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
+        return pop_once
 
     def _popping_members(self, group: str, topic: str) -> list[Principal]:
         """Who the members of ``group`` subscribed to ``topic`` are (by their heartbeats)."""
@@ -219,15 +229,21 @@ class PopRequests(BrokerParts):
         return self.store.get_offset_now(CONSUMER_PREFIX + group, queue)
 
     async def _held_pop(self, answer: PopAsk, queue_ids: list[int], pop_once, timeout_s: float) -> RemotingCommand:
+        return self._pop_response(answer, await self.held_pop(answer.topic, queue_ids, pop_once, timeout_s))
+
+    async def held_pop(self, topic: str, queue_ids: list[int], pop_once: Callable[[], list[tuple[int, Popped]]],
+                       timeout_s: float) -> list[tuple[int, Popped]]:
+        """``pop_once`` again whenever a queue may have something, until it pops some or
+        ``timeout_s`` is up (PopLongPollingService)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        queues = [remoting_queue(answer.topic, q) for q in queue_ids]
-        found = []
+        queues = [remoting_queue(topic, q) for q in queue_ids]
+        found: list[tuple[int, Popped]] = []
         while (left := deadline - loop.time()) > 0 and await self.pop_waiters.wait(queues, left):
             found = pop_once()
             if any(p.messages for _, p in found):
                 break
-        return self._pop_response(answer, found)
+        return found
 
     def _pop_response(self, answer: PopAsk, found: list[tuple[int, Popped]]) -> RemotingCommand:
         conn, request, group, topic, invisible_ms = (answer.conn, answer.request, answer.group, answer.topic,

@@ -1,0 +1,148 @@
+"""ReceiveMessage, AckMessage and ChangeInvisibleDuration of RocketMQ 5's SimpleConsumer over the remoting node's pop
+consumption (gateway/remoting/pops.py, gateway/core/pop.py): a receive pops every queue of the
+topic for the group, long-polled; its messages stay invisible until acked or their invisible
+duration runs out (then they come back). An empty receive is MESSAGE_NOT_FOUND."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from protocols.remoting.tags import EXPRESSION_SQL92, EXPRESSION_TAG
+from protocols.rocketmq_grpc.messages import GrpcRequestError, status
+from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
+
+from ..auth.authorize import Principal
+from ..interop import remoting_queue
+from ..remoting.broker import RemotingBroker
+from ..remoting.pops import MAX_POP_MESSAGES
+from ..remoting.requests import BadRequest
+from .codes import grpc_code_of_remoting
+from .deliveries import grpc_message
+
+_EXPRESSION_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: EXPRESSION_TAG, pb.TAG: EXPRESSION_TAG, pb.SQL: EXPRESSION_SQL92}
+
+
+async def receive(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest
+                  ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+    """The answers to one ReceiveMessage: its messages, then its status."""
+    try:
+        found, topic, invisible_ms = await _pop(broker, who, request)
+    except GrpcRequestError as exc:
+        yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
+        return
+    except BadRequest as exc:
+        yield rpc.ReceiveMessageResponse(status=status(grpc_code_of_remoting(exc.code), str(exc)))
+        return
+    count = 0
+    for queue_id, popped in found:
+        for message, point in zip(popped.messages, popped.points):
+            count += 1
+            yield rpc.ReceiveMessageResponse(message=grpc_message(
+                message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
+                broker.msg_id(message.position)))
+    broker.stats.messages_sent += count
+    if count == 0:
+        yield rpc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
+    else:
+        yield rpc.ReceiveMessageResponse(status=status(pb.OK))
+
+
+async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest):
+    group, topic = request.group.name, request.message_queue.topic.name
+    if not group:
+        raise GrpcRequestError(pb.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty")
+    if request.auto_renew:  # (the PushConsumer's: its renewal is not built yet)
+        raise GrpcRequestError(pb.UNSUPPORTED, "auto_renew (the PushConsumer's receive) is not supported yet")
+    if not 0 < request.batch_size <= MAX_POP_MESSAGES:
+        raise GrpcRequestError(pb.BAD_REQUEST, f"batch_size is 1 to {MAX_POP_MESSAGES}")
+    invisible_ms = request.invisible_duration.ToMilliseconds()
+    if invisible_ms <= 0:
+        raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
+    poll_ms = request.long_polling_timeout.ToMilliseconds()
+    if poll_ms < 0:
+        raise GrpcRequestError(pb.ILLEGAL_POLLING_TIME, "the long polling timeout is negative")
+    if broker.topics.get(topic) is None:
+        raise GrpcRequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (its route query creates it)")
+    expression = request.filter_expression
+    kind = _EXPRESSION_TYPES.get(expression.type)
+    if kind is None:
+        raise GrpcRequestError(pb.ILLEGAL_FILTER_EXPRESSION, f"filter type {expression.type} is not known")
+    try:
+        selector = broker.selectors.get(expression.expression or None, kind)
+    except BadRequest as exc:
+        raise GrpcRequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
+    queue_ids = broker.pop_queues(topic, -1)  # (every queue of the topic, as the proxy pops them)
+    pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector)
+    found = pop_once()
+    if not any(p.messages for _, p in found) and poll_ms > 0:
+        found = await broker.held_pop(topic, queue_ids, pop_once, min(poll_ms / 1000, broker.long_poll_max_s))
+    return found, topic, invisible_ms
+
+
+def ack(broker: RemotingBroker, request: rpc.AckMessageRequest) -> rpc.AckMessageResponse:
+    """Each entry acked by its receipt handle; INVALID_RECEIPT_HANDLE for one not this
+    gateway's, or whose check point is gone (acked already, or the message came back)."""
+    group, topic = request.group.name, request.topic.name
+    try:
+        read_queues = _read_queues(broker, group, topic)
+    except GrpcRequestError as exc:
+        return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
+    results = []
+    for entry in request.entries:
+        receipt = _receipt(entry.receipt_handle, read_queues)
+        if receipt is None:
+            code, why = pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic"
+        elif broker.pop.ack(group, remoting_queue(topic, receipt.queue_id), receipt.offset, receipt.due_ms) is None:
+            code, why = pb.INVALID_RECEIPT_HANDLE, GONE
+        else:
+            code, why = pb.OK, ""
+        results.append(rpc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                 status=status(code, why)))
+    codes = {r.status.code for r in results}
+    overall = codes.pop() if len(codes) == 1 else pb.MULTIPLE_RESULTS
+    return rpc.AckMessageResponse(status=status(overall), entries=results)
+
+
+def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisibleDurationRequest
+                              ) -> rpc.ChangeInvisibleDurationResponse:
+    """A received message made invisible for the new duration from now; its new receipt
+    handle (the old one is gone)."""
+    group, topic = request.group.name, request.topic.name
+    invisible_ms = request.invisible_duration.ToMilliseconds()
+    try:
+        read_queues = _read_queues(broker, group, topic)
+        if invisible_ms <= 0:
+            raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
+        receipt = _receipt(request.receipt_handle, read_queues)
+        if receipt is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
+        pop_time = broker.pop.change(group, remoting_queue(topic, receipt.queue_id), receipt.offset, receipt.due_ms,
+                                     invisible_ms)
+        if pop_time is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, GONE)
+    except GrpcRequestError as exc:
+        return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
+    changed = Receipt(receipt.queue_id, receipt.offset, pop_time + invisible_ms)
+    return rpc.ChangeInvisibleDurationResponse(status=status(pb.OK), receipt_handle=changed.encode())
+
+
+GONE = "acked already, or its invisible time ran out and it came back"
+
+
+def _read_queues(broker: RemotingBroker, group: str, topic: str) -> int:
+    """The read queue count of the topic an ack or change names; GrpcRequestError when it
+    or the group is unknown or empty."""
+    config = broker.topics.get(topic)
+    if config is None:
+        raise GrpcRequestError(pb.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+    if not group:
+        raise GrpcRequestError(pb.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty")
+    return config.read_queues
+
+
+def _receipt(text: str, read_queues: int) -> Receipt | None:
+    receipt = decode_receipt(text)
+    return receipt if receipt is not None and receipt.queue_id < read_queues else None

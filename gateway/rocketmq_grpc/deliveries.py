@@ -1,0 +1,37 @@
+"""A popped message as a gRPC consumer receives it: the remoting view of the record (its
+properties as a remoting consumer of the topic sees them) in RocketMQ 5's message shape."""
+
+from __future__ import annotations
+
+import zlib
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from protocols.remoting.properties import DELAY, KEYS, TAGS, UNIQ_KEY
+from protocols.rocketmq_grpc.receipts import Receipt
+from store import CheckPoint, StoredMessage
+
+from ..remoting.messages import BORN_HOST_PROPERTY, RECONSUME_PROPERTY, shown_properties
+
+
+def grpc_message(message: StoredMessage, topic: str, queue_id: int, point: CheckPoint, due_ms: int,
+                 invisible_ms: int, offset_msg_id: str) -> pb.Message:
+    """``message`` popped from ``topic``'s queue ``queue_id`` under check point ``point``, due
+    at ``due_ms`` (its pop's time plus ``invisible_ms``). Its body's CRC32 goes with it (the
+    clients check it)."""
+    shown = shown_properties(message, topic)
+    tag, keys, message_id = shown.pop(TAGS, ""), shown.pop(KEYS, ""), shown.pop(UNIQ_KEY, "")
+    shown.pop(DELAY, None)
+    system = pb.SystemProperties(
+        tag=tag, keys=keys.split(), message_id=message_id or offset_msg_id, body_encoding=pb.IDENTITY,
+        message_type=pb.NORMAL, born_host=message.properties.get(BORN_HOST_PROPERTY, ""), queue_id=queue_id,
+        queue_offset=point.offset, receipt_handle=Receipt(queue_id, point.offset, due_ms).encode(),
+        delivery_attempt=int(message.properties.get(RECONSUME_PROPERTY, "0")) + point.attempts + 1)
+    body = bytes(message.body)
+    system.body_digest.type = pb.CRC32
+    system.body_digest.checksum = format(zlib.crc32(body), "08X")
+    system.born_timestamp.FromMilliseconds(message.born_timestamp)
+    system.store_timestamp.FromMilliseconds(message.store_timestamp)
+    system.invisible_duration.FromMilliseconds(invisible_ms)
+    return pb.Message(topic=pb.Resource(name=topic), user_properties=shown, system_properties=system,
+                      body=body)

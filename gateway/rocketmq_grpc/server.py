@@ -1,0 +1,37 @@
+"""The gRPC listener: grpcio's asyncio server with the ``MessagingService``; stopped with a
+grace period in which calls under way finish and new ones are refused."""
+
+from __future__ import annotations
+
+import grpc
+from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer_to_server
+
+from ..pressure import StorePressure
+from ..remoting.broker import RemotingBroker
+from .service import MessagingService
+
+STOP_GRACE_S = 2.0
+
+
+class GrpcServer:
+    def __init__(self, broker: RemotingBroker, pressure: StorePressure | None = None) -> None:
+        self.broker = broker
+        self.pressure = pressure
+        self.server: grpc.aio.Server | None = None
+        self.address: tuple[str, int] = ("", 0)
+
+    async def start(self, host: str, port: int, advertised_host: str) -> tuple[str, int]:
+        """Listen on HOST:PORT (port 0: any free one); routes name ``advertised_host`` and the port."""
+        self.server = grpc.aio.server()
+        bound = self.server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"grpc_bind: cannot listen on {host}:{port}")
+        self.address = (advertised_host, bound)
+        add_MessagingServiceServicer_to_server(MessagingService(self.broker, self.address, self.pressure), self.server)
+        await self.server.start()
+        return self.address
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(STOP_GRACE_S)
+            self.server = None

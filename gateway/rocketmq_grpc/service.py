@@ -1,0 +1,137 @@
+"""The ``MessagingService`` calls RocketMQ 5 clients make, answered from the remoting node
+(gateway/remoting/broker.py): its topics and queues, and its one send path, so a message sent
+over gRPC is stored and read as a remoting send is. Calls not built yet answer UNIMPLEMENTED
+(grpcio's default) rather than something close."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
+
+from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, grpc_send, status
+from store import StoreError
+
+from ..auth.authorize import Principal
+from ..pressure import StorePressure
+from ..remoting.broker import RemotingBroker
+from ..remoting.messages import checked_properties
+from ..remoting.requests import BadRequest
+from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
+from . import consumption
+from .codes import grpc_code_of_remoting, grpc_code_of_store_error
+
+log = logging.getLogger("tidemq.grpc")
+
+MAX_BODY_SIZE_DEFAULT = 4 << 20  # (clamped to the store's limit)
+
+
+class MessagingService(MessagingServiceServicer):
+    def __init__(self, broker: RemotingBroker, advertised: tuple[str, int], pressure: StorePressure | None = None
+                 ) -> None:
+        self.broker = broker
+        self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
+        self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
+        self._next_queue = itertools.count()  # round robin over a topic's queues for sends
+
+    # -- routes --------------------------------------------------------------------------------
+    async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext
+                         ) -> rpc.QueryRouteResponse:
+        name = request.topic.name
+        try:
+            topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
+        except ValueError as exc:
+            return rpc.QueryRouteResponse(status=status(pb.ILLEGAL_TOPIC, str(exc)))
+        host, port = self.advertised
+        broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
+            scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
+        permission = {PERM_READ | PERM_WRITE: pb.READ_WRITE, PERM_READ: pb.READ, PERM_WRITE: pb.WRITE}.get(
+            topic.perm & (PERM_READ | PERM_WRITE), pb.NONE)
+        queues = [pb.MessageQueue(topic=request.topic, id=queue_id, permission=permission, broker=broker,
+                                  accept_message_types=SUPPORTED_TYPES)
+                  for queue_id in range(max(topic.read_queues, topic.write_queues))]
+        return rpc.QueryRouteResponse(status=status(pb.OK), message_queues=queues)
+
+    # -- clients -------------------------------------------------------------------------------
+    async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
+                        ) -> rpc.HeartbeatResponse:
+        return rpc.HeartbeatResponse(status=status(pb.OK))
+
+    async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest,
+                                      context: grpc.aio.ServicerContext) -> rpc.NotifyClientTerminationResponse:
+        return rpc.NotifyClientTerminationResponse(status=status(pb.OK))
+
+    async def Telemetry(self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[rpc.TelemetryCommand]:
+        """Each client's settings answered with the server's: the client's own, with the
+        publishing limits of this node."""
+        async for command in requests:
+            if not command.HasField("settings"):
+                continue  # (thread stack and verification answers: no command asks for them yet)
+            yield rpc.TelemetryCommand(status=status(pb.OK), settings=self._settings(command.settings))
+
+    def _settings(self, client: pb.Settings) -> pb.Settings:
+        settings = pb.Settings()
+        settings.CopyFrom(client)
+        if client.HasField("publishing"):
+            limit = min(MAX_BODY_SIZE_DEFAULT, self.broker.store.options.max_message_size)
+            settings.publishing.max_body_size = limit
+            settings.publishing.validate_message_type = True
+        settings.backoff_policy.max_attempts = client.backoff_policy.max_attempts or 3
+        settings.backoff_policy.exponential_backoff.initial.FromMilliseconds(10)
+        settings.backoff_policy.exponential_backoff.max.FromSeconds(1)
+        settings.backoff_policy.exponential_backoff.multiplier = 2.0
+        return settings
+
+    # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
+    async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        async for answer in consumption.receive(self.broker, _principal(context), request):
+            yield answer
+
+    async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
+                         ) -> rpc.AckMessageResponse:
+        return consumption.ack(self.broker, request)
+
+    async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
+                                      context: grpc.aio.ServicerContext) -> rpc.ChangeInvisibleDurationResponse:
+        return consumption.change_invisible_duration(self.broker, request)
+
+    # -- sending -------------------------------------------------------------------------------
+    async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
+                          ) -> rpc.SendMessageResponse:
+        if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
+            return rpc.SendMessageResponse(status=status(pb.UNSUPPORTED, "send one message per request"))
+        if self.pressure is not None and self.pressure.raised:
+            return rpc.SendMessageResponse(status=status(pb.TOO_MANY_REQUESTS,
+                                                         f"publishers are blocked: {self.pressure.reason}"))
+        who = _principal(context)
+        try:
+            send = grpc_send(request.messages[0])
+            if not valid_topic(send.topic):
+                raise GrpcRequestError(pb.ILLEGAL_TOPIC, f"topic name {send.topic!r} is not valid "
+                                                         "(at most 127 of [%|a-zA-Z0-9_-])")
+            sent = self.broker.put_message(who, send.topic, send.body, checked_properties(send.properties),
+                                           queue_id=next(self._next_queue), born_timestamp=send.born_timestamp,
+                                           born_host=send.born_host)
+            results = await sent.future
+        except GrpcRequestError as exc:
+            return rpc.SendMessageResponse(status=status(exc.code, str(exc)))
+        except BadRequest as exc:
+            return rpc.SendMessageResponse(status=status(grpc_code_of_remoting(exc.code), str(exc)))
+        except StoreError as exc:
+            return rpc.SendMessageResponse(status=status(grpc_code_of_store_error(exc), f"store error: {exc}"))
+        entry = rpc.SendResultEntry(status=status(pb.OK), message_id=send.message_id,
+                                    offset=results[0].queue_offsets.get(sent.own, -1))
+        return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
+
+
+def _principal(context: grpc.aio.ServicerContext) -> Principal:
+    """Who calls: anonymous (AccessKey signatures are not checked over gRPC yet; config.py
+    refuses grpc_bind where they would be needed)."""
+    return Principal("grpc", None, None, context.peer())

@@ -1,0 +1,74 @@
+"""A gRPC ``Message`` as the remoting side stores a send: its tag, keys and message id become
+the remoting properties (TAGS, KEYS, UNIQ_KEY) beside the user properties, so remoting, MQTT
+and AMQP readers see it as any RocketMQ message. Types this gateway does not take over gRPC
+yet are refused with the protocol's code, never stored as another type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
+
+SUPPORTED_TYPES = (pb.NORMAL,)  # the message types the routes accept (route.py)
+
+
+class GrpcRequestError(Exception):
+    """A request the protocol refuses with a specific status ``code`` (``definition_pb2.Code``)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class GrpcSend:
+    """One message of a SendMessage request, as the store takes it."""
+
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    born_timestamp: int  # ms
+    born_host: str
+    message_id: str
+
+
+def grpc_send(message: pb.Message) -> GrpcSend:
+    """The send of ``message``; GrpcRequestError for one this gateway cannot take."""
+    system = message.system_properties
+    if system.message_type not in SUPPORTED_TYPES:
+        name = pb.MessageType.Name(system.message_type) if system.message_type in pb.MessageType.values() \
+            else str(system.message_type)
+        raise GrpcRequestError(pb.UNSUPPORTED, f"message type {name} is not supported over gRPC by TideMQ yet "
+                                               f"(NORMAL is)")
+    if system.HasField("delivery_timestamp") or system.message_group:
+        raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                               "a NORMAL message has no delivery timestamp and no message group")
+    if system.body_encoding not in (pb.ENCODING_UNSPECIFIED, pb.IDENTITY):
+        raise GrpcRequestError(pb.UNSUPPORTED, "only IDENTITY bodies are taken (no GZIP)")
+    if not message.body:
+        raise GrpcRequestError(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
+    if not system.message_id:
+        raise GrpcRequestError(pb.ILLEGAL_MESSAGE_ID, "the message has no message id")
+    for key in system.keys:
+        if not key or any(c.isspace() for c in key):
+            raise GrpcRequestError(pb.ILLEGAL_MESSAGE_KEY, f"message key {key!r} is empty or has white space")
+    if system.tag and ("|" in system.tag or system.tag.isspace()):
+        raise GrpcRequestError(pb.ILLEGAL_MESSAGE_TAG, f"message tag {system.tag!r} may not contain '|'")
+    properties = dict(message.user_properties)
+    for name in (TAGS, KEYS, UNIQ_KEY):
+        if name in properties:
+            raise GrpcRequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the user property {name} is reserved")
+    if system.tag:
+        properties[TAGS] = system.tag
+    if system.keys:
+        properties[KEYS] = " ".join(system.keys)
+    properties[UNIQ_KEY] = system.message_id
+    born = system.born_timestamp
+    born_ms = born.seconds * 1000 + born.nanos // 1_000_000 if system.HasField("born_timestamp") else 0
+    return GrpcSend(message.topic.name, message.body, properties, born_ms, system.born_host, system.message_id)
+
+
+def status(code: int, message: str = "") -> pb.Status:
+    return pb.Status(code=code, message=message or pb.Code.Name(code))
