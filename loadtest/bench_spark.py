@@ -61,13 +61,13 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from loadtest import runner
+from loadtest.spark_telemetry import start_spark
 
 DEVICES = 1000
 PUT_BATCH = 20_000
@@ -121,24 +121,6 @@ async def flush(store) -> None:
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, store.commitlog.flush)
     await loop.run_in_executor(None, store.index.flush)
-
-
-def start_spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    from spark_sinks import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("tidemq-bench")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.python.filterPushdown.enabled", "true")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
 
 
 # what each aggregation reads: the source is given this schema (the pruned read, bridge/pruning.py)
@@ -342,7 +324,7 @@ def main() -> None:
     out = runner.Lines(args.out)
     try:
         t = time.perf_counter()
-        spark = start_spark()
+        spark = start_spark(app="tidemq-bench")
         print(f"# spark session in {time.perf_counter() - t:.1f} s", flush=True)
         if "source" in parts or "parquet" in parts:
             gw = GatewayThread(tmp / "data")

@@ -35,28 +35,26 @@ async def grpc_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple[Gat
 
 
 @contextlib.asynccontextmanager
-async def official_producer(endpoint: str, *topics: str) -> AsyncIterator[Producer]:
-    """The official client's Producer, started (route, telemetry settings) and shut down."""
-    producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), topics)
-    await asyncio.to_thread(producer.startup)
+async def started(client: Any) -> AsyncIterator[Any]:
+    """One of the official client's producers or consumers, started and shut down."""
+    await asyncio.to_thread(client.startup)
     try:
-        yield producer
+        yield client
     finally:
-        await asyncio.to_thread(producer.shutdown)
+        await asyncio.to_thread(client.shutdown)
 
 
-@contextlib.asynccontextmanager
-async def official_simple_consumer(endpoint: str, group: str, topic: str, expression: str = "*", *,
-                                   await_s: int = 2) -> AsyncIterator[SimpleConsumer]:
+def official_producer(endpoint: str, *topics: str) -> contextlib.AbstractAsyncContextManager[Producer]:
+    """The official client's Producer, started (route, telemetry settings) and shut down."""
+    return started(Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), topics))
+
+
+def official_simple_consumer(endpoint: str, group: str, topic: str, expression: str = "*", *,
+                             await_s: int = 2) -> contextlib.AbstractAsyncContextManager[SimpleConsumer]:
     """The official client's SimpleConsumer of ``topic`` (a TAG expression), long-polling
     ``await_s`` seconds per receive, started and shut down."""
-    consumer = SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group,
-                              {topic: FilterExpression(expression)}, await_duration=await_s)
-    await asyncio.to_thread(consumer.startup)
-    try:
-        yield consumer
-    finally:
-        await asyncio.to_thread(consumer.shutdown)
+    return started(SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group,
+                                  {topic: FilterExpression(expression)}, await_duration=await_s))
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pika
@@ -121,12 +122,7 @@ async def test_a_message_delivered_before_a_restart_comes_back_marked_redelivere
     url = f"amqp://guest:guest@127.0.0.1:{port}/"
     proc = start_gateway(data_dir, amqp_port=port)
     try:
-        conn = await asyncio.to_thread(blocking, url)
-        channel = conn.channel()
-        channel.confirm_delivery()
-        channel.queue_declare("seen", durable=True)
-        for i in range(6):
-            channel.basic_publish("", "seen", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        conn, channel = await filled_queue(url, "seen", 6)
         for _ in range(3):  # taken, not acknowledged
             method, _, body = channel.basic_get("seen", auto_ack=False)
             assert method is not None and not method.redelivered
@@ -163,12 +159,7 @@ async def test_a_consumers_unacked_deliveries_survive_kill_9(tmp_path: Path) -> 
     url = f"amqp://guest:guest@127.0.0.1:{port}/"
     proc = start_gateway(data_dir, amqp_port=port)
     try:
-        conn = await asyncio.to_thread(blocking, url)
-        channel = conn.channel()
-        channel.confirm_delivery()
-        channel.queue_declare("filled", durable=True)
-        for i in range(300):
-            channel.basic_publish("", "filled", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        conn, channel = await filled_queue(url, "filled", 300)
         channel.basic_qos(prefetch_count=100)
         acked: list[int] = []
         for method, _, body in channel.consume("filled", inactivity_timeout=5):
@@ -192,3 +183,15 @@ async def test_a_consumers_unacked_deliveries_survive_kill_9(tmp_path: Path) -> 
         kill9(proc)
     assert acked == list(range(150))
     assert len(again) == len(set(again)) and set(range(150, 300)) <= set(again) <= set(range(300))
+
+
+async def filled_queue(url: str, queue: str, count: int) -> tuple[pika.BlockingConnection, Any]:
+    """A pika connection and a confirming channel, with the durable ``queue`` declared and
+    holding ``count`` persistent messages, the numbers 0 to count - 1."""
+    conn = await asyncio.to_thread(blocking, url)
+    channel = conn.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue, durable=True)
+    for i in range(count):
+        channel.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    return conn, channel
