@@ -324,12 +324,14 @@ class MessageStore:
         if settling is not None:
             await settling
 
-    def meta_settling(self) -> asyncio.Future[None] | None:
+    def meta_settling(self, shown: bool = False) -> asyncio.Future[None] | None:
         """``meta_settled`` for callers that must not await: None when nothing is left to settle
-        (always, unless this store leads a group in ``sync`` mode), else a future."""
+        (always, unless this store leads a group in ``sync`` mode), else a future. ``shown``: for a
+        reply that changed nothing and only shows state: once every in-sync replica holds the
+        changes before it, however many replicas are in sync (as messages are shown)."""
         release = self.committer.replicated if self.committer is not None else None
-        if release is not None and self.meta_position > release.confirmed:
-            return release.reached(self.meta_position)
+        if release is not None and self.meta_position > (release.shown if shown else release.confirmed):
+            return release.reached(self.meta_position, shown)
         return None
 
     # -- reading -----------------------------------------------------------------------------

@@ -355,6 +355,29 @@ async def test_a_lone_meta_change_is_confirmed_when_every_replica_must_fsync(gro
     assert a.commitlog.flushed_position == a.commitlog.end_position
 
 
+async def test_a_leader_alone_shows_its_meta_changes_and_acknowledges_none(group):
+    """Fewer than min_insync replicas in sync: a meta change is never acknowledged (a reply to
+    it waits and fails), yet a reply that only shows state goes on -- every in-sync replica (the
+    leader alone) holds what it shows."""
+    a = await group.open("a", min_insync=2)
+    await group.open("b", min_insync=2)
+    await group.lead("a", 1)
+    await group.follow("b")
+    await group.in_sync_with("b")
+    await group.stop("b")
+    behind = asyncio.ensure_future(a.put(Message("t", b"b lacks it"), ["q"]))
+    async with asyncio.timeout(5):  # b, behind, leaves the in-sync set after lag_s
+        while group.in_sync.members:
+            await asyncio.sleep(0.02)
+    with pytest.raises(NotReplicatedError):
+        await behind
+    a.meta.table("sessions").put("dev-1", b"state")
+    shown = a.meta_settling(shown=True)
+    assert shown is None or await shown is None
+    with pytest.raises(NotReplicatedError):
+        await a.meta_settled()
+
+
 async def test_a_promoted_follower_has_the_leaders_state(group):
     a = await group.open("a", min_insync=2)
     b = await group.open("b", min_insync=2)

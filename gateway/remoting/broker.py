@@ -244,13 +244,17 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         if handler is None:
             return response_to(request, ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                f"request code {request.code} is not supported by TideMQ")
+        meta_before = self.store.meta_position
         try:
             self.access.check_request(conn.principal, request)  # what the request code needs (access.py)
             reply = handler(conn, request)
         except Exception as exc:
             return self.error_response(request, exc)
         if isinstance(reply, RemotingCommand):  # (a put's Pending comes after the meta changes in the log)
-            settling = self.store.meta_settling()
+            # a reply to a change waits until the change is acknowledged; one that only shows
+            # state, until what it shows is held by every in-sync replica (reads go on while too
+            # few replicas are in sync to acknowledge anything)
+            settling = self.store.meta_settling(shown=self.store.meta_position == meta_before)
             if settling is not None:  # a replicated store: answered once the in-sync replicas hold them
                 return self._after_meta(request, settling, reply)
         return reply

@@ -43,6 +43,8 @@ class ReplicatedRelease:
         self.confirmed = 0
         self._waiting: deque[_Waiting] = deque()
         self._positions: list[tuple[int, asyncio.Future[None], float]] = []  # ``reached`` waiters, since when
+        self.shown = 0  # what every in-sync replica holds, however many are in sync
+        self._shown_waiters: list[tuple[int, asyncio.Future[None], float]] = []  # ``reached(shown=True)``
 
     @property
     def waiting(self) -> int:
@@ -52,14 +54,15 @@ class ReplicatedRelease:
         self._waiting.append(_Waiting(end, entry))
         self.confirm(self.confirmed)
 
-    def reached(self, position: int) -> asyncio.Future[None]:
+    def reached(self, position: int, shown: bool = False) -> asyncio.Future[None]:
         """Resolves once the confirmed position reaches ``position`` (what a meta change record
-        ends at: its acknowledgement waits for it, as a put's does)."""
+        ends at: its acknowledgement waits for it, as a put's does). ``shown``: once every
+        in-sync replica holds it, however many are in sync (a reply that only shows state)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if position <= self.confirmed:
+        if position <= (self.shown if shown else self.confirmed):
             fut.set_result(None)
         else:
-            self._positions.append((position, fut, time.monotonic()))
+            (self._shown_waiters if shown else self._positions).append((position, fut, time.monotonic()))
         return fut
 
     def confirm(self, position: int, enough: bool = True) -> None:
@@ -67,6 +70,15 @@ class ReplicatedRelease:
         replicas are in sync (else what it covers is shown, and answered NotReplicatedError)."""
         if enough:
             self.confirmed = max(self.confirmed, position)
+        self.shown = max(self.shown, position)
+        if self._shown_waiters:
+            still = []
+            for at, fut, since in self._shown_waiters:
+                if at > position:
+                    still.append((at, fut, since))
+                elif not fut.done():
+                    fut.set_result(None)
+            self._shown_waiters = still
         if self._positions:
             still = []
             for at, fut, since in self._positions:
@@ -88,10 +100,13 @@ class ReplicatedRelease:
 
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        for _, fut, since in self._positions:
-            if now - since >= self.timeout_s and not fut.done():
-                fut.set_exception(NotReplicatedError(f"not confirmed by the in-sync replicas within {self.timeout_s:g} s"))
+        for waiters in (self._positions, self._shown_waiters):
+            for _, fut, since in waiters:
+                if now - since >= self.timeout_s and not fut.done():
+                    fut.set_exception(NotReplicatedError(
+                        f"not confirmed by the in-sync replicas within {self.timeout_s:g} s"))
         self._positions = [p for p in self._positions if not p[1].done()]
+        self._shown_waiters = [p for p in self._shown_waiters if not p[1].done()]
         for item in self._waiting:
             if item.answered or now - item.since < self.timeout_s:
                 continue
@@ -102,10 +117,11 @@ class ReplicatedRelease:
     def abandon(self, error: StoreError) -> list[Any]:
         """Leadership is lost: answer everything waiting with ``error``; return the entries
         (their records are the new leader's to keep or cut)."""
-        for _, fut, _ in self._positions:
+        for _, fut, _ in (*self._positions, *self._shown_waiters):
             if not fut.done():
                 fut.set_exception(error)
         self._positions = []
+        self._shown_waiters = []
         entries = []
         while self._waiting:
             item = self._waiting.popleft()
