@@ -84,12 +84,15 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
             conn.close()
 
         await asyncio.to_thread(alice_queue)
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
+        cursors = {"mallory": (await asyncio.to_thread(
+                       HttpClient(url, username="mallory", password="pw-mallory").topic_listing, ["#"])).cursor,
+                   "operator": (await asyncio.to_thread(HttpClient(url, token="T0K").topic_listing, ["#"])).cursor}
         alice = PahoClient(mqtt_port(gw), "alice-dev", username="alice", password="pw-alice")
         await alice.connect()
         await alice.publish("secret/plans", b"hidden", 1)
         await alice.publish("public/news", b"open", 1)
         await alice.disconnect()
-        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
         mallory = HttpClient(url, username="mallory", password="pw-mallory")
         operator = HttpClient(url, token="T0K")
 
@@ -106,9 +109,16 @@ async def test_source_reads_of_denied_queues_refused(data_dir: Path, secured: di
             with pytest.raises(SourceError, match="403"):
                 mallory.read("q:alice.secret", 0, 10, 10)
             assert [b.num_rows for b in mallory.read("t:public/news", 0, 10, 10).batches] == [1]
+            with pytest.raises(SourceError, match="403"):  # several ranges in one read: each one checked
+                mallory.read_many([("t:public/news", 0, 1), ("t:secret/plans", 0, 1)], 10)
+            assert [f.batches[0].num_rows for f in mallory.read_many([("t:public/news", 0, 1)], 10)] == [1]
             listed = mallory._json("GET", "/data/queues?topicFilter=secret/plans")["queues"]
             assert listed == []  # what it may not read is not listed
             assert mallory.topic_queues(["#"]) == {"t:public/news": (0, 1)}  # nor among a filter's topics
+            # what changed since a cursor: only what the caller may read
+            assert set(mallory.topic_listing(["#"], since=cursors["mallory"]).queues) == {"t:public/news"}
+            assert set(operator.topic_listing(["#"], since=cursors["operator"]).queues) == {
+                "t:public/news", "t:secret/plans"}
             assert operator.topic_queues(["#"]) == {"t:public/news": (0, 1), "t:secret/plans": (0, 1)}
             assert [b.num_rows for b in operator.read("t:secret/plans", 0, 10, 10).batches] == [1]
             with pytest.raises(SourceError, match="401"):
