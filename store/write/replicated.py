@@ -72,24 +72,9 @@ class ReplicatedRelease:
             self.confirmed = max(self.confirmed, position)
         self.shown = max(self.shown, position)
         if self._shown_waiters:
-            still = []
-            for at, fut, since in self._shown_waiters:
-                if at > position:
-                    still.append((at, fut, since))
-                elif not fut.done():
-                    fut.set_result(None)
-            self._shown_waiters = still
+            self._shown_waiters = _answer(self._shown_waiters, position, position)
         if self._positions:
-            still = []
-            for at, fut, since in self._positions:
-                if at > position:
-                    still.append((at, fut, since))
-                elif not fut.done():
-                    if at <= self.confirmed:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(_too_few())
-            self._positions = still
+            self._positions = _answer(self._positions, position, self.confirmed)
         waiting = self._waiting
         while waiting and (waiting[0].end is None or waiting[0].end <= position):
             item = waiting.popleft()
@@ -133,3 +118,19 @@ class ReplicatedRelease:
 
 def _too_few() -> NotReplicatedError:
     return NotReplicatedError("fewer replicas than min_insync_replicas were in sync to hold it")
+
+
+def _answer(waiters: list[tuple[int, asyncio.Future[None], float]], position: int, acknowledged: int
+            ) -> list[tuple[int, asyncio.Future[None], float]]:
+    """Resolve the ``reached`` waiters up to ``position``: reached if ``acknowledged`` covers
+    them, else NotReplicatedError (too few in sync); those beyond it wait on."""
+    still = []
+    for at, fut, since in waiters:
+        if at > position:
+            still.append((at, fut, since))
+        elif not fut.done():
+            if at <= acknowledged:
+                fut.set_result(None)
+            else:
+                fut.set_exception(_too_few())
+    return still
