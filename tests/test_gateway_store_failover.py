@@ -1,6 +1,6 @@
 """The order of a gateway node's writes sent again through a failover (GatewayStore's
-``through_failover``), against a scripted store link: what waits goes again in the order it was
-first sent, new writes queue behind it, and the newest value of a key (a session) wins -- an
+``through_failover``, gateway/cluster/failover_writes.py), against a scripted store link: what
+waits goes again in the order it was first sent, new writes queue behind it, and the newest value of a key (a session) wins -- an
 older one waiting, or failing after a newer one was sent, is never sent after it. The real
 failovers are in test_replication_processes.py and test_cluster_mqtt.py."""
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.cluster.gateway_store import RETRY_S, GatewayStore
+from gateway.cluster.failover_writes import RETRY_S
+from gateway.cluster.gateway_store import GatewayStore
 from gateway.cluster.remote_store import RemoteStoreError
 
 

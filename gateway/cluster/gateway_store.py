@@ -24,8 +24,8 @@ is elected), the node keeps its clients for up to ``failover_s`` while it links 
 (puts, session writes, retained entries) wait and are sent again on the new link, in the order
 they were first sent; reads wait; once linked, the node says again what the store node kept
 for the old link only (notify routing, clean sessions' wildcard filters: ``on_relinked``) and its
-readers read afresh. A write whose answer the lost link never brought may have been done: it
-is sent again (at least once). Past ``failover_s`` the node drops its clients (``on_lost``).
+readers read afresh (the writes' rules: failover_writes.py). Past ``failover_s`` the node drops
+its clients (``on_lost``).
 
 A fetched batch goes to the node's queue cache (``answers``: its ``offer``), for the read at
 the offset it was fetched for: the answer comes back asynchronously, the cache reads
@@ -36,18 +36,16 @@ it (into the window, or around it for a reader behind the window). One cache on 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from cache import QueueCache
 from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoreClosedError, StoredMessage, StoreError
 from store import NotifyHub, NotifySubscription
 
+from .failover_writes import FailoverWrites
 from .remote_store import RemoteStore, RemoteStoreError
 
 log = logging.getLogger("tidemq.cluster")
@@ -55,7 +53,6 @@ log = logging.getLogger("tidemq.cluster")
 T = TypeVar("T")
 
 FAILOVER_S = 15.0  # clients are kept this long while the link to the store node is down
-RETRY_S = 0.2  # a write the (new) store node answered "not now" is sent again after this
 WATCH_S = 0.5  # how often a replicated store's leader is looked up (a link to an old one is left)
 READS_IN_FLIGHT = 256  # reads by position sent to the store node before their answers
 PREFETCH_MESSAGES = 64  # a store read asks for at least this many messages
@@ -77,11 +74,9 @@ class GatewayStore:
         self.on_lost: Callable[[], None] | None = None  # no link for failover_s (the node drops its clients)
         self.on_relinked: Callable[[], None] | None = None  # linked again (the node says again what it holds)
         self.relinks = 0  # links made again after a loss (metrics, tests)
-        self._parked: list[_Retry] = []  # writes waiting to be sent again, in first-send order
-        self._seq = itertools.count()
-        self._newest: dict[Hashable, _Retry] = {}  # key -> its newest write not yet answered
-        self._resend: asyncio.TimerHandle | None = None  # the parked writes go again on this link
-        self._dropped = False  # no store node for failover_s: the clients were dropped
+        # writes sent again through a failover, in order (failover_writes.py)
+        self.writes = FailoverWrites(lambda: self.remote, lambda: self.linked.is_set() and self.remote.link.is_open,
+                                     lambda: self.failover_s)
         self.node_id = ""
         self._closing = False
         self.msg_id_prefix = remote.msg_id_prefix
@@ -114,10 +109,7 @@ class GatewayStore:
 
     async def close(self) -> None:
         self._closing = True
-        for retry in self._parked:
-            if not retry.out.done():
-                retry.out.set_exception(StoreClosedError("the gateway node is closing"))
-        self._parked = []
+        self.writes.close(StoreClosedError("the gateway node is closing"))
         for task in list(self._tasks):
             task.cancel()
         self.notify.close()
@@ -140,12 +132,11 @@ class GatewayStore:
             delay = self._relink_s
             while True:
                 await asyncio.sleep(delay)
-                self._expire_parked()
-                if not self._dropped and time.monotonic() - lost_at >= self.failover_s:
+                self.writes.expire()
+                if not self.writes.refusing and time.monotonic() - lost_at >= self.failover_s:
                     # what waited is not sent later: its clients never had its answer, and may
                     # be on another node by then, with newer sessions
-                    self._dropped = True
-                    self._expire_parked(everything=True)
+                    self.writes.refuse()
                     log.error("no store node for %.0f s: clients dropped node_id=%s", self.failover_s, self.node_id)
                     if self.on_lost is not None:
                         self.on_lost()
@@ -186,11 +177,11 @@ class GatewayStore:
         node's ``on_relinked``: notify routing, filter holds), the writes that waited, the
         consumer offsets committed here (a one-way commit the old link took may be lost); the
         node's session writes follow at the end of this turn."""
-        self._dropped = False
+        self.writes.refusing = False
         if self.on_relinked is not None:
             self.on_relinked()
         self.linked.set()
-        self._send_parked()
+        self.writes.send_waiting()
         for (consumer, queue), offset in self._consumer_offsets.items():
             if offset is not None:
                 self.remote.commit_offset_nowait(consumer, queue, offset)
@@ -250,90 +241,10 @@ class GatewayStore:
 
     def through_failover(self, send: Callable[[RemoteStore], Awaitable[T]], key: Hashable | None = None
                          ) -> asyncio.Future[T]:
-        """``send(remote)`` now; when it fails because the store node was not reached or said
-        "not now", sent again -- on the next link (the new leader) as soon as it is made, ahead
-        of anything else, or after ``RETRY_S`` on this one -- until ``failover_s`` after the
-        first failure. Writes keep the order they were first sent in: while some wait to be
-        sent again, a new one waits behind them. Writes of one ``key`` (a session, a retained
-        topic) are values, the newest wins: an older one still waiting is dropped for it (and
-        answered as it is)."""
+        """``send(remote)`` now, and again through a failover (failover_writes.py)."""
         if self._reconnect is None:
             return asyncio.ensure_future(send(self.remote))
-        out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        if self._dropped:  # (no store node for failover_s: the clients were dropped)
-            out.set_exception(RemoteStoreError("no store node", retryable=True))
-            return out
-        retry = _Retry(next(self._seq), send, out, time.monotonic() + self.failover_s, key)
-        if key is not None:
-            self._newest[key] = retry
-            for older in [r for r in self._parked if r.key == key]:
-                self._parked.remove(older)
-                _answer_as(older, retry)
-        if self._parked:
-            self._park(retry)
-        else:
-            self._send(retry)
-        return out
-
-    def _send(self, retry: _Retry) -> None:
-        asyncio.ensure_future(retry.send(self.remote)).add_done_callback(lambda f: self._sent(retry, f))
-
-    def _sent(self, retry: _Retry, f: asyncio.Future[Any]) -> None:
-        out = retry.out
-        if retry.key is not None and self._newest.get(retry.key) is retry and (
-                f.cancelled() or f.exception() is None or not self._may_retry(retry, f.exception())):
-            del self._newest[retry.key]
-        if out.done():
-            return
-        if f.cancelled():
-            out.cancel()
-            return
-        exc = f.exception()
-        if exc is None:
-            out.set_result(f.result())
-        elif not self._may_retry(retry, exc):
-            out.set_exception(exc)
-        else:
-            assert isinstance(exc, RemoteStoreError)
-            retry.error = exc
-            newer = self._newest.get(retry.key) if retry.key is not None else None
-            if newer is not None and newer is not retry:  # a newer value of its key was sent since
-                _answer_as(retry, newer)
-                return
-            self._park(retry)
-
-    def _may_retry(self, retry: _Retry, exc: BaseException | None) -> bool:
-        return isinstance(exc, RemoteStoreError) and exc.retryable and not self._closing and not self._dropped \
-            and time.monotonic() < retry.deadline
-
-    def _park(self, retry: _Retry) -> None:
-        """Wait to be sent again, in first-send order: after RETRY_S on this link when it is up
-        (the store node said "not now"), else on the next link."""
-        bisect.insort(self._parked, retry, key=lambda r: r.seq)
-        if self._resend is None and self.linked.is_set() and self.remote.link.is_open:
-            self._resend = asyncio.get_running_loop().call_later(RETRY_S, self._send_parked)
-
-    def _send_parked(self) -> None:
-        """What waited, in order (on a new link, or again on this one); what waited too long fails."""
-        if self._resend is not None:
-            self._resend.cancel()
-            self._resend = None
-        self._expire_parked()
-        parked, self._parked = self._parked, []
-        for retry in parked:
-            self._send(retry)
-
-    def _expire_parked(self, everything: bool = False) -> None:
-        now = time.monotonic()
-        kept = []
-        for retry in self._parked:
-            if retry.out.done():
-                continue
-            if everything or now >= retry.deadline:
-                retry.out.set_exception(retry.error or RemoteStoreError("no store node", retryable=True))
-            else:
-                kept.append(retry)
-        self._parked = kept
+        return self.writes.send(send, key)
 
     # -- reading ------------------------------------------------------------------------------
     def get_now(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
@@ -454,31 +365,6 @@ class GatewayStore:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-@dataclass(slots=True)
-class _Retry:
-    """A write sent through a failover (``GatewayStore.through_failover``)."""
-    seq: int  # the order it was first sent in
-    send: Callable[[RemoteStore], Awaitable[Any]]
-    out: asyncio.Future[Any]
-    deadline: float
-    key: Hashable | None = None
-    error: RemoteStoreError | None = None
-
-
-def _answer_as(older: _Retry, newer: _Retry) -> None:
-    """``older`` is answered as ``newer`` will be (a newer value of the same key replaced it)."""
-    def copy(done: asyncio.Future[Any]) -> None:
-        if older.out.done():
-            return
-        if done.cancelled():
-            older.out.cancel()
-        elif (exc := done.exception()) is not None:
-            older.out.set_exception(exc)
-        else:
-            older.out.set_result(done.result())
-    newer.out.add_done_callback(copy)
 
 
 class RemoteTable:
