@@ -414,7 +414,10 @@ class Gateway:
         assert self.gateway_store is not None
         if not self.leader_finder and not self.gateway_store.remote.amqp_port:
             raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
-        return await start_relay(bind[0], bind[1], lambda: self._store_address("amqp"))
+        server, relay = await start_relay(bind[0], bind[1], lambda: self._store_address("amqp"),
+                                          failover_s=self.gateway_store.failover_s)
+        self.gateway_store.after_relink.append(relay.leader_moved)
+        return server
 
     async def _start_remoting(self, bind: tuple[str, int]) -> ListeningServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""

@@ -204,14 +204,68 @@ async def test_mqtt_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
             stop(node.proc)
 
 
+async def test_amqp_clients_of_a_gateway_node_stay_connected_and_lose_nothing_when_the_store_leader_dies(
+        tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader under a gateway node's AMQP clients (relayed to it): the relay
+    opens each connection again on the new leader (channels, prefetch, confirm mode, consumers)
+    and publishes again what was not confirmed; the client keeps its connection, every
+    confirmed message reaches the consumer, and its acks of new deliveries settle them."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    amqp_port = free_port()
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--amqp-bind", f"127.0.0.1:{amqp_port}", "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        connection = await connect(amqp_port)
+        closed: list[object] = []
+        connection.close_callbacks.add(lambda *args: closed.append(args))
+        publishing = await connection.channel(publisher_confirms=True)
+        consuming = await connection.channel()
+        await consuming.set_qos(prefetch_count=20)
+        queue = await consuming.declare_queue("orders", durable=True)
+        received: list[tuple[bytes, bool]] = []
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            received.append((message.body, message.redelivered))
+            await message.ack()
+
+        await queue.consume(on_message)
+        await publish_confirmed(publishing, [b"%d" % n for n in range(100)], timeout_s=30)
+        leader = await wait_leader(etcd)
+        kill9(nodes[leader["node"]].proc)
+        killed_at = time.monotonic()
+        for n in range(100, 200):  # one connection throughout: each publish confirmed before the next
+            await publishing.default_exchange.publish(
+                aio_pika.Message(b"%d" % n, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key="orders",
+                timeout=30)
+            if n == 100:
+                print(f"first AMQP publish after kill -9 confirmed in {time.monotonic() - killed_at:.2f} s")
+        wanted = {b"%d" % n for n in range(200)}
+        deadline = time.monotonic() + 30
+        while not wanted <= {body for body, _ in received}:
+            assert time.monotonic() < deadline, f"lost: {sorted(wanted - {body for body, _ in received})[:10]}"
+            await asyncio.sleep(0.1)
+        assert not closed and not connection.is_closed, f"the relayed connection was closed: {closed}"
+        count = len(received)
+        await asyncio.sleep(1.0)  # what the new leader delivered was settled by the acks: nothing comes again
+        assert len(received) == count
+        await connection.close()
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
 async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
     """SIGSTOP of the store leader: its link stays open (nothing closes it), yet the gateway node
-    moves to the leader etcd elects in its place, and its client's publishes are acknowledged
-    there on the same connection."""
+    moves to the leader etcd elects in its place, and its clients' publishes are acknowledged
+    there on the same connections (MQTT, and AMQP through the relay). An AMQP connection that
+    held an exclusive queue (lost with the old leader) is closed as a server shutting down
+    closes it: 320 CONNECTION_FORCED, saying why."""
     nodes = start_group(tmp_path, etcd.endpoint)
-    mqtt_port = free_port()
+    mqtt_port, amqp_port = free_port(), free_port()
     gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
-                      "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--data-dir", str(tmp_path / "gw1")], name="gw1")
+                      "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--amqp-bind", f"127.0.0.1:{amqp_port}",
+                      "--data-dir", str(tmp_path / "gw1")], name="gw1")
     stopped = None
     try:
         await publish_until_acknowledged(mqtt_port, "warm-up", [0])  # (refused until a follower is in sync)
@@ -220,6 +274,13 @@ async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: 
         await subscriber.subscribe("line/#", 1)
         publisher = PahoClient(mqtt_port, "steady")
         await publisher.connect()
+        amqp = await connect(amqp_port)
+        amqp_channel = await amqp.channel(publisher_confirms=True)
+        orders = await amqp_channel.declare_queue("orders", durable=True)
+        exclusive = await connect(amqp_port)
+        forced: list[BaseException | None] = []
+        exclusive.close_callbacks.add(lambda _conn, exc=None: forced.append(exc))
+        await (await exclusive.channel()).declare_queue("", exclusive=True)
         leader = await wait_leader(etcd)
         stopped = nodes[leader["node"]].proc
         stopped.send_signal(signal.SIGSTOP)
@@ -227,12 +288,25 @@ async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: 
             info = publisher.client.publish("line/1", str(n), 1)
             await asyncio.to_thread(info.wait_for_publish, 30)
             assert info.is_published(), f"publish {n} never acknowledged while the old leader is stopped"
+            await amqp_channel.default_exchange.publish(aio_pika.Message(b"%d" % n, delivery_mode=2),
+                                                        routing_key="orders", timeout=30)
         assert (await wait_leader(etcd))["node"] != leader["node"]
         missing = set(range(1, 21)) - await receive_numbers(subscriber, set(range(1, 21)))
         assert not missing, f"acknowledged and not delivered: {sorted(missing)}"
         assert publisher.disconnects.empty() and subscriber.disconnects.empty()
+        got = set()
+        while (message := await orders.get(no_ack=True, fail=False, timeout=5)) is not None:
+            got.add(int(message.body))
+        assert got >= set(range(1, 21)), f"confirmed and not delivered: {sorted(set(range(1, 21)) - got)}"
+        assert not amqp.is_closed
+        deadline = time.monotonic() + 20
+        while not forced:
+            assert time.monotonic() < deadline, "the connection with an exclusive queue was kept"
+            await asyncio.sleep(0.05)
+        assert "CONNECTION_FORCED" in str(forced[0]) and "exclusive" in str(forced[0]), forced
         await publisher.disconnect()
         await subscriber.disconnect()
+        await amqp.close()
     finally:
         if stopped is not None:
             stopped.send_signal(signal.SIGCONT)

@@ -73,6 +73,7 @@ class GatewayStore:
         self.linked = asyncio.Event()  # set while the link is up
         self.on_lost: Callable[[], None] | None = None  # no link for failover_s (the node drops its clients)
         self.on_relinked: Callable[[], None] | None = None  # linked again (the node says again what it holds)
+        self.after_relink: list[Callable[[], None]] = []  # linked again: others following the store (AMQP relay)
         self.relinks = 0  # links made again after a loss (metrics, tests)
         # writes sent again through a failover, in order (failover_writes.py)
         self.writes = FailoverWrites(lambda: self.remote, lambda: self.linked.is_set() and self.remote.link.is_open,
@@ -180,6 +181,8 @@ class GatewayStore:
         self.writes.refusing = False
         if self.on_relinked is not None:
             self.on_relinked()
+        for hook in self.after_relink:
+            hook()
         self.linked.set()
         self.writes.send_waiting()
         for (consumer, queue), offset in self._consumer_offsets.items():
