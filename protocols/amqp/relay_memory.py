@@ -73,29 +73,34 @@ class FrameSplitter:
         self._header = header
 
     def feed(self, data: bytes) -> list[bytes]:
-        buffer = self._buffer
-        buffer += data
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
         frames: list[bytes] = []
         start = 0
-        end = len(buffer)
+        end = len(data)
         if self._header:
             if end < 8:
+                self._buffer = bytearray(data)
                 return frames
-            frames.append(bytes(buffer[:8]))
+            frames.append(data[:8])
             self._header = False
             start = 8
+        unpack = _HEAD.unpack_from
         while end - start >= 7:
-            _kind, _channel, size = _HEAD.unpack_from(buffer, start)
+            size = unpack(data, start)[2]
             if size > MAX_FRAME:
+                self._buffer = bytearray(data)
                 raise NotAMQP(f"a frame of {size} bytes")
             stop = start + 8 + size
             if stop > end:
                 break
-            if buffer[stop - 1] != FRAME_END:
+            if data[stop - 1] != FRAME_END:
+                self._buffer = bytearray(data)
                 raise NotAMQP("a frame without its frame-end octet")
-            frames.append(bytes(buffer[start:stop]))
+            frames.append(data[start:stop])
             start = stop
-        del buffer[:start]
+        self._buffer = bytearray(data[start:]) if start < end else bytearray()
         return frames
 
     def rest(self) -> bytes:
