@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from .write.batching import PreparedMessage
 from .log.commitlog import CommitLog
 from .write.committer import GroupCommitter, prepare_each
+from .write.idempotence import Producer, check_producer, decode_mark, mark_key
 from .index.consumequeue import (
     ENTRY_VALUE,
     ConsumeQueueIndex,
@@ -138,6 +139,8 @@ class MessageStore:
         self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
+        self.committer.apply_marks = lambda marks: meta.writes.apply(marks, sync=False)
+        self._numbered: dict[Producer, asyncio.Future[Sequence[PutResult]]] = {}  # numbered puts not yet answered
         self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.committer_writable,
                                         self.committer.refuse_writes)
         self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,
@@ -207,20 +210,64 @@ class MessageStore:
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, producer: Producer | None = None
+                         ) -> asyncio.Future[Sequence[PutResult]]:
         """Submit messages for one group commit and return at once; the future resolves when
         they are durable per the flush mode. Futures resolve in submission order, so a
         gateway can acknowledge in the order its client sent (no task per message).
 
+        ``producer``: (id, sequence number) of an idempotent put (write/idempotence.py): a put
+        of a number already written is answered as the first time, and not written again.
+
         Raises InvalidMessageError / MessageTooLargeError before anything is submitted.
         """
+        if producer is not None:
+            answered = self._answered(producer)
+            if answered is not None:
+                return answered
         limit = self.options.max_message_size
         prepared = [PreparedMessage(m, q, limit) for m, q in items]
         if not prepared:
             done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done
-        return self._submit(prepared)
+        fut = self._submit(prepared)
+        if producer is not None:
+            assert self.committer is not None
+            self.committer.marks.numbered[fut] = producer
+            self._numbered[producer] = fut
+            fut.add_done_callback(lambda _: self._numbered.pop(producer, None))
+        return fut
+
+    def _answered(self, producer: Producer) -> asyncio.Future[Sequence[PutResult]] | None:
+        """A numbered put sent again: the first one's future while it is not answered, or its
+        results from its mark once this store holds them as it promises; None: a new put."""
+        check_producer(producer)
+        if self.committer is not None and (failure := self.committer.failure()) is not None:
+            raise failure  # (a follower, or writes refused: not answered from what it holds)
+        first = self._numbered.get(producer)
+        if first is not None:
+            return first
+        raw = self.meta.db.get(mark_key(*producer))
+        if raw is None:
+            return None
+        answered: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
+        results = decode_mark(raw, self._id_prefix)
+        settling = self.meta_settling()
+        if settling is None:
+            answered.set_result(results)
+        else:
+            def settled(f: asyncio.Future[None]) -> None:
+                if answered.done():
+                    return
+                if f.cancelled():
+                    answered.cancel()
+                elif (exc := f.exception()) is not None:
+                    answered.set_exception(exc)
+                else:
+                    answered.set_result(results)
+            settling.add_done_callback(settled)
+        return answered
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:

@@ -183,3 +183,31 @@ async def test_a_gateway_node_wakes_its_readers_when_the_news_is_already_here(da
         await writer.close()
         await store.close()
         await gw.stop()
+
+
+async def test_a_numbered_put_sent_again_after_the_store_node_restarted_is_written_once(data_dir: Path) -> None:
+    """A gateway node's put whose answer a failover took is sent again, numbered as before
+    (store/write/idempotence.py): the store node answers it from the put's mark, with its
+    positions, and does not store it twice; a bad number is refused, not taken."""
+    config = Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0")
+    gw = Gateway(config)
+    await gw.start()
+    items = [(Message("a/b", b"once"), ["t:a/b"])]
+    remote = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+    first = await remote.put_batch_nowait(items, queue_offsets=False, producer=("gw-1", 1))
+    await remote.close()
+    await gw.stop()
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        remote = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+        again = await remote.put_batch_nowait(items, queue_offsets=False, producer=("gw-1", 1))
+        assert [r.position for r in again] == [r.position for r in first]
+        await remote.put_batch_nowait([(Message("a/b", b"next"), ["t:a/b"])], queue_offsets=False, producer=("gw-1", 2))
+        assert [m.body for m in gw.store.get_now("t:a/b", 0, 10).messages] == [b"once", b"next"]
+        with pytest.raises(RemoteStoreError, match="sequence number"):
+            await remote.put_batch_nowait(items, queue_offsets=False, producer=("gw-1", -5))
+        assert [m.body for m in gw.store.get_now("t:a/b", 0, 10).messages] == [b"once", b"next"]
+        await remote.close()
+    finally:
+        await gw.stop()

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store import GetStatus, Message, MessageStore, NotLeaderError, NotReplicatedError, StoreOptions
+from store import GetStatus, InvalidMessageError, Message, MessageStore, NotLeaderError, NotReplicatedError, StoreOptions
 from store.meta.journal import PUT, MetaBatch
 from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
@@ -570,3 +570,55 @@ def test_a_journaled_meta_batch_round_trips_and_undoes_exactly(ops):
             state.pop(key, None)
     assert state == before
     assert MetaBatch.decode(journaled.encode()).changes == journaled.changes
+
+
+async def test_a_numbered_put_sent_again_to_a_promoted_follower_is_answered_not_written_twice(group):
+    """Idempotent puts across a failover (store/write/idempotence.py): a gateway node's put
+    whose answer was lost with the leader is sent again to the follower elected in its place,
+    which answers it from the mark that followed its records, with the same positions."""
+    a = await group.three(min_insync=2)
+    first = await a.put_batch_nowait([(Message("t", b"once-%d" % i), ["q"]) for i in range(3)], producer=(b"gw", 7))
+    await group.caught_up("b")
+    await group.stop("a")
+    group.in_sync.members = frozenset({"c"})
+    await group.lead("b", 2)
+    await group.in_sync_with("c")
+    b = group.stores["b"]
+    again = await b.put_batch_nowait([(Message("t", b"once-%d" % i), ["q"]) for i in range(3)], producer=(b"gw", 7))
+    assert [r.position for r in again] == [r.position for r in first]
+    assert [r.size for r in again] == [r.size for r in first]
+    new = await b.put_batch_nowait([(Message("t", b"next"), ["q"])], producer=(b"gw", 8))
+    assert new[0].position > first[-1].position
+    assert await _read_all(b, "q") == [b"once-0", b"once-1", b"once-2", b"next"]
+
+
+async def test_a_numbered_put_sent_again_while_the_first_is_unanswered_is_written_once(tmp_path):
+    store = await _open(tmp_path / "one")
+    try:
+        items = [(Message("t", b"x"), ["q"])]
+        first = store.put_batch_nowait(items, producer=(b"gw", 1))
+        second = store.put_batch_nowait(items, producer=(b"gw", 1))
+        later = await store.put_batch_nowait(items, producer=(b"gw", 1))  # (answered from its mark)
+        assert [r.position for r in await first] == [r.position for r in await second] == [r.position for r in later]
+        assert await _read_all(store, "q") == [b"x"]
+        other = await store.put_batch_nowait(items, producer=(b"gw2", 1))  # another producer's number 1
+        assert other[0].position != later[0].position
+        with pytest.raises(InvalidMessageError):
+            store.put_batch_nowait(items, producer=(b"", 1))
+        with pytest.raises(InvalidMessageError):
+            store.put_batch_nowait(items, producer=(b"gw", 0))
+    finally:
+        await store.close()
+
+
+async def test_a_producers_old_marks_are_deleted_as_new_ones_are_written(tmp_path, monkeypatch):
+    monkeypatch.setattr("store.write.idempotence.WINDOW", 3)
+    store = await _open(tmp_path / "one")
+    try:
+        for seq in range(1, 6):
+            await store.put_batch_nowait([(Message("t", b"%d" % seq), ["q"])], producer=(b"gw", seq))
+        await store.put_batch_nowait([(Message("t", b"1 again"), ["q"])], producer=(b"gw", 1))  # (forgotten: written)
+        await store.put_batch_nowait([(Message("t", b"4 again"), ["q"])], producer=(b"gw", 4))  # (kept: answered)
+        assert await _read_all(store, "q") == [b"1", b"2", b"3", b"4", b"5", b"1 again"]
+    finally:
+        await store.close()

@@ -36,7 +36,9 @@ it (into the window, or around it for a reader behind the window). One cache on 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -79,6 +81,8 @@ class GatewayStore:
         self.writes = FailoverWrites(lambda: self.remote, lambda: self.linked.is_set() and self.remote.link.is_open,
                                      lambda: self.failover_s)
         self.node_id = ""
+        self.producer_id = secrets.token_hex(8)  # this process's puts: numbered from 1 (store/write/idempotence.py)
+        self._put_seq = itertools.count(1)
         self._closing = False
         self.msg_id_prefix = remote.msg_id_prefix
         self.notify = NotifyHub()
@@ -231,7 +235,12 @@ class GatewayStore:
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
         """Results carry positions, not queue offsets (the MQTT gateway reads no queue offset)."""
         batch = list(items)
-        return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False))
+        if self._reconnect is None:
+            return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False))
+        # numbered: sent again through a failover, it is answered as the first time, not written twice
+        producer = (self.producer_id, next(self._put_seq))
+        return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False,
+                                                                            producer=producer))
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None,
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:

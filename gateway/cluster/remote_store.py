@@ -91,11 +91,15 @@ class RemoteStore:
         await self.link.closed
 
     # -- writing ------------------------------------------------------------------------------
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, queue_offsets: bool = True
-                         ) -> asyncio.Future[Sequence[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, queue_offsets: bool = True,
+                         producer: tuple[str, int] | None = None) -> asyncio.Future[Sequence[PutResult]]:
         """``queue_offsets`` False: results without them (cheaper on both nodes), for callers
-        that read only positions (an MQTT gateway node)."""
-        response = self.link.request(StoreCode.PUT, None if queue_offsets else _POSITIONS_ONLY, encode_put(items))
+        that read only positions (an MQTT gateway node). ``producer``: (id, sequence number),
+        an idempotent put (store/write/idempotence.py: sent again, it is not written twice)."""
+        fields = None if queue_offsets else _POSITIONS_ONLY
+        if producer is not None:
+            fields = {**(fields or {}), "producer": producer[0], "seq": str(producer[1])}
+        response = self.link.request(StoreCode.PUT, fields, encode_put(items))
         result: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[RemotingCommand]) -> None:

@@ -166,8 +166,10 @@ class StoreService:
             if WILDCARD_TARGETS in queues:
                 queues.remove(WILDCARD_TARGETS)
                 queues.extend(q for q in self.wildcards.queues_for(message.topic) if q not in queues)
-        future = self.store.put_batch_nowait(items)
-        offsets = request.ext_fields.get("offsets") != "0"
+        ext = request.ext_fields
+        producer = (str_field(ext, "producer").encode(), int_field(ext, "seq")) if "producer" in ext else None
+        future = self.store.put_batch_nowait(items, producer=producer)
+        offsets = ext.get("offsets") != "0"
 
         def respond(results: Sequence[PutResult]) -> RemotingCommand:
             return response_to(request, ResponseCode.SUCCESS, body=encode_put_results(results, offsets))

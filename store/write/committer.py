@@ -20,11 +20,13 @@ from ..log.commitlog import CommitLog
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
 from .durable import SyncFlusher
+from .idempotence import ProducerMarks
 from .replicated import ReplicatedRelease
 from ..clock import now_ms
 from ..errors import InvalidMessageError, MessageTooLargeError, StoreClosedError, StoreError, StoreWriteError
 from ..log_limit import RateLimitedLog
 from ..messages import Message, PutResult
+from ..meta.journal import MetaBatch
 from ..stats import LatencyHistogram
 from ..read.tail import TailHandoff
 
@@ -60,6 +62,8 @@ class GroupCommitter:
         self.replicated: ReplicatedRelease | None = None
         self.unavailable: StoreError | None = None  # why writes are refused meanwhile (too few in sync)
         self._placing: dict[str, int] = {}  # queues' heads after batches written and not yet published
+        self.marks = ProducerMarks()  # numbered puts (write/idempotence.py)
+        self.apply_marks: Callable[[MetaBatch], None] | None = None  # their marks into the meta database
 
     def close(self) -> None:
         self.closing = True
@@ -116,6 +120,8 @@ class GroupCommitter:
                     outcome: list[Sequence[PutResult]] | Written | BaseException = self._commit(batch)
                     end = self.commitlog.end_position
                 except Exception as exc:  # never let one bad batch stop the committer
+                    if self.marks.numbered:
+                        self.marks.forget([fut for _, fut in batch])
                     if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
                         self._log_limited.log(logging.ERROR, str(exc), "commit failed")
                     else:
@@ -177,10 +183,23 @@ class GroupCommitter:
             records, placed, assigned = place(groups, lambda name: placing.get(name) or cached(name),
                                               self.index.resolve, store_ts)
         positions = self.commitlog.append(records)  # StoreWriteError: nothing was written
+        if self.marks.numbered:
+            self._mark(batch, groups, positions, records, store_ts)
         if self.replicated is not None:
             self._placing.update(assigned)
             return Written(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
         return self._publish(groups, records, placed, assigned, positions, self.commitlog.end_position, store_ts)
+
+    def _mark(self, batch: Batch, groups: list[list[PreparedMessage]], positions: list[int], records: list[bytes],
+              store_ts: int) -> None:
+        """The numbered puts' marks, right after their records (write/idempotence.py)."""
+        marks = self.marks.marks([fut for _, fut in batch], [len(g) for g in groups], positions, records, store_ts)
+        if marks is None or self.apply_marks is None:
+            return
+        try:
+            self.apply_marks(marks)
+        except StoreError as exc:  # (the puts stand; sent again, they would be written again)
+            self._log_limited.log(logging.ERROR, "marks", "idempotent puts not marked error=%s", exc)
 
     def release(self, entry: tuple[Batch, Written | BaseException, list[float]] | _Tail, error: StoreError | None,
                 answered: bool) -> None:
