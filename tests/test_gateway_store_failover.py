@@ -92,3 +92,30 @@ async def test_writes_sent_again_keep_their_order_and_new_ones_wait_behind_them(
     for answer in remote.answers[1:]:
         answer.set_result(None)
     await asyncio.gather(a, b)
+
+
+async def test_a_delete_is_the_newest_value_and_is_sent_again_through_a_failover() -> None:
+    """A session deleted (MQTT clean start) while its last save waits to be sent again: the save
+    is dropped, the delete goes in its place -- never the old session after it."""
+    gateway_store, remote = await store()
+    deletes: list[str] = []
+
+    def kv_delete_sent(table: str, key: str) -> asyncio.Future[None]:
+        deletes.append(key)
+        remote.sent.append(b"DELETE " + key.encode())
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        remote.answers.append(answer)
+        return answer
+
+    remote.kv_delete_sent = kv_delete_sent  # type: ignore[attr-defined]
+    table = gateway_store.table("sessions")
+    table.put("c1", b"S1")
+    remote.answers[0].set_exception(not_now())
+    await settle()
+    table.delete("c1")  # behind S1, which waits: S1 is dropped for it
+    await asyncio.sleep(RETRY_S * 2)
+    assert remote.sent == [b"S1", b"DELETE c1"]
+    remote.answers[1].set_exception(not_now())  # the delete itself is sent again
+    await asyncio.sleep(RETRY_S * 2)
+    assert remote.sent == [b"S1", b"DELETE c1", b"DELETE c1"]
+    remote.answers[2].set_result(None)

@@ -364,6 +364,10 @@ class GatewayStore:
         of a key wins)."""
         return self.through_failover(lambda remote: remote.kv_put_sent(table, key, value), ("kv", table, key))
 
+    def kv_delete_sent(self, table: str, key: str) -> asyncio.Future[None]:
+        """A delete is the key's newest value too (``kv_put_sent``)."""
+        return self.through_failover(lambda remote: remote.kv_delete_sent(table, key), ("kv", table, key))
+
     def retained_set(self, topic: str, position: int | None) -> asyncio.Future[None]:
         return self.through_failover(lambda remote: remote.retained_set(topic, position), ("retained", topic))
 
@@ -381,7 +385,8 @@ class GatewayStore:
 
 class RemoteTable:
     """A KV table of the store node (``gateway.ports.KeyValueTable``): writes go out at once,
-    in order on the link; a read is a request."""
+    in order on the link, and again through a failover (the newest value of a key wins, a
+    delete included); a read is a request."""
 
     def __init__(self, store: GatewayStore, name: str) -> None:
         self.store = store
@@ -391,10 +396,18 @@ class RemoteTable:
         return await self.store.remote.kv_get(self.name, key)
 
     def put(self, key: str, value: bytes) -> None:
-        self.store.remote.kv_put_nowait(self.name, key, value)
+        _unawaited(self.store.kv_put_sent(self.name, key, value), "put", self.name, key)
 
     def delete(self, key: str) -> None:
-        self.store.remote.kv_delete_nowait(self.name, key)
+        _unawaited(self.store.kv_delete_sent(self.name, key), "delete", self.name, key)
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         return iter(())  # a gateway node loads sessions one by one, when their clients connect
+
+
+def _unawaited(write: asyncio.Future[None], what: str, table: str, key: str) -> None:
+    """A write no caller waits for: its failure (no store node within failover_s) is logged."""
+    def done(f: asyncio.Future[None]) -> None:
+        if not f.cancelled() and (exc := f.exception()) is not None:
+            log.warning("store node write lost: %s table=%s key=%s error=%s", what, table, key, exc)
+    write.add_done_callback(done)

@@ -186,6 +186,10 @@ class RemoteStore:
     def kv_delete_nowait(self, table: str, key: str) -> None:
         self._oneway(StoreCode.KV_DELETE, {"table": table, "key": key})
 
+    def kv_delete_sent(self, table: str, key: str) -> Coroutine[Any, Any, None]:
+        """``kv_delete`` sent now, in order on the link, and awaited later (as ``kv_put_sent``)."""
+        return self._answer(self.link.request(StoreCode.KV_DELETE, {"table": table, "key": key}))
+
     async def kv_delete(self, table: str, key: str) -> None:
         _check(await self._call(StoreCode.KV_DELETE, {"table": table, "key": key}))
 
