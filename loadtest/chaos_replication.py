@@ -62,6 +62,13 @@ then the same against one standalone node (``python -m gateway serve``, fresh da
     replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N leader_cpu_us_per_msg=N
         followers_cpu_us_per_msg=N single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N]
 
+(``followers_cpu_us_per_msg``: the two followers' together.) MQTT goes through a gateway node in
+the group and not on one node, so MQTT is also run through a gateway node to one store node
+without replication, the same topology less the replication:
+
+    replication_vs_unreplicated protocol=mqtt msgs_per_s=N unreplicated_cluster_msgs_per_s=N ratio=X
+        store_node_cpu_us_per_msg=N gateway_node_cpu_us_per_msg=N
+
 Then, per protocol, publish-to-delivery latency at a paced 1,000 msgs/s (bench_mqtt's QoS 1
 latency through the gateway node, bench_amqp's with confirms straight to the leader), group and
 one node:
@@ -101,7 +108,7 @@ from loadtest.clients.chaos_clients import (
     ACK_TIMEOUT_S, Connections, MqttPublisher, MqttSubscriber, OnsDriver, amqp_connect, amqp_consumer, amqp_publisher,
     start_ons_consumer, start_ons_producer)
 from loadtest.scenarios.replication_group import FAULTS, GROUP, RECOVERY_S, Group, inject
-from tests.crash_support import free_port, start_gateway, stop
+from tests.crash_support import free_port, launch, start_gateway, stop
 
 PROTOCOLS = ("mqtt", "amqp", "remoting")
 THROUGHPUT_PROTOCOLS = ("mqtt", "amqp")
@@ -420,7 +427,41 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
                        + (" via=gateway_node" if protocol == "mqtt" else " via=leader"))
     finally:
         await asyncio.to_thread(stop, single)
+    if "mqtt" in protocols:
+        failed = await unreplicated_cluster(workdir, log_dir, args, replicated["mqtt"], lines) or failed
     return 1 if failed else 0
+
+
+async def unreplicated_cluster(workdir: Path, log_dir: Path, args: Any, together: tuple[float, list[float]] | str,
+                               lines: runner.Lines) -> bool:
+    """MQTT's fan-in again through a gateway node, to one store node without replication: what
+    the replication itself costs, apart from the gateway node's hop (True: it failed)."""
+    remoting, mqtt_port = free_port(), free_port()
+    store = await asyncio.to_thread(launch, [
+        "--role", "store", "--node-id", "s0", "--remoting-bind", f"127.0.0.1:{remoting}", "--mqtt-bind", "",
+        "--amqp-bind", "", "--data-dir", str(workdir / "s0"), "--flush", args.flush], name="s0",
+        log=log_dir / "s0.log")
+    gateway = None
+    try:
+        gateway = await asyncio.to_thread(launch, [
+            "--role", "gateway", "--node-id", "gw0", "--store", f"127.0.0.1:{remoting}", "--mqtt-bind",
+            f"127.0.0.1:{mqtt_port}", "--data-dir", str(workdir / "gw0"), "--flush", args.flush], name="gw0",
+            log=log_dir / "gw0.log")
+        target = as_broker("gw0", mqtt_port, gateway, workdir, log_dir / "gw0.log")
+        alone = await measured_or_error(asyncio.to_thread(measure, "mqtt", target, [store.pid, gateway.pid],
+                                                          args.seconds))
+    finally:
+        for proc in (gateway, store):
+            if proc is not None:
+                await asyncio.to_thread(stop, proc)
+    if isinstance(together, str) or isinstance(alone, str):
+        lines.emit(error_line("replication_vs_unreplicated", "mqtt", together, alone))
+        return True
+    (group_rate, _), (rate, cpu) = together, alone
+    lines.emit(f"replication_vs_unreplicated protocol=mqtt msgs_per_s={group_rate:.0f} "
+               f"unreplicated_cluster_msgs_per_s={rate:.0f} ratio={group_rate / rate:.2f} "
+               f"store_node_cpu_us_per_msg={cpu[0]:.1f} gateway_node_cpu_us_per_msg={cpu[1]:.1f}")
+    return False
 
 
 def error_line(kind: str, protocol: str, together: object, alone: object) -> str:

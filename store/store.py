@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from .write.batching import PreparedMessage
 from .log.commitlog import CommitLog
 from .write.committer import GroupCommitter, prepare_each
-from .write.idempotence import Producer, check_producer, decode_mark, mark_key
+from .write.idempotence import Producer, check_producer, find, forget_before
 from .index.consumequeue import (
     ENTRY_VALUE,
     ConsumeQueueIndex,
@@ -35,6 +35,7 @@ from .errors import (
 from .holds.held_messages import HeldMessages
 from .index.keyindex import scan as scan_keys
 from .index.keyindex import scan_every_topic
+from .clock import now_ms
 from .lock import DirectoryLock
 from .log_limit import RateLimitedLog
 from .messages import (
@@ -55,7 +56,7 @@ from .retention.policy import QueuePolicy
 from .retention.queues import QueueTrimmer
 from .retention.reclaim import QueueReclaimer
 from .retention.segments import RetentionPolicy, apply_retention
-from .rocks import RocksMemory, property_sum, release_free_memory
+from .rocks import RocksMemory, property_sum, raw_items, release_free_memory
 from .stats import LatencyHistogram
 from .read.tail import TailHandoff, TailReader
 from .meta.journal import MetaReplay
@@ -150,6 +151,7 @@ class MessageStore:
         if opts.flush == "async":
             self._tasks.append(loop.create_task(self._every(opts.flush_interval, self._flush_commitlog)))
         self._tasks.append(loop.create_task(self._every(opts.checkpoint_interval, self._checkpoint_offsets)))
+        self._tasks.append(loop.create_task(self._every(60.0, self._forget_marks)))
         self._tasks.append(loop.create_task(self._every(opts.index_flush_interval, self._flush_index)))
         self._tasks.append(loop.create_task(self._every(opts.retention_check_interval, self.apply_retention)))
         self._tasks.append(loop.create_task(self._every(opts.queue_idle_check_interval, self.reclaimer.run)))
@@ -248,11 +250,11 @@ class MessageStore:
         first = self._numbered.get(producer)
         if first is not None:
             return first
-        raw = self.meta.db.get(mark_key(*producer))
-        if raw is None:
+        db = self.meta.db
+        results = find(lambda start: raw_items(db, start), producer, now_ms(), self._id_prefix)
+        if results is None:
             return None
         answered: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
-        results = decode_mark(raw, self._id_prefix)
         settling = self.meta_settling()
         if settling is None:
             answered.set_result(results)
@@ -562,6 +564,10 @@ class MessageStore:
         if self.meta.failed is not None:
             self.meta.probe()  # (StoreWriteError: still failing; else it took writes again)
         self._checkpoint_offsets_now()
+
+    async def _forget_marks(self) -> None:
+        """Idempotent puts' marks too old to be asked for again (write/idempotence.py)."""
+        self.meta.writes.apply(forget_before(now_ms()), sync=False, journal=False)
 
     def _checkpoint_offsets_now(self) -> None:
         self.offsets.checkpoint()

@@ -18,6 +18,9 @@ from store.meta.journal import PUT, MetaBatch
 from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
 from store.replica.node import ReplicaNode, ReplicaSettings
+from store.clock import now_ms
+from store.rocks import raw_keys
+from store.write.idempotence import KEEP_MIN
 
 
 async def _open(path: Path, **options) -> MessageStore:
@@ -603,6 +606,13 @@ async def test_a_numbered_put_sent_again_while_the_first_is_unanswered_is_writte
         assert await _read_all(store, "q") == [b"x"]
         other = await store.put_batch_nowait(items, producer=(b"gw2", 1))  # another producer's number 1
         assert other[0].position != later[0].position
+        together = [store.put_batch_nowait([(Message("t", b"%d" % seq), ["q"])], producer=(b"gw", seq))
+                    for seq in (10, 11, 12)]  # (one commit: one mark for the three)
+        firsts = [await f for f in together]
+        for seq, first_results in zip((11, 10, 12), (firsts[1], firsts[0], firsts[2])):
+            again_results = await store.put_batch_nowait([(Message("t", b"%d" % seq), ["q"])], producer=(b"gw", seq))
+            assert again_results[0].position == first_results[0].position
+        assert await _read_all(store, "q") == [b"x", b"x", b"10", b"11", b"12"]
         with pytest.raises(InvalidMessageError):
             store.put_batch_nowait(items, producer=(b"", 1))
         with pytest.raises(InvalidMessageError):
@@ -611,14 +621,20 @@ async def test_a_numbered_put_sent_again_while_the_first_is_unanswered_is_writte
         await store.close()
 
 
-async def test_a_producers_old_marks_are_deleted_as_new_ones_are_written(tmp_path, monkeypatch):
-    monkeypatch.setattr("store.write.idempotence.WINDOW", 3)
+async def test_marks_older_than_a_failover_are_forgotten(tmp_path, monkeypatch):
     store = await _open(tmp_path / "one")
     try:
-        for seq in range(1, 6):
+        for seq in (1, 2):
             await store.put_batch_nowait([(Message("t", b"%d" % seq), ["q"])], producer=(b"gw", seq))
+        marks = lambda: sum(1 for key in raw_keys(store.meta.db, b"i") if key.startswith(b"i"))  # noqa: E731
+        assert marks() == 2
+        await store._forget_marks()
+        assert marks() == 2  # (recent: kept)
+        later = now_ms() + (KEEP_MIN + 1) * 60_000
+        monkeypatch.setattr("store.store.now_ms", lambda: later)
+        await store._forget_marks()
+        assert marks() == 0
         await store.put_batch_nowait([(Message("t", b"1 again"), ["q"])], producer=(b"gw", 1))  # (forgotten: written)
-        await store.put_batch_nowait([(Message("t", b"4 again"), ["q"])], producer=(b"gw", 4))  # (kept: answered)
-        assert await _read_all(store, "q") == [b"1", b"2", b"3", b"4", b"5", b"1 again"]
+        assert await _read_all(store, "q") == [b"1", b"2", b"1 again"]
     finally:
         await store.close()

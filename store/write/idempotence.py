@@ -1,39 +1,42 @@
 """Idempotent puts: a producer (a gateway node) numbers its puts, and a put sent again -- its
 answer lost with a failed store leader -- is answered as the first time, not written twice.
 
-Each numbered put leaves a *mark* in the meta database, written right after its records in the
-same commit: so a replica holds a put's mark only if it holds the put (the mark follows the
-records in the log that replicas copy), and the mark of a put cut from a replica's tail is
-undone with it (meta/journal.py). A crash between the records and the mark leaves a put that
-a resend writes again: at least once, never lost.
+The numbered puts of one commit leave one *mark* per producer in the meta database, written
+right after their records in the same commit: so a replica holds a put's mark only if it holds
+the put (the mark follows the records in the log that replicas copy), and the mark of a put cut
+from a replica's tail is undone with it (meta/journal.py). A crash between the records and the
+mark leaves puts that a resend writes again: at least once, never lost.
 
-    b"i" + producer + 0x00 + seq u64 -> store ms i64, then per message: position u64, size u32
+    b"i" + minute u32 + producer + 0x00 + last seq u64
+        -> store ms i64, then per put: seq u64, count u32, then per message: position u64, size u32
 
-A producer's marks older than ``WINDOW`` puts are deleted as new ones are written.
+``minute``: the store's minute of the commit. A put is sent again within a failover (seconds),
+so ``find`` looks only at the last few minutes' marks, and every replica deletes older ones by
+itself (``forget_before``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import InvalidMessageError
 from ..messages import PutResult
 from ..meta.journal import MetaBatch
 
 PREFIX = b"i"
-WINDOW = 10_000  # puts per producer that can still be sent again (a gateway node's writes in a failover)
 MAX_PRODUCER = 64
+LOOKBACK_MIN = 3  # minutes of marks a put sent again is looked for in
+KEEP_MIN = 10  # minutes of marks kept
+_MINUTE = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
-_HEAD = struct.Struct(">qI")
+_HEAD = struct.Struct(">q")
+_PUT = struct.Struct(">QI")
 _PLACE = struct.Struct(">QI")
 
 Producer = tuple[bytes, int]  # the producer's id, the put's sequence number
-
-
-def mark_key(producer: bytes, seq: int) -> bytes:
-    return PREFIX + producer + b"\x00" + _SEQ.pack(seq)
+Places = list[tuple[int, int]]  # (position, size) of each of a put's records
 
 
 def check_producer(producer: Producer) -> None:
@@ -44,15 +47,53 @@ def check_producer(producer: Producer) -> None:
         raise InvalidMessageError("a put's sequence number is from 1 to 2**63 - 1")
 
 
-def encode_mark(store_ts: int, places: Sequence[tuple[int, int]]) -> bytes:
-    return _HEAD.pack(store_ts, len(places)) + b"".join(_PLACE.pack(p, s) for p, s in places)
+def _prefix(minute: int, name: bytes) -> bytes:
+    return PREFIX + _MINUTE.pack(minute) + name + b"\x00"
 
 
-def decode_mark(raw: bytes, id_prefix: str) -> list[PutResult]:
-    """The put's results as first answered, without queue offsets (its producer asked for none)."""
-    store_ts, count = _HEAD.unpack_from(raw)
-    places = [_PLACE.unpack_from(raw, _HEAD.size + i * _PLACE.size) for i in range(count)]
-    return [PutResult(id_prefix, position, size, store_ts, {}) for position, size in places]
+def encode_mark(store_ts: int, puts: Sequence[tuple[int, Places]]) -> bytes:
+    parts = [_HEAD.pack(store_ts)]
+    for seq, places in puts:
+        parts.append(_PUT.pack(seq, len(places)))
+        parts += [_PLACE.pack(position, size) for position, size in places]
+    return b"".join(parts)
+
+
+def places_in(raw: bytes, seq: int) -> tuple[int, Places] | None:
+    """(store ms, places) of put ``seq`` in a mark, None if it is not there."""
+    (store_ts,) = _HEAD.unpack_from(raw)
+    at = _HEAD.size
+    while at < len(raw):
+        put, count = _PUT.unpack_from(raw, at)
+        at += _PUT.size
+        if put == seq:
+            return store_ts, [_PLACE.unpack_from(raw, at + i * _PLACE.size) for i in range(count)]
+        at += count * _PLACE.size
+    return None
+
+
+def find(items_from: Callable[[bytes], Iterator[tuple[bytes, bytes]]], producer: Producer, now_ms: int,
+         id_prefix: str) -> list[PutResult] | None:
+    """The results of a numbered put as first answered (without queue offsets: its producer
+    asked for none), from its mark among the last ``LOOKBACK_MIN`` minutes'; None: no mark."""
+    name, seq = producer
+    now_min = now_ms // 60_000
+    for minute in range(now_min + 1, now_min - LOOKBACK_MIN - 1, -1):
+        prefix = _prefix(minute, name)
+        for looked, (key, raw) in enumerate(items_from(prefix + _SEQ.pack(seq))):
+            if not key.startswith(prefix) or looked >= 8:
+                break
+            found = places_in(raw, seq)
+            if found is not None:
+                store_ts, places = found
+                return [PutResult(id_prefix, position, size, store_ts, {}) for position, size in places]
+    return None
+
+
+def forget_before(now_ms: int) -> MetaBatch:
+    """The deletion of marks older than ``KEEP_MIN`` minutes (each replica's own housekeeping)."""
+    oldest = max(0, now_ms // 60_000 - KEEP_MIN)
+    return MetaBatch().delete_range(PREFIX, PREFIX + _MINUTE.pack(oldest))
 
 
 class ProducerMarks:
@@ -66,21 +107,25 @@ class ProducerMarks:
 
     def marks(self, futures: Sequence[asyncio.Future], counts: Sequence[int], positions: Sequence[int],
               records: Sequence[bytes], store_ts: int) -> MetaBatch | None:
-        """The marks of the numbered puts among ``futures`` (each put's ``counts`` records, in
-        order, at ``positions``), each with the deletion of its producer's mark ``WINDOW`` back."""
+        """One mark per producer for the numbered puts among ``futures`` (each put's ``counts``
+        records, in order, at ``positions``)."""
         numbered = self.numbered
-        batch = None
+        by_producer: dict[bytes, list[tuple[int, Places]]] = {}
         start = 0
         for fut, count in zip(futures, counts):
             producer = numbered.pop(fut, None)
             if producer is not None:
                 name, seq = producer
                 places = [(positions[i], len(records[i])) for i in range(start, start + count)]
-                batch = batch or MetaBatch()
-                batch.put(mark_key(name, seq), encode_mark(store_ts, places))
-                if seq > WINDOW:
-                    batch.delete(mark_key(name, seq - WINDOW))
+                by_producer.setdefault(name, []).append((seq, places))
             start += count
+        if not by_producer:
+            return None
+        batch = MetaBatch()
+        minute = store_ts // 60_000
+        for name, puts in by_producer.items():
+            last = max(seq for seq, _ in puts)
+            batch.put(_prefix(minute, name) + _SEQ.pack(last), encode_mark(store_ts, puts))
         return batch
 
     def forget(self, futures: Sequence[asyncio.Future]) -> None:
