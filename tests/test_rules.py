@@ -1,5 +1,5 @@
-"""Event rules (bridge/rules, gateway/rules_host.py) through real clients: MQTT and AMQP
-publishers, a real aiohttp webhook, MQTT and AMQP subscribers of the topic and dead-letter
+"""Event rules (bridge/rules, gateway/rules_host.py) through real clients: MQTT, AMQP and
+RocketMQ (ali-ons) publishers, a real aiohttp webhook, MQTT and AMQP subscribers of the topic and dead-letter
 targets, and the admin API over HTTP."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import aio_pika
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from .remoting_support import ons, remoting_gateway
 from .rules_support import Webhook, call, until
 
 HOT = {"data": {"temp": [{"numeric": [">", 30]}]}}
@@ -173,3 +174,23 @@ async def test_a_4xx_goes_to_the_dead_letter_topic_at_once_and_the_topic_target_
 
 
 
+
+
+async def test_a_rocketmq_send_reaches_a_rule_on_its_topic(data_dir: Path) -> None:
+    """A remoting topic is an MQTT first level (docs/remoting.md): a rule on ``Alerts/#`` sees
+    ali-ons sends to ``Alerts``, as CloudEvents of type tidemq.rocketmq.message."""
+    hook = Webhook()
+    await hook.up()
+    async with remoting_gateway(data_dir, mqtt_bind="127.0.0.1:0", metrics_bind="127.0.0.1:0") as (gw, addr):
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "alerts", "sources": ["Alerts/#"], "pattern": {"data": {"level": ["high"]}},
+            "targets": [{"type": "webhook", "url": hook.url}]})
+        assert status == 201, row
+        await ons({"cmd": "send", "nameSrv": addr, "topic": "Alerts",
+                   "messages": [{"body": json.dumps({"level": "low"})}, {"body": json.dumps({"level": "high"})}]})
+        [hit] = await hook.wait_for(1)
+        await asyncio.sleep(0.3)  # (nothing more comes)
+        assert len(hook.received) == 1 and hit.json() == {"level": "high"}
+        assert hit.headers["ce-type"] == "tidemq.rocketmq.message" and hit.headers["ce-subject"] == "Alerts"
+        assert hit.headers["ce-protocol"] == "rocketmq"
+    await hook.down()
