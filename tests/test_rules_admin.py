@@ -8,6 +8,11 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
+from gateway.config import Config, ConfigError, load_config
+from gateway.server import Gateway
+
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .rules_support import Webhook, call, until
 
@@ -128,3 +133,33 @@ async def test_a_rules_life_paused_resumed_changed_deleted_and_kept_across_a_res
         assert gw.rules.engine.list() == []  # deleted from the store too
     await hook.down()
     await other.down()
+
+
+async def test_rules_declared_in_the_config_file_are_stored_and_a_bad_one_stops_start_up(
+        data_dir: Path, tmp_path: Path) -> None:
+    settings = tmp_path / "tidemq.toml"
+    settings.write_text("""
+[event_rules.copy]
+sources = ["sensors/#"]
+targets = [{ type = "topic", topic = "copies/all" }]
+
+[event_rules.hot]
+sources = ["sensors/#"]
+pattern = { data = { temp = [{ numeric = [">", 30] }] } }
+targets = [{ type = "topic", topic = "alerts/hot" }]
+""")
+    cfg = load_config(settings, env={})
+    assert sorted(json.loads(cfg.event_rules)) == ["copy", "hot"]
+    async with running_gateway(data_dir, event_rules=cfg.event_rules) as gw:
+        assert [row["name"] for row in gw.rules.engine.list()] == ["copy", "hot"]
+    # kept in the store: a later start without them runs them still
+    async with running_gateway(data_dir) as gw:
+        assert [row["name"] for row in gw.rules.engine.list()] == ["copy", "hot"]
+    broken = json.dumps({"hot": {"sources": ["sensors/#"], "pattern": {"data": {"temp": [{"numeric": [">"]}]}},
+                                 "targets": [{"type": "topic", "topic": "alerts/hot"}]}})
+    with pytest.raises(ConfigError, match=r"event_rules: rule 'hot': \$\.pattern\.data\.temp\[0\]\.numeric"):
+        async with running_gateway(data_dir, event_rules=broken):
+            pass
+    with pytest.raises(ConfigError, match="event_rules: rules run on a node with the store and an MQTT listener"):
+        await Gateway(Config(data_dir=data_dir, mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0",
+                             event_rules=cfg.event_rules)).start()
