@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
 import aio_pika
@@ -66,6 +67,10 @@ async def test_a_matching_publish_reaches_the_webhook_as_a_cloudevent_and_others
         status, row = await call(base, "GET", "/admin/rules/hot")
         assert (row["matched"], row["delivered"], row["dead_lettered"], row["lag"]) == (2, 2, 0, 0)
         assert hits is hook.received
+        metrics = (await asyncio.to_thread(urllib.request.urlopen, base + "/metrics", None, 10)).read().decode()
+        assert 'tidemq_rule_matched_total{rule="hot"} 2.0' in metrics
+        assert 'tidemq_rule_delivered_total{rule="hot"} 2.0' in metrics
+        assert 'tidemq_rule_lag{rule="hot"} 0.0' in metrics
         await device.disconnect()
         await conn.close()
     await hook.down()

@@ -61,6 +61,7 @@ class HttpServer:
         app.router.add_get("/admin/trace", self._trace)
         app.router.add_get("/admin/cluster", self._cluster)
         rules_api.add_routes(app, deps.rules)  # /admin/rules: the event rules (tidemq ctl rules)
+        self.registry.register(rules_api.RulesCollector(deps.rules))  # tidemq_rule_*
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
 

@@ -9,14 +9,17 @@ rest of ``/admin/`` (app.py):
     POST   /admin/rules/{name}/pause    POST /admin/rules/{name}/resume
 
 A definition refused is a 400 whose JSON names ``path`` (where in the definition) and ``reason``.
+The same rows feed ``/metrics`` (``RulesCollector``): ``tidemq_rule_*`` per rule.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .deps import RulesControl
 from .errors import AdminError
@@ -93,6 +96,35 @@ class RulesApi:
             return _json(await self._engine().set_paused(request.match_info["name"], paused))
         except LookupError as exc:
             raise AdminError(404, str(exc)) from None
+
+
+class RulesCollector:
+    """Each rule's counters and lag for Prometheus (labelled by rule: as many as the operator made)."""
+
+    COUNTERS = (("matched", "events that matched the rule's pattern"),
+                ("delivered", "matched events every target of the rule took"),
+                ("retried", "attempts at a target made again after a failure"),
+                ("dead_lettered", "(event, target) pairs sent to the rule's dead-letter topic"))
+
+    def __init__(self, rules: RulesControl | None) -> None:
+        self._rules = rules
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on each scrape only
+
+    def collect(self) -> Iterator[Metric]:
+        if self._rules is None:
+            return
+        rows = self._rules.list()
+        for key, documentation in self.COUNTERS:
+            family = CounterMetricFamily(f"tidemq_rule_{key}", documentation, labels=["rule"])
+            for row in rows:
+                family.add_metric([row["name"]], row[key])
+            yield family
+        lag = GaugeMetricFamily("tidemq_rule_lag", "messages of a rule's source queues not yet done", labels=["rule"])
+        for row in rows:
+            lag.add_metric([row["name"]], row["lag"])
+        yield lag
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
