@@ -199,3 +199,33 @@ async def test_a_rocketmq_send_reaches_a_rule_on_its_topic(data_dir: Path) -> No
         assert hit.headers["ce-type"] == "tidemq.rocketmq.message" and hit.headers["ce-subject"] == "Alerts"
         assert hit.headers["ce-protocol"] == "rocketmq"
     await hook.down()
+
+
+async def test_an_event_out_of_retries_goes_to_the_dead_letter_topic_and_the_next_one_goes_on(data_dir: Path) -> None:
+    hook = Webhook()
+    hook.status = 503
+    await hook.up()
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        dead = PahoClient(mqtt_port(gw), "ops", version=5)
+        await dead.connect()
+        await dead.subscribe("$rules/flaky/dead-letter", qos=1)  # the default dead-letter topic
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "flaky", "sources": ["meters/#"], "retry": {"max_attempts": 3, "initial_backoff_ms": 10},
+            "targets": [{"type": "webhook", "url": hook.url}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "meter")
+        await device.connect()
+        await device.publish("meters/1", json.dumps({"n": 1}), 1)
+        [letter] = await dead.receive(1)
+        properties = dict(letter.properties.UserProperty)
+        assert properties["dead-letter-reason"] == "HTTP 503; 3 attempts made (max_attempts 3)"
+        assert properties["dead-letter-attempts"] == "3" and hook.refused == 3
+        hook.status = 200
+        await device.publish("meters/1", json.dumps({"n": 2}), 1)
+        [hit] = await hook.wait_for(1)
+        assert hit.json() == {"n": 2}
+        row = gw.rules.engine.get("flaky")
+        assert (row["matched"], row["delivered"], row["retried"], row["dead_lettered"]) == (2, 1, 2, 1)
+        await device.disconnect()
+        await dead.disconnect()
+    await hook.down()

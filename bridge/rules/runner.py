@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from store import StoredMessage, now_ms
+from store import StoreError, StoredMessage, now_ms
 
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
@@ -23,6 +23,7 @@ log = logging.getLogger("tidemq.rules")
 
 BATCH = 64  # messages read from a source queue at once
 DEAD_LETTER_RETRY_S = 1.0  # the wait before a dead-letter topic the store refused is tried again
+READ_RETRY_S = 1.0  # the wait before a source queue the store could not read is read again
 
 REASON_PROPERTY = "dead-letter-reason"
 ATTEMPTS_PROPERTY = "dead-letter-attempts"
@@ -78,6 +79,12 @@ class RuleRunner:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"rule:{self.rule.name}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # (a fault of ours: said loudly)
+            self.counters.last_error = f"the rule stopped: {task.exception()!r}"
+            log.error("rule stopped rule=%s", self.rule.name, exc_info=task.exception())
 
     def wake(self) -> None:
         """A source queue has new messages (the store's notify)."""
@@ -103,8 +110,10 @@ class RuleRunner:
             for source in self.sources:
                 try:
                     batch = source.read(BATCH)
-                except Exception as exc:  # (a store read failed: logged, tried again when woken)
+                except StoreError as exc:  # (a store read failed: tried again a moment later)
                     self._error(f"reading {source.queue}: {exc}")
+                    self._wake.set()
+                    await asyncio.sleep(READ_RETRY_S)
                     continue
                 for message in batch:
                     await self._handle(message)
@@ -114,12 +123,18 @@ class RuleRunner:
                 await self._wake.wait()
 
     async def _handle(self, message: StoredMessage) -> None:
-        event = cloud_event(message)
-        view = event.for_matching()
-        if not self.rule.pattern.matches(view):
+        try:
+            event = cloud_event(message)
+            view = event.for_matching()
+            if not self.rule.pattern.matches(view):
+                return
+            payload = self.rule.transform.apply(event, view)
+        except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
+            log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
+                          message.queue_offset)
+            await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
             return
         self.counters.matched += 1
-        payload = self.rule.transform.apply(event, view)
         pending = self.targets
         attempts = 0
         everywhere = True  # every target took it (else some went to the dead-letter topic)
@@ -135,7 +150,7 @@ class RuleRunner:
                     failed.append((target, outcome))
                 else:
                     everywhere = False
-                    await self._dead_letter(message, event, target, f"refused: {outcome.reason}", attempts)
+                    await self._dead_letter(message, event, target.label, f"refused: {outcome.reason}", attempts)
             if not failed:
                 break
             age_s = max(0.0, (now_ms() - message.store_timestamp) / 1000)
@@ -143,7 +158,7 @@ class RuleRunner:
             if done is not None:
                 everywhere = False
                 for target, outcome in failed:
-                    await self._dead_letter(message, event, target, f"{outcome.reason}; {done}", attempts)
+                    await self._dead_letter(message, event, target.label, f"{outcome.reason}; {done}", attempts)
                 break
             self.counters.retried += len(failed)
             await asyncio.sleep(self.rule.retry.backoff_s(attempts))
@@ -151,15 +166,19 @@ class RuleRunner:
         if everywhere:
             self.counters.delivered += 1
 
-    async def _dead_letter(self, message: StoredMessage, event: CloudEvent, target: Target, reason: str,
+    async def _dead_letter(self, message: StoredMessage, event: CloudEvent | None, target: str, reason: str,
                            attempts: int) -> None:
-        """The original message to the dead-letter topic, with why; tried until the store takes it."""
+        """The original message to the dead-letter topic, with why; tried until the store takes it.
+        ``target``: the label of the target that did not take it ("rule": the rule itself failed)."""
+        topic = event.subject if event is not None else message.topic
         properties = [(REASON_PROPERTY, reason), (ATTEMPTS_PROPERTY, str(attempts)), (RULE_PROPERTY, self.rule.name),
-                      (TARGET_PROPERTY, target.label), (TOPIC_PROPERTY, event.subject),
-                      ("ce-id", event.id), ("ce-source", event.source)]
+                      (TARGET_PROPERTY, target), (TOPIC_PROPERTY, topic)]
+        if event is not None:
+            properties += [("ce-id", event.id), ("ce-source", event.source)]
+        content_type = event.datacontenttype if event is not None else None
         while True:
             try:
-                await self._republish(self.rule.dead_letter_topic, message.body, 1, event.datacontenttype, properties)
+                await self._republish(self.rule.dead_letter_topic, message.body, 1, content_type, properties)
                 break
             except Exception as exc:  # (StoreError: a full disk; the event waits, uncommitted)
                 self._error(f"dead-letter topic {self.rule.dead_letter_topic}: {exc}")
