@@ -83,6 +83,9 @@ class Gateway:
         for name in MQTT_LISTENERS:
             if config.role == "store" and getattr(config, f"{name}_bind"):
                 raise ConfigError(f"{name}_bind: in a cluster, MQTT clients connect to the gateway nodes")
+        if config.role != "embedded" and event_rules(config):
+            raise ConfigError("event_rules: rules run on a standalone node (role embedded), not yet in a cluster",
+                              "event_rules")
         self.config = config
         self.store: MessageStore | None = None
         self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
