@@ -49,10 +49,13 @@ async def test_a_matching_publish_reaches_the_webhook_as_a_cloudevent_and_others
         exchange = await channel.get_exchange("amq.topic")
         await exchange.publish(aio_pika.Message(json.dumps({"temp": 41}).encode(), content_type="application/json"),
                                "sensors.r2.temp")
-        hits = await hook.wait_for(2)
+        await device.publish("sensors/küche", json.dumps({"temp": 60}), 1)
+        hits = await hook.wait_for(3)
         await asyncio.sleep(0.3)  # (nothing more comes)
-        assert [hit.json() for hit in hook.received] == [{"temp": 35}, {"temp": 41}]
-        first, second = hook.received
+        assert [hit.json()["temp"] for hit in hook.received] == [35, 41, 60]  # (one source queue: in order)
+        first, second = hook.received[:2]
+        # attribute values percent-encoded outside printable ASCII (the CloudEvents HTTP binding)
+        assert hook.received[2].headers["ce-subject"] == "sensors/k%C3%BCche"
         # binary mode: the attributes as ce- headers, the payload as the body
         assert first.headers["ce-specversion"] == "1.0"
         assert first.headers["ce-source"] == "/mqtt/clients/dev-1"
@@ -65,11 +68,11 @@ async def test_a_matching_publish_reaches_the_webhook_as_a_cloudevent_and_others
         assert second.headers["ce-source"] == "/amqp/exchanges/amq.topic"
         assert second.headers["ce-subject"] == "sensors/r2/temp"
         status, row = await call(base, "GET", "/admin/rules/hot")
-        assert (row["matched"], row["delivered"], row["dead_lettered"], row["lag"]) == (2, 2, 0, 0)
+        assert (row["matched"], row["delivered"], row["dead_lettered"], row["lag"]) == (3, 3, 0, 0)
         assert hits is hook.received
         metrics = (await asyncio.to_thread(urllib.request.urlopen, base + "/metrics", None, 10)).read().decode()
-        assert 'tidemq_rule_matched_total{rule="hot"} 2.0' in metrics
-        assert 'tidemq_rule_delivered_total{rule="hot"} 2.0' in metrics
+        assert 'tidemq_rule_matched_total{rule="hot"} 3.0' in metrics
+        assert 'tidemq_rule_delivered_total{rule="hot"} 3.0' in metrics
         assert 'tidemq_rule_lag{rule="hot"} 0.0' in metrics
         await device.disconnect()
         await conn.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import string
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +23,7 @@ from .outcome import DELIVERED, Outcome
 STRUCTURED = "application/cloudevents+json"
 POOL_CONNECTIONS = 16
 RETRYABLE_STATUS = frozenset({408, 429})
+HEADER_SAFE = "".join(c for c in string.printable if "!" <= c <= "~" and c not in '"%')
 
 
 def binary_headers(event: CloudEvent, payload: Payload) -> dict[str, str]:
@@ -66,9 +69,11 @@ def _data(payload: Payload) -> tuple[Any] | None:
 
 
 def _header_value(value: Any) -> str:
+    """An attribute's value as a header: percent-encoded outside printable ASCII, and space, '"'
+    and '%' (the CloudEvents HTTP binding, 3.1.3.2)."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return urllib.parse.quote(str(value), safe=HEADER_SAFE)
 
 
 class WebhookTarget:
