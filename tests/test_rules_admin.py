@@ -61,6 +61,8 @@ async def test_a_bad_definition_is_refused_at_creation_with_its_place_and_reason
              "$.targets[0].topic", "the rule would read what it writes"),
             ({**rule("http://h/"), "sources": ["a/#", "a/b"]}, "$.sources[1]", "overlaps"),
             ({**rule("ftp://h/")}, "$.targets[0].url", "http:// or https://"),
+            ({**rule("http://h/"), "targets": [{"type": "webhook", "url": "http://h/", "headers": {"X Bad": "v"}}]},
+             "$.targets[0].headers", "an HTTP token"),
             ({**rule("http://h/"), "retry": {"max_attempts": 0}}, "$.retry.max_attempts", "from 1"),
         ]
         for definition, path, reason in cases:

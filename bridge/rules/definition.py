@@ -20,6 +20,8 @@ TARGET_TYPES = ("topic", "webhook")
 WEBHOOK_MODES = ("binary", "structured")
 MAX_TARGETS = 8
 MAX_SOURCES = 16
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # (RFC 9110 token)
+HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
 KEYS = frozenset({"sources", "pattern", "transform", "targets", "retry", "dead_letter_topic", "paused"})
 
 
@@ -146,9 +148,10 @@ def _target(item: Any, path: str) -> TargetSpec:
         raise RuleDefinitionError(f"{path}.mode", f"one of {WEBHOOK_MODES} (CloudEvents content modes)")
     headers = item.get("headers", {})
     if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and "\n" not in k + v and "\r" not in k + v
+            isinstance(k, str) and isinstance(v, str) and HEADER_NAME.fullmatch(k) and HEADER_VALUE.fullmatch(v)
             for k, v in headers.items()):
-        raise RuleDefinitionError(f"{path}.headers", "an object of header name -> value (strings, one line)")
+        raise RuleDefinitionError(f"{path}.headers", "an object of header name (an HTTP token) -> value "
+                                                     "(printable ASCII, spaces and tabs)")
     timeout = item.get("timeout_s", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 300:
         raise RuleDefinitionError(f"{path}.timeout_s", "more than 0 and at most 300 seconds")

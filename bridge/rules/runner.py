@@ -142,7 +142,11 @@ class RuleRunner:
             attempts += 1
             failed: list[tuple[Target, Outcome]] = []
             for target in pending:
-                outcome = await target.deliver(event, payload)
+                try:
+                    outcome = await target.deliver(event, payload)
+                except Exception as exc:  # (a fault of the target's code: retried, then dead-lettered)
+                    log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
+                    outcome = Outcome(False, f"the target failed: {exc!r}")
                 if outcome.delivered:
                     continue
                 self._error(f"{target.label}: {outcome.reason}")

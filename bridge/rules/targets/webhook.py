@@ -104,6 +104,8 @@ class WebhookTarget:
                 status = response.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        except ValueError as exc:  # (a request aiohttp cannot make of this URL: trying again will not help)
+            return Outcome(False, f"{type(exc).__name__}: {exc}", retryable=False)
         if 200 <= status < 300:
             return DELIVERED
         retryable = status >= 500 or status in RETRYABLE_STATUS
