@@ -94,10 +94,10 @@ async def run(events: int, lines: runner.Lines) -> None:
             try:
                 assert gw.rules is not None and gw.store is not None
                 engine = gw.rules.engine
-                engine.create("webhook", {"sources": ["bench/#"], "paused": True,
-                                          "targets": [{"type": "webhook", "url": url + "/events"}]})
-                engine.create("topic", {"sources": ["bench/#"], "paused": True,
-                                        "targets": [{"type": "topic", "topic": "out/all"}]})
+                await engine.create("webhook", {"sources": ["bench/#"], "paused": True,
+                                                "targets": [{"type": "webhook", "url": url + "/events"}]})
+                await engine.create("topic", {"sources": ["bench/#"], "paused": True,
+                                              "targets": [{"type": "topic", "topic": "out/all"}]})
                 await backlog(gw, events)
                 seconds = await timed(gw, "webhook", events)
                 stats = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url + "/stats").read()))

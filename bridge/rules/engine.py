@@ -9,6 +9,7 @@ Errors at this seam are the standard ones, so callers need not import this packa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class RulesEngine:
         self._host = host
         self._rules: dict[str, _Rule] = {}
         self._readers: dict[str, list[RuleRunner]] = {}  # queue -> the runners reading it
+        self._changing = asyncio.Lock()  # one admin operation at a time (each stops a runner before the next)
 
     # -- life ------------------------------------------------------------------------------------
     def start(self, declared: Mapping[str, Any]) -> None:
@@ -94,18 +96,23 @@ class RulesEngine:
     def list(self) -> list[dict[str, Any]]:
         return [describe(r.definition, r.counters, r.runner) for _, r in sorted(self._rules.items())]
 
-    def create(self, name: str, raw: Any) -> dict[str, Any]:
+    async def create(self, name: str, raw: Any) -> dict[str, Any]:
         """A new rule, reading from now on (ValueError: refused, or the name is taken)."""
-        if name in self._rules:
-            raise RuleDefinitionError("$.name", f"a rule named {name!r} exists (change it, or delete it first)")
-        rule = parse_definition(name, raw)
-        self._book.save(rule)
-        self._run(rule, RuleCounters(), resume=False)
+        async with self._changing:
+            if name in self._rules:
+                raise RuleDefinitionError("$.name", f"a rule named {name!r} exists (change it, or delete it first)")
+            rule = parse_definition(name, raw)
+            self._book.save(rule)
+            self._run(rule, RuleCounters(), resume=False)
         log.info("rule created rule=%s sources=%s", name, ",".join(rule.sources))
         return self.get(name)  # type: ignore[return-value]
 
     async def change(self, name: str, raw: Any) -> dict[str, Any]:
         """A rule's new definition; sources it keeps go on from their cursors, new ones start now."""
+        async with self._changing:
+            return await self._change(name, raw)
+
+    async def _change(self, name: str, raw: Any) -> dict[str, Any]:
         old = self._existing(name)
         rule = parse_definition(name, raw)
         self._book.save(rule)
@@ -117,6 +124,10 @@ class RulesEngine:
 
     async def set_paused(self, name: str, paused: bool) -> dict[str, Any]:
         """Pause (its sources stay held: what matches meanwhile waits in the store) or resume."""
+        async with self._changing:
+            return await self._set_paused(name, paused)
+
+    async def _set_paused(self, name: str, paused: bool) -> dict[str, Any]:
         old = self._existing(name)
         if old.definition.paused == paused:
             return self.get(name)  # type: ignore[return-value]
@@ -128,9 +139,10 @@ class RulesEngine:
         return self.get(name)  # type: ignore[return-value]
 
     async def delete(self, name: str) -> None:
-        self._existing(name)
-        self._book.delete(name)
-        await self._retire(name)
+        async with self._changing:
+            self._existing(name)
+            self._book.delete(name)
+            await self._retire(name)
         log.info("rule deleted rule=%s", name)
 
     # -- running ---------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class RulesApi:
         if engine.get(name) is not None:
             raise AdminError(409, f"a rule named {name!r} exists: change it (PUT /admin/rules/{name}) or delete it")
         try:
-            return _json(engine.create(name, body), status=201)
+            return _json(await engine.create(name, body), status=201)
         except ValueError as exc:
             return _refused(getattr(exc, "path", "$"), getattr(exc, "reason", str(exc)))
 
