@@ -72,8 +72,9 @@ class GatewayRuleHost:
         self._mqtt = mqtt
 
     def open_source(self, consumer: str, topic_filter: str, *, resume: bool) -> CursorSource:
-        self._mqtt.wildcards.hold(topic_filter, consumer, True)
-        return CursorSource(self._store, self._mqtt.cache, consumer, queue_for_filter(topic_filter), resume=resume)
+        source = CursorSource(self._store, self._mqtt.cache, consumer, queue_for_filter(topic_filter), resume=resume)
+        self._mqtt.wildcards.hold(topic_filter, consumer, True)  # (in the same turn: no publish comes between)
+        return source
 
     def close_source(self, topic_filter: str, consumer: str) -> None:
         self._mqtt.wildcards.release(topic_filter, consumer)

@@ -155,7 +155,15 @@ class RulesEngine:
     def _run(self, rule: RuleDefinition, counters: RuleCounters, *, resume: bool,
              new_sources: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         consumer = CONSUMER_PREFIX + rule.name
-        sources = [self._host.open_source(consumer, f, resume=resume and f not in new_sources) for f in rule.sources]
+        sources: list[EventSource] = []
+        try:
+            for topic_filter in rule.sources:
+                sources.append(self._host.open_source(consumer, topic_filter,
+                                                      resume=resume and topic_filter not in new_sources))
+        except BaseException:  # (a start offset the store did not write: no hold left behind)
+            for topic_filter in rule.sources[:len(sources)]:
+                self._host.close_source(topic_filter, consumer)
+            raise
         runner = RuleRunner(rule, sources, [self._target(t) for t in rule.targets], self._host.republish, counters)
         self._rules[rule.name] = _Rule(rule, runner, counters)
         for queue in runner.queues:
