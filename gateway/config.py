@@ -28,8 +28,9 @@ ENV_PREFIX = "TIDEMQ_"
 # TIDEMQ_* names that are not settings: the config file's path, and the test set-up's choice of
 # the compiled or interpreted build (tests/builds.py), which a gateway the tests start inherits
 NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", ENV_PREFIX + "PURE_PYTHON"})
-# settings whose TOML value is a table (kept as its JSON; gateway/queue_policy.py reads it)
-TABLE_SETTINGS = frozenset({"retention_topics"})
+# settings whose TOML value is a table (kept as its JSON; gateway/queue_policy.py reads
+# retention_topics, gateway/rules_host.py event_rules)
+TABLE_SETTINGS = frozenset({"retention_topics", "event_rules"})
 
 
 class ConfigError(ValueError):
@@ -104,6 +105,10 @@ class Config:
     # per-topic retention ([retention.topics] table: topic filter -> hours or {hours, bytes});
     # the environment gives it as JSON (gateway/queue_policy.py)
     retention_topics: str = ""
+    # event rules declared here ([event_rules.NAME] tables: sources, pattern, transform, targets,
+    # retry, dead_letter_topic; docs/rules.md), stored at start over a stored rule of the same name;
+    # the environment gives them as one JSON object of name -> definition
+    event_rules: str = ""
     # light queues (MQTT topics and filters, AMQP queues) with no new message for this long and no
     # reader are removed (store/retention/reclaim.py); 0 = never
     queue_idle_ttl_hours: float = 24.0
@@ -242,7 +247,9 @@ def _convert(name: str, kind: type, value: Any, origin: str) -> Any:
 def _flatten(table: Mapping[str, Any], path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
-        if isinstance(value, dict):
+        if key in TABLE_SETTINGS:  # (a table of tables: [event_rules.NAME])
+            out[key] = value
+        elif isinstance(value, dict):
             for sub, subvalue in value.items():
                 if isinstance(subvalue, dict) and f"{key}_{sub}" not in TABLE_SETTINGS:
                     raise ConfigError(f"{path}: [{key}.{sub}] nests too deep")
@@ -297,6 +304,19 @@ def load_config(
     return cfg
 
 
+def event_rules(cfg: Config) -> dict[str, Any]:
+    """The declared event rules: name -> definition (checked when the rules start: server.py)."""
+    if not cfg.event_rules:
+        return {}
+    try:
+        rules = json.loads(cfg.event_rules)
+    except ValueError as exc:
+        raise ConfigError(f"event_rules: not a JSON object of rule name -> definition: {exc}", "event_rules") from None
+    if not isinstance(rules, dict):
+        raise ConfigError("event_rules: a table of rule name -> definition ([event_rules.NAME])", "event_rules")
+    return rules
+
+
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
@@ -323,6 +343,7 @@ def validate(cfg: Config) -> None:
     if cfg.queue_idle_ttl_hours < 0 or cfg.queue_idle_check_interval_s <= 0 or cfg.retention_check_interval_s <= 0:
         raise ConfigError("queue_idle_ttl_hours is 0 (never) or more; queue_idle_check_interval_s and "
                           "retention_check_interval_s are more than 0", "queue_idle_ttl_hours")
+    event_rules(cfg)
     try:
         parse_rules(cfg.retention_topics)
     except RuleError as exc:

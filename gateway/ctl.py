@@ -1,7 +1,7 @@
 """``tidemq ctl``: the admin API of a running gateway (its ``--metrics-bind`` listener) from
-the command line -- clients, sessions, subscriptions, queues, kicking a client, and finding a
-message by key or message id, and a message's trace. Plain HTTP with the standard library;
-tables or ``--json``; the admin token or an admin user's name and password as credentials."""
+the command line -- clients, sessions, subscriptions, queues, kicking a client, finding a
+message by key or message id, a message's trace, and the event rules. Plain HTTP with the
+standard library; tables or ``--json``; the admin token or an admin user's name and password as credentials."""
 
 from __future__ import annotations
 
@@ -53,6 +53,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             help="the trace of a message (publish, store, deliver, ack) by id or key")
     trace.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
     trace.add_argument("--key", help="a key the message was published with")
+    rules = what.add_parser("rules", parents=[after],
+                            help="event rules: list (state, matched, delivered, retried, dead_lettered, lag), "
+                                 "show, create, change, pause, resume, delete")
+    rules.add_argument("action", nargs="?", default="list",
+                       choices=("list", "show", "create", "change", "pause", "resume", "delete"))
+    rules.add_argument("name", nargs="?", help="the rule (every action but list)")
+    rules.add_argument("--file", help="create, change: the rule's definition, a JSON file (- : standard input); "
+                                      "see docs/rules.md")
 
 
 def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -101,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
             if args.topic:
                 params["topic"] = args.topic
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
+        elif args.what == "rules":
+            data = _rules(args)
         elif args.what == "clients" and args.id:
             data = _call(args, "GET", "/admin/clients?" + urllib.parse.urlencode({"id": args.id}))
         elif args.what == "trace":
@@ -133,6 +143,38 @@ def _run(args: argparse.Namespace) -> int:
         print(f"tidemq ctl queues: the listing was cut after {len(data)} queues; "
               f"go on with --after {next_after!r}", file=sys.stderr)
     return 0
+
+
+RULE_COLUMNS = ("name", "state", "sources", "targets", "matched", "delivered", "retried", "dead_lettered", "lag",
+                "last_error")
+
+
+def _rules(args: argparse.Namespace) -> Any:
+    """The rules call of ``tidemq ctl rules ACTION [NAME]``: its rows (list) or the rule's row."""
+    if args.action == "list":
+        rows = _call(args, "GET", "/admin/rules")
+        return rows if args.json else [{k: row[k] for k in RULE_COLUMNS} for row in rows]
+    if not args.name:
+        raise CtlError(f"rules {args.action}: give the rule's name", 400)
+    path = "/admin/rules/" + urllib.parse.quote(args.name, safe="")
+    if args.action in ("create", "change"):
+        if not args.file:
+            raise CtlError(f"rules {args.action}: give the definition with --file FILE.json", 400)
+        try:
+            text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read()
+            definition = json.loads(text)
+        except (OSError, ValueError) as exc:
+            raise CtlError(f"rules {args.action}: cannot read the definition in {args.file}: {exc}", 400) from None
+        if not isinstance(definition, dict):
+            raise CtlError(f"rules {args.action}: the definition in {args.file} is not a JSON object", 400)
+        if args.action == "create":
+            return _call(args, "POST", "/admin/rules", {**definition, "name": args.name})
+        return _call(args, "PUT", path, definition)
+    if args.action == "show":
+        return _call(args, "GET", path)
+    if args.action == "delete":
+        return _call(args, "DELETE", path)
+    return _call(args, "POST", f"{path}/{args.action}")
 
 
 TRACE_OFF = (": message trace is off on every listener of this gateway; turn it on with "

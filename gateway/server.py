@@ -32,7 +32,7 @@ from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, parse_admin_users, parse_bind, parse_peers
+from .config import Config, ConfigError, event_rules, parse_admin_users, parse_bind, parse_peers
 from .listen import ListeningServer, format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
@@ -53,6 +53,7 @@ from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .remoting.transactions import TransactionSettings
+from .rules_host import Rules
 
 if TYPE_CHECKING:
     from .rocketmq_grpc.server import GrpcServer
@@ -82,6 +83,9 @@ class Gateway:
         for name in MQTT_LISTENERS:
             if config.role == "store" and getattr(config, f"{name}_bind"):
                 raise ConfigError(f"{name}_bind: in a cluster, MQTT clients connect to the gateway nodes")
+        if config.role != "embedded" and event_rules(config):
+            raise ConfigError("event_rules: rules run on a standalone node (role embedded), not yet in a cluster",
+                              "event_rules")
         self.config = config
         self.store: MessageStore | None = None
         self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
@@ -115,6 +119,7 @@ class Gateway:
         self.passwords: PasswordFile | None = None
         self.ready = False
         self._filter_holds: FilterHolds | None = None
+        self.rules: Rules | None = None  # event rules (bridge/rules): a node with the store and MQTT
 
     async def start(self) -> None:
         cfg = self.config
@@ -295,6 +300,7 @@ class Gateway:
         if all(bind is None for bind in binds.values()):
             log.info("listener off protocol=mqtt")
             self.filter_holds()  # a store node's: before the store link's listener
+            self._start_rules()  # (refuses declared rules: they need MQTT)
             return
         settings = MQTTSettings(
             receive_maximum=cfg.mqtt_receive_maximum,
@@ -323,6 +329,7 @@ class Gateway:
             self.node.attach(self.mqtt)
         await self.mqtt.start()
         self.filter_holds()  # restored before the listeners: no publish misses a held filter
+        self._start_rules()  # (the same: a rule's filters are held before any publish)
         for name, bind in binds.items():
             if bind is None:
                 if name == "mqtt":
@@ -335,6 +342,22 @@ class Gateway:
                 server = await listeners.start_tcp(self.mqtt, bind[0], bind[1], tls if name == "mqtts" else None,
                                                    self._tracer_for(name))
             self._started(name, server)
+
+    def _start_rules(self) -> None:
+        """The event rules the store keeps and the configuration declares (bridge/rules), on a
+        node with the store; a gateway node's come from its store node."""
+        declared = event_rules(self.config)
+        if self.store is None or self.mqtt is None:
+            if declared:
+                raise ConfigError("event_rules: rules run on a node with the store and an MQTT listener (their "
+                                  "sources and topic targets are MQTT topics)", "event_rules")
+            return
+        self.rules = Rules(self.store, self.mqtt)
+        try:
+            self.rules.start(declared)
+        except ValueError as exc:
+            self.rules = None
+            raise ConfigError(f"event_rules: {exc}", "event_rules") from None
 
     def _started(self, protocol: str, server: ListeningServer) -> None:
         self.listeners.append(Listener(protocol, server))
@@ -407,7 +430,8 @@ class Gateway:
                                  group_view=self.store_group.view if self.store_group is not None else
                                  self.leader_finder.view if self.leader_finder is not None else None,
                                  replica=self.store_group.replica if self.store_group is not None else None),
-            filter_holds=self.filter_holds(), timer=self.timer)
+            filter_holds=self.filter_holds(), timer=self.timer,
+            rules=self.rules.engine if self.rules is not None else None)
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> ListeningServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
@@ -545,6 +569,9 @@ class Gateway:
         if self._filter_holds is not None:
             await self._filter_holds.close()
             self._filter_holds = None
+        if self.rules is not None:
+            await self.rules.stop()  # (before the MQTT broker, whose publish path it uses)
+            self.rules = None
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None

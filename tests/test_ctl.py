@@ -328,3 +328,38 @@ def test_ctl_asked_for_a_password_and_given_none_says_so_without_a_traceback() -
         os.close(controller)
     assert proc.returncode == 1 and "Traceback" not in err.decode(), err.decode()
     assert "no password" in err.decode(), err.decode()
+
+
+async def test_ctl_rules_creates_lists_pauses_resumes_changes_and_deletes(data_dir: Path, tmp_path: Path) -> None:
+    definition = tmp_path / "rule.json"
+    definition.write_text(json.dumps({"sources": ["sensors/#"], "targets": [{"type": "topic", "topic": "out/all"}]}))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sources": ["sensors/#"], "pattern": {"data": {"t": [{"numeric": [">", 5, "<", 1]}]}},
+                               "targets": [{"type": "topic", "topic": "out/all"}]}))
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", admin_token=TOKEN) as gw:
+        host, port = gw.metrics_address
+        url = f"http://{host}:{port}"
+        code, out, err = await ctl(url, "rules", "create", "copy", "--file", str(definition))
+        assert code == 0, err
+        code, out, err = await ctl(url, "rules", "create", "broken", "--file", str(bad))
+        assert code == 2 and "$.pattern.data.t[0].numeric[3]" in err, err
+        code, out, _ = await ctl(url, "rules")  # list, as a table
+        header, row = out.splitlines()
+        assert header.split() == ["name", "state", "sources", "targets", "matched", "delivered", "retried",
+                                  "dead_lettered", "lag", "last_error"]
+        assert row.split()[:2] == ["copy", "running"]
+        code, out, _ = await ctl(url, "rules", "pause", "copy", "--json")
+        assert code == 0 and json.loads(out)["state"] == "paused"
+        code, out, _ = await ctl(url, "rules", "resume", "copy", "--json")
+        assert code == 0 and json.loads(out)["state"] == "running"
+        definition.write_text(json.dumps({"sources": ["sensors/#"], "targets": [{"type": "topic", "topic": "out/b"}]}))
+        code, out, _ = await ctl(url, "rules", "change", "copy", "--file", str(definition), "--json")
+        assert code == 0 and json.loads(out)["targets"] == ["topic:out/b"]
+        code, out, _ = await ctl(url, "rules", "show", "copy", "--json")
+        assert json.loads(out)["definition"]["targets"] == [{"type": "topic", "topic": "out/b"}]
+        code, _, err = await ctl(url, "rules", "delete", "copy")
+        assert code == 0
+        code, _, err = await ctl(url, "rules", "show", "copy")
+        assert code == 1 and "404" in err
+        code, _, err = await ctl(url, "rules", "list", token="wrong")
+        assert code == 1 and "401" in err

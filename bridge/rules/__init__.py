@@ -1,7 +1,8 @@
 """Event rules: event patterns compiled into matchers (``patterns``, with ``PatternSet`` to match
 many rules at once, indexed by the fields they test) and the CloudEvents 1.0 view of a stored
-message that patterns are matched against (``events``). Sans-IO: nothing here reads a socket or
-runs a loop; the rules engine that feeds them is not built yet."""
+message that patterns are matched against (``events``), both sans-IO; on them the rules engine
+(``engine``: definitions, transforms, targets, one ``runner`` per rule), which the gateway hosts
+(``gateway/rules_host.py``)."""
 
 from .events import NO_DATA, CloudEvent, cloud_event
 from .pattern_set import PatternSet

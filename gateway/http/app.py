@@ -1,6 +1,6 @@
 """The gateway's HTTP listener (``--metrics-bind``): Prometheus metrics at ``/metrics``,
 ``/healthz`` (the process answers), ``/readyz`` (the store is open and every listener is up),
-the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``), the data API under ``/data/``
+the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``; the event rules: ``rules_api.py``), the data API under ``/data/``
 (``data_api.py``) and the dashboard (``dashboard.py``).
 
 ``HttpServer`` is built from ``HttpDeps`` (``deps.py``) and hands each module the parts it
@@ -22,7 +22,7 @@ from store import StoreError
 
 from ..listen import listening_sockets
 
-from . import admin, dashboard, data_api
+from . import admin, dashboard, data_api, rules_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
 from .deps import HttpDeps
@@ -60,6 +60,8 @@ class HttpServer:
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
         app.router.add_get("/admin/cluster", self._cluster)
+        rules_api.add_routes(app, deps.rules)  # /admin/rules: the event rules (tidemq ctl rules)
+        self.registry.register(rules_api.RulesCollector(deps.rules))  # tidemq_rule_*
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)
 

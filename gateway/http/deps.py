@@ -131,6 +131,24 @@ class ClusterParts:
     replica: ReplicaNode | None = None
 
 
+class RulesControl(Protocol):
+    """The event rules engine (``bridge.rules.engine.RulesEngine``): rows of plain data; it raises
+    ``LookupError`` for an unknown rule and ``ValueError`` (with ``path`` and ``reason``) for a
+    definition it refuses."""
+
+    def get(self, name: str) -> dict[str, Any] | None: ...
+
+    def list(self) -> list[dict[str, Any]]: ...
+
+    async def create(self, name: str, raw: Any) -> dict[str, Any]: ...
+
+    async def change(self, name: str, raw: Any) -> dict[str, Any]: ...
+
+    async def set_paused(self, name: str, paused: bool) -> dict[str, Any]: ...
+
+    async def delete(self, name: str) -> None: ...
+
+
 @dataclass(slots=True, frozen=True)
 class HttpDeps:
     """Everything the HTTP listener serves from (``app.HttpServer`` hands each module its parts)."""
@@ -145,3 +163,4 @@ class HttpDeps:
     cluster: ClusterParts
     filter_holds: FilterHolds  # created by the server before the MQTT listeners start
     timer: TimerService | None = None  # the node with the store: its timer messages
+    rules: RulesControl | None = None  # the node with the store and MQTT: its event rules

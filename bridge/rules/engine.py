@@ -1,0 +1,191 @@
+"""The rules engine, the front door of ``bridge/rules`` for the gateway: the rules the store keeps
+(and the configuration declares), one ``RuleRunner`` each, and the admin operations on them --
+create, change, pause, resume, delete, list. The gateway gives it a ``RuleHost``: the durable
+cursors on its queues and its publish path.
+
+Errors at this seam are the standard ones, so callers need not import this package's:
+``LookupError`` (no such rule) and ``ValueError`` (a definition refused; a
+``RuleDefinitionError`` with ``path`` and ``reason``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .book import RuleBook
+from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
+from .errors import RuleDefinitionError
+from .runner import EventSource, RuleCounters, RuleRunner, describe
+from .targets import Target, TopicTarget, WebhookTarget
+
+log = logging.getLogger("tidemq.rules")
+
+CONSUMER_PREFIX = "$rule:"  # a rule's consumer offsets: "$rule:{name}"
+
+
+class RuleHost(Protocol):
+    """What the engine needs of the gateway."""
+
+    def republish(self, topic: str, body: bytes, qos: int, content_type: str | None,
+                  user_properties: Sequence[tuple[str, str]]) -> Awaitable[None]:
+        """Publish as an MQTT client would (resolves once stored; StoreError when not)."""
+        ...
+
+    def open_source(self, consumer: str, topic_filter: str, *, resume: bool) -> EventSource:
+        """The queue ``topic_filter`` is read from, held (every matching publish is indexed into
+        it from now on) and read through the durable cursor ``consumer``: at its saved offset with
+        ``resume``, else from the queue's end (written through)."""
+        ...
+
+    def close_source(self, topic_filter: str, consumer: str) -> None:
+        """Release the hold ``open_source`` took."""
+        ...
+
+
+@dataclass(slots=True)
+class _Rule:
+    definition: RuleDefinition
+    runner: RuleRunner
+    counters: RuleCounters = field(default_factory=RuleCounters)
+
+
+class RulesEngine:
+    def __init__(self, book: RuleBook, host: RuleHost) -> None:
+        self._book = book
+        self._host = host
+        self._rules: dict[str, _Rule] = {}
+        self._readers: dict[str, list[RuleRunner]] = {}  # queue -> the runners reading it
+        self._changing = asyncio.Lock()  # one admin operation at a time (each stops a runner before the next)
+
+    # -- life ------------------------------------------------------------------------------------
+    def start(self, declared: Mapping[str, Any]) -> None:
+        """Run the stored rules, with the ``declared`` ones (the configuration's) stored first
+        where they differ (RuleDefinitionError: a declared one is bad; nothing started)."""
+        rules = {rule.name: rule for rule in self._book.stored()}
+        for name, raw in declared.items():
+            try:
+                check_name(name)
+                rule = parse_definition(name, raw)
+            except RuleDefinitionError as exc:
+                raise RuleDefinitionError(f"rule {name!r}: {exc.path}", exc.reason) from None
+            if name not in rules or rules[name].source_json != rule.source_json:
+                self._book.save(rule)
+                rules[name] = rule
+        for rule in rules.values():
+            self._run(rule, RuleCounters(), resume=True)
+        if rules:
+            log.info("rules started count=%d", len(rules))
+
+    async def stop(self) -> None:
+        for name in list(self._rules):
+            await self._retire(name)
+
+    def wake(self, queue: str, max_offset: int) -> None:
+        """The store's notify: ``queue`` has new messages."""
+        for runner in self._readers.get(queue, ()):
+            runner.wake()
+
+    # -- the admin operations --------------------------------------------------------------------
+    def get(self, name: str) -> dict[str, Any] | None:
+        rule = self._rules.get(name)
+        return describe(rule.definition, rule.counters, rule.runner) if rule is not None else None
+
+    def list(self) -> list[dict[str, Any]]:
+        return [describe(r.definition, r.counters, r.runner) for _, r in sorted(self._rules.items())]
+
+    async def create(self, name: str, raw: Any) -> dict[str, Any]:
+        """A new rule, reading from now on (ValueError: refused, or the name is taken)."""
+        async with self._changing:
+            if name in self._rules:
+                raise RuleDefinitionError("$.name", f"a rule named {name!r} exists (change it, or delete it first)")
+            rule = parse_definition(name, raw)
+            self._book.save(rule)
+            self._run(rule, RuleCounters(), resume=False)
+        log.info("rule created rule=%s sources=%s", name, ",".join(rule.sources))
+        return self.get(name)  # type: ignore[return-value]
+
+    async def change(self, name: str, raw: Any) -> dict[str, Any]:
+        """A rule's new definition; sources it keeps go on from their cursors, new ones start now."""
+        async with self._changing:
+            return await self._change(name, raw)
+
+    async def _change(self, name: str, raw: Any) -> dict[str, Any]:
+        old = self._existing(name)
+        rule = parse_definition(name, raw)
+        self._book.save(rule)
+        await self._retire(name)
+        # (no await from here on: no publish comes between the old holds' release and the new ones)
+        self._run(rule, old.counters, resume=True, new_sources=set(rule.sources) - set(old.definition.sources))
+        log.info("rule changed rule=%s", name)
+        return self.get(name)  # type: ignore[return-value]
+
+    async def set_paused(self, name: str, paused: bool) -> dict[str, Any]:
+        """Pause (its sources stay held: what matches meanwhile waits in the store) or resume."""
+        async with self._changing:
+            return await self._set_paused(name, paused)
+
+    async def _set_paused(self, name: str, paused: bool) -> dict[str, Any]:
+        old = self._existing(name)
+        if old.definition.paused == paused:
+            return self.get(name)  # type: ignore[return-value]
+        rule = old.definition.with_paused(paused)
+        self._book.save(rule)
+        await self._retire(name)
+        self._run(rule, old.counters, resume=True)
+        log.info("rule %s rule=%s", "paused" if paused else "resumed", name)
+        return self.get(name)  # type: ignore[return-value]
+
+    async def delete(self, name: str) -> None:
+        async with self._changing:
+            self._existing(name)
+            self._book.delete(name)
+            await self._retire(name)
+        log.info("rule deleted rule=%s", name)
+
+    # -- running ---------------------------------------------------------------------------------
+    def _existing(self, name: str) -> _Rule:
+        rule = self._rules.get(name)
+        if rule is None:
+            raise LookupError(f"no rule named {name!r}")
+        return rule
+
+    def _run(self, rule: RuleDefinition, counters: RuleCounters, *, resume: bool,
+             new_sources: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        consumer = CONSUMER_PREFIX + rule.name
+        sources: list[EventSource] = []
+        try:
+            for topic_filter in rule.sources:
+                sources.append(self._host.open_source(consumer, topic_filter,
+                                                      resume=resume and topic_filter not in new_sources))
+        except BaseException:  # (a start offset the store did not write: no hold left behind)
+            for topic_filter in rule.sources[:len(sources)]:
+                self._host.close_source(topic_filter, consumer)
+            raise
+        runner = RuleRunner(rule, sources, [self._target(t) for t in rule.targets], self._host.republish, counters)
+        self._rules[rule.name] = _Rule(rule, runner, counters)
+        for queue in runner.queues:
+            self._readers.setdefault(queue, []).append(runner)
+        if not rule.paused:
+            runner.start()
+
+    async def _retire(self, name: str) -> None:
+        """Stop a rule's runner, then release its holds (a caller that runs it again takes them
+        again without an await in between)."""
+        rule = self._rules.pop(name)
+        for queue in rule.runner.queues:
+            runners = self._readers.get(queue, [])
+            if rule.runner in runners:
+                runners.remove(rule.runner)
+            if not runners:
+                self._readers.pop(queue, None)
+        await rule.runner.stop()
+        for topic_filter in rule.definition.sources:
+            self._host.close_source(topic_filter, CONSUMER_PREFIX + name)
+
+    def _target(self, spec: TargetSpec) -> Target:
+        if spec.type == "topic":
+            return TopicTarget(self._host.republish, spec.topic, spec.qos)
+        return WebhookTarget(spec.url, mode=spec.mode, headers=spec.headers, timeout_s=spec.timeout_s)

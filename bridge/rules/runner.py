@@ -1,0 +1,204 @@
+"""One rule at work: reads its source queues through durable cursors (``EventSource``, given by
+the gateway: the delivery core's cursor and consumer offset), matches each message as a
+CloudEvent against the rule's pattern, sends the transformed payload to every target -- retried
+under the rule's policy, else to the dead-letter topic -- and only then commits the message's
+offset. At least once, in order per source queue; woken by the store's notify, never polling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from store import StoreError, StoredMessage, now_ms
+
+from .definition import RuleDefinition
+from .events import CloudEvent, cloud_event
+from .targets import Outcome, Target
+from .targets.topic import Republish
+
+log = logging.getLogger("tidemq.rules")
+
+BATCH = 64  # messages read from a source queue at once
+DEAD_LETTER_RETRY_S = 1.0  # the wait before a dead-letter topic the store refused is tried again
+READ_RETRY_S = 1.0  # the wait before a source queue the store could not read is read again
+
+REASON_PROPERTY = "dead-letter-reason"
+ATTEMPTS_PROPERTY = "dead-letter-attempts"
+RULE_PROPERTY = "dead-letter-rule"
+TARGET_PROPERTY = "dead-letter-target"
+TOPIC_PROPERTY = "dead-letter-source-topic"
+
+
+class EventSource(Protocol):
+    """One source queue of a rule, read through the rule's durable cursor."""
+
+    queue: str
+
+    def read(self, max_messages: int) -> list[StoredMessage]:
+        """The next messages not yet read (the cursor moves past them; nothing is committed)."""
+        ...
+
+    def commit(self, offset: int) -> None:
+        """Every message below ``offset`` is done: a restart resumes there."""
+        ...
+
+    def lag(self) -> int:
+        """Messages stored in the queue and not yet committed."""
+        ...
+
+
+@dataclass(slots=True)
+class RuleCounters:
+    matched: int = 0
+    delivered: int = 0  # events every target took
+    retried: int = 0  # attempts made again after a failure
+    dead_lettered: int = 0  # (event, target) pairs sent to the dead-letter topic
+    last_error: str = ""
+
+
+class RuleRunner:
+    def __init__(self, rule: RuleDefinition, sources: Sequence[EventSource], targets: Sequence[Target],
+                 republish: Republish, counters: RuleCounters) -> None:
+        self.rule = rule
+        self.sources = list(sources)
+        self.targets = list(targets)
+        self._republish = republish
+        self.counters = counters
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def queues(self) -> list[str]:
+        return [source.queue for source in self.sources]
+
+    def lag(self) -> int:
+        return sum(source.lag() for source in self.sources)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"rule:{self.rule.name}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # (a fault of ours: said loudly)
+            self.counters.last_error = f"the rule stopped: {task.exception()!r}"
+            log.error("rule stopped rule=%s", self.rule.name, exc_info=task.exception())
+
+    def wake(self) -> None:
+        """A source queue has new messages (the store's notify)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop between two messages or while waiting (an event being delivered is taken up again
+        from its committed offset by the next runner)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for target in self.targets:
+            await target.close()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()  # (before reading: a notify during the reads is not missed)
+            busy = False
+            for source in self.sources:
+                try:
+                    batch = source.read(BATCH)
+                except StoreError as exc:  # (a store read failed: tried again a moment later)
+                    self._error(f"reading {source.queue}: {exc}")
+                    self._wake.set()
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                for message in batch:
+                    await self._handle(message)
+                    source.commit(message.queue_offset + 1)
+                busy = busy or bool(batch)
+            if not busy:
+                await self._wake.wait()
+
+    async def _handle(self, message: StoredMessage) -> None:
+        try:
+            event = cloud_event(message)
+            view = event.for_matching()
+            if not self.rule.pattern.matches(view):
+                return
+            payload = self.rule.transform.apply(event, view)
+        except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
+            log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
+                          message.queue_offset)
+            await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
+            return
+        self.counters.matched += 1
+        pending = self.targets
+        attempts = 0
+        everywhere = True  # every target took it (else some went to the dead-letter topic)
+        while pending:
+            attempts += 1
+            failed: list[tuple[Target, Outcome]] = []
+            for target in pending:
+                try:
+                    outcome = await target.deliver(event, payload)
+                except Exception as exc:  # (a fault of the target's code: retried, then dead-lettered)
+                    log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
+                    outcome = Outcome(False, f"the target failed: {exc!r}")
+                if outcome.delivered:
+                    continue
+                self._error(f"{target.label}: {outcome.reason}")
+                if outcome.retryable:
+                    failed.append((target, outcome))
+                else:
+                    everywhere = False
+                    await self._dead_letter(message, event, target.label, f"refused: {outcome.reason}", attempts)
+            if not failed:
+                break
+            age_s = max(0.0, (now_ms() - message.store_timestamp) / 1000)
+            done = self.rule.retry.exhausted(attempts, age_s)
+            if done is not None:
+                everywhere = False
+                for target, outcome in failed:
+                    await self._dead_letter(message, event, target.label, f"{outcome.reason}; {done}", attempts)
+                break
+            self.counters.retried += len(failed)
+            await asyncio.sleep(self.rule.retry.backoff_s(attempts))
+            pending = [target for target, _ in failed]
+        if everywhere:
+            self.counters.delivered += 1
+
+    async def _dead_letter(self, message: StoredMessage, event: CloudEvent | None, target: str, reason: str,
+                           attempts: int) -> None:
+        """The original message to the dead-letter topic, with why; tried until the store takes it.
+        ``target``: the label of the target that did not take it ("rule": the rule itself failed)."""
+        topic = event.subject if event is not None else message.topic
+        properties = [(REASON_PROPERTY, reason), (ATTEMPTS_PROPERTY, str(attempts)), (RULE_PROPERTY, self.rule.name),
+                      (TARGET_PROPERTY, target), (TOPIC_PROPERTY, topic)]
+        if event is not None:
+            properties += [("ce-id", event.id), ("ce-source", event.source)]
+        content_type = event.datacontenttype if event is not None else None
+        while True:
+            try:
+                await self._republish(self.rule.dead_letter_topic, message.body, 1, content_type, properties)
+                break
+            except Exception as exc:  # (StoreError: a full disk; the event waits, uncommitted)
+                self._error(f"dead-letter topic {self.rule.dead_letter_topic}: {exc}")
+                await asyncio.sleep(DEAD_LETTER_RETRY_S)
+        self.counters.dead_lettered += 1
+
+    def _error(self, text: str) -> None:
+        if text != self.counters.last_error:
+            log.warning("rule delivery failed rule=%s error=%s", self.rule.name, text)
+        self.counters.last_error = text
+
+
+def describe(rule: RuleDefinition, counters: RuleCounters, runner: RuleRunner | None) -> dict[str, Any]:
+    """A rule's row for the admin API: its state, counters and lag (None: not running)."""
+    return {"name": rule.name, "state": "paused" if rule.paused else "running", "sources": list(rule.sources),
+            "targets": [target.label for target in rule.targets], "matched": counters.matched,
+            "delivered": counters.delivered, "retried": counters.retried, "dead_lettered": counters.dead_lettered,
+            "lag": runner.lag() if runner is not None else None, "last_error": counters.last_error or None,
+            "definition": rule.source_json}

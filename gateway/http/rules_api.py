@@ -1,0 +1,145 @@
+"""The admin API of the event rules (``tidemq ctl rules``), behind the same operator guard as the
+rest of ``/admin/`` (app.py):
+
+    GET    /admin/rules                 every rule: state, counters, lag, last error, definition
+    POST   /admin/rules                 create: {"name": ..., "sources": [...], "targets": [...], ...}
+    GET    /admin/rules/{name}
+    PUT    /admin/rules/{name}          change: the whole new definition
+    DELETE /admin/rules/{name}
+    POST   /admin/rules/{name}/pause    POST /admin/rules/{name}/resume
+
+A definition refused is a 400 whose JSON names ``path`` (where in the definition) and ``reason``.
+The same rows feed ``/metrics`` (``RulesCollector``): ``tidemq_rule_*`` per rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .deps import RulesControl
+from .errors import AdminError
+
+
+def add_routes(app: web.Application, rules: RulesControl | None) -> None:
+    api = RulesApi(rules)
+    app.router.add_get("/admin/rules", api.list)
+    app.router.add_post("/admin/rules", api.create)
+    app.router.add_get("/admin/rules/{name}", api.get)
+    app.router.add_put("/admin/rules/{name}", api.change)
+    app.router.add_delete("/admin/rules/{name}", api.delete)
+    app.router.add_post("/admin/rules/{name}/pause", api.pause)
+    app.router.add_post("/admin/rules/{name}/resume", api.resume)
+
+
+class RulesApi:
+    def __init__(self, rules: RulesControl | None) -> None:
+        self._rules = rules
+
+    def _engine(self) -> RulesControl:
+        if self._rules is None:
+            raise AdminError(501, "no event rules on this node: they run on a node with the store and an MQTT "
+                                  "listener")
+        return self._rules
+
+    async def list(self, request: web.Request) -> web.Response:
+        return _json(self._engine().list())
+
+    async def get(self, request: web.Request) -> web.Response:
+        row = self._engine().get(request.match_info["name"])
+        if row is None:
+            raise AdminError(404, f"no rule named {request.match_info['name']!r}")
+        return _json(row)
+
+    async def create(self, request: web.Request) -> web.Response:
+        engine = self._engine()
+        body = await _body(request)
+        name = body.pop("name", None)
+        if not isinstance(name, str):
+            return _refused("$.name", "a rule needs a name (a string)")
+        if engine.get(name) is not None:
+            raise AdminError(409, f"a rule named {name!r} exists: change it (PUT /admin/rules/{name}) or delete it")
+        try:
+            return _json(await engine.create(name, body), status=201)
+        except ValueError as exc:
+            return _refused(getattr(exc, "path", "$"), getattr(exc, "reason", str(exc)))
+
+    async def change(self, request: web.Request) -> web.Response:
+        engine = self._engine()
+        body = await _body(request)
+        try:
+            return _json(await engine.change(request.match_info["name"], body))
+        except LookupError as exc:
+            raise AdminError(404, str(exc)) from None
+        except ValueError as exc:
+            return _refused(getattr(exc, "path", "$"), getattr(exc, "reason", str(exc)))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        try:
+            await self._engine().delete(request.match_info["name"])
+        except LookupError as exc:
+            raise AdminError(404, str(exc)) from None
+        return _json({"deleted": request.match_info["name"]})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        return await self._pause(request, True)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return await self._pause(request, False)
+
+    async def _pause(self, request: web.Request, paused: bool) -> web.Response:
+        try:
+            return _json(await self._engine().set_paused(request.match_info["name"], paused))
+        except LookupError as exc:
+            raise AdminError(404, str(exc)) from None
+
+
+class RulesCollector:
+    """Each rule's counters and lag for Prometheus (labelled by rule: as many as the operator made)."""
+
+    COUNTERS = (("matched", "events that matched the rule's pattern"),
+                ("delivered", "matched events every target of the rule took"),
+                ("retried", "attempts at a target made again after a failure"),
+                ("dead_lettered", "(event, target) pairs sent to the rule's dead-letter topic"))
+
+    def __init__(self, rules: RulesControl | None) -> None:
+        self._rules = rules
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on each scrape only
+
+    def collect(self) -> Iterator[Metric]:
+        if self._rules is None:
+            return
+        rows = self._rules.list()
+        for key, documentation in self.COUNTERS:
+            family = CounterMetricFamily(f"tidemq_rule_{key}", documentation, labels=["rule"])
+            for row in rows:
+                family.add_metric([row["name"]], row[key])
+            yield family
+        lag = GaugeMetricFamily("tidemq_rule_lag", "messages of a rule's source queues not yet done", labels=["rule"])
+        for row in rows:
+            lag.add_metric([row["name"]], row["lag"])
+        yield lag
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise AdminError(400, f"$: the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise AdminError(400, "$: a rule is a JSON object")
+    return body
+
+
+def _refused(path: str, reason: str) -> web.Response:
+    return web.json_response({"error": f"{path}: {reason}", "path": path, "reason": reason}, status=400)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
