@@ -124,6 +124,10 @@ class RelayedConnection:
         checked = False
         try:
             while data := await reader.read(CHUNK):
+                # linked first, then remembered and written with no wait between: a publish
+                # remembered is either on this server's connection or published again by the
+                # replay on the next one, never both
+                await self.linked.wait()
                 if self.raw:
                     await self._to_server(data)
                     continue
@@ -139,9 +143,8 @@ class RelayedConnection:
                     self.memory.unreplayable = "its bytes are not AMQP 0-9-1"
                     await self._to_server(b"".join(found) + frames.rest() if found else frames.rest())
                     continue
-                commands_ = assembler.commands(found)
                 out = []
-                for command in commands_:
+                for command in assembler.commands(found):
                     passed = self.memory.from_client(command)
                     if passed is not None:
                         out += passed
@@ -155,21 +158,19 @@ class RelayedConnection:
             self.server_writer.transport.abort()
 
     async def _to_server(self, data: bytes) -> None:
-        while True:
-            await self.linked.wait()
-            writer = self.server_writer
-            assert writer is not None
-            try:
-                writer.write(data)
-                await writer.drain()
-                return
-            except (ConnectionError, OSError):
-                if self.memory.closing:
-                    raise
-                # lost with the old server: what must be sent again is remembered (relay_memory)
+        """Written to the server connection of now (the caller awaited ``linked``); lost with
+        it, what must be sent again is remembered (relay_memory) and sent by the replay."""
+        writer = self.server_writer
+        assert writer is not None and self.linked.is_set()
+        try:
+            writer.write(data)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            if self.memory.closing:
+                raise
+            if writer is self.server_writer:  # (not linked again meanwhile)
                 self.linked.clear()
                 writer.transport.abort()
-                return
 
     # -- server -> client ----------------------------------------------------------------------
     async def _from_server(self) -> bool:
@@ -230,6 +231,8 @@ class RelayedConnection:
         beat_s = max(memory.heartbeat_s / 2, 1.0) if memory.heartbeat_s else 0.0
         last_beat = lost_at
         while (now := time.monotonic()) < deadline:
+            if memory.closing or self.client_writer.is_closing():
+                return False  # (the client left meanwhile)
             if beat_s and now - last_beat >= beat_s:  # the client must not give up on us meanwhile
                 last_beat = now
                 self.client_writer.write(HEARTBEAT_FRAME)
