@@ -104,6 +104,25 @@ async def test_connect_and_disconnect_carry_the_client_and_why_it_left(data_dir:
             await client.disconnect()
 
 
+async def test_idle_clients_presence_topics_are_not_remembered_by_the_publish_path(data_dir: Path) -> None:
+    """Each client's presence topic is its own and written once a connection: the publish path's
+    memo of target queues (for topics published over and over) keeps none of them, so an idle
+    connection costs no memo entry; a client's topic is remembered as before."""
+    async with running_gateway(data_dir, node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        watch = await watcher(port)
+        clients = [PahoClient(port, f"idle-{i}") for i in range(20)]
+        for client in clients:
+            await client.connect()
+        assert len(await events_of(watch, "idle-19", 1)) == 1  # (stored: the last one's event too)
+        clients[0].client.publish("devices/1/state", b"on", qos=1)
+        await asyncio.sleep(0.2)
+        remembered = list(gw.mqtt.wildcards._memo)  # (the memo itself: what an idle connection would cost)
+        assert remembered == ["devices/1/state"]
+        for client in (*clients, watch):
+            await client.disconnect()
+
+
 async def test_a_dropped_socket_and_its_will(data_dir: Path) -> None:
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)

@@ -1,4 +1,4 @@
-"""The node's AMQP gateway at run time: its connections' settings, the notify loop that wakes
+"""The node's AMQP gateway at run time: its connections' settings, the notify listener that wakes
 queues with consumers, housekeeping (x-expires, TTL), the MQTT bridge through amq.topic, routing
 of publishes and dead-lettering. The exchanges, queues and bindings themselves are declarations.py's."""
 
@@ -82,20 +82,25 @@ class AMQPBroker:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
         self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
         self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
+        self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served next turn
         self._tasks: list[asyncio.Task[None]] = []
+        self._running = False  # between start() and stop(): notify events are acted on
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         self.declarations.restore()
-        notify = self.store.subscribe_notify()
+        self._running = True
+        # heard as each commit is published (no task between a commit and the pump it wakes:
+        # a delivery goes out one loop turn after its message is stored)
+        self.store.listen_notify(self._on_notify)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(notify.feed(self._on_notify), name="amqp-notify"))
         self._tasks.append(loop.create_task(self._housekeeping(), name="amqp-housekeeping"))
         if self.pressure is not None:
             self.pressure.on_change(self._resource_alarm)
         log.info("amqp state restored exchanges=%d queues=%d", len(self.exchanges), len(self.queues))
 
     async def stop(self) -> None:
+        self._running = False
         for conn in list(self.connections):
             conn.shutdown()
         await cancel_and_wait(self._tasks)
@@ -113,19 +118,40 @@ class AMQPBroker:
     def reads(self, store_queue_name: str) -> bool:
         return self._queue_of(store_queue_name) is not None
 
-    def _on_notify(self, store_queue_name: str, max_offset: int) -> None:
-        queue = self._queue_of(store_queue_name)
-        if queue is None:
+    def _on_notify(self, events: dict[str, int]) -> None:
+        """A commit's ``{store queue: max offset}``, heard inside the store's dispatch: the
+        queues it wrote to are served on the loop's next turn (``_serve_written``), not here."""
+        if not self._running:
             return
-        # (the queue cache heard of the event first, by itself: reads see the new end)
-        if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
-            self._bound(queue)
-        elif queue.consumers:
-            queue.schedule_pump()
+        written = self._written
+        for store_queue_name in events:
+            queue = self._queue_of(store_queue_name)
+            if queue is not None and (queue.consumers or queue.definition.max_length is not None):
+                if not written:
+                    asyncio.get_running_loop().call_soon(self._serve_written)
+                written[queue] = None
+
+    def _serve_written(self) -> None:
+        """Pump the queues written to (x-max-length ones bounded too) and write their
+        connections' deliveries in the same turn: before anything else scheduled since the
+        commit (the store's fdatasync request among them) takes the CPU."""
+        queues, self._written = self._written, {}
+        for queue in queues:
+            if queue.deleted:
+                continue
+            try:
+                # (the queue cache heard of the commit first, by itself: reads see the new end)
+                if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
+                    self._bound(queue)
+                elif queue.consumers:
+                    queue.pump()
+            except Exception:  # (one queue's failure leaves the others served)
+                log.exception("amqp queue not served queue=%s", queue.name)
+        self._flush()
 
     def stored(self, store_queues: set[str]) -> None:
         """A connection's publishes to these store queues are stored: x-max-length applies now,
-        before the notify loop runs, so that the publisher's next basic.get (or queue.declare's
+        before the notify listener's turn, so that the publisher's next basic.get (or queue.declare's
         count) sees the bound queue (the queue cache knew their new ends at once)."""
         for name in store_queues:
             queue = self._queue_of(name)

@@ -1,5 +1,5 @@
 """The node's MQTT state: sessions by client id, live connections, wildcard queues, retained
-messages, wills, and the notify loop that wakes the connections reading a queue.
+messages, wills, and the notify listener that wakes the connections reading a queue.
 
 Connections (connection.py) speak the protocol; this module owns what outlives them.
 """
@@ -90,6 +90,7 @@ class MQTTBroker:
         self.gate = IngestGate()  # publishers wait while subscribers with full sockets catch up
         self._pending_wills: dict[str, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._running = False  # between start() and stop(): notify events are acted on
         self.presence = Presence(node, settings.presence_events, self._put_presence, self.limited_log)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -110,14 +111,17 @@ class MQTTBroker:
         self.retained.load()
         if self.presence.enabled:  # its wildcard queue has every event from now on (presence.py)
             self.wildcards.hold(PRESENCE_FILTER, PRESENCE_HOLDER, True)
-        notify = self.store.subscribe_notify()
-        self._tasks.append(asyncio.get_running_loop().create_task(notify.feed(self._on_notify), name="mqtt-notify"))
+        self._running = True
+        # heard as each commit is published (no task between a commit and the pump it wakes:
+        # a delivery goes out on the loop's next turn, before the commit's fdatasync is asked for)
+        self.store.listen_notify(self._on_notify)
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
         if self.settings.sys_interval_s > 0:
             self._tasks.append(asyncio.get_running_loop().create_task(publish_sys_topics(self), name="mqtt-sys"))
         log.info("mqtt sessions restored count=%d retained=%d", len(self.sessions), len(self.retained))
 
     async def stop(self) -> None:
+        self._running = False
         for conn in list(self.connections.values()):
             conn.shutdown()
         for handle in self._pending_wills.values():
@@ -418,12 +422,17 @@ class MQTTBroker:
                 self.cache.drop(queue)
                 self.reads.not_reading(queue)
 
-    def _on_notify(self, queue: str, max_offset: int) -> None:
-        readers = self.readers.get(queue)
-        if not readers:
+    def _on_notify(self, events: dict[str, int]) -> None:
+        """A commit's ``{queue: max offset}``, heard inside the store's dispatch: the readers of
+        those queues are pumped on the loop's next turn (``wake``), not here."""
+        if not self._running:
             return
-        for reader in readers:  # (the queue cache heard of the event first, by itself)
-            reader.schedule_pump()
+        all_readers = self.readers
+        for queue in events:
+            readers = all_readers.get(queue)
+            if readers:
+                for reader in readers:  # (the queue cache heard of the event first, by itself)
+                    reader.schedule_pump()
 
     def wake(self, reader: Reader) -> None:
         """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop

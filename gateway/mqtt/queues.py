@@ -91,7 +91,10 @@ class WildcardQueues:
         return self.invalidate
 
     def queues_for(self, topic: str) -> list[str]:
-        """The queues a message to ``topic`` is indexed into (the caller must not modify it)."""
+        """The queues a message to ``topic`` is indexed into (the caller must not modify it).
+        The broker's own ``$`` topics are not remembered: a presence event's topic is its
+        client's alone, written once a connection (remembered, each idle connection would
+        hold an entry and push the devices' topics out)."""
         queues = self._memo.get(topic)
         if queues is None:
             queues = [TOPIC_QUEUE_PREFIX + topic]
@@ -99,6 +102,8 @@ class WildcardQueues:
                 queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
             for extra in self._extras:
                 queues.extend(extra(topic))
+            if topic.startswith("$"):
+                return queues
             if len(self._memo) >= self._memo_entries:
                 self._memo.clear()
             self._memo[topic] = queues
