@@ -5,8 +5,6 @@ duration runs out (then they come back). An empty receive is MESSAGE_NOT_FOUND."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
@@ -26,28 +24,23 @@ _EXPRESSION_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: EXPRESSION_TAG, pb.TAG: EXPRESS
 
 
 async def receive(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest
-                  ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
-    """The answers to one ReceiveMessage: its messages, then its status."""
+                  ) -> list[rpc.ReceiveMessageResponse]:
+    """The answers to one ReceiveMessage: its messages, then its status; GrpcRequestError
+    for a request refused."""
     try:
         found, topic, invisible_ms = await _pop(broker, who, request)
-    except GrpcRequestError as exc:
-        yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
-        return
     except BadRequest as exc:
-        yield rpc.ReceiveMessageResponse(status=status(grpc_code_of_remoting(exc.code), str(exc)))
-        return
-    count = 0
-    for queue_id, popped in found:
-        for message, point in zip(popped.messages, popped.points):
-            count += 1
-            yield rpc.ReceiveMessageResponse(message=grpc_message(
-                message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
-                broker.msg_id(message.position)))
-    broker.stats.messages_sent += count
-    if count == 0:
-        yield rpc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
+        raise GrpcRequestError(grpc_code_of_remoting(exc.code), str(exc)) from None
+    answers = [rpc.ReceiveMessageResponse(message=grpc_message(
+        message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
+        broker.msg_id(message.position)))
+        for queue_id, popped in found for message, point in zip(popped.messages, popped.points)]
+    broker.stats.messages_sent += len(answers)
+    if not answers:
+        answers.append(rpc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message")))
     else:
-        yield rpc.ReceiveMessageResponse(status=status(pb.OK))
+        answers.append(rpc.ReceiveMessageResponse(status=status(pb.OK)))
+    return answers
 
 
 async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest):

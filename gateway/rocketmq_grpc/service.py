@@ -1,7 +1,8 @@
 """The ``MessagingService`` calls RocketMQ 5 clients make, answered from the remoting node
 (gateway/remoting/broker.py): its topics and queues, and its one send path, so a message sent
-over gRPC is stored and read as a remoting send is. Calls not built yet answer UNIMPLEMENTED
-(grpcio's default) rather than something close."""
+over gRPC is stored and read as a remoting send is. Each call is authenticated and checked
+against the ACL as its remoting counterpart (access.py). Calls not built yet answer UNIMPLEMENTED (grpcio's default) rather than something
+close."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from ..pressure import StorePressure
 from ..remoting.broker import RemotingBroker
 from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
+from ..remoting.access import Right
 from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
 from . import consumption
+from .access import GrpcAccess
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 
 log = logging.getLogger("tidemq.grpc")
@@ -38,15 +41,21 @@ class MessagingService(MessagingServiceServicer):
         self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
         self._next_queue = itertools.count()  # round robin over a topic's queues for sends
+        self.access = GrpcAccess(broker.access)
 
     # -- routes --------------------------------------------------------------------------------
     async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.QueryRouteResponse:
         name = request.topic.name
         try:
-            topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
-        except ValueError as exc:
-            return rpc.QueryRouteResponse(status=status(pb.ILLEGAL_TOPIC, str(exc)))
+            who = self.access.principal(context, "query_route")
+            self.access.check_topic(who, name, Right.USE, "query_route")  # (before it is created)
+            try:
+                topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
+            except ValueError as exc:
+                raise GrpcRequestError(pb.ILLEGAL_TOPIC, str(exc)) from None
+        except GrpcRequestError as exc:
+            return rpc.QueryRouteResponse(status=status(exc.code, str(exc)))
         host, port = self.advertised
         broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
             scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
@@ -60,19 +69,39 @@ class MessagingService(MessagingServiceServicer):
     # -- clients -------------------------------------------------------------------------------
     async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> rpc.HeartbeatResponse:
+        try:
+            self.access.principal(context, "heartbeat")
+        except GrpcRequestError as exc:
+            return rpc.HeartbeatResponse(status=status(exc.code, str(exc)))
         return rpc.HeartbeatResponse(status=status(pb.OK))
 
     async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.NotifyClientTerminationResponse:
+        try:
+            self.access.principal(context, "notify_client_termination")
+        except GrpcRequestError as exc:
+            return rpc.NotifyClientTerminationResponse(status=status(exc.code, str(exc)))
         return rpc.NotifyClientTerminationResponse(status=status(pb.OK))
 
     async def Telemetry(self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[rpc.TelemetryCommand]:
         """Each client's settings answered with the server's: the client's own, with the
-        publishing limits of this node."""
+        publishing limits of this node; a consumer's subscriptions need read rights on their
+        topics, as a remoting consumer's heartbeat does."""
+        try:
+            who = self.access.principal(context, "telemetry")
+        except GrpcRequestError as exc:
+            yield rpc.TelemetryCommand(status=status(exc.code, str(exc)))
+            return
         async for command in requests:
             if not command.HasField("settings"):
                 continue  # (thread stack and verification answers: no command asks for them yet)
+            try:
+                for entry in command.settings.subscription.subscriptions:
+                    self.access.check_topic(who, entry.topic.name, Right.READ, "telemetry")
+            except GrpcRequestError as exc:
+                yield rpc.TelemetryCommand(status=status(exc.code, str(exc)))
+                continue
             yield rpc.TelemetryCommand(status=status(pb.OK), settings=self._settings(command.settings))
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
@@ -91,27 +120,45 @@ class MessagingService(MessagingServiceServicer):
     # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
-        async for answer in consumption.receive(self.broker, _principal(context), request):
+        try:
+            who = self.access.principal(context, "receive_message")
+            self.access.check_topic(who, request.message_queue.topic.name, Right.READ, "receive_message")
+            answers = await consumption.receive(self.broker, who, request)
+        except GrpcRequestError as exc:
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
+            return
+        for answer in answers:
             yield answer
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
-        return consumption.ack(self.broker, request)
+        try:
+            who = self.access.principal(context, "ack_message")
+            self.access.check_topic(who, request.topic.name, Right.READ, "ack_message")
+            answer = consumption.ack(self.broker, request)
+        except GrpcRequestError as exc:
+            return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
+        return answer
 
     async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.ChangeInvisibleDurationResponse:
-        return consumption.change_invisible_duration(self.broker, request)
+        try:
+            who = self.access.principal(context, "change_invisible_duration")
+            self.access.check_topic(who, request.topic.name, Right.READ, "change_invisible_duration")
+            answer = consumption.change_invisible_duration(self.broker, request)
+        except GrpcRequestError as exc:
+            return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
+        return answer
 
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
                           ) -> rpc.SendMessageResponse:
-        if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
-            return rpc.SendMessageResponse(status=status(pb.UNSUPPORTED, "send one message per request"))
-        if self.pressure is not None and self.pressure.raised:
-            return rpc.SendMessageResponse(status=status(pb.TOO_MANY_REQUESTS,
-                                                         f"publishers are blocked: {self.pressure.reason}"))
-        who = _principal(context)
         try:
+            who = self.access.principal(context, "send_message")  # (its topic: put_message checks the send)
+            if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
+                raise GrpcRequestError(pb.UNSUPPORTED, "send one message per request")
+            if self.pressure is not None and self.pressure.raised:
+                raise GrpcRequestError(pb.TOO_MANY_REQUESTS, f"publishers are blocked: {self.pressure.reason}")
             send = grpc_send(request.messages[0])
             if not valid_topic(send.topic):
                 raise GrpcRequestError(pb.ILLEGAL_TOPIC, f"topic name {send.topic!r} is not valid "
@@ -130,8 +177,3 @@ class MessagingService(MessagingServiceServicer):
                                     offset=results[0].queue_offsets.get(sent.own, -1))
         return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
 
-
-def _principal(context: grpc.aio.ServicerContext) -> Principal:
-    """Who calls: anonymous (AccessKey signatures are not checked over gRPC yet; config.py
-    refuses grpc_bind where they would be needed)."""
-    return Principal("grpc", None, None, context.peer())
