@@ -19,12 +19,16 @@ from pathlib import Path
 
 import aio_pika
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.v5.exception import InternalErrorException
 
 from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
 from .mqtt_support import PahoClient, receive_numbers
+from .grpc_support import official_producer, official_simple_consumer
 from .remoting_support import ons
+from .test_grpc import normal_message, receive_all
 
 GROUP = "g1"
 
@@ -36,6 +40,7 @@ class StoreNode:
     metrics_port: int
     proc: subprocess.Popen
     remoting_port: int = 0
+    grpc_port: int = 0
 
 
 def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
@@ -44,13 +49,14 @@ def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
 
 
 def start_store_node(tmp_path: Path, etcd_endpoint: str, name: str, env: dict[str, str] | None = None) -> StoreNode:
-    amqp, metrics, remoting = free_port(), free_port(), free_port()
+    amqp, metrics, remoting, grpc = free_port(), free_port(), free_port(), free_port()
     args = ["--role", "store", "--node-id", name, "--replication-group", GROUP, "--etcd", etcd_endpoint,
             "--replication-bind", f"127.0.0.1:{free_port()}", "--remoting-bind", f"127.0.0.1:{remoting}",
+            "--grpc-bind", f"127.0.0.1:{grpc}",
             "--amqp-bind", f"127.0.0.1:{amqp}", "--metrics-bind", f"127.0.0.1:{metrics}",
             "--data-dir", str(tmp_path / name)]
     return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env),
-                     remoting)
+                     remoting, grpc)
 
 
 async def wait_in_sync(etcd: EtcdServer, members: set[str], timeout_s: float = 30.0) -> dict:
@@ -303,6 +309,40 @@ async def test_rocketmq_sends_the_leader_acknowledged_survive_its_kill9(tmp_path
         got = {event["body"] for event in events if event["event"] == "message"}
         missing = set(before + after) - got
         assert not missing, f"{len(missing)} messages sent with SEND_OK not read back, e.g. {sorted(missing)[:5]}"
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_grpc_acks_wait_until_the_in_sync_replicas_hold_them(tmp_path: Path, etcd) -> None:
+    """The official client's ack and change of invisible duration, answered by the leader only
+    once its in-sync replicas hold the change (as remoting's replies): refused, never OK, while
+    too few replicas are in sync to hold it."""
+    nodes = start_group(tmp_path, etcd.endpoint, names=("s1", "s2"))
+    try:
+        leader = nodes[(await wait_leader(etcd))["node"]]
+        follower = next(node for node in nodes.values() if node is not leader)
+        await wait_in_sync(etcd, {follower.name})
+        endpoint = f"127.0.0.1:{leader.grpc_port}"
+        async with official_producer(endpoint, "GrpcReplicated") as producer:
+            for body in (b"first", b"second"):
+                await asyncio.to_thread(producer.send, normal_message("GrpcReplicated", body))
+        async with official_simple_consumer(endpoint, "GID-replicated", "GrpcReplicated") as consumer:
+            got = await receive_all(consumer, 2)
+            assert sorted(m.body for m in got) == [b"first", b"second"]
+            os.kill(follower.proc.pid, signal.SIGSTOP)  # (it falls behind: out of the in-sync set)
+            try:
+                deadline = time.monotonic() + 20
+                while follower.name in set((await etcd.state(GROUP))["in_sync"]):
+                    assert time.monotonic() < deadline, "the stopped follower stayed in sync"
+                    await asyncio.sleep(0.1)
+                with pytest.raises(InternalErrorException) as ack:
+                    await asyncio.to_thread(consumer.ack, got[0])
+                with pytest.raises(InternalErrorException) as change:
+                    await asyncio.to_thread(consumer.change_invisible_duration, got[1], 60)
+            finally:
+                os.kill(follower.proc.pid, signal.SIGCONT)
+        assert ack.value.code == change.value.code == pb.HA_NOT_AVAILABLE
     finally:
         for node in nodes.values():
             stop(node.proc)

@@ -251,10 +251,8 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         except Exception as exc:
             return self.error_response(request, exc)
         if isinstance(reply, RemotingCommand):  # (a put's Pending comes after the meta changes in the log)
-            # a reply to a change waits until the change is acknowledged; one that only shows
-            # state, until what it shows is held by every in-sync replica (reads go on while too
-            # few replicas are in sync to acknowledge anything)
-            settling = self.store.meta_settling(shown=self.store.meta_position == meta_before)
+            # (reads go on while too few replicas are in sync to acknowledge anything)
+            settling = self.store.reply_settling(meta_before)
             if settling is not None:  # a replicated store: answered once the in-sync replicas hold them
                 return self._after_meta(request, settling, reply)
         return reply

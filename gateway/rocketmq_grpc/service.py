@@ -1,7 +1,9 @@
 """The ``MessagingService`` calls RocketMQ 5 clients make, answered from the remoting node
 (gateway/remoting/broker.py): its topics and queues, and its one send path, so a message sent
 over gRPC is stored and read as a remoting send is. Each call is authenticated and checked
-against the ACL as its remoting counterpart (access.py). Calls not built yet answer UNIMPLEMENTED (grpcio's default) rather than something
+against the ACL as its remoting counterpart (access.py); a reply after meta changes (a topic
+created, check points, offsets) waits until a replicated store holds them, as remoting's
+replies do. Calls not built yet answer UNIMPLEMENTED (grpcio's default) rather than something
 close."""
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class MessagingService(MessagingServiceServicer):
     async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.QueryRouteResponse:
         name = request.topic.name
+        meta_before = self.broker.store.meta_position
         try:
             who = self.access.principal(context, "query_route")
             self.access.check_topic(who, name, Right.USE, "query_route")  # (before it is created)
@@ -54,6 +57,7 @@ class MessagingService(MessagingServiceServicer):
                 topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
             except ValueError as exc:
                 raise GrpcRequestError(pb.ILLEGAL_TOPIC, str(exc)) from None
+            await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.QueryRouteResponse(status=status(exc.code, str(exc)))
         host, port = self.advertised
@@ -120,10 +124,12 @@ class MessagingService(MessagingServiceServicer):
     # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        meta_before = self.broker.store.meta_position
         try:
             who = self.access.principal(context, "receive_message")
             self.access.check_topic(who, request.message_queue.topic.name, Right.READ, "receive_message")
             answers = await consumption.receive(self.broker, who, request)
+            await self._settled(meta_before)  # (its check points: else none is shown)
         except GrpcRequestError as exc:
             yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
             return
@@ -132,23 +138,37 @@ class MessagingService(MessagingServiceServicer):
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
+        meta_before = self.broker.store.meta_position
         try:
             who = self.access.principal(context, "ack_message")
             self.access.check_topic(who, request.topic.name, Right.READ, "ack_message")
             answer = consumption.ack(self.broker, request)
+            await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
         return answer
 
     async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.ChangeInvisibleDurationResponse:
+        meta_before = self.broker.store.meta_position
         try:
             who = self.access.principal(context, "change_invisible_duration")
             self.access.check_topic(who, request.topic.name, Right.READ, "change_invisible_duration")
             answer = consumption.change_invisible_duration(self.broker, request)
+            await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
         return answer
+
+    async def _settled(self, meta_before: int) -> None:
+        """Once the meta changes made since ``meta_before`` are held as the store promises
+        (``MessageStore.reply_settling``); GrpcRequestError when they are not."""
+        settling = self.broker.store.reply_settling(meta_before)
+        if settling is not None:
+            try:
+                await settling
+            except StoreError as exc:
+                raise GrpcRequestError(grpc_code_of_store_error(exc), f"store error: {exc}") from None
 
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
@@ -166,7 +186,7 @@ class MessagingService(MessagingServiceServicer):
             sent = self.broker.put_message(who, send.topic, send.body, checked_properties(send.properties),
                                            queue_id=next(self._next_queue), born_timestamp=send.born_timestamp,
                                            born_host=send.born_host)
-            results = await sent.future
+            results = await sent.future  # (it follows any meta change in the log: held once it is)
         except GrpcRequestError as exc:
             return rpc.SendMessageResponse(status=status(exc.code, str(exc)))
         except BadRequest as exc:
