@@ -8,6 +8,7 @@ what the client checks before sending)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
@@ -86,7 +87,7 @@ async def test_route_of_an_unknown_topic_creates_it_with_the_default_queues(data
         assert route.status.code == pb.OK
         assert [q.id for q in route.message_queues] == [0, 1, 2]
         assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
-        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL,)}
+        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL, pb.DELAY)}
         addresses = {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses}
         assert addresses == {("127.0.0.1", grpc_port(gw))}  # the gRPC listener, not the remoting one
         assert gw.remoting.topics.get("NewOnGrpc").write_queues == 3  # created, as remoting does
@@ -107,9 +108,13 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
     fifo.system_properties.message_group = "g1"
     grouped = raw_message()
     grouped.system_properties.message_group = "g1"
+    delayed_normal = raw_message()
+    delayed_normal.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 60)
     cases = [
         (fifo, pb.UNSUPPORTED),  # (not taken over gRPC yet: refused, never stored as NORMAL)
-        (raw_message(message_type=pb.DELAY), pb.UNSUPPORTED),
+        (raw_message(message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),  # (no delivery time)
+        (delayed_normal, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (raw_message(TIMER_DELIVER_MS="1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a DELAY message's)
         (raw_message(message_type=pb.TRANSACTION), pb.UNSUPPORTED),
         (grouped, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(body=b""), pb.MESSAGE_BODY_EMPTY),
@@ -220,6 +225,31 @@ async def test_a_changed_invisible_duration_keeps_the_message_away(data_dir: Pat
             with pytest.raises(BadRequestException) as gone:
                 await asyncio.to_thread(consumer.change_invisible_duration, message, 30)
         assert gone.value.code == pb.INVALID_RECEIPT_HANDLE
+
+
+async def test_delay_messages_are_received_from_their_delivery_time(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, endpoint, _):
+        subscriber = PahoClient(mqtt_port(gw), "delay-watcher", version=MQTT_5)
+        await subscriber.connect()
+        await subscriber.subscribe("GrpcLater", qos=1)
+        due_s = int(time.time()) + 4  # (the client sends whole seconds)
+        async with official_producer(endpoint, "GrpcLater") as producer:
+            later = normal_message("GrpcLater", b"later", tag="t")
+            later.delivery_timestamp = due_s
+            sent = await asyncio.to_thread(producer.send, later)
+            await asyncio.to_thread(producer.send, normal_message("GrpcLater", b"now"))
+        async with official_simple_consumer(endpoint, "GID-later", "GrpcLater") as consumer:
+            got: list[tuple[Message, float]] = []
+            while len(got) < 2:
+                got.extend((m, time.time()) for m in await asyncio.to_thread(consumer.receive, 16, 30))
+        [(now, _), (delayed, received_at)] = got
+        assert now.body == b"now" and not now.delivery_timestamp
+        assert (delayed.body, delayed.message_id, delayed.tag) == (b"later", sent.message_id, "t")
+        assert delayed.delivery_timestamp == due_s * 1000 and received_at >= due_s - 0.05  # (never early)
+        assert delayed.properties == {}  # (the timer's properties are not the user's)
+        mqtt = await subscriber.receive(2)
+        await subscriber.disconnect()
+        assert [m.payload for m in mqtt] == [b"now", b"later"]  # MQTT subscribers get it then too
 
 
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:

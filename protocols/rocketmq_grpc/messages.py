@@ -1,7 +1,8 @@
 """A gRPC ``Message`` as the remoting side stores a send: its tag, keys and message id become
 the remoting properties (TAGS, KEYS, UNIQ_KEY) beside the user properties, so remoting, MQTT
-and AMQP readers see it as any RocketMQ message. Types this gateway does not take over gRPC
-yet are refused with the protocol's code, never stored as another type."""
+and AMQP readers see it as any RocketMQ message; a DELAY message's delivery timestamp becomes
+RocketMQ's TIMER_DELIVER_MS, as its proxy converts it. Types this gateway does not take over
+gRPC yet are refused with the protocol's code, never stored as another type."""
 
 from __future__ import annotations
 
@@ -9,9 +10,23 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
+from protocols.remoting.properties import (
+    DELAY,
+    KEYS,
+    SHARDING_KEY,
+    START_DELIVER_TIME,
+    TAGS,
+    TIMER_DELAY_MS,
+    TIMER_DELAY_SEC,
+    TIMER_DELIVER_MS,
+    TIMER_OUT_MS,
+    UNIQ_KEY,
+)
 
-SUPPORTED_TYPES = (pb.NORMAL,)  # the message types the routes accept (route.py)
+SUPPORTED_TYPES = (pb.NORMAL, pb.DELAY)  # the message types the routes accept
+# the remoting properties a gRPC message's system properties set: never user properties
+RESERVED_PROPERTIES = (TAGS, KEYS, UNIQ_KEY, DELAY, SHARDING_KEY, START_DELIVER_TIME, TIMER_DELAY_MS,
+                       TIMER_DELAY_SEC, TIMER_DELIVER_MS, TIMER_OUT_MS)
 
 
 class GrpcRequestError(Exception):
@@ -41,10 +56,13 @@ def grpc_send(message: pb.Message) -> GrpcSend:
         name = pb.MessageType.Name(system.message_type) if system.message_type in pb.MessageType.values() \
             else str(system.message_type)
         raise GrpcRequestError(pb.UNSUPPORTED, f"message type {name} is not supported over gRPC by TideMQ yet "
-                                               f"(NORMAL is)")
-    if system.HasField("delivery_timestamp") or system.message_group:
+                                               f"(NORMAL and DELAY are)")
+    delayed = system.message_type == pb.DELAY
+    if system.message_group:
+        raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "only a FIFO message has a message group")
+    if system.HasField("delivery_timestamp") != delayed:
         raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                               "a NORMAL message has no delivery timestamp and no message group")
+                               "a DELAY message has a delivery timestamp, and only a DELAY message has one")
     if system.body_encoding not in (pb.ENCODING_UNSPECIFIED, pb.IDENTITY):
         raise GrpcRequestError(pb.UNSUPPORTED, "only IDENTITY bodies are taken (no GZIP)")
     if not message.body:
@@ -57,9 +75,13 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     if system.tag and ("|" in system.tag or system.tag.isspace()):
         raise GrpcRequestError(pb.ILLEGAL_MESSAGE_TAG, f"message tag {system.tag!r} may not contain '|'")
     properties = dict(message.user_properties)
-    for name in (TAGS, KEYS, UNIQ_KEY):
+    for name in RESERVED_PROPERTIES:
         if name in properties:
             raise GrpcRequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the user property {name} is reserved")
+    if delayed:
+        if system.delivery_timestamp.ToMilliseconds() <= 0:
+            raise GrpcRequestError(pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp is not a time")
+        properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
     if system.tag:
         properties[TAGS] = system.tag
     if system.keys:
