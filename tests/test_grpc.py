@@ -87,7 +87,7 @@ async def test_route_of_an_unknown_topic_creates_it_with_the_default_queues(data
         assert route.status.code == pb.OK
         assert [q.id for q in route.message_queues] == [0, 1, 2]
         assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
-        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL, pb.DELAY)}
+        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL, pb.FIFO, pb.DELAY)}
         addresses = {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses}
         assert addresses == {("127.0.0.1", grpc_port(gw))}  # the gRPC listener, not the remoting one
         assert gw.remoting.topics.get("NewOnGrpc").write_queues == 3  # created, as remoting does
@@ -104,18 +104,18 @@ def raw_message(topic: str = "GrpcRaw", body: bytes = b"x", message_type: int = 
 
 
 async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> None:
-    fifo = raw_message(message_type=pb.FIFO)
-    fifo.system_properties.message_group = "g1"
+    fifo = raw_message(message_type=pb.FIFO)  # (without its message group)
     grouped = raw_message()
     grouped.system_properties.message_group = "g1"
     delayed_normal = raw_message()
     delayed_normal.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 60)
     cases = [
-        (fifo, pb.UNSUPPORTED),  # (not taken over gRPC yet: refused, never stored as NORMAL)
+        (fifo, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (raw_message(message_type=pb.TRANSACTION), pb.UNSUPPORTED),  # (not taken over gRPC yet: never stored)
+        (raw_message(__SHARDINGKEY="g1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a FIFO message's)
         (raw_message(message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),  # (no delivery time)
         (delayed_normal, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(TIMER_DELIVER_MS="1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a DELAY message's)
-        (raw_message(message_type=pb.TRANSACTION), pb.UNSUPPORTED),
         (grouped, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(body=b""), pb.MESSAGE_BODY_EMPTY),
         (raw_message(topic="bad topic"), pb.ILLEGAL_TOPIC),
@@ -250,6 +250,84 @@ async def test_delay_messages_are_received_from_their_delivery_time(data_dir: Pa
         mqtt = await subscriber.receive(2)
         await subscriber.disconnect()
         assert [m.payload for m in mqtt] == [b"now", b"later"]  # MQTT subscribers get it then too
+
+
+def fifo_message(topic: str, body: bytes, group: str) -> Message:
+    message = normal_message(topic, body)
+    message.message_group = group
+    return message
+
+
+async def test_fifo_messages_are_received_in_order_under_two_consumers(data_dir: Path) -> None:
+    """One queue: while a member holds messages of it, the other receives none of it; one not
+    acked in time comes back, first, to either member; then the rest, in the order sent."""
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (gw, endpoint, _):
+        async with official_producer(endpoint, "GrpcFifo") as producer:
+            for i in range(3):
+                for group in ("a", "b"):
+                    await asyncio.to_thread(producer.send, fifo_message("GrpcFifo", f"{group}{i}".encode(), group))
+        async with official_simple_consumer(endpoint, "GID-fifo", "GrpcFifo") as one, \
+                official_simple_consumer(endpoint, "GID-fifo", "GrpcFifo") as two:
+            first = await asyncio.to_thread(one.receive, 2, 30)
+            assert [(m.body, m.message_group) for m in first] == [(b"a0", "a"), (b"b0", "b")]
+            assert await asyncio.to_thread(two.receive, 2, 30) == []  # (the queue's order is out to one)
+            for m in first:
+                await asyncio.to_thread(one.ack, m)
+            second = await asyncio.to_thread(two.receive, 2, 1)  # not acked: back after a second
+            assert [m.body for m in second] == [b"a1", b"b1"]
+            again: list[Message] = []
+            while not again:  # (a long poll may end before they are back)
+                again = await asyncio.to_thread(one.receive, 2, 30)
+            assert [(m.body, m.delivery_attempt) for m in again] == [(b"a1", 2), (b"b1", 2)]  # before a2
+            for m in again:
+                await asyncio.to_thread(one.ack, m)
+            last = await asyncio.to_thread(two.receive, 2, 30)
+            assert [m.body for m in last] == [b"a2", b"b2"]
+            for m in last:
+                await asyncio.to_thread(two.ack, m)
+            assert await asyncio.to_thread(one.receive, 2, 30) == []
+
+
+async def test_a_fifo_message_out_across_a_restart_still_holds_its_queue(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (_, endpoint, _):
+        async with official_producer(endpoint, "GrpcFifoRestart") as producer:
+            for body in (b"first", b"second"):
+                await asyncio.to_thread(producer.send, fifo_message("GrpcFifoRestart", body, "g"))
+        async with official_simple_consumer(endpoint, "GID-restart", "GrpcFifoRestart") as consumer:
+            [out] = await asyncio.to_thread(consumer.receive, 1, 60)
+            assert out.body == b"first"
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (_, endpoint, _):
+        async with official_simple_consumer(endpoint, "GID-restart", "GrpcFifoRestart") as consumer:
+            assert await asyncio.to_thread(consumer.receive, 1, 60) == []  # (first is still out)
+            async with raw_stub(endpoint) as stub:
+                acked = await stub.AckMessage(rpc.AckMessageRequest(
+                    group=pb.Resource(name="GID-restart"), topic=pb.Resource(name="GrpcFifoRestart"),
+                    entries=[rpc.AckMessageEntry(message_id=out.message_id, receipt_handle=out.receipt_handle)]))
+            assert acked.status.code == pb.OK
+            assert [m.body for m in await asyncio.to_thread(consumer.receive, 1, 60)] == [b"second"]
+
+
+async def test_fifo_groups_keep_their_order_under_two_busy_consumers(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, remoting_default_queues=2) as (gw, endpoint, _):
+        groups = ("north", "south", "east")
+        async with official_producer(endpoint, "GrpcFifoBusy") as producer:
+            for i in range(8):
+                for group in groups:
+                    await asyncio.to_thread(producer.send, fifo_message("GrpcFifoBusy", f"{group}-{i}".encode(), group))
+        handled: list[str] = []
+
+        async def consume(consumer) -> None:
+            for _ in range(200):
+                if len(handled) >= 8 * len(groups):
+                    return
+                for m in await asyncio.to_thread(consumer.receive, 3, 30):
+                    handled.append(m.body.decode())  # (handled, then acked: the next of its queue may go)
+                    await asyncio.to_thread(consumer.ack, m)
+        async with official_simple_consumer(endpoint, "GID-busy", "GrpcFifoBusy", await_s=1) as one, \
+                official_simple_consumer(endpoint, "GID-busy", "GrpcFifoBusy", await_s=1) as two:
+            await asyncio.gather(consume(one), consume(two))
+        for group in groups:
+            assert [b for b in handled if b.startswith(group)] == [f"{group}-{i}" for i in range(8)]
 
 
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:

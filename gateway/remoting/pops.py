@@ -33,6 +33,7 @@ from store import StoredMessage, now_ms
 from store import CheckPoint
 
 from ..core.pop import Popped
+from ..core.pop_order import Ordered
 from ..interop import remoting_queue, remoting_topic_of
 from .access import Right
 from .broker_parts import BrokerParts
@@ -196,9 +197,11 @@ class PopRequests(BrokerParts):
         return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
 
     def pop_round(self, who: Principal, group: str, topic: str, queue_ids: list[int], max_messages: int,
-                  invisible_ms: int, selector: Selector, init_mode: int = 0) -> Callable[[], list[tuple[int, Popped]]]:
+                  invisible_ms: int, selector: Selector, init_mode: int = 0, ordered: Ordered | None = None
+                  ) -> Callable[[], list[tuple[int, Popped]]]:
         """One pop over ``queue_ids`` of ``topic`` for ``group`` (a remoting or gRPC consumer),
-        to call now and again after a hold: (queue id, what it popped) per queue visited."""
+        to call now and again after a hold: (queue id, what it popped) per queue visited;
+        ``ordered``: the messages handed out in order (core/pop_order.py)."""
         admit = self.access.pop_admission(who, topic, lambda: self._popping_members(group, topic))
 
         def pop_once() -> list[tuple[int, Popped]]:
@@ -209,7 +212,7 @@ class PopRequests(BrokerParts):
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,
                                       lambda q, offset, n: self._read(q, topic, offset, n, selector), admit, init_mode,
-                                      functools.partial(self._pull_offset, group, queue), now)
+                                      functools.partial(self._pull_offset, group, queue), now, ordered)
                 out.append((queue_id, popped))
                 if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
                     self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, popped.next_offset)

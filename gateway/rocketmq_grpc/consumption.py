@@ -1,7 +1,9 @@
 """ReceiveMessage, AckMessage and ChangeInvisibleDuration of RocketMQ 5's SimpleConsumer over the remoting node's pop
 consumption (gateway/remoting/pops.py, gateway/core/pop.py): a receive pops every queue of the
 topic for the group, long-polled; its messages stay invisible until acked or their invisible
-duration runs out (then they come back). An empty receive is MESSAGE_NOT_FOUND."""
+duration runs out (then they come back). FIFO messages (a message group's) are received in
+order: while one of a queue is out to a member, the group receives nothing more of that queue.
+An empty receive is MESSAGE_NOT_FOUND."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
 from ..auth.authorize import Principal
 from ..interop import remoting_queue
 from ..remoting.broker import RemotingBroker
+from ..remoting.ordering import in_message_group
 from ..remoting.pops import MAX_POP_MESSAGES
 from ..remoting.requests import BadRequest
 from .codes import grpc_code_of_remoting
@@ -68,7 +71,8 @@ async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessa
     except BadRequest as exc:
         raise GrpcRequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
     queue_ids = broker.pop_queues(topic, -1)  # (every queue of the topic, as the proxy pops them)
-    pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector)
+    pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector,
+                                ordered=in_message_group)  # (FIFO messages: one stretch of a queue at a time)
     found = pop_once()
     if not any(p.messages for _, p in found) and poll_ms > 0:
         found = await broker.held_pop(topic, queue_ids, pop_once, min(poll_ms / 1000, broker.long_poll_max_s))

@@ -1,7 +1,8 @@
 """A gRPC ``Message`` as the remoting side stores a send: its tag, keys and message id become
 the remoting properties (TAGS, KEYS, UNIQ_KEY) beside the user properties, so remoting, MQTT
 and AMQP readers see it as any RocketMQ message; a DELAY message's delivery timestamp becomes
-RocketMQ's TIMER_DELIVER_MS, as its proxy converts it. Types this gateway does not take over
+RocketMQ's TIMER_DELIVER_MS and a FIFO message's message group its sharding key
+(__SHARDINGKEY), as its proxy converts them. Types this gateway does not take over
 gRPC yet are refused with the protocol's code, never stored as another type."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from protocols.remoting.properties import (
     UNIQ_KEY,
 )
 
-SUPPORTED_TYPES = (pb.NORMAL, pb.DELAY)  # the message types the routes accept
+SUPPORTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)  # the message types the routes accept
 # the remoting properties a gRPC message's system properties set: never user properties
 RESERVED_PROPERTIES = (TAGS, KEYS, UNIQ_KEY, DELAY, SHARDING_KEY, START_DELIVER_TIME, TIMER_DELAY_MS,
                        TIMER_DELAY_SEC, TIMER_DELIVER_MS, TIMER_OUT_MS)
@@ -56,10 +57,11 @@ def grpc_send(message: pb.Message) -> GrpcSend:
         name = pb.MessageType.Name(system.message_type) if system.message_type in pb.MessageType.values() \
             else str(system.message_type)
         raise GrpcRequestError(pb.UNSUPPORTED, f"message type {name} is not supported over gRPC by TideMQ yet "
-                                               f"(NORMAL and DELAY are)")
+                                               f"(NORMAL, FIFO and DELAY are)")
     delayed = system.message_type == pb.DELAY
-    if system.message_group:
-        raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "only a FIFO message has a message group")
+    if bool(system.message_group) != (system.message_type == pb.FIFO):
+        raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                               "a FIFO message has a message group, and only a FIFO message has one")
     if system.HasField("delivery_timestamp") != delayed:
         raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                                "a DELAY message has a delivery timestamp, and only a DELAY message has one")
@@ -78,6 +80,8 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     for name in RESERVED_PROPERTIES:
         if name in properties:
             raise GrpcRequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the user property {name} is reserved")
+    if system.message_group:  # (RocketMQ's sharding key: its queue, by the key, as remoting's)
+        properties[SHARDING_KEY] = system.message_group
     if delayed:
         if system.delivery_timestamp.ToMilliseconds() <= 0:
             raise GrpcRequestError(pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp is not a time")
