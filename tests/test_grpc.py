@@ -87,7 +87,7 @@ async def test_route_of_an_unknown_topic_creates_it_with_the_default_queues(data
         assert route.status.code == pb.OK
         assert [q.id for q in route.message_queues] == [0, 1, 2]
         assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
-        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL, pb.FIFO, pb.DELAY)}
+        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)}
         addresses = {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses}
         assert addresses == {("127.0.0.1", grpc_port(gw))}  # the gRPC listener, not the remoting one
         assert gw.remoting.topics.get("NewOnGrpc").write_queues == 3  # created, as remoting does
@@ -111,7 +111,8 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
     delayed_normal.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 60)
     cases = [
         (fifo, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
-        (raw_message(message_type=pb.TRANSACTION), pb.UNSUPPORTED),  # (not taken over gRPC yet: never stored)
+        (raw_message(message_type=pb.LITE), pb.UNSUPPORTED),  # (not taken over gRPC yet: never stored)
+        (raw_message(TRAN_MSG="true"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a TRANSACTION message's)
         (raw_message(__SHARDINGKEY="g1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a FIFO message's)
         (raw_message(message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),  # (no delivery time)
         (delayed_normal, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
@@ -129,7 +130,7 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.EndTransaction(rpc.EndTransactionRequest())
+                await stub.QueryAssignment(rpc.QueryAssignmentRequest())
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored

@@ -24,10 +24,8 @@ class GrpcAccess:
 
     def principal(self, context: grpc.aio.ServicerContext, call: str) -> Principal:
         """Who signed the call; GrpcRequestError (UNAUTHORIZED) when the signature is refused."""
-        metadata = {key: value for key, value in context.invocation_metadata() or ()
-                    if isinstance(value, str)}
         try:
-            signed, malformed = parse_authorization(metadata), ""
+            signed, malformed = parse_authorization(call_metadata(context)), ""
         except AuthorizationError as exc:
             signed, malformed = None, str(exc)
         # (the clients sign with an empty Credential when they have no AccessKey: unsigned;
@@ -49,3 +47,8 @@ class GrpcAccess:
             self.access.check_topic(who, topic, right, call)
         except BadRequest as exc:
             raise GrpcRequestError(grpc_code_of_remoting(exc.code), str(exc)) from None
+
+
+def call_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """A call's text metadata by (lower-case) key."""
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}

@@ -17,7 +17,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
+from protocols.remoting.properties import TRAN_MSG
 from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, grpc_send, status
+from protocols.rocketmq_grpc.receipts import transaction_id
 from store import StoreError
 
 from ..auth.authorize import Principal
@@ -27,13 +29,15 @@ from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
 from ..remoting.access import Right
 from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
-from . import consumption
-from .access import GrpcAccess
+from . import consumption, transactions
+from .access import GrpcAccess, call_metadata
+from .telemetry import TelemetrySession
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 
 log = logging.getLogger("tidemq.grpc")
 
 MAX_BODY_SIZE_DEFAULT = 4 << 20  # (clamped to the store's limit)
+CLIENT_ID = "x-mq-client-id"  # (metadata of every call of the official clients)
 
 
 class MessagingService(MessagingServiceServicer):
@@ -89,24 +93,22 @@ class MessagingService(MessagingServiceServicer):
 
     async def Telemetry(self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[rpc.TelemetryCommand]:
-        """Each client's settings answered with the server's: the client's own, with the
-        publishing limits of this node; a consumer's subscriptions need read rights on their
-        topics, as a remoting consumer's heartbeat does."""
+        """Each client's settings answered with the server's (a consumer's subscriptions need
+        read rights on their topics, as a remoting consumer's heartbeat does); a producer's
+        stream carries the checks of its transactions (telemetry.py)."""
         try:
             who = self.access.principal(context, "telemetry")
         except GrpcRequestError as exc:
             yield rpc.TelemetryCommand(status=status(exc.code, str(exc)))
             return
-        async for command in requests:
-            if not command.HasField("settings"):
-                continue  # (thread stack and verification answers: no command asks for them yet)
-            try:
-                for entry in command.settings.subscription.subscriptions:
-                    self.access.check_topic(who, entry.topic.name, Right.READ, "telemetry")
-            except GrpcRequestError as exc:
-                yield rpc.TelemetryCommand(status=status(exc.code, str(exc)))
-                continue
-            yield rpc.TelemetryCommand(status=status(pb.OK), settings=self._settings(command.settings))
+
+        def answer(client: pb.Settings) -> pb.Settings:
+            for entry in client.subscription.subscriptions:
+                self.access.check_topic(who, entry.topic.name, Right.READ, "telemetry")
+            return self._settings(client)
+        session = TelemetrySession(self.broker, who, call_metadata(context).get(CLIENT_ID) or context.peer())
+        async for command in session.run(requests, answer):
+            yield command
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
         settings = pb.Settings()
@@ -170,6 +172,18 @@ class MessagingService(MessagingServiceServicer):
             except StoreError as exc:
                 raise GrpcRequestError(grpc_code_of_store_error(exc), f"store error: {exc}") from None
 
+    # -- transactions (transactions.py; their checks: telemetry.py) ---------------------------
+    async def EndTransaction(self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext
+                             ) -> rpc.EndTransactionResponse:
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "end_transaction")
+            await transactions.end(self.broker, who, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.EndTransactionResponse(status=status(exc.code, str(exc)))
+        return rpc.EndTransactionResponse(status=status(pb.OK))
+
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
                           ) -> rpc.SendMessageResponse:
@@ -195,5 +209,6 @@ class MessagingService(MessagingServiceServicer):
             return rpc.SendMessageResponse(status=status(grpc_code_of_store_error(exc), f"store error: {exc}"))
         entry = rpc.SendResultEntry(status=status(pb.OK), message_id=send.message_id,
                                     offset=results[0].queue_offsets.get(sent.own, -1))
+        if TRAN_MSG in sent.properties:  # (a half message: its end names it by where it is)
+            entry.transaction_id = transaction_id(results[0].position)
         return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
-

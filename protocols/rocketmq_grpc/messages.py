@@ -1,8 +1,9 @@
 """A gRPC ``Message`` as the remoting side stores a send: its tag, keys and message id become
 the remoting properties (TAGS, KEYS, UNIQ_KEY) beside the user properties, so remoting, MQTT
 and AMQP readers see it as any RocketMQ message; a DELAY message's delivery timestamp becomes
-RocketMQ's TIMER_DELIVER_MS and a FIFO message's message group its sharding key
-(__SHARDINGKEY), as its proxy converts them. Types this gateway does not take over
+RocketMQ's TIMER_DELIVER_MS, a FIFO message's message group its sharding key
+(__SHARDINGKEY), a TRANSACTION message a half message (TRAN_MSG) of the producer group named
+as the topic, as its proxy converts them. Types this gateway does not take over
 gRPC yet are refused with the protocol's code, never stored as another type."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from protocols.remoting.properties import (
     DELAY,
     KEYS,
+    PGROUP,
     SHARDING_KEY,
     START_DELIVER_TIME,
     TAGS,
@@ -21,13 +23,14 @@ from protocols.remoting.properties import (
     TIMER_DELAY_SEC,
     TIMER_DELIVER_MS,
     TIMER_OUT_MS,
+    TRAN_MSG,
     UNIQ_KEY,
 )
 
-SUPPORTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)  # the message types the routes accept
+SUPPORTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # the message types the routes accept
 # the remoting properties a gRPC message's system properties set: never user properties
 RESERVED_PROPERTIES = (TAGS, KEYS, UNIQ_KEY, DELAY, SHARDING_KEY, START_DELIVER_TIME, TIMER_DELAY_MS,
-                       TIMER_DELAY_SEC, TIMER_DELIVER_MS, TIMER_OUT_MS)
+                       TIMER_DELAY_SEC, TIMER_DELIVER_MS, TIMER_OUT_MS, TRAN_MSG, PGROUP)
 
 
 class GrpcRequestError(Exception):
@@ -57,7 +60,7 @@ def grpc_send(message: pb.Message) -> GrpcSend:
         name = pb.MessageType.Name(system.message_type) if system.message_type in pb.MessageType.values() \
             else str(system.message_type)
         raise GrpcRequestError(pb.UNSUPPORTED, f"message type {name} is not supported over gRPC by TideMQ yet "
-                                               f"(NORMAL, FIFO and DELAY are)")
+                                               f"(NORMAL, FIFO, DELAY and TRANSACTION are)")
     delayed = system.message_type == pb.DELAY
     if bool(system.message_group) != (system.message_type == pb.FIFO):
         raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
@@ -80,6 +83,8 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     for name in RESERVED_PROPERTIES:
         if name in properties:
             raise GrpcRequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the user property {name} is reserved")
+    if system.message_type == pb.TRANSACTION:  # (a half message; its producer group: the topic, as the proxy's)
+        properties[TRAN_MSG], properties[PGROUP] = "true", message.topic.name
     if system.message_group:  # (RocketMQ's sharding key: its queue, by the key, as remoting's)
         properties[SHARDING_KEY] = system.message_group
     if delayed:
