@@ -130,7 +130,7 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.QueryAssignment(rpc.QueryAssignmentRequest())
+                await stub.QueryAssignment(rpc.QueryAssignmentRequest())  # (the PushConsumer's)
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored
@@ -251,6 +251,27 @@ async def test_delay_messages_are_received_from_their_delivery_time(data_dir: Pa
         mqtt = await subscriber.receive(2)
         await subscriber.disconnect()
         assert [m.payload for m in mqtt] == [b"now", b"later"]  # MQTT subscribers get it then too
+
+
+async def test_a_message_forwarded_to_the_dead_letter_queue_is_read_there_and_not_again(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir) as (_, endpoint, _):
+        async with official_producer(endpoint, "GrpcPoison") as producer:
+            sent = await asyncio.to_thread(producer.send, normal_message("GrpcPoison", b"poison", tag="bad"))
+        async with official_simple_consumer(endpoint, "GID-poison", "GrpcPoison") as consumer:
+            [message] = await receive_all(consumer, 1, invisible_s=1)
+            forward = rpc.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name="GID-poison"), topic=pb.Resource(name="GrpcPoison"),
+                receipt_handle=message.receipt_handle, message_id=message.message_id, delivery_attempt=1,
+                max_delivery_attempts=1)
+            async with raw_stub(endpoint) as stub:
+                moved = await stub.ForwardMessageToDeadLetterQueue(forward)
+                again = await stub.ForwardMessageToDeadLetterQueue(forward)
+            await asyncio.sleep(1.5)  # (past its invisible time: it would be back, were it not moved)
+            assert await asyncio.to_thread(consumer.receive, 16, 30) == []
+        assert (moved.status.code, again.status.code) == (pb.OK, pb.INVALID_RECEIPT_HANDLE)
+        async with official_simple_consumer(endpoint, "GID-poison-dlq", "%DLQ%GID-poison") as dead:
+            [buried] = await receive_all(dead, 1)
+        assert (buried.body, buried.message_id, buried.tag) == (b"poison", sent.message_id, "bad")
 
 
 def fifo_message(topic: str, body: bytes, group: str) -> Message:

@@ -233,22 +233,37 @@ class PopService:
             for owner in {(cp.group, cp.queue) for cp in back}:
                 self.on_ready(*owner)
         for cp in dead:
-            message = self.store.read_at(cp.position)
-            if message is not None:
-                message.queue, message.queue_offset = cp.queue, cp.offset
-                settling = (cp.group, cp.queue, cp.offset)
-                self._settling.add(settling)
-                try:
-                    await self._dead_letter(cp, message, cp.attempts + 1)  # (a crash before the ack: twice)
-                finally:
-                    self._settling.discard(settling)
-                self.dead_lettered += 1
-            else:
-                log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
-                            cp.group, cp.queue, cp.offset)
-            self.points.ack([cp])
+            await self._bury(cp, cp.attempts + 1)
         self._revived_to = reached  # (not when a dead letter failed: it is walked again)
         return len(due)
+
+    async def dead_letter(self, group: str, queue: str, offset: int, due_ms: int) -> bool:
+        """Move a popped message out now into its group's dead letter, as one past its
+        attempts (a consumer gave up on it); False when its check point is gone."""
+        cp = self.points.invisible(group, queue, offset, due_ms)
+        if cp is None or (group, queue, offset) in self._settling:
+            return False
+        await self._bury(cp, cp.attempts + 1)
+        return True
+
+    async def _bury(self, cp: CheckPoint, attempts: int) -> None:
+        """The check point's message into the dead letter, then the check point ended."""
+        message = self.store.read_at(cp.position)
+        if message is not None:
+            message.queue, message.queue_offset = cp.queue, cp.offset
+            settling = (cp.group, cp.queue, cp.offset)
+            self._settling.add(settling)
+            try:
+                await self._dead_letter(cp, message, attempts)  # (a crash before the ack: twice)
+            finally:
+                self._settling.discard(settling)
+            self.dead_lettered += 1
+        else:
+            log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
+                        cp.group, cp.queue, cp.offset)
+        self.points.ack([cp])
+        if self.ordered_out.holds(cp.group, cp.queue, cp.offset):
+            self.on_ready(cp.group, cp.queue)
 
     async def _run(self) -> None:
         while True:

@@ -1,9 +1,10 @@
-"""ReceiveMessage, AckMessage and ChangeInvisibleDuration of RocketMQ 5's SimpleConsumer over the remoting node's pop
-consumption (gateway/remoting/pops.py, gateway/core/pop.py): a receive pops every queue of the
-topic for the group, long-polled; its messages stay invisible until acked or their invisible
-duration runs out (then they come back). FIFO messages (a message group's) are received in
-order: while one of a queue is out to a member, the group receives nothing more of that queue.
-An empty receive is MESSAGE_NOT_FOUND."""
+"""ReceiveMessage, AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue of
+RocketMQ 5's consumers over the remoting node's pop consumption (gateway/remoting/pops.py,
+gateway/core/pop.py): a receive pops every queue of the topic for the group, long-polled; its
+messages stay invisible until acked or their invisible duration runs out (then they come
+back). FIFO messages (a message group's) are received in order: while one of a queue is out
+to a member, the group receives nothing more of that queue. An empty receive is
+MESSAGE_NOT_FOUND."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from protocols.remoting.tags import EXPRESSION_SQL92, EXPRESSION_TAG
 from protocols.rocketmq_grpc.messages import GrpcRequestError, status
 from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
+from store import StoreError
 
 from ..auth.authorize import Principal
 from ..interop import remoting_queue
@@ -20,7 +22,7 @@ from ..remoting.broker import RemotingBroker
 from ..remoting.ordering import in_message_group
 from ..remoting.pops import MAX_POP_MESSAGES
 from ..remoting.requests import BadRequest
-from .codes import grpc_code_of_remoting
+from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 from .deliveries import grpc_message
 
 _EXPRESSION_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: EXPRESSION_TAG, pb.TAG: EXPRESSION_TAG, pb.SQL: EXPRESSION_SQL92}
@@ -124,6 +126,28 @@ def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisib
         return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
     changed = Receipt(receipt.queue_id, receipt.offset, pop_time + invisible_ms)
     return rpc.ChangeInvisibleDurationResponse(status=status(pb.OK), receipt_handle=changed.encode())
+
+
+async def forward_to_dead_letter(broker: RemotingBroker, request: rpc.ForwardMessageToDeadLetterQueueRequest
+                                 ) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+    """A received message given up on by its consumer: into the group's dead letter topic
+    (``%DLQ%`` + group, as one past its attempts), its receipt then gone."""
+    group, topic = request.group.name, request.topic.name
+    try:
+        read_queues = _read_queues(broker, group, topic)
+        receipt = _receipt(request.receipt_handle, read_queues)
+        if receipt is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
+        try:
+            moved = await broker.pop.dead_letter(group, remoting_queue(topic, receipt.queue_id), receipt.offset,
+                                                 receipt.due_ms)
+        except StoreError as exc:
+            raise GrpcRequestError(grpc_code_of_store_error(exc), f"store error: {exc}") from None
+        if not moved:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, GONE)
+    except GrpcRequestError as exc:
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, str(exc)))
+    return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(pb.OK))
 
 
 GONE = "acked already, or its invisible time ran out and it came back"

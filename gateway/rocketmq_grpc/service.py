@@ -162,6 +162,19 @@ class MessagingService(MessagingServiceServicer):
             return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
         return answer
 
+    async def ForwardMessageToDeadLetterQueue(self, request: rpc.ForwardMessageToDeadLetterQueueRequest,
+                                              context: grpc.aio.ServicerContext
+                                              ) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "forward_message_to_dead_letter_queue")
+            self.access.check_topic(who, request.topic.name, Right.READ, "forward_message_to_dead_letter_queue")
+            answer = await consumption.forward_to_dead_letter(self.broker, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, str(exc)))
+        return answer
+
     async def _settled(self, meta_before: int) -> None:
         """Once the meta changes made since ``meta_before`` are held as the store promises
         (``MessageStore.reply_settling``); GrpcRequestError when they are not."""
