@@ -21,16 +21,21 @@ class OrderedOut:
         self.store = store
         self.points = points
         self._out: dict[tuple[str, str], dict[int, int]] = {}  # (group, queue) -> offset -> due ms
+        self._loaded = False  # (those out before a restart: found once, by the first ordered pop)
 
     def blocked(self, group: str, queue: str, ordered: Ordered) -> bool:
         """Whether an ordered message of ``queue`` is out to a member of ``group`` now."""
+        if not self._loaded:
+            self._load(ordered)
         out = self._out.get((group, queue))
-        if out is None:
-            out = self._out[(group, queue)] = self._found(group, queue, ordered)
+        if not out:
+            return False
         for offset, due_ms in list(out.items()):
             if self.points.invisible(group, queue, offset, due_ms) is None:
                 del out[offset]  # (acked, dead-lettered, or back in the ready set)
-        return bool(out)  # (an empty one stays: the queue's are known, no scan again)
+        if not out:
+            del self._out[(group, queue)]
+        return bool(out)
 
     def holds(self, group: str, queue: str, offset: int) -> bool:
         """Whether the message at ``offset`` is an ordered one out (its end unblocks the queue)."""
@@ -45,12 +50,11 @@ class OrderedOut:
         if out is not None and offset in out:
             out[offset] = due_ms
 
-    def _found(self, group: str, queue: str, ordered: Ordered) -> dict[int, int]:
-        """The ordered messages of (group, queue) out now, from the check points."""
-        found = {}
+    def _load(self, ordered: Ordered) -> None:
+        """The ordered messages out now, from the check points (one walk of them)."""
+        self._loaded = True
         for cp in self.points.outstanding():
-            if cp.group == group and cp.queue == queue and cp.due_ms:
+            if cp.due_ms:  # (invisible: out to a member; ready ones are served first anyway)
                 message = self.store.read_at(cp.position)
                 if message is not None and ordered(message):
-                    found[cp.offset] = cp.due_ms
-        return found
+                    self._out.setdefault((cp.group, cp.queue), {}).setdefault(cp.offset, cp.due_ms)
