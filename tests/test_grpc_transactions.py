@@ -69,7 +69,8 @@ async def test_an_open_transaction_is_checked_through_the_producers_telemetry(da
     async with grpc_gateway(data_dir, **QUICK_CHECKS) as (gw, endpoint, _):
         async with official_producer(endpoint, "GrpcTxCheck", checker=checker) as producer:
             for body in (b"commit me", b"roll me back"):
-                await asyncio.to_thread(producer.send, normal_message("GrpcTxCheck", body), producer.begin_transaction())
+                await asyncio.to_thread(producer.send, normal_message("GrpcTxCheck", body),
+                                        producer.begin_transaction())
             # (no end from the producer: the gateway asks it, its checker answers)
             async with official_simple_consumer(endpoint, "GID-txcheck", "GrpcTxCheck") as consumer:
                 got = await receive_all(consumer, 1)

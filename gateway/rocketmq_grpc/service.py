@@ -22,17 +22,16 @@ from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, 
 from protocols.rocketmq_grpc.receipts import transaction_id
 from store import StoreError
 
-from ..auth.authorize import Principal
 from ..pressure import StorePressure
+from ..remoting.access import Right
 from ..remoting.broker import RemotingBroker
 from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
-from ..remoting.access import Right
 from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
 from . import consumption, transactions
 from .access import GrpcAccess, call_metadata
-from .telemetry import TelemetrySession
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
+from .telemetry import TelemetrySession
 
 log = logging.getLogger("tidemq.grpc")
 
