@@ -47,6 +47,7 @@ async def test_signed_calls_are_served_and_bad_signatures_are_unauthorized(data_
             got = await receive_all(consumer, 1)
             assert [(m.body, m.message_id) for m in got] == [(b"signed", sent.message_id)]
             await asyncio.to_thread(consumer.ack, got[0])
+        assert gw.remoting is not None and gw.remoting.stats.auth_failures == 0  # (its telemetry streams too)
         for credentials in (Credentials(KEYS["alice"][0], "not-the-secret"), Credentials()):
             async with official_producer(endpoint, "GrpcSigned", credentials=credentials) as producer:
                 with pytest.raises(Exception, match="route"):  # (the client's words for UNAUTHORIZED: below)
