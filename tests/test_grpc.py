@@ -22,8 +22,11 @@ from rocketmq.v5.model import Message
 
 from gateway.config import ConfigError, load_config
 from protocols.mqtt.packets import MQTT_5
+from protocols.remoting.codes import RequestCode
+from protocols.remoting.properties import encode_properties
 from tests.grpc_support import grpc_gateway, grpc_port, official_producer, official_simple_consumer, raw_stub
 from tests.mqtt_support import PahoClient, mqtt_port
+from tests.remoting_support import RawRemoting, send_header
 from tests.test_remoting_cpp import push_consumer
 
 
@@ -273,6 +276,20 @@ async def test_a_message_forwarded_to_the_dead_letter_queue_is_read_there_and_no
         async with official_simple_consumer(endpoint, "GID-poison-dlq", "%DLQ%GID-poison") as dead:
             [buried] = await receive_all(dead, 1)
         assert (buried.body, buried.message_id, buried.tag) == (b"poison", sent.message_id, "bad")
+
+
+async def test_a_remoting_send_with_odd_times_is_received(data_dir: Path) -> None:
+    """A remoting sender's born time and TIMER_OUT_MS are any numbers it chose: a gRPC receive
+    shows what a protobuf Timestamp holds and leaves out the rest, never fails on them."""
+    async with grpc_gateway(data_dir) as (_, endpoint, remoting_addr):
+        raw = await RawRemoting.open(remoting_addr)
+        odd = {"bornTimestamp": str(10 ** 18), "properties": encode_properties({"TIMER_OUT_MS": "99" * 12})}
+        sent = await raw.call(RequestCode.SEND_MESSAGE, send_header("GrpcOddTimes", **odd), b"odd times")
+        raw.close()
+        assert sent.code == 0, sent.remark
+        async with official_simple_consumer(endpoint, "GID-odd", "GrpcOddTimes") as consumer:
+            [got] = await receive_all(consumer, 1)
+        assert got.body == b"odd times" and not got.delivery_timestamp
 
 
 def fifo_message(topic: str, body: bytes, group: str) -> Message:

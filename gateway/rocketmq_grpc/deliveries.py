@@ -8,6 +8,7 @@ RocketMQ 5's proxy shows them)."""
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -26,6 +27,9 @@ from store import CheckPoint, StoredMessage
 
 from ..remoting.messages import BORN_HOST_PROPERTY, RECONSUME_PROPERTY, shown_properties
 from ..remoting.timers import TIMER_PROPERTIES
+
+
+MAX_TIMESTAMP_MS = 253_402_300_800_000  # (up to 9999-12-31: what a protobuf Timestamp holds)
 
 
 def grpc_message(message: StoredMessage, topic: str, queue_id: int, point: CheckPoint, due_ms: int,
@@ -54,11 +58,12 @@ def _as_grpc(message: StoredMessage, topic: str, queue_id: int, offset_msg_id: s
     shown = shown_properties(message, topic)
     tag, keys, message_id = shown.pop(TAGS, ""), shown.pop(KEYS, ""), shown.pop(UNIQ_KEY, "")
     group = shown.pop(SHARDING_KEY, "")  # (a FIFO message's message group)
-    due = shown.pop(TIMER_OUT_MS, None)  # (when a timer message was due: a DELAY one's delivery time)
+    due = shown.pop(TIMER_OUT_MS, "")  # (when a timer message was due: a DELAY one's delivery time)
+    due_ms = int(due) if due.isascii() and due.isdigit() and len(due) <= 15 else None  # (a remoting sender's: any)
     transactional = shown.pop(TRAN_MSG, "").lower() == "true"
     for name in (DELAY, PGROUP, *TIMER_PROPERTIES):
         shown.pop(name, None)
-    kind = pb.TRANSACTION if transactional else pb.FIFO if group else pb.DELAY if due is not None else pb.NORMAL
+    kind = pb.TRANSACTION if transactional else pb.FIFO if group else pb.DELAY if due_ms is not None else pb.NORMAL
     system = pb.SystemProperties(
         tag=tag, keys=keys.split(), message_id=message_id or offset_msg_id, body_encoding=pb.IDENTITY,
         message_type=kind, message_group=group or None,
@@ -66,8 +71,15 @@ def _as_grpc(message: StoredMessage, topic: str, queue_id: int, offset_msg_id: s
     body = bytes(message.body)
     system.body_digest.type = pb.CRC32
     system.body_digest.checksum = format(zlib.crc32(body), "08X")
-    system.born_timestamp.FromMilliseconds(message.born_timestamp)
-    system.store_timestamp.FromMilliseconds(message.store_timestamp)
-    if due is not None and due.isdigit():
-        system.delivery_timestamp.FromMilliseconds(int(due))
+    _set_time(system.born_timestamp, message.born_timestamp)
+    _set_time(system.store_timestamp, message.store_timestamp)
+    if due_ms is not None:
+        _set_time(system.delivery_timestamp, due_ms)
     return pb.Message(topic=pb.Resource(name=topic), user_properties=shown, system_properties=system, body=body)
+
+
+def _set_time(field: Any, ms: int) -> None:  # (a google.protobuf Timestamp)
+    """``field`` set to ``ms`` when a Timestamp can hold it (a remoting sender's born time is
+    any number it chose), else left unset."""
+    if 0 <= ms < MAX_TIMESTAMP_MS:
+        field.FromMilliseconds(ms)

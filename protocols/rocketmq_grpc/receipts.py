@@ -45,6 +45,7 @@ def transaction_id(position: int) -> str:
 def decode_transaction_id(text: str) -> int | None:
     """The position a transaction id names; None when it is none of this gateway's."""
     version, _, position = text.partition(" ")
-    if version != TRANSACTION_VERSION or not position.isdigit() or len(position) > 19:
+    if version != TRANSACTION_VERSION or not (position.isascii() and position.isdigit()) or len(position) > 19:
         return None
-    return int(position)
+    value = int(position)
+    return value if value < 1 << 62 else None
