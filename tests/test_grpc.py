@@ -113,6 +113,10 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
     grouped.system_properties.message_group = "g1"
     delayed_normal = raw_message()
     delayed_normal.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 60)
+    far = raw_message(message_type=pb.DELAY)
+    far.system_properties.delivery_timestamp.seconds = 10 ** 15  # (no Timestamp: past the year 9999)
+    unborn = raw_message()
+    unborn.system_properties.born_timestamp.seconds = -10 ** 15
     cases = [
         (fifo, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(message_type=pb.LITE), pb.UNSUPPORTED),  # (not taken over gRPC yet: never stored)
@@ -120,6 +124,8 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
         (raw_message(__SHARDINGKEY="g1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a FIFO message's)
         (raw_message(message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),  # (no delivery time)
         (delayed_normal, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (far, pb.ILLEGAL_DELIVERY_TIME),
+        (unborn, pb.BAD_REQUEST),
         (raw_message(TIMER_DELIVER_MS="1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a DELAY message's)
         (grouped, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(body=b""), pb.MESSAGE_BODY_EMPTY),
@@ -133,11 +139,15 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
                        for m, _ in cases]
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
+            forever = [r.status.code async for r in stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="GID-raw"), message_queue=pb.MessageQueue(topic=pb.Resource(name="GrpcRaw")),
+                batch_size=1, invisible_duration=Duration(seconds=1 << 62)))]  # (its due time: no u64)
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
                 await stub.QueryAssignment(rpc.QueryAssignmentRequest())  # (the PushConsumer's)
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored
+        assert forever == [pb.ILLEGAL_INVISIBLE_TIME]
         assert missing.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 

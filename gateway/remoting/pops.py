@@ -53,7 +53,7 @@ MAX_BIT_SET_BYTES = 1 << 20  # a batch ack's bit set: offsets up to 8 M past its
 MAX_BATCH_ACK_BITS = 1024  # and set bits (one pop's messages of one queue: at most 32)
 _SET_BYTES = re.compile(rb"[^\x00]")
 NORMAL = "0"  # ExtraInfoUtil's retry flag of a message from its own topic
-_LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
+VALUE_LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
 
 
 def _group(name: str) -> str:
@@ -79,7 +79,7 @@ def _bit_set_offsets(start: int, bits: bytes) -> list[int]:
 
 
 def _in_range(value: int, name: str) -> int:
-    if not 0 <= value <= _LIMIT:
+    if not 0 <= value <= VALUE_LIMIT:
         raise BadRequest(f"{name} {value} is out of range", ResponseCode.INVALID_PARAMETER)
     return value
 
@@ -143,7 +143,7 @@ def _extra_info(text: str) -> tuple[int, int, str]:
         for i in (0, 3, 6, 7)[:len(parts) - 4]:
             int(parts[i])
         pop_time, invisible = int(parts[1]), int(parts[2])
-        if not (0 <= pop_time <= _LIMIT and 0 <= invisible <= _LIMIT):
+        if not (0 <= pop_time <= VALUE_LIMIT and 0 <= invisible <= VALUE_LIMIT):
             raise ValueError
         return pop_time, invisible, parts[4]
     except ValueError:

@@ -8,11 +8,13 @@ MESSAGE_NOT_FOUND."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from protocols.remoting.tags import EXPRESSION_SQL92, EXPRESSION_TAG
-from protocols.rocketmq_grpc.messages import GrpcRequestError, status
+from protocols.rocketmq_grpc.messages import GrpcRequestError, status, time_ms
 from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
 from store import StoreError
 
@@ -20,7 +22,7 @@ from ..auth.authorize import Principal
 from ..interop import remoting_queue
 from ..remoting.broker import RemotingBroker
 from ..remoting.ordering import in_message_group
-from ..remoting.pops import MAX_POP_MESSAGES
+from ..remoting.pops import MAX_POP_MESSAGES, VALUE_LIMIT
 from ..remoting.requests import BadRequest
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 from .deliveries import grpc_message
@@ -56,10 +58,8 @@ async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessa
         raise GrpcRequestError(pb.UNSUPPORTED, "auto_renew (the PushConsumer's receive) is not supported yet")
     if not 0 < request.batch_size <= MAX_POP_MESSAGES:
         raise GrpcRequestError(pb.BAD_REQUEST, f"batch_size is 1 to {MAX_POP_MESSAGES}")
-    invisible_ms = request.invisible_duration.ToMilliseconds()
-    if invisible_ms <= 0:
-        raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
-    poll_ms = request.long_polling_timeout.ToMilliseconds()
+    invisible_ms = _invisible_ms(request.invisible_duration)
+    poll_ms = time_ms(request.long_polling_timeout, pb.ILLEGAL_POLLING_TIME, "the long polling timeout")
     if poll_ms < 0:
         raise GrpcRequestError(pb.ILLEGAL_POLLING_TIME, "the long polling timeout is negative")
     if broker.topics.get(topic) is None:
@@ -110,11 +110,9 @@ def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisib
     """A received message made invisible for the new duration from now; its new receipt
     handle (the old one is gone)."""
     group, topic = request.group.name, request.topic.name
-    invisible_ms = request.invisible_duration.ToMilliseconds()
     try:
+        invisible_ms = _invisible_ms(request.invisible_duration)
         read_queues = _read_queues(broker, group, topic)
-        if invisible_ms <= 0:
-            raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
         receipt = _receipt(request.receipt_handle, read_queues)
         if receipt is None:
             raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
@@ -151,6 +149,16 @@ async def forward_to_dead_letter(broker: RemotingBroker, request: rpc.ForwardMes
 
 
 GONE = "acked already, or its invisible time ran out and it came back"
+
+
+def _invisible_ms(duration: Any) -> int:  # (a google.protobuf Duration)
+    """A request's invisible duration; GrpcRequestError (ILLEGAL_INVISIBLE_TIME) for none, or
+    one the pop service does not take (as remoting's invisibleTime)."""
+    invisible_ms = time_ms(duration, pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration")
+    if not 0 < invisible_ms <= VALUE_LIMIT:
+        raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive, "
+                                                          f"at most {VALUE_LIMIT} ms")
+    return invisible_ms
 
 
 def _read_queues(broker: RemotingBroker, group: str, topic: str) -> int:

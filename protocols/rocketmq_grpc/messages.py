@@ -9,6 +9,7 @@ gRPC yet are refused with the protocol's code, never stored as another type."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -88,17 +89,29 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     if system.message_group:  # (RocketMQ's sharding key: its queue, by the key, as remoting's)
         properties[SHARDING_KEY] = system.message_group
     if delayed:
-        if system.delivery_timestamp.ToMilliseconds() <= 0:
-            raise GrpcRequestError(pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp is not a time")
-        properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        due_ms = time_ms(system.delivery_timestamp, pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp")
+        if due_ms <= 0:
+            raise GrpcRequestError(pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp is before 1970")
+        properties[TIMER_DELIVER_MS] = str(due_ms)
     if system.tag:
         properties[TAGS] = system.tag
     if system.keys:
         properties[KEYS] = " ".join(system.keys)
     properties[UNIQ_KEY] = system.message_id
-    born = system.born_timestamp
-    born_ms = born.seconds * 1000 + born.nanos // 1_000_000 if system.HasField("born_timestamp") else 0
+    born_ms = time_ms(system.born_timestamp, pb.BAD_REQUEST, "the born timestamp") \
+        if system.HasField("born_timestamp") else 0
+    if born_ms < 0:
+        raise GrpcRequestError(pb.BAD_REQUEST, "the born timestamp is before 1970")
     return GrpcSend(message.topic.name, message.body, properties, born_ms, system.born_host, system.message_id)
+
+
+def time_ms(value: Any, code: int, what: str) -> int:
+    """A Timestamp's or Duration's milliseconds; GrpcRequestError ``code`` when it is none
+    (out of its type's range, nanos of the wrong sign)."""
+    try:
+        return int(value.ToMilliseconds())
+    except ValueError as exc:
+        raise GrpcRequestError(code, f"{what} is not valid: {exc}") from None
 
 
 def status(code: int, message: str = "") -> pb.Status:
