@@ -459,8 +459,8 @@ def is_loopback(host: str) -> bool:
 
 
 def validate_grpc(cfg: Config) -> None:
-    """The gRPC listener is served by the remoting node (embedded or store), and checks no
-    AccessKey signature yet: refused where requests must be authenticated."""
+    """The gRPC listener is served by the remoting node (embedded or store), with its access
+    keys and ACL."""
     if not cfg.grpc_bind:
         return
     if cfg.role == "gateway":
@@ -469,9 +469,6 @@ def validate_grpc(cfg: Config) -> None:
     if not cfg.remoting_bind:
         raise ConfigError("grpc_bind needs remoting_bind: the gRPC calls are answered by the remoting node",
                           "grpc_bind")
-    if cfg.password_file or cfg.acl_file or cfg.access_keys_file:
-        raise ConfigError("grpc_bind: gRPC requests are not authenticated yet (no AccessKey signature check), so "
-                          "it cannot be served with a password file, ACL or access keys", "grpc_bind")
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

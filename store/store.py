@@ -383,6 +383,12 @@ class MessageStore:
             return release.reached(self.meta_position, shown)
         return None
 
+    def reply_settling(self, meta_before: int) -> asyncio.Future[None] | None:
+        """``meta_settling`` for a reply to a request begun when ``meta_position`` was
+        ``meta_before``: a reply after changes waits until they are acknowledged; one that
+        changed nothing, until what it shows is held (``shown``)."""
+        return self.meta_settling(shown=self.meta_position == meta_before)
+
     # -- reading -----------------------------------------------------------------------------
     async def get(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20,
                   tag_hashes: frozenset[int] | None = None) -> GetResult:

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.client import ClientConfiguration, Credentials
 from rocketmq.v5.consumer import SimpleConsumer
 from rocketmq.v5.model import FilterExpression
-from rocketmq.v5.producer import Producer
+from rocketmq.v5.producer import Producer, TransactionChecker
 
 from gateway.server import Gateway
 from tests.remoting_support import remoting_gateway
@@ -44,16 +44,22 @@ async def started(client: Any) -> AsyncIterator[Any]:
         await asyncio.to_thread(client.shutdown)
 
 
-def official_producer(endpoint: str, *topics: str) -> contextlib.AbstractAsyncContextManager[Producer]:
-    """The official client's Producer, started (route, telemetry settings) and shut down."""
-    return started(Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), topics))
+def official_producer(endpoint: str, *topics: str, credentials: Credentials | None = None,
+                      checker: TransactionChecker | None = None) -> contextlib.AbstractAsyncContextManager[Producer]:
+    """The official client's Producer (signing with ``credentials``: an AccessKey and its
+    SecretKey; answering transaction checks with ``checker``), started (route, telemetry
+    settings) and shut down."""
+    return started(Producer(ClientConfiguration(endpoint, credentials or Credentials(), request_timeout=10), topics,
+                            checker))
 
 
 def official_simple_consumer(endpoint: str, group: str, topic: str, expression: str = "*", *,
-                             await_s: int = 2) -> contextlib.AbstractAsyncContextManager[SimpleConsumer]:
+                             await_s: int = 2, credentials: Credentials | None = None
+                             ) -> contextlib.AbstractAsyncContextManager[SimpleConsumer]:
     """The official client's SimpleConsumer of ``topic`` (a TAG expression), long-polling
     ``await_s`` seconds per receive, started and shut down."""
-    return started(SimpleConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group,
+    return started(SimpleConsumer(ClientConfiguration(endpoint, credentials or Credentials(), request_timeout=10),
+                                  group,
                                   {topic: FilterExpression(expression)}, await_duration=await_s))
 
 

@@ -8,6 +8,7 @@ what the client checks before sending)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
@@ -21,8 +22,11 @@ from rocketmq.v5.model import Message
 
 from gateway.config import ConfigError, load_config
 from protocols.mqtt.packets import MQTT_5
+from protocols.remoting.codes import RequestCode
+from protocols.remoting.properties import encode_properties
 from tests.grpc_support import grpc_gateway, grpc_port, official_producer, official_simple_consumer, raw_stub
 from tests.mqtt_support import PahoClient, mqtt_port
+from tests.remoting_support import RawRemoting, send_header
 from tests.test_remoting_cpp import push_consumer
 
 
@@ -86,7 +90,8 @@ async def test_route_of_an_unknown_topic_creates_it_with_the_default_queues(data
         assert route.status.code == pb.OK
         assert [q.id for q in route.message_queues] == [0, 1, 2]
         assert {q.permission for q in route.message_queues} == {pb.READ_WRITE}
-        assert {tuple(q.accept_message_types) for q in route.message_queues} == {(pb.NORMAL,)}
+        assert {tuple(q.accept_message_types) for q in route.message_queues} == {
+            (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)}
         addresses = {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses}
         assert addresses == {("127.0.0.1", grpc_port(gw))}  # the gRPC listener, not the remoting one
         assert gw.remoting.topics.get("NewOnGrpc").write_queues == 3  # created, as remoting does
@@ -103,14 +108,25 @@ def raw_message(topic: str = "GrpcRaw", body: bytes = b"x", message_type: int = 
 
 
 async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> None:
-    fifo = raw_message(message_type=pb.FIFO)
-    fifo.system_properties.message_group = "g1"
+    fifo = raw_message(message_type=pb.FIFO)  # (without its message group)
     grouped = raw_message()
     grouped.system_properties.message_group = "g1"
+    delayed_normal = raw_message()
+    delayed_normal.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 60)
+    far = raw_message(message_type=pb.DELAY)
+    far.system_properties.delivery_timestamp.seconds = 10 ** 15  # (no Timestamp: past the year 9999)
+    unborn = raw_message()
+    unborn.system_properties.born_timestamp.seconds = -10 ** 15
     cases = [
-        (fifo, pb.UNSUPPORTED),  # (not taken over gRPC yet: refused, never stored as NORMAL)
-        (raw_message(message_type=pb.DELAY), pb.UNSUPPORTED),
-        (raw_message(message_type=pb.TRANSACTION), pb.UNSUPPORTED),
+        (fifo, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (raw_message(message_type=pb.LITE), pb.UNSUPPORTED),  # (not taken over gRPC yet: never stored)
+        (raw_message(TRAN_MSG="true"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a TRANSACTION message's)
+        (raw_message(__SHARDINGKEY="g1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a FIFO message's)
+        (raw_message(message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),  # (no delivery time)
+        (delayed_normal, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (far, pb.ILLEGAL_DELIVERY_TIME),
+        (unborn, pb.BAD_REQUEST),
+        (raw_message(TIMER_DELIVER_MS="1"), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # (only a DELAY message's)
         (grouped, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (raw_message(body=b""), pb.MESSAGE_BODY_EMPTY),
         (raw_message(topic="bad topic"), pb.ILLEGAL_TOPIC),
@@ -123,11 +139,15 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
                        for m, _ in cases]
             two = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message(), raw_message()]))
             sent = await stub.SendMessage(rpc.SendMessageRequest(messages=[raw_message()]))
+            forever = [r.status.code async for r in stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="GID-raw"), message_queue=pb.MessageQueue(topic=pb.Resource(name="GrpcRaw")),
+                batch_size=1, invisible_duration=Duration(seconds=1 << 62)))]  # (its due time: no u64)
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.EndTransaction(rpc.EndTransactionRequest())
+                await stub.QueryAssignment(rpc.QueryAssignmentRequest())  # (the PushConsumer's)
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored
+        assert forever == [pb.ILLEGAL_INVISIBLE_TIME]
         assert missing.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -222,11 +242,149 @@ async def test_a_changed_invisible_duration_keeps_the_message_away(data_dir: Pat
         assert gone.value.code == pb.INVALID_RECEIPT_HANDLE
 
 
+async def test_delay_messages_are_received_from_their_delivery_time(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, mqtt_bind="127.0.0.1:0") as (gw, endpoint, _):
+        subscriber = PahoClient(mqtt_port(gw), "delay-watcher", version=MQTT_5)
+        await subscriber.connect()
+        await subscriber.subscribe("GrpcLater", qos=1)
+        due_s = int(time.time()) + 4  # (the client sends whole seconds)
+        async with official_producer(endpoint, "GrpcLater") as producer:
+            later = normal_message("GrpcLater", b"later", tag="t")
+            later.delivery_timestamp = due_s
+            sent = await asyncio.to_thread(producer.send, later)
+            await asyncio.to_thread(producer.send, normal_message("GrpcLater", b"now"))
+        async with official_simple_consumer(endpoint, "GID-later", "GrpcLater") as consumer:
+            got: list[tuple[Message, float]] = []
+            while len(got) < 2:
+                got.extend((m, time.time()) for m in await asyncio.to_thread(consumer.receive, 16, 30))
+        [(now, _), (delayed, received_at)] = got
+        assert now.body == b"now" and not now.delivery_timestamp
+        assert (delayed.body, delayed.message_id, delayed.tag) == (b"later", sent.message_id, "t")
+        assert delayed.delivery_timestamp == due_s * 1000 and received_at >= due_s - 0.05  # (never early)
+        assert delayed.properties == {}  # (the timer's properties are not the user's)
+        mqtt = await subscriber.receive(2)
+        await subscriber.disconnect()
+        assert [m.payload for m in mqtt] == [b"now", b"later"]  # MQTT subscribers get it then too
+
+
+async def test_a_message_forwarded_to_the_dead_letter_queue_is_read_there_and_not_again(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir) as (_, endpoint, _):
+        async with official_producer(endpoint, "GrpcPoison") as producer:
+            sent = await asyncio.to_thread(producer.send, normal_message("GrpcPoison", b"poison", tag="bad"))
+        async with official_simple_consumer(endpoint, "GID-poison", "GrpcPoison") as consumer:
+            [message] = await receive_all(consumer, 1, invisible_s=1)
+            forward = rpc.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name="GID-poison"), topic=pb.Resource(name="GrpcPoison"),
+                receipt_handle=message.receipt_handle, message_id=message.message_id, delivery_attempt=1,
+                max_delivery_attempts=1)
+            async with raw_stub(endpoint) as stub:
+                moved = await stub.ForwardMessageToDeadLetterQueue(forward)
+                again = await stub.ForwardMessageToDeadLetterQueue(forward)
+            await asyncio.sleep(1.5)  # (past its invisible time: it would be back, were it not moved)
+            assert await asyncio.to_thread(consumer.receive, 16, 30) == []
+        assert (moved.status.code, again.status.code) == (pb.OK, pb.INVALID_RECEIPT_HANDLE)
+        async with official_simple_consumer(endpoint, "GID-poison-dlq", "%DLQ%GID-poison") as dead:
+            [buried] = await receive_all(dead, 1)
+        assert (buried.body, buried.message_id, buried.tag) == (b"poison", sent.message_id, "bad")
+
+
+async def test_a_remoting_send_with_odd_times_is_received(data_dir: Path) -> None:
+    """A remoting sender's born time and TIMER_OUT_MS are any numbers it chose: a gRPC receive
+    shows what a protobuf Timestamp holds and leaves out the rest, never fails on them."""
+    async with grpc_gateway(data_dir) as (_, endpoint, remoting_addr):
+        raw = await RawRemoting.open(remoting_addr)
+        odd = {"bornTimestamp": str(10 ** 18), "properties": encode_properties({"TIMER_OUT_MS": "99" * 12})}
+        sent = await raw.call(RequestCode.SEND_MESSAGE, send_header("GrpcOddTimes", **odd), b"odd times")
+        raw.close()
+        assert sent.code == 0, sent.remark
+        async with official_simple_consumer(endpoint, "GID-odd", "GrpcOddTimes") as consumer:
+            [got] = await receive_all(consumer, 1)
+        assert got.body == b"odd times" and not got.delivery_timestamp
+
+
+def fifo_message(topic: str, body: bytes, group: str) -> Message:
+    message = normal_message(topic, body)
+    message.message_group = group
+    return message
+
+
+async def test_fifo_messages_are_received_in_order_under_two_consumers(data_dir: Path) -> None:
+    """One queue: while a member holds messages of it, the other receives none of it; one not
+    acked in time comes back, first, to either member; then the rest, in the order sent."""
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (gw, endpoint, _):
+        async with official_producer(endpoint, "GrpcFifo") as producer:
+            for i in range(3):
+                for group in ("a", "b"):
+                    await asyncio.to_thread(producer.send, fifo_message("GrpcFifo", f"{group}{i}".encode(), group))
+        async with official_simple_consumer(endpoint, "GID-fifo", "GrpcFifo") as one, \
+                official_simple_consumer(endpoint, "GID-fifo", "GrpcFifo") as two:
+            first = await asyncio.to_thread(one.receive, 2, 30)
+            assert [(m.body, m.message_group) for m in first] == [(b"a0", "a"), (b"b0", "b")]
+            assert await asyncio.to_thread(two.receive, 2, 30) == []  # (the queue's order is out to one)
+            for m in first:
+                await asyncio.to_thread(one.ack, m)
+            second = await asyncio.to_thread(two.receive, 2, 1)  # not acked: back after a second
+            assert [m.body for m in second] == [b"a1", b"b1"]
+            again: list[Message] = []
+            while not again:  # (a long poll may end before they are back)
+                again = await asyncio.to_thread(one.receive, 2, 30)
+            assert [(m.body, m.delivery_attempt) for m in again] == [(b"a1", 2), (b"b1", 2)]  # before a2
+            for m in again:
+                await asyncio.to_thread(one.ack, m)
+            last = await asyncio.to_thread(two.receive, 2, 30)
+            assert [m.body for m in last] == [b"a2", b"b2"]
+            for m in last:
+                await asyncio.to_thread(two.ack, m)
+            assert await asyncio.to_thread(one.receive, 2, 30) == []
+
+
+async def test_a_fifo_message_out_across_a_restart_still_holds_its_queue(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (_, endpoint, _):
+        async with official_producer(endpoint, "GrpcFifoRestart") as producer:
+            for body in (b"first", b"second"):
+                await asyncio.to_thread(producer.send, fifo_message("GrpcFifoRestart", body, "g"))
+        async with official_simple_consumer(endpoint, "GID-restart", "GrpcFifoRestart") as consumer:
+            [out] = await asyncio.to_thread(consumer.receive, 1, 60)
+            assert out.body == b"first"
+    async with grpc_gateway(data_dir, remoting_default_queues=1) as (_, endpoint, _):
+        async with official_simple_consumer(endpoint, "GID-restart", "GrpcFifoRestart") as consumer:
+            assert await asyncio.to_thread(consumer.receive, 1, 60) == []  # (first is still out)
+            async with raw_stub(endpoint) as stub:
+                acked = await stub.AckMessage(rpc.AckMessageRequest(
+                    group=pb.Resource(name="GID-restart"), topic=pb.Resource(name="GrpcFifoRestart"),
+                    entries=[rpc.AckMessageEntry(message_id=out.message_id, receipt_handle=out.receipt_handle)]))
+            assert acked.status.code == pb.OK
+            assert [m.body for m in await asyncio.to_thread(consumer.receive, 1, 60)] == [b"second"]
+
+
+async def test_fifo_groups_keep_their_order_under_two_busy_consumers(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, remoting_default_queues=2) as (gw, endpoint, _):
+        groups = ("north", "south", "east")
+        async with official_producer(endpoint, "GrpcFifoBusy") as producer:
+            for i in range(8):
+                for group in groups:
+                    await asyncio.to_thread(producer.send, fifo_message("GrpcFifoBusy", f"{group}-{i}".encode(), group))
+        handled: list[str] = []
+
+        async def consume(consumer) -> None:
+            for _ in range(200):
+                if len(handled) >= 8 * len(groups):
+                    return
+                for m in await asyncio.to_thread(consumer.receive, 3, 30):
+                    handled.append(m.body.decode())  # (handled, then acked: the next of its queue may go)
+                    await asyncio.to_thread(consumer.ack, m)
+        async with official_simple_consumer(endpoint, "GID-busy", "GrpcFifoBusy", await_s=1) as one, \
+                official_simple_consumer(endpoint, "GID-busy", "GrpcFifoBusy", await_s=1) as two:
+            await asyncio.gather(consume(one), consume(two))
+        for group in groups:
+            assert [b for b in handled if b.startswith(group)] == [f"{group}-{i}" for i in range(8)]
+
+
 def test_grpc_bind_is_refused_where_it_cannot_be_served() -> None:
     assert load_config(env={}).grpc_bind == ""  # off by default
     with pytest.raises(ConfigError, match="grpc_bind needs remoting_bind"):
         load_config(env={}, overrides={"grpc_bind": "127.0.0.1:8081", "remoting_bind": ""})
-    with pytest.raises(ConfigError, match="not authenticated yet"):
-        load_config(env={}, overrides={"grpc_bind": "127.0.0.1:8081", "acl_file": "acl.toml"})
+    secured = load_config(env={}, overrides={"grpc_bind": "127.0.0.1:8081", "acl_file": "acl.toml"})
+    assert secured.grpc_bind  # (its calls are signed and checked: access.py)
     with pytest.raises(ConfigError, match="HOST:PORT"):
         load_config(env={}, overrides={"grpc_bind": "8081"})

@@ -19,12 +19,19 @@ from pathlib import Path
 
 import aio_pika
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.v5.exception import InternalErrorException
+
+from protocols.remoting.codes import ResponseCode
 
 from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
+from .grpc_support import official_producer, official_simple_consumer
 from .mqtt_support import PahoClient, receive_numbers
+from .pop_support import PopClient
 from .remoting_support import ons
+from .test_grpc import normal_message, receive_all
 
 GROUP = "g1"
 
@@ -36,6 +43,7 @@ class StoreNode:
     metrics_port: int
     proc: subprocess.Popen
     remoting_port: int = 0
+    grpc_port: int = 0
 
 
 def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
@@ -44,13 +52,14 @@ def start_group(tmp_path: Path, etcd_endpoint: str, names=("s1", "s2", "s3"),
 
 
 def start_store_node(tmp_path: Path, etcd_endpoint: str, name: str, env: dict[str, str] | None = None) -> StoreNode:
-    amqp, metrics, remoting = free_port(), free_port(), free_port()
+    amqp, metrics, remoting, grpc = free_port(), free_port(), free_port(), free_port()
     args = ["--role", "store", "--node-id", name, "--replication-group", GROUP, "--etcd", etcd_endpoint,
             "--replication-bind", f"127.0.0.1:{free_port()}", "--remoting-bind", f"127.0.0.1:{remoting}",
+            "--grpc-bind", f"127.0.0.1:{grpc}",
             "--amqp-bind", f"127.0.0.1:{amqp}", "--metrics-bind", f"127.0.0.1:{metrics}",
             "--data-dir", str(tmp_path / name)]
     return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env),
-                     remoting)
+                     remoting, grpc)
 
 
 async def wait_in_sync(etcd: EtcdServer, members: set[str], timeout_s: float = 30.0) -> dict:
@@ -377,6 +386,52 @@ async def test_rocketmq_sends_the_leader_acknowledged_survive_its_kill9(tmp_path
         got = {event["body"] for event in events if event["event"] == "message"}
         missing = set(before + after) - got
         assert not missing, f"{len(missing)} messages sent with SEND_OK not read back, e.g. {sorted(missing)[:5]}"
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_grpc_acks_and_held_pops_wait_until_the_in_sync_replicas_hold_them(tmp_path: Path, etcd) -> None:
+    """The official client's ack and change of invisible duration, and a remoting pop answered
+    after a hold, are answered by the leader only once its in-sync replicas hold their changes:
+    refused, never OK, while too few replicas are in sync to hold them."""
+    nodes = start_group(tmp_path, etcd.endpoint, names=("s1", "s2"))
+    try:
+        leader = nodes[(await wait_leader(etcd))["node"]]
+        follower = next(node for node in nodes.values() if node is not leader)
+        await wait_in_sync(etcd, {follower.name})
+        endpoint = f"127.0.0.1:{leader.grpc_port}"
+        async with official_producer(endpoint, "GrpcReplicated", "HeldPop") as producer:
+            for body in (b"first", b"second"):
+                await asyncio.to_thread(producer.send, normal_message("GrpcReplicated", body))
+            await asyncio.to_thread(producer.send, normal_message("HeldPop", b"popped"))
+        async with official_simple_consumer(endpoint, "GID-replicated", "GrpcReplicated") as consumer:
+            got = await receive_all(consumer, 2)
+            assert sorted(m.body for m in got) == [b"first", b"second"]
+            os.kill(follower.proc.pid, signal.SIGSTOP)  # (it falls behind: out of the in-sync set)
+            try:
+                deadline = time.monotonic() + 20
+                while follower.name in set((await etcd.state(GROUP))["in_sync"]):
+                    assert time.monotonic() < deadline, "the stopped follower stayed in sync"
+                    await asyncio.sleep(0.1)
+                with pytest.raises(InternalErrorException) as ack:
+                    await asyncio.to_thread(consumer.ack, got[0])
+                with pytest.raises(InternalErrorException) as change:
+                    await asyncio.to_thread(consumer.change_invisible_duration, got[1], 60)
+                # a pop takes the message for a second (answered: not held); another, held
+                # meanwhile, gets it when it comes back
+                remoting = f"127.0.0.1:{leader.remoting_port}"
+                poppers = [await PopClient.open(remoting, "GID-held"), await PopClient.open(remoting, "GID-held")]
+                first_pop = asyncio.ensure_future(poppers[0].request_pop("HeldPop", -1, 1, invisible_ms=1000))
+                await asyncio.sleep(0.3)
+                held = await poppers[1].request_pop("HeldPop", -1, 1, invisible_ms=60_000, poll_ms=8000)
+                assert (await first_pop).code == ResponseCode.SERVICE_NOT_AVAILABLE
+                assert held.code == ResponseCode.SERVICE_NOT_AVAILABLE, (held.code, held.remark)
+            finally:
+                os.kill(follower.proc.pid, signal.SIGCONT)
+        assert ack.value.code == change.value.code == pb.HA_NOT_AVAILABLE
+        for popper in poppers:
+            popper.raw.close()
     finally:
         for node in nodes.values():
             stop(node.proc)

@@ -24,6 +24,7 @@ from store import now_ms as clock_ms
 from store import CheckPoint, PopCheckPoints
 
 from ..tasks import cancel_and_wait
+from .pop_order import Ordered, OrderedOut
 
 
 log = logging.getLogger("tidemq.pop")
@@ -71,6 +72,7 @@ class PopService:
     def __init__(self, store: MessageStore, dead_letter: DeadLetter, max_attempts: Callable[[str], int]) -> None:
         self.store = store
         self.points = PopCheckPoints(store.meta.db, store.meta.writes)
+        self.ordered_out = OrderedOut(store, self.points)  # (ordered pops: pop_order.py)
         self._dead_letter = dead_letter
         self._max_attempts = max_attempts  # group -> revivals allowed before the dead letter
         self.on_ready: Callable[[str, str], None] = lambda group, queue: None  # (wake its held pops)
@@ -96,16 +98,20 @@ class PopService:
     # -- pop / ack / change --------------------------------------------------------------------
     def pop(self, group: str, queue: str, max_messages: int, invisible_ms: int, read: Reader,
             admit: Callable[[StoredMessage], Admission] | None = None, init_mode: int = INIT_MIN,
-            start: Callable[[], int | None] | None = None, now_ms: int | None = None) -> Popped:
+            start: Callable[[], int | None] | None = None, now_ms: int | None = None,
+            ordered: Ordered | None = None) -> Popped:
         """Hand out up to ``max_messages`` of ``queue`` to one member of ``group``: revived ones
         first, then new ones from the pop offset (``read`` applies the member's filter; ``admit``
         says, of each, revived or new, whether this member takes it, leaves it ready for another
         member, or the group passes over it). Durable (in the WAL) when it returns. ``start``:
         where a group new to the queue begins (its pull consumer offset), else ``init_mode``.
         ``now_ms``: the pop time (one for the queues of one request: its answer names them all
-        by it)."""
+        by it). ``ordered``: which messages are of an order (pop_order.py), handed out one
+        stretch of the queue at a time."""
         now = clock_ms() if now_ms is None else now_ms
         popped = Popped(queue, now, invisible_ms)
+        if ordered is not None and self.ordered_out.blocked(group, queue, ordered):
+            return popped  # (an ordered message of the queue is out: the rest wait for its end)
         revived = []
         for cp in self.points.ready(group, queue, max_messages):
             message = self.store.read_at(cp.position)
@@ -157,6 +163,10 @@ class PopService:
         if popped.points or moved:
             self.points.popped(group, queue, popped.due_ms, revived, new, offset if moved else None, left)
             self._scheduled(popped.due_ms)
+        if ordered is not None:
+            for message, cp in zip(popped.messages, popped.points):
+                if ordered(message):
+                    self.ordered_out.handed_out(cp, popped.due_ms)
         if left:
             self.on_ready(group, queue)
         return popped
@@ -168,6 +178,8 @@ class PopService:
         if cp is None or (group, queue, offset) in self._settling:
             return None
         self.points.ack([cp])
+        if self.ordered_out.holds(group, queue, offset):
+            self.on_ready(group, queue)  # (the rest of its order may go now)
         return cp
 
     def ack_many(self, group: str, queue: str, offsets: list[int], due_ms: int) -> list[CheckPoint]:
@@ -176,6 +188,8 @@ class PopService:
                   if cp is not None and (group, queue, cp.offset) not in self._settling]
         if points:
             self.points.ack(points)
+            if any(self.ordered_out.holds(group, queue, cp.offset) for cp in points):
+                self.on_ready(group, queue)
         return points
 
     def change(self, group: str, queue: str, offset: int, due_ms: int, invisible_ms: int) -> int | None:
@@ -186,6 +200,7 @@ class PopService:
             return None
         now = clock_ms()
         self.points.change(cp, now + invisible_ms)
+        self.ordered_out.changed(group, queue, offset, now + invisible_ms)
         self._scheduled(now + invisible_ms)
         return now
 
@@ -218,22 +233,37 @@ class PopService:
             for owner in {(cp.group, cp.queue) for cp in back}:
                 self.on_ready(*owner)
         for cp in dead:
-            message = self.store.read_at(cp.position)
-            if message is not None:
-                message.queue, message.queue_offset = cp.queue, cp.offset
-                settling = (cp.group, cp.queue, cp.offset)
-                self._settling.add(settling)
-                try:
-                    await self._dead_letter(cp, message, cp.attempts + 1)  # (a crash before the ack: twice)
-                finally:
-                    self._settling.discard(settling)
-                self.dead_lettered += 1
-            else:
-                log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
-                            cp.group, cp.queue, cp.offset)
-            self.points.ack([cp])
+            await self._bury(cp, cp.attempts + 1)
         self._revived_to = reached  # (not when a dead letter failed: it is walked again)
         return len(due)
+
+    async def dead_letter(self, group: str, queue: str, offset: int, due_ms: int) -> bool:
+        """Move a popped message out now into its group's dead letter, as one past its
+        attempts (a consumer gave up on it); False when its check point is gone."""
+        cp = self.points.invisible(group, queue, offset, due_ms)
+        if cp is None or (group, queue, offset) in self._settling:
+            return False
+        await self._bury(cp, cp.attempts + 1)
+        return True
+
+    async def _bury(self, cp: CheckPoint, attempts: int) -> None:
+        """The check point's message into the dead letter, then the check point ended."""
+        message = self.store.read_at(cp.position)
+        if message is not None:
+            message.queue, message.queue_offset = cp.queue, cp.offset
+            settling = (cp.group, cp.queue, cp.offset)
+            self._settling.add(settling)
+            try:
+                await self._dead_letter(cp, message, attempts)  # (a crash before the ack: twice)
+            finally:
+                self._settling.discard(settling)
+            self.dead_lettered += 1
+        else:
+            log.warning("popped message gone before its dead letter group=%s queue=%s offset=%d",
+                        cp.group, cp.queue, cp.offset)
+        self.points.ack([cp])
+        if self.ordered_out.holds(cp.group, cp.queue, cp.offset):
+            self.on_ready(cp.group, cp.queue)
 
     async def _run(self) -> None:
         while True:

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 ANONYMOUS = Principal("remoting", None)
 
 
+class Unauthenticated(Exception):
+    """A request whose signature (or its absence) this gateway does not accept; why."""
+
+
 class Right(enum.Enum):
     """What a request needs on a remoting topic ``T``'s MQTT topics (``T`` and under it)."""
 
@@ -125,23 +129,34 @@ class RemotingAccess:
             conn.principal = ANONYMOUS
             return None
         ext = request.ext_fields
-        if ACCESS_KEY not in ext:
+        try:
+            conn.principal = self.identify("remoting", conn.peer, ext.get(ACCESS_KEY),
+                                           lambda keys: keys.verify(ext, request.body), f"request code {request.code}")
+        except Unauthenticated as exc:
+            return response_to(request, ResponseCode.NO_PERMISSION, str(exc))
+        return None
+
+    def identify(self, protocol: str, peer: str, access_key: str | None,
+                 verify: Callable[[AccessKeys], tuple[str | None, str]], what: str) -> Principal:
+        """Who signed a request with ``access_key`` (None: unsigned), checked by ``verify``
+        (its protocol's signature) against the access keys; raises Unauthenticated (counted,
+        logged) for a bad signature, or an unsigned request where anonymous ones are refused."""
+        if not self.required:
+            return Principal(protocol, None, None, peer)
+        if access_key is None:
             if self.allow_anonymous:
-                conn.principal = Principal("remoting", None, None, conn.peer)
-                return None
+                return Principal(protocol, None, None, peer)
             why = "this gateway needs signed requests: set an AccessKey and SecretKey (RocketMQ ACL)"
         elif self.keys is None:
             why = "this gateway has no access keys file: no AccessKey is known"
         else:
-            user, why = self.keys.verify(ext, request.body)
+            user, why = verify(self.keys)
             if user is not None:
-                conn.principal = Principal("remoting", user, None, conn.peer)
-                return None
+                return Principal(protocol, user, None, peer)
         if self.stats is not None:
             self.stats.auth_failures += 1
-        who = Principal("remoting", ext.get(ACCESS_KEY), None, conn.peer)
-        self.authorizer.denied(who, "authenticate", f"request code {request.code}")
-        return response_to(request, ResponseCode.NO_PERMISSION, why)
+        self.authorizer.denied(Principal(protocol, access_key, None, peer), "authenticate", what)
+        raise Unauthenticated(why)
 
     # -- the request code's needs (REQUEST_NEEDS) ----------------------------------------------
     def check_request(self, who: Principal, request: RemotingCommand) -> None:

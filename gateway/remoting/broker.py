@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import QueueCache
@@ -251,13 +251,22 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         except Exception as exc:
             return self.error_response(request, exc)
         if isinstance(reply, RemotingCommand):  # (a put's Pending comes after the meta changes in the log)
-            # a reply to a change waits until the change is acknowledged; one that only shows
-            # state, until what it shows is held by every in-sync replica (reads go on while too
-            # few replicas are in sync to acknowledge anything)
-            settling = self.store.meta_settling(shown=self.store.meta_position == meta_before)
+            # (reads go on while too few replicas are in sync to acknowledge anything)
+            settling = self.store.reply_settling(meta_before)
             if settling is not None:  # a replicated store: answered once the in-sync replicas hold them
                 return self._after_meta(request, settling, reply)
+        elif asyncio.iscoroutine(reply):  # (a held pull or pop, an END_TRANSACTION: their changes too)
+            return self._settled_after(request, reply, meta_before)
         return reply
+
+    async def _settled_after(self, request: RemotingCommand, reply: Coroutine[Any, Any, RemotingCommand | None],
+                             meta_before: int) -> RemotingCommand | None:
+        """A coroutine's reply, once the meta changes made before it are held as the store promises."""
+        response = await reply
+        if response is None:
+            return None
+        settling = self.store.reply_settling(meta_before)
+        return response if settling is None else await self._after_meta(request, settling, response)
 
     async def _after_meta(self, request: RemotingCommand, settling: asyncio.Future[None],
                           reply: RemotingCommand) -> RemotingCommand:

@@ -26,6 +26,7 @@ from protocols.remoting.frames import (
     encode,
     response_to,
 )
+from store import Hold, StoredMessage
 
 from ..auth.authorize import Principal
 from ..deadlines import Deadlines, Slot
@@ -222,6 +223,10 @@ class RemotingConnection(asyncio.Protocol):
         self.send(RemotingCommand(code=RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, opaque=next(_opaques),
                                   flag=FLAG_ONEWAY, ext_fields={"consumerGroup": group}))
         self.flush_soon()
+
+    def check_transaction(self, message: StoredMessage, hold: Hold) -> None:
+        """Ask this producer about a half message (transactions.py)."""
+        self.broker.transactions.check_over_remoting(self, message, hold)
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

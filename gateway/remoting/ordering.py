@@ -3,11 +3,14 @@ message group) is chosen by the key, as RocketMQ's proxy chooses it -- Guava's
 ``Hashing.consistentHash`` of the key's Java ``String.hashCode`` over the topic's write queues --
 so every message of one key goes to one queue, in the order sent, whatever queue the client
 named, and a producer through this gateway and one through RocketMQ's proxy agree. Orderly
-consumers then hold the queue's lock (LOCK_BATCH_MQ, consumers.py) while they consume it."""
+consumers then hold the queue's lock (LOCK_BATCH_MQ, consumers.py) while they consume it; gRPC
+consumers pop it one stretch at a time (core/pop_order.py)."""
 
 from __future__ import annotations
 
 from protocols.java_hash import string_hash
+from protocols.remoting.properties import SHARDING_KEY
+from store import StoredMessage
 
 _M64 = (1 << 64) - 1
 _LCG = 2862933555777941757  # Guava's LinearCongruentialGenerator
@@ -36,3 +39,8 @@ def consistent_hash(value: int, buckets: int) -> int:
 def sharding_queue(key: str, write_queues: int) -> int:
     """The queue id a message of sharding key ``key`` goes to."""
     return consistent_hash(string_hash(key), write_queues)
+
+
+def in_message_group(message: StoredMessage) -> bool:
+    """Whether a stored message is one of an order (its sharding key: a message group)."""
+    return SHARDING_KEY in message.properties

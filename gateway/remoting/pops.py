@@ -33,6 +33,7 @@ from store import StoredMessage, now_ms
 from store import CheckPoint
 
 from ..core.pop import Popped
+from ..core.pop_order import Ordered
 from ..interop import remoting_queue, remoting_topic_of
 from .access import Right
 from .broker_parts import BrokerParts
@@ -52,7 +53,7 @@ MAX_BIT_SET_BYTES = 1 << 20  # a batch ack's bit set: offsets up to 8 M past its
 MAX_BATCH_ACK_BITS = 1024  # and set bits (one pop's messages of one queue: at most 32)
 _SET_BYTES = re.compile(rb"[^\x00]")
 NORMAL = "0"  # ExtraInfoUtil's retry flag of a message from its own topic
-_LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
+VALUE_LIMIT = (1 << 62) - 1  # times and offsets beyond: refused (their sum is a key's u64)
 
 
 def _group(name: str) -> str:
@@ -78,7 +79,7 @@ def _bit_set_offsets(start: int, bits: bytes) -> list[int]:
 
 
 def _in_range(value: int, name: str) -> int:
-    if not 0 <= value <= _LIMIT:
+    if not 0 <= value <= VALUE_LIMIT:
         raise BadRequest(f"{name} {value} is out of range", ResponseCode.INVALID_PARAMETER)
     return value
 
@@ -142,7 +143,7 @@ def _extra_info(text: str) -> tuple[int, int, str]:
         for i in (0, 3, 6, 7)[:len(parts) - 4]:
             int(parts[i])
         pop_time, invisible = int(parts[1]), int(parts[2])
-        if not (0 <= pop_time <= _LIMIT and 0 <= invisible <= _LIMIT):
+        if not (0 <= pop_time <= VALUE_LIMIT and 0 <= invisible <= VALUE_LIMIT):
             raise ValueError
         return pop_time, invisible, parts[4]
     except ValueError:
@@ -196,9 +197,11 @@ class PopRequests(BrokerParts):
         return self._held_pop(answer, queue_ids, pop_once, min(poll_ms / 1000, self.long_poll_max_s))
 
     def pop_round(self, who: Principal, group: str, topic: str, queue_ids: list[int], max_messages: int,
-                  invisible_ms: int, selector: Selector, init_mode: int = 0) -> Callable[[], list[tuple[int, Popped]]]:
+                  invisible_ms: int, selector: Selector, init_mode: int = 0, ordered: Ordered | None = None
+                  ) -> Callable[[], list[tuple[int, Popped]]]:
         """One pop over ``queue_ids`` of ``topic`` for ``group`` (a remoting or gRPC consumer),
-        to call now and again after a hold: (queue id, what it popped) per queue visited."""
+        to call now and again after a hold: (queue id, what it popped) per queue visited;
+        ``ordered``: the messages handed out in order (core/pop_order.py)."""
         admit = self.access.pop_admission(who, topic, lambda: self._popping_members(group, topic))
 
         def pop_once() -> list[tuple[int, Popped]]:
@@ -209,7 +212,7 @@ class PopRequests(BrokerParts):
                 queue = remoting_queue(topic, queue_id)
                 popped = self.pop.pop(group, queue, room, invisible_ms,
                                       lambda q, offset, n: self._read(q, topic, offset, n, selector), admit, init_mode,
-                                      functools.partial(self._pull_offset, group, queue), now)
+                                      functools.partial(self._pull_offset, group, queue), now, ordered)
                 out.append((queue_id, popped))
                 if popped.next_offset is not None:  # (as RocketMQ: the group's consumer offset follows its pops)
                     self.store.commit_offset_now(CONSUMER_PREFIX + group, queue, popped.next_offset)

@@ -7,7 +7,8 @@ ended when it is due for a check (``remoting_transaction_timeout_s`` after it wa
 asked about with CHECK_TRANSACTION_STATE on a live connection of a producer of its group
 (``PGROUP``) that may write its topic (access.py, as an END_TRANSACTION must), whose answer is
 an END_TRANSACTION; after ``remoting_transaction_check_max`` checks it is rolled back and
-logged. The state is the store's: it survives a restart.
+logged. The state is the store's: it survives a restart. RocketMQ 5's gRPC producers end
+theirs and are checked through the same service (gateway/rocketmq_grpc/transactions.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
@@ -35,6 +36,7 @@ from store import MessageStore, StoredMessage, StoreError
 from store import Hold
 from store import HALF
 
+from ..auth.authorize import Principal
 from ..tasks import cancel_and_wait
 from .access import RemotingAccess
 from .requests import BadRequest, int_field, str_field
@@ -64,23 +66,38 @@ class TransactionSettings:
     check_max: int = 15  # then it is rolled back
 
 
+class TransactionNotFound(BadRequest):
+    """A transaction's end that names no half message of its producer waiting to be ended."""
+
+
+class TransactionProducer(Protocol):
+    """A live producer a half message's check is sent to: a remoting connection, or a gRPC
+    client's telemetry stream."""
+
+    closed: bool
+    principal: Principal
+
+    def check_transaction(self, message: StoredMessage, hold: Hold) -> None: ...
+
+
 class Producers:
-    """Live producer connections by group, from their heartbeats (``producerDataSet``)."""
+    """Live producers by group: remoting connections from their heartbeats (``producerDataSet``),
+    gRPC clients' telemetry streams by the topics they publish to (RocketMQ 5's proxy's groups)."""
 
     def __init__(self) -> None:
-        self._groups: dict[str, dict[str, Any]] = {}
+        self._groups: dict[str, dict[str, TransactionProducer]] = {}
 
-    def heartbeat(self, group: str, client_id: str, connection: Any) -> None:
+    def heartbeat(self, group: str, client_id: str, connection: TransactionProducer) -> None:
         self._groups.setdefault(group, {})[client_id] = connection
 
-    def connection_closed(self, connection: Any) -> None:
+    def connection_closed(self, connection: TransactionProducer) -> None:
         for group, members in list(self._groups.items()):
             for client_id in [c for c, conn in members.items() if conn is connection]:
                 del members[client_id]
             if not members:
                 del self._groups[group]
 
-    def any(self, group: str, may_ask: Callable[[Any], bool]) -> Any | None:
+    def any(self, group: str, may_ask: Callable[[TransactionProducer], bool]) -> TransactionProducer | None:
         """A live connection of the group's producers that ``may_ask``."""
         for connection in (self._groups.get(group) or {}).values():
             if not connection.closed and may_ask(connection):
@@ -131,22 +148,29 @@ class TransactionService:
             return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
         if kind not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
             raise BadRequest(f"commitOrRollback {kind} is neither commit (8) nor rollback (12)")
+        await self.finish(conn.principal, position, kind == TRANSACTION_COMMIT_TYPE,
+                          lambda message: message.properties.get(PGROUP) == group)
+        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+
+    async def finish(self, who: Principal, position: int, commit: bool, ours: Callable[[StoredMessage], bool]) -> None:
+        """Commit or roll back the half message stored at ``position`` (a remoting or gRPC
+        producer's end); TransactionNotFound when none waits there, or it is not ``ours`` (its
+        producer group, message id); BadRequest when ``who`` may not write it."""
         hold = self.store.held.at(position)
         if hold is None or hold.kind != HALF:
-            raise BadRequest("Find prepared transaction message failed")  # (RocketMQ's remark)
+            raise TransactionNotFound("Find prepared transaction message failed")  # (RocketMQ's remark)
         message = self.store.read_at(hold.target)
-        if message is None or message.properties.get(PGROUP) != group:
-            raise BadRequest("The producer group wrong")
-        self.access.check_write(conn.principal, message, "end_transaction")
+        if message is None or not ours(message):
+            raise TransactionNotFound("The producer group wrong")
+        self.access.check_write(who, message, "end_transaction")
         try:
-            if kind == TRANSACTION_COMMIT_TYPE:
+            if commit:
                 await self.store.held.release([hold])
             else:
                 await self.store.held.discard([hold])
         except StoreError as exc:
             raise BadRequest(f"the transaction's end was not stored: {exc}") from None
-        log.debug("transaction ended group=%s position=%d commit=%s", group, position, kind == TRANSACTION_COMMIT_TYPE)
-        return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
+        log.debug("transaction ended group=%s position=%d commit=%s", message.properties.get(PGROUP), position, commit)
 
     # -- checks --------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -187,6 +211,13 @@ class TransactionService:
         if producer is None:  # none connected: counted as a check (RocketMQ's too)
             log.info("no producer to check a transaction group=%s position=%d", props.get(PGROUP), hold.target)
             return
+        producer.check_transaction(message, hold)
+        self.checks_sent += 1
+
+    def check_over_remoting(self, producer: RemotingConnection, message: StoredMessage, hold: Hold) -> None:
+        """Ask a remoting producer about a half message: CHECK_TRANSACTION_STATE, answered by
+        an END_TRANSACTION."""
+        props = message.properties
         wire, offset_msg_id = self._message_of(message, hold.queues[0])
         # (RocketMQ's CheckTransactionStateRequestHeader, as its Java client reads it)
         header = {"tranStateTableOffset": "0", "commitLogOffset": str(hold.target), "msgId": props.get(UNIQ_KEY, ""),
@@ -195,4 +226,3 @@ class TransactionService:
         producer.send(RemotingCommand(code=RequestCode.CHECK_TRANSACTION_STATE, opaque=next(_opaques), flag=FLAG_ONEWAY,
                                       ext_fields=header, body=encode_message(wire)))
         producer.flush_soon()
-        self.checks_sent += 1

@@ -1,53 +1,53 @@
-"""ReceiveMessage, AckMessage and ChangeInvisibleDuration of RocketMQ 5's SimpleConsumer over the remoting node's pop
-consumption (gateway/remoting/pops.py, gateway/core/pop.py): a receive pops every queue of the
-topic for the group, long-polled; its messages stay invisible until acked or their invisible
-duration runs out (then they come back). An empty receive is MESSAGE_NOT_FOUND."""
+"""ReceiveMessage, AckMessage, ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue of
+RocketMQ 5's consumers over the remoting node's pop consumption (gateway/remoting/pops.py,
+gateway/core/pop.py): a receive pops every queue of the topic for the group, long-polled; its
+messages stay invisible until acked or their invisible duration runs out (then they come
+back). FIFO messages (a message group's) are received in order: while one of a queue is out
+to a member, the group receives nothing more of that queue. An empty receive is
+MESSAGE_NOT_FOUND."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from protocols.remoting.tags import EXPRESSION_SQL92, EXPRESSION_TAG
-from protocols.rocketmq_grpc.messages import GrpcRequestError, status
+from protocols.rocketmq_grpc.messages import GrpcRequestError, status, time_ms
 from protocols.rocketmq_grpc.receipts import Receipt, decode_receipt
+from store import StoreError
 
 from ..auth.authorize import Principal
 from ..interop import remoting_queue
 from ..remoting.broker import RemotingBroker
-from ..remoting.pops import MAX_POP_MESSAGES
+from ..remoting.ordering import in_message_group
+from ..remoting.pops import MAX_POP_MESSAGES, VALUE_LIMIT
 from ..remoting.requests import BadRequest
-from .codes import grpc_code_of_remoting
+from .codes import grpc_code_of_remoting, grpc_code_of_store_error
 from .deliveries import grpc_message
 
 _EXPRESSION_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: EXPRESSION_TAG, pb.TAG: EXPRESSION_TAG, pb.SQL: EXPRESSION_SQL92}
 
 
 async def receive(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest
-                  ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
-    """The answers to one ReceiveMessage: its messages, then its status."""
+                  ) -> list[rpc.ReceiveMessageResponse]:
+    """The answers to one ReceiveMessage: its messages, then its status; GrpcRequestError
+    for a request refused."""
     try:
         found, topic, invisible_ms = await _pop(broker, who, request)
-    except GrpcRequestError as exc:
-        yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
-        return
     except BadRequest as exc:
-        yield rpc.ReceiveMessageResponse(status=status(grpc_code_of_remoting(exc.code), str(exc)))
-        return
-    count = 0
-    for queue_id, popped in found:
-        for message, point in zip(popped.messages, popped.points):
-            count += 1
-            yield rpc.ReceiveMessageResponse(message=grpc_message(
-                message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
-                broker.msg_id(message.position)))
-    broker.stats.messages_sent += count
-    if count == 0:
-        yield rpc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
+        raise GrpcRequestError(grpc_code_of_remoting(exc.code), str(exc)) from None
+    answers = [rpc.ReceiveMessageResponse(message=grpc_message(
+        message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
+        broker.msg_id(message.position)))
+        for queue_id, popped in found for message, point in zip(popped.messages, popped.points)]
+    broker.stats.messages_sent += len(answers)
+    if not answers:
+        answers.append(rpc.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message")))
     else:
-        yield rpc.ReceiveMessageResponse(status=status(pb.OK))
+        answers.append(rpc.ReceiveMessageResponse(status=status(pb.OK)))
+    return answers
 
 
 async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest):
@@ -58,10 +58,8 @@ async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessa
         raise GrpcRequestError(pb.UNSUPPORTED, "auto_renew (the PushConsumer's receive) is not supported yet")
     if not 0 < request.batch_size <= MAX_POP_MESSAGES:
         raise GrpcRequestError(pb.BAD_REQUEST, f"batch_size is 1 to {MAX_POP_MESSAGES}")
-    invisible_ms = request.invisible_duration.ToMilliseconds()
-    if invisible_ms <= 0:
-        raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
-    poll_ms = request.long_polling_timeout.ToMilliseconds()
+    invisible_ms = _invisible_ms(request.invisible_duration)
+    poll_ms = time_ms(request.long_polling_timeout, pb.ILLEGAL_POLLING_TIME, "the long polling timeout")
     if poll_ms < 0:
         raise GrpcRequestError(pb.ILLEGAL_POLLING_TIME, "the long polling timeout is negative")
     if broker.topics.get(topic) is None:
@@ -75,7 +73,8 @@ async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessa
     except BadRequest as exc:
         raise GrpcRequestError(pb.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
     queue_ids = broker.pop_queues(topic, -1)  # (every queue of the topic, as the proxy pops them)
-    pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector)
+    pop_once = broker.pop_round(who, group, topic, queue_ids, request.batch_size, invisible_ms, selector,
+                                ordered=in_message_group)  # (FIFO messages: one stretch of a queue at a time)
     found = pop_once()
     if not any(p.messages for _, p in found) and poll_ms > 0:
         found = await broker.held_pop(topic, queue_ids, pop_once, min(poll_ms / 1000, broker.long_poll_max_s))
@@ -111,11 +110,9 @@ def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisib
     """A received message made invisible for the new duration from now; its new receipt
     handle (the old one is gone)."""
     group, topic = request.group.name, request.topic.name
-    invisible_ms = request.invisible_duration.ToMilliseconds()
     try:
+        invisible_ms = _invisible_ms(request.invisible_duration)
         read_queues = _read_queues(broker, group, topic)
-        if invisible_ms <= 0:
-            raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive")
         receipt = _receipt(request.receipt_handle, read_queues)
         if receipt is None:
             raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
@@ -129,7 +126,39 @@ def change_invisible_duration(broker: RemotingBroker, request: rpc.ChangeInvisib
     return rpc.ChangeInvisibleDurationResponse(status=status(pb.OK), receipt_handle=changed.encode())
 
 
+async def forward_to_dead_letter(broker: RemotingBroker, request: rpc.ForwardMessageToDeadLetterQueueRequest
+                                 ) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+    """A received message given up on by its consumer: into the group's dead letter topic
+    (``%DLQ%`` + group, as one past its attempts), its receipt then gone."""
+    group, topic = request.group.name, request.topic.name
+    try:
+        read_queues = _read_queues(broker, group, topic)
+        receipt = _receipt(request.receipt_handle, read_queues)
+        if receipt is None:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, "not a receipt handle of this topic")
+        try:
+            moved = await broker.pop.dead_letter(group, remoting_queue(topic, receipt.queue_id), receipt.offset,
+                                                 receipt.due_ms)
+        except StoreError as exc:
+            raise GrpcRequestError(grpc_code_of_store_error(exc), f"store error: {exc}") from None
+        if not moved:
+            raise GrpcRequestError(pb.INVALID_RECEIPT_HANDLE, GONE)
+    except GrpcRequestError as exc:
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, str(exc)))
+    return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(pb.OK))
+
+
 GONE = "acked already, or its invisible time ran out and it came back"
+
+
+def _invisible_ms(duration: Any) -> int:  # (a google.protobuf Duration)
+    """A request's invisible duration; GrpcRequestError (ILLEGAL_INVISIBLE_TIME) for none, or
+    one the pop service does not take (as remoting's invisibleTime)."""
+    invisible_ms = time_ms(duration, pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration")
+    if not 0 < invisible_ms <= VALUE_LIMIT:
+        raise GrpcRequestError(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be positive, "
+                                                          f"at most {VALUE_LIMIT} ms")
+    return invisible_ms
 
 
 def _read_queues(broker: RemotingBroker, group: str, topic: str) -> int:

@@ -1,7 +1,10 @@
 """The ``MessagingService`` calls RocketMQ 5 clients make, answered from the remoting node
 (gateway/remoting/broker.py): its topics and queues, and its one send path, so a message sent
-over gRPC is stored and read as a remoting send is. Calls not built yet answer UNIMPLEMENTED
-(grpcio's default) rather than something close."""
+over gRPC is stored and read as a remoting send is. Each call is authenticated and checked
+against the ACL as its remoting counterpart (access.py); a reply after meta changes (a topic
+created, check points, offsets) waits until a replicated store holds them, as remoting's
+replies do. Calls not built yet answer UNIMPLEMENTED (grpcio's default) rather than something
+close."""
 
 from __future__ import annotations
 
@@ -14,21 +17,26 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
+from protocols.remoting.properties import TRAN_MSG
 from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, grpc_send, status
+from protocols.rocketmq_grpc.receipts import transaction_id
 from store import StoreError
 
-from ..auth.authorize import Principal
 from ..pressure import StorePressure
+from ..remoting.access import Right
 from ..remoting.broker import RemotingBroker
 from ..remoting.messages import checked_properties
 from ..remoting.requests import BadRequest
 from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
-from . import consumption
+from . import consumption, transactions
+from .access import GrpcAccess, call_metadata
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
+from .telemetry import TelemetrySession
 
 log = logging.getLogger("tidemq.grpc")
 
 MAX_BODY_SIZE_DEFAULT = 4 << 20  # (clamped to the store's limit)
+CLIENT_ID = "x-mq-client-id"  # (metadata of every call of the official clients)
 
 
 class MessagingService(MessagingServiceServicer):
@@ -38,15 +46,23 @@ class MessagingService(MessagingServiceServicer):
         self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
         self._next_queue = itertools.count()  # round robin over a topic's queues for sends
+        self.access = GrpcAccess(broker.access)
 
     # -- routes --------------------------------------------------------------------------------
     async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.QueryRouteResponse:
         name = request.topic.name
+        meta_before = self.broker.store.meta_position
         try:
-            topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
-        except ValueError as exc:
-            return rpc.QueryRouteResponse(status=status(pb.ILLEGAL_TOPIC, str(exc)))
+            who = self.access.principal(context, "query_route")
+            self.access.check_topic(who, name, Right.USE, "query_route")  # (before it is created)
+            try:
+                topic = self.broker.topics.ensure(name)  # created with the default queues, as remoting does
+            except ValueError as exc:
+                raise GrpcRequestError(pb.ILLEGAL_TOPIC, str(exc)) from None
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.QueryRouteResponse(status=status(exc.code, str(exc)))
         host, port = self.advertised
         broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
             scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
@@ -60,20 +76,38 @@ class MessagingService(MessagingServiceServicer):
     # -- clients -------------------------------------------------------------------------------
     async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
                         ) -> rpc.HeartbeatResponse:
+        try:
+            self.access.principal(context, "heartbeat")
+        except GrpcRequestError as exc:
+            return rpc.HeartbeatResponse(status=status(exc.code, str(exc)))
         return rpc.HeartbeatResponse(status=status(pb.OK))
 
     async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.NotifyClientTerminationResponse:
+        try:
+            self.access.principal(context, "notify_client_termination")
+        except GrpcRequestError as exc:
+            return rpc.NotifyClientTerminationResponse(status=status(exc.code, str(exc)))
         return rpc.NotifyClientTerminationResponse(status=status(pb.OK))
 
     async def Telemetry(self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[rpc.TelemetryCommand]:
-        """Each client's settings answered with the server's: the client's own, with the
-        publishing limits of this node."""
-        async for command in requests:
-            if not command.HasField("settings"):
-                continue  # (thread stack and verification answers: no command asks for them yet)
-            yield rpc.TelemetryCommand(status=status(pb.OK), settings=self._settings(command.settings))
+        """Each client's settings answered with the server's (a consumer's subscriptions need
+        read rights on their topics, as a remoting consumer's heartbeat does); a producer's
+        stream carries the checks of its transactions (telemetry.py)."""
+        try:
+            who = self.access.principal(context, "telemetry")
+        except GrpcRequestError as exc:
+            yield rpc.TelemetryCommand(status=status(exc.code, str(exc)))
+            return
+
+        def answer(client: pb.Settings) -> pb.Settings:
+            for entry in client.subscription.subscriptions:
+                self.access.check_topic(who, entry.topic.name, Right.READ, "telemetry")
+            return self._settings(client)
+        session = TelemetrySession(self.broker, who, call_metadata(context).get(CLIENT_ID) or context.peer())
+        async for command in session.run(requests, answer):
+            yield command
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
         settings = pb.Settings()
@@ -91,27 +125,86 @@ class MessagingService(MessagingServiceServicer):
     # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
-        async for answer in consumption.receive(self.broker, _principal(context), request):
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "receive_message")
+            self.access.check_topic(who, request.message_queue.topic.name, Right.READ, "receive_message")
+            answers = await consumption.receive(self.broker, who, request)
+            await self._settled(meta_before)  # (its check points: else none is shown)
+        except GrpcRequestError as exc:
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
+            return
+        for answer in answers:
             yield answer
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
-        return consumption.ack(self.broker, request)
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "ack_message")
+            self.access.check_topic(who, request.topic.name, Right.READ, "ack_message")
+            answer = consumption.ack(self.broker, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
+        return answer
 
     async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.ChangeInvisibleDurationResponse:
-        return consumption.change_invisible_duration(self.broker, request)
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "change_invisible_duration")
+            self.access.check_topic(who, request.topic.name, Right.READ, "change_invisible_duration")
+            answer = consumption.change_invisible_duration(self.broker, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
+        return answer
+
+    async def ForwardMessageToDeadLetterQueue(self, request: rpc.ForwardMessageToDeadLetterQueueRequest,
+                                              context: grpc.aio.ServicerContext
+                                              ) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "forward_message_to_dead_letter_queue")
+            self.access.check_topic(who, request.topic.name, Right.READ, "forward_message_to_dead_letter_queue")
+            answer = await consumption.forward_to_dead_letter(self.broker, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, str(exc)))
+        return answer
+
+    async def _settled(self, meta_before: int) -> None:
+        """Once the meta changes made since ``meta_before`` are held as the store promises
+        (``MessageStore.reply_settling``); GrpcRequestError when they are not."""
+        settling = self.broker.store.reply_settling(meta_before)
+        if settling is not None:
+            try:
+                await settling
+            except StoreError as exc:
+                raise GrpcRequestError(grpc_code_of_store_error(exc), f"store error: {exc}") from None
+
+    # -- transactions (transactions.py; their checks: telemetry.py) ---------------------------
+    async def EndTransaction(self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext
+                             ) -> rpc.EndTransactionResponse:
+        meta_before = self.broker.store.meta_position
+        try:
+            who = self.access.principal(context, "end_transaction")
+            await transactions.end(self.broker, who, request)
+            await self._settled(meta_before)
+        except GrpcRequestError as exc:
+            return rpc.EndTransactionResponse(status=status(exc.code, str(exc)))
+        return rpc.EndTransactionResponse(status=status(pb.OK))
 
     # -- sending -------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext
                           ) -> rpc.SendMessageResponse:
-        if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
-            return rpc.SendMessageResponse(status=status(pb.UNSUPPORTED, "send one message per request"))
-        if self.pressure is not None and self.pressure.raised:
-            return rpc.SendMessageResponse(status=status(pb.TOO_MANY_REQUESTS,
-                                                         f"publishers are blocked: {self.pressure.reason}"))
-        who = _principal(context)
         try:
+            who = self.access.principal(context, "send_message")  # (its topic: put_message checks the send)
+            if len(request.messages) != 1:  # (the clients send one at a time; a batch is one queue's)
+                raise GrpcRequestError(pb.UNSUPPORTED, "send one message per request")
+            if self.pressure is not None and self.pressure.raised:
+                raise GrpcRequestError(pb.TOO_MANY_REQUESTS, f"publishers are blocked: {self.pressure.reason}")
             send = grpc_send(request.messages[0])
             if not valid_topic(send.topic):
                 raise GrpcRequestError(pb.ILLEGAL_TOPIC, f"topic name {send.topic!r} is not valid "
@@ -119,7 +212,7 @@ class MessagingService(MessagingServiceServicer):
             sent = self.broker.put_message(who, send.topic, send.body, checked_properties(send.properties),
                                            queue_id=next(self._next_queue), born_timestamp=send.born_timestamp,
                                            born_host=send.born_host)
-            results = await sent.future
+            results = await sent.future  # (it follows any meta change in the log: held once it is)
         except GrpcRequestError as exc:
             return rpc.SendMessageResponse(status=status(exc.code, str(exc)))
         except BadRequest as exc:
@@ -128,10 +221,6 @@ class MessagingService(MessagingServiceServicer):
             return rpc.SendMessageResponse(status=status(grpc_code_of_store_error(exc), f"store error: {exc}"))
         entry = rpc.SendResultEntry(status=status(pb.OK), message_id=send.message_id,
                                     offset=results[0].queue_offsets.get(sent.own, -1))
+        if TRAN_MSG in sent.properties:  # (a half message: its end names it by where it is)
+            entry.transaction_id = transaction_id(results[0].position)
         return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
-
-
-def _principal(context: grpc.aio.ServicerContext) -> Principal:
-    """Who calls: anonymous (AccessKey signatures are not checked over gRPC yet; config.py
-    refuses grpc_bind where they would be needed)."""
-    return Principal("grpc", None, None, context.peer())

@@ -1,17 +1,37 @@
 """A gRPC ``Message`` as the remoting side stores a send: its tag, keys and message id become
 the remoting properties (TAGS, KEYS, UNIQ_KEY) beside the user properties, so remoting, MQTT
-and AMQP readers see it as any RocketMQ message. Types this gateway does not take over gRPC
-yet are refused with the protocol's code, never stored as another type."""
+and AMQP readers see it as any RocketMQ message; a DELAY message's delivery timestamp becomes
+RocketMQ's TIMER_DELIVER_MS, a FIFO message's message group its sharding key
+(__SHARDINGKEY), a TRANSACTION message a half message (TRAN_MSG) of the producer group named
+as the topic, as its proxy converts them. Types this gateway does not take over
+gRPC yet are refused with the protocol's code, never stored as another type."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from protocols.remoting.properties import KEYS, TAGS, UNIQ_KEY
+from protocols.remoting.properties import (
+    DELAY,
+    KEYS,
+    PGROUP,
+    SHARDING_KEY,
+    START_DELIVER_TIME,
+    TAGS,
+    TIMER_DELAY_MS,
+    TIMER_DELAY_SEC,
+    TIMER_DELIVER_MS,
+    TIMER_OUT_MS,
+    TRAN_MSG,
+    UNIQ_KEY,
+)
 
-SUPPORTED_TYPES = (pb.NORMAL,)  # the message types the routes accept (route.py)
+SUPPORTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)  # the message types the routes accept
+# the remoting properties a gRPC message's system properties set: never user properties
+RESERVED_PROPERTIES = (TAGS, KEYS, UNIQ_KEY, DELAY, SHARDING_KEY, START_DELIVER_TIME, TIMER_DELAY_MS,
+                       TIMER_DELAY_SEC, TIMER_DELIVER_MS, TIMER_OUT_MS, TRAN_MSG, PGROUP)
 
 
 class GrpcRequestError(Exception):
@@ -41,10 +61,14 @@ def grpc_send(message: pb.Message) -> GrpcSend:
         name = pb.MessageType.Name(system.message_type) if system.message_type in pb.MessageType.values() \
             else str(system.message_type)
         raise GrpcRequestError(pb.UNSUPPORTED, f"message type {name} is not supported over gRPC by TideMQ yet "
-                                               f"(NORMAL is)")
-    if system.HasField("delivery_timestamp") or system.message_group:
+                                               f"(NORMAL, FIFO, DELAY and TRANSACTION are)")
+    delayed = system.message_type == pb.DELAY
+    if bool(system.message_group) != (system.message_type == pb.FIFO):
         raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                               "a NORMAL message has no delivery timestamp and no message group")
+                               "a FIFO message has a message group, and only a FIFO message has one")
+    if system.HasField("delivery_timestamp") != delayed:
+        raise GrpcRequestError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                               "a DELAY message has a delivery timestamp, and only a DELAY message has one")
     if system.body_encoding not in (pb.ENCODING_UNSPECIFIED, pb.IDENTITY):
         raise GrpcRequestError(pb.UNSUPPORTED, "only IDENTITY bodies are taken (no GZIP)")
     if not message.body:
@@ -57,17 +81,37 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     if system.tag and ("|" in system.tag or system.tag.isspace()):
         raise GrpcRequestError(pb.ILLEGAL_MESSAGE_TAG, f"message tag {system.tag!r} may not contain '|'")
     properties = dict(message.user_properties)
-    for name in (TAGS, KEYS, UNIQ_KEY):
+    for name in RESERVED_PROPERTIES:
         if name in properties:
             raise GrpcRequestError(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"the user property {name} is reserved")
+    if system.message_type == pb.TRANSACTION:  # (a half message; its producer group: the topic, as the proxy's)
+        properties[TRAN_MSG], properties[PGROUP] = "true", message.topic.name
+    if system.message_group:  # (RocketMQ's sharding key: its queue, by the key, as remoting's)
+        properties[SHARDING_KEY] = system.message_group
+    if delayed:
+        due_ms = time_ms(system.delivery_timestamp, pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp")
+        if due_ms <= 0:
+            raise GrpcRequestError(pb.ILLEGAL_DELIVERY_TIME, "the delivery timestamp is before 1970")
+        properties[TIMER_DELIVER_MS] = str(due_ms)
     if system.tag:
         properties[TAGS] = system.tag
     if system.keys:
         properties[KEYS] = " ".join(system.keys)
     properties[UNIQ_KEY] = system.message_id
-    born = system.born_timestamp
-    born_ms = born.seconds * 1000 + born.nanos // 1_000_000 if system.HasField("born_timestamp") else 0
+    born_ms = time_ms(system.born_timestamp, pb.BAD_REQUEST, "the born timestamp") \
+        if system.HasField("born_timestamp") else 0
+    if born_ms < 0:
+        raise GrpcRequestError(pb.BAD_REQUEST, "the born timestamp is before 1970")
     return GrpcSend(message.topic.name, message.body, properties, born_ms, system.born_host, system.message_id)
+
+
+def time_ms(value: Any, code: int, what: str) -> int:
+    """A Timestamp's or Duration's milliseconds; GrpcRequestError ``code`` when it is none
+    (out of its type's range, nanos of the wrong sign)."""
+    try:
+        return int(value.ToMilliseconds())
+    except ValueError as exc:
+        raise GrpcRequestError(code, f"{what} is not valid: {exc}") from None
 
 
 def status(code: int, message: str = "") -> pb.Status:

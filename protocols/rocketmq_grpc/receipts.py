@@ -1,5 +1,7 @@
-"""Receipt handles: what a received message's ack (or change of invisible time) names it by --
-its queue, its offset there and its check point's due time -- as one opaque token."""
+"""The opaque tokens this gateway hands gRPC clients: receipt handles, what a received
+message's ack (or change of invisible time) names it by -- its queue, its offset there and its
+check point's due time; and transaction ids, what a transaction's end names its half message
+by -- where it is stored."""
 
 from __future__ import annotations
 
@@ -30,3 +32,20 @@ def decode_receipt(text: str) -> Receipt | None:
     if queue_id < 0 or offset < 0 or due_ms < 0 or max(offset, due_ms) >= 1 << 62:
         return None
     return Receipt(queue_id, offset, due_ms)
+
+
+TRANSACTION_VERSION = "x1"
+
+
+def transaction_id(position: int) -> str:
+    """The transaction id of the half message stored at ``position``."""
+    return f"{TRANSACTION_VERSION} {position}"
+
+
+def decode_transaction_id(text: str) -> int | None:
+    """The position a transaction id names; None when it is none of this gateway's."""
+    version, _, position = text.partition(" ")
+    if version != TRANSACTION_VERSION or not (position.isascii() and position.isdigit()) or len(position) > 19:
+        return None
+    value = int(position)
+    return value if value < 1 << 62 else None
