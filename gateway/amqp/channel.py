@@ -66,6 +66,7 @@ class Channel:
         self.inbound = inbound  # the connection's publishes: tx.commit stores this channel's there
         self.broker = connection.broker
         self.number = number
+        self._meta_before = 0  # the store's meta position when the method being handled came
         self.consumers: dict[str, Consumer] = {}
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.consumer_unacked = 0  # of self.unacked, those delivered to consumers (global prefetch)
@@ -172,6 +173,7 @@ class Channel:
         if handler is None:
             raise connection_error(NOT_IMPLEMENTED, f"{method.name} is not implemented", self.number, method)
         check_method(self, method)  # the user's permissions (gateway/auth/authorize.py)
+        self._meta_before = self.broker.store.meta_position
         handler(self, method)
 
     def reply(self, method: Frame) -> None:
@@ -179,8 +181,10 @@ class Channel:
 
     def _kept(self) -> None:
         """What the last method declared, bound or deleted is answered once the store keeps it as
-        it promises (a replicated store: once its in-sync replicas hold the change)."""
-        settling = self.broker.store.meta_settling()
+        it promises (a replicated store: once its in-sync replicas hold the change); a method
+        that changed nothing (a passive declare, a declare of what exists), once what it shows
+        is held (``MessageStore.reply_settling``)."""
+        settling = self.broker.store.reply_settling(self._meta_before)
         if settling is not None:
             self.connection.hold_output(settling)
 
