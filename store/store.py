@@ -70,6 +70,7 @@ _READ_AHEAD = 4096
 
 # entries a filtered get examines at most (RocketMQ scans 16,000 bytes of consume queue: 800)
 FILTER_SCAN = 800
+OFFSETS_SOON_S = 0.05  # committed consumer offsets are written this soon after the first of them (async flush)
 
 
 class MessageStore:
@@ -86,6 +87,7 @@ class MessageStore:
         self.get_latency = LatencyHistogram()  # get_now, reads the index and the commitlog
         self.memory_release_latency = LatencyHistogram()  # release_free_memory, on the event loop
         self._closed = False
+        self._offsets_timer: asyncio.TimerHandle | None = None  # committed offsets to be written (_offsets_soon)
         self._tasks: list[asyncio.Task[None]] = []
         self.recovery: RecoveryReport | None = None
         self.meta_position = 0  # where the last meta change record ends (a replicated leader's)
@@ -135,6 +137,8 @@ class MessageStore:
             self._close_files()
             raise
         self.offsets = ConsumerOffsets(self.meta)
+        if opts.flush == "async":  # (sync: an offset waits for the fdatasync of what it names, at the checkpoint)
+            self.offsets.soon = self._offsets_soon
         self.first_offsets = FirstOffsets(self.index, lambda: self.commitlog.min_position)
         self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget, lambda at, n: self.commitlog.read(at, n))
         self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
@@ -171,6 +175,8 @@ class MessageStore:
             return
         assert self.committer is not None
         self.committer.close()
+        if self._offsets_timer is not None:
+            self._offsets_timer.cancel()
         committer, periodic = self._tasks[0], self._tasks[1:]
         for task in periodic:
             task.cancel()
@@ -574,6 +580,20 @@ class MessageStore:
     async def _forget_marks(self) -> None:
         """Idempotent puts' marks too old to be asked for again (write/idempotence.py)."""
         self.meta.writes.apply(forget_before(now_ms()), sync=False, journal=False)
+
+    def _offsets_soon(self) -> None:
+        """The first offset committed since the last write: written within OFFSETS_SOON_S (in
+        ``async`` flush mode), so a crash or a failover gives back only what was acknowledged
+        in that moment (at least once), not since the last checkpoint."""
+        if self._offsets_timer is None:
+            self._offsets_timer = asyncio.get_running_loop().call_later(OFFSETS_SOON_S, self._write_offsets_soon)
+
+    def _write_offsets_soon(self) -> None:
+        self._offsets_timer = None
+        try:
+            self._checkpoint_offsets_now()
+        except StoreError as exc:  # (kept dirty: the periodic checkpoint tries again)
+            self._log_limited.log(logging.ERROR, "offsets", "offsets not saved error=%s", exc)
 
     def _checkpoint_offsets_now(self) -> None:
         self.offsets.checkpoint()

@@ -1,8 +1,12 @@
 """Consumer offsets: where each reader of a queue resumes. Commits are kept in memory and
-written by the store's periodic checkpoint (and at close); ``save`` writes one through at once
-(the meta store's WAL), for a reader's start, which no crash may lose."""
+written by the store's periodic checkpoint (and at close) -- and, when ``soon`` is set, it is
+told of the first commit since the last write, to write them shortly (a few a second, not one
+write per ack); ``save`` writes one through at once (the meta store's WAL), for a reader's
+start, which no crash may lose."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .tables import MetaStore
 
@@ -11,9 +15,12 @@ class ConsumerOffsets:
     def __init__(self, meta: MetaStore) -> None:
         self._meta = meta
         self._dirty: dict[tuple[str, str], int] = {}
+        self.soon: Callable[[], None] | None = None
 
     def commit(self, consumer: str, queue: str, offset: int) -> None:
         _check(offset)
+        if not self._dirty and self.soon is not None:
+            self.soon()
         self._dirty[(consumer, queue)] = offset
 
     def save(self, consumer: str, queue: str, offset: int) -> None:
