@@ -1,6 +1,7 @@
 """A job as a user submits it with the tidemq wheel sent along (``spark-submit --py-files``), run
 by tests/test_spark_shipping.py: a batch read and a streaming read (``Trigger.AvailableNow``)
-of a topic filter over a gateway's data API, and where the executors' Python found ``bridge``.
+of a topic filter over a gateway's data API, and where the driver found ``spark_sinks`` and the
+executors' Python ``bridge``.
 Prints one JSON line: what it read and the paths.
 
     spark-submit --py-files tidemq-*.whl spark_shipped_job.py ADDRESS TOPIC_FILTER CHECKPOINT
@@ -22,6 +23,7 @@ def main() -> None:
     address, topic_filter, checkpoint = sys.argv[1:4]
     from pyspark.sql import SparkSession
 
+    import spark_sinks
     from spark_sinks import register
 
     spark = SparkSession.builder.appName("tidemq-shipped").getOrCreate()
@@ -40,7 +42,7 @@ def main() -> None:
              .load().writeStream.foreachBatch(keep).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    print(json.dumps({"executors": executors, "batch": batch_values, "stream": sorted(streamed)}))
+    print(json.dumps({"driver": spark_sinks.__file__, "executors": executors, "batch": batch_values, "stream": sorted(streamed)}))
     spark.stop()
 
 

@@ -1,7 +1,8 @@
 """The Spark source sent with a job: ``spark-submit --py-files`` with the pure-Python wheel
 (``TIDEMQ_BUILD_PURE=1``, setup.py) onto a ``local-cluster`` whose executors run in JVMs of their
-own with a Python that has tidemq's dependencies but not tidemq (docs/spark.md, "Shipping the
-source with a job"). The executors and the driver's Python workers import it from the wheel."""
+own, the driver and the executors with a Python that has tidemq's dependencies but not tidemq
+(docs/spark.md, "Shipping the source to a standalone cluster"): the job, the driver's Python
+workers and the executors' import it from the wheel."""
 
 from __future__ import annotations
 
@@ -57,13 +58,14 @@ async def test_a_job_sent_with_the_wheel_reads_on_executors_without_tidemq(tmp_p
         submit = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "spark-submit"), "--master", "local-cluster[2,1,1024]",
             "--py-files", str(wheel), "--conf", f"spark.pyspark.python={python}",
-            "--conf", f"spark.pyspark.driver.python={sys.executable}", "--conf", "spark.ui.enabled=false",
+            "--conf", f"spark.pyspark.driver.python={python}", "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
             str(JOB), "{}:{}".format(*gw.metrics_address), "sensors/+/+/temp", str(tmp_path / "checkpoint"),
             cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(submit.communicate(), 240)
     assert submit.returncode == 0, err.decode()[-4000:]
     result = json.loads(out.decode().strip().splitlines()[-1])
+    assert f"{wheel.name}/spark_sinks/__init__.py" in result["driver"], result["driver"]
     for path in result["executors"]:  # each executor's Python found the source in the wheel sent along
         assert f"{wheel.name}/bridge/__init__.py" in path, path
     expected = sorted(str(i) for i in range(len(readings)))
