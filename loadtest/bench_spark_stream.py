@@ -3,7 +3,7 @@ source and the same job over Spark's file stream source (the same readings as JS
 one Spark session.
 
     python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
-                                          [--sources tidemq,file] [--min-partitions N] [--no-warm-up]
+                                          [--sources tidemq,file[,file_text]] [--min-partitions N] [--no-warm-up]
                                           [--profile] [--out FILE]
 
 A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
@@ -11,8 +11,9 @@ A gateway (a thread here, metrics listener on a free port) gets ``--readings`` r
 JSON-lines files of 10,000 readings. Each query averages the temperature per site per 1-minute
 window under a 1-minute watermark into a memory sink (append), reading at most
 ``--per-trigger`` (50,000) readings a micro-batch: ``maxOffsetsPerTrigger`` for tidemq
-(``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files. ``--mode
-cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
+(``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files (``file``:
+Spark's JSON reader; ``file_text``: the lines parsed with ``from_json`` as the tidemq job parses
+its values, the same work after the read). ``--mode cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
 
     spark_stream source=tidemq mode=local rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=... cpu_s=...
         latest_offset_ms=... planning_ms=... get_batch_ms=... add_batch_ms=... commit_ms=...
@@ -84,6 +85,16 @@ def tree_cpu_s() -> float:
             continue
         total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def file_lines(spark, folder: Path, per_trigger: int):
+    """The same files read as lines of text and parsed with ``from_json``, as the tidemq job
+    parses its values: the file source without its own JSON reader (``source=file_text``)."""
+    from pyspark.sql import functions as F
+
+    lines = spark.readStream.option("maxFilesPerTrigger", max(1, per_trigger // PER_FILE)).text(str(folder))
+    return (lines.select(F.from_json("value", READING_SCHEMA).alias("r")).select("r.*")
+            .withColumn("event_time", F.col("ts").cast("timestamp")))
 
 
 def rate_readings(spark, per_trigger: int):
@@ -196,6 +207,8 @@ def main() -> None:
             if source == "tidemq":
                 extra = {"minPartitions": str(args.min_partitions)} if args.min_partitions else {}
                 df = parsed(tidemq_readings(spark, address, args.per_trigger, **extra))
+            elif source == "file_text":
+                df = file_lines(spark, tmp / "files", args.per_trigger)
             else:
                 df = file_readings(spark, tmp / "files", args.per_trigger)
             progress, cpu_s = run(spark, f"{source}_averages", df, total, 600)
