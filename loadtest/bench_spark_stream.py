@@ -21,7 +21,10 @@ its values, the same work after the read). ``--mode cluster`` runs ``local-clust
 ``rows_per_s``: readings over the wall time of the micro-batches after the first (steady);
 ``cpu_s``: CPU seconds of the whole query, start to last reading, of this process (the
 gateway's thread for tidemq) and every process it started (Spark's JVM, the Python workers):
-on a machine shared with other work, the figure that other work disturbs least;
+on a machine shared with other work, the figure that other work disturbs least; a
+``spark_stream_cpu`` line after each splits a steady micro-batch's CPU seconds by process:
+Spark's JVMs, this process (``gateway``: the data API's reads), the Python workers, the
+stream's planning runner on the driver;
 ``first_batch_s``: the first micro-batch's wall time (Python workers start there); the ``_ms``
 fields: the mean per micro-batch of the parts Spark's progress reports (``latestOffset``,
 ``queryPlanning``, ``getBatch``, ``addBatch`` -- the read, the Python worker, the Arrow transfer
@@ -71,20 +74,24 @@ def file_readings(spark, folder: Path, per_trigger: int):
             .json(str(folder)).withColumn("event_time", F.col("ts").cast("timestamp")))
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds used so far by this process and all it started (Spark's JVM, its Python
-    daemons and workers, the ones that ended included: their parents have waited for them)."""
+def cpu_by_kind() -> dict[str, float]:
+    """CPU seconds used so far by this process (``gateway``: its thread serves the reads) and
+    all it started, by kind: Spark's JVMs, the stream's planning runner, the other Python
+    workers. A process's ended children count for it (it has waited for them)."""
     import psutil
 
-    total = 0.0
+    kinds: dict[str, float] = {}
     me = psutil.Process()
     for proc in [me, *me.children(recursive=True)]:
         try:
-            t = proc.cpu_times()
+            t, command = proc.cpu_times(), " ".join(proc.cmdline())
         except psutil.Error:  # (ended meanwhile: its parent's children_ times hold it)
             continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        kind = ("gateway" if proc.pid == me.pid else "jvm" if "java" in command else
+                "stream_runner" if "python_streaming_source_runner" in command else
+                "python_workers" if "python" in command else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + t.user + t.system + t.children_user + t.children_system
+    return kinds
 
 
 def file_lines(spark, folder: Path, per_trigger: int):
@@ -98,8 +105,8 @@ def file_lines(spark, folder: Path, per_trigger: int):
 
 
 def rate_readings(spark, per_trigger: int):
-    """Readings made up by Spark's built-in ``rate`` source, as JSON parsed like the others'
-    (``WARMUP_ROWS`` a second): the warm-up query's input, read by neither source compared."""
+    """Readings made up by Spark's built-in ``rate`` source (``per_trigger`` a second), as JSON
+    parsed like the others': the warm-up query's input, read by neither source compared."""
     from pyspark.sql import functions as F
 
     body = F.to_json(F.struct((F.concat(F.lit("s"), F.col("value") % SITES)).alias("site"),
@@ -118,18 +125,33 @@ def warm_up(spark, per_trigger: int) -> None:
     run(spark, "warm_up", rate_readings(spark, per_trigger), 3 * per_trigger, 120)
 
 
-def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[list[dict], float]:
+def cpu_line(source: str, mode: str, progress: list[dict], steady: dict[str, float]) -> str:
+    """CPU seconds a steady micro-batch took, in all and by kind of process (``cpu_by_kind``)."""
+    n = max(1, len(progress) - 1)
+    kinds = " ".join(f"{k}={steady.get(k, 0.0) / n:.2f}" for k in ("jvm", "gateway", "python_workers", "stream_runner"))
+    return f"spark_stream_cpu source={source} mode={mode} per_batch_s={sum(steady.values()) / n:.2f} {kinds}"
+
+
+def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[list[dict], float, dict[str, float]]:
     """Run the job to the end of ``total`` readings: the progress of its micro-batches with
-    rows, and the CPU seconds it took (``tree_cpu_s``, this process's gateway thread included)."""
-    cpu_before = tree_cpu_s()
+    rows, the CPU seconds it took in all (``cpu_by_kind``) and, by kind, those of the
+    micro-batches after the first (from when the first is seen to have ended)."""
+    before = cpu_by_kind()
     query = (site_averages(readings_df).writeStream.format("memory").queryName(name).outputMode("append")
              .start())
     deadline = time.monotonic() + timeout_s
     try:
+        while not (query.lastProgress or {}).get("numInputRows"):  # (one report: cheap to look at often)
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, f"{name}: no micro-batch"
+            time.sleep(0.02)
+        after_first = cpu_by_kind()
         while True:
             progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
             if sum(p["numInputRows"] for p in progress) >= total:
-                return progress, tree_cpu_s() - cpu_before
+                end = cpu_by_kind()
+                steady = {k: v - after_first.get(k, 0.0) for k, v in end.items()}
+                return progress, sum(end.values()) - sum(before.values()), steady
             assert query.isActive, query.exception()
             assert time.monotonic() < deadline, f"{name}: {sum(p['numInputRows'] for p in progress)} of {total}"
             time.sleep(POLL_S)
@@ -211,8 +233,9 @@ def main() -> None:
                 df = file_lines(spark, tmp / "files", args.per_trigger)
             else:
                 df = file_readings(spark, tmp / "files", args.per_trigger)
-            progress, cpu_s = run(spark, f"{source}_averages", df, total, 600)
+            progress, cpu_s, steady = run(spark, f"{source}_averages", df, total, 600)
             out.emit(line(source, args.mode, progress, total, cpu_s))
+            out.emit(cpu_line(source, args.mode, progress, steady))
         if args.profile:
             out.emit(profile(spark, address, total, args.per_trigger))
         spark.stop()
