@@ -23,8 +23,9 @@ its values, the same work after the read). ``--mode cluster`` runs ``local-clust
 gateway's thread for tidemq) and every process it started (Spark's JVM, the Python workers):
 on a machine shared with other work, the figure that other work disturbs least; a
 ``spark_stream_cpu`` line after each splits a steady micro-batch's CPU seconds by process:
-Spark's JVMs, this process (``gateway``: the data API's reads), the Python workers, the
-stream's planning runner on the driver;
+Spark's JVMs (``jvm_jit``: the part of it their JIT compilers took), this process
+(``gateway``: the data API's reads), the Python workers, the stream's planning runner on the
+driver;
 ``first_batch_s``: the first micro-batch's wall time (Python workers start there); the ``_ms``
 fields: the mean per micro-batch of the parts Spark's progress reports (``latestOffset``,
 ``queryPlanning``, ``getBatch``, ``addBatch`` -- the read, the Python worker, the Arrow transfer
@@ -39,6 +40,7 @@ alone (``read_s``) and the same ranges read through Spark (``spark_read_s``).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -91,7 +93,25 @@ def cpu_by_kind() -> dict[str, float]:
                 "stream_runner" if "python_streaming_source_runner" in command else
                 "python_workers" if "python" in command else "other")
         kinds[kind] = kinds.get(kind, 0.0) + t.user + t.system + t.children_user + t.children_system
+        if kind == "jvm":
+            kinds["jvm_jit"] = kinds.get("jvm_jit", 0.0) + jit_cpu_s(proc.pid)
     return kinds
+
+
+def jit_cpu_s(pid: int) -> float:
+    """CPU seconds of a JVM's JIT compiler threads (``C1``/``C2 CompilerThread``, Linux's
+    /proc): code the JVM is still compiling, a share of ``jvm`` that a longer run no longer pays."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if "CompilerThre" not in (task / "comm").read_text():
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that ended)
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def file_lines(spark, folder: Path, per_trigger: int):
@@ -128,13 +148,16 @@ def warm_up(spark, per_trigger: int) -> None:
 def cpu_line(source: str, mode: str, progress: list[dict], steady: dict[str, float]) -> str:
     """CPU seconds a steady micro-batch took, in all and by kind of process (``cpu_by_kind``)."""
     n = max(1, len(progress) - 1)
-    kinds = " ".join(f"{k}={steady.get(k, 0.0) / n:.2f}" for k in ("jvm", "gateway", "python_workers", "stream_runner"))
-    return f"spark_stream_cpu source={source} mode={mode} per_batch_s={sum(steady.values()) / n:.2f} {kinds}"
+    kinds = " ".join(f"{k}={steady.get(k, 0.0) / n:.2f}"
+                     for k in ("jvm", "jvm_jit", "gateway", "python_workers", "stream_runner"))
+    total = sum(v for k, v in steady.items() if k != "jvm_jit")  # (jvm_jit is a part of jvm)
+    return f"spark_stream_cpu source={source} mode={mode} per_batch_s={total / n:.2f} {kinds}"
 
 
 def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[list[dict], float, dict[str, float]]:
     """Run the job to the end of ``total`` readings: the progress of its micro-batches with
-    rows, the CPU seconds it took in all (``cpu_by_kind``) and, by kind, those of the
+    rows, the CPU seconds it took in all (``cpu_by_kind``, ``jvm_jit`` counted once, in ``jvm``)
+    and, by kind, those of the
     micro-batches after the first (from when the first is seen to have ended)."""
     before = cpu_by_kind()
     query = (site_averages(readings_df).writeStream.format("memory").queryName(name).outputMode("append")
@@ -151,7 +174,8 @@ def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[li
             if sum(p["numInputRows"] for p in progress) >= total:
                 end = cpu_by_kind()
                 steady = {k: v - after_first.get(k, 0.0) for k, v in end.items()}
-                return progress, sum(end.values()) - sum(before.values()), steady
+                used = sum(v for k, v in end.items() if k != "jvm_jit") - sum(v for k, v in before.items() if k != "jvm_jit")
+                return progress, used, steady
             assert query.isActive, query.exception()
             assert time.monotonic() < deadline, f"{name}: {sum(p['numInputRows'] for p in progress)} of {total}"
             time.sleep(POLL_S)
