@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -61,9 +62,16 @@ async def test_a_job_sent_with_the_wheel_reads_on_executors_without_tidemq(tmp_p
             "--conf", f"spark.pyspark.driver.python={python}", "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
             str(JOB), "{}:{}".format(*gw.metrics_address), "sensors/+/+/temp", str(tmp_path / "checkpoint"),
-            cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(submit.communicate(), 240)
-    assert submit.returncode == 0, err.decode()[-4000:]
+            cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(submit.communicate(), 240)
+        finally:
+            if submit.returncode is None:  # (timed out: the driver's JVM and the cluster's go too)
+                os.killpg(submit.pid, signal.SIGKILL)
+                await submit.wait()
+    errors = [line for line in err.decode().splitlines() if "Error" in line or "Exception:" in line]
+    assert submit.returncode == 0, "\n".join(errors[:20]) or err.decode()[-4000:]
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert f"{wheel.name}/spark_sinks/__init__.py" in result["driver"], result["driver"]
     for path in result["executors"]:  # each executor's Python found the source in the wheel sent along
