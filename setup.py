@@ -6,8 +6,13 @@ One source of truth: each ``.py`` file here is what Cython compiles and what the
 interpreted (``TIDEMQ_PURE_PYTHON=1``, see ``tests/builds.py``); its ``import cython`` annotations give C
 types to the compiled build and are no-ops interpreted. A failed compilation fails the build:
 a machine that cannot compile must not silently run the slow path.
+
+``TIDEMQ_BUILD_PURE=1`` asks for the other wheel on purpose: pure Python (``py3-none-any``),
+nothing compiled, the one to send with a Spark job (``--py-files``: Python imports no compiled
+extension from a zip). See docs/spark.md, "Shipping the source with a job".
 """
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -31,7 +36,12 @@ DIRECTIVES = {
 }
 
 
+PURE_BUILD_ENV = "TIDEMQ_BUILD_PURE"
+
+
 def extensions() -> list[Extension]:
+    if os.environ.get(PURE_BUILD_ENV) == "1":
+        return []
     modules = [Extension(name, [name.replace(".", "/") + ".py"]) for name in COMPILED_MODULES]
     # (paths relative to the project: setuptools builds from its folder)
     return cythonize(modules, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True)

@@ -83,6 +83,7 @@ from .spark_options import (
 )
 from .timestamps import resolve_end, resolve_start
 from .trigger_pacing import TriggerPacer
+from .worker_gc import freeze_imports
 
 log = logging.getLogger("tidemq.spark")
 
@@ -135,6 +136,7 @@ FULL_LISTING_S = 30.0
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
     """The rows of a planned partition (a queue range or several) with the query's columns, in
     batches of at least ``SHIP_ROWS`` rows (but the last)."""
+    freeze_imports()
     if isinstance(part, QueueRanges):
         yield from joined(read_ranges(part.ranges, columns))
     elif isinstance(part, QueueRange):

@@ -3,31 +3,44 @@ source and the same job over Spark's file stream source (the same readings as JS
 one Spark session.
 
     python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
-                                          [--sources tidemq,file] [--min-partitions N] [--profile] [--out FILE]
+                                          [--sources tidemq,file[,file_text]] [--min-partitions N] [--no-warm-up]
+                                          [--profile] [--out FILE]
 
 A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
 (200,000) straight into its store, 1,000 devices on 10 sites; the same readings are written as
 JSON-lines files of 10,000 readings. Each query averages the temperature per site per 1-minute
 window under a 1-minute watermark into a memory sink (append), reading at most
 ``--per-trigger`` (50,000) readings a micro-batch: ``maxOffsetsPerTrigger`` for tidemq
-(``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files. ``--mode
-cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
+(``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files (``file``:
+Spark's JSON reader; ``file_text``: the lines parsed with ``from_json`` as the tidemq job parses
+its values, the same work after the read). ``--mode cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
 
-    spark_stream source=tidemq mode=local rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=...
+    spark_stream source=tidemq mode=local rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=... cpu_s=...
         latest_offset_ms=... planning_ms=... get_batch_ms=... add_batch_ms=... commit_ms=...
 
 ``rows_per_s``: readings over the wall time of the micro-batches after the first (steady);
+``cpu_s``: CPU seconds of the whole query, start to last reading, of this process (the
+gateway's thread for tidemq) and every process it started (Spark's JVM, the Python workers):
+on a machine shared with other work, the figure that other work disturbs least; a
+``spark_stream_cpu`` line after each splits a steady micro-batch's CPU seconds by process:
+Spark's JVMs (``jvm_jit``: the part of it their JIT compilers took), this process
+(``gateway``: the data API's reads), the Python workers, the stream's planning runner on the
+driver;
 ``first_batch_s``: the first micro-batch's wall time (Python workers start there); the ``_ms``
 fields: the mean per micro-batch of the parts Spark's progress reports (``latestOffset``,
 ``queryPlanning``, ``getBatch``, ``addBatch`` -- the read, the Python worker, the Arrow transfer
 and the aggregation -- and the WAL and commit writes), steady batches only. A fresh query per
-source; the tidemq query runs first (the Python workers' start is its cost, as a user's first
-query pays it). ``--profile`` adds a line splitting a batch read's time: the data API's reads
+source, after a warm-up query over Spark's ``rate`` source (the same parsing and aggregation,
+three micro-batches; ``--no-warm-up``: none) so that neither compared query pays the JVM's
+start-up (class loading, code generation, JIT: a share of the first batch, whichever source
+runs first); the tidemq query runs first (its Python workers' start is its own cost, as a
+user's first query pays it). ``--profile`` adds a line splitting a batch read's time: the data API's reads
 alone (``read_s``) and the same ranges read through Spark (``spark_read_s``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -36,6 +49,7 @@ from pathlib import Path
 from loadtest import runner
 from loadtest.bench_spark import GatewayThread
 from loadtest.spark_telemetry import (
+    BASE_TS,
     READING_SCHEMA,
     fill_store,
     parsed,
@@ -48,6 +62,10 @@ from loadtest.spark_telemetry import (
 SITES, DEVICES = 10, 1000
 PER_FILE = 10_000
 MASTERS = {"local": "local[2]", "cluster": "local-cluster[2,1,1024]"}
+# How often the query's progress is looked at: each look copies every recent progress report
+# out of the JVM as JSON, CPU taken from the job on a small machine (the figures come from the
+# reports' own durations, not from when the loop notices the end)
+POLL_S = 0.5
 PARTS = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets")
 
 
@@ -58,24 +76,114 @@ def file_readings(spark, folder: Path, per_trigger: int):
             .json(str(folder)).withColumn("event_time", F.col("ts").cast("timestamp")))
 
 
-def run(spark, name: str, readings_df, total: int, timeout_s: float) -> list[dict]:
-    """Run the job to the end of ``total`` readings; the progress of its micro-batches with rows."""
+def cpu_by_kind() -> dict[str, float]:
+    """CPU seconds used so far by this process (``gateway``: its thread serves the reads) and
+    all it started, by kind: Spark's JVMs, the stream's planning runner, the other Python
+    workers. A process's ended children count for it (it has waited for them)."""
+    import psutil
+
+    kinds: dict[str, float] = {}
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t, command = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:  # (ended meanwhile: its parent's children_ times hold it)
+            continue
+        kind = ("gateway" if proc.pid == me.pid else "jvm" if "java" in command else
+                "stream_runner" if "python_streaming_source_runner" in command else
+                "python_workers" if "python" in command else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + t.user + t.system + t.children_user + t.children_system
+        if kind == "jvm":
+            kinds["jvm_jit"] = kinds.get("jvm_jit", 0.0) + jit_cpu_s(proc.pid)
+    return kinds
+
+
+def jit_cpu_s(pid: int) -> float:
+    """CPU seconds of a JVM's JIT compiler threads (``C1``/``C2 CompilerThread``, Linux's
+    /proc): code the JVM is still compiling, a share of ``jvm`` that a longer run no longer pays."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if "CompilerThre" not in (task / "comm").read_text():
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that ended)
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def file_lines(spark, folder: Path, per_trigger: int):
+    """The same files read as lines of text and parsed with ``from_json``, as the tidemq job
+    parses its values: the file source without its own JSON reader (``source=file_text``)."""
+    from pyspark.sql import functions as F
+
+    lines = spark.readStream.option("maxFilesPerTrigger", max(1, per_trigger // PER_FILE)).text(str(folder))
+    return (lines.select(F.from_json("value", READING_SCHEMA).alias("r")).select("r.*")
+            .withColumn("event_time", F.col("ts").cast("timestamp")))
+
+
+def rate_readings(spark, per_trigger: int):
+    """Readings made up by Spark's built-in ``rate`` source (``per_trigger`` a second), as JSON
+    parsed like the others': the warm-up query's input, read by neither source compared."""
+    from pyspark.sql import functions as F
+
+    body = F.to_json(F.struct((F.concat(F.lit("s"), F.col("value") % SITES)).alias("site"),
+                              (F.concat(F.lit("d"), F.col("value") % DEVICES)).alias("device"),
+                              (F.lit(BASE_TS) + F.col("value") / 100).alias("ts"),
+                              (F.lit(18.0) + F.col("value") * 7 % 100 / 10).alias("temp")))
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", per_trigger).load()
+            .select(F.from_json(body, READING_SCHEMA).alias("r")).select("r.*"))
+    return rows.withColumn("event_time", F.col("ts").cast("timestamp"))
+
+
+def warm_up(spark, per_trigger: int) -> None:
+    """The job over the ``rate`` source for a few micro-batches: the JVM's share of the job
+    (JSON parsing, the windowed aggregation, its state, the memory sink) is loaded, compiled
+    and JIT-warmed before the compared queries, so the first of them is not charged for it."""
+    run(spark, "warm_up", rate_readings(spark, per_trigger), 3 * per_trigger, 120)
+
+
+def cpu_line(source: str, mode: str, progress: list[dict], steady: dict[str, float]) -> str:
+    """CPU seconds a steady micro-batch took, in all and by kind of process (``cpu_by_kind``)."""
+    n = max(1, len(progress) - 1)
+    kinds = " ".join(f"{k}={steady.get(k, 0.0) / n:.2f}"
+                     for k in ("jvm", "jvm_jit", "gateway", "python_workers", "stream_runner"))
+    total = sum(v for k, v in steady.items() if k != "jvm_jit")  # (jvm_jit is a part of jvm)
+    return f"spark_stream_cpu source={source} mode={mode} per_batch_s={total / n:.2f} {kinds}"
+
+
+def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[list[dict], float, dict[str, float]]:
+    """Run the job to the end of ``total`` readings: the progress of its micro-batches with
+    rows, the CPU seconds it took in all (``cpu_by_kind``, ``jvm_jit`` counted once, in ``jvm``)
+    and, by kind, those of the
+    micro-batches after the first (from when the first is seen to have ended)."""
+    before = cpu_by_kind()
     query = (site_averages(readings_df).writeStream.format("memory").queryName(name).outputMode("append")
              .start())
     deadline = time.monotonic() + timeout_s
     try:
+        while not (query.lastProgress or {}).get("numInputRows"):  # (one report: cheap to look at often)
+            assert query.isActive, query.exception()
+            assert time.monotonic() < deadline, f"{name}: no micro-batch"
+            time.sleep(0.02)
+        after_first = cpu_by_kind()
         while True:
             progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
             if sum(p["numInputRows"] for p in progress) >= total:
-                return progress
+                end = cpu_by_kind()
+                steady = {k: v - after_first.get(k, 0.0) for k, v in end.items()}
+                used = sum(v for k, v in end.items() if k != "jvm_jit") - sum(v for k, v in before.items() if k != "jvm_jit")
+                return progress, used, steady
             assert query.isActive, query.exception()
             assert time.monotonic() < deadline, f"{name}: {sum(p['numInputRows'] for p in progress)} of {total}"
-            time.sleep(0.05)
+            time.sleep(POLL_S)
     finally:
         query.stop()
 
 
-def line(source: str, mode: str, progress: list[dict], total: int) -> str:
+def line(source: str, mode: str, progress: list[dict], total: int, cpu_s: float) -> str:
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     steady, rows = progress[1:], sum(p["numInputRows"] for p in progress[1:])
     steady_s = sum(durations[1:])
@@ -83,8 +191,8 @@ def line(source: str, mode: str, progress: list[dict], total: int) -> str:
                      for k in PARTS)
     return (f"spark_stream source={source} mode={mode} rows_per_s={rows / steady_s if steady_s else 0:.0f} "
             f"first_batch_s={durations[0]:.2f} batches={len(progress)} "
-            f"overall_rows_per_s={total / sum(durations):.0f} batch_s={','.join(f'{d:.2f}' for d in durations)} "
-            f"{parts}")
+            f"overall_rows_per_s={total / sum(durations):.0f} cpu_s={cpu_s:.1f} "
+            f"batch_s={','.join(f'{d:.2f}' for d in durations)} {parts}")
 
 
 def snake(name: str) -> str:
@@ -127,6 +235,8 @@ def main() -> None:
     parser.add_argument("--sources", default="tidemq,file")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--min-partitions", type=int, help="the tidemq source's minPartitions")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="no warm-up query: the first source's query pays the JVM's warm-up")
     args = parser.parse_args()
     total = 50_000 if args.quick else args.readings
     out = runner.Lines(args.out)
@@ -137,14 +247,19 @@ def main() -> None:
         gateway.call(fill_store(gateway.gateway.store, 0, total, SITES, DEVICES))
         write_files(tmp / "files", 0, total, SITES, DEVICES, PER_FILE)
         spark = start_spark(MASTERS[args.mode])
+        if not args.no_warm_up:
+            warm_up(spark, args.per_trigger)
         for source in args.sources.split(","):
             if source == "tidemq":
                 extra = {"minPartitions": str(args.min_partitions)} if args.min_partitions else {}
                 df = parsed(tidemq_readings(spark, address, args.per_trigger, **extra))
+            elif source == "file_text":
+                df = file_lines(spark, tmp / "files", args.per_trigger)
             else:
                 df = file_readings(spark, tmp / "files", args.per_trigger)
-            progress = run(spark, f"{source}_averages", df, total, 600)
-            out.emit(line(source, args.mode, progress, total))
+            progress, cpu_s, steady = run(spark, f"{source}_averages", df, total, 600)
+            out.emit(line(source, args.mode, progress, total, cpu_s))
+            out.emit(cpu_line(source, args.mode, progress, steady))
         if args.profile:
             out.emit(profile(spark, address, total, args.per_trigger))
         spark.stop()
