@@ -561,6 +561,8 @@ class Gateway:
         if self._lag_task is not None:
             self._lag_task.cancel()
             self._lag_task = None
+        if self.store_service is not None:  # (gateway nodes link to whichever store node serves next)
+            self.store_service.stopping = True
         if self.http is not None:
             await self.http.stop()
             self.http = None

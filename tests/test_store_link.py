@@ -18,6 +18,7 @@ from gateway.cluster.remote_store import RemoteStore, RemoteStoreError
 from gateway.cluster.store_link import (
     StoreCode,
     StoreLinkError,
+    WILDCARD_TARGETS,
     decode_messages,
     decode_put,
     encode_put,
@@ -209,5 +210,54 @@ async def test_a_numbered_put_sent_again_after_the_store_node_restarted_is_writt
             await remote.put_batch_nowait(items, queue_offsets=False, producer=("gw-1", -5))
         assert [m.body for m in gw.store.get_now("t:a/b", 0, 10).messages] == [b"once", b"next"]
         await remote.close()
+    finally:
+        await gw.stop()
+
+
+async def test_a_gateway_nodes_clean_session_holds_outlive_the_store_node_until_it_links_again(data_dir: Path) -> None:
+    """A clean session's wildcard filter is held for its gateway node's link only -- and written,
+    so that a store node serving next (a new leader, a restart) holds it meanwhile: a message
+    another node publishes before the holder links again still reaches the filter's queue. Held
+    again on the new link, it stays; a node that does not come back loses its holds once
+    ``release_unclaimed`` runs (RELINK_S after start)."""
+    config = Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0")
+    gw = Gateway(config)
+    await gw.start()
+    holders = []
+    for node, topic_filter in (("gw-b", "sensors/+"), ("gw-c", "other/+")):
+        remote = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+        await remote.subscribe_notify(lambda events: None, node)
+        remote.filter_hold(topic_filter, "clean-1", False)
+        await remote.kv_get("t", "x")  # (a round trip: the one-way hold was taken)
+        holders.append(remote)
+    await gw.stop()  # the store node goes first, with the links open (a failover)
+    for remote in holders:
+        await remote.close()
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        writer = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+        await writer.subscribe_notify(lambda events: None, "gw-a")
+
+        async def publish(topic: str) -> None:
+            await writer.put_batch([(Message(topic, b"m"), [f"t:{topic}", WILDCARD_TARGETS])])
+
+        def count(queue: str) -> int:
+            return len(gw.store.get_now(queue, 0, 100).messages)
+
+        await publish("sensors/1")  # before gw-b links again
+        await publish("other/1")
+        assert (count("w:sensors/+"), count("w:other/+")) == (1, 1)
+        again = await RemoteStore.connect("127.0.0.1", remoting_port(gw))
+        await again.subscribe_notify(lambda events: None, "gw-b")
+        again.filter_hold("sensors/+", "clean-1", False)  # said again on its new link
+        await again.kv_get("t", "x")
+        assert gw.store_service is not None
+        gw.store_service.release_unclaimed()  # gw-c did not come back
+        await publish("sensors/2")
+        await publish("other/2")
+        assert (count("w:sensors/+"), count("w:other/+")) == (2, 1)
+        await again.close()
+        await writer.close()
     finally:
         await gw.stop()

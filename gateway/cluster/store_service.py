@@ -56,6 +56,11 @@ TAKEOVER_TIMEOUT_S = 5.0  # a gateway node asked to disconnect a client answers 
 MAX_KV_ITEMS = 100_000
 
 FILTERS_TABLE = "cluster.filters"  # "{filter}\x00{holder}" of durable holds (persistent sessions)
+# "{node}\x00{filter}\x00{holder}" of a gateway node's holds for its link only (clean sessions):
+# written too, so that a store node taking over (a new leader, a restart) holds them until the
+# node links again and says them again, or RELINK_S has passed
+NODE_FILTERS_TABLE = "cluster.node_filters"
+RELINK_S = 15.0  # a gateway node's FAILOVER_S: how long it keeps its clients while linking again
 
 
 class StoreService:
@@ -79,6 +84,16 @@ class StoreService:
         self._durable: set[tuple[str, str]] = set()
         self._volatile: dict[object, set[tuple[str, str]]] = {}  # per gateway node link
         self._filters = store.table(FILTERS_TABLE)
+        self._node_filters = store.table(NODE_FILTERS_TABLE)
+        self.stopping = False  # the links end because this node stops serving: their holds stay written
+        # link-only holds found written: held until their node says them again on a new link,
+        # or until RELINK_S after start (``release_unclaimed``)
+        self._unclaimed: dict[str, set[tuple[str, str]]] = {}
+        for key in self._node_filters.names():
+            node, _, rest = key.partition("\x00")
+            topic_filter, _, holder = rest.partition("\x00")
+            self._unclaimed.setdefault(node, set()).add((topic_filter, holder))
+            wildcards.add(topic_filter)
         sessions = store.table(SESSIONS_TABLE)
         self._expiry = SessionExpiry(lambda: stored_sessions(sessions), self._end_session)
         for key in self._filters.names():
@@ -91,6 +106,21 @@ class StoreService:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._expiry.run(expiry_check_interval_s), name="session-expiry"),
                        loop.create_task(self._route_notify(), name="notify-router")]
+        if self._unclaimed:
+            self._tasks.append(loop.create_task(self._release_unclaimed_later(), name="unclaimed-holds"))
+
+    async def _release_unclaimed_later(self) -> None:
+        await asyncio.sleep(RELINK_S)
+        self.release_unclaimed()
+
+    def release_unclaimed(self) -> None:
+        """The link-only holds of nodes that did not say them again: their clean sessions ended
+        while no store node served them (or their node is gone)."""
+        for node, holds in self._unclaimed.items():
+            for topic_filter, holder in holds:
+                self.wildcards.remove(topic_filter)
+                self._node_filters.delete(f"{node}\x00{topic_filter}\x00{holder}")
+        self._unclaimed.clear()
 
     async def stop(self) -> None:
         self.router.close()
@@ -260,7 +290,14 @@ class StoreService:
             holds = self._volatile.setdefault(conn, set())
             if hold not in holds:
                 holds.add(hold)
-                self.wildcards.add(hold[0])
+                node = self._node_of.get(conn)
+                unclaimed = self._unclaimed.get(node) if node is not None else None
+                if unclaimed is not None and hold in unclaimed:
+                    unclaimed.discard(hold)  # (counted in the wildcards since start: claimed, not added)
+                else:
+                    self.wildcards.add(hold[0])
+                    if node is not None:
+                        self._node_filters.put(f"{node}\x00{hold[0]}\x00{hold[1]}", b"")
         return None if request.is_oneway else response_to(request, ResponseCode.SUCCESS)
 
     def filter_release(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
@@ -278,11 +315,18 @@ class StoreService:
         if holds is not None and hold in holds:
             holds.discard(hold)
             self.wildcards.remove(hold[0])
+            node = self._node_of.get(conn) if isinstance(conn, RemotingConnection) else None
+            if node is not None:
+                self._node_filters.delete(f"{node}\x00{hold[0]}\x00{hold[1]}")
 
-    def link_closed(self, conn: object) -> None:
-        """A gateway node's link ended: the holds of its clean sessions end with it."""
-        for topic_filter, _ in self._volatile.pop(conn, set()):
+    def link_closed(self, conn: object, node: str | None = None) -> None:
+        """A gateway node's link ended: the holds of its clean sessions end with it (those its
+        node holds again on a newer link are kept written)."""
+        newer = self._volatile.get(self._links.get(node)) if node is not None else None
+        for topic_filter, holder in self._volatile.pop(conn, set()):
             self.wildcards.remove(topic_filter)
+            if node is not None and not self.stopping and (newer is None or (topic_filter, holder) not in newer):
+                self._node_filters.delete(f"{node}\x00{topic_filter}\x00{holder}")
 
     def retained_set(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
         ext = request.ext_fields
@@ -317,7 +361,7 @@ class StoreService:
             if self._links.get(node) is conn:
                 del self._links[node]
                 self.router.node_left(node)
-            self.link_closed(conn)
+            self.link_closed(conn, node)
 
     def interest(self, conn: RemotingConnection, request: RemotingCommand) -> None:
         """A gateway node starts (or stops) reading a queue: a routing hint, one-way."""
