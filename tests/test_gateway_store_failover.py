@@ -119,3 +119,35 @@ async def test_a_delete_is_the_newest_value_and_is_sent_again_through_a_failover
     await asyncio.sleep(RETRY_S * 2)
     assert remote.sent == [b"S1", b"DELETE c1", b"DELETE c1"]
     remote.answers[2].set_result(None)
+
+
+def test_a_wildcard_release_made_while_no_link_was_up_is_sent_on_the_next() -> None:
+    """A persistent session unsubscribing during a failover: its release (one-way, dropped by
+    the closed link) goes on the new link, or the store node would keep the durable hold."""
+    from gateway.cluster.mqtt_node import RemoteWildcards
+
+    class Remote:
+        def __init__(self) -> None:
+            self.sent: list[tuple] = []
+
+        def filter_hold(self, topic_filter: str, holder: str, durable: bool) -> None:
+            self.sent.append(("hold", topic_filter, holder, durable))
+
+        def filter_release(self, topic_filter: str, holder: str) -> None:
+            self.sent.append(("release", topic_filter, holder))
+
+    class Store:
+        connected = True
+        remote = Remote()
+
+    store = Store()
+    wildcards = RemoteWildcards(store)  # type: ignore[arg-type]
+    wildcards.hold("a/+", "c1", True)
+    wildcards.hold("b/+", "c2", False)
+    store.connected = False
+    wildcards.release("a/+", "c1")
+    store.remote, store.connected = Remote(), True
+    wildcards.hold_again()
+    assert store.remote.sent == [("release", "a/+", "c1"), ("hold", "b/+", "c2", False)]
+    wildcards.hold_again()  # (sent once)
+    assert store.remote.sent[2:] == [("hold", "b/+", "c2", False)]

@@ -57,6 +57,7 @@ class RemoteWildcards:
     def __init__(self, store: GatewayStore) -> None:
         self.store = store
         self._holds: dict[tuple[str, str], bool] = {}  # (filter, holder) -> durable: held from here
+        self._unsent_releases: set[tuple[str, str]] = set()  # released while no link was up
 
     def hold(self, topic_filter: str, holder: str, durable: bool) -> None:
         if is_wildcard(topic_filter):  # (a concrete filter's queue is written anyway)
@@ -66,12 +67,20 @@ class RemoteWildcards:
     def release(self, topic_filter: str, holder: str) -> None:
         if is_wildcard(topic_filter):
             self._holds.pop((topic_filter, holder), None)
+            if not self.store.connected:  # (a one-way request is dropped meanwhile: sent on the next link)
+                self._unsent_releases.add((topic_filter, holder))
             self.store.remote.filter_release(topic_filter, holder)
 
     def hold_again(self) -> None:
-        """On a new link: the store node keeps a clean session's holds only for its node's link."""
+        """On a new link: the store node keeps a clean session's holds only for its node's link,
+        and a release made while no link was up (a durable hold would stay) goes now."""
+        remote = self.store.remote
+        for topic_filter, holder in self._unsent_releases:
+            if (topic_filter, holder) not in self._holds:
+                remote.filter_release(topic_filter, holder)
+        self._unsent_releases.clear()
         for (topic_filter, holder), durable in self._holds.items():
-            self.store.remote.filter_hold(topic_filter, holder, durable)
+            remote.filter_hold(topic_filter, holder, durable)
 
     def queues_for(self, topic: str) -> list[str]:
         return [TOPIC_QUEUE_PREFIX + topic, WILDCARD_TARGETS]
