@@ -6,16 +6,12 @@ import asyncio
 import gc
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cache import QueueCache
-from lookup.api import Lookup, LookupOptions
-from lookup.embedded import EmbeddedLookup
 from lookup.redis_backend import RedisLookup
-from lookup.tcp import TcpTransport
 from store import MessageStore, StoreError
 
 from . import lean_tcp
@@ -28,11 +24,11 @@ from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
-from .cluster.remote_store import RemoteStore, RemoteStoreError
 from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
+from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, event_rules, parse_admin_users, parse_bind, parse_peers
+from .config import Config, ConfigError, event_rules, parse_admin_users, parse_bind
 from .listen import ListeningServer, format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
@@ -217,81 +213,15 @@ class Gateway:
     async def _connect_store_node(self) -> None:
         """A gateway node: no store of its own, the store node's over the store link (a
         replicated store's: its leader's, found in etcd again at each reconnect)."""
-        cfg = self.config
-        node_id = cfg.node_name()
-        token = cfg.cluster_token
-        address = self._store_address = self._store_node_address()
-
-        async def connect() -> RemoteStore:
-            return await RemoteStore.connect(*(await address("remoting")), name=node_id, token=token)
-
-        # a replicated store's leader key may still name a leader that just died: look again
-        # until a new one is elected (the lease runs out), then give up
-        deadline = time.monotonic() + (cfg.replication_lease_s * 5 if cfg.replication_group else 0)
-        while True:
-            try:
-                remote = await connect()
-                break
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise ConfigError(f"cannot reach the store node ({cfg.store_address or cfg.replication_group}): "
-                                      f"{exc}") from None
-                log.warning("store group leader unreachable, looking again error=%s", exc)
-                await asyncio.sleep(0.2)
-            except RemoteStoreError as exc:
-                raise ConfigError(f"the store node refused this node: {exc}") from None
-        finder = self.leader_finder
-        leader = (lambda: finder.address("remoting", timeout_s=0.5)) if finder is not None else None
-        self.gateway_store = GatewayStore(remote, connect, relink_s=0.1 if finder else 0.5, leader=leader)
-        await self.gateway_store.start(node_id)
-        self.node = GatewayNode(self.gateway_store, node_id, await self._start_lookup(node_id))
+        node_id = self.config.node_name()
+        link = await link_to_store_node(self.config)
+        self.gateway_store, self._store_address, self.leader_finder = link.store, link.address, link.leader_finder
+        self.node = GatewayNode(self.gateway_store, node_id, await start_lookup(self.config, node_id))
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
 
     @staticmethod
     async def _no_store_address(service: str) -> tuple[str, int]:
         raise OSError("not a gateway node")
-
-    def _store_node_address(self) -> Callable[[str], Awaitable[tuple[str, int]]]:
-        """The store node's address of a service ("remoting": the store link, or "amqp"): the
-        configured store_address, or a replicated store's leader, from etcd."""
-        cfg = self.config
-        if cfg.replication_group:
-            etcd = parse_bind(cfg.etcd_endpoint, "etcd_endpoint")
-            assert etcd is not None
-            finder = self.leader_finder = LeaderFinder(etcd, cfg.replication_group)
-            return lambda service: finder.address(service, timeout_s=cfg.replication_lease_s * 5)
-        fixed = parse_bind(cfg.store_address, "store_address")
-        assert fixed is not None
-
-        async def configured(service: str) -> tuple[str, int]:
-            if service == "amqp":
-                assert self.gateway_store is not None
-                port = self.gateway_store.remote.amqp_port
-                if not port:
-                    raise OSError("the store node has no AMQP listener to relay to")
-                return fixed[0], port
-            return fixed
-        return configured
-
-    def _lookup_options(self) -> LookupOptions:
-        beat = self.config.lookup_heartbeat_s
-        return LookupOptions(heartbeat_s=beat, node_ttl_s=5 * beat, settle_s=2.5 * beat, deadline_s=min(0.25, beat))
-
-    async def _start_lookup(self, node_id: str) -> Lookup | None:
-        cfg = self.config
-        lookup: Lookup
-        if cfg.lookup_backend == "redis" and cfg.redis_url:
-            lookup = RedisLookup(node_id, cfg.redis_url, self._lookup_options())
-        elif cfg.lookup_backend == "embedded" and cfg.peers:
-            host, port = parse_bind(cfg.lookup_bind, "lookup_bind")  # type: ignore[misc]  # (config requires it with peers)
-            peers = {peer: address for peer, address in parse_peers(cfg.peers).items() if peer != node_id}
-            lookup = EmbeddedLookup(node_id, TcpTransport(node_id, host, port, peers), self._lookup_options())
-        else:
-            log.info("no lookup: takeovers go to every gateway node node_id=%s", node_id)
-            return None
-        await lookup.start()
-        log.info("lookup started backend=%s node_id=%s", cfg.lookup_backend, node_id)
-        return lookup
 
     async def _start_mqtt(self) -> None:
         """The MQTT broker and each of its listeners that is configured: plain, TLS, WebSocket."""
@@ -473,7 +403,7 @@ class Gateway:
             retained = RetainedIndex(self.store)
             retained.load()
             if cfg.lookup_backend == "redis" and cfg.redis_url:  # the lookup's answers route notify
-                self.store_lookup = RedisLookup(f"store@{bind[0]}:{bind[1]}", cfg.redis_url, self._lookup_options())
+                self.store_lookup = RedisLookup(f"store@{bind[0]}:{bind[1]}", cfg.redis_url, lookup_options(cfg))
                 await self.store_lookup.start()
             nodes_for = self.store_lookup.nodes_for if self.store_lookup is not None else None
             router = NotifyRouter(nodes_for, broadcast=cfg.notify_routing == "broadcast")
