@@ -137,20 +137,38 @@ class _Reader:
 
 # -- PUT ----------------------------------------------------------------------------------------
 def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
+    """A PUT body (layout above), built inline as ``decode_put`` reads it: no call per field."""
+    u16, u32, head = _U16.pack, _U32.pack, _MSG_HEAD.pack
     out = []
+    append = out.append
     count = 0
     for message, queues in items:
         props = message.encoded_properties
         if props is None:
             props = encode_store_properties(message.properties) if message.properties else b""
-        born = message.born_timestamp if message.born_timestamp is not None else -1
-        out += [_str(message.topic), _str(message.key or ""), _str(message.tags or ""),
-                _MSG_HEAD.pack(born, message.flag, message.hold_kind, message.hold_due_ms), _blob(props),
-                _U16.pack(len(queues))]
-        out += [_str(queue) for queue in queues]
-        out.append(_blob(message.body))
+        born = message.born_timestamp
+        topic = message.topic.encode()
+        key = (message.key or "").encode()
+        tags = (message.tags or "").encode()
+        if len(topic) > 0xFFFF or len(key) > 0xFFFF or len(tags) > 0xFFFF:
+            raise ValueError("a string is too long for the store link")
+        append(u16(len(topic)))
+        append(topic)
+        append(u16(len(key)))
+        append(key)
+        append(u16(len(tags)))
+        append(tags)
+        append(head(born if born is not None else -1, message.flag, message.hold_kind, message.hold_due_ms))
+        append(u32(len(props)))
+        append(props)
+        append(u16(len(queues)))
+        for queue in queues:
+            append(_str(queue))
+        body = message.body
+        append(u32(len(body)))
+        append(body)
         count += 1
-    return _U32.pack(count) + b"".join(out)
+    return u32(count) + b"".join(out)
 
 
 def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
