@@ -139,7 +139,7 @@ class _Reader:
 def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
     """A PUT body (layout above), built inline as ``decode_put`` reads it: no call per field."""
     u16, u32, head = _U16.pack, _U32.pack, _MSG_HEAD.pack
-    out = []
+    out: list[bytes] = []
     append = out.append
     count = 0
     for message, queues in items:
