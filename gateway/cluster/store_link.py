@@ -226,31 +226,59 @@ _NO_OFFSETS = _U16.pack(0)
 
 def encode_put_results(results: Sequence[PutResult], queue_offsets: bool = True) -> bytes:
     """``queue_offsets`` False (a PUT that asked ``offsets=0``): each result with no queue offsets,
-    which an MQTT gateway node never reads (the same layout: a queue count of 0)."""
+    which an MQTT gateway node never reads (the same layout: a queue count of 0). A queue name
+    is encoded once a body (a put's messages mostly name the same queues)."""
     out = []
     if not queue_offsets:
         for result in results:
             out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
             out.append(_NO_OFFSETS)
         return b"".join(out)
+    names: dict[str, bytes] = {}
+    pack_result, pack_count, pack_offset = _PUT_RESULT.pack, _U16.pack, _I64.pack
     for result in results:
-        out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
-        out.append(_U16.pack(len(result.queue_offsets)))
-        out += [_str(name) + _I64.pack(offset) for name, offset in result.queue_offsets.items()]
+        offsets = result.queue_offsets
+        out.append(pack_result(result.position, result.size, result.store_timestamp))
+        out.append(pack_count(len(offsets)))
+        for name, offset in offsets.items():
+            encoded = names.get(name)
+            if encoded is None:
+                encoded = names[name] = _str(name)
+            out.append(encoded)
+            out.append(pack_offset(offset))
     return b"".join(out)
 
 
 def decode_put_results(data: bytes, id_prefix: str) -> list[PutResult]:
-    reader = _Reader(data)
+    """``encode_put_results``' body back, parsed inline (a queue name decoded once a body)."""
+    head, u16, i64 = _PUT_RESULT.unpack_from, _U16.unpack_from, _I64.unpack_from
+    head_size = _PUT_RESULT.size
+    size = len(data)
+    names: dict[bytes, str] = {}
     results = []
-    while not reader.done():
-        position, size, store_ms = reader.unpack(_PUT_RESULT)
-        (n,) = reader.unpack(_U16)
-        offsets = {}
-        for _ in range(n):
-            name = reader.str()
-            offsets[name] = reader.unpack(_I64)[0]
-        results.append(PutResult(id_prefix, position, size, store_ms, offsets))
+    at = 0
+    try:
+        while at < size:
+            position, record_size, store_ms = head(data, at)
+            n = u16(data, at + head_size)[0]
+            at += head_size + 2
+            offsets = {}
+            for _ in range(n):
+                length = u16(data, at)[0]
+                raw = data[at + 2:at + 2 + length]
+                name = names.get(raw)
+                if name is None:
+                    name = names[raw] = raw.decode()
+                at += 2 + length
+                offsets[name] = i64(data, at)[0]
+                at += 8
+            results.append(PutResult(id_prefix, position, record_size, store_ms, offsets))
+    except struct.error:
+        raise StoreLinkError("store link body is truncated") from None
+    except UnicodeDecodeError:
+        raise StoreLinkError("store link string is not UTF-8") from None
+    if at > size:
+        raise StoreLinkError("store link body is truncated")
     return results
 
 
