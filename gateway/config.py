@@ -80,6 +80,7 @@ class Config:
     remoting_bind: str = "localhost:9876"
     # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
     grpc_bind: str = ""
+    grpc_fifo_groups: str = ""  # consumer groups (comma-separated) whose PushConsumers consume in order
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
     admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
@@ -433,16 +434,16 @@ def validate_replication(cfg: Config) -> None:
 def validate_admin_access(cfg: Config) -> None:
     """The admin API serves every message body and can kick clients: a listener reachable from
     other hosts must have admin credentials, and admin users must be users of the password file."""
-    if parse_admin_users(cfg.admin_users) and not cfg.password_file:
+    if parse_names(cfg.admin_users) and not cfg.password_file:
         raise ConfigError("admin_users are users of the password file: set password_file too", "admin_users")
     metrics = parse_bind(cfg.metrics_bind, "metrics_bind")
-    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or parse_admin_users(cfg.admin_users)):
+    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or parse_names(cfg.admin_users)):
         raise ConfigError(f"metrics_bind {cfg.metrics_bind} is reachable beyond this host, and its admin API (every "
                           "message body, kicking clients) would have no credentials: set admin_token, or admin_users "
                           "with a password_file, or bind it to 127.0.0.1", "metrics_bind")
 
 
-def parse_admin_users(text: str) -> frozenset[str]:
+def parse_names(text: str) -> frozenset[str]:
     """``"root, ops"`` -> {"root", "ops"}."""
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 

@@ -28,7 +28,7 @@ from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, event_rules, parse_admin_users, parse_bind
+from .config import Config, ConfigError, event_rules, parse_names, parse_bind
 from .listen import ListeningServer, format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
@@ -352,7 +352,7 @@ class Gateway:
         """What the HTTP listener serves from (gateway/http/deps.py), once every other listener runs."""
         cfg = self.config
         return HttpDeps(
-            access=HttpAccess(cfg.admin_token, parse_admin_users(cfg.admin_users), cfg.authentication_configured(),
+            access=HttpAccess(cfg.admin_token, parse_names(cfg.admin_users), cfg.authentication_configured(),
                               self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
@@ -430,7 +430,7 @@ class Gateway:
         host = bind[0]
         advertised = self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" \
             else host
-        self.grpc = GrpcServer(self.remoting, self.pressure)
+        self.grpc = GrpcServer(self.remoting, self.pressure, fifo_groups=parse_names(self.config.grpc_fifo_groups))
         address = await self.grpc.start(host, bind[1], advertised)
         log.info("listener started protocol=grpc address=%s", format_address(*address))
 

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.client import ClientConfiguration, Credentials
-from rocketmq.v5.consumer import SimpleConsumer
+from rocketmq.v5.consumer import MessageListener, PushConsumer, SimpleConsumer
 from rocketmq.v5.model import FilterExpression
 from rocketmq.v5.producer import Producer, TransactionChecker
 
@@ -61,6 +61,14 @@ def official_simple_consumer(endpoint: str, group: str, topic: str, expression: 
     return started(SimpleConsumer(ClientConfiguration(endpoint, credentials or Credentials(), request_timeout=10),
                                   group,
                                   {topic: FilterExpression(expression)}, await_duration=await_s))
+
+
+def official_push_consumer(endpoint: str, group: str, topic: str, listener: MessageListener, expression: str = "*"
+                           ) -> contextlib.AbstractAsyncContextManager[PushConsumer]:
+    """The official client's PushConsumer of ``topic`` (a TAG expression), calling ``listener``
+    from its threads, started and shut down."""
+    return started(PushConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group, listener,
+                                {topic: FilterExpression(expression)}))
 
 
 @contextlib.asynccontextmanager

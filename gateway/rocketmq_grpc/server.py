@@ -1,5 +1,6 @@
-"""The gRPC listener: grpcio's asyncio server with the ``MessagingService``; stopped with a
-grace period in which calls under way finish and new ones are refused."""
+"""The gRPC listener: grpcio's asyncio server with the ``MessagingService``. On stop, long
+polls end at once, empty, and the server says GOAWAY: new calls are refused, those under way
+get a grace period to finish."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ from rocketmq.grpc_protocol.service_pb2_grpc import add_MessagingServiceServicer
 
 from ..pressure import StorePressure
 from ..remoting.broker import RemotingBroker
+from .renewals import Renewals
 from .service import MessagingService
 
 STOP_GRACE_S = 2.0
 
 
 class GrpcServer:
-    def __init__(self, broker: RemotingBroker, pressure: StorePressure | None = None) -> None:
+    def __init__(self, broker: RemotingBroker, pressure: StorePressure | None = None, *,
+                 fifo_groups: frozenset[str] = frozenset()) -> None:
         self.broker = broker
         self.pressure = pressure
+        self.fifo_groups = fifo_groups
         self.server: grpc.aio.Server | None = None
+        self.service: MessagingService | None = None
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int, advertised_host: str) -> tuple[str, int]:
@@ -27,11 +32,18 @@ class GrpcServer:
         if bound == 0:
             raise OSError(f"grpc_bind: cannot listen on {host}:{port}")
         self.address = (advertised_host, bound)
-        add_MessagingServiceServicer_to_server(MessagingService(self.broker, self.address, self.pressure), self.server)
+        self.service = MessagingService(self.broker, self.address, self.pressure, fifo_groups=self.fifo_groups,
+                                        renewals=Renewals(self.broker.pop))
+        add_MessagingServiceServicer_to_server(self.service, self.server)
         await self.server.start()
+        self.service.renewals.start()
         return self.address
 
     async def stop(self) -> None:
+        if self.service is not None:
+            self.service.draining.set()
         if self.server is not None:
             await self.server.stop(STOP_GRACE_S)
             self.server = None
+        if self.service is not None:
+            await self.service.renewals.stop()
