@@ -80,6 +80,7 @@ class Config:
     remoting_bind: str = "localhost:9876"
     # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
     grpc_bind: str = ""
+    grpc_on_remoting_port: bool = True  # with grpc_bind: the remoting port takes gRPC connections too
     grpc_fifo_groups: str = ""  # consumer groups (comma-separated) whose PushConsumers consume in order
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)

@@ -433,6 +433,11 @@ class Gateway:
         self.grpc = GrpcServer(self.remoting, self.pressure, fifo_groups=parse_names(self.config.grpc_fifo_groups))
         address = await self.grpc.start(host, bind[1], advertised)
         log.info("listener started protocol=grpc address=%s", format_address(*address))
+        if self.config.grpc_on_remoting_port:  # (the remoting port sniffs HTTP/2's preface)
+            remoting_host, _, remoting_port = self.remoting.broker_addr.rpartition(":")
+            shared = self.grpc.share_port((remoting_host.strip("[]"), int(remoting_port)))
+            self.remoting.http2_handoff = shared.hand_over
+            log.info("grpc also on the remoting port address=%s", self.remoting.broker_addr)
 
     async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:
         """Event-loop lag: how much later than asked a sleep wakes up (a busy or blocked loop)."""

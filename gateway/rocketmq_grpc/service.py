@@ -49,6 +49,7 @@ class MessagingService(MessagingServiceServicer):
         self.broker = broker
         self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
+        self.shared_advertised = advertised  # ... and of the remoting port, for calls that came over it
         self.fifo_groups = fifo_groups  # consumer groups whose PushConsumers consume in order
         self.renewals = renewals or Renewals(broker.pop)  # what PushConsumers hold (auto_renew)
         self.draining = asyncio.Event()  # set on shutdown: long polls end at once, empty
@@ -70,7 +71,7 @@ class MessagingService(MessagingServiceServicer):
             await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.QueryRouteResponse(status=status(exc.code, str(exc)))
-        queues = [self._message_queue(request.topic, queue_id, topic.perm)
+        queues = [self._message_queue(context, request.topic, queue_id, topic.perm)
                   for queue_id in range(max(topic.read_queues, topic.write_queues))]
         return rpc.QueryRouteResponse(status=status(pb.OK), message_queues=queues)
 
@@ -89,11 +90,13 @@ class MessagingService(MessagingServiceServicer):
                                                            "(its route query creates it)")
         except GrpcRequestError as exc:
             return rpc.QueryAssignmentResponse(status=status(exc.code, str(exc)))
-        queue = self._message_queue(request.topic, -1, topic.perm)
+        queue = self._message_queue(context, request.topic, -1, topic.perm)
         return rpc.QueryAssignmentResponse(status=status(pb.OK), assignments=[pb.Assignment(message_queue=queue)])
 
-    def _message_queue(self, topic: pb.Resource, queue_id: int, perm: int) -> pb.MessageQueue:
-        host, port = self.advertised
+    def _message_queue(self, context: grpc.aio.ServicerContext, topic: pb.Resource, queue_id: int, perm: int
+                       ) -> pb.MessageQueue:
+        """A queue on this node, at the port the call came to (the gRPC one or the remoting one)."""
+        host, port = self.shared_advertised if context.peer() in self.access.forwarded else self.advertised
         broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
             scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
         permission = {PERM_READ | PERM_WRITE: pb.READ_WRITE, PERM_READ: pb.READ, PERM_WRITE: pb.WRITE}.get(
@@ -272,4 +275,4 @@ class MessagingService(MessagingServiceServicer):
 
 def _client_id(context: grpc.aio.ServicerContext) -> str:
     """Who makes the call: the client id the official clients send, else its address."""
-    return call_metadata(context).get(CLIENT_ID) or context.peer()
+    return call_metadata(context).get(CLIENT_ID) or context.peer()  # (the forward's peer is as unique)
