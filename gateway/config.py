@@ -80,6 +80,7 @@ class Config:
     remoting_bind: str = "localhost:9876"
     # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
     grpc_bind: str = ""
+    grpcs_bind: str = ""  # gRPC over TLS; needs tls_cert_file and tls_key_file
     grpc_on_remoting_port: bool = True  # with grpc_bind: the remoting port takes gRPC connections too
     grpc_fifo_groups: str = ""  # consumer groups (comma-separated) whose PushConsumers consume in order
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
@@ -322,11 +323,13 @@ def event_rules(cfg: Config) -> dict[str, Any]:
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
-    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "grpc_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
+    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "grpc_bind", "grpcs_bind", "metrics_bind", "mqtts_bind",
+                 "ws_bind"):
         parse_bind(getattr(cfg, name), name)
     validate_admin_access(cfg)
-    if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
-        raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file", "mqtts_bind")
+    for name in ("mqtts_bind", "grpcs_bind"):
+        if getattr(cfg, name) and not (cfg.tls_cert_file and cfg.tls_key_file):
+            raise ConfigError(f"{name} needs tls_cert_file and tls_key_file", name)
     for name in ("mqtt_receive_maximum", "mqtt_max_inflight"):
         if not 1 <= getattr(cfg, name) <= 65_535:
             raise ConfigError(f"{name} is 1..65535, not {getattr(cfg, name)}", name)
@@ -461,16 +464,15 @@ def is_loopback(host: str) -> bool:
 
 
 def validate_grpc(cfg: Config) -> None:
-    """The gRPC listener is served by the remoting node (embedded or store), with its access
-    keys and ACL."""
-    if not cfg.grpc_bind:
-        return
-    if cfg.role == "gateway":
-        raise ConfigError("grpc_bind: RocketMQ 5 clients connect to the store node, not to gateway nodes yet",
-                          "grpc_bind")
-    if not cfg.remoting_bind:
-        raise ConfigError("grpc_bind needs remoting_bind: the gRPC calls are answered by the remoting node",
-                          "grpc_bind")
+    """The gRPC listener (plain, TLS or both) is served by the remoting node (embedded or
+    store), with its access keys and ACL."""
+    for name in ("grpc_bind", "grpcs_bind"):
+        if not getattr(cfg, name):
+            continue
+        if cfg.role == "gateway":
+            raise ConfigError(f"{name}: RocketMQ 5 clients connect to the store node, not to gateway nodes yet", name)
+        if not cfg.remoting_bind:
+            raise ConfigError(f"{name} needs remoting_bind: the gRPC calls are answered by the remoting node", name)
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

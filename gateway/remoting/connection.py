@@ -40,6 +40,7 @@ log = logging.getLogger("tidemq.remoting")
 
 _opaques = itertools.count(1)
 HTTP2_START = b"PRI "  # how HTTP/2's connection preface begins
+TLS_START = b"\x16\x03"  # ... and a TLS handshake record
 
 
 class RemotingConnection(asyncio.Protocol):
@@ -109,8 +110,9 @@ class RemotingConnection(asyncio.Protocol):
         self.close()
 
     def data_received(self, data: bytes) -> None:
-        if not self._spoke and data[:4] == HTTP2_START and self.broker.http2_handoff is not None \
-                and not self.reader.buffered:  # (no remoting frame is that long: gRPC on this port)
+        if not self._spoke and (data[:4] == HTTP2_START or data[:2] == TLS_START) \
+                and self.broker.http2_handoff is not None and not self.reader.buffered:
+            # (no remoting frame is that long: gRPC on this port, plain or over TLS)
             self._hand_off(data)
             return
         self.broker.stats.bytes_received += len(data)

@@ -49,6 +49,7 @@ class MessagingService(MessagingServiceServicer):
         self.broker = broker
         self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
+        self.tls_advertised = advertised  # ... of its TLS port, for calls that came over TLS
         self.shared_advertised = advertised  # ... and of the remoting port, for calls that came over it
         self.fifo_groups = fifo_groups  # consumer groups whose PushConsumers consume in order
         self.renewals = renewals or Renewals(broker.pop)  # what PushConsumers hold (auto_renew)
@@ -95,8 +96,14 @@ class MessagingService(MessagingServiceServicer):
 
     def _message_queue(self, context: grpc.aio.ServicerContext, topic: pb.Resource, queue_id: int, perm: int
                        ) -> pb.MessageQueue:
-        """A queue on this node, at the port the call came to (the gRPC one or the remoting one)."""
-        host, port = self.shared_advertised if context.peer() in self.access.forwarded else self.advertised
+        """A queue on this node, at the port the call came to (gRPC's plain or TLS one, or the
+        remoting one)."""
+        if context.peer() in self.access.forwarded:
+            host, port = self.shared_advertised
+        elif context.auth_context().get("transport_security_type") == [b"ssl"]:
+            host, port = self.tls_advertised
+        else:
+            host, port = self.advertised
         broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
             scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
         permission = {PERM_READ | PERM_WRITE: pb.READ_WRITE, PERM_READ: pb.READ, PERM_WRITE: pb.WRITE}.get(

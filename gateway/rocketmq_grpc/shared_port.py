@@ -1,6 +1,6 @@
 """gRPC on the remoting port: a remoting connection that opens with HTTP/2's connection preface
-is handed here and forwarded, byte for byte, to the gRPC listener over loopback (grpcio's
-server cannot adopt a socket). Each side's reading pauses while the other's writing is paused;
+(or a TLS handshake) is handed here and forwarded, byte for byte, to the gRPC listener's plain
+(or TLS) port over loopback (grpcio's server cannot adopt a socket). Each side's reading pauses while the other's writing is paused;
 either side's end closes both. The gRPC service learns the client's own address from
 ``peers`` (its forwarded connection's local address -> the client's)."""
 
@@ -12,6 +12,7 @@ import logging
 log = logging.getLogger("tidemq.grpc")
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+TLS_HANDSHAKE = b"\x16"  # the record type a TLS connection opens with
 
 
 class _Side(asyncio.Protocol):
@@ -63,29 +64,35 @@ class _Upstream(_Side):
 
 
 class SharedPort:
-    """Forwards the connections handed to it to the gRPC listener at ``target``."""
+    """Forwards the connections handed to it to the gRPC listener's ``plain`` port, or its
+    ``tls`` port for a TLS handshake; one that has no port to go to is closed."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
+    def __init__(self, plain: tuple[str, int] | None, tls: tuple[str, int] | None) -> None:
+        self.plain, self.tls = plain, tls
         self.peers: dict[str, str] = {}  # a forwarded connection's local address (grpc's peer) -> the client's
         self._connecting: set[asyncio.Task[None]] = set()
 
     def hand_over(self, transport: asyncio.Transport, first: bytes, client_peer: str) -> None:
         """Take over ``transport`` (its connection read ``first`` so far)."""
+        target = self.tls if first[:1] == TLS_HANDSHAKE else self.plain
+        if target is None:
+            log.info("grpc forward refused peer=%s tls=%s: no such gRPC port", client_peer, target is self.tls)
+            transport.close()
+            return
         client = _Side()
         client.transport = transport
         client.pending.append(first)
         transport.set_protocol(client)
         transport.pause_reading()  # (until the gRPC side is connected)
-        task = asyncio.get_running_loop().create_task(self._connect(client, client_peer))
+        task = asyncio.get_running_loop().create_task(self._connect(client, client_peer, target))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
 
-    async def _connect(self, client: _Side, client_peer: str) -> None:
+    async def _connect(self, client: _Side, client_peer: str, target: tuple[str, int]) -> None:
         assert client.transport is not None
         try:
             _, upstream = await asyncio.get_running_loop().create_connection(
-                lambda: _Upstream(client, self.peers, client_peer), *self.target)
+                lambda: _Upstream(client, self.peers, client_peer), *target)
         except OSError as exc:
             log.info("grpc forward failed peer=%s error=%s", client_peer, exc)
             client.transport.close()
