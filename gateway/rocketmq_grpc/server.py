@@ -80,7 +80,7 @@ class GrpcServer:
         if self.shared is not None:
             await self.shared.stop()
         if self.service is not None:
-            self.service.draining.set()
+            self.service.drain()
         if self.server is not None:
             await self.server.stop(STOP_GRACE_S)
             self.server = None

@@ -54,6 +54,7 @@ class MessagingService(MessagingServiceServicer):
         self.fifo_groups = fifo_groups  # consumer groups whose PushConsumers consume in order
         self.renewals = renewals or Renewals(broker.pop)  # what PushConsumers hold (auto_renew)
         self.draining = asyncio.Event()  # set on shutdown: long polls end at once, empty
+        self.sessions: set[TelemetrySession] = set()  # the open Telemetry streams
         self._next_queue = itertools.count()  # round robin over a topic's queues for sends
         self.access = GrpcAccess(broker.access)
 
@@ -147,11 +148,22 @@ class MessagingService(MessagingServiceServicer):
             return self._settings(client)
         client_id = _client_id(context)
         session = TelemetrySession(self.broker, who, client_id)
+        self.sessions.add(session)
+        if self.draining.is_set():
+            session.end()
         try:
             async for command in session.run(requests, answer):
                 yield command
         finally:  # (the client is gone: what it held comes back, as at its termination)
+            self.sessions.discard(session)
             self.renewals.release(client_id)
+
+    def drain(self) -> None:
+        """Shutdown: long polls end at once, empty; Telemetry streams end (their clients open
+        them again elsewhere)."""
+        self.draining.set()
+        for session in self.sessions:
+            session.end()
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
         settings = pb.Settings()
