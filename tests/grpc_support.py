@@ -30,7 +30,8 @@ def grpc_port(gw: Gateway) -> int:
 @contextlib.asynccontextmanager
 async def grpc_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple[Gateway, str, str]]:
     """A gateway with gRPC on; yields it, the gRPC endpoint and the remoting address."""
-    async with remoting_gateway(data_dir, grpc_bind="127.0.0.1:0", **config) as (gw, remoting_addr):
+    config.setdefault("grpc_bind", "127.0.0.1:0")
+    async with remoting_gateway(data_dir, **config) as (gw, remoting_addr):
         yield gw, f"127.0.0.1:{grpc_port(gw)}", remoting_addr
 
 

@@ -55,3 +55,14 @@ async def test_the_remoting_port_is_remoting_only_when_sharing_is_off(data_dir: 
         async with raw_stub(endpoint) as stub:  # (its own port still serves)
             route = await stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="Shared")))
         assert route.status.code == pb.OK
+
+
+async def test_the_remoting_port_shares_over_ipv6_too(data_dir: Path) -> None:
+    async with grpc_gateway(data_dir, remoting_bind="[::1]:0", grpc_bind="[::1]:0") as (gw, _, _):
+        port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "remoting")
+        async with raw_stub(f"[::1]:{port}") as stub:
+            route = await stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="SharedV6")))
+        assert route.status.code == pb.OK
+        assert {(a.host, a.port) for q in route.message_queues for a in q.broker.endpoints.addresses} \
+            == {("::1", port)}  # (known as forwarded: named by the port it came to)
+        assert {q.broker.endpoints.scheme for q in route.message_queues} == {pb.IPv6}

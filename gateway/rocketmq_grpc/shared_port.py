@@ -55,7 +55,7 @@ class _Upstream(_Side):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         host, port = transport.get_extra_info("sockname")[:2]
-        self.local = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        self.local = f"ipv6:%5B{host}%5D:{port}" if ":" in host else f"ipv4:{host}:{port}"  # (as grpcio's peer)
         self.peers[self.local] = self.client_peer
 
     def connection_lost(self, exc: Exception | None) -> None:
