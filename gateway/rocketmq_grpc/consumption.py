@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -36,21 +37,30 @@ from .renewals import Renewals
 _EXPRESSION_TYPES = {pb.FILTER_TYPE_UNSPECIFIED: EXPRESSION_TAG, pb.TAG: EXPRESSION_TAG, pb.SQL: EXPRESSION_SQL92}
 
 
+@dataclass(slots=True)
+class Received:
+    """One ReceiveMessage's answers (its messages, then its status), and the receipts of those
+    to keep invisible while the client holds them (``auto_renew``): held by the caller once
+    the messages are written, before the status (a call broken before then leaves them to
+    come back after their invisible duration)."""
+
+    answers: list[rpc.ReceiveMessageResponse]
+    renewed: list[Receipt]
+    group: str
+    topic: str
+
+
 async def receive(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest, renewals: Renewals,
-                  client_id: str, draining: asyncio.Event) -> list[rpc.ReceiveMessageResponse]:
-    """The answers to one ReceiveMessage of ``client_id``: its messages, then its status;
-    GrpcRequestError for a request refused. A long poll ends at once, empty, once
-    ``draining`` is set."""
+                  draining: asyncio.Event) -> Received:
+    """What one ReceiveMessage answers; GrpcRequestError for a request refused. A long poll
+    ends at once, empty, once ``draining`` is set."""
     invisible_ms = renewals.settings.invisible_ms if request.auto_renew else _invisible_ms(request.invisible_duration)
     try:
         found, topic = await _pop(broker, who, request, invisible_ms, draining)
     except BadRequest as exc:
         raise GrpcRequestError(grpc_code_of_remoting(exc.code), str(exc)) from None
-    if request.auto_renew:
-        group = request.group.name
-        for queue_id, popped in found:
-            for point in popped.points:
-                renewals.hold(client_id, group, topic, Receipt(queue_id, point.offset, popped.pop_time_ms + invisible_ms))
+    renewed = [Receipt(queue_id, point.offset, popped.pop_time_ms + invisible_ms)
+               for queue_id, popped in found for point in popped.points] if request.auto_renew else []
     answers = [rpc.ReceiveMessageResponse(message=grpc_message(
         message, topic, queue_id, point, popped.pop_time_ms + invisible_ms, invisible_ms,
         broker.msg_id(message.position)))
@@ -63,7 +73,7 @@ async def receive(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMe
         sent.delivery_timestamp.FromMilliseconds(clock_ms())
         answers.insert(0, sent)
         answers.append(rpc.ReceiveMessageResponse(status=status(pb.OK)))
-    return answers
+    return Received(answers, renewed, request.group.name, topic)
 
 
 async def _pop(broker: RemotingBroker, who: Principal, request: rpc.ReceiveMessageRequest, invisible_ms: int,

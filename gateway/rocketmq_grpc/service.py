@@ -194,14 +194,18 @@ class MessagingService(MessagingServiceServicer):
         try:
             who = self.access.principal(context, "receive_message")
             self.access.check_topic(who, request.message_queue.topic.name, Right.READ, "receive_message")
-            answers = await consumption.receive(self.broker, who, request, self.renewals, _client_id(context),
-                                                self.draining)
+            received = await consumption.receive(self.broker, who, request, self.renewals, self.draining)
             await self._settled(meta_before)  # (its check points: else none is shown)
         except GrpcRequestError as exc:
             yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
             return
-        for answer in answers:
+        *messages, answered = received.answers
+        for answer in messages:
             yield answer
+        client_id = _client_id(context)
+        for receipt in received.renewed:  # (the client has them: kept invisible while it holds them)
+            self.renewals.hold(client_id, received.group, received.topic, receipt)
+        yield answered
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
