@@ -248,6 +248,37 @@ async def test_a_gateway_node_does_not_read_back_what_its_own_clients_publish(da
             await client.disconnect()
 
 
+async def test_two_nodes_publishing_to_one_topic_each_deliver_every_message_in_the_stores_order(data_dir: Path) -> None:
+    """Both nodes write the same queue: each node's own messages reach its cache from their
+    receipts, the other's from the store, and a subscriber on each node gets every message
+    once, both in the same order (the queue's), each publisher's in the order it sent them."""
+    async with cluster(data_dir) as (_, (a, b)):
+        subscribers = []
+        for node, name in ((a, "sa"), (b, "sb")):
+            client = PahoClient(mqtt_port(node), name, version=MQTT_5)
+            await client.connect()
+            await client.subscribe("mixed/+", qos=1)
+            subscribers.append(client)
+        publishers = []
+        for node, name in ((a, "pa"), (b, "pb")):
+            client = PahoClient(mqtt_port(node), name)
+            await client.connect()
+            publishers.append(client)
+
+        async def send(publisher: PahoClient, tag: str) -> None:
+            for i in range(150):
+                await publisher.publish(f"mixed/{tag}", f"{tag}{i}", 1)
+        await asyncio.gather(send(publishers[0], "a"), send(publishers[1], "b"))
+        got = [[r.payload.decode() for r in await client.receive(300)] for client in subscribers]
+        assert got[0] == got[1]
+        for tag in "ab":
+            assert [p for p in got[0] if p.startswith(tag)] == [f"{tag}{i}" for i in range(150)]
+        for client in subscribers:
+            await client.nothing_more()
+        for client in subscribers + publishers:
+            await client.disconnect()
+
+
 async def test_gateway_node_keeps_its_clients_through_a_store_node_restart(data_dir: Path) -> None:
     """The store node restarts within the node's failover_s: its clients stay connected (a new
     one is refused meanwhile), a publish sent while it is down is acknowledged once it is back,
