@@ -218,18 +218,22 @@ class MessageStore:
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, producer: Producer | None = None
-                         ) -> asyncio.Future[Sequence[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, producer: Producer | None = None,
+                         resent: bool = True) -> asyncio.Future[Sequence[PutResult]]:
         """Submit messages for one group commit and return at once; the future resolves when
         they are durable per the flush mode. Futures resolve in submission order, so a
         gateway can acknowledge in the order its client sent (no task per message).
 
         ``producer``: (id, sequence number) of an idempotent put (write/idempotence.py): a put
         of a number already written is answered as the first time, and not written again.
+        ``resent`` False: the producer knows this number was never sent before (it is marked,
+        not looked for).
 
         Raises InvalidMessageError / MessageTooLargeError before anything is submitted.
         """
-        if producer is not None:
+        if producer is not None and not resent:
+            check_producer(producer)
+        elif producer is not None:
             answered = self._answered(producer)
             if answered is not None:
                 return answered
