@@ -20,6 +20,7 @@ from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
 from .targets import Target, TopicTarget, WebhookTarget
+from .targets.topic import Republished
 
 log = logging.getLogger("tidemq.rules")
 
@@ -29,9 +30,8 @@ CONSUMER_PREFIX = "$rule:"  # a rule's consumer offsets: "$rule:{name}"
 class RuleHost(Protocol):
     """What the engine needs of the gateway."""
 
-    def republish(self, topic: str, body: bytes, qos: int, content_type: str | None,
-                  user_properties: Sequence[tuple[str, str]]) -> Awaitable[None]:
-        """Publish as an MQTT client would (resolves once stored; StoreError when not)."""
+    def republish(self, messages: Sequence[Republished]) -> Awaitable[None]:
+        """Publish, in order, as an MQTT client would (resolves once all are stored; StoreError when not)."""
         ...
 
     def open_source(self, consumer: str, topic_filter: str, *, resume: bool) -> EventSource:
