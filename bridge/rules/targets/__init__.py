@@ -1,8 +1,11 @@
-"""Where a rule sends what it matched: a TideMQ topic (``topic.py``) or an HTTP webhook
-(``webhook.py``); each answers an attempt with an ``Outcome`` (``outcome.py``)."""
+"""Where a rule sends what it matched: a TideMQ topic (``topic.py``), an HTTP webhook
+(``webhook.py``) or a remote MQTT broker (``mqtt_bridge.py``, its checked options beside it); each answers an attempt with an
+``Outcome`` (``outcome.py``)."""
 
+from .mqtt_bridge import MqttBridgeTarget
 from .outcome import DELIVERED, BatchTarget, Outcome, Target
 from .topic import Republish, Republished, TopicTarget
 from .webhook import WebhookTarget
 
-__all__ = ["DELIVERED", "BatchTarget", "Outcome", "Republish", "Republished", "Target", "TopicTarget", "WebhookTarget"]
+__all__ = ["DELIVERED", "BatchTarget", "MqttBridgeTarget", "Outcome", "Republish", "Republished",
+           "Target", "TopicTarget", "WebhookTarget"]
