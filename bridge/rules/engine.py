@@ -19,8 +19,9 @@ from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
-from .targets import MqttBridgeTarget, Target, TopicTarget, WebhookTarget
+from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
 from .targets.mqtt_options import MqttBridgeOptions
+from .targets.postgres_options import PostgresOptions
 from .targets.topic import Republished
 
 log = logging.getLogger("tidemq.rules")
@@ -192,4 +193,6 @@ class RulesEngine:
             return TopicTarget(self._host.republish, spec.topic, spec.qos)
         if isinstance(spec.options, MqttBridgeOptions):
             return MqttBridgeTarget(spec.options, client_id=f"tidemq-rule-{rule.name}-{index}")
+        if isinstance(spec.options, PostgresOptions):
+            return PostgresTarget(spec.options)
         return WebhookTarget(spec.url, mode=spec.mode, headers=spec.headers, timeout_s=spec.timeout_s)
