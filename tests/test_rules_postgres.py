@@ -1,5 +1,5 @@
 """The rules' PostgreSQL target (bridge/rules/targets/postgres.py) against a real PostgreSQL
-started on a free port: rows arrive with their columns from the event; the server stopped and
+started on a free port: rows arrive with their columns from the event (MQTT and AMQP publishes); the server stopped and
 started again mid-run loses nothing and duplicates no row; a row the table refuses (a constraint,
 a value of the wrong type) goes to the dead-letter topic and the others of its batch are kept."""
 
@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import aio_pika
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from .mqtt_support import MQTT_5, PahoClient, mqtt_port, running_gateway
 from .postgres_support import Postgres, postgres  # noqa: F401 (the fixture)
 from .rules_support import call, until
-from .test_rules import admin_url
+from .test_rules import admin_url, amqp_url
 
 TABLE = """CREATE TABLE readings (
     id text PRIMARY KEY, n integer UNIQUE, topic text NOT NULL, temp double precision CHECK (temp < 100),
@@ -35,7 +36,7 @@ async def rows(server: Postgres) -> list[dict]:
 
 async def test_events_become_rows(data_dir: Path, postgres: Postgres) -> None:  # noqa: F811
     await postgres.execute(TABLE)
-    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", amqp_bind="127.0.0.1:0") as gw:
         status, row = await call(admin_url(gw), "POST", "/admin/rules", {
             "name": "store", "sources": ["sensors/#"], "pattern": {"data": {"n": [{"exists": True}]}},
             "targets": [{"type": "postgres", "dsn": postgres.dsn, "table": "readings", "columns": COLUMNS}]})
@@ -46,13 +47,19 @@ async def test_events_become_rows(data_dir: Path, postgres: Postgres) -> None:  
         for n in range(20):
             await device.publish(f"sensors/r{n % 2}", json.dumps({"n": n, "temp": 20 + n / 2}), 1, properties=site("berlin"))
         await device.publish("sensors/r0", json.dumps({"other": 1}), 1)  # (no match)
-        await until(lambda: gw.rules.engine.get("store")["delivered"] == 20, what="20 rows")
+        connection = await aio_pika.connect(amqp_url(gw))
+        exchange = await (await connection.channel()).get_exchange("amq.topic")
+        await exchange.publish(aio_pika.Message(json.dumps({"n": 20, "temp": 5}).encode(), headers={"site": "paris"},
+                                                content_type="application/json"), "sensors.r9")
+        await until(lambda: gw.rules.engine.get("store")["delivered"] == 21, what="21 rows")
         got = await rows(postgres)
-        assert [r["n"] for r in got] == list(range(20))
+        assert [r["n"] for r in got] == list(range(21))
+        assert (got[20]["topic"], got[20]["site"], got[20]["temp"]) == ("sensors/r9", "paris", 5.0)  # (an AMQP publish)
+        await connection.close()
         first = got[0]
         assert (first["topic"], first["temp"], first["site"]) == ("sensors/r0", 20.0, "berlin")
         assert json.loads(first["body"]) == {"n": 0, "temp": 20.0}
-        assert first["at"].tzinfo is not None and len({r["id"] for r in got}) == 20
+        assert first["at"].tzinfo is not None and len({r["id"] for r in got}) == 21
         await device.disconnect()
 
 
