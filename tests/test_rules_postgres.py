@@ -128,6 +128,27 @@ async def test_a_row_the_table_refuses_goes_to_the_dead_letter_topic_and_its_bat
         await dead.disconnect()
 
 
+async def test_an_upsert_keeps_the_last_event_of_each_key(data_dir: Path, postgres: Postgres) -> None:  # noqa: F811
+    await postgres.execute(TABLE)
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "store", "sources": ["sensors/#"], "paused": True,
+            "targets": [{"type": "postgres", "dsn": postgres.dsn, "table": "readings", "columns": COLUMNS,
+                         "on_conflict": "update", "key": ["n"]}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "dev-1")
+        await device.connect()
+        for n, temp in ((1, 10), (2, 20), (1, 30)):  # (one batch: the rule is paused)
+            await device.publish("sensors/a", json.dumps({"n": n, "temp": temp}), 1)
+        status, row = await call(admin_url(gw), "POST", "/admin/rules/store/resume")
+        assert status == 200, row
+        await until(lambda: gw.rules.engine.get("store")["delivered"] == 3, what="three events")
+        await device.publish("sensors/a", json.dumps({"n": 2, "temp": 40}), 1)  # (on its own)
+        await until(lambda: gw.rules.engine.get("store")["delivered"] == 4, what="the fourth")
+        assert [(r["n"], r["temp"]) for r in await rows(postgres)] == [(1, 30.0), (2, 40.0)]
+        await device.disconnect()
+
+
 async def test_a_bad_postgres_target_is_refused_with_its_path(data_dir: Path) -> None:
     async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
         good = {"type": "postgres", "dsn": "postgresql://u@h/db", "table": "t", "columns": {"id": "$.id"}}
@@ -137,7 +158,10 @@ async def test_a_bad_postgres_target_is_refused_with_its_path(data_dir: Path) ->
                              ({"columns": {"id": "$.["}}, "$.targets[0].columns.id"),
                              ({"columns": {}}, "$.targets[0].columns"),
                              ({"dsn": "mysql://h/db"}, "$.targets[0].dsn"),
-                             ({"on_conflict": "update"}, "$.targets[0].on_conflict")):
+                             ({"on_conflict": "upsert"}, "$.targets[0].on_conflict"),
+                             ({"on_conflict": "update"}, "$.targets[0].key"),
+                             ({"on_conflict": "update", "key": ["x"]}, "$.targets[0].key"),
+                             ({"key": ["id"]}, "$.targets[0].key")):
             status, row = await call(admin_url(gw), "POST", "/admin/rules", {
                 "name": "bad", "sources": ["a/#"], "targets": [{**good, **change}]})
             assert (status, row["path"]) == (400, path), row

@@ -12,9 +12,9 @@ from typing import Any
 from ..errors import RuleDefinitionError
 from ..transforms import compile_query
 
-KEYS = frozenset({"type", "dsn", "table", "columns", "on_conflict", "pool_size", "timeout_s"})
+KEYS = frozenset({"type", "dsn", "table", "columns", "on_conflict", "key", "pool_size", "timeout_s"})
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
-ON_CONFLICT = ("error", "nothing")
+ON_CONFLICT = ("error", "nothing", "update")
 MAX_COLUMNS = 64
 MAX_POOL = 16
 
@@ -25,6 +25,7 @@ class PostgresOptions:
     table: tuple[str, ...]  # [schema,] table
     columns: tuple[tuple[str, Any], ...]  # (column, compiled JSONPath over the event)
     on_conflict: str = "error"
+    key: tuple[str, ...] = ()  # with "update": the unique columns a conflict is on
     pool_size: int = 2
     timeout_s: float = 10.0
 
@@ -37,11 +38,19 @@ class PostgresOptions:
         return f"postgres:{self.table_name}"
 
     def insert_sql(self) -> str:
-        """``INSERT INTO "t" ("a", "b") VALUES ($1, $2)`` (with ON CONFLICT DO NOTHING when asked)."""
+        """``INSERT INTO "t" ("a", "b") VALUES ($1, $2)``, with ``ON CONFLICT DO NOTHING`` or
+        ``ON CONFLICT ("a") DO UPDATE SET "b" = EXCLUDED."b"`` when asked."""
         columns = ", ".join(_quoted(name) for name, _ in self.columns)
         values = ", ".join(f"${i}" for i in range(1, len(self.columns) + 1))
         sql = f"INSERT INTO {'.'.join(_quoted(part) for part in self.table)} ({columns}) VALUES ({values})"
-        return sql + " ON CONFLICT DO NOTHING" if self.on_conflict == "nothing" else sql
+        if self.on_conflict == "nothing":
+            return sql + " ON CONFLICT DO NOTHING"
+        if self.on_conflict == "update":
+            target = ", ".join(_quoted(name) for name in self.key)
+            updates = ", ".join(f"{_quoted(name)} = EXCLUDED.{_quoted(name)}" for name, _ in self.columns
+                                if name not in self.key)
+            return sql + f" ON CONFLICT ({target}) " + (f"DO UPDATE SET {updates}" if updates else "DO NOTHING")
+        return sql
 
 
 def _quoted(identifier: str) -> str:
@@ -74,11 +83,21 @@ def parse_postgres_options(item: dict[str, Any], path: str) -> PostgresOptions:
     on_conflict = item.get("on_conflict", "error")
     if on_conflict not in ON_CONFLICT:
         raise RuleDefinitionError(f"{path}.on_conflict", "\"error\" (a row that breaks a constraint goes to the "
-                                                         "dead-letter topic) or \"nothing\" (ON CONFLICT DO NOTHING)")
+                                                         "dead-letter topic), \"nothing\" (ON CONFLICT DO NOTHING) or "
+                                                         "\"update\" (an upsert on the columns in key)")
+    key = item.get("key")
+    if on_conflict == "update":
+        if not isinstance(key, list) or not key or not all(isinstance(k, str) and k in columns for k in key) \
+                or len(set(key)) != len(key):
+            raise RuleDefinitionError(f"{path}.key", "with on_conflict \"update\": a list of the columns (of "
+                                                     "columns) a unique index or primary key is on")
+    elif key is not None:
+        raise RuleDefinitionError(f"{path}.key", "only with on_conflict \"update\"")
     pool_size = item.get("pool_size", 2)
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not 1 <= pool_size <= MAX_POOL:
         raise RuleDefinitionError(f"{path}.pool_size", f"an integer from 1 to {MAX_POOL}")
     timeout = item.get("timeout_s", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 300:
         raise RuleDefinitionError(f"{path}.timeout_s", "more than 0 and at most 300 seconds")
-    return PostgresOptions(dsn, tuple(parts), tuple(compiled), on_conflict, pool_size, float(timeout))
+    return PostgresOptions(dsn, tuple(parts), tuple(compiled), on_conflict, tuple(key or ()), pool_size,
+                           float(timeout))
