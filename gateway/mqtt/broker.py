@@ -424,7 +424,7 @@ class MQTTBroker:
 
     def _on_notify(self, events: dict[str, int]) -> None:
         """A commit's ``{queue: max offset}``, heard inside the store's dispatch: the readers of
-        those queues are pumped on the loop's next turn (``wake``), not here."""
+        those queues are pumped once the commit is complete (``wake``), not here."""
         if not self._running:
             return
         all_readers = self.readers
@@ -435,11 +435,12 @@ class MQTTBroker:
                     reader.schedule_pump()
 
     def wake(self, reader: Reader) -> None:
-        """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
-        callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
-        costs one callback, not a thousand."""
+        """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag): woken by a
+        commit's notify, as that commit completes, in the committer's turn; otherwise on the
+        loop's next turn. One callback pumps every reader woken meanwhile: a notify that wakes
+        a thousand subscribers costs one callback, not a thousand."""
         if not self._woken:
-            asyncio.get_running_loop().call_soon(self._pump_woken)
+            self.store.after_commit(self._pump_woken)
         self._woken.append(reader)
 
     def _pump_woken(self) -> None:
