@@ -58,7 +58,8 @@ class GroupCommitter:
         self._wakeup = asyncio.Event()
         self.closing = False
         self._write_failure: StoreError | None = None
-        self._flusher = SyncFlusher(commitlog, self._acknowledge) if sync else None
+        # (a batch's fdatasync is asked for once its commit is complete, after its deliveries)
+        self._flusher = SyncFlusher(commitlog, self._acknowledge, notify.after_commit) if sync else None
         self.not_leader: StoreError | None = None  # set while the store follows a leader (store/replica/)
         self.on_write: Callable[[], None] | None = None  # told after each write and flush (replication)
         # sync replication: batches published and acknowledged once confirmed (write/replicated.py)
