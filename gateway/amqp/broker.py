@@ -82,7 +82,7 @@ class AMQPBroker:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
         self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
         self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
-        self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served next turn
+        self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served once it is complete
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False  # between start() and stop(): notify events are acted on
 

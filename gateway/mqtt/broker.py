@@ -113,7 +113,7 @@ class MQTTBroker:
             self.wildcards.hold(PRESENCE_FILTER, PRESENCE_HOLDER, True)
         self._running = True
         # heard as each commit is published (no task between a commit and the pump it wakes:
-        # a delivery goes out on the loop's next turn, before the commit's fdatasync is asked for)
+        # a delivery goes out in the committer's turn, before the commit's fdatasync is asked for)
         self.store.listen_notify(self._on_notify)
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
         if self.settings.sys_interval_s > 0:
