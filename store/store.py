@@ -143,7 +143,8 @@ class MessageStore:
         self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget, lambda at, n: self.commitlog.read(at, n))
         self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
-                                        id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
+                                        id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail,
+                                        notify=self.notify)
         self.committer.apply_marks = lambda marks: meta.writes.apply(marks, sync=False)
         self._numbered: dict[Producer, asyncio.Future[Sequence[PutResult]]] = {}  # numbered puts not yet answered
         self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.committer_writable,
@@ -556,6 +557,11 @@ class MessageStore:
         """Call ``listener`` with each dispatch's ``{queue: max_offset}`` events as they are
         published, before any subscription is woken (the queue cache)."""
         self.notify.listen(listener)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """For a notify listener: run ``callback()`` once the commit it heard of is complete, at
+        the end of the committer's turn (``NotifyHub.after_commit``)."""
+        self.notify.after_commit(callback)
 
     # -- consumer offsets and tables ----------------------------------------------------------
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:

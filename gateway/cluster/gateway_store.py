@@ -236,6 +236,11 @@ class GatewayStore:
         """``MessageStore.listen_notify``: the events this node publishes, as they are published."""
         self.notify.listen(listener)
 
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """``MessageStore.after_commit``: here no commit is under way (events come from the
+        store node): on the loop's next turn."""
+        self.notify.after_commit(callback)
+
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
         """With the node's queue cache, the results carry queue offsets and the messages go to
