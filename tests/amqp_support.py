@@ -25,12 +25,13 @@ class RawAMQP:
         self._data = b""
 
     @classmethod
-    async def open(cls, port: int, *, frame_max: int = 131_072) -> RawAMQP:
+    async def open(cls, port: int, *, frame_max: int = 131_072, client_properties: dict | None = None) -> RawAMQP:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         raw = cls(reader, writer)
         writer.write(PROTOCOL_HEADER)
         await raw.until(commands.Connection.Start)
-        writer.write(method_frame(0, commands.Connection.StartOk(response="\x00guest\x00guest")))
+        writer.write(method_frame(0, commands.Connection.StartOk(client_properties=client_properties,
+                                                                 response="\x00guest\x00guest")))
         await raw.until(commands.Connection.Tune)
         writer.write(method_frame(0, commands.Connection.TuneOk(2047, frame_max, 0)))
         writer.write(method_frame(0, commands.Connection.Open("/")))

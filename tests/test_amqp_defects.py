@@ -22,14 +22,17 @@ from .test_amqp import amqp_gateway, get
 TIMEOUT = 5.0
 
 
-async def test_an_oversize_message_is_refused_alone(data_dir: Path) -> None:
+@pytest.mark.parametrize("relayed", [False, True], ids=["client", "relayed"])
+async def test_an_oversize_message_is_refused_alone(data_dir: Path, relayed: bool) -> None:
     """A, X (too large), B on channel 1 and C on channel 2 in one write: X closes channel 1
     with 406 naming both sizes (as RabbitMQ); A and C are stored; B, sent on the channel after
     X, is dropped with it (spec 2.2.5). (A's confirm may be lost with the channel, as with
-    RabbitMQ: what was not confirmed is unknown to the publisher.)"""
+    RabbitMQ: what was not confirmed is unknown to the publisher.) The same through a gateway
+    node's relay, whose confirming channels' publishes are put one by one (relay_identity.py)."""
     limit = 64 << 10
     async with amqp_gateway(data_dir, max_message_size=limit, flush="sync") as (gw, url):
-        raw = await RawAMQP.open(port_of(url))
+        properties = {"x-tidemq-relay": "0123456789abcdef.0"} if relayed else None
+        raw = await RawAMQP.open(port_of(url), client_properties=properties)
         setup = [method_frame(1, commands.Channel.Open()), method_frame(2, commands.Channel.Open()),
                  method_frame(1, commands.Queue.Declare(queue="big")), method_frame(1, commands.Confirm.Select())]
         raw.writer.write(b"".join(setup))
@@ -46,7 +49,7 @@ async def test_an_oversize_message_is_refused_alone(data_dir: Path) -> None:
         raw.writer.write(method_frame(1, commands.Channel.Open()) + method_frame(1, commands.Confirm.Select()))
         await raw.until(commands.Confirm.SelectOk)
         raw.writer.write(publish(1, "big", b"D") + publish(1, "big", b"Y" * (limit - 50), {"pad": "p" * 2000})
-                         + publish(2, "big", b"E"))
+                         + publish(2, "big", b"E") + publish(1, "big", b"Z"))
         frames = await raw.until(commands.Channel.Close)
         assert frames[-1].reply_code == 406 and str(limit) in frames[-1].reply_text
         conn = await aio_pika.connect(url)

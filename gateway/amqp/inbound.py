@@ -132,16 +132,24 @@ class Inbound:
             if on_done is not None:
                 on_done(None)
             return
-        if relay is not None and any(numbers):
-            for i, item in enumerate(items):  # one put each: a publish sent again is looked for alone
-                self._submit([item], [accepted[i]], [methods[i]], [holding[i]], None, numbers[i])
-        else:
+        if relay is None or not any(numbers):
             self._submit(items, accepted, methods, holding, on_done, None)
+            return
+        failed: set[int] = set()  # channels a refused publish closed: their later publishes are not stored
+        for i, item in enumerate(items):  # one put each: a publish sent again is looked for alone
+            channel, held = accepted[i][0], holding[i]
+            if channel.number in failed:
+                if held is not None:
+                    held.give_places_back()
+                continue
+            if self._submit([item], [accepted[i]], [methods[i]], [holding[i]], None, numbers[i]):
+                failed.add(channel.number)
 
     def _submit(self, items: Items, accepted: list[Accepted], methods: list[commands.Basic.Publish],
                 holding: list[Routed | None], on_done: Callable[[BaseException | None], None] | None,
-                number: Number | None) -> None:
-        """``items`` to the store (one put; numbered, a relayed publish), confirmed when stored."""
+                number: Number | None) -> bool:
+        """``items`` to the store (one put; numbered, a relayed publish), confirmed when stored;
+        True when the store refused one of them (its channel is closed)."""
         connection = self.connection
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
@@ -178,11 +186,12 @@ class Inbound:
             self._done(accepted, set(), exc)
             if on_done is not None:
                 on_done(exc)
-            return
+            return False
         for i in sorted(refused):
             channel = accepted[i][0]
             connection.fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
         self.broker.stats.messages_received += len(items) - len(refused)
+        return bool(refused)
 
     def _done(self, accepted: list[Accepted], store_queues: set[str], error: BaseException | None) -> None:
         """Publishes stored (or not: ``error``): confirmed in order, per channel."""
