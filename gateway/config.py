@@ -373,9 +373,8 @@ def validate(cfg: Config) -> None:
     if cfg.role == "gateway":
         if not cfg.replication_group and parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT", "role")
-        if "remoting_bind" in cfg.source and cfg.remoting_bind:
-            raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes", "remoting_bind")
-        cfg.remoting_bind = ""
+        if "remoting_bind" not in cfg.source:
+            cfg.remoting_bind = ""  # (when set: RocketMQ clients relayed to the store node's listener)
         if "amqp_bind" not in cfg.source:
             cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":

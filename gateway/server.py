@@ -24,6 +24,8 @@ from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
 from .cluster.relay import start_relay
+from .cluster.remoting_relay import RemotingRelay, start_remoting_relay
+from .cluster.store_link import StoreCode
 from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
@@ -89,6 +91,7 @@ class Gateway:
         self.amqp: AMQPBroker | None = None
         self.remoting: RemotingBroker | None = None
         self.grpc: GrpcServer | None = None  # RocketMQ 5 clients (grpc_bind)
+        self.remoting_relay: RemotingRelay | None = None  # a gateway node's remoting clients (remoting_bind)
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -173,6 +176,8 @@ class Gateway:
                     server = await self._start_amqp_relay(bind)
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
+                elif self.gateway_store is not None:
+                    server = await self._start_remoting_relay(bind)
                 else:
                     server = await self._start_remoting(bind)
                 self._started(protocol, server)
@@ -373,6 +378,23 @@ class Gateway:
         self.gateway_store.after_relink.append(relay.leader_moved)
         return server
 
+    async def _start_remoting_relay(self, bind: tuple[str, int]) -> ListeningServer:
+        """A gateway node's remoting listener: connections relayed to the store node's
+        (cluster/remoting_relay.py), route answers naming this node."""
+        assert self.gateway_store is not None
+        server, relay = await start_remoting_relay(
+            bind[0], bind[1], lambda: self._store_address("remoting"), advertise=self._remoting_advertised,
+            refused_codes=StoreCode, failover_s=self.gateway_store.failover_s,
+            max_frame_size=self.config.remoting_max_frame_size)
+        self.gateway_store.after_relink.append(relay.leader_moved)
+        self.remoting_relay = relay
+        return server
+
+    def _remoting_advertised(self, host: str, port: int) -> str:
+        """The HOST:PORT RocketMQ clients are sent to, for a remoting listener bound at host:port."""
+        cfg = self.config
+        return cfg.remoting_advertise or format_address(cfg.store_host if host in ("0.0.0.0", "::") else host, port)
+
     async def _start_remoting(self, bind: tuple[str, int]) -> ListeningServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
         assert self.store is not None
@@ -419,8 +441,7 @@ class Gateway:
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await lean_tcp.serve(lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer),
                                       bind[0], bind[1])
-        host, port = server.sockets[0].getsockname()[:2]
-        broker.set_address(cfg.remoting_advertise or format_address(cfg.store_host if host in ('0.0.0.0', '::') else host, port))
+        broker.set_address(self._remoting_advertised(*server.sockets[0].getsockname()[:2]))
         return server
 
     async def _start_grpc(self, bind: tuple[str, int]) -> None:
@@ -510,6 +531,9 @@ class Gateway:
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None
+        if self.remoting_relay is not None:
+            await self.remoting_relay.close()
+            self.remoting_relay = None
         if self.grpc is not None:
             await self.grpc.stop()
             self.grpc = None

@@ -1,0 +1,238 @@
+"""RocketMQ remoting on a gateway node: each client connection relayed, frame by frame, to a
+connection of its own on the store node's (a replicated group's leader's) remoting port, and
+kept through a store failover.
+
+A consumer group's members, queue locks, pops and transaction check-backs live on the broker
+that holds the store, so the gateway node runs no broker of its own. Route answers are
+rewritten to name the gateway node (the client never learns a store node's address). When the
+leader is lost the client's connection stays: requests in flight are sent again to the new
+leader or answered SERVICE_NOT_AVAILABLE (protocols/remoting/relay_memory.py), requests that
+come meanwhile wait for it briefly, and the client's heartbeat is said again there first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from protocols.remoting.errors import RemotingProtocolError
+from protocols.remoting.frames import FrameReader, RemotingCommand, encode
+from protocols.remoting.relay_memory import RelayMemory
+
+from ..listen import ListeningServer, Servers, listening_sockets
+
+log = logging.getLogger("tidemq.cluster")
+
+CHUNK = 1 << 16
+HOLD_S = 2.0  # how long after a loss a request waits for the new leader before it is refused
+CONNECT_S = 3.0  # one attempt to open a connection on the leader
+
+Target = Callable[[], Awaitable[tuple[str, int]]]
+
+
+class RemotingRelay:
+    """The gateway node's remoting listener's connections; ``leader_moved`` makes each one whose
+    server is no longer the leader go to the new one."""
+
+    def __init__(self, target: Target, *, advertised: str, refused_codes: Iterable[int], failover_s: float,
+                 max_frame_size: int) -> None:
+        self.target = target
+        self.advertised = advertised
+        self.refused_codes = frozenset(refused_codes)
+        self.failover_s = failover_s
+        self.max_frame_size = max_frame_size
+        self.connections: set[RelayedRemoting] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = RelayedRemoting(self, reader, writer)
+        self.connections.add(connection)
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)  # (awaited by ``close``)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+            if task is not None:
+                self.tasks.discard(task)
+
+    def leader_moved(self) -> None:
+        for connection in list(self.connections):
+            self.spawn(connection.leave_old_server())
+
+    def spawn(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        """Every client connection closed, and its tasks ended."""
+        for connection in list(self.connections):
+            connection.close()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=1.0)
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class RelayedRemoting:
+    def __init__(self, relay: RemotingRelay, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.relay = relay
+        self.client_reader, self.client_writer = reader, writer
+        self.memory = RelayMemory(relay.advertised, relay.refused_codes)
+        self.server_writer: asyncio.StreamWriter | None = None
+        self.server_address: tuple[str, int] | None = None
+        self.linked = asyncio.Event()
+        self.lost_at = 0.0  # when the server was lost (or first asked for)
+        self.linking: asyncio.Task[None] | None = None
+        self.closed = False
+
+    async def run(self) -> None:
+        frames = FrameReader(self.relay.max_frame_size)
+        try:
+            while data := await self.client_reader.read(CHUNK):
+                for command in frames.feed(data):
+                    await self._from_client(command)
+        except RemotingProtocolError as exc:
+            log.info("remoting relay: bad frame from the client peer=%s error=%s",
+                     self.client_writer.get_extra_info("peername"), exc)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.linking is not None:
+            self.linking.cancel()
+        for writer in (self.client_writer, self.server_writer):
+            if writer is not None:
+                writer.transport.abort()
+
+    # -- client -> server ----------------------------------------------------------------------
+    async def _from_client(self, command: RemotingCommand) -> None:
+        if command.is_response:  # (to the server's own request: a check-back, a running-info query)
+            if self.linked.is_set():
+                self._to_server(command)
+            return
+        refusal = self.memory.refusal(command)
+        if refusal is not None:
+            self._to_client([refusal])
+            return
+        if not self.linked.is_set():
+            self._link()
+            hold = self.lost_at + HOLD_S - time.monotonic()
+            if hold > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.linked.wait(), hold)
+            if not self.linked.is_set():
+                answer = self.memory.not_linked(command)
+                if answer is not None:
+                    self._to_client([answer])
+                return
+        # remembered and written with no wait between: a request in flight is either on this
+        # server's connection or in ``memory`` when its loss is handled, never lost between
+        self.memory.sent(command)
+        self._to_server(command)
+        await self.client_writer.drain()  # (the server's answers wait for a slow client)
+
+    def _to_server(self, command: RemotingCommand) -> None:
+        writer = self.server_writer
+        if writer is not None and not writer.is_closing():
+            writer.write(encode(command))
+
+    def _to_client(self, commands: list[RemotingCommand]) -> None:
+        if commands and not self.client_writer.is_closing():
+            self.client_writer.write(b"".join(encode(command) for command in commands))
+
+    # -- server -> client ----------------------------------------------------------------------
+    async def _from_server(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = FrameReader(self.relay.max_frame_size)
+        try:
+            while data := await reader.read(CHUNK):
+                out = []
+                for command in frames.feed(data):
+                    answer = self.memory.answer(command) if command.is_response else command
+                    if answer is not None:
+                        out.append(answer)
+                self._to_client(out)
+                await self.client_writer.drain()
+        except RemotingProtocolError as exc:
+            log.error("remoting relay: bad frame from the store node error=%s", exc)
+        except (ConnectionError, OSError):
+            pass
+        if writer is self.server_writer and not self.closed:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The server connection ended: answer what is not sent again, and link again."""
+        self.linked.clear()
+        if self.server_writer is not None:
+            self.server_writer.transport.abort()
+            self.server_writer = None
+        self._to_client(self.memory.lost())
+        log.info("remoting relay: store node connection lost, linking again peer=%s old=%s",
+                 self.client_writer.get_extra_info("peername"), self.server_address)
+        self.lost_at = 0.0
+        self._link()
+
+    async def leave_old_server(self) -> None:
+        """The store group's leader changed: leave a server that is not it (a stopped old leader
+        never closes its connections)."""
+        try:
+            leader = await self.relay.target()
+        except OSError:
+            return
+        if self.linked.is_set() and leader != self.server_address and self.server_writer is not None:
+            log.warning("remoting relay: leaving the old store leader old=%s new=%s", self.server_address, leader)
+            self.server_writer.transport.abort()
+
+    # -- linking -------------------------------------------------------------------------------
+    def _link(self) -> None:
+        if self.linking is None or self.linking.done():
+            if not self.lost_at:
+                self.lost_at = time.monotonic()
+            self.linking = asyncio.get_running_loop().create_task(self._open(), name="remoting-relay-link")
+
+    async def _open(self) -> None:
+        """A connection on the leader within ``failover_s``, or the client's connection closed."""
+        deadline = self.lost_at + self.relay.failover_s
+        while not self.closed and (now := time.monotonic()) < deadline:
+            try:
+                address = await asyncio.wait_for(self.relay.target(), deadline - now)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
+            except (OSError, asyncio.TimeoutError) as exc:
+                log.debug("remoting relay: no store leader yet error=%s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            self.server_writer, self.server_address = writer, address
+            for command in self.memory.resend():
+                writer.write(encode(command))
+            self.linked.set()
+            self.relay.spawn(self._from_server(reader, writer))
+            if self.lost_at and time.monotonic() - self.lost_at > 0.5:
+                log.info("remoting relay: linked again in %.2f s leader=%s", time.monotonic() - self.lost_at, address)
+            self.lost_at = 0.0
+            return
+        if not self.closed:
+            log.warning("remoting relay: no store leader within %.0f s: client connection closed peer=%s",
+                        self.relay.failover_s, self.client_writer.get_extra_info("peername"))
+            self.close()
+
+
+async def start_remoting_relay(host: str, port: int, target: Target, *, advertise: Callable[[str, int], str],
+                               refused_codes: Iterable[int], failover_s: float,
+                               max_frame_size: int) -> tuple[ListeningServer, RemotingRelay]:
+    """``target()``: the store node's remoting address now; ``advertise(host, port)``: the
+    address route answers name, from the listener's own."""
+    sockets = await listening_sockets(host, port)
+    bound = sockets[0].getsockname()
+    relay = RemotingRelay(target, advertised=advertise(bound[0], bound[1]), refused_codes=refused_codes,
+                          failover_s=failover_s, max_frame_size=max_frame_size)
+    server = await Servers.serving(sockets, lambda sock: asyncio.start_server(relay.serve, sock=sock))
+    return server, relay

@@ -1,0 +1,103 @@
+"""RocketMQ remoting clients on a gateway node (``role = "gateway"`` with ``remoting_bind``), in
+one process with its store node: ali-ons sends and consumes through the gateway node only, the
+route names the gateway node, the store link's own codes are refused there, and a client's
+connection stays up while the store node restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from gateway.cluster.store_link import StoreCode
+from gateway.config import Config
+from gateway.server import Gateway
+from protocols.remoting.codes import RequestCode, ResponseCode
+
+from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons
+from .test_store_link import remoting_port
+
+
+def store_config(data_dir: Path, bind: str = "127.0.0.1:0") -> Config:
+    return Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind=bind,
+                  remoting_delay_levels=TEST_DELAY_LEVELS)
+
+
+@asynccontextmanager
+async def store_and_node(data_dir: Path) -> AsyncIterator[tuple[Gateway, Gateway, str]]:
+    store = Gateway(store_config(data_dir))
+    await store.start()
+    node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="", amqp_bind="",
+                          remoting_bind="127.0.0.1:0", store_address=f"127.0.0.1:{remoting_port(store)}"))
+    try:
+        await node.start()
+        yield store, node, f"127.0.0.1:{remoting_port(node)}"
+    finally:
+        await node.stop()
+        await store.stop()
+
+
+def bodies(events: list[dict]) -> list[str]:
+    return [e["body"] for e in events if e["event"] == "message"]
+
+
+async def test_ali_ons_sends_and_consumes_through_the_gateway_node_whose_address_the_route_names(
+        data_dir: Path) -> None:
+    async with store_and_node(data_dir) as (store, node, addr):
+        route = (await ons({"cmd": "route", "nameSrv": addr, "topic": "Relayed"}))[-1]["route"]
+        assert [b["brokerAddrs"] for b in route["brokerDatas"]] == [{"0": addr}]
+        sent = await ons({"cmd": "send", "nameSrv": addr, "topic": "Relayed",
+                          "messages": [{"tags": "A", "body": f"m{i}"} for i in range(10)]})
+        assert [e["sendStatus"] for e in sent] == ["SEND_OK"] * 10
+        events = await ons({"cmd": "consume", "nameSrv": addr, "group": "g-relayed", "topic": "Relayed",
+                            "count": 10, "timeoutMs": 20000, "fromFirst": True})
+        assert sorted(bodies(events)) == sorted(f"m{i}" for i in range(10))
+        assert store.remoting is not None and "Relayed" in store.remoting.topics.topics  # stored on the store node
+        raw = await RawRemoting.open(addr)
+        cluster = await raw.call(RequestCode.GET_BROKER_CLUSTER_INFO)
+        assert cluster.code == ResponseCode.SUCCESS
+        table = json.loads(cluster.body)["brokerAddrTable"]
+        assert [b["brokerAddrs"] for b in table.values()] == [{"0": addr}]
+        private = await raw.call(StoreCode.KV_ITEMS, {"table": "remoting.topics"})  # the store link's own
+        assert private.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        raw.writer.close()
+
+
+async def test_a_client_stays_connected_to_the_gateway_node_while_the_store_node_restarts(data_dir: Path) -> None:
+    """A held pull in flight when the store node goes is sent again to it when it is back, and
+    answered; a send while it is down is answered SERVICE_NOT_AVAILABLE (or, once it is back
+    within the hold, SEND_OK); the consumer's heartbeat is said again on the new connection."""
+    async with store_and_node(data_dir) as (store, node, addr):
+        consumer = await OnsProcess.start({"cmd": "consume", "nameSrv": addr, "group": "g-restart",
+                                           "topic": "Restart", "count": 2, "timeoutMs": 40000, "fromFirst": True})
+        try:
+            await consumer.until("ready")
+            await ons({"cmd": "send", "nameSrv": addr, "topic": "Restart", "messages": [{"body": "before"}]})
+            assert (await consumer.until("message"))["body"] == "before"
+            raw = await RawRemoting.open(addr)
+            route = await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Restart"})
+            assert route.code == ResponseCode.SUCCESS
+            port = remoting_port(store)
+            await store.stop()  # the store node goes away ...
+            down = await raw.call(RequestCode.SEND_MESSAGE, send_header("Restart"), b"while down", timeout_s=10)
+            assert down.code == ResponseCode.SERVICE_NOT_AVAILABLE, down.remark
+            store = Gateway(store_config(data_dir, f"127.0.0.1:{port}"))
+            await store.start()  # ... and comes back on the same address
+            while True:  # (as a client retries: refused until the relay has linked again)
+                again = await raw.call(RequestCode.SEND_MESSAGE, send_header("Restart"), b"after", timeout_s=10)
+                if again.code == ResponseCode.SUCCESS:  # on the same client connection
+                    break
+                assert again.code == ResponseCode.SERVICE_NOT_AVAILABLE, again.remark
+                await asyncio.sleep(0.1)
+            assert (await consumer.until("message"))["body"] == "after"  # the consumer's, too
+        finally:
+            consumer.kill()
+            await store.stop()
+
+
+def send_header(topic: str) -> dict[str, str]:
+    return {"producerGroup": "raw", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+            "queueId": "0", "sysFlag": "0", "bornTimestamp": "0", "flag": "0", "properties": "",
+            "reconsumeTimes": "0", "unitMode": "false"}
