@@ -22,7 +22,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.v5.exception import InternalErrorException
 
-from protocols.remoting.codes import ResponseCode
+from protocols.remoting.codes import RequestCode, ResponseCode
 
 from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
@@ -30,7 +30,7 @@ from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
 from .grpc_support import official_producer, official_simple_consumer
 from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
-from .remoting_support import ons
+from .remoting_support import OnsProcess, RawRemoting, ons
 from .test_grpc import normal_message, receive_all
 
 GROUP = "g1"
@@ -258,6 +258,52 @@ async def test_amqp_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
         await asyncio.sleep(1.0)  # what the new leader delivered was settled by the acks: nothing comes again
         assert len(received) == count
         await connection.close()
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_leader_dies(
+        tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader while ali-ons sends through a gateway node, the only address
+    the client knows: every message answered SEND_OK is consumed through the gateway node
+    afterwards, the route names the gateway node throughout, and a client connection opened
+    before the kill still answers after it."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    remoting = f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--remoting-bind", remoting, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        raw = await RawRemoting.open(remoting)
+        assert (await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-crash"})).code == \
+            ResponseCode.SUCCESS
+        producer = await OnsProcess.start({"cmd": "send", "nameSrv": remoting, "topic": "relayed-crash",
+                                           "reportErrors": True, "intervalMs": 20, "timeoutMs": 60000,
+                                           "messages": [{"body": f"m{i}"} for i in range(400)]})
+        try:
+            for _ in range(50):
+                assert (await producer.next_event())["event"] == "sent"
+            kill9(nodes[leader["node"]].proc)
+            events = await producer.finish(timeout=90)
+        finally:
+            producer.kill()
+        acknowledged = {e["body"] for e in events if e["event"] == "sent" and e["sendStatus"] == "SEND_OK"}
+        refused = [e for e in events if e["event"] == "error" and "body" in e]
+        print(f"{len(acknowledged)} SEND_OK, {len(refused)} refused during the failover")
+        assert len(acknowledged) + len(refused) == 400
+        assert {f"m{i}" for i in range(50)} | {f"m{i}" for i in range(380, 400)} <= acknowledged  # (before, after)
+        route = await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-crash"}, timeout_s=10)
+        assert route.code == ResponseCode.SUCCESS  # the connection opened before the kill
+        assert [b["brokerAddrs"] for b in json.loads(route.body)["brokerDatas"]] == [{"0": remoting}]
+        consumed = await ons({"cmd": "consume", "nameSrv": remoting, "group": "relayed-readers",
+                              "topic": "relayed-crash", "count": len(acknowledged), "timeoutMs": 30000,
+                              "fromFirst": True}, timeout=60)
+        missing = acknowledged - {e["body"] for e in consumed if e["event"] == "message"}
+        assert not missing, f"{len(missing)} messages answered SEND_OK not consumed, e.g. {sorted(missing)[:5]}"
+        raw.writer.close()
     finally:
         stop(gateway)
         for node in nodes.values():

@@ -6,16 +6,16 @@ A consumer group's members, queue locks, pops and transaction check-backs live o
 that holds the store, so the gateway node runs no broker of its own. Route answers are
 rewritten to name the gateway node (the client never learns a store node's address). When the
 leader is lost the client's connection stays: requests in flight are sent again to the new
-leader or answered SERVICE_NOT_AVAILABLE (protocols/remoting/relay_memory.py), requests that
-come meanwhile wait for it briefly, and the client's heartbeat is said again there first.
+leader or answered SERVICE_NOT_AVAILABLE (protocols/remoting/relay_memory.py), each request that
+comes meanwhile waits for it up to HOLD_S, and the client's heartbeat is said again there first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 from protocols.remoting.errors import RemotingProtocolError
@@ -27,7 +27,8 @@ from ..listen import ListeningServer, Servers, listening_sockets
 log = logging.getLogger("tidemq.cluster")
 
 CHUNK = 1 << 16
-HOLD_S = 2.0  # how long after a loss a request waits for the new leader before it is refused
+HOLD_S = 2.0  # how long a request that comes while there is no leader waits for one before it is refused
+MAX_HELD = 1000  # requests of one connection waiting for a leader; more are refused at once
 CONNECT_S = 3.0  # one attempt to open a connection on the leader
 
 Target = Callable[[], Awaitable[tuple[str, int]]]
@@ -90,6 +91,8 @@ class RelayedRemoting:
         self.linked = asyncio.Event()
         self.lost_at = 0.0  # when the server was lost (or first asked for)
         self.linking: asyncio.Task[None] | None = None
+        self.held: deque[tuple[float, RemotingCommand]] = deque()  # (due, request) while there is no server
+        self.expiring: asyncio.Task[None] | None = None
         self.closed = False
 
     async def run(self) -> None:
@@ -108,8 +111,10 @@ class RelayedRemoting:
 
     def close(self) -> None:
         self.closed = True
-        if self.linking is not None:
-            self.linking.cancel()
+        self.held.clear()
+        for task in (self.linking, self.expiring):
+            if task is not None:
+                task.cancel()
         for writer in (self.client_writer, self.server_writer):
             if writer is not None:
                 writer.transport.abort()
@@ -124,22 +129,38 @@ class RelayedRemoting:
         if refusal is not None:
             self._to_client([refusal])
             return
-        if not self.linked.is_set():
-            self._link()
-            hold = self.lost_at + HOLD_S - time.monotonic()
-            if hold > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.linked.wait(), hold)
-            if not self.linked.is_set():
-                answer = self.memory.not_linked(command)
-                if answer is not None:
-                    self._to_client([answer])
-                return
+        if not self.linked.is_set() or self.held:
+            self._hold(command)
+            return
         # remembered and written with no wait between: a request in flight is either on this
         # server's connection or in ``memory`` when its loss is handled, never lost between
         self.memory.sent(command)
         self._to_server(command)
         await self.client_writer.drain()  # (the server's answers wait for a slow client)
+
+    def _hold(self, command: RemotingCommand) -> None:
+        """No server now: ``command`` waits for one up to HOLD_S (sent in order when linked),
+        then is refused; the client goes on sending meanwhile."""
+        self._link()
+        if len(self.held) >= MAX_HELD:
+            self._refuse(command)
+            return
+        self.held.append((time.monotonic() + HOLD_S, command))
+        if self.expiring is None or self.expiring.done():
+            self.expiring = self.relay.spawn(self._expire_held())
+
+    async def _expire_held(self) -> None:
+        while self.held:
+            wait = self.held[0][0] - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            self._refuse(self.held.popleft()[1])
+
+    def _refuse(self, command: RemotingCommand) -> None:
+        answer = self.memory.not_linked(command)
+        if answer is not None:
+            self._to_client([answer])
 
     def _to_server(self, command: RemotingCommand) -> None:
         writer = self.server_writer
@@ -212,6 +233,10 @@ class RelayedRemoting:
                 continue
             self.server_writer, self.server_address = writer, address
             for command in self.memory.resend():
+                writer.write(encode(command))
+            while self.held:  # (what came meanwhile, after what was in flight: the client's order)
+                command = self.held.popleft()[1]
+                self.memory.sent(command)
                 writer.write(encode(command))
             self.linked.set()
             self.relay.spawn(self._from_server(reader, writer))
