@@ -459,12 +459,11 @@ def is_loopback(host: str) -> bool:
 
 def validate_grpc(cfg: Config) -> None:
     """The gRPC listener is served by the remoting node (embedded or store), with its access
-    keys and ACL."""
+    keys and ACL; a gateway node's proxies each call there."""
     if not cfg.grpc_bind:
         return
     if cfg.role == "gateway":
-        raise ConfigError("grpc_bind: RocketMQ 5 clients connect to the store node, not to gateway nodes yet",
-                          "grpc_bind")
+        return  # (the calls proxied to the store node's gRPC listener: cluster/grpc_proxy.py)
     if not cfg.remoting_bind:
         raise ConfigError("grpc_bind needs remoting_bind: the gRPC calls are answered by the remoting node",
                           "grpc_bind")

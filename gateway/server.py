@@ -54,6 +54,7 @@ from .remoting.transactions import TransactionSettings
 from .rules_host import Rules
 
 if TYPE_CHECKING:
+    from .cluster.grpc_proxy import GrpcProxy
     from .rocketmq_grpc.server import GrpcServer
 from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
@@ -92,6 +93,7 @@ class Gateway:
         self.remoting: RemotingBroker | None = None
         self.grpc: GrpcServer | None = None  # RocketMQ 5 clients (grpc_bind)
         self.remoting_relay: RemotingRelay | None = None  # a gateway node's remoting clients (remoting_bind)
+        self.grpc_proxy: GrpcProxy | None = None  # a gateway node's RocketMQ 5 clients (grpc_bind)
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -145,7 +147,8 @@ class Gateway:
         """A store node of a replicated group: it serves only while it leads (cluster/store_group.py)."""
         assert self.store is not None
         cfg = self.config
-        advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind}
+        advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind,
+                      "grpc": cfg.grpc_bind}
         self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve,
                                             self._reopen_store)
         await self.store_group.start()
@@ -184,6 +187,8 @@ class Gateway:
             grpc_bind = parse_bind(self.config.grpc_bind, "grpc_bind")
             if grpc_bind is not None and self.remoting is not None:
                 await self._start_grpc(grpc_bind)
+            elif grpc_bind is not None and self.gateway_store is not None:
+                await self._start_grpc_proxy(grpc_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
@@ -448,12 +453,24 @@ class Gateway:
         """The gRPC listener of RocketMQ 5 clients, answered by the remoting node."""
         from .rocketmq_grpc.server import GrpcServer  # (grpcio and the generated modules: only when asked for)
         assert self.remoting is not None
-        host = bind[0]
-        advertised = self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" \
-            else host
         self.grpc = GrpcServer(self.remoting, self.pressure)
-        address = await self.grpc.start(host, bind[1], advertised)
+        address = await self.grpc.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
+        if self.store_service is not None:  # (gateway nodes proxy their gRPC clients here)
+            self.store_service.grpc_port = address[1]
         log.info("listener started protocol=grpc address=%s", format_address(*address))
+
+    async def _start_grpc_proxy(self, bind: tuple[str, int]) -> None:
+        """A gateway node's gRPC listener: calls proxied to the store node's (cluster/grpc_proxy.py)."""
+        from .cluster.grpc_proxy import GrpcProxy  # (grpcio and the generated modules: only when asked for)
+        assert self.gateway_store is not None
+        self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
+        address = await self.grpc_proxy.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
+        self.gateway_store.after_relink.append(self.grpc_proxy.leader_moved)
+        log.info("listener started protocol=grpc address=%s", format_address(*address))
+
+    def _grpc_advertised(self, host: str) -> str:
+        """The host routes name for a gRPC listener bound on ``host``."""
+        return self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" else host
 
     async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:
         """Event-loop lag: how much later than asked a sleep wakes up (a busy or blocked loop)."""
@@ -537,6 +554,9 @@ class Gateway:
         if self.grpc is not None:
             await self.grpc.stop()
             self.grpc = None
+        if self.grpc_proxy is not None:
+            await self.grpc_proxy.stop()
+            self.grpc_proxy = None
         if self.remoting is not None:
             await self.remoting.stop()
             self.remoting = None
