@@ -310,6 +310,56 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
             stop(node.proc)
 
 
+async def test_grpc_clients_of_a_gateway_node_lose_nothing_when_the_store_leader_dies(tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader while the official client's Producer sends through a gateway
+    node, the only endpoint it and the SimpleConsumer know: every send the producer saw succeed
+    is received by the consumer started before the kill, which receives and acks on through it."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    endpoint = f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        sent: list[bytes] = []
+        failed: list[bytes] = []
+        received: set[bytes] = set()
+        async with official_simple_consumer(endpoint, "GID-relayed", "GrpcRelayed") as consumer:
+
+            async def receive_and_ack() -> None:
+                try:
+                    for message in await asyncio.to_thread(consumer.receive, 16, 5):
+                        await asyncio.to_thread(consumer.ack, message)
+                        received.add(message.body)
+                except Exception:  # (a receive or ack lost with the leader: received again later)
+                    await asyncio.sleep(0.2)
+
+            async with official_producer(endpoint, "GrpcRelayed") as producer:
+                for i in range(150):
+                    body = b"g%d" % i
+                    if i == 50:
+                        while len(received) < 50:
+                            await receive_and_ack()
+                        kill9(nodes[leader["node"]].proc)
+                    try:
+                        await asyncio.to_thread(producer.send, normal_message("GrpcRelayed", body))
+                        sent.append(body)
+                    except Exception:  # (the client's own retries spent during the failover)
+                        failed.append(body)
+            print(f"{len(sent)} sends succeeded, {len(failed)} failed during the failover")
+            assert (await wait_leader(etcd, not_node=leader["node"]))["epoch"] > leader["epoch"]  # (sent across it)
+            assert {b"g%d" % i for i in range(50)} | {b"g%d" % i for i in range(130, 150)} <= set(sent)
+            deadline = time.monotonic() + 40
+            while not set(sent) <= received and time.monotonic() < deadline:
+                await receive_and_ack()
+        missing = set(sent) - received
+        assert not missing, f"{len(missing)} sends that succeeded were not received, e.g. {sorted(missing)[:5]}"
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
 async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
     """SIGSTOP of the store leader: its link stays open (nothing closes it), yet the gateway node
     moves to the leader etcd elects in its place, and its clients' publishes are acknowledged
