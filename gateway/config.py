@@ -78,7 +78,8 @@ class Config:
     mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
     amqp_bind: str = "localhost:5672"
     remoting_bind: str = "localhost:9876"
-    # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
+    # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind (a gateway
+    # node: proxied to the store node's, cluster/grpc_proxy.py)
     grpc_bind: str = ""
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
