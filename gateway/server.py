@@ -390,7 +390,8 @@ class Gateway:
         server, relay = await start_remoting_relay(
             bind[0], bind[1], lambda: self._store_address("remoting"), advertise=self._remoting_advertised,
             refused_codes=StoreCode, failover_s=self.gateway_store.failover_s,
-            max_frame_size=self.config.remoting_max_frame_size)
+            max_frame_size=self.config.remoting_max_frame_size, connect_timeout_s=self.config.connect_timeout_s,
+            idle_timeout_s=self.config.remoting_idle_timeout_s)
         self.gateway_store.after_relink.append(relay.leader_moved)
         self.remoting_relay = relay
         return server

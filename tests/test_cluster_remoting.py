@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from gateway.cluster.store_link import StoreCode
 from gateway.config import Config
@@ -26,11 +27,12 @@ def store_config(data_dir: Path, bind: str = "127.0.0.1:0") -> Config:
 
 
 @asynccontextmanager
-async def store_and_node(data_dir: Path) -> AsyncIterator[tuple[Gateway, Gateway, str]]:
+async def store_and_node(data_dir: Path, **node_options: Any) -> AsyncIterator[tuple[Gateway, Gateway, str]]:
     store = Gateway(store_config(data_dir))
     await store.start()
     node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="", amqp_bind="",
-                          remoting_bind="127.0.0.1:0", store_address=f"127.0.0.1:{remoting_port(store)}"))
+                          remoting_bind="127.0.0.1:0", store_address=f"127.0.0.1:{remoting_port(store)}",
+                          **node_options))
     try:
         await node.start()
         yield store, node, f"127.0.0.1:{remoting_port(node)}"
@@ -95,6 +97,18 @@ async def test_a_client_stays_connected_to_the_gateway_node_while_the_store_node
         finally:
             consumer.kill()
             await store.stop()
+
+
+async def test_the_gateway_node_closes_a_silent_client_and_one_that_sends_a_bad_frame(data_dir: Path) -> None:
+    async with store_and_node(data_dir, connect_timeout_s=0.5) as (_, node, addr):
+        silent = await RawRemoting.open(addr)
+        assert await asyncio.wait_for(silent.reader.read(100), 5) == b""  # closed: no first request in time
+        bad = await RawRemoting.open(addr)
+        bad.writer.write(b"\x00\x00\x00\x02\x00\x00")  # a frame shorter than its header length
+        assert await asyncio.wait_for(bad.reader.read(100), 5) == b""
+        good = await RawRemoting.open(addr)  # the node serves on
+        assert (await good.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Still"})).code == ResponseCode.SUCCESS
+        good.writer.close()
 
 
 def send_header(topic: str) -> dict[str, str]:

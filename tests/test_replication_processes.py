@@ -30,7 +30,7 @@ from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
 from .grpc_support import official_producer, official_simple_consumer
 from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
-from .remoting_support import OnsProcess, RawRemoting, ons
+from .remoting_support import OnsProcess, RawRemoting, ons, pull_header
 from .test_grpc import normal_message, receive_all
 
 GROUP = "g1"
@@ -269,7 +269,9 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
     """kill -9 of the store leader while ali-ons sends through a gateway node, the only address
     the client knows: every message answered SEND_OK is consumed through the gateway node
     afterwards, the route names the gateway node throughout, and a client connection opened
-    before the kill still answers after it."""
+    before the kill still answers after it. Requests held by the leader when it dies: a pull
+    (a read) is sent again to the new leader and answered there, a pop (a change) is answered
+    SERVICE_NOT_AVAILABLE."""
     nodes = start_group(tmp_path, etcd.endpoint)
     remoting = f"127.0.0.1:{free_port()}"
     gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
@@ -280,6 +282,12 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
         raw = await RawRemoting.open(remoting)
         assert (await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-crash"})).code == \
             ResponseCode.SUCCESS
+        assert (await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-idle"})).code == \
+            ResponseCode.SUCCESS  # (created: a pull of it is held)
+        puller = await RawRemoting.open(remoting)
+        puller.send(RequestCode.PULL_MESSAGE, pull_header("relayed-idle", 0, suspend_ms=5000))
+        popper = await PopClient.open(remoting, "relayed-pop")
+        popping = asyncio.ensure_future(popper.request_pop("relayed-idle", 0, 1, poll_ms=5000))
         producer = await OnsProcess.start({"cmd": "send", "nameSrv": remoting, "topic": "relayed-crash",
                                            "reportErrors": True, "intervalMs": 20, "timeoutMs": 60000,
                                            "messages": [{"body": f"m{i}"} for i in range(400)]})
@@ -290,6 +298,10 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
             events = await producer.finish(timeout=90)
         finally:
             producer.kill()
+        assert (await popping).code == ResponseCode.SERVICE_NOT_AVAILABLE
+        pulled = await puller.recv(timeout=20)
+        assert pulled.is_response and pulled.code in (ResponseCode.PULL_NOT_FOUND,  # (answered by the new leader)
+                                                      ResponseCode.PULL_RETRY_IMMEDIATELY), (pulled.code, pulled.remark)
         acknowledged = {e["body"] for e in events if e["event"] == "sent" and e["sendStatus"] == "SEND_OK"}
         refused = [e for e in events if e["event"] == "error" and "body" in e]
         print(f"{len(acknowledged)} SEND_OK, {len(refused)} refused during the failover")
@@ -303,7 +315,8 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
                               "fromFirst": True}, timeout=60)
         missing = acknowledged - {e["body"] for e in consumed if e["event"] == "message"}
         assert not missing, f"{len(missing)} messages answered SEND_OK not consumed, e.g. {sorted(missing)[:5]}"
-        raw.writer.close()
+        for client in (raw, puller, popper.raw):
+            client.writer.close()
     finally:
         stop(gateway)
         for node in nodes.values():

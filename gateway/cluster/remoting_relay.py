@@ -39,8 +39,10 @@ class RemotingRelay:
     server is no longer the leader go to the new one."""
 
     def __init__(self, target: Target, *, advertised: str, refused_codes: Iterable[int], failover_s: float,
-                 max_frame_size: int) -> None:
+                 max_frame_size: int, connect_timeout_s: float = 10.0, idle_timeout_s: float = 120.0) -> None:
         self.target = target
+        self.connect_timeout_s = connect_timeout_s  # a client's first frame comes within this
+        self.idle_timeout_s = idle_timeout_s  # a client silent this long is closed (0: never)
         self.advertised = advertised
         self.refused_codes = frozenset(refused_codes)
         self.failover_s = failover_s
@@ -97,10 +99,15 @@ class RelayedRemoting:
 
     async def run(self) -> None:
         frames = FrameReader(self.relay.max_frame_size)
+        timeout: float | None = self.relay.connect_timeout_s
         try:
-            while data := await self.client_reader.read(CHUNK):
+            while data := await asyncio.wait_for(self.client_reader.read(CHUNK), timeout):
                 for command in frames.feed(data):
                     await self._from_client(command)
+                timeout = self.relay.idle_timeout_s or None
+        except asyncio.TimeoutError:
+            log.info("remoting relay: client silent for %s s: closed peer=%s", timeout,
+                     self.client_writer.get_extra_info("peername"))
         except RemotingProtocolError as exc:
             log.info("remoting relay: bad frame from the client peer=%s error=%s",
                      self.client_writer.get_extra_info("peername"), exc)
@@ -197,10 +204,11 @@ class RelayedRemoting:
             self.server_writer.transport.abort()
             self.server_writer = None
         self._to_client(self.memory.lost())
-        log.info("remoting relay: store node connection lost, linking again peer=%s old=%s",
-                 self.client_writer.get_extra_info("peername"), self.server_address)
         self.lost_at = 0.0
-        self._link()
+        if self.memory.in_flight or self.memory.heartbeat is not None:  # (else: on the next request)
+            log.info("remoting relay: store node connection lost, linking again peer=%s old=%s",
+                     self.client_writer.get_extra_info("peername"), self.server_address)
+            self._link()
 
     async def leave_old_server(self) -> None:
         """The store group's leader changed: leave a server that is not it (a stopped old leader
@@ -251,13 +259,15 @@ class RelayedRemoting:
 
 
 async def start_remoting_relay(host: str, port: int, target: Target, *, advertise: Callable[[str, int], str],
-                               refused_codes: Iterable[int], failover_s: float,
-                               max_frame_size: int) -> tuple[ListeningServer, RemotingRelay]:
+                               refused_codes: Iterable[int], failover_s: float, max_frame_size: int,
+                               connect_timeout_s: float, idle_timeout_s: float
+                               ) -> tuple[ListeningServer, RemotingRelay]:
     """``target()``: the store node's remoting address now; ``advertise(host, port)``: the
     address route answers name, from the listener's own."""
     sockets = await listening_sockets(host, port)
     bound = sockets[0].getsockname()
     relay = RemotingRelay(target, advertised=advertise(bound[0], bound[1]), refused_codes=refused_codes,
-                          failover_s=failover_s, max_frame_size=max_frame_size)
+                          failover_s=failover_s, max_frame_size=max_frame_size,
+                          connect_timeout_s=connect_timeout_s, idle_timeout_s=idle_timeout_s)
     server = await Servers.serving(sockets, lambda sock: asyncio.start_server(relay.serve, sock=sock))
     return server, relay
