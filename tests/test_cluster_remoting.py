@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from gateway.cluster.store_link import StoreCode
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.message_codec import offset_msg_id
 
 from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons
 from .test_store_link import remoting_port
@@ -56,6 +58,10 @@ async def test_ali_ons_sends_and_consumes_through_the_gateway_node_whose_address
         events = await ons({"cmd": "consume", "nameSrv": addr, "group": "g-relayed", "topic": "Relayed",
                             "count": 10, "timeoutMs": 20000, "fromFirst": True})
         assert sorted(bodies(events)) == sorted(f"m{i}" for i in range(10))
+        # message ids (store host, port, commitlog offset) name the gateway node too, sent and pulled
+        here = offset_msg_id(socket.inet_aton("127.0.0.1"), remoting_port(node), 0)[:16]
+        assert {e["msgId"][:16] for e in sent} == {here}
+        assert {e["msgId"] for e in events if e["event"] == "message"} == {e["msgId"] for e in sent}
         assert store.remoting is not None and "Relayed" in store.remoting.topics.topics  # stored on the store node
         raw = await RawRemoting.open(addr)
         cluster = await raw.call(RequestCode.GET_BROKER_CLUSTER_INFO)

@@ -41,7 +41,7 @@ def test_a_loss_answers_changes_in_flight_and_keeps_reads_to_send_again() -> Non
 
 
 def test_route_and_cluster_answers_name_the_relay_and_an_unreadable_one_is_refused() -> None:
-    memory = RelayMemory(HERE, refused_codes=(30_100,))
+    memory = RelayMemory(HERE, (b"\x0a\x00\x00\x07", 9876), refused_codes=(30_100,))
     route = {"brokerDatas": [{"brokerName": "tidemq", "brokerAddrs": {"0": "10.0.0.1:9876"}}], "queueDatas": []}
     memory.sent(request(RequestCode.GET_ROUTEINFO_BY_TOPIC, 1))
     answer = memory.answer(response_to(request(0, 1), ResponseCode.SUCCESS, body=json.dumps(route).encode()))

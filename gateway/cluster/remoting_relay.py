@@ -23,6 +23,7 @@ from protocols.remoting.frames import FrameReader, RemotingCommand, encode
 from protocols.remoting.relay_memory import RelayMemory
 
 from ..listen import ListeningServer, Servers, listening_sockets
+from ..remoting.messages import Origin
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -41,6 +42,9 @@ class RemotingRelay:
     def __init__(self, target: Target, *, advertised: str, refused_codes: Iterable[int], failover_s: float,
                  max_frame_size: int, connect_timeout_s: float = 10.0, idle_timeout_s: float = 120.0) -> None:
         self.target = target
+        host, _, port = advertised.rpartition(":")
+        origin = Origin.of(host.strip("[]"), int(port))  # (as a broker at this address names itself)
+        self.store_host = (origin.host, origin.port)
         self.connect_timeout_s = connect_timeout_s  # a client's first frame comes within this
         self.idle_timeout_s = idle_timeout_s  # a client silent this long is closed (0: never)
         self.advertised = advertised
@@ -87,7 +91,7 @@ class RelayedRemoting:
     def __init__(self, relay: RemotingRelay, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.relay = relay
         self.client_reader, self.client_writer = reader, writer
-        self.memory = RelayMemory(relay.advertised, relay.refused_codes)
+        self.memory = RelayMemory(relay.advertised, relay.store_host, relay.refused_codes)
         self.server_writer: asyncio.StreamWriter | None = None
         self.server_address: tuple[str, int] | None = None
         self.linked = asyncio.Event()

@@ -5,7 +5,9 @@ The relay forwards whole commands. It keeps the client's requests in flight (by 
 last HEART_BEAT. When the server is lost, ``lost`` says which requests in flight are sent
 again to the next server (those that only read, or set a value again) and answers the others
 SERVICE_NOT_AVAILABLE, which clients retry; ``greeting`` is the heartbeat to send first there.
-Route and cluster answers are rewritten to name the relay's own address.
+Route and cluster answers are rewritten to name the relay's own address, and so are the store
+host of the messages answers carry and the offsetMsgIds of send answers (clients look a message
+up by id at the address in it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from .codes import RequestCode, ResponseCode
+from .errors import RemotingProtocolError
 from .frames import RemotingCommand, response_to
+from .message_codec import with_msg_id_host, with_store_host
 
 # sent again to the next server when the first was lost with them in flight: they read, or set
 # what they set again (an offset, a lock, a registration), so doing them twice changes nothing
@@ -29,6 +33,9 @@ RESENDABLE = frozenset((
     RequestCode.UNLOCK_BATCH_MQ,
 ))
 ROUTE_ANSWERS = frozenset((RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_BROKER_CLUSTER_INFO))
+SEND_ANSWERS = frozenset((RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE))
+MESSAGE_ANSWERS = frozenset((RequestCode.PULL_MESSAGE, RequestCode.POP_MESSAGE, RequestCode.QUERY_MESSAGE,
+                             RequestCode.VIEW_MESSAGE_BY_ID))
 LOST_REMARK = ("the store leader was lost with this request in flight (it may have been done): send it again; "
                "a store failover is under way")
 NO_LEADER_REMARK = "no store leader yet: a store failover is under way, send it again"
@@ -36,10 +43,13 @@ NO_LEADER_REMARK = "no store leader yet: a store failover is under way, send it 
 
 class RelayMemory:
     """One client connection's relay state. ``advertised``: the HOST:PORT route answers name;
-    ``refused_codes``: request codes never relayed (the server's private ones)."""
+    ``store_host``: the (4-byte address, port) message ids name; ``refused_codes``: request
+    codes never relayed (the server's private ones)."""
 
-    def __init__(self, advertised: str, refused_codes: Iterable[int] = ()) -> None:
+    def __init__(self, advertised: str, store_host: tuple[bytes, int] = (b"\x7f\x00\x00\x01", 0),
+                 refused_codes: Iterable[int] = ()) -> None:
         self.advertised = advertised
+        self.store_host = store_host
         self.refused_codes = frozenset(refused_codes)
         self.in_flight: dict[int, RemotingCommand] = {}  # the client's requests the server owes an answer
         self.heartbeat: RemotingCommand | None = None  # the client's last
@@ -66,14 +76,21 @@ class RelayMemory:
             self._greetings.discard(command.opaque)
             return None
         request = self.in_flight.pop(command.opaque, None)
-        if request is None or request.code not in ROUTE_ANSWERS or command.code != ResponseCode.SUCCESS:
+        if request is None or command.code != ResponseCode.SUCCESS:
             return command
+        code = request.code
         try:
-            command.body = json.dumps(self._named_here(request.code, json.loads(command.body))).encode()
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            if code in ROUTE_ANSWERS:
+                command.body = json.dumps(self._named_here(code, json.loads(command.body))).encode()
+            elif code in MESSAGE_ANSWERS and command.body:
+                command.body = with_store_host(command.body, *self.store_host)
+            elif code in SEND_ANSWERS and command.ext_fields.get("msgId"):
+                command.ext_fields["msgId"] = ",".join(with_msg_id_host(one, *self.store_host)
+                                                       for one in command.ext_fields["msgId"].split(","))
+        except (ValueError, TypeError, AttributeError, KeyError, RemotingProtocolError) as exc:
             # (passed on, it would send the client to the store node behind this relay)
-            return response_to(request, ResponseCode.SYSTEM_ERROR, f"the store node's route answer is not "
-                               f"readable here: {exc}")
+            return response_to(request, ResponseCode.SYSTEM_ERROR, f"the store node's answer is not readable "
+                               f"here: {exc}")
         return command
 
     def _named_here(self, code: int, data: dict[str, Any]) -> dict[str, Any]:
