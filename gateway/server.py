@@ -23,6 +23,7 @@ from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
+from .cluster.failover_counts import FailoverCounts
 from .cluster.relay import start_relay
 from .cluster.remoting_relay import RemotingRelay, start_remoting_relay
 from .cluster.store_link import StoreCode
@@ -369,9 +370,19 @@ class Gateway:
             cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup,
                                  group_view=self.store_group.view if self.store_group is not None else
                                  self.leader_finder.view if self.leader_finder is not None else None,
-                                 replica=self.store_group.replica if self.store_group is not None else None),
+                                 replica=self.store_group.replica if self.store_group is not None else None,
+                                 relay_counts=self._relay_counts()),
             filter_holds=self.filter_holds(), timer=self.timer,
             rules=self.rules.engine if self.rules is not None else None)
+
+    def _relay_counts(self) -> dict[str, FailoverCounts]:
+        """A gateway node's RocketMQ relays' failover counts, by protocol (metrics)."""
+        counts = {}
+        if self.remoting_relay is not None:
+            counts["remoting"] = self.remoting_relay.counts
+        if self.grpc_proxy is not None:
+            counts["grpc"] = self.grpc_proxy.counts
+        return counts
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> ListeningServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""

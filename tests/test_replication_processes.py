@@ -32,6 +32,7 @@ from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
 from .remoting_support import OnsProcess, RawRemoting, ons, pull_header
 from .test_grpc import normal_message, receive_all
+from .test_metrics import fetch, samples, value
 
 GROUP = "g1"
 
@@ -273,9 +274,10 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
     (a read) is sent again to the new leader and answered there, a pop (a change) is answered
     SERVICE_NOT_AVAILABLE."""
     nodes = start_group(tmp_path, etcd.endpoint)
-    remoting = f"127.0.0.1:{free_port()}"
+    remoting, metrics = f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
-                      "--remoting-bind", remoting, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+                      "--remoting-bind", remoting, "--metrics-bind", metrics.removeprefix("http://"),
+                      "--data-dir", str(tmp_path / "gw1")], name="gw1")
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
@@ -317,6 +319,10 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
         assert not missing, f"{len(missing)} messages answered SEND_OK not consumed, e.g. {sorted(missing)[:5]}"
         for client in (raw, puller, popper.raw):
             client.writer.close()
+        counted = samples((await fetch(metrics, "/metrics"))[1])
+        outcomes = {outcome: value(counted, "tidemq_rocketmq_failover_requests_total", protocol="remoting",
+                                   outcome=outcome) for outcome in ("resent", "lost")}
+        assert outcomes["resent"] >= 1 and outcomes["lost"] >= 1, outcomes  # (the pull; the pop)
     finally:
         stop(gateway)
         for node in nodes.values():

@@ -22,6 +22,8 @@ from google.protobuf.message import DecodeError
 
 from protocols.rocketmq_grpc.proxy_rules import RESENDABLE, endpoints_of, method_kinds, named_here
 
+from .failover_counts import FailoverCounts
+
 log = logging.getLogger("tidemq.cluster")
 
 HOLD_S = 2.0  # how long a call without a deadline waits for a leader
@@ -45,6 +47,8 @@ class GrpcProxy(grpc.GenericRpcHandler):
         self.server: grpc.aio.Server | None = None
         self.address: tuple[str, int] | None = None  # the leader's gRPC address, while it answers
         self.channel: grpc.aio.Channel | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # old leaders' channels, closing
+        self.counts = FailoverCounts()
 
     async def start(self, host: str, port: int, advertised_host: str) -> tuple[str, int]:
         self.server = grpc.aio.server()
@@ -67,8 +71,9 @@ class GrpcProxy(grpc.GenericRpcHandler):
 
     def _forget(self) -> None:
         if self.channel is not None:
-            channel = self.channel
-            asyncio.ensure_future(channel.close(grace=STOP_GRACE_S))
+            task = asyncio.ensure_future(self.channel.close(grace=STOP_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         self.channel, self.address = None, None
 
     # -- grpc.GenericRpcHandler ----------------------------------------------------------------
@@ -95,11 +100,13 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 answer = await channel.unary_unary(method)(request, metadata=self._metadata(context),
                                                           timeout=self._timeout(context))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                if not self._leader_lost(exc, channel):
                     await context.abort(exc.code(), exc.details() or "")
                 self._lost(channel)
                 if method not in RESENDABLE or time.monotonic() >= deadline:
+                    self.counts.lost += 1
                     await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
+                self.counts.resent += 1
                 continue
             try:
                 return named_here(method, answer, self.endpoints)
@@ -113,8 +120,9 @@ class GrpcProxy(grpc.GenericRpcHandler):
             async for answer in call:
                 yield answer
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if self._leader_lost(exc, channel):
                 self._lost(channel)
+                self.counts.lost += 1
                 await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
             await context.abort(exc.code(), exc.details() or "")
 
@@ -127,8 +135,9 @@ class GrpcProxy(grpc.GenericRpcHandler):
             async for answer in call:
                 yield answer
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if self._leader_lost(exc, channel):
                 self._lost(channel)
+                self.counts.lost += 1
                 await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
             await context.abort(exc.code(), exc.details() or "")
         finally:
@@ -140,6 +149,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self.counts.no_leader += 1
                 await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
             try:
                 if self.channel is None:
@@ -157,6 +167,12 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 if self.channel is not None:
                     self._lost(self.channel)
                 await asyncio.sleep(0.05)
+
+    def _leader_lost(self, exc: grpc.aio.AioRpcError, channel: grpc.aio.Channel) -> bool:
+        """Whether a call failed with its leader: unreachable, or its channel closed by
+        ``leader_moved`` (a stopped old leader answers nothing)."""
+        return exc.code() == grpc.StatusCode.UNAVAILABLE or (
+            exc.code() == grpc.StatusCode.CANCELLED and channel is not self.channel)
 
     def _lost(self, channel: grpc.aio.Channel) -> None:
         if channel is self.channel:

@@ -24,6 +24,7 @@ from protocols.remoting.relay_memory import RelayMemory
 
 from ..listen import ListeningServer, Servers, listening_sockets
 from ..remoting.messages import Origin
+from .failover_counts import FailoverCounts
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -52,6 +53,7 @@ class RemotingRelay:
         self.failover_s = failover_s
         self.max_frame_size = max_frame_size
         self.connections: set[RelayedRemoting] = set()
+        self.counts = FailoverCounts()
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -112,7 +114,7 @@ class RelayedRemoting:
         except asyncio.TimeoutError:
             log.info("remoting relay: client silent for %s s: closed peer=%s", timeout,
                      self.client_writer.get_extra_info("peername"))
-        except RemotingProtocolError as exc:
+        except (RemotingProtocolError, ValueError) as exc:  # (ValueError: a frame the wire cannot carry on)
             log.info("remoting relay: bad frame from the client peer=%s error=%s",
                      self.client_writer.get_extra_info("peername"), exc)
         except (ConnectionError, OSError):
@@ -169,6 +171,7 @@ class RelayedRemoting:
             self._refuse(self.held.popleft()[1])
 
     def _refuse(self, command: RemotingCommand) -> None:
+        self.relay.counts.no_leader += 1
         answer = self.memory.not_linked(command)
         if answer is not None:
             self._to_client([answer])
@@ -207,7 +210,9 @@ class RelayedRemoting:
         if self.server_writer is not None:
             self.server_writer.transport.abort()
             self.server_writer = None
-        self._to_client(self.memory.lost())
+        answers = self.memory.lost()
+        self.relay.counts.lost += len(answers)
+        self._to_client(answers)
         self.lost_at = 0.0
         if self.memory.in_flight or self.memory.heartbeat is not None:  # (else: on the next request)
             log.info("remoting relay: store node connection lost, linking again peer=%s old=%s",
@@ -246,6 +251,7 @@ class RelayedRemoting:
             self.server_writer, self.server_address = writer, address
             for command in self.memory.resend():
                 writer.write(encode(command))
+                self.relay.counts.resent += 1
             while self.held:  # (what came meanwhile, after what was in flight: the client's order)
                 command = self.held.popleft()[1]
                 self.memory.sent(command)
