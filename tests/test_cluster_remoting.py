@@ -20,17 +20,19 @@ from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.message_codec import offset_msg_id
 
 from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons
+from .test_remoting_access import KEYS, secured  # noqa: F401 (secured: a fixture)
 from .test_store_link import remoting_port
 
 
-def store_config(data_dir: Path, bind: str = "127.0.0.1:0") -> Config:
+def store_config(data_dir: Path, bind: str = "127.0.0.1:0", **options: Any) -> Config:
     return Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind=bind,
-                  remoting_delay_levels=TEST_DELAY_LEVELS)
+                  remoting_delay_levels=TEST_DELAY_LEVELS, **options)
 
 
 @asynccontextmanager
-async def store_and_node(data_dir: Path, **node_options: Any) -> AsyncIterator[tuple[Gateway, Gateway, str]]:
-    store = Gateway(store_config(data_dir))
+async def store_and_node(data_dir: Path, store_options: dict[str, Any] | None = None,
+                         **node_options: Any) -> AsyncIterator[tuple[Gateway, Gateway, str]]:
+    store = Gateway(store_config(data_dir, **(store_options or {})))
     await store.start()
     node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="", amqp_bind="",
                           remoting_bind="127.0.0.1:0", store_address=f"127.0.0.1:{remoting_port(store)}",
@@ -115,6 +117,28 @@ async def test_the_gateway_node_closes_a_silent_client_and_one_that_sends_a_bad_
         good = await RawRemoting.open(addr)  # the node serves on
         assert (await good.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Still"})).code == ResponseCode.SUCCESS
         good.writer.close()
+
+
+async def test_signed_requests_are_checked_by_the_store_node_through_the_gateway_node(
+        data_dir: Path, secured: dict) -> None:
+    """ali-ons' AccessKey signatures reach the store node as signed (the relay changes no field
+    they cover): the right secret is served, a wrong one refused, the ACL's denials kept."""
+    async with store_and_node(data_dir, {**secured, "cluster_token": "T"}, cluster_token="T") as (store, _, addr):
+        ak, sk = KEYS["alice"]
+        sent = await ons({"cmd": "send", "nameSrv": addr, "topic": "NodeSigned", "accessKey": ak, "secretKey": sk,
+                          "messages": [{"body": "hello"}]})
+        assert [e["sendStatus"] for e in sent] == ["SEND_OK"]
+        got = await ons({"cmd": "consume", "nameSrv": addr, "group": "GID-node-signed", "topic": "NodeSigned",
+                         "accessKey": ak, "secretKey": sk, "count": 1, "fromFirst": True})
+        assert bodies(got) == ["hello"]
+        refused = await ons({"cmd": "send", "nameSrv": addr, "topic": "NodeSigned", "accessKey": ak,
+                             "secretKey": "bad", "reportErrors": True, "messages": [{"body": "refused"}]}, timeout=40)
+        assert [e["event"] for e in refused] != ["sent"] and all(e["event"] == "error" for e in refused)
+        assert store.remoting is not None and store.remoting.stats.auth_failures > 0
+        ak, sk = KEYS["mallory"]
+        denied = await ons({"cmd": "send", "nameSrv": addr, "topic": "secret", "accessKey": ak, "secretKey": sk,
+                            "reportErrors": True, "messages": [{"body": "leak"}]})
+        assert [e["event"] for e in denied] == ["error"]
 
 
 def send_header(topic: str) -> dict[str, str]:
