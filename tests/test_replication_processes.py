@@ -31,6 +31,7 @@ from .grpc_support import official_producer, official_simple_consumer
 from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
 from .remoting_support import OnsProcess, RawRemoting, ons, pull_header
+from .test_cluster_remoting import send_header
 from .test_grpc import normal_message, receive_all
 from .test_metrics import fetch, samples, value
 
@@ -431,6 +432,47 @@ async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: 
         await publisher.disconnect()
         await subscriber.disconnect()
         await amqp.close()
+    finally:
+        if stopped is not None:
+            stopped.send_signal(signal.SIGCONT)
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_rocketmq_clients_of_a_gateway_node_leave_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
+    """SIGSTOP of the store leader (its connections stay open, nothing answers): the gateway
+    node's remoting relay and gRPC proxy leave it for the leader etcd elects in its place; a
+    send on a remoting connection opened before is answered SEND_OK there (after refusals the
+    client retries), and the official client's sends succeed."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    remoting, endpoint = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--remoting-bind", remoting, "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")],
+                     name="gw1")
+    stopped = None
+
+    async def send_until_ok(raw: RawRemoting, body: bytes) -> None:
+        deadline = time.monotonic() + 30
+        while (answer := await raw.call(RequestCode.SEND_MESSAGE, send_header("stopped"), body,
+                                        timeout_s=30)).code != ResponseCode.SUCCESS:
+            assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE, (answer.code, answer.remark)
+            assert time.monotonic() < deadline, answer.remark
+            await asyncio.sleep(0.1)
+
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        raw = await RawRemoting.open(remoting)
+        await send_until_ok(raw, b"before")
+        async with official_producer(endpoint, "GrpcStopped") as producer:
+            await asyncio.to_thread(producer.send, normal_message("GrpcStopped", b"before"))
+            stopped = nodes[leader["node"]].proc
+            stopped.send_signal(signal.SIGSTOP)
+            await send_until_ok(raw, b"after")  # (the same connection)
+            await asyncio.to_thread(producer.send, normal_message("GrpcStopped", b"after"))
+        assert (await wait_leader(etcd))["node"] != leader["node"]
+        raw.writer.close()
     finally:
         if stopped is not None:
             stopped.send_signal(signal.SIGCONT)
