@@ -475,6 +475,8 @@ class Gateway:
         """A gateway node's gRPC listener: calls proxied to the store node's (cluster/grpc_proxy.py)."""
         from .cluster.grpc_proxy import GrpcProxy  # (grpcio and the generated modules: only when asked for)
         assert self.gateway_store is not None
+        if not self.leader_finder and not self.gateway_store.remote.grpc_port:
+            raise ConfigError("grpc_bind: the store node has no gRPC listener (grpc_bind) to proxy to")
         self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
         address = await self.grpc_proxy.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
         self.gateway_store.after_relink.append(self.grpc_proxy.leader_moved)

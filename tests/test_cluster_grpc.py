@@ -16,7 +16,7 @@ from rocketmq.v5.client import Credentials
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.server import Gateway
 
 from .grpc_support import grpc_port, official_producer, official_simple_consumer, raw_stub
@@ -93,3 +93,16 @@ async def test_signed_calls_are_checked_by_the_store_node_through_the_gateway_no
             denied = await stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="secret")),
                                            metadata=signed("mallory"), timeout=10)
             assert denied.status.code == pb.FORBIDDEN
+
+
+async def test_a_gateway_node_refuses_grpc_when_its_store_node_has_no_grpc_listener(data_dir: Path) -> None:
+    store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0"))
+    await store.start()
+    node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="", amqp_bind="",
+                          grpc_bind="127.0.0.1:0", store_address=f"127.0.0.1:{remoting_port(store)}"))
+    try:
+        with pytest.raises(ConfigError, match="no gRPC listener"):
+            await node.start()
+    finally:
+        await node.stop()
+        await store.stop()

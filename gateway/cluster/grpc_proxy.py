@@ -146,11 +146,12 @@ class GrpcProxy(grpc.GenericRpcHandler):
     # -- the leader ----------------------------------------------------------------------------
     async def _leader(self, context: grpc.aio.ServicerContext, deadline: float) -> grpc.aio.Channel:
         """A channel to the leader, connected; the call aborted UNAVAILABLE past ``deadline``."""
+        why = ""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.counts.no_leader += 1
-                await context.abort(grpc.StatusCode.UNAVAILABLE, NO_LEADER)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{NO_LEADER}{why}")
             try:
                 if self.channel is None:
                     address = await asyncio.wait_for(self.target(), remaining)
@@ -164,6 +165,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 return channel
             except (OSError, asyncio.TimeoutError) as exc:
                 log.debug("grpc proxy: no store leader yet error=%s", exc)
+                why = f" ({exc})" if isinstance(exc, OSError) else why
                 if self.channel is not None:
                     self._lost(self.channel)
                 await asyncio.sleep(0.05)
