@@ -65,6 +65,8 @@ class GrpcProxy(grpc.GenericRpcHandler):
             await self.server.stop(STOP_GRACE_S)
             self.server = None
         self._forget()
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=STOP_GRACE_S)
 
     def leader_moved(self) -> None:
         self._forget()
