@@ -269,9 +269,9 @@ async def test_amqp_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
 async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_leader_dies(
         tmp_path: Path, etcd) -> None:
     """kill -9 of the store leader while ali-ons sends through a gateway node, the only address
-    the client knows: every message answered SEND_OK is consumed through the gateway node
-    afterwards, the route names the gateway node throughout, and a client connection opened
-    before the kill still answers after it. Requests held by the leader when it dies: a pull
+    the clients know: every message answered SEND_OK is consumed through the gateway node, by a
+    push consumer running across the kill and by a new group afterwards; the route names the
+    gateway node throughout, and a client connection opened before the kill still answers after it. Requests held by the leader when it dies: a pull
     (a read) is sent again to the new leader and answered there, a pop (a change) is answered
     SERVICE_NOT_AVAILABLE."""
     nodes = start_group(tmp_path, etcd.endpoint)
@@ -279,6 +279,8 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
     gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
                       "--remoting-bind", remoting, "--metrics-bind", metrics.removeprefix("http://"),
                       "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    across: OnsProcess | None = None
+    reading: asyncio.Future[None] | None = None
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
@@ -291,6 +293,18 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
         puller.send(RequestCode.PULL_MESSAGE, pull_header("relayed-idle", 0, suspend_ms=5000))
         popper = await PopClient.open(remoting, "relayed-pop")
         popping = asyncio.ensure_future(popper.request_pop("relayed-idle", 0, 1, poll_ms=5000))
+        across = await OnsProcess.start({"cmd": "consume", "nameSrv": remoting, "group": "relayed-across",
+                                         "topic": "relayed-crash", "count": 100_000, "timeoutMs": 60000,
+                                         "fromFirst": True})
+        await across.until("ready")
+        seen: set[str] = set()
+
+        async def read_across() -> None:  # (read as it comes: a full pipe would stop the consumer)
+            while True:
+                event = await across.next_event(timeout=120)
+                if event["event"] == "message":
+                    seen.add(event["body"])
+        reading = asyncio.ensure_future(read_across())
         producer = await OnsProcess.start({"cmd": "send", "nameSrv": remoting, "topic": "relayed-crash",
                                            "reportErrors": True, "intervalMs": 20, "timeoutMs": 60000,
                                            "messages": [{"body": f"m{i}"} for i in range(400)]})
@@ -318,6 +332,11 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
                               "fromFirst": True}, timeout=60)
         missing = acknowledged - {e["body"] for e in consumed if e["event"] == "message"}
         assert not missing, f"{len(missing)} messages answered SEND_OK not consumed, e.g. {sorted(missing)[:5]}"
+        deadline = time.monotonic() + 30  # the consumer that ran across the kill: until it has each
+        while not acknowledged <= seen and time.monotonic() < deadline and not reading.done():
+            await asyncio.sleep(0.1)
+        missing = acknowledged - seen
+        assert not missing, f"{len(missing)} SEND_OK not consumed across the kill, e.g. {sorted(missing)[:5]}"
         for client in (raw, puller, popper.raw):
             client.writer.close()
         counted = samples((await fetch(metrics, "/metrics"))[1])
@@ -325,6 +344,10 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
                                    outcome=outcome) for outcome in ("resent", "lost")}
         assert outcomes["resent"] >= 1 and outcomes["lost"] >= 1, outcomes  # (the pull; the pop)
     finally:
+        if reading is not None:
+            reading.cancel()
+        if across is not None:
+            across.kill()
         stop(gateway)
         for node in nodes.values():
             stop(node.proc)
