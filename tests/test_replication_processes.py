@@ -271,9 +271,9 @@ async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_le
     """kill -9 of the store leader while ali-ons sends through a gateway node, the only address
     the clients know: every message answered SEND_OK is consumed through the gateway node, by a
     push consumer running across the kill and by a new group afterwards; the route names the
-    gateway node throughout, and a client connection opened before the kill still answers after it. Requests held by the leader when it dies: a pull
-    (a read) is sent again to the new leader and answered there, a pop (a change) is answered
-    SERVICE_NOT_AVAILABLE."""
+    gateway node throughout, and a client connection opened before the kill still answers after
+    it. Requests held by the leader when it dies: a pull (a read) is sent again to the new
+    leader and answered there, a pop (a change) is answered SERVICE_NOT_AVAILABLE."""
     nodes = start_group(tmp_path, etcd.endpoint)
     remoting, metrics = f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
