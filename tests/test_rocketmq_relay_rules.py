@@ -1,13 +1,16 @@
 """The rules a gateway node's RocketMQ relays follow at a store failover and in route answers,
-without a network: protocols/remoting/relay_memory.py and protocols/rocketmq_grpc/proxy_rules.py."""
+without a network: protocols/remoting/relay_memory.py and protocols/rocketmq_grpc/proxy_rules.py;
+and their shared lookup of the leader (gateway/cluster/leader_lookup.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
+from gateway.cluster.leader_lookup import LeaderLookup
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
 from protocols.remoting.relay_memory import RelayMemory
@@ -71,3 +74,21 @@ def test_grpc_routes_and_assignments_name_the_proxy() -> None:
     assert named_here(PREFIX + "SendMessage", send, here) == send
     assert PREFIX + "SendMessage" not in RESENDABLE and PREFIX + "QueryRoute" in RESENDABLE
     assert method_kinds()[PREFIX + "Telemetry"] == (True, True)
+
+
+async def test_connections_asking_for_the_leader_together_share_one_lookup() -> None:
+    calls = []
+
+    async def target() -> tuple[str, int]:
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        if len(calls) == 2:
+            raise OSError("no leader")
+        return "10.0.0.1", len(calls)
+
+    lookup = LeaderLookup(target)
+    assert await asyncio.gather(*(lookup() for _ in range(10))) == [("10.0.0.1", 1)] * 10
+    assert len(calls) == 1
+    await asyncio.sleep(0.15)  # (past the moment an answer is kept: asked again)
+    results = await asyncio.gather(*(lookup() for _ in range(3)), return_exceptions=True)
+    assert [str(r) for r in results] == ["no leader"] * 3 and len(calls) == 2

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from protocols.rocketmq_grpc.proxy_rules import RESENDABLE, endpoints_of, method_kinds, named_here
 
 from .failover_counts import FailoverCounts
+from .leader_lookup import LeaderLookup
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -41,7 +42,7 @@ class GrpcProxy(grpc.GenericRpcHandler):
     """The gateway node's gRPC server; ``leader_moved`` sends the next calls to the new leader."""
 
     def __init__(self, target: Target) -> None:
-        self.target = target
+        self.target = LeaderLookup(target)  # (shared by concurrent calls: one etcd lookup at a time)
         self.kinds = method_kinds()
         self.endpoints = endpoints_of("127.0.0.1", 0)
         self.server: grpc.aio.Server | None = None

@@ -25,6 +25,7 @@ from protocols.remoting.relay_memory import RelayMemory
 from ..listen import ListeningServer, Servers, listening_sockets
 from ..remoting.messages import Origin
 from .failover_counts import FailoverCounts
+from .leader_lookup import LeaderLookup
 
 log = logging.getLogger("tidemq.cluster")
 
@@ -42,7 +43,7 @@ class RemotingRelay:
 
     def __init__(self, target: Target, *, advertised: str, refused_codes: Iterable[int], failover_s: float,
                  max_frame_size: int, connect_timeout_s: float = 10.0, idle_timeout_s: float = 120.0) -> None:
-        self.target = target
+        self.target = LeaderLookup(target)  # (shared by the connections: one etcd lookup at a time)
         host, _, port = advertised.rpartition(":")
         origin = Origin.of(host.strip("[]"), int(port))  # (as a broker at this address names itself)
         self.store_host = (origin.host, origin.port)
