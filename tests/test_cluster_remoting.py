@@ -17,10 +17,12 @@ from gateway.cluster.store_link import StoreCode
 from gateway.config import Config
 from gateway.server import Gateway
 from protocols.remoting.codes import RequestCode, ResponseCode
+from protocols.remoting.frames import FLAG_ONEWAY
 from protocols.remoting.message_codec import offset_msg_id
 
 from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons
 from .test_remoting_access import KEYS, secured  # noqa: F401 (secured: a fixture)
+from .test_remoting_transactions import COMMIT, GROUP, end_header, send_half, wait_pulled
 from .test_store_link import remoting_port
 
 
@@ -139,6 +141,24 @@ async def test_signed_requests_are_checked_by_the_store_node_through_the_gateway
         denied = await ons({"cmd": "send", "nameSrv": addr, "topic": "secret", "accessKey": ak, "secretKey": sk,
                             "reportErrors": True, "messages": [{"body": "leak"}]})
         assert [e["event"] for e in denied] == ["error"]
+
+
+async def test_a_transaction_check_reaches_the_producer_through_the_gateway_node(data_dir: Path) -> None:
+    """The store node's CHECK_TRANSACTION_STATE (its own request, to a live producer of the
+    group, known from the heartbeat relayed) comes to the client through the relay, and the
+    client's one-way END_TRANSACTION goes back: the half message is committed, then pulled.
+    (Frame by frame as the Java client does: no installable client ends transactions.)"""
+    store_options = {"remoting_transaction_timeout_s": 0.2, "remoting_transaction_check_interval_s": 0.3}
+    async with store_and_node(data_dir, store_options) as (_, _, addr):
+        producer = await RawRemoting.open(addr)
+        beat = {"clientID": "10.0.0.1@tx", "producerDataSet": [{"groupName": GROUP}], "consumerDataSet": []}
+        assert (await producer.call(RequestCode.HEART_BEAT, {}, json.dumps(beat).encode())).code == 0
+        offset, _ = await send_half(producer, "NodeOrders", b"checked")
+        check = await producer.recv(timeout=5)
+        assert check.code == RequestCode.CHECK_TRANSACTION_STATE and int(check.ext_fields["commitLogOffset"]) == offset
+        producer.send(RequestCode.END_TRANSACTION, end_header(offset, COMMIT, from_check=True), flag=FLAG_ONEWAY)
+        assert [m.body for m in await wait_pulled(producer, "NodeOrders", 1)] == [b"checked"]
+        producer.writer.close()
 
 
 def send_header(topic: str) -> dict[str, str]:
