@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from lookup.redis_backend import RedisLookup
+from protocols.remoting.frames import RemotingCommand
 from store import MessageStore, StoreError
 
 from . import lean_tcp
@@ -402,7 +403,9 @@ class Gateway:
             bind[0], bind[1], lambda: self._store_address("remoting"), advertise=self._remoting_advertised,
             refused_codes=StoreCode, failover_s=self.gateway_store.failover_s,
             max_frame_size=self.config.remoting_max_frame_size, connect_timeout_s=self.config.connect_timeout_s,
-            idle_timeout_s=self.config.remoting_idle_timeout_s)
+            idle_timeout_s=self.config.remoting_idle_timeout_s,
+            hello=RemotingCommand(StoreCode.HELLO, ext_fields={"token": self.config.cluster_token}
+                                  if self.config.cluster_token else {}))
         self.gateway_store.after_relink.append(relay.leader_moved)
         self.remoting_relay = relay
         return server
@@ -452,6 +455,7 @@ class Gateway:
                                               amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             link_handlers = self.store_service.handlers()
+            self.remoting.relay_trusted = self.store_service.trusts  # (gateway nodes' numbered sends)
             self.remoting.handlers.update(link_handlers)
             self.remoting.access.unsigned_codes.update(link_handlers)  # they have the cluster token instead
         await self.remoting.start()

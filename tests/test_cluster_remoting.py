@@ -18,9 +18,10 @@ from gateway.config import Config
 from gateway.server import Gateway
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY
-from protocols.remoting.message_codec import offset_msg_id
+from protocols.remoting.relay_memory import RELAY_PRODUCER, RELAY_SEQ
+from protocols.remoting.message_codec import decode_messages, offset_msg_id
 
-from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons
+from .remoting_support import TEST_DELAY_LEVELS, OnsProcess, RawRemoting, ons, pull_header
 from .test_remoting_access import KEYS, secured  # noqa: F401 (secured: a fixture)
 from .test_remoting_transactions import COMMIT, GROUP, end_header, send_half, wait_pulled
 from .test_store_link import remoting_port
@@ -159,6 +160,28 @@ async def test_a_transaction_check_reaches_the_producer_through_the_gateway_node
         producer.send(RequestCode.END_TRANSACTION, end_header(offset, COMMIT, from_check=True), flag=FLAG_ONEWAY)
         assert [m.body for m in await wait_pulled(producer, "NodeOrders", 1)] == [b"checked"]
         producer.writer.close()
+
+
+async def test_a_send_numbered_by_a_relay_is_stored_once_however_often_it_comes(data_dir: Path) -> None:
+    """What a gateway node's relay does with a send whose answer a failover lost: it sends it
+    again with the same number, and the store node answers it as the first time (the same
+    message id) without storing it twice. Numbers are taken from gateway nodes only (a
+    connection that said HELLO with the cluster token)."""
+    async with store_and_node(data_dir, {"cluster_token": "T"}, cluster_token="T") as (store, _, _):
+        direct = await RawRemoting.open(f"127.0.0.1:{remoting_port(store)}")
+        numbered = {**send_header("Numbered"), RELAY_PRODUCER: "relay-test", RELAY_SEQ: "1"}
+        refused = await direct.call(RequestCode.SEND_MESSAGE, numbered, b"once")
+        assert refused.code == ResponseCode.NO_PERMISSION  # (no HELLO yet)
+        assert (await direct.call(StoreCode.HELLO, {"token": "T"})).code == ResponseCode.SUCCESS
+        first = await direct.call(RequestCode.SEND_MESSAGE, numbered, b"once")
+        again = await direct.call(RequestCode.SEND_MESSAGE, numbered, b"once")
+        assert first.code == again.code == ResponseCode.SUCCESS
+        assert first.ext_fields["msgId"] == again.ext_fields["msgId"]
+        other = await direct.call(RequestCode.SEND_MESSAGE, {**numbered, RELAY_SEQ: "2"}, b"twice")
+        assert other.ext_fields["msgId"] != first.ext_fields["msgId"]
+        pulled = await direct.call(RequestCode.PULL_MESSAGE, pull_header("Numbered", 0))
+        assert [m.body for m in decode_messages(pulled.body)] == [b"once", b"twice"]
+        direct.writer.close()
 
 
 def send_header(topic: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from gateway.cluster.leader_lookup import LeaderLookup
 from protocols.remoting.codes import RequestCode, ResponseCode
 from protocols.remoting.frames import FLAG_ONEWAY, RemotingCommand, response_to
-from protocols.remoting.relay_memory import RelayMemory
+from protocols.remoting.relay_memory import RELAY_PRODUCER, RELAY_SEQ, RelayMemory
 from protocols.rocketmq_grpc.proxy_rules import PREFIX, RESENDABLE, endpoints_of, method_kinds, named_here
 
 HERE = "10.0.0.7:9876"
@@ -92,3 +92,17 @@ async def test_connections_asking_for_the_leader_together_share_one_lookup() -> 
     await asyncio.sleep(0.15)  # (past the moment an answer is kept: asked again)
     results = await asyncio.gather(*(lookup() for _ in range(3)), return_exceptions=True)
     assert [str(r) for r in results] == ["no leader"] * 3 and len(calls) == 2
+
+
+def test_a_relay_that_numbers_its_sends_sends_them_again_after_its_hello() -> None:
+    hello = RemotingCommand(30_100, 0, 0, {"token": "T"})
+    memory = RelayMemory(HERE, producer="relay-1", hello=hello)
+    memory.sent(request(RequestCode.SEND_MESSAGE, 1))
+    memory.sent(request(RequestCode.POP_MESSAGE, 2))
+    memory.sent(request(RequestCode.SEND_MESSAGE, 3))
+    assert [a.opaque for a in memory.lost()] == [2]  # (the pop: not numbered)
+    again = memory.resend()
+    assert [(c.code, c.ext_fields.get(RELAY_SEQ)) for c in again] == [
+        (30_100, None), (RequestCode.SEND_MESSAGE, "1"), (RequestCode.SEND_MESSAGE, "2")]
+    assert again[0].ext_fields == {"token": "T"} and again[1].ext_fields[RELAY_PRODUCER] == "relay-1"
+    assert memory.answer(response_to(again[0], ResponseCode.SUCCESS)) is None  # (the relay's own)

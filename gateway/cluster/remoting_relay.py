@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -42,7 +43,9 @@ class RemotingRelay:
     server is no longer the leader go to the new one."""
 
     def __init__(self, target: Target, *, advertised: str, refused_codes: Iterable[int], failover_s: float,
-                 max_frame_size: int, connect_timeout_s: float = 10.0, idle_timeout_s: float = 120.0) -> None:
+                 max_frame_size: int, connect_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
+                 hello: RemotingCommand | None = None) -> None:
+        self.hello = hello  # the store link's HELLO (with the cluster token): its sends are numbered then
         self.target = LeaderLookup(target)  # (shared by the connections: one etcd lookup at a time)
         host, _, port = advertised.rpartition(":")
         origin = Origin.of(host.strip("[]"), int(port))  # (as a broker at this address names itself)
@@ -94,7 +97,8 @@ class RelayedRemoting:
     def __init__(self, relay: RemotingRelay, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.relay = relay
         self.client_reader, self.client_writer = reader, writer
-        self.memory = RelayMemory(relay.advertised, relay.store_host, relay.refused_codes)
+        self.memory = RelayMemory(relay.advertised, relay.store_host, relay.refused_codes, hello=relay.hello,
+                                  producer=f"relay-{secrets.token_hex(8)}" if relay.hello is not None else "")
         self.server_writer: asyncio.StreamWriter | None = None
         self.server_address: tuple[str, int] | None = None
         self.linked = asyncio.Event()
@@ -271,14 +275,15 @@ class RelayedRemoting:
 
 async def start_remoting_relay(host: str, port: int, target: Target, *, advertise: Callable[[str, int], str],
                                refused_codes: Iterable[int], failover_s: float, max_frame_size: int,
-                               connect_timeout_s: float, idle_timeout_s: float
+                               connect_timeout_s: float, idle_timeout_s: float, hello: RemotingCommand | None
                                ) -> tuple[ListeningServer, RemotingRelay]:
     """``target()``: the store node's remoting address now; ``advertise(host, port)``: the
-    address route answers name, from the listener's own."""
+    address route answers name, from the listener's own; ``hello``: the store link's HELLO,
+    said first on each connection so that the store node takes the relay's numbered sends."""
     sockets = await listening_sockets(host, port)
     bound = sockets[0].getsockname()
     relay = RemotingRelay(target, advertised=advertise(bound[0], bound[1]), refused_codes=refused_codes,
                           failover_s=failover_s, max_frame_size=max_frame_size,
-                          connect_timeout_s=connect_timeout_s, idle_timeout_s=idle_timeout_s)
+                          connect_timeout_s=connect_timeout_s, idle_timeout_s=idle_timeout_s, hello=hello)
     server = await Servers.serving(sockets, lambda sock: asyncio.start_server(relay.serve, sock=sock))
     return server, relay

@@ -177,6 +177,11 @@ class StoreService:
             return handler(conn, request)
         return guarded
 
+    def trusts(self, conn: RemotingConnection) -> bool:
+        """Whether ``conn`` may do what gateway nodes do (it said HELLO with the cluster token,
+        or none is asked)."""
+        return not self.token or conn in self._trusted
+
     def hello(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         if self.token:
             if not hmac.compare_digest(request.ext_fields.get("token", ""), self.token):

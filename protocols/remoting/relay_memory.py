@@ -3,8 +3,9 @@ server, and the answers it rewrites (sans-IO).
 
 The relay forwards whole commands. It keeps the client's requests in flight (by opaque) and its
 last HEART_BEAT. When the server is lost, ``lost`` says which requests in flight are sent
-again to the next server (those that only read, or set a value again) and answers the others
-SERVICE_NOT_AVAILABLE, which clients retry; ``greeting`` is the heartbeat to send first there.
+again to the next server (those that only read, or set a value again, and sends the relay
+numbered: the store answers a number it has written as the first time) and answers the others
+SERVICE_NOT_AVAILABLE, which clients retry; ``resend`` starts with what to say first there.
 Route and cluster answers are rewritten to name the relay's own address, and so are the store
 host of the messages answers carry and the offsetMsgIds of send answers (clients look a message
 up by id at the address in it).
@@ -36,6 +37,10 @@ ROUTE_ANSWERS = frozenset((RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_B
 SEND_ANSWERS = frozenset((RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE))
 MESSAGE_ANSWERS = frozenset((RequestCode.PULL_MESSAGE, RequestCode.POP_MESSAGE, RequestCode.QUERY_MESSAGE,
                              RequestCode.VIEW_MESSAGE_BY_ID))
+# a send's number, added by a relay (the server takes these from a trusted connection only, and
+# before it checks the client's signature, which does not cover them)
+RELAY_PRODUCER = "tidemqRelayProducer"
+RELAY_SEQ = "tidemqRelaySeq"
 LOST_REMARK = ("the store leader was lost with this request in flight (it may have been done): send it again; "
                "a store failover is under way")
 NO_LEADER_REMARK = "no store leader yet: a store failover is under way, send it again"
@@ -47,9 +52,13 @@ class RelayMemory:
     codes never relayed (the server's private ones)."""
 
     def __init__(self, advertised: str, store_host: tuple[bytes, int] = (b"\x7f\x00\x00\x01", 0),
-                 refused_codes: Iterable[int] = ()) -> None:
+                 refused_codes: Iterable[int] = (), *, producer: str = "",
+                 hello: RemotingCommand | None = None) -> None:
         self.advertised = advertised
         self.store_host = store_host
+        self.producer = producer  # this relay's id for numbering sends ("": not numbered)
+        self.hello = hello  # said first on each server connection (its answer is the relay's)
+        self._seq = 0
         self.refused_codes = frozenset(refused_codes)
         self.in_flight: dict[int, RemotingCommand] = {}  # the client's requests the server owes an answer
         self.heartbeat: RemotingCommand | None = None  # the client's last
@@ -68,6 +77,10 @@ class RelayMemory:
         if request.code == RequestCode.HEART_BEAT:
             self.heartbeat = request
         if not request.is_oneway:
+            if self.producer and request.code in SEND_ANSWERS:
+                self._seq += 1
+                request.ext_fields[RELAY_PRODUCER] = self.producer
+                request.ext_fields[RELAY_SEQ] = str(self._seq)
             self.in_flight[request.opaque] = request
 
     def answer(self, command: RemotingCommand) -> RemotingCommand | None:
@@ -106,15 +119,21 @@ class RelayMemory:
         self._greetings.clear()
         answers = []
         for opaque, request in list(self.in_flight.items()):
-            if request.code not in RESENDABLE:
+            if request.code not in RESENDABLE and RELAY_SEQ not in request.ext_fields:
                 del self.in_flight[opaque]
                 answers.append(response_to(request, ResponseCode.SERVICE_NOT_AVAILABLE, LOST_REMARK))
         return answers
 
     def resend(self) -> list[RemotingCommand]:
-        """What to write first to a new server: the client's last heartbeat (its answer kept
-        from the client), then its requests in flight, in the order it sent them."""
+        """What to write first to a new server: the relay's hello and the client's last
+        heartbeat (their answers kept from the client), then its requests in flight, in the
+        order it sent them."""
         first = []
+        if self.hello is not None:
+            hello = RemotingCommand(self.hello.code, self._next_own, 0, dict(self.hello.ext_fields))
+            self._greetings.add(self._next_own)
+            self._next_own -= 1
+            first.append(hello)
         if self.heartbeat is not None and not any(r.code == RequestCode.HEART_BEAT for r in self.in_flight.values()):
             greeting = RemotingCommand(self.heartbeat.code, self._next_own, self.heartbeat.flag,
                                        dict(self.heartbeat.ext_fields), self.heartbeat.body,
