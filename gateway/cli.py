@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-bind", metavar="HOST:PORT",
                        help="RocketMQ 5 clients over gRPC (default off; needs the remoting listener, or "
                             "on role gateway the store node's gRPC listener)")
+    serve.add_argument("--grpcs-bind", metavar="HOST:PORT",
+                       help="RocketMQ 5 clients over gRPC with TLS (--tls-cert, --tls-key; empty = off)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")
     serve.add_argument("--admin-token", metavar="TOKEN",
                        help="the operator's bearer token on /admin and /data (tidemq ctl --token)")
@@ -175,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "amqp_bind": args.amqp_bind,
         "remoting_bind": args.remoting_bind,
         "grpc_bind": args.grpc_bind,
+        "grpcs_bind": args.grpcs_bind,
         "metrics_bind": args.metrics_bind,
         "admin_token": args.admin_token,
         "admin_users": args.admin_users,

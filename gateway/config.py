@@ -81,6 +81,9 @@ class Config:
     # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind (a gateway
     # node: proxied to the store node's, cluster/grpc_proxy.py)
     grpc_bind: str = ""
+    grpcs_bind: str = ""  # gRPC over TLS; needs tls_cert_file and tls_key_file
+    grpc_on_remoting_port: bool = True  # with grpc_bind: the remoting port takes gRPC connections too
+    grpc_fifo_groups: str = ""  # consumer groups (comma-separated) whose PushConsumers consume in order
     metrics_bind: str = ""  # also serves the admin API of `tidemq ctl`
     admin_token: str = ""  # "Authorization: Bearer <token>" is the operator on /admin and /data (http/data_access.py)
     admin_users: str = ""  # password-file users (comma-separated) who are the operator there too, with HTTP Basic
@@ -321,11 +324,13 @@ def event_rules(cfg: Config) -> dict[str, Any]:
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
-    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "grpc_bind", "metrics_bind", "mqtts_bind", "ws_bind"):
+    for name in ("mqtt_bind", "amqp_bind", "remoting_bind", "grpc_bind", "grpcs_bind", "metrics_bind", "mqtts_bind",
+                 "ws_bind"):
         parse_bind(getattr(cfg, name), name)
     validate_admin_access(cfg)
-    if cfg.mqtts_bind and not (cfg.tls_cert_file and cfg.tls_key_file):
-        raise ConfigError("mqtts_bind needs tls_cert_file and tls_key_file", "mqtts_bind")
+    for name in ("mqtts_bind", "grpcs_bind"):
+        if getattr(cfg, name) and not (cfg.tls_cert_file and cfg.tls_key_file):
+            raise ConfigError(f"{name} needs tls_cert_file and tls_key_file", name)
     for name in ("mqtt_receive_maximum", "mqtt_max_inflight"):
         if not 1 <= getattr(cfg, name) <= 65_535:
             raise ConfigError(f"{name} is 1..65535, not {getattr(cfg, name)}", name)
@@ -433,16 +438,16 @@ def validate_replication(cfg: Config) -> None:
 def validate_admin_access(cfg: Config) -> None:
     """The admin API serves every message body and can kick clients: a listener reachable from
     other hosts must have admin credentials, and admin users must be users of the password file."""
-    if parse_admin_users(cfg.admin_users) and not cfg.password_file:
+    if parse_names(cfg.admin_users) and not cfg.password_file:
         raise ConfigError("admin_users are users of the password file: set password_file too", "admin_users")
     metrics = parse_bind(cfg.metrics_bind, "metrics_bind")
-    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or parse_admin_users(cfg.admin_users)):
+    if metrics is not None and not is_loopback(metrics[0]) and not (cfg.admin_token or parse_names(cfg.admin_users)):
         raise ConfigError(f"metrics_bind {cfg.metrics_bind} is reachable beyond this host, and its admin API (every "
                           "message body, kicking clients) would have no credentials: set admin_token, or admin_users "
                           "with a password_file, or bind it to 127.0.0.1", "metrics_bind")
 
 
-def parse_admin_users(text: str) -> frozenset[str]:
+def parse_names(text: str) -> frozenset[str]:
     """``"root, ops"`` -> {"root", "ops"}."""
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 
@@ -459,15 +464,18 @@ def is_loopback(host: str) -> bool:
 
 
 def validate_grpc(cfg: Config) -> None:
-    """The gRPC listener is served by the remoting node (embedded or store), with its access
-    keys and ACL; a gateway node's proxies each call there."""
-    if not cfg.grpc_bind:
-        return
-    if cfg.role == "gateway":
-        return  # (the calls proxied to the store node's gRPC listener: cluster/grpc_proxy.py)
-    if not cfg.remoting_bind:
-        raise ConfigError("grpc_bind needs remoting_bind: the gRPC calls are answered by the remoting node",
-                          "grpc_bind")
+    """The gRPC listener (plain, TLS or both) is served by the remoting node (embedded or
+    store), with its access keys and ACL; a gateway node's plain one proxies each call there."""
+    for name in ("grpc_bind", "grpcs_bind"):
+        if not getattr(cfg, name):
+            continue
+        if cfg.role == "gateway":
+            if name == "grpcs_bind":
+                raise ConfigError("grpcs_bind: TLS on a gateway node's gRPC listener is not built yet (grpc_bind is, "
+                                  "proxied to the store node; or grpcs_bind on the store node)", name)
+            continue  # (the calls proxied to the store node's gRPC listener: cluster/grpc_proxy.py)
+        if not cfg.remoting_bind:
+            raise ConfigError(f"{name} needs remoting_bind: the gRPC calls are answered by the remoting node", name)
 
 
 def parse_bind(bind: str, name: str = "bind") -> tuple[str, int] | None:

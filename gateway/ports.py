@@ -62,6 +62,10 @@ class QueueStore(Protocol):
 
     def listen_notify(self, listener: Callable[[dict[str, int]], None]) -> None: ...
 
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """For a notify listener: ``callback()`` once the commit it heard of is complete."""
+        ...
+
     def read_at(self, position: int) -> StoredMessage | None:
         """None: retention removed it; ``PositionNotLoadedError``: not at hand (``Reads.read_positions``)."""
         ...

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.rules.book import TABLE, RuleBook
 from bridge.rules.engine import RulesEngine
+from bridge.rules.targets.topic import Republished
 from protocols.mqtt.packets import Publish
 from protocols.mqtt.properties import Properties
 from store import StoredMessage
@@ -79,10 +80,9 @@ class GatewayRuleHost:
     def close_source(self, topic_filter: str, consumer: str) -> None:
         self._mqtt.wildcards.release(topic_filter, consumer)
 
-    async def republish(self, topic: str, body: bytes, qos: int, content_type: str | None,
-                        user_properties: Sequence[tuple[str, str]]) -> None:
-        properties = Properties(content_type=content_type, user_properties=list(user_properties))
-        await self._mqtt.publish([Publish(topic, body, qos, False, properties=properties)], PUBLISHER_ID)
+    async def republish(self, messages: Sequence[Republished]) -> None:
+        await self._mqtt.publish([Publish(m.topic, m.body, m.qos, False, properties=Properties(
+            content_type=m.content_type, user_properties=list(m.user_properties))) for m in messages], PUBLISHER_ID)
 
 
 class Rules:

@@ -32,7 +32,8 @@ from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, event_rules, parse_admin_users, parse_bind
+from .config import Config, ConfigError, event_rules, parse_names, parse_bind
+from .tls import key_and_chain, tls_context
 from .listen import ListeningServer, format_address
 from .core.timer import TimerService
 from .http.app import HttpServer
@@ -187,8 +188,9 @@ class Gateway:
                     server = await self._start_remoting(bind)
                 self._started(protocol, server)
             grpc_bind = parse_bind(self.config.grpc_bind, "grpc_bind")
-            if grpc_bind is not None and self.remoting is not None:
-                await self._start_grpc(grpc_bind)
+            grpcs_bind = parse_bind(self.config.grpcs_bind, "grpcs_bind")
+            if (grpc_bind is not None or grpcs_bind is not None) and self.remoting is not None:
+                await self._start_grpc(grpc_bind, grpcs_bind)
             elif grpc_bind is not None and self.gateway_store is not None:
                 await self._start_grpc_proxy(grpc_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
@@ -261,7 +263,7 @@ class Gateway:
             read_timeout_s=cfg.read_timeout_s,
         )
         # the certificate first: a bad one stops start-up before any listener opens
-        tls = listeners.tls_context(cfg) if binds["mqtts"] is not None else None
+        tls = tls_context(cfg) if binds["mqtts"] is not None else None
         acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
         ports = self._mqtt_ports()
         self.mqtt = MQTTBroker(ports, settings, cache=QueueCache(ports.store, cfg.queue_cache_bytes),
@@ -364,7 +366,7 @@ class Gateway:
         """What the HTTP listener serves from (gateway/http/deps.py), once every other listener runs."""
         cfg = self.config
         return HttpDeps(
-            access=HttpAccess(cfg.admin_token, parse_admin_users(cfg.admin_users), cfg.authentication_configured(),
+            access=HttpAccess(cfg.admin_token, parse_names(cfg.admin_users), cfg.authentication_configured(),
                               self.passwords, self.authorizer),
             status=self, brokers=Brokers(self.mqtt, self.amqp, self.remoting), store=self.store,
             pressure=self.pressure, tracer=self.tracer, traced_listeners=self._traced,
@@ -465,15 +467,27 @@ class Gateway:
         broker.set_address(self._remoting_advertised(*server.sockets[0].getsockname()[:2]))
         return server
 
-    async def _start_grpc(self, bind: tuple[str, int]) -> None:
-        """The gRPC listener of RocketMQ 5 clients, answered by the remoting node."""
-        from .rocketmq_grpc.server import GrpcServer  # (grpcio and the generated modules: only when asked for)
+    async def _start_grpc(self, plain: tuple[str, int] | None, tls: tuple[str, int] | None) -> None:
+        """The gRPC listener of RocketMQ 5 clients (plain, TLS or both), answered by the remoting node."""
+        from .rocketmq_grpc.server import GrpcBind, GrpcServer  # (grpcio and the generated modules: only when asked for)
         assert self.remoting is not None
-        self.grpc = GrpcServer(self.remoting, self.pressure)
-        address = await self.grpc.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
-        if self.store_service is not None:  # (gateway nodes proxy their gRPC clients here)
-            self.store_service.grpc_port = address[1]
-        log.info("listener started protocol=grpc address=%s", format_address(*address))
+        cfg = self.config
+
+        def bind(address: tuple[str, int], key_and_chain: tuple[bytes, bytes] | None = None) -> GrpcBind:
+            return GrpcBind(address[0], address[1], self._grpc_advertised(address[0]), key_and_chain)
+        self.grpc = GrpcServer(self.remoting, self.pressure, fifo_groups=parse_names(cfg.grpc_fifo_groups))
+        await self.grpc.start(bind(plain) if plain is not None else None,
+                              bind(tls, key_and_chain(cfg)) if tls is not None else None)
+        if plain is not None and self.store_service is not None:  # (gateway nodes proxy their gRPC clients here)
+            self.store_service.grpc_port = self.grpc.address[1]
+        for name, address in (("grpc", plain and self.grpc.address), ("grpcs", tls and self.grpc.tls_address)):
+            if address:
+                log.info("listener started protocol=%s address=%s", name, format_address(*address))
+        if cfg.grpc_on_remoting_port:  # (the remoting port sniffs HTTP/2's preface and TLS handshakes)
+            remoting_host, _, remoting_port = self.remoting.broker_addr.rpartition(":")
+            shared = self.grpc.share_port((remoting_host.strip("[]"), int(remoting_port)))
+            self.remoting.http2_handoff = shared.hand_over
+            log.info("grpc also on the remoting port address=%s", self.remoting.broker_addr)
 
     async def _start_grpc_proxy(self, bind: tuple[str, int]) -> None:
         """A gateway node's gRPC listener: calls proxied to the store node's (cluster/grpc_proxy.py)."""

@@ -343,16 +343,17 @@ def rabbitmq_node(workdir: Path, amqp_port: int, env: dict[str, str], mqtt_port:
                                 env=env)
 
 
-def start_amqp_broker(name: str) -> Broker:
+def start_amqp_broker(name: str, module: str = "gateway") -> Broker:
     """TideMQ (AMQP listener only, ``--flush sync``) or a private RabbitMQ node, on a free
-    127.0.0.1 port; returns once it completes an AMQP handshake."""
+    127.0.0.1 port; returns once it completes an AMQP handshake. ``module``: what TideMQ runs
+    as (``python -m MODULE serve ...``; loadtest.latency_stages stamps the gateway's stages)."""
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix=f"tidemq-bench-amqp-{name}-"))
     log_path = workdir / "console.log"
     env = dict(os.environ)
     helpers: list[subprocess.Popen[bytes]] = []
     if name == "tidemq":
-        command = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(workdir / "data"),
+        command = [sys.executable, "-m", module, "serve", "--data-dir", str(workdir / "data"),
                    "--mqtt-bind", "", "--amqp-bind", f"{HOST}:{port}", "--remoting-bind", "",
                    "--metrics-bind", "", "--flush", "sync"]
         deadline_s = AMQP_START_S

@@ -37,6 +37,7 @@ from .replica.link import InSyncSet
 from .replica.node import ReplicaNode, ReplicaSettings
 from .stats import LatencyHistogram
 from .store import MessageStore
+from .write.batching import receipt_messages, receipt_tails
 
 __all__ = [
     "HALF",
@@ -78,5 +79,7 @@ __all__ = [
     "encode_msg_id",
     "encode_properties",
     "now_ms",
+    "receipt_messages",
+    "receipt_tails",
     "tag_hash",
 ]

@@ -18,11 +18,7 @@ from .write.batching import PreparedMessage
 from .log.commitlog import CommitLog
 from .write.committer import GroupCommitter, prepare_each
 from .write.idempotence import Producer, check_producer, find, forget_before
-from .index.consumequeue import (
-    ENTRY_VALUE,
-    ConsumeQueueIndex,
-    QueueState,
-)
+from .index.consumequeue import ConsumeQueueIndex, QueueState
 from .index.dispatcher import Dispatcher
 from .index.first_offsets import FirstOffsets
 from .errors import (
@@ -50,7 +46,8 @@ from .log.msgid import decode_msg_id, make_store_identity, msg_id_prefix
 from .index.notify import NotifyHub, NotifySubscription
 from .meta.offsets import ConsumerOffsets
 from .options import StoreOptions
-from .read.reads import read_entries, record_at
+from .read.queue_reads import read_queue
+from .read.reads import record_at
 from .log.recovery import RecoveryReport, recover
 from .retention.policy import QueuePolicy
 from .retention.queues import QueueTrimmer
@@ -68,8 +65,6 @@ log = logging.getLogger("tidemq.store")
 _READ_AHEAD = 4096
 
 
-# entries a filtered get examines at most (RocketMQ scans 16,000 bytes of consume queue: 800)
-FILTER_SCAN = 800
 OFFSETS_SOON_S = 0.05  # committed consumer offsets are written this soon after the first of them (async flush)
 
 
@@ -143,7 +138,8 @@ class MessageStore:
         self.trimmer = QueueTrimmer(self.index, self.first_offsets.forget, lambda at, n: self.commitlog.read(at, n))
         self.dispatcher.on_drop = lambda names, position: self.offsets.forget_queues(set(names), position)
         self.committer = GroupCommitter(self.commitlog, self.index, self.dispatcher, sync=opts.flush == "sync",
-                                        id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail)
+                                        id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail,
+                                        notify=self.notify)
         self.committer.apply_marks = lambda marks: meta.writes.apply(marks, sync=False)
         self._numbered: dict[Producer, asyncio.Future[Sequence[PutResult]]] = {}  # numbered puts not yet answered
         self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.committer_writable,
@@ -218,18 +214,22 @@ class MessageStore:
     async def put_batch(self, items: Iterable[tuple[Message, Sequence[str]]]) -> Sequence[PutResult]:
         return await self.put_batch_nowait(items)
 
-    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, producer: Producer | None = None
-                         ) -> asyncio.Future[Sequence[PutResult]]:
+    def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, producer: Producer | None = None,
+                         resent: bool = True) -> asyncio.Future[Sequence[PutResult]]:
         """Submit messages for one group commit and return at once; the future resolves when
         they are durable per the flush mode. Futures resolve in submission order, so a
         gateway can acknowledge in the order its client sent (no task per message).
 
         ``producer``: (id, sequence number) of an idempotent put (write/idempotence.py): a put
         of a number already written is answered as the first time, and not written again.
+        ``resent`` False: the producer knows this number was never sent before (it is marked,
+        not looked for).
 
         Raises InvalidMessageError / MessageTooLargeError before anything is submitted.
         """
-        if producer is not None:
+        if producer is not None and not resent:
+            check_producer(producer)
+        elif producer is not None:
             answered = self._answered(producer)
             if answered is not None:
                 return answered
@@ -405,7 +405,7 @@ class MessageStore:
                 tag_hashes: frozenset[int] | None = None) -> GetResult:
         """``get`` without awaiting. With ``tag_hashes``, only messages whose tag hash is in the
         set are read (RocketMQ's consume-queue filter: the commitlog is not touched for the
-        others); when a scan of up to FILTER_SCAN entries matches nothing, the status is
+        others); when a scan of up to ``read.queue_reads.FILTER_SCAN`` entries matches nothing, the status is
         NO_MATCHED_MESSAGE and ``next_offset`` moves past what was scanned."""
         started = time.perf_counter()
         try:
@@ -415,67 +415,8 @@ class MessageStore:
 
     def _get_now(self, queue: str, offset: int, max_messages: int, max_bytes: int,
                  tag_hashes: frozenset[int] | None) -> GetResult:
-        state = self.index.lookup(queue)
-        if state is None:
-            return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
-        qid = state.qid
-        max_offset = state.next_offset
-        if offset >= max_offset or offset < 0:
-            if offset < 0:
-                low = self._min_offset(state)
-                return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
-            status = GetStatus.NO_NEW_MESSAGE if offset == max_offset else GetStatus.OFFSET_OVERFLOW
-            return GetResult(status, [], max_offset, self._min_offset(state), max_offset)
-        if tag_hashes is not None:
-            return self._get_filtered(state, queue, offset, max_messages, max_bytes, tag_hashes)
-        count = min(max_messages, max_offset - offset)
-        raws = self.index.entries(qid, offset, count)
-        min_position = self.commitlog.min_position
-        unpack = ENTRY_VALUE.unpack
-        entries = []
-        for raw in raws:
-            if raw is None:
-                break
-            entry = unpack(raw)
-            if entry[0] < min_position:
-                break
-            entries.append(entry)
-        if not entries:
-            low = self._min_offset(state)
-            if offset < low:
-                return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
-            return GetResult(GetStatus.NO_NEW_MESSAGE, [], offset, low, max_offset)
-        messages = read_entries(self.commitlog, self._id_prefix, queue, range(offset, offset + len(entries)), entries,
-                                max_bytes)
-        return GetResult(GetStatus.FOUND, messages, offset + len(messages), self._min_offset(state), max_offset)
-
-    def _get_filtered(self, state: QueueState, queue: str, offset: int, max_messages: int, max_bytes: int,
-                      tag_hashes: frozenset[int]) -> GetResult:
-        max_offset = state.next_offset
-        low = self._min_offset(state)
-        if offset < low:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, max_offset)
-        raws = self.index.entries(state.qid, offset, min(FILTER_SCAN, max_offset - offset))
-        unpack = ENTRY_VALUE.unpack
-        offsets: list[int] = []
-        entries = []
-        scanned_to = offset
-        for i, raw in enumerate(raws):
-            if raw is None:
-                break
-            entry = unpack(raw)
-            scanned_to = offset + i + 1
-            if entry[2] in tag_hashes:
-                offsets.append(offset + i)
-                entries.append(entry)
-                if len(entries) >= max_messages:
-                    break
-        if not entries:
-            return GetResult(GetStatus.NO_MATCHED_MESSAGE, [], scanned_to, low, max_offset)
-        messages = read_entries(self.commitlog, self._id_prefix, queue, offsets, entries, max_bytes)
-        if len(messages) < len(entries):  # cut short by max_bytes: go on after the last one read
-            scanned_to = messages[-1].queue_offset + 1
-        return GetResult(GetStatus.FOUND, messages, scanned_to, low, max_offset)
+        return read_queue(self.index, self.commitlog, self.first_offsets, self._id_prefix, queue, offset, max_messages,
+                          max_bytes, tag_hashes)
 
     async def get_by_id(self, msg_id: str) -> StoredMessage | None:
         """The message a message id names, or None (unknown, or removed by retention)."""
@@ -552,6 +493,11 @@ class MessageStore:
         """Call ``listener`` with each dispatch's ``{queue: max_offset}`` events as they are
         published, before any subscription is woken (the queue cache)."""
         self.notify.listen(listener)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """For a notify listener: run ``callback()`` once the commit it heard of is complete, at
+        the end of the committer's turn (``NotifyHub.after_commit``)."""
+        self.notify.after_commit(callback)
 
     # -- consumer offsets and tables ----------------------------------------------------------
     async def commit_offset(self, consumer: str, queue: str, offset: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.client import ClientConfiguration, Credentials
-from rocketmq.v5.consumer import SimpleConsumer
+from rocketmq.v5.consumer import MessageListener, PushConsumer, SimpleConsumer
 from rocketmq.v5.model import FilterExpression
 from rocketmq.v5.producer import Producer, TransactionChecker
 
@@ -30,7 +30,8 @@ def grpc_port(gw: Gateway) -> int:
 @contextlib.asynccontextmanager
 async def grpc_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple[Gateway, str, str]]:
     """A gateway with gRPC on; yields it, the gRPC endpoint and the remoting address."""
-    async with remoting_gateway(data_dir, grpc_bind="127.0.0.1:0", **config) as (gw, remoting_addr):
+    config.setdefault("grpc_bind", "127.0.0.1:0")
+    async with remoting_gateway(data_dir, **config) as (gw, remoting_addr):
         yield gw, f"127.0.0.1:{grpc_port(gw)}", remoting_addr
 
 
@@ -61,6 +62,14 @@ def official_simple_consumer(endpoint: str, group: str, topic: str, expression: 
     return started(SimpleConsumer(ClientConfiguration(endpoint, credentials or Credentials(), request_timeout=10),
                                   group,
                                   {topic: FilterExpression(expression)}, await_duration=await_s))
+
+
+def official_push_consumer(endpoint: str, group: str, topic: str, listener: MessageListener, expression: str = "*"
+                           ) -> contextlib.AbstractAsyncContextManager[PushConsumer]:
+    """The official client's PushConsumer of ``topic`` (a TAG expression), calling ``listener``
+    from its threads, started and shut down."""
+    return started(PushConsumer(ClientConfiguration(endpoint, Credentials(), request_timeout=10), group, listener,
+                                {topic: FilterExpression(expression)}))
 
 
 @contextlib.asynccontextmanager

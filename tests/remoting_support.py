@@ -31,7 +31,8 @@ async def remoting_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple
     config.setdefault("mqtt_bind", "")
     config.setdefault("amqp_bind", "")
     config.setdefault("remoting_delay_levels", TEST_DELAY_LEVELS)
-    gw = Gateway(Config(data_dir=data_dir, remoting_bind="127.0.0.1:0", **config))
+    config.setdefault("remoting_bind", "127.0.0.1:0")
+    gw = Gateway(Config(data_dir=data_dir, **config))
     await gw.start()
     port = next(listener.address[1] for listener in gw.listeners if listener.protocol == "remoting")
     try:

@@ -179,3 +179,41 @@ def test_a_deliver_before_the_channel_is_known_passes_unchanged() -> None:
     frames = content(5, commands.Basic.Deliver("c", 9, False, "", "q"), b"x")
     assert server(memory, frames) == frames
     assert DELIVER == key(60, 60) and ACK == key(60, 80)
+
+
+def test_a_named_relay_says_who_it_is_and_names_what_it_publishes_again() -> None:
+    """With a token (relay_identity.py): the start-ok the server sees carries the relay's
+    identity of the generation (0, then 1 after a failover); the client's other properties are
+    kept; a publish sent again carries the generation and sequence number of its first publish,
+    which it keeps through a second failover; a first publish carries nothing."""
+    memory = ConnectionMemory("00112233aabbccdd")
+    start_ok = commands.Connection.StartOk(client_properties={"product": "app"}, mechanism="PLAIN",
+                                           response="\0guest\0guest")
+    (command,) = commands_of([method(0, start_ok)])
+    sent = pframe.unmarshal(memory.from_client(command)[0])[2]
+    assert sent.client_properties == {"product": "app", "x-tidemq-relay": "00112233aabbccdd.0"}
+    assert sent.response == "\0guest\0guest"
+    for value in (commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=60),
+                  commands.Connection.Open(virtual_host="/")):
+        client(memory, [method(0, value)])
+    open_channel(memory)
+    client(memory, [method(1, commands.Confirm.Select())])
+    server(memory, [method(1, commands.Confirm.SelectOk())])
+    first = [content(1, commands.Basic.Publish(routing_key="q"), body) for body in (b"m0", b"m1")]
+    for frames in first:
+        assert client(memory, frames) == frames  # (unchanged the first time)
+    server(memory, [method(1, commands.Basic.Ack(1))])
+
+    def headers_sent_again() -> list:
+        out = []
+        for command in commands_of([memory.after_replay()], chunk=1 << 20):
+            if command[1] == PUBLISH:
+                out.append(pframe.unmarshal(command[2][1])[2].properties.headers)
+        return out
+
+    memory.begin_replay()
+    (replayed_start_ok, *_), *_ = memory.replay_steps()[1:]
+    assert pframe.unmarshal(replayed_start_ok)[2].client_properties["x-tidemq-relay"] == "00112233aabbccdd.1"
+    assert headers_sent_again() == [{"x-tidemq-origin": "0:2"}]  # m1: generation 0, the server's 2nd
+    memory.begin_replay()  # a second failover before it was confirmed: the same first name
+    assert headers_sent_again() == [{"x-tidemq-origin": "0:2"}]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aio_pika
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from gateway.config import Config
 from gateway.server import Gateway
@@ -207,6 +209,74 @@ async def test_many_subscribers_of_one_topic_cost_one_store_read_per_batch(data_
         for client in subscribers:
             await client.close()
         await publisher.disconnect()
+
+
+async def test_a_gateway_node_does_not_read_back_what_its_own_clients_publish(data_dir: Path) -> None:
+    """Messages published on a node to queues its subscribers read at their end go to its
+    queue cache as stored (the put's receipt), not read back from the store node: its
+    subscribers (an exact and a wildcard filter) get every message, in order, with its
+    properties, as a subscriber on another node (which reads them from the store) does."""
+    async with cluster(data_dir) as (_, (a, b)):
+        here = PahoClient(mqtt_port(b), "here", version=MQTT_5)
+        await here.connect()
+        await here.subscribe("own/+/t", qos=1)
+        there = PahoClient(mqtt_port(a), "there", version=MQTT_5)
+        await there.connect()
+        await there.subscribe("own/+/t", qos=1)
+        exact = PahoClient(mqtt_port(b), "exact", version=MQTT_5)
+        await exact.connect()
+        await exact.subscribe("own/x/t", qos=1)
+        publisher = PahoClient(mqtt_port(b), "pub", version=MQTT_5)
+        await publisher.connect()
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = [("k", "v")]
+        props.ContentType = "text/plain"
+        await publisher.publish("own/x/t", "warm-up", 1)  # (the caches follow the queues' ends from here)
+        for client in (here, there, exact):
+            assert [r.payload for r in await client.receive(1)] == [b"warm-up"]
+        reads_before = b.gateway_store.fetches
+        for i in range(100):
+            await publisher.publish("own/x/t", str(i), 1, properties=props)
+        expected = [str(i).encode() for i in range(100)]
+        mine, theirs, exacts = (await here.receive(100), await there.receive(100), await exact.receive(100))
+        assert [r.payload for r in mine] == [r.payload for r in theirs] == [r.payload for r in exacts] == expected
+        assert {(r.properties.UserProperty[0], r.properties.ContentType) for r in mine + theirs + exacts} == {
+            (("k", "v"), "text/plain")}
+        reads = b.gateway_store.fetches - reads_before
+        assert reads <= 5, f"{reads} store reads on the publishers' node for 100 of its own messages"
+        for client in (here, there, exact, publisher):
+            await client.disconnect()
+
+
+async def test_two_nodes_publishing_to_one_topic_each_deliver_every_message_in_the_stores_order(data_dir: Path) -> None:
+    """Both nodes write the same queue: each node's own messages reach its cache from their
+    receipts, the other's from the store, and a subscriber on each node gets every message
+    once, both in the same order (the queue's), each publisher's in the order it sent them."""
+    async with cluster(data_dir) as (_, (a, b)):
+        subscribers = []
+        for node, name in ((a, "sa"), (b, "sb")):
+            client = PahoClient(mqtt_port(node), name, version=MQTT_5)
+            await client.connect()
+            await client.subscribe("mixed/+", qos=1)
+            subscribers.append(client)
+        publishers = []
+        for node, name in ((a, "pa"), (b, "pb")):
+            client = PahoClient(mqtt_port(node), name)
+            await client.connect()
+            publishers.append(client)
+
+        async def send(publisher: PahoClient, tag: str) -> None:
+            for i in range(150):
+                await publisher.publish(f"mixed/{tag}", f"{tag}{i}", 1)
+        await asyncio.gather(send(publishers[0], "a"), send(publishers[1], "b"))
+        got = [[r.payload.decode() for r in await client.receive(300)] for client in subscribers]
+        assert got[0] == got[1]
+        for tag in "ab":
+            assert [p for p in got[0] if p.startswith(tag)] == [f"{tag}{i}" for i in range(150)]
+        for client in subscribers:
+            await client.nothing_more()
+        for client in subscribers + publishers:
+            await client.disconnect()
 
 
 async def test_gateway_node_keeps_its_clients_through_a_store_node_restart(data_dir: Path) -> None:

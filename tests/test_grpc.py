@@ -143,7 +143,7 @@ async def test_sends_refused_with_the_protocols_status_codes(data_dir: Path) -> 
                 group=pb.Resource(name="GID-raw"), message_queue=pb.MessageQueue(topic=pb.Resource(name="GrpcRaw")),
                 batch_size=1, invisible_duration=Duration(seconds=1 << 62)))]  # (its due time: no u64)
             with pytest.raises(grpc.aio.AioRpcError) as missing:  # not built yet: said so, not faked
-                await stub.QueryAssignment(rpc.QueryAssignmentRequest())  # (the PushConsumer's)
+                await stub.RecallMessage(rpc.RecallMessageRequest())
         assert answers == [code for _, code in cases]
         assert two.status.code == pb.UNSUPPORTED
         assert sent.status.code == pb.OK and sent.entries[0].offset == 0  # nothing refused was stored

@@ -104,7 +104,13 @@ async def test_a_key_denied_a_topic_is_forbidden_and_gets_none_of_its_messages(d
             change = await stub.ChangeInvisibleDuration(rpc.ChangeInvisibleDurationRequest(
                 group=pb.Resource(name="GID-mallory"), topic=pb.Resource(name="secret"), receipt_handle="t1 0 0 1",
                 invisible_duration=Duration(seconds=30)), metadata=signed("mallory"))
+            assignment = await stub.QueryAssignment(rpc.QueryAssignmentRequest(
+                topic=pb.Resource(name="secret"), group=pb.Resource(name="GID-mallory")), metadata=signed("mallory"))
+            forward = await stub.ForwardMessageToDeadLetterQueue(rpc.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name="GID-mallory"), topic=pb.Resource(name="secret"), receipt_handle="t1 0 0 1"),
+                metadata=signed("mallory"))
         assert send.status.code == pb.FORBIDDEN
+        assert (assignment.status.code, forward.status.code) == (pb.FORBIDDEN, pb.FORBIDDEN)
         assert [r.status.code for r in receive] == [pb.FORBIDDEN]  # (no message before the status)
         assert (ack.status.code, change.status.code) == (pb.FORBIDDEN, pb.FORBIDDEN)
         with pytest.raises(Exception):  # its subscription to a denied topic: refused at start

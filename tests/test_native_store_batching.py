@@ -162,3 +162,24 @@ def test_put_results_are_a_sequence_read_when_asked(groups: list) -> None:
             pass
         else:
             raise AssertionError("an index past the end must raise IndexError")
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=puts, following=st.sets(st.sampled_from(QUEUES)))
+def test_messages_built_from_put_receipts_are_the_same(groups: list, following: set[str]) -> None:
+    """receipt_tails (a gateway node's own messages for its queue cache): the same messages built
+    from the same receipts, fields and all, in both builds."""
+    fast, reference = compiled(BATCHING), interpreted(BATCHING)
+    items = [item for group in groups for item in group]
+    put_result = compiled("store.messages.put_result").PutResult
+    sizes = [outcome(fast.PreparedMessage, message, queues, 1 << 20) for message, queues in items]
+    receipts = [put_result("AB", 1000 + 100 * i, size[1].size if size[0] == "value" else 0, 7,
+                           {queue: i for queue in queues}) for i, ((_, queues), size) in enumerate(zip(items, sizes))]
+
+    def seen(module: Any) -> dict:
+        return {queue: [(m, m.msg_id, m.properties, m.queues) for m in tail]
+                for queue, tail in module.receipt_tails(items, receipts, following).items()}
+    mine, theirs = seen(fast), seen(reference)
+    assert mine == theirs
+    built = sum(len(tail) for tail in mine.values())
+    assert built == sum(1 for message, queues in items for q in queues if q in following)  # (born given: all built)

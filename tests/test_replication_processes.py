@@ -256,6 +256,8 @@ async def test_amqp_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
             assert time.monotonic() < deadline, f"lost: {sorted(wanted - {body for body, _ in received})[:10]}"
             await asyncio.sleep(0.1)
         assert not closed and not connection.is_closed, f"the relayed connection was closed: {closed}"
+        first_times = [body for body, redelivered in received if not redelivered]
+        assert len(first_times) == len(set(first_times)), "a message came twice, not flagged redelivered"
         count = len(received)
         await asyncio.sleep(1.0)  # what the new leader delivered was settled by the acks: nothing comes again
         assert len(received) == count

@@ -236,3 +236,34 @@ async def test_an_event_out_of_retries_goes_to_the_dead_letter_topic_and_the_nex
         await device.disconnect()
         await dead.disconnect()
     await hook.down()
+
+
+async def test_a_backlog_reaches_the_topic_target_in_batches_complete_and_in_order(data_dir: Path) -> None:
+    """A paused rule's backlog, more than one read batch, republished when it is resumed: an
+    MQTT subscriber of the target topic gets every event once, in order."""
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        app = PahoClient(mqtt_port(gw), "app", version=5)
+        await app.connect()
+        await app.subscribe("copies/all", qos=1)
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "copy", "sources": ["meters/#"], "paused": True, "pattern": {"data": {"n": [{"numeric": [">=", 0]}]}},
+            "targets": [{"type": "topic", "topic": "copies/all"}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "meter")
+        await device.connect()
+        events = 600
+        for n in range(events):
+            await device.publish(f"meters/m{n % 4}", json.dumps({"n": n if n % 7 else -n - 1}), 1)  # every 7th: no match
+        expected = [n for n in range(events) if n % 7]
+        status, row = await call(admin_url(gw), "POST", "/admin/rules/copy/resume")
+        assert status == 200, row
+        got = await app.receive(len(expected))
+        assert [json.loads(m.payload)["n"] for m in got] == expected
+        assert all(dict(m.properties.UserProperty)["ce-source"] == "/mqtt/clients/meter" for m in got)
+        await until(lambda: gw.rules.engine.get("copy")["lag"] == 0, what="the backlog done")
+        row = gw.rules.engine.get("copy")
+        assert (row["matched"], row["delivered"], row["dead_lettered"]) == (len(expected), len(expected), 0)
+        await asyncio.sleep(0.3)
+        assert app.messages.empty()  # (nothing twice)
+        await device.disconnect()
+        await app.disconnect()

@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import GetResult, Message, MessageStore, StoreOptions, encode_properties
+from store import GetResult, Message, MessageStore, StoreOptions, encode_properties, receipt_messages, receipt_tails
 from store.holds.codec import HOLD_TOPIC, TIMER
 
 QUEUES = ["q1", "q2", "q3"]
@@ -101,3 +101,52 @@ async def test_encoded_properties_given_with_tags_are_not_changed(open_store):
         assert bytes(shared) == before, kind
     read = store.get_now("q", 0, max_messages=10)
     assert [m.properties for m in read.messages] == [{"a": "1", "TAGS": "red"}] * 9
+
+
+async def receipts_and_reads(batches: list[list[tuple[Message, list[str]]]]) -> list[tuple]:
+    with tempfile.TemporaryDirectory() as data_dir:
+        store = await MessageStore.open(StoreOptions(data_dir=Path(data_dir)))
+        try:
+            out = []
+            for batch in batches:
+                results = await store.put_batch(batch)
+                tails = receipt_tails(batch, results, {"q1", "q2"})
+                for queue in ("q1", "q2"):  # (the followed queues' messages, in put order)
+                    expected = []
+                    for (message, queues), result in zip(batch, results):
+                        if queue in queues:
+                            expected += receipt_messages(message, result, [queue]) or []
+                    assert tails.get(queue, []) == expected, queue
+                assert tails.keys() <= {"q1", "q2"}
+                for (message, queues), result in zip(batch, results):
+                    reads = [store.get_now(q, result.queue_offsets[q], max_messages=1).messages[0] for q in queues]
+                    out.append((message, queues, receipt_messages(message, result, queues), reads))
+            return out
+        finally:
+            await store.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(messages(), min_size=1, max_size=5), min_size=1, max_size=3))
+def test_a_put_receipt_builds_exactly_what_a_read_returns(batches: list) -> None:
+    """A gateway node hands its queue cache its own publishes from their receipts (store.receipt_messages):
+    what it builds is what reads return, every field, or nothing when it cannot know (born time
+    left to the store, a string subclass or a body not given as bytes)."""
+    for message, queues, built, reads in asyncio.run(receipts_and_reads(batches)):
+        plain = (type(message.topic) is str and type(message.key or "") is str and type(message.body) is bytes)
+        if message.born_timestamp is None or not plain:
+            assert built is None
+            continue
+        assert built == reads, queues
+        assert [m.msg_id for m in built] == [m.msg_id for m in reads]
+        assert [m.queues for m in built] == [m.queues for m in reads]
+
+
+async def test_a_receipt_of_a_queue_named_twice_builds_nothing(open_store):
+    """A message whose queue list names a queue twice has two slots in its record and one offset
+    in its receipt: it cannot be built from the receipt, so nothing is."""
+    store = await open_store()
+    message = Message("t", b"x", born_timestamp=1)
+    (result,) = await store.put_batch([(message, ["q", "q"])])
+    assert receipt_messages(message, result, ["q"]) is None
+    assert store.get_now("q", 0, max_messages=5).messages  # (the store did take it)

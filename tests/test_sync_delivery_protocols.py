@@ -53,44 +53,6 @@ async def test_an_amqp_consumer_gets_a_message_before_its_confirm_which_waits_fo
             await consumer.close()
 
 
-async def test_an_amqp_delivery_is_written_before_the_fdatasync_of_its_message_is_asked_for(
-        data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The flusher thread, once woken, competes with the event loop for the CPU: the deliveries
-    a commit wakes go out first (the publish-to-delivery latency), then its fdatasync is asked for."""
-    seen: list[tuple[int, bool]] = []  # at each fdatasync request: (deliveries made, all written)
-    real_request = SyncFlusher._request
-
-    async with amqp_gateway(data_dir, flush="sync") as (gw, url):
-        amqp = gw.amqp
-        assert amqp is not None
-
-        def request(self: SyncFlusher) -> None:
-            seen.append((amqp.stats.messages_sent, not any(c._out for c in amqp.connections)))
-            real_request(self)
-
-        publisher = await aio_pika.connect(url)
-        consumer = await aio_pika.connect(url)
-        try:
-            pub = await publisher.channel(publisher_confirms=True)
-            await pub.declare_queue("soon", durable=True)
-            sub = await consumer.channel()
-            queue = await sub.declare_queue("soon", durable=True)
-            got: asyncio.Queue[bytes] = asyncio.Queue()
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                await got.put(message.body)
-
-            await queue.consume(on_message, no_ack=True)
-            monkeypatch.setattr(SyncFlusher, "_request", request)
-            await asyncio.wait_for(pub.default_exchange.publish(
-                aio_pika.Message(b"m1", delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "soon"), TIMEOUT)
-            assert await asyncio.wait_for(got.get(), TIMEOUT) == b"m1"
-            assert seen and seen[0] == (1, True)  # delivered and written when its fdatasync was asked for
-        finally:
-            await publisher.close()
-            await consumer.close()
-
-
 async def test_an_mqtt_subscriber_gets_a_qos1_message_before_its_puback_which_waits_for_the_fdatasync(
         data_dir: Path, held_flusher) -> None:  # noqa: F811
     release, _ = held_flusher

@@ -13,10 +13,12 @@ from protocols.mqtt.topics import TopicError, matches, overlaps, validate_topic_
 from .errors import RuleDefinitionError
 from .patterns import CompiledPattern, PatternError, compile_pattern
 from .retry import RetryPolicy
+from .targets.mqtt_options import MqttBridgeOptions, parse_mqtt_options
+from .targets.postgres_options import PostgresOptions, parse_postgres_options
 from .transforms import Transform, parse_transform
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-TARGET_TYPES = ("topic", "webhook")
+TARGET_TYPES = ("topic", "webhook", "mqtt", "postgres")
 WEBHOOK_MODES = ("binary", "structured")
 MAX_TARGETS = 8
 MAX_SOURCES = 16
@@ -27,7 +29,8 @@ KEYS = frozenset({"sources", "pattern", "transform", "targets", "retry", "dead_l
 
 @dataclass(slots=True, frozen=True)
 class TargetSpec:
-    """One target: ``topic`` (republished into TideMQ) or ``webhook`` (an HTTP endpoint)."""
+    """One target: ``topic`` (republished into TideMQ), ``webhook`` (an HTTP endpoint), ``mqtt``
+    (a remote broker) or ``postgres`` (a table); the last two keep their options in ``options``."""
 
     type: str
     topic: str = ""
@@ -36,9 +39,12 @@ class TargetSpec:
     mode: str = "binary"
     headers: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 10.0
+    options: MqttBridgeOptions | PostgresOptions | None = None
 
     @property
     def label(self) -> str:
+        if self.options is not None:
+            return self.options.label
         return f"topic:{self.topic}" if self.type == "topic" else f"webhook:{self.url}"
 
 
@@ -139,6 +145,10 @@ def _target(item: Any, path: str) -> TargetSpec:
         if qos not in (0, 1, 2) or isinstance(qos, bool):
             raise RuleDefinitionError(f"{path}.qos", "0, 1 or 2")
         return TargetSpec("topic", topic=_topic(item.get("topic"), f"{path}.topic"), qos=qos)
+    if item["type"] == "mqtt":
+        return TargetSpec("mqtt", options=parse_mqtt_options(item, path))
+    if item["type"] == "postgres":
+        return TargetSpec("postgres", options=parse_postgres_options(item, path))
     _only(item, {"type", "url", "mode", "headers", "timeout_s"}, path)
     url = item.get("url")
     if not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):

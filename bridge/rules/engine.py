@@ -19,7 +19,10 @@ from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
-from .targets import Target, TopicTarget, WebhookTarget
+from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
+from .targets.mqtt_options import MqttBridgeOptions
+from .targets.postgres_options import PostgresOptions
+from .targets.topic import Republished
 
 log = logging.getLogger("tidemq.rules")
 
@@ -29,9 +32,8 @@ CONSUMER_PREFIX = "$rule:"  # a rule's consumer offsets: "$rule:{name}"
 class RuleHost(Protocol):
     """What the engine needs of the gateway."""
 
-    def republish(self, topic: str, body: bytes, qos: int, content_type: str | None,
-                  user_properties: Sequence[tuple[str, str]]) -> Awaitable[None]:
-        """Publish as an MQTT client would (resolves once stored; StoreError when not)."""
+    def republish(self, messages: Sequence[Republished]) -> Awaitable[None]:
+        """Publish, in order, as an MQTT client would (resolves once all are stored; StoreError when not)."""
         ...
 
     def open_source(self, consumer: str, topic_filter: str, *, resume: bool) -> EventSource:
@@ -164,7 +166,8 @@ class RulesEngine:
             for topic_filter in rule.sources[:len(sources)]:
                 self._host.close_source(topic_filter, consumer)
             raise
-        runner = RuleRunner(rule, sources, [self._target(t) for t in rule.targets], self._host.republish, counters)
+        targets = [self._target(rule, i, t) for i, t in enumerate(rule.targets)]
+        runner = RuleRunner(rule, sources, targets, self._host.republish, counters)
         self._rules[rule.name] = _Rule(rule, runner, counters)
         for queue in runner.queues:
             self._readers.setdefault(queue, []).append(runner)
@@ -185,7 +188,11 @@ class RulesEngine:
         for topic_filter in rule.definition.sources:
             self._host.close_source(topic_filter, CONSUMER_PREFIX + name)
 
-    def _target(self, spec: TargetSpec) -> Target:
+    def _target(self, rule: RuleDefinition, index: int, spec: TargetSpec) -> Target:
         if spec.type == "topic":
             return TopicTarget(self._host.republish, spec.topic, spec.qos)
+        if isinstance(spec.options, MqttBridgeOptions):
+            return MqttBridgeTarget(spec.options, client_id=f"tidemq-rule-{rule.name}-{index}")
+        if isinstance(spec.options, PostgresOptions):
+            return PostgresTarget(spec.options)
         return WebhookTarget(spec.url, mode=spec.mode, headers=spec.headers, timeout_s=spec.timeout_s)

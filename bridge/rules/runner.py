@@ -1,8 +1,9 @@
 """One rule at work: reads its source queues through durable cursors (``EventSource``, given by
 the gateway: the delivery core's cursor and consumer offset), matches each message as a
-CloudEvent against the rule's pattern, sends the transformed payload to every target -- retried
-under the rule's policy, else to the dead-letter topic -- and only then commits the message's
-offset. At least once, in order per source queue; woken by the store's notify, never polling."""
+CloudEvent against the rule's pattern, sends the transformed payloads to every target -- a batch
+at once to a target that takes batches, else one by one, retried under the rule's policy, else to
+the dead-letter topic -- and only then commits the batch's offset. At least once, in order per
+source queue; woken by the store's notify, never polling."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from store import StoreError, StoredMessage, now_ms
 
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
-from .targets import Outcome, Target
-from .targets.topic import Republish
+from .targets import BatchTarget, Outcome, Target
+from .targets.topic import Republish, Republished
+from .transforms import Payload
 
 log = logging.getLogger("tidemq.rules")
 
-BATCH = 64  # messages read from a source queue at once
+BATCH = 256  # messages read from a source queue at once
 DEAD_LETTER_RETRY_S = 1.0  # the wait before a dead-letter topic the store refused is tried again
 READ_RETRY_S = 1.0  # the wait before a source queue the store could not read is read again
 
@@ -115,27 +117,57 @@ class RuleRunner:
                     self._wake.set()
                     await asyncio.sleep(READ_RETRY_S)
                     continue
-                for message in batch:
-                    await self._handle(message)
-                    source.commit(message.queue_offset + 1)
+                if batch:
+                    await self._handle_batch(batch)
+                    source.commit(batch[-1].queue_offset + 1)
                 busy = busy or bool(batch)
             if not busy:
                 await self._wake.wait()
 
-    async def _handle(self, message: StoredMessage) -> None:
+    async def _handle_batch(self, batch: list[StoredMessage]) -> None:
+        """Every message of ``batch`` done: matched ones given to each target that takes a batch at
+        once, then, one by one in order, to the targets that did not take them (with retries)."""
+        matched = [prepared for message in batch if (prepared := await self._prepare(message)) is not None]
+        taken: dict[Target, int] = {}  # target -> how many leading events of ``matched`` it took as a batch
+        if len(matched) > 1:
+            items = [(event, payload) for _, event, payload in matched]
+            for target in self.targets:
+                if isinstance(target, BatchTarget):
+                    taken[target] = await self._deliver_batch(target, items)
+        for i, (message, event, payload) in enumerate(matched):
+            await self._deliver(message, event, payload, [t for t in self.targets if taken.get(t, 0) <= i])
+
+    async def _prepare(self, message: StoredMessage) -> tuple[StoredMessage, CloudEvent, Payload] | None:
+        """The message as a matched event and its payload (None: the pattern does not match it,
+        or the rule could not read it and sent it to the dead-letter topic)."""
         try:
             event = cloud_event(message)
             view = event.for_matching()
             if not self.rule.pattern.matches(view):
-                return
+                return None
             payload = self.rule.transform.apply(event, view)
         except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
             log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
                           message.queue_offset)
             await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
-            return
+            return None
         self.counters.matched += 1
-        pending = self.targets
+        return message, event, payload
+
+    async def _deliver_batch(self, target: BatchTarget, items: list[tuple[CloudEvent, Payload]]) -> int:
+        """How many leading events the target took as a batch (those after are delivered one by one)."""
+        try:
+            taken, outcome = await target.deliver_batch(items)
+        except Exception:  # (a fault of the target's code: each event is tried on its own)
+            log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
+            return 0
+        if taken < len(items):
+            self._error(f"{target.label}: {outcome.reason}")
+        return taken
+
+    async def _deliver(self, message: StoredMessage, event: CloudEvent, payload: Payload,
+                       pending: Sequence[Target]) -> None:
+        """The event to each ``pending`` target, retried under the rule's policy, else dead-lettered."""
         attempts = 0
         everywhere = True  # every target took it (else some went to the dead-letter topic)
         while pending:
@@ -182,7 +214,8 @@ class RuleRunner:
         content_type = event.datacontenttype if event is not None else None
         while True:
             try:
-                await self._republish(self.rule.dead_letter_topic, message.body, 1, content_type, properties)
+                await self._republish([Republished(self.rule.dead_letter_topic, message.body, 1, content_type,
+                                                   properties)])
                 break
             except Exception as exc:  # (StoreError: a full disk; the event waits, uncommitted)
                 self._error(f"dead-letter topic {self.rule.dead_letter_topic}: {exc}")

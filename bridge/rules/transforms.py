@@ -49,8 +49,8 @@ class Transform:
             assert self._constant is not None
             return self._constant
         if self.kind == "JSONPATH":
-            return Payload(json.dumps(_select(self._path, view), separators=(",", ":")).encode(), JSON)
-        values = {name: _select(query, view) for name, query in self._variables.items()}
+            return Payload(json.dumps(select(self._path, view), separators=(",", ":")).encode(), JSON)
+        values = {name: select(query, view) for name, query in self._variables.items()}
         text = VARIABLE.sub(lambda m: _as_text(values[m.group(1)]), self._template)
         return Payload(text.encode(), JSON if _is_json(text) else TEXT)
 
@@ -73,7 +73,7 @@ def parse_transform(raw: Any, path: str) -> Transform:
             raise RuleDefinitionError(f"{path}.value", "a CONSTANT transform needs a value")
         return Transform(kind, value=raw["value"])
     if kind == "JSONPATH":
-        return Transform(kind, path=_query(raw.get("path"), f"{path}.path"))
+        return Transform(kind, path=compile_query(raw.get("path"), f"{path}.path"))
     variables = raw.get("variables", {})
     template = raw.get("template")
     if not isinstance(variables, dict):
@@ -84,7 +84,7 @@ def parse_transform(raw: Any, path: str) -> Transform:
     for name, query in variables.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise RuleDefinitionError(f"{path}.variables", f"{name!r} is no variable name (letters, digits, '_')")
-        queries[name] = _query(query, f"{path}.variables.{name}")
+        queries[name] = compile_query(query, f"{path}.variables.{name}")
     for match in VARIABLE.finditer(template):
         if match.group(1) not in queries:
             raise RuleDefinitionError(f"{path}.template", f"${{{match.group(1)}}} at character {match.start()} "
@@ -92,7 +92,8 @@ def parse_transform(raw: Any, path: str) -> Transform:
     return Transform(kind, variables=queries, template=template)
 
 
-def _query(text: Any, path: str) -> Any:
+def compile_query(text: Any, path: str) -> Any:
+    """A JSONPath checked and compiled (RuleDefinitionError at ``path`` when it is not one)."""
     if not isinstance(text, str):
         raise RuleDefinitionError(path, "a JSONPath (RFC 9535) string, such as $.data.temp")
     try:
@@ -101,7 +102,7 @@ def _query(text: Any, path: str) -> Any:
         raise RuleDefinitionError(path, f"not a JSONPath (RFC 9535): {exc}") from None
 
 
-def _select(query: Any, view: dict[str, Any]) -> Any:
+def select(query: Any, view: dict[str, Any]) -> Any:
     """The value the query selects: one node's value, a list when it selects several, null when none."""
     values = [node.value for node in query.find(view)]
     if not values:

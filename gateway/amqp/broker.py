@@ -82,7 +82,7 @@ class AMQPBroker:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
         self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
         self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
-        self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served next turn
+        self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served once it is complete
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False  # between start() and stop(): notify events are acted on
 
@@ -91,7 +91,7 @@ class AMQPBroker:
         self.declarations.restore()
         self._running = True
         # heard as each commit is published (no task between a commit and the pump it wakes:
-        # a delivery goes out one loop turn after its message is stored)
+        # a delivery goes out in the loop turn that stores its message)
         self.store.listen_notify(self._on_notify)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._housekeeping(), name="amqp-housekeeping"))
@@ -120,7 +120,8 @@ class AMQPBroker:
 
     def _on_notify(self, events: dict[str, int]) -> None:
         """A commit's ``{store queue: max offset}``, heard inside the store's dispatch: the
-        queues it wrote to are served on the loop's next turn (``_serve_written``), not here."""
+        queues it wrote to are served once the commit is complete, in the committer's turn
+        (``_serve_written``), not here."""
         if not self._running:
             return
         written = self._written
@@ -128,13 +129,13 @@ class AMQPBroker:
             queue = self._queue_of(store_queue_name)
             if queue is not None and (queue.consumers or queue.definition.max_length is not None):
                 if not written:
-                    asyncio.get_running_loop().call_soon(self._serve_written)
+                    self.store.after_commit(self._serve_written)
                 written[queue] = None
 
     def _serve_written(self) -> None:
         """Pump the queues written to (x-max-length ones bounded too) and write their
-        connections' deliveries in the same turn: before anything else scheduled since the
-        commit (the store's fdatasync request among them) takes the CPU."""
+        connections' deliveries at once: before anything the commit scheduled (the store's
+        fdatasync request, the publishers' confirms) takes the CPU."""
         queues, self._written = self._written, {}
         for queue in queues:
             if queue.deleted:

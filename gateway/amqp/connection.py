@@ -44,6 +44,7 @@ from protocols.amqp.frames import (
 )
 from protocols.amqp.login import mechanisms
 from protocols.amqp.reader import FrameReader
+from protocols.amqp.relay_identity import relay_identity
 from store import StoreError
 
 from .. import __version__
@@ -106,6 +107,8 @@ class AMQPConnection(asyncio.Protocol):
         self.closed = False
         self.writing_paused = False
         self.wants_blocked_notice = False  # the client announced the connection.blocked capability
+        # a gateway node's relay of a client (protocols/amqp/relay_identity.py): (token, generation)
+        self.relay: tuple[str, int] | None = None
         # a publish read while the resource alarm is raised, or a method that waits for this
         # connection's publishes to be stored ("ordering")
         self._held: ContentReceived | MethodReceived | None = None
@@ -392,6 +395,7 @@ class AMQPConnection(asyncio.Protocol):
             self.stage = "authenticating"
             capabilities = (method.client_properties or {}).get("capabilities") or {}
             self.wants_blocked_notice = isinstance(capabilities, dict) and bool(capabilities.get("connection.blocked"))
+            self.relay = relay_identity(method.client_properties)
             self.read_pauses.pause("auth")
             asyncio.get_running_loop().create_task(authenticate(self, method))
         elif isinstance(method, commands.Connection.TuneOk) and self.stage == "tune-ok":

@@ -23,9 +23,10 @@ from protocols.amqp.frames import (
     channel_error,
     connection_error,
 )
-from store import StoreError
+from protocols.amqp.relay_identity import producer, without_origin
+from store import InvalidMessageError, MessageTooLargeError, StoreError
 
-from ..core.ingest import PutPipeline, Refused
+from ..core.ingest import Items, PutPipeline, Refused
 from .permissions import publish_refusal
 from .publishing import Routed, route_publish
 
@@ -38,6 +39,7 @@ log = logging.getLogger("tidemq.amqp")
 # what each publish put to the store waits for: its channel, its confirm sequence number (None
 # when the channel does not confirm) and whether to nack it (a reject-publish queue refused it)
 Accepted = tuple["Channel", "int | None", bool]
+Number = tuple[bytes, int, bool]  # a relayed publish's producer id, sequence number, and whether it is sent again
 
 
 class Inbound:
@@ -80,10 +82,12 @@ class Inbound:
                on_done: Callable[[BaseException | None], None] | None) -> None:
         connection = self.connection
         broker = self.broker
+        relay = connection.relay if not in_commit else None  # (a transaction is not kept through a failover)
         items = []
         accepted: list[Accepted] = []
         methods = []
-        holding: list[Routed] = []  # those with places in reject-publish queues, until stored
+        holding: list[Routed | None] = []  # those with places in reject-publish queues, until stored
+        numbers: list[Number | None] = []  # a relayed connection's: each publish's number (relay_identity.py)
         for event in events:
             channel = connection.channels.get(event.channel)
             if channel is None:
@@ -98,6 +102,9 @@ class Inbound:
             if channel.tx and not in_commit:
                 channel.tx_publishes.append(event)
                 continue
+            origin = None
+            if relay is not None:
+                event, origin = without_origin(event)
             try:
                 routed = route_publish(broker, channel, event)
             except AMQPError as exc:
@@ -110,19 +117,37 @@ class Inbound:
                 if confirms is not None:
                     self._confirm(channel, [confirms.next_seq()], ok=not routed.refused_by_some)
                 continue
+            seq = confirms.next_seq() if confirms is not None else None
             items.append((routed.message, routed.targets))
-            accepted.append((channel, confirms.next_seq() if confirms is not None else None, routed.refused_by_some))
+            accepted.append((channel, seq, routed.refused_by_some))
             methods.append(m)
-            if routed.places:
-                holding.append(routed)
+            holding.append(routed if routed.places else None)
+            if relay is not None and seq is not None:
+                token, generation = relay
+                numbers.append((producer(token, origin[0], channel.number), origin[1], True) if origin is not None
+                               else (producer(token, generation, channel.number), seq, False))
+            else:
+                numbers.append(None)
         if not items:
             if on_done is not None:
                 on_done(None)
             return
+        if relay is not None and any(numbers):
+            for i, item in enumerate(items):  # one put each: a publish sent again is looked for alone
+                self._submit([item], [accepted[i]], [methods[i]], [holding[i]], None, numbers[i])
+        else:
+            self._submit(items, accepted, methods, holding, on_done, None)
+
+    def _submit(self, items: Items, accepted: list[Accepted], methods: list[commands.Basic.Publish],
+                holding: list[Routed | None], on_done: Callable[[BaseException | None], None] | None,
+                number: Number | None) -> None:
+        """``items`` to the store (one put; numbered, a relayed publish), confirmed when stored."""
+        connection = self.connection
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
             for routed in holding:  # (stored: counted as ready from now on)
-                routed.give_places_back()
+                if routed is not None:
+                    routed.give_places_back()
             error = StoreError("cancelled") if fut.cancelled() else fut.exception()
             kept, stored_items = accepted, items
             if refused:
@@ -133,12 +158,23 @@ class Inbound:
                 on_done(error)
 
         try:
-            # a message the store refuses (larger than max_message_size with its properties
-            # and queue list) closes its channel alone; its neighbours are stored
-            refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
+            if number is None:
+                # a message the store refuses (larger than max_message_size with its properties
+                # and queue list) closes its channel alone; its neighbours are stored
+                refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
+            else:
+                refused = {}
+                try:
+                    fut = self.broker.store.put_batch_nowait(items, producer=(number[0], number[1]), resent=number[2])
+                except (InvalidMessageError, MessageTooLargeError) as exc:
+                    refused = {0: exc}
+                    fut = asyncio.get_running_loop().create_future()
+                    fut.set_result([])
+                self.puts.track(fut, [] if refused else items, refused, stored)
         except StoreError as exc:  # the store takes nothing now (closing, failed)
             for routed in holding:
-                routed.give_places_back()
+                if routed is not None:
+                    routed.give_places_back()
             self._done(accepted, set(), exc)
             if on_done is not None:
                 on_done(exc)
@@ -146,7 +182,7 @@ class Inbound:
         for i in sorted(refused):
             channel = accepted[i][0]
             connection.fail(channel_error(PRECONDITION_FAILED, str(refused[i]), channel.number, methods[i]))
-        broker.stats.messages_received += len(items) - len(refused)
+        self.broker.stats.messages_received += len(items) - len(refused)
 
     def _done(self, accepted: list[Accepted], store_queues: set[str], error: BaseException | None) -> None:
         """Publishes stored (or not: ``error``): confirmed in order, per channel."""

@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from cache import QueueCache
 from store import GetResult, GetStatus, Message, PositionNotLoadedError, PutResult, StoreClosedError, StoredMessage, StoreError
-from store import NotifyHub, NotifySubscription
+from store import NotifyHub, NotifySubscription, now_ms, receipt_tails
 
 from .failover_writes import FailoverWrites
 from .remote_store import RemoteStore, RemoteStoreError
@@ -199,6 +199,11 @@ class GatewayStore:
         self._fetching.clear()
 
     def _on_notify(self, events: dict[str, int]) -> None:
+        """A notify from the store node, handled a turn later: after the answers the link read
+        before it (``_write_through`` knows what this node put by then)."""
+        asyncio.get_running_loop().call_soon(self._notified, events)
+
+    def _notified(self, events: dict[str, int]) -> None:
         """The store node says queues grew. For a queue whose end this node knew, the new part
         is fetched first and the queue's readers are woken when it is here (by ``_fetch``):
         woken at once, each would find nothing yet, ask for it, and be woken again."""
@@ -231,16 +236,55 @@ class GatewayStore:
         """``MessageStore.listen_notify``: the events this node publishes, as they are published."""
         self.notify.listen(listener)
 
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """``MessageStore.after_commit``: here no commit is under way (events come from the
+        store node): on the loop's next turn."""
+        self.notify.after_commit(callback)
+
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]]) -> asyncio.Future[Sequence[PutResult]]:
-        """Results carry positions, not queue offsets (the MQTT gateway reads no queue offset)."""
+        """With the node's queue cache, the results carry queue offsets and the messages go to
+        the cache as stored (``_write_through``); without, only positions (the MQTT gateway
+        reads no queue offset)."""
         batch = list(items)
+        through = self.answers is not None
+        if through:
+            stamp_born(batch)
+        relinks = self.relinks
+        stored = (lambda results: self._write_through(batch, results, relinks)) if through else None
         if self._reconnect is None:
-            return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False))
+            return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=through,
+                                                                                stored=stored))
         # numbered: sent again through a failover, it is answered as the first time, not written twice
         producer = (self.producer_id, next(self._put_seq))
-        return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=False,
-                                                                            producer=producer))
+        return self.through_failover(lambda remote: remote.put_batch_nowait(batch, queue_offsets=through,
+                                                                            producer=producer, stored=stored))
+
+    def _write_through(self, batch: list[tuple[Message, Sequence[str]]], results: Sequence[PutResult],
+                       relinks: int) -> None:
+        """This node's own messages, as stored, to its queue cache for the queues it follows at
+        their end (``QueueCache.take_tail``), and their readers woken: they are not read back
+        from the store node. The store node answers a put before it notifies its commit
+        (store_service.py) and this node handles a notify a turn after it is read, so the
+        notify then says nothing new here. Not after a failover (the readers read afresh) nor
+        for what cannot be built from the receipt (the cache then stops following the queue,
+        and its readers read the store)."""
+        cache = self.answers
+        if cache is None or relinks != self.relinks or not cache.following:
+            return
+        built = receipt_tails(batch, results, cache.following)
+        events: dict[str, int] = {}
+        known, read_here = self._max, self.read_here
+        for queue, messages in built.items():
+            if queue not in read_here:
+                continue
+            end = messages[-1].queue_offset + 1
+            if end - messages[0].queue_offset == len(messages):  # (one put's messages are together in a queue)
+                cache.take_tail(queue, GetResult(GetStatus.FOUND, messages, end, self._min.get(queue, 0), end))
+            if known.get(queue, -1) < end:
+                known[queue] = events[queue] = end
+        if events:
+            self.notify.publish(events)
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None,
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
@@ -293,8 +337,11 @@ class GatewayStore:
         # error, a filtered scan's next offset); an empty answer at the queue's end (nothing
         # new, or a queue never written) says nothing the end does not, and held it stood for
         # the queue after messages came (a session back on a topic not yet written missed them)
-        if self.answers is not None and (result.messages or offset != result.max_offset):
-            self.answers.offer(queue, offset, result)
+        cache = self.answers
+        if cache is not None and (result.messages or offset != result.max_offset):
+            window = cache.window(queue)
+            if window is None or not window[0] <= offset < window[1]:  # (else written through meanwhile)
+                cache.offer(queue, offset, result)
         self.notify.publish({queue: self._max.get(queue, result.max_offset)})
 
     def max_offset_now(self, queue: str) -> int:
@@ -381,6 +428,17 @@ class GatewayStore:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def stamp_born(batch: list[tuple[Message, Sequence[str]]]) -> None:
+    """Give the messages without a born time this node's clock, once for the batch (they came
+    in the same turn): a read returns it, and the node's write-through must know it."""
+    now = None
+    for message, _ in batch:
+        if message.born_timestamp is None:
+            if now is None:
+                now = now_ms()
+            message.born_timestamp = now
 
 
 class RemoteTable:

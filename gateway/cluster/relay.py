@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -70,7 +71,7 @@ class RelayedConnection:
     def __init__(self, relay: AmqpRelay, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.relay = relay
         self.client_reader, self.client_writer = reader, writer
-        self.memory = ConnectionMemory()
+        self.memory = ConnectionMemory(secrets.token_hex(8))  # (its publishes' name: relay_identity.py)
         self.server_reader: asyncio.StreamReader | None = None
         self.server_writer: asyncio.StreamWriter | None = None
         self.server_address: tuple[str, int] | None = None

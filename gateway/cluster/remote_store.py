@@ -94,10 +94,14 @@ class RemoteStore:
 
     # -- writing ------------------------------------------------------------------------------
     def put_batch_nowait(self, items: Iterable[tuple[Message, Sequence[str]]], *, queue_offsets: bool = True,
-                         producer: tuple[str, int] | None = None) -> asyncio.Future[Sequence[PutResult]]:
+                         producer: tuple[str, int] | None = None,
+                         stored: Callable[[Sequence[PutResult]], None] | None = None,
+                         ) -> asyncio.Future[Sequence[PutResult]]:
         """``queue_offsets`` False: results without them (cheaper on both nodes), for callers
         that read only positions (an MQTT gateway node). ``producer``: (id, sequence number),
-        an idempotent put (store/write/idempotence.py: sent again, it is not written twice)."""
+        an idempotent put (store/write/idempotence.py: sent again, it is not written twice).
+        ``stored``: called with the results as the answer is read, before what the link reads
+        after it (a notify) is handled, and before the future's callbacks run."""
         fields = None if queue_offsets else _POSITIONS_ONLY
         if producer is not None:
             fields = {**(fields or {}), "producer": producer[0], "seq": str(producer[1])}
@@ -112,7 +116,10 @@ class RemoteStore:
                 return
             try:
                 reply = _check(f.result())
-                result.set_result(decode_put_results(reply.body, self.msg_id_prefix))
+                results = decode_put_results(reply.body, self.msg_id_prefix)
+                if stored is not None:
+                    stored(results)
+                result.set_result(results)
             except (ConnectionError, StoreError, StoreLinkError) as exc:
                 result.set_exception(exc if isinstance(exc, StoreError) else
                                      _unreachable(exc) if isinstance(exc, ConnectionError) else RemoteStoreError(str(exc)))

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import enum
 import struct
+
+import cython
 from collections.abc import Iterable, Sequence
 
 from store import (
@@ -95,6 +97,30 @@ def _str(text: str) -> bytes:
 
 def _blob(data: bytes) -> bytes:
     return _U32.pack(len(data)) + data
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+@cython.exceptval(-1)
+def _u16_at(data, at):
+    """The big-endian u16 at ``at`` (IndexError past the end)."""
+    return ((cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at])) << 8)
+            | cython.cast(cython.uchar, data[at + 1]))
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+@cython.exceptval(-1)
+def _u32_at(data, at):
+    """The big-endian u32 at ``at`` (IndexError past the end)."""
+    return ((cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at])) << 24)
+            | (cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 1])) << 16)
+            | (cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 2])) << 8)
+            | cython.cast(cython.uchar, data[at + 3]))
 
 
 class _Reader:
@@ -171,48 +197,50 @@ def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
     return u32(count) + b"".join(out)
 
 
+@cython.locals(data=bytes, at=cython.Py_ssize_t, n=cython.Py_ssize_t, size=cython.Py_ssize_t,
+               count=cython.Py_ssize_t, queue_count=cython.Py_ssize_t, i=cython.Py_ssize_t, k=cython.Py_ssize_t)
 def decode_put(data: bytes) -> list[tuple[Message, list[str]]]:
     """``encode_put``'s body back; StoreLinkError when it is not one. Parsed inline, with
     no call per field: a gateway node's fan-in sends hundreds of messages a PUT."""
-    u16, u32, head = _U16.unpack_from, _U32.unpack_from, _MSG_HEAD.unpack_from
+    head = _MSG_HEAD.unpack_from
     head_size = _MSG_HEAD.size
     size = len(data)
     items = []
+    at = 0
     try:
-        (count,) = u32(data, 0)
+        count = _u32_at(data, 0)
         at = 4
-        for _ in range(count):
-            n = u16(data, at)[0]
+        for i in range(count):
+            n = _u16_at(data, at)
             topic = data[at + 2:at + 2 + n].decode()
             at += 2 + n
-            n = u16(data, at)[0]
-            key = data[at + 2:at + 2 + n].decode()
+            n = _u16_at(data, at)
+            key = data[at + 2:at + 2 + n].decode() if n else ""
             at += 2 + n
-            n = u16(data, at)[0]
-            tags = data[at + 2:at + 2 + n].decode()
+            n = _u16_at(data, at)
+            tags = data[at + 2:at + 2 + n].decode() if n else ""
             at += 2 + n
             born, flag, hold_kind, hold_due = head(data, at)
             at += head_size
-            n = u32(data, at)[0]
+            n = _u32_at(data, at)
             props = data[at + 4:at + 4 + n]
             at += 4 + n
-            queue_count = u16(data, at)[0]
+            queue_count = _u16_at(data, at)
             at += 2
             queues = []
-            for _ in range(queue_count):
-                n = u16(data, at)[0]
+            for k in range(queue_count):
+                n = _u16_at(data, at)
                 queues.append(data[at + 2:at + 2 + n].decode())
                 at += 2 + n
-            n = u32(data, at)[0]
+            n = _u32_at(data, at)
             body = data[at + 4:at + 4 + n]
             at += 4 + n
             if at > size:
                 raise StoreLinkError("store link body is truncated")
-            items.append((Message(topic, body, key=key or None, tags=tags or None,
-                                  born_timestamp=born if born >= 0 else None, encoded_properties=props, flag=flag,
-                                  hold_kind=hold_kind, hold_due_ms=hold_due),
+            items.append((Message(topic, body, None, key or None, tags or None, born if born >= 0 else None, props,
+                                  flag, hold_kind, hold_due),
                           queues))
-    except struct.error:
+    except (struct.error, IndexError):
         raise StoreLinkError("store link body is truncated") from None
     except UnicodeDecodeError:
         raise StoreLinkError("store link string is not UTF-8") from None
@@ -226,31 +254,61 @@ _NO_OFFSETS = _U16.pack(0)
 
 def encode_put_results(results: Sequence[PutResult], queue_offsets: bool = True) -> bytes:
     """``queue_offsets`` False (a PUT that asked ``offsets=0``): each result with no queue offsets,
-    which an MQTT gateway node never reads (the same layout: a queue count of 0)."""
+    which an MQTT gateway node never reads (the same layout: a queue count of 0). A queue name
+    is encoded once a body (a put's messages mostly name the same queues)."""
     out = []
     if not queue_offsets:
         for result in results:
             out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
             out.append(_NO_OFFSETS)
         return b"".join(out)
+    names: dict[str, bytes] = {}
+    pack_result, pack_count, pack_offset = _PUT_RESULT.pack, _U16.pack, _I64.pack
     for result in results:
-        out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
-        out.append(_U16.pack(len(result.queue_offsets)))
-        out += [_str(name) + _I64.pack(offset) for name, offset in result.queue_offsets.items()]
+        offsets = result.queue_offsets
+        out.append(pack_result(result.position, result.size, result.store_timestamp))
+        out.append(pack_count(len(offsets)))
+        for name, offset in offsets.items():
+            encoded = names.get(name)
+            if encoded is None:
+                encoded = names[name] = _str(name)
+            out.append(encoded)
+            out.append(pack_offset(offset))
     return b"".join(out)
 
 
+@cython.locals(data=bytes, at=cython.Py_ssize_t, n=cython.Py_ssize_t, size=cython.Py_ssize_t,
+               length=cython.Py_ssize_t, head_size=cython.Py_ssize_t, k=cython.Py_ssize_t)
 def decode_put_results(data: bytes, id_prefix: str) -> list[PutResult]:
-    reader = _Reader(data)
+    """``encode_put_results``' body back, parsed inline (a queue name decoded once a body)."""
+    head, i64 = _PUT_RESULT.unpack_from, _I64.unpack_from
+    head_size = _PUT_RESULT.size
+    size = len(data)
+    names: dict[bytes, str] = {}
     results = []
-    while not reader.done():
-        position, size, store_ms = reader.unpack(_PUT_RESULT)
-        (n,) = reader.unpack(_U16)
-        offsets = {}
-        for _ in range(n):
-            name = reader.str()
-            offsets[name] = reader.unpack(_I64)[0]
-        results.append(PutResult(id_prefix, position, size, store_ms, offsets))
+    at = 0
+    try:
+        while at < size:
+            position, record_size, store_ms = head(data, at)
+            n = _u16_at(data, at + head_size)
+            at += head_size + 2
+            offsets = {}
+            for k in range(n):
+                length = _u16_at(data, at)
+                raw = data[at + 2:at + 2 + length]
+                name = names.get(raw)
+                if name is None:
+                    name = names[raw] = raw.decode()
+                at += 2 + length
+                offsets[name] = i64(data, at)[0]
+                at += 8
+            results.append(PutResult(id_prefix, position, record_size, store_ms, offsets))
+    except (struct.error, IndexError):
+        raise StoreLinkError("store link body is truncated") from None
+    except UnicodeDecodeError:
+        raise StoreLinkError("store link string is not UTF-8") from None
+    if at > size:
+        raise StoreLinkError("store link body is truncated")
     return results
 
 

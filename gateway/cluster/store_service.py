@@ -406,6 +406,10 @@ class StoreService:
         subscription = self.store.subscribe_notify()
         try:
             async for queue, max_offset in subscription:
+                # a turn first: the puts of the commit that notified are answered in it, so a
+                # gateway node hears its own puts' offsets before their notify (and so does not
+                # read back what it wrote: GatewayStore's write-through)
+                await asyncio.sleep(0)
                 events = {queue: max_offset}
                 events.update(subscription.drain())
                 for node, routed in self.router.route(events).items():

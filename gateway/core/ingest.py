@@ -52,6 +52,13 @@ class PutPipeline:
         StoreError: the store takes nothing now (closing, failed); nothing was submitted."""
         fut, refused = self.store.put_each_nowait(items, groups)
         stored = items if not refused else [item for i, item in enumerate(items) if i not in refused]
+        self.track(fut, stored, refused, on_stored)
+        return refused
+
+    def track(self, fut: asyncio.Future[Sequence[PutResult]], stored: Items, refused: Refused,
+              on_stored: Callable[[asyncio.Future[Sequence[PutResult]], Refused], None]) -> None:
+        """A put submitted by the caller (``submit``'s, or a numbered put of its own), counted
+        with the others until ``fut`` is done, then ``on_stored(fut, refused)``."""
         count, size = len(stored), sum(len(message.body) for message, _ in stored)
         self.pending += count
         self.bytes += size
@@ -68,4 +75,3 @@ class PutPipeline:
             on_stored(f, refused)
 
         fut.add_done_callback(done)
-        return refused

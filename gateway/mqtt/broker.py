@@ -113,7 +113,7 @@ class MQTTBroker:
             self.wildcards.hold(PRESENCE_FILTER, PRESENCE_HOLDER, True)
         self._running = True
         # heard as each commit is published (no task between a commit and the pump it wakes:
-        # a delivery goes out on the loop's next turn, before the commit's fdatasync is asked for)
+        # a delivery goes out in the committer's turn, before the commit's fdatasync is asked for)
         self.store.listen_notify(self._on_notify)
         self._tasks.append(asyncio.get_running_loop().create_task(self._expiry_loop(), name="mqtt-expiry"))
         if self.settings.sys_interval_s > 0:
@@ -424,7 +424,7 @@ class MQTTBroker:
 
     def _on_notify(self, events: dict[str, int]) -> None:
         """A commit's ``{queue: max offset}``, heard inside the store's dispatch: the readers of
-        those queues are pumped on the loop's next turn (``wake``), not here."""
+        those queues are pumped once the commit is complete (``wake``), not here."""
         if not self._running:
             return
         all_readers = self.readers
@@ -435,11 +435,12 @@ class MQTTBroker:
                     reader.schedule_pump()
 
     def wake(self, reader: Reader) -> None:
-        """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag). One loop
-        callback pumps every reader woken meanwhile: a notify that wakes a thousand subscribers
-        costs one callback, not a thousand."""
+        """Run ``reader.pump()`` soon (the reader keeps its own "already woken" flag): woken by a
+        commit's notify, as that commit completes, in the committer's turn; otherwise on the
+        loop's next turn. One callback pumps every reader woken meanwhile: a notify that wakes
+        a thousand subscribers costs one callback, not a thousand."""
         if not self._woken:
-            asyncio.get_running_loop().call_soon(self._pump_woken)
+            self.store.after_commit(self._pump_woken)
         self._woken.append(reader)
 
     def _pump_woken(self) -> None:

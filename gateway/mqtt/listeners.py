@@ -43,26 +43,6 @@ async def start_tcp(broker: MQTTBroker, host: str, port: int, tls: ssl.SSLContex
         lambda: MQTTConnection(broker, tracer), sock=sock, ssl=tls))
 
 
-def tls_context(cfg: Config) -> ssl.SSLContext:
-    """The server context of the TLS listener; a certificate or key that cannot be used is a
-    ConfigError naming the setting and the file (ssl's own errors name neither)."""
-    for name in ("tls_cert_file", "tls_key_file"):
-        path = getattr(cfg, name)
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise ConfigError(f"{name}: cannot read {path!r}: {exc.strerror or exc}") from None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-    except ssl.SSLError as exc:
-        raise ConfigError(f"tls_cert_file {cfg.tls_cert_file!r} and tls_key_file {cfg.tls_key_file!r}: "
-                          f"not a PEM certificate chain and its private key ({exc.reason or exc})") from None
-    return ctx
-
-
 class _WebSocketTransport(asyncio.Transport):
     """Enough of asyncio.Transport for MQTTConnection over one WebSocket: writes become binary
     frames (sent in order by one task), reading pauses by not taking the next frame."""

@@ -145,6 +145,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         self.pop.on_ready = self._pop_ready
         self.pop_waiters = PopWaiters()
         self.connections: set[RemotingConnection] = set()
+        # (transport, bytes read, peer): takes a connection that opens with HTTP/2's preface or a
+        # TLS handshake instead of a remoting frame (gRPC on this port: gateway/rocketmq_grpc/shared_port.py)
+        self.http2_handoff: Callable[[asyncio.Transport, bytes, str], None] | None = None
         # the MQTT side, when MQTT runs: a remoting topic is an MQTT first level (docs/remoting.md)
         self.mqtt_topics = mqtt_topics
         if mqtt_topics is not None:

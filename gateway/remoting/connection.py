@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidemq.remoting")
 
 _opaques = itertools.count(1)
+HTTP2_START = b"PRI "  # how HTTP/2's connection preface begins
+TLS_START = b"\x16\x03"  # ... and a TLS handshake record
 
 
 class RemotingConnection(asyncio.Protocol):
@@ -109,6 +111,11 @@ class RemotingConnection(asyncio.Protocol):
         self.close()
 
     def data_received(self, data: bytes) -> None:
+        if not self._spoke and (data[:4] == HTTP2_START or data[:2] == TLS_START) \
+                and self.broker.http2_handoff is not None and not self.reader.buffered:
+            # (no remoting frame is that long: gRPC on this port, plain or over TLS)
+            self._hand_off(data)
+            return
         self.broker.stats.bytes_received += len(data)
         self.last_received = now = time.monotonic()
         try:
@@ -136,6 +143,16 @@ class RemotingConnection(asyncio.Protocol):
                 if waiter is not None and not waiter.done():
                     waiter.set_result(command)
         self.flush()
+
+    def _hand_off(self, data: bytes) -> None:
+        """This connection is no remoting one: the broker's ``http2_handoff`` takes its transport."""
+        assert self.transport is not None and self.broker.http2_handoff is not None
+        self.closed = True
+        Deadlines.cancel(self._timer, self)
+        self._timer = None
+        self.broker.connections.discard(self)
+        self.broker.http2_handoff(self.transport, data, self.peer)
+        self.transport = None
 
     def _dispatch(self, request: RemotingCommand) -> None:
         try:

@@ -123,6 +123,10 @@ class PopWaiters:
                     if not waiting:
                         del self._waiting[queue]
 
+    def held(self) -> int:
+        """How many pops are held now."""
+        return len({event for events in self._waiting.values() for event in events})
+
     def wake(self, queue: str) -> None:
         for event in self._waiting.get(queue, ()):
             event.set()

@@ -21,6 +21,13 @@ from .codes import grpc_code_of_remoting
 class GrpcAccess:
     def __init__(self, access: RemotingAccess) -> None:
         self.access = access
+        # connections forwarded from the remoting port (shared_port.py): gRPC's peer -> the client's
+        self.forwarded: dict[str, str] = {}
+
+    def peer(self, context: grpc.aio.ServicerContext) -> str:
+        """The client's address (not the forward's, for a call that came over the remoting port)."""
+        peer = context.peer()
+        return self.forwarded.get(peer, peer)
 
     def principal(self, context: grpc.aio.ServicerContext, call: str) -> Principal:
         """Who signed the call; GrpcRequestError (UNAUTHORIZED) when the signature is refused."""
@@ -37,7 +44,7 @@ class GrpcAccess:
                 return None, malformed
             return keys.verify_date(signed.access_key, signed.date_time, signed.signature)
         try:
-            return self.access.identify("grpc", context.peer(), access_key, verify, call)
+            return self.access.identify("grpc", self.peer(context), access_key, verify, call)
         except Unauthenticated as exc:
             raise GrpcRequestError(pb.UNAUTHORIZED, str(exc)) from None
 

@@ -8,8 +8,10 @@ close."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import math
 from collections.abc import AsyncIterator
 
 import grpc
@@ -31,20 +33,28 @@ from ..remoting.topics import PERM_READ, PERM_WRITE, valid_topic
 from . import consumption, transactions
 from .access import GrpcAccess, call_metadata
 from .codes import grpc_code_of_remoting, grpc_code_of_store_error
+from .renewals import Renewals
 from .telemetry import TelemetrySession
 
 log = logging.getLogger("tidemq.grpc")
 
 MAX_BODY_SIZE_DEFAULT = 4 << 20  # (clamped to the store's limit)
 CLIENT_ID = "x-mq-client-id"  # (metadata of every call of the official clients)
+PUSH_BATCH_SIZE = 32  # what a PushConsumer receives at most at once (its own default)
 
 
 class MessagingService(MessagingServiceServicer):
-    def __init__(self, broker: RemotingBroker, advertised: tuple[str, int], pressure: StorePressure | None = None
-                 ) -> None:
+    def __init__(self, broker: RemotingBroker, advertised: tuple[str, int], pressure: StorePressure | None = None,
+                 *, fifo_groups: frozenset[str] = frozenset(), renewals: Renewals | None = None) -> None:
         self.broker = broker
         self.pressure = pressure  # while its alarm is raised, sends are TOO_MANY_REQUESTS (clients back off)
         self.advertised = advertised  # HOST:PORT of the gRPC listener, named in routes
+        self.tls_advertised = advertised  # ... of its TLS port, for calls that came over TLS
+        self.shared_advertised = advertised  # ... and of the remoting port, for calls that came over it
+        self.fifo_groups = fifo_groups  # consumer groups whose PushConsumers consume in order
+        self.renewals = renewals or Renewals(broker.pop)  # what PushConsumers hold (auto_renew)
+        self.draining = asyncio.Event()  # set on shutdown: long polls end at once, empty
+        self.sessions: set[TelemetrySession] = set()  # the open Telemetry streams
         self._next_queue = itertools.count()  # round robin over a topic's queues for sends
         self.access = GrpcAccess(broker.access)
 
@@ -63,15 +73,44 @@ class MessagingService(MessagingServiceServicer):
             await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.QueryRouteResponse(status=status(exc.code, str(exc)))
-        host, port = self.advertised
+        queues = [self._message_queue(context, request.topic, queue_id, topic.perm)
+                  for queue_id in range(max(topic.read_queues, topic.write_queues))]
+        return rpc.QueryRouteResponse(status=status(pb.OK), message_queues=queues)
+
+    async def QueryAssignment(self, request: rpc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+                              ) -> rpc.QueryAssignmentResponse:
+        """A PushConsumer's queues: one for this node, id -1 (every queue of the topic, as a
+        receive pops them all), as the proxy assigns a group over its brokers' pop."""
+        try:
+            who = self.access.principal(context, "query_assignment")
+            self.access.check_topic(who, request.topic.name, Right.READ, "query_assignment")
+            if not request.group.name:
+                raise GrpcRequestError(pb.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty")
+            topic = self.broker.topics.get(request.topic.name)
+            if topic is None:
+                raise GrpcRequestError(pb.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} does not exist "
+                                                           "(its route query creates it)")
+        except GrpcRequestError as exc:
+            return rpc.QueryAssignmentResponse(status=status(exc.code, str(exc)))
+        queue = self._message_queue(context, request.topic, -1, topic.perm)
+        return rpc.QueryAssignmentResponse(status=status(pb.OK), assignments=[pb.Assignment(message_queue=queue)])
+
+    def _message_queue(self, context: grpc.aio.ServicerContext, topic: pb.Resource, queue_id: int, perm: int
+                       ) -> pb.MessageQueue:
+        """A queue on this node, at the port the call came to (gRPC's plain or TLS one, or the
+        remoting one)."""
+        if context.peer() in self.access.forwarded:
+            host, port = self.shared_advertised
+        elif context.auth_context().get("transport_security_type") == [b"ssl"]:
+            host, port = self.tls_advertised
+        else:
+            host, port = self.advertised
         broker = pb.Broker(name=self.broker.broker_name, id=0, endpoints=pb.Endpoints(
             scheme=pb.IPv6 if ":" in host else pb.IPv4, addresses=[pb.Address(host=host, port=port)]))
         permission = {PERM_READ | PERM_WRITE: pb.READ_WRITE, PERM_READ: pb.READ, PERM_WRITE: pb.WRITE}.get(
-            topic.perm & (PERM_READ | PERM_WRITE), pb.NONE)
-        queues = [pb.MessageQueue(topic=request.topic, id=queue_id, permission=permission, broker=broker,
-                                  accept_message_types=SUPPORTED_TYPES)
-                  for queue_id in range(max(topic.read_queues, topic.write_queues))]
-        return rpc.QueryRouteResponse(status=status(pb.OK), message_queues=queues)
+            perm & (PERM_READ | PERM_WRITE), pb.NONE)
+        return pb.MessageQueue(topic=topic, id=queue_id, permission=permission, broker=broker,
+                               accept_message_types=SUPPORTED_TYPES)
 
     # -- clients -------------------------------------------------------------------------------
     async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext
@@ -84,10 +123,12 @@ class MessagingService(MessagingServiceServicer):
 
     async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest,
                                       context: grpc.aio.ServicerContext) -> rpc.NotifyClientTerminationResponse:
+        """The client's auto-renewed messages come back soon (renewals.py)."""
         try:
             self.access.principal(context, "notify_client_termination")
         except GrpcRequestError as exc:
             return rpc.NotifyClientTerminationResponse(status=status(exc.code, str(exc)))
+        self.renewals.release(_client_id(context))
         return rpc.NotifyClientTerminationResponse(status=status(pb.OK))
 
     async def Telemetry(self, requests: AsyncIterator[rpc.TelemetryCommand], context: grpc.aio.ServicerContext
@@ -105,9 +146,24 @@ class MessagingService(MessagingServiceServicer):
             for entry in client.subscription.subscriptions:
                 self.access.check_topic(who, entry.topic.name, Right.READ, "telemetry")
             return self._settings(client)
-        session = TelemetrySession(self.broker, who, call_metadata(context).get(CLIENT_ID) or context.peer())
-        async for command in session.run(requests, answer):
-            yield command
+        client_id = _client_id(context)
+        session = TelemetrySession(self.broker, who, client_id)
+        self.sessions.add(session)
+        if self.draining.is_set():
+            session.end()
+        try:
+            async for command in session.run(requests, answer):
+                yield command
+        finally:  # (the client is gone: what it held comes back, as at its termination)
+            self.sessions.discard(session)
+            self.renewals.release(client_id)
+
+    def drain(self) -> None:
+        """Shutdown: long polls end at once, empty; Telemetry streams end (their clients open
+        them again elsewhere)."""
+        self.draining.set()
+        for session in self.sessions:
+            session.end()
 
     def _settings(self, client: pb.Settings) -> pb.Settings:
         settings = pb.Settings()
@@ -116,26 +172,40 @@ class MessagingService(MessagingServiceServicer):
             limit = min(MAX_BODY_SIZE_DEFAULT, self.broker.store.options.max_message_size)
             settings.publishing.max_body_size = limit
             settings.publishing.validate_message_type = True
+        if client.HasField("subscription"):  # (a consumer: retried as the remoting side's, by its delay levels)
+            subscription = settings.subscription
+            subscription.fifo = client.subscription.group.name in self.fifo_groups
+            subscription.receive_batch_size = PUSH_BATCH_SIZE
+            subscription.long_polling_timeout.FromSeconds(max(1, int(self.broker.long_poll_max_s)))
+            settings.backoff_policy.max_attempts = self.broker.max_reconsume_times + 1
+            for delay_s in self.broker.schedule.delays_s:  # (the clients take whole seconds)
+                settings.backoff_policy.customized_backoff.next.add().FromSeconds(max(1, math.ceil(delay_s)))
+            return settings
         settings.backoff_policy.max_attempts = client.backoff_policy.max_attempts or 3
         settings.backoff_policy.exponential_backoff.initial.FromMilliseconds(10)
         settings.backoff_policy.exponential_backoff.max.FromSeconds(1)
         settings.backoff_policy.exponential_backoff.multiplier = 2.0
         return settings
 
-    # -- SimpleConsumer: receive, ack, change invisible duration (consumption.py) -------------
+    # -- consumers: receive, ack, change invisible duration (consumption.py) -----------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
         meta_before = self.broker.store.meta_position
         try:
             who = self.access.principal(context, "receive_message")
             self.access.check_topic(who, request.message_queue.topic.name, Right.READ, "receive_message")
-            answers = await consumption.receive(self.broker, who, request)
+            received = await consumption.receive(self.broker, who, request, self.renewals, self.draining)
             await self._settled(meta_before)  # (its check points: else none is shown)
         except GrpcRequestError as exc:
             yield rpc.ReceiveMessageResponse(status=status(exc.code, str(exc)))
             return
-        for answer in answers:
+        *messages, answered = received.answers
+        for answer in messages:
             yield answer
+        client_id = _client_id(context)
+        for receipt in received.renewed:  # (the client has them: kept invisible while it holds them)
+            self.renewals.hold(client_id, received.group, received.topic, receipt)
+        yield answered
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext
                          ) -> rpc.AckMessageResponse:
@@ -143,7 +213,7 @@ class MessagingService(MessagingServiceServicer):
         try:
             who = self.access.principal(context, "ack_message")
             self.access.check_topic(who, request.topic.name, Right.READ, "ack_message")
-            answer = consumption.ack(self.broker, request)
+            answer = consumption.ack(self.broker, self.renewals, request)
             await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.AckMessageResponse(status=status(exc.code, str(exc)))
@@ -155,7 +225,7 @@ class MessagingService(MessagingServiceServicer):
         try:
             who = self.access.principal(context, "change_invisible_duration")
             self.access.check_topic(who, request.topic.name, Right.READ, "change_invisible_duration")
-            answer = consumption.change_invisible_duration(self.broker, request)
+            answer = consumption.change_invisible_duration(self.broker, self.renewals, request)
             await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.ChangeInvisibleDurationResponse(status=status(exc.code, str(exc)))
@@ -168,7 +238,7 @@ class MessagingService(MessagingServiceServicer):
         try:
             who = self.access.principal(context, "forward_message_to_dead_letter_queue")
             self.access.check_topic(who, request.topic.name, Right.READ, "forward_message_to_dead_letter_queue")
-            answer = await consumption.forward_to_dead_letter(self.broker, request)
+            answer = await consumption.forward_to_dead_letter(self.broker, self.renewals, request)
             await self._settled(meta_before)
         except GrpcRequestError as exc:
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(exc.code, str(exc)))
@@ -224,3 +294,8 @@ class MessagingService(MessagingServiceServicer):
         if TRAN_MSG in sent.properties:  # (a half message: its end names it by where it is)
             entry.transaction_id = transaction_id(results[0].position)
         return rpc.SendMessageResponse(status=status(pb.OK), entries=[entry])
+
+
+def _client_id(context: grpc.aio.ServicerContext) -> str:
+    """Who makes the call: the client id the official clients send, else its address."""
+    return call_metadata(context).get(CLIENT_ID) or context.peer()  # (the forward's peer is as unique)

@@ -32,6 +32,10 @@ class TelemetrySession:
         self.closed = False
         self.outgoing: asyncio.Queue[rpc.TelemetryCommand | None] = asyncio.Queue()  # (None: the end)
 
+    def end(self) -> None:
+        """End the stream to the client (the server is stopping)."""
+        self.outgoing.put_nowait(None)
+
     async def run(self, requests: AsyncIterator[rpc.TelemetryCommand], answer: Answer
                   ) -> AsyncIterator[rpc.TelemetryCommand]:
         """The commands to the client: answers to its settings, and checks, until it ends the stream."""

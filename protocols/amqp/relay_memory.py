@@ -22,6 +22,7 @@ from pamqp import commands
 from pamqp import frame as pframe
 
 from .frames import FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from .relay_identity import ORIGIN_HEADER, RELAY_PROPERTY, identity_value, origin_value
 
 
 def key(class_id: int, method_id: int) -> int:
@@ -166,7 +167,8 @@ class ChannelMemory:
     last_tag: int = 0  # the last delivery tag the client was given
     published: int = 0  # the client's publish sequence (confirm mode)
     server_published: int = 0  # the server's
-    unconfirmed: dict[int, tuple[int, list[bytes]]] = field(default_factory=dict)  # server seq -> client seq, frames
+    # server seq -> client seq, frames, origin: (generation, server seq) of its first publish
+    unconfirmed: dict[int, tuple[int, list[bytes], tuple[int, int]]] = field(default_factory=dict)
 
 
 def _with_tag(raw: bytes, at: int, tag: int) -> bytes:
@@ -181,13 +183,18 @@ class ConnectionMemory:
     """One relayed connection's replayable state; ``from_client`` / ``from_server`` take each
     command and return the frames to pass on (None: nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "") -> None:
+        # the relay's name for the client's publishes (relay_identity.py): this connection's
+        # token, and the servers it was opened on (a failover begins the next generation)
+        self.token = token
+        self.generation = 0
+        self._start_ok: Any = None  # the client's connection.start-ok, decoded (its identity added per generation)
         self.handshake: dict[int, bytes] = {}  # START_OK, TUNE_OK, OPEN -> the client's frame
         self.channels: dict[int, ChannelMemory] = {}
         self.unreplayable = ""  # why a failover must close the connection ("": it need not)
         self.closing = False  # connection.close was sent by either side
         self.heartbeat_s = 0
-        self._again: dict[int, list[tuple[int, list[bytes]]]] = {}  # channel -> publishes to send again
+        self._again: dict[int, list[tuple[int, list[bytes], tuple[int, int]]]] = {}  # channel -> publishes to send again
 
     # -- client -> server ------------------------------------------------------------------
     def from_client(self, command: Command) -> list[bytes] | None:
@@ -197,7 +204,8 @@ class ConnectionMemory:
             if memory is not None and memory.confirming:
                 memory.published += 1
                 memory.server_published += 1
-                memory.unconfirmed[memory.server_published] = (memory.published, frames)
+                memory.unconfirmed[memory.server_published] = (memory.published, frames,
+                                                                (self.generation, memory.server_published))
             return frames
         if method == ACK or method == NACK or method == REJECT:
             memory = self.channels.get(channel)
@@ -214,6 +222,9 @@ class ConnectionMemory:
         if method in REQUESTS:
             self._request(channel, method, frames)
         elif method in self.handshake_keys:
+            if method == START_OK and self.token:
+                self._start_ok = decode(frames[0])
+                frames = [self._identified_start_ok()]
             self.handshake[method] = frames[0]
             if method == TUNE_OK:
                 self.heartbeat_s = getattr(decode(frames[0]), "heartbeat", 0) or 0
@@ -226,6 +237,15 @@ class ConnectionMemory:
         return frames
 
     handshake_keys = frozenset((START_OK, TUNE_OK, OPEN))
+
+    def _identified_start_ok(self) -> bytes:
+        """The client's connection.start-ok with the relay's identity of this generation."""
+        start_ok = self._start_ok
+        properties = dict(start_ok.client_properties or {})
+        properties[RELAY_PROPERTY] = identity_value(self.token, self.generation)
+        return pframe.marshal(commands.Connection.StartOk(
+            client_properties=properties, mechanism=start_ok.mechanism, response=start_ok.response,
+            locale=start_ok.locale), 0)
 
     def _request(self, channel: int, method: int, frames: list[bytes]) -> None:
         decoded: Any = decode(frames[0]) if method in _NOWAIT_DECODED or method in (QOS, CHANNEL_FLOW) else None
@@ -349,8 +369,11 @@ class ConnectionMemory:
         return not self.unreplayable and all(k in self.handshake for k in self.handshake_keys)
 
     def begin_replay(self) -> None:
-        """Tags and sequence numbers start again; each channel's unconfirmed publishes wait
-        for ``after_replay``."""
+        """Tags and sequence numbers start again, in the next generation; each channel's
+        unconfirmed publishes wait for ``after_replay``."""
+        self.generation += 1
+        if self._start_ok is not None:
+            self.handshake[START_OK] = self._identified_start_ok()
         for number, memory in self.channels.items():
             memory.tag_base = memory.last_tag
             memory.server_published = 0
@@ -362,11 +385,22 @@ class ConnectionMemory:
         sequence numbers kept), then each channel's unanswered request."""
         out = []
         for number, memory in self.channels.items():
-            for published, frames in self._again.get(number, ()):
+            for published, frames, origin in self._again.get(number, ()):
                 memory.server_published += 1
-                memory.unconfirmed[memory.server_published] = (published, frames)
+                if self.token:  # named by its first publish: a server that holds it does not store it again
+                    frames = with_origin(frames, origin)
+                memory.unconfirmed[memory.server_published] = (published, frames, origin)
                 out += frames
             if memory.waiting is not None:
                 out += memory.waiting
         self._again.clear()
         return b"".join(out)
+
+
+def with_origin(frames: list[bytes], origin: tuple[int, int]) -> list[bytes]:
+    """A publish's frames (method, content header, bodies) with the ``x-tidemq-origin`` header
+    naming its first publish (relay_identity.py), set or replaced."""
+    _, channel, header = pframe.unmarshal(frames[1])
+    properties = header.properties  # type: ignore[union-attr]  # (a content header: the assembler's frames[1])
+    properties.headers = {**(properties.headers or {}), ORIGIN_HEADER: origin_value(*origin)}
+    return [frames[0], pframe.marshal(header, channel), *frames[2:]]

@@ -1,7 +1,9 @@
 """Notify: tells interested parties "queue X now ends at offset N" after each dispatch.
 
 Events for the same queue coalesce while a subscriber is busy, so a slow subscriber
-costs one dict entry per queue, never a backlog of events.
+costs one dict entry per queue, never a backlog of events. A listener that heard a commit's
+events acts once that commit is complete (``after_commit``): at the end of the committer's
+turn, ahead of anything the commit scheduled.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class NotifyHub:
     def __init__(self) -> None:
         self._subscriptions: set[NotifySubscription] = set()
         self._listeners: list[Callable[[dict[str, int]], None]] = []
+        self._after: list[Callable[[], None]] | None = None  # while the committer commits (commit_begins)
         self.events_published = 0  # (queue, max offset) events sent to subscribers
 
     def subscribe(self) -> NotifySubscription:
@@ -86,6 +89,29 @@ class NotifyHub:
         """Call ``listener(events)`` at each publish, before any subscription is woken: for a
         party that must know every queue's end before anyone else acts on the events."""
         self._listeners.append(listener)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """For a listener: run ``callback()`` once the commit it heard of is complete (tail
+        readers handed its messages, its puts answered or waiting for the disk): at the end of
+        the committer's turn, before anything scheduled meanwhile; outside the committer's
+        commits (a replicated release, a follower's dispatch), on the loop's next turn."""
+        if self._after is not None:
+            self._after.append(callback)
+        else:
+            asyncio.get_running_loop().call_soon(callback)
+
+    def commit_begins(self) -> None:
+        """The committer starts a batch: ``after_commit`` callbacks wait for ``commit_ends``."""
+        self._after = []
+
+    def commit_ends(self) -> None:
+        """The committer's batch is done: its ``after_commit`` callbacks run, in order."""
+        after, self._after = self._after, None
+        for callback in after or ():
+            try:
+                callback()
+            except Exception:  # the commit stands whatever a callback does
+                log.exception("notify after-commit callback failed")
 
     @property
     def active(self) -> bool:

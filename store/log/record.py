@@ -296,6 +296,16 @@ def decode_queues(raw: bytes | memoryview, count: cython.Py_ssize_t) -> list[tup
     return out
 
 
+def encode_queues(pairs: Sequence[tuple[str, int]]) -> bytes:
+    """A record's queue list, as :func:`decode_queues` reads it: each name (u16 length, UTF-8)
+    then its offset (u64), big-endian."""
+    out = []
+    for name, offset in pairs:
+        out.append(_length_prefixed(name))
+        out.append(offset.to_bytes(8, "big"))
+    return b"".join(out)
+
+
 # -- Records -----------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ log = logging.getLogger("tidemq.store.replica")
 
 CHUNK = 1 << 20  # bytes per DATA frame at most
 HEARTBEAT_S = 0.2
+INDEX_EVERY_S = 0.005  # a follower indexes what was confirmed at most this often
 SILENCE_S = 1.0  # a follower ends a link on which its leader sent nothing this long (stopped, cut off)
 
 
@@ -358,6 +359,7 @@ class FollowerService:
             self.follower.welcome(answer)
             self.connected.set()
             loop = asyncio.get_running_loop()
+            indexed_at = loop.time()
             while True:
                 ready = frames.frames()
                 if not ready:
@@ -378,12 +380,22 @@ class FollowerService:
                     ack = self.follower.apply(frame)
                 if ack is None:
                     continue
-                self.follower.index_confirmed()
                 if self._flush and ack.written > self._log.flushed_position:
                     await loop.run_in_executor(None, self._log.flush)
                 writer.write(encode(Ack(ack.written, self._log.flushed_position)))
+                # indexed after the answer (the leader's confirmation waits for the bytes, not the
+                # index) and at most every INDEX_EVERY_S, so that one index write takes many
+                # commits; a heartbeat brings an idle link's last confirmation within HEARTBEAT_S
+                if loop.time() - indexed_at >= INDEX_EVERY_S:
+                    self.follower.index_confirmed()
+                    indexed_at = loop.time()
         finally:
             writer.close()
+            if self.connected.is_set():  # (a link that ends: what was confirmed, indexed now)
+                try:
+                    self.follower.index_confirmed()
+                except StoreError as exc:  # (the next link's indexing meets it again, and reports it)
+                    log.error("indexing the confirmed records failed error=%s", exc)
 
 
     async def _take_seed(self, first: SeedFile, reader: asyncio.StreamReader, frames: FrameReader) -> bool:

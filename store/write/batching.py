@@ -8,7 +8,7 @@ The committer (write/committer.py) runs these between its awaits; the dispatcher
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from time import time_ns
 
 import cython
@@ -17,7 +17,8 @@ from ..errors import InvalidMessageError, MessageTooLargeError
 from ..holds.codec import HELD, HOLD_TOPIC, INDIRECT, KINDS, hold_body, hold_key, hold_value, hold_writes, nested_offset
 from ..index.keyindex import key_prefixes
 from ..messages import TAGS_PROPERTY, Message, PutResult, StoredMessage, tag_hash
-from ..log.record import FIXED_SIZE, assemble, encode_properties, encode_record, encode_static, queue_slots_of
+from ..log.record import (FIXED_SIZE, STATIC_HEAD, assemble, encode_properties, encode_queues, encode_record, encode_static,
+                          queue_slots_of)
 
 QID_MASK = 0xFFFF_FFFF  # (the low half of a queue's packed state: consumequeue.pack_state)
 OFFSET_STEP = 1 << 32  # one more offset in a packed state
@@ -67,25 +68,11 @@ class PreparedMessage:
             if not isinstance(body, (bytearray, memoryview)):
                 raise InvalidMessageError("message body must be bytes")
             body = bytes(body)
-        props = message.properties
-        encoded = message.encoded_properties
-        if encoded is not None:
-            props = None
-            if type(encoded) is not bytes:  # (a bytearray is the caller's: never extended in place)
-                encoded = bytes(encoded)
-        if message.tags:
-            if encoded is not None:  # an encoding is a run of pairs: the tags pair can follow
-                encoded = encoded + encode_properties({TAGS_PROPERTY: message.tags})
-            else:
-                props = {**(props or {}), TAGS_PROPERTY: message.tags}
-            self.tag_hash = tag_hash(message.tags)
-        else:
-            self.tag_hash = 0
-        if tag is not None:  # a release: its entries carry the held message's tag hash
-            self.tag_hash = tag
+        # (a release: its entries carry the held message's tag hash)
+        self.tag_hash = tag if tag is not None else tag_hash(message.tags) if message.tags else 0
         slots, slots_len = queue_slots_of(queues)
         self.slots = slots
-        raw_properties = encoded if encoded is not None else encode_properties(props) if props else b""
+        raw_properties = record_properties(message)
         self.static = encode_static(
             message.topic.encode(), message.key.encode() if message.key else b"", raw_properties, len(queues),
             len(body),
@@ -109,6 +96,22 @@ class PreparedMessage:
         self.size = FIXED_SIZE + len(self.static) + slots_len + len(body)
         if self.size > max_size:
             raise MessageTooLargeError(f"message of {self.size} bytes exceeds the limit of {max_size}")
+
+
+def record_properties(message: Message) -> bytes:
+    """The properties block of ``message``'s record: its properties (encoded already, or encoded
+    here) with its tags as the TAGS property."""
+    tags = message.tags
+    encoded = message.encoded_properties
+    if encoded is not None:
+        if type(encoded) is not bytes:  # (a bytearray is the caller's: never extended in place)
+            encoded = bytes(encoded)
+        # an encoding is a run of pairs: the tags pair can follow
+        return encoded + encode_properties({TAGS_PROPERTY: tags}) if tags else encoded
+    props = message.properties
+    if tags:
+        props = {**(props or {}), TAGS_PROPERTY: tags}
+    return encode_properties(props) if props else b""
 
 
 # (message, [(queue, qid, offset)], [offset per queue]): a message placed in its queues
@@ -253,6 +256,56 @@ def tail_message(p: PreparedMessage, record: bytes, position: int, store_ts: int
     end = p.size - len(p.body)
     return StoredMessage(None, position, p.size, p.topic, p.key, p.body, int(p.born), store_ts, p.raw_properties,
                          record[start:end], len(p.queues), queue, offset, tag, int(p.flag), None, id_prefix)
+
+
+def receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str]) -> list[StoredMessage] | None:
+    """What reads of ``queues`` (some of the receipt's) return for ``message``, which a put
+    stored as ``receipt`` says: built by the writer from what it sent (a gateway node's own
+    publishes, for its queue cache), not read back. None when they cannot be: its born time
+    left to the store's clock, a held message, or fields that do not make the receipt's size."""
+    return _receipt_messages(message, receipt, queues)
+
+
+@cython.locals(size=cython.Py_ssize_t)
+def _receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str]) -> list[StoredMessage] | None:
+    born = message.born_timestamp
+    if born is None or message.hold_kind:
+        return None
+    topic, key, body = message.topic, message.key or "", message.body
+    if type(topic) is not str or type(key) is not str or type(body) is not bytes:
+        return None  # (as a read returns them: built by PreparedMessage's rules only for the plain types)
+    offsets = receipt.queue_offsets
+    raw_properties = record_properties(message)
+    raw_queues = encode_queues(list(offsets.items()))
+    size = (FIXED_SIZE + STATIC_HEAD + len(topic.encode()) + len(key.encode()) + len(raw_properties)
+            + len(raw_queues) + len(body))
+    if size != receipt.size:
+        return None
+    tag = tag_hash(message.tags) if message.tags else 0
+    position, store_ts, id_prefix, count, flag = (receipt.position, receipt.store_timestamp, receipt.id_prefix,
+                                                  len(offsets), message.flag)
+    return [StoredMessage(None, position, size, topic, key, body, born, store_ts, raw_properties, raw_queues, count,
+                          queue, offsets[queue], tag, flag, None, id_prefix) for queue in queues]
+
+
+def receipt_tails(items: Sequence[tuple[Message, Sequence[str]]], receipts: Sequence[PutResult],
+                  following: Container[str]) -> dict[str, list[StoredMessage]]:
+    """For each queue of ``following`` a put's messages went to: what reads of it return for
+    them, in put order (``receipt_messages``). A message that cannot be built is left out: the
+    caller sees the gap in its queues' offsets."""
+    out: dict[str, list[StoredMessage]] = {}
+    for (message, _), receipt in zip(items, receipts):
+        wanted = [queue for queue in receipt.queue_offsets if queue in following]
+        if wanted:
+            built = _receipt_messages(message, receipt, wanted)
+            if built is not None:
+                for queue, stored in zip(wanted, built):
+                    tail = out.get(queue)
+                    if tail is None:
+                        out[queue] = [stored]
+                    else:
+                        tail.append(stored)
+    return out
 
 
 Sequence.register(PutResults)

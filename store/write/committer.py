@@ -1,5 +1,6 @@
 """The store's writer: every put waiting when it wakes is encoded, appended to the commitlog in
-one write, indexed in one RocksDB WriteBatch and announced (notify, tail readers) at once; its
+one write, indexed in one RocksDB WriteBatch and announced (notify, tail readers) at once, and what
+the announcement woke runs before the committer's turn ends (notify.after_commit); its
 acknowledgement follows per the flush mode: at once in ``async`` mode, after an fdatasync that
 began after the write in ``sync`` mode (write/durable.py: group commit, as RocketMQ's
 GroupCommitService, with delivery from the page cache meanwhile, as RabbitMQ). Futures resolve
@@ -19,6 +20,7 @@ from .batching import Placed, PreparedMessage, dispatch_items, place, put_result
 from ..log.commitlog import CommitLog
 from ..index.consumequeue import ConsumeQueueIndex
 from ..index.dispatcher import Dispatcher
+from ..index.notify import NotifyHub
 from .durable import SyncFlusher
 from .idempotence import ProducerMarks
 from .replicated import ReplicatedRelease
@@ -40,10 +42,11 @@ class GroupCommitter:
     what was submitted and return."""
 
     def __init__(self, commitlog: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, sync: bool,
-                 id_prefix: str, log_limited: RateLimitedLog, tail: TailHandoff) -> None:
+                 id_prefix: str, log_limited: RateLimitedLog, tail: TailHandoff, notify: NotifyHub) -> None:
         self.commitlog = commitlog
         self.index = index
         self.dispatcher = dispatcher
+        self.notify = notify  # the dispatcher's: its listeners' after_commit callbacks end each batch
         self.sync = sync  # acknowledge after fdatasync (flush mode "sync")
         self._id_prefix = id_prefix
         self._log_limited = log_limited  # failures that repeat with every commit (a full disk)
@@ -55,7 +58,8 @@ class GroupCommitter:
         self._wakeup = asyncio.Event()
         self.closing = False
         self._write_failure: StoreError | None = None
-        self._flusher = SyncFlusher(commitlog, self._acknowledge) if sync else None
+        # (a batch's fdatasync is asked for once its commit is complete, after its deliveries)
+        self._flusher = SyncFlusher(commitlog, self._acknowledge, notify.after_commit) if sync else None
         self.not_leader: StoreError | None = None  # set while the store follows a leader (store/replica/)
         self.on_write: Callable[[], None] | None = None  # told after each write and flush (replication)
         # sync replication: batches published and acknowledged once confirmed (write/replicated.py)
@@ -100,6 +104,7 @@ class GroupCommitter:
 
     async def run(self) -> None:
         flusher = self._flusher
+        notify = self.notify
         if flusher is not None:
             flusher.start()
         try:
@@ -112,35 +117,11 @@ class GroupCommitter:
                     continue
                 batch, self._pending = self._pending, []
                 since, self._pending_since = self._pending_since, []
-                end: int | None = None
+                notify.commit_begins()
                 try:
-                    failure = self.failure()
-                    if failure is not None:  # (submitted before the failure)
-                        raise failure
-                    outcome: list[Sequence[PutResult]] | Written | BaseException = self._commit(batch)
-                    end = self.commitlog.end_position
-                except Exception as exc:  # never let one bad batch stop the committer
-                    if self.marks.numbered:
-                        self.marks.forget([fut for _, fut in batch])
-                    if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
-                        self._log_limited.log(logging.ERROR, str(exc), "commit failed")
-                    else:
-                        self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
-                    outcome = exc if isinstance(exc, StoreError) else StoreWriteError(str(exc))
-                if self.on_write is not None and end is not None:
-                    self.on_write()
-                if isinstance(outcome, Written):
-                    assert self.replicated is not None
-                    self.replicated.wait(end, (batch, outcome, since))
-                    if flusher is not None:
-                        flusher.wait(end, None)  # (the leader's own durability: part of what it confirms)
-                    continue
-                if self.replicated is not None:  # (a failed batch: answered in its turn)
-                    self.replicated.wait(None, (batch, outcome, since))
-                elif flusher is not None:
-                    flusher.wait(end, (batch, outcome, since))
-                else:
-                    self._acknowledge((batch, outcome, since), None)
+                    self._commit_and_answer(batch, since)
+                finally:
+                    notify.commit_ends()  # (the deliveries it woke: before what it scheduled)
             if flusher is not None:  # closing: what was written is acknowledged before the end
                 await flusher.drained()
             if self.replicated is not None:  # closing: what no replica confirmed is not acknowledged
@@ -148,6 +129,40 @@ class GroupCommitter:
         finally:
             if flusher is not None:
                 flusher.stop()
+
+    def _commit_and_answer(self, batch: Batch, since: list[float]) -> None:
+        """Commit ``batch`` and answer its puts: at once (``async``), once durable (``sync``:
+        the flusher), or once the in-sync replicas hold it (sync replication)."""
+        flusher = self._flusher
+        end: int | None = None
+        try:
+            failure = self.failure()
+            if failure is not None:  # (submitted before the failure)
+                raise failure
+            outcome: list[Sequence[PutResult]] | Written | BaseException = self._commit(batch)
+            end = self.commitlog.end_position
+        except Exception as exc:  # never let one bad batch stop the committer
+            if self.marks.numbered:
+                self.marks.forget([fut for _, fut in batch])
+            if isinstance(exc, StoreWriteError):  # the disk refused (full, I/O error): says why, no traceback
+                self._log_limited.log(logging.ERROR, str(exc), "commit failed")
+            else:
+                self._log_limited.log(logging.ERROR, type(exc).__name__, "commit failed", exc_info=True)
+            outcome = exc if isinstance(exc, StoreError) else StoreWriteError(str(exc))
+        if self.on_write is not None and end is not None:
+            self.on_write()
+        if isinstance(outcome, Written):
+            assert self.replicated is not None
+            self.replicated.wait(end, (batch, outcome, since))
+            if flusher is not None:
+                flusher.wait(end, None)  # (the leader's own durability: part of what it confirms)
+            return
+        if self.replicated is not None:  # (a failed batch: answered in its turn)
+            self.replicated.wait(None, (batch, outcome, since))
+        elif flusher is not None:
+            flusher.wait(end, (batch, outcome, since))
+        else:
+            self._acknowledge((batch, outcome, since), None)
 
     def _acknowledge(self, entry: tuple[Batch, list[Sequence[PutResult]] | BaseException, list[float]],
                      failure: StoreError | None) -> None:

@@ -11,8 +11,8 @@ commit); batches written while it runs wait for the next one, which starts when 
 The thread's loop (write/fsync_loop.py, compiled) never takes the GIL: the event loop names the files
 to fdatasync and wakes it through an eventfd, and learns of the answer from another eventfd
 (one reader callback, no future chain across threads, no GIL hand-off). A batch's fdatasync is
-asked for on the loop's turn after its write, behind what its commit scheduled (the deliveries
-it woke): the woken thread competes for the CPU with them on a busy machine.
+asked for once its commit is complete (``soon``: the committer's notify.after_commit), behind
+the deliveries it woke: the woken thread competes for the CPU with them on a busy machine.
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ class SyncFlusher:
     may have been delivered, so they can be neither cut back nor followed by more (a later
     crash would leave a hole in the middle of the log); the committer refuses writes."""
 
-    def __init__(self, commitlog: CommitLog, acknowledge: Acknowledge) -> None:
+    def __init__(self, commitlog: CommitLog, acknowledge: Acknowledge,
+                 soon: Callable[[Callable[[], None]], None] | None = None) -> None:
         self._commitlog = commitlog
         self._acknowledge = acknowledge
+        self._soon = soon  # runs the request once the commit is complete (default: the loop's next turn)
         self._waiting: deque[Waiting] = deque()
         self._requested = False  # an fdatasync was asked for and has not come back yet
-        self._request_handle: asyncio.Handle | None = None  # an fdatasync to ask for on the next turn
+        self._request_due = False  # an fdatasync is to be asked for (``soon``)
         self._asked_end = 0  # the commitlog position the asked fdatasync makes durable
         self.failed: StoreError | None = None
         self._ask = os.eventfd(0, os.EFD_CLOEXEC)  # loop -> thread (blocking reads)
@@ -78,18 +80,16 @@ class SyncFlusher:
         self._waiting.append((end, entry))
         assert self._drained is not None
         self._drained.clear()
-        if not self._requested and end is not None and self._request_handle is None:
+        if not self._requested and end is not None and not self._request_due:
             assert self._loop is not None
-            self._request_handle = self._loop.call_soon(self._request_now)
+            self._request_due = True
+            (self._soon or self._loop.call_soon)(self._request_now)
 
     async def drained(self) -> None:
         assert self._drained is not None
         await self._drained.wait()
 
     def stop(self) -> None:
-        if self._request_handle is not None:
-            self._request_handle.cancel()
-            self._request_handle = None
         if self._loop is not None and not self._stopping:
             self._stopping = True
             self._loop.remove_reader(self._done)
@@ -100,8 +100,8 @@ class SyncFlusher:
         self._ask = self._done = -1
 
     def _request_now(self) -> None:
-        self._request_handle = None
-        if not self._requested and not self._stopping:
+        self._request_due = False
+        if not self._requested and not self._stopping and self._ask >= 0:  # (not stopped meanwhile)
             self._request()
 
     def _request(self) -> None:

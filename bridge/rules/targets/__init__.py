@@ -1,8 +1,13 @@
-"""Where a rule sends what it matched: a TideMQ topic (``topic.py``) or an HTTP webhook
-(``webhook.py``); each answers an attempt with an ``Outcome`` (``outcome.py``)."""
+"""Where a rule sends what it matched: a TideMQ topic (``topic.py``), an HTTP webhook
+(``webhook.py``), a remote MQTT broker (``mqtt_bridge.py``) or a PostgreSQL table
+(``postgres.py``), each with its checked options beside it; each answers an attempt with an
+``Outcome`` (``outcome.py``)."""
 
-from .outcome import DELIVERED, Outcome, Target
-from .topic import Republish, TopicTarget
+from .mqtt_bridge import MqttBridgeTarget
+from .outcome import DELIVERED, BatchTarget, Outcome, Target
+from .postgres import PostgresTarget
+from .topic import Republish, Republished, TopicTarget
 from .webhook import WebhookTarget
 
-__all__ = ["DELIVERED", "Outcome", "Republish", "Target", "TopicTarget", "WebhookTarget"]
+__all__ = ["DELIVERED", "BatchTarget", "MqttBridgeTarget", "Outcome", "PostgresTarget", "Republish", "Republished",
+           "Target", "TopicTarget", "WebhookTarget"]

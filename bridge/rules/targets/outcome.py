@@ -1,9 +1,11 @@
-"""What one attempt at a target came to, and the interface every target has."""
+"""What one attempt at a target came to, and the interfaces of targets: every one delivers an
+event (``Target``); one that can take several at once (``BatchTarget``) is given a batch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from ..events import CloudEvent
 from ..transforms import Payload
@@ -28,3 +30,11 @@ class Target(Protocol):
     async def deliver(self, event: CloudEvent, payload: Payload) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchTarget(Target, Protocol):
+    async def deliver_batch(self, items: Sequence[tuple[CloudEvent, Payload]]) -> tuple[int, Outcome]:
+        """Deliver the events in order, at once: how many leading ones it took (all of them, or
+        those before the first it could not take), and the outcome of that first one."""
+        ...

@@ -1,0 +1,137 @@
+"""Through real clients: a delivery is written to its consumer's socket in the loop turn that
+commits its message, before anything that commit scheduled for later turns (the fdatasync
+request, the publisher's acknowledgement, other connections' reads) runs. The probe is a
+callback scheduled as the commit begins: it must find the delivery made and written. In sync
+flush mode the commit's fdatasync is asked for in that turn too, once the delivery is written
+(the woken flusher thread does not take the CPU from it; the confirm waits for it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from store.write.committer import GroupCommitter
+from store.write.durable import SyncFlusher
+
+from .mqtt_support import PahoClient, mqtt_port, running_gateway
+from .test_amqp import amqp_gateway
+
+TIMEOUT = 5.0
+BODY = b"in-its-turn"
+
+
+def probe_commits(monkeypatch: pytest.MonkeyPatch, look: Callable[[], tuple[object, ...]]
+                  ) -> list[tuple[object, ...]]:
+    """From now on, each commit of a batch holding ``BODY`` schedules, as it begins, a callback
+    that records ``look()`` (deliveries made, all written) on the next loop turn."""
+    seen: list[tuple[object, ...]] = []
+    real_commit = GroupCommitter._commit
+
+    def commit(self: GroupCommitter, batch):  # type: ignore[no-untyped-def]
+        if any(p.body == BODY for prepared, _ in batch for p in prepared):
+            asyncio.get_running_loop().call_soon(lambda: seen.append(look()))
+        return real_commit(self, batch)
+
+    monkeypatch.setattr(GroupCommitter, "_commit", commit)
+    return seen
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_an_amqp_delivery_is_written_in_the_turn_that_commits_its_message(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
+    async with amqp_gateway(data_dir, flush=flush) as (gw, url):
+        amqp = gw.amqp
+        assert amqp is not None
+        publisher = await aio_pika.connect(url)
+        consumer = await aio_pika.connect(url)
+        try:
+            pub = await publisher.channel(publisher_confirms=True)
+            await pub.declare_queue("turn", durable=True)
+            sub = await consumer.channel()
+            queue = await sub.declare_queue("turn", durable=True)
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                await got.put(message.body)
+                await message.ack()
+
+            await queue.consume(on_message)
+            seen = probe_commits(monkeypatch, lambda: (
+                amqp.stats.messages_sent, not any(c._out for c in amqp.connections)))
+            await asyncio.wait_for(pub.default_exchange.publish(
+                aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "turn"), TIMEOUT)
+            assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+            assert seen == [(1, True)]  # delivered and written before the commit's next turn
+        finally:
+            await publisher.close()
+            await consumer.close()
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_an_mqtt_delivery_is_written_in_the_turn_that_commits_its_message(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
+    async with running_gateway(data_dir, flush=flush) as gw:
+        mqtt = gw.mqtt
+        assert mqtt is not None
+        port = mqtt_port(gw)
+        subscriber = PahoClient(port, "sub")
+        publisher = PahoClient(port, "pub")
+        await subscriber.connect()
+        await publisher.connect()
+        try:
+            await subscriber.subscribe("turn/t", qos=1)
+            seen = probe_commits(monkeypatch, lambda: (
+                mqtt.stats.messages_sent, not any(c.out for c in mqtt.connections.values())))
+            info = publisher.client.publish("turn/t", BODY, qos=1)
+            (received,) = await subscriber.receive(1)
+            assert received.payload == BODY
+            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
+            assert seen == [(1, True)]  # delivered and written before the commit's next turn
+        finally:
+            await subscriber.disconnect()
+            await publisher.disconnect()
+
+
+async def test_the_fdatasync_of_a_commit_is_asked_for_in_its_turn_after_its_amqp_delivery_is_written(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, bool]] = []  # at each fdatasync request: (deliveries made, all written)
+    real_request = SyncFlusher._request
+
+    async with amqp_gateway(data_dir, flush="sync") as (gw, url):
+        amqp = gw.amqp
+        assert amqp is not None
+
+        def look() -> tuple[int, bool]:
+            return amqp.stats.messages_sent, not any(c._out for c in amqp.connections)
+
+        def request(self: SyncFlusher) -> None:
+            asked.append(look())
+            real_request(self)
+
+        publisher = await aio_pika.connect(url)
+        consumer = await aio_pika.connect(url)
+        try:
+            pub = await publisher.channel(publisher_confirms=True)
+            await pub.declare_queue("asked", durable=True)
+            sub = await consumer.channel()
+            queue = await sub.declare_queue("asked", durable=True)
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                await got.put(message.body)
+
+            await queue.consume(on_message, no_ack=True)
+            monkeypatch.setattr(SyncFlusher, "_request", request)
+            seen = probe_commits(monkeypatch, lambda: (len(asked), *look()))
+            await asyncio.wait_for(pub.default_exchange.publish(
+                aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "asked"), TIMEOUT)
+            assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+            assert asked[0] == (1, True)  # asked for once the delivery was written
+            assert seen == [(1, 1, True)]  # ... before the commit's next turn
+        finally:
+            await publisher.close()
+            await consumer.close()
