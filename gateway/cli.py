@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
     serve.add_argument("--role", choices=("embedded", "store", "gateway"),
                        help="embedded (default): one node; store: also serve the store to gateway nodes "
-                            "on the remoting listener; gateway: MQTT over the store node's store (--store)")
+                            "on the remoting listener; gateway: MQTT over the store node's store (--store), AMQP and "
+                            "RocketMQ clients relayed to the store node")
     serve.add_argument("--store", dest="store_address", metavar="HOST:PORT",
                        help="the store node's remoting listener (role gateway)")
     serve.add_argument("--node-id", metavar="ID", help="this gateway node's name in the cluster")
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"{proto} listener (default {default}: 127.0.0.1 and ::1; [::1]:PORT for IPv6; empty = off)"
         )
     serve.add_argument("--grpc-bind", metavar="HOST:PORT",
-                       help="RocketMQ 5 clients over gRPC (default off; needs the remoting listener)")
+                       help="RocketMQ 5 clients over gRPC (default off; needs the remoting listener, or "
+                            "on role gateway the store node's gRPC listener)")
     serve.add_argument("--grpcs-bind", metavar="HOST:PORT",
                        help="RocketMQ 5 clients over gRPC with TLS (--tls-cert, --tls-key; empty = off)")
     serve.add_argument("--metrics-bind", metavar="HOST:PORT", help="metrics/admin listener (empty = off)")

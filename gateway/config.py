@@ -78,7 +78,8 @@ class Config:
     mqtt_bind: str = "localhost:1883"  # localhost: 127.0.0.1 and ::1 (gateway/listen.py)
     amqp_bind: str = "localhost:5672"
     remoting_bind: str = "localhost:9876"
-    # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind
+    # RocketMQ 5 clients over gRPC (gateway/rocketmq_grpc/): off unless set; needs remoting_bind (a gateway
+    # node: proxied to the store node's, cluster/grpc_proxy.py)
     grpc_bind: str = ""
     grpcs_bind: str = ""  # gRPC over TLS; needs tls_cert_file and tls_key_file
     grpc_on_remoting_port: bool = True  # with grpc_bind: the remoting port takes gRPC connections too
@@ -378,9 +379,8 @@ def validate(cfg: Config) -> None:
     if cfg.role == "gateway":
         if not cfg.replication_group and parse_bind(cfg.store_address, "store_address") is None:
             raise ConfigError("role gateway needs store_address, the store node's remoting HOST:PORT", "role")
-        if "remoting_bind" in cfg.source and cfg.remoting_bind:
-            raise ConfigError("remoting_bind: RocketMQ clients connect to the store node, not to gateway nodes", "remoting_bind")
-        cfg.remoting_bind = ""
+        if "remoting_bind" not in cfg.source:
+            cfg.remoting_bind = ""  # (when set: RocketMQ clients relayed to the store node's listener)
         if "amqp_bind" not in cfg.source:
             cfg.amqp_bind = ""  # (when set: AMQP clients relayed to the store node's listener)
     if cfg.role == "store":
@@ -465,12 +465,15 @@ def is_loopback(host: str) -> bool:
 
 def validate_grpc(cfg: Config) -> None:
     """The gRPC listener (plain, TLS or both) is served by the remoting node (embedded or
-    store), with its access keys and ACL."""
+    store), with its access keys and ACL; a gateway node's plain one proxies each call there."""
     for name in ("grpc_bind", "grpcs_bind"):
         if not getattr(cfg, name):
             continue
         if cfg.role == "gateway":
-            raise ConfigError(f"{name}: RocketMQ 5 clients connect to the store node, not to gateway nodes yet", name)
+            if name == "grpcs_bind":
+                raise ConfigError("grpcs_bind: TLS on a gateway node's gRPC listener is not built yet (grpc_bind is, "
+                                  "proxied to the store node; or grpcs_bind on the store node)", name)
+            continue  # (the calls proxied to the store node's gRPC listener: cluster/grpc_proxy.py)
         if not cfg.remoting_bind:
             raise ConfigError(f"{name} needs remoting_bind: the gRPC calls are answered by the remoting node", name)
 

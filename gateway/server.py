@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from lookup.redis_backend import RedisLookup
+from protocols.remoting.frames import RemotingCommand
 from store import MessageStore, StoreError
 
 from . import lean_tcp
@@ -23,7 +24,10 @@ from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
+from .cluster.failover_counts import FailoverCounts
 from .cluster.relay import start_relay
+from .cluster.remoting_relay import RemotingRelay, start_remoting_relay
+from .cluster.store_link import StoreCode
 from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
@@ -53,6 +57,7 @@ from .remoting.transactions import TransactionSettings
 from .rules_host import Rules
 
 if TYPE_CHECKING:
+    from .cluster.grpc_proxy import GrpcProxy
     from .rocketmq_grpc.server import GrpcServer
 from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
@@ -90,6 +95,8 @@ class Gateway:
         self.amqp: AMQPBroker | None = None
         self.remoting: RemotingBroker | None = None
         self.grpc: GrpcServer | None = None  # RocketMQ 5 clients (grpc_bind)
+        self.remoting_relay: RemotingRelay | None = None  # a gateway node's remoting clients (remoting_bind)
+        self.grpc_proxy: GrpcProxy | None = None  # a gateway node's RocketMQ 5 clients (grpc_bind)
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -143,7 +150,8 @@ class Gateway:
         """A store node of a replicated group: it serves only while it leads (cluster/store_group.py)."""
         assert self.store is not None
         cfg = self.config
-        advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind}
+        advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind,
+                      "grpc": cfg.grpc_bind}
         self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve,
                                             self._reopen_store)
         await self.store_group.start()
@@ -174,6 +182,8 @@ class Gateway:
                     server = await self._start_amqp_relay(bind)
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
+                elif self.gateway_store is not None:
+                    server = await self._start_remoting_relay(bind)
                 else:
                     server = await self._start_remoting(bind)
                 self._started(protocol, server)
@@ -181,6 +191,8 @@ class Gateway:
             grpcs_bind = parse_bind(self.config.grpcs_bind, "grpcs_bind")
             if (grpc_bind is not None or grpcs_bind is not None) and self.remoting is not None:
                 await self._start_grpc(grpc_bind, grpcs_bind)
+            elif grpc_bind is not None and self.gateway_store is not None:
+                await self._start_grpc_proxy(grpc_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
@@ -361,9 +373,19 @@ class Gateway:
             cluster=ClusterParts(self.node or STANDALONE, self.gateway_store, self.store_service, self.store_lookup,
                                  group_view=self.store_group.view if self.store_group is not None else
                                  self.leader_finder.view if self.leader_finder is not None else None,
-                                 replica=self.store_group.replica if self.store_group is not None else None),
+                                 replica=self.store_group.replica if self.store_group is not None else None,
+                                 relay_counts=self._relay_counts()),
             filter_holds=self.filter_holds(), timer=self.timer,
             rules=self.rules.engine if self.rules is not None else None)
+
+    def _relay_counts(self) -> dict[str, FailoverCounts]:
+        """A gateway node's RocketMQ relays' failover counts, by protocol (metrics)."""
+        counts = {}
+        if self.remoting_relay is not None:
+            counts["remoting"] = self.remoting_relay.counts
+        if self.grpc_proxy is not None:
+            counts["grpc"] = self.grpc_proxy.counts
+        return counts
 
     async def _start_amqp_relay(self, bind: tuple[str, int]) -> ListeningServer:
         """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
@@ -374,6 +396,26 @@ class Gateway:
                                           failover_s=self.gateway_store.failover_s)
         self.gateway_store.after_relink.append(relay.leader_moved)
         return server
+
+    async def _start_remoting_relay(self, bind: tuple[str, int]) -> ListeningServer:
+        """A gateway node's remoting listener: connections relayed to the store node's
+        (cluster/remoting_relay.py), route answers naming this node."""
+        assert self.gateway_store is not None
+        server, relay = await start_remoting_relay(
+            bind[0], bind[1], lambda: self._store_address("remoting"), advertise=self._remoting_advertised,
+            refused_codes=StoreCode, failover_s=self.gateway_store.failover_s,
+            max_frame_size=self.config.remoting_max_frame_size, connect_timeout_s=self.config.connect_timeout_s,
+            idle_timeout_s=self.config.remoting_idle_timeout_s,
+            hello=RemotingCommand(StoreCode.HELLO, ext_fields={"token": self.config.cluster_token}
+                                  if self.config.cluster_token else {}))
+        self.gateway_store.after_relink.append(relay.leader_moved)
+        self.remoting_relay = relay
+        return server
+
+    def _remoting_advertised(self, host: str, port: int) -> str:
+        """The HOST:PORT RocketMQ clients are sent to, for a remoting listener bound at host:port."""
+        cfg = self.config
+        return cfg.remoting_advertise or format_address(cfg.store_host if host in ("0.0.0.0", "::") else host, port)
 
     async def _start_remoting(self, bind: tuple[str, int]) -> ListeningServer:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
@@ -415,14 +457,14 @@ class Gateway:
                                               amqp_port=amqp_port)
             self.store_service.start(cfg.mqtt_expiry_check_interval_s)
             link_handlers = self.store_service.handlers()
+            self.remoting.relay_trusted = self.store_service.trusts  # (gateway nodes' numbered sends)
             self.remoting.handlers.update(link_handlers)
             self.remoting.access.unsigned_codes.update(link_handlers)  # they have the cluster token instead
         await self.remoting.start()
         broker, max_frame, tracer = self.remoting, cfg.remoting_max_frame_size, self._tracer_for("remoting")
         server = await lean_tcp.serve(lambda: RemotingConnection(broker, max_frame_size=max_frame, tracer=tracer),
                                       bind[0], bind[1])
-        host, port = server.sockets[0].getsockname()[:2]
-        broker.set_address(cfg.remoting_advertise or format_address(cfg.store_host if host in ('0.0.0.0', '::') else host, port))
+        broker.set_address(self._remoting_advertised(*server.sockets[0].getsockname()[:2]))
         return server
 
     async def _start_grpc(self, plain: tuple[str, int] | None, tls: tuple[str, int] | None) -> None:
@@ -432,12 +474,12 @@ class Gateway:
         cfg = self.config
 
         def bind(address: tuple[str, int], key_and_chain: tuple[bytes, bytes] | None = None) -> GrpcBind:
-            host = address[0]
-            advertised = cfg.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" else host
-            return GrpcBind(host, address[1], advertised, key_and_chain)
+            return GrpcBind(address[0], address[1], self._grpc_advertised(address[0]), key_and_chain)
         self.grpc = GrpcServer(self.remoting, self.pressure, fifo_groups=parse_names(cfg.grpc_fifo_groups))
         await self.grpc.start(bind(plain) if plain is not None else None,
                               bind(tls, key_and_chain(cfg)) if tls is not None else None)
+        if plain is not None and self.store_service is not None:  # (gateway nodes proxy their gRPC clients here)
+            self.store_service.grpc_port = self.grpc.address[1]
         for name, address in (("grpc", plain and self.grpc.address), ("grpcs", tls and self.grpc.tls_address)):
             if address:
                 log.info("listener started protocol=%s address=%s", name, format_address(*address))
@@ -446,6 +488,21 @@ class Gateway:
             shared = self.grpc.share_port((remoting_host.strip("[]"), int(remoting_port)))
             self.remoting.http2_handoff = shared.hand_over
             log.info("grpc also on the remoting port address=%s", self.remoting.broker_addr)
+
+    async def _start_grpc_proxy(self, bind: tuple[str, int]) -> None:
+        """A gateway node's gRPC listener: calls proxied to the store node's (cluster/grpc_proxy.py)."""
+        from .cluster.grpc_proxy import GrpcProxy  # (grpcio and the generated modules: only when asked for)
+        assert self.gateway_store is not None
+        if not self.leader_finder and not self.gateway_store.remote.grpc_port:
+            raise ConfigError("grpc_bind: the store node has no gRPC listener (grpc_bind) to proxy to")
+        self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
+        address = await self.grpc_proxy.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
+        self.gateway_store.after_relink.append(self.grpc_proxy.leader_moved)
+        log.info("listener started protocol=grpc address=%s", format_address(*address))
+
+    def _grpc_advertised(self, host: str) -> str:
+        """The host routes name for a gRPC listener bound on ``host``."""
+        return self.config.store_host if host in ("0.0.0.0", "::") else "127.0.0.1" if host == "localhost" else host
 
     async def _watch_loop_lag(self, interval_s: float = 0.5) -> None:
         """Event-loop lag: how much later than asked a sleep wakes up (a busy or blocked loop)."""
@@ -523,9 +580,15 @@ class Gateway:
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None
+        if self.remoting_relay is not None:
+            await self.remoting_relay.close()
+            self.remoting_relay = None
         if self.grpc is not None:
             await self.grpc.stop()
             self.grpc = None
+        if self.grpc_proxy is not None:
+            await self.grpc_proxy.stop()
+            self.grpc_proxy = None
         if self.remoting is not None:
             await self.remoting.stop()
             self.remoting = None

@@ -22,7 +22,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.v5.exception import InternalErrorException
 
-from protocols.remoting.codes import ResponseCode
+from protocols.remoting.codes import RequestCode, ResponseCode
 
 from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
@@ -30,8 +30,10 @@ from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
 from .grpc_support import official_producer, official_simple_consumer
 from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
-from .remoting_support import ons
+from .remoting_support import OnsProcess, RawRemoting, ons, pull_header
+from .test_cluster_remoting import send_header
 from .test_grpc import normal_message, receive_all
+from .test_metrics import fetch, samples, value
 
 GROUP = "g1"
 
@@ -266,6 +268,143 @@ async def test_amqp_clients_of_a_gateway_node_stay_connected_and_lose_nothing_wh
             stop(node.proc)
 
 
+async def test_rocketmq_clients_of_a_gateway_node_lose_nothing_when_the_store_leader_dies(
+        tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader while ali-ons sends through a gateway node, the only address
+    the clients know: every message answered SEND_OK is consumed through the gateway node, by a
+    push consumer running across the kill and by a new group afterwards; the route names the
+    gateway node throughout, and a client connection opened before the kill still answers after
+    it. Requests held by the leader when it dies: a pull (a read) is sent again to the new
+    leader and answered there, a pop (a change) is answered SERVICE_NOT_AVAILABLE."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    remoting, metrics = f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--remoting-bind", remoting, "--metrics-bind", metrics.removeprefix("http://"),
+                      "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    across: OnsProcess | None = None
+    reading: asyncio.Future[None] | None = None
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        raw = await RawRemoting.open(remoting)
+        assert (await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-crash"})).code == \
+            ResponseCode.SUCCESS
+        assert (await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-idle"})).code == \
+            ResponseCode.SUCCESS  # (created: a pull of it is held)
+        puller = await RawRemoting.open(remoting)
+        puller.send(RequestCode.PULL_MESSAGE, pull_header("relayed-idle", 0, suspend_ms=5000))
+        popper = await PopClient.open(remoting, "relayed-pop")
+        popping = asyncio.ensure_future(popper.request_pop("relayed-idle", 0, 1, poll_ms=5000))
+        across = await OnsProcess.start({"cmd": "consume", "nameSrv": remoting, "group": "relayed-across",
+                                         "topic": "relayed-crash", "count": 100_000, "timeoutMs": 60000,
+                                         "fromFirst": True})
+        await across.until("ready")
+        seen: set[str] = set()
+
+        async def read_across() -> None:  # (read as it comes: a full pipe would stop the consumer)
+            while True:
+                event = await across.next_event(timeout=120)
+                if event["event"] == "message":
+                    seen.add(event["body"])
+        reading = asyncio.ensure_future(read_across())
+        producer = await OnsProcess.start({"cmd": "send", "nameSrv": remoting, "topic": "relayed-crash",
+                                           "reportErrors": True, "intervalMs": 20, "timeoutMs": 60000,
+                                           "messages": [{"body": f"m{i}"} for i in range(400)]})
+        try:
+            for _ in range(50):
+                assert (await producer.next_event())["event"] == "sent"
+            kill9(nodes[leader["node"]].proc)
+            events = await producer.finish(timeout=90)
+        finally:
+            producer.kill()
+        assert (await popping).code == ResponseCode.SERVICE_NOT_AVAILABLE
+        pulled = await puller.recv(timeout=20)
+        assert pulled.is_response and pulled.code in (ResponseCode.PULL_NOT_FOUND,  # (answered by the new leader)
+                                                      ResponseCode.PULL_RETRY_IMMEDIATELY), (pulled.code, pulled.remark)
+        acknowledged = {e["body"] for e in events if e["event"] == "sent" and e["sendStatus"] == "SEND_OK"}
+        refused = [e for e in events if e["event"] == "error" and "body" in e]
+        print(f"{len(acknowledged)} SEND_OK, {len(refused)} refused during the failover")
+        assert len(acknowledged) + len(refused) == 400
+        assert {f"m{i}" for i in range(50)} | {f"m{i}" for i in range(380, 400)} <= acknowledged  # (before, after)
+        route = await raw.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "relayed-crash"}, timeout_s=10)
+        assert route.code == ResponseCode.SUCCESS  # the connection opened before the kill
+        assert [b["brokerAddrs"] for b in json.loads(route.body)["brokerDatas"]] == [{"0": remoting}]
+        consumed = await ons({"cmd": "consume", "nameSrv": remoting, "group": "relayed-readers",
+                              "topic": "relayed-crash", "count": len(acknowledged), "timeoutMs": 30000,
+                              "fromFirst": True}, timeout=60)
+        missing = acknowledged - {e["body"] for e in consumed if e["event"] == "message"}
+        assert not missing, f"{len(missing)} messages answered SEND_OK not consumed, e.g. {sorted(missing)[:5]}"
+        deadline = time.monotonic() + 30  # the consumer that ran across the kill: until it has each
+        while not acknowledged <= seen and time.monotonic() < deadline and not reading.done():
+            await asyncio.sleep(0.1)
+        missing = acknowledged - seen
+        assert not missing, f"{len(missing)} SEND_OK not consumed across the kill, e.g. {sorted(missing)[:5]}"
+        for client in (raw, puller, popper.raw):
+            client.writer.close()
+        counted = samples((await fetch(metrics, "/metrics"))[1])
+        outcomes = {outcome: value(counted, "tidemq_rocketmq_failover_requests_total", protocol="remoting",
+                                   outcome=outcome) for outcome in ("resent", "lost")}
+        assert outcomes["resent"] >= 1 and outcomes["lost"] >= 1, outcomes  # (the pull; the pop)
+    finally:
+        if reading is not None:
+            reading.cancel()
+        if across is not None:
+            across.kill()
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_grpc_clients_of_a_gateway_node_lose_nothing_when_the_store_leader_dies(tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader while the official client's Producer sends through a gateway
+    node, the only endpoint it and the SimpleConsumer know: every send the producer saw succeed
+    is received by the consumer started before the kill, which receives and acks on through it."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    endpoint = f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        sent: list[bytes] = []
+        failed: list[bytes] = []
+        received: set[bytes] = set()
+        async with official_simple_consumer(endpoint, "GID-relayed", "GrpcRelayed") as consumer:
+
+            async def receive_and_ack() -> None:
+                try:
+                    for message in await asyncio.to_thread(consumer.receive, 16, 5):
+                        await asyncio.to_thread(consumer.ack, message)
+                        received.add(message.body)
+                except Exception:  # (a receive or ack lost with the leader: received again later)
+                    await asyncio.sleep(0.2)
+
+            async with official_producer(endpoint, "GrpcRelayed") as producer:
+                for i in range(150):
+                    body = b"g%d" % i
+                    if i == 50:
+                        while len(received) < 50:
+                            await receive_and_ack()
+                        kill9(nodes[leader["node"]].proc)
+                    try:
+                        await asyncio.to_thread(producer.send, normal_message("GrpcRelayed", body))
+                        sent.append(body)
+                    except Exception:  # (the client's own retries spent during the failover)
+                        failed.append(body)
+            print(f"{len(sent)} sends succeeded, {len(failed)} failed during the failover")
+            assert (await wait_leader(etcd, not_node=leader["node"]))["epoch"] > leader["epoch"]  # (sent across it)
+            assert {b"g%d" % i for i in range(50)} | {b"g%d" % i for i in range(130, 150)} <= set(sent)
+            deadline = time.monotonic() + 40
+            while not set(sent) <= received and time.monotonic() < deadline:
+                await receive_and_ack()
+        missing = set(sent) - received
+        assert not missing, f"{len(missing)} sends that succeeded were not received, e.g. {sorted(missing)[:5]}"
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
 async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
     """SIGSTOP of the store leader: its link stays open (nothing closes it), yet the gateway node
     moves to the leader etcd elects in its place, and its clients' publishes are acknowledged
@@ -318,6 +457,47 @@ async def test_a_gateway_node_leaves_a_stopped_leader_for_the_new_one(tmp_path: 
         await publisher.disconnect()
         await subscriber.disconnect()
         await amqp.close()
+    finally:
+        if stopped is not None:
+            stopped.send_signal(signal.SIGCONT)
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_rocketmq_clients_of_a_gateway_node_leave_a_stopped_leader_for_the_new_one(tmp_path: Path, etcd) -> None:
+    """SIGSTOP of the store leader (its connections stay open, nothing answers): the gateway
+    node's remoting relay and gRPC proxy leave it for the leader etcd elects in its place; a
+    send on a remoting connection opened before is answered SEND_OK there (after refusals the
+    client retries), and the official client's sends succeed."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    remoting, endpoint = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--remoting-bind", remoting, "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")],
+                     name="gw1")
+    stopped = None
+
+    async def send_until_ok(raw: RawRemoting, body: bytes) -> None:
+        deadline = time.monotonic() + 30
+        while (answer := await raw.call(RequestCode.SEND_MESSAGE, send_header("stopped"), body,
+                                        timeout_s=30)).code != ResponseCode.SUCCESS:
+            assert answer.code == ResponseCode.SERVICE_NOT_AVAILABLE, (answer.code, answer.remark)
+            assert time.monotonic() < deadline, answer.remark
+            await asyncio.sleep(0.1)
+
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        raw = await RawRemoting.open(remoting)
+        await send_until_ok(raw, b"before")
+        async with official_producer(endpoint, "GrpcStopped") as producer:
+            await asyncio.to_thread(producer.send, normal_message("GrpcStopped", b"before"))
+            stopped = nodes[leader["node"]].proc
+            stopped.send_signal(signal.SIGSTOP)
+            await send_until_ok(raw, b"after")  # (the same connection)
+            await asyncio.to_thread(producer.send, normal_message("GrpcStopped", b"after"))
+        assert (await wait_leader(etcd))["node"] != leader["node"]
+        raw.writer.close()
     finally:
         if stopped is not None:
             stopped.send_signal(signal.SIGCONT)

@@ -68,6 +68,7 @@ class RemoteStore:
         self.max_message_size = max_message_size
         self._notify_handlers: list[Callable[[dict[str, int]], None]] = []
         self.amqp_port = 0  # the store node's AMQP listener (gateway nodes relay AMQP there)
+        self.grpc_port = 0  # ... and its gRPC listener (gateway nodes proxy gRPC calls there)
         # disconnect a client here and save its session (in order on the link) before the answer
         self.on_kick: Callable[[str], bool] | None = None
         link.on_request = self._on_request
@@ -80,6 +81,7 @@ class RemoteStore:
             hello = _check(await link.call(StoreCode.HELLO, {"token": token} if token else None))
             store = cls(link, hello.ext_fields["idPrefix"], int(hello.ext_fields["maxMessageSize"]))
             store.amqp_port = int(hello.ext_fields.get("amqpPort") or 0)
+            store.grpc_port = int(hello.ext_fields.get("grpcPort") or 0)
             store.address = (host, port)
             return store
         except BaseException:

@@ -22,7 +22,7 @@ from .remote_store import RemoteStore, RemoteStoreError
 
 log = logging.getLogger("tidemq.gateway")
 
-StoreAddress = Callable[[str], Awaitable[tuple[str, int]]]  # a service ("remoting", "amqp") -> host, port
+StoreAddress = Callable[[str], Awaitable[tuple[str, int]]]  # a service ("remoting", "amqp", "grpc") -> host, port
 
 
 @dataclass
@@ -76,10 +76,10 @@ def _store_address(cfg: Config, linked: list[GatewayStore]) -> tuple[LeaderFinde
     assert fixed is not None
 
     async def configured(service: str) -> tuple[str, int]:
-        if service == "amqp":
-            port = linked[0].remote.amqp_port if linked else 0
+        if service in ("amqp", "grpc"):
+            port = getattr(linked[0].remote, f"{service}_port") if linked else 0
             if not port:
-                raise OSError("the store node has no AMQP listener to relay to")
+                raise OSError(f"the store node has no {service} listener to relay to")
             return fixed[0], port
         return fixed
     return None, configured

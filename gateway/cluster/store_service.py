@@ -73,6 +73,7 @@ class StoreService:
                  router: NotifyRouter | None = None, token: str = "", amqp_port: int = 0) -> None:
         self.store = store
         self.amqp_port = amqp_port  # where gateway nodes relay AMQP clients to (0: no AMQP listener)
+        self.grpc_port = 0  # where gateway nodes proxy gRPC calls to (0: no gRPC listener)
         self.token = token  # the cluster token gateway nodes must present ("": none asked)
         self._trusted: weakref.WeakSet[RemotingConnection] = weakref.WeakSet()
         self.wildcards = wildcards
@@ -176,6 +177,11 @@ class StoreService:
             return handler(conn, request)
         return guarded
 
+    def trusts(self, conn: RemotingConnection) -> bool:
+        """Whether ``conn`` may do what gateway nodes do (it said HELLO with the cluster token,
+        or none is asked)."""
+        return not self.token or conn in self._trusted
+
     def hello(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand:
         if self.token:
             if not hmac.compare_digest(request.ext_fields.get("token", ""), self.token):
@@ -186,7 +192,7 @@ class StoreService:
         options = self.store.options
         return response_to(request, ResponseCode.SUCCESS, ext_fields={
             "idPrefix": self.store.msg_id_prefix, "maxMessageSize": str(options.max_message_size),
-            "amqpPort": str(self.amqp_port)})
+            "amqpPort": str(self.amqp_port), "grpcPort": str(self.grpc_port)})
 
     def put(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         items = decode_put(request.body)

@@ -10,7 +10,7 @@ event-loop lag) is read on each request through ``Status``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..amqp.broker import AMQPBroker
     from ..auth import PasswordFile
     from ..auth.authorize import Authorizer
+    from ..cluster.failover_counts import FailoverCounts
     from ..cluster.gateway_store import GatewayStore
     from ..cluster.store_service import StoreService
     from ..core.timer import TimerService
@@ -129,6 +130,8 @@ class ClusterParts:
     # store node's own replica (role, epoch, followers' lag)
     group_view: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
     replica: ReplicaNode | None = None
+    # a gateway node's RocketMQ relays (remoting, gRPC): what they did at store failovers
+    relay_counts: dict[str, FailoverCounts] = field(default_factory=dict)
 
 
 class RulesControl(Protocol):

@@ -243,6 +243,15 @@ class GatewayCollector:
             for how, count in sorted(sent.items()):
                 takeovers.add_metric([how], count)
             yield takeovers
+        if self.cluster.relay_counts:  # a gateway node's RocketMQ clients, at store failovers
+            relayed = CounterMetricFamily("tidemq_rocketmq_failover_requests",
+                                          "RocketMQ requests a gateway node sent again to a new store leader, "
+                                          "answered as lost with the old one, or refused for want of one",
+                                          labels=["protocol", "outcome"])
+            for protocol, counts in sorted(self.cluster.relay_counts.items()):
+                for outcome, count in counts.items():
+                    relayed.add_metric([protocol, outcome], count)
+            yield relayed
         link = self.cluster.gateway_store
         if link is not None:  # a gateway node: what its store link carried
             yield CounterMetricFamily("tidemq_store_link_reads", "Reads of queues from the store node",

@@ -23,6 +23,7 @@ from protocols.remoting.errors import RemotingProtocolError
 from protocols.remoting.frames import RemotingCommand, response_to
 from protocols.remoting.headers import SendMessageHeader, SendMessageResponseHeader
 from protocols.remoting.message_codec import WireMessage, offset_msg_id
+from protocols.remoting.relay_memory import RELAY_PRODUCER, RELAY_SEQ, SEND_ANSWERS
 from protocols.remoting.properties import (
     DELAY,
     SHARDING_KEY,
@@ -154,6 +155,9 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             self.topics.on_changed.append(lambda name: topics_changed())
         self._tasks: list[asyncio.Task[None]] = []
         self._locks: dict[tuple[str, str, int], tuple[str, float]] = {}  # (group, topic, qid) -> (client, at)
+        # whether a connection is a gateway node's (its relay's numbered sends are taken): the
+        # store link's say, on a store node; none elsewhere
+        self.relay_trusted: Callable[[RemotingConnection], bool] = lambda conn: False
         self.handlers: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
             RequestCode.GET_ROUTEINFO_BY_TOPIC: self.get_route_info,
             RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
@@ -240,6 +244,12 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
     def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> Reply:
         """The reply to ``request``: a response, None (one-way), a ``Pending`` store write whose
         completion makes the response, or a coroutine to run (a long-polled pull)."""
+        producer: tuple[bytes, int] | None = None
+        if RELAY_PRODUCER in request.ext_fields:  # (before the signature check: it does not cover them)
+            numbered = self._numbered_by_relay(conn, request)
+            if isinstance(numbered, RemotingCommand):
+                return numbered
+            producer = numbered
         refusal = self.access.authenticate(conn, request)  # sets conn.principal
         if refusal is not None:
             return refusal
@@ -250,9 +260,12 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         meta_before = self.store.meta_position
         try:
             self.access.check_request(conn.principal, request)  # what the request code needs (access.py)
+            conn.put_producer = producer  # (for this request's put only)
             reply = handler(conn, request)
         except Exception as exc:
             return self.error_response(request, exc)
+        finally:
+            conn.put_producer = None
         if isinstance(reply, RemotingCommand):  # (a put's Pending comes after the meta changes in the log)
             # (reads go on while too few replicas are in sync to acknowledge anything)
             settling = self.store.reply_settling(meta_before)
@@ -261,6 +274,21 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
         elif asyncio.iscoroutine(reply):  # (a held pull or pop, an END_TRANSACTION: their changes too)
             return self._settled_after(request, reply, meta_before)
         return reply
+
+    def _numbered_by_relay(self, conn: RemotingConnection, request: RemotingCommand
+                           ) -> tuple[bytes, int] | RemotingCommand:
+        """A send a gateway node's relay numbered (it may send it again to this store after
+        losing the answer): the number, taken off the request, for the store's idempotent put;
+        NO_PERMISSION from a connection that is no gateway node's."""
+        producer = request.ext_fields.pop(RELAY_PRODUCER, "")
+        seq = request.ext_fields.pop(RELAY_SEQ, "")
+        if not self.relay_trusted(conn):
+            return response_to(request, ResponseCode.NO_PERMISSION, "numbered sends are for gateway nodes' relays "
+                               "(say HELLO with the cluster token first)")
+        if request.code not in SEND_ANSWERS or not seq.isdigit():
+            return response_to(request, ResponseCode.SYSTEM_ERROR, "a relay's number on a request that is no send, "
+                               "or not a number")
+        return producer.encode(), int(seq)
 
     async def _settled_after(self, request: RemotingCommand, reply: Coroutine[Any, Any, RemotingCommand | None],
                              meta_before: int) -> RemotingCommand | None:
@@ -390,7 +418,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
                                 queue_id=header.queue_id, default_queues=header.default_topic_queue_nums,
                                 flag=header.flag, sys_flag=sys_flag, born_timestamp=header.born_timestamp,
                                 born_host=conn.peer, reconsume_times=header.reconsume_times or 0,
-                                max_reconsume=header.max_reconsume_times)
+                                max_reconsume=header.max_reconsume_times, producer=conn.put_producer)
         if conn.tracer is not None:
             conn.tracer.watch_put("remoting", conn.client_id or conn.peer, sent.batch, sent.future)
 
@@ -404,10 +432,12 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
 
     def put_message(self, who: Principal, topic: str, body: bytes, properties: dict[str, str], *, queue_id: int,
                     default_queues: int = 0, flag: int = 0, sys_flag: int = 0, born_timestamp: int = 0,
-                    born_host: str = "", reconsume_times: int = 0, max_reconsume: int | None = None) -> Sent:
+                    born_host: str = "", reconsume_times: int = 0, max_reconsume: int | None = None,
+                    producer: tuple[bytes, int] | None = None) -> Sent:
         """Store one message sent to remoting topic ``topic`` (by a remoting or gRPC client):
         the sender's rights, the topic's queue (created when new), retries, delay levels, timers
-        and transactions' half messages as RocketMQ's broker does. Raises BadRequest."""
+        and transactions' half messages as RocketMQ's broker does; ``producer``: an idempotent
+        put's number (store/write/idempotence.py). Raises BadRequest."""
         self.access.check_send(who, topic, properties)  # (before the topic is created)
         properties = with_origin(topic, properties)
         queue_id = self._writable(topic, queue_id, default_queues, properties.get(SHARDING_KEY))
@@ -427,7 +457,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             message.hold_kind, message.hold_due_ms = HALF if half else TIMER, due
         batch = [(message, targets)]
         self.stats.messages_received += 1
-        return Sent(self.store.put_batch_nowait(batch), queue_id, targets[0], properties, batch)
+        return Sent(self.store.put_batch_nowait(batch, producer=producer), queue_id, targets[0], properties, batch)
 
     def send_batch(self, conn: RemotingConnection, request: RemotingCommand,
                          header: SendMessageHeader | None = None) -> Reply:
@@ -466,7 +496,7 @@ class RemotingBroker(PullRequests, PopRequests, ConsumerRequests, RetryRequests,
             return response_to(request, ResponseCode.SUCCESS, ext_fields=SendMessageResponseHeader(
                 ",".join(self.msg_id(r.position) for r in results), queue_id,
                 results[0].queue_offsets[own]).to_ext_fields())
-        future = self.store.put_batch_nowait(batch)
+        future = self.store.put_batch_nowait(batch, producer=conn.put_producer)
         if conn.tracer is not None:
             conn.tracer.watch_put("remoting", conn.client_id or conn.peer, batch, future)
         return Pending(future, respond)

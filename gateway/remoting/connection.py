@@ -52,6 +52,7 @@ class RemotingConnection(asyncio.Protocol):
         self.peer = ""
         self.client_id = ""
         self.principal: Principal = ANONYMOUS  # of the request being dispatched (access.py)
+        self.put_producer: tuple[bytes, int] | None = None  # ... and its relay's number, if a numbered send
         self.closed = False
         self._timer: Slot | None = None  # the first request's timeout, then the idle one's (broker.deadlines)
         self._spoke = False  # a frame came: the timer is the idle timeout's

@@ -168,6 +168,37 @@ def decode_messages(data: bytes | memoryview, *, check_crc: bool = False) -> lis
     return messages
 
 
+def with_store_host(data: bytes, host: bytes, port: int) -> bytes:
+    """The messages of a pull (or pop, query, view) reply body, each with ``host`` (4 bytes)
+    and ``port`` as its store host, the address clients derive its offsetMsgId from; a message
+    stored with an IPv6 store host keeps it. RemotingProtocolError for a body that does not
+    frame."""
+    out = bytearray(data)
+    at, end = 0, len(out)
+    while at < end:
+        if at + _HEAD.size > end:
+            raise RemotingProtocolError(f"message at byte {at} is truncated")
+        total, magic, *_, sys_flag, _born = _HEAD.unpack_from(out, at)
+        if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+            raise RemotingProtocolError(f"message at byte {at} has magic code {magic & 0xFFFFFFFF:#x}")
+        if total < MIN_MESSAGE_SIZE or at + total > end:
+            raise RemotingProtocolError(f"message at byte {at} has total size {total} ({end - at} bytes left)")
+        if not sys_flag & STOREHOSTADDRESS_V6_FLAG:
+            p = at + _HEAD.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8) + 8  # (born host, store timestamp)
+            if p + 8 > at + total:
+                raise RemotingProtocolError(f"message at byte {at} is truncated")
+            out[p:p + 4] = host
+            _I32.pack_into(out, p + 4, port)
+        at += total
+    return bytes(out)
+
+
+def with_msg_id_host(msg_id: str, host: bytes, port: int) -> str:
+    """An offsetMsgId naming ``host`` and ``port`` instead of its own store host."""
+    _, _, offset = decode_offset_msg_id(msg_id)
+    return offset_msg_id(host, port, offset)
+
+
 def _host(m: memoryview, p: int, v6: int) -> tuple[bytes, int, int]:
     """An address (16 bytes if flagged IPv6, else 4), its i32 port, and the position after."""
     size = 16 if v6 else 4

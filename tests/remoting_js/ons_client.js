@@ -3,7 +3,8 @@
 // what to do; every result is one JSON line on stdout. Bounded: every command has a deadline.
 //
 //   {"cmd": "send", "nameSrv": "127.0.0.1:9876", "group": "g", "topic": "t",
-//    "messages": [{"tags": "TagA", "keys": ["k1"], "body": "text", "delayLevel": 0}]}
+//    "messages": [{"tags": "TagA", "keys": ["k1"], "body": "text", "delayLevel": 0}], "intervalMs": 0}
+//    (one {"event": "sent"} or, with "reportErrors", {"event": "error"} per message, with its body)
 //   {"cmd": "consume", "nameSrv": ..., "group": "g", "topic": "t", "expression": "*", "count": 3,
 //    "timeoutMs": 20000, "retryTimes": 0, "maxReconsumeTimes": 16, "instance": "c1", "fromFirst": false,
 //    "expressionType": "SQL92"}   (without expressionType the expression is a TAG one)
@@ -54,13 +55,19 @@ async function send() {
       result = await producer.send(msg);
     } catch (err) {
       if (!spec.reportErrors) throw err;
-      out({ event: 'error', code: err.code ?? null, message: err.message });
+      out({ event: 'error', code: err.code ?? null, message: err.message, body: m.body });
       continue;
     }
     out({ event: 'sent', sendStatus: result.sendStatus, msgId: result.msgId, queueId: result.messageQueue.queueId,
-      queueOffset: Number(result.queueOffset) });
+      queueOffset: Number(result.queueOffset), body: m.body });
+    if (spec.intervalMs) await new Promise(resolve => setTimeout(resolve, spec.intervalMs));
   }
-  await producer.close();
+  try {
+    await producer.close();
+  } catch (err) {
+    if (!spec.reportErrors) throw err;
+    out({ event: 'error', code: err.code ?? null, message: `close: ${err.message}` });
+  }
 }
 
 async function consume() {
