@@ -119,15 +119,8 @@ class GrpcProxy(grpc.GenericRpcHandler):
     async def _stream(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         channel = await self._leader(context, self._deadline(context))
         call = channel.unary_stream(method)(request, metadata=self._metadata(context), timeout=self._timeout(context))
-        try:
-            async for answer in call:
-                yield answer
-        except grpc.aio.AioRpcError as exc:
-            if self._leader_lost(exc, channel):
-                self._lost(channel)
-                self.counts.lost += 1
-                await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
-            await context.abort(exc.code(), exc.details() or "")
+        async for answer in self._answers(call, channel, context):
+            yield answer
 
     async def _bidi(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[bytes]:
@@ -135,6 +128,16 @@ class GrpcProxy(grpc.GenericRpcHandler):
         channel = await self._leader(context, self._deadline(context))
         call = channel.stream_stream(method)(requests, metadata=self._metadata(context))
         try:
+            async for answer in self._answers(call, channel, context):
+                yield answer
+        finally:
+            call.cancel()
+
+    async def _answers(self, call: AsyncIterator[bytes], channel: grpc.aio.Channel,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """A streamed call's answers passed on; its failure ends the client's call the same way
+        (UNAVAILABLE when the leader was lost under it)."""
+        try:
             async for answer in call:
                 yield answer
         except grpc.aio.AioRpcError as exc:
@@ -143,8 +146,6 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 self.counts.lost += 1
                 await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
             await context.abort(exc.code(), exc.details() or "")
-        finally:
-            call.cancel()
 
     # -- the leader ----------------------------------------------------------------------------
     async def _leader(self, context: grpc.aio.ServicerContext, deadline: float) -> grpc.aio.Channel:
