@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from cache import QueueCache
 from lookup.redis_backend import RedisLookup
-from protocols.remoting.frames import RemotingCommand
 from store import MessageStore, StoreError
 
 from . import lean_tcp
@@ -24,10 +23,7 @@ from .auth.authorize import Authorizer, MqttAccess
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
-from .cluster.failover_counts import FailoverCounts
-from .cluster.relay import start_relay
-from .cluster.remoting_relay import RemotingRelay, start_remoting_relay
-from .cluster.store_link import StoreCode
+from .cluster.relayed_listeners import RelayedListeners
 from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
@@ -57,7 +53,6 @@ from .remoting.transactions import TransactionSettings
 from .rules_host import Rules
 
 if TYPE_CHECKING:
-    from .cluster.grpc_proxy import GrpcProxy
     from .rocketmq_grpc.server import GrpcServer
 from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
@@ -95,8 +90,7 @@ class Gateway:
         self.amqp: AMQPBroker | None = None
         self.remoting: RemotingBroker | None = None
         self.grpc: GrpcServer | None = None  # RocketMQ 5 clients (grpc_bind)
-        self.remoting_relay: RemotingRelay | None = None  # a gateway node's remoting clients (remoting_bind)
-        self.grpc_proxy: GrpcProxy | None = None  # a gateway node's RocketMQ 5 clients (grpc_bind)
+        self.relayed: RelayedListeners | None = None  # a gateway node's AMQP, remoting and gRPC listeners
         self.listeners: list[Listener] = []
         self.pressure: StorePressure | None = None
         self._pressure_task: asyncio.Task[None] | None = None
@@ -178,12 +172,12 @@ class Gateway:
                 if bind is None:
                     log.info("listener off protocol=%s", protocol)
                     continue
-                if protocol == "amqp" and self.gateway_store is not None:
-                    server = await self._start_amqp_relay(bind)
+                if protocol == "amqp" and self.relayed is not None:
+                    server = await self.relayed.start_amqp(bind)
                 elif protocol == "amqp":
                     server = await self._start_amqp(bind)
-                elif self.gateway_store is not None:
-                    server = await self._start_remoting_relay(bind)
+                elif self.relayed is not None:
+                    server = await self.relayed.start_remoting(bind)
                 else:
                     server = await self._start_remoting(bind)
                 self._started(protocol, server)
@@ -191,8 +185,8 @@ class Gateway:
             grpcs_bind = parse_bind(self.config.grpcs_bind, "grpcs_bind")
             if (grpc_bind is not None or grpcs_bind is not None) and self.remoting is not None:
                 await self._start_grpc(grpc_bind, grpcs_bind)
-            elif grpc_bind is not None and self.gateway_store is not None:
-                await self._start_grpc_proxy(grpc_bind)
+            elif grpc_bind is not None and self.relayed is not None:
+                await self.relayed.start_grpc(grpc_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")
@@ -230,6 +224,9 @@ class Gateway:
         node_id = self.config.node_name()
         link = await link_to_store_node(self.config)
         self.gateway_store, self._store_address, self.leader_finder = link.store, link.address, link.leader_finder
+        self.relayed = RelayedListeners(self.config, link.store, link.address, follows_leader=bool(link.leader_finder),
+                                        remoting_advertised=self._remoting_advertised,
+                                        grpc_advertised=self._grpc_advertised)
         self.node = GatewayNode(self.gateway_store, node_id, await start_lookup(self.config, node_id))
         log.info("gateway node connected to its store node node_id=%s store=%s", node_id, self.config.store_address)
 
@@ -374,43 +371,9 @@ class Gateway:
                                  group_view=self.store_group.view if self.store_group is not None else
                                  self.leader_finder.view if self.leader_finder is not None else None,
                                  replica=self.store_group.replica if self.store_group is not None else None,
-                                 relay_counts=self._relay_counts()),
+                                 relay_counts=self.relayed.counts() if self.relayed is not None else {}),
             filter_holds=self.filter_holds(), timer=self.timer,
             rules=self.rules.engine if self.rules is not None else None)
-
-    def _relay_counts(self) -> dict[str, FailoverCounts]:
-        """A gateway node's RocketMQ relays' failover counts, by protocol (metrics)."""
-        counts = {}
-        if self.remoting_relay is not None:
-            counts["remoting"] = self.remoting_relay.counts
-        if self.grpc_proxy is not None:
-            counts["grpc"] = self.grpc_proxy.counts
-        return counts
-
-    async def _start_amqp_relay(self, bind: tuple[str, int]) -> ListeningServer:
-        """A gateway node's AMQP listener: connections relayed to the store node's (relay.py)."""
-        assert self.gateway_store is not None
-        if not self.leader_finder and not self.gateway_store.remote.amqp_port:
-            raise ConfigError("amqp_bind: the store node has no AMQP listener to relay to")
-        server, relay = await start_relay(bind[0], bind[1], lambda: self._store_address("amqp"),
-                                          failover_s=self.gateway_store.failover_s)
-        self.gateway_store.after_relink.append(relay.leader_moved)
-        return server
-
-    async def _start_remoting_relay(self, bind: tuple[str, int]) -> ListeningServer:
-        """A gateway node's remoting listener: connections relayed to the store node's
-        (cluster/remoting_relay.py), route answers naming this node."""
-        assert self.gateway_store is not None
-        server, relay = await start_remoting_relay(
-            bind[0], bind[1], lambda: self._store_address("remoting"), advertise=self._remoting_advertised,
-            refused_codes=StoreCode, failover_s=self.gateway_store.failover_s,
-            max_frame_size=self.config.remoting_max_frame_size, connect_timeout_s=self.config.connect_timeout_s,
-            idle_timeout_s=self.config.remoting_idle_timeout_s,
-            hello=RemotingCommand(StoreCode.HELLO, ext_fields={"token": self.config.cluster_token}
-                                  if self.config.cluster_token else {}))
-        self.gateway_store.after_relink.append(relay.leader_moved)
-        self.remoting_relay = relay
-        return server
 
     def _remoting_advertised(self, host: str, port: int) -> str:
         """The HOST:PORT RocketMQ clients are sent to, for a remoting listener bound at host:port."""
@@ -488,17 +451,6 @@ class Gateway:
             shared = self.grpc.share_port((remoting_host.strip("[]"), int(remoting_port)))
             self.remoting.http2_handoff = shared.hand_over
             log.info("grpc also on the remoting port address=%s", self.remoting.broker_addr)
-
-    async def _start_grpc_proxy(self, bind: tuple[str, int]) -> None:
-        """A gateway node's gRPC listener: calls proxied to the store node's (cluster/grpc_proxy.py)."""
-        from .cluster.grpc_proxy import GrpcProxy  # (grpcio and the generated modules: only when asked for)
-        assert self.gateway_store is not None
-        if not self.leader_finder and not self.gateway_store.remote.grpc_port:
-            raise ConfigError("grpc_bind: the store node has no gRPC listener (grpc_bind) to proxy to")
-        self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
-        address = await self.grpc_proxy.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
-        self.gateway_store.after_relink.append(self.grpc_proxy.leader_moved)
-        log.info("listener started protocol=grpc address=%s", format_address(*address))
 
     def _grpc_advertised(self, host: str) -> str:
         """The host routes name for a gRPC listener bound on ``host``."""
@@ -580,15 +532,11 @@ class Gateway:
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None
-        if self.remoting_relay is not None:
-            await self.remoting_relay.close()
-            self.remoting_relay = None
+        if self.relayed is not None:
+            await self.relayed.close()
         if self.grpc is not None:
             await self.grpc.stop()
             self.grpc = None
-        if self.grpc_proxy is not None:
-            await self.grpc_proxy.stop()
-            self.grpc_proxy = None
         if self.remoting is not None:
             await self.remoting.stop()
             self.remoting = None

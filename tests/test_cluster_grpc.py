@@ -37,8 +37,9 @@ async def store_and_node(data_dir: Path, **store_options: Any) -> AsyncIterator[
                           cluster_token=store_options.get("cluster_token", "")))
     try:
         await node.start()
-        assert node.grpc_proxy is not None and node.grpc_proxy.server is not None
-        yield store, f"127.0.0.1:{node.grpc_proxy.endpoints.addresses[0].port}"
+        proxy = node.relayed.grpc_proxy if node.relayed is not None else None
+        assert proxy is not None and proxy.server is not None
+        yield store, f"127.0.0.1:{proxy.endpoints.addresses[0].port}"
     finally:
         await node.stop()
         await store.stop()
