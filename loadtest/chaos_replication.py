@@ -15,7 +15,9 @@ Chaos (the default): for each round and each fault, numbered messages, each publ
 until acknowledged, one in flight per publisher (MQTT and AMQP: ``--window`` N in flight):
 
 - mqtt: two QoS 1 publishers (paho, clean sessions) through the gateway node; a persistent
-  session (clean_session false) subscribed to ``chaos/#`` at QoS 1 receives them;
+  session (clean_session false) subscribed to ``chaos/+/+`` at QoS 1 receives them (not
+  ``chaos/#``: that matches the remoting topic ``chaos`` too, whose producer's retries may store a
+  message twice, as RocketMQ allows: the MQTT figures would count them as MQTT repeats);
 - amqp: a publisher with confirms to the durable queue ``chaos`` through the gateway node's
   AMQP (relayed to the leader); a consumer (basic.consume, manual acks) receives them;
 - remoting: ali-ons (loadtest/clients/chaos_remoting.js under node, tests/remoting_js's packages) with

@@ -27,6 +27,7 @@ START_S = 60.0
 ACK_TIMEOUT_S = 10.0
 AMQP_QUEUE = "chaos"
 REMOTING_TOPIC = "chaos"
+MQTT_FILTER = "chaos/+/+"  # the MQTT publishers' topics only (chaos/# matches REMOTING_TOPIC too)
 ONS_DRIVER = Path(__file__).with_name("chaos_remoting.js")
 NODE_MODULES = ROOT / "tests" / "remoting_js" / "node_modules"
 
@@ -135,7 +136,7 @@ class MqttPublisher(threading.Thread):
 
 
 class MqttSubscriber:
-    """A persistent session (clean_session false) subscribed to chaos/# at QoS 1, reconnected
+    """A persistent session (clean_session false) subscribed to chaos/+/+ at QoS 1, reconnected
     by paho; each delivery goes to the tally of its round."""
 
     def __init__(self, port: int, tallies: dict[str, Tally], connections: Connections) -> None:
@@ -157,7 +158,7 @@ class MqttSubscriber:
         if not flags.session_present:
             if self._connected_once:
                 self.sessions_lost += 1
-            client.subscribe("chaos/#", 1)
+            client.subscribe(MQTT_FILTER, 1)
         self._connected_once = True
         self.connections.made("mqtt_subscriber")
 
