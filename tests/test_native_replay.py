@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from store import Message, MessageStore, StoreOptions
 from store.holds.codec import TIMER
 from store.meta.journal import MetaBatch
+from store.messages import tag_hash
 
 from .native_support import compiled, interpreted
 
@@ -29,8 +30,12 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[Any] = []
 
-    def dispatch(self, items: list[Any], end: int, assigned: Any = None) -> None:
-        self.calls.append(("dispatch", [list(item) for item in items], end))
+    def dispatch(self, items: list[Any], end: int, heads: dict[str, int] | None = None) -> None:
+        # the heads Replay passes are each queue's pack_state after the items (the dispatcher's own
+        # computation, when none are passed)
+        implied = {name: (offset + 1) << 32 | qid for *_, targets, _, _ in items for name, qid, offset in targets}
+        assert heads == implied
+        self.calls.append(("dispatch", [list(item) for item in items], end, heads))
 
     def drop(self, names: list[str], end: int) -> None:
         self.calls.append(("drop", list(names), end))
@@ -42,18 +47,17 @@ class Recorder:
 def replayed(module: ModuleType, store: MessageStore, start: int, end: int) -> list[Any]:
     recorder = Recorder()
     replay = module.Replay(store.index, recorder, recorder.meta)
-    last = start
-    for position, view in module.records(store.commitlog, start, end):
-        replay.add(position, view)
-        last = position + view.size
+    last = replay.add_records(store.commitlog, start, end)
     replay.flush(last)
+    recorder.calls.append(("end", last))
     return recorder.calls
 
 
 async def a_store(path: Path) -> MessageStore:
     store = await MessageStore.open(StoreOptions(data_dir=path, segment_size=64 << 10))
     for i in range(120):
-        props = {"TAGS": f"tag{i % 3}", "p": "v" * (i % 5)} if i % 2 else None
+        # (a value holding the bytes that name TAGS in a properties block, without a TAGS property)
+        props = {"TAGS": f"tag{i % 3}", "p": "v" * (i % 5)} if i % 2 else {"x": "\x00\x04TAGS"} if i % 7 else None
         await store.put(Message(f"topic/{i % 4}", b"b" * (i % 300), props, key=f"k{i}" if i % 3 else None),
                         [f"q{i % 5}", f"r{i % 2}"] if i % 4 else [f"q{i % 5}"])
     held = await store.held.put(Message("t", b"later", {"a": "1"}, key="k1", tags="tagA"), ["q", "q2"], TIMER,
@@ -79,7 +83,9 @@ async def test_a_whole_log_replays_alike(tmp_path: Path) -> None:
         mine, reference = replayed(C, store, 0, end), replayed(PY, store, 0, end)
         assert mine == reference
         kinds = {call[0] for call in mine}
-        assert kinds == {"dispatch", "meta"}
+        assert kinds == {"dispatch", "meta", "end"}
+        tagged = {item[2] for call in mine if call[0] == "dispatch" for item in call[1]}
+        assert {tag_hash("tag0"), tag_hash("tag1"), tag_hash("tag2"), 0} <= tagged
         assert sum(len(call[1]) for call in mine if call[0] == "dispatch") >= 121
     finally:
         await store.close()

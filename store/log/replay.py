@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import cython
+
 from ..errors import RecordCorruptError, StoreError
 from ..holds.codec import (DROP, HOLD, HOLD_TOPIC, INDIRECT, META, RELEASE, ControlRecord, hold_key, hold_value,
                            hold_writes, nested_offset, parse_drop)
@@ -20,6 +22,7 @@ from .record import HEADER_SIZE, RecordView, decode_properties
 REDISPATCH_BATCH = 8192
 DROP_OP = bytes((DROP,))
 META_OP = bytes((META,))
+_TAGS_NAME = len(TAGS_PROPERTY).to_bytes(2, "big") + TAGS_PROPERTY.encode()  # as a properties block names it
 
 
 class Replay:
@@ -33,6 +36,7 @@ class Replay:
         self._on_meta = on_meta  # told each meta change record's body and end (meta/journal.py)
         self._meta_only = meta_only  # apply meta change records, index nothing
         self._pending: list[DispatchItem] = []
+        self._heads: dict[str, int] = {}  # the pending items' queues -> pack_state after them
         self.dispatched = 0  # records indexed (or dropping a queue) so far
 
     def add(self, position: int, view: RecordView) -> None:
@@ -51,18 +55,32 @@ class Replay:
             self._dispatcher.drop([parse_drop(view.body)[2]], end)
             self.dispatched += 1
             return
-        self._pending.append(_dispatch_item(self._index, position, view))
+        item = _dispatch_item(self._index, position, view)
+        self._pending.append(item)
+        heads = self._heads
+        for name, qid, offset in item[4]:
+            heads[name] = (offset + 1) << 32 | qid
         if len(self._pending) >= REDISPATCH_BATCH:
             self.flush(end)
+
+    def add_records(self, log_: CommitLog, start: int, end: int) -> int:
+        """``add`` each whole record from ``start`` up to ``end``; where the next record starts."""
+        at = start
+        for position, view in records(log_, start, end):
+            self.add(position, view)
+            at = position + view.size
+        return at
 
     def flush(self, end: int) -> None:
         """Index what was added; the index's checkpoint moves to ``end``."""
         if self._pending:
-            self._dispatcher.dispatch(self._pending, end)
+            self._dispatcher.dispatch(self._pending, end, self._heads)
             self.dispatched += len(self._pending)
             self._pending = []
+            self._heads = {}
 
 
+@cython.locals(off=cython.Py_ssize_t, total=cython.Py_ssize_t, buf=bytes)
 def records(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, RecordView]]:
     """The whole records from ``start`` (a record's start) up to ``end``, across segment rolls; a
     record cut short at ``end`` (a replica receiving its leader's bytes) is not yielded."""
@@ -77,7 +95,8 @@ def records(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, Record
         buf = log_.read(at, seg_end - at)
         off = 0
         while len(buf) - off >= HEADER_SIZE:
-            total = int.from_bytes(buf[off:off + 4], "big")
+            total = (cython.cast(cython.uchar, buf[off]) << 24 | cython.cast(cython.uchar, buf[off + 1]) << 16
+                     | cython.cast(cython.uchar, buf[off + 2]) << 8 | cython.cast(cython.uchar, buf[off + 3]))
             if len(buf) - off < total:
                 break
             try:
@@ -95,10 +114,13 @@ def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) ->
     if view.topic == HOLD_TOPIC:
         return _control_item(index, position, view)
     targets = []
+    cache = index.cache
     for name, offset in view.queues():
-        targets.append((name, index.resolve(name) & QID_MASK, offset))
+        packed = cache.get(name)
+        targets.append((name, (index.resolve(name) if packed is None else packed) & QID_MASK, offset))
     tags = view_tags(view)
-    return (position, view.size, tag_hash(tags), view.store_ts, targets, key_prefixes(view.topic, view.key), ())
+    return (position, view.size, tag_hash(tags), view.store_ts, targets,
+            key_prefixes(view.topic, view.key) if view.key else (), ())
 
 
 def _control_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
@@ -115,6 +137,7 @@ def _control_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> 
 
 
 def view_tags(view: RecordView) -> str | None:
-    if not view.raw_properties:
+    raw = view.raw_properties
+    if not raw or _TAGS_NAME not in raw:  # (no TAGS property: nothing to decode)
         return None
-    return decode_properties(view.raw_properties).get(TAGS_PROPERTY)
+    return decode_properties(raw).get(TAGS_PROPERTY)

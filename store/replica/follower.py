@@ -93,10 +93,7 @@ class FollowerLog:
 
     def index_confirmed(self) -> None:
         """Index (and apply the meta changes of) the whole records up to the confirmed position."""
-        at = self._parsed
-        for position, view in records(self._log, at, min(self.confirmed, self._log.end_position)):
-            self._replay.add(position, view)
-            at = position + view.size
+        at = self._replay.add_records(self._log, self._parsed, min(self.confirmed, self._log.end_position))
         if at != self._parsed:
             self._replay.flush(at)
             self._parsed = at
