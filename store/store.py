@@ -141,7 +141,8 @@ class MessageStore:
                                         id_prefix=self._id_prefix, log_limited=self._log_limited, tail=self.tail,
                                         notify=self.notify)
         self.committer.apply_marks = lambda marks: meta.writes.apply(marks, sync=False)
-        self._numbered: dict[Producer, asyncio.Future[Sequence[PutResult]]] = {}  # numbered puts not yet answered
+        # numbered puts not yet answered: their future, or (future, index) for one message of a put
+        self._numbered: dict[Producer, asyncio.Future[Sequence[PutResult]] | tuple[asyncio.Future[Sequence[PutResult]], int]] = {}
         self.reclaimer = QueueReclaimer(self.index, self.commitlog, self.dispatcher, self.committer_writable,
                                         self.committer.refuse_writes)
         self.held = HeldMessages(self.index, self._submit, opts.max_message_size, self.dispatcher.hold_changes,
@@ -254,6 +255,8 @@ class MessageStore:
         if self.committer is not None and (failure := self.committer.failure()) is not None:
             raise failure  # (a follower, or writes refused: not answered from what it holds)
         first = self._numbered.get(producer)
+        if isinstance(first, tuple):
+            return _one_of(*first)
         if first is not None:
             return first
         db = self.meta.db
@@ -298,6 +301,26 @@ class MessageStore:
             done.set_result([])
             return done, refused
         return self._submit(prepared), refused
+
+    def put_numbered_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], producers: Sequence[Producer],
+                            groups: Sequence[Hashable] | None = None
+                            ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
+        """``put_each_nowait`` for messages that are each an idempotent put of its own (one number
+        each, never sent before: marked, not looked for), in one group commit; a message sent
+        again is looked for alone (``put_batch_nowait``)."""
+        for producer in producers:
+            check_producer(producer)
+        fut, refused = self.put_each_nowait(items, groups)
+        kept = [p for i, p in enumerate(producers) if i not in refused] if refused else list(producers)
+        if not kept:
+            return fut, refused
+        assert self.committer is not None
+        self.committer.marks.numbered[fut] = kept
+        numbered = self._numbered
+        for index, producer in enumerate(kept):
+            numbered[producer] = (fut, index)
+        fut.add_done_callback(lambda _: [numbered.pop(producer, None) for producer in kept])
+        return fut, refused
 
     @property
     def msg_id_prefix(self) -> str:
@@ -582,3 +605,19 @@ class MessageStore:
     def min_position(self) -> int:
         return self.commitlog.min_position
 
+
+def _one_of(put: asyncio.Future[Sequence[PutResult]], index: int) -> asyncio.Future[Sequence[PutResult]]:
+    """The result of message ``index`` of ``put``, as the results of a put of its own."""
+    one: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
+
+    def done(f: asyncio.Future[Sequence[PutResult]]) -> None:
+        if one.done():
+            return
+        if f.cancelled():
+            one.cancel()
+        elif (exc := f.exception()) is not None:
+            one.set_exception(exc)
+        else:
+            one.set_result([f.result()[index]])
+    put.add_done_callback(done)
+    return one

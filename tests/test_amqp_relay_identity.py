@@ -6,6 +6,7 @@ properties given to it; aio-pika's own ``connect`` drops them when given a URL).
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aio_pika
@@ -64,6 +65,27 @@ async def test_a_relayed_publish_sent_again_is_confirmed_and_not_stored_twice(da
         assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
         assert [dict(m.headers or {}) for m in got[3:]] == [{"app": "kept"}, {"app": "kept"}]
         assert not [m for m in got if "x-tidemq-origin" in (m.headers or {})]
+
+
+async def test_relayed_publishes_read_together_are_each_found_when_sent_again(data_dir: Path) -> None:
+    """A relay's publishes that arrive together are stored in one put, each under its own
+    number: after a failover, any of them sent again alone is confirmed and not stored twice."""
+    async with amqp_gateway(data_dir) as (_, url):
+        first = await relayed(url, 0)
+        channel = await first.channel(publisher_confirms=True)
+        await channel.queue_declare("relayed", durable=True)
+        await asyncio.gather(*(publish(channel, b"m%d" % i, None) for i in range(1, 41)))  # numbers 1-40
+        await first.close()
+
+        second = await relayed(url, 1)
+        channel = await second.channel(publisher_confirms=True)
+        again = [(b"m%d" % i, f"0:{i}") for i in (7, 23, 40)]
+        for body, origin in [*again, (b"new", None)]:
+            await publish(channel, body, {"x-tidemq-origin": origin} if origin else None)
+        await second.close()
+
+        got = await drained(url, "relayed")
+        assert [m.body for m in got] == [b"m%d" % i for i in range(1, 41)] + [b"new"]
 
 
 async def test_an_ordinary_client_is_not_numbered(data_dir: Path) -> None:

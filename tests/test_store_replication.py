@@ -621,6 +621,35 @@ async def test_a_numbered_put_sent_again_while_the_first_is_unanswered_is_writte
         await store.close()
 
 
+async def test_messages_numbered_one_by_one_in_one_put_are_each_answered_when_sent_again(tmp_path):
+    """``put_numbered_nowait`` (a relayed AMQP read's publishes): one group commit, one number
+    per message; a message sent again alone, while the put is unanswered or after, is answered
+    with its own result and not written twice; a refused message leaves its neighbours numbered."""
+    store = await _open(tmp_path / "one")
+    try:
+        items = [(Message("t", b"%d" % seq), ["q"]) for seq in (1, 2, 3)]
+        put, refused = store.put_numbered_nowait(items, [(b"ch", 1), (b"ch", 2), (b"ch", 3)])
+        assert refused == {}
+        while_unanswered = store.put_batch_nowait([items[1]], producer=(b"ch", 2))
+        results = await put
+        assert [r.position for r in await while_unanswered] == [results[1].position]
+        for seq in (3, 1):  # (answered from the commit's mark)
+            again = await store.put_batch_nowait([items[seq - 1]], producer=(b"ch", seq))
+            assert [r.position for r in again] == [results[seq - 1].position]
+        too_large = (Message("t", b"x" * (store.options.max_message_size + 1)), ["q"])
+        put, refused = store.put_numbered_nowait([too_large, (Message("t", b"5"), ["q"])], [(b"ch", 4), (b"ch", 5)],
+                                                 groups=["a", "b"])
+        assert list(refused) == [0]
+        (five,) = await put
+        again = await store.put_batch_nowait([(Message("t", b"5"), ["q"])], producer=(b"ch", 5))
+        assert [r.position for r in again] == [five.position]
+        four = await store.put_batch_nowait([(Message("t", b"4"), ["q"])], producer=(b"ch", 4))  # (never stored)
+        assert four[0].position > five.position
+        assert await _read_all(store, "q") == [b"1", b"2", b"3", b"5", b"4"]
+    finally:
+        await store.close()
+
+
 async def test_marks_older_than_a_failover_are_forgotten(tmp_path, monkeypatch):
     store = await _open(tmp_path / "one")
     try:

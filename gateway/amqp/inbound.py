@@ -136,20 +136,36 @@ class Inbound:
             self._submit(items, accepted, methods, holding, on_done, None)
             return
         failed: set[int] = set()  # channels a refused publish closed: their later publishes are not stored
-        for i, item in enumerate(items):  # one put each: a publish sent again is looked for alone
-            channel, held = accepted[i][0], holding[i]
-            if channel.number in failed:
-                if held is not None:
-                    held.give_places_back()
-                continue
-            if self._submit([item], [accepted[i]], [methods[i]], [holding[i]], None, numbers[i]):
-                failed.add(channel.number)
+        fresh: list[int] = []
+        for i, number in enumerate(numbers):  # a publish sent again is looked for alone (it comes first)
+            if number is None or not number[2]:
+                fresh.append(i)
+            elif self._still_open(accepted[i][0], holding[i], failed) and self._submit(
+                    [items[i]], [accepted[i]], [methods[i]], [holding[i]], None, number):
+                failed.add(accepted[i][0].number)
+        for numbered in (True, False):  # new numbers in one put; publishes without one in another
+            chosen = [i for i in fresh if (numbers[i] is not None) is numbered
+                      and self._still_open(accepted[i][0], holding[i], failed)]
+            if chosen:
+                self._submit([items[i] for i in chosen], [accepted[i] for i in chosen], [methods[i] for i in chosen],
+                             [holding[i] for i in chosen], None,
+                             [number for i in chosen if (number := numbers[i]) is not None] if numbered else None)
+
+    @staticmethod
+    def _still_open(channel: Channel, held: Routed | None, failed: set[int]) -> bool:
+        """False (the publish's places given back) when a refused publish closed its channel."""
+        if channel.number not in failed:
+            return True
+        if held is not None:
+            held.give_places_back()
+        return False
 
     def _submit(self, items: Items, accepted: list[Accepted], methods: list[commands.Basic.Publish],
                 holding: list[Routed | None], on_done: Callable[[BaseException | None], None] | None,
-                number: Number | None) -> bool:
-        """``items`` to the store (one put; numbered, a relayed publish), confirmed when stored;
-        True when the store refused one of them (its channel is closed)."""
+                number: Number | list[Number] | None) -> bool:
+        """``items`` to the store (one put; relayed publishes: one numbered publish sent again, or
+        new publishes numbered one by one), confirmed when stored; True when the store refused
+        one of them (its channel is closed)."""
         connection = self.connection
 
         def stored(fut: asyncio.Future, refused: Refused) -> None:
@@ -170,6 +186,10 @@ class Inbound:
                 # a message the store refuses (larger than max_message_size with its properties
                 # and queue list) closes its channel alone; its neighbours are stored
                 refused = self.puts.submit(items, stored, groups=[c.number for c, _, _ in accepted])
+            elif isinstance(number, list):
+                fut, refused = self.broker.store.put_numbered_nowait(
+                    items, [(producer, seq) for producer, seq, _ in number], groups=[c.number for c, _, _ in accepted])
+                self.puts.track(fut, [item for i, item in enumerate(items) if i not in refused], refused, stored)
             else:
                 refused = {}
                 try:

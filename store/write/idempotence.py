@@ -103,7 +103,8 @@ class ProducerMarks:
     __slots__ = ("numbered",)
 
     def __init__(self) -> None:
-        self.numbered: dict[asyncio.Future, Producer] = {}
+        # a put's number, or one number per message of a put (each message a put of its own)
+        self.numbered: dict[asyncio.Future, Producer | list[Producer]] = {}
 
     def marks(self, futures: Sequence[asyncio.Future], counts: Sequence[int], positions: Sequence[int],
               records: Sequence[bytes], store_ts: int) -> MetaBatch | None:
@@ -114,7 +115,10 @@ class ProducerMarks:
         start = 0
         for fut, count in zip(futures, counts):
             producer = numbered.pop(fut, None)
-            if producer is not None:
+            if isinstance(producer, list):
+                for i, (name, seq) in enumerate(producer, start):
+                    by_producer.setdefault(name, []).append((seq, [(positions[i], len(records[i]))]))
+            elif producer is not None:
                 name, seq = producer
                 places = [(positions[i], len(records[i])) for i in range(start, start + count)]
                 by_producer.setdefault(name, []).append((seq, places))
