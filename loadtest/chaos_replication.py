@@ -64,7 +64,13 @@ then the same against one standalone node (``python -m gateway serve``, fresh da
     replication mode=sync protocol=P msgs_per_s=N single_node_msgs_per_s=N leader_cpu_us_per_msg=N
         followers_cpu_us_per_msg=N single_node_cpu_us_per_msg=N [gateway_node_cpu_us_per_msg=N]
 
-(``followers_cpu_us_per_msg``: the two followers' together.) MQTT goes through a gateway node in
+(``followers_cpu_us_per_msg``: the two followers' together.) AMQP's confirmed publish is also run
+through the gateway node's AMQP relay (how clients that stay connected through a failover publish):
+
+    replication_relayed mode=sync protocol=amqp msgs_per_s=N leader_cpu_us_per_msg=N
+        followers_cpu_us_per_msg=N gateway_node_cpu_us_per_msg=N single_node_msgs_per_s=N
+
+MQTT goes through a gateway node in
 the group and not on one node, so MQTT is also run through a gateway node to one store node
 without replication, the same topology less the replication:
 
@@ -372,10 +378,11 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     lines.emit(f"# throughput seconds={args.seconds:g} flush={args.flush} logs={log_dir}")
     replicated: dict[str, tuple[float, list[float]] | str] = {}
+    relayed: tuple[float, list[float]] | str = "not measured"  # AMQP through the gateway node's relay
     delays: dict[str, tuple[float, float] | str] = {}  # p50, p99 ms
     group = Group(workdir / "group", log_dir, args.flush)
     try:
-        await asyncio.to_thread(group.start, "mqtt" in protocols)
+        await asyncio.to_thread(group.start, True)  # (MQTT and the AMQP relay go through the gateway node)
         if await group.wait_whole() is None:
             raise RuntimeError("the group did not become whole")
         leader = await group.wait_leader()
@@ -391,6 +398,10 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
                 pids = [node.proc.pid, *followers]
             replicated[protocol] = await measured_or_error(asyncio.to_thread(measure, protocol, target, pids,
                                                                              args.seconds))
+            if protocol == "amqp":
+                through = as_broker("gw1", group.amqp_port, group.gateway, workdir, log_dir / "gw1.log")
+                relayed = await measured_or_error(asyncio.to_thread(
+                    measure, protocol, through, [*pids, group.gateway.pid], args.seconds))
             delays[protocol] = await measured_or_error(asyncio.to_thread(latency, protocol, target, args.seconds))
     finally:
         await asyncio.to_thread(group.close)
@@ -416,6 +427,15 @@ async def throughput(args: Any, lines: runner.Lines) -> int:
             if protocol == "mqtt":
                 line += f" gateway_node_cpu_us_per_msg={group_cpu[3]:.1f}"
             lines.emit(line)
+            if protocol == "amqp":
+                if isinstance(relayed, str):
+                    failed = True
+                    lines.emit(error_line("replication_relayed", protocol, relayed, alone))
+                else:
+                    lines.emit(f"replication_relayed mode=sync protocol=amqp msgs_per_s={relayed[0]:.0f} "
+                               f"leader_cpu_us_per_msg={relayed[1][0]:.1f} "
+                               f"followers_cpu_us_per_msg={relayed[1][1] + relayed[1][2]:.1f} "
+                               f"gateway_node_cpu_us_per_msg={relayed[1][3]:.1f} single_node_msgs_per_s={rate:.0f}")
             alone_delay = await measured_or_error(asyncio.to_thread(latency, protocol, target, args.seconds))
             together_delay = delays[protocol]
             if isinstance(together_delay, str) or isinstance(alone_delay, str):
