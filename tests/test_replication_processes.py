@@ -60,8 +60,8 @@ def start_store_node(tmp_path: Path, etcd_endpoint: str, name: str, env: dict[st
             "--grpc-bind", f"127.0.0.1:{grpc}",
             "--amqp-bind", f"127.0.0.1:{amqp}", "--metrics-bind", f"127.0.0.1:{metrics}",
             "--data-dir", str(tmp_path / name)]
-    return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env),
-                     remoting, grpc)
+    return StoreNode(name, amqp, metrics, launch(args, name=name, ready="joined its replication group", env=env,
+                                                 log=tmp_path / f"{name}.log"), remoting, grpc)
 
 
 async def wait_in_sync(etcd: EtcdServer, members: set[str], timeout_s: float = 30.0) -> dict:
@@ -817,6 +817,61 @@ async def test_a_wiped_follower_behind_the_leaders_retention_is_seeded_and_can_l
         assert got[:-1] == bodies[len(bodies) - len(got) + 1:]
         assert len(got) < len(bodies)  # (retention did remove the start: this was a seed, not a replay)
         await connection.close()
+    finally:
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_an_etcd_outage_stops_acknowledgements_and_loses_nothing(tmp_path: Path, etcd) -> None:
+    """etcd killed: the leader cannot renew its lease, and a leader no one can vouch for stops
+    acknowledging (once etcd is back, another may be elected); etcd back: a leader is elected
+    again and every message confirmed before, during and after the outage is there."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    try:
+        leader = await wait_leader(etcd)
+        first = nodes[leader["node"]]
+        connection = await connect(first.amqp_port)
+        channel = await connection.channel()
+        await channel.declare_queue("orders", durable=True)
+        confirmed = [b"before-%d" % i for i in range(20)]
+        await publish_confirmed(channel, confirmed)
+        assert etcd.process is not None
+        etcd.process.kill()
+        etcd.process.wait()
+        deadline = time.monotonic() + 20
+        probe = 0
+        while True:  # confirmed while its lease lasts, then refused (or its connection closed)
+            body = b"during-%d" % probe
+            probe += 1
+            try:
+                await asyncio.wait_for(channel.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key="orders"), 10)
+            except Exception:  # noqa: BLE001 -- a nack, a closed channel or connection, no answer: not confirmed
+                break
+            confirmed.append(body)
+            assert time.monotonic() < deadline, "the leader kept acknowledging without etcd"
+            await asyncio.sleep(0.2)
+        etcd.start()
+        deadline = time.monotonic() + 30
+        while True:  # (etcd restores the deposed leader's record with its lease: a newer epoch is the next leader)
+            successor = await etcd.leader(GROUP)
+            if successor is not None and successor["epoch"] > leader["epoch"]:
+                break
+            assert time.monotonic() < deadline, f"no leader after etcd came back: {successor}"
+            await asyncio.sleep(0.05)
+        second = nodes[successor["node"]]
+        connection2 = await connect(second.amqp_port)
+        channel2 = await connection2.channel()
+        await publish_confirmed(channel2, [b"after"])
+        confirmed.append(b"after")
+        queue = await channel2.declare_queue("orders", durable=True, passive=True)
+        got = []
+        while (message := await queue.get(no_ack=True, fail=False, timeout=5)) is not None:
+            got.append(message.body)
+        assert [body for body in got if body in confirmed] == confirmed  # (in order, none lost)
+        for conn in (connection, connection2):
+            with contextlib.suppress(Exception):
+                await conn.close()
     finally:
         for node in nodes.values():
             stop(node.proc)

@@ -228,10 +228,16 @@ class Elector:
             await cancel_and_wait([self._task])
 
     async def _run(self) -> None:
+        lapsed = None  # the lease this node lost hold of, revoked once etcd grants a new one
         while True:
             lease = None
             try:
                 lease = await self.group.client.lease(max(1, round(self.lease_s)))
+                if lapsed is not None:  # (etcd answers again: what the old lease held -- the leader key
+                    # of a leader that stepped down -- goes now, not when etcd lets the lease run out)
+                    with contextlib.suppress(Exception):  # (gone already: it ran out)
+                        await lapsed.revoke()
+                    lapsed = None
                 await self._hold(lease)
             except asyncio.CancelledError:
                 if lease is not None:
@@ -240,6 +246,8 @@ class Elector:
                 raise
             except Exception as exc:
                 log.warning("etcd unreachable or lease lost error=%s", exc)
+                if lease is not None:
+                    lapsed = lease
             if self.state is not None:
                 self.state = None
                 await self._on_lost()
@@ -258,8 +266,15 @@ class Elector:
                 if now - renewed > self.lease_s * 0.8:  # (a process stopped past its lease: it may have lapsed)
                     raise TimeoutError(f"lease not renewed for {now - renewed:.1f} s")
                 if now - last_refresh >= self.lease_s / 6:
-                    async with asyncio.timeout(max(0.0, renewed + self.lease_s * 0.8 - now)):  # (a hung etcd)
-                        answer = await lease.refresh()
+                    try:  # (etcd unreachable a moment: asked again until the lease may have run out)
+                        async with asyncio.timeout(max(0.0, renewed + self.lease_s * 0.8 - now)):  # (a hung etcd)
+                            answer = await lease.refresh()
+                    except TimeoutError:
+                        raise
+                    except Exception as exc:  # (aetcd's connection errors)
+                        log.debug("lease not renewed yet error=%s", exc)
+                        await asyncio.sleep(POLL_S)
+                        continue
                     if getattr(answer, "TTL", 1) <= 0:
                         raise TimeoutError("the lease expired")
                     renewed = last_refresh = now  # (when it was asked: etcd renewed it after that)
