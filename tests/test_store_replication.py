@@ -19,6 +19,7 @@ from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
 from store.replica.node import ReplicaNode, ReplicaSettings
 from store.clock import now_ms
+from store.holds.codec import TIMER
 from store.rocks import raw_keys
 from store.write.idempotence import KEEP_MIN
 
@@ -617,6 +618,26 @@ async def test_a_numbered_put_sent_again_while_the_first_is_unanswered_is_writte
             store.put_batch_nowait(items, producer=(b"", 1))
         with pytest.raises(InvalidMessageError):
             store.put_batch_nowait(items, producer=(b"gw", 0))
+    finally:
+        await store.close()
+
+
+async def test_a_numbered_put_sent_again_is_answered_with_its_first_answer_s_offsets_and_places(tmp_path):
+    """Answered from its mark, a put names what its first answer named: the queue offsets its
+    record was given, and a held message's nested record (its message id), with no offsets."""
+    store = await _open(tmp_path / "one")
+    try:
+        await store.put_batch_nowait([(Message("t", b"before"), ["q"])])
+        first = await store.put_batch_nowait([(Message("t", b"x"), ["q", "q2"])], producer=(b"gw", 1))
+        later = Message("t", b"later")
+        later.hold_kind, later.hold_due_ms = TIMER, now_ms() + 3_600_000
+        held = await store.put_batch_nowait([(later, ["q"])], producer=(b"gw", 2))
+        for seq, results in ((1, first), (2, held)):
+            again = await store.put_batch_nowait([(Message("t", b"-"), ["q"])], producer=(b"gw", seq))
+            assert [(r.position, r.size, r.queue_offsets) for r in again] == \
+                [(r.position, r.size, r.queue_offsets) for r in results]
+        assert first[0].queue_offsets == {"q": 1, "q2": 0} and held[0].queue_offsets == {}
+        assert store.read_at(held[0].position).body == b"later"
     finally:
         await store.close()
 
