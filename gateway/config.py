@@ -465,15 +465,12 @@ def is_loopback(host: str) -> bool:
 
 def validate_grpc(cfg: Config) -> None:
     """The gRPC listener (plain, TLS or both) is served by the remoting node (embedded or
-    store), with its access keys and ACL; a gateway node's plain one proxies each call there."""
+    store), with its access keys and ACL; a gateway node's proxies each call there."""
     for name in ("grpc_bind", "grpcs_bind"):
         if not getattr(cfg, name):
             continue
         if cfg.role == "gateway":
-            if name == "grpcs_bind":
-                raise ConfigError("grpcs_bind: TLS on a gateway node's gRPC listener is not built yet (grpc_bind is, "
-                                  "proxied to the store node; or grpcs_bind on the store node)", name)
-            continue  # (the calls proxied to the store node's gRPC listener: cluster/grpc_proxy.py)
+            continue  # (the calls proxied to the store node's plain gRPC listener: cluster/grpc_proxy.py)
         if not cfg.remoting_bind:
             raise ConfigError(f"{name} needs remoting_bind: the gRPC calls are answered by the remoting node", name)
 

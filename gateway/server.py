@@ -185,8 +185,8 @@ class Gateway:
             grpcs_bind = parse_bind(self.config.grpcs_bind, "grpcs_bind")
             if (grpc_bind is not None or grpcs_bind is not None) and self.remoting is not None:
                 await self._start_grpc(grpc_bind, grpcs_bind)
-            elif grpc_bind is not None and self.relayed is not None:
-                await self.relayed.start_grpc(grpc_bind)
+            elif (grpc_bind is not None or grpcs_bind is not None) and self.relayed is not None:
+                await self.relayed.start_grpc(grpc_bind, grpcs_bind)
             metrics_bind = parse_bind(self.config.metrics_bind, "metrics_bind")
             if metrics_bind is not None:
                 self._lag_task = asyncio.get_running_loop().create_task(self._watch_loop_lag(), name="loop-lag")

@@ -28,6 +28,7 @@ from .errors import (
     StoreError,
     StoreWriteError,
 )
+from .holds.codec import HELD
 from .holds.held_messages import HeldMessages
 from .index.keyindex import scan as scan_keys
 from .index.keyindex import scan_every_topic
@@ -263,6 +264,7 @@ class MessageStore:
         results = find(lambda start: raw_items(db, start), producer, now_ms(), self._id_prefix)
         if results is None:
             return None
+        results = [self._with_queue_offsets(result) for result in results]
         answered: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
         settling = self.meta_settling()
         if settling is None:
@@ -279,6 +281,15 @@ class MessageStore:
                     answered.set_result(results)
             settling.add_done_callback(settled)
         return answered
+
+    def _with_queue_offsets(self, result: PutResult) -> PutResult:
+        """``result`` with the queue offsets its record was given, as first answered (none for
+        a held message, given its offsets when released, nor for a record retention removed)."""
+        message = self.read_at(result.position)
+        if message is None or message.position != result.position:
+            return result
+        offsets = {queue: offset for queue, offset in message.queues if offset != HELD}
+        return PutResult(result.id_prefix, result.position, result.size, result.store_timestamp, offsets)
 
     def put_each_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None = None
                         ) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +73,31 @@ def spark():
     session = start_spark()
     yield session
     session.stop()
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
+    """A CA's certificate and key."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
+            "-subj", f"/CN={name}")
+    return cert, key
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A test CA, the gateway's certificate (for 127.0.0.1) signed by it and its key, and
+    another CA that signed nothing of the gateway's. One for the session (here, for every
+    module: grpcio reads the default roots, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, once a process)."""
+    tmp_path = tmp_path_factory.mktemp("pki")
+    ca, ca_key = make_ca(tmp_path, "test-ca")
+    other_ca, _ = make_ca(tmp_path, "other-ca")
+    key, request, cert = tmp_path / "server.key", tmp_path / "server.csr", tmp_path / "server.pem"
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request), "-subj", "/CN=127.0.0.1")
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+            "-out", str(cert), "-days", "2", "-extfile", str(tmp_path / "san.ext"))
+    return {"ca": ca, "other_ca": other_ca, "cert": cert, "key": key}

@@ -1,6 +1,7 @@
-"""RocketMQ 5 clients on a gateway node (``role = "gateway"`` with ``grpc_bind``), in one process
-with its store node: the official Python client's Producer and SimpleConsumer connected to the
-gateway node only; routes and assignments name the gateway node's endpoint."""
+"""RocketMQ 5 clients on a gateway node (``role = "gateway"`` with ``grpc_bind`` or
+``grpcs_bind``, and on its remoting port), in one process with its store node: the official
+Python client's Producer and SimpleConsumer connected to the gateway node only; routes and
+assignments name the gateway node's endpoint."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ import pytest
 from rocketmq.v5.client import Credentials
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+from rocketmq.v5.client import ClientConfiguration
+from rocketmq.v5.consumer import SimpleConsumer
+from rocketmq.v5.model import FilterExpression
+from rocketmq.v5.producer import Producer
 
 from gateway.config import Config, ConfigError
 from gateway.server import Gateway
 
-from .grpc_support import grpc_port, official_producer, official_simple_consumer, raw_stub
+from .grpc_support import grpc_port, official_producer, official_simple_consumer, raw_stub, started
 from .test_grpc import normal_message, receive_all
 from .test_grpc_access import ALICE, signed
 from .test_remoting_access import KEYS, secured  # noqa: F401 (secured: a fixture)
@@ -104,6 +110,47 @@ async def test_a_gateway_node_refuses_grpc_when_its_store_node_has_no_grpc_liste
     try:
         with pytest.raises(ConfigError, match="no gRPC listener"):
             await node.start()
+    finally:
+        await node.stop()
+        await store.stop()
+
+
+async def test_a_gateway_node_serves_grpc_over_tls_and_on_its_remoting_port(
+        data_dir: Path, pki: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway node with ``grpc_bind``, ``grpcs_bind`` and its remoting relay: the official client, trusting
+    only the test CA, sends and receives over TLS on the node's TLS port and on its remoting
+    port, and in plain gRPC on the remoting port; each route names the node's port the call
+    came to. The node goes on to the store node in plain gRPC."""
+    monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(pki["ca"]))
+    store = Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0",
+                           grpc_bind="127.0.0.1:0"))
+    await store.start()
+    node = Gateway(Config(data_dir=data_dir / "unused", role="gateway", node_id="g", mqtt_bind="", amqp_bind="",
+                          remoting_bind="127.0.0.1:0", grpc_bind="127.0.0.1:0", grpcs_bind="127.0.0.1:0",
+                          tls_cert_file=str(pki["cert"]),
+                          tls_key_file=str(pki["key"]), store_address=f"127.0.0.1:{remoting_port(store)}"))
+    try:
+        await node.start()
+        assert node.relayed is not None and node.relayed.grpc_proxy is not None and node.relayed.remoting is not None
+        tls_port = node.relayed.grpc_proxy.tls_endpoints.addresses[0].port
+        node_remoting = node.relayed.remoting.advertised
+        for endpoint, tls in ((f"127.0.0.1:{tls_port}", True), (node_remoting, True), (node_remoting, False)):
+            configuration = ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+            body = f"via {endpoint} tls={tls}".encode()
+            async with started(Producer(configuration, ("NodeSecure",), None, tls_enable=tls)) as producer:
+                await asyncio.to_thread(producer.send, normal_message("NodeSecure", body))
+            async with started(SimpleConsumer(configuration, "GID-node-secure", {"NodeSecure": FilterExpression("*")},
+                                              await_duration=2, tls_enable=tls)) as consumer:
+                [got] = await asyncio.to_thread(consumer.receive, 4, 30)
+                assert got.body == body
+                await asyncio.to_thread(consumer.ack, got)
+            credentials = grpc.ssl_channel_credentials(root_certificates=pki["ca"].read_bytes())
+            async with (grpc.aio.secure_channel(endpoint, credentials) if tls
+                        else grpc.aio.insecure_channel(endpoint)) as channel:
+                route = await MessagingServiceStub(channel).QueryRoute(rpc.QueryRouteRequest(
+                    topic=pb.Resource(name="NodeSecure")), timeout=10)
+            assert {f"{a.host}:{a.port}" for q in route.message_queues for a in q.broker.endpoints.addresses} \
+                == {endpoint}
     finally:
         await node.stop()
         await store.stop()

@@ -165,7 +165,7 @@ async def test_a_transaction_check_reaches_the_producer_through_the_gateway_node
 async def test_a_send_numbered_by_a_relay_is_stored_once_however_often_it_comes(data_dir: Path) -> None:
     """What a gateway node's relay does with a send whose answer a failover lost: it sends it
     again with the same number, and the store node answers it as the first time (the same
-    message id) without storing it twice. Numbers are taken from gateway nodes only (a
+    message id and queue offset) without storing it twice. Numbers are taken from gateway nodes only (a
     connection that said HELLO with the cluster token)."""
     async with store_and_node(data_dir, {"cluster_token": "T"}, cluster_token="T") as (store, _, _):
         direct = await RawRemoting.open(f"127.0.0.1:{remoting_port(store)}")
@@ -177,6 +177,7 @@ async def test_a_send_numbered_by_a_relay_is_stored_once_however_often_it_comes(
         again = await direct.call(RequestCode.SEND_MESSAGE, numbered, b"once")
         assert first.code == again.code == ResponseCode.SUCCESS
         assert first.ext_fields["msgId"] == again.ext_fields["msgId"]
+        assert first.ext_fields["queueOffset"] == again.ext_fields["queueOffset"] == "0"
         other = await direct.call(RequestCode.SEND_MESSAGE, {**numbered, RELAY_SEQ: "2"}, b"twice")
         assert other.ext_fields["msgId"] != first.ext_fields["msgId"]
         pulled = await direct.call(RequestCode.PULL_MESSAGE, pull_header("Numbered", 0))

@@ -6,7 +6,6 @@ is refused the connection."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -22,32 +21,6 @@ from rocketmq.v5.producer import Producer
 from gateway.config import ConfigError, load_config
 from tests.grpc_support import grpc_gateway, started
 from tests.test_grpc import normal_message
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
-    """A CA's certificate and key."""
-    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-            "-subj", f"/CN={name}")
-    return cert, key
-
-
-@pytest.fixture
-def pki(tmp_path: Path) -> dict[str, Path]:
-    """A test CA, the gateway's certificate (for 127.0.0.1) signed by it and its key, and
-    another CA that signed nothing of the gateway's."""
-    ca, ca_key = make_ca(tmp_path, "test-ca")
-    other_ca, _ = make_ca(tmp_path, "other-ca")
-    key, request, cert = tmp_path / "server.key", tmp_path / "server.csr", tmp_path / "server.pem"
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request), "-subj", "/CN=127.0.0.1")
-    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-            "-out", str(cert), "-days", "2", "-extfile", str(tmp_path / "san.ext"))
-    return {"ca": ca, "other_ca": other_ca, "cert": cert, "key": key}
 
 
 async def test_the_official_client_verifies_the_gateway_over_tls(data_dir: Path, pki: dict[str, Path],

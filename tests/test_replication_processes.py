@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.request
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -399,6 +400,64 @@ async def test_grpc_clients_of_a_gateway_node_lose_nothing_when_the_store_leader
                 await receive_and_ack()
         missing = set(sent) - received
         assert not missing, f"{len(missing)} sends that succeeded were not received, e.g. {sorted(missing)[:5]}"
+    finally:
+        stop(gateway)
+        for node in nodes.values():
+            stop(node.proc)
+
+
+async def test_grpc_sends_across_a_leader_kill9_are_stored_once(tmp_path: Path, etcd) -> None:
+    """kill -9 of the store leader while eight of the official client's sends are under way at
+    a time through a gateway node: the sends lost with it are made again (by the node, or the
+    client's retry, with the same message id) and answered from what the new leader holds, so
+    a consumer started afterwards receives every SEND_OK'd message once (counted by message id)."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    endpoint = f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    try:
+        leader = await wait_leader(etcd)
+        await wait_in_sync(etcd, set(nodes) - {leader["node"]})
+        sent: list[str] = []
+        failed = 0
+        after_kill = asyncio.Event()
+        async with official_producer(endpoint, "GrpcOnce") as producer:
+
+            async def sender(worker: int) -> None:
+                nonlocal failed
+                for i in range(1000):
+                    if after_kill.is_set() and len(sent) >= 400:
+                        return
+                    try:
+                        receipt = await asyncio.to_thread(producer.send, normal_message("GrpcOnce", b"w%d-%d" % (
+                            worker, i)))
+                        sent.append(receipt.message_id)
+                    except Exception:  # (the client's own retries spent during the failover)
+                        failed += 1
+
+            senders = [asyncio.create_task(sender(worker)) for worker in range(8)]
+            while len(sent) < 150:
+                await asyncio.sleep(0.01)
+            kill9(nodes[leader["node"]].proc)
+            after_kill.set()
+            await asyncio.gather(*senders)
+        print(f"{len(sent)} sends succeeded, {failed} failed during the failover")
+        assert (await wait_leader(etcd, not_node=leader["node"]))["epoch"] > leader["epoch"]
+        assert len(sent) >= 400 and len(set(sent)) == len(sent)
+        received: Counter[str] = Counter()
+        async with official_simple_consumer(endpoint, "GID-once", "GrpcOnce") as consumer:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                got = await asyncio.to_thread(consumer.receive, 32, 60)
+                for message in got:
+                    received[message.message_id] += 1
+                    await asyncio.to_thread(consumer.ack, message)
+                if not got and set(sent) <= set(received):
+                    break
+        missing = set(sent) - set(received)
+        assert not missing, f"{len(missing)} SEND_OK'd messages were not received, e.g. {sorted(missing)[:5]}"
+        twice = {message_id: count for message_id, count in received.items() if count > 1}
+        assert not twice, f"{len(twice)} messages were stored more than once, e.g. {list(twice.items())[:5]}"
     finally:
         stop(gateway)
         for node in nodes.values():

@@ -72,7 +72,8 @@ def test_grpc_routes_and_assignments_name_the_proxy() -> None:
     assert rewritten_assignment.assignments[0].message_queue.broker.endpoints == here
     send = rpc.SendMessageResponse().SerializeToString()
     assert named_here(PREFIX + "SendMessage", send, here) == send
-    assert PREFIX + "SendMessage" not in RESENDABLE and PREFIX + "QueryRoute" in RESENDABLE
+    assert PREFIX + "SendMessage" in RESENDABLE and PREFIX + "QueryRoute" in RESENDABLE  # (sends: by message id)
+    assert PREFIX + "AckMessage" not in RESENDABLE and PREFIX + "EndTransaction" not in RESENDABLE
     assert method_kinds()[PREFIX + "Telemetry"] == (True, True)
 
 

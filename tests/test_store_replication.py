@@ -19,6 +19,7 @@ from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
 from store.replica.node import ReplicaNode, ReplicaSettings
 from store.clock import now_ms
+from store.holds.codec import TIMER
 from store.rocks import raw_keys
 from store.write.idempotence import KEEP_MIN
 
@@ -646,6 +647,26 @@ async def test_messages_numbered_one_by_one_in_one_put_are_each_answered_when_se
         four = await store.put_batch_nowait([(Message("t", b"4"), ["q"])], producer=(b"ch", 4))  # (never stored)
         assert four[0].position > five.position
         assert await _read_all(store, "q") == [b"1", b"2", b"3", b"5", b"4"]
+    finally:
+        await store.close()
+
+
+async def test_a_numbered_put_sent_again_is_answered_with_its_first_answer_s_offsets_and_places(tmp_path):
+    """Answered from its mark, a put names what its first answer named: the queue offsets its
+    record was given, and a held message's nested record (its message id), with no offsets."""
+    store = await _open(tmp_path / "one")
+    try:
+        await store.put_batch_nowait([(Message("t", b"before"), ["q"])])
+        first = await store.put_batch_nowait([(Message("t", b"x"), ["q", "q2"])], producer=(b"gw", 1))
+        later = Message("t", b"later")
+        later.hold_kind, later.hold_due_ms = TIMER, now_ms() + 3_600_000
+        held = await store.put_batch_nowait([(later, ["q"])], producer=(b"gw", 2))
+        for seq, results in ((1, first), (2, held)):
+            again = await store.put_batch_nowait([(Message("t", b"-"), ["q"])], producer=(b"gw", seq))
+            assert [(r.position, r.size, r.queue_offsets) for r in again] == \
+                [(r.position, r.size, r.queue_offsets) for r in results]
+        assert first[0].queue_offsets == {"q": 1, "q2": 0} and held[0].queue_offsets == {}
+        assert store.read_at(held[0].position).body == b"later"
     finally:
         await store.close()
 

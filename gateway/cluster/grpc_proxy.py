@@ -2,10 +2,14 @@
 bytes, to the store node's (a replicated group's leader's) gRPC listener, with the caller's
 metadata (its signature included) and deadline.
 
-Route and assignment answers are rewritten to name the gateway node's endpoints
-(protocols/rocketmq_grpc/proxy_rules.py). A call waits for a leader that accepts connections
-(within its deadline, or HOLD_S); a call lost with the leader is made again on the next one
-when doing it twice changes nothing, and otherwise fails UNAVAILABLE, which clients retry.
+It listens on a plain port, a TLS one (the server's certificate chain and key), or both, and
+takes the gRPC connections of the node's remoting port (gateway/rocketmq_grpc/shared_port.py);
+route and assignment answers are rewritten to name the node's endpoint the call came to
+(protocols/rocketmq_grpc/proxy_rules.py). Calls go on to the leader over plain gRPC. A call
+waits for a leader that accepts connections (within its deadline, or HOLD_S); a call lost with
+the leader is made again on the next one when doing it twice changes nothing (a send too: the
+store answers it again as the first time, by its message id), and otherwise fails
+UNAVAILABLE, which clients retry.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Container
 from functools import partial
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from protocols.rocketmq_grpc.proxy_rules import RESENDABLE, endpoints_of, method_kinds, named_here
+from protocols.rocketmq_grpc.proxy_rules import RESENDABLE, REWRITTEN, endpoints_of, method_kinds, named_here
 
 from .failover_counts import FailoverCounts
 from .leader_lookup import LeaderLookup
@@ -44,22 +49,49 @@ class GrpcProxy(grpc.GenericRpcHandler):
     def __init__(self, target: Target) -> None:
         self.target = LeaderLookup(target)  # (shared by concurrent calls: one etcd lookup at a time)
         self.kinds = method_kinds()
-        self.endpoints = endpoints_of("127.0.0.1", 0)
+        self.endpoints = endpoints_of("127.0.0.1", 0)  # the plain port's, as routes name it
+        self.tls_endpoints = self.endpoints  # ... the TLS port's, for calls that came over TLS
+        self.shared_endpoints = self.endpoints  # ... the remoting port's, for calls that came over it
+        self.forwarded: Container[str] = ()  # the peers of connections forwarded from the remoting port
+        self.targets: dict[bool, tuple[str, int]] = {}  # TLS or not -> where this host reaches the port
         self.server: grpc.aio.Server | None = None
         self.address: tuple[str, int] | None = None  # the leader's gRPC address, while it answers
         self.channel: grpc.aio.Channel | None = None
         self._closing: set[asyncio.Task[None]] = set()  # old leaders' channels, closing
         self.counts = FailoverCounts()
 
-    async def start(self, host: str, port: int, advertised_host: str) -> tuple[str, int]:
+    async def start(self, plain: tuple[str, int, str] | None, tls: tuple[str, int, str] | None,
+                    key_and_chain: tuple[bytes, bytes] | None = None) -> list[tuple[str, str, int]]:
+        """Listening on ``plain`` and ``tls`` (each HOST, PORT, the host routes name; TLS with
+        the PEM ``key_and_chain``): each listener's (name, advertised host, port)."""
         self.server = grpc.aio.server()
-        bound = self.server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-        if bound == 0:
-            raise OSError(f"grpc_bind: cannot listen on {host}:{port}")
-        self.endpoints = endpoints_of(advertised_host, bound)
+        started = []
+        for name, bind in (("grpc", plain), ("grpcs", tls)):
+            if bind is None:
+                continue
+            host, port, advertised_host = bind
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if name == "grpcs":
+                assert key_and_chain is not None
+                bound = self.server.add_secure_port(address, grpc.ssl_server_credentials([key_and_chain]))
+            else:
+                bound = self.server.add_insecure_port(address)
+            if bound == 0:
+                raise OSError(f"{name}_bind: cannot listen on {address}")
+            loopback = "127.0.0.1" if host in ("0.0.0.0", "localhost", "") else "::1" if host == "::" else host
+            self.targets[name == "grpcs"] = (loopback, bound)
+            if name == "grpcs":
+                self.tls_endpoints = endpoints_of(advertised_host, bound)
+            else:
+                self.endpoints = endpoints_of(advertised_host, bound)
+            started.append((name, advertised_host, bound))
+        if plain is None:
+            self.endpoints = self.tls_endpoints
+        elif tls is None:
+            self.tls_endpoints = self.endpoints
         self.server.add_generic_rpc_handlers((self,))
         await self.server.start()
-        return advertised_host, bound
+        return started
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -111,8 +143,10 @@ class GrpcProxy(grpc.GenericRpcHandler):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
                 self.counts.resent += 1
                 continue
+            if method not in REWRITTEN:
+                return answer
             try:
-                return named_here(method, answer, self.endpoints)
+                return named_here(method, answer, self._endpoints(context))
             except DecodeError as exc:  # (passed on, it would send the client to the store node)
                 await context.abort(grpc.StatusCode.INTERNAL, f"the store node's answer does not decode: {exc}")
 
@@ -146,6 +180,14 @@ class GrpcProxy(grpc.GenericRpcHandler):
                 self.counts.lost += 1
                 await context.abort(grpc.StatusCode.UNAVAILABLE, LOST)
             await context.abort(exc.code(), exc.details() or "")
+
+    def _endpoints(self, context: grpc.aio.ServicerContext) -> pb.Endpoints:
+        """This node's endpoint the call came to (plain or TLS port, or the remoting port)."""
+        if context.peer() in self.forwarded:
+            return self.shared_endpoints
+        if context.auth_context().get("transport_security_type") == [b"ssl"]:
+            return self.tls_endpoints
+        return self.endpoints
 
     # -- the leader ----------------------------------------------------------------------------
     async def _leader(self, context: grpc.aio.ServicerContext, deadline: float) -> grpc.aio.Channel:

@@ -11,9 +11,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from protocols.remoting.frames import RemotingCommand
+from protocols.rocketmq_grpc.proxy_rules import endpoints_of
 
 from ..config import Config, ConfigError
 from ..listen import ListeningServer, format_address
+from ..tls import key_and_chain
 from .failover_counts import FailoverCounts
 from .gateway_store import GatewayStore
 from .relay import start_relay
@@ -21,6 +23,7 @@ from .remoting_relay import RemotingRelay, start_remoting_relay
 from .store_link import StoreCode
 
 if TYPE_CHECKING:
+    from ..rocketmq_grpc.shared_port import SharedPort
     from .grpc_proxy import GrpcProxy
 
 log = logging.getLogger("tidemq.cluster")
@@ -39,6 +42,7 @@ class RelayedListeners:
         self._grpc_advertised = grpc_advertised
         self.remoting: RemotingRelay | None = None
         self.grpc_proxy: GrpcProxy | None = None
+        self.shared: SharedPort | None = None  # the remoting port's gRPC connections, forwarded to the proxy
 
     async def start_amqp(self, bind: tuple[str, int]) -> ListeningServer:
         """AMQP connections relayed to the store node's listener (relay.py)."""
@@ -62,15 +66,30 @@ class RelayedListeners:
         self.remoting = relay
         return server
 
-    async def start_grpc(self, bind: tuple[str, int]) -> None:
-        """gRPC calls proxied to the store node's listener (grpc_proxy.py)."""
-        from .grpc_proxy import GrpcProxy  # (grpcio and the generated modules: only when asked for)
+    async def start_grpc(self, plain: tuple[str, int] | None, tls: tuple[str, int] | None) -> None:
+        """gRPC calls (plain, TLS or both) proxied to the store node's plain listener
+        (grpc_proxy.py); and the remoting port's gRPC connections, when it takes them."""
+        from ..rocketmq_grpc.shared_port import SharedPort  # (grpcio and the generated modules: only when asked for)
+        from .grpc_proxy import GrpcProxy
+        cfg = self.config
         if not self._follows_leader and not self.store.remote.grpc_port:
-            raise ConfigError("grpc_bind: the store node has no gRPC listener (grpc_bind) to proxy to")
-        self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
-        address = await self.grpc_proxy.start(bind[0], bind[1], self._grpc_advertised(bind[0]))
-        self.store.after_relink.append(self.grpc_proxy.leader_moved)
-        log.info("listener started protocol=grpc address=%s", format_address(*address))
+            name = "grpc_bind" if plain is not None else "grpcs_bind"
+            raise ConfigError(f"{name}: the store node has no gRPC listener (grpc_bind) to proxy to")
+        proxy = self.grpc_proxy = GrpcProxy(lambda: self._store_address("grpc"))
+        started = await proxy.start(plain and (plain[0], plain[1], self._grpc_advertised(plain[0])),
+                                    tls and (tls[0], tls[1], self._grpc_advertised(tls[0])),
+                                    key_and_chain(cfg) if tls is not None else None)
+        self.store.after_relink.append(proxy.leader_moved)
+        for name, host, bound in started:
+            log.info("listener started protocol=%s address=%s", name, format_address(host, bound))
+        if cfg.grpc_on_remoting_port and self.remoting is not None:  # (it sniffs HTTP/2's preface, TLS handshakes)
+            shared = SharedPort(proxy.targets.get(False), proxy.targets.get(True))
+            proxy.forwarded = shared.peers
+            host, _, port = self.remoting.advertised.rpartition(":")
+            proxy.shared_endpoints = endpoints_of(host.strip("[]"), int(port))
+            self.remoting.http2_handoff = shared.hand_over
+            self.shared = shared
+            log.info("grpc also on the remoting port address=%s", self.remoting.advertised)
 
     def counts(self) -> dict[str, FailoverCounts]:
         """The RocketMQ relays' failover counts, by protocol (metrics)."""
@@ -85,6 +104,9 @@ class RelayedListeners:
         if self.remoting is not None:
             await self.remoting.close()
             self.remoting = None
+        if self.shared is not None:
+            await self.shared.stop()
+            self.shared = None
         if self.grpc_proxy is not None:
             await self.grpc_proxy.stop()
             self.grpc_proxy = None

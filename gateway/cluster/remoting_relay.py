@@ -24,6 +24,7 @@ from protocols.remoting.frames import FrameReader, RemotingCommand, encode
 from protocols.remoting.relay_memory import RelayMemory
 
 from ..listen import ListeningServer, Servers, listening_sockets
+from ..remoting.connection import HTTP2_START, TLS_START
 from ..remoting.messages import Origin
 from .failover_counts import FailoverCounts
 from .leader_lookup import LeaderLookup
@@ -59,6 +60,9 @@ class RemotingRelay:
         self.connections: set[RelayedRemoting] = set()
         self.counts = FailoverCounts()
         self.tasks: set[asyncio.Task[None]] = set()
+        # (transport, bytes read, peer, its stream writer): takes a connection that opens with HTTP/2's
+        # preface or a TLS handshake instead of a remoting frame (gRPC on this port: rocketmq_grpc/shared_port.py)
+        self.http2_handoff: Callable[[asyncio.Transport, bytes, str, object], None] | None = None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = RelayedRemoting(self, reader, writer)
@@ -107,12 +111,17 @@ class RelayedRemoting:
         self.held: deque[tuple[float, RemotingCommand]] = deque()  # (due, request) while there is no server
         self.expiring: asyncio.Task[None] | None = None
         self.closed = False
+        self.handed_off = False  # the connection is gRPC's (the relay's ``http2_handoff`` took it)
 
     async def run(self) -> None:
         frames = FrameReader(self.relay.max_frame_size)
         timeout: float | None = self.relay.connect_timeout_s
+        first = True
         try:
             while data := await asyncio.wait_for(self.client_reader.read(CHUNK), timeout):
+                if first and self._hand_off(data):
+                    return
+                first = False
                 for command in frames.feed(data):
                     await self._from_client(command)
                 timeout = self.relay.idle_timeout_s or None
@@ -127,6 +136,19 @@ class RelayedRemoting:
         finally:
             self.close()
 
+    def _hand_off(self, first: bytes) -> bool:
+        """Whether the connection's ``first`` bytes open gRPC (no remoting frame is that long),
+        its transport then handed to the relay's ``http2_handoff``."""
+        handoff = self.relay.http2_handoff
+        if handoff is None or not (first[:4] == HTTP2_START or first[:2] == TLS_START) or len(first) >= CHUNK:
+            return False  # (a first read of CHUNK bytes may have left some in the reader: not handed)
+        self.handed_off = True
+        transport = self.client_writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        peer = self.client_writer.get_extra_info("peername")
+        handoff(transport, first, f"{peer[0]}:{peer[1]}" if peer else "", self.client_writer)
+        return True
+
     def close(self) -> None:
         self.closed = True
         self.held.clear()
@@ -134,7 +156,7 @@ class RelayedRemoting:
             if task is not None:
                 task.cancel()
         for writer in (self.client_writer, self.server_writer):
-            if writer is not None:
+            if writer is not None and not (writer is self.client_writer and self.handed_off):
                 writer.transport.abort()
 
     # -- client -> server ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceServicer
 
 from protocols.remoting.properties import TRAN_MSG
-from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, grpc_send, status
+from protocols.rocketmq_grpc.messages import SUPPORTED_TYPES, GrpcRequestError, grpc_send, send_identity, status
 from protocols.rocketmq_grpc.receipts import transaction_id
 from store import StoreError
 
@@ -281,7 +281,8 @@ class MessagingService(MessagingServiceServicer):
                                                          "(at most 127 of [%|a-zA-Z0-9_-])")
             sent = self.broker.put_message(who, send.topic, send.body, checked_properties(send.properties),
                                            queue_id=next(self._next_queue), born_timestamp=send.born_timestamp,
-                                           born_host=send.born_host)
+                                           born_host=send.born_host,
+                                           producer=send_identity(_client_id(context), send.topic, send.message_id))
             results = await sent.future  # (it follows any meta change in the log: held once it is)
         except GrpcRequestError as exc:
             return rpc.SendMessageResponse(status=status(exc.code, str(exc)))

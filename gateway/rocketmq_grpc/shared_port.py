@@ -1,6 +1,7 @@
 """gRPC on the remoting port: a remoting connection that opens with HTTP/2's connection preface
 (or a TLS handshake) is handed here and forwarded, byte for byte, to the gRPC listener's plain
-(or TLS) port over loopback (grpcio's server cannot adopt a socket). Each side's reading pauses while the other's writing is paused;
+(or TLS) port over loopback (grpcio's server cannot adopt a socket): a store node's service, or
+a gateway node's proxy. Each side's reading pauses while the other's writing is paused;
 either side's end closes both. The gRPC service learns the client's own address from
 ``peers`` (its forwarded connection's local address -> the client's)."""
 
@@ -22,6 +23,7 @@ class _Side(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.other: _Side | None = None
         self.pending: list[bytes] = []  # read before the other end is connected
+        self.keep: object = None  # what lives as long as the connection (a stream writer would close it when collected)
 
     def data_received(self, data: bytes) -> None:
         other = self.other
@@ -72,8 +74,9 @@ class SharedPort:
         self.peers: dict[str, str] = {}  # a forwarded connection's local address (grpc's peer) -> the client's
         self._connecting: set[asyncio.Task[None]] = set()
 
-    def hand_over(self, transport: asyncio.Transport, first: bytes, client_peer: str) -> None:
-        """Take over ``transport`` (its connection read ``first`` so far)."""
+    def hand_over(self, transport: asyncio.Transport, first: bytes, client_peer: str, keep: object = None) -> None:
+        """Take over ``transport`` (its connection read ``first`` so far; ``keep``: an object
+        to keep as long as the connection, such as the asyncio stream writer it had)."""
         target = self.tls if first[:1] == TLS_HANDSHAKE else self.plain
         if target is None:
             log.info("grpc forward refused peer=%s tls=%s: no such gRPC port", client_peer, target is self.tls)
@@ -81,6 +84,7 @@ class SharedPort:
             return
         client = _Side()
         client.transport = transport
+        client.keep = keep
         client.pending.append(first)
         transport.set_protocol(client)
         transport.pause_reading()  # (until the gRPC side is connected)

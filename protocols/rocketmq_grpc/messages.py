@@ -8,6 +8,7 @@ gRPC yet are refused with the protocol's code, never stored as another type."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,15 @@ def grpc_send(message: pb.Message) -> GrpcSend:
     if born_ms < 0:
         raise GrpcRequestError(pb.BAD_REQUEST, "the born timestamp is before 1970")
     return GrpcSend(message.topic.name, message.body, properties, born_ms, system.born_host, system.message_id)
+
+
+def send_identity(client_id: str, topic: str, message_id: str) -> tuple[bytes, int]:
+    """The store's idempotent-put number of a send (store/write/idempotence.py): the official
+    clients keep a message's id across their retries, so a retry whose first answer was lost
+    (with a store leader) is answered as the first time, not stored again. Its own producer id
+    per (client, topic, message id), number 1: message ids are not numbers in send order."""
+    digest = hashlib.blake2b(f"{client_id}\0{topic}\0{message_id}".encode(), digest_size=20).hexdigest()
+    return f"grpc:{digest}".encode(), 1
 
 
 def time_ms(value: Any, code: int, what: str) -> int:

@@ -12,10 +12,11 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
 PREFIX = f"/{SERVICE.full_name}/"
 
-# they read, or say again what they said (a heartbeat, an offset): done twice, nothing changes
+# they read, or say again what they said (a heartbeat, an offset), or the server answers them
+# again as the first time (a send, by its message id): done twice, nothing changes
 RESENDABLE = frozenset(PREFIX + name for name in (
     "QueryRoute", "Heartbeat", "QueryAssignment", "NotifyClientTermination", "GetOffset", "QueryOffset",
-    "UpdateOffset"))
+    "UpdateOffset", "SendMessage"))
 
 
 def method_kinds() -> dict[str, tuple[bool, bool]]:

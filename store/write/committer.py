@@ -208,7 +208,7 @@ class GroupCommitter:
     def _mark(self, batch: Batch, groups: list[list[PreparedMessage]], positions: list[int], records: list[bytes],
               store_ts: int) -> None:
         """The numbered puts' marks, right after their records (write/idempotence.py)."""
-        marks = self.marks.marks([fut for _, fut in batch], [len(g) for g in groups], positions, records, store_ts)
+        marks = self.marks.marks([fut for _, fut in batch], groups, positions, records, store_ts)
         if marks is None or self.apply_marks is None:
             return
         try:

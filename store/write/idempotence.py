@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ..errors import InvalidMessageError
 from ..messages import PutResult
 from ..meta.journal import MetaBatch
+from .batching import NESTED, PreparedMessage
 
 PREFIX = b"i"
 MAX_PRODUCER = 64
@@ -74,8 +75,8 @@ def places_in(raw: bytes, seq: int) -> tuple[int, Places] | None:
 
 def find(items_from: Callable[[bytes], Iterator[tuple[bytes, bytes]]], producer: Producer, now_ms: int,
          id_prefix: str) -> list[PutResult] | None:
-    """The results of a numbered put as first answered (without queue offsets: its producer
-    asked for none), from its mark among the last ``LOOKBACK_MIN`` minutes'; None: no mark."""
+    """The results of a numbered put as first answered, without their queue offsets (its
+    records hold them), from its mark among the last ``LOOKBACK_MIN`` minutes'; None: no mark."""
     name, seq = producer
     now_min = now_ms // 60_000
     for minute in range(now_min + 1, now_min - LOOKBACK_MIN - 1, -1):
@@ -106,23 +107,26 @@ class ProducerMarks:
         # a put's number, or one number per message of a put (each message a put of its own)
         self.numbered: dict[asyncio.Future, Producer | list[Producer]] = {}
 
-    def marks(self, futures: Sequence[asyncio.Future], counts: Sequence[int], positions: Sequence[int],
-              records: Sequence[bytes], store_ts: int) -> MetaBatch | None:
-        """One mark per producer for the numbered puts among ``futures`` (each put's ``counts``
-        records, in order, at ``positions``)."""
+    def marks(self, futures: Sequence[asyncio.Future], groups: Sequence[Sequence[PreparedMessage]],
+              positions: Sequence[int], records: Sequence[bytes], store_ts: int) -> MetaBatch | None:
+        """One mark per producer for the numbered puts among ``futures`` (each put's messages
+        ``groups``, their records in order at ``positions``): the places the put's results name
+        (a held message's nested record, as ``put_results`` names it)."""
         numbered = self.numbered
         by_producer: dict[bytes, list[tuple[int, Places]]] = {}
         start = 0
-        for fut, count in zip(futures, counts):
+        for fut, group in zip(futures, groups):
             producer = numbered.pop(fut, None)
-            if isinstance(producer, list):
-                for i, (name, seq) in enumerate(producer, start):
-                    by_producer.setdefault(name, []).append((seq, [(positions[i], len(records[i]))]))
-            elif producer is not None:
-                name, seq = producer
-                places = [(positions[i], len(records[i])) for i in range(start, start + count)]
-                by_producer.setdefault(name, []).append((seq, places))
-            start += count
+            if producer is not None:
+                places = [(positions[i] + NESTED, p.size) if p.hold_kind else (positions[i], len(records[i]))
+                          for i, p in enumerate(group, start)]
+                if isinstance(producer, list):  # (one number per message)
+                    for (name, seq), place in zip(producer, places):
+                        by_producer.setdefault(name, []).append((seq, [place]))
+                else:
+                    name, seq = producer
+                    by_producer.setdefault(name, []).append((seq, places))
+            start += len(group)
         if not by_producer:
             return None
         batch = MetaBatch()
