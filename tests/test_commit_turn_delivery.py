@@ -3,7 +3,8 @@ commits its message, before anything that commit scheduled for later turns (the 
 request, the publisher's acknowledgement, other connections' reads) runs. The probe is a
 callback scheduled as the commit begins: it must find the delivery made and written. In sync
 flush mode the commit's fdatasync is asked for in that turn too, once the delivery is written
-(the woken flusher thread does not take the CPU from it; the confirm waits for it)."""
+(the woken flusher thread does not take the CPU from it; the confirm waits for it). Nor does
+the commit leave a write for a later turn, nor an ack a pump that finds nothing to deliver."""
 
 from __future__ import annotations
 
