@@ -9,9 +9,12 @@ with ``perf_counter_ns`` stamps before handing over to ``python -m gateway``; th
 bench_amqp's latency scenario against it (its line is printed too). Messages come one a
 millisecond, so each publisher read starts one message's record; every stage stamps the first
 time it is reached after that read, in microseconds from the publisher connection's
-``data_received``. The medians (the first 200 messages left out) are printed in the order
-reached, one line per stage. The wrappers cost about a microsecond a stage: compare runs of
-this tool with each other, and the scenario's own p50 with bench_amqp's.
+``data_received``; the first line, negative, is the publisher's send time (the stamp its body
+starts with, CLOCK_MONOTONIC) on the same scale: how long the publish took to be read. The
+medians (the first 200 messages left out) are printed in the order reached, one line per
+stage. The wrappers cost about a microsecond a stage: compare runs of this tool with each
+other, and the scenario's own p50 with bench_amqp's (``loadtest.latency_syscalls`` measures
+TideMQ and RabbitMQ alike from their system calls).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from loadtest.clients.stamps import PAYLOAD_SIZE, STAMP
+
 OUT_ENV = "LOADTEST_STAGE_TIMES"  # where the gateway writes the medians (set by main for serve)
 SKIP = 200  # the first messages (connections warming up) are left out
 
@@ -41,9 +46,11 @@ class StageClock:
         self.out = out
         self.t0: int | None = None
         self.read_at = 0
+        self.read_at_monotonic = 0
         self.publisher: object | None = None
         self.record: dict[str, float] = {}
         self.records: list[dict[str, float]] = []
+        self.sent_ns = 0  # the publisher's send time (CLOCK_MONOTONIC) of the message being followed
 
     def mark(self, stage: str) -> None:
         if self.t0 is not None and stage not in self.record:
@@ -57,6 +64,8 @@ class StageClock:
         self.record = {}
         self.t0 = self.read_at
         self.publisher = connection
+        if self.sent_ns:  # (before t0: a negative figure, how long the publish took to be read)
+            self.record["client sent the publish"] = (self.sent_ns - self.read_at_monotonic) / 1000
 
     def dump(self) -> None:
         by_stage: dict[str, list[float]] = {}
@@ -96,6 +105,9 @@ def install(clock: StageClock) -> None:
     def data_received_stamped(self: Any, data: bytes) -> None:
         consumer = clock.publisher is not None and self is not clock.publisher
         clock.read_at = time.perf_counter_ns()
+        clock.read_at_monotonic = time.monotonic_ns()
+        # one stamped publish a read (1,000 msgs/s): its body is the read's last 64 bytes and frame end
+        clock.sent_ns = STAMP.unpack_from(data, len(data) - 1 - PAYLOAD_SIZE)[2] if len(data) > PAYLOAD_SIZE else 0
         if consumer:
             clock.mark("ack read")
         data_received(self, data)

@@ -3,7 +3,8 @@ commits its message, before anything that commit scheduled for later turns (the 
 request, the publisher's acknowledgement, other connections' reads) runs. The probe is a
 callback scheduled as the commit begins: it must find the delivery made and written. In sync
 flush mode the commit's fdatasync is asked for in that turn too, once the delivery is written
-(the woken flusher thread does not take the CPU from it; the confirm waits for it)."""
+(the woken flusher thread does not take the CPU from it; the confirm waits for it). Nor does
+the commit leave a write for a later turn, nor an ack a pump that finds nothing to deliver."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from gateway.amqp.broker import AMQPBroker
+from gateway.amqp.queues import QueueRuntime
 from store.write.committer import GroupCommitter
 from store.write.durable import SyncFlusher
 
@@ -132,6 +135,93 @@ async def test_the_fdatasync_of_a_commit_is_asked_for_in_its_turn_after_its_amqp
             assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
             assert asked[0] == (1, True)  # asked for once the delivery was written
             assert seen == [(1, 1, True)]  # ... before the commit's next turn
+        finally:
+            await publisher.close()
+            await consumer.close()
+
+
+async def test_a_commit_that_delivers_leaves_no_empty_amqp_write_for_a_later_turn(data_dir: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit's turn writes its deliveries itself: the pump schedules no write of its
+    connections for the next turn that would then find nothing to write."""
+    writes: list[int] = []  # at each write of the connections woken together: how many
+    real_flush = AMQPBroker._flush
+
+    def flush(self: AMQPBroker) -> None:
+        writes.append(len(self._to_flush))
+        real_flush(self)
+
+    async with amqp_gateway(data_dir, flush="sync") as (gw, url):
+        publisher = await aio_pika.connect(url)
+        consumer = await aio_pika.connect(url)
+        try:
+            pub = await publisher.channel(publisher_confirms=True)
+            await pub.declare_queue("one-write", durable=True)
+            sub = await consumer.channel()
+            queue = await sub.declare_queue("one-write", durable=True)
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                await got.put(message.body)
+                await message.ack()
+
+            await queue.consume(on_message)
+            monkeypatch.setattr(AMQPBroker, "_flush", flush)
+            for _ in range(3):
+                await asyncio.wait_for(pub.default_exchange.publish(
+                    aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "one-write"), TIMEOUT)
+                assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+            await asyncio.sleep(0.05)  # (a write scheduled for a later turn has run)
+            assert writes == [1, 1, 1]  # one write a commit, of the consumer's connection
+        finally:
+            await publisher.close()
+            await consumer.close()
+
+
+async def test_an_amqp_ack_pumps_its_queue_only_when_a_message_waits(data_dir: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer held back by its prefetch gets the next message when it acks; an ack with
+    nothing waiting schedules no pump (the next commit delivers): every pump delivers."""
+    pumped: list[int] = []  # deliveries each pump made
+    real_pump = QueueRuntime.pump
+
+    async with amqp_gateway(data_dir, flush="sync") as (gw, url):
+        amqp = gw.amqp
+        assert amqp is not None
+
+        def pump(self: QueueRuntime) -> None:
+            before = amqp.stats.messages_sent
+            real_pump(self)
+            pumped.append(amqp.stats.messages_sent - before)
+
+        publisher = await aio_pika.connect(url)
+        consumer = await aio_pika.connect(url)
+        try:
+            pub = await publisher.channel(publisher_confirms=True)
+            await pub.declare_queue("acked", durable=True)
+            for _ in range(3):  # waiting before the consumer comes
+                await pub.default_exchange.publish(
+                    aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "acked")
+            sub = await consumer.channel()
+            await sub.set_qos(prefetch_count=1)
+            queue = await sub.declare_queue("acked", durable=True)
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                await message.ack()
+                await got.put(message.body)
+
+            monkeypatch.setattr(QueueRuntime, "pump", pump)
+            await queue.consume(on_message)
+            for _ in range(3):
+                assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+            for _ in range(2):  # then one at a time, each acked before the next comes
+                await asyncio.wait_for(pub.default_exchange.publish(
+                    aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "acked"), TIMEOUT)
+                assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+                await asyncio.sleep(0.05)  # (its ack read and handled)
+            assert sum(pumped) == 5
+            assert 0 not in pumped, pumped
         finally:
             await publisher.close()
             await consumer.close()

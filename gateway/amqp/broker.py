@@ -82,6 +82,7 @@ class AMQPBroker:
             self.declarations.amq_topic_changed = mqtt_topics.join(self.amq_topic_queues)
         self._known_views: dict[tuple[int, str, bytes], AMQPView] = {}  # the messages alike share one
         self._to_flush: set[AMQPConnection] = set()  # connections with deliveries to write (flush_soon)
+        self._serving = False  # in _serve_written: it writes the connections itself, at its end
         self._written: dict[QueueRuntime, None] = {}  # queues a commit wrote to, served once it is complete
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False  # between start() and stop(): notify events are acted on
@@ -137,17 +138,21 @@ class AMQPBroker:
         connections' deliveries at once: before anything the commit scheduled (the store's
         fdatasync request, the publishers' confirms) takes the CPU."""
         queues, self._written = self._written, {}
-        for queue in queues:
-            if queue.deleted:
-                continue
-            try:
-                # (the queue cache heard of the commit first, by itself: reads see the new end)
-                if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
-                    self._bound(queue)
-                elif queue.consumers:
-                    queue.pump()
-            except Exception:  # (one queue's failure leaves the others served)
-                log.exception("amqp queue not served queue=%s", queue.name)
+        self._serving = True
+        try:
+            for queue in queues:
+                if queue.deleted:
+                    continue
+                try:
+                    # (the queue cache heard of the commit first, by itself: reads see the new end)
+                    if queue.definition.max_length is not None:  # (whatever protocol wrote: MQTT through amq.topic too)
+                        self._bound(queue)
+                    elif queue.consumers:
+                        queue.pump()
+                except Exception:  # (one queue's failure leaves the others served)
+                    log.exception("amqp queue not served queue=%s", queue.name)
+        finally:
+            self._serving = False
         self._flush()
 
     def stored(self, store_queues: set[str]) -> None:
@@ -201,8 +206,9 @@ class AMQPBroker:
 
     def flush_soon(self, connection: AMQPConnection) -> None:
         """Write the connection's output once the queues woken together have made their
-        deliveries: one write for all its channels' queues, not one a queue."""
-        if not self._to_flush:
+        deliveries: one write for all its channels' queues, not one a queue (in the turn of a
+        commit, at the end of ``_serve_written``; otherwise on the loop's next turn)."""
+        if not self._to_flush and not self._serving:
             asyncio.get_running_loop().call_soon(self._flush)
         self._to_flush.add(connection)
 

@@ -251,7 +251,7 @@ class QueueRuntime:
     def settle(self, offset: int) -> None:
         """An acknowledged (or dropped) delivery."""
         self.group.settled(offset)
-        self.schedule_pump()
+        self._pump_if_ready()
 
     def settle_sent(self, offset: int) -> None:
         """A no-ack delivery, settled as it goes out: the pump that made it goes on by itself."""
@@ -262,8 +262,14 @@ class QueueRuntime:
         settled = self.group.settled
         for offset in offsets:
             settled(offset)
-        self.schedule_pump()
+        self._pump_if_ready()
         self.save()
+
+    def _pump_if_ready(self) -> None:
+        """A settle made room: pump if a message waits for it. With none ready, the commit that
+        stores the next one pumps (a pump after every ack would only find the queue's end)."""
+        if self.ready_count():
+            self.schedule_pump()
 
     def requeue(self, message: StoredMessage) -> None:
         """Given back: delivered again first, with ``redelivered`` set (kept in offset order);
