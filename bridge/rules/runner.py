@@ -206,7 +206,7 @@ class RuleRunner:
                            attempts: int) -> None:
         """The original message to the dead-letter topic, with why; tried until the store takes it.
         ``target``: the label of the target that did not take it ("rule": the rule itself failed)."""
-        topic = event.subject if event is not None else message.topic
+        topic = message.topic
         properties = [(REASON_PROPERTY, reason), (ATTEMPTS_PROPERTY, str(attempts)), (RULE_PROPERTY, self.rule.name),
                       (TARGET_PROPERTY, target), (TOPIC_PROPERTY, topic)]
         if event is not None:
