@@ -2,7 +2,8 @@
 through the delivery core's cursor with the rule's durable consumer offset, its topic filters
 held in the MQTT wildcard filters (so every matching publish of any protocol is indexed into the
 queue it reads), the store's notify waking it, and the MQTT publish path for its topic and
-dead-letter targets. The one module of the gateway that knows the engine."""
+dead-letter targets; the event schemas the engine keeps. The one module of the gateway that
+knows the engine."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.rules.book import TABLE, RuleBook
 from bridge.rules.engine import RulesEngine
+from bridge.rules.schemas import TABLE as SCHEMAS_TABLE
+from bridge.rules.schemas import VERSIONS_TABLE, SchemaBook
 from bridge.rules.targets.topic import Republished
 from protocols.mqtt.packets import Publish
 from protocols.mqtt.properties import Properties
@@ -89,7 +92,8 @@ class Rules:
     """The running engine and the notify feed that wakes its rules."""
 
     def __init__(self, store: MessageStore, mqtt: MQTTBroker) -> None:
-        self.engine = RulesEngine(RuleBook(store.table(TABLE)), GatewayRuleHost(store, mqtt))
+        schemas = SchemaBook(store.table(SCHEMAS_TABLE), store.table(VERSIONS_TABLE))
+        self.engine = RulesEngine(RuleBook(store.table(TABLE)), GatewayRuleHost(store, mqtt), schemas)
         self._store = store
         self._feed: asyncio.Task[None] | None = None
 

@@ -1,7 +1,7 @@
 """The rules engine, the front door of ``bridge/rules`` for the gateway: the rules the store keeps
 (and the configuration declares), one ``RuleRunner`` each, and the admin operations on them --
-create, change, pause, resume, delete, list. The gateway gives it a ``RuleHost``: the durable
-cursors on its queues and its publish path.
+create, change, pause, resume, delete, list -- and the event schemas they check. The
+gateway gives it a ``RuleHost``: the durable cursors on its queues and its publish path.
 
 Errors at this seam are the standard ones, so callers need not import this package's:
 ``LookupError`` (no such rule) and ``ValueError`` (a definition refused; a
@@ -19,6 +19,7 @@ from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
+from .schemas import SchemaBook
 from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
 from .targets.mqtt_options import MqttBridgeOptions
 from .targets.postgres_options import PostgresOptions
@@ -55,9 +56,10 @@ class _Rule:
 
 
 class RulesEngine:
-    def __init__(self, book: RuleBook, host: RuleHost) -> None:
+    def __init__(self, book: RuleBook, host: RuleHost, schemas: SchemaBook) -> None:
         self._book = book
         self._host = host
+        self.schemas = schemas
         self._rules: dict[str, _Rule] = {}
         self._readers: dict[str, list[RuleRunner]] = {}  # queue -> the runners reading it
         self._changing = asyncio.Lock()  # one admin operation at a time (each stops a runner before the next)
@@ -73,6 +75,7 @@ class RulesEngine:
                 rule = parse_definition(name, raw)
             except RuleDefinitionError as exc:
                 raise RuleDefinitionError(f"rule {name!r}: {exc.path}", exc.reason) from None
+            self._check_schema(rule, f"rule {name!r}: $.schema")
             if name not in rules or rules[name].source_json != rule.source_json:
                 self._book.save(rule)
                 rules[name] = rule
@@ -104,6 +107,7 @@ class RulesEngine:
             if name in self._rules:
                 raise RuleDefinitionError("$.name", f"a rule named {name!r} exists (change it, or delete it first)")
             rule = parse_definition(name, raw)
+            self._check_schema(rule)
             self._book.save(rule)
             self._run(rule, RuleCounters(), resume=False)
         log.info("rule created rule=%s sources=%s", name, ",".join(rule.sources))
@@ -117,6 +121,7 @@ class RulesEngine:
     async def _change(self, name: str, raw: Any) -> dict[str, Any]:
         old = self._existing(name)
         rule = parse_definition(name, raw)
+        self._check_schema(rule)
         self._book.save(rule)
         await self._retire(name)
         # (no await from here on: no publish comes between the old holds' release and the new ones)
@@ -139,6 +144,23 @@ class RulesEngine:
         self._run(rule, old.counters, resume=True)
         log.info("rule %s rule=%s", "paused" if paused else "resumed", name)
         return self.get(name)  # type: ignore[return-value]
+
+    # -- the event schemas -----------------------------------------------------------------------
+    def put_schema(self, name: str, schema: Any) -> dict[str, Any]:
+        """A new version of schema ``name`` (ValueError: not a JSON Schema, or a bad name)."""
+        return self.schemas.put(name, schema)
+
+    def delete_schema(self, name: str) -> None:
+        """LookupError: no such schema; ValueError: a rule names it (change the rule first)."""
+        users = sorted(n for n, r in self._rules.items() if r.definition.schema == name)
+        if users:
+            raise RuleDefinitionError("$", f"the rules {', '.join(users)} name the schema {name!r}: change them first")
+        if not self.schemas.delete(name):
+            raise LookupError(f"no schema named {name!r}")
+
+    def _check_schema(self, rule: RuleDefinition, path: str = "$.schema") -> None:
+        if rule.schema is not None and self.schemas.get(rule.schema) is None:
+            raise RuleDefinitionError(path, f"no schema named {rule.schema!r} (PUT /admin/schemas/{rule.schema})")
 
     async def delete(self, name: str) -> None:
         async with self._changing:
@@ -167,7 +189,7 @@ class RulesEngine:
                 self._host.close_source(topic_filter, consumer)
             raise
         targets = [self._target(rule, i, t) for i, t in enumerate(rule.targets)]
-        runner = RuleRunner(rule, sources, targets, self._host.republish, counters)
+        runner = RuleRunner(rule, sources, targets, self._host.republish, counters, self.schemas)
         self._rules[rule.name] = _Rule(rule, runner, counters)
         for queue in runner.queues:
             self._readers.setdefault(queue, []).append(runner)

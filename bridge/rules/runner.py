@@ -17,6 +17,7 @@ from store import StoreError, StoredMessage, now_ms
 
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
+from .schemas import Violation
 from .targets import BatchTarget, Outcome, Target
 from .targets.topic import Republish, Republished
 from .transforms import Payload
@@ -52,6 +53,12 @@ class EventSource(Protocol):
         ...
 
 
+class SchemaCheck(Protocol):
+    """The event schemas (``schemas.SchemaBook``)."""
+
+    def check(self, name: str, data: Any, *, required: bool = False) -> Violation | None: ...
+
+
 @dataclass(slots=True)
 class RuleCounters:
     matched: int = 0
@@ -63,8 +70,9 @@ class RuleCounters:
 
 class RuleRunner:
     def __init__(self, rule: RuleDefinition, sources: Sequence[EventSource], targets: Sequence[Target],
-                 republish: Republish, counters: RuleCounters) -> None:
+                 republish: Republish, counters: RuleCounters, schemas: SchemaCheck) -> None:
         self.rule = rule
+        self._schemas = schemas
         self.sources = list(sources)
         self.targets = list(targets)
         self._republish = republish
@@ -152,6 +160,11 @@ class RuleRunner:
             await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
             return None
         self.counters.matched += 1
+        schema = self.rule.schema
+        violation = self._schemas.check(schema or event.type, event.data, required=schema is not None)
+        if violation is not None:  # (an event the schema refuses reaches no target)
+            await self._dead_letter(message, event, f"schema:{violation.name}", str(violation), 0)
+            return None
         return message, event, payload
 
     async def _deliver_batch(self, target: BatchTarget, items: list[tuple[CloudEvent, Payload]]) -> int:
