@@ -55,12 +55,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     trace.add_argument("--key", help="a key the message was published with")
     rules = what.add_parser("rules", parents=[after],
                             help="event rules: list (state, matched, delivered, retried, dead_lettered, lag), "
-                                 "show, create, change, pause, resume, delete")
+                                 "show, create, change, pause, resume, replay, delete")
     rules.add_argument("action", nargs="?", default="list",
-                       choices=("list", "show", "create", "change", "pause", "resume", "delete"))
+                       choices=("list", "show", "create", "change", "pause", "resume", "replay", "delete"))
     rules.add_argument("name", nargs="?", help="the rule (every action but list)")
     rules.add_argument("--file", help="create, change: the rule's definition, a JSON file (- : standard input); "
                                       "see docs/rules.md")
+    rules.add_argument("--from", dest="from_time", metavar="TIME",
+                       help="replay: from the first message stored at or after TIME (RFC 3339, such as "
+                            "2026-11-29T10:00:00Z)")
+    rules.add_argument("--offset", type=int, help="replay: from this offset of the rule's source queue (a rule of "
+                                                  "one source)")
     schemas = what.add_parser("schemas", parents=[after],
                               help="event schemas (JSON Schema per event type): list, show, put, delete")
     schemas.add_argument("action", nargs="?", default="list", choices=("list", "show", "put", "delete"))
@@ -178,6 +183,12 @@ def _rules(args: argparse.Namespace) -> Any:
         if args.action == "create":
             return _call(args, "POST", "/admin/rules", {**definition, "name": args.name})
         return _call(args, "PUT", path, definition)
+    if args.action == "replay":
+        if (args.from_time is None) == (args.offset is None):
+            raise CtlError("rules replay: give --from TIME or --offset N", 400)
+        point = {"from": args.from_time} if args.from_time is not None else {"offset": args.offset}
+        row = _call(args, "POST", f"{path}/replay", point)
+        return row if args.json else {k: row[k] for k in (*RULE_COLUMNS, "replayed_from")}
     if args.action == "show":
         return _call(args, "GET", path)
     if args.action == "delete":

@@ -83,6 +83,18 @@ class GatewayRuleHost:
     def close_source(self, topic_filter: str, consumer: str) -> None:
         self._mqtt.wildcards.release(topic_filter, consumer)
 
+    def queue_of(self, topic_filter: str) -> str:
+        return queue_for_filter(topic_filter)
+
+    def offsets_of(self, queue: str) -> tuple[int, int]:
+        return self._store.min_offset_now(queue), self._store.max_offset_now(queue)
+
+    async def offset_at_time(self, queue: str, timestamp_ms: int) -> int:
+        return await self._store.offset_for_timestamp(queue, timestamp_ms)  # (as remoting's SEARCH_OFFSET_BY_TIMESTAMP)
+
+    def save_offset(self, consumer: str, queue: str, offset: int) -> None:
+        self._store.save_offset_now(consumer, queue, offset)
+
     async def republish(self, messages: Sequence[Republished]) -> None:
         await self._mqtt.publish([Publish(m.topic, m.body, m.qos, False, properties=Properties(
             content_type=m.content_type, user_properties=list(m.user_properties))) for m in messages], PUBLISHER_ID)

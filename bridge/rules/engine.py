@@ -1,6 +1,6 @@
 """The rules engine, the front door of ``bridge/rules`` for the gateway: the rules the store keeps
 (and the configuration declares), one ``RuleRunner`` each, and the admin operations on them --
-create, change, pause, resume, delete, list -- and the event schemas they check. The
+create, change, pause, resume, replay, delete, list -- and the event schemas they check. The
 gateway gives it a ``RuleHost``: the durable cursors on its queues and its publish path.
 
 Errors at this seam are the standard ones, so callers need not import this package's:
@@ -45,6 +45,22 @@ class RuleHost(Protocol):
 
     def close_source(self, topic_filter: str, consumer: str) -> None:
         """Release the hold ``open_source`` took."""
+        ...
+
+    def queue_of(self, topic_filter: str) -> str:
+        """The store queue ``open_source`` reads for ``topic_filter``."""
+        ...
+
+    def offsets_of(self, queue: str) -> tuple[int, int]:
+        """The queue's first readable offset and the offset its next message will get."""
+        ...
+
+    def offset_at_time(self, queue: str, timestamp_ms: int) -> Awaitable[int]:
+        """The first offset of ``queue`` stored at or after ``timestamp_ms`` (its end if none)."""
+        ...
+
+    def save_offset(self, consumer: str, queue: str, offset: int) -> None:
+        """Set the durable cursor ``consumer`` of ``queue`` at ``offset``, written through."""
         ...
 
 
@@ -144,6 +160,35 @@ class RulesEngine:
         self._run(rule, old.counters, resume=True)
         log.info("rule %s rule=%s", "paused" if paused else "resumed", name)
         return self.get(name)  # type: ignore[return-value]
+
+    async def replay(self, name: str, *, from_ms: int | None = None, offset: int | None = None) -> dict[str, Any]:
+        """Move the rule's cursors: to the first message stored at or after ``from_ms`` in each
+        source queue, or to ``offset`` (a rule of one source); what follows is delivered (again).
+        ValueError when the point is refused (none or both given, an offset past the queue's end)."""
+        if (from_ms is None) == (offset is None):
+            raise RuleDefinitionError("$", "give one of from (a time) and offset")
+        async with self._changing:
+            old = self._existing(name)
+            queues = [self._host.queue_of(topic_filter) for topic_filter in old.definition.sources]
+            if offset is not None:
+                if len(queues) != 1:
+                    raise RuleDefinitionError("$.offset", f"the rule reads {len(queues)} queues: an offset is of "
+                                                          "one queue; replay from a time")
+                low, high = self._host.offsets_of(queues[0])
+                if not 0 <= offset <= high:
+                    raise RuleDefinitionError("$.offset", f"{offset} is not in the queue {queues[0]}: its offsets are "
+                                                          f"{low} to {high}")
+                points = {queues[0]: max(offset, low)}
+            else:
+                assert from_ms is not None
+                points = {queue: await self._host.offset_at_time(queue, from_ms) for queue in queues}
+            await self._retire(name)
+            # (no await from here on, as in a change: the holds are taken again in this turn)
+            for queue, point in points.items():
+                self._host.save_offset(CONSUMER_PREFIX + name, queue, point)
+            self._run(old.definition, old.counters, resume=True)
+        log.info("rule replayed rule=%s from=%s", name, ",".join(f"{q}@{o}" for q, o in points.items()))
+        return {**self.get(name), "replayed_from": points}  # type: ignore[dict-item]
 
     # -- the event schemas -----------------------------------------------------------------------
     def put_schema(self, name: str, schema: Any) -> dict[str, Any]:
