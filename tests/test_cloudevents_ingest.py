@@ -3,7 +3,7 @@ SDK's HTTP messages -- binary, structured and a batch -- posted with aiohttp to
 ``/data/events/{topic}``, seen by an MQTT 5.0 subscriber (the attributes as ``ce-`` user
 properties) and by a rule, whose webhook gets each event with its own attributes; malformed
 events refused with a 400 and nothing of their request stored; credentials and the ACL as for
-the rest of ``/data/``."""
+the rest of ``/data/``; MQTT and AMQP publishers that send the ``ce-`` properties themselves."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ import base64
 import json
 from pathlib import Path
 
+import aio_pika
 import aiohttp
 from cloudevents.core.bindings.http import to_binary, to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
 
 from gateway.auth import PasswordFile
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .rules_support import Webhook, call
-from .test_rules import admin_url
+from .test_rules import admin_url, amqp_url
 
 CREATED = "com.example.order.created"
 
@@ -187,3 +190,43 @@ async def test_an_event_larger_than_a_request_may_be_is_refused(data_dir: Path) 
                                      "Content-Type": "application/octet-stream"})
         assert status == 413 and "bytes" in answer["error"], answer
         assert gw.store.max_offset_now("t:orders/x") == 0
+
+
+async def test_mqtt_and_amqp_publishers_sending_ce_properties_are_seen_by_a_rule_as_their_cloudevents(
+        data_dir: Path) -> None:
+    """The binary mapping read back on every protocol's path: an MQTT 5.0 publish with ``ce-``
+    user properties and an AMQP publish with ``ce-`` headers reach a webhook with their own id,
+    source, type and extensions; a partial set (no ce-type) is a plain message."""
+    hook = Webhook()
+    await hook.up()
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", amqp_bind="127.0.0.1:0") as gw:
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "bus", "sources": ["bus/#"], "targets": [{"type": "webhook", "url": hook.url}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "dev", version=5)
+        await device.connect()
+        properties = PahoProperties(PacketTypes.PUBLISH)
+        properties.UserProperty = [("ce-specversion", "1.0"), ("ce-id", "m-1"), ("ce-source", "/devices/d1"),
+                                   ("ce-type", CREATED), ("ce-site", "berlin")]
+        await device.publish("bus/a", json.dumps({"n": 1}), 1, properties=properties)
+        conn = await aio_pika.connect(amqp_url(gw))
+        exchange = await (await conn.channel()).get_exchange("amq.topic")
+        await exchange.publish(aio_pika.Message(b'{"n": 2}', content_type="application/json", headers={
+            "ce-specversion": "1.0", "ce-id": "a-1", "ce-source": "/apps/billing", "ce-type": CREATED,
+            "ce-subject": "invoice-7"}), "bus.b")
+        partial = PahoProperties(PacketTypes.PUBLISH)
+        partial.UserProperty = [("ce-specversion", "1.0"), ("ce-id", "p-1"), ("ce-source", "/x")]
+        await device.publish("bus/c", json.dumps({"n": 3}), 1, properties=partial)
+        first, second, third = await hook.wait_for(3)
+        assert (first.headers["ce-id"], first.headers["ce-source"], first.headers["ce-type"]) == (
+            "m-1", "/devices/d1", CREATED)
+        assert first.headers["ce-site"] == "berlin" and "ce-subject" not in first.headers
+        assert first.headers["ce-protocol"] == "mqtt" and first.headers["ce-topic"] == "bus/a"
+        assert (second.headers["ce-id"], second.headers["ce-source"], second.headers["ce-subject"]) == (
+            "a-1", "/apps/billing", "invoice-7")
+        assert second.headers["ce-protocol"] == "amqp"
+        assert third.headers["ce-id"] != "p-1" and third.headers["ce-type"] == "tidemq.mqtt.message"
+        assert third.headers["ce-source"] == "/mqtt/clients/dev"
+        await device.disconnect()
+        await conn.close()
+    await hook.down()
