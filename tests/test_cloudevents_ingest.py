@@ -146,6 +146,11 @@ async def test_malformed_events_are_refused_and_nothing_of_their_request_is_stor
         assert dict(message.properties.UserProperty)["ce-id"] == "last"
         await asyncio.sleep(0.2)
         assert app.messages.empty()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}/metrics") as response:
+                metrics = await response.text()
+        assert 'tidemq_cloudevents_total{result="stored"} 1.0' in metrics
+        assert f'tidemq_cloudevents_total{{result="malformed"}} {float(len(MALFORMED))}' in metrics
         await app.disconnect()
 
 

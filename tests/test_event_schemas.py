@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
 import aio_pika
@@ -92,6 +93,9 @@ async def test_cloudevents_in_are_checked_against_the_schema_of_their_type(data_
         assert json.loads(message.payload) == {"temp": 21.5}
         await asyncio.sleep(0.2)
         assert app.messages.empty()
+        metrics = (await asyncio.to_thread(urllib.request.urlopen, url + "/metrics", None, 10)).read().decode()
+        assert 'tidemq_cloudevents_total{result="schema"} 3.0' in metrics
+        assert 'tidemq_cloudevents_total{result="stored"} 1.0' in metrics
         await app.disconnect()
 
 

@@ -58,8 +58,9 @@ class HttpServer:
         data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
         self.registry.register(publish.collector())  # tidemq_data_publish_*
         # POST /data/events/{topic}: CloudEvents in (event_ingest.py), checked against the event schemas
-        event_ingest.add_routes(app, deps.brokers.mqtt, self.access, deps.status, deps.pressure,
-                                deps.rules.schemas if deps.rules is not None else None)
+        ingest = event_ingest.add_routes(app, deps.brokers.mqtt, self.access, deps.status, deps.pressure,
+                                         deps.rules.schemas if deps.rules is not None else None)
+        self.registry.register(event_ingest.IngestCollector(ingest))  # tidemq_cloudevents_total
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)

@@ -11,9 +11,12 @@ is stored. Authenticated as the rest of ``/data/``, with the caller's publish ri
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from protocols.cloudevents import CloudEventError, Envelope, from_http, to_properties
 from protocols.mqtt.packets import Publish
@@ -39,8 +42,10 @@ PACKET_OVERHEAD = 16  # a PUBLISH's fixed header, topic length and packet id, ro
 
 
 def add_routes(app: web.Application, mqtt: MQTTBroker | None, access: DataAccess, status: Status,
-               pressure: StorePressure | None, schemas: EventSchemas | None) -> None:
-    app.router.add_post("/data/events/{topic:.+}", EventIngest(mqtt, access, status, pressure, schemas).post)
+               pressure: StorePressure | None, schemas: EventSchemas | None) -> EventIngest:
+    ingest = EventIngest(mqtt, access, status, pressure, schemas)
+    app.router.add_post("/data/events/{topic:.+}", ingest.post)
+    return ingest
 
 
 class EventIngest:
@@ -51,6 +56,7 @@ class EventIngest:
         self.status = status
         self.pressure = pressure
         self.schemas = schemas
+        self.counts: Counter[str] = Counter()  # events by outcome: stored, malformed, schema
 
     async def post(self, request: web.Request) -> web.Response:
         broker, schemas = self.mqtt, self.schemas
@@ -75,6 +81,7 @@ class EventIngest:
         try:
             events = from_http(request.headers.get("Content-Type", ""), request.headers, body)
         except CloudEventError as exc:
+            self.counts["malformed"] += 1
             raise AdminError(400, f"not a valid CloudEvent: {exc.reason}") from None
         if len(events) > MAX_EVENTS:
             raise AdminError(413, f"at most {MAX_EVENTS} events per batch")
@@ -83,6 +90,7 @@ class EventIngest:
             where = f"event [{i}] " if len(events) > 1 else "the event "
             violation = schemas.check_body(str(event.attributes["type"]), event.data, event.content_type)
             if violation is not None:
+                self.counts["schema"] += 1
                 raise AdminError(400, f"{where}does not fit its schema: {violation}")
             publish = _publish(topic, event)
             if _size(publish) > broker.settings.max_packet_size:
@@ -95,6 +103,7 @@ class EventIngest:
             except StoreError as exc:
                 log.error("cloudevents not stored count=%d error=%s", len(publishes), exc)
                 raise AdminError(503, f"not stored, retry: {exc}") from None
+        self.counts["stored"] += len(publishes)
         return web.json_response({"topic": topic, "stored": len(publishes),
                                   "ids": [str(event.attributes["id"]) for event in events]})
 
@@ -108,3 +117,21 @@ def _size(publish: Publish) -> int:
     properties = publish.properties
     extra = sum(len(k) + len(v) + 5 for k, v in properties.user_properties) + len(properties.content_type or "")
     return len(publish.payload) + len(publish.topic.encode()) + extra + PACKET_OVERHEAD
+
+
+class IngestCollector:
+    """``tidemq_cloudevents_total``: events stored, and requests refused as malformed or for a
+    schema."""
+
+    def __init__(self, ingest: EventIngest) -> None:
+        self.ingest = ingest
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("tidemq_cloudevents", "CloudEvents POSTed to /data/events/ by outcome (stored: "
+                                     "events; malformed, schema: requests refused)", labels=["result"])
+        for result in ("stored", "malformed", "schema"):
+            family.add_metric([result], self.ingest.counts[result])
+        yield family
