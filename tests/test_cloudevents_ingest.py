@@ -118,6 +118,11 @@ MALFORMED = [
      json.dumps([{"specversion": "1.0", "id": "1", "source": "/s", "type": CREATED},
                  {"specversion": "1.0", "id": "2", "type": CREATED}]).encode(), "event [1] of the batch"),
     ("a batch that is no array", "application/cloudevents-batch+json", {}, b"{}", "a JSON array"),
+    ("a lone surrogate in an attribute", "application/cloudevents+json", {},
+     json.dumps({"specversion": "1.0", "id": "\ud800", "source": "/s", "type": CREATED}).encode(), "not UTF-8"),
+    ("a lone surrogate in the data", "application/cloudevents+json", {},
+     json.dumps({"specversion": "1.0", "id": "1", "source": "/s", "type": CREATED, "data": {"a": "\udfff"}}).encode(),
+     "not UTF-8"),
     ("a format not read here", "application/cloudevents+avro", {}, b"\x00", "not read here"),
 ]
 
@@ -131,6 +136,13 @@ async def test_malformed_events_are_refused_and_nothing_of_their_request_is_stor
         for what, content_type, headers, body, words in MALFORMED:
             status, answer = await post(base, "orders/x", body, {"Content-Type": content_type, **headers})
             assert status == 400 and words in answer["error"], (what, answer)
+        # a header of bytes that are not UTF-8 (what aiohttp's client would not send): over a raw socket
+        reader, writer = await asyncio.open_connection(*gw.metrics_address)
+        writer.write(b"POST /data/events/orders/x HTTP/1.1\r\nHost: gw\r\nConnection: close\r\nContent-Length: 1\r\n"
+                     b"ce-specversion: 1.0\r\nce-id: 1\r\nce-type: t\r\nce-source: /a\xff\r\n\r\nx")
+        answer_bytes = await reader.read()
+        writer.close()
+        assert answer_bytes.startswith(b"HTTP/1.1 400 ") and b"not UTF-8" in answer_bytes, answer_bytes
         status, answer = await post(base, "$SYS/x", *_good())
         assert status == 400 and "reserved" in answer["error"], answer
         status, answer = await post(base, "orders/%2B", *_good())  # "orders/+": no topic name
@@ -150,7 +162,7 @@ async def test_malformed_events_are_refused_and_nothing_of_their_request_is_stor
             async with session.get(f"{base}/metrics") as response:
                 metrics = await response.text()
         assert 'tidemq_cloudevents_total{result="stored"} 1.0' in metrics
-        assert f'tidemq_cloudevents_total{{result="malformed"}} {float(len(MALFORMED))}' in metrics
+        assert f'tidemq_cloudevents_total{{result="malformed"}} {float(len(MALFORMED) + 1)}' in metrics
         await app.disconnect()
 
 

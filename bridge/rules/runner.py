@@ -153,18 +153,19 @@ class RuleRunner:
             view = event.for_matching()
             if not self.rule.pattern.matches(view):
                 return None
-            payload = self.rule.transform.apply(event, view)
+            schema = self.rule.schema
+            violation = self._schemas.check(schema or event.type, event.data, required=schema is not None)
+            payload = self.rule.transform.apply(event, view) if violation is None else None
         except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
             log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
                           message.queue_offset)
             await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
             return None
         self.counters.matched += 1
-        schema = self.rule.schema
-        violation = self._schemas.check(schema or event.type, event.data, required=schema is not None)
         if violation is not None:  # (an event the schema refuses reaches no target)
             await self._dead_letter(message, event, f"schema:{violation.name}", str(violation), 0)
             return None
+        assert payload is not None
         return message, event, payload
 
     async def _deliver_batch(self, target: BatchTarget, items: list[tuple[CloudEvent, Payload]]) -> int:

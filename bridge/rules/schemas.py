@@ -159,6 +159,8 @@ class SchemaBook:
             error = best_match(entry.validator.iter_errors(data))
         except referencing.exceptions.Unresolvable as exc:
             return Violation(name, entry.version, f"the schema refers to what cannot be resolved: {exc}")
+        except RecursionError:
+            return Violation(name, entry.version, "the data is nested too deep to be checked")
         if error is None:
             return None
         return Violation(name, entry.version, f"{error.json_path}: {_short(error.message)}")

@@ -38,7 +38,11 @@ def check_attributes(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]
             continue
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise CloudEventError(f"attribute name {name!r}: lower-case letters a-z and digits only")
-        if isinstance(value, bool) or (isinstance(value, str) and value):
+        if isinstance(value, str) and value:
+            if not is_utf8(value):
+                raise CloudEventError(f"attribute {name}: not UTF-8 text (it holds a lone surrogate)")
+            out[name] = value
+        elif isinstance(value, bool):
             out[name] = value
         elif isinstance(value, int):
             if not INT32[0] <= value <= INT32[1]:
@@ -61,6 +65,16 @@ def check_attributes(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]
     if "time" in out:
         _check_time(str(out["time"]))
     return out
+
+
+def is_utf8(text: str) -> bool:
+    """The text can be written as UTF-8 (it holds no lone surrogate, which JSON escapes and
+    undecodable header bytes may bring)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_time(text: str) -> None:

@@ -41,9 +41,14 @@ def read_structured(document: Any) -> tuple[dict[str, AttributeValue], bytes]:
         return attributes, b""
     if content_type is None:
         attributes["datacontenttype"] = content_type = DEFAULT_CONTENT_TYPE
-    if isinstance(data, str) and not is_json_type(str(content_type)):
-        return attributes, data.encode()
-    return attributes, json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        if isinstance(data, str) and not is_json_type(str(content_type)):
+            return attributes, data.encode()
+        return attributes, json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise CloudEventError("data: not UTF-8 text (it holds a lone surrogate)") from None
+    except RecursionError:
+        raise CloudEventError("data: nested too deep") from None
 
 
 def structured_document(attributes: dict[str, Any], content_type: str | None, body: bytes) -> dict[str, Any]:
