@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -153,3 +154,27 @@ async def test_a_rule_sends_matched_events_that_do_not_fit_the_schema_to_the_dea
         await ops.disconnect()
         await conn.close()
     await hook.down()
+
+
+async def test_a_schema_nested_too_deep_is_refused_and_the_gateway_goes_on(data_dir: Path) -> None:
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        url = admin_url(gw)
+        deep = '{"items": ' * 5000 + "{}" + "}" * 5000
+        request = urllib.request.Request(f"{url}/admin/schemas/deep", data=deep.encode(), method="PUT")
+        status, answer = await asyncio.to_thread(_send, request)
+        assert status == 400, answer
+        schema = {"items": {}}
+        for _ in range(600):
+            schema = {"items": schema}
+        status, answer = await call(url, "PUT", "/admin/schemas/deep", schema)
+        assert status == 400 and "nested too deep" in answer["error"], answer  # (JSON, but past what is checked)
+        status, answer = await call(url, "PUT", f"/admin/schemas/{READING}", SCHEMA)
+        assert status == 201, answer
+
+
+def _send(request: urllib.request.Request) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -82,6 +82,8 @@ def compile_schema(schema: Any) -> Validator:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise SchemaError(f"not a valid JSON Schema: {exc.json_path}: {_short(exc.message)}") from None
+    except RecursionError:
+        raise SchemaError("not a JSON Schema that can be checked: nested too deep") from None
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 

@@ -56,8 +56,9 @@ class SchemasApi:
         engine = self._engine()
         try:
             schema = json.loads(await request.read())
-        except ValueError as exc:
-            raise AdminError(400, f"the body is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise AdminError(400, f"the body is not JSON: {exc!r}" if isinstance(exc, RecursionError)
+                             else f"the body is not JSON: {exc}") from None
         try:
             row = engine.put_schema(request.match_info["name"], schema)
         except ValueError as exc:
