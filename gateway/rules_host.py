@@ -21,6 +21,7 @@ from protocols.mqtt.packets import Publish
 from protocols.mqtt.properties import Properties
 from store import StoredMessage
 
+from .config import ConfigError
 from .core.cursor import Cursor
 from .core.group import group_start
 from .interop import queue_for_filter
@@ -109,9 +110,17 @@ class Rules:
         self._store = store
         self._feed: asyncio.Task[None] | None = None
 
-    def start(self, declared: Mapping[str, Any]) -> None:
-        """Run the stored and ``declared`` rules (ValueError: a declared one is bad)."""
-        self.engine.start(declared)
+    def start(self, declared: Mapping[str, Any], schemas: Mapping[str, Any]) -> None:
+        """Store the ``schemas`` declared, then run the stored and ``declared`` rules (ConfigError
+        of event_schemas or event_rules: a declared one is bad)."""
+        try:
+            self.engine.declare_schemas(schemas)
+        except ValueError as exc:
+            raise ConfigError(f"event_schemas: {exc}", "event_schemas") from None
+        try:
+            self.engine.start(declared)
+        except ValueError as exc:
+            raise ConfigError(f"event_rules: {exc}", "event_rules") from None
         self._feed = asyncio.get_running_loop().create_task(self._store.subscribe_notify().feed(self.engine.wake),
                                                              name="rules-notify")
 

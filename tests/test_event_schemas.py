@@ -13,9 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import aio_pika
+import pytest
 from cloudevents.core.bindings.http import to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+
+from gateway.config import ConfigError, load_config
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .rules_support import Webhook, call
@@ -178,3 +181,35 @@ def _send(request: urllib.request.Request) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+async def test_schemas_declared_in_the_config_file_are_stored_before_the_rules_that_name_them(
+        data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text(json.dumps({"type": "array"}))
+    settings = tmp_path / "tidemq.toml"
+    settings.write_text(f"""
+[event_schemas]
+"{READING}" = {{ type = "object", required = ["temp"], properties = {{ temp = {{ type = "number" }} }} }}
+other = "{tmp_path / 'other.json'}"
+
+[event_rules.named]
+sources = ["sensors/#"]
+schema = "{READING}"
+targets = [{{ type = "topic", topic = "checked/all" }}]
+""")
+    cfg = load_config(settings, env={})
+    async with running_gateway(data_dir, event_schemas=cfg.event_schemas, event_rules=cfg.event_rules) as gw:
+        assert gw.rules.engine.schemas.list() == [{"name": READING, "version": 1}, {"name": "other", "version": 1}]
+        assert gw.rules.engine.schemas.get(READING)["schema"] == SCHEMA
+        assert gw.rules.engine.get("named")["state"] == "running"
+    async with running_gateway(data_dir, event_schemas=cfg.event_schemas) as gw:  # the same: no new version
+        assert gw.rules.engine.schemas.list() == [{"name": READING, "version": 1}, {"name": "other", "version": 1}]
+    changed = json.dumps({READING: SCHEMA_V2})
+    async with running_gateway(data_dir, event_schemas=changed) as gw:
+        assert gw.rules.engine.schemas.get(READING) == {"name": READING, "version": 2, "schema": SCHEMA_V2}
+    with pytest.raises(ConfigError, match=r"event_schemas: schema 'bad': not a valid JSON Schema: \$\.type"):
+        async with running_gateway(data_dir, event_schemas=json.dumps({"bad": {"type": "nope"}})):
+            pass
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ConfigError, match="event_schemas: 'x': cannot read the JSON Schema in"):
+        load_config(settings, env={"TIDEMQ_EVENT_SCHEMAS": json.dumps({"x": str(tmp_path / "broken.json")})})

@@ -19,7 +19,7 @@ from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
-from .schemas import SchemaBook
+from .schemas import SchemaBook, SchemaError
 from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
 from .targets.mqtt_options import MqttBridgeOptions
 from .targets.postgres_options import PostgresOptions
@@ -81,6 +81,17 @@ class RulesEngine:
         self._changing = asyncio.Lock()  # one admin operation at a time (each stops a runner before the next)
 
     # -- life ------------------------------------------------------------------------------------
+    def declare_schemas(self, declared: Mapping[str, Any]) -> None:
+        """Store the ``declared`` schemas (the configuration's) as their next version where they
+        differ from the current one (SchemaError naming the schema: a declared one is bad)."""
+        for name, schema in declared.items():
+            current = self.schemas.get(name)
+            if current is None or current["schema"] != schema:
+                try:
+                    self.schemas.put(name, schema)
+                except SchemaError as exc:
+                    raise SchemaError(f"schema {name!r}: {exc.reason}") from None
+
     def start(self, declared: Mapping[str, Any]) -> None:
         """Run the stored rules, with the ``declared`` ones (the configuration's) stored first
         where they differ (RuleDefinitionError: a declared one is bad; nothing started)."""
