@@ -18,7 +18,8 @@ from cloudevents.core.bindings.http import to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from gateway.config import ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config
+from gateway.server import Gateway
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .rules_support import Webhook, call
@@ -210,6 +211,8 @@ targets = [{{ type = "topic", topic = "checked/all" }}]
     with pytest.raises(ConfigError, match=r"event_schemas: schema 'bad': not a valid JSON Schema: \$\.type"):
         async with running_gateway(data_dir, event_schemas=json.dumps({"bad": {"type": "nope"}})):
             pass
+    with pytest.raises(ConfigError, match="event_schemas: event schemas are kept with the rules, on a standalone node"):
+        Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", event_schemas=changed))
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ConfigError, match="event_schemas: 'x': cannot read the JSON Schema in"):
         load_config(settings, env={"TIDEMQ_EVENT_SCHEMAS": json.dumps({"x": str(tmp_path / "broken.json")})})
