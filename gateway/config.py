@@ -29,8 +29,8 @@ ENV_PREFIX = "TIDEMQ_"
 # the compiled or interpreted build (tests/builds.py), which a gateway the tests start inherits
 NOT_SETTINGS = frozenset({ENV_PREFIX + "CONFIG", ENV_PREFIX + "PURE_PYTHON"})
 # settings whose TOML value is a table (kept as its JSON; gateway/queue_policy.py reads
-# retention_topics, gateway/rules_host.py event_rules)
-TABLE_SETTINGS = frozenset({"retention_topics", "event_rules"})
+# retention_topics, gateway/rules_host.py event_rules and event_schemas)
+TABLE_SETTINGS = frozenset({"retention_topics", "event_rules", "event_schemas"})
 
 
 class ConfigError(ValueError):
@@ -113,6 +113,9 @@ class Config:
     # retry, dead_letter_topic; docs/rules.md), stored at start over a stored rule of the same name;
     # the environment gives them as one JSON object of name -> definition
     event_rules: str = ""
+    # event schemas declared here ([event_schemas] table: name -> a JSON Schema as a table, or the
+    # path of a JSON file holding one), stored at start as the next version where they differ
+    event_schemas: str = ""
     # light queues (MQTT topics and filters, AMQP queues) with no new message for this long and no
     # reader are removed (store/retention/reclaim.py); 0 = never
     queue_idle_ttl_hours: float = 24.0
@@ -321,6 +324,30 @@ def event_rules(cfg: Config) -> dict[str, Any]:
     return rules
 
 
+def event_schemas(cfg: Config) -> dict[str, Any]:
+    """The declared event schemas: name -> JSON Schema (a path read from its JSON file; the
+    schemas are checked when the rules start: server.py)."""
+    if not cfg.event_schemas:
+        return {}
+    try:
+        schemas = json.loads(cfg.event_schemas)
+    except ValueError as exc:
+        raise ConfigError(f"event_schemas: not a JSON object of name -> schema: {exc}", "event_schemas") from None
+    if not isinstance(schemas, dict):
+        raise ConfigError("event_schemas: a table of name -> JSON Schema (a table, or a JSON file's path)",
+                          "event_schemas")
+    out = {}
+    for name, schema in schemas.items():
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(Path(schema).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"event_schemas: {name!r}: cannot read the JSON Schema in {schema}: {exc}",
+                                  "event_schemas") from None
+        out[name] = schema
+    return out
+
+
 def validate(cfg: Config) -> None:
     if cfg.flush not in ("sync", "async"):
         raise ConfigError(f"flush must be 'sync' or 'async', not {cfg.flush!r}", "flush")
@@ -350,6 +377,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("queue_idle_ttl_hours is 0 (never) or more; queue_idle_check_interval_s and "
                           "retention_check_interval_s are more than 0", "queue_idle_ttl_hours")
     event_rules(cfg)
+    event_schemas(cfg)
     try:
         parse_rules(cfg.retention_topics)
     except RuleError as exc:

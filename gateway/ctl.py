@@ -1,6 +1,6 @@
 """``tidemq ctl``: the admin API of a running gateway (its ``--metrics-bind`` listener) from
 the command line -- clients, sessions, subscriptions, queues, kicking a client, finding a
-message by key or message id, a message's trace, and the event rules. Plain HTTP with the
+message by key or message id, a message's trace, the event rules and schemas. Plain HTTP with the
 standard library; tables or ``--json``; the admin token or an admin user's name and password as credentials."""
 
 from __future__ import annotations
@@ -55,12 +55,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     trace.add_argument("--key", help="a key the message was published with")
     rules = what.add_parser("rules", parents=[after],
                             help="event rules: list (state, matched, delivered, retried, dead_lettered, lag), "
-                                 "show, create, change, pause, resume, delete")
+                                 "show, create, change, pause, resume, replay, delete")
     rules.add_argument("action", nargs="?", default="list",
-                       choices=("list", "show", "create", "change", "pause", "resume", "delete"))
+                       choices=("list", "show", "create", "change", "pause", "resume", "replay", "delete"))
     rules.add_argument("name", nargs="?", help="the rule (every action but list)")
     rules.add_argument("--file", help="create, change: the rule's definition, a JSON file (- : standard input); "
                                       "see docs/rules.md")
+    rules.add_argument("--from", dest="from_time", metavar="TIME",
+                       help="replay: from the first message stored at or after TIME (RFC 3339, such as "
+                            "2026-11-29T10:00:00Z)")
+    rules.add_argument("--offset", type=int, help="replay: from this offset of the rule's source queue (a rule of "
+                                                  "one source)")
+    schemas = what.add_parser("schemas", parents=[after],
+                              help="event schemas (JSON Schema per event type): list, show, put, delete")
+    schemas.add_argument("action", nargs="?", default="list", choices=("list", "show", "put", "delete"))
+    schemas.add_argument("name", nargs="?", help="the schema's name, an event type (every action but list)")
+    schemas.add_argument("--file", help="put: the JSON Schema, a JSON file (- : standard input)")
+    schemas.add_argument("--version", type=int, help="show: this version (default: the current one)")
 
 
 def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -111,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
             data = _call(args, "GET", "/admin/messages?" + urllib.parse.urlencode(params))
         elif args.what == "rules":
             data = _rules(args)
+        elif args.what == "schemas":
+            data = _schemas(args)
         elif args.what == "clients" and args.id:
             data = _call(args, "GET", "/admin/clients?" + urllib.parse.urlencode({"id": args.id}))
         elif args.what == "trace":
@@ -170,11 +183,37 @@ def _rules(args: argparse.Namespace) -> Any:
         if args.action == "create":
             return _call(args, "POST", "/admin/rules", {**definition, "name": args.name})
         return _call(args, "PUT", path, definition)
+    if args.action == "replay":
+        if (args.from_time is None) == (args.offset is None):
+            raise CtlError("rules replay: give --from TIME or --offset N", 400)
+        point = {"from": args.from_time} if args.from_time is not None else {"offset": args.offset}
+        row = _call(args, "POST", f"{path}/replay", point)
+        return row if args.json else {k: row[k] for k in (*RULE_COLUMNS, "replayed_from")}
     if args.action == "show":
         return _call(args, "GET", path)
     if args.action == "delete":
         return _call(args, "DELETE", path)
     return _call(args, "POST", f"{path}/{args.action}")
+
+
+def _schemas(args: argparse.Namespace) -> Any:
+    """The call of ``tidemq ctl schemas ACTION [NAME]``: the list, or one schema."""
+    if args.action == "list":
+        return _call(args, "GET", "/admin/schemas")
+    if not args.name:
+        raise CtlError(f"schemas {args.action}: give the schema's name", 400)
+    path = "/admin/schemas/" + urllib.parse.quote(args.name, safe="")
+    if args.action == "put":
+        if not args.file:
+            raise CtlError("schemas put: give the JSON Schema with --file FILE.json", 400)
+        try:
+            schema = json.loads(sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8").read())
+        except (OSError, ValueError) as exc:
+            raise CtlError(f"schemas put: cannot read the schema in {args.file}: {exc}", 400) from None
+        return _call(args, "PUT", path, schema)
+    if args.action == "delete":
+        return _call(args, "DELETE", path)
+    return _call(args, "GET", path + (f"?version={args.version}" if args.version is not None else ""))
 
 
 TRACE_OFF = (": message trace is off on every listener of this gateway; turn it on with "

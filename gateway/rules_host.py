@@ -2,7 +2,8 @@
 through the delivery core's cursor with the rule's durable consumer offset, its topic filters
 held in the MQTT wildcard filters (so every matching publish of any protocol is indexed into the
 queue it reads), the store's notify waking it, and the MQTT publish path for its topic and
-dead-letter targets. The one module of the gateway that knows the engine."""
+dead-letter targets; the event schemas the engine keeps. The one module of the gateway that
+knows the engine."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.rules.book import TABLE, RuleBook
 from bridge.rules.engine import RulesEngine
+from bridge.rules.schemas import TABLE as SCHEMAS_TABLE
+from bridge.rules.schemas import VERSIONS_TABLE, SchemaBook
 from bridge.rules.targets.topic import Republished
 from protocols.mqtt.packets import Publish
 from protocols.mqtt.properties import Properties
 from store import StoredMessage
 
+from .config import ConfigError
 from .core.cursor import Cursor
 from .core.group import group_start
 from .interop import queue_for_filter
@@ -80,6 +84,18 @@ class GatewayRuleHost:
     def close_source(self, topic_filter: str, consumer: str) -> None:
         self._mqtt.wildcards.release(topic_filter, consumer)
 
+    def queue_of(self, topic_filter: str) -> str:
+        return queue_for_filter(topic_filter)
+
+    def offsets_of(self, queue: str) -> tuple[int, int]:
+        return self._store.min_offset_now(queue), self._store.max_offset_now(queue)
+
+    async def offset_at_time(self, queue: str, timestamp_ms: int) -> int:
+        return await self._store.offset_for_timestamp(queue, timestamp_ms)  # (as remoting's SEARCH_OFFSET_BY_TIMESTAMP)
+
+    def save_offset(self, consumer: str, queue: str, offset: int) -> None:
+        self._store.save_offset_now(consumer, queue, offset)
+
     async def republish(self, messages: Sequence[Republished]) -> None:
         await self._mqtt.publish([Publish(m.topic, m.body, m.qos, False, properties=Properties(
             content_type=m.content_type, user_properties=list(m.user_properties))) for m in messages], PUBLISHER_ID)
@@ -89,13 +105,22 @@ class Rules:
     """The running engine and the notify feed that wakes its rules."""
 
     def __init__(self, store: MessageStore, mqtt: MQTTBroker) -> None:
-        self.engine = RulesEngine(RuleBook(store.table(TABLE)), GatewayRuleHost(store, mqtt))
+        schemas = SchemaBook(store.table(SCHEMAS_TABLE), store.table(VERSIONS_TABLE))
+        self.engine = RulesEngine(RuleBook(store.table(TABLE)), GatewayRuleHost(store, mqtt), schemas)
         self._store = store
         self._feed: asyncio.Task[None] | None = None
 
-    def start(self, declared: Mapping[str, Any]) -> None:
-        """Run the stored and ``declared`` rules (ValueError: a declared one is bad)."""
-        self.engine.start(declared)
+    def start(self, declared: Mapping[str, Any], schemas: Mapping[str, Any]) -> None:
+        """Store the ``schemas`` declared, then run the stored and ``declared`` rules (ConfigError
+        of event_schemas or event_rules: a declared one is bad)."""
+        try:
+            self.engine.declare_schemas(schemas)
+        except ValueError as exc:
+            raise ConfigError(f"event_schemas: {exc}", "event_schemas") from None
+        try:
+            self.engine.start(declared)
+        except ValueError as exc:
+            raise ConfigError(f"event_rules: {exc}", "event_rules") from None
         self._feed = asyncio.get_running_loop().create_task(self._store.subscribe_notify().feed(self.engine.wake),
                                                              name="rules-notify")
 

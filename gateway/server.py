@@ -28,7 +28,7 @@ from .cluster.election import LeaderFinder
 from .cluster.store_group import StoreGroupMember
 from .cluster.store_node_link import link_to_store_node, lookup_options, start_lookup
 from .cluster.store_service import StoreService
-from .config import Config, ConfigError, event_rules, parse_names, parse_bind
+from .config import Config, ConfigError, event_rules, event_schemas, parse_bind, parse_names
 from .tls import key_and_chain, tls_context
 from .listen import ListeningServer, format_address
 from .core.timer import TimerService
@@ -83,6 +83,9 @@ class Gateway:
         if config.role != "embedded" and event_rules(config):
             raise ConfigError("event_rules: rules run on a standalone node (role embedded), not yet in a cluster",
                               "event_rules")
+        if config.role != "embedded" and config.event_schemas:
+            raise ConfigError("event_schemas: event schemas are kept with the rules, on a standalone node (role "
+                              "embedded), not yet in a cluster", "event_schemas")
         self.config = config
         self.store: MessageStore | None = None
         self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
@@ -287,18 +290,21 @@ class Gateway:
     def _start_rules(self) -> None:
         """The event rules the store keeps and the configuration declares (bridge/rules), on a
         node with the store; a gateway node's come from its store node."""
-        declared = event_rules(self.config)
+        declared, schemas = event_rules(self.config), event_schemas(self.config)
         if self.store is None or self.mqtt is None:
             if declared:
                 raise ConfigError("event_rules: rules run on a node with the store and an MQTT listener (their "
                                   "sources and topic targets are MQTT topics)", "event_rules")
+            if schemas:
+                raise ConfigError("event_schemas: event schemas are kept with the rules, on a node with the store "
+                                  "and an MQTT listener", "event_schemas")
             return
         self.rules = Rules(self.store, self.mqtt)
         try:
-            self.rules.start(declared)
-        except ValueError as exc:
+            self.rules.start(declared, schemas)
+        except ConfigError:
             self.rules = None
-            raise ConfigError(f"event_rules: {exc}", "event_rules") from None
+            raise
 
     def _started(self, protocol: str, server: ListeningServer) -> None:
         self.listeners.append(Listener(protocol, server))

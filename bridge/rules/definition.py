@@ -13,6 +13,8 @@ from protocols.mqtt.topics import TopicError, matches, overlaps, validate_topic_
 from .errors import RuleDefinitionError
 from .patterns import CompiledPattern, PatternError, compile_pattern
 from .retry import RetryPolicy
+from .schemas import SchemaError
+from .schemas import check_name as check_schema_name
 from .targets.mqtt_options import MqttBridgeOptions, parse_mqtt_options
 from .targets.postgres_options import PostgresOptions, parse_postgres_options
 from .transforms import Transform, parse_transform
@@ -24,7 +26,7 @@ MAX_TARGETS = 8
 MAX_SOURCES = 16
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # (RFC 9110 token)
 HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
-KEYS = frozenset({"sources", "pattern", "transform", "targets", "retry", "dead_letter_topic", "paused"})
+KEYS = frozenset({"sources", "pattern", "transform", "targets", "retry", "dead_letter_topic", "paused", "schema"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +61,7 @@ class RuleDefinition:
     dead_letter_topic: str
     paused: bool
     source_json: dict[str, Any]  # as given (with ``paused`` as it now is): what the store keeps
+    schema: str | None = None  # the schema every matched event must fit (None: its type's, if any)
 
     def with_paused(self, paused: bool) -> RuleDefinition:
         return parse_definition(self.name, {**self.source_json, "paused": paused})
@@ -97,8 +100,14 @@ def parse_definition(name: str, raw: Any) -> RuleDefinition:
     paused = raw.get("paused", False)
     if not isinstance(paused, bool):
         raise RuleDefinitionError("$.paused", "true or false")
+    schema = raw.get("schema")
+    if schema is not None:
+        try:
+            check_schema_name(schema)
+        except SchemaError as exc:
+            raise RuleDefinitionError("$.schema", exc.reason) from None
     source_json = {key: value for key, value in raw.items() if key != "name"}
-    return RuleDefinition(name, sources, pattern, transform, targets, retry, dead_letter, paused, source_json)
+    return RuleDefinition(name, sources, pattern, transform, targets, retry, dead_letter, paused, source_json, schema)
 
 
 def _sources(value: Any) -> tuple[str, ...]:

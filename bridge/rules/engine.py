@@ -1,7 +1,7 @@
 """The rules engine, the front door of ``bridge/rules`` for the gateway: the rules the store keeps
 (and the configuration declares), one ``RuleRunner`` each, and the admin operations on them --
-create, change, pause, resume, delete, list. The gateway gives it a ``RuleHost``: the durable
-cursors on its queues and its publish path.
+create, change, pause, resume, replay, delete, list -- and the event schemas they check. The
+gateway gives it a ``RuleHost``: the durable cursors on its queues and its publish path.
 
 Errors at this seam are the standard ones, so callers need not import this package's:
 ``LookupError`` (no such rule) and ``ValueError`` (a definition refused; a
@@ -19,6 +19,7 @@ from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
+from .schemas import SchemaBook, SchemaError
 from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
 from .targets.mqtt_options import MqttBridgeOptions
 from .targets.postgres_options import PostgresOptions
@@ -46,6 +47,22 @@ class RuleHost(Protocol):
         """Release the hold ``open_source`` took."""
         ...
 
+    def queue_of(self, topic_filter: str) -> str:
+        """The store queue ``open_source`` reads for ``topic_filter``."""
+        ...
+
+    def offsets_of(self, queue: str) -> tuple[int, int]:
+        """The queue's first readable offset and the offset its next message will get."""
+        ...
+
+    def offset_at_time(self, queue: str, timestamp_ms: int) -> Awaitable[int]:
+        """The first offset of ``queue`` stored at or after ``timestamp_ms`` (its end if none)."""
+        ...
+
+    def save_offset(self, consumer: str, queue: str, offset: int) -> None:
+        """Set the durable cursor ``consumer`` of ``queue`` at ``offset``, written through."""
+        ...
+
 
 @dataclass(slots=True)
 class _Rule:
@@ -55,14 +72,26 @@ class _Rule:
 
 
 class RulesEngine:
-    def __init__(self, book: RuleBook, host: RuleHost) -> None:
+    def __init__(self, book: RuleBook, host: RuleHost, schemas: SchemaBook) -> None:
         self._book = book
         self._host = host
+        self.schemas = schemas
         self._rules: dict[str, _Rule] = {}
         self._readers: dict[str, list[RuleRunner]] = {}  # queue -> the runners reading it
         self._changing = asyncio.Lock()  # one admin operation at a time (each stops a runner before the next)
 
     # -- life ------------------------------------------------------------------------------------
+    def declare_schemas(self, declared: Mapping[str, Any]) -> None:
+        """Store the ``declared`` schemas (the configuration's) as their next version where they
+        differ from the current one (SchemaError naming the schema: a declared one is bad)."""
+        for name, schema in declared.items():
+            current = self.schemas.get(name)
+            if current is None or current["schema"] != schema:
+                try:
+                    self.schemas.put(name, schema)
+                except SchemaError as exc:
+                    raise SchemaError(f"schema {name!r}: {exc.reason}") from None
+
     def start(self, declared: Mapping[str, Any]) -> None:
         """Run the stored rules, with the ``declared`` ones (the configuration's) stored first
         where they differ (RuleDefinitionError: a declared one is bad; nothing started)."""
@@ -73,6 +102,7 @@ class RulesEngine:
                 rule = parse_definition(name, raw)
             except RuleDefinitionError as exc:
                 raise RuleDefinitionError(f"rule {name!r}: {exc.path}", exc.reason) from None
+            self._check_schema(rule, f"rule {name!r}: $.schema")
             if name not in rules or rules[name].source_json != rule.source_json:
                 self._book.save(rule)
                 rules[name] = rule
@@ -104,6 +134,7 @@ class RulesEngine:
             if name in self._rules:
                 raise RuleDefinitionError("$.name", f"a rule named {name!r} exists (change it, or delete it first)")
             rule = parse_definition(name, raw)
+            self._check_schema(rule)
             self._book.save(rule)
             self._run(rule, RuleCounters(), resume=False)
         log.info("rule created rule=%s sources=%s", name, ",".join(rule.sources))
@@ -117,6 +148,7 @@ class RulesEngine:
     async def _change(self, name: str, raw: Any) -> dict[str, Any]:
         old = self._existing(name)
         rule = parse_definition(name, raw)
+        self._check_schema(rule)
         self._book.save(rule)
         await self._retire(name)
         # (no await from here on: no publish comes between the old holds' release and the new ones)
@@ -139,6 +171,52 @@ class RulesEngine:
         self._run(rule, old.counters, resume=True)
         log.info("rule %s rule=%s", "paused" if paused else "resumed", name)
         return self.get(name)  # type: ignore[return-value]
+
+    async def replay(self, name: str, *, from_ms: int | None = None, offset: int | None = None) -> dict[str, Any]:
+        """Move the rule's cursors: to the first message stored at or after ``from_ms`` in each
+        source queue, or to ``offset`` (a rule of one source); what follows is delivered (again).
+        ValueError when the point is refused (none or both given, an offset past the queue's end)."""
+        if (from_ms is None) == (offset is None):
+            raise RuleDefinitionError("$", "give one of from (a time) and offset")
+        async with self._changing:
+            old = self._existing(name)
+            queues = [self._host.queue_of(topic_filter) for topic_filter in old.definition.sources]
+            if offset is not None:
+                if len(queues) != 1:
+                    raise RuleDefinitionError("$.offset", f"the rule reads {len(queues)} queues: an offset is of "
+                                                          "one queue; replay from a time")
+                low, high = self._host.offsets_of(queues[0])
+                if not 0 <= offset <= high:
+                    raise RuleDefinitionError("$.offset", f"{offset} is not in the queue {queues[0]}: its offsets are "
+                                                          f"{low} to {high}")
+                points = {queues[0]: max(offset, low)}
+            else:
+                assert from_ms is not None
+                points = {queue: await self._host.offset_at_time(queue, from_ms) for queue in queues}
+            await self._retire(name)
+            # (no await from here on, as in a change: the holds are taken again in this turn)
+            for queue, point in points.items():
+                self._host.save_offset(CONSUMER_PREFIX + name, queue, point)
+            self._run(old.definition, old.counters, resume=True)
+        log.info("rule replayed rule=%s from=%s", name, ",".join(f"{q}@{o}" for q, o in points.items()))
+        return {**self.get(name), "replayed_from": points}  # type: ignore[dict-item]
+
+    # -- the event schemas -----------------------------------------------------------------------
+    def put_schema(self, name: str, schema: Any) -> dict[str, Any]:
+        """A new version of schema ``name`` (ValueError: not a JSON Schema, or a bad name)."""
+        return self.schemas.put(name, schema)
+
+    def delete_schema(self, name: str) -> None:
+        """LookupError: no such schema; ValueError: a rule names it (change the rule first)."""
+        users = sorted(n for n, r in self._rules.items() if r.definition.schema == name)
+        if users:
+            raise RuleDefinitionError("$", f"the rules {', '.join(users)} name the schema {name!r}: change them first")
+        if not self.schemas.delete(name):
+            raise LookupError(f"no schema named {name!r}")
+
+    def _check_schema(self, rule: RuleDefinition, path: str = "$.schema") -> None:
+        if rule.schema is not None and self.schemas.get(rule.schema) is None:
+            raise RuleDefinitionError(path, f"no schema named {rule.schema!r} (PUT /admin/schemas/{rule.schema})")
 
     async def delete(self, name: str) -> None:
         async with self._changing:
@@ -167,7 +245,7 @@ class RulesEngine:
                 self._host.close_source(topic_filter, consumer)
             raise
         targets = [self._target(rule, i, t) for i, t in enumerate(rule.targets)]
-        runner = RuleRunner(rule, sources, targets, self._host.republish, counters)
+        runner = RuleRunner(rule, sources, targets, self._host.republish, counters, self.schemas)
         self._rules[rule.name] = _Rule(rule, runner, counters)
         for queue in runner.queues:
             self._readers.setdefault(queue, []).append(runner)

@@ -21,11 +21,10 @@ from typing import Any
 from urllib.parse import quote
 
 from protocols.amqp.frames import decode_properties as decode_amqp_properties
+from protocols.cloudevents import SPEC_VERSION, from_properties, is_json_type
 from protocols.mqtt.properties import decode_properties as decode_mqtt_properties
 from protocols.mqtt.properties import encode_varint
 from store import StoredMessage
-
-SPEC_VERSION = "1.0"
 
 # the record flag (gateway/interop.py, gateway/remoting/messages.py)
 MQTT_FLAG = 0x100  # published over MQTT: QoS in bits 0-1
@@ -62,24 +61,28 @@ class CloudEvent:
     """A stored message as a CloudEvent. ``extensions`` are CloudEvents extension attributes
     (lower-case names, scalar values); ``properties`` the message's own properties (MQTT user
     properties, AMQP headers, RocketMQ properties), which names need not fit an attribute's;
-    ``data`` the decoded JSON payload or NO_DATA; ``body`` the payload as stored."""
+    ``data`` the decoded JSON payload or NO_DATA; ``body`` the payload as stored; ``topic`` the
+    topic it was stored under."""
 
     id: str
     source: str
     type: str
     time: str
-    subject: str
+    subject: str | None
     datacontenttype: str | None
     data: Any
     body: bytes
     extensions: dict[str, str | int | bool] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
+    topic: str = ""
 
     def attributes(self) -> dict[str, Any]:
         """The context attributes (required, optional when set, extensions), as a CloudEvent
         in structured mode has them beside ``data``."""
         out: dict[str, Any] = {"specversion": SPEC_VERSION, "id": self.id, "source": self.source, "type": self.type,
-                               "time": self.time, "subject": self.subject}
+                               "time": self.time}
+        if self.subject is not None:
+            out["subject"] = self.subject
         if self.datacontenttype is not None:
             out["datacontenttype"] = self.datacontenttype
         out.update(self.extensions)
@@ -90,7 +93,7 @@ class CloudEvent:
         topic's levels, a list), ``properties`` (an object) and ``data`` when the payload is
         JSON."""
         out = self.attributes()
-        out["topiclevels"] = self.subject.split("/")
+        out["topiclevels"] = self.topic.split("/")
         out["properties"] = self.properties
         if self.data is not NO_DATA:
             out["data"] = self.data
@@ -146,13 +149,22 @@ def cloud_event(message: StoredMessage) -> CloudEvent:
     extensions["topic"] = message.topic
     if message.key:
         extensions["msgkey"] = message.key
-    data = _json_data(message.body, content_type)
+    data = json_data(message.body, content_type)
     if content_type is None and data is not NO_DATA:
         content_type = "application/json"
+    time = _rfc3339(message.born_timestamp or message.store_timestamp)
+    sent = from_properties(properties)
+    if sent is not None:  # published as a CloudEvent (the ingest endpoint, or a client): its own attributes
+        required = {name: sent.pop(name) for name in ("specversion", "id", "source", "type")}
+        time, subject = sent.pop("time", time), sent.pop("subject", None)
+        return CloudEvent(
+            id=required["id"], source=required["source"], type=required["type"], time=time, subject=subject,
+            datacontenttype=content_type, data=data, body=message.body, extensions={**extensions, **sent},
+            properties=properties, topic=message.topic)
     return CloudEvent(
-        id=message.msg_id, source=source, type=event_type or f"tidemq.{protocol}.message",
-        time=_rfc3339(message.born_timestamp or message.store_timestamp), subject=message.topic,
-        datacontenttype=content_type, data=data, body=message.body, extensions=extensions, properties=properties)
+        id=message.msg_id, source=source, type=event_type or f"tidemq.{protocol}.message", time=time,
+        subject=message.topic, datacontenttype=content_type, data=data, body=message.body, extensions=extensions,
+        properties=properties, topic=message.topic)
 
 
 def _add_repeated(properties: dict[str, Any], name: str, value: str) -> None:
@@ -165,13 +177,7 @@ def _add_repeated(properties: dict[str, Any], name: str, value: str) -> None:
         properties[name] = [properties[name], value]
 
 
-def is_json_type(content_type: str) -> bool:
-    """application/json, text/json and any */*+json, parameters aside."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media in ("application/json", "text/json") or media.endswith("+json")
-
-
-def _json_data(body: bytes, content_type: str | None) -> Any:
+def json_data(body: bytes, content_type: str | None) -> Any:
     """The payload decoded as JSON, or NO_DATA: a declared type that is not JSON, a payload
     that is not UTF-8 JSON."""
     if content_type is not None and not is_json_type(content_type):

@@ -17,6 +17,7 @@ from store import StoreError, StoredMessage, now_ms
 
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
+from .schemas import Violation
 from .targets import BatchTarget, Outcome, Target
 from .targets.topic import Republish, Republished
 from .transforms import Payload
@@ -52,6 +53,12 @@ class EventSource(Protocol):
         ...
 
 
+class SchemaCheck(Protocol):
+    """The event schemas (``schemas.SchemaBook``)."""
+
+    def check(self, name: str, data: Any, *, required: bool = False) -> Violation | None: ...
+
+
 @dataclass(slots=True)
 class RuleCounters:
     matched: int = 0
@@ -63,8 +70,9 @@ class RuleCounters:
 
 class RuleRunner:
     def __init__(self, rule: RuleDefinition, sources: Sequence[EventSource], targets: Sequence[Target],
-                 republish: Republish, counters: RuleCounters) -> None:
+                 republish: Republish, counters: RuleCounters, schemas: SchemaCheck) -> None:
         self.rule = rule
+        self._schemas = schemas
         self.sources = list(sources)
         self.targets = list(targets)
         self._republish = republish
@@ -145,13 +153,19 @@ class RuleRunner:
             view = event.for_matching()
             if not self.rule.pattern.matches(view):
                 return None
-            payload = self.rule.transform.apply(event, view)
+            schema = self.rule.schema
+            violation = self._schemas.check(schema or event.type, event.data, required=schema is not None)
+            payload = self.rule.transform.apply(event, view) if violation is None else None
         except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
             log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
                           message.queue_offset)
             await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
             return None
         self.counters.matched += 1
+        if violation is not None:  # (an event the schema refuses reaches no target)
+            await self._dead_letter(message, event, f"schema:{violation.name}", str(violation), 0)
+            return None
+        assert payload is not None
         return message, event, payload
 
     async def _deliver_batch(self, target: BatchTarget, items: list[tuple[CloudEvent, Payload]]) -> int:
@@ -206,7 +220,7 @@ class RuleRunner:
                            attempts: int) -> None:
         """The original message to the dead-letter topic, with why; tried until the store takes it.
         ``target``: the label of the target that did not take it ("rule": the rule itself failed)."""
-        topic = event.subject if event is not None else message.topic
+        topic = message.topic
         properties = [(REASON_PROPERTY, reason), (ATTEMPTS_PROPERTY, str(attempts)), (RULE_PROPERTY, self.rule.name),
                       (TARGET_PROPERTY, target), (TOPIC_PROPERTY, topic)]
         if event is not None:

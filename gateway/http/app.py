@@ -1,7 +1,8 @@
 """The gateway's HTTP listener (``--metrics-bind``): Prometheus metrics at ``/metrics``,
 ``/healthz`` (the process answers), ``/readyz`` (the store is open and every listener is up),
-the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``; the event rules: ``rules_api.py``), the data API under ``/data/``
-(``data_api.py``) and the dashboard (``dashboard.py``).
+the admin API of ``tidemq ctl`` under ``/admin/`` (``admin.py``; the event rules and schemas:
+``rules_api.py``, ``schemas_api.py``), the data API under ``/data/`` (``data_api.py``; CloudEvents
+in: ``event_ingest.py``) and the dashboard (``dashboard.py``).
 
 ``HttpServer`` is built from ``HttpDeps`` (``deps.py``) and hands each module the parts it
 reads. Every route but ``PUBLIC_PATHS`` (metrics and probes, which carry counts and names but no
@@ -22,7 +23,7 @@ from store import StoreError
 
 from ..listen import listening_sockets
 
-from . import admin, dashboard, data_api, rules_api
+from . import admin, dashboard, data_api, event_ingest, rules_api, schemas_api
 from .data_access import PRINCIPAL, DataAccess
 from .data_publish import PublishApi
 from .deps import HttpDeps
@@ -56,11 +57,16 @@ class HttpServer:
         publish = PublishApi(deps.brokers.mqtt, self.access, deps.status, deps.pressure)
         data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
         self.registry.register(publish.collector())  # tidemq_data_publish_*
+        # POST /data/events/{topic}: CloudEvents in (event_ingest.py), checked against the event schemas
+        ingest = event_ingest.add_routes(app, deps.brokers.mqtt, self.access, deps.status, deps.pressure,
+                                         deps.rules.schemas if deps.rules is not None else None)
+        self.registry.register(event_ingest.IngestCollector(ingest))  # tidemq_cloudevents_total
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
         app.router.add_get("/admin/cluster", self._cluster)
         rules_api.add_routes(app, deps.rules)  # /admin/rules: the event rules (tidemq ctl rules)
+        schemas_api.add_routes(app, deps.rules)  # /admin/schemas: the event schemas (tidemq ctl schemas)
         self.registry.register(rules_api.RulesCollector(deps.rules))  # tidemq_rule_*
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)

@@ -326,7 +326,7 @@ class PublishApi:
         broker = self.mqtt
         assert broker is not None
         async with self._working:
-            body = await _read_body(request)
+            body = await read_body(request)
             async with self._decoding:
                 try:
                     decoded = await asyncio.to_thread(decode_rows, body, request.content_type, qos=qos,
@@ -405,11 +405,11 @@ def _int(raw: str, name: str) -> int:
     return value
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The whole body, up to MAX_BODY_BYTES (read from the stream: the application's
-    client_max_size of 1 MiB is for the admin API's small JSON bodies)."""
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise AdminError(413, f"at most {MAX_BODY_BYTES} bytes per request: send smaller chunks")
+async def read_body(request: web.Request, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The whole body, up to ``max_bytes`` (read from the stream: the application's
+    client_max_size of 1 MiB is for the admin API's small JSON bodies); AdminError 413 past it."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise AdminError(413, f"at most {max_bytes} bytes per request: send smaller chunks")
     parts = []
     size = 0
     while True:
@@ -417,8 +417,8 @@ async def _read_body(request: web.Request) -> bytes:
         if not part:
             break
         size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise AdminError(413, f"at most {MAX_BODY_BYTES} bytes per request: send smaller chunks")
+        if size > max_bytes:
+            raise AdminError(413, f"at most {max_bytes} bytes per request: send smaller chunks")
         parts.append(part)
     return b"".join(parts)
 

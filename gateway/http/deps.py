@@ -134,10 +134,27 @@ class ClusterParts:
     relay_counts: dict[str, FailoverCounts] = field(default_factory=dict)
 
 
+class EventSchemas(Protocol):
+    """The event schemas (``bridge.rules.schemas.SchemaBook``): JSON Schemas by name (an event
+    type), versions kept."""
+
+    def list(self) -> list[dict[str, Any]]: ...
+
+    def get(self, name: str, version: int | None = None) -> dict[str, Any] | None: ...
+
+    def check_body(self, name: str, body: bytes, content_type: str | None) -> object | None:
+        """Why a payload does not fit the schema ``name`` (its ``str``), or None (it fits, or there
+        is no such schema)."""
+        ...
+
+
 class RulesControl(Protocol):
     """The event rules engine (``bridge.rules.engine.RulesEngine``): rows of plain data; it raises
-    ``LookupError`` for an unknown rule and ``ValueError`` (with ``path`` and ``reason``) for a
-    definition it refuses."""
+    ``LookupError`` for an unknown rule or schema and ``ValueError`` (with ``reason``, and ``path``
+    for a definition) for what it refuses."""
+
+    @property
+    def schemas(self) -> EventSchemas: ...
 
     def get(self, name: str) -> dict[str, Any] | None: ...
 
@@ -150,6 +167,13 @@ class RulesControl(Protocol):
     async def set_paused(self, name: str, paused: bool) -> dict[str, Any]: ...
 
     async def delete(self, name: str) -> None: ...
+
+    async def replay(self, name: str, *, from_ms: int | None = None, offset: int | None = None
+                     ) -> dict[str, Any]: ...
+
+    def put_schema(self, name: str, schema: Any) -> dict[str, Any]: ...
+
+    def delete_schema(self, name: str) -> None: ...
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,6 +7,7 @@ rest of ``/admin/`` (app.py):
     PUT    /admin/rules/{name}          change: the whole new definition
     DELETE /admin/rules/{name}
     POST   /admin/rules/{name}/pause    POST /admin/rules/{name}/resume
+    POST   /admin/rules/{name}/replay   {"from": "2026-11-29T10:00:00Z"} or {"offset": N}: the cursors moved
 
 A definition refused is a 400 whose JSON names ``path`` (where in the definition) and ``reason``.
 The same rows feed ``/metrics`` (``RulesCollector``): ``tidemq_rule_*`` per rule.
@@ -14,7 +15,9 @@ The same rows feed ``/metrics`` (``RulesCollector``): ``tidemq_rule_*`` per rule
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .deps import RulesControl
 from .errors import AdminError
+
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
 
 
 def add_routes(app: web.Application, rules: RulesControl | None) -> None:
@@ -34,6 +39,7 @@ def add_routes(app: web.Application, rules: RulesControl | None) -> None:
     app.router.add_delete("/admin/rules/{name}", api.delete)
     app.router.add_post("/admin/rules/{name}/pause", api.pause)
     app.router.add_post("/admin/rules/{name}/resume", api.resume)
+    app.router.add_post("/admin/rules/{name}/replay", api.replay)
 
 
 class RulesApi:
@@ -96,6 +102,35 @@ class RulesApi:
             return _json(await self._engine().set_paused(request.match_info["name"], paused))
         except LookupError as exc:
             raise AdminError(404, str(exc)) from None
+
+
+    async def replay(self, request: web.Request) -> web.Response:
+        engine = self._engine()
+        body = await _body(request)
+        unknown = sorted(set(body) - {"from", "offset"})
+        if unknown or ("from" in body) == ("offset" in body):
+            return _refused("$", 'send {"from": TIME} (RFC 3339, or milliseconds since the epoch) or {"offset": N}')
+        try:
+            from_ms = replay_time(body["from"]) if "from" in body else None
+            offset = body.get("offset")
+            if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+                return _refused("$.offset", "an offset is a whole number, 0 or more")
+            return _json(await engine.replay(request.match_info["name"], from_ms=from_ms, offset=offset))
+        except LookupError as exc:
+            raise AdminError(404, str(exc)) from None
+        except ValueError as exc:
+            return _refused(getattr(exc, "path", "$.from"), getattr(exc, "reason", str(exc)))
+
+
+def replay_time(value: Any) -> int:
+    """Milliseconds since the epoch of a replay's ``from``: RFC 3339 text with its offset, or a
+    number of milliseconds (ValueError otherwise)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and RFC3339.fullmatch(value):
+        moment = dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+        return int(moment.timestamp() * 1000)
+    raise ValueError("a time in RFC 3339 with its offset (2026-11-29T10:00:00Z), or milliseconds since the epoch")
 
 
 class RulesCollector:

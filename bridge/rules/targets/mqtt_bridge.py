@@ -61,7 +61,7 @@ class MqttBridgeTarget:
             if payload.content_type:
                 properties.ContentType = payload.content_type
             properties.UserProperty = [(EVENT_ID_PROPERTY, event.id), (EVENT_SOURCE_PROPERTY, event.source)]
-        await client.publish(self.options.topic_for(event.subject), payload.body, qos=1, properties=properties,
+        await client.publish(self.options.topic_for(event.topic), payload.body, qos=1, properties=properties,
                              timeout=self.options.timeout_s)
 
     async def _connected(self) -> aiomqtt.Client:

@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from protocols.cloudevents import PROPERTY_PREFIX
 from store import StoreError
 
 from ..events import CloudEvent
 from ..transforms import Payload
 from .outcome import DELIVERED, Outcome
 
-EVENT_ID_PROPERTY = "ce-id"
-EVENT_SOURCE_PROPERTY = "ce-source"
+EVENT_ID_PROPERTY = PROPERTY_PREFIX + "id"
+EVENT_SOURCE_PROPERTY = PROPERTY_PREFIX + "source"
 
 
 @dataclass(slots=True, frozen=True)

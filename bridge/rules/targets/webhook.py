@@ -7,73 +7,19 @@ failure are retried; any other answer (a 4xx, a redirect) is a refusal: dead let
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import string
-import urllib.parse
 from collections.abc import Sequence
-from typing import Any
 
 import aiohttp
 
-from ..events import CloudEvent, is_json_type
+from protocols.cloudevents import STRUCTURED, binary_headers, structured_document
+
+from ..events import CloudEvent
 from ..transforms import Payload
 from .outcome import DELIVERED, Outcome
 
-STRUCTURED = "application/cloudevents+json"
 POOL_CONNECTIONS = 16
 RETRYABLE_STATUS = frozenset({408, 429})
-HEADER_SAFE = "".join(c for c in string.printable if "!" <= c <= "~" and c not in '"%')
-
-
-def binary_headers(event: CloudEvent, payload: Payload) -> dict[str, str]:
-    """The ``ce-`` headers of binary mode, and the payload's Content-Type."""
-    headers = {}
-    for name, value in event.attributes().items():
-        if name == "datacontenttype":
-            continue
-        headers["ce-" + name] = _header_value(value)
-    if payload.content_type:
-        headers["Content-Type"] = payload.content_type
-    return headers
-
-
-def structured_body(event: CloudEvent, payload: Payload) -> bytes:
-    """One CloudEvent in JSON: the attributes, then ``data`` (JSON or text) or ``data_base64``."""
-    document: dict[str, Any] = event.attributes()
-    document.pop("datacontenttype", None)
-    if payload.content_type:
-        document["datacontenttype"] = payload.content_type
-    data = _data(payload)
-    if data is None:
-        document["data_base64"] = base64.b64encode(payload.body).decode()
-    else:
-        document["data"] = data[0]
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def _data(payload: Payload) -> tuple[Any] | None:
-    """The payload as a JSON value (in a 1-tuple; None: only base64 can carry it)."""
-    content_type = payload.content_type or ""
-    if is_json_type(content_type):
-        try:
-            return (json.loads(payload.body),)
-        except ValueError:
-            pass
-    if content_type.startswith("text/"):
-        try:
-            return (payload.body.decode(),)
-        except UnicodeDecodeError:
-            pass
-    return None
-
-
-def _header_value(value: Any) -> str:
-    """An attribute's value as a header: percent-encoded outside printable ASCII, and space, '"'
-    and '%' (the CloudEvents HTTP binding, 3.1.3.2)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return urllib.parse.quote(str(value), safe=HEADER_SAFE)
 
 
 class WebhookTarget:
@@ -94,9 +40,10 @@ class WebhookTarget:
 
     async def deliver(self, event: CloudEvent, payload: Payload) -> Outcome:
         if self.mode == "structured":
-            headers, body = {"Content-Type": STRUCTURED}, structured_body(event, payload)
+            document = structured_document(event.attributes(), payload.content_type, payload.body)
+            headers, body = {"Content-Type": STRUCTURED}, json.dumps(document, separators=(",", ":")).encode()
         else:
-            headers, body = binary_headers(event, payload), payload.body
+            headers, body = binary_headers(event.attributes(), payload.content_type), payload.body
         try:
             async with self._client().post(self.url, data=body, headers={**self.headers, **headers},
                                            allow_redirects=False) as response:
