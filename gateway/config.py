@@ -313,29 +313,26 @@ def load_config(
 
 def event_rules(cfg: Config) -> dict[str, Any]:
     """The declared event rules: name -> definition (checked when the rules start: server.py)."""
-    if not cfg.event_rules:
+    return _json_table(cfg.event_rules, "event_rules", "rule name -> definition ([event_rules.NAME])")
+
+
+def _json_table(value: str, key: str, what: str) -> dict[str, Any]:
+    """A setting holding a table as JSON (the config file's ``[key.NAME]`` tables): {} when unset."""
+    if not value:
         return {}
     try:
-        rules = json.loads(cfg.event_rules)
+        table = json.loads(value)
     except ValueError as exc:
-        raise ConfigError(f"event_rules: not a JSON object of rule name -> definition: {exc}", "event_rules") from None
-    if not isinstance(rules, dict):
-        raise ConfigError("event_rules: a table of rule name -> definition ([event_rules.NAME])", "event_rules")
-    return rules
+        raise ConfigError(f"{key}: not a JSON object of {what}: {exc}", key) from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{key}: a table of {what}", key)
+    return table
 
 
 def event_schemas(cfg: Config) -> dict[str, Any]:
     """The declared event schemas: name -> JSON Schema (a path read from its JSON file; the
     schemas are checked when the rules start: server.py)."""
-    if not cfg.event_schemas:
-        return {}
-    try:
-        schemas = json.loads(cfg.event_schemas)
-    except ValueError as exc:
-        raise ConfigError(f"event_schemas: not a JSON object of name -> schema: {exc}", "event_schemas") from None
-    if not isinstance(schemas, dict):
-        raise ConfigError("event_schemas: a table of name -> JSON Schema (a table, or a JSON file's path)",
-                          "event_schemas")
+    schemas = _json_table(cfg.event_schemas, "event_schemas", "name -> JSON Schema (a table, or a JSON file's path)")
     out = {}
     for name, schema in schemas.items():
         if isinstance(schema, str):

@@ -65,6 +65,16 @@ def start_store_node(tmp_path: Path, etcd_endpoint: str, name: str, env: dict[st
                                                  log=tmp_path / f"{name}.log"), remoting, grpc)
 
 
+def start_group_with_grpc_gateway(tmp_path: Path, etcd: EtcdServer
+                                  ) -> tuple[dict[str, StoreNode], str, subprocess.Popen]:
+    """The group, and a gateway node serving gRPC at the endpoint returned."""
+    nodes = start_group(tmp_path, etcd.endpoint)
+    endpoint = f"127.0.0.1:{free_port()}"
+    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
+                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    return nodes, endpoint, gateway
+
+
 async def wait_in_sync(etcd: EtcdServer, members: set[str], timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -360,10 +370,7 @@ async def test_grpc_clients_of_a_gateway_node_lose_nothing_when_the_store_leader
     """kill -9 of the store leader while the official client's Producer sends through a gateway
     node, the only endpoint it and the SimpleConsumer know: every send the producer saw succeed
     is received by the consumer started before the kill, which receives and acks on through it."""
-    nodes = start_group(tmp_path, etcd.endpoint)
-    endpoint = f"127.0.0.1:{free_port()}"
-    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
-                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    nodes, endpoint, gateway = start_group_with_grpc_gateway(tmp_path, etcd)
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
@@ -411,10 +418,7 @@ async def test_grpc_sends_across_a_leader_kill9_are_stored_once(tmp_path: Path, 
     a time through a gateway node: the sends lost with it are made again (by the node, or the
     client's retry, with the same message id) and answered from what the new leader holds, so
     a consumer started afterwards receives every SEND_OK'd message once (counted by message id)."""
-    nodes = start_group(tmp_path, etcd.endpoint)
-    endpoint = f"127.0.0.1:{free_port()}"
-    gateway = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd.endpoint,
-                      "--grpc-bind", endpoint, "--data-dir", str(tmp_path / "gw1")], name="gw1")
+    nodes, endpoint, gateway = start_group_with_grpc_gateway(tmp_path, etcd)
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
