@@ -210,19 +210,26 @@ class LeaderService:
 
     async def _send(self, follower: _Follower, writer: asyncio.StreamWriter, position: int) -> None:
         wakeup = follower.wakeup
+        sent_confirmed, heartbeat = -1, True
         while True:
             wakeup.clear()
             data = self.leader.next_data(position, self.confirmed, CHUNK)
-            writer.write(encode(data))
+            # an empty frame only when it says something: a newer confirmed position, or a
+            # heartbeat (not after each DATA frame: the follower answers every frame)
+            if data.payload or heartbeat or data.confirmed != sent_confirmed:
+                writer.write(encode(data))
+                sent_confirmed, heartbeat = data.confirmed, False
             if data.payload:
                 position = data.position + len(data.payload)
                 if writer.transport.get_write_buffer_size() > 4 * CHUNK:
                     await writer.drain()
                 continue
             await writer.drain()
-            with contextlib.suppress(TimeoutError):  # (asyncio.timeout: wait_for can swallow a cancel)
+            try:  # (asyncio.timeout: wait_for can swallow a cancel)
                 async with asyncio.timeout(HEARTBEAT_S):
                     await wakeup.wait()
+            except TimeoutError:
+                heartbeat = True
 
     async def _receive(self, follower: _Follower, reader: asyncio.StreamReader, frames: FrameReader) -> None:
         while True:
