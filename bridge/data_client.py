@@ -27,15 +27,16 @@ import time
 import urllib.parse
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import pyarrow as pa
 
 from protocols.queue_names import matching_topic_queues, topic_of_queue
-from store.read import columns as store_columns
-from store.read.readonly import StoreReader, first_readable_offset
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
+
+if TYPE_CHECKING:
+    from store.read.readonly import StoreReader
 
 log = logging.getLogger("tidemq.spark")
 
@@ -291,7 +292,12 @@ class HttpClient:
 
 
 class DirectClient:
+    """Reads the data directory (``dataDir``). The store's code is imported here, when one is
+    made: a process reading through the gateway (``HttpClient``) loads none of it."""
+
     def __init__(self, data_dir: str) -> None:
+        from store.read.readonly import StoreReader
+
         if not os.path.isdir(os.path.join(data_dir, "index")):
             raise SourceError(f"tidemq source: {data_dir} is not a TideMQ data directory on this host "
                               "(dataDir is for co-located executors; use address otherwise)")
@@ -317,6 +323,8 @@ class DirectClient:
         return False  # (no gateway to tell: a dataDir stream is no reader of idle queues)
 
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
+        from store.read.readonly import first_readable_offset
+
         self.reader.refresh()
         reader = self.reader
         out: dict[str, int | None] = {}
@@ -331,6 +339,9 @@ class DirectClient:
 
     def read(self, queue: str, start: int, end: int, max_rows: int,
              columns: tuple[str, ...] | None = None) -> Fetch:
+        from store.read import columns as store_columns
+        from store.read.readonly import first_readable_offset
+
         reader = self.reader
         state = reader.queue(queue)
         if state is None or state.next_offset < end:  # planned from a newer view: catch up

@@ -34,7 +34,7 @@ from bridge.spark_source import (
 )
 from bridge.kafka_options import KafkaOptions
 from bridge.pruning import projection
-from store.read.columns import ARROW_SCHEMA
+from store.read.columns import ARROW_SCHEMA, BATCH_ROWS
 from store.read.readonly import StoreReader
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 from tests.spark_support import num_partitions
@@ -231,6 +231,31 @@ async def test_short_ranges_of_a_partition_are_read_together_exactly(data_dir: P
         with pytest.raises(DataLossError, match="t:devices/9/telemetry"):
             await asyncio.to_thread(read, [*planned, ("t:devices/9/telemetry", 0, 2)])
         close_clients()
+
+
+async def test_a_worker_reading_through_the_gateway_loads_no_store_code(data_dir: Path) -> None:
+    """Each Python process Spark starts for a query (the stream's planner, the executors'
+    workers) imports the source before its first read, in the first micro-batch's time: one
+    that reads through the gateway (address) reads rows without importing the store's package
+    (its writer, replication, RocksDB index). In a process of its own, as a Spark worker is."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 8)
+        code = ("import sys; from pyspark.sql.datasource import InputPartition; "
+                "from spark_sinks.writer import TideMQDataSource; "
+                "from bridge.spark_options import SourceOptions; "
+                "from bridge.spark_source import QueueRange, read_any; from bridge.pruning import projection; "
+                "from bridge.kafka_schema import spark_schema; "
+                f"opts = SourceOptions.parse({{'address': '{connection(gw, 'address')['address']}', "
+                "'topicFilter': 'devices/+/telemetry', 'schema': 'kafka'}); "
+                "part = QueueRange('t:devices/1/telemetry', 0, 2, opts.connection, True, 100); "
+                "rows = [v for b in read_any(part, projection(spark_schema(False), opts.kafka)) "
+                "for v in b.column('value').to_pylist()]; "
+                "print(rows); loaded = sorted(m for m in sys.modules if m == 'store' or m.startswith('store.')); "
+                "assert not loaded, loaded")
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
+                                       cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == repr([payload(1), payload(5)])
 
 
 async def test_store_reader_reads_while_the_gateway_writes_and_changes_nothing(data_dir: Path) -> None:
@@ -506,6 +531,7 @@ def test_short_ranges_reach_spark_joined_in_order_and_full_batches_as_they_are()
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(40_005 + SHIP_ROWS))
     assert next(joined(iter([full]))) is full
     assert list(joined(iter([]))) == []
+    assert SHIP_ROWS == BATCH_ROWS  # the store's full batches are the ones that pass as they are
 
 
 def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
