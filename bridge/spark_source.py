@@ -67,7 +67,7 @@ from pyspark.sql.types import StructType
 from .data_client import RANGES_PER_READ, Fetch, ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
-from .planning import check_checkpoint, pack, reads_queue
+from .planning import check_checkpoint, pack, reads_queue, share
 from .progress import EmptyWatch
 from .pruning import SCHEMA, Projection, projection
 from .pushdown import Pushed, push
@@ -329,7 +329,8 @@ class _Planner:
 
     def partitions(self, start: dict[str, int], end: dict[str, int], *, stream: bool = False) -> list[InputPartition]:
         """The ranges [start, end) as partitions; a stream's micro-batch without ``minPartitions``
-        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it."""
+        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it, and a
+        stream's tasks of about equal rows (``planning.share``)."""
         opts = self.options
         if opts.kafka.schema == "kafka":
             check_partitions(end)
@@ -340,6 +341,9 @@ class _Planner:
             size = max(1, min(size, math.ceil(total / opts.min_partitions)))
         elif stream:
             size = min(size, STREAM_TASK_ROWS)
+        tasks = max(1, math.ceil(total / size))
+        if stream:
+            size = max(1, math.ceil(total / tasks))  # tasks of about equal rows (``share``)
         parts: list[QueueRange] = []
         for queue, s, e in ranges:
             pieces = math.ceil((e - s) / size)
@@ -347,7 +351,8 @@ class _Planner:
             for lo in range(s, e, step):
                 parts.append(QueueRange(queue, lo, min(e, lo + step), opts.connection, opts.fail_on_data_loss,
                                         opts.fetch_rows))
-        groups = pack([p.end - p.start for p in parts], size)
+        sizes = [p.end - p.start for p in parts]
+        groups = share(sizes, tasks) if stream else pack(sizes, size)
         return [parts[g[0]] if len(g) == 1 else QueueRanges([parts[i] for i in g]) for g in groups]
 
 
