@@ -18,6 +18,8 @@ from pathlib import Path
 import aiohttp
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.data_client import close_clients
 from bridge.spark_options import OptionError, SourceOptions
@@ -552,3 +554,17 @@ def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
     assert [sum(e - s for _, s, e in t) for t in tasks] == [12_500] * 4 and 12_500 <= STREAM_TASK_ROWS
     assert [r for t in tasks for r in t] == [(f"t:d/{i:03d}", 0, 500) for i in range(100)]
     assert len(planned({"minPartitions": "2"})) == 2
+
+
+@given(st.lists(st.integers(1, 40_000), max_size=60), st.integers(1, 8))
+def test_shared_ranges_stay_in_order_in_at_most_the_tasks_asked(sizes: list[int], parts: int) -> None:
+    """``planning.share``: every range once, in order, in at most ``parts`` non-empty groups,
+    none holding more than its share of rows and one range."""
+    from bridge.planning import share
+
+    groups = share(sizes, parts)
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert len(groups) <= parts and all(groups)
+    if sizes:
+        share_rows = sum(sizes) / parts
+        assert all(sum(sizes[i] for i in g) <= share_rows + max(sizes[i] for i in g) for g in groups)
