@@ -27,15 +27,16 @@ import time
 import urllib.parse
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import pyarrow as pa
 
 from protocols.queue_names import matching_topic_queues, topic_of_queue
-from store.read import columns as store_columns
-from store.read.readonly import StoreReader, first_readable_offset
 
 from .spark_options import DEFAULT_RETRY_TIMEOUT_S, Connection
+
+if TYPE_CHECKING:
+    from store.read.readonly import StoreReader
 
 log = logging.getLogger("tidemq.spark")
 
@@ -291,7 +292,12 @@ class HttpClient:
 
 
 class DirectClient:
+    """Reads the data directory (``dataDir``). The store's code is imported here, when one is
+    made: a process reading through the gateway (``HttpClient``) loads none of it."""
+
     def __init__(self, data_dir: str) -> None:
+        from store.read.readonly import StoreReader
+
         if not os.path.isdir(os.path.join(data_dir, "index")):
             raise SourceError(f"tidemq source: {data_dir} is not a TideMQ data directory on this host "
                               "(dataDir is for co-located executors; use address otherwise)")
@@ -317,6 +323,8 @@ class DirectClient:
         return False  # (no gateway to tell: a dataDir stream is no reader of idle queues)
 
     def offsets_for_times(self, times: dict[str, int]) -> dict[str, int | None]:
+        from store.read.readonly import first_readable_offset
+
         self.reader.refresh()
         reader = self.reader
         out: dict[str, int | None] = {}
@@ -331,32 +339,40 @@ class DirectClient:
 
     def read(self, queue: str, start: int, end: int, max_rows: int,
              columns: tuple[str, ...] | None = None) -> Fetch:
-        reader = self.reader
-        state = reader.queue(queue)
-        if state is None or state.next_offset < end:  # planned from a newer view: catch up
-            reader.refresh()
-            state = reader.queue(queue)
-        if state is None:
-            return Fetch(start, start, 0, 0, exists=False)
-        floor = reader.commitlog.min_position
-        low = first_readable_offset(reader.index, state, floor)
-        first, stop = store_columns.clamp(start, end, low, state.next_offset, max_rows)
-        if first >= stop:
-            return Fetch(first, first, low, state.next_offset)
-        found = store_columns.read_range(reader.index.db, reader.commitlog, queue, state.qid, first, stop, floor,
-                                         store_columns.schema_of(columns), topic_of_queue(queue))
-        return Fetch(found.first_offset, found.next_offset, low, state.next_offset, found.batches)
+        return self.read_many([(queue, start, end)], max_rows, columns)[0]
 
     def read_many(self, ranges: list[tuple[str, int, int]], max_rows: int,
                   columns: tuple[str, ...] | None = None) -> list[Fetch]:
-        """As ``HttpClient.read_many``, one range after the other from the files."""
+        """As ``HttpClient.read_many``, from the files: the ranges' records read together
+        (``store.read.columns.read_ranges``), as the gateway does."""
+        from store.read import columns as store_columns
+        from store.read.readonly import first_readable_offset
+
+        reader = self.reader
+        if any((state := reader.queue(q)) is None or state.next_offset < end for q, _, end in ranges):
+            reader.refresh()  # planned from a newer view: catch up
+        floor = reader.commitlog.min_position
         out: list[Fetch] = []
+        reads: list[Fetch] = []  # those with rows to read, as ``wanted`` lists them
+        wanted: list[tuple[str, int, int, int, str | None]] = []
         for queue, start, end in ranges:
             if max_rows <= 0:
                 break
-            fetch = self.read(queue, start, end, max_rows, columns)
-            max_rows -= fetch.next_offset - fetch.first_offset
-            out.append(fetch)
+            state = reader.queue(queue)
+            if state is None:
+                out.append(Fetch(start, start, 0, 0, exists=False))
+                continue
+            low = first_readable_offset(reader.index, state, floor)
+            first, stop = store_columns.clamp(start, end, low, state.next_offset, max_rows)
+            out.append(Fetch(first, first, low, state.next_offset))
+            if first < stop:
+                reads.append(out[-1])
+                wanted.append((queue, state.qid, first, stop, topic_of_queue(queue)))
+                max_rows -= stop - first
+        found = store_columns.read_ranges(reader.index.db, reader.commitlog, wanted, floor,
+                                          store_columns.schema_of(columns))
+        for fetch, read in zip(reads, found):
+            fetch.first_offset, fetch.next_offset, fetch.batches = read.first_offset, read.next_offset, read.batches
         return out
 
     def close(self) -> None:

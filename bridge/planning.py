@@ -68,3 +68,17 @@ def pack(sizes: list[int], limit: int) -> list[list[int]]:
             groups.append([i])
             rows = size
     return groups
+
+
+def share(sizes: list[int], parts: int) -> list[list[int]]:
+    """Consecutive ranges (given by their sizes, in order) in at most ``parts`` groups of about
+    the same rows: a range goes to the group its middle row falls in. A stream's micro-batch
+    shared by the executors' cores this way leaves no last task with a remainder, which would
+    be a wave of its own for one core. Indexes of the ranges per group."""
+    total = sum(sizes)
+    groups: dict[int, list[int]] = {}
+    at = 0
+    for i, size in enumerate(sizes):
+        groups.setdefault(min(parts - 1, (2 * at + size) * parts // max(1, 2 * total)), []).append(i)
+        at += size
+    return list(groups.values())

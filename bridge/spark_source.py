@@ -64,12 +64,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store.read.columns import BATCH_ROWS, schema_of
-
 from .data_client import RANGES_PER_READ, Fetch, ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
-from .planning import check_checkpoint, pack, reads_queue
+from .planning import check_checkpoint, pack, reads_queue, share
 from .progress import EmptyWatch
 from .pruning import SCHEMA, Projection, projection
 from .pushdown import Pushed, push
@@ -123,8 +121,10 @@ class QueueRanges(InputPartition):
 # messages) are joined into batches of about this many rows, as each batch costs Spark's JVM side
 # a fixed amount to take in (1M rows in 1,000-row batches took ~0.15 s more JVM CPU than in
 # 250,000-row ones); ``SHIP_BYTES`` bounds a joined batch's size in memory. The store's own full
-# batches (``store.read.columns.BATCH_ROWS``) pass as they are: no copy for long ranges.
-SHIP_ROWS = BATCH_ROWS
+# batches pass as they are: no copy for long ranges. The store's batch size
+# (``store.read.columns.BATCH_ROWS``: a test checks that they agree), not imported from it:
+# a worker reading through the gateway loads none of the store's code.
+SHIP_ROWS = 32_768
 SHIP_BYTES = 32 << 20
 # Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
 # topic ranges packed into one task would leave all but one core idle
@@ -181,7 +181,6 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
     asked for together, ``fetch_rows`` rows a request; only the store columns the query needs
     are fetched (``bridge/pruning.py``)."""
     columns = columns or projection(None, KafkaOptions())
-    native = schema_of(columns.fetch)
     client = client_for(parts[0].connection)
     pending = [(part, part.start) for part in parts if part.start < part.end]
     while pending:
@@ -192,8 +191,6 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
         for (part, at), fetch in zip(pending, fetches):
             at, batches = advance(part, at, fetch)
             for batch in batches:
-                if not batch.schema.equals(native):
-                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=native)
                 yield columns.shape(batch, part.queue)
             if at < part.end:
                 after.append((part, at))
@@ -332,7 +329,8 @@ class _Planner:
 
     def partitions(self, start: dict[str, int], end: dict[str, int], *, stream: bool = False) -> list[InputPartition]:
         """The ranges [start, end) as partitions; a stream's micro-batch without ``minPartitions``
-        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it."""
+        in tasks of at most ``STREAM_TASK_ROWS`` rows, so that executors' cores share it, and a
+        stream's tasks of about equal rows (``planning.share``)."""
         opts = self.options
         if opts.kafka.schema == "kafka":
             check_partitions(end)
@@ -343,6 +341,9 @@ class _Planner:
             size = max(1, min(size, math.ceil(total / opts.min_partitions)))
         elif stream:
             size = min(size, STREAM_TASK_ROWS)
+        tasks = max(1, math.ceil(total / size))
+        if stream:
+            size = max(1, math.ceil(total / tasks))  # tasks of about equal rows (``share``)
         parts: list[QueueRange] = []
         for queue, s, e in ranges:
             pieces = math.ceil((e - s) / size)
@@ -350,7 +351,8 @@ class _Planner:
             for lo in range(s, e, step):
                 parts.append(QueueRange(queue, lo, min(e, lo + step), opts.connection, opts.fail_on_data_loss,
                                         opts.fetch_rows))
-        groups = pack([p.end - p.start for p in parts], size)
+        sizes = [p.end - p.start for p in parts]
+        groups = share(sizes, tasks) if stream else pack(sizes, size)
         return [parts[g[0]] if len(g) == 1 else QueueRanges([parts[i] for i in g]) for g in groups]
 
 

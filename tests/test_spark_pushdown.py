@@ -38,13 +38,14 @@ QUEUE = "t:devices/1/telemetry"
 def built(monkeypatch) -> list[tuple[tuple[str, ...], int]]:
     """(columns, rows) of every range the store reads, here or in the gateway."""
     seen: list[tuple[tuple[str, ...], int]] = []
-    real = columns.read_range
+    real = columns.read_ranges  # (every read goes through it, one range or several)
 
-    def read_range(db, log, queue, qid, start, stop, min_position, schema=columns.ARROW_SCHEMA, topic=None):
-        seen.append((tuple(schema.names), stop - start))
-        return real(db, log, queue, qid, start, stop, min_position, schema, topic)
+    def read_ranges(db, log, ranges, min_position, schema=columns.ARROW_SCHEMA):
+        ranges = list(ranges)
+        seen.extend((tuple(schema.names), stop - start) for _, _, start, stop, _ in ranges)
+        return real(db, log, ranges, min_position, schema)
 
-    monkeypatch.setattr(columns, "read_range", read_range)
+    monkeypatch.setattr(columns, "read_ranges", read_ranges)
     return seen
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import aiohttp
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.data_client import close_clients
 from bridge.spark_options import OptionError, SourceOptions
@@ -34,7 +36,7 @@ from bridge.spark_source import (
 )
 from bridge.kafka_options import KafkaOptions
 from bridge.pruning import projection
-from store.read.columns import ARROW_SCHEMA
+from store.read.columns import ARROW_SCHEMA, BATCH_ROWS
 from store.read.readonly import StoreReader
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 from tests.spark_support import num_partitions
@@ -231,6 +233,31 @@ async def test_short_ranges_of_a_partition_are_read_together_exactly(data_dir: P
         with pytest.raises(DataLossError, match="t:devices/9/telemetry"):
             await asyncio.to_thread(read, [*planned, ("t:devices/9/telemetry", 0, 2)])
         close_clients()
+
+
+async def test_a_worker_reading_through_the_gateway_loads_no_store_code(data_dir: Path) -> None:
+    """Each Python process Spark starts for a query (the stream's planner, the executors'
+    workers) imports the source before its first read, in the first micro-batch's time: one
+    that reads through the gateway (address) reads rows without importing the store's package
+    (its writer, replication, RocksDB index). In a process of its own, as a Spark worker is."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 8)
+        code = ("import sys; from pyspark.sql.datasource import InputPartition; "
+                "from spark_sinks.writer import TideMQDataSource; "
+                "from bridge.spark_options import SourceOptions; "
+                "from bridge.spark_source import QueueRange, read_any; from bridge.pruning import projection; "
+                "from bridge.kafka_schema import spark_schema; "
+                f"opts = SourceOptions.parse({{'address': '{connection(gw, 'address')['address']}', "
+                "'topicFilter': 'devices/+/telemetry', 'schema': 'kafka'}); "
+                "part = QueueRange('t:devices/1/telemetry', 0, 2, opts.connection, True, 100); "
+                "rows = [v for b in read_any(part, projection(spark_schema(False), opts.kafka)) "
+                "for v in b.column('value').to_pylist()]; "
+                "print(rows); loaded = sorted(m for m in sys.modules if m == 'store' or m.startswith('store.')); "
+                "assert not loaded, loaded")
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True,
+                                       cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == repr([payload(1), payload(5)])
 
 
 async def test_store_reader_reads_while_the_gateway_writes_and_changes_nothing(data_dir: Path) -> None:
@@ -506,12 +533,13 @@ def test_short_ranges_reach_spark_joined_in_order_and_full_batches_as_they_are()
     assert pa.Table.from_batches(out).column("offset").to_pylist() == list(range(40_005 + SHIP_ROWS))
     assert next(joined(iter([full]))) is full
     assert list(joined(iter([]))) == []
+    assert SHIP_ROWS == BATCH_ROWS  # the store's full batches are the ones that pass as they are
 
 
 def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
     """Without minPartitions a micro-batch of many short topic ranges is a few tasks of at most
-    STREAM_TASK_ROWS rows (every range once, in order), not one task; minPartitions decides
-    when given."""
+    STREAM_TASK_ROWS rows, about as many rows each (every range once, in order), not one task;
+    minPartitions decides when given."""
     from bridge.spark_source import STREAM_TASK_ROWS, TideMQStreamReader
 
     def planned(extra: dict[str, str]) -> list[list[tuple[str, int, int]]]:
@@ -522,6 +550,21 @@ def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
         return [[(r.queue, r.start, r.end) for r in getattr(p, "ranges", [p])] for p in parts]
 
     tasks = planned({})
-    assert len(tasks) == 4 and all(sum(e - s for _, s, e in t) <= STREAM_TASK_ROWS for t in tasks)
+    # tasks of equal size: no last task with a remainder, a second wave for one core alone
+    assert [sum(e - s for _, s, e in t) for t in tasks] == [12_500] * 4 and 12_500 <= STREAM_TASK_ROWS
     assert [r for t in tasks for r in t] == [(f"t:d/{i:03d}", 0, 500) for i in range(100)]
     assert len(planned({"minPartitions": "2"})) == 2
+
+
+@given(st.lists(st.integers(1, 40_000), max_size=60), st.integers(1, 8))
+def test_shared_ranges_stay_in_order_in_at_most_the_tasks_asked(sizes: list[int], parts: int) -> None:
+    """``planning.share``: every range once, in order, in at most ``parts`` non-empty groups,
+    none holding more than its share of rows and one range."""
+    from bridge.planning import share
+
+    groups = share(sizes, parts)
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert len(groups) <= parts and all(groups)
+    if sizes:
+        share_rows = sum(sizes) / parts
+        assert all(sum(sizes[i] for i in g) <= share_rows + max(sizes[i] for i in g) for g in groups)

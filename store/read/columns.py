@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 from mmap import mmap
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,29 +123,49 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     queue's name (a topic queue: the store knows no queue names). The topic column is then built
     from it, not cut out of each record; a read whose other columns need neither index entries
     nor records (topic, queue, offset) reads one index entry, not the range."""
+    return read_ranges(db, log, [(queue, qid, start, stop, topic)], min_position, schema)[0]
+
+
+def read_ranges(db: Rdict, log: CommitLogReader, ranges: Iterable[tuple[str, int, int, int, str | None]],
+                min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
+    """``read_range`` of several ranges, each (queue, qid, start, stop, topic), in order. The
+    records far apart within a range (a topic queue amid other topics) are read for all the
+    ranges together (``_Gathered``): a micro-batch of many topic queues, whose records lie side
+    by side in the commitlog, takes a few reads, not one a record."""
     names = schema.names
-    from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
-    if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
-        # retention removes a queue's entries from the front only: [start, stop) all exist
-        result = RangeRead(start, max(start, stop))
-        for at in range(start, stop, BATCH_ROWS):
-            result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
-                                         schema, topic))
-        return result
-    first, entries = read_entries(db, qid, start, stop)
-    if len(entries):
-        kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
-        first += int(kept)
-        entries = entries[kept:]
-    result = RangeRead(first, stop if len(entries) else max(first, start))
-    entries = _follow_releases(queue, first, entries, log)
-    for at in range(0, len(entries), BATCH_ROWS):
-        part = entries[at:at + BATCH_ROWS]
-        if not from_records:
-            result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
-        else:
-            result.batches.extend(_batches(queue, first + at, part, log, schema, topic))
-    return result
+    results: list[RangeRead] = []
+    planned: list[tuple[RangeRead, str, int, np.ndarray, str | None, bool]] = []
+    gathered = _Gathered(log)
+    for queue, qid, start, stop, topic in ranges:
+        from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
+        if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
+            # retention removes a queue's entries from the front only: [start, stop) all exist
+            result = RangeRead(start, max(start, stop))
+            for at in range(start, stop, BATCH_ROWS):
+                result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
+                                             schema, topic))
+            results.append(result)
+            continue
+        first, entries = read_entries(db, qid, start, stop)
+        if len(entries):
+            kept = np.searchsorted(entries["position"].astype(np.int64), min_position)  # positions grow with offsets
+            first += int(kept)
+            entries = entries[kept:]
+        result = RangeRead(first, stop if len(entries) else max(first, start))
+        entries = _follow_releases(queue, first, entries, log)
+        results.append(result)
+        planned.append((result, queue, first, entries, topic, bool(from_records)))
+        if from_records:
+            gathered.want(entries)
+    gathered.read()
+    for result, queue, first, entries, topic, cut in planned:
+        for at in range(0, len(entries), BATCH_ROWS):
+            part = entries[at:at + BATCH_ROWS]
+            if not cut:
+                result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
+            else:
+                result.batches.extend(_batches(queue, first + at, part, log, schema, topic, gathered))
+    return results
 
 
 def _kept(db: Rdict, qid: int, start: int, stop: int, min_position: int) -> bool:
@@ -161,9 +181,16 @@ def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue
                     stop: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
+    return read_ranges_live(db, log, commitlog, [(queue, qid, start, stop, topic)], schema)[0]
+
+
+def read_ranges_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog,
+                     ranges: Iterable[tuple[str, int, int, int, str | None]],
+                     schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
+    """``read_ranges`` for the gateway's own store, as ``read_range_live``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
-    return read_range(db, log, queue, qid, start, stop, commitlog.min_position, schema, topic)
+    return read_ranges(db, log, ranges, commitlog.min_position, schema)
 
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
@@ -189,24 +216,67 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
     return entries
 
 
-def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
-             schema: pa.Schema, topic: str | None) -> list[pa.RecordBatch]:
+def _runs(entries: np.ndarray, seg_size: int) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray, bool]]:
+    """A queue's entries as runs of one commitlog segment each: (lo, hi, segment start, the
+    records' places in it, their sizes, whether they lie far apart: ``_Gathered`` reads those)."""
     positions = entries["position"].astype(np.int64)
     sizes = entries["size"].astype(np.int64)
-    seg_size = log.segment_size
     segments = positions // seg_size
-    out = []
     # a queue's records go forward through the log: entries of one segment are one run
     cuts = [0, *(np.flatnonzero(np.diff(segments)) + 1).tolist(), len(entries)]
     for lo, hi in itertools.pairwise(cuts):
         seg_start = int(segments[lo]) * seg_size
         rel = positions[lo:hi] - seg_start
         span = int((rel + sizes[lo:hi]).max()) - int(rel.min())
+        yield lo, hi, seg_start, rel, sizes[lo:hi], span - int(sizes[lo:hi].sum()) > GATHER_GAP
+
+
+class _Gathered:
+    """The records of several ranges that lie far apart (``_runs``), read together per segment
+    (``_gather``): one range's records, far from each other, often lie next to another range's
+    (topics published in turn). ``want`` each range's entries, ``read``, then ``find`` a run's."""
+
+    def __init__(self, log: CommitLogReader) -> None:
+        self._log = log
+        self._wanted: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        # per segment: the records' places in it (sorted), their places in the copy, the copy
+        self._read: dict[int, tuple[np.ndarray, np.ndarray, bytes] | None] = {}
+
+    def want(self, entries: np.ndarray) -> None:
+        for at in range(0, len(entries), BATCH_ROWS):  # (as read_ranges hands them to _batches)
+            for _, _, seg_start, rel, sizes, far in _runs(entries[at:at + BATCH_ROWS], self._log.segment_size):
+                if far:
+                    self._wanted.setdefault(seg_start, []).append((rel, sizes))
+
+    def read(self) -> None:
+        for seg_start, runs in self._wanted.items():
+            places, first = np.unique(np.concatenate([rel for rel, _ in runs]), return_index=True)
+            sizes = np.concatenate([size for _, size in runs])[first]
+            copied = places.copy()
+            found = _gather(self._log, seg_start, copied, sizes)
+            self._read[seg_start] = None if found is None else (places, copied, found[0])
+        self._wanted.clear()
+
+    def find(self, seg_start: int, rel: np.ndarray) -> tuple[bytes, int] | None:
+        """As ``_gather``: (buffer, base) with ``rel`` rewritten to the records' places in the
+        buffer; None if the segment was short."""
+        done = self._read.get(seg_start)
+        if done is None:
+            return None
+        places, copied, buffer = done
+        rel[:] = copied[np.searchsorted(places, rel)]
+        return buffer, 0
+
+
+def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
+             schema: pa.Schema, topic: str | None, gathered: _Gathered) -> list[pa.RecordBatch]:
+    out = []
+    for lo, hi, seg_start, rel, sizes, far in _runs(entries, log.segment_size):
         found: tuple[mmap | bytes, int] | None
-        if span - int(sizes[lo:hi].sum()) > GATHER_GAP:
-            found = _gather(log, seg_start, rel, sizes[lo:hi])
+        if far:
+            found = gathered.find(seg_start, rel)
         else:
-            found = log.span(seg_start, int(rel.min()), int((rel + sizes[lo:hi]).max()))
+            found = log.span(seg_start, int(rel.min()), int((rel + sizes).max()))
         if found is None:
             raise RecordCorruptError(
                 f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
@@ -215,10 +285,10 @@ def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogR
         at = lo
         while at < hi:  # a batch's records, so each of its columns, stay within int32 offsets
             n = hi - at
-            while n > 1 and int(sizes[at:at + n].sum()) > _MAX_COLUMN:
+            while n > 1 and int(sizes[at - lo:at - lo + n].sum()) > _MAX_COLUMN:
                 n //= 2
             out.append(_batch(queue, first_offset + at, n, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at:at + n], schema, topic))
+                              rel[at - lo:at - lo + n], sizes[at - lo:at - lo + n], schema, topic))
             at += n
     return out
 
