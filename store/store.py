@@ -119,7 +119,7 @@ class MessageStore:
             meta = self.meta
             self.meta_replay = MetaReplay(lambda batch: meta.writes.apply(batch, journal=False))
             self.recovery = recover(self.commitlog, self.index, self.dispatcher, repair=opts.repair,
-                                    on_meta=self.meta_replay.apply, index_tail=not opts.replicated)
+                                    on_meta=self.meta_replay.apply_records, index_tail=not opts.replicated)
             self.meta_replay.applied = self.commitlog.end_position
             if self.recovery.records_redispatched or self.recovery.torn_bytes_dropped:
                 self.commitlog.flush()

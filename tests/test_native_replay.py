@@ -40,8 +40,8 @@ class Recorder:
     def drop(self, names: list[str], end: int) -> None:
         self.calls.append(("drop", list(names), end))
 
-    def meta(self, body: bytes, end: int) -> None:
-        self.calls.append(("meta", body, end))
+    def meta(self, records: list[tuple[bytes, int]]) -> None:
+        self.calls.append(("meta", list(records)))
 
 
 def replayed(module: ModuleType, store: MessageStore, start: int, end: int) -> list[Any]:

@@ -345,6 +345,28 @@ async def test_meta_changes_reach_the_followers_through_the_log(group):
     assert dict(b.meta.table("sessions").items()) == {"dev-1": b"state-1", "dev-3": b"state-3"}
 
 
+async def test_a_follower_applies_a_confirmed_stretch_of_meta_changes_in_one_write(group):
+    """Each meta change is a record of its own on the leader; a follower applies those it learns
+    are confirmed together, in one write of its meta database (with ``flush = sync`` one fsync
+    of RocksDB's log, on its event loop, rather than one a record), and holds every change."""
+    a = await group.open("a", min_insync=2, flush="sync")
+    b = await group.open("b", min_insync=2, flush="sync")
+    await group.lead("a", 1)
+    await group.follow("b")
+    await group.in_sync_with("b")
+    writes = []
+    apply = b.meta.writes.apply
+    b.meta.writes.apply = lambda batch, **kw: (writes.append(len(batch.changes)), apply(batch, **kw))[1]
+    sessions = a.meta.table("sessions")
+    for i in range(200):  # (200 records appended in one turn of the leader's loop)
+        sessions.put(f"dev-{i}", b"state-%d" % i)
+    await a.meta_settled()
+    await group.caught_up("b")
+    assert sum(writes) == 200
+    assert len(writes) <= 10, writes
+    assert dict(b.meta.table("sessions").items()) == {f"dev-{i}": b"state-%d" % i for i in range(200)}
+
+
 async def test_a_lone_meta_change_is_confirmed_when_every_replica_must_fsync(group):
     """flush = "sync": the leader counts only what it has made durable, so a meta change with
     no write after it must be fdatasynced by itself (found by the chaos script)."""

@@ -47,7 +47,8 @@ class _Damage:
 
 
 def recover(log_: CommitLog, index: ConsumeQueueIndex, dispatcher: Dispatcher, *, repair: bool,
-            on_meta: Callable[[bytes, int], None] | None = None, index_tail: bool = True) -> RecoveryReport:
+            on_meta: Callable[[list[tuple[bytes, int]]], None] | None = None,
+            index_tail: bool = True) -> RecoveryReport:
     """Verify the log from the index's checkpoint, cut a torn tail, index what the index lacks
     and apply the meta change records after the checkpoint (``on_meta``: replicated stores).
     ``index_tail`` False (a replica): what the index lacks is left unindexed, for the group to

@@ -30,11 +30,14 @@ class Replay:
     them: by recovery, and by a follower for the bytes its leader sends (store/replica/)."""
 
     def __init__(self, index: ConsumeQueueIndex, dispatcher: Dispatcher,
-                 on_meta: Callable[[bytes, int], None] | None = None, meta_only: bool = False) -> None:
+                 on_meta: Callable[[list[tuple[bytes, int]]], None] | None = None, meta_only: bool = False) -> None:
         self._index = index
         self._dispatcher = dispatcher
-        self._on_meta = on_meta  # told each meta change record's body and end (meta/journal.py)
+        # told the meta change records' bodies and ends (meta/journal.py), those added since the
+        # last flush together: one write of the meta database for them, not one each
+        self._on_meta = on_meta
         self._meta_only = meta_only  # apply meta change records, index nothing
+        self._meta: list[tuple[bytes, int]] = []
         self._pending: list[DispatchItem] = []
         self._heads: dict[str, int] = {}  # the pending items' queues -> pack_state after them
         self.dispatched = 0  # records indexed (or dropping a queue) so far
@@ -46,7 +49,7 @@ class Replay:
         end = position + view.size
         if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count:
             if self._on_meta is not None:
-                self._on_meta(view.body, end)
+                self._meta.append((view.body, end))
             return
         if self._meta_only:
             return
@@ -72,7 +75,12 @@ class Replay:
         return at
 
     def flush(self, end: int) -> None:
-        """Index what was added; the index's checkpoint moves to ``end``."""
+        """Apply the meta changes added, then index what was added; the index's checkpoint moves
+        to ``end`` (after the meta changes before it: recovery applies those after the checkpoint
+        again)."""
+        if self._meta and self._on_meta is not None:  # (only added with a callback)
+            meta, self._meta = self._meta, []
+            self._on_meta(meta)
         if self._pending:
             self._dispatcher.dispatch(self._pending, end, self._heads)
             self.dispatched += len(self._pending)

@@ -38,7 +38,7 @@ class FollowerLog:
         self._log = commitlog
         self._index = index
         self._meta = meta
-        self._replay = Replay(index, dispatcher, meta.apply if meta is not None else None)
+        self._replay = Replay(index, dispatcher, meta.apply_records if meta is not None else None)
         self.epochs = epochs
         self.leader_epoch = 0  # the epoch of the leader this log follows now
         self.confirmed = 0  # the leader's confirmed position, as last heard
