@@ -234,16 +234,17 @@ def _constant_key(v: object) -> str:
     return "true" if v is True else "false" if v is False else "null"
 
 
-def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
-                  ) -> Callable[[float], tuple[int, ...]] | None:
-    """A number -> the ids of the ranges holding it, by bisection over the bounds: each bound
-    (a point) and each open gap between two bounds has its answer precomputed (a range's own
-    bounds are among them, so a gap is wholly inside a range or wholly outside)."""
+def _range_table(ranges: list[tuple[tuple[float, bool, float, bool], int]]
+                 ) -> tuple[list[float], list[tuple[int, ...]]] | None:
+    """The bounds of ``ranges``, sorted, and the ids of the ranges holding each bound (a point)
+    and each open gap between two bounds, precomputed (a range's own bounds are among them, so
+    a gap is wholly inside a range or wholly outside): answer ``2j`` is the gap below
+    ``bounds[j]``, ``2j + 1`` the bound itself."""
     if not ranges:
         return None
     bounds = sorted({b for (lo, _, hi, _), _ in ranges for b in (lo, hi) if math.isfinite(b)})
     count = len(bounds)
-    answers: list[set[int]] = [set() for _ in range(2 * count + 1)]  # 2j: the gap below bounds[j]; 2j+1: bounds[j]
+    answers: list[set[int]] = [set() for _ in range(2 * count + 1)]
     for (lo, lo_in, hi, hi_in), anchor_id in ranges:
         for j, b in enumerate(bounds):
             if (b > lo or (lo_in and b == lo)) and (b < hi or (hi_in and b == hi)):
@@ -253,7 +254,17 @@ def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
             right = bounds[j] if j < count else math.inf
             if lo <= left and right <= hi:
                 answers[2 * j].add(anchor_id)
-    frozen = [tuple(sorted(a)) for a in answers]
+    return bounds, [tuple(sorted(a)) for a in answers]
+
+
+def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
+                  ) -> Callable[[float], tuple[int, ...]] | None:
+    """A number -> the ids of the ranges holding it, by bisection over ``_range_table``."""
+    table = _range_table(ranges)
+    if table is None:
+        return None
+    bounds, frozen = table
+    count = len(bounds)
     search = bisect.bisect_left
 
     def lookup(v: float) -> tuple[int, ...]:
@@ -269,37 +280,58 @@ def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
 def _generate_collector(indexes: list[_FieldIndex]) -> Callable[[dict[str, Any]], set[int]]:
     """One function that reads every indexed field of an event once and returns the ids of the
     anchors its values hit: generated as straight-line Python (field names as literals made by
-    ``repr``, tables bound by name), so that the common case -- a string or a number in an
-    object -- costs dictionary lookups and no call. Lists of values or objects, and the string
-    operators other than exact values, go through each index's general ``collect``."""
-    namespace: dict[str, Any] = {"MISSING": MISSING, "path_values": _path_values}
-    lines = ["def collect_hits(event):", "    hits = set()", "    update = hits.update", "    get = event.get"]
-    by_first: dict[str, list[tuple[int, _FieldIndex]]] = {}
+    ``repr``, tables bound by name), objects read level by level at any depth, so that the
+    common case -- a string or a number in nested objects -- costs dictionary lookups and no
+    call. Lists of values or objects, and the string operators other than exact values, go
+    through each index's general ``collect``."""
+    namespace: dict[str, Any] = {"MISSING": MISSING, "path_values": _path_values, "leaf_values": leaf_values}
+    lines = ["def collect_hits(event):", "    hits = set()", "    update = hits.update"]
+    tree: _PathTree = {}
     for n, index in enumerate(indexes):
         namespace[f"C{n}"] = index.compile()
-        if len(index.path) > 2:
-            namespace[f"P{n}"] = index.path
-            lines += [f"    for x in path_values(event, P{n}):", f"        C{n}(x, hits)"]
-        else:
-            by_first.setdefault(index.path[0], []).append((n, index))
-    for g, (first, entries) in enumerate(by_first.items()):
-        lines.append(f"    v = get({first!r}, MISSING)")
-        for n, index in entries:
-            if len(index.path) == 1:
-                lines += _field_lines(n, index, "v", "    ", namespace)
-        nested = [(n, index) for n, index in entries if len(index.path) == 2]
-        if nested:
-            lines += ["    tv = type(v)", "    if tv is dict:", "        vget = v.get"]
-            for n, index in nested:
-                lines.append(f"        x{n} = vget({index.path[1]!r}, MISSING)")
-                lines += _field_lines(n, index, f"x{n}", "        ", namespace)
-            lines.append("    elif tv is list:")
-            for n, index in nested:
-                namespace[f"K{n}"] = (index.path[1],)
-                lines += [f"        for x in path_values(v, K{n}):", f"            C{n}(x, hits)"]
+        node = tree
+        for depth, key in enumerate(index.path):
+            ending, node = node.setdefault(key, ([], {}))
+            if depth == len(index.path) - 1:
+                ending.append((n, index))
+    _level_lines(tree, "event", 0, "    ", lines, namespace)
     lines.append("    return hits")
     exec(compile("\n".join(lines), "<pattern_set collector>", "exec"), namespace)
     return namespace["collect_hits"]
+
+
+# a level of the indexed fields' paths: key -> (the indexes whose path ends there, the next level)
+_PathTree = dict[str, tuple[list[tuple[int, "_FieldIndex"]], "_PathTree"]]
+
+
+def _level_lines(tree: _PathTree, obj: str, depth: int, indent: str, lines: list[str],
+                 namespace: dict[str, Any]) -> None:
+    """The collector's code for the fields of ``tree`` in the dict named ``obj``; below, each
+    object is read the same way and a list of objects by ``path_values``."""
+    get = f"get{depth}"
+    lines.append(f"{indent}{get} = {obj}.get")
+    for key, (ending, below) in tree.items():
+        var = f"v{len(lines)}"
+        lines.append(f"{indent}{var} = {get}({key!r}, MISSING)")
+        for n, index in ending:
+            lines += _field_lines(n, index, var, indent, namespace)
+        if below:
+            lines.append(f"{indent}if type({var}) is dict:")
+            _level_lines(below, var, depth + 1, indent + "    ", lines, namespace)
+            lines.append(f"{indent}elif type({var}) is list:")
+            for n, rest in _paths_below(below, ()):
+                path = f"K{n}_{depth}"  # (the path from this level: index n has one per level)
+                namespace[path] = rest
+                lines += [f"{indent}    for x in path_values({var}, {path}):", f"{indent}        C{n}(x, hits)"]
+
+
+def _paths_below(tree: _PathTree, at: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
+    """Each index under ``tree``, with its path from there."""
+    out = []
+    for key, (ending, below) in tree.items():
+        out += [(n, (*at, key)) for n, _ in ending]
+        out += _paths_below(below, (*at, key))
+    return out
 
 
 MEMO_SIZE = 4096  # string values remembered per field (cleared when full)
@@ -347,10 +379,14 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
         if index.numbers:
             namespace[f"N{n}"] = index.numbers.get
             body += [f"    h = N{n}({var})", "    if h:", "        update(h)"]
-        lookup = _range_lookup(index.ranges)
-        if lookup is not None:
-            namespace[f"R{n}"] = lookup
-            body += [f"    h = R{n}({var})", "    if h:", "        update(h)"]
+        table = _range_table(index.ranges)
+        if table is not None:  # (``_range_lookup`` inline: no call per number)
+            namespace[f"B{n}"], namespace[f"A{n}"] = table
+            namespace["bisect_left"] = bisect.bisect_left
+            body += [f"    if {var} == {var}:",  # (NaN is in no range)
+                     f"        i = bisect_left(B{n}, {var})",
+                     f"        h = A{n}[2 * i + 1] if i < {len(table[0])} and B{n}[i] == {var} else A{n}[2 * i]",
+                     "        if h:", "            update(h)"]
         out += body or ["    pass"]
     else:
         out.append(f"    C{n}({var}, hits)")
@@ -359,7 +395,6 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
             f"        C{n}(y, hits)",
             f"elif {var} is not MISSING and type({var}) is not dict:",
             f"    C{n}({var}, hits)"]
-    namespace["leaf_values"] = leaf_values
     return [indent + line for line in out]
 
 
@@ -427,16 +462,16 @@ class PatternSet:
                     owners.append((ordinal, partner[0] if partner else -1))
         collect_hits = _generate_collector(list(fields.values()))
         always_set = frozenset(always)
+        owner_of = [ordinal for ordinal, _ in owners]
+        partner_of = [partner for _, partner in owners]
 
         def match(event: Any) -> list[str]:
             if type(event) is not dict:
                 event = {}
             hits = collect_hits(event)
-            selected = set(always_set)
-            for anchor_id in hits:
-                ordinal, partner = owners[anchor_id]
-                if partner < 0 or partner in hits:
-                    selected.add(ordinal)
+            selected = {owner_of[a] for a in hits if partner_of[a] < 0 or partner_of[a] in hits}
+            if always_set:
+                selected |= always_set
             if not selected:
                 return []
             if len(selected) == 1:
