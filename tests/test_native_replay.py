@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Message, MessageStore, StoreOptions
+from store import Message, MessageStore, StoreError, StoreOptions
 from store.holds.codec import TIMER
 from store.meta.journal import MetaBatch
 from store.messages import tag_hash
@@ -44,10 +44,24 @@ class Recorder:
         self.calls.append(("meta", list(records)))
 
 
-def replayed(module: ModuleType, store: MessageStore, start: int, end: int) -> list[Any]:
+def replayed(module: ModuleType, store: MessageStore, start: int, end: int, log: Any = None) -> list[Any]:
     recorder = Recorder()
     replay = module.Replay(store.index, recorder, recorder.meta)
-    last = replay.add_records(store.commitlog, start, end)
+    last = replay.add_records(log or store.commitlog, start, end)
+    replay.flush(last)
+    recorder.calls.append(("end", last))
+    return recorder.calls
+
+
+def viewed(module: ModuleType, store: MessageStore, start: int, end: int) -> list[Any]:
+    """``replayed`` through a RecordView of every record (``add_records`` reads most from
+    their bytes)."""
+    recorder = Recorder()
+    replay = module.Replay(store.index, recorder, recorder.meta)
+    last = start
+    for position, view in module.records(store.commitlog, start, end):
+        replay.add(position, view)
+        last = position + view.size
     replay.flush(last)
     recorder.calls.append(("end", last))
     return recorder.calls
@@ -64,6 +78,9 @@ async def a_store(path: Path) -> MessageStore:
                                 1 << 50)
     await store.held.release(store.held.due(TIMER, 1 << 51, 10))
     store.commitlog.append([_meta_record()])
+    for i in range(60):  # (no key, no TAGS: read from their bytes)
+        await store.put(Message(f"plain/{i % 3}", b"p" * (i % 200), {"p": "v" * (i % 4)} if i % 2 else None),
+                        [f"q{i % 5}", f"plain{i % 3}", "w:plain/+"][: 1 + i % 3])
     assert held is not None
     return store
 
@@ -87,6 +104,54 @@ async def test_a_whole_log_replays_alike(tmp_path: Path) -> None:
         tagged = {item[2] for call in mine if call[0] == "dispatch" for item in call[1]}
         assert {tag_hash("tag0"), tag_hash("tag1"), tag_hash("tag2"), 0} <= tagged
         assert sum(len(call[1]) for call in mine if call[0] == "dispatch") >= 121
+    finally:
+        await store.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 1 << 20))
+async def test_records_read_from_their_bytes_are_indexed_as_through_their_views(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / f"v{cut}"
+    store = await a_store(path)
+    try:
+        end = cut % (store.commitlog.end_position + 1)
+        for module in (C, PY):
+            assert replayed(module, store, 0, end) == viewed(module, store, 0, end)
+    finally:
+        await store.close()
+
+
+class Damaged:
+    """A commitlog whose reads have one byte flipped at ``at``."""
+
+    def __init__(self, log: Any, at: int) -> None:
+        self._log, self._at = log, at
+        self.segment_size = log.segment_size
+
+    def segment_of(self, position: int) -> Any:
+        return self._log.segment_of(position)
+
+    def read(self, position: int, size: int) -> bytes:
+        data = bytearray(self._log.read(position, size))
+        if position <= self._at < position + len(data):
+            data[self._at - position] ^= 0x20
+        return bytes(data)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.integers(0, 1 << 20))
+async def test_a_damaged_record_is_refused_alike(tmp_path: Path, at: int) -> None:
+    path = tmp_path / f"d{at}"
+    store = await a_store(path)
+    try:
+        end = store.commitlog.end_position
+        outcomes = []
+        for module in (C, PY):
+            try:
+                outcomes.append(replayed(module, store, 0, end, Damaged(store.commitlog, at % end)))
+            except StoreError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
     finally:
         await store.close()
 

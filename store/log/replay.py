@@ -1,4 +1,5 @@
 # cython: annotation_typing=False
+# distutils: libraries = z
 """Records read back from the commitlog and indexed as the committer indexed them when it wrote
 them: by recovery (recovery.py) and by a replica's follower for the bytes its leader sends
 (store/replica/). On a follower this is the message path: compiled (setup.py)."""
@@ -6,6 +7,8 @@ them: by recovery (recovery.py) and by a replica's follower for the bytes its le
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+
+import zlib
 
 import cython
 
@@ -17,12 +20,17 @@ from ..index.dispatcher import Dispatcher, DispatchItem
 from ..index.keyindex import key_prefixes
 from ..messages import TAGS_PROPERTY, tag_hash
 from .commitlog import CommitLog
-from .record import HEADER_SIZE, RecordView, decode_properties
+from .record import HEADER_SIZE, MAGIC, QUEUE_SLOT_OVERHEAD, RecordView, decode_properties
+
+if cython.compiled:
+    from cython.cimports.cpython.bytes import PyBytes_AS_STRING
+    from cython.cimports.store.log.zlib_crc import crc32 as c_crc32
 
 REDISPATCH_BATCH = 8192
 DROP_OP = bytes((DROP,))
 META_OP = bytes((META,))
 _TAGS_NAME = len(TAGS_PROPERTY).to_bytes(2, "big") + TAGS_PROPERTY.encode()  # as a properties block names it
+_HOLD_TOPIC = HOLD_TOPIC.encode()
 
 
 class Replay:
@@ -66,13 +74,94 @@ class Replay:
         if len(self._pending) >= REDISPATCH_BATCH:
             self.flush(end)
 
+    @cython.locals(off=cython.Py_ssize_t, total=cython.Py_ssize_t, buf=bytes)
     def add_records(self, log_: CommitLog, start: int, end: int) -> int:
-        """``add`` each whole record from ``start`` up to ``end``; where the next record starts."""
+        """``add`` each whole record from ``start`` up to ``end``, across segment rolls; where the
+        next record starts (a record cut short at ``end`` -- a replica receiving its leader's
+        bytes -- is left for the next call). Ordinary messages are indexed from their bytes
+        (``_add_plain``), the others through a ``RecordView``."""
+        size = log_.segment_size
         at = start
-        for position, view in records(log_, start, end):
-            self.add(position, view)
-            at = position + view.size
+        qids: dict[bytes, tuple[str, int]] = {}  # queue names met in this call -> (name, qid)
+        while at < end:
+            seg = log_.segment_of(at)
+            seg_end = min(seg.start + seg.length, end) if seg is not None else at
+            if at >= seg_end:  # the rest of this segment is unused: the log rolled
+                at = at - at % size + size
+                continue
+            buf = log_.read(at, seg_end - at)
+            off = 0
+            while len(buf) - off >= HEADER_SIZE:
+                total = _u32(buf, off)
+                if len(buf) - off < total:
+                    break
+                if not self._add_plain(buf, off, at + off, qids):
+                    try:
+                        view = RecordView(buf, off)
+                    except RecordCorruptError as exc:
+                        raise StoreError(f"record at {at + off} is damaged: {exc}") from None
+                    if view.topic == HOLD_TOPIC:
+                        qids.clear()  # (a drop record may take a name's queue away)
+                    self.add(at + off, view)
+                off += total
+            at += off
+            if at < seg_end:  # a record the next bytes complete
+                break
         return at
+
+    @cython.locals(buf=bytes, off=cython.Py_ssize_t, total=cython.Py_ssize_t, lt=cython.Py_ssize_t,
+                   lk=cython.Py_ssize_t, lp=cython.Py_ssize_t, lb=cython.Py_ssize_t, qc=cython.Py_ssize_t,
+                   i=cython.Py_ssize_t, qend=cython.Py_ssize_t, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
+    def _add_plain(self, buf: bytes, off: int, position: int, qids: dict[bytes, tuple[str, int]]) -> bool:
+        """Index the record at ``off`` of ``buf`` from its bytes, as ``add`` would from its view,
+        when it is an ordinary message: not a control record, no key, no TAGS property, sound.
+        False (nothing done): it is not one, and ``add`` reads it through a ``RecordView``."""
+        total = _u32(buf, off)
+        if _u32(buf, off + 4) != MAGIC or self._meta_only:
+            return False
+        qc, lt, lk = _u16(buf, off + 32), _u16(buf, off + 34), _u16(buf, off + 36)
+        lp, lb = _u32(buf, off + 38), _u32(buf, off + 42)
+        if lk or total < HEADER_SIZE + lt + lp + lb + QUEUE_SLOT_OVERHEAD * qc:
+            return False
+        i = off + HEADER_SIZE
+        if lt == len(_HOLD_TOPIC) and buf[i:i + lt] == _HOLD_TOPIC:
+            return False
+        i += lt
+        if lp and buf.find(_TAGS_NAME, i, i + lp) >= 0:
+            return False
+        if _crc(buf, off + 12, off + total) != _u32(buf, off + 8):
+            return False
+        i += lp
+        qend = off + total - lb
+        index = self._index
+        targets = []
+        for k in range(qc):
+            if qend - i < 2:
+                return False
+            n = _u16(buf, i)
+            if qend - i < 2 + n + 8:
+                return False
+            raw = buf[i + 2:i + 2 + n]
+            known = qids.get(raw)
+            if known is None:
+                try:
+                    name = raw.decode()
+                except UnicodeDecodeError:
+                    return False
+                packed = index.cache.get(name)
+                known = qids[raw] = (name, (index.resolve(name) if packed is None else packed) & QID_MASK)
+            i += 2 + n
+            targets.append((known[0], known[1], _u64(buf, i)))
+            i += 8
+        if i != qend:
+            return False
+        heads = self._heads
+        for name, qid, offset in targets:
+            heads[name] = (offset + 1) << 32 | qid
+        self._pending.append((position, total, 0, _i64(buf, off + 24), targets, (), ()))
+        if len(self._pending) >= REDISPATCH_BATCH:
+            self.flush(position + total)
+        return True
 
     def flush(self, end: int) -> None:
         """Apply the meta changes added, then index what was added; the index's checkpoint moves
@@ -116,6 +205,66 @@ def records(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, Record
         at += off
         if at < seg_end:  # a record the next bytes complete
             return
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+@cython.exceptval(check=False)
+def _u16(data, at):
+    """The big-endian u16 at ``at`` (the caller checked the bounds)."""
+    return (cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at])) << 8
+            | cython.cast(cython.uchar, data[at + 1]))
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+@cython.exceptval(check=False)
+def _u32(data, at):
+    """The big-endian u32 at ``at`` (the caller checked the bounds)."""
+    return (cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at])) << 24
+            | cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 1])) << 16
+            | cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 2])) << 8
+            | cython.cast(cython.uchar, data[at + 3]))
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t)
+@cython.returns(cython.ulonglong)
+@cython.exceptval(check=False)
+def _u64(data, at):
+    """The big-endian u64 at ``at`` (the caller checked the bounds)."""
+    return cython.cast(cython.ulonglong, _u32(data, at)) << 32 | _u32(data, at + 4)
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, at=cython.Py_ssize_t, value=cython.ulonglong)
+@cython.returns(cython.longlong)
+@cython.exceptval(check=False)
+def _i64(data, at):
+    """The big-endian i64 at ``at`` (the caller checked the bounds)."""
+    value = _u64(data, at)
+    if cython.compiled:
+        return cython.cast(cython.longlong, value)
+    return value - (1 << 64) if value >> 63 else value
+
+
+@cython.cfunc
+@cython.inline
+@cython.locals(data=bytes, start=cython.Py_ssize_t, end=cython.Py_ssize_t)
+@cython.returns(cython.uint)
+@cython.exceptval(check=False)
+def _crc(data, start, end):
+    """CRC32 of ``data[start:end]``, without copying it (as the record codec checks it)."""
+    if cython.compiled:
+        return c_crc32(0, cython.cast(cython.p_uchar, PyBytes_AS_STRING(data)) + start,
+                       cython.cast(cython.uint, end - start))
+    return zlib.crc32(memoryview(data)[start:end])
 
 
 def _dispatch_item(index: ConsumeQueueIndex, position: int, view: RecordView) -> DispatchItem:
