@@ -91,3 +91,27 @@ def test_random_bytes_decode_alike(blob: bytes) -> None:
     for name, args in (("decode_put", ()), ("decode_put_results", ("P",)), ("decode_offsets", ()),
                        ("decode_names", ()), ("decode_items", ()), ("decode_messages", ("P", "q"))):
         same(name, blob, *args)
+
+
+async def test_a_puts_own_results_are_answered_as_the_results_they_make(tmp_path) -> None:
+    """A store node answers a gateway node's put from its ``PutResults`` without making each
+    result: the answer decodes to what the results say, held messages and a queue named twice
+    included, in both builds."""
+    from store import MessageStore, StoreOptions, TIMER
+
+    store = await MessageStore.open(StoreOptions(data_dir=tmp_path / "s"))
+    try:
+        items = [(Message(f"t/{i}", b"x" * i, key="k" if i % 2 else None, tags="a" if i % 3 else None),
+                  [f"q{i % 2}", "w", "w"][: 1 + i % 3]) for i in range(8)]
+        results = await store.put_batch(items)
+        held = await store.held.put(Message("t/h", b"later"), ["q0"], TIMER, 1 << 50)
+        assert held is not None and hasattr(results, "places")  # (a put's own results)
+        for put in (results, [held]):
+            for with_offsets in (True, False):
+                body = same("encode_put_results", put, with_offsets)
+                assert body[0] == "ok"
+                assert same("decode_put_results", body[1], put[0].msg_id[:-16])[1] == [
+                    ("result", r.msg_id, r.position, r.size, r.store_timestamp,
+                     dict(r.queue_offsets) if with_offsets else {}) for r in put]
+    finally:
+        await store.close()

@@ -255,20 +255,31 @@ _NO_OFFSETS = _U16.pack(0)
 def encode_put_results(results: Sequence[PutResult], queue_offsets: bool = True) -> bytes:
     """``queue_offsets`` False (a PUT that asked ``offsets=0``): each result with no queue offsets,
     which an MQTT gateway node never reads (the same layout: a queue count of 0). A queue name
-    is encoded once a body (a put's messages mostly name the same queues)."""
+    is encoded once a body (a put's messages mostly name the same queues). A put's own results
+    (``places``) are encoded without being made."""
+    places = getattr(results, "places", None)
+    if places is not None:
+        store_ts = results.store_timestamp  # type: ignore[attr-defined]
+        return _encode_places([(position, size, store_ts, queues, offsets)
+                               for position, size, queues, offsets in places()], queue_offsets)
+    return _encode_places([(r.position, r.size, r.store_timestamp, list(r.queue_offsets), list(r.queue_offsets.values()))
+                           for r in results], queue_offsets)
+
+
+def _encode_places(places: list[tuple[int, int, int, list[str], list[int]]], queue_offsets: bool) -> bytes:
     out = []
+    pack_result = _PUT_RESULT.pack
     if not queue_offsets:
-        for result in results:
-            out.append(_PUT_RESULT.pack(result.position, result.size, result.store_timestamp))
+        for position, size, store_ts, _, _ in places:
+            out.append(pack_result(position, size, store_ts))
             out.append(_NO_OFFSETS)
         return b"".join(out)
     names: dict[str, bytes] = {}
-    pack_result, pack_count, pack_offset = _PUT_RESULT.pack, _U16.pack, _I64.pack
-    for result in results:
-        offsets = result.queue_offsets
-        out.append(pack_result(result.position, result.size, result.store_timestamp))
-        out.append(pack_count(len(offsets)))
-        for name, offset in offsets.items():
+    pack_count, pack_offset = _U16.pack, _I64.pack
+    for position, size, store_ts, queues, offsets in places:
+        out.append(pack_result(position, size, store_ts))
+        out.append(pack_count(len(queues)))
+        for name, offset in zip(queues, offsets):
             encoded = names.get(name)
             if encoded is None:
                 encoded = names[name] = _str(name)
