@@ -83,6 +83,8 @@ class StoreLinkError(RemotingProtocolError):
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _MSG_HEAD = struct.Struct(">qIBQ")  # born, flag, hold kind, hold due (store.Message)
+_MSG_HEAD_AND_PROPS = struct.Struct(">qIBQI")  # the same, then the properties' length
+_NO_KEY_NO_TAGS = bytes(4)  # two empty strings
 _PUT_RESULT = struct.Struct(">QIq")  # position, size, store ms
 _I64 = struct.Struct(">q")
 _GET_ENTRY = struct.Struct(">QqiI")  # position, queue offset, tag hash, record length
@@ -163,33 +165,38 @@ class _Reader:
 
 # -- PUT ----------------------------------------------------------------------------------------
 def encode_put(items: Iterable[tuple[Message, Sequence[str]]]) -> bytes:
-    """A PUT body (layout above), built inline as ``decode_put`` reads it: no call per field."""
-    u16, u32, head = _U16.pack, _U32.pack, _MSG_HEAD.pack
+    """A PUT body (layout above), built inline as ``decode_put`` reads it: the fixed fields
+    between two variable ones packed together, and each topic and queue name encoded once a
+    body (a fan-in's messages name the same few)."""
+    u16, u32, head = _U16.pack, _U32.pack, _MSG_HEAD_AND_PROPS.pack
     out: list[bytes] = []
     append = out.append
+    named: dict[str, bytes] = {}  # topic or queue name -> its length and UTF-8
     count = 0
     for message, queues in items:
         props = message.encoded_properties
         if props is None:
             props = encode_store_properties(message.properties) if message.properties else b""
         born = message.born_timestamp
-        topic = message.topic.encode()
-        key = (message.key or "").encode()
-        tags = (message.tags or "").encode()
-        if len(topic) > 0xFFFF or len(key) > 0xFFFF or len(tags) > 0xFFFF:
-            raise ValueError("a string is too long for the store link")
-        append(u16(len(topic)))
-        append(topic)
-        append(u16(len(key)))
-        append(key)
-        append(u16(len(tags)))
-        append(tags)
-        append(head(born if born is not None else -1, message.flag, message.hold_kind, message.hold_due_ms))
-        append(u32(len(props)))
+        topic = named.get(message.topic)
+        if topic is None:
+            topic = named[message.topic] = _str(message.topic)
+        key, tags = message.key, message.tags
+        if key or tags:
+            append(topic)
+            append(_str(key or ""))
+            append(_str(tags or ""))
+        else:
+            append(topic + _NO_KEY_NO_TAGS)
+        append(head(born if born is not None else -1, message.flag, message.hold_kind, message.hold_due_ms,
+                    len(props)))
         append(props)
         append(u16(len(queues)))
         for queue in queues:
-            append(_str(queue))
+            encoded = named.get(queue)
+            if encoded is None:
+                encoded = named[queue] = _str(queue)
+            append(encoded)
         body = message.body
         append(u32(len(body)))
         append(body)
