@@ -281,11 +281,13 @@ def receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str]
     stored as ``receipt`` says: built by the writer from what it sent (a gateway node's own
     publishes, for its queue cache), not read back. None when they cannot be: its born time
     left to the store's clock, a held message, or fields that do not make the receipt's size."""
-    return _receipt_messages(message, receipt, queues)
+    return _receipt_messages(message, receipt, queues, {})
 
 
 @cython.locals(size=cython.Py_ssize_t)
-def _receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str]) -> list[StoredMessage] | None:
+def _receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str],
+                      sizes: dict[str, int]) -> list[StoredMessage] | None:
+    """``sizes``: a topic's UTF-8 length, as far as known (a put's messages share a few)."""
     born = message.born_timestamp
     if born is None or message.hold_kind:
         return None
@@ -295,7 +297,10 @@ def _receipt_messages(message: Message, receipt: PutResult, queues: Sequence[str
     offsets = receipt.queue_offsets
     raw_properties = record_properties(message)
     raw_queues = encode_queues(list(offsets.items()))
-    size = (FIXED_SIZE + STATIC_HEAD + len(topic.encode()) + len(key.encode()) + len(raw_properties)
+    topic_size = sizes.get(topic)
+    if topic_size is None:
+        topic_size = sizes[topic] = len(topic.encode())
+    size = (FIXED_SIZE + STATIC_HEAD + topic_size + (len(key.encode()) if key else 0) + len(raw_properties)
             + len(raw_queues) + len(body))
     if size != receipt.size:
         return None
@@ -312,10 +317,11 @@ def receipt_tails(items: Sequence[tuple[Message, Sequence[str]]], receipts: Sequ
     them, in put order (``receipt_messages``). A message that cannot be built is left out: the
     caller sees the gap in its queues' offsets."""
     out: dict[str, list[StoredMessage]] = {}
+    sizes: dict[str, int] = {}
     for (message, _), receipt in zip(items, receipts):
         wanted = [queue for queue in receipt.queue_offsets if queue in following]
         if wanted:
-            built = _receipt_messages(message, receipt, wanted)
+            built = _receipt_messages(message, receipt, wanted, sizes)
             if built is not None:
                 for queue, stored in zip(wanted, built):
                     tail = out.get(queue)
