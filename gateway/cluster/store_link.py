@@ -266,9 +266,7 @@ def encode_put_results(results: Sequence[PutResult], queue_offsets: bool = True)
     (``places``) are encoded without being made."""
     places = getattr(results, "places", None)
     if places is not None:
-        store_ts = results.store_timestamp  # type: ignore[attr-defined]
-        return _encode_places([(position, size, store_ts, queues, offsets)
-                               for position, size, queues, offsets in places()], queue_offsets)
+        return _encode_places(places(), queue_offsets)
     return _encode_places([(r.position, r.size, r.store_timestamp, list(r.queue_offsets), list(r.queue_offsets.values()))
                            for r in results], queue_offsets)
 

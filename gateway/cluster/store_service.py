@@ -198,10 +198,14 @@ class StoreService:
         items = decode_put(request.body)
         if not items:
             raise BadRequest("a PUT with no message")
+        matching: dict[str, list[str]] = {}  # topic -> its wildcard queues (a put's messages share a few topics)
         for message, queues in items:
             if WILDCARD_TARGETS in queues:
                 queues.remove(WILDCARD_TARGETS)
-                queues.extend(q for q in self.wildcards.queues_for(message.topic) if q not in queues)
+                wildcards = matching.get(message.topic)
+                if wildcards is None:
+                    wildcards = matching[message.topic] = self.wildcards.queues_for(message.topic)
+                queues.extend(q for q in wildcards if q not in queues)
         ext = request.ext_fields
         producer = (str_field(ext, "producer").encode(), int_field(ext, "seq")) if "producer" in ext else None
         future = self.store.put_batch_nowait(items, producer=producer)

@@ -216,22 +216,19 @@ class PutResults:
         return PutResult(self._id_prefix, pos, p.size, self._store_ts,
                          {queues[0]: offsets[0]} if len(offsets) == 1 else dict(zip(queues, offsets)))
 
-    @property
-    def store_timestamp(self) -> int:
-        """The store's time of the put (every result's)."""
-        return self._store_ts
-
     @cython.locals(i=cython.Py_ssize_t, p=PreparedMessage)
-    def places(self) -> list[tuple[int, int, list[str], list[int]]]:
-        """Each result's (position, size, queue names, offsets in them), in put order, without
-        making the results (a store node's answer to a gateway node's put is made of these)."""
-        out: list[tuple[int, int, list[str], list[int]]] = []
+    def places(self) -> list[tuple[int, int, int, list[str], list[int]]]:
+        """Each result's (position, size, store time, queue names, offsets in them), in put
+        order, without making the results (a store node's answer to a gateway node's put is
+        made of these)."""
+        out: list[tuple[int, int, int, list[str], list[int]]] = []
+        store_ts = self._store_ts
         for i in range(len(self._prepared)):
             p = self._prepared[i]
             if p.hold_kind:  # (as ``_result``: the nested record, no offsets yet)
-                out.append((self._positions[i] + NESTED, p.size, [], []))
+                out.append((self._positions[i] + NESTED, p.size, store_ts, [], []))
             else:
-                out.append((self._positions[i], p.size, p.queues, self._offsets[i]))
+                out.append((self._positions[i], p.size, store_ts, p.queues, self._offsets[i]))
         return out
 
     def __getitem__(self, index: int | slice) -> PutResult | list[PutResult]:
