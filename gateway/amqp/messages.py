@@ -1,4 +1,3 @@
-# cython: annotation_typing=False
 """AMQP message <-> store message. A message published over AMQP carries the store flag
 ``AMQP_FLAG`` (0x200, plus 0x01 when persistent) and the store properties ``amqp.x`` (exchange),
 ``amqp.rk`` (routing key) and ``amqp.p`` (its content header, base64: the properties as the

@@ -1,4 +1,3 @@
-# cython: annotation_typing=False
 """Where an AMQP publish goes: the checks of its exchange and expiration, direct reply-to, its
 routing to queues, the reject-publish overflow, the MQTT bridge of amq.topic, and the mandatory
 flag's return; what is left to store, as one store message with its target queues. The
