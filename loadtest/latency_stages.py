@@ -7,7 +7,7 @@ Starts TideMQ as ``loadtest.brokers.start_amqp_broker`` does (``--flush sync``),
 this module's ``serve`` entry point, which wraps the stage functions of the running gateway
 with ``perf_counter_ns`` stamps before handing over to ``python -m gateway``; then runs
 bench_amqp's latency scenario against it (its line is printed too). Messages come one a
-millisecond, so each publisher read starts one message's record; every stage stamps the first
+millisecond (``--rate``), so each publisher read starts one message's record; every stage stamps the first
 time it is reached after that read, in microseconds from the publisher connection's
 ``data_received``; the first line, negative, is the publisher's send time (the stamp its body
 starts with, CLOCK_MONOTONIC) on the same scale: how long the publish took to be read. The
