@@ -1,13 +1,13 @@
 """Where one AMQP message's time goes inside TideMQ at 1,000 msgs/s: timestamps at each stage of
 its path, publish -> delivery written -> ack read, and publish -> fdatasync -> confirm written.
 
-    python -m loadtest.latency_stages [--seconds 10] [--keep FILE]
+    python -m loadtest.latency_stages [--seconds 10] [--rate 1000] [--keep FILE]
 
 Starts TideMQ as ``loadtest.brokers.start_amqp_broker`` does (``--flush sync``), but through
 this module's ``serve`` entry point, which wraps the stage functions of the running gateway
 with ``perf_counter_ns`` stamps before handing over to ``python -m gateway``; then runs
 bench_amqp's latency scenario against it (its line is printed too). Messages come one a
-millisecond, so each publisher read starts one message's record; every stage stamps the first
+millisecond (``--rate``), so each publisher read starts one message's record; every stage stamps the first
 time it is reached after that read, in microseconds from the publisher connection's
 ``data_received``; the first line, negative, is the publisher's send time (the stamp its body
 starts with, CLOCK_MONOTONIC) on the same scale: how long the publish took to be read. The
@@ -162,6 +162,8 @@ def serve() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the publisher sends")
+    parser.add_argument("--rate", type=float, default=1000.0,
+                        help="messages a second, paced (stages are per read: each read must carry one publish)")
     parser.add_argument("--keep", type=Path, help="keep the medians' JSON here")
     args = parser.parse_args()
     from loadtest.brokers import start_amqp_broker
@@ -171,7 +173,7 @@ def main() -> None:
     os.environ[OUT_ENV] = str(out)
     broker = start_amqp_broker("tidemq", module="loadtest.latency_stages")
     try:
-        plan = replace(amqp_scenarios.FULL, latency_seconds=args.seconds)
+        plan = replace(amqp_scenarios.FULL, latency_seconds=args.seconds, latency_rate=args.rate)
         print(f"amqp_stages scenario=latency {amqp_scenarios.latency(broker, plan)}", flush=True)
     finally:
         broker.stop()
