@@ -88,6 +88,7 @@ class Inbound:
         methods = []
         holding: list[Routed | None] = []  # those with places in reject-publish queues, until stored
         numbers: list[Number | None] = []  # a relayed connection's: each publish's number (relay_identity.py)
+        producers: dict[tuple[int, int], bytes] = {}  # (generation, channel) -> its producer id, made once a read
         for event in events:
             channel = connection.channels.get(event.channel)
             if channel is None:
@@ -124,8 +125,11 @@ class Inbound:
             holding.append(routed if routed.places else None)
             if relay is not None and seq is not None:
                 token, generation = relay
-                numbers.append((producer(token, origin[0], channel.number), origin[1], True) if origin is not None
-                               else (producer(token, generation, channel.number), seq, False))
+                of = (origin[0] if origin is not None else generation, channel.number)
+                name = producers.get(of)
+                if name is None:
+                    name = producers[of] = producer(token, *of)
+                numbers.append((name, origin[1], True) if origin is not None else (name, seq, False))
             else:
                 numbers.append(None)
         if not items:
