@@ -68,7 +68,7 @@ def viewed(module: ModuleType, store: MessageStore, start: int, end: int) -> lis
 
 
 async def a_store(path: Path) -> MessageStore:
-    store = await MessageStore.open(StoreOptions(data_dir=path, segment_size=64 << 10))
+    store = await MessageStore.open(StoreOptions(data_dir=path, segment_size=16 << 10))  # (rolls: several segments)
     for i in range(120):
         # (a value holding the bytes that name TAGS in a properties block, without a TAGS property)
         props = {"TAGS": f"tag{i % 3}", "p": "v" * (i % 5)} if i % 2 else {"x": "\x00\x04TAGS"} if i % 7 else None
@@ -117,6 +117,23 @@ async def test_records_read_from_their_bytes_are_indexed_as_through_their_views(
         end = cut % (store.commitlog.end_position + 1)
         for module in (C, PY):
             assert replayed(module, store, 0, end) == viewed(module, store, 0, end)
+    finally:
+        await store.close()
+
+
+async def test_a_replay_ending_where_a_segment_rolled_stops_at_the_last_record(tmp_path: Path) -> None:
+    """An end in the unused rest of a segment (or at its used end) is where the last whole
+    record ends, not the next segment's start."""
+    store = await a_store(tmp_path / "s")
+    try:
+        first, second = list(store.commitlog.segments())[:2]
+        used_end = first.start + first.length
+        assert used_end < second.start  # (the log rolled before the segment was full)
+        for end in (used_end, used_end + 1, second.start - 1, second.start, second.start + 1):
+            for module in (C, PY):
+                calls = replayed(module, store, 0, end)
+                assert calls == viewed(module, store, 0, end)
+                assert calls[-1] == ("end", used_end)
     finally:
         await store.close()
 

@@ -76,38 +76,27 @@ class Replay:
 
     @cython.locals(off=cython.Py_ssize_t, total=cython.Py_ssize_t, buf=bytes)
     def add_records(self, log_: CommitLog, start: int, end: int) -> int:
-        """``add`` each whole record from ``start`` up to ``end``, across segment rolls; where the
-        next record starts (a record cut short at ``end`` -- a replica receiving its leader's
-        bytes -- is left for the next call). Ordinary messages are indexed from their bytes
+        """``add`` each whole record from ``start`` up to ``end`` (as ``records`` reads them);
+        where the next record starts. Ordinary messages are indexed from their bytes
         (``_add_plain``), the others through a ``RecordView``."""
-        size = log_.segment_size
-        at = start
+        last = start
         qids: dict[bytes, tuple[str, int]] = {}  # queue names met in this call -> (name, qid)
-        while at < end:
-            seg = log_.segment_of(at)
-            seg_end = min(seg.start + seg.length, end) if seg is not None else at
-            if at >= seg_end:  # the rest of this segment is unused: the log rolled
-                at = at - at % size + size
-                continue
-            buf = log_.read(at, seg_end - at)
+        for at, buf in _stretches(log_, start, end):
             off = 0
             while len(buf) - off >= HEADER_SIZE:
                 total = _u32(buf, off)
                 if len(buf) - off < total:
                     break
                 if not self._add_plain(buf, off, at + off, qids):
-                    try:
-                        view = RecordView(buf, off)
-                    except RecordCorruptError as exc:
-                        raise StoreError(f"record at {at + off} is damaged: {exc}") from None
+                    view = _view(buf, off, at)
                     if view.topic == HOLD_TOPIC:
                         qids.clear()  # (a drop record may take a name's queue away)
                     self.add(at + off, view)
                 off += total
-            at += off
-            if at < seg_end:  # a record the next bytes complete
+                last = at + off
+            if off < len(buf):  # a record the next bytes complete
                 break
-        return at
+        return last
 
     @cython.locals(buf=bytes, off=cython.Py_ssize_t, total=cython.Py_ssize_t, lt=cython.Py_ssize_t,
                    lk=cython.Py_ssize_t, lp=cython.Py_ssize_t, lb=cython.Py_ssize_t, qc=cython.Py_ssize_t,
@@ -181,30 +170,39 @@ class Replay:
 def records(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, RecordView]]:
     """The whole records from ``start`` (a record's start) up to ``end``, across segment rolls; a
     record cut short at ``end`` (a replica receiving its leader's bytes) is not yielded."""
+    for at, buf in _stretches(log_, start, end):
+        off = 0
+        while len(buf) - off >= HEADER_SIZE:
+            total = _u32(buf, off)
+            if len(buf) - off < total:
+                break
+            yield at + off, _view(buf, off, at)
+            off += total
+        if off < len(buf):  # a record the next bytes complete
+            return
+
+
+def _stretches(log_: CommitLog, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(position, bytes) of the log from ``start`` up to ``end``, a segment's used part at a
+    time (the unused rest of a segment the log rolled from is skipped)."""
     size = log_.segment_size
     at = start
     while at < end:
         seg = log_.segment_of(at)
         seg_end = min(seg.start + seg.length, end) if seg is not None else at
-        if at >= seg_end:  # the rest of this segment is unused: the log rolled
+        if at >= seg_end:
             at = at - at % size + size
             continue
-        buf = log_.read(at, seg_end - at)
-        off = 0
-        while len(buf) - off >= HEADER_SIZE:
-            total = (cython.cast(cython.uchar, buf[off]) << 24 | cython.cast(cython.uchar, buf[off + 1]) << 16
-                     | cython.cast(cython.uchar, buf[off + 2]) << 8 | cython.cast(cython.uchar, buf[off + 3]))
-            if len(buf) - off < total:
-                break
-            try:
-                view = RecordView(buf, off)
-            except RecordCorruptError as exc:
-                raise StoreError(f"record at {at + off} is damaged: {exc}") from None
-            yield at + off, view
-            off += total
-        at += off
-        if at < seg_end:  # a record the next bytes complete
-            return
+        yield at, log_.read(at, seg_end - at)
+        at = seg_end
+
+
+def _view(buf: bytes, off: int, at: int) -> RecordView:
+    """The record at ``off`` of the stretch read at ``at``; StoreError if it is damaged."""
+    try:
+        return RecordView(buf, off)
+    except RecordCorruptError as exc:
+        raise StoreError(f"record at {at + off} is damaged: {exc}") from None
 
 
 @cython.cfunc
