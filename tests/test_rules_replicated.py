@@ -113,18 +113,22 @@ async def test_a_rule_runs_on_the_leader_only_and_a_promoted_follower_resumes_it
 
 
 async def test_a_leader_stopped_past_its_lease_stops_its_rules_when_it_runs_again(tmp_path: Path, etcd) -> None:
-    """SIGSTOP of the leader: another node leads and runs the rule; SIGCONT: the old leader
-    finds its lease lost, steps down and stops its rules (its HTTP listener closes), and events
-    published afterwards reach the webhook from the new leader, none lost."""
+    """A rule declared in the store nodes' configuration, run by the leader. SIGSTOP of the
+    leader: another node leads and runs the rule; SIGCONT: the old leader finds its lease lost,
+    steps down and stops its rules (its HTTP listener closes), and events published afterwards
+    reach the webhook from the new leader, none lost."""
     hook = Webhook()
     await hook.up()
-    nodes = start_group(tmp_path, etcd.endpoint)
+    declared = {"lines": {**{k: v for k, v in RULE.items() if k != "name"},
+                          "targets": [{"type": "webhook", "url": hook.url, "timeout_s": 2}]}}
+    nodes = start_group(tmp_path, etcd.endpoint, env={"TIDEMQ_EVENT_RULES": json.dumps(declared)})
     mqtt_port, _, gateway = start_gateway_node(tmp_path, etcd.endpoint)
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
         first = nodes[leader["node"]]
-        await create_rule(f"http://127.0.0.1:{first.metrics_port}", hook.url)
+        status, row = await call(f"http://127.0.0.1:{first.metrics_port}", "GET", "/admin/rules/lines")
+        assert status == 200 and row["state"] == "running", row
         await publish_until_acknowledged(mqtt_port, "meter", list(range(20)))
         await until(lambda: set(numbers(hook)) >= set(range(20)), what="the events before the stop")
         os.kill(first.proc.pid, signal.SIGSTOP)
