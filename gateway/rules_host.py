@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from typing import TYPE_CHECKING, Any
 
 from bridge.rules.book import TABLE, RuleBook
-from bridge.rules.engine import RulesEngine
+from bridge.rules.engine import RulesEngine, parse_declared
 from bridge.rules.schemas import TABLE as SCHEMAS_TABLE
 from bridge.rules.schemas import VERSIONS_TABLE, SchemaBook
 from bridge.rules.targets.topic import Republished
@@ -119,6 +119,15 @@ class GatewayRuleHost:
     async def republish(self, messages: Sequence[Republished]) -> None:
         await self._publish([Publish(m.topic, m.body, m.qos, False, properties=Properties(
             content_type=m.content_type, user_properties=list(m.user_properties))) for m in messages], PUBLISHER_ID)
+
+
+def check_declared(declared: Mapping[str, Any]) -> None:
+    """ConfigError of event_rules when a declared rule is bad, before any store is open (a store
+    node of a replicated group runs them only once it leads: a bad one must stop its start-up)."""
+    try:
+        parse_declared(declared)
+    except ValueError as exc:
+        raise ConfigError(f"event_rules: {exc}", "event_rules") from None
 
 
 class Rules:

@@ -50,7 +50,7 @@ from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .remoting.transactions import TransactionSettings
-from .rules_host import GatewayRuleHost, LinkedSchemas, Rules, store_node_publisher
+from .rules_host import GatewayRuleHost, LinkedSchemas, Rules, check_declared, store_node_publisher
 
 if TYPE_CHECKING:
     from .rocketmq_grpc.server import GrpcServer
@@ -86,6 +86,7 @@ class Gateway:
         if config.role == "gateway" and config.event_schemas:
             raise ConfigError("event_schemas: in a cluster, event schemas are kept with the rules: declare them in "
                               "the store nodes' configuration", "event_schemas")
+        check_declared(event_rules(config))
         self.config = config
         self.store: MessageStore | None = None
         self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
