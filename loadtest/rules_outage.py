@@ -11,13 +11,14 @@ the target's port is closed; ``--devices`` MQTT clients (paho, QoS 1, each its o
 ``--minutes``; then the target listens again on the same port and the backlog drains. One line:
 
     rules scenario=outage minutes=M events=N lost=... out_of_order=... duplicates=...
-        rss_before_mb=... rss_peak_mb=... rss_after_mb=... lag_at_return=... resume_s=... drain_events_per_s=...
+        rss_before_mb=... rss_peak_mb=... rss_after_mb=... anon_before_mb=... anon_after_mb=...
+        lag_at_return=... resume_s=... drain_events_per_s=...
 
 ``lost``: events acknowledged (PUBACK) that the webhook never got; ``out_of_order``: events a
 device's sequence brought after a later one of the same device (the rule's one source queue
 keeps each client's order); ``duplicates``: deliveries beyond an event's first; ``rss_*``: the
 gateway's resident memory after the warm-up, at its highest during the outage and when the
-target returns; ``resume_s``: from the target listening again to its first event.
+target returns; ``anon_*``: the part of it that is not mapped files (the heap); ``resume_s``: from the target listening again to its first event.
 """
 
 from __future__ import annotations
@@ -143,10 +144,12 @@ def start_gateway(data_dir: Path, mqtt_port: int, http_port: int) -> subprocess.
             time.sleep(0.1)
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory (``RssAnon``: its heap and other private memory, without the
+    file pages it maps, such as the store's segments)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -244,7 +247,7 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
             per_warmup = max(1, WARMUP_EVENTS // devices)
             acked = publish_all(mqtt_port, devices, 0, per_warmup, 1.0)
             wait_for(control, acked, 60)
-            rss_before = rss_mb(gateway.pid)
+            rss_before, anon_before = rss_mb(gateway.pid), rss_mb(gateway.pid, "RssAnon")
             http("POST", control + "/down")
             per_device = max(1, events // devices)
             outage_s = minutes * 60
@@ -252,7 +255,7 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
             with RssPeak(gateway.pid) as peak:
                 acked += publish_all(mqtt_port, devices, per_warmup, per_device, outage_s * 0.9)
                 time.sleep(max(0.0, started + outage_s - time.monotonic()))
-                rss_after = rss_mb(gateway.pid)
+                rss_after, anon_after = rss_mb(gateway.pid), rss_mb(gateway.pid, "RssAnon")
             lag = http("GET", admin + f"/admin/rules/{RULE}")["lag"]
             http("POST", control + "/up")
             returned = time.monotonic()
@@ -263,7 +266,8 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
             lines.emit(f"rules scenario=outage minutes={minutes:g} events={devices * per_device} devices={devices} "
                        f"acked={acked} lost={acked - stats['distinct']} out_of_order={stats['out_of_order']} "
                        f"duplicates={stats['count'] - stats['distinct']} rss_before_mb={rss_before:.0f} "
-                       f"rss_peak_mb={peak.peak:.0f} rss_after_mb={rss_after:.0f} lag_at_return={lag} "
+                       f"rss_peak_mb={peak.peak:.0f} rss_after_mb={rss_after:.0f} anon_before_mb={anon_before:.0f} "
+                       f"anon_after_mb={anon_after:.0f} lag_at_return={lag} "
                        f"resume_s={resume if resume is None else f'{resume:.2f}'} "
                        f"drain_events_per_s={(total - per_warmup * devices) / drain_s:.0f}")
         finally:
