@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import aio_pika
 from cloudevents.core.bindings.http import to_binary, to_structured
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
@@ -24,17 +25,26 @@ from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import etcd  # noqa: F401 (the fixture)
 from .rules_support import Webhook, call, until
 from .test_cloudevents_ingest import CREATED, batch, order, post
-from .test_replication_processes import GROUP, publish_until_acknowledged, start_group, wait_in_sync, wait_leader
+from .test_replication_processes import (
+    GROUP,
+    connect,
+    publish_until_acknowledged,
+    start_group,
+    wait_in_sync,
+    wait_leader,
+)
 
 RULE = {"name": "lines", "sources": ["line/#"], "pattern": {"data": [{"numeric": [">=", 0]}]},
         "retry": {"initial_backoff_ms": 20, "max_backoff_ms": 200}}
 
 
-def start_gateway_node(tmp_path: Path, etcd_endpoint: str) -> tuple[int, str, object]:
-    """A gateway node with MQTT and its HTTP listener: (MQTT port, HTTP base address, process)."""
+def start_gateway_node(tmp_path: Path, etcd_endpoint: str, amqp_port: int = 0) -> tuple[int, str, object]:
+    """A gateway node with MQTT (and AMQP on ``amqp_port``) and its HTTP listener: (MQTT port,
+    HTTP base address, process)."""
     mqtt_port, metrics = free_port(), free_port()
     proc = launch(["--role", "gateway", "--node-id", "gw1", "--replication-group", GROUP, "--etcd", etcd_endpoint,
                    "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--metrics-bind", f"127.0.0.1:{metrics}",
+                   "--amqp-bind", f"127.0.0.1:{amqp_port}" if amqp_port else "",
                    "--data-dir", str(tmp_path / "gw1")], name="gw1")
     return mqtt_port, f"http://127.0.0.1:{metrics}", proc
 
@@ -154,11 +164,13 @@ async def test_a_gateway_node_names_the_leader_for_rules_and_takes_cloudevents_t
     """The gateway node's admin API answers requests for rules and schemas with 421 and the
     leader's address; its CloudEvents endpoint checks each event against the schemas the leader
     keeps (one put there is checked at once) and stores the events through its store link, where
-    the leader's rule reads them."""
+    the leader's rule reads them, as it reads an AMQP client's publish to ``amq.topic`` relayed
+    by the gateway node."""
     hook = Webhook()
     await hook.up()
     nodes = start_group(tmp_path, etcd.endpoint)
-    _, gateway_base, gateway = start_gateway_node(tmp_path, etcd.endpoint)
+    amqp_port = free_port()
+    _, gateway_base, gateway = start_gateway_node(tmp_path, etcd.endpoint, amqp_port)
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
@@ -185,9 +197,16 @@ async def test_a_gateway_node_names_the_leader_for_rules_and_takes_cloudevents_t
         status, answer = await post(gateway_base, "orders/paris", batch(order(2), order(3)),
                                     {"Content-Type": "application/cloudevents-batch+json"})
         assert status == 200 and answer["stored"] == 2, answer
-        hits = await hook.wait_for(3)
-        assert [hit.json()["n"] for hit in hits] == [1, 2, 3]
-        assert [hit.headers["ce-type"] for hit in hits] == [CREATED] * 3
+        connection = await connect(amqp_port)
+        channel = await connection.channel()  # (publisher confirms: stored when it returns)
+        exchange = await channel.get_exchange("amq.topic")
+        await exchange.publish(aio_pika.Message(json.dumps({"n": 4}).encode(), type=CREATED,
+                                                content_type="application/json"), routing_key="orders.amqp")
+        await connection.close()
+        hits = await hook.wait_for(4)
+        assert [hit.json()["n"] for hit in hits] == [1, 2, 3, 4]
+        assert [hit.headers["ce-type"] for hit in hits] == [CREATED] * 4
+        assert hits[3].headers["ce-subject"] == "orders/amqp"
     finally:
         stop(gateway)
         for node in nodes.values():
