@@ -23,6 +23,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import etcd  # noqa: F401 (the fixture)
+from .mqtt_support import PahoClient
 from .rules_support import Webhook, call, until
 from .test_cloudevents_ingest import CREATED, batch, order, post
 from .test_replication_processes import (
@@ -164,13 +165,14 @@ async def test_a_gateway_node_names_the_leader_for_rules_and_takes_cloudevents_t
     """The gateway node's admin API answers requests for rules and schemas with 421 and the
     leader's address; its CloudEvents endpoint checks each event against the schemas the leader
     keeps (one put there is checked at once) and stores the events through its store link, where
-    the leader's rule reads them, as it reads an AMQP client's publish to ``amq.topic`` relayed
-    by the gateway node."""
+    the leader's rules read them, as they read an AMQP client's publish to ``amq.topic`` relayed
+    by the gateway node: a webhook gets each, and a topic target's copies (put on the store
+    node) reach an MQTT subscriber of the gateway node."""
     hook = Webhook()
     await hook.up()
     nodes = start_group(tmp_path, etcd.endpoint)
     amqp_port = free_port()
-    _, gateway_base, gateway = start_gateway_node(tmp_path, etcd.endpoint, amqp_port)
+    mqtt_port, gateway_base, gateway = start_gateway_node(tmp_path, etcd.endpoint, amqp_port)
     try:
         leader = await wait_leader(etcd)
         await wait_in_sync(etcd, set(nodes) - {leader["node"]})
@@ -181,6 +183,13 @@ async def test_a_gateway_node_names_the_leader_for_rules_and_takes_cloudevents_t
                 "targets": [{"type": "webhook", "url": hook.url}]}))[0]) != 201:
             assert time.monotonic() < deadline, status
             await asyncio.sleep(0.2)
+        # a topic target: republished on the store node, seen by a subscriber of the gateway node
+        status, row = await call(leader_base, "POST", "/admin/rules", {
+            "name": "copy", "sources": ["orders/#"], "targets": [{"type": "topic", "topic": "copies/orders"}]})
+        assert status == 201, row
+        watcher = PahoClient(mqtt_port, "watcher")
+        await watcher.connect()
+        await watcher.subscribe("copies/#", 1)
         for path in ("/admin/rules", "/admin/rules/created", "/admin/schemas"):
             status, body = await call(gateway_base, "GET", path)
             assert status == 421 and leader_base in json.dumps(body), (path, status, body)
@@ -207,6 +216,10 @@ async def test_a_gateway_node_names_the_leader_for_rules_and_takes_cloudevents_t
         assert [hit.json()["n"] for hit in hits] == [1, 2, 3, 4]
         assert [hit.headers["ce-type"] for hit in hits] == [CREATED] * 4
         assert hits[3].headers["ce-subject"] == "orders/amqp"
+        copies = await watcher.receive(4)
+        assert [json.loads(m.payload)["n"] for m in copies] == [1, 2, 3, 4]
+        assert {m.topic for m in copies} == {"copies/orders"}
+        await watcher.disconnect()
     finally:
         stop(gateway)
         for node in nodes.values():
