@@ -50,7 +50,7 @@ from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
 from .remoting.schedule import parse_delay_levels
 from .remoting.transactions import TransactionSettings
-from .rules_host import Rules
+from .rules_host import GatewayRuleHost, LinkedSchemas, Rules, check_declared, store_node_publisher
 
 if TYPE_CHECKING:
     from .rocketmq_grpc.server import GrpcServer
@@ -80,12 +80,13 @@ class Gateway:
         for name in MQTT_LISTENERS:
             if config.role == "store" and getattr(config, f"{name}_bind"):
                 raise ConfigError(f"{name}_bind: in a cluster, MQTT clients connect to the gateway nodes")
-        if config.role != "embedded" and event_rules(config):
-            raise ConfigError("event_rules: rules run on a standalone node (role embedded), not yet in a cluster",
-                              "event_rules")
-        if config.role != "embedded" and config.event_schemas:
-            raise ConfigError("event_schemas: event schemas are kept with the rules, on a standalone node (role "
-                              "embedded), not yet in a cluster", "event_schemas")
+        if config.role == "gateway" and event_rules(config):
+            raise ConfigError("event_rules: in a cluster, rules run on the store node (a replicated group's "
+                              "leader): declare them in the store nodes' configuration", "event_rules")
+        if config.role == "gateway" and config.event_schemas:
+            raise ConfigError("event_schemas: in a cluster, event schemas are kept with the rules: declare them in "
+                              "the store nodes' configuration", "event_schemas")
+        check_declared(event_rules(config))
         self.config = config
         self.store: MessageStore | None = None
         self.timer: TimerService | None = None  # timer messages of every protocol (core/timer.py)
@@ -121,6 +122,7 @@ class Gateway:
         self.ready = False
         self._filter_holds: FilterHolds | None = None
         self.rules: Rules | None = None  # event rules (bridge/rules): a node with the store and MQTT
+        self._cache: QueueCache | None = None  # the queue cache of a node with the store and no MQTT
 
     async def start(self) -> None:
         cfg = self.config
@@ -148,7 +150,7 @@ class Gateway:
         assert self.store is not None
         cfg = self.config
         advertised = {"remoting": cfg.remoting_advertise or cfg.remoting_bind, "amqp": cfg.amqp_bind,
-                      "grpc": cfg.grpc_bind}
+                      "grpc": cfg.grpc_bind, "http": cfg.metrics_bind}  # (http: the admin API, rules included)
         self.store_group = StoreGroupMember(cfg, self.store, advertised, self._serve, self._unserve,
                                             self._reopen_store)
         await self.store_group.start()
@@ -289,9 +291,11 @@ class Gateway:
 
     def _start_rules(self) -> None:
         """The event rules the store keeps and the configuration declares (bridge/rules), on a
-        node with the store; a gateway node's come from its store node."""
+        node with the store: a standalone node's over its MQTT broker, a store node's (a
+        replicated group's leader: ``_serve`` runs while it leads) over the cluster's filters.
+        A gateway node has none: its store node runs them."""
         declared, schemas = event_rules(self.config), event_schemas(self.config)
-        if self.store is None or self.mqtt is None:
+        if self.store is None or (self.mqtt is None and self.config.role != "store"):
             if declared:
                 raise ConfigError("event_rules: rules run on a node with the store and an MQTT listener (their "
                                   "sources and topic targets are MQTT topics)", "event_rules")
@@ -299,7 +303,13 @@ class Gateway:
                 raise ConfigError("event_schemas: event schemas are kept with the rules, on a node with the store "
                                   "and an MQTT listener", "event_schemas")
             return
-        self.rules = Rules(self.store, self.mqtt)
+        if self.mqtt is not None:
+            host = GatewayRuleHost(self.store, self.mqtt.cache, self.mqtt.wildcards, self.mqtt.publish)
+        else:
+            assert self.wildcards is not None  # (a store node's: its gateway nodes' filters)
+            host = GatewayRuleHost(self.store, self.queue_cache(), self.wildcards,
+                                   store_node_publisher(self.store, self.wildcards))
+        self.rules = Rules(self.store, host)
         try:
             self.rules.start(declared, schemas)
         except ConfigError:
@@ -342,13 +352,23 @@ class Gateway:
             store.trimmer.on_cut.append(cache.drop)
         store.set_queue_policy(QueuePolicy(parse_rules(cfg.retention_topics), cfg.queue_idle_ttl_hours, tuple(light)))
 
+    def queue_cache(self) -> QueueCache:
+        """The queue cache every reader of this node's store shares: the MQTT broker's, else one
+        made for this serving (a store node, or a node with MQTT off)."""
+        if self.mqtt is not None:
+            return self.mqtt.cache
+        assert self.store is not None
+        if self._cache is None:
+            self._cache = QueueCache(self.store, self.config.queue_cache_bytes)
+        return self._cache
+
     def _tracer_for(self, listener: str) -> Tracer | None:
         return self.tracer if listener in self._traced else None
 
     async def _start_amqp(self, bind: tuple[str, int]) -> ListeningServer:
         assert self.store is not None
         cfg = self.config
-        cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
+        cache = self.queue_cache()
         # (with MQTT: the bridge through amq.topic, docs/amqp.md)
         self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
                                allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
@@ -379,7 +399,21 @@ class Gateway:
                                  replica=self.store_group.replica if self.store_group is not None else None,
                                  relay_counts=self.relayed.counts() if self.relayed is not None else {}),
             filter_holds=self.filter_holds(), timer=self.timer,
-            rules=self.rules.engine if self.rules is not None else None)
+            rules=self.rules.engine if self.rules is not None else None,
+            rules_place=self._rules_place if self.gateway_store is not None else None,
+            schema_source=LinkedSchemas(self.gateway_store) if self.gateway_store is not None
+            else None)
+
+    async def _rules_place(self) -> str:
+        """Where a gateway node's cluster keeps the event rules: its store node (a replicated
+        group's leader, whose admin API address is in etcd)."""
+        if self.leader_finder is None:
+            return f"the store node ({self.config.store_address}: its --metrics-bind listener)"
+        try:
+            host, port = await self.leader_finder.address("http", timeout_s=1.0)
+        except OSError:
+            return "the store group's leader (none serves an admin API now: retry)"
+        return f"the store group's leader, http://{format_address(host, port)}"
 
     def _remoting_advertised(self, host: str, port: int) -> str:
         """The HOST:PORT RocketMQ clients are sent to, for a remoting listener bound at host:port."""
@@ -394,7 +428,7 @@ class Gateway:
             delays = parse_delay_levels(cfg.remoting_delay_levels)
         except ValueError as exc:
             raise ConfigError(f"remoting_delay_levels: {exc}") from None
-        cache = self.mqtt.cache if self.mqtt is not None else QueueCache(self.store, cfg.queue_cache_bytes)
+        cache = self.queue_cache()
         # with a password file, ACL or access keys, requests are signed with AccessKeys (remoting/access.py)
         required = bool(cfg.password_file or cfg.acl_file or cfg.access_keys_file)
         if required and not cfg.access_keys_file:
@@ -535,6 +569,7 @@ class Gateway:
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None
+        self._cache = None
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None

@@ -211,8 +211,8 @@ targets = [{{ type = "topic", topic = "checked/all" }}]
     with pytest.raises(ConfigError, match=r"event_schemas: schema 'bad': not a valid JSON Schema: \$\.type"):
         async with running_gateway(data_dir, event_schemas=json.dumps({"bad": {"type": "nope"}})):
             pass
-    with pytest.raises(ConfigError, match="event_schemas: event schemas are kept with the rules, on a standalone node"):
-        Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", event_schemas=changed))
+    with pytest.raises(ConfigError, match="event_schemas: in a cluster, event schemas are kept with the rules"):
+        Gateway(Config(data_dir=data_dir, role="gateway", event_schemas=changed))
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ConfigError, match="event_schemas: 'x': cannot read the JSON Schema in"):
         load_config(settings, env={"TIDEMQ_EVENT_SCHEMAS": json.dumps({"x": str(tmp_path / "broken.json")})})

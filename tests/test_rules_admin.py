@@ -163,8 +163,11 @@ targets = [{ type = "topic", topic = "alerts/hot" }]
     with pytest.raises(ConfigError, match=r"event_rules: rule 'hot': \$\.pattern\.data\.temp\[0\]\.numeric"):
         async with running_gateway(data_dir, event_rules=broken):
             pass
-    with pytest.raises(ConfigError, match="event_rules: rules run on a standalone node"):
-        Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", event_rules=cfg.event_rules))
+    with pytest.raises(ConfigError, match="event_rules: in a cluster, rules run on the store node"):
+        Gateway(Config(data_dir=data_dir, role="gateway", event_rules=cfg.event_rules))
+    # (a store node of a replicated group runs its rules only once it leads: checked at start)
+    with pytest.raises(ConfigError, match=r"event_rules: rule 'hot': \$\.pattern\.data\.temp\[0\]\.numeric"):
+        Gateway(Config(data_dir=data_dir, role="store", mqtt_bind="", event_rules=broken))
     with pytest.raises(ConfigError, match="event_rules: rules run on a node with the store and an MQTT listener"):
         await Gateway(Config(data_dir=data_dir, mqtt_bind="", amqp_bind="", remoting_bind="127.0.0.1:0",
                              event_rules=cfg.event_rules)).start()

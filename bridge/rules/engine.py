@@ -30,6 +30,19 @@ log = logging.getLogger("tidemq.rules")
 CONSUMER_PREFIX = "$rule:"  # a rule's consumer offsets: "$rule:{name}"
 
 
+def parse_declared(declared: Mapping[str, Any]) -> dict[str, RuleDefinition]:
+    """The definitions of rules declared in the configuration, checked as far as they can be
+    without the store (RuleDefinitionError whose path names the rule: a bad one)."""
+    parsed = {}
+    for name, raw in declared.items():
+        try:
+            check_name(name)
+            parsed[name] = parse_definition(name, raw)
+        except RuleDefinitionError as exc:
+            raise RuleDefinitionError(f"rule {name!r}: {exc.path}", exc.reason) from None
+    return parsed
+
+
 class RuleHost(Protocol):
     """What the engine needs of the gateway."""
 
@@ -96,12 +109,7 @@ class RulesEngine:
         """Run the stored rules, with the ``declared`` ones (the configuration's) stored first
         where they differ (RuleDefinitionError: a declared one is bad; nothing started)."""
         rules = {rule.name: rule for rule in self._book.stored()}
-        for name, raw in declared.items():
-            try:
-                check_name(name)
-                rule = parse_definition(name, raw)
-            except RuleDefinitionError as exc:
-                raise RuleDefinitionError(f"rule {name!r}: {exc.path}", exc.reason) from None
+        for name, rule in parse_declared(declared).items():
             self._check_schema(rule, f"rule {name!r}: $.schema")
             if name not in rules or rules[name].source_json != rule.source_json:
                 self._book.save(rule)

@@ -59,14 +59,14 @@ class HttpServer:
         self.registry.register(publish.collector())  # tidemq_data_publish_*
         # POST /data/events/{topic}: CloudEvents in (event_ingest.py), checked against the event schemas
         ingest = event_ingest.add_routes(app, deps.brokers.mqtt, self.access, deps.status, deps.pressure,
-                                         deps.rules.schemas if deps.rules is not None else None)
+                                         deps.rules.schemas if deps.rules is not None else None, deps.schema_source)
         self.registry.register(event_ingest.IngestCollector(ingest))  # tidemq_cloudevents_total
         # /dashboard and the /admin/overview it polls
         dashboard.add_routes(app, deps.brokers, deps.store, deps.pressure, deps.status)
         app.router.add_get("/admin/trace", self._trace)
         app.router.add_get("/admin/cluster", self._cluster)
-        rules_api.add_routes(app, deps.rules)  # /admin/rules: the event rules (tidemq ctl rules)
-        schemas_api.add_routes(app, deps.rules)  # /admin/schemas: the event schemas (tidemq ctl schemas)
+        rules_api.add_routes(app, deps.rules, deps.rules_place)  # /admin/rules: the event rules (tidemq ctl rules)
+        schemas_api.add_routes(app, deps.rules, deps.rules_place)  # /admin/schemas: the event schemas
         self.registry.register(rules_api.RulesCollector(deps.rules))  # tidemq_rule_*
         # (aiohttp's keep-alive timeout also closes a connection whose request is unfinished, or none came)
         self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=read_timeout_s)

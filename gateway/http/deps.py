@@ -9,7 +9,7 @@ event-loop lag) is read on each request through ``Status``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -148,6 +148,20 @@ class EventSchemas(Protocol):
         ...
 
 
+# where a gateway node's cluster keeps the event rules and schemas ("the store group's leader,
+# http://HOST:PORT"), said to the callers of its admin API
+RulesPlace = Callable[[], Awaitable[str]]
+
+
+class SchemaSource(Protocol):
+    """The event schemas of a node that does not keep them (a gateway node: its store node's,
+    ``gateway.rules_host.LinkedSchemas``), read when an event is checked."""
+
+    async def current(self, names: Iterable[str]) -> EventSchemas:
+        """The schemas of ``names`` as they are now (OSError: the store node did not answer)."""
+        ...
+
+
 class RulesControl(Protocol):
     """The event rules engine (``bridge.rules.engine.RulesEngine``): rows of plain data; it raises
     ``LookupError`` for an unknown rule or schema and ``ValueError`` (with ``reason``, and ``path``
@@ -190,4 +204,6 @@ class HttpDeps:
     cluster: ClusterParts
     filter_holds: FilterHolds  # created by the server before the MQTT listeners start
     timer: TimerService | None = None  # the node with the store: its timer messages
-    rules: RulesControl | None = None  # the node with the store and MQTT: its event rules
+    rules: RulesControl | None = None  # the node with the store: its event rules
+    rules_place: RulesPlace | None = None  # a gateway node: where its cluster keeps them
+    schema_source: SchemaSource | None = None  # a gateway node: its store node's event schemas

@@ -4,7 +4,8 @@ required attributes, and the JSON Schema of its type when one is registered), an
 on the MQTT topic ``{topic}`` -- an event bus is a topic namespace -- as if an MQTT 5.0 client
 had published them at QoS 1: the attributes as ``ce-`` user properties, the data's type as the
 content type. So rules see the event with its own attributes, and every protocol's subscribers
-see the message. Answered 200 once the put is durable; nothing of a request with one bad event
+see the message. On a cluster's gateway node the put goes through its store link, as its MQTT
+clients' do, and the schemas are its store node's, read per request. Answered 200 once the put is durable; nothing of a request with one bad event
 is stored. Authenticated as the rest of ``/data/``, with the caller's publish right on the topic.
 """
 
@@ -31,7 +32,7 @@ from .errors import AdminError
 if TYPE_CHECKING:
     from ..mqtt.broker import MQTTBroker
     from ..pressure import StorePressure
-    from .deps import EventSchemas, Status
+    from .deps import EventSchemas, SchemaSource, Status
 
 log = logging.getLogger("tidemq.data")
 
@@ -42,29 +43,31 @@ PACKET_OVERHEAD = 16  # a PUBLISH's fixed header, topic length and packet id, ro
 
 
 def add_routes(app: web.Application, mqtt: MQTTBroker | None, access: DataAccess, status: Status,
-               pressure: StorePressure | None, schemas: EventSchemas | None) -> EventIngest:
-    ingest = EventIngest(mqtt, access, status, pressure, schemas)
+               pressure: StorePressure | None, schemas: EventSchemas | None,
+               schema_source: SchemaSource | None = None) -> EventIngest:
+    ingest = EventIngest(mqtt, access, status, pressure, schemas, schema_source)
     app.router.add_post("/data/events/{topic:.+}", ingest.post)
     return ingest
 
 
 class EventIngest:
     def __init__(self, mqtt: MQTTBroker | None, access: DataAccess, status: Status, pressure: StorePressure | None,
-                 schemas: EventSchemas | None) -> None:
+                 schemas: EventSchemas | None, schema_source: SchemaSource | None = None) -> None:
         self.mqtt = mqtt
         self.access = access
         self.status = status
         self.pressure = pressure
-        self.schemas = schemas
+        self.schemas = schemas  # the node's own (it keeps the rules)
+        self.schema_source = schema_source  # else a gateway node's: its store node's, read per request
         self.counts: Counter[str] = Counter()  # events by outcome: stored, malformed, schema
 
     async def post(self, request: web.Request) -> web.Response:
         broker, schemas = self.mqtt, self.schemas
         if broker is None:
             raise AdminError(503, "CloudEvents are stored as MQTT messages: this gateway runs no MQTT (--mqtt-bind)")
-        if schemas is None:
-            raise AdminError(501, "CloudEvents are taken on a node with the store and an MQTT listener (where the "
-                                  "event schemas and rules are), not on this one")
+        if schemas is None and self.schema_source is None:
+            raise AdminError(501, "CloudEvents are taken on a node with the store and an MQTT listener, or on a "
+                                  "cluster's gateway node (where the event schemas can be read), not on this one")
         if not self.status.ready:
             raise AdminError(503, "the gateway is starting or stopping")
         if self.pressure is not None and self.pressure.raised:
@@ -85,6 +88,12 @@ class EventIngest:
             raise AdminError(400, f"not a valid CloudEvent: {exc.reason}") from None
         if len(events) > MAX_EVENTS:
             raise AdminError(413, f"at most {MAX_EVENTS} events per batch")
+        if schemas is None:
+            assert self.schema_source is not None
+            try:
+                schemas = await self.schema_source.current(str(event.attributes["type"]) for event in events)
+            except (OSError, StoreError) as exc:
+                raise AdminError(503, f"the event schemas could not be read from the store node, retry: {exc}") from None
         publishes = []
         for i, event in enumerate(events):
             where = f"event [{i}] " if len(events) > 1 else "the event "

@@ -24,14 +24,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .deps import RulesControl
+from .deps import RulesControl, RulesPlace
 from .errors import AdminError
 
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
 
 
-def add_routes(app: web.Application, rules: RulesControl | None) -> None:
-    api = RulesApi(rules)
+def add_routes(app: web.Application, rules: RulesControl | None, place: RulesPlace | None = None) -> None:
+    api = RulesApi(rules, place)
     app.router.add_get("/admin/rules", api.list)
     app.router.add_post("/admin/rules", api.create)
     app.router.add_get("/admin/rules/{name}", api.get)
@@ -42,27 +42,36 @@ def add_routes(app: web.Application, rules: RulesControl | None) -> None:
     app.router.add_post("/admin/rules/{name}/replay", api.replay)
 
 
-class RulesApi:
-    def __init__(self, rules: RulesControl | None) -> None:
-        self._rules = rules
+async def not_here(place: RulesPlace | None, what: str) -> AdminError:
+    """The answer to a request for the event rules or schemas (``what``) on a node that does not
+    keep them: a gateway node names where its cluster keeps them (421), any other says why."""
+    if place is not None:
+        return AdminError(421, f"{what} are kept on {await place()}, not on this gateway node: ask there")
+    return AdminError(501, f"no {what} on this node: they are kept on a node with the store and an MQTT listener, "
+                           "or on a cluster's store node")
 
-    def _engine(self) -> RulesControl:
+
+class RulesApi:
+    def __init__(self, rules: RulesControl | None, place: RulesPlace | None = None) -> None:
+        self._rules = rules
+        self._place = place
+
+    async def _engine(self) -> RulesControl:
         if self._rules is None:
-            raise AdminError(501, "no event rules on this node: they run on a node with the store and an MQTT "
-                                  "listener")
+            raise await not_here(self._place, "event rules")
         return self._rules
 
     async def list(self, request: web.Request) -> web.Response:
-        return _json(self._engine().list())
+        return _json((await self._engine()).list())
 
     async def get(self, request: web.Request) -> web.Response:
-        row = self._engine().get(request.match_info["name"])
+        row = (await self._engine()).get(request.match_info["name"])
         if row is None:
             raise AdminError(404, f"no rule named {request.match_info['name']!r}")
         return _json(row)
 
     async def create(self, request: web.Request) -> web.Response:
-        engine = self._engine()
+        engine = (await self._engine())
         body = await _body(request)
         name = body.pop("name", None)
         if not isinstance(name, str):
@@ -75,7 +84,7 @@ class RulesApi:
             return _refused(getattr(exc, "path", "$"), getattr(exc, "reason", str(exc)))
 
     async def change(self, request: web.Request) -> web.Response:
-        engine = self._engine()
+        engine = (await self._engine())
         body = await _body(request)
         try:
             return _json(await engine.change(request.match_info["name"], body))
@@ -86,7 +95,7 @@ class RulesApi:
 
     async def delete(self, request: web.Request) -> web.Response:
         try:
-            await self._engine().delete(request.match_info["name"])
+            await (await self._engine()).delete(request.match_info["name"])
         except LookupError as exc:
             raise AdminError(404, str(exc)) from None
         return _json({"deleted": request.match_info["name"]})
@@ -99,13 +108,13 @@ class RulesApi:
 
     async def _pause(self, request: web.Request, paused: bool) -> web.Response:
         try:
-            return _json(await self._engine().set_paused(request.match_info["name"], paused))
+            return _json(await (await self._engine()).set_paused(request.match_info["name"], paused))
         except LookupError as exc:
             raise AdminError(404, str(exc)) from None
 
 
     async def replay(self, request: web.Request) -> web.Response:
-        engine = self._engine()
+        engine = (await self._engine())
         body = await _body(request)
         unknown = sorted(set(body) - {"from", "offset"})
         if unknown or ("from" in body) == ("offset" in body):

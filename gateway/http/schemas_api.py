@@ -15,12 +15,13 @@ import json
 
 from aiohttp import web
 
-from .deps import RulesControl
+from .deps import RulesControl, RulesPlace
 from .errors import AdminError
+from .rules_api import not_here
 
 
-def add_routes(app: web.Application, rules: RulesControl | None) -> None:
-    api = SchemasApi(rules)
+def add_routes(app: web.Application, rules: RulesControl | None, place: RulesPlace | None = None) -> None:
+    api = SchemasApi(rules, place)
     app.router.add_get("/admin/schemas", api.list)
     app.router.add_get("/admin/schemas/{name:.+}", api.get)
     app.router.add_put("/admin/schemas/{name:.+}", api.put)
@@ -28,17 +29,17 @@ def add_routes(app: web.Application, rules: RulesControl | None) -> None:
 
 
 class SchemasApi:
-    def __init__(self, rules: RulesControl | None) -> None:
+    def __init__(self, rules: RulesControl | None, place: RulesPlace | None = None) -> None:
         self._rules = rules
+        self._place = place
 
-    def _engine(self) -> RulesControl:
+    async def _engine(self) -> RulesControl:
         if self._rules is None:
-            raise AdminError(501, "no event schemas on this node: they are kept with the event rules, on a node with "
-                                  "the store and an MQTT listener")
+            raise await not_here(self._place, "event schemas")
         return self._rules
 
     async def list(self, request: web.Request) -> web.Response:
-        return web.json_response(self._engine().schemas.list())
+        return web.json_response((await self._engine()).schemas.list())
 
     async def get(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -47,13 +48,13 @@ class SchemasApi:
             version = int(raw) if raw is not None else None
         except ValueError:
             raise AdminError(400, f"version must be a number, not {raw!r}") from None
-        row = self._engine().schemas.get(name, version)
+        row = (await self._engine()).schemas.get(name, version)
         if row is None:
             raise AdminError(404, f"no schema named {name!r}" + (f" at version {version}" if version else ""))
         return web.json_response(row)
 
     async def put(self, request: web.Request) -> web.Response:
-        engine = self._engine()
+        engine = (await self._engine())
         try:
             schema = json.loads(await request.read())
         except (ValueError, RecursionError) as exc:
@@ -68,7 +69,7 @@ class SchemasApi:
     async def delete(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         try:
-            self._engine().delete_schema(name)
+            (await self._engine()).delete_schema(name)
         except LookupError as exc:
             raise AdminError(404, str(exc)) from None
         except ValueError as exc:
