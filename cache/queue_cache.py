@@ -97,6 +97,16 @@ class QueueCache:
         if listen_notify is not None:
             listen_notify(self._notified)
 
+    def close(self) -> None:
+        """Stop hearing the store (a store node's cache ends with each spell of leading, while
+        its store goes on): neither its commits' tails nor its notify events reach this cache."""
+        remove_tail_reader = getattr(self._store, "remove_tail_reader", None)
+        if remove_tail_reader is not None:
+            remove_tail_reader(self)
+        unlisten_notify = getattr(self._store, "unlisten_notify", None)
+        if unlisten_notify is not None:
+            unlisten_notify(self._notified)
+
     # -- reading -------------------------------------------------------------------------------
     def read(self, queue: str, offset: int, max_messages: int = 32, max_bytes: int = 4 << 20) -> GetResult:
         """Read like ``MessageStore.get_now``: up to ``max_messages``, at least one, then within ``max_bytes``.

@@ -569,7 +569,9 @@ class Gateway:
         if self.mqtt is not None:
             await self.mqtt.stop()  # says goodbye to clients and saves every session
             self.mqtt = None
-        self._cache = None
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
         if self.amqp is not None:
             await self.amqp.stop()
             self.amqp = None

@@ -519,6 +519,10 @@ class MessageStore:
         a reader at a queue's end gets them without reading them back."""
         self.tail.readers.append(reader)
 
+    def remove_tail_reader(self, reader: TailReader) -> None:
+        if reader in self.tail.readers:
+            self.tail.readers.remove(reader)
+
     def subscribe_notify(self) -> NotifySubscription:
         """Coalesced ``(queue, max_offset)`` events, after each dispatch."""
         return self.notify.subscribe()
@@ -527,6 +531,9 @@ class MessageStore:
         """Call ``listener`` with each dispatch's ``{queue: max_offset}`` events as they are
         published, before any subscription is woken (the queue cache)."""
         self.notify.listen(listener)
+
+    def unlisten_notify(self, listener: Callable[[dict[str, int]], None]) -> None:
+        self.notify.unlisten(listener)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """For a notify listener: run ``callback()`` once the commit it heard of is complete, at

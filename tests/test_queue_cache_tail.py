@@ -199,3 +199,18 @@ async def test_random_commits_and_readers_match_the_store(open_store, seed):
         held = [WINDOW_OVERHEAD + sum(map(message_cost, w.messages[w.head:])) for w in cache._windows.values()]
         assert [w.bytes for w in cache._windows.values()] == held and cache.stats.bytes == sum(held)
     assert cache.stats.messages_written_through > 0 and cache.stats.evictions + cache.stats.hits > 0
+
+
+async def test_a_closed_cache_no_longer_hears_the_store(open_store):
+    """A store node makes a queue cache each time it leads, on the same store: the cache of a
+    spell that ended neither takes commits' messages nor hears notify events any more."""
+    store = await open_store()
+    cache = QueueCache(store)
+    await store.put(Message("t/q", b"first"), ["q"])
+    assert bodies_of(cache.read("q", 0)) == [b"first"] and cache.following == {"q"}
+    await store.put(Message("t/q", b"second"), ["q"])
+    assert cache.stats.messages_written_through == 1 and store.notify.active
+    cache.close()
+    await store.put(Message("t/q", b"third"), ["q"])
+    assert cache.stats.messages_written_through == 1
+    assert not store.notify.active  # (nothing else listened)

@@ -102,6 +102,7 @@ class AMQPBroker:
 
     async def stop(self) -> None:
         self._running = False
+        self.store.unlisten_notify(self._on_notify)
         for conn in list(self.connections):
             conn.shutdown()
         await cancel_and_wait(self._tasks)

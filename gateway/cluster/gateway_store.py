@@ -236,6 +236,9 @@ class GatewayStore:
         """``MessageStore.listen_notify``: the events this node publishes, as they are published."""
         self.notify.listen(listener)
 
+    def unlisten_notify(self, listener: Callable[[dict[str, int]], None]) -> None:
+        self.notify.unlisten(listener)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """``MessageStore.after_commit``: here no commit is under way (events come from the
         store node): on the loop's next turn."""

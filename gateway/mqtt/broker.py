@@ -122,6 +122,7 @@ class MQTTBroker:
 
     async def stop(self) -> None:
         self._running = False
+        self.store.unlisten_notify(self._on_notify)
         for conn in list(self.connections.values()):
             conn.shutdown()
         for handle in self._pending_wills.values():

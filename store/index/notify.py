@@ -90,6 +90,12 @@ class NotifyHub:
         party that must know every queue's end before anyone else acts on the events."""
         self._listeners.append(listener)
 
+    def unlisten(self, listener: Callable[[dict[str, int]], None]) -> None:
+        """Stop calling ``listener`` (a party that stops while the store goes on: a store node's
+        brokers and queue cache end with each spell of leading)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """For a listener: run ``callback()`` once the commit it heard of is complete (tail
         readers handed its messages, its puts answered or waiting for the disk): at the end of
