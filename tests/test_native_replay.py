@@ -10,11 +10,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore, StoreError, StoreOptions
 from store.holds.codec import TIMER
+from store.log.record import encode_record
 from store.meta.journal import MetaBatch
 from store.messages import tag_hash
 
@@ -134,6 +136,36 @@ async def test_a_replay_ending_where_a_segment_rolled_stops_at_the_last_record(t
                 calls = replayed(module, store, 0, end)
                 assert calls == viewed(module, store, 0, end)
                 assert calls[-1] == ("end", used_end)
+    finally:
+        await store.close()
+
+
+def outcome(call: Any) -> Any:
+    try:
+        return call()
+    except StoreError as exc:
+        return ("refused", str(exc))
+
+
+@pytest.mark.parametrize("topic, queues", [
+    (b"\xff\xfet", [b"qa"]),  # a topic that is not UTF-8 (sound CRC)
+    (b"t", [b"qa", b"\xff"]),  # a second queue name that is not UTF-8
+    ("t/\u00e9".encode(), ["q\u00e9".encode(), b"qa"]),  # UTF-8 beyond ASCII: indexed
+])
+async def test_a_record_of_names_a_view_refuses_is_refused_alike_and_makes_no_queue(
+        tmp_path: Path, topic: bytes, queues: list[bytes]) -> None:
+    store = await MessageStore.open(StoreOptions(data_dir=tmp_path / "s"))
+    try:
+        store.commitlog.append([encode_record(topic=topic, key=b"", properties=b"", queues=queues,
+                                              offsets=list(range(len(queues))), body=b"x", born_ts=1, store_ts=2)])
+        end = store.commitlog.end_position
+        for module in (C, PY):
+            before = list(store.index.created)
+            walked = outcome(lambda: replayed(module, store, 0, end))
+            made = list(store.index.created)
+            assert walked == outcome(lambda: viewed(module, store, 0, end))
+            if walked[0] == "refused":
+                assert made == before
     finally:
         await store.close()
 

@@ -19,7 +19,9 @@ from store.replica.epochs import EpochHistory, common_end
 from store.replica.link import InSyncSet
 from store.replica.node import ReplicaNode, ReplicaSettings
 from store.clock import now_ms
-from store.holds.codec import TIMER
+from store.errors import StoreWriteError
+from store.holds.codec import HOLD_TOPIC, TIMER
+from store.log.record import encode_record
 from store.rocks import raw_keys
 from store.write.idempotence import KEEP_MIN
 
@@ -365,6 +367,47 @@ async def test_a_follower_applies_a_confirmed_stretch_of_meta_changes_in_one_wri
     assert sum(writes) == 200
     assert len(writes) <= 10, writes
     assert dict(b.meta.table("sessions").items()) == {f"dev-{i}": b"state-%d" % i for i in range(200)}
+
+
+async def test_a_follower_whose_meta_write_failed_indexes_each_record_once_when_it_tries_again(tmp_path):
+    """A failed write of a confirmed stretch's meta changes (a full disk) leaves the follower
+    where it was; the next attempt adds the stretch again, and nothing of the first attempt is
+    indexed twice (a held message counted twice would stay wrong until a restart)."""
+    from store.replica.roles import follow
+
+    source = await _open(tmp_path / "src")
+    await source.put(Message("t", b"a"), ["q"])
+    source.commitlog.append([encode_record(topic=HOLD_TOPIC.encode(), key=b"", properties=b"", queues=[], offsets=[],
+                                           body=MetaBatch().put(b"k", b"v").encode(), born_ts=1, store_ts=1)])
+    await source.held.put(Message("t", b"later"), ["q"], TIMER, 1 << 50)
+    await source.put(Message("t", b"b"), ["q"])
+    end = source.commitlog.end_position
+    leader_bytes = source.commitlog.read(0, end)
+    await source.close()
+    replica = await _open(tmp_path / "f", replicated=True)
+    try:
+        log = follow(replica)
+        replica.commitlog.append_at(0, leader_bytes)  # (as the leader's DATA frames write them)
+        failures = [StoreWriteError("meta write failed: no space left (test)")]
+        apply = replica.meta.writes.apply
+
+        def failing_once(batch, **kw):
+            if failures:
+                raise failures.pop()
+            return apply(batch, **kw)
+        replica.meta.writes.apply = failing_once
+        log.confirmed = end
+        assert replica.held.count(TIMER) == 0  # (counted now, then kept up by the dispatcher's count)
+        with pytest.raises(StoreWriteError):
+            log.index_confirmed()
+        assert log.indexed == 0
+        log.index_confirmed()
+        assert log.indexed == end
+        assert replica.held.count(TIMER) == 1
+        assert [m.body for m in replica.get_now("q", 0, 10).messages] == [b"a", b"b"]
+        assert replica.meta.db.get(b"k") == b"v"
+    finally:
+        await replica.close()
 
 
 async def test_a_lone_meta_change_is_confirmed_when_every_replica_must_fsync(group):

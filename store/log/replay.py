@@ -58,6 +58,8 @@ class Replay:
         if view.topic == HOLD_TOPIC and view.body[:1] == META_OP and not view.queue_count:
             if self._on_meta is not None:
                 self._meta.append((view.body, end))
+                if len(self._meta) >= REDISPATCH_BATCH:  # (a stretch of meta changes is written in bounded batches)
+                    self.flush(end)
             return
         if self._meta_only:
             return
@@ -113,7 +115,8 @@ class Replay:
         if lk or total < HEADER_SIZE + lt + lp + lb + QUEUE_SLOT_OVERHEAD * qc:
             return False
         i = off + HEADER_SIZE
-        if lt == len(_HOLD_TOPIC) and buf[i:i + lt] == _HOLD_TOPIC:
+        topic = buf[i:i + lt]
+        if topic == _HOLD_TOPIC or not topic.isascii():  # (RecordView decodes any other, or refuses it)
             return False
         i += lt
         if lp and buf.find(_TAGS_NAME, i, i + lp) >= 0:
@@ -122,8 +125,7 @@ class Replay:
             return False
         i += lp
         qend = off + total - lb
-        index = self._index
-        targets = []
+        slots = []
         for k in range(qc):
             if qend - i < 2:
                 return False
@@ -131,19 +133,21 @@ class Replay:
             if qend - i < 2 + n + 8:
                 return False
             raw = buf[i + 2:i + 2 + n]
-            known = qids.get(raw)
-            if known is None:
-                try:
-                    name = raw.decode()
-                except UnicodeDecodeError:
-                    return False
-                packed = index.cache.get(name)
-                known = qids[raw] = (name, (index.resolve(name) if packed is None else packed) & QID_MASK)
-            i += 2 + n
-            targets.append((known[0], known[1], _u64(buf, i)))
-            i += 8
+            if raw not in qids and not raw.isascii():
+                return False  # (RecordView decodes it, or refuses the record)
+            slots.append((raw, _u64(buf, i + 2 + n)))
+            i += 2 + n + 8
         if i != qend:
             return False
+        index = self._index  # (queues are resolved, made if new, only for a record taken whole)
+        targets = []
+        for raw, offset in slots:
+            known = qids.get(raw)
+            if known is None:
+                name = raw.decode()
+                packed = index.cache.get(name)
+                known = qids[raw] = (name, (index.resolve(name) if packed is None else packed) & QID_MASK)
+            targets.append((known[0], known[1], offset))
         heads = self._heads
         for name, qid, offset in targets:
             heads[name] = (offset + 1) << 32 | qid
@@ -151,6 +155,12 @@ class Replay:
         if len(self._pending) >= REDISPATCH_BATCH:
             self.flush(position + total)
         return True
+
+    def discard(self) -> None:
+        """Forget what was added and not flushed (a flush failed: the records are added again)."""
+        self._meta = []
+        self._pending = []
+        self._heads = {}
 
     def flush(self, end: int) -> None:
         """Apply the meta changes added, then index what was added; the index's checkpoint moves

@@ -93,10 +93,14 @@ class FollowerLog:
 
     def index_confirmed(self) -> None:
         """Index (and apply the meta changes of) the whole records up to the confirmed position."""
-        at = self._replay.add_records(self._log, self._parsed, min(self.confirmed, self._log.end_position))
-        if at != self._parsed:
-            self._replay.flush(at)
-            self._parsed = at
+        try:
+            at = self._replay.add_records(self._log, self._parsed, min(self.confirmed, self._log.end_position))
+            if at != self._parsed:
+                self._replay.flush(at)
+                self._parsed = at
+        except BaseException:
+            self._replay.discard()  # (the next call adds them again, from ``_parsed``)
+            raise
 
 
 def is_meta(view: RecordView) -> bool:
