@@ -361,7 +361,7 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
     ranges; lists, null and booleans go through the field's general collect."""
     simple_strings = not (index.folded or index.prefixes or index.suffixes or index.networks[4]
                           or index.networks[6] or index.present)
-    out = [f"if type({var}) is str:"]
+    out = ["t = type(" + var + ")", "if t is str:"]
     if simple_strings:
         if index.strings:
             namespace[f"S{n}"] = index.strings.get
@@ -373,7 +373,7 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
         namespace[f"M{n}"], namespace[f"F{n}"] = memo.known.get, memo
         out += [f"    h = M{n}({var})", "    if h is None:", f"        h = F{n}({var})", "    if h:",
                 "        update(h)"]
-    out.append(f"elif type({var}) is int or type({var}) is float:")
+    out.append("elif t is int or t is float:")
     if not index.present:
         body = []
         if index.numbers:
@@ -390,10 +390,10 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
         out += body or ["    pass"]
     else:
         out.append(f"    C{n}({var}, hits)")
-    out += [f"elif type({var}) is list:",
+    out += ["elif t is list:",
             f"    for y in leaf_values({var}):",
             f"        C{n}(y, hits)",
-            f"elif {var} is not MISSING and type({var}) is not dict:",
+            f"elif {var} is not MISSING and t is not dict:",
             f"    C{n}({var}, hits)"]
     return [indent + line for line in out]
 
