@@ -188,12 +188,14 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
                                    parts[0].fetch_rows, columns.fetch)
         assert fetches, "a read of several ranges served none"
         after = []
+        pieces: list[tuple[pa.RecordBatch, str]] = []
         for (part, at), fetch in zip(pending, fetches):
             at, batches = advance(part, at, fetch)
-            for batch in batches:
-                yield columns.shape(batch, part.queue)
+            pieces.extend((batch, part.queue) for batch in batches)
             if at < part.end:
                 after.append((part, at))
+        if pieces:  # (a request's rows shaped at once: one column build, not one a range)
+            yield columns.shape(pieces)
         pending = after + pending[len(fetches):]
 
 

@@ -35,6 +35,7 @@ from bridge.spark_source import (
     read_partition,
 )
 from bridge.kafka_options import KafkaOptions
+from bridge.kafka_schema import partition_of, spark_schema
 from bridge.pruning import projection
 from store.read.columns import ARROW_SCHEMA, BATCH_ROWS
 from store.read.readonly import StoreReader
@@ -205,7 +206,9 @@ async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> N
         assert json.loads(body[4:4 + size]) == {"ranges": [
             {"first": 2, "next": 5, "min": 0, "max": 10, "rows": 3}, None,
             {"first": 0, "next": 5, "min": 0, "max": 10, "rows": 5}]}  # 8 rows in all: devices/0 not served
-        table = pa.ipc.open_stream(body[4 + size:]).read_all()
+        batches = list(pa.ipc.open_stream(body[4 + size:]))
+        assert len(batches) == 1  # the ranges' rows built together, not a batch a range
+        table = pa.Table.from_batches(batches)
         assert sorted(table.column_names) == ["offset", "payload", "topic"]  # (in the store schema's order)
         assert list(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist())) == [
             (topic(1), 2), (topic(1), 3), (topic(1), 4), *((topic(3), o) for o in range(5))]
@@ -232,6 +235,23 @@ async def test_short_ranges_of_a_partition_are_read_together_exactly(data_dir: P
             (q.removeprefix("t:"), o) for q, s, e in planned for o in range(s, e)]
         with pytest.raises(DataLossError, match="t:devices/9/telemetry"):
             await asyncio.to_thread(read, [*planned, ("t:devices/9/telemetry", 0, 2)])
+        close_clients()
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_a_request_of_several_ranges_reaches_spark_as_one_batch_of_kafka_rows(data_dir: Path, mode: str) -> None:
+    """The ranges a request reads come back as one batch shaped at once: each row with its own
+    queue's partition, topic and offset, in the planned order."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 40)
+        await flush_index(gw)
+        opts = SourceOptions.parse({**connection(gw, mode), "topicFilter": "devices/+/telemetry", "schema": "kafka"})
+        planned = [("t:devices/2/telemetry", 3, 10), ("t:devices/0/telemetry", 0, 4), ("t:devices/3/telemetry", 9, 10)]
+        parts = QueueRanges([QueueRange(q, s, e, opts.connection, True, fetch_rows=100) for q, s, e in planned])
+        batches = await asyncio.to_thread(lambda: list(read_any(parts, projection(spark_schema(False), opts.kafka))))
+        assert len(batches) == 1
+        assert list(zip(*(batches[0].column(c).to_pylist() for c in ("partition", "topic", "offset")))) == [
+            (partition_of(q), q.removeprefix("t:"), o) for q, s, e in planned for o in range(s, e)]
         close_clients()
 
 

@@ -132,9 +132,39 @@ async def test_records_of_ranges_side_by_side_are_read_together_and_exactly(open
     monkeypatch.setattr(os, "pread", counting_pread)  # (the active segment's bytes come by pread)
     schema = columns.schema_of(["offset", "payload"])
     ranges = [(f"t:{t}", store.index.lookup(f"t:{t}").qid, 1, 6, t) for t in reversed(topics)]
-    reads = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
-    assert [rows(read, schema) for read in reads] == [
-        {"offset": list(range(1, 6)), "payload": [b"%s:%d" % (t.encode(), i) for i in range(1, 6)]}
-        for t in reversed(topics)]
+    reads, batches = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
+    assert [read.rows for read in reads] == [5] * len(topics)
+    assert pa.Table.from_batches(batches, schema).to_pydict() == {
+        "offset": list(range(1, 6)) * len(topics),
+        "payload": [b"%s:%d" % (t.encode(), i) for t in reversed(topics) for i in range(1, 6)]}
+    assert len(batches) == 1  # the ranges' rows built together
     assert len(copied) == 5, copied  # a read per turn of the 8 topics, not 40 (one a record)
+    log.close()
+
+
+async def test_ranges_built_together_across_segments_match_each_range_read_alone(open_store) -> None:
+    """Ranges of topic queues and of a wildcard queue whose records span several commitlog
+    segments, some near each other and some far apart, built together: the same rows, in
+    order, as each range read alone, and batches never longer than BATCH_ROWS."""
+    store = await open_store(segment_size=64 << 10)
+    topics = [f"s/{k}" for k in range(5)]
+    for i in range(400):
+        t = topics[i % len(topics)] if i % 7 else topics[0]
+        body = b"%s:%d:" % (t.encode(), i) + b"x" * (i % 300)
+        await store.put_batch([(Message(topic=t, body=body), [f"t:{t}", "w:s/+"])])
+    log = CommitLogReader(store.commitlog.directory)
+    schema = columns.schema_of(["queue", "offset", "topic", "payload", "timestamp", "born_timestamp"])
+    ranges = []
+    for queue, start, stop in [("t:s/3", 10, 60), ("w:s/+", 5, 390), ("t:s/0", 0, 130), ("t:s/1", 3, 4),
+                               ("t:s/2", 20, 20), ("t:s/4", 0, 50)]:
+        topic = None if queue.startswith("w:") else queue[2:]
+        ranges.append((queue, store.index.lookup(queue).qid, start, stop, topic))
+    reads, batches = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
+    assert all(b.num_rows <= columns.BATCH_ROWS for b in batches)
+    alone = [columns.read_range_live(store.index.db, log, store.commitlog, q, qid, s, e, schema, t)
+             for q, qid, s, e, t in ranges]
+    assert [(r.first_offset, r.next_offset) for r in reads] == [(r.first_offset, r.next_offset) for r in alone]
+    expected = [row for r in alone for row in pa.Table.from_batches(r.batches, schema).to_pylist()]
+    assert pa.Table.from_batches(batches, schema).to_pylist() == expected
+    assert len(list(store.commitlog.directory.iterdir())) > 2  # (the records span several segments)
     log.close()

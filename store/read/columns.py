@@ -123,27 +123,31 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     queue's name (a topic queue: the store knows no queue names). The topic column is then built
     from it, not cut out of each record; a read whose other columns need neither index entries
     nor records (topic, queue, offset) reads one index entry, not the range."""
-    return read_ranges(db, log, [(queue, qid, start, stop, topic)], min_position, schema)[0]
+    (result,), batches = read_ranges(db, log, [(queue, qid, start, stop, topic)], min_position, schema)
+    result.batches = batches
+    return result
 
 
 def read_ranges(db: Rdict, log: CommitLogReader, ranges: Iterable[tuple[str, int, int, int, str | None]],
-                min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
-    """``read_range`` of several ranges, each (queue, qid, start, stop, topic), in order. The
-    records far apart within a range (a topic queue amid other topics) are read for all the
-    ranges together (``_Gathered``): a micro-batch of many topic queues, whose records lie side
-    by side in the commitlog, takes a few reads, not one a record."""
+                min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> tuple[list[RangeRead], list[pa.RecordBatch]]:
+    """The rows of several ranges, each (queue, qid, start, stop, topic), in order, in batches of
+    at most BATCH_ROWS rows that may hold rows of several ranges (the RangeReads say where each
+    range is and hold no batches). Ranges whose records are cut are built together: a
+    micro-batch of many short topic ranges is a few column builds, not one a range."""
     names = schema.names
     results: list[RangeRead] = []
-    planned: list[tuple[RangeRead, str, int, np.ndarray, str | None, bool]] = []
-    gathered = _Gathered(log)
+    batches: list[pa.RecordBatch] = []
+    together: list[tuple[str, int, np.ndarray]] = []  # (queue, first offset, entries) of ranges built as one
     for queue, qid, start, stop, topic in ranges:
         from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
         if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
             # retention removes a queue's entries from the front only: [start, stop) all exist
+            batches.extend(_joined_batches(log, together, schema))
+            together = []
             result = RangeRead(start, max(start, stop))
             for at in range(start, stop, BATCH_ROWS):
-                result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
-                                             schema, topic))
+                batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
+                                      schema, topic))
             results.append(result)
             continue
         first, entries = read_entries(db, qid, start, stop)
@@ -154,18 +158,106 @@ def read_ranges(db: Rdict, log: CommitLogReader, ranges: Iterable[tuple[str, int
         result = RangeRead(first, stop if len(entries) else max(first, start))
         entries = _follow_releases(queue, first, entries, log)
         results.append(result)
-        planned.append((result, queue, first, entries, topic, bool(from_records)))
         if from_records:
-            gathered.want(entries)
-    gathered.read()
-    for result, queue, first, entries, topic, cut in planned:
+            together.append((queue, first, entries))
+            continue
+        batches.extend(_joined_batches(log, together, schema))
+        together = []
         for at in range(0, len(entries), BATCH_ROWS):
             part = entries[at:at + BATCH_ROWS]
-            if not cut:
-                result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
-            else:
-                result.batches.extend(_batches(queue, first + at, part, log, schema, topic, gathered))
-    return results
+            batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
+    batches.extend(_joined_batches(log, together, schema))
+    return results, batches
+
+
+def _joined_batches(log: CommitLogReader, ranges: list[tuple[str, int, np.ndarray]],
+                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of ``ranges`` (queue, first offset, index entries), in order, in batches of at
+    most BATCH_ROWS rows (and ``_MAX_COLUMN`` bytes of records) built one column at a time over
+    all of them; each record's topic is cut out of it (the queue's name is not asked for). A
+    record that is not where its entry says is reported for its own range (``_batches``)."""
+    ranges = [r for r in ranges if len(r[2])]
+    if not ranges:
+        return
+    counts = np.array([len(e) for _, _, e in ranges], np.int64)
+    entries = np.concatenate([e for _, _, e in ranges])
+    which = np.repeat(np.arange(len(ranges)), counts)  # each row's range
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    offsets = np.array([f for _, f, _ in ranges], np.int64)[which] + (np.arange(len(entries)) - starts[which])
+    sizes = entries["size"].astype(np.int64)
+    lo = 0
+    while lo < len(entries):
+        hi = min(len(entries), lo + BATCH_ROWS)
+        while hi - lo > 1 and int(sizes[lo:hi].sum()) > _MAX_COLUMN:
+            hi = lo + (hi - lo) // 2
+        try:
+            yield _joined_batch(log, [r[0] for r in ranges], which[lo:hi], offsets[lo:hi], entries[lo:hi], schema)
+        except RecordCorruptError:  # said for the range it is in, as one range's read says it
+            for queue, first, part in ranges:
+                for at in range(0, len(part), BATCH_ROWS):
+                    gathered = _Gathered(log)
+                    gathered.want(part[at:at + BATCH_ROWS])
+                    gathered.read()
+                    _batches(queue, first + at, part[at:at + BATCH_ROWS], log, schema, None, gathered)
+            raise
+        lo = hi
+
+
+def _joined_batch(log: CommitLogReader, queues: list[str], which: np.ndarray, offsets: np.ndarray,
+                  entries: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """One batch of rows of several ranges: row i of ``queues[which[i]]`` at ``offsets[i]``."""
+    names = schema.names
+    positions = entries["position"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    segments = positions // log.segment_size
+    rel = np.empty(len(entries), np.int64)
+    pieces: list[tuple[mmap | bytes, int, int]] = []  # (buffer, lo, hi): the bytes each segment gives
+    base = 0
+    for segment in np.unique(segments).tolist():
+        rows = np.flatnonzero(segments == segment)
+        seg_start = segment * log.segment_size
+        here, lengths = positions[rows] - seg_start, sizes[rows]
+        low, high = int(here.min()), int((here + lengths).max())
+        found: tuple[mmap | bytes, int] | None
+        if high - low > 2 * int(lengths.sum()) + GATHER_GAP:  # far apart: only the records copied
+            places, first = np.unique(here, return_index=True)
+            copied = places.copy()
+            found = _gather(log, seg_start, copied, lengths[first])  # (``copied``: their places in the copy)
+            here = copied[np.searchsorted(places, here)]
+        else:  # side by side (at most as many bytes between them as theirs): the segment's bytes as they are
+            found = log.span(seg_start, low, high)
+        if found is None:
+            raise RecordCorruptError(f"commitlog segment {seg_start} is missing or short")
+        buffer, at = found
+        here -= at
+        low, high = int(here.min()), int((here + lengths).max())
+        pieces.append((buffer, low, high))
+        rel[rows] = here - low + base
+        base += high - low
+    if len(pieces) == 1:  # (no copy: mostly the segment's map)
+        buffer, low, _ = pieces[0]
+        rel += low
+    else:
+        buffer = b"".join(memoryview(piece)[lo:hi] for piece, lo, hi in pieces)
+    built = _record_columns(queues[int(which[0])], int(offsets[0]), buffer, rel, sizes, names, None)
+    if "queue" in names:
+        built["queue"] = _strings([q.encode() for q in queues], which)
+    if "offset" in names:
+        built["offset"] = pa.array(offsets)
+    if "timestamp" in names:
+        built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+    return pa.RecordBatch.from_arrays([built[name] for name in names], schema=schema)
+
+
+def _strings(values: list[bytes], which: np.ndarray) -> pa.Array:
+    """A string column whose row i is ``values[which[i]]``."""
+    lengths = np.array([len(v) for v in values], np.int64)
+    row_lengths = lengths[which]
+    offsets = np.concatenate(([0], np.cumsum(row_lengths))).astype(np.int32)
+    runs = np.flatnonzero(np.diff(which)) + 1  # rows of one value in a row: one repeat each
+    cuts = [0, *runs.tolist(), len(which)]
+    data = b"".join(values[int(which[a])] * (b - a) for a, b in itertools.pairwise(cuts))
+    return pa.Array.from_buffers(pa.string(), len(which), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _kept(db: Rdict, qid: int, start: int, stop: int, min_position: int) -> bool:
@@ -181,12 +273,14 @@ def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue
                     stop: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
-    return read_ranges_live(db, log, commitlog, [(queue, qid, start, stop, topic)], schema)[0]
+    (result,), batches = read_ranges_live(db, log, commitlog, [(queue, qid, start, stop, topic)], schema)
+    result.batches = batches
+    return result
 
 
 def read_ranges_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog,
                      ranges: Iterable[tuple[str, int, int, int, str | None]],
-                     schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
+                     schema: pa.Schema = ARROW_SCHEMA) -> tuple[list[RangeRead], list[pa.RecordBatch]]:
     """``read_ranges`` for the gateway's own store, as ``read_range_live``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
