@@ -107,7 +107,8 @@ def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.nd
     opts.set_iterate_upper_bound(entry_key(qid, stop))
     values = list(db.values(from_key=entry_key(qid, start), read_opt=opts))
     first = stop - len(values)
-    if values and db.get(entry_key(qid, first)) is None:
+    # (all of [start, stop) found: a run with no hole; fewer: the first found must be ``first``)
+    if values and first > start and db.get(entry_key(qid, first)) is None:
         raise RecordCorruptError(f"consume queue {qid} has a hole in offsets [{start}, {stop})")
     return first, np.frombuffer(b"".join(values), ENTRY_DTYPE)
 
