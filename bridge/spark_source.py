@@ -127,8 +127,10 @@ class QueueRanges(InputPartition):
 SHIP_ROWS = 32_768
 SHIP_BYTES = 32 << 20
 # Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
-# topic ranges packed into one task would leave all but one core idle
-STREAM_TASK_ROWS = 16_384
+# topic ranges packed into one task would leave all but one core idle, and each task costs Spark
+# a fixed amount (its Python worker's turn, its Arrow stream, its plan): a task is one batch
+# handed to Spark (``SHIP_ROWS``)
+STREAM_TASK_ROWS = SHIP_ROWS
 # A stream lists its filter's topic queues in full this often (in between: what changed)
 FULL_LISTING_S = 30.0
 
