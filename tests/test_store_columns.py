@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from store import Message
+from store.errors import RecordCorruptError
 from store.log import record_columns
 from store.read import columns
 from store.read.readonly import CommitLogReader
@@ -167,4 +168,24 @@ async def test_ranges_built_together_across_segments_match_each_range_read_alone
     expected = [row for r in alone for row in pa.Table.from_batches(r.batches, schema).to_pylist()]
     assert pa.Table.from_batches(batches, schema).to_pylist() == expected
     assert len(list(store.commitlog.directory.iterdir())) > 2  # (the records span several segments)
+    log.close()
+
+
+async def test_a_broken_record_among_ranges_read_together_is_named_by_its_own_queue_and_offset(open_store) -> None:
+    """Ranges built together: a record that is not what its index entry says fails the read
+    with an error naming its own queue and offset, not the first range's."""
+    store = await open_store()
+    for i in range(6):
+        await store.put_batch([(Message(topic=t, body=b"%s%d" % (t.encode(), i)), [f"t:{t}"]) for t in ("a", "b")])
+    broken = (await store.put_batch([(Message(topic="b", body=b"b6"), ["t:b"])]))[0].position
+    store.commitlog.flush()
+    segment = broken - broken % store.commitlog.segment_size
+    path = next(p for p in store.commitlog.directory.iterdir() if p.name.isdigit() and int(p.name) == segment)
+    with open(path, "r+b") as f:
+        f.seek(broken - segment + 4)  # the record's magic (log/record.py)
+        f.write(b"\0\0\0\0")
+    log = CommitLogReader(store.commitlog.directory)
+    ranges = [(q, store.index.lookup(q).qid, 0, store.index.lookup(q).next_offset, q[2:]) for q in ("t:a", "t:b")]
+    with pytest.raises(RecordCorruptError, match=r"queue t:b offset 6\b"):
+        columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, columns.schema_of(["payload"]))
     log.close()

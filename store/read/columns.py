@@ -176,7 +176,7 @@ def _joined_batches(log: CommitLogReader, ranges: list[tuple[str, int, np.ndarra
     """The rows of ``ranges`` (queue, first offset, index entries), in order, in batches of at
     most BATCH_ROWS rows (and ``_MAX_COLUMN`` bytes of records) built one column at a time over
     all of them; each record's topic is cut out of it (the queue's name is not asked for). A
-    record that is not where its entry says is reported for its own range (``_batches``)."""
+    record that is not where its entry says is reported for its own range and offset."""
     ranges = [r for r in ranges if len(r[2])]
     if not ranges:
         return
@@ -191,15 +191,13 @@ def _joined_batches(log: CommitLogReader, ranges: list[tuple[str, int, np.ndarra
         hi = min(len(entries), lo + BATCH_ROWS)
         while hi - lo > 1 and int(sizes[lo:hi].sum()) > _MAX_COLUMN:
             hi = lo + (hi - lo) // 2
+        queues = [r[0] for r in ranges]
         try:
-            yield _joined_batch(log, [r[0] for r in ranges], which[lo:hi], offsets[lo:hi], entries[lo:hi], schema)
-        except RecordCorruptError:  # said for the range it is in, as one range's read says it
-            for queue, first, part in ranges:
-                for at in range(0, len(part), BATCH_ROWS):
-                    gathered = _Gathered(log)
-                    gathered.want(part[at:at + BATCH_ROWS])
-                    gathered.read()
-                    _batches(queue, first + at, part[at:at + BATCH_ROWS], log, schema, None, gathered)
+            yield _joined_batch(log, queues, which[lo:hi], offsets[lo:hi], entries[lo:hi], schema)
+        except RecordCorruptError:  # said for the range it is in (the decoder names a batch's first)
+            for k in np.unique(which[lo:hi]).tolist():
+                rows = lo + np.flatnonzero(which[lo:hi] == k)
+                _joined_batch(log, queues, which[rows], offsets[rows], entries[rows], schema)
             raise
         lo = hi
 
@@ -228,7 +226,9 @@ def _joined_batch(log: CommitLogReader, queues: list[str], which: np.ndarray, of
         else:  # side by side (at most as many bytes between them as theirs): the segment's bytes as they are
             found = log.span(seg_start, low, high)
         if found is None:
-            raise RecordCorruptError(f"commitlog segment {seg_start} is missing or short")
+            row = int(rows[0])
+            raise RecordCorruptError(f"queue {queues[int(which[row])]} offset {int(offsets[row])}: commitlog segment "
+                                     f"{seg_start} is missing or short")
         buffer, at = found
         here -= at
         low, high = int(here.min()), int((here + lengths).max())
@@ -290,7 +290,7 @@ def read_ranges_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog,
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
     """Entries whose record is a release (holds/codec.py) made to point at the held message it names
-    (so a queue's rows may step back in the commitlog: ``_batches`` reads by segment runs)."""
+    (so a queue's rows may step back in the commitlog: ``_joined_batch`` reads by segment)."""
     sizes = entries["size"]
     indirect = np.flatnonzero(sizes & INDIRECT)
     if not len(indirect):
@@ -309,83 +309,6 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
         entries["position"][i] = control.target
         entries["size"][i] = control.target_size
     return entries
-
-
-def _runs(entries: np.ndarray, seg_size: int) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray, bool]]:
-    """A queue's entries as runs of one commitlog segment each: (lo, hi, segment start, the
-    records' places in it, their sizes, whether they lie far apart: ``_Gathered`` reads those)."""
-    positions = entries["position"].astype(np.int64)
-    sizes = entries["size"].astype(np.int64)
-    segments = positions // seg_size
-    # a queue's records go forward through the log: entries of one segment are one run
-    cuts = [0, *(np.flatnonzero(np.diff(segments)) + 1).tolist(), len(entries)]
-    for lo, hi in itertools.pairwise(cuts):
-        seg_start = int(segments[lo]) * seg_size
-        rel = positions[lo:hi] - seg_start
-        span = int((rel + sizes[lo:hi]).max()) - int(rel.min())
-        yield lo, hi, seg_start, rel, sizes[lo:hi], span - int(sizes[lo:hi].sum()) > GATHER_GAP
-
-
-class _Gathered:
-    """The records of several ranges that lie far apart (``_runs``), read together per segment
-    (``_gather``): one range's records, far from each other, often lie next to another range's
-    (topics published in turn). ``want`` each range's entries, ``read``, then ``find`` a run's."""
-
-    def __init__(self, log: CommitLogReader) -> None:
-        self._log = log
-        self._wanted: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        # per segment: the records' places in it (sorted), their places in the copy, the copy
-        self._read: dict[int, tuple[np.ndarray, np.ndarray, bytes] | None] = {}
-
-    def want(self, entries: np.ndarray) -> None:
-        for at in range(0, len(entries), BATCH_ROWS):  # (as read_ranges hands them to _batches)
-            for _, _, seg_start, rel, sizes, far in _runs(entries[at:at + BATCH_ROWS], self._log.segment_size):
-                if far:
-                    self._wanted.setdefault(seg_start, []).append((rel, sizes))
-
-    def read(self) -> None:
-        for seg_start, runs in self._wanted.items():
-            places, first = np.unique(np.concatenate([rel for rel, _ in runs]), return_index=True)
-            sizes = np.concatenate([size for _, size in runs])[first]
-            copied = places.copy()
-            found = _gather(self._log, seg_start, copied, sizes)
-            self._read[seg_start] = None if found is None else (places, copied, found[0])
-        self._wanted.clear()
-
-    def find(self, seg_start: int, rel: np.ndarray) -> tuple[bytes, int] | None:
-        """As ``_gather``: (buffer, base) with ``rel`` rewritten to the records' places in the
-        buffer; None if the segment was short."""
-        done = self._read.get(seg_start)
-        if done is None:
-            return None
-        places, copied, buffer = done
-        rel[:] = copied[np.searchsorted(places, rel)]
-        return buffer, 0
-
-
-def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
-             schema: pa.Schema, topic: str | None, gathered: _Gathered) -> list[pa.RecordBatch]:
-    out = []
-    for lo, hi, seg_start, rel, sizes, far in _runs(entries, log.segment_size):
-        found: tuple[mmap | bytes, int] | None
-        if far:
-            found = gathered.find(seg_start, rel)
-        else:
-            found = log.span(seg_start, int(rel.min()), int((rel + sizes).max()))
-        if found is None:
-            raise RecordCorruptError(
-                f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
-        buffer, base = found
-        rel -= base
-        at = lo
-        while at < hi:  # a batch's records, so each of its columns, stay within int32 offsets
-            n = hi - at
-            while n > 1 and int(sizes[at - lo:at - lo + n].sum()) > _MAX_COLUMN:
-                n //= 2
-            out.append(_batch(queue, first_offset + at, n, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at - lo:at - lo + n], schema, topic))
-            at += n
-    return out
 
 
 def _gather(log: CommitLogReader, seg_start: int, rel: np.ndarray, sizes: np.ndarray) -> tuple[bytes, int] | None:
