@@ -1,6 +1,7 @@
 """A queue's offset range as Arrow columns: the one place that turns stored messages into rows
 for bulk readers (the gateway's read API and the co-located ``StoreReader`` both call
-``read_range``). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
+``read_ranges``: the rows of several ranges built together, in batches that may hold several
+ranges' rows). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
 (``record_columns``) needs numpy; nothing else in the store does.
 
 Rows: queue, offset, topic, key (null when the message has none), properties (a map),
@@ -10,7 +11,7 @@ MQTT and AMQP 0-9-1 publishes carry none). Speed comes from doing no Python work
 message: index entries come from one RocksDB range scan, decoded as a structured numpy array;
 the record fields are cut out of the commitlog map by one pass of the compiled decoder
 (``store/log/record_columns.py``) straight into Arrow buffers. A topic queue's topic column is its
-name's (the caller says so: ``read_range``), and a read that needs neither entries nor records
+name's where no record is read (the caller says so: ``read_range``), else each record's, and a read that needs neither entries nor records
 (topic, queue, offset) reads no range at all. Properties repeat (an MQTT message carries its
 publisher's client id), so each distinct property block is decoded once.
 """
