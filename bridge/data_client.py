@@ -277,7 +277,7 @@ class HttpClient:
                   columns: tuple[str, ...] | None = None) -> list[Fetch]:
         """Several ranges (queue, start, end) in one request, up to ``max_rows`` rows in all: a
         Fetch for each range served, in order (a prefix of ``ranges``: ask again for the rest)."""
-        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows}
+        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows, "joined": True}
         if columns is not None:
             body["columns"] = list(columns)
         status, _, data = self._request("POST", "/data/read", body)

@@ -185,7 +185,8 @@ async def test_read_api_serves_arrow_and_respects_the_admin_token(data_dir: Path
 
 async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> None:
     """POST /data/read: the ranges in order up to max_rows in all (a prefix served, the last one
-    perhaps in part), a queue not in the store as null, the caller's read rights checked."""
+    perhaps in part), a queue not in the store as null, the caller's read rights checked; the
+    rows in one batch when the client asks for joined batches, else a batch a range."""
     async with spark_gateway(data_dir, admin_token="s3cret") as gw:
         await publish(gw, 0, 40)  # 10 messages on each of the 4 topics
         base = "http://{}:{}".format(*gw.metrics_address)
@@ -195,11 +196,15 @@ async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> N
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{base}/data/read", json={"ranges": ranges}) as response:
                 assert response.status == 401
-            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8,
+            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8, "joined": True,
                                                             "columns": ["topic", "offset", "payload"]},
                                  headers=auth) as response:
                 assert response.status == 200
                 body = await response.read()
+            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8, "columns": ["offset"]},
+                                 headers=auth) as response:
+                assert response.status == 200
+                unjoined = await response.read()
             async with http.post(f"{base}/data/read", json={"ranges": "t:a"}, headers=auth) as response:
                 assert response.status == 400
         size = int.from_bytes(body[:4], "big")
@@ -208,6 +213,8 @@ async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> N
             {"first": 0, "next": 5, "min": 0, "max": 10, "rows": 5}]}  # 8 rows in all: devices/0 not served
         batches = list(pa.ipc.open_stream(body[4 + size:]))
         assert len(batches) == 1  # the ranges' rows built together, not a batch a range
+        # a client that does not ask for joined batches (one from before them) gets a batch a range
+        assert [b.num_rows for b in pa.ipc.open_stream(unjoined[4 + int.from_bytes(unjoined[:4], "big"):])] == [3, 5]
         table = pa.Table.from_batches(batches)
         assert sorted(table.column_names) == ["offset", "payload", "topic"]  # (in the store schema's order)
         assert list(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist())) == [
