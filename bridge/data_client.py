@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
@@ -86,6 +86,24 @@ class Fetch:
     max_offset: int
     batches: list[pa.RecordBatch] = field(default_factory=list)
     exists: bool = True
+
+
+def split_rows(counts: list[int], batches: Iterable[pa.RecordBatch], into: list[Fetch]) -> list[Fetch]:
+    """Batches of the rows of several ranges, in order (``counts[i]`` rows for the i-th), as
+    each range's own batches (zero-copy slices) on ``into[i]``; returns ``into``."""
+    pending = iter(batches)
+    batch: pa.RecordBatch | None = None
+    at = 0
+    for count, fetch in zip(counts, into):
+        while count:
+            if batch is None or at == batch.num_rows:
+                batch, at = next(pending), 0
+                continue
+            take = min(count, batch.num_rows - at)
+            fetch.batches.append(batch if take == batch.num_rows else batch.slice(at, take))
+            at += take
+            count -= take
+    return into
 
 
 @dataclass(slots=True)
@@ -259,7 +277,7 @@ class HttpClient:
                   columns: tuple[str, ...] | None = None) -> list[Fetch]:
         """Several ranges (queue, start, end) in one request, up to ``max_rows`` rows in all: a
         Fetch for each range served, in order (a prefix of ``ranges``: ask again for the rest)."""
-        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows}
+        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows, "joined": True}
         if columns is not None:
             body["columns"] = list(columns)
         status, _, data = self._request("POST", "/data/read", body)
@@ -270,20 +288,16 @@ class HttpClient:
                               f"{error_text(data)}")
         size = int.from_bytes(data[:4], "big")
         served = json.loads(data[4:4 + size])["ranges"]
-        batches = iter(pa.ipc.open_stream(pa.py_buffer(memoryview(data)[4 + size:])))
-        out = []
+        out: list[Fetch] = []
+        counts: list[int] = []
         for (queue, start, _), meta in zip(ranges, served):
             if meta is None:
                 out.append(Fetch(start, start, 0, 0, exists=False))
+                counts.append(0)
                 continue
-            fetch = Fetch(meta["first"], meta["next"], meta["min"], meta["max"])
-            rows = 0
-            while rows < meta["rows"]:  # (no batch holds rows of two ranges)
-                batch = next(batches)
-                fetch.batches.append(batch)
-                rows += batch.num_rows
-            out.append(fetch)
-        return out
+            out.append(Fetch(meta["first"], meta["next"], meta["min"], meta["max"]))
+            counts.append(meta["rows"])
+        return split_rows(counts, pa.ipc.open_stream(pa.py_buffer(memoryview(data)[4 + size:])), out)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -369,10 +383,11 @@ class DirectClient:
                 reads.append(out[-1])
                 wanted.append((queue, state.qid, first, stop, topic_of_queue(queue)))
                 max_rows -= stop - first
-        found = store_columns.read_ranges(reader.index.db, reader.commitlog, wanted, floor,
-                                          store_columns.schema_of(columns))
+        found, batches = store_columns.read_ranges(reader.index.db, reader.commitlog, wanted, floor,
+                                                   store_columns.schema_of(columns))
         for fetch, read in zip(reads, found):
-            fetch.first_offset, fetch.next_offset, fetch.batches = read.first_offset, read.next_offset, read.batches
+            fetch.first_offset, fetch.next_offset = read.first_offset, read.next_offset
+        split_rows([read.rows for read in found], batches, reads)
         return out
 
     def close(self) -> None:

@@ -101,12 +101,13 @@ KAFKA_NATIVE = {"key": "key", "value": "payload", "topic": "topic", "partition":
                 "timestamp": "timestamp", "timestampType": None, "headers": "properties"}
 
 
-def kafka_column(name: str, batch: pa.RecordBatch, queue: str) -> pa.Array:
-    """Kafka column ``name`` of a native batch of ``queue``'s rows (with the store columns
-    ``KAFKA_NATIVE`` names for it: bridge/pruning.py reads only those)."""
+def kafka_column(name: str, batch: pa.RecordBatch, partitions: np.ndarray) -> pa.Array:
+    """Kafka column ``name`` of a native batch (with the store columns ``KAFKA_NATIVE`` names
+    for it: bridge/pruning.py reads only those); ``partitions``: each row's (int32,
+    ``partition_of`` its queue)."""
     n = batch.num_rows
     if name == "partition":
-        return pa.array(np.full(n, partition_of(queue), np.int32))
+        return pa.array(partitions)
     if name == "timestampType":
         return pa.array(np.full(n, LOG_APPEND_TIME, np.int32))
     if name == "key":
@@ -116,11 +117,17 @@ def kafka_column(name: str, batch: pa.RecordBatch, queue: str) -> pa.Array:
     return batch.column(KAFKA_NATIVE[name])
 
 
+def partitions_of(queues: list[str], rows: list[int]) -> np.ndarray:
+    """Each row's ``partition``: ``rows[i]`` rows of ``queues[i]`` after one another."""
+    return np.repeat(np.array([partition_of(q) for q in queues], np.int32), rows)
+
+
 def to_kafka(batch: pa.RecordBatch, include_headers: bool) -> pa.RecordBatch:
     """A whole native batch (one queue's rows) as the Kafka source's columns."""
     queue = batch.column("queue")[0].as_py() if batch.num_rows else ""
     schema = _ARROW_WITH_HEADERS if include_headers else _ARROW
-    return pa.RecordBatch.from_arrays([kafka_column(name, batch, queue) for name in schema.names], schema=schema)
+    partitions = partitions_of([queue], [batch.num_rows])
+    return pa.RecordBatch.from_arrays([kafka_column(name, batch, partitions) for name in schema.names], schema=schema)
 
 
 def _headers(props: pa.MapArray) -> pa.Array:

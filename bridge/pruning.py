@@ -32,7 +32,7 @@ from pyspark.sql.types import (
 )
 
 from .kafka_options import KafkaOptions
-from .kafka_schema import KAFKA_NATIVE, kafka_column, spark_schema
+from .kafka_schema import KAFKA_NATIVE, kafka_column, partitions_of, spark_schema
 from .spark_options import OptionError
 
 # store.columns.ARROW_SCHEMA as Spark sees it (tests check that the two agree)
@@ -58,10 +58,13 @@ class Projection:
     kafka: bool
     arrow: pa.Schema
 
-    def shape(self, batch: pa.RecordBatch, queue: str) -> pa.RecordBatch:
-        """A batch of the store columns ``fetch`` of ``queue`` as the query's rows."""
+    def shape(self, pieces: list[tuple[pa.RecordBatch, str]]) -> pa.RecordBatch:
+        """Batches of the store columns ``fetch`` (each with its queue), in order, as one batch
+        of the query's rows."""
+        batch = pieces[0][0] if len(pieces) == 1 else pa.concat_batches([b for b, _ in pieces])
         if self.kafka:
-            columns = [kafka_column(name, batch, queue) for name in self.names]
+            partitions = partitions_of([q for _, q in pieces], [b.num_rows for b, _ in pieces])
+            columns = [kafka_column(name, batch, partitions) for name in self.names]
         else:
             columns = [batch.column(name) for name in self.names]
         return pa.RecordBatch.from_arrays(columns, schema=self.arrow)

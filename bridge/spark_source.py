@@ -127,8 +127,10 @@ class QueueRanges(InputPartition):
 SHIP_ROWS = 32_768
 SHIP_BYTES = 32 << 20
 # Rows a stream's task reads at most when minPartitions is not set: a micro-batch of many short
-# topic ranges packed into one task would leave all but one core idle
-STREAM_TASK_ROWS = 16_384
+# topic ranges packed into one task would leave all but one core idle, and each task costs Spark
+# a fixed amount (its Python worker's turn, its Arrow stream, its plan): a task is one batch
+# handed to Spark (``SHIP_ROWS``)
+STREAM_TASK_ROWS = SHIP_ROWS
 # A stream lists its filter's topic queues in full this often (in between: what changed)
 FULL_LISTING_S = 30.0
 
@@ -188,12 +190,14 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
                                    parts[0].fetch_rows, columns.fetch)
         assert fetches, "a read of several ranges served none"
         after = []
+        pieces: list[tuple[pa.RecordBatch, str]] = []
         for (part, at), fetch in zip(pending, fetches):
             at, batches = advance(part, at, fetch)
-            for batch in batches:
-                yield columns.shape(batch, part.queue)
+            pieces.extend((batch, part.queue) for batch in batches)
             if at < part.end:
                 after.append((part, at))
+        if pieces:  # (a request's rows shaped at once: one column build, not one a range)
+            yield columns.shape(pieces)
         pending = after + pending[len(fetches):]
 
 

@@ -34,7 +34,9 @@ on a machine shared with other work, the figure that other work disturbs least; 
 Spark's JVMs (``jvm_jit``: the part of it their JIT compilers took), this process
 (``gateway``: the data API's reads), the Python workers, the stream's planning runner on the
 driver;
-``first_batch_s``: the first micro-batch's wall time (Python workers start there); the ``_ms``
+``first_batch_s``: the first micro-batch's wall time (Python workers start there; a
+``spark_stream_first`` line splits it: the parts Spark's progress reports and when each Python
+process it needed started, seconds after the query's start); the ``_ms``
 fields: the mean per micro-batch of the parts Spark's progress reports (``latestOffset``,
 ``queryPlanning``, ``getBatch``, ``addBatch`` -- the read, the Python worker, the Arrow transfer
 and the aggregation -- and the WAL and commit writes), steady batches only. A fresh query per
@@ -162,12 +164,43 @@ def cpu_line(source: str, mode: str, round_: int, progress: list[dict], steady: 
     return f"spark_stream_cpu source={source} mode={mode} round={round_} per_batch_s={total / n:.2f} {kinds}"
 
 
-def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[list[dict], float, dict[str, float]]:
+def started_since(since: float) -> list[tuple[float, str]]:
+    """The Python processes this process started (directly or not) since ``since`` (epoch
+    seconds): (seconds after ``since``, kind), in order: when a query's first micro-batch had
+    each of Spark's Python workers started."""
+    import psutil
+
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            created, command = proc.create_time(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if created >= since and "python" in command and "java" not in command:
+            kind = ("stream_runner" if "python_streaming_source_runner" in command else
+                    "daemon" if "pyspark.daemon" in command else "worker")
+            out.append((created - since, kind))
+    return sorted(out)
+
+
+def first_line(source: str, mode: str, round_: int, progress: list[dict], spawned: list[tuple[float, str]]) -> str:
+    """Where a query's first micro-batch went: the parts Spark's progress reports, and when the
+    Python processes it needed started (seconds after the query's start)."""
+    parts = " ".join(f"{snake(k)}_ms={progress[0]['durationMs'].get(k, 0)}" for k in PARTS)
+    started = ",".join(f"{kind}+{at:.2f}" for at, kind in spawned) or "none"
+    return (f"spark_stream_first source={source} mode={mode} round={round_} "
+            f"first_batch_s={progress[0]['durationMs']['triggerExecution'] / 1000:.2f} {parts} python_started={started}")
+
+
+def run(spark, name: str, readings_df, total: int,
+        timeout_s: float) -> tuple[list[dict], float, dict[str, float], list[tuple[float, str]]]:
     """Run the job to the end of ``total`` readings: the progress of its micro-batches with
     rows, the CPU seconds it took in all (``cpu_by_kind``, ``jvm_jit`` counted once, in ``jvm``)
     and, by kind, those of the
-    micro-batches after the first (from when the first is seen to have ended)."""
+    micro-batches after the first (from when the first is seen to have ended), and the Python
+    processes started for its first micro-batch (``started_since``)."""
     before = cpu_by_kind()
+    since = time.time()
     query = (site_averages(readings_df).writeStream.format("memory").queryName(name).outputMode("append")
              .start())
     deadline = time.monotonic() + timeout_s
@@ -177,13 +210,14 @@ def run(spark, name: str, readings_df, total: int, timeout_s: float) -> tuple[li
             assert time.monotonic() < deadline, f"{name}: no micro-batch"
             time.sleep(0.02)
         after_first = cpu_by_kind()
+        spawned = started_since(since)
         while True:
             progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
             if sum(p["numInputRows"] for p in progress) >= total:
                 end = cpu_by_kind()
                 steady = {k: v - after_first.get(k, 0.0) for k, v in end.items()}
                 used = sum(v for k, v in end.items() if k != "jvm_jit") - sum(v for k, v in before.items() if k != "jvm_jit")
-                return progress, used, steady
+                return progress, used, steady, spawned
             assert query.isActive, query.exception()
             assert time.monotonic() < deadline, f"{name}: {sum(p['numInputRows'] for p in progress)} of {total}"
             time.sleep(POLL_S)
@@ -268,9 +302,10 @@ def main() -> None:
                     df = file_lines(spark, tmp / "files", args.per_trigger)
                 else:
                     df = file_readings(spark, tmp / "files", args.per_trigger)
-                progress, cpu_s, steady = run(spark, f"{source}_averages_{round_}", df, total, 600)
+                progress, cpu_s, steady, spawned = run(spark, f"{source}_averages_{round_}", df, total, 600)
                 out.emit(line(source, args.mode, round_, progress, total, cpu_s))
                 out.emit(cpu_line(source, args.mode, round_, progress, steady))
+                out.emit(first_line(source, args.mode, round_, progress, spawned))
         if args.profile:
             out.emit(profile(spark, address, total, args.per_trigger))
         spark.stop()

@@ -35,6 +35,7 @@ from bridge.spark_source import (
     read_partition,
 )
 from bridge.kafka_options import KafkaOptions
+from bridge.kafka_schema import partition_of, spark_schema
 from bridge.pruning import projection
 from store.read.columns import ARROW_SCHEMA, BATCH_ROWS
 from store.read.readonly import StoreReader
@@ -184,7 +185,8 @@ async def test_read_api_serves_arrow_and_respects_the_admin_token(data_dir: Path
 
 async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> None:
     """POST /data/read: the ranges in order up to max_rows in all (a prefix served, the last one
-    perhaps in part), a queue not in the store as null, the caller's read rights checked."""
+    perhaps in part), a queue not in the store as null, the caller's read rights checked; the
+    rows in one batch when the client asks for joined batches, else a batch a range."""
     async with spark_gateway(data_dir, admin_token="s3cret") as gw:
         await publish(gw, 0, 40)  # 10 messages on each of the 4 topics
         base = "http://{}:{}".format(*gw.metrics_address)
@@ -194,18 +196,26 @@ async def test_read_api_serves_several_ranges_in_one_answer(data_dir: Path) -> N
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{base}/data/read", json={"ranges": ranges}) as response:
                 assert response.status == 401
-            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8,
+            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8, "joined": True,
                                                             "columns": ["topic", "offset", "payload"]},
                                  headers=auth) as response:
                 assert response.status == 200
                 body = await response.read()
+            async with http.post(f"{base}/data/read", json={"ranges": ranges, "max_rows": 8, "columns": ["offset"]},
+                                 headers=auth) as response:
+                assert response.status == 200
+                unjoined = await response.read()
             async with http.post(f"{base}/data/read", json={"ranges": "t:a"}, headers=auth) as response:
                 assert response.status == 400
         size = int.from_bytes(body[:4], "big")
         assert json.loads(body[4:4 + size]) == {"ranges": [
             {"first": 2, "next": 5, "min": 0, "max": 10, "rows": 3}, None,
             {"first": 0, "next": 5, "min": 0, "max": 10, "rows": 5}]}  # 8 rows in all: devices/0 not served
-        table = pa.ipc.open_stream(body[4 + size:]).read_all()
+        batches = list(pa.ipc.open_stream(body[4 + size:]))
+        assert len(batches) == 1  # the ranges' rows built together, not a batch a range
+        # a client that does not ask for joined batches (one from before them) gets a batch a range
+        assert [b.num_rows for b in pa.ipc.open_stream(unjoined[4 + int.from_bytes(unjoined[:4], "big"):])] == [3, 5]
+        table = pa.Table.from_batches(batches)
         assert sorted(table.column_names) == ["offset", "payload", "topic"]  # (in the store schema's order)
         assert list(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist())) == [
             (topic(1), 2), (topic(1), 3), (topic(1), 4), *((topic(3), o) for o in range(5))]
@@ -232,6 +242,23 @@ async def test_short_ranges_of_a_partition_are_read_together_exactly(data_dir: P
             (q.removeprefix("t:"), o) for q, s, e in planned for o in range(s, e)]
         with pytest.raises(DataLossError, match="t:devices/9/telemetry"):
             await asyncio.to_thread(read, [*planned, ("t:devices/9/telemetry", 0, 2)])
+        close_clients()
+
+
+@pytest.mark.parametrize("mode", ["address", "dataDir"])
+async def test_a_request_of_several_ranges_reaches_spark_as_one_batch_of_kafka_rows(data_dir: Path, mode: str) -> None:
+    """The ranges a request reads come back as one batch shaped at once: each row with its own
+    queue's partition, topic and offset, in the planned order."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 40)
+        await flush_index(gw)
+        opts = SourceOptions.parse({**connection(gw, mode), "topicFilter": "devices/+/telemetry", "schema": "kafka"})
+        planned = [("t:devices/2/telemetry", 3, 10), ("t:devices/0/telemetry", 0, 4), ("t:devices/3/telemetry", 9, 10)]
+        parts = QueueRanges([QueueRange(q, s, e, opts.connection, True, fetch_rows=100) for q, s, e in planned])
+        batches = await asyncio.to_thread(lambda: list(read_any(parts, projection(spark_schema(False), opts.kafka))))
+        assert len(batches) == 1
+        assert list(zip(*(batches[0].column(c).to_pylist() for c in ("partition", "topic", "offset")))) == [
+            (partition_of(q), q.removeprefix("t:"), o) for q, s, e in planned for o in range(s, e)]
         close_clients()
 
 
@@ -550,10 +577,11 @@ def test_a_stream_shares_a_micro_batch_of_short_ranges_among_tasks() -> None:
         return [[(r.queue, r.start, r.end) for r in getattr(p, "ranges", [p])] for p in parts]
 
     tasks = planned({})
-    # tasks of equal size: no last task with a remainder, a second wave for one core alone
-    assert [sum(e - s for _, s, e in t) for t in tasks] == [12_500] * 4 and 12_500 <= STREAM_TASK_ROWS
+    # tasks of equal size: no last task with a remainder, a second wave for one core alone; as
+    # few as a batch handed to Spark allows (each task costs Spark a fixed amount)
+    assert [sum(e - s for _, s, e in t) for t in tasks] == [25_000] * 2 and 25_000 <= STREAM_TASK_ROWS
     assert [r for t in tasks for r in t] == [(f"t:d/{i:03d}", 0, 500) for i in range(100)]
-    assert len(planned({"minPartitions": "2"})) == 2
+    assert len(planned({"minPartitions": "4"})) == 4
 
 
 @given(st.lists(st.integers(1, 40_000), max_size=60), st.integers(1, 8))

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from store import Message
+from store.errors import RecordCorruptError
 from store.log import record_columns
 from store.read import columns
 from store.read.readonly import CommitLogReader
@@ -132,9 +133,59 @@ async def test_records_of_ranges_side_by_side_are_read_together_and_exactly(open
     monkeypatch.setattr(os, "pread", counting_pread)  # (the active segment's bytes come by pread)
     schema = columns.schema_of(["offset", "payload"])
     ranges = [(f"t:{t}", store.index.lookup(f"t:{t}").qid, 1, 6, t) for t in reversed(topics)]
-    reads = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
-    assert [rows(read, schema) for read in reads] == [
-        {"offset": list(range(1, 6)), "payload": [b"%s:%d" % (t.encode(), i) for i in range(1, 6)]}
-        for t in reversed(topics)]
+    reads, batches = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
+    assert [read.rows for read in reads] == [5] * len(topics)
+    assert pa.Table.from_batches(batches, schema).to_pydict() == {
+        "offset": list(range(1, 6)) * len(topics),
+        "payload": [b"%s:%d" % (t.encode(), i) for t in reversed(topics) for i in range(1, 6)]}
+    assert len(batches) == 1  # the ranges' rows built together
     assert len(copied) == 5, copied  # a read per turn of the 8 topics, not 40 (one a record)
+    log.close()
+
+
+async def test_ranges_built_together_across_segments_match_each_range_read_alone(open_store) -> None:
+    """Ranges of topic queues and of a wildcard queue whose records span several commitlog
+    segments, some near each other and some far apart, built together: the same rows, in
+    order, as each range read alone, and batches never longer than BATCH_ROWS."""
+    store = await open_store(segment_size=64 << 10)
+    topics = [f"s/{k}" for k in range(5)]
+    for i in range(400):
+        t = topics[i % len(topics)] if i % 7 else topics[0]
+        body = b"%s:%d:" % (t.encode(), i) + b"x" * (i % 300)
+        await store.put_batch([(Message(topic=t, body=body), [f"t:{t}", "w:s/+"])])
+    log = CommitLogReader(store.commitlog.directory)
+    schema = columns.schema_of(["queue", "offset", "topic", "payload", "timestamp", "born_timestamp"])
+    ranges = []
+    for queue, start, stop in [("t:s/3", 10, 60), ("w:s/+", 5, 390), ("t:s/0", 0, 130), ("t:s/1", 3, 4),
+                               ("t:s/2", 20, 20), ("t:s/4", 0, 50)]:
+        topic = None if queue.startswith("w:") else queue[2:]
+        ranges.append((queue, store.index.lookup(queue).qid, start, stop, topic))
+    reads, batches = columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, schema)
+    assert all(b.num_rows <= columns.BATCH_ROWS for b in batches)
+    alone = [columns.read_range_live(store.index.db, log, store.commitlog, q, qid, s, e, schema, t)
+             for q, qid, s, e, t in ranges]
+    assert [(r.first_offset, r.next_offset) for r in reads] == [(r.first_offset, r.next_offset) for r in alone]
+    expected = [row for r in alone for row in pa.Table.from_batches(r.batches, schema).to_pylist()]
+    assert pa.Table.from_batches(batches, schema).to_pylist() == expected
+    assert len(list(store.commitlog.directory.iterdir())) > 2  # (the records span several segments)
+    log.close()
+
+
+async def test_a_broken_record_among_ranges_read_together_is_named_by_its_own_queue_and_offset(open_store) -> None:
+    """Ranges built together: a record that is not what its index entry says fails the read
+    with an error naming its own queue and offset, not the first range's."""
+    store = await open_store()
+    for i in range(6):
+        await store.put_batch([(Message(topic=t, body=b"%s%d" % (t.encode(), i)), [f"t:{t}"]) for t in ("a", "b")])
+    broken = (await store.put_batch([(Message(topic="b", body=b"b6"), ["t:b"])]))[0].position
+    store.commitlog.flush()
+    segment = broken - broken % store.commitlog.segment_size
+    path = next(p for p in store.commitlog.directory.iterdir() if p.name.isdigit() and int(p.name) == segment)
+    with open(path, "r+b") as f:
+        f.seek(broken - segment + 4)  # the record's magic (log/record.py)
+        f.write(b"\0\0\0\0")
+    log = CommitLogReader(store.commitlog.directory)
+    ranges = [(q, store.index.lookup(q).qid, 0, store.index.lookup(q).next_offset, q[2:]) for q in ("t:a", "t:b")]
+    with pytest.raises(RecordCorruptError, match=r"queue t:b offset 6\b"):
+        columns.read_ranges_live(store.index.db, log, store.commitlog, ranges, columns.schema_of(["payload"]))
     log.close()

@@ -29,7 +29,9 @@ messages of each of many topics makes one request, not one a topic): the ranges 
 ``max_rows`` rows in all. The answer is a 4-byte big-endian length, that many bytes of JSON --
 ``{"ranges": [{"first", "next", "min", "max", "rows"} or null, ...]}``, one per range served (a
 prefix of those asked: ask again for the rest), null for a queue not in the store -- then one
-Arrow IPC stream of the served ranges' rows in order, no batch holding rows of two ranges.
+Arrow IPC stream of the served ranges' rows in order: with ``"joined": true`` a batch may hold
+rows of several ranges (``rows`` says how many are each range's: they are built together),
+without it no batch holds rows of two ranges (as clients from before ``joined`` read them).
 
 The event loop only looks up the queue (the index's queue cache belongs to the loop thread);
 the bulk part -- an index range scan, commitlog maps and Arrow building -- runs in a worker
@@ -283,41 +285,47 @@ class DataApi:
             planned.append((queue, state.qid, first, stop, low, high))
             left -= stop - first
         async with self._reads:
-            results = await asyncio.to_thread(self._read_ranges, store, planned, schema)
+            results, batches = await asyncio.to_thread(self._read_ranges, store, planned, schema,
+                                                       body.get("joined") is True)
         served: list[dict[str, int] | None] = []
-        batches: list = []
         for plan, result in zip(planned, results):
             if plan is None or result is None:
                 served.append(None)
                 continue
-            rows = sum(b.num_rows for b in result.batches)
-            batches.extend(result.batches)
             served.append({"first": result.first_offset, "next": result.next_offset, "min": plan[4], "max": plan[5],
-                           "rows": rows})
+                           "rows": result.rows})
         meta = json.dumps({"ranges": served}).encode()
         stream = columns.arrow_stream(batches, schema)
         return web.Response(body=len(meta).to_bytes(4, "big") + meta + memoryview(stream),
                             content_type="application/octet-stream")
 
-    def _read_ranges(self, store, planned: list, schema) -> list:
-        """The planned ranges' reads, together (``columns.read_ranges_live``: records of several
-        ranges side by side in the commitlog are read at once), in a worker thread; empty ones
-        without touching the store."""
+    def _read_ranges(self, store, planned: list, schema, joined: bool) -> tuple[list, list]:
+        """The planned ranges' reads, together (``columns.read_ranges_live``: their rows in
+        batches that may hold several ranges' rows) or, not ``joined``, each range apart (a
+        client from before joined batches reads a batch a range), in a worker thread; empty
+        ones without touching the store."""
         from store.read import columns
 
-        wanted = [plan for plan in planned if plan is not None and plan[2] < plan[3]]
+        wanted = [(q, qid, first, stop, topic_of_queue(q))
+                  for q, qid, first, stop, _, _ in (p for p in planned if p is not None and p[2] < p[3])]
         assert self._log is not None
         with self._log_lock:
-            found = iter(columns.read_ranges_live(store.index.db, self._log, store.commitlog,
-                                                  [(q, qid, first, stop, topic_of_queue(q))
-                                                   for q, qid, first, stop, _, _ in wanted], schema))
+            if joined:
+                reads, batches = columns.read_ranges_live(store.index.db, self._log, store.commitlog, wanted, schema)
+            else:
+                reads, batches = [], []
+                for one in wanted:
+                    read, its = columns.read_ranges_live(store.index.db, self._log, store.commitlog, [one], schema)
+                    reads.extend(read)
+                    batches.extend(its)
+        found = iter(reads)
         results: list[Any] = []
         for plan in planned:
             if plan is None:
                 results.append(None)
             else:
                 results.append(next(found) if plan[2] < plan[3] else columns.RangeRead(plan[2], plan[2]))
-        return results
+        return results, batches
 
     def _read(self, store, queue: str, qid: int, first: int, stop: int, schema):
         from store.read import columns

@@ -1,6 +1,7 @@
 """A queue's offset range as Arrow columns: the one place that turns stored messages into rows
 for bulk readers (the gateway's read API and the co-located ``StoreReader`` both call
-``read_range``). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
+``read_ranges``: the rows of several ranges built together, in batches that may hold several
+ranges' rows). Needs numpy and pyarrow (the ``arrow`` extra), as its decoder
 (``record_columns``) needs numpy; nothing else in the store does.
 
 Rows: queue, offset, topic, key (null when the message has none), properties (a map),
@@ -10,7 +11,7 @@ MQTT and AMQP 0-9-1 publishes carry none). Speed comes from doing no Python work
 message: index entries come from one RocksDB range scan, decoded as a structured numpy array;
 the record fields are cut out of the commitlog map by one pass of the compiled decoder
 (``store/log/record_columns.py``) straight into Arrow buffers. A topic queue's topic column is its
-name's (the caller says so: ``read_range``), and a read that needs neither entries nor records
+name's where no record is read (the caller says so: ``read_range``), else each record's, and a read that needs neither entries nor records
 (topic, queue, offset) reads no range at all. Properties repeat (an MQTT message carries its
 publisher's client id), so each distinct property block is decoded once.
 """
@@ -107,7 +108,8 @@ def read_entries(db: Rdict, qid: int, start: int, stop: int) -> tuple[int, np.nd
     opts.set_iterate_upper_bound(entry_key(qid, stop))
     values = list(db.values(from_key=entry_key(qid, start), read_opt=opts))
     first = stop - len(values)
-    if values and db.get(entry_key(qid, first)) is None:
+    # (all of [start, stop) found: a run with no hole; fewer: the first found must be ``first``)
+    if values and first > start and db.get(entry_key(qid, first)) is None:
         raise RecordCorruptError(f"consume queue {qid} has a hole in offsets [{start}, {stop})")
     return first, np.frombuffer(b"".join(values), ENTRY_DTYPE)
 
@@ -123,27 +125,31 @@ def read_range(db: Rdict, log: CommitLogReader, queue: str, qid: int, start: int
     queue's name (a topic queue: the store knows no queue names). The topic column is then built
     from it, not cut out of each record; a read whose other columns need neither index entries
     nor records (topic, queue, offset) reads one index entry, not the range."""
-    return read_ranges(db, log, [(queue, qid, start, stop, topic)], min_position, schema)[0]
+    (result,), batches = read_ranges(db, log, [(queue, qid, start, stop, topic)], min_position, schema)
+    result.batches = batches
+    return result
 
 
 def read_ranges(db: Rdict, log: CommitLogReader, ranges: Iterable[tuple[str, int, int, int, str | None]],
-                min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
-    """``read_range`` of several ranges, each (queue, qid, start, stop, topic), in order. The
-    records far apart within a range (a topic queue amid other topics) are read for all the
-    ranges together (``_Gathered``): a micro-batch of many topic queues, whose records lie side
-    by side in the commitlog, takes a few reads, not one a record."""
+                min_position: int, schema: pa.Schema = ARROW_SCHEMA) -> tuple[list[RangeRead], list[pa.RecordBatch]]:
+    """The rows of several ranges, each (queue, qid, start, stop, topic), in order, in batches of
+    at most BATCH_ROWS rows that may hold rows of several ranges (the RangeReads say where each
+    range is and hold no batches). Ranges whose records are cut are built together: a
+    micro-batch of many short topic ranges is a few column builds, not one a range."""
     names = schema.names
     results: list[RangeRead] = []
-    planned: list[tuple[RangeRead, str, int, np.ndarray, str | None, bool]] = []
-    gathered = _Gathered(log)
+    batches: list[pa.RecordBatch] = []
+    together: list[tuple[str, int, np.ndarray]] = []  # (queue, first offset, entries) of ranges built as one
     for queue, qid, start, stop, topic in ranges:
         from_records = RECORD_COLUMNS.intersection(names) - ({"topic"} if topic is not None else set())
         if not from_records and "timestamp" not in names and _kept(db, qid, start, stop, min_position):
             # retention removes a queue's entries from the front only: [start, stop) all exist
+            batches.extend(_joined_batches(log, together, schema))
+            together = []
             result = RangeRead(start, max(start, stop))
             for at in range(start, stop, BATCH_ROWS):
-                result.batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
-                                             schema, topic))
+                batches.append(_batch(queue, at, min(stop, at + BATCH_ROWS) - at, None, None, None, None,
+                                      schema, topic))
             results.append(result)
             continue
         first, entries = read_entries(db, qid, start, stop)
@@ -154,18 +160,106 @@ def read_ranges(db: Rdict, log: CommitLogReader, ranges: Iterable[tuple[str, int
         result = RangeRead(first, stop if len(entries) else max(first, start))
         entries = _follow_releases(queue, first, entries, log)
         results.append(result)
-        planned.append((result, queue, first, entries, topic, bool(from_records)))
         if from_records:
-            gathered.want(entries)
-    gathered.read()
-    for result, queue, first, entries, topic, cut in planned:
+            together.append((queue, first, entries))
+            continue
+        batches.extend(_joined_batches(log, together, schema))
+        together = []
         for at in range(0, len(entries), BATCH_ROWS):
             part = entries[at:at + BATCH_ROWS]
-            if not cut:
-                result.batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
-            else:
-                result.batches.extend(_batches(queue, first + at, part, log, schema, topic, gathered))
-    return results
+            batches.append(_batch(queue, first + at, len(part), part, None, None, None, schema, topic))
+    batches.extend(_joined_batches(log, together, schema))
+    return results, batches
+
+
+def _joined_batches(log: CommitLogReader, ranges: list[tuple[str, int, np.ndarray]],
+                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of ``ranges`` (queue, first offset, index entries), in order, in batches of at
+    most BATCH_ROWS rows (and ``_MAX_COLUMN`` bytes of records) built one column at a time over
+    all of them; each record's topic is cut out of it (the queue's name is not asked for). A
+    record that is not where its entry says is reported for its own range and offset."""
+    ranges = [r for r in ranges if len(r[2])]
+    if not ranges:
+        return
+    counts = np.array([len(e) for _, _, e in ranges], np.int64)
+    entries = np.concatenate([e for _, _, e in ranges])
+    which = np.repeat(np.arange(len(ranges)), counts)  # each row's range
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    offsets = np.array([f for _, f, _ in ranges], np.int64)[which] + (np.arange(len(entries)) - starts[which])
+    sizes = entries["size"].astype(np.int64)
+    lo = 0
+    while lo < len(entries):
+        hi = min(len(entries), lo + BATCH_ROWS)
+        while hi - lo > 1 and int(sizes[lo:hi].sum()) > _MAX_COLUMN:
+            hi = lo + (hi - lo) // 2
+        queues = [r[0] for r in ranges]
+        try:
+            yield _joined_batch(log, queues, which[lo:hi], offsets[lo:hi], entries[lo:hi], schema)
+        except RecordCorruptError:  # said for the range it is in (the decoder names a batch's first)
+            for k in np.unique(which[lo:hi]).tolist():
+                rows = lo + np.flatnonzero(which[lo:hi] == k)
+                _joined_batch(log, queues, which[rows], offsets[rows], entries[rows], schema)
+            raise
+        lo = hi
+
+
+def _joined_batch(log: CommitLogReader, queues: list[str], which: np.ndarray, offsets: np.ndarray,
+                  entries: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """One batch of rows of several ranges: row i of ``queues[which[i]]`` at ``offsets[i]``."""
+    names = schema.names
+    positions = entries["position"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    segments = positions // log.segment_size
+    rel = np.empty(len(entries), np.int64)
+    pieces: list[tuple[mmap | bytes, int, int]] = []  # (buffer, lo, hi): the bytes each segment gives
+    base = 0
+    for segment in np.unique(segments).tolist():
+        rows = np.flatnonzero(segments == segment)
+        seg_start = segment * log.segment_size
+        here, lengths = positions[rows] - seg_start, sizes[rows]
+        low, high = int(here.min()), int((here + lengths).max())
+        found: tuple[mmap | bytes, int] | None
+        if high - low > 2 * int(lengths.sum()) + GATHER_GAP:  # far apart: only the records copied
+            places, first = np.unique(here, return_index=True)
+            copied = places.copy()
+            found = _gather(log, seg_start, copied, lengths[first])  # (``copied``: their places in the copy)
+            here = copied[np.searchsorted(places, here)]
+        else:  # side by side (at most as many bytes between them as theirs): the segment's bytes as they are
+            found = log.span(seg_start, low, high)
+        if found is None:
+            row = int(rows[0])
+            raise RecordCorruptError(f"queue {queues[int(which[row])]} offset {int(offsets[row])}: commitlog segment "
+                                     f"{seg_start} is missing or short")
+        buffer, at = found
+        here -= at
+        low, high = int(here.min()), int((here + lengths).max())
+        pieces.append((buffer, low, high))
+        rel[rows] = here - low + base
+        base += high - low
+    if len(pieces) == 1:  # (no copy: mostly the segment's map)
+        buffer, low, _ = pieces[0]
+        rel += low
+    else:
+        buffer = b"".join(memoryview(piece)[lo:hi] for piece, lo, hi in pieces)
+    built = _record_columns(queues[int(which[0])], int(offsets[0]), buffer, rel, sizes, names, None)
+    if "queue" in names:
+        built["queue"] = _strings([q.encode() for q in queues], which)
+    if "offset" in names:
+        built["offset"] = pa.array(offsets)
+    if "timestamp" in names:
+        built["timestamp"] = pa.array(entries["store_ts"].astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+    return pa.RecordBatch.from_arrays([built[name] for name in names], schema=schema)
+
+
+def _strings(values: list[bytes], which: np.ndarray) -> pa.Array:
+    """A string column whose row i is ``values[which[i]]``."""
+    lengths = np.array([len(v) for v in values], np.int64)
+    row_lengths = lengths[which]
+    offsets = np.concatenate(([0], np.cumsum(row_lengths))).astype(np.int32)
+    runs = np.flatnonzero(np.diff(which)) + 1  # rows of one value in a row: one repeat each
+    cuts = [0, *runs.tolist(), len(which)]
+    data = b"".join(values[int(which[a])] * (b - a) for a, b in itertools.pairwise(cuts))
+    return pa.Array.from_buffers(pa.string(), len(which), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _kept(db: Rdict, qid: int, start: int, stop: int, min_position: int) -> bool:
@@ -181,12 +275,14 @@ def read_range_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog, queue
                     stop: int, schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> RangeRead:
     """``read_range`` for the gateway's own store, from a worker thread: ``min_position`` comes
     from the store's commitlog (the authority), new segments from ``log.refresh()``."""
-    return read_ranges_live(db, log, commitlog, [(queue, qid, start, stop, topic)], schema)[0]
+    (result,), batches = read_ranges_live(db, log, commitlog, [(queue, qid, start, stop, topic)], schema)
+    result.batches = batches
+    return result
 
 
 def read_ranges_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog,
                      ranges: Iterable[tuple[str, int, int, int, str | None]],
-                     schema: pa.Schema = ARROW_SCHEMA) -> list[RangeRead]:
+                     schema: pa.Schema = ARROW_SCHEMA) -> tuple[list[RangeRead], list[pa.RecordBatch]]:
     """``read_ranges`` for the gateway's own store, as ``read_range_live``."""
     if log.min_position != commitlog.min_position:
         log.refresh()  # retention deleted segments: let go of their maps (they hold disk space)
@@ -195,7 +291,7 @@ def read_ranges_live(db: Rdict, log: CommitLogReader, commitlog: CommitLog,
 
 def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader) -> np.ndarray:
     """Entries whose record is a release (holds/codec.py) made to point at the held message it names
-    (so a queue's rows may step back in the commitlog: ``_batches`` reads by segment runs)."""
+    (so a queue's rows may step back in the commitlog: ``_joined_batch`` reads by segment)."""
     sizes = entries["size"]
     indirect = np.flatnonzero(sizes & INDIRECT)
     if not len(indirect):
@@ -214,83 +310,6 @@ def _follow_releases(queue: str, first_offset: int, entries: np.ndarray, log: Co
         entries["position"][i] = control.target
         entries["size"][i] = control.target_size
     return entries
-
-
-def _runs(entries: np.ndarray, seg_size: int) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray, bool]]:
-    """A queue's entries as runs of one commitlog segment each: (lo, hi, segment start, the
-    records' places in it, their sizes, whether they lie far apart: ``_Gathered`` reads those)."""
-    positions = entries["position"].astype(np.int64)
-    sizes = entries["size"].astype(np.int64)
-    segments = positions // seg_size
-    # a queue's records go forward through the log: entries of one segment are one run
-    cuts = [0, *(np.flatnonzero(np.diff(segments)) + 1).tolist(), len(entries)]
-    for lo, hi in itertools.pairwise(cuts):
-        seg_start = int(segments[lo]) * seg_size
-        rel = positions[lo:hi] - seg_start
-        span = int((rel + sizes[lo:hi]).max()) - int(rel.min())
-        yield lo, hi, seg_start, rel, sizes[lo:hi], span - int(sizes[lo:hi].sum()) > GATHER_GAP
-
-
-class _Gathered:
-    """The records of several ranges that lie far apart (``_runs``), read together per segment
-    (``_gather``): one range's records, far from each other, often lie next to another range's
-    (topics published in turn). ``want`` each range's entries, ``read``, then ``find`` a run's."""
-
-    def __init__(self, log: CommitLogReader) -> None:
-        self._log = log
-        self._wanted: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        # per segment: the records' places in it (sorted), their places in the copy, the copy
-        self._read: dict[int, tuple[np.ndarray, np.ndarray, bytes] | None] = {}
-
-    def want(self, entries: np.ndarray) -> None:
-        for at in range(0, len(entries), BATCH_ROWS):  # (as read_ranges hands them to _batches)
-            for _, _, seg_start, rel, sizes, far in _runs(entries[at:at + BATCH_ROWS], self._log.segment_size):
-                if far:
-                    self._wanted.setdefault(seg_start, []).append((rel, sizes))
-
-    def read(self) -> None:
-        for seg_start, runs in self._wanted.items():
-            places, first = np.unique(np.concatenate([rel for rel, _ in runs]), return_index=True)
-            sizes = np.concatenate([size for _, size in runs])[first]
-            copied = places.copy()
-            found = _gather(self._log, seg_start, copied, sizes)
-            self._read[seg_start] = None if found is None else (places, copied, found[0])
-        self._wanted.clear()
-
-    def find(self, seg_start: int, rel: np.ndarray) -> tuple[bytes, int] | None:
-        """As ``_gather``: (buffer, base) with ``rel`` rewritten to the records' places in the
-        buffer; None if the segment was short."""
-        done = self._read.get(seg_start)
-        if done is None:
-            return None
-        places, copied, buffer = done
-        rel[:] = copied[np.searchsorted(places, rel)]
-        return buffer, 0
-
-
-def _batches(queue: str, first_offset: int, entries: np.ndarray, log: CommitLogReader,
-             schema: pa.Schema, topic: str | None, gathered: _Gathered) -> list[pa.RecordBatch]:
-    out = []
-    for lo, hi, seg_start, rel, sizes, far in _runs(entries, log.segment_size):
-        found: tuple[mmap | bytes, int] | None
-        if far:
-            found = gathered.find(seg_start, rel)
-        else:
-            found = log.span(seg_start, int(rel.min()), int((rel + sizes).max()))
-        if found is None:
-            raise RecordCorruptError(
-                f"queue {queue} offset {first_offset + lo}: commitlog segment {seg_start} is missing or short")
-        buffer, base = found
-        rel -= base
-        at = lo
-        while at < hi:  # a batch's records, so each of its columns, stay within int32 offsets
-            n = hi - at
-            while n > 1 and int(sizes[at - lo:at - lo + n].sum()) > _MAX_COLUMN:
-                n //= 2
-            out.append(_batch(queue, first_offset + at, n, entries[at:at + n], buffer,
-                              rel[at - lo:at - lo + n], sizes[at - lo:at - lo + n], schema, topic))
-            at += n
-    return out
 
 
 def _gather(log: CommitLogReader, seg_start: int, rel: np.ndarray, sizes: np.ndarray) -> tuple[bytes, int] | None:
