@@ -233,10 +233,7 @@ def _u16(data, at):
 @cython.exceptval(check=False)
 def _u32(data, at):
     """The big-endian u32 at ``at`` (the caller checked the bounds)."""
-    return (cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at])) << 24
-            | cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 1])) << 16
-            | cython.cast(cython.Py_ssize_t, cython.cast(cython.uchar, data[at + 2])) << 8
-            | cython.cast(cython.uchar, data[at + 3]))
+    return _u16(data, at) << 16 | _u16(data, at + 2)
 
 
 @cython.cfunc
