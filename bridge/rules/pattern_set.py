@@ -2,7 +2,9 @@
 (one per way through its ``$or`` lists); a branch is indexed by up to two fields it needs
 (exact values and equals-ignore-case in hash tables, prefixes and suffixes by length, numeric
 ranges and CIDR blocks in sorted tables of bounds). An event reads each indexed field once, and
-only the patterns of branches whose indexed fields all hit are tested in full."""
+only the patterns of branches whose indexed fields all hit are tested in full. Hits are bits
+of one integer: a branch owns two adjacent bits, one per anchor (both for a branch of one), so
+the branches whose anchors all hit are the bits of ``hits & (hits >> 1)``."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from .patterns import (
 MAX_BRANCHES = 16  # a pattern whose $or lists multiply to more is tested against every event
 ANCHORS = 2  # fields indexed per branch
 
-Collect = Callable[[Any, set[int]], None]  # a leaf value -> add the ordinals it selects
+Collect = Callable[[Any], int]  # a leaf value -> the bits of the anchors it hits
 
 
 def _path_values(event: Any, path: tuple[str, ...]) -> list[Any]:
@@ -112,6 +114,8 @@ def anchors(fields: list[FieldNode], shared: Mapping[tuple[Any, ...], int]) -> l
     ranked = [Anchor(f.path, f.matchers, rank) for f in fields if (rank := _rank(f.matchers)) is not None]
     ranked.sort(key=lambda a: (shared.get(_anchor_key(a), 0), a.rank))
     good = [a for a in ranked if a.rank < 3]
+    if len(good) > 1 and good[0].rank == 0 and good[1].rank == 2 and shared.get(_anchor_key(good[0]), 0) <= 1:
+        return good[:1]  # (a value no other branch asks for, and a range: the range would add more hits than it saves tests)
     return good[:ANCHORS] if good else ranked[:1]
 
 
@@ -128,50 +132,46 @@ def _index_decides(way: list[FieldNode], chosen: list[Anchor]) -> bool:
             and (len(way) == 1 or all(len(a.path) == 1 for a in chosen)))
 
 
-def _matched(event: Any) -> bool:
-    return True
-
-
 class _FieldIndex:
-    """The anchors on one field, by what their matchers accept; ``compile`` makes the function
-    that adds the ids of the anchors a leaf value hits."""
+    """The anchors on one field, by what their matchers accept (each anchor as its bits);
+    ``compile`` makes the function that answers the bits of the anchors a leaf value hits."""
 
     def __init__(self, path: tuple[str, ...]) -> None:
         self.path = path
-        self.strings: dict[str, list[int]] = {}
-        self.numbers: dict[int | float, list[int]] = {}
-        self.constants: dict[str, list[int]] = {}  # true, false, null (apart: True == 1 in Python)
-        self.folded: dict[str, list[int]] = {}
-        self.prefixes: dict[tuple[int, bool], dict[str, list[int]]] = {}  # by (length, ignore case)
-        self.suffixes: dict[tuple[int, bool], dict[str, list[int]]] = {}
+        self.strings: dict[str, int] = {}
+        self.numbers: dict[int | float, int] = {}
+        self.constants: dict[str, int] = {}  # true, false, null (apart: True == 1 in Python)
+        self.folded: dict[str, int] = {}
+        self.prefixes: dict[tuple[int, bool], dict[str, int]] = {}  # by (length, ignore case)
+        self.suffixes: dict[tuple[int, bool], dict[str, int]] = {}
         self.ranges: list[tuple[tuple[float, bool, float, bool], int]] = []
         self.networks: dict[int, list[tuple[tuple[float, bool, float, bool], int]]] = {4: [], 6: []}
-        self.present: list[int] = []  # hit by any leaf value
+        self.present = 0  # hit by any leaf value
 
-    def add(self, anchor_id: int, anchor: Anchor) -> None:
+    def add(self, bits: int, anchor: Anchor) -> None:
         for m in anchor.matchers:
             if isinstance(m, Exact):
                 for v in m.values:
                     if type(v) is str:
-                        self.strings.setdefault(v, []).append(anchor_id)
+                        _add_bits(self.strings, v, bits)
                     elif type(v) in (int, float):
-                        self.numbers.setdefault(v, []).append(anchor_id)
+                        _add_bits(self.numbers, v, bits)
                     else:
-                        self.constants.setdefault(_constant_key(v), []).append(anchor_id)
+                        _add_bits(self.constants, _constant_key(v), bits)
             elif isinstance(m, IgnoreCase):
                 for t in m.texts:
-                    self.folded.setdefault(t.casefold(), []).append(anchor_id)
+                    _add_bits(self.folded, t.casefold(), bits)
             elif isinstance(m, (Prefix, Suffix)):
                 text = m.text.casefold() if m.ignore_case else m.text
                 table = self.prefixes if isinstance(m, Prefix) else self.suffixes
-                table.setdefault((len(text), m.ignore_case), {}).setdefault(text, []).append(anchor_id)
+                _add_bits(table.setdefault((len(text), m.ignore_case), {}), text, bits)
             elif isinstance(m, Numeric):
-                self.ranges.extend((interval, anchor_id) for interval in m.intervals)
+                self.ranges.extend((interval, bits) for interval in m.intervals)
             elif isinstance(m, Cidr):
                 first, last = int(m.network.network_address), int(m.network.broadcast_address)
-                self.networks[m.network.version].append(((first, True, last, True), anchor_id))
+                self.networks[m.network.version].append(((first, True, last, True), bits))
             else:
-                self.present.append(anchor_id)
+                self.present |= bits
 
     def only_strings(self) -> bool:
         """Every anchor here is an exact string (the common case: one lookup per value)."""
@@ -187,47 +187,39 @@ class _FieldIndex:
         present = self.present
         text_tables = bool(folded or prefixes or suffixes or in_network)
 
-        def collect(v: Any, out: set[int]) -> None:
+        def collect(v: Any) -> int:
             tv = type(v)
-            if present:
-                out.update(present)
+            out = present
             if tv is str:
-                hit = strings.get(v)
-                if hit:
-                    out.update(hit)
+                out |= strings.get(v, 0)
                 if not text_tables:
-                    return
+                    return out
                 if folded:
-                    hit = folded.get(v.casefold())
-                    if hit:
-                        out.update(hit)
+                    out |= folded.get(v.casefold(), 0)
                 for length, ignore, table in prefixes:
-                    hit = table.get((v.casefold() if ignore else v)[:length])
-                    if hit:
-                        out.update(hit)
+                    out |= table.get((v.casefold() if ignore else v)[:length], 0)
                 for length, ignore, table in suffixes:
                     text = v.casefold() if ignore else v
                     if length <= len(text):
-                        hit = table.get(text[len(text) - length:])
-                        if hit:
-                            out.update(hit)
+                        out |= table.get(text[len(text) - length:], 0)
                 if in_network:
                     address = address_value(v)
                     if address is not None:
                         lookup = in_network.get(address[0])
                         if lookup is not None:
-                            out.update(lookup(address[1]))
+                            out |= lookup(address[1])
             elif tv is int or tv is float:
-                hit = numbers.get(v)
-                if hit:
-                    out.update(hit)
+                out |= numbers.get(v, 0)
                 if in_range is not None:
-                    out.update(in_range(v))
+                    out |= in_range(v)
             else:
-                hit = constants.get(_constant_key(v))
-                if hit:
-                    out.update(hit)
+                out |= constants.get(_constant_key(v), 0)
+            return out
         return collect
+
+
+def _add_bits(table: dict[Any, int], key: Any, bits: int) -> None:
+    table[key] = table.get(key, 0) | bits
 
 
 def _constant_key(v: object) -> str:
@@ -235,8 +227,8 @@ def _constant_key(v: object) -> str:
 
 
 def _range_table(ranges: list[tuple[tuple[float, bool, float, bool], int]]
-                 ) -> tuple[list[float], list[tuple[int, ...]]] | None:
-    """The bounds of ``ranges``, sorted, and the ids of the ranges holding each bound (a point)
+                 ) -> tuple[list[float], list[int]] | None:
+    """The bounds of ``ranges``, sorted, and the bits of the ranges holding each bound (a point)
     and each open gap between two bounds, precomputed (a range's own bounds are among them, so
     a gap is wholly inside a range or wholly outside): answer ``2j`` is the gap below
     ``bounds[j]``, ``2j + 1`` the bound itself."""
@@ -244,22 +236,22 @@ def _range_table(ranges: list[tuple[tuple[float, bool, float, bool], int]]
         return None
     bounds = sorted({b for (lo, _, hi, _), _ in ranges for b in (lo, hi) if math.isfinite(b)})
     count = len(bounds)
-    answers: list[set[int]] = [set() for _ in range(2 * count + 1)]
-    for (lo, lo_in, hi, hi_in), anchor_id in ranges:
+    answers = [0] * (2 * count + 1)
+    for (lo, lo_in, hi, hi_in), bits in ranges:
         for j, b in enumerate(bounds):
             if (b > lo or (lo_in and b == lo)) and (b < hi or (hi_in and b == hi)):
-                answers[2 * j + 1].add(anchor_id)
+                answers[2 * j + 1] |= bits
         for j in range(count + 1):
             left = bounds[j - 1] if j else -math.inf
             right = bounds[j] if j < count else math.inf
             if lo <= left and right <= hi:
-                answers[2 * j].add(anchor_id)
-    return bounds, [tuple(sorted(a)) for a in answers]
+                answers[2 * j] |= bits
+    return bounds, answers
 
 
 def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
-                  ) -> Callable[[float], tuple[int, ...]] | None:
-    """A number -> the ids of the ranges holding it, by bisection over ``_range_table``."""
+                  ) -> Callable[[float], int] | None:
+    """A number -> the bits of the ranges holding it, by bisection over ``_range_table``."""
     table = _range_table(ranges)
     if table is None:
         return None
@@ -267,9 +259,9 @@ def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
     count = len(bounds)
     search = bisect.bisect_left
 
-    def lookup(v: float) -> tuple[int, ...]:
+    def lookup(v: float) -> int:
         if v != v:  # NaN: in no range
-            return ()
+            return 0
         i = search(bounds, v)
         if i < count and bounds[i] == v:
             return frozen[2 * i + 1]
@@ -277,15 +269,15 @@ def _range_lookup(ranges: list[tuple[tuple[float, bool, float, bool], int]]
     return lookup
 
 
-def _generate_collector(indexes: list[_FieldIndex]) -> Callable[[dict[str, Any]], set[int]]:
-    """One function that reads every indexed field of an event once and returns the ids of the
-    anchors its values hit: generated as straight-line Python (field names as literals made by
+def _generate_collector(indexes: list[_FieldIndex], always: int) -> Callable[[dict[str, Any]], int]:
+    """One function that reads every indexed field of an event once and returns the bits of the
+    anchors its values hit (and ``always``): generated as straight-line Python (field names as literals made by
     ``repr``, tables bound by name), objects read level by level at any depth, so that the
     common case -- a string or a number in nested objects -- costs dictionary lookups and no
     call. Lists of values or objects, and the string operators other than exact values, go
     through each index's general ``collect``."""
     namespace: dict[str, Any] = {"MISSING": MISSING, "path_values": _path_values, "leaf_values": leaf_values}
-    lines = ["def collect_hits(event):", "    hits = set()", "    update = hits.update"]
+    lines = ["def collect_hits(event):", f"    hits = {always}"]
     tree: _PathTree = {}
     for n, index in enumerate(indexes):
         namespace[f"C{n}"] = index.compile()
@@ -322,7 +314,7 @@ def _level_lines(tree: _PathTree, obj: str, depth: int, indent: str, lines: list
             for n, rest in _paths_below(below, ()):
                 path = f"K{n}_{depth}"  # (the path from this level: index n has one per level)
                 namespace[path] = rest
-                lines += [f"{indent}    for x in path_values({var}, {path}):", f"{indent}        C{n}(x, hits)"]
+                lines += [f"{indent}    for x in path_values({var}, {path}):", f"{indent}        hits |= C{n}(x)"]
 
 
 def _paths_below(tree: _PathTree, at: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
@@ -338,20 +330,18 @@ MEMO_SIZE = 4096  # string values remembered per field (cleared when full)
 
 
 class _StringMemo:
-    """A field's string values -> the anchor ids they hit, remembered: telemetry repeats its
+    """A field's string values -> the bits of the anchors they hit, remembered: telemetry repeats its
     values (device ids, sites, statuses), and prefix, suffix, case-folded and CIDR lookups of a
     string cost more than one dictionary lookup."""
 
     def __init__(self, collect: Collect) -> None:
-        self.known: dict[str, tuple[int, ...]] = {}
+        self.known: dict[str, int] = {}
         self._collect = collect
 
-    def __call__(self, value: str) -> tuple[int, ...]:
-        out: set[int] = set()
-        self._collect(value, out)
+    def __call__(self, value: str) -> int:
         if len(self.known) >= MEMO_SIZE:
             self.known.clear()
-        found = self.known[value] = tuple(out)
+        found = self.known[value] = self._collect(value)
         return found
 
 
@@ -365,36 +355,34 @@ def _field_lines(n: int, index: _FieldIndex, var: str, indent: str, namespace: d
     if simple_strings:
         if index.strings:
             namespace[f"S{n}"] = index.strings.get
-            out += [f"    h = S{n}({var})", "    if h:", "        update(h)"]
+            out.append(f"    hits |= S{n}({var}, 0)")
         else:
             out.append("    pass")
     else:
         memo = _StringMemo(namespace[f"C{n}"])
         namespace[f"M{n}"], namespace[f"F{n}"] = memo.known.get, memo
-        out += [f"    h = M{n}({var})", "    if h is None:", f"        h = F{n}({var})", "    if h:",
-                "        update(h)"]
+        out += [f"    h = M{n}({var})", "    if h is None:", f"        h = F{n}({var})", "    hits |= h"]
     out.append("elif t is int or t is float:")
     if not index.present:
         body = []
         if index.numbers:
             namespace[f"N{n}"] = index.numbers.get
-            body += [f"    h = N{n}({var})", "    if h:", "        update(h)"]
+            body.append(f"    hits |= N{n}({var}, 0)")
         table = _range_table(index.ranges)
         if table is not None:  # (``_range_lookup`` inline: no call per number)
             namespace[f"B{n}"], namespace[f"A{n}"] = table
             namespace["bisect_left"] = bisect.bisect_left
             body += [f"    if {var} == {var}:",  # (NaN is in no range)
                      f"        i = bisect_left(B{n}, {var})",
-                     f"        h = A{n}[2 * i + 1] if i < {len(table[0])} and B{n}[i] == {var} else A{n}[2 * i]",
-                     "        if h:", "            update(h)"]
+                     f"        hits |= A{n}[2 * i + 1] if i < {len(table[0])} and B{n}[i] == {var} else A{n}[2 * i]"]
         out += body or ["    pass"]
     else:
-        out.append(f"    C{n}({var}, hits)")
+        out.append(f"    hits |= C{n}({var})")
     out += ["elif t is list:",
             f"    for y in leaf_values({var}):",
-            f"        C{n}(y, hits)",
+            f"        hits |= C{n}(y)",
             f"elif {var} is not MISSING and t is not dict:",
-            f"    C{n}({var}, hits)"]
+            f"    hits |= C{n}({var})"]
     return [indent + line for line in out]
 
 
@@ -436,10 +424,10 @@ class PatternSet:
 
     def _build(self) -> Callable[[Any], list[str]]:
         names = list(self._patterns)
-        tests = [p.check for p in self._patterns.values()]  # (the event is made a dict first)
+        tests: list[Callable[[Any], bool] | None] = [p.check for p in self._patterns.values()]  # None: decided
         fields: dict[tuple[str, ...], _FieldIndex] = {}
-        owners: list[tuple[int, int]] = []  # anchor id -> (pattern ordinal, the other anchor of its branch or -1)
-        always: set[int] = set()
+        ordinal_of: list[int] = []  # branch b (bits 2b and 2b + 1) -> its pattern's ordinal, in order
+        always = 0  # the bits of the patterns tested against every event
         ways_of = [branches(pattern.tree) for pattern in self._patterns.values()]
         shared: dict[tuple[Any, ...], int] = {}  # how many branches test a field the same way
         for ways in ways_of:
@@ -450,32 +438,34 @@ class PatternSet:
         for ordinal, ways in enumerate(ways_of):
             for way in ways if ways is not None else [[]]:
                 chosen = anchors(way, shared)
+                shift = 2 * len(ordinal_of)
+                ordinal_of.append(ordinal)
                 if not chosen:
-                    always.add(ordinal)
+                    always |= 3 << shift
                     break
                 if ways is not None and len(ways) == 1 and _index_decides(way, chosen):
-                    tests[ordinal] = _matched
-                ids = list(range(len(owners), len(owners) + len(chosen)))
-                for anchor_id, anchor in zip(ids, chosen):
-                    fields.setdefault(anchor.path, _FieldIndex(anchor.path)).add(anchor_id, anchor)
-                    partner = [i for i in ids if i != anchor_id]
-                    owners.append((ordinal, partner[0] if partner else -1))
-        collect_hits = _generate_collector(list(fields.values()))
-        always_set = frozenset(always)
-        owner_of = [ordinal for ordinal, _ in owners]
-        partner_of = [partner for _, partner in owners]
+                    tests[ordinal] = None
+                own = (3,) if len(chosen) == 1 else (1, 2)
+                for bits, anchor in zip(own, chosen):
+                    fields.setdefault(anchor.path, _FieldIndex(anchor.path)).add(bits << shift, anchor)
+        collect_hits = _generate_collector(list(fields.values()), always)
+        firsts = int("01" * len(ordinal_of), 2) if ordinal_of else 0  # the lower bit of every branch
 
         def match(event: Any) -> list[str]:
             if type(event) is not dict:
                 event = {}
             hits = collect_hits(event)
-            selected = {owner_of[a] for a in hits if partner_of[a] < 0 or partner_of[a] in hits}
-            if always_set:
-                selected |= always_set
-            if not selected:
-                return []
-            if len(selected) == 1:
-                (only,) = selected
-                return [names[only]] if tests[only](event) else []
-            return [names[i] for i in sorted(selected) if tests[i](event)]
+            whole = hits & (hits >> 1) & firsts  # the branches whose anchors all hit
+            out: list[str] = []
+            last = -1
+            while whole:
+                low = whole & -whole
+                whole ^= low
+                ordinal = ordinal_of[low.bit_length() >> 1]
+                if ordinal != last:  # (a pattern's branches are next to each other)
+                    last = ordinal
+                    test = tests[ordinal]
+                    if test is None or test(event):
+                        out.append(names[ordinal])
+            return out
         return match
