@@ -14,24 +14,22 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .patterns import (
+from .matchers import (
     MISSING,
     Cidr,
-    CompiledPattern,
     Exact,
     Exists,
-    FieldNode,
     IgnoreCase,
     Matcher,
     Numeric,
-    ObjectNode,
     Prefix,
     Suffix,
     address_value,
-    compile_pattern,
     leaf_values,
     objects_in,
 )
+from .pattern_parser import FieldNode, ObjectNode
+from .patterns import CompiledPattern, compile_pattern
 
 MAX_BRANCHES = 16  # a pattern whose $or lists multiply to more is tested against every event
 ANCHORS = 2  # fields indexed per branch
@@ -110,12 +108,12 @@ def anchors(fields: list[FieldNode], shared: Mapping[tuple[Any, ...], int]) -> l
     branches test the same way (``shared``: a value every rule asks for, such as one event
     type, selects no rule in particular), then by the kind of their matchers. A field that only
     asks for a value to be there (anything-but, wildcard, exists:true) is taken only when
-    nothing better is."""
+    nothing better is; an exact value no other branch asks for is taken alone."""
     ranked = [Anchor(f.path, f.matchers, rank) for f in fields if (rank := _rank(f.matchers)) is not None]
     ranked.sort(key=lambda a: (shared.get(_anchor_key(a), 0), a.rank))
     good = [a for a in ranked if a.rank < 3]
     if len(good) > 1 and good[0].rank == 0 and good[1].rank == 2 and shared.get(_anchor_key(good[0]), 0) <= 1:
-        return good[:1]  # (a value no other branch asks for, and a range: the range would add more hits than it saves tests)
+        return good[:1]  # (a value no other branch asks for, beside a range: the range adds more hits than it saves)
     return good[:ANCHORS] if good else ranked[:1]
 
 
