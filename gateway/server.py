@@ -18,8 +18,8 @@ from . import lean_tcp
 from .amqp.broker import AMQPBroker
 from .amqp.connection import AMQPConnection
 from .auth import Acl, PasswordFile
-from .auth.access_keys import AccessKeys
 from .auth.authorize import Authorizer, MqttAccess
+from .broker_factory import amqp_broker, mqtt_settings, remoting_broker
 from .cluster.gateway_store import GatewayStore
 from .cluster.mqtt_node import GatewayNode
 from .cluster.notify_router import NotifyRouter
@@ -41,20 +41,15 @@ from .mqtt.local_ports import local_ports
 from .interop import AMQP_QUEUE_PREFIX, TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX
 from .mqtt.queues import WildcardQueues
 from .mqtt.retained import RetainedIndex
-from .mqtt.settings import MQTTSettings
 from .ports import MQTTPorts
 from .pressure import StorePressure
 from .queue_policy import QueuePolicy, parse_rules
-from .remoting.access import RemotingAccess
 from .remoting.broker import RemotingBroker
 from .remoting.connection import RemotingConnection
-from .remoting.schedule import parse_delay_levels
-from .remoting.transactions import TransactionSettings
 from .rules_host import GatewayRuleHost, LinkedSchemas, Rules, check_declared, store_node_publisher
 
 if TYPE_CHECKING:
     from .rocketmq_grpc.server import GrpcServer
-from .stats import ProtocolStats
 from .trace import Tracer, parse_listeners
 
 log = logging.getLogger("tidemq.gateway")
@@ -248,22 +243,7 @@ class Gateway:
             self.filter_holds()  # a store node's: before the store link's listener
             self._start_rules()  # (refuses declared rules: they need MQTT)
             return
-        settings = MQTTSettings(
-            receive_maximum=cfg.mqtt_receive_maximum,
-            max_inflight=cfg.mqtt_max_inflight,
-            # (a store of small segments takes smaller messages: no packet it would refuse is read)
-            max_packet_size=min(cfg.mqtt_max_packet_size, cfg.store_options().max_message_size),
-            topic_alias_maximum=cfg.mqtt_topic_alias_maximum,
-            max_queued_messages=cfg.mqtt_max_queued_messages,
-            max_keepalive=cfg.mqtt_max_keepalive,
-            sys_interval_s=cfg.mqtt_sys_interval_s,
-            presence_events=cfg.mqtt_presence_events,
-            expiry_check_interval_s=cfg.mqtt_expiry_check_interval_s,
-            progress_save_interval_s=cfg.mqtt_progress_save_interval_s,
-            allow_anonymous=cfg.allow_anonymous,
-            connect_timeout_s=cfg.connect_timeout_s,
-            read_timeout_s=cfg.read_timeout_s,
-        )
+        settings = mqtt_settings(cfg)
         # the certificate first: a bad one stops start-up before any listener opens
         tls = tls_context(cfg) if binds["mqtts"] is not None else None
         acl = MqttAccess(self.authorizer) if self.authorizer.acl is not None else None
@@ -368,12 +348,8 @@ class Gateway:
     async def _start_amqp(self, bind: tuple[str, int]) -> ListeningServer:
         assert self.store is not None
         cfg = self.config
-        cache = self.queue_cache()
-        # (with MQTT: the bridge through amq.topic, docs/amqp.md)
-        self.amqp = AMQPBroker(self.store, cache=cache, authenticator=self.passwords,
-                               allow_anonymous=cfg.allow_anonymous, pressure=self.pressure, authorizer=self.authorizer,
-                               connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
-                               cluster_name=cfg.node_name(), read_timeout_s=cfg.read_timeout_s)
+        self.amqp = amqp_broker(cfg, self.store, self.queue_cache(), passwords=self.passwords,
+                                authorizer=self.authorizer, pressure=self.pressure, mqtt_topics=self.wildcards)
         await self.amqp.start()
         broker, tracer = self.amqp, self._tracer_for("amqp")
         return await lean_tcp.serve(lambda: AMQPConnection(broker, tracer), bind[0], bind[1])
@@ -424,28 +400,8 @@ class Gateway:
         """The name-server and broker roles on one port; the MQTT topic mapping when MQTT runs."""
         assert self.store is not None
         cfg = self.config
-        try:
-            delays = parse_delay_levels(cfg.remoting_delay_levels)
-        except ValueError as exc:
-            raise ConfigError(f"remoting_delay_levels: {exc}") from None
-        cache = self.queue_cache()
-        # with a password file, ACL or access keys, requests are signed with AccessKeys (remoting/access.py)
-        required = bool(cfg.password_file or cfg.acl_file or cfg.access_keys_file)
-        if required and not cfg.access_keys_file:
-            log.warning("remoting requests must be signed but no access_keys_file is set: only %s",
-                        "unsigned (anonymous) clients can work" if cfg.allow_anonymous else "the store link works")
-        stats = ProtocolStats()
-        access = RemotingAccess(self.authorizer, AccessKeys.load(cfg.access_keys_file) if cfg.access_keys_file else None,
-                                required=required, allow_anonymous=cfg.allow_anonymous, stats=stats)
-        # (with MQTT: a remoting topic is an MQTT first level, docs/remoting.md)
-        self.remoting = RemotingBroker(
-            self.store, cache=cache, default_queues=cfg.remoting_default_queues, delay_levels=delays,
-            max_reconsume_times=cfg.remoting_max_reconsume_times, long_poll_max_s=cfg.remoting_long_poll_max_s,
-            access=access, stats=stats, connect_timeout_s=cfg.connect_timeout_s, mqtt_topics=self.wildcards,
-            enable_property_filter=cfg.remoting_enable_property_filter,
-            idle_timeout_s=cfg.remoting_idle_timeout_s, read_timeout_s=cfg.read_timeout_s,
-            transactions=TransactionSettings(cfg.remoting_transaction_timeout_s, cfg.remoting_transaction_check_interval_s,
-                                             cfg.remoting_transaction_check_max))
+        self.remoting = remoting_broker(cfg, self.store, self.queue_cache(), authorizer=self.authorizer,
+                                        mqtt_topics=self.wildcards)
         if cfg.role == "store":  # the store link for gateway nodes, beside RocketMQ clients
             retained = RetainedIndex(self.store)
             retained.load()
