@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from protocols.http1 import RequestHead
 from protocols.mqtt.topics import TopicError, matches, overlaps, validate_topic_filter, validate_topic_name
 
 from .errors import RuleDefinitionError
@@ -171,6 +172,10 @@ def _target(item: Any, path: str) -> TargetSpec:
             for k, v in headers.items()):
         raise RuleDefinitionError(f"{path}.headers", "an object of header name (an HTTP token) -> value "
                                                      "(printable ASCII, spaces and tabs)")
+    try:
+        RequestHead(url, tuple(headers.items()))
+    except ValueError as exc:
+        raise RuleDefinitionError(f"{path}.headers" if "header" in str(exc) else f"{path}.url", str(exc)) from None
     timeout = item.get("timeout_s", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 300:
         raise RuleDefinitionError(f"{path}.timeout_s", "more than 0 and at most 300 seconds")
