@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from pathlib import Path
+
+import pytest
 
 from aiohttp import web
 from paho.mqtt.packettypes import PacketTypes
@@ -15,6 +18,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 
 from protocols.mqtt.packets import MQTT_5
 
+from .mosquitto_support import self_signed_certificate
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .rules_support import call, until
 from .test_rules import admin_url
@@ -31,13 +35,14 @@ class FramingServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    async def up(self) -> None:
+    async def up(self, tls: ssl.SSLContext | None = None) -> None:
         app = web.Application()
         app.router.add_post("/events", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/events"
+        await web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=tls).start()
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._runner.addresses[0][1]}/events"
 
     async def down(self) -> None:
         assert self._runner is not None
@@ -141,5 +146,34 @@ async def test_a_content_type_with_a_line_break_goes_to_the_dead_letter_topic_an
         row = gw.rules.engine.get("typed")
         assert row["dead_lettered"] == 1, row
         assert server.received == [7] and all("X-Injected" not in h for h in server.headers)
+        await device.disconnect()
+    await server.down()
+
+
+async def test_an_https_webhook_is_delivered_to_only_when_its_certificate_is_trusted(
+        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    certificate, key = self_signed_certificate(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(certificate, key)
+    server = FramingServer()
+    await server.up(tls)
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        base = admin_url(gw)
+        status, row = await call(base, "POST", "/admin/rules", {
+            "name": "untrusted", "sources": ["meters/#"], "targets": [{"type": "webhook", "url": server.url}]})
+        assert status == 201, row
+        monkeypatch.setenv("SSL_CERT_FILE", str(certificate))  # (the authorities a target made from now on trusts)
+        status, row = await call(base, "POST", "/admin/rules", {
+            "name": "trusted", "sources": ["meters/#"], "targets": [{"type": "webhook", "url": server.url}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "meter")
+        await device.connect()
+        await device.publish("meters/m1", json.dumps({"n": 3}), 1)
+        await until(lambda: gw.rules.engine.get("trusted")["delivered"] == 1, what="the trusted rule's delivery")
+        await until(lambda: "CERTIFICATE_VERIFY_FAILED" in (gw.rules.engine.get("untrusted")["last_error"] or ""),
+                    what="the untrusted rule's certificate error")
+        assert server.received == [3]
+        row = gw.rules.engine.get("untrusted")
+        assert (row["delivered"], row["dead_lettered"], row["lag"]) == (0, 0, 1)  # (retried: it waits in the store)
         await device.disconnect()
     await server.down()
