@@ -177,3 +177,50 @@ async def test_an_https_webhook_is_delivered_to_only_when_its_certificate_is_tru
         assert (row["delivered"], row["dead_lettered"], row["lag"]) == (0, 0, 1)  # (retried: it waits in the store)
         await device.disconnect()
     await server.down()
+
+
+async def test_the_batched_mode_posts_arrays_of_events_in_order_and_a_failed_request_again(data_dir: Path) -> None:
+    batches: list[list[int]] = []
+    answers: list[int] = []  # statuses to answer before 200
+
+    async def handle(request: web.Request) -> web.Response:
+        assert request.content_type == "application/cloudevents-batch+json"
+        documents = json.loads(await request.read())
+        assert all(d["specversion"] == "1.0" and d["source"] == "/mqtt/clients/meter" for d in documents)
+        status = answers.pop() if answers else 200
+        if status == 200:
+            batches.append([d["data"]["n"] for d in documents])
+        return web.Response(status=status)
+
+    app = web.Application()
+    app.router.add_post("/events", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/events"
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        base = admin_url(gw)
+        status, answer = await call(base, "POST", "/admin/rules", {
+            "name": "bad", "sources": ["meters/#"], "targets": [{"type": "webhook", "url": url, "batch_size": 8}]})
+        assert (status, answer["path"]) == (400, "$.targets[0].batch_size"), answer
+        status, row = await call(base, "POST", "/admin/rules", {
+            "name": "batched", "sources": ["meters/#"], "paused": True, "retry": {"initial_backoff_ms": 20},
+            "targets": [{"type": "webhook", "url": url, "mode": "batched", "batch_size": 8}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "meter")
+        await device.connect()
+        for n in range(30):
+            await device.publish("meters/m1", json.dumps({"n": n}), 1)
+        await call(base, "POST", "/admin/rules/batched/resume")
+        await until(lambda: gw.rules.engine.get("batched")["delivered"] == 30, what="30 deliveries")
+        assert [n for batch in batches for n in batch] == list(range(30))
+        assert max(len(batch) for batch in batches) == 8
+        answers.append(503)  # (a failed request: its events are sent again before any after them)
+        for n in range(30, 35):
+            await device.publish("meters/m1", json.dumps({"n": n}), 1)
+        await until(lambda: gw.rules.engine.get("batched")["delivered"] == 35, what="35 deliveries")
+        assert [n for batch in batches for n in batch] == list(range(35))
+        row = gw.rules.engine.get("batched")
+        assert (row["dead_lettered"], row["lag"], row["retried"]) == (0, 0, 1)
+        await device.disconnect()
+    await runner.cleanup()
