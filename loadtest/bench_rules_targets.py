@@ -1,6 +1,7 @@
 """Rules at work: events per second one rule delivers from a backlog of matched events, to a local
-aiohttp webhook (its own process, keep-alive) and to a TideMQ topic (republished through the
-MQTT publish path), with what was lost and what came out of order.
+aiohttp webhook (its own process, keep-alive; an event a request, and in the opt-in batched
+mode, up to 100 a request) and to a TideMQ topic (republished through the MQTT publish path),
+with what was lost and what came out of order.
 
     python -m loadtest.bench_rules_targets [--events N] [--out FILE]
 
@@ -8,6 +9,7 @@ The events (JSON, numbered) are stored while the rule is paused, then it is resu
 (wall clock) until it has delivered them all. Lines:
 
     rules scenario=webhook events_per_s=... lost=... out_of_order=... events=...
+    rules scenario=webhook_batched events_per_s=... lost=... out_of_order=... events=...
     rules scenario=topic events_per_s=... lost=... out_of_order=... events=...
 """
 
@@ -37,14 +39,26 @@ def serve_webhook(port_out: Any) -> None:
     seen: set[int] = set()
     state = {"last": -1, "out_of_order": 0, "count": 0}
 
-    async def events(request: web.Request) -> web.Response:
-        n = json.loads(await request.read())["n"]
+    def take(n: int) -> None:
         state["count"] += 1
         if n < state["last"] and n not in seen:
             state["out_of_order"] += 1
         state["last"] = max(state["last"], n)
         seen.add(n)
+
+    async def events(request: web.Request) -> web.Response:
+        document = json.loads(await request.read())
+        if request.content_type == "application/cloudevents-batch+json":
+            for event in document:
+                take(event["data"]["n"])
+        else:
+            take(document["n"])
         return web.Response(status=204)
+
+    async def reset(request: web.Request) -> web.Response:
+        seen.clear()
+        state.update(last=-1, out_of_order=0, count=0)
+        return web.json_response({})
 
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({**state, "distinct": len(seen)})
@@ -53,6 +67,7 @@ def serve_webhook(port_out: Any) -> None:
         app = web.Application()
         app.router.add_post("/events", events)
         app.router.add_get("/stats", stats)
+        app.router.add_post("/reset", reset)
         app_runner = web.AppRunner(app, access_log=None)
         await app_runner.setup()
         site = web.TCPSite(app_runner, "127.0.0.1", 0)
@@ -96,12 +111,20 @@ async def run(events: int, lines: runner.Lines) -> None:
                 engine = gw.rules.engine
                 await engine.create("webhook", {"sources": ["bench/#"], "paused": True,
                                                 "targets": [{"type": "webhook", "url": url + "/events"}]})
+                await engine.create("webhook_batched", {
+                    "sources": ["bench/#"], "paused": True,
+                    "targets": [{"type": "webhook", "url": url + "/events", "mode": "batched", "batch_size": 100}]})
                 await engine.create("topic", {"sources": ["bench/#"], "paused": True,
                                               "targets": [{"type": "topic", "topic": "out/all"}]})
                 await backlog(gw, events)
                 seconds = await timed(gw, "webhook", events)
                 stats = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url + "/stats").read()))
                 lines.emit(f"rules scenario=webhook events_per_s={events / seconds:.0f} "
+                           f"lost={events - stats['distinct']} out_of_order={stats['out_of_order']} events={events}")
+                await asyncio.to_thread(lambda: urllib.request.urlopen(url + "/reset", data=b"").read())
+                seconds = await timed(gw, "webhook_batched", events)
+                stats = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url + "/stats").read()))
+                lines.emit(f"rules scenario=webhook_batched events_per_s={events / seconds:.0f} "
                            f"lost={events - stats['distinct']} out_of_order={stats['out_of_order']} events={events}")
                 seconds = await timed(gw, "topic", events)
                 got = []

@@ -1,7 +1,7 @@
 """A rule's webhook target down while events match: what is lost, what comes out of order, the
 gateway's memory while the backlog grows, and how soon delivery resumes when the target returns.
 
-    python -m loadtest.rules_outage [--minutes M] [--events N] [--devices D] [--out FILE]
+    python -m loadtest.rules_outage [--minutes M] [--events N] [--devices D] [--tracemalloc] [--out FILE]
 
 A gateway process (``python -m gateway serve``, a temporary data dir) runs one rule: source
 ``meters/#``, a pattern on the payload, a webhook target (an aiohttp server in its own process)
@@ -12,25 +12,37 @@ the target's port is closed; ``--devices`` MQTT clients (paho, QoS 1, each its o
 
     rules scenario=outage minutes=M events=N lost=... out_of_order=... duplicates=...
         rss_before_mb=... rss_peak_mb=... rss_after_mb=... anon_before_mb=... anon_after_mb=...
-        lag_at_return=... resume_s=... drain_events_per_s=...
+        lag_at_return=... resume_s=... drain_events_per_s=... queue_cache_mb=A->B memtable_mb=A->B
+        block_cache_mb=A->B
 
 ``lost``: events acknowledged (PUBACK) that the webhook never got; ``out_of_order``: events a
 device's sequence brought after a later one of the same device (the rule's one source queue
 keeps each client's order); ``duplicates``: deliveries beyond an event's first; ``rss_*``: the
 gateway's resident memory after the warm-up, at its highest during the outage and when the
 target returns; ``anon_*``: the part of it that is not mapped files (the heap); ``resume_s``: from the target listening again to its first event.
+
+``queue_cache_mb``, ``memtable_mb``, ``block_cache_mb``: the gateway's gauges of the memory it
+bounds by configuration (the queue cache's windows; RocksDB's write buffers and block cache,
+native memory), after the warm-up -> at the outage's end.
+``--tracemalloc`` runs the gateway with Python's allocations traced (``loadtest.traced_gateway``)
+and adds ``traced_before_mb=... traced_after_mb=...`` (Python's own memory; the rest of RSS is
+native: RocksDB, mapped segments, the allocator's free lists) and, as ``# grew`` lines, the
+lines of code whose allocations grew most from the warm-up to the outage's end.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -127,12 +139,16 @@ def http(method: str, url: str, body: Any = None) -> Any:
 
 
 # -- the gateway ----------------------------------------------------------------------------------
-def start_gateway(data_dir: Path, mqtt_port: int, http_port: int) -> subprocess.Popen:
+def start_gateway(data_dir: Path, mqtt_port: int, http_port: int, *, traced: bool = False) -> subprocess.Popen:
+    """The gateway's process (``traced``: under ``loadtest.traced_gateway``, its snapshots in
+    the data dir's parent)."""
     log = open(data_dir.parent / "gateway.log", "w")  # noqa: SIM115 (the process's stderr, for its life)
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--data-dir", str(data_dir),
+    module = "loadtest.traced_gateway" if traced else "gateway"
+    proc = subprocess.Popen([sys.executable, "-m", module, "serve", "--data-dir", str(data_dir),
                              "--mqtt-bind", f"127.0.0.1:{mqtt_port}", "--metrics-bind", f"127.0.0.1:{http_port}",
                              "--amqp-bind", "", "--remoting-bind", ""],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                            env={**os.environ, "TRACED_GATEWAY_SNAPSHOTS": str(data_dir.parent)})
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -142,6 +158,20 @@ def start_gateway(data_dir: Path, mqtt_port: int, http_port: int) -> subprocess.
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the gateway did not start: see {data_dir.parent / 'gateway.log'}") from None
             time.sleep(0.1)
+
+
+MEMORY_GAUGES = {"queue_cache": "tidemq_queue_cache_bytes", "memtable": "tidemq_store_memtable_bytes",
+                 "block_cache": "tidemq_store_block_cache_bytes"}
+
+
+def memory_gauges(admin: str) -> dict[str, float]:
+    """The gateway's own accounts of its bounded memory (MB): the queue cache's windows, RocksDB's
+    write buffers and block cache (native memory)."""
+    text = urllib.request.urlopen(admin + "/metrics", timeout=30).read().decode()
+    wanted = set(MEMORY_GAUGES.values())
+    values = {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+              if name in wanted}
+    return {name: values.get(metric, 0.0) / 2**20 for name, metric in MEMORY_GAUGES.items()}
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -175,6 +205,29 @@ class RssPeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def traced_snapshot(proc: subprocess.Popen, folder: Path, number: int) -> tracemalloc.Snapshot:
+    """The traced gateway's snapshot ``number`` (asked for by SIGUSR1)."""
+    proc.send_signal(signal.SIGUSR1)
+    path = folder / f"snapshot-{number}.pickle"
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("the traced gateway wrote no snapshot")
+        time.sleep(0.1)
+    return tracemalloc.Snapshot.load(str(path))
+
+
+def traced_mb(snapshot: tracemalloc.Snapshot) -> float:
+    return sum(stat.size for stat in snapshot.statistics("filename")) / 2**20
+
+
+def growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, top: int = 15) -> list[str]:
+    """The lines of code whose allocations grew most between the snapshots."""
+    return [f"# grew {diff.size_diff / 2**20:+.2f} MB in {diff.count_diff:+d} blocks at "
+            f"{' <- '.join(f'{Path(f.filename).name}:{f.lineno}' for f in diff.traceback)}"
+            for diff in after.compare_to(before, "traceback")[:top]]
 
 
 # -- the devices ----------------------------------------------------------------------------------
@@ -226,7 +279,7 @@ def publish_all(port: int, devices: int, first: int, per_device: int, seconds: f
 
 
 # -- the run --------------------------------------------------------------------------------------
-def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
+def run(minutes: float, events: int, devices: int, lines: runner.Lines, *, traced: bool = False) -> None:
     events_port, control_port, mqtt_port, http_port = free_port(), free_port(), free_port(), free_port()
     ready = multiprocessing.Event()
     hook = multiprocessing.Process(target=serve_webhook, args=(events_port, control_port, ready), daemon=True)
@@ -237,7 +290,7 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        gateway = start_gateway(data_dir, mqtt_port, http_port)
+        gateway = start_gateway(data_dir, mqtt_port, http_port, traced=traced)
         try:
             http("POST", admin + "/admin/rules", {
                 "name": RULE, "sources": ["meters/#"], "pattern": {"data": {"n": [{"numeric": [">=", 0]}]}},
@@ -248,6 +301,8 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
             acked = publish_all(mqtt_port, devices, 0, per_warmup, 1.0)
             wait_for(control, acked, 60)
             rss_before, anon_before = rss_mb(gateway.pid), rss_mb(gateway.pid, "RssAnon")
+            gauges_before = memory_gauges(admin)
+            first = traced_snapshot(gateway, Path(tmp), 0) if traced else None
             http("POST", control + "/down")
             per_device = max(1, events // devices)
             outage_s = minutes * 60
@@ -256,6 +311,8 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
                 acked += publish_all(mqtt_port, devices, per_warmup, per_device, outage_s * 0.9)
                 time.sleep(max(0.0, started + outage_s - time.monotonic()))
                 rss_after, anon_after = rss_mb(gateway.pid), rss_mb(gateway.pid, "RssAnon")
+            gauges_after = memory_gauges(admin)
+            last = traced_snapshot(gateway, Path(tmp), 1) if traced else None
             lag = http("GET", admin + f"/admin/rules/{RULE}")["lag"]
             http("POST", control + "/up")
             returned = time.monotonic()
@@ -269,7 +326,14 @@ def run(minutes: float, events: int, devices: int, lines: runner.Lines) -> None:
                        f"rss_peak_mb={peak.peak:.0f} rss_after_mb={rss_after:.0f} anon_before_mb={anon_before:.0f} "
                        f"anon_after_mb={anon_after:.0f} lag_at_return={lag} "
                        f"resume_s={resume if resume is None else f'{resume:.2f}'} "
-                       f"drain_events_per_s={(total - per_warmup * devices) / drain_s:.0f}")
+                       f"drain_events_per_s={(total - per_warmup * devices) / drain_s:.0f} "
+                       + " ".join(f"{name}_mb={gauges_before[name]:.1f}->{gauges_after[name]:.1f}"
+                                  for name in MEMORY_GAUGES)
+                       + (f" traced_before_mb={traced_mb(first):.1f} traced_after_mb={traced_mb(last):.1f}"
+                          if first is not None and last is not None else ""))
+            if first is not None and last is not None:
+                for line in growth(first, last):
+                    lines.emit(line)
         finally:
             gateway.terminate()
             try:
@@ -298,9 +362,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="how long the target is down (10)")
     parser.add_argument("--events", type=int, default=500_000, help="events published while it is down (500000)")
     parser.add_argument("--devices", type=int, default=16, help="MQTT publishers, one topic each (16)")
+    parser.add_argument("--tracemalloc", action="store_true", help="trace the gateway's Python allocations")
     args = parser.parse_args()
     with runner.Lines(args.out) as lines:
-        run(args.minutes, args.events, args.devices, lines)
+        run(args.minutes, args.events, args.devices, lines, traced=args.tracemalloc)
 
 
 if __name__ == "__main__":

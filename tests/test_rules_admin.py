@@ -63,6 +63,9 @@ async def test_a_bad_definition_is_refused_at_creation_with_its_place_and_reason
             ({**rule("ftp://h/")}, "$.targets[0].url", "http:// or https://"),
             ({**rule("http://h/"), "targets": [{"type": "webhook", "url": "http://h/", "headers": {"X Bad": "v"}}]},
              "$.targets[0].headers", "an HTTP token"),
+            ({**rule("http://h/"), "targets": [{"type": "webhook", "url": "http://h/", "headers": {"Content-Length": "1"}}]},
+             "$.targets[0].headers", "the client's to set"),
+            ({**rule("http://h:99999/")}, "$.targets[0].url", "Port out of range"),
             ({**rule("http://h/"), "retry": {"max_attempts": 0}}, "$.retry.max_attempts", "from 1"),
         ]
         for definition, path, reason in cases:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from protocols.http1 import RequestHead
 from protocols.mqtt.topics import TopicError, matches, overlaps, validate_topic_filter, validate_topic_name
 
 from .errors import RuleDefinitionError
@@ -21,7 +22,8 @@ from .transforms import Transform, parse_transform
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TARGET_TYPES = ("topic", "webhook", "mqtt", "postgres")
-WEBHOOK_MODES = ("binary", "structured")
+WEBHOOK_MODES = ("binary", "structured", "batched")
+MAX_BATCH_SIZE = 1000  # events in one request of the batched mode
 MAX_TARGETS = 8
 MAX_SOURCES = 16
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # (RFC 9110 token)
@@ -41,6 +43,7 @@ class TargetSpec:
     mode: str = "binary"
     headers: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 10.0
+    batch_size: int = 100  # (mode "batched": events per request at most)
     options: MqttBridgeOptions | PostgresOptions | None = None
 
     @property
@@ -158,7 +161,7 @@ def _target(item: Any, path: str) -> TargetSpec:
         return TargetSpec("mqtt", options=parse_mqtt_options(item, path))
     if item["type"] == "postgres":
         return TargetSpec("postgres", options=parse_postgres_options(item, path))
-    _only(item, {"type", "url", "mode", "headers", "timeout_s"}, path)
+    _only(item, {"type", "url", "mode", "headers", "timeout_s", "batch_size"}, path)
     url = item.get("url")
     if not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
         raise RuleDefinitionError(f"{path}.url", "an http:// or https:// URL")
@@ -171,10 +174,20 @@ def _target(item: Any, path: str) -> TargetSpec:
             for k, v in headers.items()):
         raise RuleDefinitionError(f"{path}.headers", "an object of header name (an HTTP token) -> value "
                                                      "(printable ASCII, spaces and tabs)")
+    try:
+        RequestHead(url, tuple(headers.items()))
+    except ValueError as exc:
+        raise RuleDefinitionError(f"{path}.headers" if "header" in str(exc) else f"{path}.url", str(exc)) from None
     timeout = item.get("timeout_s", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 300:
         raise RuleDefinitionError(f"{path}.timeout_s", "more than 0 and at most 300 seconds")
-    return TargetSpec("webhook", url=url, mode=mode, headers=tuple(headers.items()), timeout_s=float(timeout))
+    batch_size = item.get("batch_size", 100)
+    if "batch_size" in item and mode != "batched":
+        raise RuleDefinitionError(f"{path}.batch_size", 'only with "mode": "batched"')
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise RuleDefinitionError(f"{path}.batch_size", f"an integer from 1 to {MAX_BATCH_SIZE}")
+    return TargetSpec("webhook", url=url, mode=mode, headers=tuple(headers.items()), timeout_s=float(timeout),
+                      batch_size=batch_size)
 
 
 def _only(item: dict[str, Any], known: set[str], path: str) -> None:

@@ -20,7 +20,7 @@ from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
 from .runner import EventSource, RuleCounters, RuleRunner, describe
 from .schemas import SchemaBook, SchemaError
-from .targets import MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
+from .targets import BatchedWebhookTarget, MqttBridgeTarget, PostgresTarget, Target, TopicTarget, WebhookTarget
 from .targets.mqtt_options import MqttBridgeOptions
 from .targets.postgres_options import PostgresOptions
 from .targets.topic import Republished
@@ -281,4 +281,7 @@ class RulesEngine:
             return MqttBridgeTarget(spec.options, client_id=f"tidemq-rule-{rule.name}-{index}")
         if isinstance(spec.options, PostgresOptions):
             return PostgresTarget(spec.options)
+        if spec.mode == "batched":
+            return BatchedWebhookTarget(spec.url, headers=spec.headers, timeout_s=spec.timeout_s,
+                                        batch_size=spec.batch_size)
         return WebhookTarget(spec.url, mode=spec.mode, headers=spec.headers, timeout_s=spec.timeout_s)

@@ -14,6 +14,7 @@ import base64
 import binascii
 import datetime as dt
 import decimal
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -211,5 +212,10 @@ def _json_value(value: Any) -> Any:
 
 
 def _rfc3339(ms: int) -> str:
-    moment = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return _second(ms // 1000) + f"{ms % 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second(seconds: int) -> str:
+    """The text of a whole second (events of a backlog share a few: formatted once each)."""
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.")

@@ -6,6 +6,7 @@ read into ``Envelope``s, and the headers of binary mode written."""
 from __future__ import annotations
 
 import json
+import re
 import string
 import urllib.parse
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ STRUCTURED = "application/cloudevents+json"
 BATCH = "application/cloudevents-batch+json"
 FORMAT_PREFIX = "application/cloudevents"  # other event formats (+avro, +protobuf) are not read
 HEADER_SAFE = "".join(c for c in string.printable if "!" <= c <= "~" and c not in '"%')
+_HEADER_SAFE_TEXT = re.compile("[" + re.escape(HEADER_SAFE) + "]*")
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +87,10 @@ def _json(body: bytes) -> Any:
 def header_value(value: AttributeValue) -> str:
     """An attribute's value as a header: its canonical string, percent-encoded outside printable
     ASCII and for space, '"' and '%' (the binding, 3.1.3.2)."""
-    return urllib.parse.quote(attribute_text(value), safe=HEADER_SAFE)
+    text = attribute_text(value)
+    if _HEADER_SAFE_TEXT.fullmatch(text):  # (most values: nothing to encode)
+        return text
+    return urllib.parse.quote(text, safe=HEADER_SAFE)
 
 
 def binary_headers(attributes: Mapping[str, AttributeValue], content_type: str | None) -> dict[str, str]:

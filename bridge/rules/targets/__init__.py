@@ -7,7 +7,7 @@ from .mqtt_bridge import MqttBridgeTarget
 from .outcome import DELIVERED, BatchTarget, Outcome, Target
 from .postgres import PostgresTarget
 from .topic import Republish, Republished, TopicTarget
-from .webhook import WebhookTarget
+from .webhook import BatchedWebhookTarget, WebhookTarget
 
-__all__ = ["DELIVERED", "BatchTarget", "MqttBridgeTarget", "Outcome", "PostgresTarget", "Republish", "Republished",
+__all__ = ["DELIVERED", "BatchTarget", "BatchedWebhookTarget", "MqttBridgeTarget", "Outcome", "PostgresTarget", "Republish", "Republished",
            "Target", "TopicTarget", "WebhookTarget"]
