@@ -90,11 +90,13 @@ class GatewayRuleHost:
     """``bridge.rules.engine.RuleHost`` over the node's store, its queue cache, the filters MQTT
     publishes are indexed by and the MQTT publish path (``publish``)."""
 
-    def __init__(self, store: MessageStore, cache: QueueCache, filters: FilterRegistry, publish: Publisher) -> None:
+    def __init__(self, store: MessageStore, cache: QueueCache, filters: FilterRegistry, publish: Publisher,
+                 may_deliver: Callable[[], bool] | None = None) -> None:
         self._store = store
         self._cache = cache
         self._filters = filters
         self._publish = publish
+        self._may_deliver = may_deliver  # (a replicated group's leader: whether its lease is fresh)
 
     def open_source(self, consumer: str, topic_filter: str, *, resume: bool) -> CursorSource:
         source = CursorSource(self._store, self._cache, consumer, queue_for_filter(topic_filter), resume=resume)
@@ -115,6 +117,9 @@ class GatewayRuleHost:
 
     def save_offset(self, consumer: str, queue: str, offset: int) -> None:
         self._store.save_offset_now(consumer, queue, offset)
+
+    def may_deliver(self) -> bool:
+        return self._may_deliver is None or self._may_deliver()
 
     async def republish(self, messages: Sequence[Republished]) -> None:
         await self._publish([Publish(m.topic, m.body, m.qos, False, properties=Properties(

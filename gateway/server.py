@@ -287,8 +287,9 @@ class Gateway:
             host = GatewayRuleHost(self.store, self.mqtt.cache, self.mqtt.wildcards, self.mqtt.publish)
         else:
             assert self.wildcards is not None  # (a store node's: its gateway nodes' filters)
+            leads_now = self.store_group.elector.leads_now if self.store_group is not None else None
             host = GatewayRuleHost(self.store, self.queue_cache(), self.wildcards,
-                                   store_node_publisher(self.store, self.wildcards))
+                                   store_node_publisher(self.store, self.wildcards), leads_now)
         self.rules = Rules(self.store, host)
         try:
             self.rules.start(declared, schemas)

@@ -76,6 +76,12 @@ class RuleHost(Protocol):
         """Set the durable cursor ``consumer`` of ``queue`` at ``offset``, written through."""
         ...
 
+    def may_deliver(self) -> bool:
+        """Whether this node may act for its rules now: false on a replicated group's leader
+        whose lease may have lapsed (resumed after a stop), before the election's own check
+        has stopped its rules."""
+        ...
+
 
 @dataclass(slots=True)
 class _Rule:
@@ -253,7 +259,8 @@ class RulesEngine:
                 self._host.close_source(topic_filter, consumer)
             raise
         targets = [self._target(rule, i, t) for i, t in enumerate(rule.targets)]
-        runner = RuleRunner(rule, sources, targets, self._host.republish, counters, self.schemas)
+        runner = RuleRunner(rule, sources, targets, self._host.republish, counters, self.schemas,
+                            may_deliver=self._host.may_deliver)
         self._rules[rule.name] = _Rule(rule, runner, counters)
         for queue in runner.queues:
             self._readers.setdefault(queue, []).append(runner)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ log = logging.getLogger("tidemq.rules")
 BATCH = 256  # messages read from a source queue at once
 DEAD_LETTER_RETRY_S = 1.0  # the wait before a dead-letter topic the store refused is tried again
 READ_RETRY_S = 1.0  # the wait before a source queue the store could not read is read again
+FENCE_POLL_S = 0.05  # how often a rule that may not deliver now asks again
 
 REASON_PROPERTY = "dead-letter-reason"
 ATTEMPTS_PROPERTY = "dead-letter-attempts"
@@ -70,8 +71,10 @@ class RuleCounters:
 
 class RuleRunner:
     def __init__(self, rule: RuleDefinition, sources: Sequence[EventSource], targets: Sequence[Target],
-                 republish: Republish, counters: RuleCounters, schemas: SchemaCheck) -> None:
+                 republish: Republish, counters: RuleCounters, schemas: SchemaCheck,
+                 may_deliver: Callable[[], bool] = lambda: True) -> None:
         self.rule = rule
+        self._may_deliver = may_deliver  # (false: wait; the node stops its rules soon after)
         self._schemas = schemas
         self.sources = list(sources)
         self.targets = list(targets)
@@ -171,6 +174,7 @@ class RuleRunner:
     async def _deliver_batch(self, target: BatchTarget, items: list[tuple[CloudEvent, Payload]]) -> int:
         """How many leading events the target took as a batch (those after are delivered one by one)."""
         try:
+            await self._until_deliverable()
             taken, outcome = await target.deliver_batch(items)
         except Exception:  # (a fault of the target's code: each event is tried on its own)
             log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
@@ -188,6 +192,7 @@ class RuleRunner:
             attempts += 1
             failed: list[tuple[Target, Outcome]] = []
             for target in pending:
+                await self._until_deliverable()
                 try:
                     outcome = await target.deliver(event, payload)
                 except Exception as exc:  # (a fault of the target's code: retried, then dead-lettered)
@@ -215,6 +220,12 @@ class RuleRunner:
             pending = [target for target, _ in failed]
         if everywhere:
             self.counters.delivered += 1
+
+    async def _until_deliverable(self) -> None:
+        """Wait while this node may not act for its rules (a leader whose lease may have lapsed:
+        another node may be delivering the same events)."""
+        while not self._may_deliver():
+            await asyncio.sleep(FENCE_POLL_S)
 
     async def _dead_letter(self, message: StoredMessage, event: CloudEvent | None, target: str, reason: str,
                            attempts: int) -> None:

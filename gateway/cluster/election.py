@@ -218,7 +218,14 @@ class Elector:
         self._status = status
         self.state: GroupState | None = None  # set while this node leads
         self.leader_info: dict[str, Any] | None = None  # the leader, as last read
+        self._renewed = 0.0  # when the lease was last renewed (monotonic)
         self._task: asyncio.Task[None] | None = None
+
+    def leads_now(self) -> bool:
+        """Whether this node leads and its lease was renewed recently enough that no other node
+        can lead yet: false at once in a process resumed after a stop past its lease, before
+        the election's own check has run (what acts outside the store asks this first)."""
+        return self.state is not None and time.monotonic() - self._renewed <= self.lease_s * 0.8
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="store-election")
@@ -257,7 +264,7 @@ class Elector:
         """While the lease lives: renew it (every sixth of it, so that one slow answer of a busy
         etcd does not end it), publish this node (beside, never in the way of the renewal),
         follow or campaign."""
-        renewed = time.monotonic()
+        renewed = self._renewed = time.monotonic()
         last_refresh = last_publish = 0.0
         publishing: asyncio.Task[None] | None = None
         try:
@@ -277,7 +284,7 @@ class Elector:
                         continue
                     if getattr(answer, "TTL", 1) <= 0:
                         raise TimeoutError("the lease expired")
-                    renewed = last_refresh = now  # (when it was asked: etcd renewed it after that)
+                    renewed = last_refresh = self._renewed = now  # (when it was asked: etcd renewed it after that)
                     if self._status is not None and now - last_publish >= self.lease_s / 4 and \
                             (publishing is None or publishing.done()):
                         last_publish = now
