@@ -418,19 +418,24 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  f"queues {', '.join(options.queues)}")
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: stop here
         self._cut: set[str] = set()  # queues found ending before the query's offset
+        self._initial: dict[str, int] | None = None  # initialOffset's answer
         # the gateway counts the query as a reader of its topics while it runs (store/retention/reclaim.py)
         self._lease = ReadingLease(options.connection, options.topic_filters, options.filter_lease_s)
 
     def initialOffset(self) -> dict:
-        self._lease.start()
-        offsets = self.planner.offsets()
-        kafka = self.planner.options.kafka
-        start = (resolve_start(self.planner.client, kafka, offsets) if kafka.starts_by_time else
-                 self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
-                                      "startingOffsets"))
-        for queue, (_, high) in offsets.items():
-            past_end(queue, start[queue], high)
-        return start
+        """Where a query without a checkpoint starts, resolved once: Spark asks again to plan
+        the first micro-batch, and ``latest`` listed anew would skip what came in between."""
+        if self._initial is None:
+            self._lease.start()
+            offsets = self.planner.offsets()
+            kafka = self.planner.options.kafka
+            start = (resolve_start(self.planner.client, kafka, offsets) if kafka.starts_by_time else
+                     self.planner.resolve(self.planner.options.starting_offsets or "latest", offsets, LATEST,
+                                          "startingOffsets"))
+            for queue, (_, high) in offsets.items():
+                past_end(queue, start[queue], high)
+            self._initial = start
+        return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.planner.options.max_offsets_per_trigger

@@ -8,10 +8,12 @@ reads in that process, they are no longer walked task after task.
 
 from __future__ import annotations
 
+import functools
 import gc
 
 
+@functools.cache
 def freeze_imports() -> None:
-    """Freeze the objects alive now, once per process (a later call does nothing)."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
+    """Freeze the objects alive now, once per process (a later call does nothing, and costs
+    nothing: ``gc.get_freeze_count`` would walk every frozen object to count them)."""
+    gc.freeze()

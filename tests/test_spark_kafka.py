@@ -175,6 +175,28 @@ async def test_a_query_that_matches_nothing_yet_warns_once(data_dir: Path, caplo
             close_clients()
 
 
+async def test_a_stream_starts_where_its_first_initial_offset_said(data_dir: Path) -> None:
+    """Spark asks a new query's initial offsets twice in its first micro-batch (for latestOffset,
+    then to plan the batch): ``latest`` must be one moment, not two listings apart, or the
+    messages stored between them would be in neither batch."""
+    async with spark_gateway(data_dir) as gw:
+        await publish(gw, 0, 3)
+        reader = TideMQStreamReader(SourceOptions.parse({**connection(gw, "address"), "topicFilter": "plant/+/telemetry",
+                                                         "startingOffsets": "latest"}))
+        try:
+            start = await asyncio.to_thread(reader.initialOffset)
+            assert start == {QUEUE: 3}
+            await publish(gw, 3, 2)
+            assert await asyncio.to_thread(reader.initialOffset) == start
+            latest = await asyncio.to_thread(reader.latestOffset, start, reader.getDefaultReadLimit())
+            assert latest == {QUEUE: 5}
+            parts = await asyncio.to_thread(reader.partitions, await asyncio.to_thread(reader.initialOffset), latest)
+            assert [(p.queue, p.start, p.end) for p in parts] == [(QUEUE, 3, 5)]
+        finally:
+            reader.stop()
+            close_clients()
+
+
 @pytest.mark.parametrize("mode", ["address", "dataDir"])
 async def test_offsets_for_times_through_both_clients(data_dir: Path, mode: str) -> None:
     async with spark_gateway(data_dir) as gw:
