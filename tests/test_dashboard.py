@@ -2,7 +2,8 @@
 gateway: it asks for the admin token or an admin user's credentials, follows live MQTT traffic
 (connections, message counts and rates, a persistent session's backlog), and looks a message up
 with its trace timeline -- or says the trace is not available on a gateway without
-``/admin/trace``."""
+``/admin/trace``; shows the event rules (state, counters, lag, last error, delivery rate), or
+what a node without them answers."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 import gateway.http.dashboard
 from gateway.auth import PasswordFile
+from gateway.config import Config
 from gateway.http.dashboard import quantile
 from gateway.interop import topic_queue
 from gateway.server import Gateway
@@ -32,6 +34,8 @@ from store.stats import LatencyHistogram
 from .browser_support import TOKEN, Page, browser  # noqa: F401 (browser: a fixture)
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
 from .remoting_support import remoting_gateway
+from .rules_support import Webhook, call
+from .test_cluster_mqtt import cluster
 
 MQTT_CELL = '#protocols tr[data-protocol="mqtt"] td[data-field="{}"]'
 
@@ -239,6 +243,83 @@ async def test_dashboard_says_when_the_gateway_has_no_trace(data_dir: Path, brow
         await page.until_text('#messages td[data-field="body"]', "still found")
         await page.until("#trace-status", lambda text: text.startswith("trace not available"),
                          '"trace not available"')
+
+
+RULE_CELL = '#rules tr[data-rule="{}"] td[data-field="{}"]'
+
+
+async def test_dashboard_shows_each_rule_its_counters_lag_and_last_error(data_dir: Path, browser: WebDriver) -> None:
+    hook = Webhook()
+    hook.status = 500  # every attempt fails: the rule retries the first event, the rest wait behind it
+    await hook.up()
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", admin_token=TOKEN) as gw:
+        base = "http://{}:{}".format(*gw.metrics_address)
+        for definition in ({"name": "to-hook", "sources": ["meters/#"], "targets": [{"type": "webhook", "url": hook.url}],
+                            "retry": {"max_attempts": 1000, "initial_backoff_ms": 20, "max_backoff_ms": 100}},
+                           {"name": "to-topic", "sources": ["meters/#"],
+                            "targets": [{"type": "topic", "topic": "copies/meters"}]}):
+            status, row = await call(base, "POST", "/admin/rules", definition, TOKEN)
+            assert status == 201, row
+
+        page = dashboard(gw, browser)
+        await page.open("/dashboard")
+        await page.fill({"#token-input": TOKEN})
+        await page.click("#token-form button")
+        await page.until_text(RULE_CELL.format("to-topic", "delivered"), "0")
+        assert await page.texts('#rules td[data-field="name"]') == ["to-hook", "to-topic"]
+        assert await page.text(RULE_CELL.format("to-hook", "state")) == "running"
+
+        device = PahoClient(mqtt_port(gw), "meter-1")
+        await device.connect()
+        for n in range(5):
+            await device.publish(f"meters/{n % 2}", b'{"n": %d}' % n, qos=1)
+        await device.disconnect()
+
+        await page.until(RULE_CELL.format("to-topic", "delivered_rate"), lambda text: number(text) > 0,
+                         "a rate of deliveries of to-topic")
+        await page.until_text(RULE_CELL.format("to-topic", "delivered"), "5")
+        await page.until_text(RULE_CELL.format("to-topic", "matched"), "5")
+        await page.until_text(RULE_CELL.format("to-topic", "lag"), "0")
+        await page.until_text(RULE_CELL.format("to-topic", "delivered_rate"), "0")  # nothing more to deliver
+        await page.until(RULE_CELL.format("to-hook", "retried"), lambda text: number(text) >= 2,
+                         "retries of to-hook")
+        await page.until(RULE_CELL.format("to-hook", "last_error"), lambda text: "500" in text,
+                         "the webhook's answer as to-hook's last error")
+        assert await page.text(RULE_CELL.format("to-hook", "delivered")) == "0"
+        assert await page.text(RULE_CELL.format("to-hook", "lag")) == "5"
+        assert await page.text(RULE_CELL.format("to-topic", "last_error")) == ""
+        # a long error is cut by the style, not in the text: the whole of it is in the cell
+        _, rows = await call(base, "GET", "/admin/rules", token=TOKEN)
+        error = next(row["last_error"] for row in rows if row["name"] == "to-hook")
+        assert await page.text(RULE_CELL.format("to-hook", "last_error")) == error
+
+        status, row = await call(base, "POST", "/admin/rules/to-topic/pause", token=TOKEN)
+        assert status == 200 and row["state"] == "paused", row
+        await page.until_text(RULE_CELL.format("to-topic", "state"), "paused")
+        assert await page.text(RULE_CELL.format("to-hook", "state")) == "running"
+    await hook.down()
+
+
+async def test_dashboard_says_where_the_rules_are_or_that_a_node_has_none(data_dir: Path, browser: WebDriver) -> None:
+    async with cluster(data_dir, gateways=1) as (store_node, (node,)):
+        page = dashboard(node, browser)
+        await page.open("/dashboard")
+        note = await page.until("#rules-note", lambda text: "not on this gateway node" in text,
+                                "that the rules are kept on the store node")
+        assert "store node" in note
+        assert not await page.shown("#rules")
+        assert await page.shown("#rules-section")
+    no_mqtt = Gateway(Config(data_dir=data_dir / "amqp-only", mqtt_bind="", amqp_bind="127.0.0.1:0",
+                             remoting_bind="", metrics_bind="127.0.0.1:0"))
+    await no_mqtt.start()
+    try:
+        page = dashboard(no_mqtt, browser)
+        await page.open("/dashboard")
+        await page.until("#rules-note", lambda text: text.startswith("no rules engine on this node: "),
+                         '"no rules engine on this node"')
+        assert not await page.shown("#rules")
+    finally:
+        await no_mqtt.stop()
 
 
 def get_json(gw: Gateway, path: str, token: str | None = None) -> tuple[int, dict]:

@@ -1,6 +1,6 @@
-// The TideMQ dashboard: polls /admin/overview, /admin/clients and /admin/cluster (a replicated
-// store group, where there is one) every second, turns two
-// successive overviews into rates, and looks messages up (/admin/messages) with their trace
+// The TideMQ dashboard: polls /admin/overview, /admin/clients, /admin/rules (the event rules)
+// and /admin/cluster (a replicated store group, where there is one) every second, turns two
+// successive overviews (and rule listings) into rates, and looks messages up (/admin/messages) with their trace
 // (/admin/trace). Data reaches the DOM through textContent only, never as markup.
 "use strict";
 
@@ -9,6 +9,7 @@ const MAX_CLIENT_ROWS = 50;
 const CREDENTIALS_KEY = "tidemq.adminAuthorization"; // the Authorization header: Bearer or Basic
 
 let previous = null; // the last overview, for rates
+let previousRules = null; // the last rule listing: {time, delivered: Map of name to count}, for rates
 let paused = false; // waiting for credentials
 
 class HttpError extends Error {
@@ -228,11 +229,68 @@ async function pollGroup() {
   }
 }
 
+// rows of /admin/rules, read at `time` (epoch ms): one row a rule, its deliveries per second from
+// the listing before
+function renderRules(rows, time) {
+  const table = document.getElementById("rules");
+  table.hidden = false;
+  document.getElementById("rules-about").hidden = false;
+  setText("rules-note", "");
+  const body = table.tBodies[0];
+  const dt = previousRules ? (time - previousRules.time) / 1000 : 0;
+  body.replaceChildren();
+  for (const r of rows) {
+    const before = previousRules ? previousRules.delivered.get(r.name) : undefined;
+    const row = body.insertRow();
+    row.dataset.rule = r.name;
+    row.dataset.state = r.state;
+    cell(row, r.name, "name");
+    cell(row, r.state, "state");
+    cell(row, count(r.matched), "matched");
+    cell(row, count(r.delivered), "delivered");
+    cell(row, rate(perSecond(r.delivered, before, dt)), "delivered_rate");
+    cell(row, count(r.retried), "retried");
+    cell(row, count(r.dead_lettered), "dead_lettered");
+    cell(row, count(r.lag), "lag");
+    const error = cell(row, r.last_error, "last_error");
+    if (r.last_error) error.title = r.last_error;
+  }
+  if (rows.length === 0) {
+    const td = cell(body.insertRow(), "no rule (tidemq ctl rules create, or event_rules in the configuration)");
+    td.colSpan = 9;
+    td.className = "empty";
+  }
+  previousRules = { time, delivered: new Map(rows.map((r) => [r.name, r.delivered])) };
+}
+
+// a node without the rules: the table gives way to `text`, what the node said
+function rulesElsewhere(text) {
+  document.getElementById("rules").hidden = true;
+  document.getElementById("rules-about").hidden = true;
+  previousRules = null;
+  setText("rules-note", text);
+}
+
+async function pollRules() {
+  try {
+    renderRules(await api("admin/rules"), Date.now());
+  } catch (error) {
+    if (error.status === 421) {
+      rulesElsewhere(error.message); // a gateway node: the message names the node that keeps them
+    } else if (error.status === 404 || error.status === 501) {
+      rulesElsewhere("no rules engine on this node" + (error.status === 501 ? ": " + error.message : ""));
+    } else if (error.status !== 401 && error.status !== 403) { // (credentials: the overview asks)
+      setText("rules-note", "cannot read the rules: " + error.message);
+    }
+  }
+}
+
 // -- polling --------------------------------------------------------------------------------
 async function poll() {
   if (paused) return;
   try {
-    const [overview, clients] = await Promise.all([api("admin/overview"), api("admin/clients"), pollGroup()]);
+    const [overview, clients] = await Promise.all([api("admin/overview"), api("admin/clients"), pollGroup(),
+      pollRules()]);
     renderProtocols(overview);
     renderStore(overview);
     renderBacklogs(overview);
