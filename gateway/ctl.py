@@ -54,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     trace.add_argument("--msg-id", help="the store's offsetMsgId, or the msgId a RocketMQ client printed")
     trace.add_argument("--key", help="a key the message was published with")
     rules = what.add_parser("rules", parents=[after],
-                            help="event rules: list (state, matched, delivered, retried, dead_lettered, lag), "
-                                 "show, create, change, pause, resume, replay, delete")
+                            help="event rules: list (state, matched, delivered, retried, dead_lettered, lag, "
+                                 "target latency), show, create, change, pause, resume, replay, delete")
     rules.add_argument("action", nargs="?", default="list",
                        choices=("list", "show", "create", "change", "pause", "resume", "replay", "delete"))
     rules.add_argument("name", nargs="?", help="the rule (every action but list)")
@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 RULE_COLUMNS = ("name", "state", "sources", "targets", "matched", "delivered", "retried", "dead_lettered", "lag",
-                "last_error")
+                "target_latency_ms", "last_error")
 
 
 def _rules(args: argparse.Namespace) -> Any:

@@ -346,7 +346,7 @@ async def test_ctl_rules_creates_lists_pauses_resumes_changes_and_deletes(data_d
         code, out, _ = await ctl(url, "rules")  # list, as a table
         header, row = out.splitlines()
         assert header.split() == ["name", "state", "sources", "targets", "matched", "delivered", "retried",
-                                  "dead_lettered", "lag", "last_error"]
+                                  "dead_lettered", "lag", "target_latency_ms", "last_error"]
         assert row.split()[:2] == ["copy", "running"]
         code, out, _ = await ctl(url, "rules", "pause", "copy", "--json")
         assert code == 0 and json.loads(out)["state"] == "paused"

@@ -288,6 +288,7 @@ async def test_dashboard_shows_each_rule_its_counters_lag_and_last_error(data_di
         assert await page.text(RULE_CELL.format("to-hook", "delivered")) == "0"
         assert await page.text(RULE_CELL.format("to-hook", "lag")) == "5"
         assert await page.text(RULE_CELL.format("to-topic", "last_error")) == ""
+        assert number(await page.text(RULE_CELL.format("to-hook", "target_latency_ms"))) > 0  # (the 500s' calls)
         # a long error is cut by the style, not in the text: the whole of it is in the cell
         _, rows = await call(base, "GET", "/admin/rules", token=TOKEN)
         error = next(row["last_error"] for row in rows if row["name"] == "to-hook")

@@ -70,11 +70,14 @@ async def test_a_matching_publish_reaches_the_webhook_as_a_cloudevent_and_others
         await until(lambda: gw.rules.engine.get("hot")["delivered"] == 3, what="the deliveries counted")
         status, row = await call(base, "GET", "/admin/rules/hot")
         assert (row["matched"], row["delivered"], row["dead_lettered"], row["lag"]) == (3, 3, 0, 0)
+        assert row["target_calls"] == 3 and 0 < row["target_latency_ms"] < 10_000  # (one request an event)
         assert hits is hook.received
         metrics = (await asyncio.to_thread(urllib.request.urlopen, base + "/metrics", None, 10)).read().decode()
         assert 'tidemq_rule_matched_total{rule="hot"} 3.0' in metrics
         assert 'tidemq_rule_delivered_total{rule="hot"} 3.0' in metrics
         assert 'tidemq_rule_lag{rule="hot"} 0.0' in metrics
+        assert 'tidemq_rule_target_latency_seconds_count{rule="hot"} 3.0' in metrics
+        assert 'tidemq_rule_target_latency_seconds_bucket{le="+Inf",rule="hot"} 3.0' in metrics
         await device.disconnect()
         await conn.close()
     await hook.down()

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from store import LatencyHistogram
+
 from .book import RuleBook
 from .definition import RuleDefinition, TargetSpec, check_name, parse_definition
 from .errors import RuleDefinitionError
@@ -141,6 +143,10 @@ class RulesEngine:
 
     def list(self) -> list[dict[str, Any]]:
         return [describe(r.definition, r.counters, r.runner) for _, r in sorted(self._rules.items())]
+
+    def target_latencies(self) -> dict[str, LatencyHistogram]:
+        """Each rule's calls of its targets: how long each took (for the metrics endpoint)."""
+        return {name: r.counters.target_latency for name, r in sorted(self._rules.items())}
 
     async def create(self, name: str, raw: Any) -> dict[str, Any]:
         """A new rule, reading from now on (ValueError: refused, or the name is taken)."""

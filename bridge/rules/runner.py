@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from store import StoreError, StoredMessage, now_ms
+from store import LatencyHistogram, StoreError, StoredMessage, now_ms
 
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
@@ -67,6 +68,8 @@ class RuleCounters:
     retried: int = 0  # attempts made again after a failure
     dead_lettered: int = 0  # (event, target) pairs sent to the dead-letter topic
     last_error: str = ""
+    # each call of a target (an event, or a batch of them) until its answer: taken, refused or failed
+    target_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 class RuleRunner:
@@ -175,7 +178,11 @@ class RuleRunner:
         """How many leading events the target took as a batch (those after are delivered one by one)."""
         try:
             await self._until_deliverable()
-            taken, outcome = await target.deliver_batch(items)
+            started = time.perf_counter()
+            try:
+                taken, outcome = await target.deliver_batch(items)
+            finally:
+                self.counters.target_latency.observe(time.perf_counter() - started)
         except Exception:  # (a fault of the target's code: each event is tried on its own)
             log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
             return 0
@@ -193,11 +200,13 @@ class RuleRunner:
             failed: list[tuple[Target, Outcome]] = []
             for target in pending:
                 await self._until_deliverable()
+                started = time.perf_counter()
                 try:
                     outcome = await target.deliver(event, payload)
                 except Exception as exc:  # (a fault of the target's code: retried, then dead-lettered)
                     log.exception("rule target failed rule=%s target=%s", self.rule.name, target.label)
                     outcome = Outcome(False, f"the target failed: {exc!r}")
+                self.counters.target_latency.observe(time.perf_counter() - started)
                 if outcome.delivered:
                     continue
                 self._error(f"{target.label}: {outcome.reason}")
@@ -254,9 +263,13 @@ class RuleRunner:
 
 
 def describe(rule: RuleDefinition, counters: RuleCounters, runner: RuleRunner | None) -> dict[str, Any]:
-    """A rule's row for the admin API: its state, counters and lag (None: not running)."""
+    """A rule's row for the admin API: its state, counters, lag (None: not running) and the mean
+    time a call of a target took (None: none yet)."""
+    latency = counters.target_latency
     return {"name": rule.name, "state": "paused" if rule.paused else "running", "sources": list(rule.sources),
             "targets": [target.label for target in rule.targets], "matched": counters.matched,
             "delivered": counters.delivered, "retried": counters.retried, "dead_lettered": counters.dead_lettered,
             "lag": runner.lag() if runner is not None else None, "last_error": counters.last_error or None,
+            "target_calls": latency.count,
+            "target_latency_ms": round(latency.sum / latency.count * 1000, 3) if latency.count else None,
             "definition": rule.source_json}

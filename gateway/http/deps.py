@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from lookup.api import Lookup
-    from store import MessageStore, ReplicaNode
+    from store import LatencyHistogram, MessageStore, ReplicaNode
 
     from ..amqp.broker import AMQPBroker
     from ..auth import PasswordFile
@@ -173,6 +173,8 @@ class RulesControl(Protocol):
     def get(self, name: str) -> dict[str, Any] | None: ...
 
     def list(self) -> list[dict[str, Any]]: ...
+
+    def target_latencies(self) -> dict[str, LatencyHistogram]: ...
 
     async def create(self, name: str, raw: Any) -> dict[str, Any]: ...
 

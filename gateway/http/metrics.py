@@ -34,9 +34,13 @@ if TYPE_CHECKING:
 TOP_QUEUES = 20  # queues (AMQP) and consumer groups (remoting) with the longest backlog
 
 
+def histogram_buckets(histogram: LatencyHistogram) -> list[tuple[str, int]]:
+    """A store histogram's cumulative buckets as Prometheus names them."""
+    return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
+
+
 def _histogram(name: str, documentation: str, histogram: LatencyHistogram) -> HistogramMetricFamily:
-    buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
-    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=histogram.sum)
+    return HistogramMetricFamily(name, documentation, buckets=histogram_buckets(histogram), sum_value=histogram.sum)
 
 
 class GatewayCollector:

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from .deps import RulesControl, RulesPlace
+from .metrics import histogram_buckets
 from .errors import AdminError
 
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
@@ -169,6 +170,12 @@ class RulesCollector:
         for row in rows:
             lag.add_metric([row["name"]], row["lag"])
         yield lag
+        latency = HistogramMetricFamily("tidemq_rule_target_latency_seconds",
+                                        "each call of a rule's target (an event, or a batch) until its answer",
+                                        labels=["rule"])
+        for name, histogram in self._rules.target_latencies().items():
+            latency.add_metric([name], histogram_buckets(histogram), histogram.sum)
+        yield latency
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

@@ -252,12 +252,14 @@ function renderRules(rows, time) {
     cell(row, count(r.retried), "retried");
     cell(row, count(r.dead_lettered), "dead_lettered");
     cell(row, count(r.lag), "lag");
+    const latency = cell(row, r.target_latency_ms === null ? "" : r.target_latency_ms.toFixed(2), "target_latency_ms");
+    latency.title = count(r.target_calls) + " calls";
     const error = cell(row, r.last_error, "last_error");
     if (r.last_error) error.title = r.last_error;
   }
   if (rows.length === 0) {
     const td = cell(body.insertRow(), "no rule (tidemq ctl rules create, or event_rules in the configuration)");
-    td.colSpan = 9;
+    td.colSpan = 10;
     td.className = "empty";
   }
   previousRules = { time, delivered: new Map(rows.map((r) => [r.name, r.delivered])) };
