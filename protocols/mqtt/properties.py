@@ -3,6 +3,7 @@ table that says each property's identifier, wire type and which packets may carr
 
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -52,6 +53,9 @@ PROPERTY_TABLE: dict[int, tuple[str, int, frozenset[str]]] = {
 }
 _ID_OF = {name: (ident, wire) for ident, (name, wire, _) in PROPERTY_TABLE.items()}
 _REPEATABLE = frozenset({"user_properties", "subscription_identifiers"})
+_REPEATABLE_IDS = frozenset(_ID_OF[name][0] for name in _REPEATABLE)
+_WIRES = tuple(_ID_OF.values())  # (ident, wire) of each property, in the table's order
+_VALUES_OF = operator.attrgetter(*_ID_OF)  # a Properties -> its values, in the same order
 # Byte properties whose only valid values are 0 and 1 (a Protocol Error otherwise).
 _BOOLEAN_BYTES = frozenset({
     "payload_format_indicator", "request_problem_information", "request_response_information",
@@ -164,17 +168,16 @@ def encode_properties(props: Properties | None) -> bytes:
     if props is None or props is EMPTY_PROPERTIES:
         return b""
     out = bytearray()
-    for name, (ident, wire) in _ID_OF.items():
-        value = getattr(props, name)
-        if name in _REPEATABLE:
+    for (ident, wire), value in zip(_WIRES, _VALUES_OF(props)):  # (every value in one call)
+        if value is None:
+            continue
+        if ident in _REPEATABLE_IDS:
             for item in value:
                 out.append(ident)
                 if wire == VARINT:
                     out += encode_varint(item)
                 else:
                     out += encode_string(item[0]) + encode_string(item[1])
-            continue
-        if value is None:
             continue
         out.append(ident)
         if wire == BYTE:
