@@ -112,7 +112,7 @@ def cloud_event(message: StoredMessage) -> CloudEvent:
     if flag & MQTT_FLAG:
         protocol = "mqtt"
         client_id = stored.get(MQTT_CLIENT_ID, "")
-        source = f"/mqtt/clients/{quote(client_id, safe='')}"
+        source = _source("/mqtt/clients/", client_id)
         extensions["clientid"] = client_id
         extensions["qos"] = flag & MQTT_QOS_MASK
         extensions["retain"] = bool(flag & MQTT_RETAIN_FLAG)
@@ -126,7 +126,7 @@ def cloud_event(message: StoredMessage) -> CloudEvent:
     elif flag & AMQP_FLAG:
         protocol = "amqp"
         exchange = stored.get(AMQP_EXCHANGE, "")
-        source = f"/amqp/exchanges/{quote(exchange or 'amq.default', safe='')}"
+        source = _source("/amqp/exchanges/", exchange or "amq.default")
         extensions["exchange"] = exchange
         extensions["routingkey"] = stored.get(AMQP_ROUTING_KEY, message.topic)
         extensions["persistent"] = bool(flag & AMQP_PERSISTENT_FLAG)
@@ -139,8 +139,7 @@ def cloud_event(message: StoredMessage) -> CloudEvent:
     elif flag & REMOTING_FLAG or REMOTING_BORN_HOST in stored:
         protocol = "rocketmq"
         group = stored.get(REMOTING_PRODUCER_GROUP)
-        source = (f"/rocketmq/groups/{quote(group, safe='')}" if group
-                  else f"/rocketmq/topics/{quote(message.topic, safe='')}")
+        source = _source("/rocketmq/groups/", group) if group else _source("/rocketmq/topics/", message.topic)
         properties.update({k: v for k, v in stored.items() if not k.startswith(INTERNAL_PREFIXES)})
     else:
         protocol = "store"
@@ -166,6 +165,13 @@ def cloud_event(message: StoredMessage) -> CloudEvent:
         id=message.msg_id, source=source, type=event_type or f"tidemq.{protocol}.message", time=time,
         subject=message.topic, datacontenttype=content_type, data=data, body=message.body, extensions=extensions,
         properties=properties, topic=message.topic)
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(prefix: str, name: str) -> str:
+    """A ``source`` attribute: ``prefix`` and the client's, exchange's, group's or topic's name
+    percent-encoded (a device's events repeat its name: each is encoded once while it is in use)."""
+    return prefix + quote(name, safe="")
 
 
 def _add_repeated(properties: dict[str, Any], name: str, value: str) -> None:

@@ -72,6 +72,15 @@ class RuleCounters:
     target_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
+@dataclass(slots=True)
+class _Refused:
+    """A message a rule sends to its dead-letter topic instead of its targets."""
+
+    event: CloudEvent | None
+    target: str
+    reason: str
+
+
 class RuleRunner:
     def __init__(self, rule: RuleDefinition, sources: Sequence[EventSource], targets: Sequence[Target],
                  republish: Republish, counters: RuleCounters, schemas: SchemaCheck,
@@ -141,7 +150,13 @@ class RuleRunner:
     async def _handle_batch(self, batch: list[StoredMessage]) -> None:
         """Every message of ``batch`` done: matched ones given to each target that takes a batch at
         once, then, one by one in order, to the targets that did not take them (with retries)."""
-        matched = [prepared for message in batch if (prepared := await self._prepare(message)) is not None]
+        matched: list[tuple[StoredMessage, CloudEvent, Payload]] = []
+        for message in batch:
+            prepared = self._prepare(message)
+            if isinstance(prepared, _Refused):  # (to the dead letters before any later event goes on)
+                await self._dead_letter(message, prepared.event, prepared.target, prepared.reason, 0)
+            elif prepared is not None:
+                matched.append(prepared)
         taken: dict[Target, int] = {}  # target -> how many leading events of ``matched`` it took as a batch
         if len(matched) > 1:
             items = [(event, payload) for _, event, payload in matched]
@@ -151,9 +166,9 @@ class RuleRunner:
         for i, (message, event, payload) in enumerate(matched):
             await self._deliver(message, event, payload, [t for t in self.targets if taken.get(t, 0) <= i])
 
-    async def _prepare(self, message: StoredMessage) -> tuple[StoredMessage, CloudEvent, Payload] | None:
-        """The message as a matched event and its payload (None: the pattern does not match it,
-        or the rule could not read it and sent it to the dead-letter topic)."""
+    def _prepare(self, message: StoredMessage) -> tuple[StoredMessage, CloudEvent, Payload] | _Refused | None:
+        """The message as a matched event and its payload; None: the pattern does not match it;
+        _Refused: it goes to the dead-letter topic (the rule cannot read it, or its schema refuses it)."""
         try:
             event = cloud_event(message)
             view = event.for_matching()
@@ -165,12 +180,10 @@ class RuleRunner:
         except Exception as exc:  # a message the rule cannot read: to the dead letters, not a stuck rule
             log.exception("rule cannot handle a message rule=%s queue=%s offset=%s", self.rule.name, message.queue,
                           message.queue_offset)
-            await self._dead_letter(message, None, "rule", f"cannot be handled: {exc!r}", 0)
-            return None
+            return _Refused(None, "rule", f"cannot be handled: {exc!r}")
         self.counters.matched += 1
         if violation is not None:  # (an event the schema refuses reaches no target)
-            await self._dead_letter(message, event, f"schema:{violation.name}", str(violation), 0)
-            return None
+            return _Refused(event, f"schema:{violation.name}", str(violation))
         assert payload is not None
         return message, event, payload
 
