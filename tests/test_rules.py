@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -129,6 +130,32 @@ async def test_webhook_down_then_up_loses_nothing_and_keeps_the_order(data_dir: 
         await until(lambda: gw.rules.engine.get("all")["lag"] == 0, what="the lag to go")
         status, row = await call(base, "GET", "/admin/rules/all")
         assert (row["matched"], row["delivered"], row["dead_lettered"]) == (40, 40, 0)
+        await device.disconnect()
+    await hook.down()
+
+
+async def test_a_webhook_back_from_an_outage_gets_the_events_at_once_not_after_the_backoff(data_dir: Path) -> None:
+    """A target that refused connections is probed while the retry waits: the events go on as
+    soon as it listens again, however long the policy's backoff (here 20 s)."""
+    hook = Webhook()
+    await hook.up()
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        base = admin_url(gw)
+        status, row = await call(base, "POST", "/admin/rules", {
+            "name": "slow", "sources": ["meters/#"], "retry": {"initial_backoff_ms": 20_000, "max_backoff_ms": 20_000},
+            "targets": [{"type": "webhook", "url": hook.url, "timeout_s": 2}]})
+        assert status == 201, row
+        await hook.down()
+        device = PahoClient(mqtt_port(gw), "meter")
+        await device.connect()
+        for n in range(5):
+            await device.publish("meters/m1", json.dumps({"n": n}), 1)
+        await until(lambda: gw.rules.engine.get("slow")["retried"] >= 1, what="a first failure")
+        await hook.up()
+        returned = time.monotonic()
+        hits = await hook.wait_for(5, timeout_s=10)
+        assert time.monotonic() - returned < 5  # (not the 20 s backoff)
+        assert [hit.json()["n"] for hit in hits] == list(range(5))
         await device.disconnect()
     await hook.down()
 

@@ -19,7 +19,7 @@ from store import LatencyHistogram, StoreError, StoredMessage, now_ms
 from .definition import RuleDefinition
 from .events import CloudEvent, cloud_event
 from .schemas import Violation
-from .targets import BatchTarget, Outcome, Target
+from .targets import BatchTarget, Outcome, ProbedTarget, Target
 from .targets.topic import Republish, Republished
 from .transforms import Payload
 
@@ -238,10 +238,27 @@ class RuleRunner:
                     await self._dead_letter(message, event, target.label, f"{outcome.reason}; {done}", attempts)
                 break
             self.counters.retried += len(failed)
-            await asyncio.sleep(self.rule.retry.backoff_s(attempts))
+            await self._back_off(self.rule.retry.backoff_s(attempts), failed)
             pending = [target for target, _ in failed]
         if everywhere:
             self.counters.delivered += 1
+
+    async def _back_off(self, seconds: float, failed: list[tuple[Target, Outcome]]) -> None:
+        """Wait ``seconds`` before the failed targets are tried again -- or only until every one
+        that took no connection takes one again, when all failed so (a target back from an
+        outage gets the events at once, not after a long backoff)."""
+        probes = [target.reachable() for target, outcome in failed
+                  if outcome.unreachable and isinstance(target, ProbedTarget)]
+        if len(probes) < len(failed):
+            for probe in probes:
+                probe.close()
+            await asyncio.sleep(seconds)
+            return
+        waiting = asyncio.ensure_future(asyncio.gather(*probes))
+        try:
+            await asyncio.wait({waiting}, timeout=seconds)
+        finally:
+            waiting.cancel()
 
     async def _until_deliverable(self) -> None:
         """Wait while this node may not act for its rules (a leader whose lease may have lapsed:

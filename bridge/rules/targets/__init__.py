@@ -4,10 +4,10 @@
 ``Outcome`` (``outcome.py``)."""
 
 from .mqtt_bridge import MqttBridgeTarget
-from .outcome import DELIVERED, BatchTarget, Outcome, Target
+from .outcome import DELIVERED, BatchTarget, Outcome, ProbedTarget, Target
 from .postgres import PostgresTarget
 from .topic import Republish, Republished, TopicTarget
 from .webhook import BatchedWebhookTarget, WebhookTarget
 
-__all__ = ["DELIVERED", "BatchTarget", "BatchedWebhookTarget", "MqttBridgeTarget", "Outcome", "PostgresTarget", "Republish", "Republished",
-           "Target", "TopicTarget", "WebhookTarget"]
+__all__ = ["DELIVERED", "BatchTarget", "BatchedWebhookTarget", "MqttBridgeTarget", "Outcome", "PostgresTarget",
+           "ProbedTarget", "Republish", "Republished", "Target", "TopicTarget", "WebhookTarget"]

@@ -11,6 +11,9 @@ import ssl
 from protocols.http1 import Answer, ResponseError, ResponseReader
 
 
+PROBE_S = 0.5  # how often a target that refused connections is tried again while a retry waits
+
+
 class Unanswered(ConnectionError):
     """The connection ended before any byte of the answer."""
 
@@ -101,6 +104,18 @@ class KeepAliveConnection:
         if answer.closes:
             self.close()
         return answer.status
+
+    async def reachable(self) -> None:
+        """Return once ``host``:``port`` takes a TCP connection (tried every PROBE_S; the probe's
+        connection is closed at once, unused)."""
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(self._host, self._port)
+            except OSError:
+                await asyncio.sleep(PROBE_S)
+                continue
+            writer.close()
+            return
 
     def close(self) -> None:
         if self._link is not None:

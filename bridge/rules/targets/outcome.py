@@ -19,6 +19,7 @@ class Outcome:
     delivered: bool
     reason: str = ""
     retryable: bool = True
+    unreachable: bool = False  # the target took no connection: tried again as soon as it does
 
 
 DELIVERED = Outcome(True)
@@ -30,6 +31,14 @@ class Target(Protocol):
     async def deliver(self, event: CloudEvent, payload: Payload) -> Outcome: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ProbedTarget(Target, Protocol):
+    async def reachable(self) -> None:
+        """Return once the target takes a connection again (probed now and then; cancelled by
+        the caller when its backoff ends first)."""
+        ...
 
 
 @runtime_checkable

@@ -50,11 +50,15 @@ class WebhookTarget:
         try:
             status = await self._connection.send(request)
         except (OSError, TimeoutError, ResponseError) as exc:
-            return Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                           unreachable=isinstance(exc, ConnectionRefusedError))
         if 200 <= status < 300:
             return DELIVERED
         retryable = status >= 500 or status in RETRYABLE_STATUS
         return Outcome(False, f"HTTP {status}", retryable=retryable)
+
+    async def reachable(self) -> None:
+        await self._connection.reachable()
 
     async def close(self) -> None:
         self._connection.close()
