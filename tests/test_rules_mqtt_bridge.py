@@ -90,6 +90,31 @@ async def test_events_reach_mosquitto_and_a_restart_of_it_loses_nothing(data_dir
     await cloud.disconnect()
 
 
+async def test_a_remote_that_refused_connections_gets_the_events_as_soon_as_it_listens(data_dir: Path,
+                                                                                        tmp_path: Path) -> None:
+    """The remote is down when the events come: the bridge's connection is refused, and it is
+    probed while the retry waits (30 s here), so the events go as soon as Mosquitto listens."""
+    remote = Mosquitto(tmp_path / "late")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "late", "sources": ["sensors/#"], "retry": {"initial_backoff_ms": 30_000, "max_backoff_ms": 30_000},
+            "targets": [{"type": "mqtt", "url": f"mqtt://127.0.0.1:{remote.port}", "topic": "cloud/${topic}",
+                         "timeout_s": 2}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "dev-late")
+        await device.connect()
+        for n in range(5):
+            await device.publish("sensors/r1", json.dumps({"n": n}), 1)
+        await until(lambda: gw.rules.engine.get("late")["retried"] >= 1, what="a refused connection")
+        remote.start()
+        try:
+            await until(lambda: gw.rules.engine.get("late")["delivered"] == 5, timeout_s=15,
+                        what="the events delivered (acknowledged by Mosquitto) before the 30 s backoff ends")
+        finally:
+            remote.stop()
+        await device.disconnect()
+
+
 async def test_refused_credentials_are_retried_then_dead_lettered_and_good_ones_deliver(
         data_dir: Path, tmp_path: Path) -> None:
     remote = Mosquitto(tmp_path / "secured", users={"edge": "secret", "reader": "r"})

@@ -10,8 +10,7 @@ import ssl
 
 from protocols.http1 import Answer, ResponseError, ResponseReader
 
-
-PROBE_S = 0.5  # how often a target that refused connections is tried again while a retry waits
+from .probe import until_listening
 
 
 class Unanswered(ConnectionError):
@@ -106,16 +105,8 @@ class KeepAliveConnection:
         return answer.status
 
     async def reachable(self) -> None:
-        """Return once ``host``:``port`` takes a TCP connection (tried every PROBE_S; the probe's
-        connection is closed at once, unused)."""
-        while True:
-            try:
-                _, writer = await asyncio.open_connection(self._host, self._port)
-            except OSError:
-                await asyncio.sleep(PROBE_S)
-                continue
-            writer.close()
-            return
+        """Return once ``host``:``port`` takes a TCP connection (probe.py)."""
+        await until_listening(self._host, self._port)
 
     def close(self) -> None:
         if self._link is not None:

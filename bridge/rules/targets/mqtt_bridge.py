@@ -19,6 +19,7 @@ from ..events import CloudEvent
 from ..transforms import Payload
 from .mqtt_options import MqttBridgeOptions
 from .outcome import DELIVERED, Outcome
+from .probe import refused, until_listening
 from .topic import EVENT_ID_PROPERTY, EVENT_SOURCE_PROPERTY
 
 log = logging.getLogger("tidemq.rules")
@@ -43,7 +44,7 @@ class MqttBridgeTarget:
         try:
             client = await self._connected()
         except (aiomqtt.MqttError, OSError, ssl.SSLError) as exc:
-            return 0, Outcome(False, f"connect: {_reason(exc)}")
+            return 0, Outcome(False, f"connect: {_reason(exc)}", unreachable=refused(exc))
         publishes = [asyncio.ensure_future(self._publish(client, event, payload)) for event, payload in items]
         results = await asyncio.gather(*publishes, return_exceptions=True)
         for done, result in enumerate(results):
@@ -102,6 +103,9 @@ class MqttBridgeTarget:
                 await asyncio.wait_for(client.__aexit__(None, None, None), self.options.timeout_s)
             except Exception:  # (a connection already lost: nothing to close politely)
                 pass
+
+    async def reachable(self) -> None:
+        await until_listening(self.options.host, self.options.port)
 
     async def close(self) -> None:
         async with self._connecting:

@@ -10,6 +10,7 @@ import asyncio
 import datetime
 import decimal
 import json
+import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ import asyncpg
 from ..events import CloudEvent
 from ..transforms import Payload, select
 from .outcome import DELIVERED, Outcome
+from .probe import refused, until_listening
 from .postgres_options import PostgresOptions
 
 REFUSED_CLASSES = ("22", "23")  # SQLSTATE classes of a row the table will never take: data exception, constraint
@@ -30,6 +32,7 @@ class ValueRefused(ValueError):
 
 class PostgresTarget:
     def __init__(self, options: PostgresOptions) -> None:
+        self._address = _tcp_address(options.dsn)  # (probed after a refused connection)
         self.options = options
         self.label = options.label
         self._sql = options.insert_sql()
@@ -54,10 +57,11 @@ class PostgresTarget:
         except asyncpg.DataError as exc:  # (a value asyncpg cannot send as its column's type)
             return 0, Outcome(False, f"{type(exc).__name__}: {exc}", retryable=False)
         except asyncpg.PostgresError as exc:
-            refused = (exc.sqlstate or "")[:2] in REFUSED_CLASSES
-            return 0, Outcome(False, f"{type(exc).__name__}: {exc}", retryable=not refused)
+            never = (exc.sqlstate or "")[:2] in REFUSED_CLASSES
+            return 0, Outcome(False, f"{type(exc).__name__}: {exc}", retryable=not never)
         except (OSError, asyncio.TimeoutError, asyncpg.InterfaceError) as exc:
-            return 0, Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return 0, Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                              unreachable=refused(exc) and self._address is not None)
         return len(items), DELIVERED
 
     def _row(self, view: dict[str, Any], converters: list[Callable[[Any], Any]]) -> tuple[Any, ...]:
@@ -77,6 +81,13 @@ class PostgresTarget:
                                                    timeout=self.options.timeout_s)
         return self._pool
 
+    async def reachable(self) -> None:
+        address = self._address
+        if address is None:  # (a DSN of several hosts or a socket path: the backoff decides)
+            await asyncio.Event().wait()
+        else:
+            await until_listening(*address)
+
     async def close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
@@ -84,6 +95,19 @@ class PostgresTarget:
                 await asyncio.wait_for(pool.close(), self.options.timeout_s)
             except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 pool.terminate()
+
+
+def _tcp_address(dsn: str) -> tuple[str, int] | None:
+    """The one host and port of a ``postgresql://`` DSN (None: several, a socket, or not a URL)."""
+    try:
+        parts = urllib.parse.urlsplit(dsn)
+        port = parts.port or 5432
+    except ValueError:
+        return None
+    host = parts.hostname
+    if parts.scheme not in ("postgresql", "postgres") or not host or "," in parts.netloc or host.startswith("/"):
+        return None
+    return host, port
 
 
 def _text(value: Any) -> str:

@@ -19,6 +19,7 @@ from ..events import CloudEvent
 from ..transforms import Payload
 from .http_connection import KeepAliveConnection
 from .outcome import DELIVERED, Outcome
+from .probe import refused
 
 RETRYABLE_STATUS = frozenset({408, 429})
 STRUCTURED_HEADERS = {"Content-Type": STRUCTURED}
@@ -51,7 +52,7 @@ class WebhookTarget:
             status = await self._connection.send(request)
         except (OSError, TimeoutError, ResponseError) as exc:
             return Outcome(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
-                           unreachable=isinstance(exc, ConnectionRefusedError))
+                           unreachable=refused(exc))
         if 200 <= status < 300:
             return DELIVERED
         retryable = status >= 500 or status in RETRYABLE_STATUS
