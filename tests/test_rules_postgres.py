@@ -93,6 +93,30 @@ async def test_postgres_down_then_up_loses_nothing_and_duplicates_nothing(data_d
         await device.disconnect()
 
 
+async def test_a_server_that_refused_connections_gets_the_rows_as_soon_as_it_listens(data_dir: Path,
+                                                                                     postgres: Postgres) -> None:  # noqa: F811
+    """PostgreSQL is down when the events come: the target's connection is refused, and its
+    address is probed while the retry waits (30 s here), so the rows go in as soon as it listens."""
+    await postgres.execute(TABLE)
+    postgres.stop()
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        status, row = await call(admin_url(gw), "POST", "/admin/rules", {
+            "name": "late", "sources": ["sensors/#"], "retry": {"initial_backoff_ms": 30_000, "max_backoff_ms": 30_000},
+            "targets": [{"type": "postgres", "dsn": postgres.dsn, "table": "public.readings", "columns": COLUMNS,
+                         "on_conflict": "nothing", "timeout_s": 3}]})
+        assert status == 201, row
+        device = PahoClient(mqtt_port(gw), "dev-late")
+        await device.connect()
+        for n in range(5):
+            await device.publish("sensors/a", json.dumps({"n": n, "temp": 1}), 1)
+        await until(lambda: gw.rules.engine.get("late")["retried"] >= 1, what="a refused connection")
+        postgres.start()
+        await until(lambda: gw.rules.engine.get("late")["lag"] == 0, timeout_s=15,
+                    what="the rows written before the 30 s backoff ends")
+        assert [r["n"] for r in await rows(postgres)] == list(range(5))
+        await device.disconnect()
+
+
 async def test_a_row_the_table_refuses_goes_to_the_dead_letter_topic_and_its_batch_goes_on(
         data_dir: Path, postgres: Postgres) -> None:  # noqa: F811
     await postgres.execute(TABLE)
