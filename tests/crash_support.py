@@ -51,7 +51,8 @@ def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "g
     proc.wait()
     if sink is not None:
         sink.close()
-    raise AssertionError(f"{name} did not start: {''.join(lines[-5:])}")
+    said = [line for line in lines if line][-10:]  # (at its end, readline gives "" until the process is reaped)
+    raise AssertionError(f"{name} did not start (exit code {proc.returncode}): {''.join(said)}")
 
 
 def _drain(proc: subprocess.Popen, sink) -> None:

@@ -25,6 +25,9 @@ log = logging.getLogger("tidemq.gateway")
 StoreAddress = Callable[[str], Awaitable[tuple[str, int]]]  # a service ("remoting", "amqp", "grpc") -> host, port
 
 
+FIRST_LEADER_WAIT_S = 60.0  # how long a starting gateway node waits for its group's leader
+
+
 @dataclass
 class StoreNodeLink:
     store: GatewayStore
@@ -34,7 +37,8 @@ class StoreNodeLink:
 
 async def link_to_store_node(cfg: Config) -> StoreNodeLink:
     """The gateway node's store link, started; ConfigError when the store node cannot be
-    reached (a group's leader: not within five leases) or refuses this node."""
+    reached (a group's leader: not within FIRST_LEADER_WAIT_S or five leases, whichever is
+    longer: the group's nodes may be starting too) or refuses this node."""
     node_id = cfg.node_name()
     linked: list[GatewayStore] = []  # (the configured address's AMQP port comes from the link)
     finder, address = _store_address(cfg, linked)
@@ -44,7 +48,8 @@ async def link_to_store_node(cfg: Config) -> StoreNodeLink:
 
     # a replicated store's leader key may still name a leader that just died: look again
     # until a new one is elected (the lease runs out), then give up
-    deadline = time.monotonic() + (cfg.replication_lease_s * 5 if cfg.replication_group else 0)
+    deadline = time.monotonic() + (max(cfg.replication_lease_s * 5, FIRST_LEADER_WAIT_S) if cfg.replication_group
+                                   else 0)
     while True:
         try:
             remote = await connect()
