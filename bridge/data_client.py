@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import pyarrow as pa
 
@@ -43,7 +43,6 @@ log = logging.getLogger("tidemq.spark")
 TIMEOUT_S = 60.0
 RETRY_BACKOFF_S = (0.25, 5.0)  # first and longest wait between attempts (doubling)
 RETRY_STATUSES = frozenset({502, 503, 504})
-READS_AHEAD = 64  # the most requests a gateway reads ahead at once (POST /data/read-ahead)
 RANGES_PER_READ = 10_000  # the most ranges a gateway serves in one POST /data/read  # the gateway (or a proxy in front) is starting or stopping
 
 
@@ -118,22 +117,6 @@ class TopicListing:
     complete: bool = True
 
 
-class ManyRead(NamedTuple):
-    """A ``read_many`` request: (queue, start, end) ranges, max rows, columns."""
-
-    ranges: list[tuple[str, int, int]]
-    max_rows: int
-    columns: tuple[str, ...] | None
-
-
-def read_body(read: ManyRead) -> dict[str, Any]:
-    """The ``POST /data/read`` body of ``read`` (as ``read_many`` asks, and ``read_ahead``)."""
-    body: dict[str, Any] = {"ranges": [list(r) for r in read.ranges], "max_rows": read.max_rows, "joined": True}
-    if read.columns is not None:
-        body["columns"] = list(read.columns)
-    return body
-
-
 class StoreClient(Protocol):
     def topic_queues(self, topic_filters: list[str]) -> dict[str, tuple[int, int]]: ...
     def topic_listing(self, topic_filters: list[str], since: str | None = None) -> TopicListing: ...
@@ -144,7 +127,6 @@ class StoreClient(Protocol):
              columns: tuple[str, ...] | None = None) -> Fetch: ...
     def read_many(self, ranges: list[tuple[str, int, int]], max_rows: int,
                   columns: tuple[str, ...] | None = None) -> list[Fetch]: ...
-    def read_ahead(self, reads: list[ManyRead]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -166,7 +148,6 @@ class HttpClient:
             basic = base64.b64encode(f"{username}:{password or ''}".encode()).decode()
             self._headers = {"Authorization": f"Basic {basic}"}
         self._conn: http.client.HTTPConnection | None = None
-        self._no_read_ahead = False
         self.url = url
         self.retry_timeout_s = retry_timeout_s
 
@@ -296,7 +277,10 @@ class HttpClient:
                   columns: tuple[str, ...] | None = None) -> list[Fetch]:
         """Several ranges (queue, start, end) in one request, up to ``max_rows`` rows in all: a
         Fetch for each range served, in order (a prefix of ``ranges``: ask again for the rest)."""
-        status, _, data = self._request("POST", "/data/read", read_body(ManyRead(ranges, max_rows, columns)))
+        body: dict[str, Any] = {"ranges": [list(r) for r in ranges], "max_rows": max_rows, "joined": True}
+        if columns is not None:
+            body["columns"] = list(columns)
+        status, _, data = self._request("POST", "/data/read", body)
         if status == 405:  # a gateway from before POST /data/read: the first range alone
             return [self.read(*ranges[0], max_rows, columns)]
         if status != 200:
@@ -314,32 +298,6 @@ class HttpClient:
             out.append(Fetch(meta["first"], meta["next"], meta["min"], meta["max"]))
             counts.append(meta["rows"])
         return split_rows(counts, pa.ipc.open_stream(pa.py_buffer(memoryview(data)[4 + size:])), out)
-
-    def read_ahead(self, reads: list[ManyRead]) -> None:
-        """Have the gateway start ``reads`` (``read_many`` requests an executor will make) now, so
-        that each is answered at once when it comes (``POST /data/read-ahead``). Only a head
-        start, so one attempt (and one more at once on a stale kept-alive connection), nothing
-        waited for: a gateway that cannot be reached, or refuses, is logged, and the reads
-        themselves then retry or fail as they do; a gateway from before read-ahead (404, 405)
-        is not asked again."""
-        if not reads or self._no_read_ahead:
-            return
-        headers = {**self._headers, "Content-Type": "application/json"}
-        for at in range(0, len(reads), READS_AHEAD):
-            payload = json.dumps({"reads": [read_body(r) for r in reads[at:at + READS_AHEAD]]}).encode()
-            try:
-                status, _, data = self.exchange("POST", "/data/read-ahead", payload, headers,
-                                                Retries((), 0.0, 1, 0.0, attempts=2, at_once=True), "source")
-            except GaveUp as exc:
-                log.info("tidemq source: nothing read ahead: %s", exc.problem)
-                return
-            if status in (404, 405):
-                self._no_read_ahead = True
-                log.info("tidemq source: the gateway at %s reads nothing ahead (answered %d)", self.url, status)
-                return
-            if status != 200:
-                log.warning("tidemq source: reading ahead at %s answered %d: %s", self.url, status, error_text(data))
-                return
 
     def close(self) -> None:
         if self._conn is not None:
@@ -431,9 +389,6 @@ class DirectClient:
             fetch.first_offset, fetch.next_offset = read.first_offset, read.next_offset
         split_rows([read.rows for read in found], batches, reads)
         return out
-
-    def read_ahead(self, reads: list[ManyRead]) -> None:
-        """Nothing: the executors read the files themselves."""
 
     def close(self) -> None:
         self.reader.close()

@@ -64,7 +64,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .data_client import RANGES_PER_READ, Fetch, ManyRead, ReadingLease, StoreClient, client_for
+from .data_client import RANGES_PER_READ, Fetch, ReadingLease, StoreClient, client_for
 from .kafka_options import KafkaOptions
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue, share
@@ -186,7 +186,8 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
     client = client_for(parts[0].connection)
     pending = [(part, part.start) for part in parts if part.start < part.end]
     while pending:
-        fetches = client.read_many(*many_read(pending, parts[0].fetch_rows, columns))
+        fetches = client.read_many([(part.queue, at, part.end) for part, at in pending[:RANGES_PER_READ]],
+                                   parts[0].fetch_rows, columns.fetch)
         assert fetches, "a read of several ranges served none"
         after = []
         pieces: list[tuple[pa.RecordBatch, str]] = []
@@ -198,23 +199,6 @@ def read_ranges(parts: list[QueueRange], columns: Projection | None = None) -> I
         if pieces:  # (a request's rows shaped at once: one column build, not one a range)
             yield columns.shape(pieces)
         pending = after + pending[len(fetches):]
-
-
-def many_read(pending: list[tuple[QueueRange, int]], fetch_rows: int, columns: Projection) -> ManyRead:
-    """The request that reads on the ranges ``pending`` (each read up to its offset)."""
-    return ManyRead([(part.queue, at, part.end) for part, at in pending[:RANGES_PER_READ]], fetch_rows, columns.fetch)
-
-
-def first_reads(partitions: list[InputPartition], columns: Projection) -> list[ManyRead]:
-    """The first request of each partition's task (``read_ranges``), in order: what a stream's
-    planner has the gateway read ahead while Spark launches the tasks."""
-    reads = []
-    for part in partitions:
-        ranges = part.ranges if isinstance(part, QueueRanges) else [part] if isinstance(part, QueueRange) else []
-        pending = [(r, r.start) for r in ranges if r.start < r.end]
-        if pending:
-            reads.append(many_read(pending, ranges[0].fetch_rows, columns))
-    return reads
 
 
 def advance(part: QueueRange, at: int, fetch: Fetch) -> tuple[int, list[pa.RecordBatch]]:
@@ -503,10 +487,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a queue new to the query starts at its earliest offset (as latestOffset planned it)
         first = {q: start[q] if q in start else offsets.get(q, (0, 0))[0] for q in end}
         begin = self.planner.check_start(first, end, offsets)
-        parts = self.planner.partitions({**start, **begin}, end, stream=True)
-        # the gateway reads the tasks' first requests while Spark launches them
-        self.planner.client.read_ahead(first_reads(parts, self.columns))
-        return parts
+        return self.planner.partitions({**start, **begin}, end, stream=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_any(partition, self.columns)

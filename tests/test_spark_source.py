@@ -26,7 +26,6 @@ from bridge.spark_options import OptionError, SourceOptions
 from bridge.spark_source import (
     SCHEMA,
     SHIP_ROWS,
-    TideMQStreamReader,
     DataLossError,
     QueueRange,
     QueueRanges,
@@ -601,78 +600,3 @@ def test_shared_ranges_stay_in_order_in_at_most_the_tasks_asked(sizes: list[int]
     if sizes:
         share_rows = sum(sizes) / parts
         assert all(sum(sizes[i] for i in g) <= share_rows + max(sizes[i] for i in g) for g in groups)
-
-
-def read_ahead_counts(text: str) -> dict[str, float]:
-    """``tidemq_data_read_ahead_total`` by result, from a /metrics answer."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("tidemq_data_read_ahead_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('result="')[1].split('"')[0]] = float(value)
-    return out
-
-
-async def test_a_read_ahead_answers_its_request_once_under_the_same_rights(data_dir: Path) -> None:
-    """POST /data/read-ahead reads POST /data/read requests before they come: the request then
-    gets the same answer (marked as read ahead), once; a later one is read afresh; the caller's
-    rights are checked on both."""
-    async with spark_gateway(data_dir, admin_token="s3cret") as gw:
-        await publish(gw, 0, 40)
-        base = "http://{}:{}".format(*gw.metrics_address)
-        auth = {"Authorization": "Bearer s3cret"}
-        read = {"ranges": [["t:devices/1/telemetry", 2, 5], ["t:nope", 0, 3], ["t:devices/3/telemetry", 0, 10]],
-                "max_rows": 8, "joined": True, "columns": ["topic", "offset", "payload"]}
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"{base}/data/read-ahead", json={"reads": [read]}) as response:
-                assert response.status == 401
-            async with http.post(f"{base}/data/read-ahead", json={"reads": read}, headers=auth) as response:
-                assert response.status == 400
-            async with http.post(f"{base}/data/read", json=read, headers=auth) as response:
-                fresh = await response.read()
-                assert "TideMQ-Read-Ahead" not in response.headers
-            async with http.post(f"{base}/data/read-ahead", json={"reads": [read]}, headers=auth) as response:
-                assert response.status == 200 and await response.json() == {"reads": 1}
-            async with http.post(f"{base}/data/read", json=read, headers=auth) as response:
-                assert response.headers["TideMQ-Read-Ahead"] == "hit"
-                assert await response.read() == fresh
-            async with http.post(f"{base}/data/read", json=read, headers=auth) as response:
-                assert "TideMQ-Read-Ahead" not in response.headers  # served once
-                assert await response.read() == fresh
-            async with http.get(f"{base}/metrics", headers=auth) as response:
-                assert read_ahead_counts(await response.text()) == {"served": 1, "dropped": 0}
-
-
-async def test_a_streams_tasks_find_their_reads_read_ahead_and_read_exactly(data_dir: Path) -> None:
-    """A stream's micro-batch plan has the gateway read each task's first request ahead
-    (``partitions``), and the tasks' reads are those requests: every one served from the read
-    ahead, every message once."""
-    async with spark_gateway(data_dir) as gw:
-        await publish(gw, 0, 40)
-        options = SourceOptions.parse({**connection(gw, "address"), "topicFilter": FILTER,
-                                       "startingOffsets": "earliest", "maxOffsetsPerTrigger": "30",
-                                       "minPartitions": "2", "schema": "kafka"})
-        reader = TideMQStreamReader(options, spark_schema(False))
-        base = "http://{}:{}".format(*gw.metrics_address)
-        try:
-            start = await asyncio.to_thread(reader.initialOffset)
-            seen: list[tuple[str, int]] = []
-            tasks = 0
-            while True:
-                end = await asyncio.to_thread(reader.latestOffset, start, reader.getDefaultReadLimit())
-                if end == start:
-                    break
-                parts = await asyncio.to_thread(reader.partitions, start, end)
-                tasks += len(parts)
-                for part in parts:  # (an executor reads with a client of its own)
-                    batches = await asyncio.to_thread(lambda p=part: list(reader.read(p)))
-                    table = pa.Table.from_batches(batches)
-                    seen.extend(zip(table.column("topic").to_pylist(), table.column("offset").to_pylist()))
-                start = end
-            async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as response:
-                counts = read_ahead_counts(await response.text())
-        finally:
-            reader.stop()
-            close_clients()
-    assert sorted(seen) == sorted((topic(i), i // 4) for i in range(40))
-    assert tasks >= 3 and counts == {"served": tasks, "dropped": 0}

@@ -55,8 +55,7 @@ class HttpServer:
         app.router.add_post("/admin/kick", self._kick)
         # /data/: bulk reads as Arrow, and publishing (data_api.py, data_publish.py)
         publish = PublishApi(deps.brokers.mqtt, self.access, deps.status, deps.pressure)
-        reads = data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
-        self.registry.register(data_api.ReadAheadCollector(reads))  # tidemq_data_read_ahead_total
+        data_api.add_routes(app, deps.store, self.access, publish, deps.filter_holds)
         self.registry.register(publish.collector())  # tidemq_data_publish_*
         # POST /data/events/{topic}: CloudEvents in (event_ingest.py), checked against the event schemas
         ingest = event_ingest.add_routes(app, deps.brokers.mqtt, self.access, deps.status, deps.pressure,

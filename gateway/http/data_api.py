@@ -6,7 +6,6 @@
     POST /data/times  {"queues": {Q: T, ...}}  per queue, the first offset stored at or after T (ms), or null
     GET  /data/read?queue=Q&start=S[&end=E][&max_rows=N][&columns=C,D]  rows of offsets [S, E) as an Arrow IPC stream
     POST /data/read  {"ranges": [[Q, S, E], ...], "max_rows": N, "columns": [C, ...]}  several ranges in one answer
-    POST /data/read-ahead  {"reads": [POST /data/read body, ...]}  start those reads now, answer them when asked
     POST /data/publish?writer=W&batch=B&partition=P&chunk=C  rows published as MQTT messages (gateway/http/data_publish.py)
     POST /data/filters  {"topicFilter": F, "lease_ms": N}  hold F's wildcard queue for a reader (gateway/http/data_holds.py)
     POST /data/topics   {"topicFilters": [F, ...]}  the topic queues the filters match, with offsets (data_topics.py)
@@ -46,13 +45,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from functools import partial
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily
 
 from protocols.mqtt.topics import validate_topic_filter
 from store import MessageStore
@@ -66,8 +62,6 @@ from .queue_pages import queue_page
 if TYPE_CHECKING:
     from store.read.readonly import CommitLogReader
 
-    from ..auth.authorize import Principal
-
     from .data_holds import FilterHolds
     from .data_publish import PublishApi
 
@@ -76,13 +70,11 @@ DEFAULT_ROWS = 65_536
 MAX_ROWS = 262_144
 MAX_CONCURRENT_READS = 1  # one bulk read at a time: the gateway gives analytics at most ~1 core
 MAX_QUEUES = 10_000  # per offsets or queues request
-AHEAD_READS = 64  # POST /data/read requests read ahead and kept at once
-AHEAD_S = 30.0  # how long a read ahead waits for its request
 DEFAULT_QUEUES = 1000  # per page of /data/queues
 
 
 def add_routes(app: web.Application, store: MessageStore | None, access: DataAccess, publish: PublishApi,
-               holds: FilterHolds) -> DataApi:
+               holds: FilterHolds) -> None:
     api = DataApi(store, access)
     app.router.add_get("/data/queues", api.queues)
     app.router.add_get("/data/offsets", api.offsets)
@@ -91,7 +83,6 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
     app.router.add_post("/data/topics", TopicListing(api._store, api._offsets, access).topics)  # a filter's history: data_topics.py
     app.router.add_get("/data/read", api.read)
     app.router.add_post("/data/read", api.read_many)
-    app.router.add_post("/data/read-ahead", api.read_ahead)
     app.router.add_post("/data/publish", publish.publish)  # the write side: gateway/http/data_publish.py
     # streaming readers of a topicFilter (gateway/http/data_holds.py): held by the gateway from its
     # start, before any listener, so a restart opens no gap in a held filter's queue
@@ -99,16 +90,6 @@ def add_routes(app: web.Application, store: MessageStore | None, access: DataAcc
         return await holds.hold(request, partial(access.check_read_queue, request.get(PRINCIPAL)))
 
     app.router.add_post("/data/filters", hold)
-    return api
-
-
-class ReadRequest(NamedTuple):
-    """A ``POST /data/read`` request, as read ahead and as asked for (the same is served once)."""
-
-    ranges: tuple[tuple[str, int, int], ...]
-    max_rows: int
-    columns: tuple[str, ...] | None
-    joined: bool
 
 
 def _limit(query, default: int, most: int) -> int:
@@ -141,8 +122,6 @@ class DataApi:
         self._reads = asyncio.Semaphore(MAX_CONCURRENT_READS)
         self._log: CommitLogReader | None = None
         self._log_lock = threading.Lock()  # belt and braces: the maps are not for two threads at once
-        self._ahead: dict[ReadRequest, tuple[float, asyncio.Future]] = {}  # read_ahead's reads, oldest first
-        self.ahead = {"served": 0, "dropped": 0}  # reads ahead answered, and let go unasked (ReadAheadCollector)
 
     def _store(self) -> MessageStore:
         store = self.store
@@ -264,105 +243,37 @@ class DataApi:
         }
         return web.Response(body=memoryview(body), content_type=ARROW_STREAM, headers=headers)
 
-    def _many_request(self, body: Any, who: Principal | None) -> ReadRequest:
-        """A ``POST /data/read`` body checked (form, and the principal's right to each queue)."""
-        from store.read import columns
-
+    async def read_many(self, request: web.Request) -> web.Response:
+        """Several queue ranges in one answer (the module's docstring says its form)."""
         try:
-            ranges = tuple((str(q), int(s), int(e)) for q, s, e in body["ranges"])
+            from store.read import columns
+            from store.read.readonly import CommitLogReader
+        except ImportError as exc:
+            raise AdminError(501, f"the read API needs numpy and pyarrow (pip install 'tidemq[arrow]'): {exc}") from None
+        store = self._store()
+        try:
+            body = await request.json()
+            ranges = [(str(q), int(s), int(e)) for q, s, e in body["ranges"]]
             names = body.get("columns")
             if not all(isinstance(r[0], str) and r[1] >= 0 and r[2] >= 0 for r in body["ranges"]):
                 raise TypeError
             max_rows = min(int(body.get("max_rows", DEFAULT_ROWS)), MAX_ROWS)
-            names = None if names is None else tuple(str(n) for n in names)
         except (ValueError, KeyError, TypeError):
             raise AdminError(400, 'send {"ranges": [["queue", start, end], ...], "max_rows": N, '
                                   '"columns": ["name", ...]}') from None
         if not 1 <= len(ranges) <= MAX_QUEUES:
             raise AdminError(400, f"1 to {MAX_QUEUES} ranges per request")
         try:
-            columns.schema_of(list(names) if names is not None else None)
+            schema = columns.schema_of(names)
         except ValueError as exc:
             raise AdminError(400, f"bad columns: {exc}") from None
         for queue, _, _ in ranges:
-            self.access.check_read_queue(who, queue)
-        return ReadRequest(ranges, max_rows, names, body.get("joined") is True)
-
-    async def read_many(self, request: web.Request) -> web.Response:
-        """Several queue ranges in one answer (the module's docstring says its form); the
-        answer of a read ahead of the same request (``read_ahead``) if there is one."""
-        try:
-            from store.read import columns
-        except ImportError as exc:
-            raise AdminError(501, f"the read API needs numpy and pyarrow (pip install 'tidemq[arrow]'): {exc}") from None
-        self._store()
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        wanted = self._many_request(body, request.get(PRINCIPAL))
-        ahead = self._ahead.pop(wanted, None)
-        if ahead is not None:
-            self.ahead["served"] += 1
-        planned, results, batches = await (ahead[1] if ahead is not None else self._read_many(wanted))
-        served: list[dict[str, int] | None] = []
-        for plan, result in zip(planned, results):
-            if plan is None or result is None:
-                served.append(None)
-                continue
-            served.append({"first": result.first_offset, "next": result.next_offset, "min": plan[4], "max": plan[5],
-                           "rows": result.rows})
-        meta = json.dumps({"ranges": served}).encode()
-        stream = columns.arrow_stream(batches, columns.schema_of(list(wanted.columns) if wanted.columns else None))
-        headers = {"TideMQ-Read-Ahead": "hit"} if ahead is not None else {}
-        return web.Response(body=len(meta).to_bytes(4, "big") + meta + memoryview(stream),
-                            content_type="application/octet-stream", headers=headers)
-
-    async def read_ahead(self, request: web.Request) -> web.Response:
-        """``POST /data/read-ahead`` ``{"reads": [read body, ...]}``: start reading those
-        ``POST /data/read`` requests now and keep each answer for the same request to come
-        (a stream's planner sends its micro-batch's reads while Spark launches the tasks that
-        will ask for them). Answers at once; at most ``AHEAD_READS`` are kept, each
-        ``AHEAD_S`` seconds."""
-        self._store()
-        try:
-            reads = (await request.json())["reads"]
-            if not isinstance(reads, list) or len(reads) > AHEAD_READS:
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise AdminError(400, f'send {{"reads": [up to {AHEAD_READS} POST /data/read bodies]}}') from None
-        wanted = [self._many_request(body, request.get(PRINCIPAL)) for body in reads]
-        now = time.monotonic()
-        for key in [k for k, (at, _) in self._ahead.items() if now - at > AHEAD_S]:
-            self._drop(key)
-        for one in wanted:
-            if one not in self._ahead:
-                self._ahead[one] = (now, asyncio.ensure_future(self._read_many(one)))
-        while len(self._ahead) > AHEAD_READS:
-            self._drop(next(iter(self._ahead)))
-        return web.json_response({"reads": len(wanted)})
-
-    def _drop(self, key: ReadRequest) -> None:
-        """A read ahead that its request did not come for: let go (an error it met is the
-        request's to meet, if it comes after all)."""
-        _, read = self._ahead.pop(key)
-        self.ahead["dropped"] += 1
-        read.cancel()
-        read.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    async def _read_many(self, wanted: ReadRequest) -> tuple[list, list, list]:
-        """(planned, results, batches) of a ``POST /data/read`` request: the ranges planned on
-        the loop (the index's queue cache is the loop's), then read in a worker thread."""
-        from store.read import columns
-        from store.read.readonly import CommitLogReader
-
-        store = self._store()
-        schema = columns.schema_of(list(wanted.columns) if wanted.columns else None)
+            self.access.check_read_queue(request.get(PRINCIPAL), queue)
         if self._log is None:
             self._log = CommitLogReader(store.commitlog.directory)
         planned: list[tuple[str, int, int, int, int, int] | None] = []  # (queue, qid, first, stop, low, high)
-        left = wanted.max_rows
-        for queue, start, end in wanted.ranges:
+        left = max_rows
+        for queue, start, end in ranges:  # on the loop: the index's queue cache is the loop's
             if left <= 0:
                 break
             state = store.index.lookup(queue)
@@ -374,8 +285,19 @@ class DataApi:
             planned.append((queue, state.qid, first, stop, low, high))
             left -= stop - first
         async with self._reads:
-            results, batches = await asyncio.to_thread(self._read_ranges, store, planned, schema, wanted.joined)
-        return planned, results, batches
+            results, batches = await asyncio.to_thread(self._read_ranges, store, planned, schema,
+                                                       body.get("joined") is True)
+        served: list[dict[str, int] | None] = []
+        for plan, result in zip(planned, results):
+            if plan is None or result is None:
+                served.append(None)
+                continue
+            served.append({"first": result.first_offset, "next": result.next_offset, "min": plan[4], "max": plan[5],
+                           "rows": result.rows})
+        meta = json.dumps({"ranges": served}).encode()
+        stream = columns.arrow_stream(batches, schema)
+        return web.Response(body=len(meta).to_bytes(4, "big") + meta + memoryview(stream),
+                            content_type="application/octet-stream")
 
     def _read_ranges(self, store, planned: list, schema, joined: bool) -> tuple[list, list]:
         """The planned ranges' reads, together (``columns.read_ranges_live``: their rows in
@@ -414,21 +336,3 @@ class DataApi:
             result = columns.read_range_live(store.index.db, self._log, store.commitlog, queue, qid, first, stop, schema,
                                              topic_of_queue(queue))
         return result, columns.arrow_stream(result.batches, schema)
-
-
-class ReadAheadCollector:
-    """``tidemq_data_read_ahead_total``: reads ahead (``POST /data/read-ahead``) by outcome,
-    served to their request or dropped unasked (a stream's planner whose tasks asked otherwise)."""
-
-    def __init__(self, api: DataApi) -> None:
-        self.api = api
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("tidemq_data_read_ahead", "Reads ahead of POST /data/read by outcome",
-                                     labels=["result"])
-        for result, count in self.api.ahead.items():
-            family.add_metric([result], count)
-        yield family
