@@ -53,9 +53,12 @@ def main() -> None:
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])
     module = args[1]
-    # as `python -m` has it: the working directory first (this script's own folder is not a
-    # module's), then the rest
-    sys.path[0] = os.getcwd()
+    # as `python -m` has it: the working directory first, unless PYTHONSAFEPATH says not (this
+    # script's own folder, where the interpreter put it, is not a module's)
+    if sys.flags.safe_path:
+        del sys.path[0]
+    else:
+        sys.path[0] = os.getcwd()
     sys.path[:] = without_installed_archive(sys.path)
     sys.argv = [module, *args[2:]]  # (run_module puts the module's file in argv[0])
     runpy.run_module(module, run_name="__main__", alter_sys=True)
