@@ -4,7 +4,7 @@ one Spark session.
 
     python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
                                           [--sources tidemq,file[,file_text]] [--rounds N] [--min-partitions N]
-                                          [--no-warm-up] [--profile] [--out FILE]
+                                          [--no-warm-up] [--profile] [--python plain|launcher] [--out FILE]
 
 A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
 (200,000) straight into its store, 1,000 devices on 10 sites; the same readings are written as
@@ -13,9 +13,12 @@ window under a 1-minute watermark into a memory sink (append), reading at most
 ``--per-trigger`` (50,000) readings a micro-batch: ``maxOffsetsPerTrigger`` for tidemq
 (``address`` mode, the gateway's data API), ``maxFilesPerTrigger`` for the files (``file``:
 Spark's JSON reader; ``file_text``: the lines parsed with ``from_json`` as the tidemq job parses
-its values, the same work after the read). ``--mode cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own). One line a source::
+its values, the same work after the read). ``--mode cluster`` runs ``local-cluster[2,1,1024]`` (executors in JVMs of their own);
+``--python launcher`` has Spark start its Python processes with ``tidemq-spark-python``
+(``spark_sinks/python.py``: pyspark imported with its bytecode, not compiled from Spark's
+archive in each process) instead of this interpreter. One line a source::
 
-    spark_stream source=tidemq mode=local round=1 rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=...
+    spark_stream source=tidemq mode=local round=1 python=plain rows_per_s=... first_batch_s=... batches=4 overall_rows_per_s=...
         cpu_s=... latest_offset_ms=... planning_ms=... get_batch_ms=... add_batch_ms=... commit_ms=...
 
 Each round (``--rounds``, 2) runs a fresh query per source over the same readings, in turn.
@@ -64,6 +67,7 @@ from loadtest.spark_telemetry import (
     fill_store,
     parsed,
     site_averages,
+    spark_python,
     start_spark,
     tidemq_readings,
     write_files,
@@ -183,12 +187,13 @@ def started_since(since: float) -> list[tuple[float, str]]:
     return sorted(out)
 
 
-def first_line(source: str, mode: str, round_: int, progress: list[dict], spawned: list[tuple[float, str]]) -> str:
+def first_line(source: str, mode: str, round_: int, progress: list[dict], spawned: list[tuple[float, str]],
+               python: str = "plain") -> str:
     """Where a query's first micro-batch went: the parts Spark's progress reports, and when the
     Python processes it needed started (seconds after the query's start)."""
     parts = " ".join(f"{snake(k)}_ms={progress[0]['durationMs'].get(k, 0)}" for k in PARTS)
     started = ",".join(f"{kind}+{at:.2f}" for at, kind in spawned) or "none"
-    return (f"spark_stream_first source={source} mode={mode} round={round_} "
+    return (f"spark_stream_first source={source} mode={mode} round={round_} python={python} "
             f"first_batch_s={progress[0]['durationMs']['triggerExecution'] / 1000:.2f} {parts} python_started={started}")
 
 
@@ -225,13 +230,14 @@ def run(spark, name: str, readings_df, total: int,
         query.stop()
 
 
-def line(source: str, mode: str, round_: int, progress: list[dict], total: int, cpu_s: float) -> str:
+def line(source: str, mode: str, round_: int, progress: list[dict], total: int, cpu_s: float,
+         python: str = "plain") -> str:
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     steady, rows = progress[1:], sum(p["numInputRows"] for p in progress[1:])
     steady_s = sum(durations[1:])
     parts = " ".join(f"{snake(k)}_ms={sum(p['durationMs'].get(k, 0) for p in steady) / max(1, len(steady)):.0f}"
                      for k in PARTS)
-    return (f"spark_stream source={source} mode={mode} round={round_} "
+    return (f"spark_stream source={source} mode={mode} round={round_} python={python} "
             f"rows_per_s={rows / steady_s if steady_s else 0:.0f} "
             f"first_batch_s={durations[0]:.2f} batches={len(progress)} "
             f"overall_rows_per_s={total / sum(durations):.0f} cpu_s={cpu_s:.1f} "
@@ -278,6 +284,8 @@ def main() -> None:
     parser.add_argument("--sources", default="tidemq,file")
     parser.add_argument("--rounds", type=int, default=2, help="queries per source, in turn (the module says why)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--python", choices=("plain", "launcher"), default="plain",
+                        help="Spark's Python processes: this interpreter, or tidemq-spark-python (pyspark's bytecode)")
     parser.add_argument("--min-partitions", type=int, help="the tidemq source's minPartitions")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="no warm-up query: the first source's query pays the JVM's warm-up")
@@ -290,7 +298,7 @@ def main() -> None:
         address = "{}:{}".format(*gateway.gateway.metrics_address)
         gateway.call(fill_store(gateway.gateway.store, 0, total, SITES, DEVICES))
         write_files(tmp / "files", 0, total, SITES, DEVICES, PER_FILE)
-        spark = start_spark(MASTERS[args.mode])
+        spark = start_spark(MASTERS[args.mode], python=spark_python(args.python))
         if not args.no_warm_up:
             warm_up(spark, args.per_trigger)
         for round_ in range(1, args.rounds + 1):
@@ -303,9 +311,9 @@ def main() -> None:
                 else:
                     df = file_readings(spark, tmp / "files", args.per_trigger)
                 progress, cpu_s, steady, spawned = run(spark, f"{source}_averages_{round_}", df, total, 600)
-                out.emit(line(source, args.mode, round_, progress, total, cpu_s))
+                out.emit(line(source, args.mode, round_, progress, total, cpu_s, args.python))
                 out.emit(cpu_line(source, args.mode, round_, progress, steady))
-                out.emit(first_line(source, args.mode, round_, progress, spawned))
+                out.emit(first_line(source, args.mode, round_, progress, spawned, args.python))
         if args.profile:
             out.emit(profile(spark, address, total, args.per_trigger))
         spark.stop()

@@ -67,9 +67,10 @@ def expected_averages(count: int, sites: int, devices: int, watermark_s: float) 
     return {k: (n, total / n) for k, (n, total) in sums.items() if k[1] + 60 <= watermark_s}
 
 
-def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench"):
-    """A session whose Python workers run this interpreter, the tidemq format registered."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench", python: str | None = None):
+    """A session whose Python workers run ``python`` (this interpreter; or its environment's
+    ``tidemq-spark-python``, spark_sinks/python.py), the tidemq format registered."""
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -84,6 +85,17 @@ def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench"):
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def spark_python(kind: str) -> str:
+    """The Python for Spark's Python processes: ``plain`` (this interpreter) or ``launcher``
+    (``tidemq-spark-python`` beside it: pyspark imported with its bytecode)."""
+    if kind == "plain":
+        return sys.executable
+    launcher = Path(sys.executable).parent / "tidemq-spark-python"
+    if not launcher.exists():
+        raise SystemExit(f"{launcher} is missing: pip install -e . in this checkout installs it")
+    return str(launcher)
 
 
 def tidemq_readings(spark, address: str, max_per_trigger: int | None, **options: str):
