@@ -3,9 +3,13 @@ Python workers on this interpreter, the ``tidemq`` source registered."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
+import signal
 import sys
+from pathlib import Path
 
 
 def start_spark():
@@ -52,3 +56,38 @@ def num_partitions(spark, df) -> int:
     ``spark.sql.python.filterPushdown.enabled`` is at its default (false)."""
     activate(spark)
     return df.rdd.getNumPartitions()
+
+
+async def publish_readings(port: int, topics: list[str]) -> None:
+    """Reading ``i`` (payload ``str(i)``) on ``topics[i]``, from one MQTT client at QoS 1."""
+    from tests.mqtt_support import PahoClient
+
+    device = PahoClient(port, "device")
+    await device.connect()
+    for i, topic in enumerate(topics):
+        await device.publish(topic, b"%d" % i, qos=1)
+    await device.disconnect()
+
+
+async def spark_submit(*args: str, cwd: Path, timeout_s: float = 240) -> dict:
+    """``spark-submit ARGS`` as a user runs it with pip's pyspark (its package the Spark
+    installation, none of this run's PYTHONPATH or PYSPARK_* settings; loopback only, no UI),
+    in a session of its own that a timeout kills whole (the driver's JVM and a local cluster's).
+    The job's last line of output, JSON; a failed job fails the test with its errors."""
+    import pyspark
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    submit = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "spark-submit"), "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1", *args,
+        cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(submit.communicate(), timeout_s)
+    finally:
+        if submit.returncode is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            await submit.wait()
+    errors = [line for line in err.decode().splitlines() if "Error" in line or "Exception:" in line]
+    assert submit.returncode == 0, "\n".join(errors[:20]) or err.decode()[-4000:]
+    return json.loads(out.decode().strip().splitlines()[-1])

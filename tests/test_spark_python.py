@@ -5,10 +5,6 @@ it, and a tidemq stream through it reads every message once."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -16,7 +12,8 @@ from pathlib import Path
 import pyspark
 
 from spark_sinks.python import without_installed_archive
-from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+from tests.mqtt_support import mqtt_port, running_gateway
+from tests.spark_support import publish_readings, spark_submit
 
 JOB = Path(__file__).resolve().parent / "spark_python_job.py"
 LAUNCHER = Path(sys.executable).parent / "tidemq-spark-python"
@@ -51,30 +48,11 @@ async def test_sparks_python_processes_import_the_installed_pyspark_and_the_stre
     assert LAUNCHER.exists(), f"{LAUNCHER}: pip install -e . installs it"
     readings = [f"sensors/s{i % 3}/d{i % 4}/temp" for i in range(30)]
     async with running_gateway(tmp_path / "data", metrics_bind="127.0.0.1:0") as gw:
-        device = PahoClient(mqtt_port(gw), "device")
-        await device.connect()
-        for i, topic in enumerate(readings):
-            await device.publish(topic, b"%d" % i, qos=1)
-        await device.disconnect()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-        env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)  # (pip's pyspark is the Spark installation)
-        submit = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-            "--conf", f"spark.pyspark.python={LAUNCHER}", "--conf", f"spark.pyspark.driver.python={sys.executable}",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
-            "--conf", "spark.driver.bindAddress=127.0.0.1",
-            str(JOB), "{}:{}".format(*gw.metrics_address), "sensors/+/+/temp", str(tmp_path / "work"),
-            cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
-        try:
-            out, err = await asyncio.wait_for(submit.communicate(), 240)
-        finally:
-            if submit.returncode is None:  # (timed out: the driver's JVM goes too)
-                os.killpg(submit.pid, signal.SIGKILL)
-                await submit.wait()
-    errors = [line for line in err.decode().splitlines() if "Error" in line or "Exception:" in line]
-    assert submit.returncode == 0, "\n".join(errors[:20]) or err.decode()[-4000:]
-    result = json.loads(out.decode().strip().splitlines()[-1])
+        await publish_readings(mqtt_port(gw), readings)
+        result = await spark_submit(
+            "--master", "local[2]", "--conf", f"spark.pyspark.python={LAUNCHER}",
+            "--conf", f"spark.pyspark.driver.python={sys.executable}",
+            str(JOB), "{}:{}".format(*gw.metrics_address), "sensors/+/+/temp", str(tmp_path / "work"), cwd=tmp_path)
     roles = {name.split("-")[0] for name in result["pyspark"]}
     assert roles == {"stream_reader", "offsets", "read"}, result["pyspark"]
     assert sum(name.startswith("stream_reader-") for name in result["pyspark"]) >= 2  # source runner, planner

@@ -6,18 +6,14 @@ workers and the executors' import it from the wheel."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-import pyspark
-
-from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
+from tests.mqtt_support import mqtt_port, running_gateway
+from tests.spark_support import publish_readings, spark_submit
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).resolve().parent / "spark_shipped_job.py"
@@ -49,30 +45,12 @@ async def test_a_job_sent_with_the_wheel_reads_on_executors_without_tidemq(tmp_p
     assert missing.returncode != 0, "the executors' Python must not have tidemq of its own"
     readings = [f"sensors/s{i % 3}/d{i % 4}/temp" for i in range(30)]
     async with running_gateway(tmp_path / "data", metrics_bind="127.0.0.1:0") as gw:
-        device = PahoClient(mqtt_port(gw), "device")
-        await device.connect()
-        for i, topic in enumerate(readings):
-            await device.publish(topic, b"%d" % i, qos=1)
-        await device.disconnect()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-        env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)  # (pip's pyspark is the Spark installation)
-        submit = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local-cluster[2,1,1024]",
-            "--py-files", str(wheel), "--conf", f"spark.pyspark.python={python}",
-            "--conf", f"spark.pyspark.driver.python={python}", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        await publish_readings(mqtt_port(gw), readings)
+        result = await spark_submit(
+            "--master", "local-cluster[2,1,1024]", "--py-files", str(wheel),
+            "--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={python}",
             str(JOB), "{}:{}".format(*gw.metrics_address), "sensors/+/+/temp", str(tmp_path / "checkpoint"),
-            cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
-        try:
-            out, err = await asyncio.wait_for(submit.communicate(), 240)
-        finally:
-            if submit.returncode is None:  # (timed out: the driver's JVM and the cluster's go too)
-                os.killpg(submit.pid, signal.SIGKILL)
-                await submit.wait()
-    errors = [line for line in err.decode().splitlines() if "Error" in line or "Exception:" in line]
-    assert submit.returncode == 0, "\n".join(errors[:20]) or err.decode()[-4000:]
-    result = json.loads(out.decode().strip().splitlines()[-1])
+            cwd=tmp_path)
     assert f"{wheel.name}/spark_sinks/__init__.py" in result["driver"], result["driver"]
     for path in result["executors"]:  # each executor's Python found the source in the wheel sent along
         assert f"{wheel.name}/bridge/__init__.py" in path, path
