@@ -17,7 +17,7 @@ from bridge.data_client import DirectClient, HttpClient, SourceError
 from bridge.kafka_options import KafkaOptions
 from bridge.pruning import projection
 from bridge.spark_options import OptionError
-from bridge.spark_source import QueueRange, read_partition
+from bridge.spark_partitions import QueueRange, read_partition
 from store.read import columns
 from tests.spark_support import num_partitions
 from tests.test_spark_source import (

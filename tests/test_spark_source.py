@@ -23,17 +23,16 @@ from hypothesis import strategies as st
 
 from bridge.data_client import close_clients
 from bridge.spark_options import OptionError, SourceOptions
-from bridge.spark_source import (
-    SCHEMA,
+from bridge.spark_partitions import (
     SHIP_ROWS,
     DataLossError,
     QueueRange,
     QueueRanges,
     joined,
-    rate_limit,
     read_any,
     read_partition,
 )
+from bridge.spark_source import SCHEMA, rate_limit
 from bridge.kafka_options import KafkaOptions
 from bridge.kafka_schema import partition_of, spark_schema
 from bridge.pruning import projection
@@ -145,7 +144,7 @@ def test_a_worker_reading_freezes_what_it_imported_once() -> None:
     neither freezes again nor counts what is frozen (a walk of every frozen object, task after
     task). In a process of its own: a frozen test process would keep its garbage."""
     code = ("import gc; from pyspark.sql.datasource import InputPartition; "
-            "from bridge.spark_source import read_any; from bridge.pruning import projection; "
+            "from bridge.spark_partitions import read_any; from bridge.pruning import projection; "
             "from bridge.kafka_options import KafkaOptions; "
             "assert gc.get_freeze_count() == 0; "
             "assert list(read_any(InputPartition(None), projection(None, KafkaOptions()))) == []; "
@@ -276,7 +275,7 @@ async def test_a_worker_reading_through_the_gateway_loads_no_store_or_gateway_co
         code = ("import sys; from pyspark.sql.datasource import InputPartition; "
                 "from spark_sinks.writer import TideMQDataSource; "
                 "from bridge.spark_options import SourceOptions; "
-                "from bridge.spark_source import QueueRange, read_any; from bridge.pruning import projection; "
+                "from bridge.spark_partitions import QueueRange, read_any; from bridge.pruning import projection; "
                 "from bridge.kafka_schema import spark_schema; "
                 f"opts = SourceOptions.parse({{'address': '{connection(gw, 'address')['address']}', "
                 "'topicFilter': 'devices/+/telemetry', 'schema': 'kafka'}); "
