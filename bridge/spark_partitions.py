@@ -63,6 +63,8 @@ class QueueRanges(InputPartition):
 # a worker reading through the gateway loads none of the store's code.
 SHIP_ROWS = 32_768
 SHIP_BYTES = 32 << 20
+
+
 def read_any(part: InputPartition, columns: Projection) -> Iterator[pa.RecordBatch]:
     """The rows of a planned partition (a queue range or several) with the query's columns, in
     batches of at least ``SHIP_ROWS`` rows (but the last)."""

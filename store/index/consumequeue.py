@@ -244,12 +244,11 @@ class ConsumeQueueIndex:
             return raw_multi_get(self._db, [ENTRY_KEY.pack(ENTRY_PREFIX, qid, o) for o in range(offset, offset + count)])
         bounds = ReadOptions()
         bounds.set_iterate_upper_bound(ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset + count))
-        found = raw_items(self._db, ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset), bounds)
-        values: list[bytes | None] = [value for _, value in found]
-        if len(values) == count:  # (no offset missing: the keys are exactly the range's)
-            return values
+        found = list(raw_items(self._db, ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset), bounds))
+        if len(found) == count:  # (no offset missing: the keys are exactly the range's)
+            return [value for _, value in found]
         placed: list[bytes | None] = [None] * count  # (a hole: each value at its own offset)
-        for key, value in raw_items(self._db, ENTRY_KEY.pack(ENTRY_PREFIX, qid, offset), bounds):
+        for key, value in found:
             placed[ENTRY_KEY.unpack(key)[2] - offset] = value
         return placed
 
