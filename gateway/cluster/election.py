@@ -252,7 +252,7 @@ class Elector:
                         await asyncio.shield(lease.revoke())  # (a clean stop: the next leader need not wait)
                 raise
             except Exception as exc:
-                log.warning("etcd unreachable or lease lost error=%s", exc)
+                log.warning("lease lost, etcd unreachable or leading failed error=%r", exc)
                 if lease is not None:
                     lapsed = lease
             if self.state is not None:
@@ -261,37 +261,49 @@ class Elector:
             await asyncio.sleep(POLL_S)
 
     async def _hold(self, lease: Any) -> None:
-        """While the lease lives: renew it (every sixth of it, so that one slow answer of a busy
-        etcd does not end it), publish this node (beside, never in the way of the renewal),
-        follow or campaign."""
-        renewed = self._renewed = time.monotonic()
-        last_refresh = last_publish = 0.0
+        """While the lease lives: renew it in a task of its own (so that what this node does on
+        winning or on a new leader, however long it takes, never delays a renewal), and follow
+        or campaign."""
+        self._renewed = time.monotonic()
+        renewing = asyncio.get_running_loop().create_task(self._renew(lease), name="store-lease")
+        try:
+            while not renewing.done():
+                if self.state is None:
+                    await self._elect(lease)
+                await asyncio.wait([renewing], timeout=POLL_S)
+            renewing.result()  # (how the lease ended)
+        finally:
+            await cancel_and_wait([renewing])
+
+    async def _renew(self, lease: Any) -> None:
+        """Renew the lease every sixth of it (so that one slow answer of a busy etcd does not end
+        it) and publish this node beside, never in the way of, the renewal; raise once the lease
+        may have run out."""
+        renewed = self._renewed
+        last_publish = 0.0
         publishing: asyncio.Task[None] | None = None
         try:
             while True:
                 now = time.monotonic()
                 if now - renewed > self.lease_s * 0.8:  # (a process stopped past its lease: it may have lapsed)
                     raise TimeoutError(f"lease not renewed for {now - renewed:.1f} s")
-                if now - last_refresh >= self.lease_s / 6:
-                    try:  # (etcd unreachable a moment: asked again until the lease may have run out)
-                        async with asyncio.timeout(max(0.0, renewed + self.lease_s * 0.8 - now)):  # (a hung etcd)
-                            answer = await lease.refresh()
-                    except TimeoutError:
-                        raise
-                    except Exception as exc:  # (aetcd's connection errors)
-                        log.debug("lease not renewed yet error=%s", exc)
-                        await asyncio.sleep(POLL_S)
-                        continue
-                    if getattr(answer, "TTL", 1) <= 0:
-                        raise TimeoutError("the lease expired")
-                    renewed = last_refresh = self._renewed = now  # (when it was asked: etcd renewed it after that)
-                    if self._status is not None and now - last_publish >= self.lease_s / 4 and \
-                            (publishing is None or publishing.done()):
-                        last_publish = now
-                        publishing = asyncio.get_running_loop().create_task(self._publish(lease))
-                if self.state is None:
-                    await self._elect(lease)
-                await asyncio.sleep(POLL_S)
+                try:  # (etcd unreachable a moment: asked again until the lease may have run out)
+                    async with asyncio.timeout(max(0.0, renewed + self.lease_s * 0.8 - now)):  # (a hung etcd)
+                        answer = await lease.refresh()
+                except TimeoutError:
+                    raise
+                except Exception as exc:  # (aetcd's connection errors)
+                    log.debug("lease not renewed yet error=%s", exc)
+                    await asyncio.sleep(POLL_S)
+                    continue
+                if getattr(answer, "TTL", 1) <= 0:
+                    raise TimeoutError("the lease expired")
+                renewed = self._renewed = now  # (when it was asked: etcd renewed it after that)
+                if self._status is not None and now - last_publish >= self.lease_s / 4 and \
+                        (publishing is None or publishing.done()):
+                    last_publish = now
+                    publishing = asyncio.get_running_loop().create_task(self._publish(lease))
+                await asyncio.sleep(self.lease_s / 6)
         finally:
             if publishing is not None:
                 await cancel_and_wait([publishing])
