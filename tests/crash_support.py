@@ -8,22 +8,16 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from .ports import free_port  # noqa: F401 (the tests import it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 START_S = 30.0
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now (the kernel's pick; a test binds it right after)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway",

@@ -13,11 +13,7 @@ from pathlib import Path
 import aetcd
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from .ports import free_port
 
 
 class EtcdServer:
@@ -28,8 +24,8 @@ class EtcdServer:
                         "(apt-get install etcd-server)")
         self.binary = binary
         self.data_dir = data_dir
-        self.port = _free_port()
-        self.peer_port = _free_port()
+        self.port = free_port()
+        self.peer_port = free_port()
         self.process: subprocess.Popen | None = None
 
     @property

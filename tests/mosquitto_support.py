@@ -14,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from .ports import free_port
+
 BINARY = "/usr/sbin/mosquitto"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def self_signed_certificate(directory: Path) -> tuple[Path, Path]:

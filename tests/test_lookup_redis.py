@@ -10,7 +10,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,6 +19,8 @@ import redis.asyncio as aioredis
 
 from lookup.api import IN_DOUBT, LookupOptions
 from lookup.redis_backend import RedisLookup
+
+from .ports import free_port
 
 OPTIONS = LookupOptions(heartbeat_s=0.05, node_ttl_s=0.4, settle_s=0.15, deadline_s=0.1)
 
@@ -35,9 +36,7 @@ class RedisServer:
                         "run scripts/system-deps.sh as root (apt-get install redis-server)")
         self.binary = binary
         self.data_dir = data_dir
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.process: asyncio.subprocess.Process | None = None
 
     @property

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,22 +18,11 @@ import pytest
 
 from bridge.data_client import HttpClient, SourceError
 from tests.crash_support import launch, stop
+from tests.ports import free_ports
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
 TOPIC = "plant/line1/telemetry"
 QUEUE = "t:" + TOPIC
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free now, distinct (all bound at once while they are picked)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def start_gateway(data_dir: Path, mqtt: int, metrics: int) -> subprocess.Popen:
