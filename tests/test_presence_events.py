@@ -24,8 +24,9 @@ import pytest
 
 from gateway.http.admin import kick
 from gateway.http.deps import Brokers
-from gateway.mqtt.presence import PRESENCE_FILTER, presence_topic
+from gateway.mqtt.presence import PRESENCE_FILTER, PUT_AT_ONCE, presence_topic
 from protocols.mqtt.packets import MQTT_5, ConnAck, Connect, Disconnect
+from loadtest.clients.mqtt_wire import open_sessions
 from store import StoreError
 from tests.mqtt_support import PahoClient, RawClient, Received, mqtt_port, running_gateway
 
@@ -260,12 +261,57 @@ async def test_the_setting_turns_them_off(data_dir: Path) -> None:
         assert "w:" + PRESENCE_FILTER in gw.mqtt.wildcards.queues_for("$SYS/brokers/x/clients/quiet/connected")
 
 
+async def test_a_burst_of_connects_is_written_in_bounded_puts_one_at_a_time(data_dir: Path) -> None:
+    """300 clients connecting at once (raw sockets, every handshake started together): every
+    event is stored, each client's in order, through puts of at most PUT_AT_ONCE events with one
+    in flight -- not 300 puts at once, whose objects would stay in the process's memory."""
+    async with running_gateway(data_dir, node_id=NODE) as gw:
+        presence = gw.mqtt.presence
+        publish, sizes, in_flight, most = presence._publish, [], [0], [0]
+
+        def counted(events: list[tuple[str, bytes]]) -> asyncio.Future:
+            written = publish(events)
+            sizes.append(len(events))
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            written.add_done_callback(lambda _: in_flight.__setitem__(0, in_flight[0] - 1))
+            return written
+
+        presence._publish = counted
+        names = [f"burst-{i}" for i in range(300)]
+        sessions = await asyncio.to_thread(open_sessions, mqtt_port(gw), names, keep_alive=60, timeout_s=30,
+                                           concurrency=len(names))
+        try:
+            assert len(sessions.sockets) == len(names)
+            deadline = time.monotonic() + 10
+            while gw.store.max_offset_now("w:" + PRESENCE_FILTER) < len(names):  # (written asynchronously)
+                assert time.monotonic() < deadline, gw.store.max_offset_now("w:" + PRESENCE_FILTER)
+                await asyncio.sleep(0.05)
+        finally:
+            for sock in sessions.sockets:
+                sock.close()
+        assert sum(sizes) == len(names) and max(sizes) <= PUT_AT_ONCE and len(sizes) >= len(names) // PUT_AT_ONCE
+        assert most[0] == 1, f"{most[0]} puts of presence events in flight at once"
+        deadline = time.monotonic() + 10
+        while gw.store.max_offset_now("w:" + PRESENCE_FILTER) < 2 * len(names):  # their disconnected events
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        stored: list = []
+        while batch := gw.store.get_now("w:" + PRESENCE_FILTER, len(stored), 100).messages:
+            stored.extend(batch)
+        kinds: dict[str, list[str]] = {}
+        for message in stored:
+            levels = message.topic.split("/")
+            kinds.setdefault(levels[4], []).append(levels[5])
+        assert kinds == {name: ["connected", "disconnected"] for name in names}
+
+
 @pytest.mark.parametrize("when", ["put", "written"])
 async def test_a_failed_event_write_does_not_fail_the_connect(data_dir: Path, caplog, when: str) -> None:
     """The put refused at once, or its future failed later (the store's answer): logged, rate
     limited (a lost store node fails every client's event at once), the client unaffected."""
     async with running_gateway(data_dir) as gw:
-        def broken(topic: str, body: bytes) -> asyncio.Future:
+        def broken(events: list[tuple[str, bytes]]) -> asyncio.Future:
             if when == "put":
                 raise StoreError("the store is gone")
             failed = asyncio.get_running_loop().create_future()

@@ -128,6 +128,7 @@ class MQTTBroker:
         for handle in self._pending_wills.values():
             handle.cancel()
         await cancel_and_wait(self._tasks)
+        self.presence.put_all()  # (the disconnected events: stored before the store closes)
         now = time.time()
         for session in self.sessions.values():
             if session.persistent:
@@ -265,9 +266,9 @@ class MQTTBroker:
         """Messages the broker itself publishes ($SYS statistics)."""
         self._put([(Publish(topic, payload, 0, retain), "") for topic, payload in messages])
 
-    def _put_presence(self, topic: str, body: bytes) -> asyncio.Future[Sequence[PutResult]]:
+    def _put_presence(self, events: list[tuple[str, bytes]]) -> asyncio.Future[Sequence[PutResult]]:
         # (QoS 1: a persistent subscriber's session keeps them; failures: the presence module logs them)
-        return self._put([(Publish(topic, body, 1, False), "")], logged=False)
+        return self._put([(Publish(topic, body, 1, False), "") for topic, body in events], logged=False)
 
     def publish(self, publishes: list[Publish], client_id: str) -> asyncio.Future[Sequence[PutResult]]:
         """Messages published on behalf of ``client_id`` by something that is not an MQTT

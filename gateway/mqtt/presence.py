@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +59,17 @@ def presence_topic(node: str, client_id: str, event: str) -> str:
     return f"$SYS/brokers/{topic_level(node)}/clients/{topic_level(client_id)}/{event}"
 
 
-Publish = Callable[[str, bytes], "asyncio.Future[Any]"]  # (topic, JSON body): stored QoS 1, not retained
+# [(topic, JSON body)]: stored QoS 1, not retained, as one put
+PUT_AT_ONCE = 64  # events a put holds (one put in flight at a time)
+
+Publish = Callable[[list[tuple[str, bytes]]], "asyncio.Future[Any]"]
 
 
 class Presence:
     """Makes and publishes a node's presence events (``enabled``: the presence_events setting).
+    They are written in order, ``PUT_AT_ONCE`` a put and one put at a time: 10,000 clients
+    connecting at once leave their events waiting as small tuples, not as 10,000 puts in the
+    store's path (what a burst puts there at once stays in the process's memory after it).
     Failed writes go to ``failures``: when the store is lost, every client's goes at once."""
 
     def __init__(self, node: str, enabled: bool, publish: Publish, failures: RateLimitedLog) -> None:
@@ -70,6 +77,9 @@ class Presence:
         self.enabled = enabled
         self._publish = publish
         self._failures = failures
+        self._pending: deque[tuple[str, bytes, str, str]] = deque()  # (topic, body, client id, event)
+        self._writing = False  # a put is in flight
+        self._scheduled = False
 
     def connected(self, conn: MQTTConnection, *, clean_start: bool, session_present: bool, expiry_interval: int) -> None:
         conn.connected_at = now = int(time.time() * 1000)
@@ -88,6 +98,8 @@ class Presence:
         self._send(conn, "disconnected", {
             "reason": reason, "reason_code": code, "will": will,
             "connected_at": conn.connected_at, "disconnected_at": now, "ts": now})
+        if will:  # (stored ahead of the will, which is put next)
+            self.put_all()
 
     def _send(self, conn: MQTTConnection, event: str, fields: dict[str, Any]) -> None:
         transport = conn.transport
@@ -99,13 +111,48 @@ class Presence:
                 "proto_name": "MQIsdp" if conn.version == MQTT_3_1 else "MQTT", "proto_ver": conn.version,
                 "keepalive": conn.keep_alive, **fields}
         client_id = conn.client_id
-        try:
-            written = self._publish(presence_topic(self.node, client_id, event), json.dumps(body).encode())
-        except Exception as exc:  # noqa: BLE001 (the client's connection goes on: an event is not worth failing it)
-            self._failed(client_id, event, exc)
+        self._pending.append((presence_topic(self.node, client_id, event), json.dumps(body).encode(), client_id, event))
+        if not self._writing and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._put_next)
+
+    def put_all(self) -> None:
+        """Every waiting event into the store now, in one put (ahead of a will; at stop)."""
+        self._put([self._pending.popleft() for _ in range(len(self._pending))])
+
+    def _put_next(self) -> None:
+        self._scheduled = False
+        if self._writing or not self._pending:
             return
+        take = min(PUT_AT_ONCE, len(self._pending))
+        self._writing = True
+        written = self._put([self._pending.popleft() for _ in range(take)])
+        if written is None:
+            self._written(None)
+        else:
+            written.add_done_callback(self._written)
+
+    def _written(self, _: object) -> None:
+        self._writing = False
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._put_next)
+
+    def _put(self, events: list[tuple[str, bytes, str, str]]) -> asyncio.Future[Any] | None:
+        if not events:
+            return None
+        try:
+            written = self._publish([(topic, body) for topic, body, _, _ in events])
+        except Exception as exc:  # noqa: BLE001 (the clients' connections go on: an event is not worth failing them)
+            self._all_failed(events, exc)
+            return None
         written.add_done_callback(
-            lambda f: None if f.cancelled() or f.exception() is None else self._failed(client_id, event, f.exception()))
+            lambda f: None if f.cancelled() or f.exception() is None else self._all_failed(events, f.exception()))
+        return written
+
+    def _all_failed(self, pending: list[tuple[str, bytes, str, str]], exc: BaseException | None) -> None:
+        for _, _, client_id, event in pending:
+            self._failed(client_id, event, exc)
 
     def _failed(self, client_id: str, event: str, exc: BaseException | None) -> None:
         self._failures.log(logging.ERROR, f"presence:{type(exc).__name__}",
