@@ -365,6 +365,61 @@ async def test_the_spark_source_reads_the_events(spark, data_dir: Path) -> None:
     assert all(0 <= r.uptime_s < 30 and r.connections == 1 for r in uptime), uptime
 
 
+async def test_the_spark_source_reads_a_narrower_filter_from_the_held_queue(spark, data_dir: Path, tmp_path) -> None:
+    """A filter narrower than the held one reads the held filter's queue and keeps the rows of its
+    topics only, whatever columns the query asks for; a stream's offsets are that queue's, exact
+    across a restart from its checkpoint; a topic predicate on the held filter itself is Spark's
+    to check on the rows too (the queue holds many topics)."""
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        address = "{}:{}".format(*gw.metrics_address)
+        downs = f"$SYS/brokers/{NODE}/clients/+/disconnected"
+
+        async def come_and_go(*names: str) -> None:
+            at = gw.store.max_offset_now("w:" + PRESENCE_FILTER)
+            for name in names:
+                device = PahoClient(port, name)
+                await device.connect()
+                await device.disconnect()
+            deadline = time.monotonic() + 10
+            while gw.store.max_offset_now("w:" + PRESENCE_FILTER) < at + 2 * len(names):  # (written asynchronously)
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+
+        def read(topic_filter: str, schema: str | None = None):
+            reader = spark.read.format("tidemq")
+            if schema is not None:
+                reader = reader.schema(schema)
+            return reader.options(address=address, topicFilter=topic_filter, startingOffsets="earliest").load()
+
+        await come_and_go("d1", "d2")
+        rows = await asyncio.to_thread(lambda: read(downs).select("queue", "topic", "payload").collect())
+        assert sorted((r.queue, r.topic, json.loads(r.payload)["clientid"]) for r in rows) == [
+            ("w:" + PRESENCE_FILTER, presence_topic(NODE, name, "disconnected"), name) for name in ("d1", "d2")]
+        rows = await asyncio.to_thread(lambda: read(downs, "payload BINARY").collect())  # (no topic column)
+        assert sorted(json.loads(r.payload)["reason"] + json.loads(r.payload)["clientid"] for r in rows) == [
+            "normald1", "normald2"]
+        one = presence_topic(NODE, "d1", "connected")
+        assert await asyncio.to_thread(lambda: read(PRESENCE_FILTER).where(f"topic = '{one}'").count()) == 1
+
+        def stream() -> list[tuple[str, int]]:
+            out: list[tuple[str, int]] = []
+            query = (spark.readStream.format("tidemq").options(address=address, topicFilter=downs,
+                                                                startingOffsets="earliest").load()
+                     .writeStream.foreachBatch(lambda batch, _: out.extend(
+                         (json.loads(r.payload)["clientid"], r.offset) for r in batch.collect()))
+                     .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+            return sorted(out)
+
+        first = await asyncio.to_thread(stream)
+        assert [name for name, _ in first] == ["d1", "d2"]
+        await come_and_go("d3")
+        again = await asyncio.to_thread(stream)  # (from the checkpoint: d3's event alone, once)
+        assert [name for name, _ in again] == ["d3"] and again[0][1] > max(offset for _, offset in first)
+
+
 def ms(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
 
