@@ -27,6 +27,7 @@ REMOTING_QUEUE_PREFIX = "r:"
 # matches is indexed into the filter's wildcard queue (and into the topic's queue only while a
 # subscription to exactly that topic exists), so that queue, not the topics', holds their history.
 HELD_FILTERS = ("$SYS/brokers/+/clients/+/+",)
+HELD_QUEUES = frozenset(WILDCARD_QUEUE_PREFIX + f for f in HELD_FILTERS)
 
 
 def topic_queue(topic: str) -> str:

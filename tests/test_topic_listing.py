@@ -222,6 +222,29 @@ async def test_listing_since_a_cursor_names_only_the_topics_that_changed(data_di
             await pub.disconnect()
 
 
+async def test_listing_since_a_cursor_names_the_held_queue_when_an_event_comes(data_dir: Path) -> None:
+    """The presence events' topics are listed as their held filter's queue: a listing since a
+    cursor names it once a client's event is stored after the cursor, as a topic queue's would be."""
+    held = "w:" + HELD_FILTERS[0]
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        client = HttpClient("http://{}:{}".format(*gw.metrics_address))
+        device = PahoClient(mqtt_port(gw), "comes")
+        try:
+            first = await asyncio.to_thread(client.topic_listing, ["$SYS/brokers/+/clients/+/connected"])
+            assert first.complete and first.queues == {}
+            await device.connect()
+            for _ in range(100):  # (the event is stored asynchronously)
+                if gw.store.max_offset_now(held) == 1:
+                    break
+                await asyncio.sleep(0.02)
+            changed = await asyncio.to_thread(client.topic_listing, ["$SYS/brokers/+/clients/+/connected"],
+                                              first.cursor)
+            assert not changed.complete and changed.queues == {held: (0, 1)}
+        finally:
+            client.close()
+            await device.disconnect()
+
+
 class ChangesClient(ListingClient):
     """A listing client with cursors: what changed since the last listing, or all."""
 
