@@ -8,7 +8,10 @@ message. Topics that start matching while a stream runs are picked up at their e
 as the Kafka source's ``subscribePattern`` picks up new partitions. The filter's wildcard queue
 (``w:{filter}``) is not read: its offsets count other messages, and mixing the two in one query
 would read a message twice or not at all across a restart. It can still be read on its own with
-``queues=w:{filter}`` while a client keeps it subscribed.
+``queues=w:{filter}`` while a client keeps it subscribed. The exception is a held filter's queue
+(``protocols.queue_names.HELD_FILTERS``: the presence events'), the one queue of its topics: a
+filter that overlaps it reads it, with its own offsets, and keeps only its rows whose topic
+matches (``bridge/held_rows.py``).
 
 Checkpoints of earlier versions kept a filter query's offsets under its wildcard queue; such a
 checkpoint is refused, saying how to go on, never read as if it were the new form.
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from protocols.mqtt.topics import matches
-from protocols.queue_names import WILDCARD_QUEUE_PREFIX, topic_of_queue
+from protocols.queue_names import WILDCARD_QUEUE_PREFIX, held_queues, held_topic, topic_of_queue
 
 from .spark_options import OptionError
 
@@ -30,14 +33,24 @@ class CheckpointError(OptionError):
 
 
 def reads_queue(topic_filters: Iterable[str], queue: str) -> bool:
-    """Whether a filter query reads ``queue``: a topic queue whose topic one filter matches."""
+    """Whether a filter query reads ``queue``: a topic queue whose topic one filter matches (not
+    one of a held filter's topics), or the queue of a held filter one overlaps."""
     topic = topic_of_queue(queue)
-    return topic is not None and any(matches(f, topic) for f in topic_filters)
+    if topic is None:
+        return queue in held_queues(topic_filters)
+    return any(matches(f, topic) for f in topic_filters) and not held_topic(topic)
 
 
 def check_checkpoint(topic_filters: tuple[str, ...], offsets: Mapping[str, int], what: str) -> None:
     """Refuse offsets (from Spark's checkpoint) of queues a filter query does not read."""
-    old = sorted(q for q in offsets if q.startswith(WILDCARD_QUEUE_PREFIX))
+    held = sorted(q for q in offsets if held_topic(topic_of_queue(q) or ""))
+    if held:
+        raise CheckpointError(
+            f"tidemq source: the checkpoint's {what} offsets name the topic queue {held[0]!r}: it was "
+            "written by a version that read presence events from each client's topic queue; they are now read "
+            f"from the queue of the filter the gateway holds for them ({', '.join(held_queues(topic_filters))}), "
+            "with offsets of its own. Start a new checkpoint (startingOffsets as you need it).")
+    old = sorted(q for q in offsets if q.startswith(WILDCARD_QUEUE_PREFIX) and q not in held_queues(topic_filters))
     if old:
         raise CheckpointError(
             f"tidemq source: the checkpoint's {what} offsets are those of the wildcard queue {old[0]!r}: it was "

@@ -6,10 +6,12 @@ read, and every filter not fully honoured goes back to Spark, which applies it t
 usual (never dropped silently):
 
 - ``topic`` (native and ``schema=kafka``): ``EqualTo``, ``In``, ``StringStartsWith``. A topic
-  queue (``t:{topic}``: every queue of a ``topicFilter`` query) holds one topic, so a queue whose
-  topic fails a predicate is left out of the plan and the predicate is fully honoured -- unless
-  the query also reads a queue of mixed topics (a wildcard queue ``w:...`` or another queue
-  named in ``queues``), whose rows Spark must still check: then it goes back to Spark too.
+  queue (``t:{topic}``: every queue of a ``topicFilter`` query but a held filter's) holds one
+  topic, so a queue whose topic fails a predicate is left out of the plan and the predicate is
+  fully honoured -- unless the query also reads a queue of mixed topics (a wildcard queue
+  ``w:...``: another queue named in ``queues``, or the held filter's queue of the presence
+  events that a ``topicFilter`` overlaps), whose rows Spark must still check: then it goes back
+  to Spark too.
 - ``timestamp`` (the store time): ``GreaterThan``, ``GreaterThanOrEqual``, ``LessThan``,
   ``LessThanOrEqual`` become each queue's first and end offsets through the index's time lookup
   (``client.offsets_for_times``, as ``startingTimestamp`` does). Store times are milliseconds and
@@ -89,7 +91,8 @@ def _micros(value) -> int | None:
 
 def push(filters: Sequence[Filter], queues: Iterable[str] | None) -> tuple[Pushed, list[Filter]]:
     """The plan's ``Pushed`` and the filters Spark must still apply (the same objects).
-    ``queues``: the queues the query names (None: a topicFilter query, topic queues only)."""
+    ``queues``: the queues the query names, or of a topicFilter query those that are not topic
+    queues (None: a topicFilter query of topic queues only)."""
     mixed = queues is not None and any(topic_of_queue(q) is None for q in queues)
     pushed = Pushed()
     back: list[Filter] = []

@@ -64,13 +64,16 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from protocols.queue_names import held_queues
+
 from .data_client import ReadingLease, StoreClient, client_for
+from .held_rows import HeldRows, read_checked
 from .kafka_schema import check_partitions, spark_schema, wants_kafka_schema
 from .planning import check_checkpoint, pack, reads_queue, share
 from .progress import EmptyWatch
 from .pruning import SCHEMA, projection
 from .pushdown import Pushed, push
-from .spark_partitions import SHIP_ROWS, QueueRange, QueueRanges, data_loss, past_end, read_any
+from .spark_partitions import SHIP_ROWS, QueueRange, QueueRanges, data_loss, past_end
 from .spark_options import (
     EARLIEST,
     LATEST,
@@ -236,13 +239,16 @@ class TideMQBatchReader(DataSourceReader):
         options.kafka.check_mode(streaming=False)
         self.planner = _Planner(options)
         self.columns = projection(schema, options.kafka)
+        self.held = HeldRows.of(options.topic_filters, self.columns, schema, options.kafka)
         self.pushed = Pushed()
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
         """Topic and time predicates narrow the plan (``bridge/pushdown.py``); the filters not
         fully honoured go back to Spark."""
         options = self.planner.options
-        self.pushed, back = push(filters, None if options.topic_filters else options.queues)
+        # (a topicFilter query reads topic queues, and a held filter's queue of many topics)
+        queues = (held_queues(options.topic_filters) or None) if options.topic_filters else options.queues
+        self.pushed, back = push(filters, queues)
         return back
 
     def partitions(self) -> list[InputPartition]:
@@ -266,7 +272,7 @@ class TideMQBatchReader(DataSourceReader):
         return planner.partitions(start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_any(partition, self.columns)
+        return read_checked(partition, self.columns, self.held)
 
 
 class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -276,6 +282,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options.kafka.check_mode(streaming=True)
         self.planner = _Planner(options)
         self.columns = projection(schema, options.kafka)
+        self.held = HeldRows.of(options.topic_filters, self.columns, schema, options.kafka)
         kafka = options.kafka
         self._pacer = (TriggerPacer(kafka.min_offsets_per_trigger, kafka.max_trigger_delay_s)
                        if kafka.min_offsets_per_trigger else None)
@@ -355,7 +362,7 @@ class TideMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.partitions({**start, **begin}, end, stream=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_any(partition, self.columns)
+        return read_checked(partition, self.columns, self.held)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, and the store keeps every message

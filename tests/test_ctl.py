@@ -287,7 +287,7 @@ async def test_ctl_queues_pages_and_says_when_the_listing_was_cut(data_dir: Path
     try:
         url = "http://%s:%d" % gw.metrics_address
         device = PahoClient(mqtt_port(gw), "dev-1")
-        await device.connect()  # (its presence event: a queue of t:$SYS/...)
+        await device.connect()  # (its presence event: in the queue of w:$SYS/brokers/+/clients/+/+)
         for i in range(5):
             await device.publish(f"u/{i}", b"x", qos=1)
         await device.disconnect()
@@ -297,8 +297,8 @@ async def test_ctl_queues_pages_and_says_when_the_listing_was_cut(data_dir: Path
         assert "cut after 2 queues" in err and "--after 't:u/1'" in err
         code, out, err = await ctl(url, "--json", "queues", "--prefix", "t:", "--after", "t:u/1", "--limit", "3")
         assert code == 0 and [q["queue"] for q in json.loads(out)] == ["t:u/2", "t:u/3", "t:u/4"] and err == ""
-        code, out, _ = await ctl(url, "--json", "queues", "--prefix", "t:$")
-        assert code == 0 and json.loads(out) and all(q["queue"].startswith("t:$SYS/") for q in json.loads(out))
+        code, out, _ = await ctl(url, "--json", "queues", "--prefix", "w:$")
+        assert code == 0 and json.loads(out) and all(q["queue"].startswith("w:$SYS/") for q in json.loads(out))
         code, out, err = await ctl(url, "queues", "--limit", "5000")
         assert code == 2 and "limit must be 1 to 1000" in err and out == ""
     finally:

@@ -124,6 +124,59 @@ async def test_idle_clients_presence_topics_are_not_remembered_by_the_publish_pa
             await client.disconnect()
 
 
+async def test_every_mqtt_reader_gets_them_without_a_queue_per_client(data_dir: Path) -> None:
+    """A client's events are indexed into the held filter's queue, not a topic queue of their own
+    (one per client id: each idle connection would keep one in the index), unless a subscription
+    to exactly that topic exists: then its queue is written too, for a persistent session while
+    it is offline as well. Every reader gets them: an exact subscription, a '+' and a '#' filter,
+    shared subscriptions of a filter and of one topic."""
+    def topic(name: str, kind: str) -> str:
+        return presence_topic(NODE, name, kind)
+
+    async with running_gateway(data_dir, node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        exact = PahoClient(port, "exact", clean=False)
+        await exact.connect()
+        assert (await exact.subscribe(topic("d2", "connected"), 1))[0] == 1
+        await exact.disconnect()  # offline: its session (and subscription) kept
+        levels = PahoClient(port, "levels")
+        await levels.connect()
+        await levels.subscribe("$SYS/brokers/+/clients/#", 1)
+        ups = PahoClient(port, "ups")
+        await ups.connect()
+        await ups.subscribe("$SYS/brokers/+/clients/+/connected", 1)
+        shared_all = PahoClient(port, "shared-all")
+        await shared_all.connect()
+        await shared_all.subscribe(f"$share/g/{PRESENCE_FILTER}", 1)
+        shared_one = PahoClient(port, "shared-one")
+        await shared_one.connect()
+        await shared_one.subscribe(f"$share/h/{topic('d2', 'disconnected')}", 1)
+        await asyncio.sleep(0.2)  # (the subscribers' own events land first)
+        for name in ("d1", "d2"):
+            device = PahoClient(port, name)
+            await device.connect()
+            await device.disconnect()
+        for reader in (levels, shared_all):
+            for name in ("d1", "d2"):
+                assert [kind for kind, _ in await events_of(reader, name, 2)] == ["connected", "disconnected"]
+        for name in ("d1", "d2"):
+            assert [kind for kind, _ in await events_of(ups, name, 1)] == ["connected"]
+        assert [(m.topic, json.loads(m.payload)["clientid"]) for m in await shared_one.receive(1)] == [
+            (topic("d2", "disconnected"), "d2")]
+        await exact.connect()  # its session: what came while it was offline
+        assert [(m.topic, json.loads(m.payload)["clientid"]) for m in await exact.receive(1)] == [
+            (topic("d2", "connected"), "d2")]
+        lookup = gw.store.index.lookup
+        assert lookup("t:" + topic("d1", "connected")) is None and lookup("t:" + topic("d1", "disconnected")) is None
+        assert lookup("t:" + topic("d2", "connected")) is not None  # (read: its exact subscription)
+        assert lookup("t:" + topic("d2", "disconnected")) is not None
+        for name in ("levels", "ups", "shared-all", "shared-one", "exact"):
+            assert lookup("t:" + topic(name, "connected")) is None
+        for client in (exact, levels, ups, shared_all, shared_one):
+            await client.disconnect()
+        await shared_one.nothing_more()
+
+
 async def test_a_dropped_socket_and_its_will(data_dir: Path) -> None:
     async with running_gateway(data_dir) as gw:
         port = mqtt_port(gw)
@@ -217,8 +270,9 @@ async def test_a_kick_and_the_server_shutdown(data_dir: Path, open_store) -> Non
         device.client.loop_stop()
         watch.client.loop_stop()  # still connected when the gateway stops
     store = await open_store()
-    stored = store.get_now(f"t:$SYS/brokers/{NODE}/clients/watcher/disconnected", 0, 10).messages
-    assert [json.loads(m.body)["reason"] for m in stored] == ["server_shutdown"]
+    stored = store.get_now("w:" + PRESENCE_FILTER, 0, 100).messages  # (the events' one queue)
+    assert [json.loads(m.body)["reason"] for m in stored
+            if m.topic == f"$SYS/brokers/{NODE}/clients/watcher/disconnected"] == ["server_shutdown"]
 
 
 async def test_the_acl_decides_who_subscribes(data_dir: Path, tmp_path: Path) -> None:
@@ -409,6 +463,61 @@ async def test_the_spark_source_reads_the_events(spark, data_dir: Path) -> None:
     today = {datetime.fromtimestamp(t, UTC).date() for t in (now / 1000, now / 1000 - 30)}
     assert {r.day for r in uptime} <= today
     assert all(0 <= r.uptime_s < 30 and r.connections == 1 for r in uptime), uptime
+
+
+async def test_the_spark_source_reads_a_narrower_filter_from_the_held_queue(spark, data_dir: Path, tmp_path) -> None:
+    """A filter narrower than the held one reads the held filter's queue and keeps the rows of its
+    topics only, whatever columns the query asks for; a stream's offsets are that queue's, exact
+    across a restart from its checkpoint; a topic predicate on the held filter itself is Spark's
+    to check on the rows too (the queue holds many topics)."""
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", node_id=NODE) as gw:
+        port = mqtt_port(gw)
+        address = "{}:{}".format(*gw.metrics_address)
+        downs = f"$SYS/brokers/{NODE}/clients/+/disconnected"
+
+        async def come_and_go(*names: str) -> None:
+            at = gw.store.max_offset_now("w:" + PRESENCE_FILTER)
+            for name in names:
+                device = PahoClient(port, name)
+                await device.connect()
+                await device.disconnect()
+            deadline = time.monotonic() + 10
+            while gw.store.max_offset_now("w:" + PRESENCE_FILTER) < at + 2 * len(names):  # (written asynchronously)
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+
+        def read(topic_filter: str, schema: str | None = None):
+            reader = spark.read.format("tidemq")
+            if schema is not None:
+                reader = reader.schema(schema)
+            return reader.options(address=address, topicFilter=topic_filter, startingOffsets="earliest").load()
+
+        await come_and_go("d1", "d2")
+        rows = await asyncio.to_thread(lambda: read(downs).select("queue", "topic", "payload").collect())
+        assert sorted((r.queue, r.topic, json.loads(r.payload)["clientid"]) for r in rows) == [
+            ("w:" + PRESENCE_FILTER, presence_topic(NODE, name, "disconnected"), name) for name in ("d1", "d2")]
+        rows = await asyncio.to_thread(lambda: read(downs, "payload BINARY").collect())  # (no topic column)
+        assert sorted(json.loads(r.payload)["reason"] + json.loads(r.payload)["clientid"] for r in rows) == [
+            "normald1", "normald2"]
+        one = presence_topic(NODE, "d1", "connected")
+        assert await asyncio.to_thread(lambda: read(PRESENCE_FILTER).where(f"topic = '{one}'").count()) == 1
+
+        def stream() -> list[tuple[str, int]]:
+            out: list[tuple[str, int]] = []
+            query = (spark.readStream.format("tidemq").options(address=address, topicFilter=downs,
+                                                                startingOffsets="earliest").load()
+                     .writeStream.foreachBatch(lambda batch, _: out.extend(
+                         (json.loads(r.payload)["clientid"], r.offset) for r in batch.collect()))
+                     .trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+            return sorted(out)
+
+        first = await asyncio.to_thread(stream)
+        assert [name for name, _ in first] == ["d1", "d2"]
+        await come_and_go("d3")
+        again = await asyncio.to_thread(stream)  # (from the checkpoint: d3's event alone, once)
+        assert [name for name, _ in again] == ["d3"] and again[0][1] > max(offset for _, offset in first)
 
 
 def ms(text: str) -> int:

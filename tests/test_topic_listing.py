@@ -7,15 +7,16 @@ checkpoint of a filter query (offsets of its wildcard queue) is refused, not mis
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from bridge.data_client import DirectClient, HttpClient, TopicListing
-from bridge.planning import CheckpointError, pack
+from bridge.planning import CheckpointError, check_checkpoint, pack
 from bridge.spark_options import OptionError, SourceOptions
-from protocols.queue_names import matching_topic_queues, topic_queue_prefix
+from protocols.queue_names import HELD_FILTERS, matching_topic_queues, topic_queue_prefix
 from store.messages import Message
 from tests.mqtt_support import PahoClient, mqtt_port, running_gateway
 
@@ -50,6 +51,39 @@ async def test_store_names_match_filters_each_queue_once(open_store) -> None:
             "t:a/x/b": (0, 1), "t:a/y/b": (0, 1), "t:ab/x/b": (0, 1), "t:z/x/b": (0, 1)}
     finally:
         client.close()
+
+
+async def test_a_held_filters_topics_are_listed_as_its_queue(open_store) -> None:
+    """The topics of a held filter (the presence events') have their history in that filter's
+    queue, which a filter overlapping it lists (last) instead of their topic queues (one an earlier
+    version left, or one written for an exact subscriber); the data directory lists it too, and a
+    filter query's checkpoint may name it, not those topic queues."""
+    store = await open_store()
+    held, event = "w:" + HELD_FILTERS[0], "$SYS/brokers/n/clients/c/connected"
+    await store.put_batch([(Message(event, b"1"), [held, "t:" + event]), (Message(event, b"2"), [held]),
+                           (Message("$SYS/broker/uptime", b"3"), ["t:$SYS/broker/uptime"]),
+                           (Message("a/b", b"4"), ["t:a/b"])])
+
+    def listed(*filters: str) -> list[str]:
+        return matching_topic_queues(filters, store.index.iter_names)
+
+    assert listed("$SYS/brokers/+/clients/+/connected") == [held]
+    assert listed(event) == [held]
+    assert listed("$SYS/#", "a/b") == ["t:$SYS/broker/uptime", "t:a/b", held]
+    assert listed("#") == listed("+/b") == ["t:a/b"]  # ("$" topics: not by a first-level wildcard)
+    assert listed("$SYS/broker/+") == ["t:$SYS/broker/uptime"]
+    await asyncio.to_thread(store.index.flush)
+    client = DirectClient(str(store.options.data_dir))
+    try:
+        assert client.topic_queues(["$SYS/brokers/n/#"]) == {held: (0, 2)}
+    finally:
+        client.close()
+    check_checkpoint(("$SYS/#",), {held: 2, "t:$SYS/broker/uptime": 1}, "start")
+    old = re.escape(repr("t:" + event))
+    with pytest.raises(CheckpointError, match=f"topic queue {old}.*presence events.*new checkpoint"):
+        check_checkpoint(("$SYS/#",), {"t:" + event: 1}, "start")
+    with pytest.raises(CheckpointError, match="wildcard queue"):
+        check_checkpoint(("a/#",), {held: 1}, "start")
 
 
 def test_topic_filter_option_takes_one_filter_or_a_json_list() -> None:
@@ -186,6 +220,29 @@ async def test_listing_since_a_cursor_names_only_the_topics_that_changed(data_di
         finally:
             client.close()
             await pub.disconnect()
+
+
+async def test_listing_since_a_cursor_names_the_held_queue_when_an_event_comes(data_dir: Path) -> None:
+    """The presence events' topics are listed as their held filter's queue: a listing since a
+    cursor names it once a client's event is stored after the cursor, as a topic queue's would be."""
+    held = "w:" + HELD_FILTERS[0]
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0") as gw:
+        client = HttpClient("http://{}:{}".format(*gw.metrics_address))
+        device = PahoClient(mqtt_port(gw), "comes")
+        try:
+            first = await asyncio.to_thread(client.topic_listing, ["$SYS/brokers/+/clients/+/connected"])
+            assert first.complete and first.queues == {}
+            await device.connect()
+            for _ in range(100):  # (the event is stored asynchronously)
+                if gw.store.max_offset_now(held) == 1:
+                    break
+                await asyncio.sleep(0.02)
+            changed = await asyncio.to_thread(client.topic_listing, ["$SYS/brokers/+/clients/+/connected"],
+                                              first.cursor)
+            assert not changed.complete and changed.queues == {held: (0, 1)}
+        finally:
+            client.close()
+            await device.disconnect()
 
 
 class ChangesClient(ListingClient):

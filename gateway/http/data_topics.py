@@ -15,7 +15,9 @@ retention and removed queues leave no change behind.
 
 Every MQTT publish is indexed into its topic's queue whoever subscribes, so these queues hold
 everything stored that matches, from retention's start; a reader reads them with offsets per
-queue (read amplification) and needs no wildcard queue (no write amplification). Listing scans
+queue (read amplification) and needs no wildcard queue (no write amplification). A held filter's
+topics (the presence events', ``protocols.queue_names.HELD_FILTERS``) are the exception: the
+filter's queue is listed for them, last (its rows of other topics are the reader's to drop). Listing scans
 the queue names under each filter's literal prefix (``protocols.queue_names``) in a worker
 thread, matching and the principal's read check included, then looks the matches' offsets up
 on the loop (the index's queue cache is the loop's), giving the loop back every ``YIELD_EVERY``.

@@ -1,6 +1,7 @@
-"""The topic queues that changed since a reader last listed them: the ``since`` of ``POST
-/data/topics``, so that a streaming reader's listing each trigger costs what changed, not every
-topic queue its filters match.
+"""The topic queues (and held filters' queues, which ``POST /data/topics`` lists for their
+topics) that changed since a reader last listed them: the ``since`` of ``POST /data/topics``, so
+that a streaming reader's listing each trigger costs what changed, not every queue its filters
+match.
 
 A cursor is ``{epoch}:{seq}``: ``seq`` counts the store's notify events (one per dispatch) since
 this gateway started listening, ``epoch`` names that start, so a cursor from before a restart
@@ -14,7 +15,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 
-from protocols.queue_names import TOPIC_QUEUE_PREFIX
+from protocols.queue_names import HELD_QUEUES, TOPIC_QUEUE_PREFIX
 
 Listen = Callable[[Callable[[dict[str, int]], None]], None]
 MAX_TRACKED = 1_000_000  # topic queues remembered; older changes are forgotten (their cursors list all)
@@ -42,7 +43,7 @@ class TopicChanges:
         self._seq += 1
         changed = self._changed
         for queue in events:
-            if queue.startswith(TOPIC_QUEUE_PREFIX):
+            if queue.startswith(TOPIC_QUEUE_PREFIX) or queue in HELD_QUEUES:
                 changed[queue] = self._seq
                 changed.move_to_end(queue)
         while len(changed) > MAX_TRACKED:  # (queues removed long ago, mostly)

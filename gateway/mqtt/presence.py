@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from protocols.mqtt.packets import MQTT_3_1
 from protocols.mqtt.reason_codes import ReasonCode
+from protocols.queue_names import HELD_FILTERS
 from store import RateLimitedLog
 
 if TYPE_CHECKING:
     from .connection import MQTTConnection
 
 # Held by every node that publishes the events, so that its wildcard queue holds all of them from
-# the node's start (the Spark source reads it with topicFilter; docs/mqtt.md, Presence events).
-PRESENCE_FILTER = "$SYS/brokers/+/clients/+/+"
+# the node's start: a held filter, whose topics get no queue of their own (queue_names.HELD_FILTERS;
+# the Spark source reads them from it with topicFilter; docs/mqtt.md, Presence events).
+PRESENCE_FILTER = HELD_FILTERS[0]
 PRESENCE_HOLDER = "$presence"
 
 # A client id (or node name) is one topic level: the characters that would split it or make the

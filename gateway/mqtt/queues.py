@@ -4,6 +4,10 @@ Read amplification: every concrete topic is its own queue (``t:{topic}``). Write
 amplification only for wildcards: each wildcard filter with at least one subscriber has a
 queue (``w:{filter}``) and a publish is also indexed into every matching one, found through a
 topic-filter trie. Subscribing to a concrete topic reads its topic queue directly.
+
+One exception: a topic of a held filter (``protocols.queue_names.HELD_FILTERS``, the presence
+events' topics, one per client) is indexed into the filter's queue while it is held, and into
+its own queue only while a subscription to exactly that topic exists.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Callable
 
 from protocols.mqtt.topic_tree import TopicTree
 from protocols.mqtt.topics import is_wildcard
+from protocols.queue_names import HELD_FILTERS
 
 from ..interop import TOPIC_QUEUE_PREFIX, WILDCARD_QUEUE_PREFIX
 
@@ -94,15 +99,20 @@ class WildcardQueues:
         """The queues a message to ``topic`` is indexed into (the caller must not modify it).
         The broker's own ``$`` topics are not remembered: a presence event's topic is its
         client's alone, written once a connection (remembered, each idle connection would
-        hold an entry and push the devices' topics out)."""
+        hold an entry and push the devices' topics out); nor does one get a queue of its own
+        while its held filter's queue has it, unless a subscription to exactly it exists."""
         queues = self._memo.get(topic)
         if queues is None:
             queues = [TOPIC_QUEUE_PREFIX + topic]
+            held = False
             for topic_filter, _ in self._tree.match(topic):
                 queues.append(WILDCARD_QUEUE_PREFIX + topic_filter)
+                held = held or topic_filter in HELD_FILTERS
             for extra in self._extras:
                 queues.extend(extra(topic))
             if topic.startswith("$"):
+                if held and not self.subscribed(topic):
+                    del queues[0]
                 return queues
             if len(self._memo) >= self._memo_entries:
                 self._memo.clear()

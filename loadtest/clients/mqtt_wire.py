@@ -56,8 +56,8 @@ class HandshakeError(Exception):
     """The broker refused, closed or did not answer a CONNECT or SUBSCRIBE in time."""
 
 
-def connect_packet(client_id: str, keep_alive: int) -> bytes:
-    return encode(Connect(client_id, version=MQTT_3_1_1, clean_start=True, keep_alive=keep_alive), MQTT_3_1_1)
+def connect_packet(client_id: str, keep_alive: int, clean: bool = True) -> bytes:
+    return encode(Connect(client_id, version=MQTT_3_1_1, clean_start=clean, keep_alive=keep_alive), MQTT_3_1_1)
 
 
 def subscribe_packet(topic_filter: str, qos: int, packet_id: int = 1) -> bytes:
@@ -100,8 +100,9 @@ class _Handshake:
 
 
 def open_sessions(port: int, client_ids: list[str], *, keep_alive: int, timeout_s: float,
-                  subscribe: tuple[str, int] | None = None, concurrency: int = 24) -> Sessions:
-    """Connect ``client_ids`` (clean sessions), at most ``concurrency`` handshakes at a time.
+                  subscribe: tuple[str, int] | None = None, concurrency: int = 24, clean: bool = True) -> Sessions:
+    """Connect ``client_ids`` (clean sessions; persistent ones, 3.1.1's clean session 0, with
+    ``clean`` False), at most ``concurrency`` handshakes at a time.
 
     Brokers listen with a backlog of about 100 (Mosquitto, asyncio): more connects in flight
     from all the generator's processes overflow it, and a dropped SYN costs a 1 s retransmit.
@@ -121,7 +122,7 @@ def open_sessions(port: int, client_ids: list[str], *, keep_alive: int, timeout_
         while error is None and (next_index < len(client_ids) or active):
             while error is None and len(active) < concurrency and next_index < len(client_ids):
                 try:
-                    hs = _start_connect(port, client_ids[next_index], keep_alive)
+                    hs = _start_connect(port, client_ids[next_index], keep_alive, clean)
                 except OSError as exc:  # EMFILE, EADDRNOTAVAIL, ECONNREFUSED...
                     error = f"{client_ids[next_index]}: {exc}"
                     break
@@ -153,7 +154,7 @@ def open_sessions(port: int, client_ids: list[str], *, keep_alive: int, timeout_
     return Sessions(opened, error, time.monotonic() - started)
 
 
-def _start_connect(port: int, client_id: str, keep_alive: int) -> _Handshake:
+def _start_connect(port: int, client_id: str, keep_alive: int, clean: bool = True) -> _Handshake:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -161,7 +162,7 @@ def _start_connect(port: int, client_id: str, keep_alive: int) -> _Handshake:
     if code not in (0, errno.EINPROGRESS):
         sock.close()
         raise OSError(code, f"connect to {HOST}:{port} failed: {os.strerror(code)}")
-    return _Handshake(sock, client_id, connect_packet(client_id, keep_alive))
+    return _Handshake(sock, client_id, connect_packet(client_id, keep_alive, clean))
 
 
 def _advance(hs: _Handshake, sub_packet: bytes, sel: selectors.BaseSelector) -> bool:
