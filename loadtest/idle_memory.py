@@ -5,7 +5,7 @@ allocations per allocation site and the live objects per type. A diagnostic, not
 
     python -m loadtest.idle_memory [--protocol mqtt|amqp|remoting|bare] [--connections 2000]
                                    [--tracemalloc] [--top 25] [--full] [--subscribe] [--persistent]
-                                   [--loop asyncio|uvloop]
+                                   [--loop asyncio|uvloop] [--at-once]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _CLIENTS = {
     "mqtt": """
         from loadtest.clients.mqtt_wire import open_sessions
         s = open_sessions(PORT, [f"idle-{i}" for i in range(N)], keep_alive=600, timeout_s=120, subscribe=SUB,
-                          clean=FRESH)
+                          clean=FRESH, concurrency=PARALLEL)
         socks = s.sockets
     """,
     "amqp": """
@@ -52,9 +52,11 @@ _CLIENTS = {
 _CLIENTS["bare"] = _CLIENTS["remoting"]
 
 
-def _child(protocol: str, port: int, n: int, subscribe: bool, persistent: bool = False) -> subprocess.Popen:
+def _child(protocol: str, port: int, n: int, subscribe: bool, persistent: bool = False,
+           at_once: bool = False) -> subprocess.Popen:
     body = textwrap.dedent(_CLIENTS[protocol]).replace("PORT", str(port)).replace("N", str(n))
     body = body.replace("SUB", repr(("idle/commands", 1) if subscribe else None)).replace("FRESH", repr(not persistent))
+    body = body.replace("PARALLEL", str(n if at_once else 24))
     code = body + "\nimport sys\nprint(len(socks), flush=True)\nsys.stdin.read()\n"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parent.parent)
@@ -71,7 +73,7 @@ def _types() -> Counter:
 
 
 async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = False, subscribe: bool = False,
-                  persistent: bool = False) -> None:
+                  persistent: bool = False, at_once: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         binds = {"mqtt_bind": "", "amqp_bind": "", "remoting_bind": ""}
         if protocol != "bare":
@@ -91,13 +93,14 @@ async def measure(protocol: str, n: int, trace: bool, top: int, full: bool = Fal
                 tracemalloc.start(8)
                 snap0 = tracemalloc.take_snapshot()
                 types0 = _types()
-            child = _child(protocol, port, n, subscribe, persistent)
+            child = _child(protocol, port, n, subscribe, persistent, at_once)
             line = await asyncio.get_running_loop().run_in_executor(None, child.stdout.readline)  # type: ignore[union-attr]
             opened = int(line or 0)
             await asyncio.sleep(1.0)  # what the gateway allocates after CONNACK
             gc.collect()
             rss1 = proc.memory_info().rss
-            print(f"protocol={protocol} connections={n} opened={opened}{' persistent' if persistent else ''} "
+            print(f"protocol={protocol} connections={n} opened={opened}{' persistent' if persistent else ''}"
+                  f"{' at_once' if at_once else ''} "
                   f"rss_kib_per_conn={(rss1 - rss0) / 1024 / max(opened, 1):.2f}"
                   + (" (under tracemalloc)" if trace else ""))
             if trace:
@@ -155,6 +158,9 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="the whole stack of each allocation site")
     ap.add_argument("--subscribe", action="store_true", help="mqtt: each client subscribes (QoS 1) after CONNACK")
     ap.add_argument("--persistent", action="store_true", help="mqtt: persistent sessions (clean session 0)")
+    ap.add_argument("--at-once", action="store_true",
+                    help="mqtt: every handshake started at once (as a generator opening N connections does), "
+                         "not 24 at a time")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                     help="uvloop: its transports are C objects, and libuv's memory is not traced")
     args = ap.parse_args()
@@ -165,7 +171,7 @@ def main() -> None:
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as loop_runner:
         loop_runner.run(measure(args.protocol, args.connections, args.tracemalloc, args.top, args.full, args.subscribe,
-                                args.persistent))
+                                args.persistent, args.at_once))
 
 
 if __name__ == "__main__":
