@@ -198,6 +198,32 @@ async def test_data_api_reads_pass_the_read_check(data_dir: Path, secured: dict)
         await asyncio.to_thread(run)
 
 
+async def test_a_listing_of_presence_topics_without_the_right_to_read_them_all_is_refused(
+        data_dir: Path, tmp_path: Path, secured: dict) -> None:
+    """The presence events are stored only in their held filter's queue: a principal that may read
+    some of their topics but not the whole filter is told so, not given an empty listing."""
+    from bridge.data_client import HttpClient, SourceError
+
+    (tmp_path / "acl").write_text(ACL.replace("user admin\n", "user admin\ntopic read $SYS/#\n")
+                                  + "topic read $SYS/brokers/+/clients/+/disconnected\n")
+    async with running_gateway(data_dir, metrics_bind="127.0.0.1:0", **secured) as gw:
+        url = f"http://127.0.0.1:{gw.metrics_address[1]}"
+        eve = HttpClient(url, username="eve", password="pw-eve")
+        admin = HttpClient(url, username="admin", password="pw-admin")
+        device = PahoClient(mqtt_port(gw), "device", username="admin", password="pw-admin")
+        await device.connect()
+        await device.disconnect()
+
+        def run() -> None:
+            with pytest.raises(SourceError, match="403.*presence events.*whole filter"):
+                eve.topic_queues(["$SYS/brokers/+/clients/+/disconnected"])
+            assert eve.topic_queues(["public/#"]) == {}  # (other filters: listed as before)
+            listed = admin.topic_queues(["$SYS/brokers/+/clients/+/disconnected"])
+            assert list(listed) == ["w:$SYS/brokers/+/clients/+/+"] and listed["w:$SYS/brokers/+/clients/+/+"][1] >= 1
+
+        await asyncio.to_thread(run)
+
+
 async def test_a_shared_message_a_member_may_not_read_goes_to_one_that_may(data_dir: Path, secured: dict) -> None:
     """A $share group of eve and admin: whatever member's turn it is, a message on a topic eve
     may not read goes to admin; nothing is lost, and eve gets only what she may read."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from protocols.mqtt.topics import validate_topic_filter
-from protocols.queue_names import matching_topic_queues
+from protocols.queue_names import held_queues, matching_topic_queues
 
 from .data_access import PRINCIPAL, DataAccess
 from .errors import AdminError
@@ -75,6 +75,11 @@ of a queue (None: not in the store) and its access checks."""
                 raise AdminError(400, f"bad topic filter {topic_filter!r}: {exc}") from None
         store = self.store()
         who, access = request.get(PRINCIPAL), self.access
+        for held in held_queues(filters):  # (their topics are only in its queue: never a silent nothing)
+            if not access.may_read_queue(who, held):
+                raise AdminError(403, f"the filters overlap {held[2:]!r}: the messages of its topics (presence "
+                                      f"events) are read from its queue {held!r}, and reading that needs read "
+                                      "access to the whole filter")
         cursor = self.changes.cursor(store.listen_notify)  # (before listing: a change meanwhile comes again)
         changed = None if since is None else self.changes.since(since)
 
