@@ -4,7 +4,7 @@ one Spark session.
 
     python -m loadtest.bench_spark_stream [--quick] [--mode local|cluster] [--readings N] [--per-trigger N]
                                           [--sources tidemq,file[,file_text]] [--rounds N] [--min-partitions N]
-                                          [--no-warm-up] [--profile] [--python plain|launcher] [--out FILE]
+                                          [--no-warm-up] [--profile] [--timeline] [--python plain|launcher] [--out FILE]
 
 A gateway (a thread here, metrics listener on a free port) gets ``--readings`` readings
 (200,000) straight into its store, 1,000 devices on 10 sites; the same readings are written as
@@ -48,7 +48,9 @@ three micro-batches; ``--no-warm-up``: none) so that neither compared query pays
 start-up (class loading, code generation, JIT: a share of the first batch, whichever source
 runs first); the tidemq query runs first (its Python workers' start is its own cost, as a
 user's first query pays it). ``--profile`` adds a line splitting a batch read's time: the data API's reads
-alone (``read_s``) and the same ranges read through Spark (``spark_read_s``).
+alone (``read_s``) and the same ranges read through Spark (``spark_read_s``). ``--timeline`` has
+Spark write its event log and adds, at the end, a ``spark_stream_timeline`` line per micro-batch's
+job: its stages' wall times and their tasks' run and CPU times (``loadtest/spark_timeline.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ import time
 from pathlib import Path
 
 from loadtest import runner
+from loadtest import spark_timeline
 from loadtest.bench_spark import GatewayThread
 from loadtest.spark_telemetry import (
     BASE_TS,
@@ -287,6 +290,8 @@ def main() -> None:
     parser.add_argument("--python", choices=("plain", "launcher"), default="plain",
                         help="Spark's Python processes: this interpreter, or tidemq-spark-python (pyspark's bytecode)")
     parser.add_argument("--min-partitions", type=int, help="the tidemq source's minPartitions")
+    parser.add_argument("--timeline", action="store_true",
+                        help="Spark's event log: each micro-batch's stages and tasks, timed (at the end)")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="no warm-up query: the first source's query pays the JVM's warm-up")
     args = parser.parse_args()
@@ -298,7 +303,9 @@ def main() -> None:
         address = "{}:{}".format(*gateway.gateway.metrics_address)
         gateway.call(fill_store(gateway.gateway.store, 0, total, SITES, DEVICES))
         write_files(tmp / "files", 0, total, SITES, DEVICES, PER_FILE)
-        spark = start_spark(MASTERS[args.mode], python=spark_python(args.python))
+        events = tmp / "events"
+        spark = start_spark(MASTERS[args.mode], python=spark_python(args.python),
+                            conf=spark_timeline.conf(events) if args.timeline else None)
         if not args.no_warm_up:
             warm_up(spark, args.per_trigger)
         for round_ in range(1, args.rounds + 1):
@@ -316,7 +323,10 @@ def main() -> None:
                 out.emit(first_line(source, args.mode, round_, progress, spawned, args.python))
         if args.profile:
             out.emit(profile(spark, address, total, args.per_trigger))
-        spark.stop()
+        spark.stop()  # (the event log is whole once the session stops)
+        if args.timeline:
+            for timed in spark_timeline.lines(events):
+                out.emit(timed)
     finally:
         gateway.stop()
         shutil.rmtree(tmp, ignore_errors=True)

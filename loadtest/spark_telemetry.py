@@ -67,9 +67,11 @@ def expected_averages(count: int, sites: int, devices: int, watermark_s: float) 
     return {k: (n, total / n) for k, (n, total) in sums.items() if k[1] + 60 <= watermark_s}
 
 
-def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench", python: str | None = None):
+def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench", python: str | None = None,
+                conf: dict[str, str] | None = None):
     """A session whose Python workers run ``python`` (this interpreter; or its environment's
-    ``tidemq-spark-python``, spark_sinks/python.py), the tidemq format registered."""
+    ``tidemq-spark-python``, spark_sinks/python.py), the tidemq format registered; ``conf``:
+    further Spark settings."""
     os.environ["PYSPARK_PYTHON"] = python or sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -81,6 +83,7 @@ def start_spark(master: str = "local[2]", app: str = "tidemq-stream-bench", pyth
              .config("spark.driver.bindAddress", "127.0.0.1").config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.python.filterPushdown.enabled", "true")
              .config("spark.ui.showConsoleProgress", "false")
+             .config(map=conf or {})
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
