@@ -67,19 +67,27 @@ PUT_AT_ONCE = 64  # events a put holds (one put in flight at a time)
 Publish = Callable[[list[tuple[str, bytes]]], "asyncio.Future[Any]"]
 
 
+# What an event waits as until it is put: (event, client id, username, peer address, local port,
+# protocol version, keep alive, its own fields' values in the order of its kind's keys below).
+Pending = tuple[str, str, "str | None", "tuple[str, int] | None", "int | None", int, int, tuple[Any, ...]]
+_KEYS = {"connected": ("clean_start", "session_present", "expiry_interval", "connected_at", "ts"),
+         "disconnected": ("reason", "reason_code", "will", "connected_at", "disconnected_at", "ts")}
+
+
 class Presence:
     """Makes and publishes a node's presence events (``enabled``: the presence_events setting).
     They are written in order, ``PUT_AT_ONCE`` a put and one put at a time: 10,000 clients
-    connecting at once leave their events waiting as small tuples, not as 10,000 puts in the
-    store's path (what a burst puts there at once stays in the process's memory after it).
-    Failed writes go to ``failures``: when the store is lost, every client's goes at once."""
+    connecting at once leave their events waiting as small tuples (their JSON is made when they
+    are put), not as 10,000 puts in the store's path (what a burst holds at once stays in the
+    process's memory after it). Failed writes go to ``failures``: when the store is lost, every
+    client's goes at once."""
 
     def __init__(self, node: str, enabled: bool, publish: Publish, failures: RateLimitedLog) -> None:
         self.node = node
         self.enabled = enabled
         self._publish = publish
         self._failures = failures
-        self._pending: deque[tuple[str, bytes, str, str]] = deque()  # (topic, body, client id, event)
+        self._pending: deque[Pending] = deque()
         self._writing = False  # a put is in flight
         self._scheduled = False
 
@@ -87,9 +95,7 @@ class Presence:
         conn.connected_at = now = int(time.time() * 1000)
         if not self.enabled:
             return
-        self._send(conn, "connected", {
-            "clean_start": clean_start, "session_present": session_present,
-            "expiry_interval": expiry_interval, "connected_at": now, "ts": now})
+        self._send(conn, "connected", (clean_start, session_present, expiry_interval, now, now))
 
     def disconnected(self, conn: MQTTConnection, *, will: bool) -> None:
         """``will``: the connection's will is published (or scheduled, for its delay)."""
@@ -97,26 +103,28 @@ class Presence:
             return
         now = int(time.time() * 1000)
         reason, code = conn.ended or (SERVER_CLOSED, None)
-        self._send(conn, "disconnected", {
-            "reason": reason, "reason_code": code, "will": will,
-            "connected_at": conn.connected_at, "disconnected_at": now, "ts": now})
+        self._send(conn, "disconnected", (reason, code, will, conn.connected_at, now, now))
         if will:  # (stored ahead of the will, which is put next)
             self.put_all()
 
-    def _send(self, conn: MQTTConnection, event: str, fields: dict[str, Any]) -> None:
+    def _send(self, conn: MQTTConnection, event: str, values: tuple[Any, ...]) -> None:
         transport = conn.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         sock = transport.get_extra_info("sockname") if transport is not None else None
-        body = {"clientid": conn.client_id, "username": conn.username, "node": self.node,
-                "ipaddress": peer[0] if peer else None, "peername": f"{peer[0]}:{peer[1]}" if peer else None,
-                "sockport": sock[1] if sock else None,
-                "proto_name": "MQIsdp" if conn.version == MQTT_3_1 else "MQTT", "proto_ver": conn.version,
-                "keepalive": conn.keep_alive, **fields}
-        client_id = conn.client_id
-        self._pending.append((presence_topic(self.node, client_id, event), json.dumps(body).encode(), client_id, event))
+        self._pending.append((event, conn.client_id, conn.username, peer, sock[1] if sock else None, conn.version,
+                              conn.keep_alive, values))
         if not self._writing and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._put_next)
+
+    def _message(self, pending: Pending) -> tuple[str, bytes]:
+        """(topic, JSON body) of a waiting event."""
+        event, client_id, username, peer, sock_port, version, keep_alive, values = pending
+        body = {"clientid": client_id, "username": username, "node": self.node,
+                "ipaddress": peer[0] if peer else None, "peername": f"{peer[0]}:{peer[1]}" if peer else None,
+                "sockport": sock_port, "proto_name": "MQIsdp" if version == MQTT_3_1 else "MQTT",
+                "proto_ver": version, "keepalive": keep_alive, **dict(zip(_KEYS[event], values, strict=True))}
+        return presence_topic(self.node, client_id, event), json.dumps(body).encode()
 
     def put_all(self) -> None:
         """Every waiting event into the store now, in one put (ahead of a will; at stop)."""
@@ -140,11 +148,11 @@ class Presence:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._put_next)
 
-    def _put(self, events: list[tuple[str, bytes, str, str]]) -> asyncio.Future[Any] | None:
+    def _put(self, events: list[Pending]) -> asyncio.Future[Any] | None:
         if not events:
             return None
         try:
-            written = self._publish([(topic, body) for topic, body, _, _ in events])
+            written = self._publish([self._message(e) for e in events])
         except Exception as exc:  # noqa: BLE001 (the clients' connections go on: an event is not worth failing them)
             self._all_failed(events, exc)
             return None
@@ -152,8 +160,8 @@ class Presence:
             lambda f: None if f.cancelled() or f.exception() is None else self._all_failed(events, f.exception()))
         return written
 
-    def _all_failed(self, pending: list[tuple[str, bytes, str, str]], exc: BaseException | None) -> None:
-        for _, _, client_id, event in pending:
+    def _all_failed(self, pending: list[Pending], exc: BaseException | None) -> None:
+        for event, client_id, *_ in pending:
             self._failed(client_id, event, exc)
 
     def _failed(self, client_id: str, event: str, exc: BaseException | None) -> None:
