@@ -300,7 +300,12 @@ class MessageStore:
         ``groups`` (one key per item: ordered streams, such as an AMQP channel), the later
         messages of a refused message's group are left out too, with the same error, so a
         stream never has a gap. ``put_batch_nowait`` stays all-or-nothing for batches that are
-        one unit (a remoting SEND_BATCH)."""
+        one unit (a remoting SEND_BATCH). A put of one message to an idle store is committed
+        before this returns (write/committer.py: its deliveries leave in the caller's turn)."""
+        return self._put_each(items, groups, at_once=True)
+
+    def _put_each(self, items: Sequence[tuple[Message, Sequence[str]]], groups: Sequence[Hashable] | None, *,
+                  at_once: bool) -> tuple[asyncio.Future[Sequence[PutResult]], dict[int, StoreError]]:
         limit = self.options.max_message_size
         try:  # every message can be taken, the usual case: one pass, as put_batch_nowait
             prepared = [PreparedMessage(m, q, limit) for m, q in items]
@@ -311,7 +316,7 @@ class MessageStore:
             done: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done, refused
-        return self._submit(prepared), refused
+        return self._submit(prepared, at_once=at_once), refused
 
     def put_numbered_nowait(self, items: Sequence[tuple[Message, Sequence[str]]], producers: Sequence[Producer],
                             groups: Sequence[Hashable] | None = None
@@ -321,7 +326,7 @@ class MessageStore:
         again is looked for alone (``put_batch_nowait``)."""
         for producer in producers:
             check_producer(producer)
-        fut, refused = self.put_each_nowait(items, groups)
+        fut, refused = self._put_each(items, groups, at_once=False)  # (marked after the submission: never committed in it)
         kept = [p for i, p in enumerate(producers) if i not in refused] if refused else list(producers)
         if not kept:
             return fut, refused
@@ -371,10 +376,10 @@ class MessageStore:
         assert self.committer is not None
         return self.committer.put_latency
 
-    def _submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[Sequence[PutResult]]:
+    def _submit(self, prepared: list[PreparedMessage], *, at_once: bool = False) -> asyncio.Future[Sequence[PutResult]]:
         if self.committer is None:
             raise StoreClosedError("the store is not open")
-        return self.committer.submit(prepared)
+        return self.committer.submit(prepared, at_once=at_once)
 
     def disk_free_bytes(self) -> int:
         """Free space on the file system holding the data directory."""

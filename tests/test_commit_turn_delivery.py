@@ -4,7 +4,9 @@ request, the publisher's acknowledgement, other connections' reads) runs. The pr
 callback scheduled as the commit begins: it must find the delivery made and written. In sync
 flush mode the commit's fdatasync is asked for in that turn too, once the delivery is written
 (the woken flusher thread does not take the CPU from it; the confirm waits for it). Nor does
-the commit leave a write for a later turn, nor an ack a pump that finds nothing to deliver."""
+the commit leave a write for a later turn, nor an ack a pump that finds nothing to deliver. A
+lone publish to an idle store is committed, and delivered, in the turn that read it: a probe
+scheduled as that read begins finds the delivery made and written."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import aio_pika
 import pytest
 
 from gateway.amqp.broker import AMQPBroker
+from gateway.amqp.connection import AMQPConnection
+from gateway.mqtt.connection import MQTTConnection
 from gateway.amqp.queues import QueueRuntime
 from store.write.committer import GroupCommitter
 from store.write.durable import SyncFlusher
@@ -41,6 +45,80 @@ def probe_commits(monkeypatch: pytest.MonkeyPatch, look: Callable[[], tuple[obje
 
     monkeypatch.setattr(GroupCommitter, "_commit", commit)
     return seen
+
+
+def probe_reads(monkeypatch: pytest.MonkeyPatch, protocol: type, look: Callable[[], tuple[object, ...]]
+                ) -> list[tuple[object, ...]]:
+    """From now on, each read of ``protocol``'s connections that holds ``BODY`` schedules, as it
+    begins, a callback that records ``look()`` on the next loop turn."""
+    seen: list[tuple[object, ...]] = []
+    real_received = protocol.data_received
+
+    def data_received(self, data: bytes) -> None:  # type: ignore[no-untyped-def]
+        if BODY in data:
+            asyncio.get_running_loop().call_soon(lambda: seen.append(look()))
+        real_received(self, data)
+
+    monkeypatch.setattr(protocol, "data_received", data_received)
+    return seen
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_a_lone_amqp_publish_to_an_idle_store_is_delivered_in_the_turn_that_read_it(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
+    async with amqp_gateway(data_dir, flush=flush) as (gw, url):
+        amqp = gw.amqp
+        assert amqp is not None
+        publisher = await aio_pika.connect(url)
+        consumer = await aio_pika.connect(url)
+        try:
+            pub = await publisher.channel(publisher_confirms=True)
+            await pub.declare_queue("read-turn", durable=True)
+            sub = await consumer.channel()
+            queue = await sub.declare_queue("read-turn", durable=True)
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                await got.put(message.body)
+                await message.ack()
+
+            await queue.consume(on_message)
+            seen = probe_reads(monkeypatch, AMQPConnection, lambda: (
+                amqp.stats.messages_sent, not any(c._out for c in amqp.connections)))
+            for i in range(3):
+                await asyncio.wait_for(pub.default_exchange.publish(
+                    aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "read-turn"), TIMEOUT)
+                assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
+                await asyncio.sleep(0.01)  # (the consumer's ack handled: the store idle again)
+            assert seen == [(1, True), (2, True), (3, True)]  # delivered and written in the read's turn
+        finally:
+            await publisher.close()
+            await consumer.close()
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_a_lone_mqtt_publish_to_an_idle_store_is_delivered_in_the_turn_that_read_it(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
+    async with running_gateway(data_dir, flush=flush) as gw:
+        mqtt = gw.mqtt
+        assert mqtt is not None
+        port = mqtt_port(gw)
+        subscriber = PahoClient(port, "sub")
+        publisher = PahoClient(port, "pub")
+        await subscriber.connect()
+        await publisher.connect()
+        try:
+            await subscriber.subscribe("read-turn/t", qos=1)
+            seen = probe_reads(monkeypatch, MQTTConnection, lambda: (
+                mqtt.stats.messages_sent, not any(c.out for c in mqtt.connections.values())))
+            info = publisher.client.publish("read-turn/t", BODY, qos=1)
+            (received,) = await subscriber.receive(1)
+            assert received.payload == BODY
+            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
+            assert seen == [(1, True)]  # delivered and written in the read's turn
+        finally:
+            await subscriber.disconnect()
+            await publisher.disconnect()
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])

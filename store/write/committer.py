@@ -4,7 +4,9 @@ the announcement woke runs before the committer's turn ends (notify.after_commit
 acknowledgement follows per the flush mode: at once in ``async`` mode, after an fdatasync that
 began after the write in ``sync`` mode (write/durable.py: group commit, as RocketMQ's
 GroupCommitService, with delivery from the page cache meanwhile, as RabbitMQ). Futures resolve
-in submission order.
+in submission order. A lone message that finds the committer idle is committed in its caller's
+turn (``submit``'s ``at_once``): no group could form around it, and waiting for the committer's
+turn only delays its deliveries.
 """
 
 from __future__ import annotations
@@ -68,21 +70,34 @@ class GroupCommitter:
         self._placing: dict[str, int] = {}  # queues' heads after batches written and not yet published
         self.marks = ProducerMarks()  # numbered puts (write/idempotence.py)
         self.apply_marks: Callable[[MetaBatch], None] | None = None  # their marks into the meta database
+        self._committing = False  # a commit runs (and its after-commit callbacks): puts wait for the task
+        self._turn_committed = False  # a commit ran in this loop turn (cleared by the next turn)
 
     def close(self) -> None:
         self.closing = True
         self._wakeup.set()
 
-    def submit(self, prepared: list[PreparedMessage]) -> asyncio.Future[Sequence[PutResult]]:
+    def submit(self, prepared: list[PreparedMessage], *, at_once: bool = False) -> asyncio.Future[Sequence[PutResult]]:
+        """Queue ``prepared`` for the committer's next turn; with ``at_once``, a put of one message
+        that finds the committer idle (nothing waiting, no commit running or run in this loop
+        turn, no replication) is committed now, before this returns, and answered as any. Under
+        load the committer commits at the start of every turn, so the turn's reads still wait
+        for the next one and commit together."""
         if self.closing:
             raise StoreClosedError("the store is closing")
         failure = self.failure()
         if failure is not None:
             raise failure
-        fut: asyncio.Future[Sequence[PutResult]] = asyncio.get_running_loop().create_future()
-        self._pending.append((prepared, fut))
-        self._pending_since.append(time.perf_counter())
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Sequence[PutResult]] = loop.create_future()
+        now = time.perf_counter()
         self.backlog += len(prepared)
+        if (at_once and len(prepared) == 1 and not self._pending and not self._committing
+                and not self._turn_committed and self.replicated is None and self.on_write is None):
+            self._commit_batch([(prepared, fut)], [now], loop)
+            return fut
+        self._pending.append((prepared, fut))
+        self._pending_since.append(now)
         self._wakeup.set()
         return fut
 
@@ -104,7 +119,7 @@ class GroupCommitter:
 
     async def run(self) -> None:
         flusher = self._flusher
-        notify = self.notify
+        loop = asyncio.get_running_loop()
         if flusher is not None:
             flusher.start()
         try:
@@ -117,11 +132,7 @@ class GroupCommitter:
                     continue
                 batch, self._pending = self._pending, []
                 since, self._pending_since = self._pending_since, []
-                notify.commit_begins()
-                try:
-                    self._commit_and_answer(batch, since)
-                finally:
-                    notify.commit_ends()  # (the deliveries it woke: before what it scheduled)
+                self._commit_batch(batch, since, loop)
             if flusher is not None:  # closing: what was written is acknowledged before the end
                 await flusher.drained()
             if self.replicated is not None:  # closing: what no replica confirmed is not acknowledged
@@ -129,6 +140,25 @@ class GroupCommitter:
         finally:
             if flusher is not None:
                 flusher.stop()
+
+    def _commit_batch(self, batch: Batch, since: list[float], loop: asyncio.AbstractEventLoop) -> None:
+        """One commit, in the committer's turn or its caller's: the deliveries it woke run at its
+        end, before what it scheduled; puts made meanwhile (by those callbacks) wait for the task."""
+        self._committing = True
+        self.notify.commit_begins()
+        try:
+            self._commit_and_answer(batch, since)
+        finally:
+            try:
+                self.notify.commit_ends()  # (the deliveries it woke: before what it scheduled)
+            finally:
+                self._committing = False
+                if not self._turn_committed:
+                    self._turn_committed = True
+                    loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_committed = False
 
     def _commit_and_answer(self, batch: Batch, since: list[float]) -> None:
         """Commit ``batch`` and answer its puts: at once (``async``), once durable (``sync``:
