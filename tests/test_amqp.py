@@ -30,6 +30,33 @@ async def amqp_gateway(data_dir: Path, **config: Any) -> AsyncIterator[tuple[Gat
         await gw.stop()
 
 
+@contextlib.asynccontextmanager
+async def publisher_and_consumer(url: str, queue_name: str, *, no_ack: bool = False
+                                 ) -> AsyncIterator[tuple[aio_pika.abc.AbstractChannel, asyncio.Queue[bytes]]]:
+    """Two connections: a channel with publisher confirms, and a consumer of the durable queue
+    ``queue_name`` (acking each message unless ``no_ack``); yields (the publisher's channel,
+    the bodies consumed, in order)."""
+    publisher = await aio_pika.connect(url)
+    consumer = await aio_pika.connect(url)
+    try:
+        pub = await publisher.channel(publisher_confirms=True)
+        await pub.declare_queue(queue_name, durable=True)
+        sub = await consumer.channel()
+        queue = await sub.declare_queue(queue_name, durable=True)
+        got: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            await got.put(message.body)
+            if not no_ack:
+                await message.ack()
+
+        await queue.consume(on_message, no_ack=no_ack)
+        yield pub, got
+    finally:
+        await publisher.close()
+        await consumer.close()
+
+
 async def get(queue: aio_pika.abc.AbstractQueue) -> aio_pika.abc.AbstractIncomingMessage:
     for _ in range(50):
         message = await queue.get(fail=False)

@@ -25,7 +25,7 @@ from store.write.committer import GroupCommitter
 from store.write.durable import SyncFlusher
 
 from .mqtt_support import PahoClient, mqtt_port, running_gateway
-from .test_amqp import amqp_gateway
+from .test_amqp import amqp_gateway, publisher_and_consumer
 
 TIMEOUT = 5.0
 BODY = b"in-its-turn"
@@ -63,26 +63,39 @@ def probe_reads(monkeypatch: pytest.MonkeyPatch, protocol: type, look: Callable[
     return seen
 
 
+async def one_mqtt_delivery(data_dir: Path, flush: str, topic: str,
+                            probe: Callable[[Callable[[], tuple[object, ...]]], list[tuple[object, ...]]]
+                            ) -> list[tuple[object, ...]]:
+    """One QoS 1 publish from a paho client to another's subscription, with ``probe(look)`` set
+    up before it (``look``: deliveries made, all written); what the probe saw."""
+    async with running_gateway(data_dir, flush=flush) as gw:
+        mqtt = gw.mqtt
+        assert mqtt is not None
+        port = mqtt_port(gw)
+        subscriber = PahoClient(port, "sub")
+        publisher = PahoClient(port, "pub")
+        await subscriber.connect()
+        await publisher.connect()
+        try:
+            await subscriber.subscribe(topic, qos=1)
+            seen = probe(lambda: (mqtt.stats.messages_sent, not any(c.out for c in mqtt.connections.values())))
+            info = publisher.client.publish(topic, BODY, qos=1)
+            (received,) = await subscriber.receive(1)
+            assert received.payload == BODY
+            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
+            return seen
+        finally:
+            await subscriber.disconnect()
+            await publisher.disconnect()
+
+
 @pytest.mark.parametrize("flush", ["async", "sync"])
 async def test_a_lone_amqp_publish_to_an_idle_store_is_delivered_in_the_turn_that_read_it(
         data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
     async with amqp_gateway(data_dir, flush=flush) as (gw, url):
         amqp = gw.amqp
         assert amqp is not None
-        publisher = await aio_pika.connect(url)
-        consumer = await aio_pika.connect(url)
-        try:
-            pub = await publisher.channel(publisher_confirms=True)
-            await pub.declare_queue("read-turn", durable=True)
-            sub = await consumer.channel()
-            queue = await sub.declare_queue("read-turn", durable=True)
-            got: asyncio.Queue[bytes] = asyncio.Queue()
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                await got.put(message.body)
-                await message.ack()
-
-            await queue.consume(on_message)
+        async with publisher_and_consumer(url, "read-turn") as (pub, got):
             seen = probe_reads(monkeypatch, AMQPConnection, lambda: (
                 amqp.stats.messages_sent, not any(c._out for c in amqp.connections)))
             for i in range(3):
@@ -91,34 +104,14 @@ async def test_a_lone_amqp_publish_to_an_idle_store_is_delivered_in_the_turn_tha
                 assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
                 await asyncio.sleep(0.01)  # (the consumer's ack handled: the store idle again)
             assert seen == [(1, True), (2, True), (3, True)]  # delivered and written in the read's turn
-        finally:
-            await publisher.close()
-            await consumer.close()
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
 async def test_a_lone_mqtt_publish_to_an_idle_store_is_delivered_in_the_turn_that_read_it(
         data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
-    async with running_gateway(data_dir, flush=flush) as gw:
-        mqtt = gw.mqtt
-        assert mqtt is not None
-        port = mqtt_port(gw)
-        subscriber = PahoClient(port, "sub")
-        publisher = PahoClient(port, "pub")
-        await subscriber.connect()
-        await publisher.connect()
-        try:
-            await subscriber.subscribe("read-turn/t", qos=1)
-            seen = probe_reads(monkeypatch, MQTTConnection, lambda: (
-                mqtt.stats.messages_sent, not any(c.out for c in mqtt.connections.values())))
-            info = publisher.client.publish("read-turn/t", BODY, qos=1)
-            (received,) = await subscriber.receive(1)
-            assert received.payload == BODY
-            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
-            assert seen == [(1, True)]  # delivered and written in the read's turn
-        finally:
-            await subscriber.disconnect()
-            await publisher.disconnect()
+    seen = await one_mqtt_delivery(data_dir, flush, "read-turn/t",
+                                   lambda look: probe_reads(monkeypatch, MQTTConnection, look))
+    assert seen == [(1, True)]  # delivered and written in the read's turn
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
@@ -127,54 +120,20 @@ async def test_an_amqp_delivery_is_written_in_the_turn_that_commits_its_message(
     async with amqp_gateway(data_dir, flush=flush) as (gw, url):
         amqp = gw.amqp
         assert amqp is not None
-        publisher = await aio_pika.connect(url)
-        consumer = await aio_pika.connect(url)
-        try:
-            pub = await publisher.channel(publisher_confirms=True)
-            await pub.declare_queue("turn", durable=True)
-            sub = await consumer.channel()
-            queue = await sub.declare_queue("turn", durable=True)
-            got: asyncio.Queue[bytes] = asyncio.Queue()
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                await got.put(message.body)
-                await message.ack()
-
-            await queue.consume(on_message)
+        async with publisher_and_consumer(url, "turn") as (pub, got):
             seen = probe_commits(monkeypatch, lambda: (
                 amqp.stats.messages_sent, not any(c._out for c in amqp.connections)))
             await asyncio.wait_for(pub.default_exchange.publish(
                 aio_pika.Message(BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), "turn"), TIMEOUT)
             assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
             assert seen == [(1, True)]  # delivered and written before the commit's next turn
-        finally:
-            await publisher.close()
-            await consumer.close()
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
 async def test_an_mqtt_delivery_is_written_in_the_turn_that_commits_its_message(
         data_dir: Path, monkeypatch: pytest.MonkeyPatch, flush: str) -> None:
-    async with running_gateway(data_dir, flush=flush) as gw:
-        mqtt = gw.mqtt
-        assert mqtt is not None
-        port = mqtt_port(gw)
-        subscriber = PahoClient(port, "sub")
-        publisher = PahoClient(port, "pub")
-        await subscriber.connect()
-        await publisher.connect()
-        try:
-            await subscriber.subscribe("turn/t", qos=1)
-            seen = probe_commits(monkeypatch, lambda: (
-                mqtt.stats.messages_sent, not any(c.out for c in mqtt.connections.values())))
-            info = publisher.client.publish("turn/t", BODY, qos=1)
-            (received,) = await subscriber.receive(1)
-            assert received.payload == BODY
-            await asyncio.to_thread(info.wait_for_publish, TIMEOUT)
-            assert seen == [(1, True)]  # delivered and written before the commit's next turn
-        finally:
-            await subscriber.disconnect()
-            await publisher.disconnect()
+    seen = await one_mqtt_delivery(data_dir, flush, "turn/t", lambda look: probe_commits(monkeypatch, look))
+    assert seen == [(1, True)]  # delivered and written before the commit's next turn
 
 
 async def test_the_fdatasync_of_a_commit_is_asked_for_in_its_turn_after_its_amqp_delivery_is_written(
@@ -193,19 +152,7 @@ async def test_the_fdatasync_of_a_commit_is_asked_for_in_its_turn_after_its_amqp
             asked.append(look())
             real_request(self)
 
-        publisher = await aio_pika.connect(url)
-        consumer = await aio_pika.connect(url)
-        try:
-            pub = await publisher.channel(publisher_confirms=True)
-            await pub.declare_queue("asked", durable=True)
-            sub = await consumer.channel()
-            queue = await sub.declare_queue("asked", durable=True)
-            got: asyncio.Queue[bytes] = asyncio.Queue()
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                await got.put(message.body)
-
-            await queue.consume(on_message, no_ack=True)
+        async with publisher_and_consumer(url, "asked", no_ack=True) as (pub, got):
             monkeypatch.setattr(SyncFlusher, "_request", request)
             seen = probe_commits(monkeypatch, lambda: (len(asked), *look()))
             await asyncio.wait_for(pub.default_exchange.publish(
@@ -213,9 +160,6 @@ async def test_the_fdatasync_of_a_commit_is_asked_for_in_its_turn_after_its_amqp
             assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
             assert asked[0] == (1, True)  # asked for once the delivery was written
             assert seen == [(1, 1, True)]  # ... before the commit's next turn
-        finally:
-            await publisher.close()
-            await consumer.close()
 
 
 async def test_a_commit_that_delivers_leaves_no_empty_amqp_write_for_a_later_turn(data_dir: Path,
@@ -230,20 +174,7 @@ async def test_a_commit_that_delivers_leaves_no_empty_amqp_write_for_a_later_tur
         real_flush(self)
 
     async with amqp_gateway(data_dir, flush="sync") as (gw, url):
-        publisher = await aio_pika.connect(url)
-        consumer = await aio_pika.connect(url)
-        try:
-            pub = await publisher.channel(publisher_confirms=True)
-            await pub.declare_queue("one-write", durable=True)
-            sub = await consumer.channel()
-            queue = await sub.declare_queue("one-write", durable=True)
-            got: asyncio.Queue[bytes] = asyncio.Queue()
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                await got.put(message.body)
-                await message.ack()
-
-            await queue.consume(on_message)
+        async with publisher_and_consumer(url, "one-write") as (pub, got):
             monkeypatch.setattr(AMQPBroker, "_flush", flush)
             for _ in range(3):
                 await asyncio.wait_for(pub.default_exchange.publish(
@@ -251,9 +182,6 @@ async def test_a_commit_that_delivers_leaves_no_empty_amqp_write_for_a_later_tur
                 assert await asyncio.wait_for(got.get(), TIMEOUT) == BODY
             await asyncio.sleep(0.05)  # (a write scheduled for a later turn has run)
             assert writes == [1, 1, 1]  # one write a commit, of the consumer's connection
-        finally:
-            await publisher.close()
-            await consumer.close()
 
 
 async def test_an_amqp_ack_pumps_its_queue_only_when_a_message_waits(data_dir: Path,
