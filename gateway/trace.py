@@ -88,10 +88,11 @@ class Tracer:
 
     # -- producers: called on the message paths, each a tuple append ------------------------
     def watch_put(self, protocol: str, client: str, items: Sequence[tuple[Message, Sequence[str]]],
-                  put: asyncio.Future[Sequence[PutResult]]) -> None:
-        """Record the publish and store events of ``items`` (a client's messages, read now)
-        when ``put`` (their store put) has made them durable."""
-        put.add_done_callback(partial(self._stored, protocol, client, items, time.time()))
+                  put: asyncio.Future[Sequence[PutResult]], received_at: float | None = None) -> None:
+        """Record the publish and store events of ``items`` (a client's messages, read at
+        ``received_at``, None: now) when ``put`` (their store put) has made them durable."""
+        put.add_done_callback(partial(self._stored, protocol, client, items,
+                                      time.time() if received_at is None else received_at))
 
     def _stored(self, protocol: str, client: str, items: Sequence[tuple[Message, Sequence[str]]], received_at: float,
                 put: asyncio.Future[Sequence[PutResult]]) -> None:

@@ -8,6 +8,7 @@ its client from ``on_stored``, after the store's acknowledgement: never before.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
@@ -50,22 +51,26 @@ class PutPipeline:
         """Hand ``items`` to the store's next group commit; ``on_stored(future, refused)`` runs
         when they are stored (or failed), refused ones (index in ``items`` -> error) left out.
         StoreError: the store takes nothing now (closing, failed); nothing was submitted."""
+        received_at = time.time() if self.watcher is not None else None  # (a lone put may be stored, and
+        # delivered, before put_each_nowait returns: the trace's publish is when it was read)
         fut, refused = self.store.put_each_nowait(items, groups)
         stored = items if not refused else [item for i, item in enumerate(items) if i not in refused]
-        self.track(fut, stored, refused, on_stored)
+        self.track(fut, stored, refused, on_stored, received_at)
         return refused
 
     def track(self, fut: asyncio.Future[Sequence[PutResult]], stored: Items, refused: Refused,
-              on_stored: Callable[[asyncio.Future[Sequence[PutResult]], Refused], None]) -> None:
+              on_stored: Callable[[asyncio.Future[Sequence[PutResult]], Refused], None],
+              received_at: float | None = None) -> None:
         """A put submitted by the caller (``submit``'s, or a numbered put of its own), counted
-        with the others until ``fut`` is done, then ``on_stored(fut, refused)``."""
+        with the others until ``fut`` is done, then ``on_stored(fut, refused)``; ``received_at``:
+        when its messages were read (the trace's publish time; None: now)."""
         count, size = len(stored), sum(len(message.body) for message, _ in stored)
         self.pending += count
         self.bytes += size
         if self.pending > MAX_PENDING_PUTS or self.bytes > MAX_PENDING_BYTES:
             self.read_pauses.pause("puts")
         if self.watcher is not None and stored:
-            self.watcher.watch_put(self.listener, self.who, stored, fut)
+            self.watcher.watch_put(self.listener, self.who, stored, fut, received_at)
 
         def done(f: asyncio.Future[Sequence[PutResult]]) -> None:
             self.pending -= count
