@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.client import ClientConfiguration, Credentials
 from rocketmq.v5.consumer import MessageListener, PushConsumer, SimpleConsumer
@@ -77,3 +80,21 @@ async def raw_stub(endpoint: str) -> AsyncIterator[MessagingServiceStub]:
     """grpcio's stub of ``MessagingService`` on one channel."""
     async with grpc.aio.insecure_channel(endpoint) as channel:
         yield MessagingServiceStub(channel)
+
+
+async def raw_receive_and_ack(stub: MessagingServiceStub, group: str, topic: str, *, batch: int = 32,
+                              poll_s: int = 2, invisible_s: int = 60) -> list[pb.Message]:
+    """One ``ReceiveMessage`` of up to ``batch`` messages of ``topic`` for ``group`` (long-polling
+    ``poll_s``), each then acknowledged with its receipt handle; the messages received."""
+    got = [answer.message async for answer in stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=group), message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"), batch_size=batch,
+        invisible_duration=Duration(seconds=invisible_s), long_polling_timeout=Duration(seconds=poll_s)))
+        if answer.HasField("message")]
+    if got:
+        acked = await stub.AckMessage(rpc.AckMessageRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            entries=[rpc.AckMessageEntry(message_id=m.system_properties.message_id,
+                                         receipt_handle=m.system_properties.receipt_handle) for m in got]))
+        assert acked.status.code == pb.OK, acked.status
+    return got

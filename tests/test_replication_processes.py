@@ -28,7 +28,7 @@ from protocols.remoting.codes import RequestCode, ResponseCode
 from .browser_support import Page, browser  # noqa: F401 (browser: a fixture)
 from .crash_support import free_port, kill9, launch, stop
 from .etcd_support import EtcdServer, etcd  # noqa: F401 (the fixture)
-from .grpc_support import official_producer, official_simple_consumer
+from .grpc_support import official_producer, official_simple_consumer, raw_receive_and_ack, raw_stub
 from .mqtt_support import PahoClient, receive_numbers
 from .pop_support import PopClient
 from .remoting_support import OnsProcess, RawRemoting, ons, pull_header
@@ -448,14 +448,17 @@ async def test_grpc_sends_across_a_leader_kill9_are_stored_once(tmp_path: Path, 
         print(f"{len(sent)} sends succeeded, {failed} failed during the failover")
         assert (await wait_leader(etcd, not_node=leader["node"]))["epoch"] > leader["epoch"]
         assert len(sent) >= 400 and len(set(sent)) == len(sent)
+        # Read back with grpcio's stub of the same service. The official Python client (5.1.2),
+        # started after the failover, once failed an ack in CI with "Channel is closed": grpcio's
+        # UsageError, raised in the client process on a channel it had closed, not an answer of
+        # the gateway's. What this test counts is what the store holds, read by any correct client.
         received: Counter[str] = Counter()
-        async with official_simple_consumer(endpoint, "GID-once", "GrpcOnce") as consumer:
+        async with raw_stub(endpoint) as stub:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                got = await asyncio.to_thread(consumer.receive, 32, 60)
+                got = await raw_receive_and_ack(stub, "GID-once", "GrpcOnce")
                 for message in got:
-                    received[message.message_id] += 1
-                    await asyncio.to_thread(consumer.ack, message)
+                    received[message.system_properties.message_id] += 1
                 if not got and set(sent) <= set(received):
                     break
         missing = set(sent) - set(received)
