@@ -20,13 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 START_S = 30.0
 
 
+# the listeners on by default, at fixed ports (gateway/config.py); ARGS given after these win
+DEFAULT_LISTENERS_OFF = ("--mqtt-bind", "", "--amqp-bind", "", "--remoting-bind", "")
+
+
 def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway",
            ready: str = "gateway ready", log: Path | None = None) -> subprocess.Popen:
     """Start ``python -m gateway serve ARGS`` from this checkout and return once it logged
     ``ready``; its stderr is drained from then on so that it never blocks on a full pipe
-    (appended to ``log`` when given, the lines before ``ready`` included)."""
+    (appended to ``log`` when given, the lines before ``ready`` included). A listener runs only
+    where ARGS give its address: the defaults' fixed ports are never a test's (two runs at once
+    would fight over them)."""
     sink = open(log, "a", buffering=1) if log is not None else None  # noqa: SIM115 (closed by the drain)
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *DEFAULT_LISTENERS_OFF, *args], cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + START_S
