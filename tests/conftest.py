@@ -36,6 +36,19 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest.exit("stale compiled extensions (" + "; ".join(stale) + f"): {REBUILD_HINT}", returncode=3)
 
 
+@pytest.fixture(autouse=True)
+def stop_launched_gateways():
+    """After each test, stop the gateway processes it launched (tests/crash_support.py) and left
+    running: a test that fails half-way through starting a group must not leave its nodes behind.
+    (Those a module's fixture launched before the test are that fixture's to stop.)"""
+    from .crash_support import LAUNCHED, stop
+
+    before = len(LAUNCHED)
+    yield
+    while len(LAUNCHED) > before:
+        stop(LAUNCHED.pop())
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"

@@ -22,6 +22,8 @@ START_S = 30.0
 
 # the listeners on by default, at fixed ports (gateway/config.py); ARGS given after these win
 DEFAULT_LISTENERS_OFF = ("--mqtt-bind", "", "--amqp-bind", "", "--remoting-bind", "")
+# every process ``launch`` started during the current test (conftest.py stops those left running)
+LAUNCHED: list[subprocess.Popen] = []
 
 
 def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "gateway",
@@ -35,6 +37,7 @@ def launch(args: list[str], *, env: dict[str, str] | None = None, name: str = "g
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *DEFAULT_LISTENERS_OFF, *args], cwd=ROOT,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **(env or {})})
+    LAUNCHED.append(proc)
     deadline = time.monotonic() + START_S
     lines: list[str] = []
     while time.monotonic() < deadline:
